@@ -1,0 +1,248 @@
+"""The workspace: where drafts, the ledger and HANDOFF.md live, and how files in it are written.
+
+Layout (everything the tool writes is under ledger/):
+    cases/                     drafts written by people or agents
+    HANDOFF.md                 generated snapshot, never authoritative
+    ledger/cases/<case_id>.json            frozen cases, read-only
+    ledger/datasets/<dataset_id>/          materialized datasets (entries.jsonl, identity.json)
+    ledger/runs/<run_id>/                  one directory per run (see RunPaths)
+    ledger/leases/<target_key>.json        one owner per target
+    ledger/services/<target_key>.json      the live service started by caseledger on that target
+    ledger/authorization.json              paused | single | auto
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from caseledger.errors import PathEscapes
+
+ENV_WORKSPACE = "CASELEDGER_WORKSPACE"
+_ID = re.compile(r"^[a-z]-[0-9a-f]{6,64}$")
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted-key JSON bytes: the form that is hashed and stored."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    """Write via temp file + fsync + rename, so readers never see a half-written artifact."""
+    if isinstance(data, str):
+        data = data.encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
+    atomic_write(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n", mode)
+
+
+def read_json(path: Path) -> Any:
+    return orjson.loads(path.read_bytes())
+
+
+def read_json_or_none(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+def check_id(value: str, field: str, prefix: str) -> str:
+    """Refuse ids that could address anything outside the ledger ('/', '..', other shapes)."""
+    if not isinstance(value, str) or not _ID.match(value) or not value.startswith(prefix + "-"):
+        raise PathEscapes(
+            f"{field} '{value}' is not a valid id",
+            f"use the id exactly as returned (e.g. '{prefix}-1a2b3c…'); ids never contain '/' or '..'",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every file of one run, in one place, so no path is spelled twice."""
+
+    root: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def run_json(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def events_lock(self) -> Path:
+        return self.root / "events.lock"
+
+    @property
+    def case(self) -> Path:
+        return self.root / "case.json"
+
+    @property
+    def controller_log(self) -> Path:
+        return self.root / "controller.log"
+
+    @property
+    def controller_pid(self) -> Path:
+        return self.root / "controller.pid.json"
+
+    def phase_file(self, phase: str) -> Path:
+        return self.root / "phases" / f"{phase}.json"
+
+    @property
+    def load_dir(self) -> Path:
+        return self.root / "load"
+
+    @property
+    def raw(self) -> Path:
+        return self.load_dir / "raw.jsonl"
+
+    @property
+    def load_anchor(self) -> Path:
+        return self.load_dir / "anchor.json"
+
+    @property
+    def load_progress(self) -> Path:
+        return self.load_dir / "progress.json"
+
+    @property
+    def load_end(self) -> Path:
+        return self.load_dir / "end.json"
+
+    @property
+    def load_pid(self) -> Path:
+        return self.load_dir / "pid.json"
+
+    @property
+    def load_log(self) -> Path:
+        return self.load_dir / "client.log"
+
+    @property
+    def metrics_before(self) -> Path:
+        return self.load_dir / "metrics_before.txt"
+
+    @property
+    def metrics_after(self) -> Path:
+        return self.load_dir / "metrics_after.txt"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def decision(self) -> Path:
+        return self.root / "decision.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "report.json"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A workspace directory; all paths the tool touches derive from here."""
+
+    root: Path
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Workspace:
+        env = os.environ if env is None else env
+        chosen = path if path is not None else env.get(ENV_WORKSPACE) or "."
+        return cls(Path(chosen).resolve())
+
+    @property
+    def cases_dir(self) -> Path:
+        return self.root / "cases"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def frozen_dir(self) -> Path:
+        return self.ledger / "cases"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.ledger / "datasets"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.ledger / "runs"
+
+    @property
+    def leases_dir(self) -> Path:
+        return self.ledger / "leases"
+
+    @property
+    def services_dir(self) -> Path:
+        return self.ledger / "services"
+
+    @property
+    def authorization_file(self) -> Path:
+        return self.ledger / "authorization.json"
+
+    @property
+    def handoff(self) -> Path:
+        return self.root / "HANDOFF.md"
+
+    def frozen_case(self, case_id: str) -> Path:
+        return self.frozen_dir / f"{check_id(case_id, 'case_id', 'c')}.json"
+
+    def run(self, run_id: str) -> RunPaths:
+        return RunPaths(self.runs_dir / check_id(run_id, "run_id", "r"))
+
+    def dataset_dir(self, dataset_id: str) -> Path:
+        return self.datasets_dir / check_id(dataset_id, "dataset_id", "d")
+
+    def inside(self, relative: str, field: str) -> Path:
+        """Resolve a workspace-relative path; refuse one that escapes the workspace."""
+        p = (self.root / relative).resolve()
+        if p != self.root and self.root not in p.parents:
+            raise PathEscapes(
+                f"{field} '{relative}' resolves outside the workspace {self.root}",
+                "put the file inside the workspace and give a path relative to it",
+            )
+        return p
