@@ -1,0 +1,172 @@
+"""The `caseledger` command: the six tools one to one, plus authorize, mcp, inspect, demo and helpers.
+
+Every command prints the same short answer as the MCP tool (`--json` for the structured form).
+Business errors print `error: ...` and `fix: ...` to stderr and exit 2. Heavy modules (mcp,
+transformers, numpy) are imported only by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from caseledger.errors import CaseledgerError
+from caseledger.workspace import Workspace
+
+
+def _emit(result: Any, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(result.text() + "\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--workspace", "-w", default=None,
+                        help="workspace directory (env CASELEDGER_WORKSPACE; default: current directory)")
+    common.add_argument("--json", action="store_true", help="print the structured answer as JSON")
+    p = argparse.ArgumentParser(prog="caseledger", description=__doc__.splitlines()[0] if __doc__ else None,
+                                parents=[common])
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("freeze", parents=[common], help="freeze a case draft (freeze_case)")
+    s.add_argument("path")
+    s.add_argument("--parent", default=None, help="parent case id (overrides the draft's parent)")
+
+    s = sub.add_parser("run", parents=[common], help="start a run of a frozen case (start_run)")
+    s.add_argument("case_id")
+    s.add_argument("--wait", action="store_true", help="wait for the whole run, not just preflight")
+
+    s = sub.add_parser("status", parents=[common], help="where a run stands (phase_status)")
+    s.add_argument("run_id", nargs="?")
+
+    s = sub.add_parser("resume", parents=[common], help="continue a run at its first unfinished phase (resume)")
+    s.add_argument("run_id")
+    s.add_argument("--wait", action="store_true")
+
+    s = sub.add_parser("reprocess", parents=[common], help="recompute results from raw data (reprocess_raw)")
+    s.add_argument("run_id")
+    s.add_argument("--window", "--rule", dest="rule", choices=["aisbench", "sglang"], default=None,
+                   help="native window rule (default: the case's)")
+    s.add_argument("--ratio", type=float, default=None, help="sglang rule: share of peak concurrency")
+
+    s = sub.add_parser("summarize", parents=[common], help="figures and reports of runs (summarize)")
+    s.add_argument("run_ids", nargs="*")
+
+    s = sub.add_parser("authorize", parents=[common], help="set authorization: paused | single | auto")
+    s.add_argument("mode", choices=["paused", "single", "auto"])
+
+    sub.add_parser("handoff", parents=[common], help="regenerate and print HANDOFF.md")
+
+    s = sub.add_parser("mcp", parents=[common], help="serve the six tools over MCP (stdio by default)")
+    s.add_argument("--http", default=None, metavar="HOST:PORT", help="streamable HTTP instead of stdio")
+    s.add_argument("--token-env", default=None,
+                   help="env var holding a bearer token required from HTTP clients (needed off loopback)")
+
+    s = sub.add_parser("inspect", parents=[common], help="list the MCP tools or call one over real stdio")
+    s.add_argument("words", nargs="*", help="'call TOOL key=value ...' to call a tool")
+
+    s = sub.add_parser("target", parents=[common], help="the embedded reference target")
+    s.add_argument("action", choices=["serve", "stop"], help="serve: run it in the foreground; stop: stop "
+                   "services caseledger started in this workspace")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+
+    s = sub.add_parser("import", parents=[common], help="import a peer tool's output as a run")
+    s.add_argument("kind", choices=["aisbench"])
+    s.add_argument("path")
+
+    s = sub.add_parser("demo", parents=[common], help="end-to-end demo on the reference target in a temp workspace")
+    s.add_argument("--keep", action="store_true", help="keep the temporary workspace")
+
+    sub.add_parser("schema", parents=[common], help="regenerate schemas/*.schema.json from the models")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except CaseledgerError as e:
+        sys.stderr.write(f"error: {e.message}\n")
+        if e.fix:
+            sys.stderr.write(f"fix: {e.fix}\n")
+        return e.exit_code
+
+
+def _dispatch(a: argparse.Namespace) -> int:
+    ws = Workspace.open(a.workspace)
+    if a.cmd == "freeze":
+        from caseledger.tools import freeze_case
+
+        _emit(freeze_case(ws, a.path, parent=a.parent), a.json)
+    elif a.cmd == "run":
+        from caseledger.tools import start_run
+
+        r = start_run(ws, a.case_id, wait=a.wait)
+        _emit(r, a.json)
+        return 0 if r.preflight != "failed" and r.state != "failed" else 1
+    elif a.cmd == "status":
+        from caseledger.tools import phase_status
+
+        _emit(phase_status(ws, a.run_id), a.json)
+    elif a.cmd == "resume":
+        from caseledger.tools import resume
+
+        _emit(resume(ws, a.run_id, wait=a.wait), a.json)
+    elif a.cmd == "reprocess":
+        from caseledger.tools import reprocess_raw
+
+        _emit(reprocess_raw(ws, a.run_id, rule=a.rule, ratio=a.ratio), a.json)
+    elif a.cmd == "summarize":
+        from caseledger.tools import summarize
+
+        _emit(summarize(ws, a.run_ids), a.json)
+    elif a.cmd == "authorize":
+        from caseledger import authorization, handoff
+
+        mode = authorization.set_mode(ws, a.mode)
+        handoff.refresh(ws)
+        print(f"authorization: {mode}")
+    elif a.cmd == "handoff":
+        from caseledger import handoff
+
+        sys.stdout.write(handoff.refresh(ws))
+    elif a.cmd == "mcp":
+        from caseledger.server import serve
+
+        serve(ws, http=a.http, token_env=a.token_env)
+    elif a.cmd == "inspect":
+        from caseledger.server.inspect import inspect_main
+
+        return inspect_main(ws, a.words, as_json=a.json)
+    elif a.cmd == "target":
+        if a.action == "serve":
+            from caseledger.target import main as target_main
+
+            return target_main(["serve", *a.rest])
+        from caseledger import services
+
+        stopped = services.stop_all(ws)
+        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    elif a.cmd == "import":
+        from caseledger.importers import import_run
+
+        rid = import_run(ws, a.kind, a.path)
+        print(f"imported as run {rid}\nnext: summarize(run_ids=['{rid}'])")
+    elif a.cmd == "demo":
+        from caseledger.demo import demo
+
+        return demo(keep=a.keep)
+    elif a.cmd == "schema":
+        from caseledger.schema import write_schemas
+
+        for path in write_schemas():
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""HANDOFF.md: a few lines for the next agent session, derived from the ledger (never authoritative).
+
+Regenerated at every state change by whoever changed the state. Details are referenced by id, never
+pasted; deleting the file loses nothing (`caseledger status` regenerates it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from caseledger import authorization, ledger, procs
+from caseledger.state import RunState, RunView, fold, list_runs
+from caseledger.workspace import Workspace, atomic_write, read_json_or_none
+
+MAX_BYTES = 1024
+
+
+def render(ws: Workspace) -> str:
+    ids = list_runs(ws)
+    views: list[RunView] = []
+    for rid in ids[-40:]:
+        try:
+            views.append(fold(ws, rid))
+        except Exception:  # noqa: BLE001 - a broken run dir must not stop the handoff; it is listed as a problem
+            continue
+    lines = [f"# HANDOFF — generated {ledger.utc_now()[:19]}Z from ledger/ (derived; safe to delete)",
+             f"authorization: {authorization.current_mode(ws)}"]
+    if not views:
+        lines += ["no runs yet", "next: freeze_case(path='cases/<draft>.json'), then start_run(case_id=...)"]
+        return "\n".join(lines) + "\n"
+    latest = views[-1]
+    lines.append(f"scenario: {latest.scenario}")
+    best: dict[str, str] = {}
+    for v in views:
+        if v.scenario != latest.scenario or not v.decision:
+            continue
+        w = v.decision.get("window", "whole")
+        if v.decision.get("outcome") == "keep" or (w not in best and not v.meta.get("parent_case")
+                                                    and v.state == RunState.SUCCEEDED):
+            best[w] = f"{v.case_id} ({v.run_id}, {v.decision.get('outcome')})"
+    if best:
+        lines.append("best kept: " + "; ".join(f"{w}: {c}" for w, c in sorted(best.items())))
+    for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
+        st = read_json_or_none(f) or {}
+        alive = procs.alive(st.get("proc"))
+        lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} "
+                     f"{'alive pid ' + str(st['proc']['pid']) if alive else 'stopped'} (from case {st.get('case_id')})")
+    lease = ledger.read_lease(ws, latest.meta.get("target_key", "")) if latest.meta.get("target_key") else None
+    held = f"held by {lease.run_id}" if lease and lease.live() else "free"
+    lines.append(f"owner: target {latest.meta.get('target_key')} {held}; controller of {latest.run_id} "
+                 f"{'alive' if latest.controller_alive else 'gone'}")
+    done = [p for p, ph in latest.phases.items() if ph.state.value in ("done", "reused", "skipped")]
+    last_done = done[-1] if done else "none"
+    lines.append(f"latest run: {latest.run_id} case {latest.case_id}: {latest.state.value}"
+                 + (f" [{latest.failure_class}]" if latest.failure_class else "")
+                 + f"; last completed phase {last_done}")
+    problems = _problems(views)
+    if problems:
+        lines.append("open problems:")
+        lines += [f"- {p}" for p in problems[:4]]
+    lines.append(f"next: {_next(latest)}")
+    text = "\n".join(lines) + "\n"
+    while len(text.encode()) > MAX_BYTES and len(lines) > 4:
+        lines.pop(-2)
+        text = "\n".join(lines) + "\n"
+    return text
+
+
+def _problems(views: list[RunView]) -> list[str]:
+    latest_per_case: dict[str, RunView] = {}
+    for v in views:
+        latest_per_case[v.case_id] = v
+    out = []
+    for v in latest_per_case.values():
+        if v.state in (RunState.FAILED, RunState.END_UNKNOWN):
+            out.append(f"{v.run_id}: {v.blocker or v.state.value} -> {v.next_call.split(' — ')[0][:70]}"[:150])
+    return out
+
+
+def _next(v: RunView) -> str:
+    if v.state == RunState.SUCCEEDED:
+        dec = (v.decision or {}).get("outcome")
+        return (f"summarize(run_ids=['{v.run_id}']) then freeze the next candidate with parent "
+                f"{v.case_id if dec != 'close' else (v.meta.get('parent_case') or v.case_id)}")
+    return v.next_call
+
+
+def refresh(ws: Workspace) -> str:
+    text = render(ws)
+    atomic_write(ws.handoff, text)
+    return text
+
+

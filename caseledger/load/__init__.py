@@ -1,0 +1,42 @@
+"""The load client: plan the formal requests of a run, send them, record raw per-request data.
+
+`plan` (pure: case + entries + salt -> request specs), `client` (the async engine behind one HTTP
+seam), `faults` (test fault hooks), `__main__` (the detached formal load, `python -m caseledger.load RUN`).
+"""
+
+from caseledger.load.client import (
+    HttpxStreamer,
+    SSEParser,
+    Streamer,
+    StreamResponse,
+    request_one,
+    run_requests,
+)
+from caseledger.load.faults import fault, fault_int
+from caseledger.load.plan import (
+    LoadPlan,
+    RequestSpec,
+    arrival_offsets,
+    build_plan,
+    plan_from_run_dir,
+    request_body,
+    request_url,
+)
+
+__all__ = [
+    "HttpxStreamer",
+    "LoadPlan",
+    "RequestSpec",
+    "SSEParser",
+    "StreamResponse",
+    "Streamer",
+    "arrival_offsets",
+    "build_plan",
+    "fault",
+    "fault_int",
+    "plan_from_run_dir",
+    "request_body",
+    "request_one",
+    "request_url",
+    "run_requests",
+]

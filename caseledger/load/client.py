@@ -1,0 +1,370 @@
+"""The async load engine: send request specs with concurrency C and scheduled arrivals, record raw data.
+
+`run_requests` is used by the formal load (`python -m caseledger.load`) and by the controller's warmup,
+route_verify and cache_prepare phases; only the phase header differs. Every request ends as exactly one
+`RawRecord` (success or failure), handed to `on_record` the moment it ends.
+
+The HTTP transport sits behind one seam, `Streamer` (POST a body, get the status and the raw response
+bytes as they arrive). The default is `HttpxStreamer` (httpx2, HTTP/1.1, `aiter_raw`); SSE splitting,
+chunk parsing, timing and error classes live here, above the seam, so a faster transport (an asyncio
+Protocol with a C HTTP parser) can replace it without touching them. Chunk times are taken when the raw
+bytes arrive, before parsing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+import httpx2
+import orjson
+
+from caseledger.load.plan import RequestSpec
+from caseledger.records import ErrorClass, RawRecord
+
+PHASE_HEADER = "x-caseledger-phase"
+HTTP_ERROR_BODY_CHARS = 200
+_TEXT_KEYS = ("content", "reasoning_content", "reasoning")  # a reasoning token is a generated token too
+
+
+# ---- the transport seam ------------------------------------------------------------------------------
+
+
+class ConnectFailed(Exception):
+    """No response: the connection could not be made or was closed before a status line."""
+
+
+class StreamBroken(Exception):
+    """The connection failed after the response started."""
+
+
+class StreamResponse(Protocol):
+    @property
+    def status(self) -> int: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """Response body bytes (de-chunked) as they arrive."""
+        ...
+
+    async def aread(self) -> bytes: ...
+
+
+class Streamer(Protocol):
+    """The one HTTP seam. Errors: ConnectFailed before a response, StreamBroken after."""
+
+    def post(
+        self, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> AbstractAsyncContextManager[StreamResponse]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxResponse:
+    __slots__ = ("_r",)
+
+    def __init__(self, r: httpx2.Response) -> None:
+        self._r = r
+
+    @property
+    def status(self) -> int:
+        return self._r.status_code
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self._r.aiter_raw()  # the generator itself: no wrapper on the per-chunk path
+
+    async def aread(self) -> bytes:
+        return await self._r.aread()
+
+
+class HttpxStreamer:
+    """Default seam: one httpx2.AsyncClient, HTTP/1.1, pool sized to the concurrency.
+
+    trust_env=False: a proxy from the environment must never sit between the client and a loopback
+    target (it would be measured as the server). Timeouts are owned by run_requests (whole request).
+    """
+
+    def __init__(self, concurrency: int, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+        limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self._client = httpx2.AsyncClient(
+            transport=transport, limits=limits, timeout=None, http2=False, trust_env=False,
+            follow_redirects=False,
+        )
+
+    @asynccontextmanager
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[StreamResponse]:
+        started = False
+        try:
+            async with self._client.stream("POST", url, content=body, headers=headers) as r:
+                started = True
+                yield _HttpxResponse(r)
+        except httpx2.TransportError as e:  # includes httpx timeouts; ours is the outer fail_after
+            msg = f"{type(e).__name__}: {e}".rstrip(": ")
+            raise (StreamBroken(msg) if started else ConnectFailed(msg)) from e
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+# ---- SSE and chunk parsing (pure) --------------------------------------------------------------------
+
+
+class SSEParser:
+    """Incremental SSE splitter: feed raw bytes, get the data payload of every complete event."""
+
+    __slots__ = ("_data", "_tail")
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self._tail:
+            chunk = self._tail + chunk
+        lines = chunk.split(b"\n")
+        self._tail = lines.pop()
+        out: list[bytes] = []
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:  # blank line: dispatch the event
+                if self._data:
+                    out.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            # event:, id:, retry: and ':' comments carry nothing we record
+        return out
+
+    def close(self) -> list[bytes]:
+        """Events left when the body ends without a final blank line."""
+        out = self.feed(b"\n\n") if self._tail or self._data else []
+        self._tail = b""
+        return out
+
+
+class ServerStreamError(Exception):
+    """The server reported an error inside the stream (`data: {"error": ...}`)."""
+
+
+class ChunkState:
+    """What one response stream has shown so far; `feed` is the per-chunk hot path."""
+
+    __slots__ = ("chunk_ns", "chunk_tokens", "done", "finish_reason", "last_completion", "usage")
+
+    def __init__(self) -> None:
+        self.chunk_ns: list[int] = []
+        self.chunk_tokens: list[int | None] = []
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.last_completion = 0
+        self.done = False
+
+    def feed(self, payload: bytes, now_ns: int) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        obj = orjson.loads(payload)
+        if not isinstance(obj, dict):
+            raise ServerStreamError(f"chunk is not a JSON object: {payload[:80]!r}")
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise ServerStreamError(f"server error in stream: {str(msg)[:HTTP_ERROR_BODY_CHARS]}")
+        usage = obj.get("usage")
+        completion: int | None = None
+        if usage:
+            self.usage = usage
+            completion = usage.get("completion_tokens")
+        choices = obj.get("choices")
+        if choices:
+            c = choices[0]
+            delta = c.get("delta")
+            if delta is not None:
+                text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            else:
+                text = c.get("text")
+            if text:
+                self.chunk_ns.append(now_ns)
+                self.chunk_tokens.append(None if completion is None else completion - self.last_completion)
+            if c.get("finish_reason"):
+                self.finish_reason = c["finish_reason"]
+        if completion is not None:
+            self.last_completion = completion
+
+
+def make_record(
+    spec: RequestSpec,
+    send_ns: int,
+    end_ns: int,
+    state: ChunkState,
+    status: int | None,
+    error: str | None,
+    error_class: ErrorClass | None,
+) -> RawRecord:
+    if error_class is None and state.finish_reason is None:
+        error_class = "incomplete"
+        error = "stream ended without a finish_reason" + ("" if state.done else " and without [DONE]")
+    usage = state.usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return RawRecord(
+        i=spec.i,
+        entry=spec.entry,
+        route=spec.route,
+        send_ns=send_ns,
+        chunk_ns=state.chunk_ns,
+        chunk_tokens=state.chunk_tokens,
+        end_ns=end_ns,
+        status=status,
+        ok=error_class is None,
+        error=error,
+        error_class=error_class,
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
+        finish_reason=state.finish_reason,
+        input_tokens_body=spec.input_tokens_body,
+        input_tokens_chat=spec.input_tokens_chat,
+    )
+
+
+# ---- the engine --------------------------------------------------------------------------------------
+
+
+def request_headers(phase: str, api_key: str | None) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept": "text/event-stream", PHASE_HEADER: phase}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+async def request_one(
+    spec: RequestSpec,
+    streamer: Streamer,
+    headers: Mapping[str, str],
+    timeout_s: float,
+    on_cancel: Callable[[RawRecord], None] | None = None,
+) -> RawRecord:
+    """Send one request and read its stream to the end; never raises except on cancellation.
+
+    When cancelled, the request was sent (the server saw it), so `on_cancel` gets its record (what
+    arrived so far, error_class 'client') before the cancellation propagates.
+    """
+    state = ChunkState()
+    status: int | None = None
+    error: str | None = None
+    error_class: ErrorClass | None = None
+    end_ns = 0
+    send_ns = time.monotonic_ns()
+    try:
+        with anyio.fail_after(timeout_s):
+            async with streamer.post(spec.url, spec.body, headers) as resp:
+                status = resp.status
+                if not 200 <= status < 300:
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                    error, error_class = f"HTTP {status}: {text[:HTTP_ERROR_BODY_CHARS]}", "http"
+                else:
+                    parser = SSEParser()
+                    async for raw in resp.aiter_raw():
+                        now = time.monotonic_ns()
+                        for payload in parser.feed(raw):
+                            state.feed(payload, now)
+                        if state.done and not end_ns:
+                            end_ns = now  # the rest is the connection's terminating chunk
+                    for payload in parser.close():
+                        state.feed(payload, time.monotonic_ns())
+    except TimeoutError:
+        error, error_class = f"no complete response within timeout_s={timeout_s:g}", "timeout"
+    except ConnectFailed as e:
+        error, error_class = str(e), "connection"
+    except StreamBroken as e:
+        error, error_class = str(e), "stream"
+    except (ServerStreamError, orjson.JSONDecodeError) as e:
+        error, error_class = f"{type(e).__name__}: {e}", "stream"
+    except anyio.get_cancelled_exc_class():
+        if on_cancel is not None:
+            on_cancel(make_record(spec, send_ns, time.monotonic_ns(), state, status, "cancelled", "client"))
+        raise
+    except Exception as e:  # a bug of ours must still end as a record, not as a lost request
+        error, error_class = f"{type(e).__name__}: {e}", "client"
+    return make_record(spec, send_ns, end_ns or time.monotonic_ns(), state, status, error, error_class)
+
+
+class _Runner:
+    def __init__(
+        self,
+        streamer: Streamer,
+        concurrency: int,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        on_record: Callable[[RawRecord], None] | None,
+        on_send: Callable[[RequestSpec], None] | None,
+    ) -> None:
+        self.streamer = streamer
+        self.headers = headers
+        self.timeout_s = timeout_s
+        self.on_record = on_record
+        self.on_send = on_send
+        self.slots = anyio.Semaphore(concurrency)
+        self.records: list[RawRecord] = []
+
+    def finish(self, rec: RawRecord) -> None:
+        self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    async def worker(self, spec: RequestSpec) -> None:
+        try:
+            if self.on_send is not None:
+                self.on_send(spec)
+            self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish))
+        finally:
+            self.slots.release()
+
+    async def run(self, specs: Iterable[RequestSpec]) -> None:
+        async with anyio.create_task_group() as tg:
+            t0 = anyio.current_time()
+            for spec in specs:
+                if spec.offset_s > 0:
+                    delay = t0 + spec.offset_s - anyio.current_time()
+                    if delay > 0:
+                        await anyio.sleep(delay)
+                await self.slots.acquire()  # a due request waits for a free slot; plan order is kept
+                tg.start_soon(self.worker, spec)
+
+
+async def run_requests(
+    specs: Iterable[RequestSpec],
+    concurrency: int,
+    phase: str,
+    *,
+    transport: httpx2.AsyncBaseTransport | Streamer | None = None,
+    api_key: str | None = None,
+    on_record: Callable[[RawRecord], None] | None = None,
+    on_send: Callable[[RequestSpec], None] | None = None,
+    timeout_s: float,
+) -> list[RawRecord]:
+    """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
+
+    transport: None (httpx2 over the network), an httpx2 transport (e.g. MockTransport) or a Streamer.
+    on_send is called as each request is sent, on_record as each ends (from the event loop: keep them
+    short). A cancelled run records its in-flight requests with error_class 'client' before unwinding.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
+        streamer: Streamer = HttpxStreamer(concurrency, transport)
+        owned = True
+    else:
+        streamer, owned = transport, False
+    runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send)
+    try:
+        await runner.run(specs)
+    finally:
+        if owned:
+            with anyio.CancelScope(shield=True):
+                await streamer.aclose()
+    return sorted(runner.records, key=lambda r: r["i"])

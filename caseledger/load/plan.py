@@ -1,0 +1,216 @@
+"""The load plan: which entry each formal request sends, where, when, with which body. Pure, no I/O.
+
+`build_plan` turns the frozen case, the dataset entries, the run salt and the dataset identity into N
+request specs: entry i -> request i, route i % len(endpoints), a scheduled send offset from the arrival
+process, and the request body encoded once. `plan_from_run_dir` is the single entry point used by both
+the load client and preflight (which calls it in a fresh process with sockets forbidden), so what
+preflight proves is exactly what the load sends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import orjson
+
+from caseledger.case import Case
+from caseledger.errors import CaseInvalid, NotFound
+from caseledger.workspace import RunPaths, Workspace, read_json
+
+if TYPE_CHECKING:
+    from caseledger.datasets import DatasetIdentity
+
+Api = Literal["chat", "completions"]
+PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request as the client sends it. Also built by the warmup / route_verify / cache phases."""
+
+    i: int  # request index in plan order (0..N-1 for the formal load)
+    entry: int  # dataset entry index
+    route: int  # endpoint index in case.target.endpoints
+    offset_s: float  # scheduled send time after the load start; 0 for all when rate is unlimited
+    url: str  # full URL: base_url + /chat/completions or /completions
+    body: bytes  # JSON body, encoded once here so the hot loop never serializes
+    input_tokens_body: int | None = None  # body tokens from the dataset (what we built)
+    input_tokens_chat: int | None = None  # chat-template tokens from the dataset
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The formal load of one run, fully determined by case + entries + salt."""
+
+    specs: tuple[RequestSpec, ...]
+    concurrency: int
+    timeout_s: float
+    api_key_env: str | None
+    arrival: str
+    rate: float | None
+    seed: int  # seed of the arrival process (from dataset.seed and the run salt)
+
+    @property
+    def planned(self) -> int:
+        return len(self.specs)
+
+    def digest(self) -> str:
+        """sha256 over every spec (url, offset, body): equal digests, same requests at the same times."""
+        h = hashlib.sha256()
+        for s in self.specs:
+            h.update(orjson.dumps([s.i, s.entry, s.route, s.offset_s, s.url]))
+            h.update(hashlib.sha256(s.body).digest())
+        return h.hexdigest()
+
+
+def request_url(base_url: str, api: Api) -> str:
+    return base_url.rstrip("/") + PATHS[api]
+
+
+def request_body(api: Api, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> bytes:
+    """The streaming request body (OpenAI-compatible); usage in every chunk where the server supports it."""
+    body: dict[str, Any] = {"model": model}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body.update(
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        ignore_eos=ignore_eos,
+        temperature=0,
+    )
+    return orjson.dumps(body)
+
+
+def arrival_seed(dataset_seed: int, salt: str | None) -> int:
+    """Seed of the arrival process: the same run (dataset seed + salt) reproduces the same schedule."""
+    digest = hashlib.sha256(f"arrival|{dataset_seed}|{salt or ''}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def arrival_offsets(
+    n: int, rate: float | None, arrival: str, burstiness: float, seed: int
+) -> list[float]:
+    """Scheduled send offsets in seconds; the first request goes at 0.
+
+    constant: i / r. poisson: exponential gaps with mean 1/r. gamma: gaps with shape = burstiness and
+    mean 1/r (shape 1 is poisson; lower is burstier). rate None: all 0, concurrency alone limits.
+    """
+    if rate is None:
+        return [0.0] * n
+    if arrival == "constant":
+        return [k / rate for k in range(n)]
+    rng = np.random.default_rng(seed)
+    if arrival == "poisson":
+        gaps = rng.exponential(1.0 / rate, n - 1)
+    elif arrival == "gamma":
+        gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), n - 1)
+    else:
+        raise CaseInvalid(f"unknown load.arrival '{arrival}'", "use one of: constant, poisson, gamma")
+    return [0.0, *np.cumsum(gaps).tolist()]
+
+
+def build_plan(
+    case: Case, entries: Sequence[Mapping[str, Any]], salt: str | None, identity: DatasetIdentity
+) -> LoadPlan:
+    """N request specs from the frozen case and its dataset entries. Pure and deterministic."""
+    from caseledger.datasets import render_prompt  # lazily: plan.py must import without the dataset code
+
+    load = case.load
+    n = load.requests
+    if len(entries) < n:
+        raise CaseInvalid(
+            f"dataset has {len(entries)} entries but load.requests is {n}: one entry per formal request",
+            "raise dataset.entries to at least load.requests (or leave it null) and freeze again, "
+            "or lower load.requests",
+        )
+    endpoints = case.target.endpoints
+    api: Api = case.target.api
+    max_tokens = load.max_tokens if load.max_tokens is not None else case.dataset.output_tokens
+    seed = arrival_seed(case.dataset.seed, salt)
+    offsets = arrival_offsets(n, load.rate, load.arrival, load.burstiness, seed)
+    urls = [request_url(ep.base_url, api) for ep in endpoints]
+    specs: list[RequestSpec] = []
+    for i in range(n):
+        e = entries[i]
+        route = i % len(endpoints)
+        prompt = render_prompt(e, salt, identity)  # type: ignore[arg-type]  # Entry may be a TypedDict
+        specs.append(
+            RequestSpec(
+                i=i,
+                entry=int(e["i"]),
+                route=route,
+                offset_s=offsets[i],
+                url=urls[route],
+                body=request_body(api, endpoints[route].model, prompt, max_tokens, load.ignore_eos),
+                input_tokens_body=e.get("body_tokens"),
+                input_tokens_chat=e.get("chat_tokens"),
+            )
+        )
+    return LoadPlan(
+        specs=tuple(specs),
+        concurrency=load.concurrency,
+        timeout_s=load.timeout_s,
+        api_key_env=case.target.api_key_env,
+        arrival=load.arrival,
+        rate=load.rate,
+        seed=seed,
+    )
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run directory says about the load: the frozen case and the run's dataset and salt."""
+
+    case: Case
+    run_id: str
+    dataset_id: str
+    workspace: Workspace
+    salt: str | None
+
+
+def read_run_inputs(run_dir: Path) -> RunInputs:
+    """case.json + run.json of a run directory, validated; nothing comes from anywhere else."""
+    paths = RunPaths(Path(run_dir))
+    for p in (paths.case, paths.run_json):
+        if not p.is_file():
+            raise NotFound(
+                f"{p} does not exist", "pass the run directory the controller created (ledger/runs/<run_id>)"
+            )
+    case = Case.model_validate(read_json(paths.case))
+    run = read_json(paths.run_json)
+    missing = [k for k in ("run_id", "dataset_id", "workspace") if k not in run]
+    if missing:
+        raise CaseInvalid(
+            f"{paths.run_json} lacks {', '.join(missing)}", "the controller writes run.json; recreate the run"
+        )
+    salt = run.get("salt")
+    if salt is not None and not case.load.salt:
+        raise CaseInvalid(
+            f"run {run['run_id']} has a salt but the case sets load.salt false",
+            "the run's salt must be null when load.salt is false; recreate the run",
+        )
+    return RunInputs(
+        case=case,
+        run_id=run["run_id"],
+        dataset_id=run["dataset_id"],
+        workspace=Workspace(Path(run["workspace"])),
+        salt=salt,
+    )
+
+
+def plan_from_run_dir(run_dir: Path) -> LoadPlan:
+    """The formal load plan of a run directory: the one entry point of the load client and preflight."""
+    from caseledger.datasets import load_entries, load_identity
+
+    inputs = read_run_inputs(run_dir)
+    entries = load_entries(inputs.workspace, inputs.dataset_id)
+    identity = load_identity(inputs.workspace, inputs.dataset_id)
+    return build_plan(inputs.case, entries, inputs.salt, identity)

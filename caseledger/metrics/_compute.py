@@ -1,0 +1,546 @@
+"""Pure computation: raw columns + case -> Result. No I/O; vectorized with numpy.
+
+Per-request figures are computed once for all requests (NaN where undefined); a window is a boolean
+mask over requests (and, for the sglang rule, over chunks), and every figure of a window is computed
+from that window's mask and duration only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import numpy as np
+
+from caseledger.case import Case, Window
+from caseledger.metrics._columns import B, F64, I64, RawColumns, RawSource, columns_from_records
+from caseledger.metrics._models import (
+    DEFINITIONS,
+    PROCESSOR_VERSION,
+    CacheFigures,
+    ConcurrencySeries,
+    Distribution,
+    Failures,
+    Inputs,
+    Latency,
+    NotObserved,
+    Params,
+    Result,
+    SpecDecode,
+    Throughput,
+    Throughputs,
+    Tokens,
+    WindowResult,
+    Windows,
+)
+from caseledger.metrics._spec import WHOLE_ONLY, not_observed_spec, spec_decode
+from caseledger.records import RawRecord
+from caseledger.workspace import canonical_json, sha256_bytes
+
+_MS = 1e6  # ns per ms
+_S = 1e9  # ns per s
+_SERIES_EXACT_MAX = 4096  # change points kept exactly; beyond this the series is bucketed
+_SERIES_BUCKETS = 2048
+
+
+def params_key(rule: str, ratio: float | None) -> str:
+    """Directory key of the processing parameters: 'aisbench' or 'sglang-r0.9'."""
+    return rule if rule != "sglang" else f"sglang-r{ratio:g}"
+
+
+def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
+    """Parameters as applied: CLI/API overrides over the case's measurement.native."""
+    eff_rule = rule or case.measurement.native.rule
+    if eff_rule not in ("aisbench", "sglang"):
+        raise ValueError(f"unknown native rule '{eff_rule}'; known: aisbench, sglang")
+    eff_ratio: float | None = None
+    if eff_rule == "sglang":
+        eff_ratio = float(ratio if ratio is not None else case.measurement.native.ratio)
+        if not 0 < eff_ratio <= 1:
+            raise ValueError(f"native ratio {eff_ratio} is outside (0, 1]; e.g. 0.9 = 90% of peak concurrency")
+    return Params(native_rule=eff_rule, native_ratio=eff_ratio, spec_decode=case.measurement.spec_decode)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.4f}"
+
+
+def _dist(x: F64, unit: str, empty_reason: str) -> Distribution | NotObserved:
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return NotObserved(reason=empty_reason)
+    p = np.percentile(x, [50.0, 75.0, 90.0, 99.0])
+    return Distribution(
+        unit=unit, count=int(x.size), mean=float(x.mean()), min=float(x.min()), max=float(x.max()),
+        p50=float(p[0]), p75=float(p[1]), p90=float(p[2]), p99=float(p[3]),
+    )
+
+
+def _rate(numerator: float | str, duration_s: float, cards: int, unit: str, what: str) -> Throughput | NotObserved:
+    if isinstance(numerator, str):
+        return NotObserved(reason=numerator)
+    if duration_s <= 0:
+        return NotObserved(reason="window duration is 0 s")
+    value = numerator / duration_s
+    per_card = value / cards
+    text = (f"{_num(numerator)} {what} / {duration_s:.4f} s = {value:.4f} {unit}; "
+            f"/ {cards} card{'s' if cards != 1 else ''} = {per_card:.4f} {unit}/card")
+    return Throughput(unit=unit, value=value, per_card=per_card, numerator=float(numerator),
+                      duration_s=duration_s, cards=cards, text=text)
+
+
+def _sum_known(x: F64, what: str) -> float | str:
+    """Sum of a per-request column, or the reason it is unknown (any missing value makes it unknown)."""
+    if x.size == 0:
+        return f"no successful request credited to the window: no {what}"
+    missing = int(np.isnan(x).sum())
+    if missing:
+        return f"{missing} of {x.size} credited successful requests lack {what}"
+    return float(x.sum())
+
+
+@dataclass(frozen=True)
+class _Derived:
+    """Per-request and per-chunk figures of all requests, computed once."""
+
+    t0: int
+    ttft_ms: F64
+    e2e_ms: F64
+    tpot_ms: F64
+    one_token: B  # ok, chunked, completion_tokens == 1
+    no_chunk: B  # ok but no content chunk
+    req_of_chunk: I64
+    gap_ms: F64  # per chunk: gap to the previous chunk of the same request (NaN for a first chunk)
+    gap_tokens: F64  # tokens the chunk carried for the token-aware ITL (NaN: unknown)
+    aware_excluded: B  # ok requests whose chunk token counts are unknown and not derivable
+    credit_tokens: F64  # per chunk: output tokens credited by timestamp (sglang rule)
+    prompt_for_rates: F64
+
+
+def _derive(c: RawColumns) -> _Derived:
+    n = c.n
+    t0 = int(c.send_ns.min()) if n else 0
+    off = c.offsets
+    has = c.n_chunks > 0
+    m = int(c.chunk_ns.shape[0])
+    first_idx = np.minimum(off[:-1], max(m - 1, 0))
+    first_ns = c.chunk_ns[first_idx] if m else np.zeros(n, dtype=np.int64)
+    e2e = np.where(c.ok, (c.end_ns - c.send_ns) / _MS, np.nan)
+    ttft = np.where(c.ok & has, (first_ns - c.send_ns) / _MS, np.nan)
+    out = c.completion_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(c.ok & has & (out >= 2), (e2e - ttft) / (out - 1), np.nan)
+    req = np.repeat(np.arange(n, dtype=np.int64), c.n_chunks)
+    is_first = np.zeros(m, dtype=np.bool_)
+    is_first[off[:-1][has]] = True
+    gap = np.full(m, np.nan)
+    if m > 1:
+        d = (c.chunk_ns[1:] - c.chunk_ns[:-1]) / _MS
+        gap[1:] = np.where(is_first[1:], np.nan, d)
+    gap = np.where(c.ok[req], gap, np.nan) if m else gap
+    nan_per_req = np.bincount(req, weights=np.isnan(c.chunk_tokens).astype(np.float64), minlength=n) if m \
+        else np.zeros(n)
+    all_known = has & (nan_per_req == 0)
+    derivable = ~all_known & has & (c.n_chunks == out)
+    ctok_req = c.chunk_tokens
+    if m:
+        gap_tokens = np.where(all_known[req], ctok_req, np.where(derivable[req], 1.0, np.nan))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spread = out / c.n_chunks
+        credit = np.where(all_known[req], ctok_req, spread[req])
+    else:
+        gap_tokens = np.zeros(0)
+        credit = np.zeros(0)
+    aware_excluded = c.ok & has & (c.n_chunks > 1) & ~all_known & ~derivable
+    prompt = np.where(np.isnan(c.prompt_tokens), c.input_tokens_chat, c.prompt_tokens)
+    return _Derived(
+        t0=t0, ttft_ms=ttft, e2e_ms=e2e, tpot_ms=tpot, one_token=c.ok & has & (out == 1), no_chunk=c.ok & ~has,
+        req_of_chunk=req, gap_ms=gap, gap_tokens=gap_tokens, aware_excluded=aware_excluded, credit_tokens=credit,
+        prompt_for_rates=prompt,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- concurrency
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Concurrency as a step function: value cg[k] holds on [tg[k], tg[k+1])."""
+
+    t: I64  # every event, sorted (ends before sends at equal times)
+    d: I64  # +1 send, -1 end
+    c: I64  # concurrency after each event
+    tg: I64  # distinct event times
+    cg: I64  # concurrency after the last event at each distinct time
+
+    @property
+    def peak(self) -> int:
+        return int(self.cg.max()) if self.cg.size else 0
+
+
+def _steps(c: RawColumns) -> _Steps:
+    times = np.concatenate([c.send_ns, c.end_ns])
+    deltas = np.concatenate([np.ones(c.n, dtype=np.int64), -np.ones(c.n, dtype=np.int64)])
+    order = np.lexsort((deltas, times))
+    t, d = times[order], deltas[order]
+    conc = np.cumsum(d)
+    if t.size:
+        last = np.r_[t[1:] != t[:-1], True]
+        tg, cg = t[last], conc[last]
+    else:
+        tg, cg = t, conc
+    return _Steps(t=t, d=d, c=conc, tg=tg, cg=cg)
+
+
+def _series(s: _Steps, t0: int) -> ConcurrencySeries:
+    if s.tg.size <= _SERIES_EXACT_MAX:
+        return ConcurrencySeries(t_s=((s.tg - t0) / _S).tolist(), c=s.cg.tolist(), peak=s.peak, bucketed=False)
+    tmax = int(s.tg[-1])
+    span = tmax - t0
+    edges = t0 + (span * np.arange(_SERIES_BUCKETS, dtype=np.int64)) // _SERIES_BUCKETS
+    at_edge = s.cg[np.searchsorted(s.tg, edges, side="right") - 1]
+    lo = np.searchsorted(s.tg, edges, side="left")
+    hi = np.r_[lo[1:], s.tg.size]
+    nonempty = hi > lo
+    inside = np.zeros(_SERIES_BUCKETS, dtype=np.int64)
+    inside[nonempty] = np.maximum.reduceat(s.cg, lo[nonempty])
+    vals = np.maximum(at_edge, inside)
+    t_s = ((edges - t0) / _S).tolist() + [span / _S]
+    return ConcurrencySeries(t_s=t_s, c=vals.tolist() + [int(s.cg[-1])], peak=s.peak, bucketed=True)
+
+
+def _window_conc(s: _Steps, start: int, end: int) -> tuple[int, float | NotObserved]:
+    """Peak and time-weighted mean concurrency over [start, end]."""
+    if s.tg.size == 0:
+        return 0, NotObserved(reason="no requests")
+    seg_start = s.tg
+    seg_end = np.r_[s.tg[1:], s.tg[-1]]
+    overlap = np.clip(np.minimum(seg_end, end) - np.maximum(seg_start, start), 0, None)
+    touching = (seg_end > start) & (seg_start < end) | ((seg_start >= start) & (seg_start <= end))
+    peak = int(s.cg[touching].max()) if touching.any() else 0
+    if end <= start:
+        return peak, NotObserved(reason="window duration is 0 s")
+    mean = float((overlap * s.cg).sum() / (end - start))
+    return peak, mean
+
+
+# ---------------------------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True)
+class _Span:
+    rule: Literal["whole", "aisbench", "sglang"]
+    params: dict[str, float | int | str | None]
+    start: int | None
+    end: int | None
+    reason: str | None
+    notes: tuple[str, ...] = ()
+
+
+def _aisbench_span(s: _Steps, configured: int) -> _Span:
+    peak = s.peak
+    params: dict[str, float | int | str | None] = {"peak_concurrency": peak, "configured_concurrency": configured}
+    if peak == 0:
+        return _Span("aisbench", params, None, None, "no requests: no concurrency peak")
+    reach = np.flatnonzero((s.d == 1) & (s.c == peak))
+    notes: list[str] = []
+    if peak != configured:
+        notes.append(f"observed peak concurrency {peak} differs from load.concurrency {configured}; "
+                     "the window uses the observed peak")
+    if reach.size >= 2:
+        start = int(s.t[reach[1]])
+    else:
+        start = int(s.t[reach[0]])
+        notes.append("only one request brought concurrency to its peak; the window starts at its send")
+    last_group = int(np.flatnonzero(s.cg == peak)[-1])
+    end = int(s.tg[last_group + 1]) if last_group + 1 < s.tg.size else int(s.tg[last_group])
+    params["requests_reaching_peak"] = int(reach.size)
+    return _Span("aisbench", params, start, end, None, tuple(notes))
+
+
+def _sglang_span(s: _Steps, ratio: float) -> _Span:
+    peak = s.peak
+    need = max(1, math.ceil(ratio * peak - 1e-9))
+    params: dict[str, float | int | str | None] = {"ratio": ratio, "peak_concurrency": peak, "threshold": need}
+    if peak == 0:
+        return _Span("sglang", params, None, None, "no requests: no concurrency peak")
+    qual = s.cg[:-1] >= need
+    edges = np.diff(np.r_[0, qual.astype(np.int8), 0])
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)  # group index where the run stops: span ends at tg[end]
+    if starts.size == 0:
+        return _Span("sglang", params, None, None, f"concurrency never held >= {need} for a nonzero time")
+    durations = s.tg[ends] - s.tg[starts]
+    k = int(np.argmax(durations))
+    return _Span("sglang", params, int(s.tg[starts[k]]), int(s.tg[ends[k]]), None)
+
+
+def _utc(anchor: dict[str, Any] | None, t_ns: int | None) -> str | None:
+    if anchor is None or t_ns is None:
+        return None
+    try:
+        wall = datetime.fromisoformat(str(anchor["wall_utc"]))
+        at = wall + timedelta(microseconds=(t_ns - int(anchor["mono_ns"])) / 1000)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return at.isoformat(timespec="milliseconds")
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def _failed_by_class(c: RawColumns, mask: B) -> dict[str, int]:
+    idx = np.flatnonzero(mask & ~c.ok)
+    return dict(sorted(Counter(str(c.error_class[i] or "unknown") for i in idx).items()))
+
+
+def _window(
+    name: Literal["whole", "native"], span: _Span, c: RawColumns, dv: _Derived, s: _Steps, case: Case,
+    limits: Window, anchor: dict[str, Any] | None, spec: SpecDecode,
+) -> WindowResult:
+    cards = case.target.cards
+    cache_min = case.cache.min_hit_ratio
+    if span.start is None or span.end is None:
+        reason = span.reason or "no window"
+        no = NotObserved(reason=f"no {name} window: {reason}")
+        return WindowResult(
+            name=name, rule=span.rule, params=span.params, found=False, reason=reason, start_s=None, end_s=None,
+            duration_s=None, start_utc=None, requests=0, ok=0, failed=0, failed_by_class={}, cards=cards,
+            min_requests=limits.min_requests, min_duration_s=limits.min_duration_s, meets_min_requests=False,
+            meets_min_duration=False, peak_concurrency=0, mean_concurrency=no,
+            latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
+            tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no),
+            throughput=Throughputs(request=no, output=no, input=no, total=no),
+            cache=CacheFigures(
+                denominator=_CACHE_DENOMINATOR, requests_with_cached_tokens=0, cached_tokens=no, hit_ratio=no,
+                min_hit_ratio=cache_min, share_meeting_min=no, nominal_input_throughput=no,
+                uncached_input_throughput=no,
+            ),
+            spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY),
+            notes=list(span.notes),
+        )
+    start, end = span.start, span.end
+    duration_s = (end - start) / _S
+    if span.rule == "whole":
+        mask = np.ones(c.n, dtype=np.bool_)
+    else:
+        mask = (c.send_ns >= start) & (c.send_ns <= end)
+    okm = mask & c.ok
+    n_req, n_ok = int(mask.sum()), int(okm.sum())
+    notes = list(span.notes)
+
+    # latency
+    nothing = f"no successful request in the {name} window"
+    chunk_ok = okm[dv.req_of_chunk] if dv.req_of_chunk.size else np.zeros(0, dtype=np.bool_)
+    gaps = dv.gap_ms[chunk_ok]
+    aware_gap = chunk_ok & ~np.isnan(dv.gap_ms) & ~np.isnan(dv.gap_tokens) & (dv.gap_tokens >= 1)
+    reps = dv.gap_tokens[aware_gap].astype(np.int64)
+    aware = np.repeat(dv.gap_ms[aware_gap] / dv.gap_tokens[aware_gap], reps)
+    n_one = int((dv.one_token & okm).sum())
+    n_nochunk = int((dv.no_chunk & okm).sum())
+    n_aware_x = int((dv.aware_excluded & okm).sum())
+    if n_one:
+        notes.append(f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)")
+    if n_nochunk:
+        notes.append(f"{n_nochunk} successful request(s) without a content chunk have no TTFT, TPOT or ITL")
+    if n_aware_x:
+        notes.append(f"{n_aware_x} successful request(s) excluded from token-aware ITL: chunk token counts "
+                     "unknown and chunk count != completion_tokens")
+    if n_req - n_ok:
+        notes.append(f"{n_req - n_ok} failed request(s) in the window are excluded from latency, token and "
+                     "throughput figures")
+    tpot_reason = nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
+    itl_reason = nothing if not n_ok else "no successful request with >= 2 content chunks"
+    aware_reason = nothing if not n_ok else (
+        "chunk token counts unknown (no chunk_tokens, and chunk count != usage.completion_tokens)"
+        if gaps.size else itl_reason)
+    latency = Latency(
+        ttft=_dist(dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"),
+        e2e=_dist(dv.e2e_ms[okm], "ms", nothing),
+        tpot=_dist(dv.tpot_ms[okm], "ms", tpot_reason),
+        itl=_dist(gaps, "ms", itl_reason),
+        itl_token_aware=_dist(aware, "ms", aware_reason),
+    )
+    tokens = Tokens(
+        input_body=_dist(c.input_tokens_body[okm], "tokens", nothing if not n_ok else "no input_tokens_body in records"),
+        input_chat=_dist(c.input_tokens_chat[okm], "tokens", nothing if not n_ok else "no input_tokens_chat in records"),
+        prompt=_dist(c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"),
+        output=_dist(c.completion_tokens[okm], "tokens",
+                     nothing if not n_ok else "no usage.completion_tokens from the server"),
+    )
+
+    # throughput
+    prompt = dv.prompt_for_rates[okm]
+    in_tok = _sum_known(prompt, "prompt tokens (usage.prompt_tokens and input_tokens_chat)")
+    if span.rule == "sglang":
+        in_span = chunk_ok & (c.chunk_ns >= start) & (c.chunk_ns <= end)
+        # output credited by chunk timestamps: every successful request's chunks, wherever it started
+        in_span = (c.ok[dv.req_of_chunk] if dv.req_of_chunk.size else in_span) & (c.chunk_ns >= start) & (
+            c.chunk_ns <= end)
+        credit = dv.credit_tokens[in_span]
+        missing = int(np.isnan(credit).sum())
+        out_tok: float | str = (f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, "
+                                "no usage.completion_tokens)") if missing else float(credit.sum())
+    else:
+        out_tok = _sum_known(c.completion_tokens[okm], "usage.completion_tokens")
+    total: float | str = in_tok + out_tok if not isinstance(in_tok, str) and not isinstance(out_tok, str) \
+        else (in_tok if isinstance(in_tok, str) else str(out_tok))
+    input_rate = _rate(in_tok, duration_s, cards, "tok/s", "tok")
+    throughput = Throughputs(
+        request=_rate(float(n_ok) if n_ok else nothing, duration_s, cards, "req/s", "req"),
+        output=_rate(out_tok, duration_s, cards, "tok/s", "tok"),
+        input=input_rate,
+        total=_rate(total, duration_s, cards, "tok/s", "tok"),
+    )
+
+    # prefix cache
+    cached = c.cached_tokens[okm]
+    has_cached = ~np.isnan(cached)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(prompt > 0, cached / prompt, np.nan)
+    ratio_known = ratio[~np.isnan(ratio)]
+    no_cache = nothing if not n_ok else "no usage.prompt_tokens_details.cached_tokens from the server"
+    share: float | NotObserved
+    if cache_min is None:
+        share = NotObserved(reason="no cache target (case.cache.min_hit_ratio is null)")
+    elif ratio_known.size == 0:
+        share = NotObserved(reason=no_cache)
+    else:
+        share = float((ratio_known >= cache_min).sum() / ratio_known.size)
+    if not n_ok:
+        uncached: float | str = nothing
+    elif not has_cached.any():
+        uncached = no_cache
+    elif not has_cached.all():
+        uncached = f"{int((~has_cached).sum())} of {n_ok} credited successful requests lack cached_tokens"
+    else:
+        uncached = _sum_known(prompt - cached, "prompt tokens")
+    cache = CacheFigures(
+        denominator=_CACHE_DENOMINATOR,
+        requests_with_cached_tokens=int(has_cached.sum()),
+        cached_tokens=_dist(cached, "tokens", no_cache),
+        hit_ratio=_dist(ratio, "ratio", no_cache),
+        min_hit_ratio=cache_min,
+        share_meeting_min=share,
+        nominal_input_throughput=input_rate,
+        uncached_input_throughput=_rate(uncached, duration_s, cards, "tok/s", "tok"),
+    )
+    peak, mean_c = _window_conc(s, start, end)
+    return WindowResult(
+        name=name, rule=span.rule, params=span.params, found=True, reason=None,
+        start_s=(start - dv.t0) / _S, end_s=(end - dv.t0) / _S, duration_s=duration_s,
+        start_utc=_utc(anchor, start), requests=n_req, ok=n_ok, failed=n_req - n_ok,
+        failed_by_class=_failed_by_class(c, mask), cards=cards, min_requests=limits.min_requests,
+        min_duration_s=limits.min_duration_s, meets_min_requests=n_ok >= limits.min_requests,
+        meets_min_duration=duration_s >= limits.min_duration_s, peak_concurrency=peak, mean_concurrency=mean_c,
+        latency=latency, tokens=tokens, throughput=throughput, cache=cache,
+        spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY), notes=notes,
+    )
+
+
+_CACHE_DENOMINATOR = ("chat-template prompt tokens: server usage.prompt_tokens, falling back to the "
+                      "dataset's input_tokens_chat")
+
+
+def _sha_text(text: str | None) -> str | None:
+    return None if text is None else sha256_bytes(text.encode())
+
+
+def compute_result(
+    case: Case,
+    records: Iterable[RawRecord] | RawColumns,
+    anchor: dict[str, Any] | None = None,
+    metrics_before: str | None = None,
+    metrics_after: str | None = None,
+    rule: str | None = None,
+    ratio: float | None = None,
+    *,
+    source: RawSource | None = None,
+) -> Result:
+    """Every figure of both windows from raw records; pure (same inputs -> equal Result).
+
+    rule/ratio override case.measurement.native; metrics_before/after are /metrics texts; source names the
+    raw file and its sha256 (None: records passed in memory).
+    """
+    c = records if isinstance(records, RawColumns) else columns_from_records(records)
+    src = source or RawSource()
+    params = resolve_params(case, rule, ratio)
+    dv = _derive(c)
+    s = _steps(c)
+    notes: list[str] = []
+    if src.torn_tail:
+        notes.append("the raw file's last line was cut mid-write (torn) and was skipped")
+    if src.bad_lines:
+        notes.append(f"{src.bad_lines} unparsable line(s) before the last were skipped")
+    if c.n == 0:
+        notes.append("no raw records: no figure can be computed")
+
+    # spec decode: output tokens of the whole window's successful requests
+    out_whole = c.completion_tokens[c.ok]
+    out_sum = _sum_known(out_whole, "usage.completion_tokens")
+    spec = spec_decode(params.spec_decode, metrics_before, metrics_after,
+                       None if isinstance(out_sum, str) else out_sum,
+                       out_sum if isinstance(out_sum, str) else "")
+
+    if c.n:
+        whole_span = _Span("whole", {}, int(c.send_ns.min()), int(c.end_ns.max()), None)
+    else:
+        whole_span = _Span("whole", {}, None, None, "no raw records")
+    if c.n == 0:
+        native_span = _Span(params.native_rule, {}, None, None, "no raw records")
+    elif params.native_rule == "aisbench":
+        native_span = _aisbench_span(s, case.load.concurrency)
+    else:
+        native_span = _sglang_span(s, float(params.native_ratio or 0.0))
+    windows = Windows(
+        whole=_window("whole", whole_span, c, dv, s, case, case.measurement.whole, anchor, spec),
+        native=_window("native", native_span, c, dv, s, case, case.measurement.native, anchor, spec),
+    )
+
+    failed_idx = np.flatnonzero(~c.ok)
+    by_class = Counter(str(c.error_class[i] or "unknown") for i in failed_idx)
+    first_error: dict[str, str] = {}
+    for i in failed_idx:
+        first_error.setdefault(str(c.error_class[i] or "unknown"), str(c.error[i] or ""))
+    failures = Failures(
+        total=int(failed_idx.size), by_class=dict(sorted(by_class.items())), first_error=first_error,
+        note="failed requests (ok=false) are counted by error_class and excluded from latency, token and "
+        "throughput figures; they are included in concurrency",
+    )
+
+    case_sha = sha256_bytes(canonical_json(case.canonical()))
+    records_sha = c.digest()
+    anchor_clean: dict[str, str | int] | None = None
+    if anchor is not None:
+        anchor_clean = {str(k): v for k, v in anchor.items() if isinstance(v, str | int)}
+    inputs = Inputs(
+        raw_path=src.path, raw_sha256=src.sha256, records_sha256=records_sha, records=c.n, torn_tail=src.torn_tail,
+        bad_lines=src.bad_lines, case_sha256=case_sha, anchor=anchor_clean,
+        metrics_before_sha256=_sha_text(metrics_before), metrics_after_sha256=_sha_text(metrics_after),
+    )
+    inputs_key = hashlib.sha256(canonical_json(inputs.model_dump(mode="json"))).hexdigest()[:16]
+    return Result(
+        processor_version=PROCESSOR_VERSION,
+        params=params,
+        params_key=params_key(params.native_rule, params.native_ratio),
+        inputs=inputs,
+        inputs_key=inputs_key,
+        scenario=case.scenario,
+        cards=case.target.cards,
+        requests=c.n,
+        ok=int(c.ok.sum()),
+        failed=int(failed_idx.size),
+        failures=failures,
+        definitions=dict(DEFINITIONS),
+        notes=notes,
+        concurrency=_series(s, dv.t0),
+        windows=windows,
+    )

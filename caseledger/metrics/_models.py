@@ -1,0 +1,280 @@
+"""The result schema: every figure, its window, and the definition it was computed with.
+
+A figure that could not be computed is a `NotObserved` value with the reason, serialized as
+{"value": "NOT_OBSERVED", "reason": ...}; never a zero. Every figure lives inside exactly one window
+(`Result.windows.whole` or `Result.windows.native`), so no figure mixes windows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROCESSOR_VERSION = "v1"
+"""Version of the code that turns raw records into results; results are stored per version."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NotObserved(_Model):
+    """A figure that was not observed, with the reason. Never a zero."""
+
+    value: Literal["NOT_OBSERVED"] = Field("NOT_OBSERVED", description="Marker: this figure has no value")
+    reason: str = Field(description="Why the figure could not be computed")
+
+
+class Distribution(_Model):
+    """Summary of a per-request (or per-gap / per-token) sample."""
+
+    unit: str = Field(description="Unit of every statistic: 'ms' or 'tokens' or 'ratio'")
+    count: int = Field(description="Sample size (requests, gaps or tokens, see the metric's definition)")
+    mean: float = Field(description="Arithmetic mean")
+    min: float = Field(description="Smallest value")
+    max: float = Field(description="Largest value")
+    p50: float = Field(description="50th percentile (numpy linear interpolation)")
+    p75: float = Field(description="75th percentile (numpy linear interpolation)")
+    p90: float = Field(description="90th percentile (numpy linear interpolation)")
+    p99: float = Field(description="99th percentile (numpy linear interpolation)")
+
+
+class Throughput(_Model):
+    """A rate over one window's duration, with the per-card figure and the numbers it came from."""
+
+    unit: str = Field(description="'tok/s' or 'req/s'; per_card is the same unit per card")
+    value: float = Field(description="numerator / duration_s")
+    per_card: float = Field(description="value / cards (case.target.cards)")
+    numerator: float = Field(description="Tokens or requests credited to the window")
+    duration_s: float = Field(description="Window duration in seconds (the divisor)")
+    cards: int = Field(description="Accelerator cards (the per-card divisor)")
+    text: str = Field(description="The computation written out, e.g. '655360 tok / 113.4630 s = 5776.0 tok/s'")
+
+
+class Ratio(_Model):
+    """A ratio of two observed numbers, with the formula and the numbers shown."""
+
+    formula: str = Field(description="Formula in words, e.g. 'output tokens / verify steps (Δdrafts)'")
+    numerator: float = Field(description="Numerator as observed")
+    denominator: float = Field(description="Denominator as observed")
+    value: float = Field(description="The ratio (for 1 + a/b forms: 1 + numerator/denominator)")
+    text: str = Field(description="The numbers written out, e.g. '655360 / 113463 = 5.7760'")
+
+
+class CounterDelta(_Model):
+    """One Prometheus counter read before and after the load (summed over label sets)."""
+
+    name: str = Field(description="Exposition name as read from /metrics")
+    before: float = Field(description="Value in load/metrics_before.txt")
+    after: float = Field(description="Value in load/metrics_after.txt")
+    delta: float = Field(description="after - before")
+
+
+class Latency(_Model):
+    """Latency distributions of the successful requests of one window (ms)."""
+
+    ttft: Distribution | NotObserved = Field(description="Time to first content chunk, per request (ms)")
+    e2e: Distribution | NotObserved = Field(description="End-to-end latency, per request (ms)")
+    tpot: Distribution | NotObserved = Field(
+        description="Time per output token after the first, per request with >= 2 output tokens (ms)"
+    )
+    itl: Distribution | NotObserved = Field(description="Gaps between consecutive content chunks, pooled (ms)")
+    itl_token_aware: Distribution | NotObserved = Field(
+        description="Chunk gaps spread over the tokens each chunk carried, pooled per token (ms)"
+    )
+
+
+class Tokens(_Model):
+    """Per-request token counts of the successful requests of one window."""
+
+    input_body: Distribution | NotObserved = Field(description="Body tokens before the chat template (dataset)")
+    input_chat: Distribution | NotObserved = Field(description="Chat-template prompt tokens (dataset)")
+    prompt: Distribution | NotObserved = Field(description="Server usage.prompt_tokens")
+    output: Distribution | NotObserved = Field(description="Server usage.completion_tokens")
+
+
+class Throughputs(_Model):
+    """Rates over one window's duration; per card = / case.target.cards."""
+
+    request: Throughput | NotObserved = Field(description="Successful requests credited to the window / duration")
+    output: Throughput | NotObserved = Field(description="Output tokens credited to the window / duration")
+    input: Throughput | NotObserved = Field(description="Prompt tokens credited to the window / duration (nominal)")
+    total: Throughput | NotObserved = Field(description="(input + output) tokens / duration")
+
+
+class CacheFigures(_Model):
+    """Prefix-cache figures of one window, from usage.prompt_tokens_details.cached_tokens."""
+
+    denominator: str = Field(description="What the hit ratio divides by")
+    requests_with_cached_tokens: int = Field(description="Successful requests whose usage carried cached_tokens")
+    cached_tokens: Distribution | NotObserved = Field(description="Cached tokens per request")
+    hit_ratio: Distribution | NotObserved = Field(description="cached_tokens / denominator per request")
+    min_hit_ratio: float | None = Field(description="case.cache.min_hit_ratio (null: no cache target)")
+    share_meeting_min: float | NotObserved = Field(
+        description="Share of requests (with a hit ratio) whose hit ratio >= case.cache.min_hit_ratio"
+    )
+    nominal_input_throughput: Throughput | NotObserved = Field(
+        description="All prompt tokens / duration (the same figure as throughput.input)"
+    )
+    uncached_input_throughput: Throughput | NotObserved = Field(
+        description="Prompt tokens not served from cache (recomputed) / duration"
+    )
+
+
+class SpecDecode(_Model):
+    """Speculative-decoding figures from the /metrics counter deltas (whole window only)."""
+
+    requested: str = Field(description="case.measurement.spec_decode: auto | vllm | sglang | llamacpp | none")
+    source: str | None = Field(description="Counter family actually read (null: none)")
+    counters: list[CounterDelta] = Field(description="Counters read, before/after/delta")
+    acceptance_length: Ratio | NotObserved = Field(
+        description="AL = output tokens / verify steps, verify steps = Δdrafts"
+    )
+    acceptance_length_counters: Ratio | NotObserved = Field(
+        description="AL from counters alone = 1 + Δaccepted / Δdrafts"
+    )
+    acceptance_rate: Ratio | NotObserved = Field(description="Strict acceptance rate = Δaccepted / Δdraft_tokens")
+
+
+class WindowResult(_Model):
+    """One window: which requests and which span, whether it meets the case's minimums, and its figures."""
+
+    name: Literal["whole", "native"] = Field(description="Window name")
+    rule: Literal["whole", "aisbench", "sglang"] = Field(description="Rule that selected the window")
+    params: dict[str, float | int | str | None] = Field(description="Parameters of the rule as applied")
+    found: bool = Field(description="False when the rule found no window (figures are then NOT_OBSERVED)")
+    reason: str | None = Field(description="Why no window was found")
+    start_s: float | None = Field(description="Window start, seconds after the first send")
+    end_s: float | None = Field(description="Window end, seconds after the first send")
+    duration_s: float | None = Field(description="end_s - start_s: the divisor of every rate in this window")
+    start_utc: str | None = Field(description="Window start as UTC (from load/anchor.json), null without anchor")
+    requests: int = Field(description="Requests in the window (successful and failed)")
+    ok: int = Field(description="Successful requests in the window")
+    failed: int = Field(description="Failed requests in the window")
+    failed_by_class: dict[str, int] = Field(description="Failed requests in the window by error_class")
+    cards: int = Field(description="Per-card divisor (case.target.cards)")
+    min_requests: int = Field(description="The case's minimum successful requests for this window")
+    min_duration_s: float = Field(description="The case's minimum duration for this window")
+    meets_min_requests: bool = Field(description="ok >= min_requests")
+    meets_min_duration: bool = Field(description="duration_s >= min_duration_s")
+    peak_concurrency: int = Field(description="Highest concurrency inside the window")
+    mean_concurrency: float | NotObserved = Field(description="Time-weighted mean concurrency over the window")
+    latency: Latency = Field(description="Latency distributions (ms)")
+    tokens: Tokens = Field(description="Token counts per request")
+    throughput: Throughputs = Field(description="Rates over duration_s")
+    cache: CacheFigures = Field(description="Prefix-cache figures")
+    spec_decode: SpecDecode = Field(description="Speculative-decoding figures")
+    notes: list[str] = Field(description="What was excluded or derived in this window, and why")
+
+
+class Windows(_Model):
+    whole: WindowResult = Field(description="First send to last end, all requests")
+    native: WindowResult = Field(description="Steady state by the rule in params")
+
+
+class ConcurrencySeries(_Model):
+    """Client-side concurrency over time as a step series (value holds from t_s[k] until t_s[k+1])."""
+
+    t_s: list[float] = Field(description="Change points, seconds after the first send")
+    c: list[int] = Field(description="Concurrency from each change point on")
+    peak: int = Field(description="Highest concurrency")
+    bucketed: bool = Field(description="True when compacted to fixed buckets holding each bucket's maximum")
+
+
+class Failures(_Model):
+    total: int = Field(description="Failed requests (ok=false) in the raw file")
+    by_class: dict[str, int] = Field(description="Failed requests by error_class")
+    first_error: dict[str, str] = Field(description="First error text seen per class")
+    note: str = Field(description="How failed requests enter the figures")
+
+
+class Inputs(_Model):
+    """What the result was computed from."""
+
+    raw_path: str = Field(description="Raw file relative to the run directory")
+    raw_sha256: str | None = Field(description="sha256 of the raw file bytes read (null: records passed in memory)")
+    records_sha256: str = Field(description="sha256 of the parsed record columns (independent of file layout)")
+    records: int = Field(description="Complete records read")
+    torn_tail: bool = Field(description="The last line was cut mid-write and skipped")
+    bad_lines: int = Field(description="Unparsable lines before the last one (skipped)")
+    case_sha256: str = Field(description="sha256 of the case's canonical JSON")
+    anchor: dict[str, str | int] | None = Field(description="load/anchor.json: wall_utc and mono_ns")
+    metrics_before_sha256: str | None = Field(description="sha256 of load/metrics_before.txt (null: absent)")
+    metrics_after_sha256: str | None = Field(description="sha256 of load/metrics_after.txt (null: absent)")
+
+
+class Params(_Model):
+    native_rule: Literal["aisbench", "sglang"] = Field(description="Rule selecting the native window")
+    native_ratio: float | None = Field(description="sglang rule: share of peak concurrency (null for aisbench)")
+    spec_decode: str = Field(description="Counter family requested (case.measurement.spec_decode)")
+
+
+class Result(_Model):
+    """Figures computed from raw records by one processor version with one set of parameters."""
+
+    processor_version: str = Field(description="Version of the processor that computed this result")
+    params: Params = Field(description="Processing parameters")
+    params_key: str = Field(description="Directory key of the parameters, e.g. 'aisbench' or 'sglang-r0.9'")
+    inputs: Inputs = Field(description="Inputs and their hashes")
+    inputs_key: str = Field(description="Short hash of inputs: same inputs + params -> same result directory")
+    scenario: str = Field(description="case.scenario")
+    cards: int = Field(description="case.target.cards")
+    requests: int = Field(description="Requests in the raw file")
+    ok: int = Field(description="Successful requests")
+    failed: int = Field(description="Failed requests")
+    failures: Failures = Field(description="Failed requests by class; excluded from latency and token figures")
+    definitions: dict[str, str] = Field(description="Metric name -> formula used by this processor version")
+    notes: list[str] = Field(description="Run-level notes (torn tail, exclusions)")
+    concurrency: ConcurrencySeries = Field(description="Concurrency over time")
+    windows: Windows = Field(description="The whole and the native window, each with all its figures")
+
+
+DEFINITIONS: dict[str, str] = {
+    "ttft": "first content-bearing chunk arrival - send (chunk_ns[0] - send_ns), per successful request, ms",
+    "e2e": "response end - send (end_ns - send_ns; end = [DONE]/close after the last chunk), per successful "
+    "request, ms",
+    "tpot": "(E2E - TTFT) / (completion_tokens - 1) per successful request with usage.completion_tokens >= 2; "
+    "undefined for 1-token outputs (excluded, counted in the window notes), ms",
+    "itl": "gaps between consecutive content chunks of the same successful request (chunk_ns[j] - "
+    "chunk_ns[j-1], j >= 1), pooled over requests, ms",
+    "itl_token_aware": "each chunk gap (j >= 1) divided by the tokens chunk j carried and counted once per "
+    "token; tokens per chunk from chunk_tokens, or 1 each when the number of content chunks equals "
+    "usage.completion_tokens; requests with neither are excluded; chunk 0 belongs to TTFT, ms",
+    "input_body": "body tokens before the chat template, from the dataset identity (record input_tokens_body)",
+    "input_chat": "chat-template prompt tokens, from the dataset identity (record input_tokens_chat)",
+    "prompt": "server usage.prompt_tokens",
+    "output": "server usage.completion_tokens",
+    "prompt_tokens_for_rates": "server usage.prompt_tokens, falling back to input_tokens_chat where the "
+    "server gave none",
+    "request_throughput": "successful requests credited to the window / window duration",
+    "output_throughput": "output tokens (usage.completion_tokens of successful requests) credited to the "
+    "window / window duration",
+    "input_throughput": "prompt tokens (prompt_tokens_for_rates) of successful requests credited to the "
+    "window / window duration (nominal: cached tokens included)",
+    "total_throughput": "(input + output tokens) / window duration",
+    "per_card": "a throughput / case.target.cards",
+    "percentiles": "numpy.percentile, method 'linear' (interpolation between closest ranks)",
+    "concurrency": "requests in flight at the client: +1 at send_ns, -1 at end_ns (failed requests "
+    "included); at equal timestamps ends are applied before sends",
+    "mean_concurrency": "time integral of concurrency over the window / window duration",
+    "window_whole": "first send to last end; every request is credited",
+    "window_native_aisbench": "AISBench stable stage: P = peak concurrency; from the send of the second "
+    "request that brings concurrency to P until the moment concurrency last leaves P; requests that START "
+    "inside [start, end] are credited with all their tokens",
+    "window_native_sglang": "longest span in which concurrency >= ceil(ratio * P); requests that START inside "
+    "are credited for request counts, latency and input tokens; output tokens are credited by their own "
+    "chunk timestamps inside the span (chunks of unknown token count get completion_tokens / chunks each)",
+    "cache_hit_ratio": "usage.prompt_tokens_details.cached_tokens / chat-template prompt tokens "
+    "(usage.prompt_tokens, falling back to input_tokens_chat), per successful request",
+    "uncached_input_throughput": "sum(prompt tokens - cached tokens) of the credited requests / duration: "
+    "the input the server recomputed",
+    "spec_acceptance_length": "AL = output tokens / verify steps; verify steps = Δ drafts counter "
+    "(vLLM/llama.cpp spec_decode_num_drafts_total, SGLang spec_verify_calls_total); output tokens = sum of "
+    "usage.completion_tokens of the successful requests of the whole window",
+    "spec_acceptance_length_counters": "1 + Δ accepted tokens / Δ drafts, from counters alone",
+    "spec_acceptance_rate": "strict acceptance rate = Δ accepted tokens / Δ draft tokens",
+    "spec_scope": "counters are read before and after the load, so they cover the whole window only",
+    "failures": "a request with ok=false is failed: counted by error_class, excluded from latency, token "
+    "and throughput figures, included in concurrency",
+}

@@ -1,0 +1,273 @@
+"""Phase bodies the controller runs: warmup, route_verify, cache_prepare, load, confirm_end,
+postprocess, decide. Each returns its evidence dict or raises PhaseFailed with a failure class."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx2 as httpx
+
+from caseledger import datasets, procs
+from caseledger.case import Case, origin
+from caseledger.errors import PhaseFailed
+from caseledger.load.client import run_requests
+from caseledger.load.plan import RequestSpec, request_body, request_url
+from caseledger.records import RawRecord, read_records
+from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file, write_json
+
+if TYPE_CHECKING:
+    from caseledger.controller import Controller
+
+
+def _api_key(case: Case) -> str | None:
+    return os.environ.get(case.target.api_key_env) if case.target.api_key_env else None
+
+
+def _specs(ws: Workspace, case: Case, meta: dict[str, Any], picks: list[tuple[int, int, str]],
+           max_tokens: int) -> list[RequestSpec]:
+    """Requests for (route, entry, salt) picks, built exactly as the formal load builds its bodies."""
+    ident = datasets.load_identity(ws, meta["dataset_id"])
+    entries = datasets.load_entries(ws, meta["dataset_id"])
+    out = []
+    for n, (route, e, salt) in enumerate(picks):
+        ep = case.target.endpoints[route]
+        entry = entries[e % len(entries)]
+        body = request_body(case.target.api, ep.model, datasets.render_prompt(entry, salt, ident), max_tokens,
+                            case.load.ignore_eos)
+        out.append(RequestSpec(i=n, entry=entry["i"], route=route, offset_s=0.0,
+                               url=request_url(ep.base_url, case.target.api), body=body,
+                               input_tokens_body=entry["body_tokens"], input_tokens_chat=entry["chat_tokens"]))
+    return out
+
+
+def _send(case: Case, specs: list[RequestSpec], concurrency: int, phase: str) -> tuple[list[RawRecord], float]:
+    t0 = time.monotonic()
+    recs = anyio.run(lambda: run_requests(specs, concurrency, phase, api_key=_api_key(case),
+                                          timeout_s=case.load.timeout_s))
+    return recs, time.monotonic() - t0
+
+
+def _lat_sum(recs: list[RawRecord]) -> float:
+    return sum((r["end_ns"] - r["send_ns"]) / 1e9 for r in recs)
+
+
+def warmup(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
+    n = case.warmup.requests
+    picks = [(k % len(case.target.endpoints), k, f"warmup-{meta['run_id']}-{k}") for k in range(n)]
+    recs, wall = _send(case, _specs(ws, case, meta, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
+    ok = sum(r["ok"] for r in recs)
+    if ok == 0:
+        err = next((r["error"] for r in recs if r["error"]), "no response")
+        raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", "service",
+                          "check the service log; resume retries warmup without restarting a healthy service")
+    return {"requests": n, "ok": ok, "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3)}
+
+
+def route_verify(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
+    routes = []
+    for k, ep in enumerate(case.target.endpoints):
+        try:
+            r = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=_auth(case))
+            ids = [m.get("id") for m in r.json().get("data", [])]
+        except (httpx.HTTPError, ValueError) as e:
+            raise PhaseFailed(f"route {k} ({ep.base_url}) /models failed: {e}", "service", "check the route") from None
+        if ep.model not in ids:
+            raise PhaseFailed(f"route {k} ({ep.base_url}) serves {ids}, not '{ep.model}'", "service",
+                              "fix target.endpoints[].model or the routing")
+        routes.append({"route": k, "base_url": ep.base_url, "models": ids})
+    picks = [(k, k, f"route-{meta['run_id']}-{k}") for k in range(len(case.target.endpoints))]
+    recs, wall = _send(case, _specs(ws, case, meta, picks, 1), len(picks), "route_verify")
+    for r in recs:
+        routes[r["route"]]["ok"] = r["ok"]
+        if not r["ok"]:
+            raise PhaseFailed(f"route {r['route']} did not answer a request: {r['error']}", "service",
+                              "check that route's service")
+    return {"routes": routes, "wall_s": round(wall, 3)}
+
+
+def _auth(case: Case) -> dict[str, str]:
+    key = _api_key(case)
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def cache_prepare(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], seed: bool) -> dict[str, Any]:
+    target = case.cache.min_hit_ratio or 0.0
+    ident = datasets.load_identity(ws, meta["dataset_id"])
+    groups = max(1, min(case.dataset.prefix_groups, ident.entries))
+    routes = len(case.target.endpoints)
+    out: dict[str, Any] = {"target_ratio": target, "mode": "seed+check" if seed else "check"}
+    if seed:
+        picks = [(r, g, f"seed-{meta['run_id']}") for r in range(routes) for g in range(groups)]
+        recs, wall = _send(case, _specs(ws, case, meta, picks, 1), max(1, min(len(picks), case.load.concurrency)),
+                           "cache_seed")
+        out["seed"] = {"requests": len(recs), "ok": sum(r["ok"] for r in recs), "wall_s": round(wall, 3),
+                       "latency_sum_s": round(_lat_sum(recs), 3)}
+    picks = [(r, (r * case.cache.check_requests + k) % groups + groups * (k + 1), f"check-{meta['run_id']}-{k}")
+             for r in range(routes) for k in range(case.cache.check_requests)]
+    recs, wall = _send(case, _specs(ws, case, meta, picks, 1), max(1, min(len(picks), case.load.concurrency)),
+                       "cache_check")
+    ratios = []
+    for r in recs:
+        if r["ok"] and r["prompt_tokens"] and r["cached_tokens"] is not None:
+            ratios.append(r["cached_tokens"] / r["prompt_tokens"])
+        else:
+            ratios.append(0.0)
+    out["check"] = {"requests": len(recs), "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3),
+                    "hit_ratios": [round(x, 4) for x in ratios],
+                    "cached_tokens": [r["cached_tokens"] for r in recs], "prompt_tokens": [r["prompt_tokens"] for r in recs],
+                    "denominator": "server prompt_tokens (chat-template tokens)"}
+    low = [x for x in ratios if x < target]
+    if low:
+        raise PhaseFailed(f"cache check: {len(low)}/{len(ratios)} requests below {target} (min {min(ratios):.4f})",
+                          "service", "seed again (resume) or check the engine's prefix caching flags")
+    return out
+
+
+def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attempt: int,
+         ctl: Controller) -> dict[str, Any]:
+    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data."""
+    paths.load_dir.mkdir(parents=True, exist_ok=True)
+    end = read_json_or_none(paths.load_end)
+    pid = read_json_or_none(paths.load_pid)
+    reattached = False
+    if end is None and procs.alive(pid):
+        reattached = True
+    elif end is None:
+        n_raw = len(read_records(paths.raw).records)
+        if n_raw or paths.raw.exists() and paths.raw.stat().st_size:
+            raise PhaseFailed(
+                f"load client is gone without an end file after {n_raw} of {meta['planned']} records",
+                "end_unknown", "formal requests are never re-sent automatically; the raw records are kept")
+        _snapshot(case, paths.metrics_before)
+        env = _client_env()
+        with paths.load_log.open("ab") as lf:
+            p = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdin=subprocess.DEVNULL,
+                                 stdout=lf, stderr=lf, env=env, start_new_session=True, close_fds=True)
+        pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+        meta["load_started"] = True
+        ctl.event("load_client_started", phase="load", attempt=attempt, data={"pid": p.pid})
+        if procs.start_time(p.pid) is not None and pid["start_time"] == 0:
+            pid["start_time"] = procs.start_time(p.pid) or 0
+        if _fault_ctl() == "load":
+            time.sleep(0.5)
+            os._exit(137)
+    while end is None:
+        if not procs.alive(pid):
+            try:
+                os.waitpid(int(pid["pid"]), os.WNOHANG)  # type: ignore[index]
+            except ChildProcessError:
+                pass
+            end = read_json_or_none(paths.load_end)
+            if end is None:
+                time.sleep(0.2)
+                end = read_json_or_none(paths.load_end)
+            if end is None:
+                n = len(read_records(paths.raw).records)
+                raise PhaseFailed(f"load client exited without an end file: {n} of {meta['planned']} requests done",
+                                  "end_unknown", "raw records are kept; resume confirms the evidence")
+            break
+        time.sleep(0.1)
+        end = read_json_or_none(paths.load_end)
+    _snapshot(case, paths.metrics_after)
+    return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
+            "ok": end["ok"], "failed": end["failed"], "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+
+
+def _fault_ctl() -> str | None:
+    from caseledger.load.faults import fault
+
+    return fault("controller", "exit_during")
+
+
+def _client_env() -> dict[str, str]:
+    from caseledger.controller import child_env
+
+    return child_env()
+
+
+def _snapshot(case: Case, dest: Path) -> None:
+    """Prometheus counters before/after the formal load (spec decode); absence is recorded, not fatal."""
+    url = case.target.metrics_url or origin(case.target.endpoints[0].base_url) + "/metrics"
+    try:
+        r = httpx.get(url, timeout=5)
+        if r.status_code == 200:
+            dest.write_text(r.text)
+            return
+        dest.with_suffix(".missing").write_text(f"HTTP {r.status_code} from {url}\n")
+    except httpx.HTTPError as e:
+        dest.with_suffix(".missing").write_text(f"{type(e).__name__}: {e} ({url})\n")
+
+
+def reuse_parent_load(ws: Workspace, paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
+    src = ws.run(meta["load_reuse"]).load_dir
+    paths.load_dir.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "pid.json":
+            shutil.copy2(f, paths.load_dir / f.name)
+    return {"outcome": "reused", "source_run": meta["load_reuse"], "raw_sha256": sha256_file(paths.raw)}
+
+
+def confirm_end(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
+    end = read_json_or_none(paths.load_end)
+    if end is None:
+        raise PhaseFailed("no end file", "end_unknown", "resume checks the client process and raw records")
+    pid = read_json_or_none(paths.load_pid)
+    if not meta.get("load_reuse") and procs.alive(pid):
+        raise PhaseFailed("load client still alive after its end file", "end_unknown", "resume waits for it")
+    n = len(read_records(paths.raw).records)
+    if n != end["done"]:
+        raise PhaseFailed(f"raw records {n} != end file done {end['done']}", "end_unknown",
+                          "resume re-checks; nothing is re-sent")
+    return {"client_gone": True, "end_file": True, "records": n, "planned": end["planned"], "sent": end["sent"],
+            "all_accounted": n == end["sent"] == end["planned"]}
+
+
+def postprocess_env() -> tuple[list[str], dict[str, str]]:
+    from caseledger.controller import child_env
+    from caseledger.load.faults import fault
+
+    env = child_env()
+    argv = [sys.executable, "-m", "caseledger.metrics"]
+    if fault("postprocess", "fail") == "import":
+        # test hook: the seeds' incident, a collector whose environment lacks a module (no site-packages)
+        argv = [sys.executable, "-S", "-m", "caseledger.metrics"]
+    return argv, env
+
+
+def postprocess(paths: RunPaths) -> dict[str, Any]:
+    argv, env = postprocess_env()
+    p = subprocess.run([*argv, str(paths.root)], capture_output=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    recorded_env = {"interpreter": argv[0], "argv": argv[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}
+    if p.returncode != 0:
+        err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise PhaseFailed(f"postprocess: {err}"[:400], "collect",
+                          f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent")
+    import orjson
+
+    out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])
+    return {"result": out.get("result"), "raw_sha256": out.get("raw_sha256"), "env": recorded_env,
+            "requests": out.get("requests")}
+
+
+def decide(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
+    from caseledger import summary
+
+    rec = summary.decide_run(ws, paths.run_id)
+    return {"decision": rec.get("outcome"), "missing": rec.get("missing", []), "baseline": rec.get("baseline_ref")}
+
+
+def wait_file(path: Path, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = read_json_or_none(path)
+        if v is not None:
+            return v
+        time.sleep(0.05)
+    return read_json(path)

@@ -1,0 +1,95 @@
+"""Preflight in a fresh process: reload the frozen case from disk through the real entry points.
+
+`python -m caseledger.preflight RUN_DIR` installs an audit hook FIRST that refuses every outgoing
+connection, UDP send, name lookup and child process, so a preflight provably sends no model request.
+It then builds the load plan with the same function the load client uses, builds the collector with the
+same function postprocess uses (on zero records), verifies the dataset hash and entry count against N,
+the deadline and free disk. It prints one JSON line and exits 0, or prints the error and exits 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+_BLOCKED = {
+    "socket.connect": "outgoing connection", "socket.sendto": "UDP send", "socket.sendmsg": "socket send",
+    "socket.getaddrinfo": "name lookup", "socket.gethostbyname": "name lookup",
+    "subprocess.Popen": "child process", "os.system": "child process", "os.exec": "exec",
+    "os.posix_spawn": "child process", "os.fork": "fork",
+}
+
+
+def _guard(event: str, args: tuple[Any, ...]) -> None:
+    if event in _BLOCKED:
+        raise PermissionError(f"preflight forbids {_BLOCKED[event]} ({event})")
+
+
+def install_guard() -> None:
+    sys.addaudithook(_guard)
+
+
+def run(run_dir: str) -> dict[str, Any]:
+    import shutil
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    import orjson
+
+    from caseledger import cases, datasets
+    from caseledger.case import Case
+    from caseledger.load import plan_from_run_dir
+    from caseledger.load.faults import fault
+    from caseledger.metrics import compute_result
+    from caseledger.workspace import RunPaths, Workspace
+
+    paths = RunPaths(Path(run_dir))
+    meta = orjson.loads(paths.run_json.read_bytes())
+    case = Case.model_validate(orjson.loads(paths.case.read_bytes()))
+    checks: dict[str, Any] = {}
+    cid = cases.case_id_of(case)
+    if cid != meta["case_id"]:
+        raise ValueError(f"case.json hashes to {cid}, the run says {meta['case_id']}: the frozen case changed")
+    checks["case_reload"] = cid
+    ws = Workspace(Path(meta["workspace"]))
+    if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
+        import httpx2
+
+        httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
+    if not meta.get("load_reuse"):
+        sha = datasets.verify(ws, meta["dataset_id"])
+        checks["dataset_sha256"] = sha
+        plan = plan_from_run_dir(paths.root)
+        n = plan.planned
+        if n != case.load.requests:
+            raise ValueError(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
+        checks["load_plan_requests"] = n
+    res = compute_result(case, [])
+    checks["collector"] = type(res).__name__
+    if case.deadline is not None and case.deadline <= datetime.now(UTC):
+        raise ValueError(f"deadline {case.deadline.isoformat()} has passed; freeze a case with a later deadline")
+    need = case.load.requests * (400 + 12 * (case.load.max_tokens or 64)) * 2 + (50 << 20)
+    free = shutil.disk_usage(paths.root).free
+    if free < need:
+        raise ValueError(f"free disk {free >> 20} MiB < {need >> 20} MiB needed for raw records and results")
+    checks["disk_free_mib"] = free >> 20
+    checks["sockets"] = "forbidden (audit hook)"
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_guard()
+    args = sys.argv[1:] if argv is None else argv
+    import orjson
+
+    try:
+        checks = run(args[0])
+    except Exception as e:  # noqa: BLE001 - every failure is a preflight failure, reported verbatim
+        sys.stdout.write(orjson.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}).decode() + "\n")
+        return 1
+    sys.stdout.write(orjson.dumps({"ok": True, "checks": checks}).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

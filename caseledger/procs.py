@@ -1,0 +1,88 @@
+"""Process identity and liveness: a pid is only 'the same process' with the same start time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+
+class ProcRef(TypedDict):
+    pid: int
+    start_time: int
+    host: str
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot), or None when the process is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # the command name may contain spaces and parens: split after the last ')'
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 :].split()[0] == b"Z"
+
+
+def me() -> ProcRef:
+    pid = os.getpid()
+    return {"pid": pid, "start_time": start_time(pid) or 0, "host": socket.gethostname()}
+
+
+def alive(ref: dict[str, Any] | None) -> bool:
+    """True when the referenced process still runs (same pid AND same start time, not a zombie)."""
+    if not ref or "pid" not in ref:
+        return False
+    if ref.get("host") not in (None, socket.gethostname()):
+        return False  # another host: the caller must check remotely
+    st = start_time(int(ref["pid"]))
+    if st is None or is_zombie(int(ref["pid"])):
+        return False
+    return ref.get("start_time") in (None, 0, st)
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
+    """SIGTERM the process group (or the process), then SIGKILL after the grace period."""
+    if not alive(ref):
+        return False
+    pid = int(ref["pid"])
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                return True
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not alive(ref):
+                return True
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+    return not alive(ref)

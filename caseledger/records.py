@@ -1,0 +1,75 @@
+"""Raw per-request records: the record of truth written by the load client and read by the processor.
+
+One orjson line per finished request (success or failure) in `load/raw.jsonl`, appended and flushed as
+each request ends, so a kill loses at most the requests in flight. A torn last line is tolerated and
+reported by `read_records`. Times are `time.monotonic_ns()` of the load client's host; `load/anchor.json`
+holds one wall-clock anchor {"wall_utc": ISO-8601, "mono_ns": int} taken at load start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import orjson
+
+ErrorClass = Literal["http", "timeout", "connection", "stream", "incomplete", "client"]
+
+
+class RawRecord(TypedDict):
+    i: int  # formal request index 0..N-1 (plan order)
+    entry: int  # dataset entry index
+    route: int  # endpoint index in case.target.endpoints
+    send_ns: int  # monotonic ns just before the request was written
+    chunk_ns: list[int]  # arrival of every content-bearing chunk (non-empty text), monotonic ns
+    chunk_tokens: list[int | None]  # tokens each content chunk carried, where known (continuous usage)
+    end_ns: int  # monotonic ns when the response ended ([DONE], close or error)
+    status: int | None  # HTTP status; None when no response arrived
+    ok: bool  # finished with a finish_reason and no error
+    error: str | None  # short error text
+    error_class: ErrorClass | None
+    prompt_tokens: int | None  # from server usage
+    completion_tokens: int | None  # from server usage
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens
+    finish_reason: str | None
+    input_tokens_body: int | None  # from the dataset identity (what we built)
+    input_tokens_chat: int | None  # chat-template tokens from the dataset identity
+
+
+@dataclass
+class ReadResult:
+    records: list[RawRecord] = field(default_factory=list)
+    torn_tail: bool = False  # the last line was cut mid-write (crash) and was skipped
+    bad_lines: int = 0  # lines that failed to parse before the last one
+
+
+def iter_lines(path: Path) -> Iterator[tuple[bool, bytes]]:
+    """(is_last, line) for every non-empty line."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    complete = data.endswith(b"\n")
+    for n, line in enumerate(lines):
+        if not line:
+            continue
+        last = n == len(lines) - 1 and not complete
+        yield last, line
+
+
+def read_records(path: Path) -> ReadResult:
+    """All complete records of a raw file; a torn last line is reported, never fatal."""
+    out = ReadResult()
+    if not path.exists():
+        return out
+    for last, line in iter_lines(path):
+        try:
+            obj: Any = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if last:
+                out.torn_tail = True
+            else:
+                out.bad_lines += 1
+            continue
+        out.records.append(obj)
+    return out

@@ -1,0 +1,250 @@
+"""Service adapters: bring the target to the case's identity and read back what actually runs.
+
+reference: the embedded reference target (`python -m caseledger.target serve`), started detached.
+command:   a local argv from the case; the effective argv is read back from /proc and compared.
+external:  an already-running endpoint; probed, never started or stopped.
+
+Every launch is an argv list, never a shell string: case fields must not become shell syntax.
+The live service started by caseledger on a target is recorded in ledger/services/<target_key>.json
+so a later run can reuse it (same identity) instead of restarting it and losing warm caches.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2 as httpx
+import orjson
+
+from caseledger import procs
+from caseledger.case import Case
+from caseledger.errors import PhaseFailed
+from caseledger.ledger import utc_now
+from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes, write_json
+
+_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def host_port(base_url: str) -> tuple[str, int]:
+    u = urlsplit(base_url)
+    return u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
+
+
+def intended_argv(case: Case) -> list[str]:
+    host, port = host_port(case.target.endpoints[0].base_url)
+    model = case.target.endpoints[0].model
+    if case.service.adapter == "reference":
+        cfg = canonical_json(case.service.reference.model_dump(mode="json")).decode()
+        return [sys.executable, "-m", "caseledger.target", "serve", "--host", host, "--port", str(port),
+                "--model", model, "--config-json", cfg]
+    if case.service.adapter == "command":
+        return [a.replace("{host}", host).replace("{port}", str(port)).replace("{model}", model)
+                for a in case.service.argv]
+    return []
+
+
+def resolve_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
+    """(env for the child, what may be recorded: references stay references, values of refs never copied)."""
+    env = dict(os.environ)
+    shown: dict[str, str] = {}
+    for k, v in case.service.env.items():
+        m = _REF.match(v)
+        if m:
+            if m.group(1) not in os.environ:
+                raise PhaseFailed(f"service.env.{k} references ${{{m.group(1)}}}, which is not set",
+                                  "service", f"export {m.group(1)} in the environment that starts the run")
+            env[k] = os.environ[m.group(1)]
+        else:
+            env[k] = v
+        shown[k] = v
+    return env, shown
+
+
+def _options(argv: list[str]) -> list[tuple[str, str | None]]:
+    """Option/value pairs after the program part (tokens before the first '-' option are the program)."""
+    i = next((n for n, a in enumerate(argv) if a.startswith("-") and a not in ("-m",) and n > 0
+              and not (argv[n - 1] == "-m")), len(argv))
+    # skip a python -m module prefix
+    out: list[tuple[str, str | None]] = []
+    args = argv[i:]
+    n = 0
+    while n < len(args):
+        a = args[n]
+        if a.startswith("-"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                out.append((k, v))
+            elif n + 1 < len(args) and not args[n + 1].startswith("-"):
+                out.append((a, args[n + 1]))
+                n += 1
+            else:
+                out.append((a, None))
+        else:
+            out.append(("", a))
+        n += 1
+    return out
+
+
+def compare_argv(intended: list[str], effective: list[str]) -> str | None:
+    """None when equal in options; else which argument differs (e.g. an appended override)."""
+    if intended == effective:
+        return None
+    a, b = _options(intended), _options(effective)
+    da: dict[str, list[str | None]] = {}
+    db: dict[str, list[str | None]] = {}
+    for k, v in a:
+        da.setdefault(k, []).append(v)
+    for k, v in b:
+        db.setdefault(k, []).append(v)
+    for k in sorted(set(da) | set(db)):
+        if da.get(k) != db.get(k):
+            name = k or "(positional)"
+            if k not in da:
+                return f"effective argv adds {name} {db[k][-1] or ''}".strip() + " (not in the intended argv)"
+            if k not in db:
+                return f"effective argv lacks {name} {da[k][-1] or ''}".strip()
+            return f"{name}: intended {da[k][-1]!r}, effective {db[k][-1]!r}"
+    return None
+
+
+def _state_path(ws: Workspace, key: str) -> Path:
+    return ws.services_dir / f"{key}.json"
+
+
+def live_service(ws: Workspace, key: str) -> dict[str, Any] | None:
+    st = read_json_or_none(_state_path(ws, key))
+    if st and st.get("proc") and procs.alive(st["proc"]):
+        return dict(st)
+    return None
+
+
+def identity_of(case: Case) -> str:
+    body = {"adapter": case.service.adapter, "argv": intended_argv(case)[1:] if case.service.adapter == "reference"
+            else intended_argv(case), "env": case.service.env,
+            "endpoints": [e.model_dump() for e in case.target.endpoints]}
+    return "s-" + sha256_bytes(canonical_json(body))[:12]
+
+
+def health_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        r = httpx.get(url, timeout=timeout)
+        return r.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stop(ws: Workspace, key: str) -> bool:
+    st = read_json_or_none(_state_path(ws, key))
+    if not st or not st.get("proc"):
+        return False
+    stopped = procs.terminate(st["proc"])
+    st["stopped_utc"] = utc_now()
+    st["proc"] = None
+    write_json(_state_path(ws, key), st)
+    return stopped
+
+
+def stop_all(ws: Workspace) -> list[str]:
+    out = []
+    if ws.services_dir.exists():
+        for p in ws.services_dir.glob("*.json"):
+            if stop(ws, p.stem):
+                out.append(p.stem)
+    return out
+
+
+def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool) -> dict[str, Any]:
+    """Bring the target to the case's service identity. Returns the evidence dict (outcome reused|done)."""
+    want = identity_of(case)
+    if case.service.adapter == "external":
+        return _external(case, want)
+    live = live_service(ws, key)
+    intended = intended_argv(case)
+    if live and live.get("identity") == want and health_ok(case.service.health_url or ""):
+        eff = procs.cmdline(int(live["proc"]["pid"])) or []
+        diff = compare_argv(intended, eff)
+        if diff is None:
+            return {"outcome": "reused", "identity": want, "intended_argv": intended, "effective_argv": eff,
+                    "pid": live["proc"]["pid"], "starts": live.get("starts", 1),
+                    "verified_by": "live process cmdline + health"}
+    if not allow_start:
+        raise PhaseFailed("no live service with the case's identity and authorization forbids a service change",
+                          "service", "caseledger authorize single (or auto), then resume")
+    if live:
+        procs.terminate(live["proc"])
+    host, port = host_port(case.target.endpoints[0].base_url)
+    if health_ok(case.service.health_url or "", timeout=0.5):
+        raise PhaseFailed(f"{host}:{port} already answers health but is not a service caseledger started",
+                          "service", "stop that process or use adapter 'external' for it")
+    env, shown_env = resolve_env(case)
+    log = ws.services_dir / f"{key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as lf:
+        try:
+            p = subprocess.Popen(intended, stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, env=env,
+                                 start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise PhaseFailed(f"cannot start service argv[0] {intended[0]!r}: {e}", "service",
+                              "fix service.argv in a new case") from None
+    ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+    prev = read_json_or_none(_state_path(ws, key)) or {}
+    state = {"adapter": case.service.adapter, "proc": ref, "identity": want, "intended_argv": intended,
+             "env": shown_env, "case_id": case_id, "started_utc": utc_now(), "starts": int(prev.get("starts", 0)) + 1,
+             "log": str(log)}
+    write_json(_state_path(ws, key), state)
+    deadline = time.monotonic() + case.service.health_timeout_s
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise PhaseFailed(f"service exited with code {p.returncode} before health: {tail[0]}", "service",
+                              f"read {log}; fix the case's service and resume")
+        if health_ok(case.service.health_url or "", timeout=1.0):
+            break
+        time.sleep(0.1)
+    else:
+        procs.terminate(ref)
+        raise PhaseFailed(f"service not healthy at {case.service.health_url} after {case.service.health_timeout_s}s",
+                          "service", "raise service.health_timeout_s or check the service log")
+    eff = procs.cmdline(p.pid) or []
+    state["effective_argv"] = eff
+    write_json(_state_path(ws, key), state)
+    diff = compare_argv(intended, eff)
+    if diff is not None:
+        procs.terminate(ref)
+        raise PhaseFailed(f"effective service argv differs from the intended one: {diff}", "service",
+                          "fix the launcher so the live process runs the case's argv (no appended overrides)")
+    return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff,
+            "pid": p.pid, "starts": state["starts"], "verified_by": "live process cmdline + health", "env": shown_env}
+
+
+def _external(case: Case, want: str) -> dict[str, Any]:
+    seen = []
+    for ep in case.target.endpoints:
+        try:
+            r = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10)
+            r.raise_for_status()
+            ids = [m.get("id") for m in r.json().get("data", [])]
+        except (httpx.HTTPError, ValueError) as e:
+            raise PhaseFailed(f"external endpoint {ep.base_url} does not answer /models: {e}", "service",
+                              "start the service or fix target.endpoints") from None
+        if ep.model not in ids:
+            raise PhaseFailed(f"endpoint {ep.base_url} serves {ids}, not '{ep.model}'", "service",
+                              "fix target.endpoints[].model or the service")
+        seen.append({"base_url": ep.base_url, "models": ids})
+    ident_out = None
+    if case.service.identity_command:
+        try:
+            ident_out = subprocess.run(case.service.identity_command, capture_output=True, timeout=30,
+                                       check=True).stdout.decode(errors="replace")[:2000]
+        except (OSError, subprocess.SubprocessError) as e:
+            raise PhaseFailed(f"identity_command failed: {e}", "service", "fix service.identity_command") from None
+    live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
+    return {"outcome": "done", "identity": want, "live_identity": live, "endpoints": seen,
+            "identity_output": ident_out, "verified_by": "/v1/models probe" + (" + identity_command" if ident_out else "")}

@@ -1,0 +1,269 @@
+"""Run state folded from events, then checked against evidence.
+
+Readers (phase_status, summarize, handoff) call `fold`; they never write run state. Evidence outranks
+status strings: an end file beats a stale 'started' event, results on disk beat a stale postprocess
+failure, a dead controller turns an open phase into UNKNOWN instead of RUNNING.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from caseledger import procs
+from caseledger.case import PHASES
+from caseledger.errors import NotFound
+from caseledger.ledger import read_events
+from caseledger.records import iter_lines
+from caseledger.workspace import RunPaths, Workspace, read_json_or_none
+
+
+class PhaseState(StrEnum):
+    PENDING = "pending"  # not started yet
+    RUNNING = "running"  # started, no end, its owner is alive
+    DONE = "done"  # ended with evidence
+    REUSED = "reused"  # the parent's state was reused (the plan said so and it was verified)
+    SKIPPED = "skipped"  # the case does not need it
+    FAILED = "failed"  # ended in failure; failure_class says which
+    UNKNOWN = "unknown"  # started, owner gone, no end evidence
+
+
+class RunState(StrEnum):
+    CREATED = "created"  # run dir written, controller not yet at work
+    RUNNING = "running"  # a live controller (or the load client) is working
+    SUCCEEDED = "succeeded"  # every phase done or reused; decision recorded
+    FAILED = "failed"  # stopped at a failed phase (failure_class)
+    END_UNKNOWN = "end_unknown"  # owner lost while a phase was in flight; check evidence with resume
+
+
+FAILURE_OF_PHASE = {
+    "preflight": "before_model", "service": "service", "warmup": "service", "route_verify": "service",
+    "cache_prepare": "service", "load": "end_unknown", "confirm_end": "end_unknown", "postprocess": "collect",
+    "decide": "collect",
+}
+
+
+@dataclass
+class PhaseView:
+    name: str
+    state: PhaseState = PhaseState.PENDING
+    attempt: int = 0
+    started_utc: str | None = None
+    ended_utc: str | None = None
+    started_mono: int | None = None
+    ended_mono: int | None = None
+    failure_class: str | None = None
+    error: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Counts:
+    planned: int = 0
+    sent: int = 0
+    done: int = 0
+    ok: int = 0
+    failed: int = 0
+
+
+@dataclass
+class RunView:
+    run_id: str
+    case_id: str
+    scenario: str
+    meta: dict[str, Any]
+    phases: dict[str, PhaseView]
+    state: RunState
+    failure_class: str | None
+    current: str | None  # the phase the run is at (running, failed or next)
+    controller_alive: bool
+    client_alive: bool
+    counts: Counts
+    load_ended: str  # yes | no | unknown | partial
+    results_extracted: bool
+    decision: dict[str, Any] | None
+    torn_events: bool
+    blocker: str | None
+    next_call: str
+    next_restarts_service: bool
+    next_repeats_warmup: bool
+    next_resends_requests: bool
+
+
+def count_raw(path: Path) -> tuple[int, int]:
+    """(records, ok) in a raw file, tolerating a torn last line; no JSON parsing for speed."""
+    if not path.exists():
+        return 0, 0
+    n = ok = 0
+    for last, line in iter_lines(path):
+        if last:
+            continue  # torn
+        n += 1
+        if b'"ok":true' in line:
+            ok += 1
+    return n, ok
+
+
+def load_counts(paths: RunPaths, planned: int) -> Counts:
+    end = read_json_or_none(paths.load_end)
+    if end:
+        return Counts(planned, int(end.get("sent", 0)), int(end.get("done", 0)), int(end.get("ok", 0)),
+                      int(end.get("failed", 0)))
+    prog = read_json_or_none(paths.load_progress) or {}
+    n, ok = count_raw(paths.raw)
+    sent = max(int(prog.get("sent", 0)), n)
+    return Counts(planned, sent, n, ok, n - ok)
+
+
+def fold(ws: Workspace, run_id: str) -> RunView:
+    paths = ws.run(run_id)
+    meta = read_json_or_none(paths.run_json)
+    if meta is None:
+        raise NotFound(f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
+                       "list runs with `caseledger status`, or start one with start_run(case_id=...)")
+    log = read_events(paths)
+    phases = {p: PhaseView(p) for p in PHASES}
+    for ev in log.events:
+        ph = ev.get("phase")
+        if ph not in phases:
+            continue
+        v = phases[ph]
+        t = ev["type"]
+        if t == "phase_started":
+            v.state, v.attempt, v.started_utc, v.started_mono = PhaseState.RUNNING, ev.get("attempt") or 1, ev["utc"], ev["mono_ns"]
+            v.ended_utc = v.failure_class = v.error = None
+            v.data = {}
+        elif t == "phase_ended":
+            outcome = ev["data"].get("outcome", "done")
+            v.state = PhaseState(outcome)
+            v.ended_utc, v.ended_mono = ev["utc"], ev["mono_ns"]
+            v.failure_class = ev["data"].get("failure_class")
+            v.error = ev.get("error")
+            v.data = ev["data"]
+            v.attempt = ev.get("attempt") or v.attempt
+    ctl = read_json_or_none(paths.controller_pid)
+    controller_alive = procs.alive(ctl)
+    client_alive = procs.alive(read_json_or_none(paths.load_pid))
+    planned = int(meta.get("planned", 0))
+    counts = load_counts(paths, planned)
+    end = read_json_or_none(paths.load_end)
+
+    # evidence checks
+    lv = phases["load"]
+    if end and lv.state in (PhaseState.RUNNING, PhaseState.UNKNOWN, PhaseState.PENDING):
+        lv.state = PhaseState.DONE if lv.state != PhaseState.PENDING else lv.state
+        if lv.state == PhaseState.PENDING and meta.get("load_started"):
+            lv.state = PhaseState.DONE
+    if lv.state == PhaseState.RUNNING and client_alive:
+        pass  # the load client is still at work whatever the controller does
+    for v in phases.values():
+        if v.state == PhaseState.RUNNING and not controller_alive and not (v.name == "load" and client_alive):
+            v.state = PhaseState.UNKNOWN
+            v.failure_class = FAILURE_OF_PHASE[v.name]
+    results_extracted = _has_results(paths)
+    pv = phases["postprocess"]
+    if results_extracted and pv.state in (PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
+        pv.state, pv.failure_class = PhaseState.DONE, None  # repaired by reprocess_raw: results beat old failure
+    decision = read_json_or_none(paths.decision)
+    dv = phases["decide"]
+    if decision and dv.state in (PhaseState.PENDING, PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
+        dv.state, dv.failure_class = PhaseState.DONE, None
+
+    if end:
+        load_ended = "yes" if int(end.get("done", 0)) >= planned else "partial"
+    elif meta.get("load_reused"):
+        load_ended = "yes"
+    elif client_alive or lv.state in (PhaseState.PENDING,):
+        load_ended = "no"
+    elif counts.sent or lv.state != PhaseState.PENDING:
+        load_ended = "unknown"
+    else:
+        load_ended = "no"
+
+    # overall state
+    failed = next((v for v in phases.values() if v.state == PhaseState.FAILED), None)
+    unknown = next((v for v in phases.values() if v.state == PhaseState.UNKNOWN), None)
+    running = next((v for v in phases.values() if v.state == PhaseState.RUNNING), None)
+    finished = all(v.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED) for v in phases.values())
+    failure_class: str | None = None
+    if finished:
+        state, current = RunState.SUCCEEDED, None
+    elif running is not None and (controller_alive or client_alive):
+        state, current = RunState.RUNNING, running.name
+    elif failed is not None:
+        state, current, failure_class = RunState.FAILED, failed.name, failed.failure_class
+    elif unknown is not None:
+        state, current, failure_class = RunState.END_UNKNOWN, unknown.name, unknown.failure_class
+    elif controller_alive:
+        state = RunState.RUNNING
+        current = next((p for p, v in phases.items() if v.state == PhaseState.PENDING), None)
+    elif any(v.state != PhaseState.PENDING for v in phases.values()):
+        state, current = RunState.END_UNKNOWN, next(p for p, v in phases.items() if v.state == PhaseState.PENDING)
+        failure_class = FAILURE_OF_PHASE[current]
+    else:
+        state, current = RunState.CREATED, "preflight"
+        if not controller_alive and meta.get("controller_spawned"):
+            state, failure_class = RunState.END_UNKNOWN, "before_model"
+
+    view = RunView(
+        run_id=run_id, case_id=meta["case_id"], scenario=meta.get("scenario", "?"), meta=meta, phases=phases,
+        state=state, failure_class=failure_class, current=current, controller_alive=controller_alive,
+        client_alive=client_alive, counts=counts, load_ended=load_ended, results_extracted=results_extracted,
+        decision=decision, torn_events=log.torn_tail, blocker=None, next_call="",
+        next_restarts_service=False, next_repeats_warmup=False, next_resends_requests=False,
+    )
+    _advise(view)
+    return view
+
+
+def _has_results(paths: RunPaths) -> bool:
+    if not paths.results.exists():
+        return False
+    return any(paths.results.rglob("result.json"))
+
+
+def _advise(v: RunView) -> None:
+    """The blocker at its boundary and the one next call."""
+    rid = v.run_id
+    if v.state == RunState.SUCCEEDED:
+        v.next_call = f"summarize(run_ids=['{rid}'])"
+        return
+    if v.state in (RunState.RUNNING, RunState.CREATED):
+        v.next_call = f"phase_status(run_id='{rid}') later; the run continues in its controller"
+        return
+    ph = v.phases[v.current] if v.current else None
+    err = (ph.error or "") if ph else ""
+    fc = v.failure_class
+    where = f"{v.current}: {err}" if err else f"{v.current}"
+    v.blocker = f"{fc} at {where}"[:200]
+    if fc == "before_model":
+        v.next_call = (f"fix the cause, then resume(run_id='{rid}') (re-runs preflight; 0 model requests sent); "
+                       "a case error needs freeze_case of a corrected draft")
+    elif fc == "collect":
+        v.next_call = f"reprocess_raw(run_id='{rid}') — repairs from raw data, no requests re-sent"
+    elif fc == "hot_entry":
+        v.next_call = f"fix the request parameter, then resume(run_id='{rid}') — keeps the warm service"
+        v.next_resends_requests = True
+    elif fc == "service":
+        v.next_call = f"resume(run_id='{rid}') retries the service phase (or roll back to the recovery target)"
+        v.next_restarts_service = True
+        v.next_repeats_warmup = True
+    elif fc == "end_unknown":
+        v.next_call = (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
+                       "sends no formal request again")
+    else:
+        v.next_call = f"resume(run_id='{rid}')"
+
+
+def list_runs(ws: Workspace) -> list[str]:
+    """Run ids, oldest first (by creation time recorded in run.json)."""
+    if not ws.runs_dir.exists():
+        return []
+    items = []
+    for d in ws.runs_dir.iterdir():
+        meta = read_json_or_none(d / "run.json")
+        if meta:
+            items.append((meta.get("created_utc", ""), d.name))
+    return [r for _, r in sorted(items)]

@@ -1,0 +1,127 @@
+"""Run-level results work shared by the controller's decide phase and the summarize/reprocess tools:
+deciding against the baseline, the time ledger, and writing report.md / report.json."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from caseledger import cases
+from caseledger.workspace import Workspace, read_json_or_none, write_json
+
+
+def _load_result(ws: Workspace, run_id: str) -> Any:
+    from caseledger.metrics import latest_result
+
+    return latest_result(ws.run(run_id).root)
+
+
+def baseline_of(ws: Workspace, run_id: str) -> tuple[str | None, str | None]:
+    """(baseline case id, its latest run with results) for a run: case.decision.baseline, else the parent."""
+    from caseledger.runs import latest_run_of_case
+
+    meta = read_json_or_none(ws.run(run_id).run_json) or {}
+    case = cases.load_case(ws, meta["case_id"])
+    ref = case.decision.baseline or case.parent
+    if ref is None or ref == meta["case_id"]:
+        return None, None
+    return ref, latest_run_of_case(ws, ref, with_results=True)
+
+
+def decide_run(ws: Workspace, run_id: str) -> dict[str, Any]:
+    from caseledger.decide import decide
+
+    paths = ws.run(run_id)
+    meta = read_json_or_none(paths.run_json) or {}
+    case = cases.load_case(ws, meta["case_id"])
+    result = _load_result(ws, run_id)
+    ref_case, ref_run = baseline_of(ws, run_id)
+    baseline = _load_result(ws, ref_run) if ref_run else None
+    end = read_json_or_none(paths.load_end)
+    load_ended = bool(end) and int(end.get("done", 0)) >= int(end.get("planned", 1))
+    rec = decide(case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case, load_ended=load_ended)
+    out: dict[str, Any] = rec.model_dump(mode="json")
+    write_json(paths.decision, out)
+    write_reports(ws, run_id)
+    return out
+
+
+def _ts(utc: str | None) -> float | None:
+    if not utc:
+        return None
+    return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
+
+
+def time_ledger(ws: Workspace, run_id: str) -> dict[str, Any]:
+    """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
+    from caseledger.state import fold
+
+    v = fold(ws, run_id)
+    phases: dict[str, Any] = {}
+    for name, ph in v.phases.items():
+        a, b = _ts(ph.started_utc), _ts(ph.ended_utc)
+        phases[name] = {"state": ph.state.value, "attempt": ph.attempt,
+                        "wall_s": round(b - a, 3) if a is not None and b is not None else None}
+    paths = ws.run(run_id)
+    anchor = read_json_or_none(paths.load_anchor)
+    end = read_json_or_none(paths.load_end)
+    created = _ts(v.meta.get("created_utc"))
+    out: dict[str, Any] = {"phases": phases}
+    if anchor and end and created is not None and end.get("first_send_ns") is not None:
+        first_send = _ts(anchor["wall_utc"])
+        if first_send is not None:
+            first_send += (end["first_send_ns"] - anchor["mono_ns"]) / 1e9
+            last_end = first_send + (end["last_end_ns"] - end["first_send_ns"]) / 1e9
+            out["start_run_to_first_formal_request_s"] = round(first_send - created, 3)
+            out["formal_window_s"] = round(last_end - first_send, 3)
+            ended = max((_ts(p.ended_utc) or 0) for p in v.phases.values())
+            if ended:
+                out["run_wall_s"] = round(ended - created, 3)
+                out["outside_formal_window_s"] = round(ended - created - (last_end - first_send), 3)
+    cp = read_json_or_none(paths.phase_file("cache_prepare")) or {}
+    for part in ("seed", "check"):
+        if part in cp:
+            out[f"cache_{part}"] = {"requests": cp[part]["requests"], "wall_s": cp[part]["wall_s"],
+                                    "latency_sum_s": cp[part]["latency_sum_s"]}
+    return out
+
+
+def headline(result: Any, window: str) -> dict[str, Any]:
+    """A few figures of one window for short answers (None where NOT_OBSERVED)."""
+    w = getattr(result.windows, window)
+
+    def val(x: Any, attr: str) -> float | None:
+        v = getattr(x, attr, None)
+        return round(float(v), 4) if isinstance(v, (int, float)) else None
+
+    return {
+        "window": window, "requests": w.requests, "ok": w.ok, "duration_s": w.duration_s,
+        "meets_minimums": bool(w.meets_min_requests and w.meets_min_duration),
+        "output_tok_s_per_card": val(w.throughput.output, "per_card"),
+        "output_tok_s": val(w.throughput.output, "value"),
+        "ttft_p50_ms": val(w.latency.ttft, "p50"), "ttft_p99_ms": val(w.latency.ttft, "p99"),
+        "tpot_p50_ms": val(w.latency.tpot, "p50"),
+    }
+
+
+def write_reports(ws: Workspace, run_id: str) -> dict[str, Any]:
+    from caseledger import report
+
+    paths = ws.run(run_id)
+    meta = read_json_or_none(paths.run_json) or {}
+    result = _load_result(ws, run_id)
+    if result is None:
+        return {}
+    decision = read_json_or_none(paths.decision)
+    ledger_ = time_ledger(ws, run_id)
+    from caseledger.decide import DecisionRecord
+
+    dec = DecisionRecord.model_validate(decision) if decision else None
+    md = report.render_run_md(meta, result, dec, ledger_)
+    from caseledger.workspace import atomic_write
+
+    atomic_write(paths.report_md, md)
+    body = {"run_id": run_id, "case_id": meta.get("case_id"), "scenario": meta.get("scenario"),
+            "result": result.model_dump(mode="json"), "decision": decision, "time_ledger": ledger_}
+    write_json(paths.report_json, body)
+    return body

@@ -1,0 +1,542 @@
+"""The reference engine: a simulated LLM server with a documented performance model.
+
+It stands in for a real inference engine so the pipeline (load client, metrics, cache checks, faults)
+can be exercised on one laptop core. Everything here is plain code driven by ONE asyncio scheduler
+task; the HTTP layer (server.py) only submits sequences and drains their output.
+
+Performance model (`ReferenceConfig` fields in backticks; times on the event loop's monotonic clock):
+
+- Admission: a request waits in a FIFO queue until fewer than `slots` sequences are running (in
+  prefill or decode). On admission the prefix cache is looked up (see below) and fixes
+  `cached_tokens`.
+- Prefill: the uncached prompt tokens (`prompt_tokens - cached_tokens`, always >= 1) are processed at
+  `prefill_tokens_per_s`, shared equally among the sequences in prefill at each instant (processor
+  sharing): with n sequences in prefill each advances at `prefill_tokens_per_s / n` tokens/s. A lone
+  request therefore has TTFT = queue wait + uncached / prefill_tokens_per_s. The end of prefill emits
+  the first output token (as real engines do) and inserts the prompt's full blocks into the cache.
+- Decode: runs concurrently with prefill, in steps. A step starts when the previous one ends (or when
+  a sequence is ready) and takes `decode_step_s + decode_step_per_seq_s * (batch_size - 1)`, where
+  batch_size = sequences in decode at the step's start. Sequences finishing prefill join the next step.
+  At the end of a step every sequence in it emits 1 token, or with `spec_tokens > 0`
+  1 + accepted drafts: `spec_tokens` drafts, each accepted with probability `spec_accept`, stopping at
+  the first rejection; the accepted count is capped so the sequence never exceeds its length.
+  So TPOT ~= step time / (1 + E[accepted]) and completion tokens = 1 + sum over steps of (1 + accepted).
+- Length: `ignore_eos` gives exactly max_tokens tokens (finish_reason "length"); otherwise the length
+  is drawn per request (seeded) with an EOS chance of EOS_PER_TOKEN per token, capped at max_tokens
+  (finish_reason "stop" when the EOS came first).
+
+Prefix cache (vLLM-like): prompts are cut into blocks of `block_size` tokens, each identified by the
+hash chain (parent hash, block tokens). A lookup counts the leading blocks present, over at most
+`prompt_tokens - 1` tokens aligned down to a block (the last token is always computed), so
+cached_tokens is a multiple of block_size and < prompt_tokens. An LRU of `cache_blocks` blocks;
+0 disables caching. `reset_prefix_cache()` empties it.
+
+Counters follow vLLM's names (`vllm:*` in /metrics); `prefix_cache_queries/hits` count tokens.
+Random choices (faults, EOS, drafts, output text) come from RNGs seeded with `seed`, one per purpose,
+so a config replays the same decisions for the same request order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import random
+from collections import OrderedDict, deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from caseledger.case import ReferenceConfig
+from caseledger.tokenizer import load_fast
+from caseledger.workspace import canonical_json, sha256_bytes
+
+EOS_PER_TOKEN = 1 / 128  # chance an output token is EOS when ignore_eos is off (seeded per request)
+UNLABELLED = "unlabelled"  # phase of a request without the x-caseledger-phase header
+_CYCLE = 8191  # length of the pre-drawn output token cycle (prime, so offsets do not align)
+_EPS = 1e-9
+
+Fault = Literal["error", "stall"]
+
+
+def chat_prompt(messages: Seq[tuple[str, str]]) -> str:
+    """ChatML text of a conversation, ending with the assistant generation prompt.
+
+    For one user message this equals `caseledger.tokenizer.chatml(content)`.
+    """
+    body = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
+    return body + "<|im_start|>assistant\n"
+
+
+class PrefixCache:
+    """Block-based LRU prefix cache keyed by a hash chain of token blocks."""
+
+    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+        self.capacity = capacity_blocks
+        self.block_size = block_size
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def hashes(self, ids: Seq[int]) -> list[int]:
+        """Chain hashes of every full block of `ids` (a block's hash covers all tokens before it)."""
+        bs = self.block_size
+        out: list[int] = []
+        parent = 0
+        for i in range(0, len(ids) - bs + 1, bs):
+            # tuple hashing of ints is not randomized per process, so it is stable across restarts
+            parent = hash((parent, tuple(ids[i : i + bs])))
+            out.append(parent)
+        return out
+
+    def lookup(self, prompt_len: int, hashes: Seq[int]) -> int:
+        """Cached tokens for a prompt: leading blocks present, over at most prompt_len - 1 tokens."""
+        if self.capacity == 0:
+            return 0
+        limit = (prompt_len - 1) // self.block_size
+        hit = 0
+        for h in hashes[:limit]:
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            hit += 1
+        return hit * self.block_size
+
+    def insert(self, hashes: Seq[int]) -> None:
+        """Insert (or refresh) blocks, evicting the least recently used beyond capacity."""
+        if self.capacity == 0:
+            return
+        blocks = self._blocks
+        for h in hashes:
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+        while len(blocks) > self.capacity:
+            blocks.popitem(last=False)
+
+    def clear(self) -> int:
+        """Drop every block; returns how many there were."""
+        n = len(self._blocks)
+        self._blocks.clear()
+        return n
+
+
+@dataclass
+class Counters:
+    """Monotonic engine counters (vLLM names in /metrics)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0  # tokens looked up
+    prefix_hits: int = 0  # tokens found
+    spec_drafts: int = 0  # decode steps that drafted (one per sequence per step)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    success: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0})
+
+
+class Sequence:
+    """One request inside the engine: its prompt, progress and the output not yet drained.
+
+    The scheduler appends `(text, completion_tokens_so_far)` per emission; the HTTP side drains them
+    with `take()` after `await wait()`. `finish_reason` is set once the last token was appended.
+    """
+
+    __slots__ = (
+        "_hashes",
+        "_out",
+        "_pos",
+        "_remaining",
+        "_waiter",
+        "aborted",
+        "cache_prompt",
+        "cached_tokens",
+        "completion_tokens",
+        "finish_reason",
+        "max_tokens",
+        "prompt_ids",
+        "prompt_tokens",
+        "target",
+    )
+
+    def __init__(self, prompt_ids: list[int], max_tokens: int, target: int, cache_prompt: bool) -> None:
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = len(prompt_ids)
+        self.max_tokens = max_tokens
+        self.target = target  # tokens this sequence will emit (<= max_tokens)
+        self.cache_prompt = cache_prompt
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.aborted = False
+        self._remaining = 0.0  # prefill tokens left
+        self._hashes: list[int] = []
+        self._pos = 0  # cursor in the engine's output token cycle
+        self._out: list[tuple[str, int]] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None or self.aborted
+
+    def take(self) -> list[tuple[str, int]]:
+        """Emissions since the last call: (text, cumulative completion tokens)."""
+        out = self._out
+        if out:
+            self._out = []
+        return out
+
+    async def wait(self) -> None:
+        """Return when there is output to take or the sequence is done."""
+        if self._out or self.done:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
+
+    def _emit(self, text: str, n: int) -> None:
+        self.completion_tokens += n
+        self._out.append((text, self.completion_tokens))
+        self._notify()
+
+    def _notify(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A completion request as counted on arrival: its ordinal and the fault it was dealt."""
+
+    ordinal: int  # 1-based count of completion requests received
+    phase: str
+    fault: Fault | None
+
+
+class ReferenceEngine:
+    """Scheduler, prefix cache, speculative decoding, faults and counters of the reference target."""
+
+    def __init__(self, config: ReferenceConfig, model: str, tokenizer: str = "builtin") -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer_name = tokenizer
+        self.config_sha256 = sha256_bytes(canonical_json(config.model_dump(mode="json")))
+        self.pid = os.getpid()
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        self.cache = PrefixCache(config.cache_blocks, config.block_size)
+        self.counters = Counters()
+        self.requests_total = 0
+        self.by_phase: dict[str, int] = {}
+        self._tok: Any = load_fast(tokenizer)
+        self._texts, out_ids = self._output_vocab()
+        seed = config.seed
+        self._rng_fault = random.Random(f"{seed}:fault")
+        self._rng_eos = random.Random(f"{seed}:eos")
+        self._rng_spec = random.Random(f"{seed}:spec")
+        self._rng_text = random.Random(f"{seed}:text")
+        self._cycle = [self._rng_text.choice(out_ids) for _ in range(_CYCLE)]
+        self._waiting: deque[Sequence] = deque()
+        self._prefill: list[Sequence] = []
+        self._decoding: list[Sequence] = []
+        self._batch: list[Sequence] = []
+        self._step_end: float | None = None
+        self._last_step_end: float | None = None
+        self._prefill_t = 0.0
+        self._dirty = False  # an abort happened: filter the lists
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- tokenization -------------------------------------------------------------------------
+
+    def _output_vocab(self) -> tuple[list[str], list[int]]:
+        """Text of every token id, and the ids safe to emit: ' word' pieces that re-encode to themselves,
+        so the streamed text re-tokenizes to exactly the tokens counted."""
+        tok = self._tok
+        size = tok.get_vocab_size()
+        texts = [tok.decode([i]) for i in range(size)]
+        safe = [
+            i for i, t in enumerate(texts)
+            if len(t) > 1 and t[0] == " " and t[1:].isascii() and t[1:].isalpha() and tok.encode(t).ids == [i]
+        ]
+        if not safe:
+            raise ValueError(f"tokenizer '{self.tokenizer_name}' has no ' word' tokens to emit")
+        return texts, safe
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt text, exactly as counted in usage.prompt_tokens."""
+        ids: list[int] = self._tok.encode(text).ids
+        return ids
+
+    def decode(self, ids: Seq[int]) -> str:
+        return "".join(self._texts[i] for i in ids)
+
+    # ---- request accounting and faults --------------------------------------------------------
+
+    def count_request(self, phase: str | None) -> Ticket:
+        """Count a completion request on arrival and deal its fault (stall beats error)."""
+        self.requests_total += 1
+        label = phase or UNLABELLED
+        self.by_phase[label] = self.by_phase.get(label, 0) + 1
+        cfg = self.config
+        # draw for every request, so the error pattern depends only on the request order
+        error = cfg.error_rate > 0 and self._rng_fault.random() < cfg.error_rate
+        fault: Fault | None = None
+        if cfg.stall_after is not None and self.requests_total > cfg.stall_after:
+            fault = "stall"
+        elif error:
+            fault = "error"
+        return Ticket(self.requests_total, label, fault)
+
+    def crash_due(self, ticket: Ticket) -> bool:
+        """True when this finished request is the `crash_after`-th one."""
+        return self.config.crash_after is not None and ticket.ordinal == self.config.crash_after
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "requests_total": self.requests_total,
+            "by_phase": dict(self.by_phase),
+            "model": self.model,
+            "config": self.config.model_dump(mode="json"),
+            "config_sha256": self.config_sha256,
+        }
+
+    # ---- submission -------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = True,
+               cache_prompt: bool = True) -> Sequence:
+        """Queue a sequence; its output appears on the returned object."""
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        target = max_tokens
+        if not ignore_eos:
+            u = self._rng_eos.random()
+            target = min(max_tokens, 1 + int(math.log1p(-u) / math.log1p(-EOS_PER_TOKEN)))
+        seq = Sequence(prompt_ids, max_tokens, target, cache_prompt)
+        seq._pos = self._rng_text.randrange(_CYCLE)
+        self._waiting.append(seq)
+        self._ensure_running()
+        assert self._wake is not None
+        self._wake.set()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence (client gone); its slot frees at the scheduler's next pass."""
+        if seq.done:
+            return
+        seq.aborted = True
+        seq._notify()
+        self._dirty = True
+        if self._wake is not None:
+            self._wake.set()
+
+    def reset_prefix_cache(self) -> int:
+        return self.cache.clear()
+
+    @property
+    def running(self) -> int:
+        return len(self._prefill) + len(self._decoding)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._prefill_t = asyncio.get_running_loop().time()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="reference-scheduler")
+
+    async def aclose(self) -> None:
+        """Stop the scheduler task (sequences in flight are left unfinished)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # ---- the scheduler ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+        assert wake is not None
+        while True:
+            wake.clear()
+            now = loop.time()
+            if self._dirty:
+                self._drop_aborted(now)
+            self._advance_prefill(now)
+            if self._step_end is not None and now >= self._step_end - _EPS:
+                self._finish_step()
+            self._admit()
+            if self._step_end is None and self._decoding:
+                self._start_step(now)
+            deadline = self._next_deadline()
+            if deadline is None:
+                await wake.wait()
+                continue
+            delay = deadline - loop.time()
+            if delay <= 0:
+                await asyncio.sleep(0)  # let the streams drain this step before the next one
+                continue
+            handle = loop.call_later(delay, wake.set)
+            await wake.wait()
+            handle.cancel()
+
+    def _drop_aborted(self, now: float) -> None:
+        self._advance_prefill(now)  # account progress under the old sharing first
+        self._waiting = deque(s for s in self._waiting if not s.aborted)
+        self._prefill = [s for s in self._prefill if not s.aborted]
+        self._decoding = [s for s in self._decoding if not s.aborted]
+        self._dirty = False
+
+    def _admit(self) -> None:
+        slots = self.config.slots
+        while self._waiting and len(self._prefill) + len(self._decoding) < slots:
+            seq = self._waiting.popleft()
+            if seq.aborted:
+                continue
+            if seq.cache_prompt:
+                seq._hashes = self.cache.hashes(seq.prompt_ids)
+                seq.cached_tokens = self.cache.lookup(seq.prompt_tokens, seq._hashes)
+            self.counters.prefix_queries += seq.prompt_tokens
+            self.counters.prefix_hits += seq.cached_tokens
+            seq._remaining = float(seq.prompt_tokens - seq.cached_tokens)
+            self._prefill.append(seq)
+
+    def _advance_prefill(self, now: float) -> None:
+        """Processor-sharing progress from the last accounting time to `now`, completing prefills."""
+        elapsed = now - self._prefill_t
+        self._prefill_t = now
+        rate = self.config.prefill_tokens_per_s
+        while self._prefill and elapsed > 0:
+            n = len(self._prefill)
+            least = min(s._remaining for s in self._prefill)
+            need = least * n / rate
+            step = min(need, elapsed)
+            done_tokens = step * rate / n
+            elapsed -= step
+            for s in self._prefill:
+                s._remaining -= done_tokens
+            self._complete_prefills()
+        self._complete_prefills()
+
+    def _complete_prefills(self) -> None:
+        finished = [s for s in self._prefill if s._remaining <= 1e-6]
+        if not finished:
+            return
+        self._prefill = [s for s in self._prefill if s._remaining > 1e-6]
+        for seq in finished:
+            self.counters.prompt_tokens += seq.prompt_tokens
+            if seq.cache_prompt:
+                self.cache.insert(seq._hashes)
+            seq._hashes = []
+            self._emit(seq, 1)  # prefill yields the first token
+            if not seq.done:
+                self._decoding.append(seq)
+
+    def _start_step(self, now: float) -> None:
+        self._batch = list(self._decoding)
+        cfg = self.config
+        dur = cfg.decode_step_s + cfg.decode_step_per_seq_s * (len(self._batch) - 1)
+        last = self._last_step_end
+        # back-to-back steps start at the previous end, so wake-up latency does not slow decode down;
+        # after a longer gap (idle engine, starved loop) the step starts now
+        start = last if last is not None and now - last <= dur else now
+        self._step_end = start + dur
+
+    def _finish_step(self) -> None:
+        cfg = self.config
+        spec = cfg.spec_tokens
+        counters = self.counters
+        for seq in self._batch:
+            if seq.done:
+                continue
+            n = 1
+            if spec:
+                accepted = 0
+                rnd = self._rng_spec.random
+                while accepted < spec and rnd() < cfg.spec_accept:
+                    accepted += 1
+                accepted = min(accepted, seq.target - seq.completion_tokens - 1)
+                counters.spec_drafts += 1
+                counters.spec_draft_tokens += spec
+                counters.spec_accepted_tokens += accepted
+                n += accepted
+            self._emit(seq, n)
+        self._decoding = [s for s in self._decoding if not s.done]
+        self._batch = []
+        self._last_step_end = self._step_end
+        self._step_end = None
+
+    def _emit(self, seq: Sequence, n: int) -> None:
+        cycle = self._cycle
+        pos = seq._pos
+        if n == 1:
+            text = self._texts[cycle[pos]]
+        else:
+            text = "".join(self._texts[cycle[(pos + k) % _CYCLE]] for k in range(n))
+        seq._pos = (pos + n) % _CYCLE
+        self.counters.generation_tokens += n
+        if seq.completion_tokens + n >= seq.target:
+            reason = "length" if seq.target >= seq.max_tokens else "stop"
+            seq.finish_reason = reason
+            self.counters.success[reason] += 1
+        seq._emit(text, n)
+
+    def _next_deadline(self) -> float | None:
+        deadline = self._step_end
+        if self._prefill:
+            n = len(self._prefill)
+            least = min(s._remaining for s in self._prefill)
+            t = self._prefill_t + least * n / self.config.prefill_tokens_per_s
+            deadline = t if deadline is None else min(deadline, t)
+        return deadline
+
+    # ---- /metrics ---------------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition with vLLM's metric names and a model_name label."""
+        c = self.counters
+        label = 'model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        families: list[tuple[str, str, str, list[tuple[str, float]]]] = [
+            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+             [("", self.running)]),
+            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+             [("", self.waiting)]),
+            ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", [("", c.prompt_tokens)]),
+            ("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
+             [("", c.generation_tokens)]),
+            ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in queried tokens.",
+             [("", c.prefix_queries)]),
+            ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+             [("", c.prefix_hits)]),
+            ("vllm:request_success", "counter", "Count of successfully processed requests.",
+             [(f'finished_reason="{k}",', float(v)) for k, v in sorted(c.success.items())]),
+            ("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.",
+             [("", c.spec_drafts)]),
+            ("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.",
+             [("", c.spec_draft_tokens)]),
+            ("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
+             [("", c.spec_accepted_tokens)]),
+        ]
+        hidden = set(self.config.hide_counters)
+        lines: list[str] = []
+        for name, kind, help_, samples in families:
+            sample_name = name + "_total" if kind == "counter" else name
+            if name in hidden or sample_name in hidden:
+                continue
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(f"{sample_name}{{{extra}{label}}} {float(value)!r}" for extra, value in samples)
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,466 @@
+"""HTTP surface of the reference target: OpenAI-compatible routes over a `ReferenceEngine`, and the CLI.
+
+Routes: GET /health, /v1/models, /metrics (Prometheus, vLLM names), /stats (requests counted by the
+`x-caseledger-phase` header), /props (llama.cpp-like identity); POST /v1/chat/completions,
+/v1/completions (stream or not), /reset_prefix_cache (vLLM) and /flush_cache (SGLang, also GET).
+
+Streaming writes pre-encoded SSE bytes (no pydantic per chunk): a role-only first chunk for chat, one
+chunk per engine emission (a decode step; several tokens with speculative decoding), a finish chunk
+with an empty delta, a usage chunk (`choices: []`) for chat when `stream_options.include_usage`
+(completions carry usage in the finish chunk), then `data: [DONE]`. `continuous_usage_stats` adds the
+cumulative usage to every chunk, as vLLM does. Emissions buffered since the last write go out in one
+write, still as separate SSE events.
+
+`requests_total` and `by_phase` count requests to the two completion routes, whatever their outcome
+(4xx, injected 500, stall); health, metrics and the other routes are not counted. Faults are dealt on
+arrival in that same order: the K-th completion request is the K-th one counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from caseledger.case import ReferenceConfig
+from caseledger.errors import CaseledgerError
+from caseledger.target.reference import ReferenceEngine, Sequence, Ticket, chat_prompt
+
+log = logging.getLogger("caseledger.target")
+
+PHASE_HEADER = "x-caseledger-phase"
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions, used for chat too
+CRASH_EXIT_CODE = 3
+_THREAD_TOKENIZE_CHARS = 32_000  # longer prompts are tokenized off the event loop
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_DONE = b"data: [DONE]\n\n"
+_USAGE = (b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,'
+          b'"prompt_tokens_details":{"cached_tokens":%d}}')
+
+
+class BadRequest(Exception):
+    """A request body that does not fit the OpenAI schema subset served here."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def _json(obj: Any, status: int = 200, background: BackgroundTask | None = None) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json",
+                    background=background)
+
+
+def _error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """The fields of a completion request the engine acts on."""
+
+    prompt: str | list[int]  # text to tokenize, or token ids as given
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    ignore_eos: bool
+    cache_prompt: bool
+    model: str | None
+
+
+def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{key}' must be a boolean", key)
+    return value
+
+
+def _content_text(content: Any, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise BadRequest(f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}",
+                                 "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def _token_ids(value: list[Any]) -> list[int] | None:
+    if value and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        return list(value)
+    return None
+
+
+def parse_request(raw: bytes, chat: bool) -> Parsed:
+    """Validate a /v1/chat/completions or /v1/completions body (raises BadRequest)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", "model")
+    if body.get("n", 1) not in (1, None):
+        raise BadRequest("only n=1 is supported", "n")
+    prompt: str | list[int]
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        turns: list[tuple[str, str]] = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'", "messages")
+            turns.append((m["role"], _content_text(m.get("content"), i)))
+        prompt = chat_prompt(turns)
+    else:
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
+            p = p[0]  # a batch of one
+        if isinstance(p, str):
+            prompt = p
+        elif isinstance(p, list) and (ids := _token_ids(p)) is not None:
+            prompt = ids
+        else:
+            raise BadRequest("'prompt' must be a string, a list of token ids, or a batch of one of them",
+                             "prompt")
+        if not prompt:
+            raise BadRequest("'prompt' is empty", "prompt")
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key)
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise BadRequest(f"'{key}' must be an integer >= 1", key)
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    if options and not stream:
+        raise BadRequest("'stream_options' is only allowed with stream: true", "stream_options")
+    return Parsed(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=_bool(options, "include_usage", False),
+        continuous_usage=_bool(options, "continuous_usage_stats", False),
+        ignore_eos=_bool(body, "ignore_eos", False),
+        cache_prompt=_bool(body, "cache_prompt", True),
+        model=model,
+    )
+
+
+class _Reply(Response):
+    """ASGI response driven by one engine sequence: SSE stream or one JSON body, stall and disconnect aware.
+
+    A watcher task reads `receive()` so a client disconnect aborts the sequence (freeing its slot) even
+    while nothing is being written (queued, prefilling, stalled).
+    """
+
+    def __init__(self, target: ReferenceTarget, seq: Sequence, ticket: Ticket, p: Parsed, chat: bool) -> None:
+        # Response.__init__ is skipped on purpose: this class writes its own start and body messages.
+        self.target = target
+        self.seq = seq
+        self.ticket = ticket
+        self.p = p
+        self.chat = chat
+        self.stall = ticket.fault == "stall"
+        self.gone = asyncio.Event()
+        created = int(time.time())
+        if chat:
+            self.rid = f"chatcmpl-{target.id_prefix}{ticket.ordinal:x}"
+            obj = b"chat.completion.chunk"
+        else:
+            self.rid = f"cmpl-{target.id_prefix}{ticket.ordinal:x}"
+            obj = b"text_completion"
+        self.created = created
+        self.head = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":[' % (
+            self.rid.encode(), obj, created, target.model_json)
+
+    def _usage(self, completion: int) -> bytes:
+        s = self.seq
+        return _USAGE % (s.prompt_tokens, s.prompt_tokens + completion, completion, s.cached_tokens)
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.gone.set()
+                self.target.engine.abort(self.seq)
+                return
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        try:
+            if self.p.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        finally:
+            watcher.cancel()
+            self.target.engine.abort(self.seq)  # no-op when finished
+            self.target.finished(self.ticket)
+
+    async def _stream(self, send: Send) -> None:
+        seq, head, chat = self.seq, self.head, self.chat
+        cont = self.p.continuous_usage
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        first = True
+        while True:
+            await seq.wait()
+            if self.gone.is_set():
+                return
+            parts: list[bytes] = []
+            items = seq.take()
+            if first and items:
+                first = False
+                if chat:
+                    parts.append(head + b'{"index":0,"delta":{"role":"assistant","content":""},'
+                                 b'"logprobs":null,"finish_reason":null}]'
+                                 + (b',"usage":' + self._usage(0) if cont else b"") + b"}\n\n")
+            for text, done in items:
+                usage = b',"usage":' + self._usage(done) + b"}\n\n" if cont else b"}\n\n"
+                if chat:
+                    parts.append(head + b'{"index":0,"delta":{"content":' + orjson.dumps(text)
+                                 + b'},"logprobs":null,"finish_reason":null}]' + usage)
+                else:
+                    parts.append(head + b'{"index":0,"text":' + orjson.dumps(text)
+                                 + b',"logprobs":null,"finish_reason":null}]' + usage)
+            if self.stall and parts:
+                # fault: the first chunk goes out, then nothing until the client gives up
+                await send({"type": "http.response.body", "body": parts[0], "more_body": True})
+                await self.gone.wait()
+                return
+            reason = seq.finish_reason
+            if reason is not None:
+                parts.append(self._finish_chunk(reason))
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                return
+            if parts:
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+
+    def _finish_chunk(self, reason: str) -> bytes:
+        head, p = self.head, self.p
+        final = self._usage(self.seq.completion_tokens)
+        r = reason.encode()
+        if self.chat:
+            out = head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"}]' % r
+            out += (b',"usage":' + final if p.continuous_usage else b"") + b"}\n\n"
+            if p.include_usage:
+                out += head + b'],"usage":' + final + b"}\n\n"
+        else:
+            out = head + b'{"index":0,"text":"","logprobs":null,"finish_reason":"%s"}]' % r
+            out += (b',"usage":' + final if p.include_usage or p.continuous_usage else b"") + b"}\n\n"
+        return out + _DONE
+
+    async def _whole(self, send: Send) -> None:
+        seq = self.seq
+        texts: list[str] = []
+        while not seq.done:
+            await seq.wait()
+            texts.extend(t for t, _ in seq.take())
+        texts.extend(t for t, _ in seq.take())
+        if self.stall or self.gone.is_set():
+            await self.gone.wait()
+            return
+        text = "".join(texts)
+        usage = orjson.loads(self._usage(seq.completion_tokens))
+        choice: dict[str, Any]
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": seq.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": seq.finish_reason}
+            obj = "text_completion"
+        body = orjson.dumps({"id": self.rid, "object": obj, "created": self.created,
+                             "model": self.target.model, "choices": [choice], "usage": usage})
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class ReferenceTarget:
+    """Route handlers over one engine."""
+
+    def __init__(self, engine: ReferenceEngine) -> None:
+        self.engine = engine
+        self.model = engine.model
+        self.model_json = orjson.dumps(engine.model)
+        self.id_prefix = f"{engine.pid:x}-"
+
+    def finished(self, ticket: Ticket) -> None:
+        """Called once a completion request's response is over; carries out `crash_after`."""
+        if self.engine.crash_due(ticket):
+            log.error("fault crash_after=%d reached: exiting with code %d", ticket.ordinal, CRASH_EXIT_CODE)
+            for h in logging.getLogger().handlers:
+                h.flush()
+            # a moment for the transport to hand the last response to the kernel, then die abruptly
+            asyncio.get_running_loop().call_later(0.02, os._exit, CRASH_EXIT_CODE)
+
+    def _after(self, ticket: Ticket) -> BackgroundTask:
+        return BackgroundTask(self.finished, ticket)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._completion(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._completion(request, chat=False)
+
+    async def _completion(self, request: Request, chat: bool) -> Response:
+        raw = await request.body()
+        engine = self.engine
+        ticket = engine.count_request(request.headers.get(PHASE_HEADER))
+        try:
+            p = parse_request(raw, chat)
+        except BadRequest as e:
+            return _json(_error_body(e.message, "BadRequestError", 400, e.param), 400, self._after(ticket))
+        if p.model is not None and p.model != self.model:
+            return _json(_error_body(f"The model `{p.model}` does not exist; served: {self.model}",
+                                     "NotFoundError", 404, "model"), 404, self._after(ticket))
+        if ticket.fault == "error":
+            return _json(_error_body(f"injected fault (error_rate={engine.config.error_rate})",
+                                     "InternalServerError", 500), 500, self._after(ticket))
+        if isinstance(p.prompt, str):
+            if len(p.prompt) > _THREAD_TOKENIZE_CHARS:
+                ids = await asyncio.to_thread(engine.encode, p.prompt)
+            else:
+                ids = engine.encode(p.prompt)
+        else:
+            ids = p.prompt
+        if not ids:
+            return _json(_error_body("the prompt has no tokens", "BadRequestError", 400, "prompt"), 400,
+                         self._after(ticket))
+        max_tokens = 1 if ticket.fault == "stall" else p.max_tokens  # a stalled request holds no slot
+        seq = engine.submit(ids, max_tokens, ignore_eos=p.ignore_eos, cache_prompt=p.cache_prompt)
+        return _Reply(self, seq, ticket, p, chat)
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        card = {"id": self.model, "object": "model", "owned_by": "caseledger"}
+        return _json({"object": "list", "data": [card]})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.engine.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    async def stats(self, request: Request) -> Response:
+        return _json(self.engine.stats())
+
+    async def props(self, request: Request) -> Response:
+        e = self.engine
+        return _json({"model": self.model, "argv": sys.argv, "orig_argv": sys.orig_argv, "pid": e.pid,
+                      "config_sha256": e.config_sha256, "tokenizer": e.tokenizer_name})
+
+    async def reset_cache(self, request: Request) -> Response:
+        n = self.engine.reset_prefix_cache()
+        log.info("prefix cache cleared (%d blocks) via %s", n, request.url.path)
+        return _json({"status": "ok", "cleared_blocks": n})
+
+
+def build_app(model: str, config: ReferenceConfig | None = None, *, tokenizer: str = "builtin") -> Starlette:
+    """The reference target as an ASGI app; the engine is at `app.state.engine`.
+
+    The scheduler starts with the first request, so the app also works in process (e.g. under
+    `httpx.ASGITransport`); note that `crash_after` then ends the calling process.
+    """
+    engine = ReferenceEngine(config or ReferenceConfig.model_validate({}), model, tokenizer)
+    t = ReferenceTarget(engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await engine.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/health", t.health, methods=["GET"]),
+            Route("/v1/models", t.models, methods=["GET"]),
+            Route("/v1/chat/completions", t.chat, methods=["POST"]),
+            Route("/v1/completions", t.completions, methods=["POST"]),
+            Route("/metrics", t.metrics, methods=["GET"]),
+            Route("/stats", t.stats, methods=["GET"]),
+            Route("/props", t.props, methods=["GET"]),
+            Route("/reset_prefix_cache", t.reset_cache, methods=["POST"]),
+            Route("/flush_cache", t.reset_cache, methods=["GET", "POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m caseledger.target serve ...`: run the reference target until SIGINT/SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m caseledger.target",
+                                     description="The embedded reference target (OpenAI-compatible).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the reference target over HTTP")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one (logged)")
+    serve.add_argument("--model", required=True, help="served model name")
+    serve.add_argument("--config-json", default="{}", help="a ReferenceConfig as a JSON object")
+    serve.add_argument("--tokenizer", default="builtin", help="'builtin' or a directory with tokenizer.json")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = ReferenceConfig.model_validate_json(args.config_json)
+    except ValidationError as e:
+        log.error("--config-json is not a valid ReferenceConfig (fields: %s): %s",
+                  ", ".join(ReferenceConfig.model_fields), e)
+        return 2
+    try:
+        app = build_app(args.model, config, tokenizer=args.tokenizer)
+    except (CaseledgerError, OSError, ValueError) as e:
+        log.error("cannot load tokenizer '%s': %s", args.tokenizer, e)
+        return 2
+
+    import uvicorn  # here, so importing the package does not pull the server in
+
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level,
+                               access_log=False, loop="asyncio", http="h11", ws="none", lifespan="on",
+                               timeout_graceful_shutdown=3)
+    try:
+        sock = uv_config.bind_socket()
+    except SystemExit:  # uvicorn exits on bind errors after logging them
+        return 2
+    host, port = sock.getsockname()[:2]
+    engine: ReferenceEngine = app.state.engine
+    log.info("reference target pid=%d model=%s on http://%s:%d config_sha256=%s",
+             engine.pid, args.model, host, port, engine.config_sha256)
+    server = uvicorn.Server(uv_config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 1

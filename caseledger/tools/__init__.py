@@ -1,0 +1,26 @@
+"""The six tools as plain functions over a workspace (no MCP types here).
+
+Each returns a pydantic model; `.text()` is the short answer (a few lines: the facts and the next call).
+"""
+
+from caseledger.tools.freeze_case import FreezeResult, freeze_case
+from caseledger.tools.phase_status import StatusResult, phase_status
+from caseledger.tools.reprocess_raw import ReprocessResult, reprocess_raw
+from caseledger.tools.resume import ResumeResult, resume
+from caseledger.tools.start_run import StartResult, start_run
+from caseledger.tools.summarize import SummaryResult, summarize
+
+__all__ = [
+    "FreezeResult",
+    "ReprocessResult",
+    "ResumeResult",
+    "StartResult",
+    "StatusResult",
+    "SummaryResult",
+    "freeze_case",
+    "phase_status",
+    "reprocess_raw",
+    "resume",
+    "start_run",
+    "summarize",
+]

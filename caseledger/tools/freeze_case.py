@@ -1,0 +1,65 @@
+"""freeze_case: validate a draft, fill defaults, store it under its content hash; delta and plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from caseledger import cases
+from caseledger.case import DeltaItem, PlanStep, delta, plan
+from caseledger.workspace import Workspace
+
+
+class FreezeResult(BaseModel):
+    case_id: str = Field(description="Content hash id of the frozen case")
+    created: bool = Field(description="False when identical content was already frozen (nothing written)")
+    scenario: str
+    parent: str | None
+    dataset_id: str | None = Field(description="Materialized dataset id (entries, hash, token counts)")
+    delta: list[DeltaItem] = Field(description="Changed field paths against the parent, old -> new, impact class")
+    plan: list[PlanStep] = Field(description="For each phase: run, reuse, check or skip, with the reason")
+    path: str = Field(description="Where the frozen case is stored (read-only)")
+
+    def text(self) -> str:
+        d = ", ".join(f"{x.path} {x.old}->{x.new} [{x.impact}]" for x in self.delta[:4]) or "none (no parent)"
+        if len(self.delta) > 4:
+            d += f" (+{len(self.delta) - 4})"
+        p = " ".join(f"{s.phase}={s.action}" for s in self.plan)
+        return (f"case {self.case_id} ({'new' if self.created else 'already frozen'}), scenario {self.scenario}, "
+                f"dataset {self.dataset_id}\ndelta: {d}\nplan: {p}\nnext: start_run(case_id='{self.case_id}')")
+
+
+def freeze_case(
+    workspace: Workspace, path: str | Path | None = None, *, draft: dict[str, Any] | None = None,
+    parent: str | None = None,
+) -> FreezeResult:
+    """Freeze a draft (a file path or an inline dict). Identical content returns the same id, writes nothing."""
+    if draft is None:
+        if path is None:
+            from caseledger.errors import CaseInvalid
+
+            raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
+        obj, source = cases.read_draft(workspace, path)
+    else:
+        obj, source = dict(draft), "inline draft"
+    if parent is not None:
+        obj["parent"] = parent
+    case = cases.validate(obj, source)
+    parent_case = cases.check_parent(workspace, case.parent)
+    if case.dataset.source == "file" and case.dataset.path:
+        workspace.inside(case.dataset.path, "dataset.path")
+    dataset_id = _materialize(workspace, case)
+    cid, created = cases.store(workspace, case)
+    changes = delta(parent_case, case)
+    return FreezeResult(
+        case_id=cid, created=created, scenario=case.scenario, parent=case.parent, dataset_id=dataset_id,
+        delta=changes, plan=plan(case, changes, parent_case is not None), path=str(workspace.frozen_case(cid)),
+    )
+
+
+def _materialize(ws: Workspace, case: Any) -> str:
+    from caseledger import datasets
+
+    return datasets.materialize(ws, case).dataset_id

@@ -1,0 +1,82 @@
+"""phase_status: where a run stands, folded from events and checked against evidence. Read-only."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from caseledger import authorization
+from caseledger.errors import NotFound
+from caseledger.state import fold, list_runs
+from caseledger.workspace import Workspace, check_id
+
+
+class StatusResult(BaseModel):
+    run_id: str
+    case_id: str
+    scenario: str
+    state: str = Field(description="created | running | succeeded | failed | end_unknown")
+    phase: str | None = Field(description="Current phase (running, failed or next); null when finished")
+    phase_state: str | None
+    phases: dict[str, str] = Field(description="phase -> pending|running|done|reused|skipped|failed|unknown")
+    failure_class: str | None
+    planned: int
+    sent: int
+    done: int
+    failed: int
+    load_ended: str = Field(description="yes | no | unknown | partial")
+    results_extracted: bool
+    enough_to_decide: bool | None = Field(description="null until decided")
+    decision: str | None
+    owner_alive: bool = Field(description="The controller process is alive")
+    client_alive: bool = Field(description="The load client process is alive")
+    blocker: str | None
+    next_restarts_service: bool
+    next_repeats_warmup: bool
+    next_resends_requests: bool
+    authorization: str
+    next_call: str
+
+    def text(self) -> str:
+        ph = f"{self.phase} {self.phase_state}" if self.phase else "all phases done"
+        fc = f" [{self.failure_class}]" if self.failure_class else ""
+        dec = "unknown" if self.enough_to_decide is None else ("yes" if self.enough_to_decide else "no")
+        lines = [
+            f"{self.run_id} {self.case_id} {self.scenario}: {self.state}{fc}, {ph}",
+            f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}; load ended "
+            f"{self.load_ended}; results {'yes' if self.results_extracted else 'no'}; decide {dec}"
+            + (f" ({self.decision})" if self.decision else ""),
+            f"owner {'alive' if self.owner_alive else 'gone'}, client {'alive' if self.client_alive else 'gone'}; "
+            f"auth {self.authorization}",
+        ]
+        if self.blocker:
+            lines.append(f"blocker: {self.blocker[:140]}")
+        if self.state not in ("succeeded", "running", "created"):
+            lines.append("next step restarts service: " + ("yes" if self.next_restarts_service else "no")
+                         + ", repeats warmup: " + ("yes" if self.next_repeats_warmup else "no")
+                         + ", re-sends requests: " + ("yes" if self.next_resends_requests else "no"))
+        lines.append(f"next: {self.next_call}")
+        return "\n".join(lines)
+
+
+def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
+    """Status of run_id, or of the latest run when none is given."""
+    if run_id is None:
+        ids = list_runs(workspace)
+        if not ids:
+            raise NotFound("no runs in this workspace yet", "freeze_case(path=...) then start_run(case_id=...)")
+        run_id = ids[-1]
+    check_id(run_id, "run_id", "r")
+    v = fold(workspace, run_id)
+    cur = v.phases[v.current] if v.current else None
+    dec = v.decision or {}
+    return StatusResult(
+        run_id=v.run_id, case_id=v.case_id, scenario=v.scenario, state=v.state.value, phase=v.current,
+        phase_state=cur.state.value if cur else None, phases={k: p.state.value for k, p in v.phases.items()},
+        failure_class=v.failure_class, planned=v.counts.planned, sent=v.counts.sent, done=v.counts.done,
+        failed=v.counts.failed, load_ended=v.load_ended, results_extracted=v.results_extracted,
+        enough_to_decide=(dec.get("enough_to_decide") if dec else None), decision=dec.get("outcome"),
+        owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
+        next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
+        next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
+        next_call=v.next_call,
+    )

@@ -1,0 +1,78 @@
+"""reprocess_raw: recompute results from the raw records alone. Never sends a request."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from caseledger import ledger
+from caseledger.errors import CaseledgerError, NothingToResume, PhaseFailed
+from caseledger.state import fold
+from caseledger.workspace import Workspace, check_id
+
+
+class ReprocessResult(BaseModel):
+    run_id: str
+    result: str = Field(description="Path of the result written (or found identical)")
+    raw_sha256: str | None
+    requests: int | None
+    rule: str | None = Field(description="Native window rule applied (null: the case's)")
+    decision: str | None
+    requests_sent: int = Field(0, description="Model requests sent by this call: always 0")
+    next_call: str
+
+    def text(self) -> str:
+        return (f"reprocessed {self.run_id} from raw ({self.requests} records, sha256 {str(self.raw_sha256)[:12]}); "
+                f"0 requests sent; decision {self.decision}\nresult: {self.result}\nnext: {self.next_call}")
+
+
+def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None,
+                  ratio: float | None = None) -> ReprocessResult:
+    """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
+    import subprocess
+
+    import orjson
+
+    from caseledger import summary
+    from caseledger.phases import postprocess_env
+
+    check_id(run_id, "run_id", "r")
+    v = fold(workspace, run_id)
+    paths = workspace.run(run_id)
+    if v.load_ended not in ("yes", "partial") or not paths.raw.exists():
+        raise NothingToResume(f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
+                              f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished")
+    attempt = v.phases["postprocess"].attempt + 1
+    ledger.append_event(workspace, paths, "phase_started", phase="postprocess", attempt=attempt, owner="reprocess_raw")
+    argv, env = postprocess_env()
+    extra = (["--rule", rule] if rule else []) + (["--ratio", str(ratio)] if ratio is not None else [])
+    p = subprocess.run([*argv, str(paths.root), *extra], capture_output=True, env=env, timeout=600,
+                       stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt,
+                            owner="reprocess_raw", error=err, data={"outcome": "failed", "failure_class": "collect"})
+        raise PhaseFailed(f"reprocess failed: {err}"[:300], "collect", "fix the processor environment and call again")
+    out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])
+    ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt, owner="reprocess_raw",
+                        data={"outcome": "done", "result": out.get("result"), "raw_sha256": out.get("raw_sha256"),
+                              "requests_sent": 0})
+    decision = None
+    if rule is None and ratio is None:
+        try:
+            dattempt = v.phases["decide"].attempt + 1
+            ledger.append_event(workspace, paths, "phase_started", phase="decide", attempt=dattempt,
+                                owner="reprocess_raw")
+            rec = summary.decide_run(workspace, run_id)
+            decision = rec.get("outcome")
+            ledger.append_event(workspace, paths, "phase_ended", phase="decide", attempt=dattempt,
+                                owner="reprocess_raw", data={"outcome": "done", "decision": decision})
+        except CaseledgerError:
+            raise
+    from caseledger import handoff
+
+    handoff.refresh(workspace)
+    return ReprocessResult(run_id=run_id, result=str(out.get("result")), raw_sha256=out.get("raw_sha256"),
+                           requests=out.get("requests"), rule=rule, decision=decision,
+                           next_call=f"summarize(run_ids=['{run_id}'])")

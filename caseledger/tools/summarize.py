@@ -1,0 +1,91 @@
+"""summarize: short structured figures per run, report.md + report.json per run, and a side-by-side
+table for several runs (whole vs whole, native vs native). Read-only on run state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from caseledger.errors import NotFound
+from caseledger.workspace import Workspace, atomic_write, check_id, read_json_or_none
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    case_id: str
+    scenario: str
+    results_extracted: bool
+    decision: str | None
+    missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
+    whole: dict[str, Any] | None = Field(description="Headline figures of the whole window")
+    native: dict[str, Any] | None = Field(description="Headline figures of the native window")
+    time_ledger: dict[str, Any] | None = None
+    report: str | None = Field(description="Path of report.md")
+
+
+class SummaryResult(BaseModel):
+    runs: list[RunSummary]
+    side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
+    next_call: str
+
+    def text(self) -> str:
+        lines = []
+        for r in self.runs:
+            def f(w: dict[str, Any] | None) -> str:
+                if not w:
+                    return "n/a"
+                mark = "" if w.get("meets_minimums") else " (below minimums)"
+                return (f"{w['output_tok_s_per_card']} tok/s/card, TTFT p50 {w['ttft_p50_ms']} ms, "
+                        f"TPOT p50 {w['tpot_p50_ms']} ms, n={w['ok']}{mark}")
+            dec = r.decision or "undecided"
+            if r.missing:
+                dec += f" (missing: {'; '.join(r.missing)[:80]})"
+            lines.append(f"{r.run_id} {r.case_id} {r.scenario}: {dec}")
+            lines.append(f"  whole: {f(r.whole)}")
+            lines.append(f"  native: {f(r.native)}")
+        if self.side_by_side:
+            lines.append(f"side-by-side: {self.side_by_side}")
+        lines.append(f"next: {self.next_call}")
+        return "\n".join(lines)
+
+
+def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
+    from caseledger import summary
+    from caseledger.state import fold, list_runs
+
+    if not run_ids:
+        ids = list_runs(workspace)
+        if not ids:
+            raise NotFound("no runs in this workspace yet", "start_run(case_id=...) first")
+        run_ids = ids[-1:]
+    out: list[RunSummary] = []
+    rows = []
+    for rid in run_ids:
+        check_id(rid, "run_id", "r")
+        v = fold(workspace, rid)
+        result = summary._load_result(workspace, rid)
+        paths = workspace.run(rid)
+        if result is not None:
+            summary.write_reports(workspace, rid)
+            rows.append((rid, v.case_id, result))
+        dec = read_json_or_none(paths.decision) or {}
+        out.append(RunSummary(
+            run_id=rid, case_id=v.case_id, scenario=v.scenario, results_extracted=result is not None,
+            decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
+            whole=summary.headline(result, "whole") if result else None,
+            native=summary.headline(result, "native") if result else None,
+            time_ledger=summary.time_ledger(workspace, rid),
+            report=str(paths.report_md) if paths.report_md.exists() else None,
+        ))
+    side = None
+    if len(rows) > 1:
+        from caseledger import report
+
+        side_path = workspace.ledger / "reports" / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
+        atomic_write(side_path, report.render_side_by_side(rows))
+        side = str(side_path)
+    missing = [r.run_id for r in out if not r.results_extracted]
+    nxt = (f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')" if missing
+           else "freeze_case(...) of the next candidate (set parent to the kept case)")
+    return SummaryResult(runs=out, side_by_side=side, next_call=nxt)

@@ -1,0 +1,224 @@
+"""The load engine: raw records from SSE streams, errors, timeouts, concurrency, arrivals; the formal load
+process end to end (files, server-side request counts) and after a kill."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import orjson
+
+from caseledger.load import RequestSpec, SSEParser, run_requests
+from caseledger.load.client import PHASE_HEADER
+from caseledger.records import RawRecord
+
+URL = "http://target.test/v1/chat/completions"
+
+
+def spec(i: int = 0, offset_s: float = 0.0, url: str = URL) -> RequestSpec:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    return RequestSpec(i=i, entry=100 + i, route=0, offset_s=offset_s, url=url, body=body,
+                       input_tokens_body=7, input_tokens_chat=12)
+
+
+def sse(*events: Any) -> list[bytes]:
+    return [b"data: " + (e if isinstance(e, bytes) else orjson.dumps(e)) + b"\n\n" for e in events]
+
+
+def chat_chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None,
+               completion: int | None = None, prompt: int = 10) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if role:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    obj: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if completion is not None:
+        obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return obj
+
+
+def final_usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return {"choices": [], "usage": usage}
+
+
+def streaming(parts: list[bytes], *, delay_s: float = 0.0, stall_after: int | None = None,
+              seen: list[httpx2.Request] | None = None) -> httpx2.MockTransport:
+    async def body() -> AsyncIterator[bytes]:
+        for n, part in enumerate(parts):
+            if stall_after is not None and n == stall_after:
+                await anyio.sleep(3600)
+            if delay_s:
+                await anyio.sleep(delay_s)
+            yield part
+
+    async def handler(request: httpx2.Request) -> httpx2.Response:
+        if seen is not None:
+            seen.append(request)
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    return httpx2.MockTransport(handler)
+
+
+def run(specs: list[RequestSpec], transport: Any, *, concurrency: int = 4, timeout_s: float = 5.0,
+        phase: str = "test", api_key: str | None = None) -> list[RawRecord]:
+    async def go() -> list[RawRecord]:
+        return await run_requests(specs, concurrency, phase, transport=transport, api_key=api_key,
+                                  timeout_s=timeout_s)
+
+    return anyio.run(go)
+
+
+# ---- SSE and chunk parsing -------------------------------------------------------------------------
+
+
+def test_sse_parser_joins_split_events_and_ignores_comments_and_crlf() -> None:
+    p = SSEParser()
+    assert p.feed(b": keep-alive\r\n\r\ndata: {\"a\"") == []
+    assert p.feed(b":1}\r\n\r\ndata: x\n") == [b'{"a":1}']
+    assert p.feed(b"data: y\n\nevent: e\ndata:[DONE]\n\n") == [b"x\ny", b"[DONE]"]
+    assert p.feed(b"data: tail") == []
+    assert p.close() == [b"tail"]
+
+
+def test_record_counts_content_chunks_only_and_attributes_continuous_usage_tokens() -> None:
+    parts = sse(
+        chat_chunk("", role="assistant", completion=0),  # role-only: not a content chunk
+        chat_chunk("Hel", completion=1),
+        chat_chunk("lo wor", completion=3),  # speculative decoding: several tokens in one chunk
+    )
+    split = sse(chat_chunk("ld", completion=4))[0]
+    parts += [split[:15], split[15:]]  # one event across two reads
+    parts += [b"".join(sse(chat_chunk("", finish="length", completion=4), final_usage(10, 4, 8), b"[DONE]"))]
+    seen: list[httpx2.Request] = []
+    (rec,) = run([spec()], streaming(parts, seen=seen), phase="warmup", api_key="sk-test")
+    assert rec["ok"] and rec["error"] is None and rec["error_class"] is None and rec["status"] == 200
+    assert len(rec["chunk_ns"]) == 3
+    assert rec["chunk_tokens"] == [1, 2, 1]
+    assert rec["send_ns"] <= rec["chunk_ns"][0] <= rec["chunk_ns"][1] <= rec["chunk_ns"][2] <= rec["end_ns"]
+    assert (rec["prompt_tokens"], rec["completion_tokens"], rec["cached_tokens"]) == (10, 4, 8)
+    assert rec["finish_reason"] == "length"
+    assert (rec["i"], rec["entry"], rec["route"], rec["input_tokens_body"], rec["input_tokens_chat"]) == (0, 100, 0, 7, 12)
+    assert seen[0].headers[PHASE_HEADER] == "warmup"
+    assert seen[0].headers["authorization"] == "Bearer sk-test"
+    assert set(rec) == set(RawRecord.__annotations__)
+
+
+def test_chunk_tokens_are_none_without_continuous_usage_and_cached_tokens_absent_is_none() -> None:
+    parts = sse(chat_chunk("a"), chat_chunk("b"), chat_chunk(None, finish="stop"), final_usage(5, 2, None),
+                b"[DONE]")
+    (rec,) = run([spec()], streaming(parts))
+    assert rec["ok"] and rec["chunk_tokens"] == [None, None]
+    assert (rec["completion_tokens"], rec["cached_tokens"], rec["finish_reason"]) == (2, None, "stop")
+
+
+def test_completions_api_text_chunks_are_content() -> None:
+    parts = sse({"choices": [{"text": "x", "finish_reason": None}]},
+                {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"prompt_tokens": 3,
+                                                                                 "completion_tokens": 1}},
+                b"[DONE]")
+    (rec,) = run([spec(url="http://target.test/v1/completions")], streaming(parts))
+    assert rec["ok"] and len(rec["chunk_ns"]) == 1 and rec["completion_tokens"] == 1
+
+
+def test_http_500_is_recorded_with_status_and_first_200_chars_of_body() -> None:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(500, text="E" * 500)
+
+    (rec,) = run([spec()], httpx2.MockTransport(handler))
+    assert rec["status"] == 500 and not rec["ok"] and rec["error_class"] == "http"
+    assert rec["error"] is not None and rec["error"].count("E") == 200
+    assert rec["chunk_ns"] == [] and rec["finish_reason"] is None
+
+
+def test_stalled_stream_ends_as_timeout_without_hanging() -> None:
+    parts = sse(chat_chunk("a", completion=1), chat_chunk("b", completion=2), b"[DONE]")
+    t0 = time.monotonic()
+    (rec,) = run([spec()], streaming(parts, stall_after=1), timeout_s=0.2)
+    assert time.monotonic() - t0 < 2.0
+    assert rec["error_class"] == "timeout" and not rec["ok"] and rec["status"] == 200
+    assert len(rec["chunk_ns"]) == 1  # what arrived before the stall is kept
+    assert 0.15e9 < rec["end_ns"] - rec["send_ns"] < 1.5e9
+
+
+def test_stream_without_finish_reason_is_incomplete_and_error_event_is_stream() -> None:
+    (rec,) = run([spec()], streaming(sse(chat_chunk("a"))))
+    assert rec["error_class"] == "incomplete" and not rec["ok"] and len(rec["chunk_ns"]) == 1
+    (rec,) = run([spec()], streaming(sse(chat_chunk("a"), {"error": {"message": "engine died"}})))
+    assert rec["error_class"] == "stream" and "engine died" in (rec["error"] or "")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_connection_refused_is_a_connection_error_record() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1/chat/completions"
+    recs = run([spec(0, url=url), spec(1, url=url)], None, timeout_s=5)
+    assert [r["error_class"] for r in recs] == ["connection", "connection"]
+    assert all(r["status"] is None and not r["ok"] for r in recs)
+
+
+def test_concurrency_limit_and_plan_order_are_kept() -> None:
+    state = {"now": 0, "max": 0}
+    order: list[int] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            await anyio.sleep(0.03)
+            for part in sse(chat_chunk("a", finish="length", completion=1), b"[DONE]"):
+                yield part
+        finally:
+            state["now"] -= 1
+
+    async def handler(request: httpx2.Request) -> httpx2.Response:
+        order.append(orjson.loads(request.content)["i"])
+        state["now"] += 1
+        state["max"] = max(state["max"], state["now"])
+        return httpx2.Response(200, content=body())
+
+    specs = [RequestSpec(i=i, entry=i, route=0, offset_s=0.0, url=URL, body=orjson.dumps({"i": i}))
+             for i in range(12)]
+    recs = run(specs, httpx2.MockTransport(handler), concurrency=3)
+    assert state["max"] == 3
+    assert order == list(range(12))
+    assert [r["i"] for r in recs] == list(range(12)) and all(r["ok"] for r in recs)
+
+
+def test_scheduled_offsets_are_honoured() -> None:
+    parts = sse(chat_chunk("a", finish="length", completion=1), b"[DONE]")
+    specs = [spec(i, offset_s=0.05 * i) for i in range(5)]
+    recs = run(specs, streaming(parts), concurrency=5)
+    sends = [r["send_ns"] for r in recs]
+    for i in range(1, 5):
+        gap = (sends[i] - sends[0]) / 1e9
+        assert 0.05 * i - 0.005 <= gap < 0.05 * i + 0.04
+
+
+def test_cancelled_run_records_in_flight_requests_as_client_errors() -> None:
+    parts = sse(chat_chunk("a", completion=1), chat_chunk("b", completion=2), b"[DONE]")
+    got: list[RawRecord] = []
+
+    async def go() -> None:
+        with anyio.move_on_after(0.2):
+            await run_requests([spec(0), spec(1), spec(2, offset_s=60)], 4, "load",
+                               transport=streaming(parts, stall_after=1), on_record=got.append, timeout_s=30)
+
+    anyio.run(go)
+    assert sorted(r["i"] for r in got) == [0, 1]  # request 2 was never sent, so it has no record
+    assert all(r["error_class"] == "client" and r["error"] == "cancelled" and len(r["chunk_ns"]) == 1 for r in got)
+
+
+# ---- the formal load process ------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
