@@ -219,8 +219,15 @@ def confirm_end(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
     if end is None:
         raise PhaseFailed("no end file", "end_unknown", "resume checks the client process and raw records")
     pid = read_json_or_none(paths.load_pid)
+    deadline = time.monotonic() + 30
+    while not meta.get("load_reuse") and procs.alive(pid) and time.monotonic() < deadline:
+        try:  # the client is our child when we started it: reap it so it does not linger as a zombie
+            os.waitpid(int(pid["pid"]), os.WNOHANG)  # type: ignore[index]
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)  # it wrote its end file and is exiting
     if not meta.get("load_reuse") and procs.alive(pid):
-        raise PhaseFailed("load client still alive after its end file", "end_unknown", "resume waits for it")
+        raise PhaseFailed("load client still alive 30 s after its end file", "end_unknown", "resume waits for it")
     n = len(read_records(paths.raw).records)
     if n != end["done"]:
         raise PhaseFailed(f"raw records {n} != end file done {end['done']}", "end_unknown",

@@ -96,6 +96,7 @@ def wait_for(ws: Workspace, run_id: str, until: str, timeout: float) -> RunView:
         view = fold(ws, run_id)
         if until == "preflight" and view.phases["preflight"].state not in (PhaseState.PENDING, PhaseState.RUNNING):
             return view
-        if view.state.value not in ("running", "created") or time.monotonic() > deadline:
+        settled = view.state.value not in ("running", "created") and (until != "end" or not view.controller_alive)
+        if settled or time.monotonic() > deadline:
             return view
         time.sleep(0.05)

@@ -41,8 +41,8 @@ def decide_run(ws: Workspace, run_id: str) -> dict[str, Any]:
     load_ended = bool(end) and int(end.get("done", 0)) >= int(end.get("planned", 1))
     rec = decide(case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case, load_ended=load_ended)
     out: dict[str, Any] = rec.model_dump(mode="json")
-    write_json(paths.decision, out)
-    write_reports(ws, run_id)
+    write_reports(ws, run_id, decision=out)
+    write_json(paths.decision, out)  # last: the decision file is the evidence that decide is done
     return out
 
 
@@ -104,7 +104,7 @@ def headline(result: Any, window: str) -> dict[str, Any]:
     }
 
 
-def write_reports(ws: Workspace, run_id: str) -> dict[str, Any]:
+def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = None) -> dict[str, Any]:
     from caseledger import report
 
     paths = ws.run(run_id)
@@ -112,7 +112,7 @@ def write_reports(ws: Workspace, run_id: str) -> dict[str, Any]:
     result = _load_result(ws, run_id)
     if result is None:
         return {}
-    decision = read_json_or_none(paths.decision)
+    decision = decision if decision is not None else read_json_or_none(paths.decision)
     ledger_ = time_ledger(ws, run_id)
     from caseledger.decide import DecisionRecord
 

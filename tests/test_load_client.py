@@ -13,9 +13,11 @@ import anyio
 import httpx2
 import orjson
 
-from caseledger.load import RequestSpec, SSEParser, run_requests
+from caseledger.load import RequestSpec, SSEParser, plan_from_run_dir, run_requests
 from caseledger.load.client import PHASE_HEADER
-from caseledger.records import RawRecord
+from caseledger.records import RawRecord, read_records
+from caseledger.workspace import RunPaths, Workspace, read_json
+from tests.test_load_plan import make_run_dir
 
 URL = "http://target.test/v1/chat/completions"
 
@@ -222,3 +224,150 @@ def test_cancelled_run_records_in_flight_requests_as_client_errors() -> None:
 # ---- the formal load process ------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[1]
+FAST_TARGET = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.001, "decode_step_per_seq_s": 0.0, "slots": 16}
+
+
+def test_public_api_all_is_sorted_and_complete() -> None:
+    import caseledger.load as pkg
+
+    public = {n for n, v in vars(pkg).items() if not n.startswith("_") and getattr(v, "__module__", "").startswith(
+        "caseledger.load")}
+    assert pkg.__all__ == sorted(pkg.__all__) and set(pkg.__all__) == public
+
+
+def test_load_client_start_up_imports_neither_mcp_nor_transformers() -> None:
+    code = "import sys, caseledger.load.__main__; print(sorted({m.split('.')[0] for m in sys.modules} & " \
+           "{'mcp', 'transformers', 'torch', 'tokenizers', 'uvicorn', 'starlette'}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+class Target:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
+        self.proc, self.port = proc, port
+        self.base = f"http://127.0.0.1:{port}"
+
+    def by_phase(self) -> dict[str, int]:
+        return dict(httpx2.get(self.base + "/stats", timeout=5).json()["by_phase"])
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    port = free_port()
+    log = (tmp_path_factory.mktemp("target") / "target.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port",
+                             str(port), "--model", "ref-model", "--config-json", orjson.dumps(FAST_TARGET).decode(),
+                             "--log-level", "warning"], stdout=log, stderr=log)
+    t = Target(proc, port)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx2.get(t.base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx2.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "reference target never became healthy"
+        time.sleep(0.05)
+    yield t
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+def load_draft(port: int, requests: int, concurrency: int, **load: Any) -> dict[str, Any]:
+    return {
+        "scenario": "load-test",
+        "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}]},
+        "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": 8},
+        "load": {"requests": requests, "concurrency": concurrency, **load},
+    }
+
+
+def run_client(paths: RunPaths, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True,
+                          text=True, timeout=timeout, env=full)
+
+
+def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_n(
+    target: Target, tmp_path: Path
+) -> None:
+    paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(target.port, 12, 4))
+    before = target.by_phase().get("load", 0)
+    out = run_client(paths)
+    assert out.returncode == 0, out.stderr
+    assert target.by_phase().get("load", 0) - before == 12
+
+    raw = read_records(paths.raw)
+    assert not raw.torn_tail and raw.bad_lines == 0
+    recs = sorted(raw.records, key=lambda r: r["i"])
+    assert [r["i"] for r in recs] == list(range(12))
+    for r in recs:
+        assert r["ok"] and r["status"] == 200 and r["finish_reason"] == "length", r
+        assert r["completion_tokens"] == 8 and sum(t or 0 for t in r["chunk_tokens"]) == 8
+        assert r["prompt_tokens"] == r["input_tokens_chat"]  # the dataset's count is what the server counted
+        assert r["send_ns"] < r["chunk_ns"][0] and r["chunk_ns"][-1] <= r["end_ns"]
+
+    end = read_json(paths.load_end)
+    assert end["exit"] == "complete"
+    assert (end["planned"], end["sent"], end["done"], end["ok"], end["failed"]) == (12, 12, 12, 12, 0)
+    assert end["chunks"] == sum(len(r["chunk_ns"]) for r in recs)
+    assert end["first_send_ns"] == min(r["send_ns"] for r in recs)
+    assert end["last_end_ns"] == max(r["end_ns"] for r in recs)
+    assert end["cpu_user_s"] > 0 and end["cpu_sys_s"] >= 0 and end["wall_start_utc"] < end["wall_end_utc"]
+    assert end["plan_sha256"] == plan_from_run_dir(paths.root).digest()
+    progress = read_json(paths.load_progress)
+    assert {k: progress[k] for k in ("planned", "sent", "done", "ok", "failed")} == {
+        "planned": 12, "sent": 12, "done": 12, "ok": 12, "failed": 0}
+    anchor = read_json(paths.load_anchor)
+    assert anchor["mono_ns"] <= end["first_send_ns"] and anchor["wall_utc"].endswith("Z")
+    pid = read_json(paths.load_pid)
+    assert set(pid) == {"pid", "start_time", "host"} and isinstance(pid["start_time"], int) and pid["start_time"] > 0
+
+    again = run_client(paths)  # formal requests are never sent twice
+    assert again.returncode == 3 and "refused" in again.stderr
+    assert target.by_phase().get("load", 0) - before == 12
+
+
+def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_end_file(
+    target: Target, tmp_path: Path
+) -> None:
+    paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(target.port, 12, 2))
+    out = run_client(paths, {"CASELEDGER_FAULT": "load:exit_after=3"})
+    assert out.returncode == 137, out.stderr
+    raw = read_records(paths.raw)
+    assert len(raw.records) == 3 and not raw.torn_tail and all(r["ok"] for r in raw.records)
+    assert not paths.load_end.exists()
+    again = run_client(paths)
+    assert again.returncode == 3 and "not empty" in again.stderr
+
+
+def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target, tmp_path: Path) -> None:
+    # 4000 tokens at 1 ms per step: each request streams for ~4 s, so SIGTERM lands mid-stream
+    paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(target.port, 6, 3, max_tokens=4000))
+    proc = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not (paths.load_progress.exists() and read_json(paths.load_progress)["sent"] == 3):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 1
+    end = read_json(paths.load_end)
+    assert (end["exit"], end["signal"], end["sent"], end["done"]) == ("cancelled", "SIGTERM", 3, 3)
+    recs = read_records(paths.raw).records
+    assert len(recs) == 3 and all(r["error_class"] == "client" and len(r["chunk_ns"]) > 0 for r in recs)
+
+
+def test_refuses_when_the_load_already_started_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from caseledger.load.__main__ import main
+
+    paths = RunPaths(tmp_path / "r-000000000001")
+    paths.load_dir.mkdir(parents=True)
+    paths.load_anchor.write_text("{}")  # a client reached its first send, then died before any record
+    assert main([str(paths.root)]) == 3
+    assert "anchor.json exists" in capsys.readouterr().err
+    assert not paths.load_pid.exists()
+    paths.load_anchor.unlink()
+    assert main([str(paths.root)]) == 2  # no case.json: not started, nothing sent

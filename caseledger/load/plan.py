@@ -10,20 +10,19 @@ preflight proves is exactly what the load sends.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import orjson
+from numpy.random import default_rng  # at import time: numpy loads its random module lazily
 
 from caseledger.case import Case
+from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.workspace import RunPaths, Workspace, read_json
-
-if TYPE_CHECKING:
-    from caseledger.datasets import DatasetIdentity
 
 Api = Literal["chat", "completions"]
 PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
@@ -107,7 +106,7 @@ def arrival_offsets(
         return [0.0] * n
     if arrival == "constant":
         return [k / rate for k in range(n)]
-    rng = np.random.default_rng(seed)
+    rng = default_rng(seed)
     if arrival == "poisson":
         gaps = rng.exponential(1.0 / rate, n - 1)
     elif arrival == "gamma":
@@ -117,12 +116,8 @@ def arrival_offsets(
     return [0.0, *np.cumsum(gaps).tolist()]
 
 
-def build_plan(
-    case: Case, entries: Sequence[Mapping[str, Any]], salt: str | None, identity: DatasetIdentity
-) -> LoadPlan:
+def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity: DatasetIdentity) -> LoadPlan:
     """N request specs from the frozen case and its dataset entries. Pure and deterministic."""
-    from caseledger.datasets import render_prompt  # lazily: plan.py must import without the dataset code
-
     load = case.load
     n = load.requests
     if len(entries) < n:
@@ -141,17 +136,17 @@ def build_plan(
     for i in range(n):
         e = entries[i]
         route = i % len(endpoints)
-        prompt = render_prompt(e, salt, identity)  # type: ignore[arg-type]  # Entry may be a TypedDict
+        prompt = render_prompt(e, salt, identity)
         specs.append(
             RequestSpec(
                 i=i,
-                entry=int(e["i"]),
+                entry=e["i"],
                 route=route,
                 offset_s=offsets[i],
                 url=urls[route],
                 body=request_body(api, endpoints[route].model, prompt, max_tokens, load.ignore_eos),
-                input_tokens_body=e.get("body_tokens"),
-                input_tokens_chat=e.get("chat_tokens"),
+                input_tokens_body=e["body_tokens"],
+                input_tokens_chat=e["chat_tokens"],
             )
         )
     return LoadPlan(
@@ -208,8 +203,6 @@ def read_run_inputs(run_dir: Path) -> RunInputs:
 
 def plan_from_run_dir(run_dir: Path) -> LoadPlan:
     """The formal load plan of a run directory: the one entry point of the load client and preflight."""
-    from caseledger.datasets import load_entries, load_identity
-
     inputs = read_run_inputs(run_dir)
     entries = load_entries(inputs.workspace, inputs.dataset_id)
     identity = load_identity(inputs.workspace, inputs.dataset_id)

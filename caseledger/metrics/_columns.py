@@ -69,8 +69,17 @@ class RawColumns:
         """sha256 over the column bytes: identifies the records independent of the file's layout."""
         h = hashlib.sha256()
         for arr in (
-            self.send_ns, self.end_ns, self.ok, self.prompt_tokens, self.completion_tokens, self.cached_tokens,
-            self.input_tokens_body, self.input_tokens_chat, self.n_chunks, self.chunk_ns, self.chunk_tokens,
+            self.send_ns,
+            self.end_ns,
+            self.ok,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+            self.input_tokens_body,
+            self.input_tokens_chat,
+            self.n_chunks,
+            self.chunk_ns,
+            self.chunk_tokens,
         ):
             h.update(np.ascontiguousarray(arr).tobytes())
         h.update(orjson.dumps([self.error_class, self.error]))
@@ -124,7 +133,7 @@ class _Builder:
             elif None in toks:
                 self.ctok.extend([_NAN if t is None else t for t in toks])
             else:
-                self.ctok.extend(toks)
+                self.ctok.extend(toks)  # type: ignore[arg-type]  # None was ruled out above
 
     def build(self) -> RawColumns:
         def i64(a: array[int]) -> I64:
@@ -135,10 +144,19 @@ class _Builder:
 
         ok = np.frombuffer(self.ok, dtype=np.int8).astype(np.bool_) if len(self.ok) else np.zeros(0, np.bool_)
         return RawColumns(
-            send_ns=i64(self.send), end_ns=i64(self.end), ok=ok, error_class=self.error_class, error=self.error,
-            prompt_tokens=f64(self.prompt), completion_tokens=f64(self.completion), cached_tokens=f64(self.cached),
-            input_tokens_body=f64(self.body), input_tokens_chat=f64(self.chat), n_chunks=i64(self.nch),
-            chunk_ns=i64(self.chunk), chunk_tokens=f64(self.ctok),
+            send_ns=i64(self.send),
+            end_ns=i64(self.end),
+            ok=ok,
+            error_class=self.error_class,
+            error=self.error,
+            prompt_tokens=f64(self.prompt),
+            completion_tokens=f64(self.completion),
+            cached_tokens=f64(self.cached),
+            input_tokens_body=f64(self.body),
+            input_tokens_chat=f64(self.chat),
+            n_chunks=i64(self.nch),
+            chunk_ns=i64(self.chunk),
+            chunk_tokens=f64(self.ctok),
         )
 
 

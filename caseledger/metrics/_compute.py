@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from caseledger.case import Case, Window
-from caseledger.metrics._columns import B, F64, I64, RawColumns, RawSource, columns_from_records
+from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
     DEFINITIONS,
     PROCESSOR_VERSION,
@@ -55,14 +55,17 @@ def params_key(rule: str, ratio: float | None) -> str:
 
 def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
     """Parameters as applied: CLI/API overrides over the case's measurement.native."""
-    eff_rule = rule or case.measurement.native.rule
-    if eff_rule not in ("aisbench", "sglang"):
-        raise ValueError(f"unknown native rule '{eff_rule}'; known: aisbench, sglang")
+    chosen = rule or case.measurement.native.rule
+    if chosen not in ("aisbench", "sglang"):
+        raise ValueError(f"unknown native rule '{chosen}'; known: aisbench, sglang")
+    eff_rule: Literal["aisbench", "sglang"] = "sglang" if chosen == "sglang" else "aisbench"
     eff_ratio: float | None = None
     if eff_rule == "sglang":
         eff_ratio = float(ratio if ratio is not None else case.measurement.native.ratio)
         if not 0 < eff_ratio <= 1:
-            raise ValueError(f"native ratio {eff_ratio} is outside (0, 1]; e.g. 0.9 = 90% of peak concurrency")
+            raise ValueError(
+                f"native ratio {eff_ratio} is outside (0, 1]; e.g. 0.9 = 90% of peak concurrency"
+            )
     return Params(native_rule=eff_rule, native_ratio=eff_ratio, spec_decode=case.measurement.spec_decode)
 
 
@@ -79,22 +82,40 @@ def _dist(x: F64, unit: str, empty_reason: str) -> Distribution | NotObserved:
         return NotObserved(reason=empty_reason)
     p = np.percentile(x, [50.0, 75.0, 90.0, 99.0])
     return Distribution(
-        unit=unit, count=int(x.size), mean=float(x.mean()), min=float(x.min()), max=float(x.max()),
-        p50=float(p[0]), p75=float(p[1]), p90=float(p[2]), p99=float(p[3]),
+        unit=unit,
+        count=int(x.size),
+        mean=float(x.mean()),
+        min=float(x.min()),
+        max=float(x.max()),
+        p50=float(p[0]),
+        p75=float(p[1]),
+        p90=float(p[2]),
+        p99=float(p[3]),
     )
 
 
-def _rate(numerator: float | str, duration_s: float, cards: int, unit: str, what: str) -> Throughput | NotObserved:
+def _rate(
+    numerator: float | str, duration_s: float, cards: int, unit: str, what: str
+) -> Throughput | NotObserved:
     if isinstance(numerator, str):
         return NotObserved(reason=numerator)
     if duration_s <= 0:
         return NotObserved(reason="window duration is 0 s")
     value = numerator / duration_s
     per_card = value / cards
-    text = (f"{_num(numerator)} {what} / {duration_s:.4f} s = {value:.4f} {unit}; "
-            f"/ {cards} card{'s' if cards != 1 else ''} = {per_card:.4f} {unit}/card")
-    return Throughput(unit=unit, value=value, per_card=per_card, numerator=float(numerator),
-                      duration_s=duration_s, cards=cards, text=text)
+    text = (
+        f"{_num(numerator)} {what} / {duration_s:.4f} s = {value:.4f} {unit}; "
+        f"/ {cards} card{'s' if cards != 1 else ''} = {per_card:.4f} {unit}/card"
+    )
+    return Throughput(
+        unit=unit,
+        value=value,
+        per_card=per_card,
+        numerator=float(numerator),
+        duration_s=duration_s,
+        cards=cards,
+        text=text,
+    )
 
 
 def _sum_known(x: F64, what: str) -> float | str:
@@ -146,8 +167,11 @@ def _derive(c: RawColumns) -> _Derived:
         d = (c.chunk_ns[1:] - c.chunk_ns[:-1]) / _MS
         gap[1:] = np.where(is_first[1:], np.nan, d)
     gap = np.where(c.ok[req], gap, np.nan) if m else gap
-    nan_per_req = np.bincount(req, weights=np.isnan(c.chunk_tokens).astype(np.float64), minlength=n) if m \
+    nan_per_req = (
+        np.bincount(req, weights=np.isnan(c.chunk_tokens).astype(np.float64), minlength=n)
+        if m
         else np.zeros(n)
+    )
     all_known = has & (nan_per_req == 0)
     derivable = ~all_known & has & (c.n_chunks == out)
     ctok_req = c.chunk_tokens
@@ -162,8 +186,17 @@ def _derive(c: RawColumns) -> _Derived:
     aware_excluded = c.ok & has & (c.n_chunks > 1) & ~all_known & ~derivable
     prompt = np.where(np.isnan(c.prompt_tokens), c.input_tokens_chat, c.prompt_tokens)
     return _Derived(
-        t0=t0, ttft_ms=ttft, e2e_ms=e2e, tpot_ms=tpot, one_token=c.ok & has & (out == 1), no_chunk=c.ok & ~has,
-        req_of_chunk=req, gap_ms=gap, gap_tokens=gap_tokens, aware_excluded=aware_excluded, credit_tokens=credit,
+        t0=t0,
+        ttft_ms=ttft,
+        e2e_ms=e2e,
+        tpot_ms=tpot,
+        one_token=c.ok & has & (out == 1),
+        no_chunk=c.ok & ~has,
+        req_of_chunk=req,
+        gap_ms=gap,
+        gap_tokens=gap_tokens,
+        aware_excluded=aware_excluded,
+        credit_tokens=credit,
         prompt_for_rates=prompt,
     )
 
@@ -202,7 +235,9 @@ def _steps(c: RawColumns) -> _Steps:
 
 def _series(s: _Steps, t0: int) -> ConcurrencySeries:
     if s.tg.size <= _SERIES_EXACT_MAX:
-        return ConcurrencySeries(t_s=((s.tg - t0) / _S).tolist(), c=s.cg.tolist(), peak=s.peak, bucketed=False)
+        return ConcurrencySeries(
+            t_s=((s.tg - t0) / _S).tolist(), c=s.cg.tolist(), peak=s.peak, bucketed=False
+        )
     tmax = int(s.tg[-1])
     span = tmax - t0
     edges = t0 + (span * np.arange(_SERIES_BUCKETS, dtype=np.int64)) // _SERIES_BUCKETS
@@ -213,8 +248,8 @@ def _series(s: _Steps, t0: int) -> ConcurrencySeries:
     inside = np.zeros(_SERIES_BUCKETS, dtype=np.int64)
     inside[nonempty] = np.maximum.reduceat(s.cg, lo[nonempty])
     vals = np.maximum(at_edge, inside)
-    t_s = ((edges - t0) / _S).tolist() + [span / _S]
-    return ConcurrencySeries(t_s=t_s, c=vals.tolist() + [int(s.cg[-1])], peak=s.peak, bucketed=True)
+    t_s = [*((edges - t0) / _S).tolist(), span / _S]
+    return ConcurrencySeries(t_s=t_s, c=[*vals.tolist(), int(s.cg[-1])], peak=s.peak, bucketed=True)
 
 
 def _window_conc(s: _Steps, start: int, end: int) -> tuple[int, float | NotObserved]:
@@ -224,7 +259,7 @@ def _window_conc(s: _Steps, start: int, end: int) -> tuple[int, float | NotObser
     seg_start = s.tg
     seg_end = np.r_[s.tg[1:], s.tg[-1]]
     overlap = np.clip(np.minimum(seg_end, end) - np.maximum(seg_start, start), 0, None)
-    touching = (seg_end > start) & (seg_start < end) | ((seg_start >= start) & (seg_start <= end))
+    touching = (seg_start < end) & (seg_end > start)
     peak = int(s.cg[touching].max()) if touching.any() else 0
     if end <= start:
         return peak, NotObserved(reason="window duration is 0 s")
@@ -247,14 +282,19 @@ class _Span:
 
 def _aisbench_span(s: _Steps, configured: int) -> _Span:
     peak = s.peak
-    params: dict[str, float | int | str | None] = {"peak_concurrency": peak, "configured_concurrency": configured}
+    params: dict[str, float | int | str | None] = {
+        "peak_concurrency": peak,
+        "configured_concurrency": configured,
+    }
     if peak == 0:
         return _Span("aisbench", params, None, None, "no requests: no concurrency peak")
     reach = np.flatnonzero((s.d == 1) & (s.c == peak))
     notes: list[str] = []
     if peak != configured:
-        notes.append(f"observed peak concurrency {peak} differs from load.concurrency {configured}; "
-                     "the window uses the observed peak")
+        notes.append(
+            f"observed peak concurrency {peak} differs from load.concurrency {configured}; "
+            "the window uses the observed peak"
+        )
     if reach.size >= 2:
         start = int(s.t[reach[1]])
     else:
@@ -269,7 +309,11 @@ def _aisbench_span(s: _Steps, configured: int) -> _Span:
 def _sglang_span(s: _Steps, ratio: float) -> _Span:
     peak = s.peak
     need = max(1, math.ceil(ratio * peak - 1e-9))
-    params: dict[str, float | int | str | None] = {"ratio": ratio, "peak_concurrency": peak, "threshold": need}
+    params: dict[str, float | int | str | None] = {
+        "ratio": ratio,
+        "peak_concurrency": peak,
+        "threshold": need,
+    }
     if peak == 0:
         return _Span("sglang", params, None, None, "no requests: no concurrency peak")
     qual = s.cg[:-1] >= need
@@ -303,8 +347,15 @@ def _failed_by_class(c: RawColumns, mask: B) -> dict[str, int]:
 
 
 def _window(
-    name: Literal["whole", "native"], span: _Span, c: RawColumns, dv: _Derived, s: _Steps, case: Case,
-    limits: Window, anchor: dict[str, Any] | None, spec: SpecDecode,
+    name: Literal["whole", "native"],
+    span: _Span,
+    c: RawColumns,
+    dv: _Derived,
+    s: _Steps,
+    case: Case,
+    limits: Window,
+    anchor: dict[str, Any] | None,
+    spec: SpecDecode,
 ) -> WindowResult:
     cards = case.target.cards
     cache_min = case.cache.min_hit_ratio
@@ -312,16 +363,37 @@ def _window(
         reason = span.reason or "no window"
         no = NotObserved(reason=f"no {name} window: {reason}")
         return WindowResult(
-            name=name, rule=span.rule, params=span.params, found=False, reason=reason, start_s=None, end_s=None,
-            duration_s=None, start_utc=None, requests=0, ok=0, failed=0, failed_by_class={}, cards=cards,
-            min_requests=limits.min_requests, min_duration_s=limits.min_duration_s, meets_min_requests=False,
-            meets_min_duration=False, peak_concurrency=0, mean_concurrency=no,
+            name=name,
+            rule=span.rule,
+            params=span.params,
+            found=False,
+            reason=reason,
+            start_s=None,
+            end_s=None,
+            duration_s=None,
+            start_utc=None,
+            requests=0,
+            ok=0,
+            failed=0,
+            failed_by_class={},
+            cards=cards,
+            min_requests=limits.min_requests,
+            min_duration_s=limits.min_duration_s,
+            meets_min_requests=False,
+            meets_min_duration=False,
+            peak_concurrency=0,
+            mean_concurrency=no,
             latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
             tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no),
             throughput=Throughputs(request=no, output=no, input=no, total=no),
             cache=CacheFigures(
-                denominator=_CACHE_DENOMINATOR, requests_with_cached_tokens=0, cached_tokens=no, hit_ratio=no,
-                min_hit_ratio=cache_min, share_meeting_min=no, nominal_input_throughput=no,
+                denominator=_CACHE_DENOMINATOR,
+                requests_with_cached_tokens=0,
+                cached_tokens=no,
+                hit_ratio=no,
+                min_hit_ratio=cache_min,
+                share_meeting_min=no,
+                nominal_input_throughput=no,
                 uncached_input_throughput=no,
             ),
             spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY),
@@ -329,17 +401,14 @@ def _window(
         )
     start, end = span.start, span.end
     duration_s = (end - start) / _S
-    if span.rule == "whole":
-        mask = np.ones(c.n, dtype=np.bool_)
-    else:
-        mask = (c.send_ns >= start) & (c.send_ns <= end)
+    mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= start) & (c.send_ns <= end)
     okm = mask & c.ok
     n_req, n_ok = int(mask.sum()), int(okm.sum())
     notes = list(span.notes)
 
     # latency
     nothing = f"no successful request in the {name} window"
-    chunk_ok = okm[dv.req_of_chunk] if dv.req_of_chunk.size else np.zeros(0, dtype=np.bool_)
+    chunk_ok = okm[dv.req_of_chunk]
     gaps = dv.gap_ms[chunk_ok]
     aware_gap = chunk_ok & ~np.isnan(dv.gap_ms) & ~np.isnan(dv.gap_tokens) & (dv.gap_tokens >= 1)
     reps = dv.gap_tokens[aware_gap].astype(np.int64)
@@ -348,51 +417,85 @@ def _window(
     n_nochunk = int((dv.no_chunk & okm).sum())
     n_aware_x = int((dv.aware_excluded & okm).sum())
     if n_one:
-        notes.append(f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)")
+        notes.append(
+            f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)"
+        )
     if n_nochunk:
         notes.append(f"{n_nochunk} successful request(s) without a content chunk have no TTFT, TPOT or ITL")
     if n_aware_x:
-        notes.append(f"{n_aware_x} successful request(s) excluded from token-aware ITL: chunk token counts "
-                     "unknown and chunk count != completion_tokens")
+        notes.append(
+            f"{n_aware_x} successful request(s) excluded from token-aware ITL: chunk token counts "
+            "unknown and chunk count != completion_tokens"
+        )
     if n_req - n_ok:
-        notes.append(f"{n_req - n_ok} failed request(s) in the window are excluded from latency, token and "
-                     "throughput figures")
-    tpot_reason = nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
+        notes.append(
+            f"{n_req - n_ok} failed request(s) in the window are excluded from latency, token and "
+            "throughput figures"
+        )
+    tpot_reason = (
+        nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
+    )
     itl_reason = nothing if not n_ok else "no successful request with >= 2 content chunks"
-    aware_reason = nothing if not n_ok else (
-        "chunk token counts unknown (no chunk_tokens, and chunk count != usage.completion_tokens)"
-        if gaps.size else itl_reason)
+    aware_reason = (
+        nothing
+        if not n_ok
+        else (
+            "chunk token counts unknown (no chunk_tokens, and chunk count != usage.completion_tokens)"
+            if gaps.size
+            else itl_reason
+        )
+    )
     latency = Latency(
-        ttft=_dist(dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"),
+        ttft=_dist(
+            dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"
+        ),
         e2e=_dist(dv.e2e_ms[okm], "ms", nothing),
         tpot=_dist(dv.tpot_ms[okm], "ms", tpot_reason),
         itl=_dist(gaps, "ms", itl_reason),
         itl_token_aware=_dist(aware, "ms", aware_reason),
     )
     tokens = Tokens(
-        input_body=_dist(c.input_tokens_body[okm], "tokens", nothing if not n_ok else "no input_tokens_body in records"),
-        input_chat=_dist(c.input_tokens_chat[okm], "tokens", nothing if not n_ok else "no input_tokens_chat in records"),
-        prompt=_dist(c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"),
-        output=_dist(c.completion_tokens[okm], "tokens",
-                     nothing if not n_ok else "no usage.completion_tokens from the server"),
+        input_body=_dist(
+            c.input_tokens_body[okm], "tokens", nothing if not n_ok else "no input_tokens_body in records"
+        ),
+        input_chat=_dist(
+            c.input_tokens_chat[okm], "tokens", nothing if not n_ok else "no input_tokens_chat in records"
+        ),
+        prompt=_dist(
+            c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"
+        ),
+        output=_dist(
+            c.completion_tokens[okm],
+            "tokens",
+            nothing if not n_ok else "no usage.completion_tokens from the server",
+        ),
     )
 
     # throughput
     prompt = dv.prompt_for_rates[okm]
     in_tok = _sum_known(prompt, "prompt tokens (usage.prompt_tokens and input_tokens_chat)")
     if span.rule == "sglang":
-        in_span = chunk_ok & (c.chunk_ns >= start) & (c.chunk_ns <= end)
         # output credited by chunk timestamps: every successful request's chunks, wherever it started
-        in_span = (c.ok[dv.req_of_chunk] if dv.req_of_chunk.size else in_span) & (c.chunk_ns >= start) & (
-            c.chunk_ns <= end)
+        in_span = c.ok[dv.req_of_chunk] & (c.chunk_ns >= start) & (c.chunk_ns <= end)
         credit = dv.credit_tokens[in_span]
         missing = int(np.isnan(credit).sum())
-        out_tok: float | str = (f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, "
-                                "no usage.completion_tokens)") if missing else float(credit.sum())
+        out_tok: float | str = (
+            (
+                f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, "
+                "no usage.completion_tokens)"
+            )
+            if missing
+            else float(credit.sum())
+        )
     else:
         out_tok = _sum_known(c.completion_tokens[okm], "usage.completion_tokens")
-    total: float | str = in_tok + out_tok if not isinstance(in_tok, str) and not isinstance(out_tok, str) \
-        else (in_tok if isinstance(in_tok, str) else str(out_tok))
+    total: float | str
+    if isinstance(in_tok, str):
+        total = in_tok
+    elif isinstance(out_tok, str):
+        total = out_tok
+    else:
+        total = in_tok + out_tok
     input_rate = _rate(in_tok, duration_s, cards, "tok/s", "tok")
     throughput = Throughputs(
         request=_rate(float(n_ok) if n_ok else nothing, duration_s, cards, "req/s", "req"),
@@ -435,19 +538,38 @@ def _window(
     )
     peak, mean_c = _window_conc(s, start, end)
     return WindowResult(
-        name=name, rule=span.rule, params=span.params, found=True, reason=None,
-        start_s=(start - dv.t0) / _S, end_s=(end - dv.t0) / _S, duration_s=duration_s,
-        start_utc=_utc(anchor, start), requests=n_req, ok=n_ok, failed=n_req - n_ok,
-        failed_by_class=_failed_by_class(c, mask), cards=cards, min_requests=limits.min_requests,
-        min_duration_s=limits.min_duration_s, meets_min_requests=n_ok >= limits.min_requests,
-        meets_min_duration=duration_s >= limits.min_duration_s, peak_concurrency=peak, mean_concurrency=mean_c,
-        latency=latency, tokens=tokens, throughput=throughput, cache=cache,
-        spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY), notes=notes,
+        name=name,
+        rule=span.rule,
+        params=span.params,
+        found=True,
+        reason=None,
+        start_s=(start - dv.t0) / _S,
+        end_s=(end - dv.t0) / _S,
+        duration_s=duration_s,
+        start_utc=_utc(anchor, start),
+        requests=n_req,
+        ok=n_ok,
+        failed=n_req - n_ok,
+        failed_by_class=_failed_by_class(c, mask),
+        cards=cards,
+        min_requests=limits.min_requests,
+        min_duration_s=limits.min_duration_s,
+        meets_min_requests=n_ok >= limits.min_requests,
+        meets_min_duration=duration_s >= limits.min_duration_s,
+        peak_concurrency=peak,
+        mean_concurrency=mean_c,
+        latency=latency,
+        tokens=tokens,
+        throughput=throughput,
+        cache=cache,
+        spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY),
+        notes=notes,
     )
 
 
-_CACHE_DENOMINATOR = ("chat-template prompt tokens: server usage.prompt_tokens, falling back to the "
-                      "dataset's input_tokens_chat")
+_CACHE_DENOMINATOR = (
+    "chat-template prompt tokens: server usage.prompt_tokens, falling back to the dataset's input_tokens_chat"
+)
 
 
 def _sha_text(text: str | None) -> str | None:
@@ -486,9 +608,13 @@ def compute_result(
     # spec decode: output tokens of the whole window's successful requests
     out_whole = c.completion_tokens[c.ok]
     out_sum = _sum_known(out_whole, "usage.completion_tokens")
-    spec = spec_decode(params.spec_decode, metrics_before, metrics_after,
-                       None if isinstance(out_sum, str) else out_sum,
-                       out_sum if isinstance(out_sum, str) else "")
+    spec = spec_decode(
+        params.spec_decode,
+        metrics_before,
+        metrics_after,
+        None if isinstance(out_sum, str) else out_sum,
+        out_sum if isinstance(out_sum, str) else "",
+    )
 
     if c.n:
         whole_span = _Span("whole", {}, int(c.send_ns.min()), int(c.end_ns.max()), None)
@@ -511,7 +637,9 @@ def compute_result(
     for i in failed_idx:
         first_error.setdefault(str(c.error_class[i] or "unknown"), str(c.error[i] or ""))
     failures = Failures(
-        total=int(failed_idx.size), by_class=dict(sorted(by_class.items())), first_error=first_error,
+        total=int(failed_idx.size),
+        by_class=dict(sorted(by_class.items())),
+        first_error=first_error,
         note="failed requests (ok=false) are counted by error_class and excluded from latency, token and "
         "throughput figures; they are included in concurrency",
     )
@@ -522,9 +650,16 @@ def compute_result(
     if anchor is not None:
         anchor_clean = {str(k): v for k, v in anchor.items() if isinstance(v, str | int)}
     inputs = Inputs(
-        raw_path=src.path, raw_sha256=src.sha256, records_sha256=records_sha, records=c.n, torn_tail=src.torn_tail,
-        bad_lines=src.bad_lines, case_sha256=case_sha, anchor=anchor_clean,
-        metrics_before_sha256=_sha_text(metrics_before), metrics_after_sha256=_sha_text(metrics_after),
+        raw_path=src.path,
+        raw_sha256=src.sha256,
+        records_sha256=records_sha,
+        records=c.n,
+        torn_tail=src.torn_tail,
+        bad_lines=src.bad_lines,
+        case_sha256=case_sha,
+        anchor=anchor_clean,
+        metrics_before_sha256=_sha_text(metrics_before),
+        metrics_after_sha256=_sha_text(metrics_after),
     )
     inputs_key = hashlib.sha256(canonical_json(inputs.model_dump(mode="json"))).hexdigest()[:16]
     return Result(

@@ -134,52 +134,73 @@ def _resolve(requested: str, before: dict[str, float], after: dict[str, float]) 
 def not_observed_spec(requested: str, reason: str) -> SpecDecode:
     no = NotObserved(reason=reason)
     return SpecDecode(
-        requested=requested, source=None, counters=[], acceptance_length=no, acceptance_length_counters=no,
+        requested=requested,
+        source=None,
+        counters=[],
+        acceptance_length=no,
+        acceptance_length_counters=no,
         acceptance_rate=no,
     )
 
 
 def spec_decode(
-    requested: str, before_text: str | None, after_text: str | None, output_tokens: float | None,
+    requested: str,
+    before_text: str | None,
+    after_text: str | None,
+    output_tokens: float | None,
     output_tokens_reason: str = "",
 ) -> SpecDecode:
-    """Spec-decode figures of the whole window; each one NOT_OBSERVED with the reason when a counter is missing.
+    """Spec-decode figures of the whole window; each NOT_OBSERVED with the reason when a counter is missing.
 
     output_tokens: sum of usage.completion_tokens of the whole window's successful requests (None: unknown).
     """
     if requested == "none":
         return not_observed_spec(requested, "case.measurement.spec_decode is 'none'")
     if before_text is None or after_text is None:
-        missing = [n for n, t in (("load/metrics_before.txt", before_text), ("load/metrics_after.txt", after_text))
-                   if t is None]
+        missing = [
+            n
+            for n, t in (("load/metrics_before.txt", before_text), ("load/metrics_after.txt", after_text))
+            if t is None
+        ]
         return not_observed_spec(requested, f"no /metrics snapshot: {', '.join(missing)} absent")
     before, after = parse_prometheus(before_text), parse_prometheus(after_text)
     source = _resolve(requested, before, after)
     if source is None:
         known = ", ".join(sorted(n for f in FAMILIES.values() for n in f.drafts))
-        return not_observed_spec(requested, f"no speculative-decoding counters in /metrics (looked for {known})")
+        return not_observed_spec(
+            requested, f"no speculative-decoding counters in /metrics (looked for {known})"
+        )
     fam = FAMILIES[source]
     counters: list[CounterDelta] = []
     deltas: dict[str, tuple[str, float] | str] = {}
-    for role, names in (("drafts", fam.drafts), ("draft_tokens", fam.draft_tokens), ("accepted", fam.accepted)):
+    for role, names in (
+        ("drafts", fam.drafts),
+        ("draft_tokens", fam.draft_tokens),
+        ("accepted", fam.accepted),
+    ):
         if not names:
             deltas[role] = fam.missing_why or f"{source} exposes no {role} counter"
             continue
         name = _pick(names, before, after)
         if name is None:
-            where = "both snapshots" if all(n not in before and n not in after for n in names) else "one snapshot"
+            where = (
+                "both snapshots" if all(n not in before and n not in after for n in names) else "one snapshot"
+            )
             deltas[role] = f"counter {' / '.join(names)} missing from {where}"
             continue
         d = after[name] - before[name]
         counters.append(CounterDelta(name=name, before=before[name], after=after[name], delta=d))
         if d < 0:
-            deltas[role] = f"counter {name} went backwards ({_num(before[name])} -> {_num(after[name])}): " \
-                           "server restarted during the load?"
+            deltas[role] = (
+                f"counter {name} went backwards ({_num(before[name])} -> {_num(after[name])}): "
+                "server restarted during the load?"
+            )
         else:
             deltas[role] = (name, d)
 
-    def ratio(num: tuple[str, float] | str, den: tuple[str, float] | str, formula: str,
-              plus_one: bool = False) -> Ratio | NotObserved:
+    def ratio(
+        num: tuple[str, float] | str, den: tuple[str, float] | str, formula: str, plus_one: bool = False
+    ) -> Ratio | NotObserved:
         if isinstance(num, str):
             return NotObserved(reason=num)
         if isinstance(den, str):
@@ -206,5 +227,7 @@ def spec_decode(
         acceptance_length_counters=ratio(
             deltas["accepted"], deltas["drafts"], "1 + Δ accepted tokens / Δ drafts", plus_one=True
         ),
-        acceptance_rate=ratio(deltas["accepted"], deltas["draft_tokens"], "Δ accepted tokens / Δ draft tokens"),
+        acceptance_rate=ratio(
+            deltas["accepted"], deltas["draft_tokens"], "Δ accepted tokens / Δ draft tokens"
+        ),
     )

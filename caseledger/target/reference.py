@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import random
@@ -52,6 +53,8 @@ from typing import Any, Literal
 from caseledger.case import ReferenceConfig
 from caseledger.tokenizer import load_fast
 from caseledger.workspace import canonical_json, sha256_bytes
+
+log = logging.getLogger("caseledger.target")
 
 EOS_PER_TOKEN = 1 / 128  # chance an output token is EOS when ignore_eos is off (seeded per request)
 UNLABELLED = "unlabelled"  # phase of a request without the x-caseledger-phase header
@@ -367,6 +370,19 @@ class ReferenceEngine:
     # ---- the scheduler ----------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            # a scheduler bug must not leave streams hanging: end every sequence, restart on next submit
+            log.exception("reference scheduler failed; aborting all sequences in flight")
+            for seq in [*self._waiting, *self._prefill, *self._decoding]:
+                self.abort(seq)
+            self._waiting.clear()
+            self._prefill, self._decoding, self._batch = [], [], []
+            self._step_end = None
+            raise
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         wake = self._wake
         assert wake is not None

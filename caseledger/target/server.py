@@ -224,7 +224,7 @@ class _Reply(Response):
             if self.p.stream:
                 await self._stream(send)
             else:
-                await self._whole(send)
+                await self._whole(scope, receive, send)
         finally:
             watcher.cancel()
             self.target.engine.abort(self.seq)  # no-op when finished
@@ -261,6 +261,9 @@ class _Reply(Response):
                 await self.gone.wait()
                 return
             reason = seq.finish_reason
+            if reason is None and seq.aborted:  # ended by the engine: cut the stream, no [DONE]
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                return
             if reason is not None:
                 parts.append(self._finish_chunk(reason))
                 await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
@@ -282,7 +285,7 @@ class _Reply(Response):
             out += (b',"usage":' + final if p.include_usage or p.continuous_usage else b"") + b"}\n\n"
         return out + _DONE
 
-    async def _whole(self, send: Send) -> None:
+    async def _whole(self, scope: Scope, receive: Receive, send: Send) -> None:
         seq = self.seq
         texts: list[str] = []
         while not seq.done:
@@ -291,6 +294,10 @@ class _Reply(Response):
         texts.extend(t for t, _ in seq.take())
         if self.stall or self.gone.is_set():
             await self.gone.wait()
+            return
+        if seq.finish_reason is None:  # aborted by the engine
+            r = _json(_error_body("the engine aborted the request", "InternalServerError", 500), 500)
+            await r(scope, receive, send)
             return
         text = "".join(texts)
         usage = orjson.loads(self._usage(seq.completion_tokens))

@@ -1,0 +1,913 @@
+"""Datasets: a case's requests materialized once under ledger/datasets/<dataset_id>/, with their identity.
+
+    ledger/datasets/<dataset_id>/entries.jsonl   one orjson line per entry (Entry), entry i = request i
+    ledger/datasets/<dataset_id>/identity.json   DatasetIdentity: content hash, tokenizer, token counts
+
+The id comes from the dataset spec alone (`dataset_id_for`): the same spec is reused without loading a
+tokenizer, and a subset (fewer entries) is its own dataset. Generation happens in a temp directory that
+is renamed into place, under a lock, so concurrent callers never see or leave a half-written dataset.
+
+For the synthetic and prefix_cache sources the body sent for entry i is
+
+    prefix[group]  +  salt slot  +  suffix[i]
+
+* prefix: a group's shared text of exactly P tokens ("" for synthetic), sized so that the chat-template
+  head plus the prefix is a whole number of cache blocks reaching the target hit ratio;
+* salt slot: K single-token words " w". Each entry has a default slot; a run replaces it with words
+  picked from the run's salt, so a warm cache cannot hit past the shared prefix (DESIGN, "cache truth");
+* suffix: unique text " w w ..." of exactly the remaining tokens.
+
+Text is words of letters joined by single spaces, never ending in a space, so a ByteLevel pre-tokenizer
+splits at every word and the token counts of the pieces add up. The prefix is tokenized once, each suffix
+separately, and a sample of entries is re-checked by a full encode with the chat template; if a check
+fails (a tokenizer whose merges cross word boundaries), every entry is counted by a full encode instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from caseledger import tokenizer as _tokenizer
+from caseledger.case import Case
+from caseledger.errors import CaseInvalid, NotFound
+from caseledger.workspace import Workspace, canonical_json, read_json, sha256_bytes, sha256_file, write_json
+
+__all__ = [
+    "GENERATOR_VERSION",
+    "HIT_RATIO_DENOMINATOR",
+    "DatasetIdentity",
+    "Entry",
+    "dataset_id_for",
+    "load_entries",
+    "load_identity",
+    "materialize",
+    "render_prompt",
+    "salt_text",
+    "verify",
+]
+
+GENERATOR_VERSION = "1"  # bump when the same spec would generate different entries
+HIT_RATIO_DENOMINATOR = "chat-template prompt tokens"
+ENTRIES_FILE = "entries.jsonl"
+IDENTITY_FILE = "identity.json"
+SALT_K = 8  # salt slot words: 1024**8 = 2**80 slots per entry, so two runs never share one
+SALT_WORDS = 1024  # single-token words the salt picks from, recorded in the identity
+DEFAULT_SALT = "caseledger-default-slot"
+_MIN_SALT_WORDS = 16
+_CHUNK = 16  # suffixes encoded per batch: tokenizers Encodings are ~100 B per token
+_FIX_ROUNDS = 16
+_BELOW_FIRST = 8
+_SENTINEL = "\u2063CASELEDGER-CONTENT\u2063"
+_VOCAB_WORD = re.compile(r"^[\u0120\u2581]([a-z]{2,12})$")  # ByteLevel 'Ġ' / SentencePiece '▁' + letters
+
+
+class Entry(TypedDict):
+    """One request's data. The body sent is prefix + salt slot (or a run's salt words) + suffix."""
+
+    i: int  # entry index = formal request index
+    group: int  # prefix group (i % prefix_groups)
+    prefix: str  # the group's shared text ("" for synthetic and file)
+    salt_slot: str  # default salt slot: K words " w", one token each ("" when K is 0)
+    suffix: str  # unique text (the prompt as is for a file source)
+    body_tokens: int  # tokens of prefix + salt_slot + suffix, no special tokens
+    chat_tokens: int  # tokens the server counts (chat template applied); body_tokens without one
+    expected_cached_tokens: int  # whole cache blocks of the shared chat-template prefix
+    expected_hit_ratio: float  # expected_cached_tokens / chat_tokens
+    output_tokens: int  # max_tokens for this request
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TokenizerInfo(_Frozen):
+    name: str  # dataset.tokenizer as written: 'builtin' or a local directory
+    revision: str  # dataset.tokenizer_revision, else 'sha256:<hex>' of tokenizer.json
+    path: str  # the directory it was loaded from
+
+
+class IntStats(_Frozen):
+    min: int
+    max: int
+    mean: float
+
+
+class RatioStats(_Frozen):
+    min: float
+    max: float
+    mean: float
+
+
+class BelowTarget(_Frozen):
+    count: int  # entries whose expected hit ratio is below prefix_ratio_target (exact, never rounded)
+    first: list[int]  # the first few such entry indices
+    message: str | None  # what happened and the fix; None when count is 0
+
+
+class SaltSlot(_Frozen):
+    words: list[str]  # single-token words (used as " w") a run's salt picks from
+    k: int  # words per slot; 0: this dataset cannot be salted (file source)
+
+
+class Counting(_Frozen):
+    method: Literal["composed", "full"]  # composed: prefix once + each suffix; full: every entry encoded
+    checked: list[int]  # entries re-encoded whole (with the chat template) to check the counts
+
+
+class DatasetIdentity(_Frozen):
+    """What a materialized dataset is: stored as identity.json next to entries.jsonl."""
+
+    dataset_id: str
+    content_sha256: str  # sha256 of entries.jsonl
+    source: Literal["synthetic", "prefix_cache", "file"]
+    source_sha256: str | None  # file source: sha256 of the JSONL file as read
+    spec: dict[str, Any]  # the filled dataset spec the id was computed from
+    api: Literal["chat", "completions"]
+    generator: str
+    tokenizer: TokenizerInfo
+    chat_template_counted: bool  # False: api completions or dataset.chat_template false (chat = body)
+    entries: int
+    output_tokens: int  # dataset.output_tokens (a file line may set its own; see the entries)
+    body_tokens: IntStats
+    chat_tokens: IntStats
+    expected_cached_tokens: IntStats
+    expected_hit_ratio: RatioStats
+    hit_ratio_denominator: str
+    block_size: int
+    prefix_ratio_target: float
+    below_target: BelowTarget
+    salt: SaltSlot
+    counting: Counting
+    generated_at: datetime
+    generation_seconds: float
+
+
+# ---------------------------------------------------------------------------------------------- ids
+
+
+def dataset_id_for(case: Case) -> str:
+    """'d-' + 12 hex of sha256 over the filled dataset spec, target.api and the generator version."""
+    filled = case.filled()
+    spec = {
+        "api": filled.target.api,
+        "dataset": filled.dataset.model_dump(mode="json"),
+        "generator": GENERATOR_VERSION,
+    }
+    return "d-" + sha256_bytes(canonical_json(spec))[:12]
+
+
+# ------------------------------------------------------------------------------------------- salt
+
+
+def salt_text(salt: str, entry_i: int, words: list[str], k: int) -> str:
+    """K words " w" picked deterministically from (salt, entry_i).
+
+    The first word walks the list from an offset given by the salt, so within one run the first slot
+    token differs between entries (up to len(words) entries) and nothing past the shared prefix is
+    shared by two requests of the run.
+    """
+    if k <= 0:
+        return ""
+    if not words:
+        raise ValueError("salt_text needs a non-empty word list")
+    n = len(words)
+    start = int.from_bytes(hashlib.sha256(f"salt\0{salt}".encode()).digest()[:8], "big")
+    stream = hashlib.shake_256(f"slot\0{salt}\0{entry_i}".encode()).digest(4 * k)
+    picks = [words[(start + entry_i) % n]]
+    picks += [words[int.from_bytes(stream[4 * j : 4 * j + 4], "big") % n] for j in range(1, k)]
+    return "".join(" " + w for w in picks)
+
+
+def render_prompt(entry: Entry, salt: str | None, identity: DatasetIdentity) -> str:
+    """The body to send: prefix + (the run's salt slot, or the entry's default) + suffix.
+
+    Its token count is entry['body_tokens'] whatever the salt: every slot word is one token and the
+    slot is bounded by word boundaries on both sides.
+    """
+    if salt is None or identity.salt.k == 0:
+        slot = entry["salt_slot"]
+    else:
+        slot = salt_text(salt, entry["i"], identity.salt.words, identity.salt.k)
+    return entry["prefix"] + slot + entry["suffix"]
+
+
+# ------------------------------------------------------------------------------------ ratio rules
+
+
+def _target(prefix_ratio: float) -> Fraction:
+    # The decimal the user wrote (0.9 is 9/10, not the binary float just above it).
+    return Fraction(repr(prefix_ratio))
+
+
+def _meets(cached: int, chat: int, target: Fraction) -> bool:
+    return chat > 0 and Fraction(cached, chat) >= target
+
+
+def _pct_floor(cached: int, chat: int) -> str:
+    """cached/chat as a percentage truncated to 2 decimals: 117968/131076 is '89.99%', never '90.00%'."""
+    q = cached * 10000 // chat if chat else 0
+    return f"{q // 100}.{q % 100:02d}%"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prefix_tokens: int  # P: body tokens of each group's shared prefix
+    salt_k: int  # K: salt slot words
+    suffix_tokens: int  # unique body tokens after the slot; P + K + suffix = input_tokens
+
+
+def _plan(input_tokens: int, head: int, overhead: int, block: int, target: Fraction, shared: bool) -> _Plan:
+    """Size the shared prefix: the fewest whole blocks of head + prefix reaching the target ratio.
+
+    head: chat-template tokens before the content (shared by every request); overhead: template tokens
+    in total. When the blocks the target needs do not fit (leaving the salt slot and one unique token),
+    the most that fit are used and the entries are reported below the target by the caller.
+    """
+    k = min(SALT_K, input_tokens - 1)
+    if not shared:
+        return _Plan(0, k, input_tokens - k)
+    chat = input_tokens + overhead
+    need = math.ceil(target * chat / block)
+    fit = (input_tokens - k - 1 + head) // block
+    p = max(0, min(need, fit) * block - head)
+    return _Plan(p, k, input_tokens - p - k)
+
+
+# ------------------------------------------------------------------------------------- tokenizers
+
+
+class _Tok(Protocol):
+    head: str  # chat-template text before the content ("" when the template is not counted)
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def chat_batch(self, contents: Sequence[str]) -> list[list[int]]: ...
+
+    def vocab(self) -> dict[str, int]: ...
+
+
+class _FastTok:
+    """The builtin: tokenizers.Tokenizer on tokenizer.json with ChatML, no transformers import."""
+
+    def __init__(self, tok: Any, chat: bool) -> None:
+        self._tok = tok
+        self._chat = chat
+        self.head = _tokenizer.chatml(_SENTINEL).partition(_SENTINEL)[0] if chat else ""
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]:
+        return [len(e) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def chat_batch(self, contents: Sequence[str]) -> list[list[int]]:
+        if not self._chat:
+            return self.encode_batch(contents)
+        return self.encode_batch([_tokenizer.chatml(c) for c in contents])
+
+    def vocab(self) -> dict[str, int]:
+        return dict(self._tok.get_vocab())
+
+
+class _HFTok:
+    """A local transformers tokenizer; the chat count comes from its own apply_chat_template."""
+
+    def __init__(self, tok: Any, chat: bool, name: str) -> None:
+        self._tok = tok
+        self._chat = chat
+        self.head = ""
+        if chat:
+            try:
+                rendered = tok.apply_chat_template(
+                    [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+                )
+            except ValueError as exc:  # transformers: no chat template set
+                raise CaseInvalid(
+                    f"dataset.tokenizer '{name}' has no chat template ({exc})",
+                    "set dataset.chat_template false, use target.api 'completions', "
+                    "or add chat_template.jinja to the tokenizer directory",
+                ) from exc
+            head, sep, _ = str(rendered).partition(_SENTINEL)
+            if not sep:
+                raise CaseInvalid(
+                    f"the chat template of '{name}' does not place the user content verbatim",
+                    "set dataset.chat_template false, or use a tokenizer whose template keeps the content",
+                )
+            self.head = head
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.encode_batch(texts)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(ids) for ids in self._tok(list(texts), add_special_tokens=False)["input_ids"]]
+
+    def chat_batch(self, contents: Sequence[str]) -> list[list[int]]:
+        if not self._chat:
+            return self.encode_batch(contents)
+        template = self._tok.apply_chat_template
+        return [
+            list(template([{"role": "user", "content": c}], tokenize=True, add_generation_prompt=True,
+                          return_dict=False))
+            for c in contents
+        ]
+
+    def vocab(self) -> dict[str, int]:
+        return dict(self._tok.get_vocab())
+
+
+def _open_tokenizer(name: str, chat: bool) -> _Tok:
+    if name == "builtin":
+        return _FastTok(_tokenizer.load_fast(name), chat)
+    return _HFTok(_tokenizer.load(name), chat, name)
+
+
+def _tokenizer_info(name: str, revision: str | None) -> TokenizerInfo:
+    path = _tokenizer.resolve(name)
+    if revision is None:
+        tj = path / "tokenizer.json"
+        if tj.is_file():
+            revision = "sha256:" + sha256_file(tj)
+        else:  # e.g. a GGUF-only directory: hash every regular file, by name
+            h = hashlib.sha256()
+            for f in sorted(p for p in path.iterdir() if p.is_file()):
+                h.update(f.name.encode() + b"\0" + sha256_file(f).encode())
+            revision = "sha256-dir:" + h.hexdigest()
+    return TokenizerInfo(name=name, revision=revision, path=str(path))
+
+
+# ------------------------------------------------------------------------------------------ words
+
+
+@dataclass(frozen=True)
+class _Words:
+    """Word lists measured on one tokenizer."""
+
+    text: list[str]  # words for body text (letters only)
+    text_cost: npt.NDArray[np.int64]  # tokens of " w" for each text word
+    cost: dict[str, int]  # tokens of " w", every known word
+    ones: list[str]  # words whose " w" is one token: fill and salt
+    bare_ones: list[str]  # words that are one token without the space: a prefix's first word
+    maxcost: int
+    mean: float
+
+
+def _measure_words(tok: _Tok, name: str) -> _Words:
+    words = _tokenizer.corpus_words()
+    spaced = tok.count_batch([" " + w for w in words])
+    bare = tok.count_batch(words)
+    cost = dict(zip(words, spaced, strict=True))
+    ones = [w for w, c in cost.items() if c == 1]
+    if len(ones) < SALT_WORDS:
+        # A large real vocabulary holds many more single-token words than the pseudo-English corpus.
+        extra = sorted({m.group(1) for t in tok.vocab() if (m := _VOCAB_WORD.match(t))} - set(cost))[:8192]
+        counts = tok.count_batch([" " + w for w in extra]) if extra else []
+        ones = sorted(set(ones) | {w for w, c in zip(extra, counts, strict=True) if c == 1})
+        cost.update({w: 1 for w in ones})
+    if len(ones) < _MIN_SALT_WORDS:
+        raise CaseInvalid(
+            f"dataset.tokenizer '{name}' has only {len(ones)} single-token words; the salt slot and exact "
+            f"lengths need at least {_MIN_SALT_WORDS}",
+            "use a tokenizer with a word-level vocabulary (BPE or SentencePiece) or the 'builtin' tokenizer",
+        )
+    text = [w for w in words if cost[w] <= 8] or sorted(ones)
+    text_cost = np.array([cost[w] for w in text], dtype=np.int64)
+    return _Words(
+        text=text,
+        text_cost=text_cost,
+        cost=cost,
+        ones=sorted(ones),
+        bare_ones=sorted(w for w, c in zip(words, bare, strict=True) if c == 1),
+        maxcost=int(text_cost.max()),
+        mean=float(text_cost.mean()),
+    )
+
+
+def _indices(key: str, count: int, modulo: int) -> npt.NDArray[np.int64]:
+    """`count` indices below `modulo` from SHAKE-256 of the key: stable across Python/numpy versions."""
+    raw = hashlib.shake_256(key.encode()).digest(4 * count)
+    return np.frombuffer(raw, dtype=">u4").astype(np.int64) % modulo
+
+
+def _join(words: list[str], lead_space: bool) -> str:
+    body = " ".join(words)
+    return " " + body if lead_space and words else body
+
+
+def _draw(key: str, n: int, table: _Words, first: str | None) -> list[str]:
+    """Words whose " w" token costs add up to exactly n (`first`, if given, is one token)."""
+    out: list[str] = []
+    r = n
+    if first is not None and r > 0:
+        out.append(first)
+        r -= 1
+    rounds = 0
+    while r > table.maxcost:
+        idx = _indices(f"{key}/{rounds}", int((r - table.maxcost) / table.mean) + 16, len(table.text))
+        rounds += 1
+        cum = np.cumsum(table.text_cost[idx])
+        # Take words while at least maxcost tokens remain, so the loop never overshoots n.
+        j = max(1, int(np.searchsorted(cum, r - table.maxcost, side="right")))
+        out.extend(table.text[x] for x in idx[:j].tolist())
+        r -= int(cum[j - 1])
+    out.extend(table.ones[x] for x in _indices(f"{key}/fill", r, len(table.ones)).tolist())
+    return out
+
+
+def _length_of(tok: _Tok, before: str, lead: bool) -> Callable[[list[str]], int]:
+    """Token count of `before` + the joined words, by a full encode."""
+    return lambda words: tok.count_batch([before + _join(words, lead)])[0]
+
+
+def _fix(
+    words: list[str], want: int, measure: Callable[[list[str]], int], key: str, table: _Words, what: str
+) -> list[str]:
+    """Trim or extend a word list until `measure` says it is exactly `want` tokens."""
+    for rounds in range(_FIX_ROUNDS):
+        got = measure(words)
+        if got == want:
+            return words
+        if got > want:
+            excess = got - want
+            while excess > 0 and len(words) > 1:
+                excess -= table.cost.get(words.pop(), 1)
+        else:
+            fill = _indices(f"{key}/{rounds}", want - got, len(table.ones)).tolist()
+            words.extend(table.ones[x] for x in fill)
+    raise CaseInvalid(
+        f"could not build {what} of exactly {want} tokens with this tokenizer",
+        "use the 'builtin' tokenizer or one with a ByteLevel/SentencePiece word split",
+    )
+
+
+# ------------------------------------------------------------------------------------- generation
+
+
+@dataclass
+class _Acc:
+    """Per-entry figures accumulated while entries are written."""
+
+    body: list[int]
+    chat: list[int]
+    cached: list[int]
+
+    @classmethod
+    def empty(cls) -> _Acc:
+        return cls([], [], [])
+
+
+@dataclass(frozen=True)
+class _Result:
+    acc: _Acc
+    counting: Counting
+    salt: SaltSlot
+    source_sha256: str | None
+
+
+class _Writer:
+    """entries.jsonl written line by line; only the counts stay in memory."""
+
+    def __init__(self, path: Path) -> None:
+        self._f = path.open("wb")
+        self.acc = _Acc.empty()
+
+    def add(self, entry: Entry) -> None:
+        self._f.write(orjson.dumps(entry) + b"\n")
+        self.acc.body.append(entry["body_tokens"])
+        self.acc.chat.append(entry["chat_tokens"])
+        self.acc.cached.append(entry["expected_cached_tokens"])
+
+    def close(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+
+def _entry(
+    i: int, group: int, prefix: str, slot: str, suffix: str, body: int, chat: int, cached: int, out: int
+) -> Entry:
+    return Entry(
+        i=i, group=group, prefix=prefix, salt_slot=slot, suffix=suffix, body_tokens=body, chat_tokens=chat,
+        expected_cached_tokens=cached, expected_hit_ratio=cached / chat if chat else 0.0, output_tokens=out,
+    )
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for j in range(n):
+        if a[j] != b[j]:
+            return j
+    return n
+
+
+def _sample(n: int, groups: int, seed: int) -> list[int]:
+    """Entries re-encoded whole: both ends, each group's first (up to 8) and two picked by the seed."""
+    picks = {0, n - 1, *range(min(groups, 8, n))}
+    picks.update(int(x) for x in _indices(f"caseledger/sample/{seed}", 2, n).tolist())
+    return sorted(picks)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the constructed generator decided once, before any entry."""
+
+    plan: _Plan
+    overhead: int  # chat tokens - body tokens (template), measured on a probe
+    prefixes: list[str]  # per group, exactly plan.prefix_tokens tokens
+    shared_ids: list[list[int]]  # per group: ids of the chat-template head + prefix (what can be cached)
+    slots: list[str]  # default salt slot per entry
+    salt: SaltSlot
+
+
+def _layout(ds: Any, tok: _Tok, table: _Words, key: str) -> _Layout:
+    n, groups = int(ds.entries), int(ds.prefix_groups) if ds.source == "prefix_cache" else 1
+    head = tok.count_batch([tok.head])[0] if tok.head else 0
+    probe = _join(_draw(f"{key}/probe", 64, table, None), False)
+    overhead = len(tok.chat_batch([probe])[0]) - tok.count_batch([probe])[0]
+    plan = _plan(int(ds.input_tokens), head, overhead, int(ds.block_size), _target(ds.prefix_ratio),
+                 ds.source == "prefix_cache")
+    # Distinct first words keep the groups' prefixes apart from their first token on.
+    bare = table.bare_ones
+    start = int(_indices(f"{key}/firsts", 1, len(bare))[0]) if bare else 0
+    prefixes: list[str] = []
+    for g in range(min(groups, n)):
+        if not plan.prefix_tokens:
+            prefixes.append("")
+            continue
+        first = bare[(start + g) % len(bare)] if bare else None
+        lead = first is None
+        words = _draw(f"{key}/prefix/{g}", plan.prefix_tokens, table, first)
+        words = _fix(words, plan.prefix_tokens, _length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table,
+                     f"prefix {g}")
+        prefixes.append(_join(words, lead))
+    shared_ids = [tok.encode_batch([tok.head + p])[0] if tok.head or p else [] for p in prefixes]
+    salt = SaltSlot(words=table.ones[:SALT_WORDS], k=plan.salt_k)
+    slots = [salt_text(DEFAULT_SALT, i, salt.words, salt.k) for i in range(n)]
+    return _Layout(plan, overhead, prefixes, shared_ids, slots, salt)
+
+
+def _suffixes(key: str, lo: int, hi: int, tokens: int, table: _Words, seen: set[bytes], n: int) -> list[str]:
+    """Unique suffixes " w w ..." of `tokens` tokens (by word costs) for entries lo..hi-1."""
+    out = []
+    for i in range(lo, hi):
+        for attempt in range(100):
+            text = _join(_draw(f"{key}/suffix/{i}/{attempt}", tokens, table, None), True)
+            digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+            if digest not in seen:
+                seen.add(digest)
+                out.append(text)
+                break
+        else:
+            raise CaseInvalid(
+                f"cannot make {n} unique suffixes of {tokens} tokens",
+                "raise dataset.input_tokens, or lower dataset.prefix_ratio or dataset.entries",
+            )
+    return out
+
+
+def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
+    """synthetic and prefix_cache: shared prefix per group + salt slot + unique suffix, exact lengths."""
+    n, block, out = int(ds.entries), int(ds.block_size), int(ds.output_tokens)
+    key = f"caseledger/{GENERATOR_VERSION}/{ds.seed}"
+    table = _measure_words(tok, name)
+    lay = _layout(ds, tok, table, key)
+    plan, groups = lay.plan, len(lay.prefixes)
+    body = plan.prefix_tokens + plan.salt_k + plan.suffix_tokens
+    sample = _sample(n, groups, int(ds.seed))
+    kept: dict[int, str] = {}  # suffixes of the sampled entries, for the boundary check
+
+    # Composed pass: the prefix was tokenized once; each suffix is tokenized alone (and fixed if needed).
+    w = _Writer(path)
+    seen: set[bytes] = set()
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        sufs = _suffixes(key, lo, hi, plan.suffix_tokens, table, seen, n)
+        for i, suf, got in zip(range(lo, hi), sufs, tok.count_batch(sufs), strict=True):
+            if got != plan.suffix_tokens:
+                suf = _join(_fix(suf.split(" ")[1:], plan.suffix_tokens, _length_of(tok, "", True),
+                                 f"{key}/fix/{i}", table, f"suffix {i}"), True)
+            if i in sample:
+                kept[i] = suf
+            g = i % groups
+            cached = len(lay.shared_ids[g]) // block * block
+            w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, body, body + lay.overhead, cached, out))
+    w.close()
+    if _sample_agrees(tok, lay, [(i, kept[i]) for i in sample], w.acc, name):
+        return _Result(w.acc, Counting(method="composed", checked=sample), lay.salt, None)
+
+    # Full pass (a tokenizer whose merges cross the boundaries): every entry encoded whole, its length
+    # fixed against the whole body, its cached tokens taken from the ids it really shares with its group.
+    w = _Writer(path)
+    seen = set()
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        sufs = _suffixes(key, lo, hi, plan.suffix_tokens, table, seen, n)
+        for i, suf in zip(range(lo, hi), sufs, strict=True):
+            g = i % groups
+            before = lay.prefixes[g] + lay.slots[i]
+            suf = _join(_fix(suf.split(" ")[1:], body, _length_of(tok, before, True),
+                             f"{key}/fix/{i}", table, f"entry {i}"), True)
+            chat_ids = tok.chat_batch([before + suf])[0]
+            cached = _lcp(chat_ids, lay.shared_ids[g]) // block * block
+            w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, body, len(chat_ids), cached, out))
+            if i == 0:
+                _check_salt(tok, lay, 0, suf, body, name)
+    w.close()
+    return _Result(w.acc, Counting(method="full", checked=list(range(n))), lay.salt, None)
+
+
+def _sample_agrees(tok: _Tok, lay: _Layout, sample: list[tuple[int, str]], acc: _Acc, name: str) -> bool:
+    """Whole-entry encodes equal the composed counts, and each starts with its group's shared ids?
+
+    Two at a time: an encoding of 128K tokens holds ~100 bytes per token on the tokenizers side.
+    """
+    groups = len(lay.prefixes)
+    for lo in range(0, len(sample), 2):
+        part = sample[lo : lo + 2]
+        bodies = [lay.prefixes[i % groups] + lay.slots[i] + suf for i, suf in part]
+        for (i, _), b, c in zip(part, tok.count_batch(bodies), tok.chat_batch(bodies), strict=True):
+            sid = lay.shared_ids[i % groups]
+            if b != acc.body[i] or len(c) != acc.chat[i] or c[: len(sid)] != sid:
+                return False
+    i0, suf0 = sample[0]
+    _check_salt(tok, lay, i0, suf0, acc.body[i0], name)
+    return True
+
+
+def _check_salt(tok: _Tok, lay: _Layout, i: int, suffix: str, body: int, name: str) -> None:
+    """Two run salts on one entry: the body keeps its token count (the salt slot is count-neutral)."""
+    if lay.salt.k == 0:
+        return
+    prefix = lay.prefixes[i % len(lay.prefixes)]
+    texts = [prefix + salt_text(s, i, lay.salt.words, lay.salt.k) + suffix for s in ("check-a", "check-b")]
+    got = tok.count_batch(texts)
+    if got != [body, body]:
+        raise CaseInvalid(
+            f"dataset.tokenizer '{name}': a salted body has {got} tokens instead of {body}",
+            "the salt slot must be count-neutral; use the 'builtin' tokenizer, or set load.salt false "
+            "and flush the engine's prefix cache before each run",
+        )
+
+
+def _generate_file(ws: Workspace, ds: Any, tok: _Tok, path: Path) -> _Result:
+    """file: JSONL of {"prompt": str, "output_tokens"?: int}, hashed as is, every prompt encoded whole."""
+    src = ws.inside(ds.path, "dataset.path")
+    if not src.is_file():
+        raise CaseInvalid(
+            f"dataset.path '{ds.path}' is not a file in the workspace ({src})",
+            "put a JSONL file of {\"prompt\": ...} lines inside the workspace and give its relative path",
+        )
+    raw = src.read_bytes()
+    rows: list[tuple[str, int]] = []
+    for no, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise CaseInvalid(
+                f"dataset.path '{ds.path}' line {no} is not JSON ({exc})", "write one JSON object per line"
+            ) from exc
+        obj = obj if isinstance(obj, dict) else {}
+        prompt, out = obj.get("prompt"), obj.get("output_tokens", ds.output_tokens)
+        if not (isinstance(prompt, str) and prompt and type(out) is int and out >= 1):
+            raise CaseInvalid(
+                f"dataset.path '{ds.path}' line {no}: expected {{\"prompt\": non-empty string, "
+                "\"output_tokens\": optional int >= 1}",
+                "fix that line of the file",
+            )
+        rows.append((prompt, out))
+        if len(rows) == ds.entries:
+            break
+    if len(rows) < ds.entries:
+        raise CaseInvalid(
+            f"dataset.path '{ds.path}' has {len(rows)} prompts but dataset.entries is {ds.entries} "
+            "(one entry per formal request)",
+            f"add prompts to the file, or lower dataset.entries (and load.requests) to at most {len(rows)}",
+        )
+    head = len(tok.encode_batch([tok.head])[0]) if tok.head else 0
+    cached = head // ds.block_size * ds.block_size
+    w = _Writer(path)
+    for lo in range(0, len(rows), _CHUNK):
+        chunk = rows[lo : lo + _CHUNK]
+        prompts = [p for p, _ in chunk]
+        bodies = [len(ids) for ids in tok.encode_batch(prompts)]
+        chats = [len(ids) for ids in tok.chat_batch(prompts)]
+        for j, ((prompt, out), b, c) in enumerate(zip(chunk, bodies, chats, strict=True)):
+            w.add(_entry(lo + j, 0, "", "", prompt, b, c, cached, out))
+    w.close()
+    return _Result(w.acc, Counting(method="full", checked=list(range(len(rows)))), SaltSlot(words=[], k=0),
+                   sha256_bytes(raw))
+
+
+def _int_stats(xs: list[int]) -> IntStats:
+    return IntStats(min=min(xs), max=max(xs), mean=sum(xs) / len(xs))
+
+
+def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
+    idx = [i for i, (c, t) in enumerate(zip(acc.cached, acc.chat, strict=True)) if not _meets(c, t, target)]
+    if not idx or target == 0:
+        return BelowTarget(count=0, first=[], message=None)
+    best = max(idx, key=lambda i: Fraction(acc.cached[i], acc.chat[i]) if acc.chat[i] else Fraction(0))
+    return BelowTarget(
+        count=len(idx),
+        first=idx[:_BELOW_FIRST],
+        message=(
+            f"{len(idx)} of {len(acc.chat)} entries expect a hit ratio below the target {float(target)}; "
+            f"best of them {_pct_floor(acc.cached[best], acc.chat[best])} ({acc.cached[best]} cached of "
+            f"{acc.chat[best]} {HIT_RATIO_DENOMINATOR}, block {ds.block_size}, source {ds.source}): whole "
+            "cache blocks of the shared prefix cannot reach it; raise dataset.input_tokens, or lower "
+            "dataset.block_size or dataset.prefix_ratio"
+        ),
+    )
+
+
+def _generate(ws: Workspace, case: Case, dataset_id: str, tmp: Path) -> DatasetIdentity:
+    t0 = time.perf_counter()
+    ds = case.dataset
+    api = case.target.api
+    chat = ds.chat_template and api == "chat"
+    tok = _open_tokenizer(ds.tokenizer, chat)
+    entries_path = tmp / ENTRIES_FILE
+    if ds.source == "file":
+        res = _generate_file(ws, ds, tok, entries_path)
+    else:
+        res = _generate_constructed(ds, tok, ds.tokenizer, entries_path)
+    acc = res.acc
+    ratios = [c / t if t else 0.0 for c, t in zip(acc.cached, acc.chat, strict=True)]
+    target = _target(ds.prefix_ratio)
+    identity = DatasetIdentity(
+        dataset_id=dataset_id,
+        content_sha256=sha256_file(entries_path),
+        source=ds.source,
+        source_sha256=res.source_sha256,
+        spec=ds.model_dump(mode="json"),
+        api=api,
+        generator=GENERATOR_VERSION,
+        tokenizer=_tokenizer_info(ds.tokenizer, ds.tokenizer_revision),
+        chat_template_counted=chat,
+        entries=len(acc.body),
+        output_tokens=ds.output_tokens,
+        body_tokens=_int_stats(acc.body),
+        chat_tokens=_int_stats(acc.chat),
+        expected_cached_tokens=_int_stats(acc.cached),
+        expected_hit_ratio=RatioStats(min=min(ratios), max=max(ratios), mean=sum(ratios) / len(ratios)),
+        hit_ratio_denominator=HIT_RATIO_DENOMINATOR,
+        block_size=ds.block_size,
+        prefix_ratio_target=ds.prefix_ratio,
+        below_target=_below(acc, target, ds),
+        salt=res.salt,
+        counting=res.counting,
+        generated_at=datetime.now(UTC),
+        generation_seconds=round(time.perf_counter() - t0, 3),
+    )
+    write_json(tmp / IDENTITY_FILE, identity.model_dump(mode="json"))
+    return identity
+
+
+# ------------------------------------------------------------------------------------ materialize
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock: a second caller waits, then finds the dataset the first one wrote."""
+    with path.open("a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _reuse(ws: Workspace, case: Case, dataset_id: str) -> DatasetIdentity:
+    identity = load_identity(ws, dataset_id)
+    ds = case.dataset
+    if ds.source == "file" and ds.path and identity.source_sha256:
+        src = ws.inside(ds.path, "dataset.path")
+        if src.is_file() and (now := sha256_file(src)) != identity.source_sha256:
+            raise CaseInvalid(
+                f"dataset.path '{ds.path}' changed since dataset {dataset_id} was materialized "
+                f"(sha256 {now[:12]}… now, {identity.source_sha256[:12]}… then)",
+                "restore the file, or save the new prompts under a new path so they get their own dataset id",
+            )
+    return identity
+
+
+def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
+    """The case's dataset: reused when identity.json exists (no tokenizer loaded), else generated once."""
+    case = case.filled()
+    dataset_id = dataset_id_for(case)
+    final = ws.dataset_dir(dataset_id)
+    if (final / IDENTITY_FILE).is_file():
+        return _reuse(ws, case, dataset_id)
+    if case.dataset.source == "file" and case.dataset.path:
+        ws.inside(case.dataset.path, "dataset.path")  # refuse an escape before taking any lock
+    ws.datasets_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(ws.datasets_dir / f".{dataset_id}.lock"):
+        if (final / IDENTITY_FILE).is_file():
+            return _reuse(ws, case, dataset_id)
+        if final.exists():
+            raise CaseInvalid(
+                f"{final} exists without {IDENTITY_FILE}; caseledger writes datasets by an atomic rename",
+                f"move {final} out of the ledger and materialize again",
+            )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dataset_id}.", suffix=".tmp", dir=ws.datasets_dir))
+        try:
+            identity = _generate(ws, case, dataset_id, tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                # Another writer that did not take the lock (e.g. a filesystem without flock) got there first.
+                if (final / IDENTITY_FILE).is_file():
+                    return _reuse(ws, case, dataset_id)
+                raise
+            _fsync_dir(ws.datasets_dir)
+            return identity
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ reads
+
+
+def _existing(ws: Workspace, dataset_id: str, name: str) -> Path:
+    path = ws.dataset_dir(dataset_id) / name
+    if not path.is_file():
+        raise NotFound(
+            f"dataset {dataset_id} has no {name} in {ws.datasets_dir}",
+            "freeze the case again (freeze_case) to materialize its dataset; dataset ids come from "
+            "freeze_case or datasets.materialize",
+        )
+    return path
+
+
+def load_identity(ws: Workspace, dataset_id: str) -> DatasetIdentity:
+    """identity.json of a materialized dataset."""
+    return DatasetIdentity.model_validate(read_json(_existing(ws, dataset_id, IDENTITY_FILE)))
+
+
+def load_entries(ws: Workspace, dataset_id: str) -> list[Entry]:
+    """All entries in order. A group's prefix is held once in memory, however many entries share it."""
+    path = _existing(ws, dataset_id, ENTRIES_FILE)
+    prefixes: dict[str, str] = {}
+    out: list[Entry] = []
+    with path.open("rb") as f:
+        for line in f:
+            e: Entry = orjson.loads(line)
+            e["prefix"] = prefixes.setdefault(e["prefix"], e["prefix"])
+            out.append(e)
+    return out
+
+
+def verify(ws: Workspace, dataset_id: str) -> str:
+    """Recompute the sha256 of entries.jsonl and compare it (and the line count) with the identity."""
+    identity = load_identity(ws, dataset_id)
+    path = _existing(ws, dataset_id, ENTRIES_FILE)
+    h = hashlib.sha256()
+    lines = 0
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            lines += block.count(b"\n")
+    got = h.hexdigest()
+    fix = (f"the file changed after it was materialized; move {path.parent} out of the ledger and freeze "
+           "the case again")
+    if got != identity.content_sha256:
+        raise CaseInvalid(
+            f"dataset {dataset_id}: {ENTRIES_FILE} sha256 is {got[:12]}…, identity.content_sha256 is "
+            f"{identity.content_sha256[:12]}…",
+            fix,
+        )
+    if lines != identity.entries:
+        raise CaseInvalid(f"dataset {dataset_id}: {ENTRIES_FILE} has {lines} lines, identity.entries is "
+                          f"{identity.entries}", fix)
+    return got

@@ -1,0 +1,19 @@
+"""Importers: other tools' raw outputs as caseledger raw records, with their own figures beside ours."""
+
+from caseledger.importers.aisbench import (
+    DIFFERENCES,
+    AisbenchFigure,
+    AisbenchImport,
+    AisbenchImportError,
+    AisbenchSummary,
+    read_aisbench,
+)
+
+__all__ = [
+    "DIFFERENCES",
+    "AisbenchFigure",
+    "AisbenchImport",
+    "AisbenchImportError",
+    "AisbenchSummary",
+    "read_aisbench",
+]

@@ -1,0 +1,461 @@
+"""Reports rendered from saved results: markdown and JSON, never recomputed, never mixing windows.
+
+Every figure is printed inside its window's section with the window's request count, duration and
+divisor; NOT_OBSERVED prints with its reason. Plots are optional (matplotlib), the report is complete
+without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from caseledger.decide import DecisionRecord
+from caseledger.metrics import (
+    Distribution,
+    NotObserved,
+    Ratio,
+    Result,
+    Throughput,
+    WindowResult,
+)
+
+_DIST_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("latency", "ttft", "TTFT"),
+    ("latency", "tpot", "TPOT"),
+    ("latency", "itl", "ITL (chunk gaps)"),
+    ("latency", "itl_token_aware", "ITL (token-aware)"),
+    ("latency", "e2e", "E2E"),
+)
+_TOKEN_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("tokens", "input_body", "input tokens (body)"),
+    ("tokens", "input_chat", "input tokens (chat template)"),
+    ("tokens", "prompt", "prompt tokens (server)"),
+    ("tokens", "output", "output tokens (server)"),
+)
+_RATE_ROWS: tuple[tuple[str, str], ...] = (
+    ("request", "request throughput"),
+    ("output", "output token throughput"),
+    ("input", "input token throughput"),
+    ("total", "total token throughput"),
+)
+
+
+def _f(x: float, digits: int = 4) -> str:
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.{digits}f}"
+
+
+def _no(x: NotObserved) -> str:
+    return f"NOT_OBSERVED ({x.reason})"
+
+
+def _cell(x: object, digits: int = 4) -> str:
+    if isinstance(x, NotObserved):
+        return _no(x)
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float | int):
+        return _f(float(x), digits)
+    if x is None:
+        return "—"
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _window_head(w: WindowResult) -> str:
+    if not w.found:
+        return f"**{w.name}** ({w.rule}): no window — {w.reason}"
+    params = ", ".join(f"{k}={v}" for k, v in w.params.items())
+    return (
+        f"**{w.name}** ({w.rule}{'; ' + params if params else ''}): {w.requests} requests "
+        f"({w.ok} ok, {w.failed} failed), {_f(w.duration_s or 0.0)} s from {_f(w.start_s or 0.0)} s to "
+        f"{_f(w.end_s or 0.0)} s, divisor {w.cards} card(s)"
+    )
+
+
+def _dist_table(w: WindowResult, rows: tuple[tuple[str, str, str], ...]) -> list[str]:
+    body: list[list[object]] = []
+    for group, name, label in rows:
+        d = getattr(getattr(w, group), name)
+        if isinstance(d, Distribution):
+            body.append([label, d.unit, d.mean, d.min, d.p50, d.p75, d.p90, d.p99, d.max, d.count])
+        else:
+            body.append([label, _no(d), "", "", "", "", "", "", "", ""])
+    return _table(["metric", "unit", "mean", "min", "p50", "p75", "p90", "p99", "max", "count"], body)
+
+
+def _rate_row(label: str, t: Throughput | NotObserved) -> list[object]:
+    if isinstance(t, NotObserved):
+        return [label, _no(t), "", ""]
+    return [label, f"{_f(t.value)} {t.unit}", f"{_f(t.per_card)} {t.unit}/card", t.text]
+
+
+def _ratio_row(label: str, r: Ratio | NotObserved) -> list[object]:
+    if isinstance(r, NotObserved):
+        return [label, _no(r), "", ""]
+    return [label, _f(r.value), r.formula, r.text]
+
+
+def _window_section(w: WindowResult) -> list[str]:
+    out = [f"### Window `{w.name}`", "", _window_head(w), ""]
+    out += _table(
+        [
+            "requests",
+            "ok",
+            "failed",
+            "duration s",
+            "cards",
+            "min requests",
+            "meets",
+            "min duration s",
+            "meets",
+            "peak concurrency",
+            "mean concurrency",
+            "start (UTC)",
+        ],
+        [
+            [
+                w.requests,
+                w.ok,
+                w.failed,
+                w.duration_s,
+                w.cards,
+                w.min_requests,
+                w.meets_min_requests,
+                w.min_duration_s,
+                w.meets_min_duration,
+                w.peak_concurrency,
+                w.mean_concurrency,
+                w.start_utc,
+            ]
+        ],
+    )
+    out += ["", f"Latency ({w.name} window, successful requests only):", ""]
+    out += _dist_table(w, _DIST_ROWS)
+    out += ["", f"Tokens per request ({w.name} window):", ""]
+    out += _dist_table(w, _TOKEN_ROWS)
+    out += [
+        "",
+        f"Throughput ({w.name} window, over {_f(w.duration_s or 0.0)} s, per card = / {w.cards}):",
+        "",
+    ]
+    out += _table(
+        ["metric", "value", "per card", "computation"],
+        [_rate_row(label, getattr(w.throughput, name)) for name, label in _RATE_ROWS],
+    )
+    cache = w.cache
+    out += ["", f"Prefix cache ({w.name} window; denominator: {cache.denominator}):", ""]
+    out += _table(
+        ["figure", "value"],
+        [
+            ["requests with cached_tokens", cache.requests_with_cached_tokens],
+            ["cached tokens min / mean / max", _mmm(cache.cached_tokens)],
+            ["hit ratio min / mean / max", _mmm(cache.hit_ratio)],
+            ["hit ratio p50 / p90 / p99", _pct(cache.hit_ratio)],
+            ["case.cache.min_hit_ratio", cache.min_hit_ratio],
+            ["share of requests meeting it", cache.share_meeting_min],
+        ],
+    )
+    out += [
+        "",
+        *_table(
+            ["metric", "value", "per card", "computation"],
+            [
+                _rate_row("nominal input throughput", cache.nominal_input_throughput),
+                _rate_row("uncached (recomputed) input throughput", cache.uncached_input_throughput),
+            ],
+        ),
+    ]
+    spec = w.spec_decode
+    out += [
+        "",
+        f"Speculative decoding ({w.name} window; requested {spec.requested}, source {spec.source or '—'}):",
+        "",
+    ]
+    out += _table(
+        ["figure", "value", "formula", "numbers"],
+        [
+            _ratio_row("acceptance length (AL)", spec.acceptance_length),
+            _ratio_row("AL from counters", spec.acceptance_length_counters),
+            _ratio_row("strict acceptance rate", spec.acceptance_rate),
+        ],
+    )
+    if spec.counters:
+        out += [
+            "",
+            *_table(
+                ["counter", "before", "after", "delta"],
+                [[c.name, c.before, c.after, c.delta] for c in spec.counters],
+            ),
+        ]
+    if w.failed_by_class:
+        out += [
+            "",
+            "Failed requests in this window by class: "
+            + ", ".join(f"{k}={v}" for k, v in w.failed_by_class.items()),
+        ]
+    if w.notes:
+        out += ["", "Notes:", *[f"- {n}" for n in w.notes]]
+    return [*out, ""]
+
+
+def _mmm(d: Distribution | NotObserved) -> str:
+    if isinstance(d, NotObserved):
+        return _no(d)
+    return f"{_f(d.min)} / {_f(d.mean)} / {_f(d.max)}"
+
+
+def _pct(d: Distribution | NotObserved) -> str:
+    if isinstance(d, NotObserved):
+        return _no(d)
+    return f"{_f(d.p50)} / {_f(d.p90)} / {_f(d.p99)}"
+
+
+def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:
+    cols: list[str] = []
+    for v in time_ledger.values():
+        if isinstance(v, dict):
+            cols += [k for k in v if k not in cols]
+    if not cols:
+        return ["step", "seconds"], [[k, v] for k, v in time_ledger.items()]
+    rows: list[list[object]] = []
+    for k, v in time_ledger.items():
+        rows.append(
+            [k, *[v.get(c) for c in cols]] if isinstance(v, dict) else [k, v, *[None] * (len(cols) - 1)]
+        )
+    return ["step", *cols], rows
+
+
+def render_run_md(
+    meta: dict[str, Any], result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
+) -> str:
+    """A complete markdown report of one run from its saved result."""
+    title = meta.get("run_id") or "run"
+    out = [f"# Run {title}", ""]
+    out += _table(["field", "value"], [[k, v] for k, v in meta.items()])
+    out += [
+        "",
+        f"Processor {result.processor_version}, parameters `{result.params_key}`, inputs "
+        f"`{result.inputs_key}`; raw `{result.inputs.raw_path}` sha256 `{result.inputs.raw_sha256 or '—'}` "
+        f"({result.inputs.records} records).",
+        "",
+    ]
+
+    out += ["## Decision", ""]
+    if decision is None:
+        out += ["No decision recorded.", ""]
+    else:
+        out += _table(
+            ["fact", "value"],
+            [
+                ["load ended", decision.load_ended],
+                ["results extracted", decision.results_extracted],
+                ["enough to decide", decision.enough_to_decide],
+                ["outcome", decision.outcome],
+                ["metric", f"{decision.primary_metric} on {decision.window} ({decision.direction})"],
+                ["candidate", decision.candidate.value],
+                ["baseline", decision.baseline.value if decision.baseline else None],
+                ["baseline ref", decision.baseline_ref],
+                ["relative improvement", decision.relative_improvement],
+                ["min effect", decision.min_effect],
+            ],
+        )
+        out += ["", decision.reason, ""]
+        if decision.missing:
+            out += ["Missing evidence:", *[f"- {m}" for m in decision.missing], ""]
+
+    out += ["## Requests and failures", ""]
+    out += [
+        f"{result.requests} requests: {result.ok} ok, {result.failed} failed. {result.failures.note}.",
+        "",
+    ]
+    if result.failures.by_class:
+        out += _table(
+            ["error class", "requests", "first error"],
+            [[k, v, result.failures.first_error.get(k, "")] for k, v in result.failures.by_class.items()],
+        )
+        out.append("")
+    if result.notes:
+        out += ["Notes:", *[f"- {n}" for n in result.notes], ""]
+
+    out += ["## Windows", ""]
+    out += _table(
+        [
+            "window",
+            "rule",
+            "found",
+            "start s",
+            "end s",
+            "duration s",
+            "requests",
+            "ok",
+            "cards",
+            "meets min requests",
+            "meets min duration",
+        ],
+        [
+            [
+                w.name,
+                w.rule,
+                w.found,
+                w.start_s,
+                w.end_s,
+                w.duration_s,
+                w.requests,
+                w.ok,
+                w.cards,
+                w.meets_min_requests,
+                w.meets_min_duration,
+            ]
+            for w in (result.windows.whole, result.windows.native)
+        ],
+    )
+    out += ["", "Figures below are grouped by window; no figure combines two windows.", ""]
+    out += _window_section(result.windows.whole)
+    out += _window_section(result.windows.native)
+
+    out += ["## Concurrency", ""]
+    series = result.concurrency
+    out += [
+        f"Peak {series.peak}; {len(series.t_s)} change points"
+        f"{' (bucketed: maximum per bucket)' if series.bucketed else ''}.",
+        "",
+    ]
+
+    out += ["## Time ledger", ""]
+    if time_ledger:
+        header, rows = _ledger_rows(time_ledger)
+        out += _table(header, rows)
+    else:
+        out.append("No time ledger given.")
+    out += ["", "## Definitions", ""]
+    out += _table(["metric", "definition"], sorted(result.definitions.items()))
+    return "\n".join(out) + "\n"
+
+
+_SIDE_ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("requests ok", "", "", "ok"),
+    ("duration s", "", "", "duration_s"),
+    ("meets minimums", "", "", "meets"),
+    ("output tok/s", "throughput", "output", "value"),
+    ("output tok/s/card", "throughput", "output", "per_card"),
+    ("request req/s", "throughput", "request", "value"),
+    ("total tok/s", "throughput", "total", "value"),
+    ("TTFT p50 ms", "latency", "ttft", "p50"),
+    ("TTFT p99 ms", "latency", "ttft", "p99"),
+    ("TPOT p50 ms", "latency", "tpot", "p50"),
+    ("TPOT p99 ms", "latency", "tpot", "p99"),
+    ("ITL p50 ms", "latency", "itl", "p50"),
+    ("ITL token-aware p50 ms", "latency", "itl_token_aware", "p50"),
+    ("E2E p50 ms", "latency", "e2e", "p50"),
+    ("E2E p99 ms", "latency", "e2e", "p99"),
+    ("cache hit ratio mean", "cache", "hit_ratio", "mean"),
+    ("uncached input tok/s", "cache", "uncached_input_throughput", "value"),
+    ("AL", "spec_decode", "acceptance_length", "value"),
+)
+
+
+def _side_value(w: WindowResult, group: str, figure: str, stat: str) -> object:
+    if not group:
+        if stat == "meets":
+            return w.meets_min_requests and w.meets_min_duration
+        return getattr(w, stat)
+    if not w.found:
+        return "no window"
+    fig = getattr(getattr(w, group), figure)
+    if isinstance(fig, NotObserved):
+        return "NOT_OBSERVED"
+    return getattr(fig, stat)
+
+
+def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
+    """Runs side by side: one table for the whole windows, one for the native windows; never mixed."""
+    header = ["metric", *[f"{run_id} ({case_id})" for run_id, case_id, _ in rows]]
+    out: list[str] = []
+    for name in ("whole", "native"):
+        wins: list[WindowResult] = [getattr(r.windows, name) for _, _, r in rows]
+        rules = sorted(
+            {f"{w.rule}" + (f" r={w.params.get('ratio')}" if w.rule == "sglang" else "") for w in wins}
+        )
+        out += [f"## {name} vs {name}", ""]
+        if len(rules) > 1:
+            out += [
+                f"Warning: the {name} windows use different rules ({', '.join(rules)}); compare with care.",
+                "",
+            ]
+        body = [[label, *[_side_value(w, g, f, s) for w in wins]] for label, g, f, s in _SIDE_ROWS]
+        out += _table(header, body)
+        out.append("")
+    return "\n".join(out)
+
+
+def report_json(
+    meta: dict[str, Any], result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The report as JSON: meta, a per-window headline, the full result, the decision and the time ledger."""
+    headline: dict[str, dict[str, Any]] = {}
+    for name in ("whole", "native"):
+        w: WindowResult = getattr(result.windows, name)
+        headline[name] = {
+            label: (v.model_dump(mode="json") if isinstance(v, NotObserved) else v)
+            for label, g, f, s in _SIDE_ROWS
+            for v in [_side_value(w, g, f, s)]
+        }
+    return {
+        "meta": meta,
+        "headline": headline,
+        "result": result.model_dump(mode="json"),
+        "decision": decision.model_dump(mode="json") if decision else None,
+        "time_ledger": time_ledger,
+    }
+
+
+def render_plots(
+    result: Result, out_dir: Path, latencies_ms: dict[str, Sequence[float]] | None = None
+) -> list[Path]:
+    """Optional PNGs (latency CDFs from per-request samples; concurrency with the native window shaded).
+
+    Returns the files written; [] when matplotlib is not importable (the markdown report is complete
+    without plots).
+    """
+    try:
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.step(result.concurrency.t_s, result.concurrency.c, where="post", label="concurrency")
+    native = result.windows.native
+    if native.found and native.start_s is not None and native.end_s is not None:
+        ax.axvspan(native.start_s, native.end_s, alpha=0.2, label=f"native ({native.rule})")
+    ax.set_xlabel("s after first send")
+    ax.set_ylabel("requests in flight")
+    ax.legend()
+    path = out_dir / "concurrency.png"
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    written.append(path)
+    if latencies_ms:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, values in latencies_ms.items():
+            xs = sorted(values)
+            if xs:
+                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
+        ax.set_xlabel("ms")
+        ax.set_ylabel("CDF")
+        ax.legend()
+        path = out_dir / "latency_cdf.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,201 @@
+"""The case model, the impact table, freezing, delta and plan, bad input."""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from caseledger.case import IMPACT, Case, Impact, impact_of
+from caseledger.errors import CaseInvalid, NotFound, PathEscapes
+from caseledger.schema import SCHEMAS_DIR, case_schema
+from caseledger.tools import freeze_case
+from caseledger.workspace import Workspace
+from tests.conftest import ref_draft, write_draft
+
+
+def _leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        path = f"{prefix}{name}"
+        ann = f.annotation
+        args = typing.get_args(ann) or (ann,)
+        sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None:
+            out += _leaves(sub, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
+def test_every_case_field_has_an_impact_class() -> None:
+    leaves = _leaves(Case)
+    assert "load.concurrency" in leaves and "service.reference.slots" in leaves
+    for path in leaves:
+        impact_of(path)  # raises KeyError when a field has no class
+    assert impact_of("load.concurrency") == Impact.LOAD
+    assert impact_of("service.argv") == Impact.SERVICE
+    assert impact_of("measurement.native.rule") == Impact.MEASUREMENT
+    assert IMPACT["parent"] is None
+
+
+def test_every_field_has_a_description() -> None:
+    def walk(model: type[BaseModel], prefix: str = "") -> None:
+        for name, f in model.model_fields.items():
+            assert f.description, f"{prefix}{name} has no description"
+            for a in typing.get_args(f.annotation) or (f.annotation,):
+                if isinstance(a, type) and issubclass(a, BaseModel):
+                    walk(a, f"{prefix}{name}.")
+    walk(Case)
+
+
+def test_schema_file_is_not_stale() -> None:
+    on_disk = (SCHEMAS_DIR / "case.schema.json").read_bytes()
+    assert on_disk == case_schema(), "schemas/case.schema.json is stale: run `caseledger schema`"
+
+
+def test_example_drafts_point_at_the_schema_and_validate() -> None:
+    drafts = sorted((Path(__file__).parent.parent / "cases").glob("*.json"))
+    assert drafts
+    for p in drafts:
+        d = orjson.loads(p.read_bytes())
+        assert d["$schema"] == "../schemas/case.schema.json", p
+        Case.model_validate(d)
+
+
+def test_freeze_fills_defaults_and_is_idempotent(ws: Workspace) -> None:
+    p = write_draft(ws, "a.json", ref_draft(18001))
+    a = freeze_case(ws, str(p))
+    assert a.created and a.case_id.startswith("c-")
+    stored = orjson.loads(Path(a.path).read_bytes())
+    assert stored["dataset"]["entries"] == 8  # filled from load.requests, visible after freezing
+    assert stored["load"]["max_tokens"] == 8
+    assert stored["load"]["arrival"] == "poisson"
+    assert not os.access(a.path, os.W_OK) or os.geteuid() == 0
+    assert oct(Path(a.path).stat().st_mode & 0o777) == "0o444"
+    before = sorted(x.name for x in ws.frozen_dir.iterdir())
+    mtime = Path(a.path).stat().st_mtime_ns
+    b = freeze_case(ws, str(p))
+    assert b.case_id == a.case_id and not b.created
+    assert sorted(x.name for x in ws.frozen_dir.iterdir()) == before
+    assert Path(a.path).stat().st_mtime_ns == mtime
+    assert [s.phase for s in a.plan][0] == "preflight" and a.delta == []
+
+
+def test_concurrency_only_child_is_the_hot_path(ws: Workspace) -> None:
+    base = freeze_case(ws, str(write_draft(ws, "a.json", ref_draft(18001))))
+    child = freeze_case(ws, draft=ref_draft(18001, load={"requests": 8, "concurrency": 4}), parent=base.case_id)
+    assert [(d.path, d.old, d.new, d.impact) for d in child.delta] == [("load.concurrency", 2, 4, Impact.LOAD)]
+    plan = {s.phase: s.action for s in child.plan}
+    assert plan["service"] == plan["warmup"] == plan["route_verify"] == "reuse"
+    assert plan["load"] == "run"
+
+
+def test_requests_change_keeps_the_hot_path(ws: Workspace) -> None:
+    base = freeze_case(ws, draft=ref_draft(18001))
+    child = freeze_case(ws, draft=ref_draft(18001, load={"requests": 16, "concurrency": 2}), parent=base.case_id)
+    assert {d.path: d.impact for d in child.delta} == {"load.requests": Impact.LOAD, "dataset.entries": Impact.LOAD}
+    assert {s.phase: s.action for s in child.plan}["service"] == "reuse"
+
+
+def test_service_argv_change_runs_everything(ws: Workspace) -> None:
+    d = ref_draft(18001, service={"adapter": "command", "argv": ["srv", "--port", "{port}"]})
+    base = freeze_case(ws, draft=d)
+    d2 = ref_draft(18001, service={"adapter": "command", "argv": ["srv", "--port", "{port}", "--fast"]})
+    child = freeze_case(ws, draft=d2, parent=base.case_id)
+    plan = {s.phase: s.action for s in child.plan}
+    assert plan["service"] == plan["warmup"] == plan["route_verify"] == "run"
+    assert child.delta[0].path == "service.argv" and child.delta[0].impact == Impact.SERVICE
+
+
+def test_measurement_only_child_needs_no_new_load(ws: Workspace) -> None:
+    base = freeze_case(ws, draft=ref_draft(18001))
+    child = freeze_case(ws, draft=ref_draft(18001, measurement={"native": {"rule": "sglang"}}), parent=base.case_id)
+    plan = {s.phase: s.action for s in child.plan}
+    assert plan["load"] == "reuse" and plan["postprocess"] == "run"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["load"].update(concurrency=-1), "load.concurrency"),
+        (lambda d: d.update(bogus=1), "bogus"),
+        (lambda d: d["load"].pop("requests"), "load.requests"),
+        (lambda d: d["target"].update(endpoints=[]), "target.endpoints"),
+        (lambda d: d["dataset"].update(source="file"), "dataset.path"),
+        (lambda d: d["service"].update(adapter="vlm"), "service.adapter"),
+    ],
+)
+def test_bad_drafts_name_the_field_and_write_nothing(ws: Workspace, mutate: Any, field: str) -> None:
+    d = ref_draft(18001)
+    mutate(d)
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=d)
+    assert field in str(e.value) and "fix" not in e.value.message.lower()[:0]
+    assert e.value.fix
+    assert not ws.ledger.exists() or not any(ws.ledger.rglob("*.json")) or not ws.frozen_dir.exists()
+
+
+def test_unknown_parent_and_bad_ids(ws: Workspace) -> None:
+    with pytest.raises(NotFound) as e:
+        freeze_case(ws, draft=ref_draft(18001), parent="c-000000000000")
+    assert "freeze" in e.value.fix
+    with pytest.raises(CaseInvalid):
+        freeze_case(ws, draft=ref_draft(18001), parent="../../etc")
+    with pytest.raises(PathEscapes):
+        ws.run("r-../x")
+    assert not ws.frozen_dir.exists()
+
+
+def test_dataset_file_outside_workspace_is_refused(ws: Workspace, tmp_path: Path) -> None:
+    outside = tmp_path / "prompts.jsonl"
+    outside.write_text('{"prompt": "hi"}\n' * 8)
+    d = ref_draft(18001, dataset={"source": "file", "path": "../prompts.jsonl"})
+    with pytest.raises(PathEscapes) as e:
+        freeze_case(ws, draft=d)
+    assert "dataset.path" in str(e.value)
+    assert not ws.frozen_dir.exists()
+
+
+def test_malformed_json_file(ws: Workspace) -> None:
+    p = ws.cases_dir / "bad.json"
+    p.write_text("{not json")
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, str(p))
+    assert "not valid JSON" in str(e.value)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["load.concurrency", "load.requests", "load.rate", "dataset.input_tokens",
+                             "target.endpoints", "scenario", "service.adapter", "extra", "load.arrival"]),
+       value=json_values)
+def test_random_drafts_either_freeze_or_fail_cleanly(ws: Workspace, path: str, value: Any) -> None:
+    d = ref_draft(18001)
+    node = d
+    *head, last = path.split(".")
+    for k in head:
+        node = node[k]
+    node[last] = value
+    before = set(ws.frozen_dir.iterdir()) if ws.frozen_dir.exists() else set()
+    try:
+        r = freeze_case(ws, draft=d)
+    except CaseInvalid as e:
+        assert e.fix and ("." in e.message or "case" in e.message)
+        after = set(ws.frozen_dir.iterdir()) if ws.frozen_dir.exists() else set()
+        assert after == before
+    else:
+        assert Path(r.path).exists()

@@ -1,0 +1,211 @@
+"""Runs against real processes on loopback: controller, load client, reference target, leases, faults."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+
+from caseledger import ledger, services
+from caseledger.errors import TargetHeld
+from caseledger.ledger import read_events
+from caseledger.state import fold
+from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.workspace import Workspace
+from tests.conftest import free_port, ref_draft
+
+pytestmark = pytest.mark.slow
+
+
+def stats(port: int) -> dict[str, Any]:
+    r = httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5)
+    return dict(r.json())
+
+
+def wait_state(ws: Workspace, run_id: str, pred: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = phase_status(ws, run_id)
+        if pred(s):
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last status:\n{phase_status(ws, run_id).text()}")
+
+
+def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services: None) -> None:
+    port = free_port()
+    base = freeze_case(ws, draft=ref_draft(port))
+    r1 = start_run(ws, base.case_id, wait=True)
+    assert r1.preflight == "passed" and r1.state == "succeeded", r1.text()
+    events = read_events(ws.run(r1.run_id)).events
+    for phase in ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end",
+                  "postprocess", "decide"):
+        started = [e for e in events if e["phase"] == phase and e["type"] == "phase_started"]
+        ended = [e for e in events if e["phase"] == phase and e["type"] == "phase_ended"]
+        assert len(started) == 1 and len(ended) == 1, phase
+        assert ended[0]["outputs"]["evidence"], phase  # sha256 of the evidence file
+        assert ws.run(r1.run_id).phase_file(phase).exists()
+    s1 = stats(port)
+    assert s1["by_phase"]["load"] == 8 and s1["by_phase"]["warmup"] == 2
+
+    child = freeze_case(ws, draft=ref_draft(port, load={"requests": 8, "concurrency": 4}), parent=base.case_id)
+    r2 = start_run(ws, child.case_id, wait=True)
+    assert r2.state == "succeeded", r2.text()
+    v = fold(ws, r2.run_id)
+    assert v.phases["service"].state.value == "reused"
+    assert v.phases["warmup"].state.value == "reused" and v.phases["route_verify"].state.value == "reused"
+    s2 = stats(port)
+    assert s2["pid"] == s1["pid"] and s2["started_at"] == s1["started_at"]  # not restarted
+    assert s2["by_phase"]["warmup"] == 2 and s2["by_phase"]["route_verify"] == 1  # not repeated
+    assert s2["by_phase"]["load"] == 16
+    st = orjson.loads((ws.services_dir / f"{v.meta['target_key']}.json").read_bytes())
+    assert st["starts"] == 1
+
+
+def slow_draft(port: int, **over: Any) -> dict[str, Any]:
+    """About 5 s of formal load: long enough to kill things in the middle of it."""
+    base: dict[str, Any] = {
+        "service": {"reference": {"decode_step_s": 0.02, "decode_step_per_seq_s": 0.0,
+                                  "prefill_tokens_per_s": 200000, "slots": 8}},
+        "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 48},
+        "load": {"requests": 8, "concurrency": 2},
+    }
+    for k, v in over.items():
+        base[k] = {**base[k], **v} if isinstance(v, dict) and k in base else v
+    return ref_draft(port, **base)
+
+
+def test_killed_controller_leaves_load_running_and_resume_finishes(
+        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=slow_draft(port))
+    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_during=load")
+    r = start_run(ws, case.case_id)
+    monkeypatch.delenv("CASELEDGER_FAULT")
+    s = wait_state(ws, r.run_id, lambda s: not s.owner_alive)
+    assert s.client_alive, s.text()  # the load client outlives its controller
+    assert s.state == "running" and s.load_ended == "no"
+    with pytest.raises(TargetHeld):  # the lease stays with the run while its client runs
+        other = freeze_case(ws, draft=slow_draft(port, note="other"))
+        start_run(ws, other.case_id)
+    res = resume(ws, r.run_id, wait=True)
+    assert res.reattached and res.state == "succeeded", res.text()
+    assert "preflight" in res.kept and "service" in res.kept
+    assert stats(port)["by_phase"]["load"] == 8  # exactly N formal requests, none re-sent
+    ev = read_events(ws.run(r.run_id)).events
+    assert len([e for e in ev if e["type"] == "load_client_started"]) == 1
+
+
+def test_killed_load_client_keeps_records_and_never_claims_success(
+        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=slow_draft(port))
+    monkeypatch.setenv("CASELEDGER_FAULT", "load:exit_after=3")
+    r = start_run(ws, case.case_id, wait=True)
+    monkeypatch.delenv("CASELEDGER_FAULT")
+    s = phase_status(ws, r.run_id)
+    assert s.state in ("end_unknown", "failed") and s.state != "succeeded"
+    assert s.failure_class == "end_unknown"
+    assert s.done == 3 and s.sent >= 3 and s.load_ended in ("unknown", "no")
+    lines = ws.run(r.run_id).raw.read_bytes().splitlines()
+    assert len(lines) == 3 and all(orjson.loads(x)["ok"] for x in lines)
+    assert "resume" in s.next_call and len(s.text().encode()) < 600
+
+
+def test_effective_argv_mismatch_fails_in_service_before_load(ws: Workspace, stop_services: None,
+                                                               tmp_path: Path) -> None:
+    port = free_port()
+    wrapper = tmp_path / "serve.sh"
+    # a launcher that appends an override: the seeds' "DP16 in the script, DP4 at the end" incident
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m caseledger.target serve "$@" --config-json '
+                       "'{\"slots\": 1}'\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    argv = [str(wrapper), "--host", "{host}", "--port", "{port}", "--model", "ref-model"]
+    case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "command", "argv": argv}))
+    r = start_run(ws, case.case_id, wait=True)
+    s = phase_status(ws, r.run_id)
+    assert s.state == "failed" and s.phase == "service" and s.failure_class == "service"
+    assert "--config-json" in (s.blocker or "")
+    assert s.sent == 0 and not ws.run(r.run_id).raw.exists()
+
+
+def test_second_start_on_a_held_target_fails_at_once(ws: Workspace, stop_services: None) -> None:
+    port = free_port()
+    a = freeze_case(ws, draft=slow_draft(port))
+    b = freeze_case(ws, draft=slow_draft(port, load={"requests": 8, "concurrency": 4}))
+    r1 = start_run(ws, a.case_id)
+    t0 = time.monotonic()
+    with pytest.raises(TargetHeld) as e:
+        start_run(ws, b.case_id)
+    assert time.monotonic() - t0 < 5  # refused, never queued
+    assert r1.run_id in str(e.value) and "pid" in str(e.value) and "phase_status" in e.value.fix
+    assert len(list(ws.runs_dir.iterdir())) == 1  # the refused start wrote no run
+    wait_state(ws, r1.run_id, lambda s: s.state == "succeeded", timeout=90)
+    assert stats(port)["by_phase"]["load"] == 8
+
+
+def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    port = free_port()
+    log = (tmp_path / "t.log").open("wb")
+    p = subprocess.Popen([sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port",
+                          str(port), "--model", "ref-model"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not services.health_ok(f"http://127.0.0.1:{port}/health") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "external"}))
+        monkeypatch.setenv("CASELEDGER_FAULT", "preflight:connect")
+        r = start_run(ws, case.case_id)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.preflight == "failed"
+        assert "PermissionError" in (r.preflight_error or "") or "forbids" in (r.preflight_error or "")
+        s = wait_state(ws, r.run_id, lambda s: not s.owner_alive)
+        assert s.failure_class == "before_model" and s.sent == 0
+        assert stats(port)["requests_total"] == 0
+        lease = ledger.read_lease(ws, fold(ws, r.run_id).meta["target_key"])
+        assert lease is not None and not lease.live()  # released: a before_model failure holds nothing
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def test_torn_event_line_is_tolerated_and_reported(ws: Workspace) -> None:
+    from caseledger.workspace import RunPaths
+
+    paths = RunPaths(ws.runs_dir / "r-00000001")
+    paths.root.mkdir(parents=True)
+    ledger.append_event(ws, paths, "run_created")
+    with paths.events.open("ab") as f:
+        f.write(b'{"seq": 2, "type": "phase_sta')
+    log = read_events(paths)
+    assert log.torn_tail and len(log.events) == 1
+    ev = ledger.append_event(ws, paths, "note")
+    assert ev["seq"] == 2
+    log = read_events(paths)
+    assert [e["type"] for e in log.events] == ["run_created", "note"] and log.bad_lines == 1
+
+
+def test_stale_fence_is_refused(ws: Workspace) -> None:
+    from caseledger.errors import FenceRejected
+    from caseledger.workspace import RunPaths
+
+    paths = RunPaths(ws.runs_dir / "r-00000002")
+    paths.root.mkdir(parents=True)
+    a = ledger.acquire(ws, "t-abc", "r-00000002", owner=None)
+    b = ledger.acquire(ws, "t-abc", "r-00000002", owner=None, same_run_ok=True)
+    assert b.fence == a.fence + 1
+    with pytest.raises(FenceRejected):
+        ledger.append_event(ws, paths, "x", fence=a.fence, target="t-abc")
+    with pytest.raises(FenceRejected):
+        ledger.renew(ws, "t-abc", "r-00000002", a.fence)
+    ledger.append_event(ws, paths, "x", fence=b.fence, target="t-abc")
+    assert os.path.getsize(paths.events) > 0
