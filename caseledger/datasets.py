@@ -274,12 +274,14 @@ class _FastTok:
         self._tok = tok
         self._chat = chat
         self.head = _tokenizer.chatml(_SENTINEL).partition(_SENTINEL)[0] if chat else ""
+        # encode_batch_fast (tokenizers >= 0.20) skips offsets: same ids, about 25% faster.
+        self._batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
     def count_batch(self, texts: Sequence[str]) -> list[int]:
-        return [len(e) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [len(e) for e in self._batch(list(texts), add_special_tokens=False)]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._batch(list(texts), add_special_tokens=False)]
 
     def chat_batch(self, contents: Sequence[str]) -> list[list[int]]:
         if not self._chat:

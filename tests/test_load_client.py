@@ -3,20 +3,25 @@ process end to end (files, server-side request counts) and after a kill."""
 
 from __future__ import annotations
 
-import socket
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
 import orjson
+import pytest
 
 from caseledger.load import RequestSpec, SSEParser, plan_from_run_dir, run_requests
 from caseledger.load.client import PHASE_HEADER
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
+from tests.conftest import free_port
 from tests.test_load_plan import make_run_dir
 
 URL = "http://target.test/v1/chat/completions"
@@ -41,7 +46,8 @@ def chat_chunk(content: str | None = None, *, role: str | None = None, finish: s
         delta["content"] = content
     obj: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     if completion is not None:
-        obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                        "total_tokens": prompt + completion}
     return obj
 
 
@@ -108,7 +114,8 @@ def test_record_counts_content_chunks_only_and_attributes_continuous_usage_token
     assert rec["send_ns"] <= rec["chunk_ns"][0] <= rec["chunk_ns"][1] <= rec["chunk_ns"][2] <= rec["end_ns"]
     assert (rec["prompt_tokens"], rec["completion_tokens"], rec["cached_tokens"]) == (10, 4, 8)
     assert rec["finish_reason"] == "length"
-    assert (rec["i"], rec["entry"], rec["route"], rec["input_tokens_body"], rec["input_tokens_chat"]) == (0, 100, 0, 7, 12)
+    assert (rec["i"], rec["entry"], rec["route"]) == (0, 100, 0)
+    assert (rec["input_tokens_body"], rec["input_tokens_chat"]) == (7, 12)
     assert seen[0].headers[PHASE_HEADER] == "warmup"
     assert seen[0].headers["authorization"] == "Bearer sk-test"
     assert set(rec) == set(RawRecord.__annotations__)
@@ -156,12 +163,6 @@ def test_stream_without_finish_reason_is_incomplete_and_error_event_is_stream() 
     assert rec["error_class"] == "incomplete" and not rec["ok"] and len(rec["chunk_ns"]) == 1
     (rec,) = run([spec()], streaming(sse(chat_chunk("a"), {"error": {"message": "engine died"}})))
     assert rec["error_class"] == "stream" and "engine died" in (rec["error"] or "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_connection_refused_is_a_connection_error_record() -> None:
@@ -218,7 +219,8 @@ def test_cancelled_run_records_in_flight_requests_as_client_errors() -> None:
 
     anyio.run(go)
     assert sorted(r["i"] for r in got) == [0, 1]  # request 2 was never sent, so it has no record
-    assert all(r["error_class"] == "client" and r["error"] == "cancelled" and len(r["chunk_ns"]) == 1 for r in got)
+    assert all(r["error_class"] == "client" and r["error"] == "cancelled" for r in got)
+    assert all(len(r["chunk_ns"]) == 1 for r in got)  # what arrived before the cancel is kept
 
 
 # ---- the formal load process ------------------------------------------------------------------------
@@ -230,11 +232,12 @@ FAST_TARGET = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.001, "decode_step
 def test_public_api_all_is_sorted_and_complete() -> None:
     import caseledger.load as pkg
 
-    public = {n for n, v in vars(pkg).items() if not n.startswith("_") and getattr(v, "__module__", "").startswith(
-        "caseledger.load")}
+    public = {n for n, v in vars(pkg).items()
+              if not n.startswith("_") and getattr(v, "__module__", "").startswith("caseledger.load")}
     assert pkg.__all__ == sorted(pkg.__all__) and set(pkg.__all__) == public
 
 
+@pytest.mark.slow
 def test_load_client_start_up_imports_neither_mcp_nor_transformers() -> None:
     code = "import sys, caseledger.load.__main__; print(sorted({m.split('.')[0] for m in sys.modules} & " \
            "{'mcp', 'transformers', 'torch', 'tokenizers', 'uvicorn', 'starlette'}))"
@@ -252,12 +255,13 @@ class Target:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     port = free_port()
     log = (tmp_path_factory.mktemp("target") / "target.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--model", "ref-model", "--config-json", orjson.dumps(FAST_TARGET).decode(),
-                             "--log-level", "warning"], stdout=log, stderr=log)
+    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--model", "ref-model", "--config-json", orjson.dumps(FAST_TARGET).decode(),
+            "--log-level", "warning"]
+    proc = subprocess.Popen(argv, stdout=log, stderr=log)
     t = Target(proc, port)
     deadline = time.monotonic() + 30
     while True:
@@ -283,12 +287,15 @@ def load_draft(port: int, requests: int, concurrency: int, **load: Any) -> dict[
     }
 
 
-def run_client(paths: RunPaths, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_client(
+    paths: RunPaths, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True,
                           text=True, timeout=timeout, env=full)
 
 
+@pytest.mark.slow
 def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_n(
     target: Target, tmp_path: Path
 ) -> None:
@@ -322,13 +329,15 @@ def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_
     anchor = read_json(paths.load_anchor)
     assert anchor["mono_ns"] <= end["first_send_ns"] and anchor["wall_utc"].endswith("Z")
     pid = read_json(paths.load_pid)
-    assert set(pid) == {"pid", "start_time", "host"} and isinstance(pid["start_time"], int) and pid["start_time"] > 0
+    assert set(pid) == {"pid", "start_time", "host"}
+    assert isinstance(pid["start_time"], int) and pid["start_time"] > 0
 
     again = run_client(paths)  # formal requests are never sent twice
     assert again.returncode == 3 and "refused" in again.stderr
     assert target.by_phase().get("load", 0) - before == 12
 
 
+@pytest.mark.slow
 def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_end_file(
     target: Target, tmp_path: Path
 ) -> None:
@@ -342,11 +351,12 @@ def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_e
     assert again.returncode == 3 and "not empty" in again.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target, tmp_path: Path) -> None:
     # 4000 tokens at 1 ms per step: each request streams for ~4 s, so SIGTERM lands mid-stream
     paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(target.port, 6, 3, max_tokens=4000))
-    proc = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not (paths.load_progress.exists() and read_json(paths.load_progress)["sent"] == 3):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -360,7 +370,9 @@ def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target
     assert len(recs) == 3 and all(r["error_class"] == "client" and len(r["chunk_ns"]) > 0 for r in recs)
 
 
-def test_refuses_when_the_load_already_started_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_refuses_when_the_load_already_started_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from caseledger.load.__main__ import main
 
     paths = RunPaths(tmp_path / "r-000000000001")

@@ -1,0 +1,333 @@
+"""MCP wiring: the six tools as thin adapters, two resources, the stdio and streamable HTTP transports.
+
+Nothing here decides anything: every tool calls the plain function in `caseledger.tools` in a worker
+thread (they spawn processes and poll), returns its short `.text()` as the text content and the validated
+model as structured content, and turns a `CaseledgerError` into a tool error naming the fix.
+"""
+
+# No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
+
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+import anyio
+import anyio.to_thread
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from caseledger import handoff, tools
+from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized
+from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
+from caseledger.workspace import Workspace, check_id
+
+log = logging.getLogger("caseledger.server")
+
+
+
+class _Result(Protocol):
+    """What every tools.*Result offers: the short answer and the structured form."""
+
+    def text(self) -> str: ...
+
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
+HEARTBEAT_S = 2.0  # progress cadence while a blocking tool runs (only sent when the client asked)
+MIN_TOKEN_CHARS = 16
+
+INSTRUCTIONS = """\
+caseledger runs LLM-serving performance experiments from frozen cases and keeps every fact in an on-disk ledger.
+New session: read the resource caseledger://handoff first (a few lines: state and the one next action).
+Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run_id) until it says done \
+-> summarize(run_ids). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
+requests). Every answer ends with 'next: ...' naming the call to make."""
+
+_RUN_ID = Field(description="Run id exactly as returned by start_run, e.g. 'r-1a2b3c4d'", examples=["r-1a2b3c4d"])
+
+
+def _answer(result: _Result) -> CallToolResult:
+    """Short text for the model, full structured content (validated by the SDK against the tool's outputSchema)."""
+    return CallToolResult(content=[TextContent(type="text", text=result.text())],
+                          structured_content=result.model_dump(mode="json"))
+
+
+def _tool_error(e: CaseledgerError) -> ToolError:
+    fix = e.fix or "phase_status() shows where the latest run stands"
+    return ToolError(f"{e.message}; fix: {fix}")
+
+
+async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]) -> CallToolResult:
+    """Run a blocking tool function in a worker thread; heartbeat progress while it runs; map errors."""
+
+    async def heartbeat() -> None:
+        t0 = anyio.current_time()
+        while True:
+            await anyio.sleep(HEARTBEAT_S)
+            elapsed = anyio.current_time() - t0
+            try:
+                await ctx.report_progress(elapsed, None, f"{what}: {elapsed:.0f}s")
+            except Exception:  # noqa: BLE001 - a lost progress channel must not fail the call itself
+                log.debug("progress notification failed", exc_info=True)
+                return
+
+    outcome: list[_Result | Exception] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        try:
+            outcome.append(await anyio.to_thread.run_sync(fn))
+        except Exception as e:  # noqa: BLE001 - re-raised below, outside the task group (no exception group)
+            outcome.append(e)
+        finally:
+            tg.cancel_scope.cancel()
+    result = outcome[0]
+    if isinstance(result, CaseledgerError):
+        raise _tool_error(result) from result
+    if isinstance(result, Exception):
+        raise result  # a bug: the SDK logs the traceback and answers "Error executing tool <name>"
+    return _answer(result)
+
+
+def build_server(ws: Workspace) -> MCPServer:
+    """The caseledger MCP server over one workspace: six tools, the handoff and per-run report resources."""
+    try:
+        version = metadata.version("caseledger")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        version = "0"
+    mcp: MCPServer = MCPServer("caseledger", version=version, instructions=INSTRUCTIONS)
+
+    @mcp.tool(
+        name="freeze_case",
+        annotations=ToolAnnotations(title="Freeze a case draft", read_only_hint=False, idempotent_hint=True,
+                                    destructive_hint=False, open_world_hint=False),
+    )
+    async def freeze_case(
+        ctx: Context[Any, Any],
+        path: Annotated[str | None, Field(
+            description="Workspace-relative path of a case draft JSON file, e.g. 'cases/ref-baseline.json'. "
+                        "Give path or draft, not both.", examples=["cases/ref-baseline.json"])] = None,
+        draft: Annotated[dict[str, Any] | None, Field(
+            description="An inline case draft: the same JSON object a cases/*.json file holds "
+                        "(scenario, target, service, dataset, load, ...). Give path or draft, not both.")] = None,
+        parent: Annotated[str | None, Field(
+            description="Parent case id (e.g. 'c-1a2b3c4d5e6f'); overrides the draft's parent. The answer lists "
+                        "the delta against it and which phases the plan reuses.")] = None,
+    ) -> Annotated[CallToolResult, FreezeResult]:
+        """Validate a case draft, fill defaults, materialize its dataset and store it under its content hash.
+
+        Freezing identical content again returns the same case_id and writes nothing. Returns the case_id,
+        the delta against the parent and the plan (which phases run, are reused or skipped).
+        Next: start_run(case_id=...)."""
+        if (path is None) == (draft is None):
+            raise _tool_error(CaseInvalid("freeze_case needs exactly one of path or draft",
+                                          "freeze_case(path='cases/x.json') or freeze_case(draft={...})"))
+
+        def call() -> FreezeResult:
+            # resolved against the workspace (never the server's cwd), refused if it escapes it
+            where = str(ws.inside(path, "path")) if path is not None else None
+            return tools.freeze_case(ws, where, draft=draft, parent=parent)
+
+        return await _off_loop(ctx, "freezing the case", call)
+
+    @mcp.tool(
+        name="start_run",
+        # destructive: the service phase may stop a live service caseledger started to switch it to this
+        # case's identity (only under authorization single/auto); not idempotent: each call is a new run.
+        annotations=ToolAnnotations(title="Start a run", read_only_hint=False, idempotent_hint=False,
+                                    destructive_hint=True, open_world_hint=True),
+    )
+    async def start_run(
+        ctx: Context[Any, Any],
+        case_id: Annotated[str, Field(description="Frozen case id from freeze_case, e.g. 'c-1a2b3c4d5e6f'",
+                                      examples=["c-1a2b3c4d5e6f"])],
+    ) -> Annotated[CallToolResult, StartResult]:
+        """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
+        preflight (a fresh-process reload of the case) passed or failed. The run keeps going in its controller.
+        Next: phase_status(run_id=...) to follow it."""
+        return await _off_loop(ctx, "preflight", lambda: tools.start_run(ws, case_id))
+
+    @mcp.tool(
+        name="phase_status",
+        annotations=ToolAnnotations(title="Where a run stands", read_only_hint=True, open_world_hint=False),
+    )
+    async def phase_status(
+        ctx: Context[Any, Any],
+        run_id: Annotated[str | None, Field(
+            description="Run id exactly as returned by start_run, e.g. 'r-1a2b3c4d'; omit for the latest run",
+            examples=["r-1a2b3c4d"])] = None,
+    ) -> Annotated[CallToolResult, StatusResult]:
+        """Where a run stands, from its event log checked against evidence: current phase, requests sent/done,
+        whether the load ended, results were extracted, there is enough to decide; what the next step would
+        repeat, and the next call. Read-only."""
+        return await _off_loop(ctx, "status", lambda: tools.phase_status(ws, run_id))
+
+    @mcp.tool(
+        name="resume",
+        # destructive for the same reason as start_run: its service phase may switch a live service
+        annotations=ToolAnnotations(title="Resume a run at its failed phase", read_only_hint=False,
+                                    idempotent_hint=False, destructive_hint=True, open_world_hint=True),
+    )
+    async def resume(
+        ctx: Context[Any, Any],
+        run_id: Annotated[str, _RUN_ID],
+    ) -> Annotated[CallToolResult, ResumeResult]:
+        """Continue the SAME run as a new attempt of its first phase that is not done; finished phases are kept
+        (a loaded service, warm caches, an ended load are never repeated; a live load client is re-attached).
+        Returns at once. Next: phase_status(run_id=...)."""
+        return await _off_loop(ctx, "resuming", lambda: tools.resume(ws, run_id))
+
+    @mcp.tool(
+        name="reprocess_raw",
+        annotations=ToolAnnotations(title="Recompute results from raw data", read_only_hint=False,
+                                    idempotent_hint=True, destructive_hint=False, open_world_hint=False),
+    )
+    async def reprocess_raw(
+        ctx: Context[Any, Any],
+        run_id: Annotated[str, _RUN_ID],
+        rule: Annotated[Literal["aisbench", "sglang"] | None, Field(
+            description="Native (steady-state) window rule; omit for the case's own rule")] = None,
+        ratio: Annotated[float | None, Field(
+            gt=0, le=1, description="sglang rule only: share of peak concurrency that counts as steady, "
+                                    "e.g. 0.9; omit for the case's")] = None,
+    ) -> Annotated[CallToolResult, ReprocessResult]:
+        """Recompute a run's results from its raw per-request records in a fresh process (new versioned result,
+        nothing overwritten); without rule/ratio also re-decide. Never sends a model request.
+        Next: summarize(run_ids=[...])."""
+        return await _off_loop(ctx, "reprocessing", lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
+
+    @mcp.tool(
+        name="summarize",
+        # writes only derived, regenerable files (report.md/json, side-by-side table); never run state
+        annotations=ToolAnnotations(title="Summarize runs", read_only_hint=True, open_world_hint=False),
+    )
+    async def summarize(
+        ctx: Context[Any, Any],
+        run_ids: Annotated[list[str], Field(
+            max_length=16, description="Run ids to summarize side by side (same scenario compares whole vs "
+                                       "whole, native vs native); [] means the latest run",
+            examples=[["r-1a2b3c4d"], ["r-1a2b3c4d", "r-5e6f7a8b"]])],
+    ) -> Annotated[CallToolResult, SummaryResult]:
+        """Headline figures per run and window (throughput per card, TTFT, TPOT), the decision and what
+        evidence is missing; writes each run's report.md (resource caseledger://runs/{run_id}/report)."""
+        return await _off_loop(ctx, "summarizing", lambda: tools.summarize(ws, run_ids))
+
+    @mcp.resource("caseledger://handoff", name="handoff", mime_type="text/markdown",
+                  description="HANDOFF.md: a few lines for a new session (state, owner, the one next action), "
+                              "regenerated from the ledger on every read")
+    async def handoff_md() -> str:
+        try:
+            return await anyio.to_thread.run_sync(handoff.refresh, ws)
+        except CaseledgerError as e:
+            raise ResourceError(str(_tool_error(e))) from e
+
+    @mcp.resource("caseledger://runs/{run_id}/report", name="run_report", mime_type="text/markdown",
+                  description="report.md of one run (written by summarize)")
+    async def run_report(run_id: str) -> str:
+        return await anyio.to_thread.run_sync(_read_report, ws, run_id)
+
+    return mcp
+
+
+def _read_report(ws: Workspace, run_id: str) -> str:
+    try:
+        check_id(run_id, "run_id", "r")
+    except CaseledgerError as e:
+        raise ResourceNotFoundError(str(_tool_error(e))) from e
+    paths = ws.run(run_id)
+    if not paths.run_json.exists():
+        raise ResourceNotFoundError(f"run {run_id} is not in the ledger; fix: phase_status() names the latest run")
+    try:
+        return paths.report_md.read_text()
+    except FileNotFoundError:
+        raise ResourceNotFoundError(f"run {run_id} has no report yet; fix: summarize(run_ids=['{run_id}']) "
+                                    "writes it (phase_status first if results are not extracted)") from None
+
+
+# ------------------------------------------------------------------------------------------------ transports
+
+
+class BearerToken:
+    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, else 401.
+
+    Plain shared-secret check (constant-time compare). The SDK's OAuth hooks would also publish
+    protected-resource metadata pointing at an authorization server that does not exist here.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            got = Headers(scope=scope).get("authorization", "").encode()
+            if not hmac.compare_digest(got, self._expected):
+                response = PlainTextResponse("missing or wrong bearer token\n", status_code=401,
+                                             headers={"WWW-Authenticate": 'Bearer realm="caseledger"'})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """'127.0.0.1:8765', 'localhost:8765', '[::1]:8765' -> (host, port)."""
+    host, sep, port_s = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise CaseledgerError(f"--http '{value}' is not HOST:PORT", "e.g. --http 127.0.0.1:8765")
+    return host, int(port_s)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve anywhere
+        return False
+
+
+def read_token(token_env: str) -> str:
+    token = os.environ.get(token_env, "")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise NotAuthorized(f"env var {token_env} must hold the bearer token (at least {MIN_TOKEN_CHARS} "
+                            f"characters; it has {len(token)})",
+                            f"export {token_env}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    return token
+
+
+def http_app(ws: Workspace, host: str, token: str | None) -> ASGIApp:
+    """The streamable HTTP ASGI app at /mcp, behind the bearer check when a token is given."""
+    app: ASGIApp = build_server(ws).streamable_http_app(streamable_http_path="/mcp", host=host)
+    return BearerToken(app, token) if token is not None else app
+
+
+def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) -> None:
+    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp. Never writes to stdout itself:
+    on stdio, stdout is the wire; logs go to stderr."""
+    if http is None:
+        if token_env is not None:
+            raise CaseledgerError("--token-env only applies to --http", "drop --token-env, or add --http HOST:PORT")
+        build_server(ws).run()
+        return
+    import uvicorn
+
+    host, port = parse_host_port(http)
+    token = read_token(token_env) if token_env is not None else None
+    if token is None and not is_loopback(host):
+        raise NotAuthorized(f"binding {host} (not loopback) without a bearer token would open the workspace "
+                            "to the network", f"add --token-env NAME with the token in $NAME, or bind 127.0.0.1")
+    log.info("caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)", host, port,
+             Path(ws.root), "required" if token else "off")
+    # log_config=None: uvicorn's own config sends access logs to stdout; keep every log on stderr
+    uvicorn.run(http_app(ws, host, token), host=host, port=port, log_config=None, log_level="info")
