@@ -114,7 +114,7 @@ class Controller:
             self._stop.set()
             if not keep_lease:
                 ledger.release(self.ws, self.key, self.paths.run_id, self.fence)
-            handoff.refresh(self.ws)
+            handoff.refresh(self.ws, exiting=self.paths.run_id)
         return 0 if outcome == "succeeded" else 1
 
     def _end(self, phase: str, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:

@@ -552,17 +552,23 @@ def _layout(ds: Any, tok: _Tok, table: _Words, key: str) -> _Layout:
     bare = table.bare_ones
     start = int(_indices(f"{key}/firsts", 1, len(bare))[0]) if bare else 0
     prefixes: list[str] = []
+    shared_ids: list[list[int]] = []
     for g in range(min(groups, n)):
         if not plan.prefix_tokens:
             prefixes.append("")
+            shared_ids.append(tok.encode_batch([tok.head])[0] if tok.head else [])
             continue
         first = bare[(start + g) % len(bare)] if bare else None
         lead = first is None
         words = _draw(f"{key}/prefix/{g}", plan.prefix_tokens, table, first)
-        words = _fix(words, plan.prefix_tokens, _length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table,
-                     f"prefix {g}")
+        # The one tokenization of this prefix (with and without the template head, on two threads).
+        alone, shared = tok.encode_batch([_join(words, lead), tok.head + _join(words, lead)])
+        if len(alone) != plan.prefix_tokens:
+            words = _fix(words, plan.prefix_tokens, _length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table,
+                         f"prefix {g}")
+            shared = tok.encode_batch([tok.head + _join(words, lead)])[0]
         prefixes.append(_join(words, lead))
-    shared_ids = [tok.encode_batch([tok.head + p])[0] if tok.head or p else [] for p in prefixes]
+        shared_ids.append(shared)
     salt = SaltSlot(words=table.ones[:SALT_WORDS], k=plan.salt_k)
     slots = [salt_text(DEFAULT_SALT, i, salt.words, salt.k) for i in range(n)]
     return _Layout(plan, overhead, prefixes, shared_ids, slots, salt)
@@ -633,39 +639,43 @@ def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
             cached = _lcp(chat_ids, lay.shared_ids[g]) // block * block
             w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, body, len(chat_ids), cached, out))
             if i == 0:
-                _check_salt(tok, lay, 0, suf, body, name)
+                _check_salt(tok.count_batch([_salted(lay, 0, suf)])[0], body, name)
     w.close()
     return _Result(w.acc, Counting(method="full", checked=list(range(n))), lay.salt, None)
 
 
 def _sample_agrees(tok: _Tok, lay: _Layout, sample: list[tuple[int, str]], acc: _Acc, name: str) -> bool:
-    """Whole-entry encodes equal the composed counts, and each starts with its group's shared ids?
+    """Do whole-entry encodes give the composed counts, each starting with its group's shared ids?
 
-    Two at a time: an encoding of 128K tokens holds ~100 bytes per token on the tokenizers side.
+    Every sampled entry is encoded with the chat template; the first one also alone and with a run's
+    salt. Two at a time: a tokenizers Encoding of 128K tokens holds ~100 bytes per token.
     """
     groups = len(lay.prefixes)
     for lo in range(0, len(sample), 2):
         part = sample[lo : lo + 2]
         bodies = [lay.prefixes[i % groups] + lay.slots[i] + suf for i, suf in part]
-        for (i, _), b, c in zip(part, tok.count_batch(bodies), tok.chat_batch(bodies), strict=True):
+        for (i, _), c in zip(part, tok.chat_batch(bodies), strict=True):
             sid = lay.shared_ids[i % groups]
-            if b != acc.body[i] or len(c) != acc.chat[i] or c[: len(sid)] != sid:
+            if len(c) != acc.chat[i] or c[: len(sid)] != sid:
                 return False
     i0, suf0 = sample[0]
-    _check_salt(tok, lay, i0, suf0, acc.body[i0], name)
+    body0 = lay.prefixes[i0 % groups] + lay.slots[i0] + suf0
+    plain, salted = tok.count_batch([body0, _salted(lay, i0, suf0)])
+    if plain != acc.body[i0]:
+        return False
+    _check_salt(salted, plain, name)
     return True
 
 
-def _check_salt(tok: _Tok, lay: _Layout, i: int, suffix: str, body: int, name: str) -> None:
-    """Two run salts on one entry: the body keeps its token count (the salt slot is count-neutral)."""
-    if lay.salt.k == 0:
-        return
-    prefix = lay.prefixes[i % len(lay.prefixes)]
-    texts = [prefix + salt_text(s, i, lay.salt.words, lay.salt.k) + suffix for s in ("check-a", "check-b")]
-    got = tok.count_batch(texts)
-    if got != [body, body]:
+def _salted(lay: _Layout, i: int, suffix: str) -> str:
+    return lay.prefixes[i % len(lay.prefixes)] + salt_text("check", i, lay.salt.words, lay.salt.k) + suffix
+
+
+def _check_salt(salted: int, body: int, name: str) -> None:
+    """A run's salt must leave the body's token count unchanged (the slot words are one token each)."""
+    if salted != body:
         raise CaseInvalid(
-            f"dataset.tokenizer '{name}': a salted body has {got} tokens instead of {body}",
+            f"dataset.tokenizer '{name}': a salted body has {salted} tokens instead of {body}",
             "the salt slot must be count-neutral; use the 'builtin' tokenizer, or set load.salt false "
             "and flush the engine's prefix cache before each run",
         )

@@ -15,12 +15,16 @@ from caseledger.workspace import Workspace, atomic_write, read_json_or_none
 MAX_BYTES = 1024
 
 
-def render(ws: Workspace) -> str:
+def render(ws: Workspace, exiting: str | None = None) -> str:
+    """exiting: a run whose controller is writing this as its last act (counted as gone)."""
     ids = list_runs(ws)
     views: list[RunView] = []
     for rid in ids[-40:]:
         try:
-            views.append(fold(ws, rid))
+            v = fold(ws, rid)
+            if rid == exiting:
+                v.controller_alive = False
+            views.append(v)
         except Exception:  # noqa: BLE001 - a broken run dir must not stop the handoff; it is listed as a problem
             continue
     lines = [f"# HANDOFF — generated {ledger.utc_now()[:19]}Z from ledger/ (derived; safe to delete)",
@@ -85,8 +89,8 @@ def _next(v: RunView) -> str:
     return v.next_call
 
 
-def refresh(ws: Workspace) -> str:
-    text = render(ws)
+def refresh(ws: Workspace, exiting: str | None = None) -> str:
+    text = render(ws, exiting)
     atomic_write(ws.handoff, text)
     return text
 

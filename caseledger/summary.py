@@ -121,7 +121,6 @@ def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = 
     from caseledger.workspace import atomic_write
 
     atomic_write(paths.report_md, md)
-    body = {"run_id": run_id, "case_id": meta.get("case_id"), "scenario": meta.get("scenario"),
-            "result": result.model_dump(mode="json"), "decision": decision, "time_ledger": ledger_}
+    body = report.report_json(meta, result, dec, ledger_)
     write_json(paths.report_json, body)
     return body

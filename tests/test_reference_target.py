@@ -488,7 +488,8 @@ def test_client_disconnect_mid_stream_frees_the_slot(servers: dict[str, Served])
     with servers["timed"].client() as c:
         body = {"model": MODEL, "prompt": "ka lo", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/completions", json=body) as r:
-            next(line for line in r.iter_lines() if line.startswith("data: {"))
+            lines = r.iter_lines()  # kept referenced: a collected iterator closes the connection
+            assert next(lines).startswith("data: {")
             assert counter(metrics(c), "vllm:num_requests_running") == 1
         deadline = time.monotonic() + 2
         while counter(metrics(c), "vllm:num_requests_running") != 0:

@@ -8,13 +8,14 @@ model as structured content, and turns a `CaseledgerError` into a tool error nam
 # No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
 
 import hmac
+import inspect
 import ipaddress
 import logging
 import os
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -43,6 +44,8 @@ class _Result(Protocol):
 
     def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
 
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 HEARTBEAT_S = 2.0  # progress cadence while a blocking tool runs (only sent when the client asked)
 MIN_TOKEN_CHARS = 16
@@ -99,6 +102,16 @@ async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]
     return _answer(result)
 
 
+def _tool(mcp: MCPServer, name: str, annotations: ToolAnnotations) -> Callable[[_F], _F]:
+    """Register an adapter under `name`; its docstring, dedented, is the description agents read."""
+
+    def register(fn: _F) -> _F:
+        mcp.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__ or ""), annotations=annotations)
+        return fn
+
+    return register
+
+
 def build_server(ws: Workspace) -> MCPServer:
     """The caseledger MCP server over one workspace: six tools, the handoff and per-run report resources."""
     try:
@@ -107,8 +120,8 @@ def build_server(ws: Workspace) -> MCPServer:
         version = "0"
     mcp: MCPServer = MCPServer("caseledger", version=version, instructions=INSTRUCTIONS)
 
-    @mcp.tool(
-        name="freeze_case",
+    @_tool(
+        mcp, "freeze_case",
         annotations=ToolAnnotations(title="Freeze a case draft", read_only_hint=False, idempotent_hint=True,
                                     destructive_hint=False, open_world_hint=False),
     )
@@ -140,8 +153,8 @@ def build_server(ws: Workspace) -> MCPServer:
 
         return await _off_loop(ctx, "freezing the case", call)
 
-    @mcp.tool(
-        name="start_run",
+    @_tool(
+        mcp, "start_run",
         # destructive: the service phase may stop a live service caseledger started to switch it to this
         # case's identity (only under authorization single/auto); not idempotent: each call is a new run.
         annotations=ToolAnnotations(title="Start a run", read_only_hint=False, idempotent_hint=False,
@@ -157,8 +170,8 @@ def build_server(ws: Workspace) -> MCPServer:
         Next: phase_status(run_id=...) to follow it."""
         return await _off_loop(ctx, "preflight", lambda: tools.start_run(ws, case_id))
 
-    @mcp.tool(
-        name="phase_status",
+    @_tool(
+        mcp, "phase_status",
         annotations=ToolAnnotations(title="Where a run stands", read_only_hint=True, open_world_hint=False),
     )
     async def phase_status(
@@ -172,8 +185,8 @@ def build_server(ws: Workspace) -> MCPServer:
         repeat, and the next call. Read-only."""
         return await _off_loop(ctx, "status", lambda: tools.phase_status(ws, run_id))
 
-    @mcp.tool(
-        name="resume",
+    @_tool(
+        mcp, "resume",
         # destructive for the same reason as start_run: its service phase may switch a live service
         annotations=ToolAnnotations(title="Resume a run at its failed phase", read_only_hint=False,
                                     idempotent_hint=False, destructive_hint=True, open_world_hint=True),
@@ -187,8 +200,8 @@ def build_server(ws: Workspace) -> MCPServer:
         Returns at once. Next: phase_status(run_id=...)."""
         return await _off_loop(ctx, "resuming", lambda: tools.resume(ws, run_id))
 
-    @mcp.tool(
-        name="reprocess_raw",
+    @_tool(
+        mcp, "reprocess_raw",
         annotations=ToolAnnotations(title="Recompute results from raw data", read_only_hint=False,
                                     idempotent_hint=True, destructive_hint=False, open_world_hint=False),
     )
@@ -206,8 +219,8 @@ def build_server(ws: Workspace) -> MCPServer:
         Next: summarize(run_ids=[...])."""
         return await _off_loop(ctx, "reprocessing", lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
 
-    @mcp.tool(
-        name="summarize",
+    @_tool(
+        mcp, "summarize",
         # writes only derived, regenerable files (report.md/json, side-by-side table); never run state
         annotations=ToolAnnotations(title="Summarize runs", read_only_hint=True, open_world_hint=False),
     )

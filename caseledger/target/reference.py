@@ -392,11 +392,13 @@ class ReferenceEngine:
             if self._dirty:
                 self._drop_aborted(now)
             self._advance_prefill(now)
+            chained = False
             if self._step_end is not None and now >= self._step_end - _EPS:
                 self._finish_step()
+                chained = True
             self._admit()
             if self._step_end is None and self._decoding:
-                self._start_step(now)
+                self._start_step(now, chained)
             deadline = self._next_deadline()
             if deadline is None:
                 await wake.wait()
@@ -461,14 +463,14 @@ class ReferenceEngine:
             if not seq.done:
                 self._decoding.append(seq)
 
-    def _start_step(self, now: float) -> None:
+    def _start_step(self, now: float, chained: bool) -> None:
         self._batch = list(self._decoding)
         cfg = self.config
         dur = cfg.decode_step_s + cfg.decode_step_per_seq_s * (len(self._batch) - 1)
         last = self._last_step_end
-        # back-to-back steps start at the previous end, so wake-up latency does not slow decode down;
-        # after a longer gap (idle engine, starved loop) the step starts now
-        start = last if last is not None and now - last <= dur else now
+        # a step that follows another starts at its scheduled end, so wake-up latency does not slow
+        # decode down; after idle time, or a loop starved for more than a step, it starts now
+        start = last if chained and last is not None and now - last <= dur else now
         self._step_end = start + dur
 
     def _finish_step(self) -> None:

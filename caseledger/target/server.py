@@ -212,7 +212,7 @@ class _Reply(Response):
 
     async def _watch(self, receive: Receive) -> None:
         while True:
-            message = await receive(); log.warning("watch got %s", message["type"])
+            message = await receive()
             if message["type"] == "http.disconnect":
                 self.gone.set()
                 self.target.engine.abort(self.seq)

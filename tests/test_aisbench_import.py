@@ -1,0 +1,124 @@
+"""AISBench perf output -> raw records, AISBench's own summary, and the known definition differences."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caseledger.case import Case
+from caseledger.importers import DIFFERENCES, AisbenchImportError, read_aisbench
+from caseledger.metrics import Distribution, compute_result
+
+DB = "gsm8k_0.db"
+# perf_counter seconds; each list: send, then one stamp per SSE data: line (role-only first, usage-only last)
+TP = {
+    0: [1000.0, 1000.125, 1000.25, 1000.375, 1000.5],
+    1: [1000.0625, 1000.25, 1000.5, 1000.75],
+    2: [1000.125, 1000.375, 1000.4375],
+}
+
+
+def blob(values: list[float]) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.array(values, dtype=np.float64), allow_pickle=False)
+    return buf.getvalue()
+
+
+def make_perf_dir(root: Path, *, tmp_db: bool = False) -> Path:
+    """A small AISBench-format performances/<model_abbr>/ directory."""
+    perf = root / "outputs" / "default" / "20261102_100000" / "performances" / "vllm-api-stream-chat"
+    db_path = perf / "tmp" / f"tmp_{DB}" if tmp_db else perf / "db_data" / DB
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("CREATE TABLE numpy_store (id INTEGER PRIMARY KEY AUTOINCREMENT, arr_blob BLOB NOT NULL)")
+        for rid in (0, 1):
+            conn.execute("INSERT INTO numpy_store (arr_blob) VALUES (?)", (blob(TP[rid]),))  # rows 1, 2
+    conn.close()
+    lines = [
+        {"data_abbr": "gsm8k", "id": 10, "uuid": "a", "success": True, "error_info": "", "input_tokens": 120,
+         "output_tokens": 3, "time_points": {"__db_ref__": 1}, "db_name": DB},
+        {"data_abbr": "gsm8k", "id": 11, "uuid": "b", "success": True, "error_info": "", "input_tokens": 80,
+         "output_tokens": 1, "time_points": {"__db_ref__": 2}, "db_name": DB},
+        {"data_abbr": "gsm8k", "id": 12, "uuid": "c", "success": True, "input_tokens": 64, "output_tokens": 2,
+         "time_points": TP[2]},  # an older inline layout
+        {"data_abbr": "gsm8k", "id": 13, "uuid": "d", "success": False, "error_info": "Request timed out",
+         "input_tokens": 64, "output_tokens": 0, "time_points": [1000.2, 1000.9]},
+        {"data_abbr": "gsm8k", "id": 14, "uuid": "e", "success": True, "input_tokens": 64, "output_tokens": 5,
+         "time_points": {"__db_ref__": 99}, "db_name": DB},  # killed before the database commit
+    ]
+    (perf / "gsm8k_details.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with (perf / "gsm8k.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Performance Parameters", "Stage", "Average", "Min", "Max", "Median", "P75", "P90", "P99", "N"])
+        w.writerow(["TTFT", "total", "187.5 ms", "125.0 ms", "250.0 ms", "187.5 ms", "218.75 ms", "237.5 ms",
+                    "248.75 ms", 3])
+        w.writerow(["OutputTokenThroughput", "total", "6.1 token/s", "2.0 token/s", "9.0 token/s", "6.0 token/s",
+                    "7.0 token/s", "8.0 token/s", "8.9 token/s", 3])
+    (perf / "gsm8k.json").write_text(json.dumps({
+        "Benchmark Duration": {"total": "900.0 ms"},
+        "Total Requests": {"total": 4},
+        "Output Token Throughput": {"total": "6.6667 token/s"},
+    }))
+    return perf
+
+
+def test_records_follow_the_time_points(tmp_path: Path) -> None:
+    imp = read_aisbench(make_perf_dir(tmp_path))
+    assert imp.dataset == "gsm8k"
+    assert [r["entry"] for r in imp.records] == [10, 11, 12, 13]  # ordered by send time
+    assert [r["i"] for r in imp.records] == [0, 1, 2, 3]
+    r0 = imp.records[0]
+    assert r0["send_ns"] == 1_000_000_000_000
+    assert r0["chunk_ns"] == [1_000_125_000_000, 1_000_250_000_000, 1_000_375_000_000, 1_000_500_000_000]
+    assert r0["end_ns"] == 1_000_500_000_000
+    assert (r0["ok"], r0["prompt_tokens"], r0["completion_tokens"], r0["cached_tokens"]) == (True, 120, 3, None)
+    assert r0["chunk_tokens"] == [None] * 4
+    failed = imp.records[3]
+    assert (failed["ok"], failed["error_class"], failed["error"]) == (False, "timeout", "Request timed out")
+    assert failed["completion_tokens"] is None
+    assert len(imp.skipped) == 1 and "numpy_store row 99 missing" in imp.skipped[0]
+
+
+def test_summary_figures_are_parsed(tmp_path: Path) -> None:
+    s = read_aisbench(make_perf_dir(tmp_path)).summary
+    assert s.common["Benchmark Duration"]["total"].value == 900.0
+    assert s.common["Benchmark Duration"]["total"].unit == "ms"
+    assert s.common["Total Requests"]["total"].value == 4
+    ttft = s.stats["TTFT"]["total"]
+    assert (ttft["P99"].value, ttft["P99"].unit, ttft["N"].value) == (248.75, "ms", 3)
+    assert s.stats["OutputTokenThroughput"]["total"]["Average"].unit == "token/s"
+
+
+def test_imported_records_go_through_the_same_metrics(tmp_path: Path) -> None:
+    imp = read_aisbench(make_perf_dir(tmp_path, tmp_db=True))  # the tmp/ fallback location
+    case = Case.model_validate({
+        "scenario": "ais", "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}]},
+        "load": {"requests": 4, "concurrency": 4},
+    })
+    r = compute_result(case, imp.records)
+    ttft = r.windows.whole.latency.ttft
+    assert isinstance(ttft, Distribution)
+    # AISBench's TTFT = tp[1] - tp[0] (here: the role-only line), in ms
+    assert sorted([125.0, 187.5, 250.0]) == [ttft.min, ttft.p50, ttft.max]
+    assert r.failures.by_class == {"timeout": 1}
+    # request 11: 3 SSE lines after the send, 1 output token -> no TPOT (AISBench would record 0)
+    assert "one output token" in " ".join(r.windows.whole.notes)
+
+
+def test_definition_differences_are_listed(tmp_path: Path) -> None:
+    imp = read_aisbench(make_perf_dir(tmp_path))
+    text = " ".join(imp.differences)
+    assert imp.differences == DIFFERENCES
+    for needle in ("role-only and usage-only", "pooled over all requests", "TPOT is 0", "stable stage"):
+        assert needle in text
+
+
+def test_not_an_aisbench_dir_names_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(AisbenchImportError, match="performances/<model_abbr>/"):
+        read_aisbench(tmp_path)

@@ -1,0 +1,106 @@
+"""Reports: every figure with its window, NOT_OBSERVED with reasons, whole vs whole and native vs native."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from caseledger.case import Case
+from caseledger.decide import decide
+from caseledger.metrics import Result, compute_result
+from caseledger.records import RawRecord
+from caseledger.report import render_plots, render_run_md, render_side_by_side, report_json
+
+MS = 1_000_000
+BEFORE = "vllm:spec_decode_num_drafts_total 0\nvllm:spec_decode_num_accepted_tokens_total 0\n"
+AFTER = "vllm:spec_decode_num_drafts_total 113463\nvllm:spec_decode_num_accepted_tokens_total 541897\n"
+
+
+def case() -> Case:
+    return Case.model_validate({
+        "scenario": "rep",
+        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
+        "load": {"requests": 640, "concurrency": 64},
+        "cache": {"min_hit_ratio": 0.9},
+    })
+
+
+def records(step_ms: float = 1.0, fail: int = 1) -> list[RawRecord]:
+    out: list[RawRecord] = []
+    for i in range(640):
+        send = (i // 64) * 2000 * step_ms
+        chunks = [send + 100 + k * step_ms for k in range(0, 1024, 64)]
+        ok = i >= fail
+        out.append({
+            "i": i, "entry": i, "route": 0, "send_ns": round(send * MS), "chunk_ns": [round(c * MS) for c in chunks],
+            "chunk_tokens": [64] * len(chunks), "end_ns": round((chunks[-1] + 1) * MS), "status": 200 if ok else 500,
+            "ok": ok, "error": None if ok else "HTTP 500", "error_class": None if ok else "http",
+            "prompt_tokens": 131076, "completion_tokens": 1024 if ok else None, "cached_tokens": 118784,
+            "finish_reason": "length", "input_tokens_body": 131072, "input_tokens_chat": 131076,
+        })
+    return out
+
+
+@pytest.fixture(scope="module")
+def res() -> Result:
+    return compute_result(case(), records(), metrics_before=BEFORE, metrics_after=AFTER)
+
+
+def test_run_report_is_complete(res: Result) -> None:
+    c = case()
+    d = decide(c, res, None, None, load_ended=True)
+    ledger = {"service": {"seconds": 12.5, "action": "reuse"}, "load": {"seconds": 300.0, "action": "run"}}
+    md = render_run_md({"run_id": "r-7f3a", "case_id": "c-0123456789ab"}, res, d, ledger)
+    assert md.startswith("# Run r-7f3a")
+    for needle in (
+        "| load ended | yes |", "| results extracted | yes |", "| enough to decide | no |", "insufficient",
+        "### Window `whole`", "### Window `native`", "TTFT", "TPOT", "ITL (token-aware)", "E2E",
+        "output token throughput", "tok/s/card", "| http | 1 | HTTP 500 |",
+        "chat-template prompt tokens", "uncached (recomputed) input throughput",
+        f"654336 / 113463 = {654336 / 113463:.4f}", "NOT_OBSERVED (counters cover the whole window only)",
+        "## Time ledger", "| service | 12.5000 | reuse |", "## Definitions", "| tpot |",
+    ):
+        assert needle in md, needle
+    # the strict rate has no draft-token counter: shown as NOT_OBSERVED with the reason
+    assert "NOT_OBSERVED (counter vllm:spec_decode_num_draft_tokens_total missing from both snapshots)" in md
+
+
+def test_report_without_decision_or_ledger(res: Result) -> None:
+    md = render_run_md({}, res, None, None)
+    assert "No decision recorded." in md and "No time ledger given." in md
+
+
+def test_side_by_side_never_mixes_windows(res: Result) -> None:
+    other = compute_result(case(), records(step_ms=0.5), rule="sglang", ratio=0.9)
+    text = render_side_by_side([("r-aaaa", "c-1", res), ("r-bbbb", "c-2", other)])
+    whole, native = text.split("## native vs native")
+    assert whole.startswith("## whole vs whole")
+    assert "| metric | r-aaaa (c-1) | r-bbbb (c-2) |" in whole
+    assert f"| output tok/s/card | {res.windows.whole.throughput.output.per_card:.4f} |" in whole  # type: ignore[union-attr]
+    assert "different rules (aisbench, sglang r=0.9)" in native
+    native_value = res.windows.native.throughput.output.per_card  # type: ignore[union-attr]
+    assert f"{native_value:.4f}" in native
+
+
+def test_report_json_round_trips(res: Result) -> None:
+    doc = report_json({"run_id": "r-7f3a"}, res, None, {"load": 300.0})
+    data = orjson.loads(orjson.dumps(doc))
+    assert Result.model_validate(data["result"]) == res
+    assert data["headline"]["whole"]["AL"] == 639 * 1024 / 113463  # the failed request's tokens are excluded
+    assert data["headline"]["native"]["AL"] == "NOT_OBSERVED"
+
+
+def test_plots_are_optional(res: Result, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert render_plots(res, tmp_path) == []
