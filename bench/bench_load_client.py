@@ -91,8 +91,9 @@ def make_run(ws: Workspace, run_id: str, port: int, n: int, tokens: int, c: int)
 
 
 def row(name: str, chunks: int, reads: int, wall_s: float, cpu_s: float, server_s: float, ok: int) -> dict[str, Any]:
-    return {"client": name, "ok": ok, "chunks": chunks, "chunks_per_s": chunks / wall_s, "us_per_chunk": cpu_s / chunks * 1e6,
-            "chunks_per_read": chunks / max(reads, 1), "server_cpu_pct": 100 * server_s / wall_s}
+    return {"client": name, "ok": ok, "chunks": chunks, "chunks_per_s": chunks / wall_s,
+            "us_per_chunk": cpu_s / chunks * 1e6, "chunks_per_read": chunks / max(reads, 1),
+            "server_cpu_pct": 100 * server_s / wall_s}
 
 
 def run_formal(paths: RunPaths, server_pid: int) -> dict[str, Any]:
@@ -210,7 +211,7 @@ def main() -> int:
     print("-" * len(head))
     for name, rs in rows.items():
         def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
-            return statistics.median(r[key] for r in rs)
+            return float(statistics.median(r[key] for r in rs))
 
         print(f"{name:<36} {med('chunks_per_s'):>9,.0f} {med('us_per_chunk'):>9.1f} {med('chunks_per_read'):>12.2f} "
               f"{med('server_cpu_pct'):>10.0f}% {int(med('ok')):>4}")

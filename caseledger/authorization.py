@@ -23,7 +23,7 @@ def set_mode(ws: Workspace, mode: str, why: str = "set by caseledger authorize")
         raise CaseInvalid(f"unknown authorization mode '{mode}'; known: {', '.join(MODES)}",
                           "caseledger authorize paused|single|auto")
     write_json(ws.authorization_file, {"mode": mode, "since_utc": utc_now(), "why": why})
-    return cast(Mode, mode)
+    return current_mode(ws)
 
 
 def check_start(ws: Workspace) -> Mode:
@@ -31,7 +31,8 @@ def check_start(ws: Workspace) -> Mode:
     if mode == "paused":
         raise NotAuthorized(
             "authorization is 'paused': freeze and preflight are allowed, no service change and no formal load",
-            "a person runs `caseledger authorize single` (one run) or `caseledger authorize auto`, then start_run again",
+            "a person runs `caseledger authorize single` (one run) or `caseledger authorize auto`, "
+            "then start_run again",
         )
     return mode
 

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +98,7 @@ class Controller:
                     outcome = f"failed:{e.failure_class}"
                     keep_lease = e.failure_class == "end_unknown"
                     break
-                except Exception as e:  # noqa: BLE001 - a bug in a phase still ends the phase, with its error
+                except Exception as e:
                     cls = {"preflight": "before_model", "postprocess": "collect", "decide": "collect"}.get(
                         phase, "end_unknown" if phase in ("load", "confirm_end") else "service")
                     self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
@@ -149,7 +148,8 @@ class Controller:
     def phase_service(self, attempt: int) -> dict[str, Any]:
         if self.action("service") == "reuse" and self.meta.get("load_reuse"):
             return {"outcome": "reused", "reason": "measurement-only: the target is not contacted"}
-        ev = services.ensure(self.ws, self.case, self.key, self.meta["case_id"], allow_start=self._authorized_for_service())
+        ev = services.ensure(self.ws, self.case, self.key, self.meta["case_id"],
+                             allow_start=self._authorized_for_service())
         ev["plan"] = self.action("service")
         self.meta["service_outcome"] = ev["outcome"]
         return ev

@@ -6,8 +6,6 @@ pasted; deleting the file loses nothing (`caseledger status` regenerates it).
 
 from __future__ import annotations
 
-from typing import Any
-
 from caseledger import authorization, ledger, procs
 from caseledger.state import RunState, RunView, fold, list_runs
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none
@@ -25,7 +23,7 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
             if rid == exiting:
                 v.controller_alive = False
             views.append(v)
-        except Exception:  # noqa: BLE001 - a broken run dir must not stop the handoff; it is listed as a problem
+        except Exception:
             continue
     lines = [f"# HANDOFF — generated {ledger.utc_now()[:19]}Z from ledger/ (derived; safe to delete)",
              f"authorization: {authorization.current_mode(ws)}"]

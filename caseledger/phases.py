@@ -3,6 +3,7 @@ postprocess, decide. Each returns its evidence dict or raises PhaseFailed with a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from caseledger.errors import PhaseFailed
 from caseledger.load.client import run_requests
 from caseledger.load.plan import RequestSpec, request_body, request_url
 from caseledger.records import RawRecord, read_records
-from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file, write_json
+from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file
 
 if TYPE_CHECKING:
     from caseledger.controller import Controller
@@ -74,8 +75,8 @@ def route_verify(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any
     routes = []
     for k, ep in enumerate(case.target.endpoints):
         try:
-            r = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=_auth(case))
-            ids = [m.get("id") for m in r.json().get("data", [])]
+            resp = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=_auth(case))
+            ids = [m.get("id") for m in resp.json().get("data", [])]
         except (httpx.HTTPError, ValueError) as e:
             raise PhaseFailed(f"route {k} ({ep.base_url}) /models failed: {e}", "service", "check the route") from None
         if ep.model not in ids:
@@ -84,10 +85,10 @@ def route_verify(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any
         routes.append({"route": k, "base_url": ep.base_url, "models": ids})
     picks = [(k, k, f"route-{meta['run_id']}-{k}") for k in range(len(case.target.endpoints))]
     recs, wall = _send(case, _specs(ws, case, meta, picks, 1), len(picks), "route_verify")
-    for r in recs:
-        routes[r["route"]]["ok"] = r["ok"]
-        if not r["ok"]:
-            raise PhaseFailed(f"route {r['route']} did not answer a request: {r['error']}", "service",
+    for rec in recs:
+        routes[rec["route"]]["ok"] = rec["ok"]
+        if not rec["ok"]:
+            raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", "service",
                               "check that route's service")
     return {"routes": routes, "wall_s": round(wall, 3)}
 
@@ -121,7 +122,8 @@ def cache_prepare(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, An
             ratios.append(0.0)
     out["check"] = {"requests": len(recs), "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3),
                     "hit_ratios": [round(x, 4) for x in ratios],
-                    "cached_tokens": [r["cached_tokens"] for r in recs], "prompt_tokens": [r["prompt_tokens"] for r in recs],
+                    "cached_tokens": [r["cached_tokens"] for r in recs],
+                    "prompt_tokens": [r["prompt_tokens"] for r in recs],
                     "denominator": "server prompt_tokens (chat-template tokens)"}
     low = [x for x in ratios if x < target]
     if low:
@@ -141,7 +143,7 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
         reattached = True
     elif end is None:
         n_raw = len(read_records(paths.raw).records)
-        if n_raw or paths.raw.exists() and paths.raw.stat().st_size:
+        if n_raw or (paths.raw.exists() and paths.raw.stat().st_size):
             raise PhaseFailed(
                 f"load client is gone without an end file after {n_raw} of {meta['planned']} records",
                 "end_unknown", "formal requests are never re-sent automatically; the raw records are kept")
@@ -160,10 +162,8 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
             os._exit(137)
     while end is None:
         if not procs.alive(pid):
-            try:
-                os.waitpid(int(pid["pid"]), os.WNOHANG)  # type: ignore[index]
-            except ChildProcessError:
-                pass
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
             end = read_json_or_none(paths.load_end)
             if end is None:
                 time.sleep(0.2)
@@ -177,7 +177,8 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
         end = read_json_or_none(paths.load_end)
     _snapshot(case, paths.metrics_after)
     return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
-            "ok": end["ok"], "failed": end["failed"], "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+            "ok": end["ok"], "failed": end["failed"],
+            "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
 
 
 def _fault_ctl() -> str | None:
@@ -221,10 +222,9 @@ def confirm_end(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
     pid = read_json_or_none(paths.load_pid)
     deadline = time.monotonic() + 30
     while not meta.get("load_reuse") and procs.alive(pid) and time.monotonic() < deadline:
-        try:  # the client is our child when we started it: reap it so it does not linger as a zombie
-            os.waitpid(int(pid["pid"]), os.WNOHANG)  # type: ignore[index]
-        except ChildProcessError:
-            pass
+        # the client is our child when we started it: reap it so it does not linger as a zombie
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
         time.sleep(0.05)  # it wrote its end file and is exiting
     if not meta.get("load_reuse") and procs.alive(pid):
         raise PhaseFailed("load client still alive 30 s after its end file", "end_unknown", "resume waits for it")

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         checks = run(args[0])
-    except Exception as e:  # noqa: BLE001 - every failure is a preflight failure, reported verbatim
+    except Exception as e:
         sys.stdout.write(orjson.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}).decode() + "\n")
         return 1
     sys.stdout.write(orjson.dumps({"ok": True, "checks": checks}).decode() + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -80,9 +81,7 @@ def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
         while time.monotonic() < deadline:
             if not alive(ref):
                 return True
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
             time.sleep(0.05)
     return not alive(ref)

@@ -54,7 +54,8 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str) -> R
         "run_id": rid, "case_id": case_id, "scenario": case.scenario, "parent_case": case.parent,
         "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
         "salt": rid if case.load.salt else None, "planned": case.load.requests, "target_key": key,
-        "created_utc": ledger.utc_now(), "created_mono_ns": time.monotonic_ns(), "plan": [s.model_dump() for s in steps],
+        "created_utc": ledger.utc_now(), "created_mono_ns": time.monotonic_ns(),
+        "plan": [s.model_dump() for s in steps],
         "fence": fence,
     }
     if steps[PHASES.index("load")].action == "reuse":

@@ -70,7 +70,7 @@ def resolve_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
 def _options(argv: list[str]) -> list[tuple[str, str | None]]:
     """Option/value pairs after the program part (tokens before the first '-' option are the program)."""
     i = next((n for n, a in enumerate(argv) if a.startswith("-") and a not in ("-m",) and n > 0
-              and not (argv[n - 1] == "-m")), len(argv))
+              and argv[n - 1] != "-m"), len(argv))
     # skip a python -m module prefix
     out: list[tuple[str, str | None]] = []
     args = argv[i:]
@@ -247,4 +247,5 @@ def _external(case: Case, want: str) -> dict[str, Any]:
             raise PhaseFailed(f"identity_command failed: {e}", "service", "fix service.identity_command") from None
     live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
     return {"outcome": "done", "identity": want, "live_identity": live, "endpoints": seen,
-            "identity_output": ident_out, "verified_by": "/v1/models probe" + (" + identity_command" if ident_out else "")}
+            "identity_output": ident_out,
+            "verified_by": "/v1/models probe" + (" + identity_command" if ident_out else "")}

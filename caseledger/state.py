@@ -132,7 +132,8 @@ def fold(ws: Workspace, run_id: str) -> RunView:
         v = phases[ph]
         t = ev["type"]
         if t == "phase_started":
-            v.state, v.attempt, v.started_utc, v.started_mono = PhaseState.RUNNING, ev.get("attempt") or 1, ev["utc"], ev["mono_ns"]
+            v.state, v.attempt = PhaseState.RUNNING, ev.get("attempt") or 1
+            v.started_utc, v.started_mono = ev["utc"], ev["mono_ns"]
             v.ended_utc = v.failure_class = v.error = None
             v.data = {}
         elif t == "phase_ended":
@@ -177,10 +178,8 @@ def fold(ws: Workspace, run_id: str) -> RunView:
         load_ended = "yes"
     elif client_alive or lv.state in (PhaseState.PENDING,):
         load_ended = "no"
-    elif counts.sent or lv.state != PhaseState.PENDING:
-        load_ended = "unknown"
     else:
-        load_ended = "no"
+        load_ended = "unknown"
 
     # overall state
     failed = next((v for v in phases.values() if v.state == PhaseState.FAILED), None)

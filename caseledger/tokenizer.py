@@ -30,7 +30,7 @@ def corpus_words(seed: int = 7, n: int = 4000) -> list[str]:
     rng = random.Random(seed)
     syll = ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vo", "pi", "da", "ge", "hu", "zo", "ba", "qi", "ly",
             "or", "an", "el", "is", "um", "ex", "at", "on", "re", "st", "th", "ch"]
-    words = set()
+    words: set[str] = set()
     while len(words) < n:
         words.add("".join(rng.choice(syll) for _ in range(rng.randint(1, 4))))
     return sorted(words)
@@ -50,8 +50,9 @@ def build_builtin(out_dir: Path = BUILTIN_DIR, vocab_size: int = 4096) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(lines, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None,
-                                   unk_token=None, pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None, unk_token=None, pad_token="<|endoftext|>"
+    )
     fast.chat_template = CHATML_TEMPLATE
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out_dir))

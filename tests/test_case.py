@@ -86,7 +86,7 @@ def test_freeze_fills_defaults_and_is_idempotent(ws: Workspace) -> None:
     assert b.case_id == a.case_id and not b.created
     assert sorted(x.name for x in ws.frozen_dir.iterdir()) == before
     assert Path(a.path).stat().st_mtime_ns == mtime
-    assert [s.phase for s in a.plan][0] == "preflight" and a.delta == []
+    assert a.plan[0].phase == "preflight" and a.delta == []
 
 
 def test_concurrency_only_child_is_the_hot_path(ws: Workspace) -> None:

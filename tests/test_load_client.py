@@ -205,7 +205,7 @@ def test_scheduled_offsets_are_honoured() -> None:
     sends = [r["send_ns"] for r in recs]
     for i in range(1, 5):
         gap = (sends[i] - sends[0]) / 1e9
-        assert 0.05 * i - 0.005 <= gap < 0.05 * i + 0.04
+        assert 0.05 * i - 0.005 <= gap < 0.05 * i + 0.15  # never early; late only by scheduling noise
 
 
 def test_cancelled_run_records_in_flight_requests_as_client_errors() -> None:

@@ -121,6 +121,10 @@ class SSEParser:
         self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        # fast path, the usual read: exactly one complete 'data: ...\n\n' event and nothing pending
+        if (not self._tail and not self._data and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n")
+                and chunk.startswith(b"data: ")):
+            return [chunk[6:-2]]
         if self._tail:
             chunk = self._tail + chunk
         lines = chunk.split(b"\n")

@@ -30,7 +30,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from caseledger import handoff, tools
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized
-from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
+from caseledger.tools import (
+    FreezeResult,
+    ReprocessResult,
+    ResumeResult,
+    StartResult,
+    StatusResult,
+    SummaryResult,
+)
 from caseledger.workspace import Workspace, check_id
 
 log = logging.getLogger("caseledger.server")
@@ -51,17 +58,18 @@ HEARTBEAT_S = 2.0  # progress cadence while a blocking tool runs (only sent when
 MIN_TOKEN_CHARS = 16
 
 INSTRUCTIONS = """\
-caseledger runs LLM-serving performance experiments from frozen cases and keeps every fact in an on-disk ledger.
+caseledger runs LLM-serving performance experiments from frozen cases; every fact is in an on-disk ledger.
 New session: read the resource caseledger://handoff first (a few lines: state and the one next action).
 Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run_id) until it says done \
 -> summarize(run_ids). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
 requests). Every answer ends with 'next: ...' naming the call to make."""
 
-_RUN_ID = Field(description="Run id exactly as returned by start_run, e.g. 'r-1a2b3c4d'", examples=["r-1a2b3c4d"])
+_RUN_ID = Field(description="Run id exactly as returned by start_run, e.g. 'r-1a2b3c4d'",
+                examples=["r-1a2b3c4d"])
 
 
 def _answer(result: _Result) -> CallToolResult:
-    """Short text for the model, full structured content (validated by the SDK against the tool's outputSchema)."""
+    """Short text for the model; full structured content (the SDK validates it against the outputSchema)."""
     return CallToolResult(content=[TextContent(type="text", text=result.text())],
                           structured_content=result.model_dump(mode="json"))
 
@@ -81,7 +89,7 @@ async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]
             elapsed = anyio.current_time() - t0
             try:
                 await ctx.report_progress(elapsed, None, f"{what}: {elapsed:.0f}s")
-            except Exception:  # noqa: BLE001 - a lost progress channel must not fail the call itself
+            except Exception:  # a lost progress channel must not fail the call itself
                 log.debug("progress notification failed", exc_info=True)
                 return
 
@@ -90,7 +98,7 @@ async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]
         tg.start_soon(heartbeat)
         try:
             outcome.append(await anyio.to_thread.run_sync(fn))
-        except Exception as e:  # noqa: BLE001 - re-raised below, outside the task group (no exception group)
+        except Exception as e:  # re-raised below, outside the task group (no exception group)
             outcome.append(e)
         finally:
             tg.cancel_scope.cancel()
@@ -131,11 +139,11 @@ def build_server(ws: Workspace) -> MCPServer:
             description="Workspace-relative path of a case draft JSON file, e.g. 'cases/ref-baseline.json'. "
                         "Give path or draft, not both.", examples=["cases/ref-baseline.json"])] = None,
         draft: Annotated[dict[str, Any] | None, Field(
-            description="An inline case draft: the same JSON object a cases/*.json file holds "
-                        "(scenario, target, service, dataset, load, ...). Give path or draft, not both.")] = None,
+            description="An inline case draft: the same JSON object a cases/*.json file holds (scenario, "
+                        "target, service, dataset, load, ...). Give path or draft, not both.")] = None,
         parent: Annotated[str | None, Field(
-            description="Parent case id (e.g. 'c-1a2b3c4d5e6f'); overrides the draft's parent. The answer lists "
-                        "the delta against it and which phases the plan reuses.")] = None,
+            description="Parent case id (e.g. 'c-1a2b3c4d5e6f'); overrides the draft's parent. The answer "
+                        "lists the delta against it and which phases the plan reuses.")] = None,
     ) -> Annotated[CallToolResult, FreezeResult]:
         """Validate a case draft, fill defaults, materialize its dataset and store it under its content hash.
 
@@ -165,9 +173,9 @@ def build_server(ws: Workspace) -> MCPServer:
         case_id: Annotated[str, Field(description="Frozen case id from freeze_case, e.g. 'c-1a2b3c4d5e6f'",
                                       examples=["c-1a2b3c4d5e6f"])],
     ) -> Annotated[CallToolResult, StartResult]:
-        """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
-        preflight (a fresh-process reload of the case) passed or failed. The run keeps going in its controller.
-        Next: phase_status(run_id=...) to follow it."""
+        """Start a run of a frozen case: take the target's lease, spawn the detached controller, return
+        once preflight (a fresh-process reload of the case) passed or failed. The run keeps going in its
+        controller. Next: phase_status(run_id=...) to follow it."""
         return await _off_loop(ctx, "preflight", lambda: tools.start_run(ws, case_id))
 
     @_tool(
@@ -195,9 +203,9 @@ def build_server(ws: Workspace) -> MCPServer:
         ctx: Context[Any, Any],
         run_id: Annotated[str, _RUN_ID],
     ) -> Annotated[CallToolResult, ResumeResult]:
-        """Continue the SAME run as a new attempt of its first phase that is not done; finished phases are kept
-        (a loaded service, warm caches, an ended load are never repeated; a live load client is re-attached).
-        Returns at once. Next: phase_status(run_id=...)."""
+        """Continue the SAME run as a new attempt of its first phase that is not done; finished phases are
+        kept (a loaded service, warm caches, an ended load are never repeated; a live load client is
+        re-attached). Returns at once. Next: phase_status(run_id=...)."""
         return await _off_loop(ctx, "resuming", lambda: tools.resume(ws, run_id))
 
     @_tool(
@@ -214,10 +222,11 @@ def build_server(ws: Workspace) -> MCPServer:
             gt=0, le=1, description="sglang rule only: share of peak concurrency that counts as steady, "
                                     "e.g. 0.9; omit for the case's")] = None,
     ) -> Annotated[CallToolResult, ReprocessResult]:
-        """Recompute a run's results from its raw per-request records in a fresh process (new versioned result,
-        nothing overwritten); without rule/ratio also re-decide. Never sends a model request.
+        """Recompute a run's results from its raw per-request records in a fresh process (a new versioned
+        result, nothing overwritten); without rule/ratio also re-decide. Never sends a model request.
         Next: summarize(run_ids=[...])."""
-        return await _off_loop(ctx, "reprocessing", lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
+        return await _off_loop(ctx, "reprocessing",
+                               lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
 
     @_tool(
         mcp, "summarize",
@@ -236,8 +245,8 @@ def build_server(ws: Workspace) -> MCPServer:
         return await _off_loop(ctx, "summarizing", lambda: tools.summarize(ws, run_ids))
 
     @mcp.resource("caseledger://handoff", name="handoff", mime_type="text/markdown",
-                  description="HANDOFF.md: a few lines for a new session (state, owner, the one next action), "
-                              "regenerated from the ledger on every read")
+                  description="HANDOFF.md: a few lines for a new session (state, owner, the one next "
+                              "action), regenerated from the ledger on every read")
     async def handoff_md() -> str:
         try:
             return await anyio.to_thread.run_sync(handoff.refresh, ws)
@@ -259,7 +268,8 @@ def _read_report(ws: Workspace, run_id: str) -> str:
         raise ResourceNotFoundError(str(_tool_error(e))) from e
     paths = ws.run(run_id)
     if not paths.run_json.exists():
-        raise ResourceNotFoundError(f"run {run_id} is not in the ledger; fix: phase_status() names the latest run")
+        raise ResourceNotFoundError(f"run {run_id} is not in the ledger; "
+                                    "fix: phase_status() names the latest run")
     try:
         return paths.report_md.read_text()
     except FileNotFoundError:
@@ -315,7 +325,8 @@ def read_token(token_env: str) -> str:
     if len(token) < MIN_TOKEN_CHARS:
         raise NotAuthorized(f"env var {token_env} must hold the bearer token (at least {MIN_TOKEN_CHARS} "
                             f"characters; it has {len(token)})",
-                            f"export {token_env}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+                            f"export {token_env}=$(python3 -c "
+                            "'import secrets; print(secrets.token_urlsafe(32))')")
     return token
 
 
@@ -330,7 +341,8 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     on stdio, stdout is the wire; logs go to stderr."""
     if http is None:
         if token_env is not None:
-            raise CaseledgerError("--token-env only applies to --http", "drop --token-env, or add --http HOST:PORT")
+            raise CaseledgerError("--token-env only applies to --http",
+                                  "drop --token-env, or add --http HOST:PORT")
         build_server(ws).run()
         return
     import uvicorn
@@ -339,7 +351,7 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     token = read_token(token_env) if token_env is not None else None
     if token is None and not is_loopback(host):
         raise NotAuthorized(f"binding {host} (not loopback) without a bearer token would open the workspace "
-                            "to the network", f"add --token-env NAME with the token in $NAME, or bind 127.0.0.1")
+                            "to the network", "add --token-env NAME with the token in $NAME, or bind 127.0.0.1")
     log.info("caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)", host, port,
              Path(ws.root), "required" if token else "off")
     # log_config=None: uvicorn's own config sends access logs to stdout; keep every log on stderr

@@ -34,7 +34,7 @@ def inspect_main(ws: Workspace, words: list[str], *, as_json: bool = False) -> i
     with tempfile.TemporaryFile("w+") as errlog:
         try:
             return anyio.run(_session, ws, words[1:] if words else None, as_json, errlog)
-        except Exception as e:  # noqa: BLE001 - show why the server did not answer, with its stderr tail
+        except Exception as e:  # show why the server did not answer, with its stderr tail
             errlog.seek(0)
             tail = errlog.read()[-2000:]
             sys.stderr.write(f"error: MCP session with `caseledger mcp` failed: {type(e).__name__}: {e}\n"
@@ -88,10 +88,20 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
             value = raw
         if isinstance(value, str) and "array" in types:
             value = [v for v in value.split(",") if v] if value else []
-        elif not isinstance(value, str) and value is not None and types == {"string"}:
-            value = raw
+        elif "string" in types and _json_type(value) not in types:
+            value = raw  # e.g. a numeric-looking id for a string parameter
         out[key] = value
     return out
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "integer" if isinstance(value, int) else "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "string")
 
 
 def _types(prop: dict[str, Any]) -> set[str]:

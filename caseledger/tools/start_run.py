@@ -32,7 +32,7 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     """Start a run and return once preflight has passed or failed (or the whole run, with wait=True)."""
     check_id(case_id, "case_id", "c")
     case = cases.load_case(workspace, case_id)
-    mode = authorization.check_start(workspace)
+    authorization.check_start(workspace)
     key = ledger.target_key(case.canonical())
     rid = runs.new_run_id(workspace)
     # the lease is taken for the run before anything is written; the controller adopts it (same fence)

@@ -1,0 +1,89 @@
+"""Helpers for the real-engine tests: find llama-server, build command-adapter cases, read its counters.
+
+The engine tests need CASELEDGER_LLAMA_SERVER (the llama-server binary) and CASELEDGER_LLAMA_MODEL (a gguf;
+`.ci/install-llama` builds and caches both). Without them the tests skip, unless
+CASELEDGER_REQUIRE_ENGINE=1 (set by `.ci/run`): then they fail, so CI never passes by skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from caseledger.metrics import parse_prometheus
+
+SERVER_ENV = "CASELEDGER_LLAMA_SERVER"
+MODEL_ENV = "CASELEDGER_LLAMA_MODEL"
+REQUIRE_ENV = "CASELEDGER_REQUIRE_ENGINE"
+MODEL_ALIAS = "gemma-3-270m"
+
+# llama-server counters that only move when the server does model work (prefill, decode): equal before
+# and after a step means the step sent no model request.
+WORK_COUNTERS = (
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:tokens_predicted_total",
+    "llamacpp:n_decode_total",
+)
+
+
+def llama_paths() -> tuple[str, str]:
+    """(server binary, model gguf); skips the test, or fails it under CASELEDGER_REQUIRE_ENGINE=1."""
+    server, model = os.environ.get(SERVER_ENV, ""), os.environ.get(MODEL_ENV, "")
+    problem = None
+    if not server or not model:
+        problem = f"{SERVER_ENV} and {MODEL_ENV} are not both set"
+    elif not os.access(server, os.X_OK):
+        problem = f"{SERVER_ENV}={server} is not an executable file"
+    elif not Path(model).is_file():
+        problem = f"{MODEL_ENV}={model} is not a file"
+    if problem is None:
+        return server, model
+    fix = "run `bash .ci/install-llama`, then `set -a; . ~/.cache/caseledger/llama.env; set +a`"
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {problem}: the engine tests must run here; {fix}", pytrace=False)
+    pytest.skip(f"no llama-server: {problem} ({fix}; {REQUIRE_ENV}=1 turns this skip into a failure)")
+
+
+def llama_argv(server: str, model: str) -> list[str]:
+    """The launch argv of a command-adapter case; caseledger fills {host} and {port}."""
+    return [server, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "4096", "-np", "4", "-t", "2",
+            "--metrics", "-a", MODEL_ALIAS]
+
+
+def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, Any]:
+    """A small llama.cpp case: a few short chat requests, 8 output tokens, the builtin tokenizer.
+
+    With the builtin tokenizer the dataset's token counts differ from Gemma's (the server's usage is the
+    truth for every figure and the cache check divides by the server's prompt_tokens).
+    """
+    d: dict[str, Any] = {
+        "scenario": "llamacpp-test",
+        "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": MODEL_ALIAS}]},
+        "service": {"adapter": "command", "argv": llama_argv(server, model), "health_timeout_s": 60},
+        "dataset": {"source": "synthetic", "input_tokens": 48, "output_tokens": 8},
+        "load": {"requests": 6, "concurrency": 2, "timeout_s": 120},
+        "warmup": {"requests": 2, "concurrency": 2, "max_tokens": 2},
+        "measurement": {"spec_decode": "llamacpp"},
+    }
+    for k, v in over.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    return d
+
+
+def counters(port: int) -> dict[str, float]:
+    """llama-server's /metrics (needs --metrics), summed per name."""
+    r = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False)
+    r.raise_for_status()
+    return parse_prometheus(r.text)
+
+
+def work(port: int) -> dict[str, float]:
+    """The counters that move only with model work (see WORK_COUNTERS)."""
+    c = counters(port)
+    missing = [n for n in WORK_COUNTERS if n not in c]
+    assert not missing, f"llama-server /metrics lacks {missing}; is --metrics in the argv?"
+    return {n: c[n] for n in WORK_COUNTERS}

@@ -1,0 +1,386 @@
+"""The MCP server as an agent sees it: six flat, honestly annotated tools with short answers and
+structured content, errors that name the fix, resources, and the stdio and streamable HTTP transports."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
+
+import caseledger.server.app as app
+from caseledger import tools
+from caseledger.errors import CaseledgerError, NotAuthorized
+from caseledger.server import build_server, serve
+from caseledger.server.inspect import inspect_main, parse_arguments
+from caseledger.workspace import Workspace
+
+pytestmark = pytest.mark.anyio
+
+SIX = ["freeze_case", "start_run", "phase_status", "resume", "reprocess_raw", "summarize"]
+REPO = Path(__file__).resolve().parents[1]
+SHORT = 600  # bytes: an answer an agent reads every poll
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def draft(port: int, requests: int = 8) -> dict[str, Any]:
+    d: dict[str, Any] = json.loads((REPO / "cases" / "ref-baseline.json").read_text())
+    d.pop("$schema", None)
+    d["target"]["endpoints"][0]["base_url"] = f"http://127.0.0.1:{port}/v1"
+    d["load"]["requests"] = requests
+    return d
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "draft.json").write_text(json.dumps(draft(free_port())))
+    return Workspace.open(tmp_path)
+
+
+def text_of(r: CallToolResult) -> str:
+    return "\n".join(c.text for c in r.content if isinstance(c, TextContent))
+
+
+# ------------------------------------------------------------------------------------- in memory: the surface
+
+
+async def test_lists_exactly_the_six_tools_with_honest_annotations(ws: Workspace) -> None:
+    async with Client(build_server(ws)) as c:
+        listed = {t.name: t for t in (await c.list_tools()).tools}
+    assert sorted(listed) == sorted(SIX)
+    a = {n: t.annotations for n, t in listed.items()}
+    assert all(x is not None for x in a.values())
+    assert a["phase_status"].read_only_hint and a["summarize"].read_only_hint  # type: ignore[union-attr]
+    for name in ("freeze_case", "reprocess_raw"):
+        ann = a[name]
+        assert ann is not None and ann.idempotent_hint and not ann.read_only_hint and ann.destructive_hint is False
+    for name in ("start_run", "resume"):  # a new run / attempt each call; may switch a live service
+        ann = a[name]
+        assert ann is not None and not ann.read_only_hint and not ann.idempotent_hint and ann.destructive_hint
+
+
+async def test_every_tool_has_output_schema_and_flat_described_inputs(ws: Workspace) -> None:
+    async with Client(build_server(ws)) as c:
+        listed = (await c.list_tools()).tools
+    for t in listed:
+        assert t.output_schema and t.output_schema.get("type") == "object", t.name
+        schema = json.dumps(t.input_schema)
+        assert "$ref" not in schema and "$defs" not in schema, t.name  # flat: no nested models
+        for name, prop in t.input_schema["properties"].items():
+            assert prop.get("description"), f"{t.name}.{name} has no description"
+        assert t.description and "\n        " not in t.description  # dedented for the model
+    props = {t.name: t.input_schema["properties"] for t in listed}
+    assert set(props["freeze_case"]) == {"path", "draft", "parent"}
+    assert props["summarize"]["run_ids"]["type"] == "array"
+    assert set(props["start_run"]) == {"case_id"}  # returns after preflight: no wait knob over MCP
+
+
+async def test_freeze_case_answers_short_text_with_structured_case_id(ws: Workspace) -> None:
+    async with Client(build_server(ws)) as c:
+        r = await c.call_tool("freeze_case", {"path": "cases/draft.json"})
+        again = await c.call_tool("freeze_case", {"draft": json.loads((ws.root / "cases/draft.json").read_text())})
+    assert not r.is_error, text_of(r)
+    assert r.structured_content is not None
+    cid = r.structured_content["case_id"]
+    assert cid.startswith("c-") and r.structured_content["created"] is True
+    assert len(text_of(r).encode()) < SHORT
+    assert f"start_run(case_id='{cid}')" in text_of(r)
+    assert not text_of(r).lstrip().startswith("{")  # the short answer, not the JSON dump
+    assert again.structured_content is not None
+    assert again.structured_content["case_id"] == cid and again.structured_content["created"] is False
+
+
+async def test_phase_status_of_unknown_run_is_a_tool_error_naming_the_fix(ws: Workspace) -> None:
+    async with Client(build_server(ws)) as c:
+        r = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
+        latest = await c.call_tool("phase_status", {})
+    assert r.is_error
+    t = text_of(r)
+    assert "r-0123abcd" in t and "fix:" in t and "start_run(" in t
+    assert latest.is_error and "freeze_case(" in text_of(latest)
+
+
+async def test_malformed_draft_is_a_tool_error_naming_the_field(ws: Workspace) -> None:
+    bad = draft(free_port())
+    bad["load"]["requests"] = "many"
+    async with Client(build_server(ws)) as c:
+        r = await c.call_tool("freeze_case", {"draft": bad})
+    assert r.is_error
+    assert "load.requests" in text_of(r) and "fix:" in text_of(r)
+    assert not (ws.ledger / "cases").exists() or not any((ws.ledger / "cases").iterdir())
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ({"path": "../outside.json"}, "outside the workspace"),
+    ({}, "exactly one of path or draft"),
+    ({"path": "cases/draft.json", "draft": {"scenario": "x"}}, "exactly one of path or draft"),
+    ({"path": "cases/missing.json"}, "does not exist"),
+])
+async def test_freeze_case_path_is_workspace_relative_and_exclusive(ws: Workspace, args: dict[str, Any],
+                                                                    expected: str) -> None:
+    (ws.root.parent / "outside.json").write_text(json.dumps(draft(free_port())))
+    async with Client(build_server(ws)) as c:
+        r = await c.call_tool("freeze_case", args)
+    assert r.is_error and expected in text_of(r) and "fix:" in text_of(r)
+
+
+async def test_resources_handoff_and_report_errors(ws: Workspace) -> None:
+    async with Client(build_server(ws)) as c:
+        templates = [t.uri_template for t in (await c.list_resource_templates()).resource_templates]
+        handoff = await c.read_resource("caseledger://handoff")
+        with pytest.raises(MCPError, match=r"not in the ledger; fix: phase_status"):
+            await c.read_resource("caseledger://runs/r-0123abcd/report")
+        with pytest.raises(MCPError, match="not a valid id"):
+            await c.read_resource("caseledger://runs/r-x/report")
+    assert "caseledger://runs/{run_id}/report" in templates
+    body = handoff.contents[0]
+    assert isinstance(body.text if hasattr(body, "text") else None, str)
+    assert "# HANDOFF" in body.text  # type: ignore[union-attr]
+    assert (ws.root / "HANDOFF.md").exists()  # regenerated on read
+
+
+async def test_report_resource_reads_the_runs_report_md(ws: Workspace) -> None:
+    paths = ws.run("r-0123abcd")
+    paths.root.mkdir(parents=True)
+    paths.run_json.write_text("{}")
+    async with Client(build_server(ws)) as c:
+        with pytest.raises(MCPError, match=r"no report yet; fix: summarize\(run_ids=\['r-0123abcd'\]\)"):
+            await c.read_resource("caseledger://runs/r-0123abcd/report")
+        paths.report_md.write_text("# Run r-0123abcd\n")
+        r = await c.read_resource("caseledger://runs/r-0123abcd/report")
+    assert r.contents[0].text == "# Run r-0123abcd\n"  # type: ignore[union-attr]
+
+
+async def test_blocking_tool_runs_off_the_event_loop_and_heartbeats_progress(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real = tools.freeze_case
+
+    def slow_freeze(*a: Any, **k: Any) -> Any:
+        assert release.wait(10)
+        return real(*a, **k)
+
+    monkeypatch.setattr(tools, "freeze_case", slow_freeze)
+    monkeypatch.setattr(app, "HEARTBEAT_S", 0.05)
+    beats: list[tuple[float, str | None]] = []
+
+    async def progress(p: float, total: float | None, message: str | None) -> None:
+        beats.append((p, message))
+
+    out: list[CallToolResult] = []
+    async with Client(build_server(ws)) as c, anyio.create_task_group() as tg:
+        async def freeze() -> None:
+            out.append(await c.call_tool("freeze_case", {"path": "cases/draft.json"}, progress_callback=progress))
+
+        tg.start_soon(freeze)
+        with anyio.fail_after(5):  # answered while freeze_case is still blocked in its thread
+            status = await c.call_tool("phase_status", {})
+        assert status.is_error and not out
+        while len(beats) < 2:
+            await anyio.sleep(0.02)
+        release.set()
+    assert out and not out[0].is_error
+    assert beats[0][1] is not None and beats[0][1].startswith("freezing the case")
+    assert [p for p, _ in beats] == sorted(p for p, _ in beats)
+
+
+# ------------------------------------------------------------------------------------- transports: rules
+
+
+def test_http_binding_rules() -> None:
+    assert app.parse_host_port("127.0.0.1:8765") == ("127.0.0.1", 8765)
+    assert app.parse_host_port("[::1]:8765") == ("::1", 8765)
+    for bad in ("8765", "host:", "host:99999", ":80"):
+        with pytest.raises(CaseledgerError, match="HOST:PORT"):
+            app.parse_host_port(bad)
+    assert app.is_loopback("127.0.0.1") and app.is_loopback("::1") and app.is_loopback("localhost")
+    assert not app.is_loopback("0.0.0.0") and not app.is_loopback("example.org")
+
+
+def test_serve_refuses_non_loopback_without_a_token(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(NotAuthorized, match="--token-env"):
+        serve(ws, http="0.0.0.0:1", token_env=None)
+    monkeypatch.setenv("CL_SHORT", "abc")
+    with pytest.raises(NotAuthorized, match="at least 16"):
+        serve(ws, http="0.0.0.0:1", token_env="CL_SHORT")
+    with pytest.raises(CaseledgerError, match="only applies to --http"):
+        serve(ws, http=None, token_env="CL_SHORT")
+
+
+def test_inspect_arguments_parse_json_else_string() -> None:
+    schema = {"properties": {"run_ids": {"type": "array", "items": {"type": "string"}},
+                             "parent": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                             "ratio": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+                             "draft": {"anyOf": [{"type": "object"}, {"type": "null"}]}}}
+    got = parse_arguments(["run_ids=r-a,r-b", "parent=1234", "ratio=0.9", 'draft={"a": 1}'], schema)
+    assert got == {"run_ids": ["r-a", "r-b"], "parent": "1234", "ratio": 0.9, "draft": {"a": 1}}
+    assert parse_arguments(['run_ids=["r-a"]'], schema) == {"run_ids": ["r-a"]}
+    with pytest.raises(ValueError, match="unknown parameter 'nope'"):
+        parse_arguments(["nope=1"], schema)
+
+
+# ------------------------------------------------------------------------------------- transports: real processes
+
+
+def server_params(ws: Workspace) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)],
+                                 env=dict(os.environ))
+
+
+def test_stdio_stdout_carries_only_json_rpc(ws: Workspace) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "0"}}}
+    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
+    p = subprocess.Popen([sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        p.stdin.write("".join(json.dumps(m) + "\n" for m in lines).encode())
+        p.stdin.flush()
+        got = [json.loads(p.stdout.readline()) for _ in range(2)]  # a stray print fails to parse here
+    finally:
+        p.stdin.close()
+        rest = p.stdout.read()
+        p.wait(10)
+    assert [m["id"] for m in got] == [1, 2]
+    assert sorted(t["name"] for t in got[1]["result"]["tools"]) == sorted(SIX)
+    assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
+
+
+async def test_stdio_subprocess_lists_tools_freezes_and_names_fixes(ws: Workspace) -> None:
+    async with Client(server_params(ws)) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+        r = await c.call_tool("freeze_case", {"path": "cases/draft.json"})
+        err = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
+    assert not r.is_error and r.structured_content and r.structured_content["case_id"].startswith("c-")
+    assert len(text_of(r).encode()) < SHORT
+    assert err.is_error and "fix:" in text_of(err)
+
+
+def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
+    assert inspect_main(ws, []) == 0
+    listing = capsys.readouterr().out
+    assert all(f"{name}  [" in listing for name in SIX)
+    assert "in:  path?: string|null, draft?: object|null, parent?: string|null" in listing
+    assert inspect_main(ws, ["call", "phase_status", "run_id=r-0123abcd"], as_json=True) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["is_error"] is True and "fix:" in doc["text"] and doc["structured_content"] is None
+
+
+@pytest.fixture
+def http_server(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[tuple[str, str | None]]:
+    """`caseledger mcp --http 127.0.0.1:PORT` as a subprocess; the token when the test asks for one."""
+    token = "t0ken-" + "x" * 20 if getattr(request, "param", False) else None
+    port = free_port()
+    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"127.0.0.1:{port}"]
+    env = dict(os.environ)
+    if token:
+        argv += ["--token-env", "CL_TEST_TOKEN"]
+        env["CL_TEST_TOKEN"] = token
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert p.poll() is None, "server exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server did not listen"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp", token
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+async def test_streamable_http_on_loopback(http_server: tuple[str, str | None]) -> None:
+    url, _ = http_server
+    async with Client(url) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+        r = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
+    assert r.is_error and "fix:" in text_of(r)
+
+
+@pytest.mark.parametrize("http_server", [True], indirect=True)
+async def test_streamable_http_token_required(http_server: tuple[str, str | None]) -> None:
+    url, token = http_server
+    assert token is not None
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    async with httpx2.AsyncClient() as h:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+            resp = await h.post(url, json=body, headers=headers)
+            assert resp.status_code == 401, headers
+            assert resp.headers["www-authenticate"].startswith("Bearer")
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
+            Client(streamable_http_client(url, http_client=h)) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+
+
+# ------------------------------------------------------------------------------------- a real run, end to end
+
+
+@pytest.mark.slow
+async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
+    from caseledger import authorization, services
+
+    authorization.set_mode(ws, "auto")
+    sizes: dict[str, int] = {}
+
+    def short(name: str, r: CallToolResult, limit: int = SHORT) -> dict[str, Any]:
+        assert not r.is_error, f"{name}: {text_of(r)}"
+        sizes[name] = max(sizes.get(name, 0), len(text_of(r).encode()))
+        assert sizes[name] < limit, f"{name} answered {sizes[name]} bytes:\n{text_of(r)}"
+        assert "next: " in text_of(r) and r.structured_content is not None
+        return r.structured_content
+
+    try:
+        async with Client(server_params(ws)) as c:
+            cid = short("freeze_case", await c.call_tool("freeze_case", {"path": "cases/draft.json"}))["case_id"]
+            started = short("start_run", await c.call_tool("start_run", {"case_id": cid}))
+            rid = started["run_id"]
+            assert started["preflight"] == "passed", started
+            with anyio.fail_after(180):
+                while True:
+                    st = short("phase_status", await c.call_tool("phase_status", {"run_id": rid}))
+                    if st["state"] not in ("created", "running"):
+                        break
+                    await anyio.sleep(1)
+            assert st["state"] == "succeeded" and st["results_extracted"], st
+            assert st["sent"] == st["done"] == 8
+            summ = short("summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 1000)
+            assert summ["runs"][0]["results_extracted"]
+            rep = short("reprocess_raw", await c.call_tool("reprocess_raw", {"run_id": rid}))
+            assert rep["requests_sent"] == 0
+            report = await c.read_resource(f"caseledger://runs/{rid}/report")
+            assert rid in report.contents[0].text  # type: ignore[union-attr]
+    finally:
+        services.stop_all(ws)
