@@ -4,7 +4,8 @@
 
 Scenarios: 640 requests x 1024 chunks (the seeds' 128K C90 run shape) and 1M requests x 4 chunks.
 Each measurement runs in a fresh child process so ru_maxrss is the processor's own peak, not the
-generator's. Prints a small table; asserts nothing (wall-clock depends on the machine).
+generator's. "s" columns are wall-clock, "CPU s" is process CPU time (the fair figure on a shared,
+loaded machine). Prints a small table; asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,12 +34,30 @@ def generate(path: Path, n: int, chunks: int, concurrency: int) -> None:
             send = T0 + (i // concurrency) * (chunks + 50) * step + (i % concurrency) * 1000
             first = send + 50 * step
             cns = [first + k * step for k in range(chunks)]
-            buf.append(orjson.dumps({
-                "i": i, "entry": i, "route": 0, "send_ns": send, "chunk_ns": cns, "chunk_tokens": [1] * chunks,
-                "end_ns": cns[-1] + 1000, "status": 200, "ok": i % 997 != 5, "error": None, "error_class": None,
-                "prompt_tokens": 131076, "completion_tokens": chunks, "cached_tokens": 118784,
-                "finish_reason": "length", "input_tokens_body": 131072, "input_tokens_chat": 131076,
-            }) + b"\n")
+            buf.append(
+                orjson.dumps(
+                    {
+                        "i": i,
+                        "entry": i,
+                        "route": 0,
+                        "send_ns": send,
+                        "chunk_ns": cns,
+                        "chunk_tokens": [1] * chunks,
+                        "end_ns": cns[-1] + 1000,
+                        "status": 200,
+                        "ok": i % 997 != 5,
+                        "error": None,
+                        "error_class": None,
+                        "prompt_tokens": 131076,
+                        "completion_tokens": chunks,
+                        "cached_tokens": 118784,
+                        "finish_reason": "length",
+                        "input_tokens_body": 131072,
+                        "input_tokens_chat": 131076,
+                    }
+                )
+                + b"\n"
+            )
             if len(buf) >= 10_000:
                 f.write(b"".join(buf))
                 buf.clear()
@@ -50,23 +69,40 @@ def child(path: Path, concurrency: int) -> None:
     from caseledger.case import Case
     from caseledger.metrics import compute_result, read_raw
 
-    case = Case.model_validate({
-        "scenario": "bench", "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}],
-                                        "cards": 16},
-        "load": {"requests": 1, "concurrency": concurrency}, "cache": {"min_hit_ratio": 0.9},
-    })
-    t0 = time.perf_counter()
+    case = Case.model_validate(
+        {
+            "scenario": "bench",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
+            "load": {"requests": 1, "concurrency": concurrency},
+            "cache": {"min_hit_ratio": 0.9},
+        }
+    )
+    t0, c0 = time.perf_counter(), time.process_time()
     cols, src = read_raw(path)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     result = compute_result(case, cols, source=src)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     data = result.model_dump_json()
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    sys.stdout.write(orjson.dumps({
-        "import_s": t0 - t_import, "read_s": t1 - t0, "compute_s": t2 - t1, "dump_s": t3 - t2,
-        "peak_mb": peak_mb, "requests": result.requests, "chunks": int(cols.chunk_ns.size), "json_kb": len(data) / 1024,
-    }).decode() + "\n")
+    sys.stdout.write(
+        orjson.dumps(
+            {
+                "import_s": t0 - t_import,
+                "read_s": t1 - t0,
+                "compute_s": t2 - t1,
+                "dump_s": t3 - t2,
+                "read_cpu": c1 - c0,
+                "compute_cpu": c2 - c1,
+                "total_cpu": c3 - c0,
+                "peak_mb": peak_mb,
+                "requests": result.requests,
+                "chunks": int(cols.chunk_ns.size),
+                "json_kb": len(data) / 1024,
+            }
+        ).decode()
+        + "\n"
+    )
 
 
 def main() -> int:
@@ -84,15 +120,40 @@ def main() -> int:
             generate(raw, n, chunks, conc)
             size_mb = raw.stat().st_size / 2**20
             start = time.perf_counter()
-            out = subprocess.run([sys.executable, __file__, "--child", str(raw), str(conc)], capture_output=True,
-                                 text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", str(raw), str(conc)], capture_output=True, text=True, check=True
+            )
             wall = time.perf_counter() - start
             m = orjson.loads(out.stdout)
-            rows.append((name, m["requests"], m["chunks"], size_mb, m["read_s"], m["compute_s"], m["dump_s"],
-                         m["read_s"] + m["compute_s"] + m["dump_s"], wall, m["peak_mb"]))
+            rows.append(
+                (
+                    name,
+                    m["requests"],
+                    m["chunks"],
+                    size_mb,
+                    m["read_s"],
+                    m["compute_s"],
+                    m["dump_s"],
+                    m["read_s"] + m["compute_s"] + m["dump_s"],
+                    m["total_cpu"],
+                    wall,
+                    m["peak_mb"],
+                )
+            )
             raw.unlink()
-    head = ("scenario", "requests", "chunks", "raw MB", "read s", "compute s", "dump s", "total s", "process s",
-            "peak RSS MB")
+    head = (
+        "scenario",
+        "requests",
+        "chunks",
+        "raw MB",
+        "read s",
+        "compute s",
+        "dump s",
+        "total s",
+        "total CPU s",
+        "process s",
+        "peak RSS MB",
+    )
     print(" | ".join(head))
     for r in rows:
         print(" | ".join([r[0], str(r[1]), str(r[2]), *(f"{x:.2f}" for x in r[3:])]))

@@ -64,6 +64,9 @@ class ReferenceConfig(_Model):
     hide_counters: list[str] = Field(
         default_factory=list, description="Spec-decode counter names left out of /metrics (tests of NOT_OBSERVED)"
     )
+    max_model_len: int | None = Field(
+        None, ge=2, description="Context limit: prompt + max_tokens above it is rejected with HTTP 400 (like vLLM)"
+    )
     error_rate: float = Field(0.0, ge=0, le=1, description="Fault: share of requests answered with HTTP 500")
     crash_after: int | None = Field(None, ge=1, description="Fault: exit the server after this many requests")
     stall_after: int | None = Field(None, ge=1, description="Fault: stall streams forever after this many requests")

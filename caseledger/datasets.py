@@ -257,6 +257,7 @@ def _plan(input_tokens: int, head: int, overhead: int, block: int, target: Fract
 
 class _Tok(Protocol):
     head: str  # chat-template text before the content ("" when the template is not counted)
+    raw: Any  # the underlying tokenizer object (loaded once per process by caseledger.tokenizer)
 
     def count_batch(self, texts: Sequence[str]) -> list[int]: ...
 
@@ -271,7 +272,7 @@ class _FastTok:
     """The builtin: tokenizers.Tokenizer on tokenizer.json with ChatML, no transformers import."""
 
     def __init__(self, tok: Any, chat: bool) -> None:
-        self._tok = tok
+        self._tok = self.raw = tok
         self._chat = chat
         self.head = _tokenizer.chatml(_SENTINEL).partition(_SENTINEL)[0] if chat else ""
         # encode_batch_fast (tokenizers >= 0.20) skips offsets: same ids, about 25% faster.
@@ -296,7 +297,7 @@ class _HFTok:
     """A local transformers tokenizer; the chat count comes from its own apply_chat_template."""
 
     def __init__(self, tok: Any, chat: bool, name: str) -> None:
-        self._tok = tok
+        self._tok = self.raw = tok
         self._chat = chat
         self.head = ""
         if chat:
@@ -372,6 +373,17 @@ class _Words:
     bare_ones: list[str]  # words that are one token without the space: a prefix's first word
     maxcost: int
     mean: float
+
+
+_WORDS: dict[int, tuple[Any, _Words]] = {}  # id(raw tokenizer) -> (it, its word table); a few entries
+
+
+def _words_for(tok: _Tok, name: str) -> _Words:
+    """The word table of a tokenizer, measured once per process (~0.2 s for the builtin)."""
+    hit = _WORDS.get(id(tok.raw))
+    if hit is None or hit[0] is not tok.raw:
+        hit = _WORDS[id(tok.raw)] = (tok.raw, _measure_words(tok, name))
+    return hit[1]
 
 
 def _measure_words(tok: _Tok, name: str) -> _Words:
@@ -597,7 +609,7 @@ def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
     """synthetic and prefix_cache: shared prefix per group + salt slot + unique suffix, exact lengths."""
     n, block, out = int(ds.entries), int(ds.block_size), int(ds.output_tokens)
     key = f"caseledger/{GENERATOR_VERSION}/{ds.seed}"
-    table = _measure_words(tok, name)
+    table = _words_for(tok, name)
     lay = _layout(ds, tok, table, key)
     plan, groups = lay.plan, len(lay.prefixes)
     body = plan.prefix_tokens + plan.salt_k + plan.suffix_tokens

@@ -137,6 +137,13 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
     """Start (or re-attach to) the load client and wait for it; never start a second client over raw data."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     end = read_json_or_none(paths.load_end)
+    prev = read_json_or_none(paths.phase_file("load")) or {}
+    if end is not None and prev.get("failure_class") == "hot_entry":
+        # the formal entry rejected every request (none was served): keep that attempt's raw data aside
+        # and send the load again on the same warm service
+        paths.load_dir.rename(paths.root / f"load.attempt-{prev.get('attempt', attempt - 1)}")
+        paths.load_dir.mkdir()
+        end = None
     pid = read_json_or_none(paths.load_pid)
     reattached = False
     if end is None and procs.alive(pid):
@@ -176,9 +183,25 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
     _snapshot(case, paths.metrics_after)
+    _check_entry(paths, end)
     return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"],
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+
+
+def _check_entry(paths: RunPaths, end: dict[str, Any]) -> None:
+    """hot_entry: the warm service rejected every formal request with a 4xx (a parameter it does not take)."""
+    if end.get("ok", 0) or not end.get("done"):
+        return
+    recs = read_records(paths.raw).records
+    if recs and all(r["error_class"] == "http" and r["status"] and 400 <= r["status"] < 500 for r in recs):
+        first = recs[0]
+        raise PhaseFailed(
+            f"formal entry rejected all {len(recs)} requests: HTTP {first['status']} {first['error'] or ''}"[:300],
+            "hot_entry",
+            "none was served; the service stays warm: freeze a corrected child case (the plan reuses the service), "
+            "or fix the client and resume (re-sends the rejected load only)",
+        )
 
 
 def _fault_ctl() -> str | None:

@@ -243,7 +243,8 @@ def _advise(v: RunView) -> None:
     elif fc == "collect":
         v.next_call = f"reprocess_raw(run_id='{rid}') — repairs from raw data, no requests re-sent"
     elif fc == "hot_entry":
-        v.next_call = f"fix the request parameter, then resume(run_id='{rid}') — keeps the warm service"
+        v.next_call = (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run "
+                       f"(reuses the warm service); or after a client fix resume(run_id='{rid}')")
         v.next_resends_requests = True
     elif fc == "service":
         v.next_call = f"resume(run_id='{rid}') retries the service phase (or roll back to the recovery target)"

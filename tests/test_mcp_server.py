@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, TextResourceContents
 
 import caseledger.server.app as app
 from caseledger import tools
@@ -73,8 +73,9 @@ async def test_lists_exactly_the_six_tools_with_honest_annotations(ws: Workspace
         listed = {t.name: t for t in (await c.list_tools()).tools}
     assert sorted(listed) == sorted(SIX)
     a = {n: t.annotations for n, t in listed.items()}
-    assert all(x is not None for x in a.values())
-    assert a["phase_status"].read_only_hint and a["summarize"].read_only_hint  # type: ignore[union-attr]
+    for name in ("phase_status", "summarize"):
+        ann = a[name]
+        assert ann is not None and ann.read_only_hint
     for name in ("freeze_case", "reprocess_raw"):
         ann = a[name]
         assert ann is not None and ann.idempotent_hint and not ann.read_only_hint and ann.destructive_hint is False
@@ -158,8 +159,7 @@ async def test_resources_handoff_and_report_errors(ws: Workspace) -> None:
             await c.read_resource("caseledger://runs/r-x/report")
     assert "caseledger://runs/{run_id}/report" in templates
     body = handoff.contents[0]
-    assert isinstance(body.text if hasattr(body, "text") else None, str)
-    assert "# HANDOFF" in body.text  # type: ignore[union-attr]
+    assert isinstance(body, TextResourceContents) and body.text.startswith("# HANDOFF")
     assert (ws.root / "HANDOFF.md").exists()  # regenerated on read
 
 
@@ -172,7 +172,7 @@ async def test_report_resource_reads_the_runs_report_md(ws: Workspace) -> None:
             await c.read_resource("caseledger://runs/r-0123abcd/report")
         paths.report_md.write_text("# Run r-0123abcd\n")
         r = await c.read_resource("caseledger://runs/r-0123abcd/report")
-    assert r.contents[0].text == "# Run r-0123abcd\n"  # type: ignore[union-attr]
+    assert isinstance(r.contents[0], TextResourceContents) and r.contents[0].text == "# Run r-0123abcd\n"
 
 
 async def test_blocking_tool_runs_off_the_event_loop_and_heartbeats_progress(
@@ -381,6 +381,6 @@ async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
             rep = short("reprocess_raw", await c.call_tool("reprocess_raw", {"run_id": rid}))
             assert rep["requests_sent"] == 0
             report = await c.read_resource(f"caseledger://runs/{rid}/report")
-            assert rid in report.contents[0].text  # type: ignore[union-attr]
+            assert isinstance(report.contents[0], TextResourceContents) and rid in report.contents[0].text
     finally:
         services.stop_all(ws)

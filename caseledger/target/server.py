@@ -367,6 +367,12 @@ class ReferenceTarget:
         if not ids:
             return _json(_error_body("the prompt has no tokens", "BadRequestError", 400, "prompt"), 400,
                          self._after(ticket))
+        limit = engine.config.max_model_len
+        if limit is not None and len(ids) + p.max_tokens > limit:  # vLLM's wording and status
+            return _json(_error_body(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(ids) + p.max_tokens} tokens ({len(ids)} in the messages, {p.max_tokens} in the completion).",
+                "BadRequestError", 400, "max_tokens"), 400, self._after(ticket))
         max_tokens = 1 if ticket.fault == "stall" else p.max_tokens  # a stalled request holds no slot
         seq = engine.submit(ids, max_tokens, ignore_eos=p.ignore_eos, cache_prompt=p.cache_prompt)
         return _Reply(self, seq, ticket, p, chat)

@@ -1,0 +1,86 @@
+"""HANDOFF.md: short, derived from the ledger, and enough for a new session to take the next step."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from caseledger import handoff
+from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
+from caseledger.workspace import Workspace
+from tests.conftest import free_port, ref_draft
+
+pytestmark = pytest.mark.slow
+
+
+def next_line(ws: Workspace) -> str:
+    text = ws.handoff.read_text()
+    assert len(text.encode()) <= 1024 and len(text.splitlines()) <= 25, text
+    lines = [x for x in text.splitlines() if x.startswith("next: ")]
+    assert len(lines) == 1, text  # exactly one next action
+    return lines[0]
+
+
+def run_failing(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | None, **over: Any) -> str:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port, **over))
+    if fault:
+        monkeypatch.setenv("CASELEDGER_FAULT", fault)
+    r = start_run(ws, case.case_id, wait=True)
+    monkeypatch.delenv("CASELEDGER_FAULT", raising=False)
+    return r.run_id
+
+
+def test_before_model_failure_points_at_fix_and_resume(ws: Workspace, monkeypatch: pytest.MonkeyPatch,
+                                                        stop_services: None) -> None:
+    rid = run_failing(ws, monkeypatch, "preflight:connect")
+    nxt = next_line(ws)
+    assert f"resume(run_id='{rid}')" in nxt and "0 model requests" in nxt
+    assert "before_model" in ws.handoff.read_text()
+
+
+def test_hot_entry_failure_keeps_the_service_and_names_a_corrected_child(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    # warmup (2 output tokens) fits the context limit, the formal load (48) does not: HTTP 400 on every request
+    rid = run_failing(ws, monkeypatch, None,
+                      service={"reference": {"max_model_len": 100, "prefill_tokens_per_s": 200000}},
+                      dataset={"source": "synthetic", "input_tokens": 40, "output_tokens": 48})
+    s = phase_status(ws, rid)
+    assert s.failure_class == "hot_entry" and s.phase == "load" and s.done == 8 and s.failed == 8
+    assert not s.next_restarts_service
+    nxt = next_line(ws)
+    assert "freeze_case(" in nxt and s.case_id in nxt and "reuses the warm service" in nxt
+    assert "alive" in ws.handoff.read_text()  # the warm service is still there
+
+
+def test_collect_failure_points_at_reprocess_and_then_summarize(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    rid = run_failing(ws, monkeypatch, "postprocess:fail=import")
+    s = phase_status(ws, rid)
+    assert s.failure_class == "collect" and s.load_ended == "yes" and not s.results_extracted
+    assert "No module named" in (s.blocker or "")  # the original error is kept
+    nxt = next_line(ws)
+    assert f"reprocess_raw(run_id='{rid}')" in nxt
+    r = reprocess_raw(ws, rid)
+    assert r.requests == 8 and r.requests_sent == 0
+    assert phase_status(ws, rid).state == "succeeded"
+    assert f"summarize(run_ids=['{rid}'])" in next_line(ws)
+
+
+def test_end_unknown_points_at_resume(ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    rid = run_failing(ws, monkeypatch, "load:exit_after=3",
+                      service={"reference": {"decode_step_s": 0.01, "prefill_tokens_per_s": 200000}})
+    nxt = next_line(ws)
+    assert f"resume(run_id='{rid}')" in nxt and "no formal request again" in nxt
+
+
+def test_deleting_the_handoff_loses_nothing(ws: Workspace, stop_services: None) -> None:
+    case = freeze_case(ws, draft=ref_draft(free_port()))
+    start_run(ws, case.case_id, wait=True)
+    before = ws.handoff.read_text()
+    ws.handoff.unlink()
+    after = handoff.refresh(ws)
+    strip = lambda t: re.sub(r"generated \S+", "", t)  # noqa: E731
+    assert strip(after) == strip(before)
