@@ -11,6 +11,7 @@ temporary workspace that is removed afterwards (unless --keep). Prints one small
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import sys
@@ -27,6 +28,12 @@ from caseledger.workspace import Workspace
 
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _cpu_s() -> float:
+    """User + system CPU of this process, all threads (tokenizers encodes batches on every core)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _case(entries: int, tokens: int, block: int, groups: int, ratio: float) -> Case:
@@ -52,16 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="caseledger-bench-"))
     ws = Workspace(root)
     case = _case(args.entries, args.tokens, args.block, args.groups, args.ratio)
-    rows: list[tuple[str, float, float, str]] = []
+    rows: list[tuple[str, float, float, float, str]] = []
 
     def step(name: str, fn: Callable[[], Any], note: Callable[[Any], str]) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         out = fn()
-        rows.append((name, time.perf_counter() - t0, _peak_mb(), note(out)))
+        rows.append((name, time.perf_counter() - t0, _cpu_s() - c0, _peak_mb(), note(out)))
         return out
 
     try:
-        rows.append(("start (imports)", 0.0, _peak_mb(), ""))
+        rows.append(("start (imports)", 0.0, _cpu_s(), _peak_mb(), ""))
         ident = step("materialize (cold)", lambda: datasets.materialize(ws, case),
                      lambda i: f"{i.dataset_id}, counting {i.counting.method}")
         step("materialize (reuse)", lambda: datasets.materialize(ws, case), lambda i: "no tokenizer loaded")
@@ -76,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{ident.chat_tokens.max} chat tokens, {ident.expected_cached_tokens.min} cached "
               f"(ratio {ident.expected_hit_ratio.min:.6f}), below target {ident.below_target.count}, "
               f"entries.jsonl {size / 2**20:.0f} MiB, transformers imported: {'transformers' in sys.modules}")
-        print(f"{'step':<28} {'wall s':>8} {'peak RSS MiB':>13}  note")
-        for name, wall, peak, note in rows:
-            print(f"{name:<28} {wall:>8.2f} {peak:>13.0f}  {note}")
+        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cpus")
+        print(f"{'step':<28} {'wall s':>8} {'cpu s':>8} {'peak RSS MiB':>13}  note")
+        for name, wall, cpu, peak, note in rows:
+            print(f"{name:<28} {wall:>8.2f} {cpu:>8.2f} {peak:>13.0f}  {note}")
     finally:
         if args.keep:
             print(f"workspace kept: {root}")

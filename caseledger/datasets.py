@@ -693,8 +693,8 @@ def _check_salt(salted: int, body: int, name: str) -> None:
         )
 
 
-def _generate_file(ws: Workspace, ds: Any, tok: _Tok, path: Path) -> _Result:
-    """file: JSONL of {"prompt": str, "output_tokens"?: int}, hashed as is, every prompt encoded whole."""
+def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
+    """file: the first dataset.entries (prompt, output_tokens) of the JSONL, and the file's sha256."""
     src = ws.inside(ds.path, "dataset.path")
     if not src.is_file():
         raise CaseInvalid(
@@ -729,6 +729,11 @@ def _generate_file(ws: Workspace, ds: Any, tok: _Tok, path: Path) -> _Result:
             "(one entry per formal request)",
             f"add prompts to the file, or lower dataset.entries (and load.requests) to at most {len(rows)}",
         )
+    return rows, sha256_bytes(raw)
+
+
+def _generate_file(rows: list[tuple[str, int]], source_sha256: str, ds: Any, tok: _Tok, path: Path) -> _Result:
+    """file: the prompts as is, each encoded whole (alone and with the chat template); no salt slot."""
     head = len(tok.encode_batch([tok.head])[0]) if tok.head else 0
     cached = head // ds.block_size * ds.block_size
     w = _Writer(path)
@@ -741,7 +746,7 @@ def _generate_file(ws: Workspace, ds: Any, tok: _Tok, path: Path) -> _Result:
             w.add(_entry(lo + j, 0, "", "", prompt, b, c, cached, out))
     w.close()
     return _Result(w.acc, Counting(method="full", checked=list(range(len(rows)))), SaltSlot(words=[], k=0),
-                   sha256_bytes(raw))
+                   source_sha256)
 
 
 def _int_stats(xs: list[int]) -> IntStats:
@@ -753,15 +758,19 @@ def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
     if not idx or target == 0:
         return BelowTarget(count=0, first=[], message=None)
     best = max(idx, key=lambda i: Fraction(acc.cached[i], acc.chat[i]) if acc.chat[i] else Fraction(0))
+    if ds.source == "prefix_cache":
+        why = ("whole cache blocks of the shared prefix cannot reach it; raise dataset.input_tokens, or lower "
+               "dataset.block_size or dataset.prefix_ratio")
+    else:
+        why = (f"a {ds.source} dataset shares only the chat-template head by construction; use source "
+               "'prefix_cache' for a cache target, or set dataset.prefix_ratio 0")
     return BelowTarget(
         count=len(idx),
         first=idx[:_BELOW_FIRST],
         message=(
             f"{len(idx)} of {len(acc.chat)} entries expect a hit ratio below the target {float(target)}; "
             f"best of them {_pct_floor(acc.cached[best], acc.chat[best])} ({acc.cached[best]} cached of "
-            f"{acc.chat[best]} {HIT_RATIO_DENOMINATOR}, block {ds.block_size}, source {ds.source}): whole "
-            "cache blocks of the shared prefix cannot reach it; raise dataset.input_tokens, or lower "
-            "dataset.block_size or dataset.prefix_ratio"
+            f"{acc.chat[best]} {HIT_RATIO_DENOMINATOR}, block {ds.block_size}, source {ds.source}): {why}"
         ),
     )
 
@@ -771,12 +780,12 @@ def _generate(ws: Workspace, case: Case, dataset_id: str, tmp: Path) -> DatasetI
     ds = case.dataset
     api = case.target.api
     chat = ds.chat_template and api == "chat"
-    tok = _open_tokenizer(ds.tokenizer, chat)
     entries_path = tmp / ENTRIES_FILE
     if ds.source == "file":
-        res = _generate_file(ws, ds, tok, entries_path)
+        rows, source_sha256 = _read_prompts(ws, ds)  # a short or broken file fails before any tokenizer
+        res = _generate_file(rows, source_sha256, ds, _open_tokenizer(ds.tokenizer, chat), entries_path)
     else:
-        res = _generate_constructed(ds, tok, ds.tokenizer, entries_path)
+        res = _generate_constructed(ds, _open_tokenizer(ds.tokenizer, chat), ds.tokenizer, entries_path)
     acc = res.acc
     ratios = [c / t if t else 0.0 for c, t in zip(acc.cached, acc.chat, strict=True)]
     target = _target(ds.prefix_ratio)

@@ -71,9 +71,7 @@ class DecisionRecord(_Model):
         "positive = better; null when not computable"
     )
     missing: list[str] = Field(description="Missing evidence; empty unless outcome is insufficient")
-    load_ended: bool = Field(
-        description="The formal load ended (passed by the caller, from the end evidence)"
-    )
+    load_ended: bool = Field(description="The formal load ended (passed by the caller, from the end evidence)")
     results_extracted: bool = Field(description="Figures were computed from raw records")
     enough_to_decide: bool = Field(description="outcome is keep or close")
     reason: str = Field(description="One sentence: why this outcome")
@@ -114,13 +112,9 @@ def _evidence(who: str, rd: Reading, r: Result, metric: str) -> list[str]:
         out.append(f"{who}: no {rd.window} window ({w.reason})")
         return out
     if not rd.meets_min_requests:
-        out.append(
-            f"{who}: {rd.window} window has {rd.ok} successful requests, below min_requests {w.min_requests}"
-        )
+        out.append(f"{who}: {rd.window} window has {rd.ok} successful requests, below min_requests {w.min_requests}")
     if not rd.meets_min_duration:
-        out.append(
-            f"{who}: {rd.window} window lasts {rd.duration_s:.3f} s, below min_duration_s {w.min_duration_s}"
-        )
+        out.append(f"{who}: {rd.window} window lasts {rd.duration_s:.3f} s, below min_duration_s {w.min_duration_s}")
     if isinstance(rd.value, NotObserved):
         out.append(f"{who}: {metric} NOT_OBSERVED on the {rd.window} window ({rd.value.reason})")
     if r.failed:

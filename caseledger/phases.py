@@ -21,7 +21,7 @@ from caseledger.errors import PhaseFailed
 from caseledger.load.client import run_requests
 from caseledger.load.plan import RequestSpec, request_body, request_url
 from caseledger.records import RawRecord, read_records
-from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file
+from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file, write_json
 
 if TYPE_CHECKING:
     from caseledger.controller import Controller
@@ -160,10 +160,9 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
             p = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdin=subprocess.DEVNULL,
                                  stdout=lf, stderr=lf, env=env, start_new_session=True, close_fds=True)
         pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+        write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
         meta["load_started"] = True
         ctl.event("load_client_started", phase="load", attempt=attempt, data={"pid": p.pid})
-        if procs.start_time(p.pid) is not None and pid["start_time"] == 0:
-            pid["start_time"] = procs.start_time(p.pid) or 0
         if _fault_ctl() == "load":
             time.sleep(0.5)
             os._exit(137)

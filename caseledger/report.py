@@ -200,8 +200,7 @@ def _window_section(w: WindowResult) -> list[str]:
     if w.failed_by_class:
         out += [
             "",
-            "Failed requests in this window by class: "
-            + ", ".join(f"{k}={v}" for k, v in w.failed_by_class.items()),
+            "Failed requests in this window by class: " + ", ".join(f"{k}={v}" for k, v in w.failed_by_class.items()),
         ]
     if w.notes:
         out += ["", "Notes:", *[f"- {n}" for n in w.notes]]
@@ -229,9 +228,7 @@ def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[obje
         return ["step", "seconds"], [[k, v] for k, v in time_ledger.items()]
     rows: list[list[object]] = []
     for k, v in time_ledger.items():
-        rows.append(
-            [k, *[v.get(c) for c in cols]] if isinstance(v, dict) else [k, v, *[None] * (len(cols) - 1)]
-        )
+        rows.append([k, *[v.get(c) for c in cols]] if isinstance(v, dict) else [k, v, *[None] * (len(cols) - 1)])
     return ["step", *cols], rows
 
 
@@ -383,9 +380,7 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
     out: list[str] = []
     for name in ("whole", "native"):
         wins: list[WindowResult] = [getattr(r.windows, name) for _, _, r in rows]
-        rules = sorted(
-            {f"{w.rule}" + (f" r={w.params.get('ratio')}" if w.rule == "sglang" else "") for w in wins}
-        )
+        rules = sorted({f"{w.rule}" + (f" r={w.params.get('ratio')}" if w.rule == "sglang" else "") for w in wins})
         out += [f"## {name} vs {name}", ""]
         if len(rules) > 1:
             out += [
@@ -419,9 +414,7 @@ def report_json(
     }
 
 
-def render_plots(
-    result: Result, out_dir: Path, latencies_ms: dict[str, Sequence[float]] | None = None
-) -> list[Path]:
+def render_plots(result: Result, out_dir: Path, latencies_ms: dict[str, Sequence[float]] | None = None) -> list[Path]:
     """Optional PNGs (latency CDFs from per-request samples; concurrency with the native window shaded).
 
     Returns the files written; [] when matplotlib is not importable (the markdown report is complete

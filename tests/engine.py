@@ -49,9 +49,14 @@ def llama_paths() -> tuple[str, str]:
 
 
 def llama_argv(server: str, model: str) -> list[str]:
-    """The launch argv of a command-adapter case; caseledger fills {host} and {port}."""
+    """The launch argv of a command-adapter case; caseledger fills {host} and {port}.
+
+    --swa-full: Gemma 3 uses sliding-window attention; without a full-size SWA cache this llama-server
+    reuses a slot's KV only for an identical prompt, so a shared prefix with a different suffix reports
+    cached_tokens = 1 (seen here: 1 of 327 without the flag, 265 of 327 with it).
+    """
     return [server, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "4096", "-np", "4", "-t", "2",
-            "--metrics", "-a", MODEL_ALIAS]
+            "--metrics", "--swa-full", "-a", MODEL_ALIAS]
 
 
 def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, Any]:
@@ -63,9 +68,9 @@ def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, An
     d: dict[str, Any] = {
         "scenario": "llamacpp-test",
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": MODEL_ALIAS}]},
-        "service": {"adapter": "command", "argv": llama_argv(server, model), "health_timeout_s": 60},
+        "service": {"adapter": "command", "argv": llama_argv(server, model), "health_timeout_s": 120},
         "dataset": {"source": "synthetic", "input_tokens": 48, "output_tokens": 8},
-        "load": {"requests": 6, "concurrency": 2, "timeout_s": 120},
+        "load": {"requests": 4, "concurrency": 2, "timeout_s": 300},
         "warmup": {"requests": 2, "concurrency": 2, "max_tokens": 2},
         "measurement": {"spec_decode": "llamacpp"},
     }

@@ -41,30 +41,88 @@ def make_perf_dir(root: Path, *, tmp_db: bool = False) -> Path:
             conn.execute("INSERT INTO numpy_store (arr_blob) VALUES (?)", (blob(TP[rid]),))  # rows 1, 2
     conn.close()
     lines = [
-        {"data_abbr": "gsm8k", "id": 10, "uuid": "a", "success": True, "error_info": "", "input_tokens": 120,
-         "output_tokens": 3, "time_points": {"__db_ref__": 1}, "db_name": DB},
-        {"data_abbr": "gsm8k", "id": 11, "uuid": "b", "success": True, "error_info": "", "input_tokens": 80,
-         "output_tokens": 1, "time_points": {"__db_ref__": 2}, "db_name": DB},
-        {"data_abbr": "gsm8k", "id": 12, "uuid": "c", "success": True, "input_tokens": 64, "output_tokens": 2,
-         "time_points": TP[2]},  # an older inline layout
-        {"data_abbr": "gsm8k", "id": 13, "uuid": "d", "success": False, "error_info": "Request timed out",
-         "input_tokens": 64, "output_tokens": 0, "time_points": [1000.2, 1000.9]},
-        {"data_abbr": "gsm8k", "id": 14, "uuid": "e", "success": True, "input_tokens": 64, "output_tokens": 5,
-         "time_points": {"__db_ref__": 99}, "db_name": DB},  # killed before the database commit
+        {
+            "data_abbr": "gsm8k",
+            "id": 10,
+            "uuid": "a",
+            "success": True,
+            "error_info": "",
+            "input_tokens": 120,
+            "output_tokens": 3,
+            "time_points": {"__db_ref__": 1},
+            "db_name": DB,
+        },
+        {
+            "data_abbr": "gsm8k",
+            "id": 11,
+            "uuid": "b",
+            "success": True,
+            "error_info": "",
+            "input_tokens": 80,
+            "output_tokens": 1,
+            "time_points": {"__db_ref__": 2},
+            "db_name": DB,
+        },
+        {
+            "data_abbr": "gsm8k",
+            "id": 12,
+            "uuid": "c",
+            "success": True,
+            "input_tokens": 64,
+            "output_tokens": 2,
+            "time_points": TP[2],
+        },  # an older inline layout
+        {
+            "data_abbr": "gsm8k",
+            "id": 13,
+            "uuid": "d",
+            "success": False,
+            "error_info": "Request timed out",
+            "input_tokens": 64,
+            "output_tokens": 0,
+            "time_points": [1000.2, 1000.9],
+        },
+        {
+            "data_abbr": "gsm8k",
+            "id": 14,
+            "uuid": "e",
+            "success": True,
+            "input_tokens": 64,
+            "output_tokens": 5,
+            "time_points": {"__db_ref__": 99},
+            "db_name": DB,
+        },  # killed before the database commit
     ]
     (perf / "gsm8k_details.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     with (perf / "gsm8k.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["Performance Parameters", "Stage", "Average", "Min", "Max", "Median", "P75", "P90", "P99", "N"])
-        w.writerow(["TTFT", "total", "187.5 ms", "125.0 ms", "250.0 ms", "187.5 ms", "218.75 ms", "237.5 ms",
-                    "248.75 ms", 3])
-        w.writerow(["OutputTokenThroughput", "total", "6.1 token/s", "2.0 token/s", "9.0 token/s", "6.0 token/s",
-                    "7.0 token/s", "8.0 token/s", "8.9 token/s", 3])
-    (perf / "gsm8k.json").write_text(json.dumps({
-        "Benchmark Duration": {"total": "900.0 ms"},
-        "Total Requests": {"total": 4},
-        "Output Token Throughput": {"total": "6.6667 token/s"},
-    }))
+        w.writerow(
+            ["TTFT", "total", "187.5 ms", "125.0 ms", "250.0 ms", "187.5 ms", "218.75 ms", "237.5 ms", "248.75 ms", 3]
+        )
+        w.writerow(
+            [
+                "OutputTokenThroughput",
+                "total",
+                "6.1 token/s",
+                "2.0 token/s",
+                "9.0 token/s",
+                "6.0 token/s",
+                "7.0 token/s",
+                "8.0 token/s",
+                "8.9 token/s",
+                3,
+            ]
+        )
+    (perf / "gsm8k.json").write_text(
+        json.dumps(
+            {
+                "Benchmark Duration": {"total": "900.0 ms"},
+                "Total Requests": {"total": 4},
+                "Output Token Throughput": {"total": "6.6667 token/s"},
+            }
+        )
+    )
     return perf
 
 
@@ -97,10 +155,13 @@ def test_summary_figures_are_parsed(tmp_path: Path) -> None:
 
 def test_imported_records_go_through_the_same_metrics(tmp_path: Path) -> None:
     imp = read_aisbench(make_perf_dir(tmp_path, tmp_db=True))  # the tmp/ fallback location
-    case = Case.model_validate({
-        "scenario": "ais", "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}]},
-        "load": {"requests": 4, "concurrency": 4},
-    })
+    case = Case.model_validate(
+        {
+            "scenario": "ais",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}]},
+            "load": {"requests": 4, "concurrency": 4},
+        }
+    )
     r = compute_result(case, imp.records)
     ttft = r.windows.whole.latency.ttft
     assert isinstance(ttft, Distribution)

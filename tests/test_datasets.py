@@ -331,7 +331,14 @@ def test_file_source_inside_the_workspace_is_hashed_as_is(tmp_path: Path) -> Non
         ds.materialize(ws, make_case(4, source="file", path="data/prompts.jsonl", output_tokens=33))
 
 
-def test_file_source_outside_the_workspace_or_too_short_is_refused(tmp_path: Path) -> None:
+def test_file_source_outside_the_workspace_or_too_short_is_refused_before_any_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"tokenizer {name} loaded for a file that is refused anyway")
+
+    monkeypatch.setattr(tk, "load", refuse)
+    monkeypatch.setattr(tk, "load_fast", refuse)
     ws = new_ws(tmp_path / "ws")
     (tmp_path / "outside.jsonl").write_text('{"prompt": "hi"}\n')
     with pytest.raises(PathEscapes):

@@ -13,13 +13,15 @@ MS = 1_000_000
 
 
 def case(**decision: Any) -> Case:
-    return Case.model_validate({
-        "scenario": "dec",
-        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 4},
-        "load": {"requests": 8, "concurrency": 2},
-        "measurement": {"whole": {"min_requests": 4}},
-        "decision": decision,
-    })
+    return Case.model_validate(
+        {
+            "scenario": "dec",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 4},
+            "load": {"requests": 8, "concurrency": 2},
+            "measurement": {"whole": {"min_requests": 4}},
+            "decision": decision,
+        }
+    )
 
 
 def run(step_ms: float, n: int = 8, fail: int = 0, out_tokens: int = 10) -> list[RawRecord]:
@@ -29,13 +31,27 @@ def run(step_ms: float, n: int = 8, fail: int = 0, out_tokens: int = 10) -> list
         send = (i // 2) * (out_tokens + 1) * step_ms
         chunks = [send + (k + 1) * step_ms for k in range(out_tokens)]
         ok = i >= fail
-        recs.append({
-            "i": i, "entry": i, "route": 0, "send_ns": round(send * MS), "chunk_ns": [round(c * MS) for c in chunks],
-            "chunk_tokens": [1] * out_tokens, "end_ns": round(chunks[-1] * MS) + 1, "status": 200 if ok else 500,
-            "ok": ok, "error": None if ok else "boom", "error_class": None if ok else "http", "prompt_tokens": 50,
-            "completion_tokens": out_tokens if ok else None, "cached_tokens": None, "finish_reason": "length",
-            "input_tokens_body": 40, "input_tokens_chat": 50,
-        })
+        recs.append(
+            {
+                "i": i,
+                "entry": i,
+                "route": 0,
+                "send_ns": round(send * MS),
+                "chunk_ns": [round(c * MS) for c in chunks],
+                "chunk_tokens": [1] * out_tokens,
+                "end_ns": round(chunks[-1] * MS) + 1,
+                "status": 200 if ok else 500,
+                "ok": ok,
+                "error": None if ok else "boom",
+                "error_class": None if ok else "http",
+                "prompt_tokens": 50,
+                "completion_tokens": out_tokens if ok else None,
+                "cached_tokens": None,
+                "finish_reason": "length",
+                "input_tokens_body": 40,
+                "input_tokens_chat": 50,
+            }
+        )
     return recs
 
 

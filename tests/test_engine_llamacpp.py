@@ -9,9 +9,9 @@ still stands alone: whichever runs first starts the server. Keep the load SMALL 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import httpx2
 import orjson
 import pytest
 
@@ -21,10 +21,11 @@ from caseledger.state import fold
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
-from tests.engine import MODEL_ALIAS, counters, llama_draft, llama_paths, work
+from tests.engine import MODEL_ALIAS, llama_draft, llama_paths, work
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
+TIMEOUT = 420.0  # per run; a few seconds on an idle machine, minutes when the 2 cores are shared
 ALL_PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end",
               "postprocess", "decide")
 
@@ -62,122 +63,112 @@ def service_evidence(ws: Workspace, run_id: str) -> dict[str, Any]:
 def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> None:
     ws = llama.ws
     base = freeze_case(ws, draft=llama.draft())
-    r1 = start_run(ws, base.case_id, wait=True, timeout_s=240)
+    r1 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)
     assert r1.state == "succeeded", phase_status(ws, r1.run_id).text()
     v1 = fold(ws, r1.run_id)
     assert all(v1.phases[p].state.value in ("done", "reused", "skipped") for p in ALL_PHASES), v1.phases
-    assert v1.phases["warmup"].state.value == "done" and v1.phases["route_verify"].state.value == "done"
+    assert v1.phases["route_verify"].state.value == "done"
 
     # intended == effective: the argv read back from /proc is the case's, with {host}/{port} filled in
     ev1 = service_evidence(ws, r1.run_id)
     assert ev1["effective_argv"] == ev1["intended_argv"]
     assert ev1["effective_argv"][0] == llama.server and str(llama.port) in ev1["effective_argv"]
     assert ev1["verified_by"] == "live process cmdline + health"
+    routes = read_json(ws.run(r1.run_id).phase_file("route_verify"))["routes"]
+    assert MODEL_ALIAS in routes[0]["models"] and routes[0]["ok"]
 
-    # the server honoured ignore_eos (exactly max_tokens out) and reported usage for every request
+    # the server accepted ignore_eos and stream_options (exactly max_tokens out, usage on every request)
     recs = records(ws, r1.run_id)
-    assert len(recs) == 6 and all(r["ok"] for r in recs), [r["error"] for r in recs]
+    assert len(recs) == 4 and all(r["ok"] for r in recs), [r["error"] for r in recs]
     assert {r["completion_tokens"] for r in recs} == {8}
-    assert all(r["prompt_tokens"] and r["prompt_tokens"] > r["input_tokens_body"] for r in recs)
+    assert all(r["prompt_tokens"] and r["cached_tokens"] is not None for r in recs)
     assert all(len(r["chunk_ns"]) >= 2 and r["finish_reason"] == "length" for r in recs)
     result = latest_result(ws.run(r1.run_id).root)
     assert result is not None
     whole = result.windows.whole
-    assert whole.ok == 6 and whole.throughput.output.numerator == 48  # type: ignore[union-attr]
+    assert whole.ok == 4 and whole.throughput.output.numerator == 32  # type: ignore[union-attr]
     assert whole.latency.ttft.p50 > 0 and whole.latency.tpot.p50 > 0  # type: ignore[union-attr]
-    # llama.cpp's spec counters are present (and 0: no draft model), so AL is NOT_OBSERVED with the reason
+    # llama.cpp's spec counters are there (and stay 0 without a draft model): AL is NOT_OBSERVED, with why
     assert whole.spec_decode.source == "llamacpp"
     assert whole.spec_decode.acceptance_length.value == "NOT_OBSERVED"  # type: ignore[union-attr]
+    assert "is 0 during the load" in whole.spec_decode.acceptance_length.reason  # type: ignore[union-attr]
 
+    # hot child: only the concurrency changes
     before = work(llama.port)
-    child = freeze_case(ws, draft=llama.draft(load={"requests": 6, "concurrency": 3}), parent=base.case_id)
+    child = freeze_case(ws, draft=llama.draft(load={"requests": 4, "concurrency": 4}), parent=base.case_id)
     assert [d.path for d in child.delta] == ["load.concurrency"]
-    r2 = start_run(ws, child.case_id, wait=True, timeout_s=240)
+    r2 = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
     assert r2.state == "succeeded", phase_status(ws, r2.run_id).text()
     v2 = fold(ws, r2.run_id)
     assert {p: v2.phases[p].state.value for p in ("service", "warmup", "route_verify")} == {
         "service": "reused", "warmup": "reused", "route_verify": "reused"}
     ev2 = service_evidence(ws, r2.run_id)
     assert ev2["outcome"] == "reused" and ev2["pid"] == ev1["pid"]  # the same process: not restarted
-    assert ev2["starts"] == ev1["starts"]
+    assert ev2["starts"] == ev1["starts"] and ev2["effective_argv"] == ev1["effective_argv"]
     after = work(llama.port)
-    # only the 6 formal requests did model work: 6 x 8 tokens (warmup would add 2 x 2, route_verify 1)
-    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 48
-    assert max(r["completion_tokens"] for r in records(ws, r2.run_id)) == 8
+    # only the 4 formal requests did model work: 4 x 8 tokens (warmup would add 2 x 2, route_verify 1)
+    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 32
+    assert len(records(ws, r2.run_id)) == 4
 
 
 def test_prefix_cache_case_passes_its_cache_check(llama: Llama) -> None:
-    ws = llama.ws
+    # concurrency 1: llama.cpp keeps a prefix in the slot that computed it; a concurrent request that
+    # lands on another slot misses, which would make the check depend on slot assignment
     draft = llama.draft(
         scenario="llamacpp-prefix",
-        dataset={"source": "prefix_cache", "input_tokens": 160, "output_tokens": 8, "prefix_ratio": 0.8,
+        dataset={"source": "prefix_cache", "input_tokens": 96, "output_tokens": 8, "prefix_ratio": 0.8,
                  "block_size": 16, "prefix_groups": 1},
-        load={"requests": 4, "concurrency": 2, "timeout_s": 120},
+        load={"requests": 3, "concurrency": 1},
+        warmup={"requests": 1, "concurrency": 1},
         cache={"min_hit_ratio": 0.6, "check_requests": 2},
     )
+    ws = llama.ws
     case = freeze_case(ws, draft=draft)
-    run = start_run(ws, case.case_id, wait=True, timeout_s=240)
+    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
     ev = read_json(ws.run(run.run_id).phase_file("cache_prepare"))
     assert ev["mode"] == "seed+check" and ev["seed"]["ok"] == ev["seed"]["requests"] == 1
     # llama.cpp reports usage.prompt_tokens_details.cached_tokens; the ratio divides by its prompt_tokens
-    assert all(c and c > 0 for c in ev["check"]["cached_tokens"]), ev["check"]
-    assert min(ev["check"]["hit_ratios"]) >= 0.6, ev["check"]
+    check = ev["check"]
+    assert len(check["hit_ratios"]) == 2 and min(check["hit_ratios"]) >= 0.6, check
+    assert all(0 < c < p for c, p in zip(check["cached_tokens"], check["prompt_tokens"], strict=True)), check
     result = latest_result(ws.run(run.run_id).root)
     assert result is not None
     cache = result.windows.whole.cache
-    assert cache.requests_with_cached_tokens == 4
+    assert cache.requests_with_cached_tokens == 3
     assert cache.share_meeting_min == 1.0, cache.hit_ratio
+    assert cache.uncached_input_throughput.numerator < cache.nominal_input_throughput.numerator  # type: ignore[union-attr]
 
 
 def test_collect_failure_is_repaired_from_raw_without_model_work(
         llama: Llama, monkeypatch: pytest.MonkeyPatch) -> None:
     ws = llama.ws
-    case = freeze_case(ws, draft=llama.draft(scenario="llamacpp-collect", load={"requests": 4, "concurrency": 2}))
+    draft = llama.draft(scenario="llamacpp-collect", load={"requests": 3, "concurrency": 2})
+    case = freeze_case(ws, draft=draft)
     monkeypatch.setenv("CASELEDGER_FAULT", "postprocess:fail=import")  # the collector runs without site-packages
-    run = start_run(ws, case.case_id, wait=True, timeout_s=240)
+    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
     monkeypatch.delenv("CASELEDGER_FAULT")
     s = phase_status(ws, run.run_id)
     assert s.state == "failed" and s.phase == "postprocess" and s.failure_class == "collect", s.text()
-    assert s.done == 4 and s.load_ended == "yes" and not s.next_resends_requests
+    assert s.done == 3 and s.load_ended == "yes" and not s.next_resends_requests
     assert "reprocess_raw" in s.next_call
 
     raw_before = ws.run(run.run_id).raw.read_bytes()
-    before, slots_before = work(llama.port), _slots(llama.port)
+    before, slots_before = work(llama.port), slot_tasks(llama.port)
     fixed = reprocess_raw(ws, run.run_id)
-    after, slots_after = work(llama.port), _slots(llama.port)
-    assert fixed.requests_sent == 0 and fixed.requests == 4
+    after, slots_after = work(llama.port), slot_tasks(llama.port)
+    assert fixed.requests_sent == 0 and fixed.requests == 3
     assert after == before, "reprocess_raw made the server do model work"
     assert slots_after == slots_before  # no slot took a new task
     assert ws.run(run.run_id).raw.read_bytes() == raw_before
     s2 = phase_status(ws, run.run_id)
     assert s2.results_extracted and s2.phases["postprocess"] == "done", s2.text()
     result = latest_result(ws.run(run.run_id).root)
-    assert result is not None and result.windows.whole.ok == 4
+    assert result is not None and result.windows.whole.ok == 3
 
 
-def _slots(port: int) -> list[tuple[int, Any]]:
-    """(slot id, id of the last task it took) per slot: unchanged means no request reached the server."""
-    import httpx2
-
+def slot_tasks(port: int) -> list[tuple[int, Any]]:
+    """(slot id, id of the last task it took) per slot: unchanged means no request reached a slot."""
     r = httpx2.get(f"http://127.0.0.1:{port}/slots", timeout=10, trust_env=False)
     r.raise_for_status()
     return [(s["id"], s.get("id_task")) for s in r.json()]
-
-
-def test_llama_server_serves_the_alias_and_counts_prompts_like_usage(llama: Llama) -> None:
-    """What the templates rely on: /v1/models lists the alias; /metrics has the llamacpp: counters."""
-    ws = llama.ws
-    case = freeze_case(ws, draft=llama.draft(scenario="llamacpp-probe", load={"requests": 1, "concurrency": 1},
-                                             warmup={"requests": 0}))
-    run = start_run(ws, case.case_id, wait=True, timeout_s=240)
-    assert run.state == "succeeded", phase_status(ws, run.run_id).text()
-    routes = read_json(ws.run(run.run_id).phase_file("route_verify"))["routes"]
-    assert MODEL_ALIAS in routes[0]["models"]
-    c = counters(llama.port)
-    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
-                 "llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_accepted_tokens_total"):
-        assert name in c, name
-    # the service log is where the command adapter sends llama-server's output
-    log = Path(service_evidence(ws, run.run_id).get("log") or "")
-    assert not log.name or log.exists()

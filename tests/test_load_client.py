@@ -383,3 +383,9 @@ def test_refuses_when_the_load_already_started_once(
     assert not paths.load_pid.exists()
     paths.load_anchor.unlink()
     assert main([str(paths.root)]) == 2  # no case.json: not started, nothing sent
+
+
+def test_a_connection_left_open_after_done_is_still_a_whole_response() -> None:
+    parts = sse(chat_chunk("a", completion=1), chat_chunk(None, finish="stop", completion=1), b"[DONE]")
+    (rec,) = run([spec()], streaming([*parts, b""], stall_after=3), timeout_s=0.3)
+    assert rec["ok"] and rec["error_class"] is None and rec["end_ns"] - rec["send_ns"] < 0.25e9

@@ -189,8 +189,8 @@ async def test_blocking_tool_runs_off_the_event_loop_and_heartbeats_progress(
     monkeypatch.setattr(app, "HEARTBEAT_S", 0.05)
     beats: list[tuple[float, str | None]] = []
 
-    async def progress(p: float, total: float | None, message: str | None) -> None:
-        beats.append((p, message))
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        beats.append((progress, message))
 
     out: list[CallToolResult] = []
     async with Client(build_server(ws)) as c, anyio.create_task_group() as tg:
@@ -359,8 +359,10 @@ async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
         assert not r.is_error, f"{name}: {text_of(r)}"
         sizes[name] = max(sizes.get(name, 0), len(text_of(r).encode()))
         assert sizes[name] < limit, f"{name} answered {sizes[name]} bytes:\n{text_of(r)}"
-        assert "next: " in text_of(r) and r.structured_content is not None
-        return r.structured_content
+        assert "next: " in text_of(r)
+        out: dict[str, Any] | None = r.structured_content
+        assert out is not None
+        return out
 
     try:
         async with Client(server_params(ws)) as c:

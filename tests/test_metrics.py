@@ -202,12 +202,24 @@ def test_prefix_cache_figures(hand: Result) -> None:
     assert cache.share_meeting_min == 3 / 5
     duration = 0.04
     check_rate(cache.nominal_input_throughput, 600, duration)
-    check_rate(cache.uncached_input_throughput, (100 - 64) + (100 - 96) + (200 - 128) + (100 - 0) + (100 - 32), duration)
+    check_rate(
+        cache.uncached_input_throughput, (100 - 64) + (100 - 96) + (200 - 128) + (100 - 0) + (100 - 32), duration
+    )
 
 
 def test_definitions_are_written_into_the_result(hand: Result) -> None:
-    for key in ("ttft", "e2e", "tpot", "itl", "itl_token_aware", "output_throughput", "per_card",
-                "window_native_aisbench", "window_native_sglang", "spec_acceptance_length"):
+    for key in (
+        "ttft",
+        "e2e",
+        "tpot",
+        "itl",
+        "itl_token_aware",
+        "output_throughput",
+        "per_card",
+        "window_native_aisbench",
+        "window_native_sglang",
+        "spec_acceptance_length",
+    ):
         assert hand.definitions[key]
     schema = Result.model_json_schema()
     assert "Time to first content chunk" in orjson.dumps(schema).decode()
@@ -423,8 +435,12 @@ def test_cli_writes_results_with_raw_sha_and_never_overwrites(tmp_path: Path) ->
     assert main([str(run)]) == 0
     assert (first.read_bytes(), first.stat().st_mtime_ns) == before
     # another native rule: a separate directory; the first result is untouched
-    done2 = subprocess.run([sys.executable, "-m", "caseledger.metrics", str(run), "--rule", "sglang", "--ratio", "0.5"],
-                           capture_output=True, text=True, timeout=60)
+    done2 = subprocess.run(
+        [sys.executable, "-m", "caseledger.metrics", str(run), "--rule", "sglang", "--ratio", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done2.returncode == 0, done2.stderr
     second = Path(orjson.loads(done2.stdout)["result"])
     assert second.parent.parent.name == "sglang-r0.5" and second != first

@@ -21,12 +21,14 @@ AFTER = "vllm:spec_decode_num_drafts_total 113463\nvllm:spec_decode_num_accepted
 
 
 def case() -> Case:
-    return Case.model_validate({
-        "scenario": "rep",
-        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
-        "load": {"requests": 640, "concurrency": 64},
-        "cache": {"min_hit_ratio": 0.9},
-    })
+    return Case.model_validate(
+        {
+            "scenario": "rep",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
+            "load": {"requests": 640, "concurrency": 64},
+            "cache": {"min_hit_ratio": 0.9},
+        }
+    )
 
 
 def records(step_ms: float = 1.0, fail: int = 1) -> list[RawRecord]:
@@ -35,13 +37,27 @@ def records(step_ms: float = 1.0, fail: int = 1) -> list[RawRecord]:
         send = (i // 64) * 2000 * step_ms
         chunks = [send + 100 + k * step_ms for k in range(0, 1024, 64)]
         ok = i >= fail
-        out.append({
-            "i": i, "entry": i, "route": 0, "send_ns": round(send * MS), "chunk_ns": [round(c * MS) for c in chunks],
-            "chunk_tokens": [64] * len(chunks), "end_ns": round((chunks[-1] + 1) * MS), "status": 200 if ok else 500,
-            "ok": ok, "error": None if ok else "HTTP 500", "error_class": None if ok else "http",
-            "prompt_tokens": 131076, "completion_tokens": 1024 if ok else None, "cached_tokens": 118784,
-            "finish_reason": "length", "input_tokens_body": 131072, "input_tokens_chat": 131076,
-        })
+        out.append(
+            {
+                "i": i,
+                "entry": i,
+                "route": 0,
+                "send_ns": round(send * MS),
+                "chunk_ns": [round(c * MS) for c in chunks],
+                "chunk_tokens": [64] * len(chunks),
+                "end_ns": round((chunks[-1] + 1) * MS),
+                "status": 200 if ok else 500,
+                "ok": ok,
+                "error": None if ok else "HTTP 500",
+                "error_class": None if ok else "http",
+                "prompt_tokens": 131076,
+                "completion_tokens": 1024 if ok else None,
+                "cached_tokens": 118784,
+                "finish_reason": "length",
+                "input_tokens_body": 131072,
+                "input_tokens_chat": 131076,
+            }
+        )
     return out
 
 
@@ -57,12 +73,27 @@ def test_run_report_is_complete(res: Result) -> None:
     md = render_run_md({"run_id": "r-7f3a", "case_id": "c-0123456789ab"}, res, d, ledger)
     assert md.startswith("# Run r-7f3a")
     for needle in (
-        "| load ended | yes |", "| results extracted | yes |", "| enough to decide | no |", "insufficient",
-        "### Window `whole`", "### Window `native`", "TTFT", "TPOT", "ITL (token-aware)", "E2E",
-        "output token throughput", "tok/s/card", "| http | 1 | HTTP 500 |",
-        "chat-template prompt tokens", "uncached (recomputed) input throughput",
-        f"654336 / 113463 = {654336 / 113463:.4f}", "NOT_OBSERVED (counters cover the whole window only)",
-        "## Time ledger", "| service | 12.5000 | reuse |", "## Definitions", "| tpot |",
+        "| load ended | yes |",
+        "| results extracted | yes |",
+        "| enough to decide | no |",
+        "insufficient",
+        "### Window `whole`",
+        "### Window `native`",
+        "TTFT",
+        "TPOT",
+        "ITL (token-aware)",
+        "E2E",
+        "output token throughput",
+        "tok/s/card",
+        "| http | 1 | HTTP 500 |",
+        "chat-template prompt tokens",
+        "uncached (recomputed) input throughput",
+        f"654336 / 113463 = {654336 / 113463:.4f}",
+        "NOT_OBSERVED (counters cover the whole window only)",
+        "## Time ledger",
+        "| service | 12.5000 | reuse |",
+        "## Definitions",
+        "| tpot |",
     ):
         assert needle in md, needle
     # the strict rate has no draft-token counter: shown as NOT_OBSERVED with the reason

@@ -71,9 +71,7 @@ class AisbenchSummary:
     """AISBench's own figures: common metrics (<ds>.json) and per-metric statistics (<ds>.csv)."""
 
     common: dict[str, dict[str, AisbenchFigure]] = field(default_factory=dict)  # metric -> stage -> figure
-    stats: dict[str, dict[str, dict[str, AisbenchFigure]]] = field(
-        default_factory=dict
-    )  # metric->stage->stat
+    stats: dict[str, dict[str, dict[str, AisbenchFigure]]] = field(default_factory=dict)  # metric->stage->stat
 
 
 @dataclass(frozen=True)
@@ -141,9 +139,7 @@ class _Blobs:
                     self._conns[db_name] = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
                     break
             else:
-                raise AisbenchImportError(
-                    f"timing database {db_name} not found under {self.perf_dir}/db_data"
-                )
+                raise AisbenchImportError(f"timing database {db_name} not found under {self.perf_dir}/db_data")
         return self._conns[db_name]
 
     def load(self, db_name: str, ref: Any) -> list[float] | None:

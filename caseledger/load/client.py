@@ -281,11 +281,13 @@ async def request_one(
                     for payload in parser.close():
                         state.feed(payload, time.monotonic_ns())
     except TimeoutError:
-        error, error_class = f"no complete response within timeout_s={timeout_s:g}", "timeout"
+        if not state.done:  # after [DONE] only the connection's tail was missing: the response is whole
+            error, error_class = f"no complete response within timeout_s={timeout_s:g}", "timeout"
     except ConnectFailed as e:
         error, error_class = str(e), "connection"
     except StreamBroken as e:
-        error, error_class = str(e), "stream"
+        if not state.done:
+            error, error_class = str(e), "stream"
     except (ServerStreamError, orjson.JSONDecodeError) as e:
         error, error_class = f"{type(e).__name__}: {e}", "stream"
     except anyio.get_cancelled_exc_class():

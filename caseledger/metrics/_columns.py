@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import gc
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -97,44 +98,42 @@ class _Builder:
         if not docs:
             return
         n = len(docs)
-        ok = np.array([bool(d["ok"]) for d in docs], dtype=np.bool_)
+        try:  # one C-level pass; records from the load client carry every key
+            cols: list[tuple[Any, ...]] = list(zip(*map(_FIELDS, docs), strict=True))
+        except KeyError:  # hand-made or foreign records: missing keys read as null
+            cols = [tuple(d.get(k) for d in docs) for k in _KEYS]
+        send, end, ok_raw, prompt, completion, cached, body, chat, chunk_lists, tok_lists = cols
+        ok = np.array(ok_raw, dtype=np.bool_)
         error_class: list[str | None] = [None] * n
         error: list[str | None] = [None] * n
         for i in np.flatnonzero(~ok).tolist():  # text is kept only for failures
             error_class[i] = docs[i].get("error_class")
             error[i] = docs[i].get("error")
-        chunk_lists = [d.get("chunk_ns") or [] for d in docs]
+        chunk_lists = tuple(c or () for c in chunk_lists)
+        tok_lists = tuple(t or () for t in tok_lists)
         nch = np.fromiter(map(len, chunk_lists), dtype=np.int64, count=n)
         m = int(nch.sum())
         chunk = np.fromiter(chain.from_iterable(chunk_lists), dtype=np.int64, count=m)
-        tok_lists = [d.get("chunk_tokens") or [] for d in docs]
         ntok = np.fromiter(map(len, tok_lists), dtype=np.int64, count=n)
-        if np.array_equal(ntok, nch):
-            ctok = _floats(list(chain.from_iterable(tok_lists)), m)
-        else:  # a request whose list does not match its chunks has unknown chunk tokens
-            ctok = _floats(
-                list(
-                    chain.from_iterable(
-                        t if len(t) == len(c) else [None] * len(c) for t, c in zip(tok_lists, chunk_lists, strict=True)
-                    )
-                ),
-                m,
+        if not np.array_equal(ntok, nch):  # a list that does not match its chunks: token counts unknown
+            tok_lists = tuple(
+                t if len(t) == len(c) else (None,) * len(c) for t, c in zip(tok_lists, chunk_lists, strict=True)
             )
         self.parts.append(
             RawColumns(
-                send_ns=np.array([d["send_ns"] for d in docs], dtype=np.int64),
-                end_ns=np.array([d["end_ns"] for d in docs], dtype=np.int64),
+                send_ns=np.array(send, dtype=np.int64),
+                end_ns=np.array(end, dtype=np.int64),
                 ok=ok,
                 error_class=error_class,
                 error=error,
-                prompt_tokens=_floats([d.get("prompt_tokens") for d in docs], n),
-                completion_tokens=_floats([d.get("completion_tokens") for d in docs], n),
-                cached_tokens=_floats([d.get("cached_tokens") for d in docs], n),
-                input_tokens_body=_floats([d.get("input_tokens_body") for d in docs], n),
-                input_tokens_chat=_floats([d.get("input_tokens_chat") for d in docs], n),
+                prompt_tokens=_floats(prompt, n),
+                completion_tokens=_floats(completion, n),
+                cached_tokens=_floats(cached, n),
+                input_tokens_body=_floats(body, n),
+                input_tokens_chat=_floats(chat, n),
                 n_chunks=nch,
                 chunk_ns=chunk,
-                chunk_tokens=ctok,
+                chunk_tokens=_floats(list(chain.from_iterable(tok_lists)), m),
             )
         )
 
@@ -165,7 +164,22 @@ class _Builder:
         )
 
 
-def _floats(values: list[Any], n: int) -> F64:
+_KEYS = (
+    "send_ns",
+    "end_ns",
+    "ok",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "input_tokens_body",
+    "input_tokens_chat",
+    "chunk_ns",
+    "chunk_tokens",
+)
+_FIELDS = itemgetter(*_KEYS)
+
+
+def _floats(values: Sequence[Any], n: int) -> F64:
     """float64 column; numpy turns None into NaN."""
     if n == 0:
         return np.zeros(0, dtype=np.float64)

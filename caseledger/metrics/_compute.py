@@ -63,9 +63,7 @@ def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
     if eff_rule == "sglang":
         eff_ratio = float(ratio if ratio is not None else case.measurement.native.ratio)
         if not 0 < eff_ratio <= 1:
-            raise ValueError(
-                f"native ratio {eff_ratio} is outside (0, 1]; e.g. 0.9 = 90% of peak concurrency"
-            )
+            raise ValueError(f"native ratio {eff_ratio} is outside (0, 1]; e.g. 0.9 = 90% of peak concurrency")
     return Params(native_rule=eff_rule, native_ratio=eff_ratio, spec_decode=case.measurement.spec_decode)
 
 
@@ -94,9 +92,7 @@ def _dist(x: F64, unit: str, empty_reason: str) -> Distribution | NotObserved:
     )
 
 
-def _rate(
-    numerator: float | str, duration_s: float, cards: int, unit: str, what: str
-) -> Throughput | NotObserved:
+def _rate(numerator: float | str, duration_s: float, cards: int, unit: str, what: str) -> Throughput | NotObserved:
     if isinstance(numerator, str):
         return NotObserved(reason=numerator)
     if duration_s <= 0:
@@ -168,9 +164,7 @@ def _derive(c: RawColumns) -> _Derived:
         gap[1:] = np.where(is_first[1:], np.nan, d)
     gap = np.where(c.ok[req], gap, np.nan) if m else gap
     nan_per_req = (
-        np.bincount(req, weights=np.isnan(c.chunk_tokens).astype(np.float64), minlength=n)
-        if m
-        else np.zeros(n)
+        np.bincount(req, weights=np.isnan(c.chunk_tokens).astype(np.float64), minlength=n) if m else np.zeros(n)
     )
     all_known = has & (nan_per_req == 0)
     derivable = ~all_known & has & (c.n_chunks == out)
@@ -235,9 +229,7 @@ def _steps(c: RawColumns) -> _Steps:
 
 def _series(s: _Steps, t0: int) -> ConcurrencySeries:
     if s.tg.size <= _SERIES_EXACT_MAX:
-        return ConcurrencySeries(
-            t_s=((s.tg - t0) / _S).tolist(), c=s.cg.tolist(), peak=s.peak, bucketed=False
-        )
+        return ConcurrencySeries(t_s=((s.tg - t0) / _S).tolist(), c=s.cg.tolist(), peak=s.peak, bucketed=False)
     tmax = int(s.tg[-1])
     span = tmax - t0
     edges = t0 + (span * np.arange(_SERIES_BUCKETS, dtype=np.int64)) // _SERIES_BUCKETS
@@ -417,9 +409,7 @@ def _window(
     n_nochunk = int((dv.no_chunk & okm).sum())
     n_aware_x = int((dv.aware_excluded & okm).sum())
     if n_one:
-        notes.append(
-            f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)"
-        )
+        notes.append(f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)")
     if n_nochunk:
         notes.append(f"{n_nochunk} successful request(s) without a content chunk have no TTFT, TPOT or ITL")
     if n_aware_x:
@@ -429,12 +419,9 @@ def _window(
         )
     if n_req - n_ok:
         notes.append(
-            f"{n_req - n_ok} failed request(s) in the window are excluded from latency, token and "
-            "throughput figures"
+            f"{n_req - n_ok} failed request(s) in the window are excluded from latency, token and throughput figures"
         )
-    tpot_reason = (
-        nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
-    )
+    tpot_reason = nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
     itl_reason = nothing if not n_ok else "no successful request with >= 2 content chunks"
     aware_reason = (
         nothing
@@ -446,9 +433,7 @@ def _window(
         )
     )
     latency = Latency(
-        ttft=_dist(
-            dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"
-        ),
+        ttft=_dist(dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"),
         e2e=_dist(dv.e2e_ms[okm], "ms", nothing),
         tpot=_dist(dv.tpot_ms[okm], "ms", tpot_reason),
         itl=_dist(gaps, "ms", itl_reason),
@@ -461,9 +446,7 @@ def _window(
         input_chat=_dist(
             c.input_tokens_chat[okm], "tokens", nothing if not n_ok else "no input_tokens_chat in records"
         ),
-        prompt=_dist(
-            c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"
-        ),
+        prompt=_dist(c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"),
         output=_dist(
             c.completion_tokens[okm],
             "tokens",
@@ -480,10 +463,7 @@ def _window(
         credit = dv.credit_tokens[in_span]
         missing = int(np.isnan(credit).sum())
         out_tok: float | str = (
-            (
-                f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, "
-                "no usage.completion_tokens)"
-            )
+            (f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, no usage.completion_tokens)")
             if missing
             else float(credit.sum())
         )

@@ -22,9 +22,7 @@ class _Model(BaseModel):
 class NotObserved(_Model):
     """A figure that was not observed, with the reason. Never a zero."""
 
-    value: Literal["NOT_OBSERVED"] = Field(
-        default="NOT_OBSERVED", description="Marker: this figure has no value"
-    )
+    value: Literal["NOT_OBSERVED"] = Field(default="NOT_OBSERVED", description="Marker: this figure has no value")
     reason: str = Field(description="Why the figure could not be computed")
 
 
@@ -51,9 +49,7 @@ class Throughput(_Model):
     numerator: float = Field(description="Tokens or requests credited to the window")
     duration_s: float = Field(description="Window duration in seconds (the divisor)")
     cards: int = Field(description="Accelerator cards (the per-card divisor)")
-    text: str = Field(
-        description="The computation written out, e.g. '655360 tok / 113.4630 s = 5776.0 tok/s'"
-    )
+    text: str = Field(description="The computation written out, e.g. '655360 tok / 113.4630 s = 5776.0 tok/s'")
 
 
 class Ratio(_Model):
@@ -83,9 +79,7 @@ class Latency(_Model):
     tpot: Distribution | NotObserved = Field(
         description="Time per output token after the first, per request with >= 2 output tokens (ms)"
     )
-    itl: Distribution | NotObserved = Field(
-        description="Gaps between consecutive content chunks, pooled (ms)"
-    )
+    itl: Distribution | NotObserved = Field(description="Gaps between consecutive content chunks, pooled (ms)")
     itl_token_aware: Distribution | NotObserved = Field(
         description="Chunk gaps spread over the tokens each chunk carried, pooled per token (ms)"
     )
@@ -94,9 +88,7 @@ class Latency(_Model):
 class Tokens(_Model):
     """Per-request token counts of the successful requests of one window."""
 
-    input_body: Distribution | NotObserved = Field(
-        description="Body tokens before the chat template (dataset)"
-    )
+    input_body: Distribution | NotObserved = Field(description="Body tokens before the chat template (dataset)")
     input_chat: Distribution | NotObserved = Field(description="Chat-template prompt tokens (dataset)")
     prompt: Distribution | NotObserved = Field(description="Server usage.prompt_tokens")
     output: Distribution | NotObserved = Field(description="Server usage.completion_tokens")
@@ -105,13 +97,9 @@ class Tokens(_Model):
 class Throughputs(_Model):
     """Rates over one window's duration; per card = / case.target.cards."""
 
-    request: Throughput | NotObserved = Field(
-        description="Successful requests credited to the window / duration"
-    )
+    request: Throughput | NotObserved = Field(description="Successful requests credited to the window / duration")
     output: Throughput | NotObserved = Field(description="Output tokens credited to the window / duration")
-    input: Throughput | NotObserved = Field(
-        description="Prompt tokens credited to the window / duration (nominal)"
-    )
+    input: Throughput | NotObserved = Field(description="Prompt tokens credited to the window / duration (nominal)")
     total: Throughput | NotObserved = Field(description="(input + output) tokens / duration")
 
 
@@ -119,9 +107,7 @@ class CacheFigures(_Model):
     """Prefix-cache figures of one window, from usage.prompt_tokens_details.cached_tokens."""
 
     denominator: str = Field(description="What the hit ratio divides by")
-    requests_with_cached_tokens: int = Field(
-        description="Successful requests whose usage carried cached_tokens"
-    )
+    requests_with_cached_tokens: int = Field(description="Successful requests whose usage carried cached_tokens")
     cached_tokens: Distribution | NotObserved = Field(description="Cached tokens per request")
     hit_ratio: Distribution | NotObserved = Field(description="cached_tokens / denominator per request")
     min_hit_ratio: float | None = Field(description="case.cache.min_hit_ratio (null: no cache target)")
@@ -148,9 +134,7 @@ class SpecDecode(_Model):
     acceptance_length_counters: Ratio | NotObserved = Field(
         description="AL from counters alone = 1 + Δaccepted / Δdrafts"
     )
-    acceptance_rate: Ratio | NotObserved = Field(
-        description="Strict acceptance rate = Δaccepted / Δdraft_tokens"
-    )
+    acceptance_rate: Ratio | NotObserved = Field(description="Strict acceptance rate = Δaccepted / Δdraft_tokens")
 
 
 class WindowResult(_Model):
@@ -164,9 +148,7 @@ class WindowResult(_Model):
     start_s: float | None = Field(description="Window start, seconds after the first send")
     end_s: float | None = Field(description="Window end, seconds after the first send")
     duration_s: float | None = Field(description="end_s - start_s: the divisor of every rate in this window")
-    start_utc: str | None = Field(
-        description="Window start as UTC (from load/anchor.json), null without anchor"
-    )
+    start_utc: str | None = Field(description="Window start as UTC (from load/anchor.json), null without anchor")
     requests: int = Field(description="Requests in the window (successful and failed)")
     ok: int = Field(description="Successful requests in the window")
     failed: int = Field(description="Failed requests in the window")
@@ -177,9 +159,7 @@ class WindowResult(_Model):
     meets_min_requests: bool = Field(description="ok >= min_requests")
     meets_min_duration: bool = Field(description="duration_s >= min_duration_s")
     peak_concurrency: int = Field(description="Highest concurrency inside the window")
-    mean_concurrency: float | NotObserved = Field(
-        description="Time-weighted mean concurrency over the window"
-    )
+    mean_concurrency: float | NotObserved = Field(description="Time-weighted mean concurrency over the window")
     latency: Latency = Field(description="Latency distributions (ms)")
     tokens: Tokens = Field(description="Token counts per request")
     throughput: Throughputs = Field(description="Rates over duration_s")
@@ -213,12 +193,8 @@ class Inputs(_Model):
     """What the result was computed from."""
 
     raw_path: str = Field(description="Raw file relative to the run directory")
-    raw_sha256: str | None = Field(
-        description="sha256 of the raw file bytes read (null: records passed in memory)"
-    )
-    records_sha256: str = Field(
-        description="sha256 of the parsed record columns (independent of file layout)"
-    )
+    raw_sha256: str | None = Field(description="sha256 of the raw file bytes read (null: records passed in memory)")
+    records_sha256: str = Field(description="sha256 of the parsed record columns (independent of file layout)")
     records: int = Field(description="Complete records read")
     torn_tail: bool = Field(description="The last line was cut mid-write and skipped")
     bad_lines: int = Field(description="Unparsable lines before the last one (skipped)")
@@ -230,9 +206,7 @@ class Inputs(_Model):
 
 class Params(_Model):
     native_rule: Literal["aisbench", "sglang"] = Field(description="Rule selecting the native window")
-    native_ratio: float | None = Field(
-        description="sglang rule: share of peak concurrency (null for aisbench)"
-    )
+    native_ratio: float | None = Field(description="sglang rule: share of peak concurrency (null for aisbench)")
     spec_decode: str = Field(description="Counter family requested (case.measurement.spec_decode)")
 
 
@@ -249,9 +223,7 @@ class Result(_Model):
     requests: int = Field(description="Requests in the raw file")
     ok: int = Field(description="Successful requests")
     failed: int = Field(description="Failed requests")
-    failures: Failures = Field(
-        description="Failed requests by class; excluded from latency and token figures"
-    )
+    failures: Failures = Field(description="Failed requests by class; excluded from latency and token figures")
     definitions: dict[str, str] = Field(description="Metric name -> formula used by this processor version")
     notes: list[str] = Field(description="Run-level notes (torn tail, exclusions)")
     concurrency: ConcurrencySeries = Field(description="Concurrency over time")
@@ -269,8 +241,7 @@ DEFINITIONS: dict[str, str] = {
     "itl_token_aware": "each chunk gap (j >= 1) divided by the tokens chunk j carried and counted once per "
     "token; tokens per chunk from chunk_tokens, or 1 each when the number of content chunks equals "
     "usage.completion_tokens; requests with neither are excluded; chunk 0 belongs to TTFT, ms",
-    "input_body": "body tokens before the chat template, from the dataset identity "
-    "(record input_tokens_body)",
+    "input_body": "body tokens before the chat template, from the dataset identity (record input_tokens_body)",
     "input_chat": "chat-template prompt tokens, from the dataset identity (record input_tokens_chat)",
     "prompt": "server usage.prompt_tokens",
     "output": "server usage.completion_tokens",

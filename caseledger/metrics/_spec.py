@@ -167,9 +167,7 @@ def spec_decode(
     source = _resolve(requested, before, after)
     if source is None:
         known = ", ".join(sorted(n for f in FAMILIES.values() for n in f.drafts))
-        return not_observed_spec(
-            requested, f"no speculative-decoding counters in /metrics (looked for {known})"
-        )
+        return not_observed_spec(requested, f"no speculative-decoding counters in /metrics (looked for {known})")
     fam = FAMILIES[source]
     counters: list[CounterDelta] = []
     deltas: dict[str, tuple[str, float] | str] = {}
@@ -183,9 +181,7 @@ def spec_decode(
             continue
         name = _pick(names, before, after)
         if name is None:
-            where = (
-                "both snapshots" if all(n not in before and n not in after for n in names) else "one snapshot"
-            )
+            where = "both snapshots" if all(n not in before and n not in after for n in names) else "one snapshot"
             deltas[role] = f"counter {' / '.join(names)} missing from {where}"
             continue
         d = after[name] - before[name]
@@ -227,7 +223,5 @@ def spec_decode(
         acceptance_length_counters=ratio(
             deltas["accepted"], deltas["drafts"], "1 + Δ accepted tokens / Δ drafts", plus_one=True
         ),
-        acceptance_rate=ratio(
-            deltas["accepted"], deltas["draft_tokens"], "Δ accepted tokens / Δ draft tokens"
-        ),
+        acceptance_rate=ratio(deltas["accepted"], deltas["draft_tokens"], "Δ accepted tokens / Δ draft tokens"),
     )

@@ -36,10 +36,7 @@ def result_dir(run_dir: Path, result: Result) -> Path:
 
 
 def result_bytes(result: Result) -> bytes:
-    return (
-        orjson.dumps(result.model_dump(mode="json"), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-        + b"\n"
-    )
+    return orjson.dumps(result.model_dump(mode="json"), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
 
 
 def write_result(run_dir: Path, result: Result) -> Path:

@@ -352,7 +352,8 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     if token is None and not is_loopback(host):
         raise NotAuthorized(f"binding {host} (not loopback) without a bearer token would open the workspace "
                             "to the network", "add --token-env NAME with the token in $NAME, or bind 127.0.0.1")
+    asgi = http_app(ws, host, token)  # builds the server, which configures logging (stderr)
     log.info("caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)", host, port,
              Path(ws.root), "required" if token else "off")
     # log_config=None: uvicorn's own config sends access logs to stdout; keep every log on stderr
-    uvicorn.run(http_app(ws, host, token), host=host, port=port, log_config=None, log_level="info")
+    uvicorn.run(asgi, host=host, port=port, log_config=None, log_level="info")

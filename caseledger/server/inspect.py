@@ -99,9 +99,13 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, int | float):
-        return "integer" if isinstance(value, int) else "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "string")
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else "string"
 
 
 def _types(prop: dict[str, Any]) -> set[str]:
