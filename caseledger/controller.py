@@ -79,8 +79,12 @@ class Controller:
 
         outcome = "succeeded"
         keep_lease = False
+        from caseledger import phases
+
         try:
             view = fold(self.ws, self.paths.run_id)
+            if view.phases["load"].state == PhaseState.PENDING:
+                phases.arm_client(self.paths, self.meta)  # its start-up overlaps preflight and service
             for phase in PHASES:
                 pv = view.phases[phase]
                 if pv.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED):
@@ -110,6 +114,7 @@ class Controller:
                     os._exit(137)
             self.event("run_ended", data={"outcome": outcome})
         finally:
+            phases.disarm_client(self.paths)
             self._stop.set()
             if not keep_lease:
                 ledger.release(self.ws, self.key, self.paths.run_id, self.fence)

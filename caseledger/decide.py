@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from caseledger.case import Case
 from caseledger.metrics import Distribution, NotObserved, Result, Throughput, WindowResult
 
-Outcome = Literal["keep", "close", "insufficient"]
+Outcome = Literal["keep", "close", "insufficient", "baseline"]
 Direction = Literal["higher_is_better", "lower_is_better"]
 
 # primary metric -> (group, figure, statistic, direction)
@@ -57,13 +57,14 @@ class DecisionRecord(_Model):
 
     outcome: Outcome = Field(
         description="keep: improves by >= min_effect; close: does not; insufficient: "
-        "evidence missing (listed in missing)"
+        "evidence missing (listed in missing); baseline: first of its scenario (no parent, no baseline "
+        "named), its own evidence complete: the reference later candidates compare with"
     )
     primary_metric: str = Field(description="case.decision.primary_metric")
     window: Literal["whole", "native"] = Field(description="case.decision.window")
     direction: Direction = Field(description="Which way is better for the metric")
     min_effect: float = Field(description="Smallest relative improvement that counts as keep")
-    candidate: Reading = Field(description="The candidate's reading")
+    candidate: Reading | None = Field(description="The candidate's reading (null: no result yet)")
     baseline: Reading | None = Field(description="The baseline's reading (null: no baseline result)")
     baseline_ref: str | None = Field(description="Which run/case the baseline result belongs to")
     relative_improvement: float | None = Field(
@@ -127,65 +128,81 @@ def _evidence(who: str, rd: Reading, r: Result, metric: str) -> list[str]:
 
 
 def decide(
-    case: Case, candidate: Result, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool
+    case: Case, candidate: Result | None, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool
 ) -> DecisionRecord:
-    """keep / close / insufficient on case.decision.primary_metric and window; lists missing evidence."""
+    """keep / close / insufficient on case.decision.primary_metric and window; lists missing evidence.
+
+    candidate None means postprocessing produced no result yet: the decision is insufficient with
+    results_extracted false (the caller still records load_ended as it found it).
+    """
     d = case.decision
     metric, window = d.primary_metric, d.window
     direction = METRICS[metric][3]
-    cand = _reading(candidate, window, metric)
+    cand = _reading(candidate, window, metric) if candidate is not None else None
     base = _reading(baseline, window, metric) if baseline is not None else None
-    results_extracted = candidate.requests > 0
+    results_extracted = candidate is not None and candidate.requests > 0
 
     missing: list[str] = []
     if not load_ended:
         missing.append("the formal load has not been confirmed ended")
-    if not results_extracted:
-        missing.append("candidate: no raw records were processed")
-    missing += _evidence("candidate", cand, candidate, metric)
-    if baseline is None or base is None:
+    if candidate is None or cand is None:
+        missing.append("candidate: no result; postprocess the raw data (reprocess_raw) first")
+    else:
+        if not results_extracted:
+            missing.append("candidate: no raw records were processed")
+        missing += _evidence("candidate", cand, candidate, metric)
+    first_of_scenario = baseline is None and baseline_ref is None
+    if first_of_scenario:
+        pass  # nothing to compare with: this run becomes the scenario's reference if its own evidence holds
+    elif baseline is None or base is None:
         missing.append(
             f"no baseline result ({'baseline ' + baseline_ref if baseline_ref else 'no baseline named'}); "
             "postprocess the baseline run or name one in case.decision.baseline"
         )
     else:
         missing += _evidence("baseline", base, baseline, metric)
-        if baseline.processor_version != candidate.processor_version:
+        if candidate is not None and baseline.processor_version != candidate.processor_version:
             missing.append(
                 f"baseline processed by {baseline.processor_version}, candidate by "
                 f"{candidate.processor_version}: reprocess the baseline's raw data with the current "
                 "processor (no new load needed)"
             )
-        if window == "native" and baseline.params_key != candidate.params_key:
+        if candidate is not None and window == "native" and baseline.params_key != candidate.params_key:
             missing.append(
                 f"native windows differ: baseline {baseline.params_key}, candidate "
                 f"{candidate.params_key}; reprocess one of them with the other's rule"
             )
 
     improvement: float | None = None
-    if base is not None and isinstance(cand.value, float) and isinstance(base.value, float):
-        if base.value == 0:
+    cv = cand.value if cand is not None else None
+    bv = base.value if base is not None else None
+    if isinstance(cv, float) and isinstance(bv, float):
+        if bv == 0:
             missing.append(f"baseline {metric} is 0: no relative change can be computed")
         elif direction == "higher_is_better":
-            improvement = (cand.value - base.value) / base.value
+            improvement = (cv - bv) / bv
         else:
-            improvement = (base.value - cand.value) / base.value
+            improvement = (bv - cv) / bv
 
     outcome: Outcome
-    if missing:
+    if first_of_scenario and not missing and isinstance(cv, float):
+        outcome = "baseline"
+        reason = (f"no parent and no case.decision.baseline: this run is the scenario's reference; "
+                  f"{metric} on {window} = {cv:.4f}")
+    elif missing or improvement is None or not isinstance(cv, float) or not isinstance(bv, float):
         outcome = "insufficient"
         reason = f"{len(missing)} piece(s) of evidence missing: " + "; ".join(missing)
-    elif improvement is not None and improvement >= d.min_effect:
+    elif improvement >= d.min_effect:
         outcome = "keep"
         reason = (
             f"{metric} on {window} improves by {improvement:+.2%} (>= min_effect {d.min_effect:.2%}): "
-            f"{cand.value:.4f} vs {base.value if base else float('nan'):.4f}"
+            f"{cv:.4f} vs {bv:.4f}"
         )
     else:
         outcome = "close"
         reason = (
-            f"{metric} on {window} changes by {(improvement or 0.0):+.2%} (< min_effect "
-            f"{d.min_effect:.2%}): {cand.value:.4f} vs {base.value if base else float('nan'):.4f}"
+            f"{metric} on {window} changes by {improvement:+.2%} (< min_effect {d.min_effect:.2%}): "
+            f"{cv:.4f} vs {bv:.4f}"
         )
     return DecisionRecord(
         outcome=outcome,

@@ -37,8 +37,7 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
         if v.scenario != latest.scenario or not v.decision:
             continue
         w = v.decision.get("window", "whole")
-        if v.decision.get("outcome") == "keep" or (w not in best and not v.meta.get("parent_case")
-                                                    and v.state == RunState.SUCCEEDED):
+        if v.decision.get("outcome") in ("keep", "baseline"):
             best[w] = f"{v.case_id} ({v.run_id}, {v.decision.get('outcome')})"
     if best:
         lines.append("best kept: " + "; ".join(f"{w}: {c}" for w, c in sorted(best.items())))

@@ -146,8 +146,9 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
         end = None
     pid = read_json_or_none(paths.load_pid)
     reattached = False
-    if end is None and procs.alive(pid):
-        reattached = True
+    go = paths.load_dir / "go"
+    if end is None and procs.alive(pid) and go.exists():
+        reattached = True  # a client whose formal load started (e.g. under a controller that died): wait for it
     elif end is None:
         n_raw = len(read_records(paths.raw).records)
         if n_raw or (paths.raw.exists() and paths.raw.stat().st_size):
@@ -155,14 +156,15 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
                 f"load client is gone without an end file after {n_raw} of {meta['planned']} records",
                 "end_unknown", "formal requests are never re-sent automatically; the raw records are kept")
         _snapshot(case, paths.metrics_before)
-        env = _client_env()
-        with paths.load_log.open("ab") as lf:
-            p = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdin=subprocess.DEVNULL,
-                                 stdout=lf, stderr=lf, env=env, start_new_session=True, close_fds=True)
-        pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
-        write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
+        armed = read_json_or_none(paths.load_dir / "armed.json")
+        if armed and procs.alive(armed) and not paths.load_anchor.exists():
+            pid = armed  # spawned while preflight ran: it has imported and built its plan already
+        else:
+            pid = spawn_client(paths, armed=False)
+        go.touch()
         meta["load_started"] = True
-        ctl.event("load_client_started", phase="load", attempt=attempt, data={"pid": p.pid})
+        ctl.event("load_client_started", phase="load", attempt=attempt,
+                  data={"pid": pid["pid"], "armed": pid is armed})
         if _fault_ctl() == "load":
             time.sleep(0.5)
             os._exit(137)
@@ -186,6 +188,42 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
     return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"],
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+
+
+def spawn_client(paths: RunPaths, armed: bool) -> dict[str, Any]:
+    """Start the load client detached. Armed: it loads everything, then waits for load/go (or abort)."""
+    paths.load_dir.mkdir(parents=True, exist_ok=True)
+    env = _client_env()
+    if armed:
+        env["CASELEDGER_LOAD_ARMED"] = "1"
+    with paths.load_log.open("ab") as lf:
+        p = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdin=subprocess.DEVNULL,
+                             stdout=lf, stderr=lf, env=env, start_new_session=True, close_fds=True)
+    pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+    write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
+    if armed:
+        write_json(paths.load_dir / "armed.json", pid)
+    return pid
+
+
+def arm_client(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
+    load_step = next((s for s in meta["plan"] if s["phase"] == "load"), {})
+    if meta.get("load_reuse") or load_step.get("action") != "run":
+        return None
+    if paths.load_end.exists() or paths.load_anchor.exists() or (paths.raw.exists() and paths.raw.stat().st_size):
+        return None
+    if procs.alive(read_json_or_none(paths.load_pid)):
+        return None
+    return spawn_client(paths, armed=True)
+
+
+def disarm_client(paths: RunPaths) -> None:
+    """An earlier phase failed: the armed client must exit without sending anything."""
+    armed = read_json_or_none(paths.load_dir / "armed.json")
+    if armed and not paths.load_anchor.exists() and not (paths.load_dir / "go").exists():
+        (paths.load_dir / "abort").touch()
+        procs.terminate(armed, grace_s=2.0)
 
 
 def _check_entry(paths: RunPaths, end: dict[str, Any]) -> None:

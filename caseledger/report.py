@@ -259,7 +259,7 @@ def render_run_md(
                 ["enough to decide", decision.enough_to_decide],
                 ["outcome", decision.outcome],
                 ["metric", f"{decision.primary_metric} on {decision.window} ({decision.direction})"],
-                ["candidate", decision.candidate.value],
+                ["candidate", decision.candidate.value if decision.candidate else None],
                 ["baseline", decision.baseline.value if decision.baseline else None],
                 ["baseline ref", decision.baseline_ref],
                 ["relative improvement", decision.relative_improvement],

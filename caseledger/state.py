@@ -122,7 +122,7 @@ def fold(ws: Workspace, run_id: str) -> RunView:
     meta = read_json_or_none(paths.run_json)
     if meta is None:
         raise NotFound(f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
-                       "list runs with `caseledger status`, or start one with start_run(case_id=...)")
+                       "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)")
     log = read_events(paths)
     phases = {p: PhaseView(p) for p in PHASES}
     for ev in log.events:

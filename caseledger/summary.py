@@ -92,7 +92,7 @@ def headline(result: Any, window: str) -> dict[str, Any]:
 
     def val(x: Any, attr: str) -> float | None:
         v = getattr(x, attr, None)
-        return round(float(v), 4) if isinstance(v, (int, float)) else None
+        return float(f"{float(v):.4g}") if isinstance(v, (int, float)) else None  # 4 significant digits
 
     return {
         "window": window, "requests": w.requests, "ok": w.ok, "duration_s": w.duration_s,

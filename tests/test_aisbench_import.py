@@ -183,3 +183,22 @@ def test_definition_differences_are_listed(tmp_path: Path) -> None:
 def test_not_an_aisbench_dir_names_what_to_pass(tmp_path: Path) -> None:
     with pytest.raises(AisbenchImportError, match="performances/<model_abbr>/"):
         read_aisbench(tmp_path)
+
+
+def test_import_makes_a_run_that_summarize_and_reprocess_can_use(tmp_path: Path) -> None:
+    from caseledger.cli import main
+    from caseledger.tools import phase_status, reprocess_raw, summarize
+    from caseledger.workspace import Workspace
+
+    perf = make_perf_dir(tmp_path / "ais")
+    ws = Workspace(tmp_path / "ws")
+    assert main(["import", "aisbench", str(perf), "--workspace", str(ws.root)]) == 0
+    (rid,) = [p.name for p in ws.runs_dir.iterdir()]
+    s = phase_status(ws, rid)
+    assert s.state == "succeeded" and s.results_extracted and s.load_ended == "yes"
+    assert s.phases["load"] == "skipped" and s.phases["postprocess"] == "done"
+    n = len(read_aisbench(perf).records)
+    summ = summarize(ws, [rid])
+    assert summ.runs[0].whole is not None and summ.runs[0].whole["requests"] == n
+    again = reprocess_raw(ws, rid, rule="sglang")
+    assert again.requests == n and again.requests_sent == 0

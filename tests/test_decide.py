@@ -119,3 +119,10 @@ def test_decision_record_round_trips_as_json() -> None:
     c = case()
     d = decide(c, result(c, 1.0), result(c, 2.0), "r-base", load_ended=True)
     assert DecisionRecord.model_validate_json(d.model_dump_json()) == d
+
+
+def test_no_candidate_result_keeps_the_three_facts_apart() -> None:
+    d = decide(case(), None, None, None, load_ended=True)
+    assert (d.load_ended, d.results_extracted, d.enough_to_decide, d.outcome) == (True, False, False, "insufficient")
+    assert d.candidate is None
+    assert any("reprocess_raw" in m for m in d.missing)

@@ -21,7 +21,7 @@ from caseledger.state import fold
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
-from tests.engine import MODEL_ALIAS, llama_draft, llama_paths, work
+from tests.engine import MODEL_ALIAS, gemma_tokenizer, llama_draft, llama_paths, work
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -83,6 +83,8 @@ def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> N
     assert {r["completion_tokens"] for r in recs} == {8}
     assert all(r["prompt_tokens"] and r["cached_tokens"] is not None for r in recs)
     assert all(len(r["chunk_ns"]) >= 2 and r["finish_reason"] == "length" for r in recs)
+    if gemma_tokenizer():  # Gemma's tokenizer + the server's template: our counts are the server's
+        assert [r["prompt_tokens"] for r in recs] == [r["input_tokens_chat"] for r in recs]
     result = latest_result(ws.run(r1.run_id).root)
     assert result is not None
     whole = result.windows.whole
@@ -116,7 +118,7 @@ def test_prefix_cache_case_passes_its_cache_check(llama: Llama) -> None:
     # lands on another slot misses, which would make the check depend on slot assignment
     draft = llama.draft(
         scenario="llamacpp-prefix",
-        dataset={"source": "prefix_cache", "input_tokens": 96, "output_tokens": 8, "prefix_ratio": 0.8,
+        dataset={"source": "prefix_cache", "input_tokens": 160, "output_tokens": 8, "prefix_ratio": 0.8,
                  "block_size": 16, "prefix_groups": 1},
         load={"requests": 3, "concurrency": 1},
         warmup={"requests": 1, "concurrency": 1},

@@ -412,7 +412,7 @@ def test_cli_writes_results_with_raw_sha_and_never_overwrites(tmp_path: Path) ->
     # the real entry point, in a fresh interpreter, checking it imports no network or model library
     probe = (
         "import sys, caseledger.metrics.__main__ as m; rc = m.main(sys.argv[1:]); "
-        "bad = [x for x in ('mcp', 'httpx', 'transformers') if x in sys.modules]; "
+        "bad = [x for x in ('mcp', 'httpx', 'httpx2', 'transformers') if x in sys.modules]; "
         "sys.exit(rc or (3 if bad else 0))"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(run)], capture_output=True, text=True, timeout=60)

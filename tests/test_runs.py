@@ -134,7 +134,10 @@ def test_effective_argv_mismatch_fails_in_service_before_load(ws: Workspace, sto
     s = phase_status(ws, r.run_id)
     assert s.state == "failed" and s.phase == "service" and s.failure_class == "service"
     assert "--config-json" in (s.blocker or "")
-    assert s.sent == 0 and not ws.run(r.run_id).raw.exists()
+    raw = ws.run(r.run_id).raw
+    assert s.sent == 0 and (not raw.exists() or raw.stat().st_size == 0)
+    assert not ws.run(r.run_id).load_anchor.exists()  # the armed client never reached its first send
+    wait_state(ws, r.run_id, lambda s: not s.client_alive, timeout=20)  # and it exits with its controller
 
 
 def test_second_start_on_a_held_target_fails_at_once(ws: Workspace, stop_services: None) -> None:

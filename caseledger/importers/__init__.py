@@ -8,6 +8,7 @@ from caseledger.importers.aisbench import (
     AisbenchSummary,
     read_aisbench,
 )
+from caseledger.importers.ledger import import_run
 
 __all__ = [
     "DIFFERENCES",
@@ -15,5 +16,6 @@ __all__ = [
     "AisbenchImport",
     "AisbenchImportError",
     "AisbenchSummary",
+    "import_run",
     "read_aisbench",
 ]

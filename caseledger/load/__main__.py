@@ -38,7 +38,7 @@ from caseledger.load import faults
 from caseledger.load.client import run_requests
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
 from caseledger.records import RawRecord
-from caseledger.workspace import RunPaths, write_json
+from caseledger.workspace import RunPaths, read_json_or_none, write_json
 
 PROGRESS_INTERVAL_S = 0.5
 FSYNC_INTERVAL_S = 0.02  # group fsync off the event loop: an OS crash loses at most ~20 ms of records
@@ -180,6 +180,22 @@ async def _run(
     return caught
 
 
+ARMED_ENV = "CASELEDGER_LOAD_ARMED"
+
+
+def wait_for_go(paths: RunPaths, poll_s: float = 0.01) -> bool:
+    """Armed start: the controller spawns the client while preflight runs, so its start-up (imports, plan)
+    is off the hot path. Nothing is sent until load/go exists; load/abort or a dead controller ends it."""
+    ctl = read_json_or_none(paths.controller_pid)
+    go, abort = paths.load_dir / "go", paths.load_dir / "abort"
+    while True:
+        if go.exists():
+            return True
+        if abort.exists() or (ctl is not None and not procs.alive(ctl)):
+            return False
+        time.sleep(poll_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
@@ -221,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
                   "not set in the load client's environment; export it for the controller", file=sys.stderr,
                   flush=True)
             return EXIT_NOT_STARTED
+    if os.environ.get(ARMED_ENV) and not wait_for_go(paths):
+        os.close(fd)
+        log("not started, nothing sent: the controller aborted (or died) before the load phase")
+        return EXIT_NOT_STARTED
     log(f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
         f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}")
     tally = Tally(planned=plan.planned)

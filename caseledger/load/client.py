@@ -87,7 +87,9 @@ class HttpxStreamer:
     """
 
     def __init__(self, concurrency: int, transport: httpx2.AsyncBaseTransport | None = None) -> None:
-        limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        # no keep-alive: llama-server closes the connection after each streamed response while advertising
+        # Keep-Alive, so a reused connection fails at once ('Server disconnected without sending a response')
+        limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=0)
         self._client = httpx2.AsyncClient(
             transport=transport, limits=limits, timeout=None, http2=False, trust_env=False,
             follow_redirects=False,

@@ -36,6 +36,12 @@ class StatusResult(BaseModel):
     authorization: str
     next_call: str
 
+    def _client(self) -> str:
+        pending = self.phases.get("load") == "pending"
+        if self.client_alive:
+            return "armed (sends nothing before the load phase)" if pending else "alive"
+        return "not started" if pending else "gone"
+
     def text(self) -> str:
         ph = f"{self.phase} {self.phase_state}" if self.phase else "all phases done"
         fc = f" [{self.failure_class}]" if self.failure_class else ""
@@ -45,7 +51,8 @@ class StatusResult(BaseModel):
             f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}; load ended "
             f"{self.load_ended}; results {'yes' if self.results_extracted else 'no'}; decide {dec}"
             + (f" ({self.decision})" if self.decision else ""),
-            f"owner {'alive' if self.owner_alive else 'gone'}, client {'alive' if self.client_alive else 'gone'}; "
+            f"owner {'alive' if self.owner_alive else 'gone'}, client "
+            f"{self._client()}; "
             f"auth {self.authorization}",
         ]
         if self.blocker:

@@ -24,7 +24,8 @@ class ReprocessResult(BaseModel):
 
     def text(self) -> str:
         return (f"reprocessed {self.run_id} from raw ({self.requests} records, sha256 {str(self.raw_sha256)[:12]}); "
-                f"0 requests sent; decision {self.decision}\nresult: {self.result}\nnext: {self.next_call}")
+                f"0 requests sent; decision {self.decision or 'not re-decided (window rule override)'}\n"
+                f"result: {self.result}\nnext: {self.next_call}")
 
 
 def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None,

@@ -21,11 +21,12 @@ class StartResult(BaseModel):
     next_call: str
 
     def text(self) -> str:
-        plan = " ".join(f"{k}={v}" for k, v in self.plan.items())
+        reused = [k for k, v in self.plan.items() if v in ("reuse", "check")]
         first = f"run {self.run_id} of case {self.case_id} ({self.scenario}): preflight {self.preflight}"
         if self.preflight_error:
             first += f" — {self.preflight_error[:160]}"
-        return f"{first}; state {self.state}\nplan: {plan}\nnext: {self.next_call}"
+        reuse = f"reuses: {', '.join(reused)}" if reused else "reuses nothing (full plan)"
+        return f"{first}; state {self.state}; {reuse}\nnext: {self.next_call}"
 
 
 def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> StartResult:

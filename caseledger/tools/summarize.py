@@ -86,6 +86,16 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
         atomic_write(side_path, report.render_side_by_side(rows))
         side = str(side_path)
     missing = [r.run_id for r in out if not r.results_extracted]
-    nxt = (f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')" if missing
-           else "freeze_case(...) of the next candidate (set parent to the kept case)")
+    last = out[-1]
+    if missing:
+        nxt = f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')"
+    elif last.decision in ("keep", "baseline"):
+        nxt = f"freeze_case(next candidate, parent='{last.case_id}')"
+    elif last.decision == "close":
+        from caseledger import cases
+
+        parent = cases.load_case(workspace, last.case_id).parent or last.case_id
+        nxt = f"freeze_case(next candidate, parent='{parent}') — {last.case_id} was closed"
+    else:
+        nxt = f"supply the missing evidence for {last.run_id} (see missing), then reprocess_raw or a new run"
     return SummaryResult(runs=out, side_by_side=side, next_call=nxt)

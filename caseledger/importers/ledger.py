@@ -1,0 +1,101 @@
+"""Importing a peer tool's output as a run in the ledger: an imported case, raw records, no phases to run.
+
+The imported run has an (imported) frozen case so that every reader works on it; the phases that did not
+happen here are recorded as skipped with the reason, and postprocess + decide run on the raw data
+exactly as `reprocess_raw` does. Re-windowing, reports and comparisons then work as for any run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from caseledger import cases, ledger, runs
+from caseledger.case import PHASES
+from caseledger.errors import CaseInvalid, NotFound
+from caseledger.workspace import Workspace, atomic_write, canonical_json, write_json
+
+
+def _peak_concurrency(records: list[Any]) -> int:
+    events = sorted([(r["send_ns"], 1) for r in records] + [(r["end_ns"], -1) for r in records],
+                    key=lambda x: (x[0], x[1]))
+    c = peak = 0
+    for _, d in events:
+        c += d
+        peak = max(peak, c)
+    return max(1, peak)
+
+
+def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None = None) -> str:
+    """Create a run from a peer tool's output directory; returns the run id."""
+    if kind != "aisbench":
+        raise CaseInvalid(f"unknown import kind '{kind}'; known: aisbench", "caseledger import aisbench DIR")
+    from caseledger.importers.aisbench import AisbenchImportError, read_aisbench
+
+    src = Path(path).resolve()
+    if not src.is_dir():
+        raise NotFound(f"'{path}' is not a directory", "give AISBench's performances/<model>/ directory")
+    try:
+        imp = read_aisbench(src)
+    except AisbenchImportError as e:
+        raise CaseInvalid(f"'{path}' is not a readable AISBench perf output: {e}",
+                          "point at the folder holding *_details.jsonl and db_data/") from None
+    recs = sorted(imp.records, key=lambda r: r["send_ns"])
+    if not recs:
+        raise CaseInvalid(f"no request records in {imp.details_file}", "check the AISBench run finished")
+    n = len(recs)
+    outs = [r["completion_tokens"] for r in recs if r.get("completion_tokens")]
+    draft = {
+        "scenario": scenario or f"aisbench-{imp.dataset}".replace("/", "-")[:60],
+        "note": f"imported from AISBench perf output {src} ({imp.details_file.name}); not executed by caseledger",
+        "target": {"endpoints": [{"base_url": "http://imported.invalid/v1", "model": "imported"}]},
+        "service": {"adapter": "external"},
+        "dataset": {"source": "synthetic", "output_tokens": max(outs) if outs else 1},
+        "load": {"requests": n, "concurrency": _peak_concurrency(recs), "salt": False},
+    }
+    case = cases.validate(draft, "imported case")
+    cid, _ = cases.store(ws, case)
+    rid = runs.new_run_id(ws)
+    paths = ws.run(rid)
+    paths.root.mkdir(parents=True)
+    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
+    key = ledger.target_key(case.canonical())
+    write_json(paths.run_json, {
+        "run_id": rid, "case_id": cid, "scenario": case.scenario, "parent_case": None, "workspace": str(ws.root),
+        "dataset_id": None, "salt": None, "planned": n, "target_key": key, "created_utc": ledger.utc_now(),
+        "plan": [{"phase": p, "action": "skip" if PHASES.index(p) < PHASES.index("postprocess") else "run",
+                  "reason": "imported" if PHASES.index(p) < PHASES.index("postprocess") else "from raw data"}
+                 for p in PHASES],
+        "imported": {"tool": "aisbench", "path": str(src), "dataset": imp.dataset, "skipped": imp.skipped[:20],
+                     "differences": list(imp.differences),
+                     "aisbench_summary": orjson.loads(orjson.dumps(imp.summary, default=_plain))},
+        "load_reused": True,
+    })
+    paths.load_dir.mkdir(parents=True)
+    atomic_write(paths.raw, b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    ok = sum(1 for r in recs if r["ok"])
+    write_json(paths.load_end, {"planned": n, "sent": n, "done": n, "ok": ok, "failed": n - ok,
+                                "first_send_ns": recs[0]["send_ns"], "last_end_ns": max(r["end_ns"] for r in recs),
+                                "exit": "imported"})
+    ledger.append_event(ws, paths, "run_created", owner="import", data={"case_id": cid, "imported_from": str(src)})
+    for p in PHASES[: PHASES.index("postprocess")]:
+        ledger.append_event(ws, paths, "phase_ended", phase=p, attempt=1, owner="import",
+                            data={"outcome": "skipped", "reason": "imported: not executed by caseledger"})
+    from caseledger.tools import reprocess_raw
+
+    reprocess_raw(ws, rid)
+    return rid
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError
+
+
