@@ -208,7 +208,7 @@ def spawn_client(paths: RunPaths, armed: bool) -> dict[str, Any]:
 
 def arm_client(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any] | None:
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
-    load_step = next((s for s in meta["plan"] if s["phase"] == "load"), {})
+    load_step: dict[str, Any] = next((s for s in meta["plan"] if s["phase"] == "load"), {})
     if meta.get("load_reuse") or load_step.get("action") != "run":
         return None
     if paths.load_end.exists() or paths.load_anchor.exists() or (paths.raw.exists() and paths.raw.stat().st_size):

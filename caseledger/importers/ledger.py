@@ -46,7 +46,7 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     if not recs:
         raise CaseInvalid(f"no request records in {imp.details_file}", "check the AISBench run finished")
     n = len(recs)
-    outs = [r["completion_tokens"] for r in recs if r.get("completion_tokens")]
+    outs = [int(r["completion_tokens"] or 0) for r in recs if r.get("completion_tokens")]
     draft = {
         "scenario": scenario or f"aisbench-{imp.dataset}".replace("/", "-")[:60],
         "note": f"imported from AISBench perf output {src} ({imp.details_file.name}); not executed by caseledger",

@@ -500,7 +500,7 @@ class ReferenceEngine:
     def _emit(self, seq: Sequence, n: int) -> None:
         cycle = self._cycle
         pos = seq._pos
-        if n == 1:
+        if n == 1:  # noqa: SIM108 - the common case, without building a generator per token
             text = self._texts[cycle[pos]]
         else:
             text = "".join(self._texts[cycle[(pos + k) % _CYCLE]] for k in range(n))
