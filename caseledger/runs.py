@@ -36,7 +36,8 @@ def latest_run_of_case(ws: Workspace, case_id: str, *, with_load_end: bool = Fal
     return None
 
 
-def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str) -> RunPaths:
+def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, authorized: str) -> RunPaths:
+    """Write the run's directory; `authorized` is the mode that let it start (single is consumed by it)."""
     from caseledger import datasets
     from caseledger.case import delta, plan
 
@@ -56,7 +57,7 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str) -> R
         "salt": rid if case.load.salt else None, "planned": case.load.requests, "target_key": key,
         "created_utc": ledger.utc_now(), "created_mono_ns": time.monotonic_ns(),
         "plan": [s.model_dump() for s in steps],
-        "fence": fence,
+        "fence": fence, "authorized": authorized,
     }
     if steps[PHASES.index("load")].action == "reuse":
         src = latest_run_of_case(ws, case.parent or "", with_load_end=True)

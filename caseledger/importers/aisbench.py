@@ -43,10 +43,14 @@ DIFFERENCES: tuple[str, ...] = (
     "requests (TPOT undefined) and counts them in the window notes",
     "AISBench input_tokens/output_tokens come from server usage or, when absent, from re-tokenizing the "
     "prompt/prediction with a local tokenizer; which one was used is not recorded per request",
-    "AISBench's stable stage uses the configured max concurrency (batch_size) and, in its current code, "
-    "starts when concurrency first reaches it and ends at the last event at it; caseledger's aisbench rule "
-    "uses the observed peak, starts at the second request reaching it and ends when concurrency "
-    "last leaves it",
+    "AISBench's stable stage uses the configured max concurrency (batch_size): it starts at the send of the "
+    "second request that brings concurrency to it and ends at the first end after the last send, or at an "
+    "end that drops concurrency below 98% with no new start within 1 ms; caseledger's aisbench rule uses "
+    "the observed peak, starts at the second request reaching it and ends when concurrency last leaves it "
+    "(on the shipped AISBench output both select the same 6 requests)",
+    "AISBench's 'Concurrency' figure is sum(E2E) / duration; caseledger's mean_concurrency is the time "
+    "integral of in-flight requests / duration (equal on the whole run, slightly different on a stage that "
+    "cuts requests)",
     "chunk token counts are not recorded (chunk_tokens unknown); token-aware ITL is derived only where the "
     "number of SSE lines after the first stamp equals output_tokens",
     "cached tokens are not recorded: prefix-cache figures are NOT_OBSERVED on imported data",

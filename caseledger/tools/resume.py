@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import ledger, runs
+from caseledger import authorization, ledger, runs
 from caseledger.errors import NothingToResume, TargetHeld
 from caseledger.state import PhaseState, RunState, fold
-from caseledger.workspace import Workspace, check_id
+from caseledger.workspace import Workspace, check_id, read_json_or_none, write_json
 
 
 class ResumeResult(BaseModel):
@@ -34,6 +34,11 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     if v.controller_alive:
         raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})",
                               f"phase_status(run_id='{run_id}') later")
+    kept_now = [p for p, ph in v.phases.items() if ph.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED)]
+    first_now = next((p for p in v.phases if p not in kept_now), "decide")
+    mode = authorization.current_mode(workspace)
+    if mode == "paused" and first_now not in ("postprocess", "decide"):
+        authorization.check_start(workspace)  # raises NotAuthorized with how to change it
     key = v.meta["target_key"]
     cur = ledger.read_lease(workspace, key)
     if cur is not None and cur.live() and cur.run_id not in (run_id, None) :
@@ -44,6 +49,10 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     first = next((p for p, ph in v.phases.items() if p not in kept), "decide")
     ledger.append_event(workspace, paths, "resumed", owner="resume", fence=lease.fence, target=key,
                         data={"from_phase": first, "kept": kept, "client_alive": v.client_alive})
+    meta = read_json_or_none(paths.run_json) or {}
+    meta["authorized"] = mode
+    write_json(paths.run_json, meta)
+    authorization.consume(workspace, run_id)
     runs.spawn_controller(workspace, paths, lease.fence)
     view = runs.wait_for(workspace, run_id, "end", timeout_s) if wait else fold(workspace, run_id)
     return ResumeResult(run_id=run_id, from_phase=first, kept=kept, state=view.state.value,

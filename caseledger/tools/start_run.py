@@ -33,13 +33,13 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     """Start a run and return once preflight has passed or failed (or the whole run, with wait=True)."""
     check_id(case_id, "case_id", "c")
     case = cases.load_case(workspace, case_id)
-    authorization.check_start(workspace)
+    mode = authorization.check_start(workspace)
     key = ledger.target_key(case.canonical())
     rid = runs.new_run_id(workspace)
     # the lease is taken for the run before anything is written; the controller adopts it (same fence)
     lease = ledger.acquire(workspace, key, run_id=rid, owner=None)
     try:
-        paths = runs.create_run(workspace, case_id, lease.fence, key, rid)
+        paths = runs.create_run(workspace, case_id, lease.fence, key, rid, authorized=mode)
     except CaseledgerError:
         ledger.release(workspace, key, rid, lease.fence)
         raise
