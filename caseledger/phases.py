@@ -151,6 +151,9 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
         reattached = True  # a client whose formal load started (e.g. under a controller that died): wait for it
     elif end is None:
         n_raw = len(read_records(paths.raw).records)
+        started = paths.load_anchor.exists() or n_raw > 0
+        if started and attempt > 1:
+            return accept_partial(paths, meta, n_raw)
         if n_raw or (paths.raw.exists() and paths.raw.stat().st_size):
             raise PhaseFailed(
                 f"load client is gone without an end file after {n_raw} of {meta['planned']} records",
@@ -188,6 +191,22 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
     return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"],
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+
+
+def accept_partial(paths: RunPaths, meta: dict[str, Any], done: int) -> dict[str, Any]:
+    """Resume after the load client died mid-load: keep what finished, re-send nothing.
+
+    Requests sent but not recorded were in flight at the kill (the server may have served them); those never
+    sent stay unsent: sending them now would change the load the case describes. The run finishes on the
+    records it has and says so (load ended: partial; the decision lists the gap)."""
+    prog = read_json_or_none(paths.load_progress) or {}
+    sent = max(int(prog.get("sent", 0)), done)
+    planned = int(meta["planned"])
+    partial = {"planned": planned, "done": done, "sent_at_least": sent, "in_flight_lost": sent - done,
+               "never_sent": planned - sent, "reason": "load client died without an end file; "
+               "formal requests are never re-sent"}
+    write_json(paths.load_dir / "partial.json", partial)
+    return {"outcome": "done", "partial": True, **partial}
 
 
 def spawn_client(paths: RunPaths, armed: bool) -> dict[str, Any]:
@@ -277,6 +296,13 @@ def reuse_parent_load(ws: Workspace, paths: RunPaths, meta: dict[str, Any]) -> d
 
 def confirm_end(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
     end = read_json_or_none(paths.load_end)
+    partial = read_json_or_none(paths.load_dir / "partial.json")
+    if end is None and partial is not None:
+        n = len(read_records(paths.raw).records)
+        if procs.alive(read_json_or_none(paths.load_pid)):
+            raise PhaseFailed("load client alive again", "end_unknown", "resume waits for it")
+        return {"client_gone": True, "end_file": False, "records": n, "planned": partial["planned"],
+                "partial": partial, "all_accounted": False}
     if end is None:
         raise PhaseFailed("no end file", "end_unknown", "resume checks the client process and raw records")
     pid = read_json_or_none(paths.load_pid)

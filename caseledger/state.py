@@ -34,6 +34,7 @@ class RunState(StrEnum):
     CREATED = "created"  # run dir written, controller not yet at work
     RUNNING = "running"  # a live controller (or the load client) is working
     SUCCEEDED = "succeeded"  # every phase done or reused; decision recorded
+    PARTIAL = "partial"  # every phase done, but on a partial load (the client died): not a full measurement
     FAILED = "failed"  # stopped at a failed phase (failure_class)
     END_UNKNOWN = "end_unknown"  # owner lost while a phase was in flight; check evidence with resume
 
@@ -172,8 +173,11 @@ def fold(ws: Workspace, run_id: str) -> RunView:
     if decision and dv.state in (PhaseState.PENDING, PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
         dv.state, dv.failure_class = PhaseState.DONE, None
 
+    partial = read_json_or_none(paths.load_dir / "partial.json")
     if end:
         load_ended = "yes" if int(end.get("done", 0)) >= planned else "partial"
+    elif partial:
+        load_ended = "partial"
     elif meta.get("load_reused"):
         load_ended = "yes"
     elif client_alive or lv.state in (PhaseState.PENDING,):
@@ -188,7 +192,7 @@ def fold(ws: Workspace, run_id: str) -> RunView:
     finished = all(v.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED) for v in phases.values())
     failure_class: str | None = None
     if finished:
-        state, current = RunState.SUCCEEDED, None
+        state, current = (RunState.PARTIAL if load_ended == "partial" else RunState.SUCCEEDED), None
     elif running is not None and (controller_alive or client_alive):
         state, current = RunState.RUNNING, running.name
     elif failed is not None:
@@ -228,6 +232,11 @@ def _advise(v: RunView) -> None:
     rid = v.run_id
     if v.state == RunState.SUCCEEDED:
         v.next_call = f"summarize(run_ids=['{rid}'])"
+        return
+    if v.state == RunState.PARTIAL:
+        v.blocker = f"partial load: {v.counts.done} of {v.counts.planned} requests recorded (client died)"
+        v.next_call = (f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
+                       f"(summarize(run_ids=['{rid}']) shows them)")
         return
     if v.state in (RunState.RUNNING, RunState.CREATED):
         v.next_call = f"phase_status(run_id='{rid}') later; the run continues in its controller"

@@ -118,6 +118,14 @@ def test_killed_load_client_keeps_records_and_never_claims_success(
     lines = ws.run(r.run_id).raw.read_bytes().splitlines()
     assert len(lines) == 3 and all(orjson.loads(x)["ok"] for x in lines)
     assert "resume" in s.next_call and len(s.text().encode()) < 600
+    served = stats(port)["by_phase"]["load"]
+    # resume keeps what finished and re-sends nothing: the run ends 'partial', never 'succeeded'
+    res = resume(ws, r.run_id, wait=True)
+    assert res.state == "partial", res.text()
+    s = phase_status(ws, r.run_id)
+    assert s.load_ended == "partial" and s.results_extracted and s.decision == "insufficient"
+    assert s.done == 3 and stats(port)["by_phase"]["load"] == served
+    assert f"start_run(case_id='{case.case_id}')" in s.next_call
 
 
 def test_effective_argv_mismatch_fails_in_service_before_load(ws: Workspace, stop_services: None,

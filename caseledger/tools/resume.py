@@ -28,8 +28,8 @@ class ResumeResult(BaseModel):
 def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> ResumeResult:
     check_id(run_id, "run_id", "r")
     v = fold(workspace, run_id)
-    if v.state == RunState.SUCCEEDED:
-        raise NothingToResume(f"run {run_id} succeeded; every phase is done",
+    if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
+        raise NothingToResume(f"run {run_id} is {v.state.value}; every phase is done",
                               f"summarize(run_ids=['{run_id}']) or freeze the next candidate")
     if v.controller_alive:
         raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})",
