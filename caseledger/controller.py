@@ -148,7 +148,7 @@ class Controller:
     def _authorized_for_service(self) -> bool:
         from caseledger.authorization import current_mode
 
-        return self.meta.get("authorized", current_mode(self.ws)) != "paused"
+        return bool(self.meta.get("authorized", current_mode(self.ws)) != "paused")
 
     def phase_service(self, attempt: int) -> dict[str, Any]:
         if self.action("service") == "reuse" and self.meta.get("load_reuse"):

@@ -334,9 +334,11 @@ def postprocess_env() -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
-def postprocess(paths: RunPaths) -> dict[str, Any]:
+def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, Any]:
+    """The processor in a fresh subprocess with an explicit, recorded environment; the original error is kept."""
     argv, env = postprocess_env()
-    p = subprocess.run([*argv, str(paths.root)], capture_output=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    p = subprocess.run([*argv, str(paths.root), *(extra or [])], capture_output=True, env=env, timeout=600,
+                       stdin=subprocess.DEVNULL)
     recorded_env = {"interpreter": argv[0], "argv": argv[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}
     if p.returncode != 0:
         err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]

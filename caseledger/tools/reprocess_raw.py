@@ -31,12 +31,10 @@ class ReprocessResult(BaseModel):
 def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None,
                   ratio: float | None = None) -> ReprocessResult:
     """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
-    import subprocess
 
-    import orjson
 
     from caseledger import summary
-    from caseledger.phases import postprocess_env
+    from caseledger.phases import postprocess
 
     check_id(run_id, "run_id", "r")
     v = fold(workspace, run_id)
@@ -46,19 +44,17 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
                               f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished")
     attempt = v.phases["postprocess"].attempt + 1
     ledger.append_event(workspace, paths, "phase_started", phase="postprocess", attempt=attempt, owner="reprocess_raw")
-    argv, env = postprocess_env()
     extra = (["--rule", rule] if rule else []) + (["--ratio", str(ratio)] if ratio is not None else [])
-    p = subprocess.run([*argv, str(paths.root), *extra], capture_output=True, env=env, timeout=600,
-                       stdin=subprocess.DEVNULL)
-    if p.returncode != 0:
-        err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+    try:
+        out = postprocess(paths, extra)
+    except PhaseFailed as e:
         ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt,
-                            owner="reprocess_raw", error=err, data={"outcome": "failed", "failure_class": "collect"})
-        raise PhaseFailed(f"reprocess failed: {err}"[:300], "collect", "fix the processor environment and call again")
-    out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])
+                            owner="reprocess_raw", error=e.message,
+                            data={"outcome": "failed", "failure_class": "collect"})
+        raise PhaseFailed(f"reprocess failed: {e.message}"[:300], "collect",
+                          "fix the processor environment and call again") from None
     ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt, owner="reprocess_raw",
-                        data={"outcome": "done", "result": out.get("result"), "raw_sha256": out.get("raw_sha256"),
-                              "requests_sent": 0})
+                        data={"outcome": "done", **out, "requests_sent": 0})
     decision = None
     if rule is None and ratio is None:
         try:
