@@ -73,11 +73,50 @@ class ReferenceConfig(_Model):
     seed: int = Field(0, description="Seed of the target's random choices")
 
 
+class SSH(_Model):
+    """An SSH login on the host that runs the service (adapter 'command'). Only paths are stored: the key file
+    is referenced, never read into the ledger, events or reports."""
+
+    host: str = Field(
+        description="Host name or address of the machine that runs the service (sshd listens there)",
+        pattern=r"^[^\s@/-][^\s@/]*$", examples=["gpu-node-3", "10.0.0.7"],
+    )
+    port: int = Field(22, ge=1, le=65535, description="sshd port on the host")
+    user: str = Field(description="Login user on the host", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+                      examples=["bench"])
+    key_path: str = Field(
+        description="Path of the private key file on the controller's host (absolute or ~/...): referenced, "
+        "never read into the ledger, events or reports; keep it outside the workspace",
+        pattern=r"^(/|~)", examples=["~/.ssh/id_ed25519"],
+    )
+    known_hosts: str | None = Field(
+        None,
+        description="Path of the known_hosts file the host key is verified against (absolute or ~/...); null "
+        "requires accept_unknown_host_key: true",
+        pattern=r"^(/|~)", examples=["~/.ssh/known_hosts"],
+    )
+    accept_unknown_host_key: bool = Field(
+        False,
+        description="Connect without verifying the host key (only with known_hosts null); must be set "
+        "explicitly, and is recorded with the case and the service evidence",
+    )
+
+    @model_validator(mode="after")
+    def _host_key_policy(self) -> SSH:
+        if self.known_hosts is None and not self.accept_unknown_host_key:
+            raise ValueError("service.ssh.known_hosts is null: set it to a known_hosts file, or set "
+                             "service.ssh.accept_unknown_host_key: true explicitly (the host key is then not verified)")
+        if self.known_hosts is not None and self.accept_unknown_host_key:
+            raise ValueError("service.ssh.known_hosts and accept_unknown_host_key: true contradict each other; "
+                             "keep known_hosts (verified) or set it to null (unverified)")
+        return self
+
+
 class Service(_Model):
     adapter: Literal["reference", "external", "command"] = Field(
         "reference",
         description="reference: the embedded reference target; external: an already-running endpoint; "
-        "command: caseledger starts argv locally and reads its effective argv back",
+        "command: caseledger starts argv (locally, or on service.ssh.host) and reads its effective argv back",
     )
     argv: list[str] = Field(
         default_factory=list,
@@ -100,6 +139,18 @@ class Service(_Model):
     reference: ReferenceConfig = Field(
         default_factory=ReferenceConfig, description="Reference target model (adapter 'reference' only)"
     )
+    ssh: SSH | None = Field(
+        None,
+        description="Run adapter 'command' on a remote host over SSH (launch, /proc read-back, stop all go "
+        "through it); null: local. Health is still checked at health_url",
+    )
+
+    @model_validator(mode="after")
+    def _ssh_needs_command(self) -> Service:
+        if self.ssh is not None and self.adapter != "command":
+            raise ValueError(f"service.ssh is only used by adapter 'command', not '{self.adapter}'; "
+                             "set service.ssh to null or use adapter 'command'")
+        return self
 
 
 class Dataset(_Model):
@@ -258,6 +309,9 @@ IMPACT: dict[str, Impact | None] = {
     "target.metrics_url": Impact.MEASUREMENT,
     "target.api_key_env": Impact.LOAD,
     "service": Impact.SERVICE,
+    # where the service runs and how it is reached; a changed key or known_hosts re-runs the service phase,
+    # which still reuses the live process when its identity (host, port, user, argv, env) is unchanged
+    "service.ssh": Impact.SERVICE,
     "dataset": Impact.DATASET,
     "load.requests": Impact.LOAD,
     "load.concurrency": Impact.LOAD,

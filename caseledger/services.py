@@ -1,12 +1,15 @@
 """Service adapters: bring the target to the case's identity and read back what actually runs.
 
 reference: the embedded reference target (`python -m caseledger.target serve`), started detached.
-command:   a local argv from the case; the effective argv is read back from /proc and compared.
+command:   an argv from the case, started locally or, with service.ssh, on another host over SSH (remote.py);
+           the effective argv is read back from /proc (on the host that runs it) and compared.
 external:  an already-running endpoint; probed, never started or stopped.
 
 Every launch is an argv list, never a shell string: case fields must not become shell syntax.
 The live service started by caseledger on a target is recorded in ledger/services/<target_key>.json
-so a later run can reuse it (same identity) instead of restarting it and losing warm caches.
+so a later run can reuse it (same identity) instead of restarting it and losing warm caches. A remote service's
+record carries its SSH login (paths only) and its proc ref names the SSH host, so liveness, read-back and stop go
+through remote.py for it (procs.alive answers False for another host).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from urllib.parse import urlsplit
 import httpx2 as httpx
 import orjson
 
-from caseledger import procs
-from caseledger.case import Case
+from caseledger import procs, remote
+from caseledger.case import SSH, Case
 from caseledger.errors import PhaseFailed
 from caseledger.ledger import utc_now
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes, write_json
@@ -52,7 +55,13 @@ def intended_argv(case: Case) -> list[str]:
 
 def resolve_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
     """(env for the child, what may be recorded: references stay references, values of refs never copied)."""
-    env = dict(os.environ)
+    own, shown = case_env(case)
+    return {**os.environ, **own}, shown
+
+
+def case_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
+    """Only the case's variables, references resolved (a remote service gets these, not the controller's env)."""
+    env: dict[str, str] = {}
     shown: dict[str, str] = {}
     for k, v in case.service.env.items():
         m = _REF.match(v)
@@ -118,17 +127,52 @@ def _state_path(ws: Workspace, key: str) -> Path:
     return ws.services_dir / f"{key}.json"
 
 
+def _remote_of(st: dict[str, Any]) -> remote.Remote | None:
+    """The SSH login of a recorded service, or None for a local one."""
+    return remote.Remote(SSH.model_validate(st["ssh"])) if st.get("ssh") else None
+
+
+def _proc_alive(st: dict[str, Any]) -> bool:
+    rem = _remote_of(st)
+    if rem is None:
+        return procs.alive(st["proc"])
+    try:
+        return rem.alive(st["proc"])
+    except remote.RemoteError:
+        return False  # unreachable counts as not live here; a start then fails on the same connection, named
+
+
 def live_service(ws: Workspace, key: str) -> dict[str, Any] | None:
     st = read_json_or_none(_state_path(ws, key))
-    if st and st.get("proc") and procs.alive(st["proc"]):
+    if st and st.get("proc") and _proc_alive(st):
         return dict(st)
     return None
 
 
+def _cmdline(st: dict[str, Any]) -> list[str] | None:
+    rem = _remote_of(st)
+    pid = int(st["proc"]["pid"])
+    if rem is None:
+        return procs.cmdline(pid)
+    try:
+        return rem.cmdline(pid)
+    except remote.RemoteError:
+        return None
+
+
+def _terminate(st: dict[str, Any]) -> bool:
+    rem = _remote_of(st)
+    return procs.terminate(st["proc"]) if rem is None else rem.terminate(st["proc"])
+
+
 def identity_of(case: Case) -> str:
-    body = {"adapter": case.service.adapter, "argv": intended_argv(case)[1:] if case.service.adapter == "reference"
-            else intended_argv(case), "env": case.service.env,
-            "endpoints": [e.model_dump() for e in case.target.endpoints]}
+    body: dict[str, Any] = {
+        "adapter": case.service.adapter,
+        "argv": intended_argv(case)[1:] if case.service.adapter == "reference" else intended_argv(case),
+        "env": case.service.env, "endpoints": [e.model_dump() for e in case.target.endpoints]}
+    ssh = case.service.ssh
+    if ssh is not None:  # the same argv on another host is another service (local identities are unchanged)
+        body["ssh"] = {"host": ssh.host, "port": ssh.port, "user": ssh.user}
     return "s-" + sha256_bytes(canonical_json(body))[:12]
 
 
@@ -144,7 +188,12 @@ def stop(ws: Workspace, key: str) -> bool:
     st = read_json_or_none(_state_path(ws, key))
     if not st or not st.get("proc"):
         return False
-    stopped = procs.terminate(st["proc"])
+    try:
+        stopped = _terminate(st)
+    except remote.RemoteError as e:  # keep the ref: the process may still run on an unreachable host
+        st["stop_error"] = str(e)
+        write_json(_state_path(ws, key), st)
+        return False
     st["stopped_utc"] = utc_now()
     st["proc"] = None
     write_json(_state_path(ws, key), st)
@@ -168,21 +217,29 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     live = live_service(ws, key)
     intended = intended_argv(case)
     if live and live.get("identity") == want and health_ok(case.service.health_url or ""):
-        eff = procs.cmdline(int(live["proc"]["pid"])) or []
+        eff = _cmdline(live) or []
         diff = compare_argv(intended, eff)
         if diff is None:
             return {"outcome": "reused", "identity": want, "intended_argv": intended, "effective_argv": eff,
                     "pid": live["proc"]["pid"], "starts": live.get("starts", 1),
-                    "verified_by": "live process cmdline + health"}
+                    "verified_by": "live process cmdline + health", **_where(live)}
     if not allow_start:
         raise PhaseFailed("no live service with the case's identity and authorization forbids a service change",
                           "service", "caseledger authorize single (or auto), then resume")
     if live:
-        procs.terminate(live["proc"])
+        try:
+            _terminate(live)
+        except remote.RemoteError as e:
+            raise PhaseFailed(f"cannot stop the previous service: {e.message}", "service", e.fix) from None
     host, port = host_port(case.target.endpoints[0].base_url)
     if health_ok(case.service.health_url or "", timeout=0.5):
         raise PhaseFailed(f"{host}:{port} already answers health but is not a service caseledger started",
                           "service", "stop that process or use adapter 'external' for it")
+    if case.service.ssh is not None:
+        try:
+            return _start_remote(ws, case, case.service.ssh, key, case_id, want, intended)
+        except remote.RemoteError as e:
+            raise PhaseFailed(e.message, "service", e.fix) from None
     env, shown_env = resolve_env(case)
     log = ws.services_dir / f"{key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +279,67 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
                           "fix the launcher so the live process runs the case's argv (no appended overrides)")
     return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff,
             "pid": p.pid, "starts": state["starts"], "verified_by": "live process cmdline + health", "env": shown_env}
+
+
+def _where(st: dict[str, Any]) -> dict[str, Any]:
+    """Evidence of where a recorded service runs: nothing extra locally; host, login and host-key policy remotely."""
+    if not st.get("ssh"):
+        return {}
+    ssh = SSH.model_validate(st["ssh"])
+    return {"host": ssh.host, "ssh": ssh.model_dump(mode="json"),
+            "host_key": f"verified against {ssh.known_hosts}" if ssh.known_hosts
+            else "NOT verified (service.ssh.accept_unknown_host_key: true)"}
+
+
+def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, want: str,
+                  intended: list[str]) -> dict[str, Any]:
+    """Launch the command adapter's argv on ssh.host, wait for health, compare the effective argv."""
+    key_file = Path(ssh.key_path).expanduser().resolve()
+    if key_file.is_relative_to(ws.root.resolve()):
+        raise PhaseFailed(f"service.ssh.key_path {ssh.key_path} lies inside the workspace", "service",
+                          "move the private key out of the workspace and point service.ssh.key_path at it")
+    rem = remote.Remote(ssh)
+    env, shown_env = case_env(case)
+    log = remote.log_path(key)
+    try:
+        pid, started = rem.launch(intended, env, log)
+    except remote.RemoteError as e:
+        raise PhaseFailed(f"cannot start the service: {e.message}", "service", e.fix) from None
+    ref = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
+    prev = read_json_or_none(_state_path(ws, key)) or {}
+    state: dict[str, Any] = {
+        "adapter": case.service.adapter, "proc": ref, "ssh": ssh.model_dump(mode="json"), "identity": want,
+        "intended_argv": intended, "env": shown_env, "case_id": case_id, "started_utc": utc_now(),
+        "starts": int(prev.get("starts", 0)) + 1, "log": f"{ssh.user}@{ssh.host}:{log}"}
+    write_json(_state_path(ws, key), state)
+    deadline = time.monotonic() + case.service.health_timeout_s
+    next_probe = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        if health_ok(case.service.health_url or "", timeout=1.0):
+            break
+        if time.monotonic() >= next_probe:  # each probe is a remote exec: about once a second
+            if not rem.alive(ref):
+                tail = rem.tail(log).strip().splitlines()[-1:] or [""]
+                raise PhaseFailed(f"service on {ssh.host} exited before health: {tail[0]}", "service",
+                                  f"read {state['log']}; fix the case's service and resume")
+            next_probe = time.monotonic() + 1.0
+        time.sleep(0.1)
+    else:
+        rem.terminate(ref)
+        raise PhaseFailed(f"service on {ssh.host} not healthy at {case.service.health_url} after "
+                          f"{case.service.health_timeout_s}s", "service",
+                          f"raise service.health_timeout_s or read {state['log']}")
+    eff = rem.cmdline(pid) or []
+    state["effective_argv"] = eff
+    write_json(_state_path(ws, key), state)
+    diff = compare_argv(intended, eff)
+    if diff is not None:
+        rem.terminate(ref)
+        raise PhaseFailed(f"effective service argv on {ssh.host} differs from the intended one: {diff}", "service",
+                          "fix the launcher so the live process runs the case's argv (no appended overrides)")
+    return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff, "pid": pid,
+            "starts": state["starts"], "verified_by": "remote /proc cmdline over ssh + health", "env": shown_env,
+            **_where(state)}
 
 
 def _external(case: Case, want: str) -> dict[str, Any]:

@@ -79,12 +79,20 @@ def test_small_effect_is_closed_and_latency_is_better_lower() -> None:
     assert worse.outcome == "close" and worse.relative_improvement is not None and worse.relative_improvement < 0
 
 
-def test_no_baseline_is_insufficient_not_a_negative_result() -> None:
+def test_named_baseline_without_result_is_insufficient_not_a_negative_result() -> None:
     c = case()
-    d = decide(c, result(c, 1.0), None, None, load_ended=True)
+    d = decide(c, result(c, 1.0), None, "c-000000000000", load_ended=True)
     assert d.outcome == "insufficient"
     assert (d.load_ended, d.results_extracted, d.enough_to_decide) == (True, True, False)
     assert any(m.startswith("no baseline result") for m in d.missing)
+
+
+def test_first_run_of_a_scenario_becomes_its_baseline() -> None:
+    c = case()
+    d = decide(c, result(c, 1.0), None, None, load_ended=True)
+    assert d.outcome == "baseline" and d.missing == [] and "reference" in d.reason
+    short = decide(c, result(c, 1.0), None, None, load_ended=False)  # its own evidence must still hold
+    assert short.outcome == "insufficient"
 
 
 def test_every_missing_piece_of_evidence_is_listed() -> None:

@@ -1,0 +1,220 @@
+"""The command adapter on a remote host over SSH, against a real OpenSSH sshd on loopback.
+
+The sshd (tests/sshd.py) runs on this machine, so the "remote" service is also visible in the local /proc: the
+tests use that to prove what the SSH path claims (the pid that serves, its environment shows the sshd session,
+nothing left after stop). Without sshd these tests skip, unless CASELEDGER_REQUIRE_SSH=1 makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+
+from caseledger import procs, remote, services
+from caseledger.case import SSH
+from caseledger.errors import CaseInvalid
+from caseledger.state import fold
+from caseledger.tools import freeze_case, phase_status, start_run
+from caseledger.workspace import Workspace
+from tests.conftest import free_port, ref_draft
+from tests.sshd import Sshd, generate_key, running_sshd, sshd_binary
+
+PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
+          "decide")
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    if sshd_binary() is None:
+        msg = "sshd not installed (apt-get install -y openssh-server)"
+        if os.environ.get("CASELEDGER_REQUIRE_SSH") == "1":
+            pytest.fail(f"CASELEDGER_REQUIRE_SSH=1 but {msg}")
+        pytest.skip(msg)
+    with running_sshd(tmp_path_factory.mktemp("sshd")) as s:
+        yield s
+
+
+def ssh_draft(port: int, ssh: dict[str, Any], argv: list[str] | None = None, **over: Any) -> dict[str, Any]:
+    argv = argv or [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}",
+                    "--model", "ref-model"]
+    return ref_draft(port, service={"adapter": "command", "argv": argv, "ssh": ssh}, **over)
+
+
+def stats(port: int) -> dict[str, Any]:
+    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5).json())
+
+
+def evidence(ws: Workspace, run_id: str, phase: str) -> dict[str, Any]:
+    return dict(orjson.loads(ws.run(run_id).phase_file(phase).read_bytes()))
+
+
+def service_state(ws: Workspace, run_id: str) -> dict[str, Any]:
+    key = fold(ws, run_id).meta["target_key"]
+    return dict(orjson.loads((ws.services_dir / f"{key}.json").read_bytes()))
+
+
+def assert_gone(sshd: Sshd, ref: dict[str, Any]) -> None:
+    """Neither the remote view (over SSH) nor this machine's /proc shows the process running."""
+    assert not remote.Remote(SSH(**sshd.ssh())).alive(ref)
+    deadline = time.monotonic() + 10
+    while procs.start_time(int(ref["pid"])) is not None and not procs.is_zombie(int(ref["pid"])):
+        assert time.monotonic() < deadline, f"pid {ref['pid']} still runs"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def stop_remote(ws: Workspace) -> Iterator[None]:
+    yield
+    services.stop_all(ws)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
+        ws: Workspace, sshd: Sshd, stop_remote: None) -> None:
+    port = free_port()
+    base = freeze_case(ws, draft=ssh_draft(port, sshd.ssh()))
+    r1 = start_run(ws, base.case_id, wait=True)
+    assert r1.state == "succeeded", r1.text()
+    for phase in PHASES:
+        assert evidence(ws, r1.run_id, phase)["outcome"] in ("done", "skipped"), phase
+    ev = evidence(ws, r1.run_id, "service")
+    intended = [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
+                "--model", "ref-model"]
+    assert ev["outcome"] == "done" and ev["intended_argv"] == intended and ev["effective_argv"] == intended
+    assert ev["host"] == "127.0.0.1" and ev["ssh"]["port"] == sshd.port and ev["ssh"]["user"] == sshd.user
+    assert ev["host_key"].startswith("verified against") and "ssh" in ev["verified_by"]
+    pid = int(ev["pid"])
+    assert stats(port)["pid"] == pid  # the recorded remote pid is the process that answered the load
+    # ... and it was started by the sshd session, not by the controller: its environment says so
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert any(e.startswith(b"SSH_CONNECTION=") and e.endswith(f" {sshd.port}".encode()) for e in environ)
+    st = service_state(ws, r1.run_id)
+    key = fold(ws, r1.run_id).meta["target_key"]
+    assert st["proc"]["host"] == "127.0.0.1" and st["ssh"]["key_path"] == str(sshd.key_path)
+    assert not procs.alive(st["proc"])  # the local check refuses another host ...
+    assert services.live_service(ws, key) is not None  # ... liveness goes over SSH
+    assert Path(remote.log_path(key)).exists() and not (ws.services_dir / f"{key}.log").exists()
+
+    child = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(), load={"requests": 8, "concurrency": 4}),
+                        parent=base.case_id)
+    assert [d.path for d in child.delta] == ["load.concurrency"]
+    r2 = start_run(ws, child.case_id, wait=True)
+    assert r2.state == "succeeded", r2.text()
+    v = fold(ws, r2.run_id)
+    assert v.phases["service"].state.value == "reused" and v.phases["warmup"].state.value == "reused"
+    ev2 = evidence(ws, r2.run_id, "service")
+    assert ev2["pid"] == pid and ev2["effective_argv"] == intended and ev2["host"] == "127.0.0.1"
+    assert service_state(ws, r2.run_id)["starts"] == 1
+    s = stats(port)
+    assert s["pid"] == pid and s["by_phase"]["load"] == 16 and s["by_phase"]["warmup"] == 2
+
+    assert services.stop_all(ws) == [key]
+    assert_gone(sshd, st["proc"])
+    assert services.live_service(ws, key) is None
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
+        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path) -> None:
+    port = free_port()
+    wrapper = tmp_path / "serve.sh"  # the seeds' "DP16 in the script, DP4 at the end" incident, remotely
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m caseledger.target serve "$@" --config-json '
+                       "'{\"slots\": 1}'\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    argv = [str(wrapper), "--host", "{host}", "--port", "{port}", "--model", "ref-model"]
+    case = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(), argv=argv))
+    r = start_run(ws, case.case_id, wait=True)
+    s = phase_status(ws, r.run_id)
+    assert s.state == "failed" and s.phase == "service" and s.failure_class == "service"
+    assert "--config-json" in (s.blocker or "") and "127.0.0.1" in (s.blocker or "")
+    assert s.sent == 0 and not ws.run(r.run_id).load_anchor.exists()
+    st = service_state(ws, r.run_id)
+    assert "--config-json" in st["effective_argv"] and st["proc"]["host"] == "127.0.0.1"
+    assert_gone(sshd, st["proc"])  # the mismatching remote process was stopped, not left serving
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", ["missing_key_file", "closed_port", "unauthorized_key", "unknown_host_key"])
+def test_unusable_ssh_login_fails_in_service_naming_host_port_and_fix(
+        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, problem: str) -> None:
+    ssh_port = sshd.port
+    if problem == "missing_key_file":
+        over, says, fix = {"key_path": str(tmp_path / "no_such_key")}, "does not exist", "service.ssh.key_path"
+    elif problem == "closed_port":
+        ssh_port = free_port()
+        over, says, fix = {"port": ssh_port}, "connection refused", "service.ssh.host/port"
+    elif problem == "unauthorized_key":
+        generate_key(tmp_path / "other_key")
+        over, says, fix = {"key_path": str(tmp_path / "other_key")}, "refused user", "service.ssh.user/key_path"
+    else:
+        other = tmp_path / "known_hosts"  # lists another host key for this host and port
+        other.write_text(f"[127.0.0.1]:{sshd.port} {generate_key(tmp_path / 'other_host_key')}\n")
+        over, says, fix = {"known_hosts": str(other)}, "not verified", "ssh-keyscan"
+    case = freeze_case(ws, draft=ssh_draft(free_port(), sshd.ssh(**over)))
+    t0 = time.monotonic()
+    r = start_run(ws, case.case_id, wait=True)
+    s = phase_status(ws, r.run_id)
+    assert s.state == "failed" and s.phase == "service" and s.failure_class == "service", s.text()
+    ev = evidence(ws, r.run_id, "service")
+    assert f"127.0.0.1:{ssh_port}" in ev["error"] and says in ev["error"], ev["error"]
+    assert f"127.0.0.1:{ssh_port}" in (s.blocker or "")
+    assert fix in ev["fix"], ev["fix"]
+    assert s.sent == 0 and time.monotonic() - t0 < 30  # a short connect timeout, not a hang
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_private_key_content_never_lands_in_the_workspace(ws: Workspace, sshd: Sshd, stop_remote: None,
+                                                          tmp_path: Path) -> None:
+    # a run that succeeds without a known_hosts file (explicitly accepted and recorded) and one refused login
+    port = free_port()
+    ok = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(known_hosts=None, accept_unknown_host_key=True)))
+    r1 = start_run(ws, ok.case_id, wait=True)
+    assert r1.state == "succeeded", r1.text()
+    ev = evidence(ws, r1.run_id, "service")
+    assert ev["host_key"].startswith("NOT verified") and ev["ssh"]["accept_unknown_host_key"] is True
+    generate_key(tmp_path / "other_key")
+    bad = freeze_case(ws, draft=ssh_draft(free_port(), sshd.ssh(key_path=str(tmp_path / "other_key"))))
+    assert start_run(ws, bad.case_id, wait=True).state == "failed"
+    pid_ref = service_state(ws, r1.run_id)["proc"]
+    services.stop_all(ws)
+    assert_gone(sshd, pid_ref)
+
+    secrets = []
+    for key in (sshd.key_path, tmp_path / "other_key"):
+        body = [ln for ln in key.read_bytes().splitlines() if ln and not ln.startswith(b"-----")]
+        secrets += [*body, b"".join(body)]
+    files = [p for p in ws.root.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    assert any(str(sshd.key_path).encode() in p.read_bytes() for p in files)  # the path is referenced ...
+    leaks = [(str(p), s[:12]) for p in files for s in secrets if s in p.read_bytes()]
+    assert leaks == []  # ... the content is nowhere
+
+
+def test_ssh_login_without_known_hosts_needs_the_explicit_opt_in(ws: Workspace) -> None:
+    ssh = {"host": "127.0.0.1", "user": "bench", "key_path": "~/.ssh/id_ed25519"}
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=ssh_draft(18001, ssh))
+    assert "accept_unknown_host_key" in str(e.value)
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=ref_draft(18001, service={"adapter": "reference", "ssh": {**ssh, "port": 2222,
+                                                                                          "known_hosts": "/k"}}))
+    assert "adapter 'command'" in str(e.value)
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=ssh_draft(18001, {**ssh, "known_hosts": "/k", "key_path": "id_ed25519"}))
+    assert "key_path" in str(e.value)
+    c = freeze_case(ws, draft=ssh_draft(18001, {**ssh, "accept_unknown_host_key": True}))
+    stored = orjson.loads(Path(c.path).read_bytes())
+    assert stored["service"]["ssh"] == {**ssh, "port": 22, "known_hosts": None, "accept_unknown_host_key": True}
