@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", parents=[common], help="start a run of a frozen case (start_run)")
     s.add_argument("case_id")
     s.add_argument("--wait", action="store_true", help="wait for the whole run, not just preflight")
+    s.add_argument("--preflight-only", action="store_true",
+                   help="check the case in a fresh socket-less process; no run, no lease (allowed while paused)")
 
     s = sub.add_parser("status", parents=[common], help="where a run stands (phase_status)")
     s.add_argument("run_id", nargs="?")
@@ -105,7 +107,7 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "run":
         from caseledger.tools import start_run
 
-        r = start_run(ws, a.case_id, wait=a.wait)
+        r = start_run(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only)
         _emit(r, a.json)
         return 0 if r.preflight != "failed" and r.state != "failed" else 1
     elif a.cmd == "status":

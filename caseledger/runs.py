@@ -74,6 +74,39 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, auth
     return paths
 
 
+def preflight_only(ws: Workspace, case_id: str) -> dict[str, Any]:
+    """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
+    paused and while another run holds the target (prepare the next candidate while the target is busy)."""
+    import orjson
+
+    from caseledger import datasets
+    from caseledger.controller import child_env
+
+    case = cases.load_case(ws, case_id)
+    pid_ = "p-" + secrets.token_hex(4)
+    root = ws.ledger / "preflights" / pid_
+    root.mkdir(parents=True)
+    paths = RunPaths(root)
+    from caseledger.workspace import atomic_write, canonical_json
+
+    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
+    write_json(paths.run_json, {"run_id": pid_, "case_id": case_id, "scenario": case.scenario,
+                                "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
+                                "salt": pid_ if case.load.salt else None, "planned": case.load.requests,
+                                "created_utc": ledger.utc_now(), "preflight_only": True})
+    p = subprocess.run([sys.executable, "-m", "caseledger.preflight", str(root)], capture_output=True,
+                       env=child_env(), timeout=300, stdin=subprocess.DEVNULL)
+    lines = p.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        res: dict[str, Any] = orjson.loads(lines[-1]) if lines else {}
+    except orjson.JSONDecodeError:
+        res = {}
+    if not res:
+        res = {"ok": False, "error": (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]}
+    write_json(root / "preflight.json", res)
+    return {"id": pid_, **res}
+
+
 def spawn_controller(ws: Workspace, paths: RunPaths, fence: int) -> int:
     from caseledger.controller import child_env
 

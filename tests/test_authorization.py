@@ -43,3 +43,16 @@ def test_single_allows_one_run_then_pauses(ws: Workspace, stop_services: None) -
     b = freeze_case(ws, draft=ref_draft(port, load={"requests": 8, "concurrency": 4}), parent=a.case_id)
     with pytest.raises(NotAuthorized):
         start_run(ws, b.case_id)
+
+
+def test_preflight_only_works_while_paused_and_creates_no_run(ws: Workspace) -> None:
+    authorization.set_mode(ws, "paused")
+    port = free_port()
+    ok = freeze_case(ws, draft=ref_draft(port))
+    r = start_run(ws, ok.case_id, preflight_only=True)
+    assert r.preflight == "passed" and r.state == "preflight_only" and r.run_id.startswith("p-")
+    assert "0 requests sent" in r.text()
+    assert not ws.runs_dir.exists() and not ws.leases_dir.exists()
+    late = freeze_case(ws, draft=ref_draft(port, deadline="2020-01-01T00:00:00Z"))
+    bad = start_run(ws, late.case_id, preflight_only=True)
+    assert bad.preflight == "failed" and "deadline" in (bad.preflight_error or "")

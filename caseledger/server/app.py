@@ -172,11 +172,15 @@ def build_server(ws: Workspace) -> MCPServer:
         ctx: Context[Any, Any],
         case_id: Annotated[str, Field(description="Frozen case id from freeze_case, e.g. 'c-1a2b3c4d5e6f'",
                                       examples=["c-1a2b3c4d5e6f"])],
+        preflight_only: Annotated[bool, Field(
+            description="Only check the case in a fresh socket-less process: no run, no lease, no request; "
+                        "allowed while paused or while another run holds the target")] = False,
     ) -> Annotated[CallToolResult, StartResult]:
         """Start a run of a frozen case: take the target's lease, spawn the detached controller, return
         once preflight (a fresh-process reload of the case) passed or failed. The run keeps going in its
         controller. Next: phase_status(run_id=...) to follow it."""
-        return await _off_loop(ctx, "preflight", lambda: tools.start_run(ws, case_id))
+        return await _off_loop(ctx, "preflight",
+                               lambda: tools.start_run(ws, case_id, preflight_only=preflight_only))
 
     @_tool(
         mcp, "phase_status",

@@ -21,6 +21,11 @@ class StartResult(BaseModel):
     next_call: str
 
     def text(self) -> str:
+        if self.state == "preflight_only":
+            first = f"preflight {self.run_id} of case {self.case_id} ({self.scenario}): {self.preflight}"
+            if self.preflight_error:
+                first += f" — {self.preflight_error[:160]}"
+            return f"{first}; no run created, 0 requests sent\nnext: {self.next_call}"
         reused = [k for k, v in self.plan.items() if v in ("reuse", "check")]
         first = f"run {self.run_id} of case {self.case_id} ({self.scenario}): preflight {self.preflight}"
         if self.preflight_error:
@@ -29,10 +34,25 @@ class StartResult(BaseModel):
         return f"{first}; state {self.state}; {reuse}\nnext: {self.next_call}"
 
 
-def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> StartResult:
-    """Start a run and return once preflight has passed or failed (or the whole run, with wait=True)."""
+def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0,
+              preflight_only: bool = False) -> StartResult:
+    """Start a run and return once preflight has passed or failed (or the whole run, with wait=True).
+
+    preflight_only: reload and check the case in a fresh, socket-less process without creating a run,
+    taking the lease or touching the target; allowed while paused or while another run holds the target."""
     check_id(case_id, "case_id", "c")
     case = cases.load_case(workspace, case_id)
+    if preflight_only:
+        res = runs.preflight_only(workspace, case_id)
+        ok = bool(res.get("ok"))
+        return StartResult(
+            run_id=res["id"], case_id=case_id, scenario=case.scenario, preflight="passed" if ok else "failed",
+            preflight_error=res.get("error"), state="preflight_only", plan={},
+            authorization=authorization.current_mode(workspace),
+            next_call=(f"start_run(case_id='{case_id}') when the target is free and authorization allows" if ok
+                       else "fix the cause (a case error needs freeze_case of a corrected draft), "
+                       "then preflight again"),
+        )
     mode = authorization.check_start(workspace)
     key = ledger.target_key(case.canonical())
     rid = runs.new_run_id(workspace)
