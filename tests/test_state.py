@@ -1,0 +1,77 @@
+"""Folding: evidence outranks status strings; old failures stay in the log but not in the current state."""
+
+from __future__ import annotations
+
+import orjson
+
+from caseledger import ledger
+from caseledger.case import PHASES
+from caseledger.state import PhaseState, RunState, fold
+from caseledger.workspace import RunPaths, Workspace, write_json
+
+
+def make_run(ws: Workspace, rid: str = "r-0000aaaa", planned: int = 4) -> RunPaths:
+    paths = ws.run(rid)
+    paths.root.mkdir(parents=True)
+    write_json(paths.run_json, {"run_id": rid, "case_id": "c-000000000000", "scenario": "s", "planned": planned,
+                                "target_key": "t-x", "workspace": str(ws.root), "plan": [],
+                                "controller_spawned": True})
+    # a controller that is certainly gone: pid 1's start time never matches this
+    write_json(paths.controller_pid, {"pid": 1, "start_time": 123456789, "host": None})
+    return paths
+
+
+def phases_done(ws: Workspace, paths: RunPaths, upto: str) -> None:
+    for p in PHASES[: PHASES.index(upto)]:
+        ledger.append_event(ws, paths, "phase_started", phase=p, attempt=1)
+        ledger.append_event(ws, paths, "phase_ended", phase=p, attempt=1, data={"outcome": "done"})
+
+
+def test_end_file_outranks_a_stale_running_load(ws: Workspace) -> None:
+    paths = make_run(ws)
+    phases_done(ws, paths, "load")
+    ledger.append_event(ws, paths, "phase_started", phase="load", attempt=1)  # then the controller died
+    paths.load_dir.mkdir()
+    paths.raw.write_bytes(b"".join(orjson.dumps({"i": i, "ok": True}) + b"\n" for i in range(4)))
+    write_json(paths.load_end, {"planned": 4, "sent": 4, "done": 4, "ok": 4, "failed": 0})
+    v = fold(ws, paths.run_id)
+    assert v.phases["load"].state == PhaseState.DONE
+    assert v.load_ended == "yes" and v.counts.done == 4
+    assert v.state == RunState.END_UNKNOWN and v.current == "confirm_end"
+    assert "resume(run_id='r-0000aaaa')" in v.next_call and not v.next_resends_requests
+
+
+def test_running_phase_of_a_dead_controller_is_unknown_not_running(ws: Workspace) -> None:
+    paths = make_run(ws)
+    phases_done(ws, paths, "warmup")
+    ledger.append_event(ws, paths, "phase_started", phase="warmup", attempt=1)
+    v = fold(ws, paths.run_id)
+    assert v.phases["warmup"].state == PhaseState.UNKNOWN and v.state == RunState.END_UNKNOWN
+
+
+def test_results_on_disk_outrank_an_old_postprocess_failure(ws: Workspace) -> None:
+    paths = make_run(ws)
+    phases_done(ws, paths, "postprocess")
+    ledger.append_event(ws, paths, "phase_started", phase="postprocess", attempt=1)
+    ledger.append_event(ws, paths, "phase_ended", phase="postprocess", attempt=1, error="ImportError: x",
+                        data={"outcome": "failed", "failure_class": "collect"})
+    assert fold(ws, paths.run_id).failure_class == "collect"
+    (paths.results / "v1" / "aisbench" / "k").mkdir(parents=True)
+    (paths.results / "v1" / "aisbench" / "k" / "result.json").write_text("{}")
+    v = fold(ws, paths.run_id)
+    assert v.phases["postprocess"].state == PhaseState.DONE and v.results_extracted
+    kinds = [e["data"].get("outcome") for e in ledger.read_events(paths).events if e["phase"] == "postprocess"]
+    assert "failed" in kinds  # history is kept
+
+
+def test_a_later_attempt_supersedes_an_earlier_failure(ws: Workspace) -> None:
+    paths = make_run(ws)
+    phases_done(ws, paths, "service")
+    ledger.append_event(ws, paths, "phase_started", phase="service", attempt=1)
+    ledger.append_event(ws, paths, "phase_ended", phase="service", attempt=1, error="health",
+                        data={"outcome": "failed", "failure_class": "service"})
+    ledger.append_event(ws, paths, "phase_started", phase="service", attempt=2)
+    ledger.append_event(ws, paths, "phase_ended", phase="service", attempt=2, data={"outcome": "done"})
+    v = fold(ws, paths.run_id)
+    assert v.phases["service"].state == PhaseState.DONE and v.phases["service"].attempt == 2
+    assert v.state == RunState.END_UNKNOWN and v.current == "warmup"  # the next phase, not the old failure
