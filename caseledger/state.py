@@ -154,13 +154,9 @@ def fold(ws: Workspace, run_id: str) -> RunView:
 
     # evidence checks
     lv = phases["load"]
-    if end and lv.state in (PhaseState.RUNNING, PhaseState.UNKNOWN, PhaseState.PENDING):
-        lv.state = PhaseState.DONE if lv.state != PhaseState.PENDING else lv.state
-        if lv.state == PhaseState.PENDING and meta.get("load_started"):
-            lv.state = PhaseState.DONE
-    if lv.state == PhaseState.RUNNING and client_alive:
-        pass  # the load client is still at work whatever the controller does
-    for v in phases.values():
+    if end and lv.state in (PhaseState.RUNNING, PhaseState.UNKNOWN):
+        lv.state, lv.failure_class = PhaseState.DONE, None  # the client's end file outranks a stale 'started'
+    for v in phases.values():  # an open phase of a dead owner is unknown; a live load client keeps load running
         if v.state == PhaseState.RUNNING and not controller_alive and not (v.name == "load" and client_alive):
             v.state = PhaseState.UNKNOWN
             v.failure_class = FAILURE_OF_PHASE[v.name]
@@ -237,6 +233,10 @@ def _advise(v: RunView) -> None:
         v.blocker = f"partial load: {v.counts.done} of {v.counts.planned} requests recorded (client died)"
         v.next_call = (f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
                        f"(summarize(run_ids=['{rid}']) shows them)")
+        return
+    if v.state == RunState.RUNNING and not v.controller_alive:
+        v.blocker = "controller gone; the load client is still running"
+        v.next_call = f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)"
         return
     if v.state in (RunState.RUNNING, RunState.CREATED):
         v.next_call = f"phase_status(run_id='{rid}') later; the run continues in its controller"

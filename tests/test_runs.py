@@ -93,6 +93,7 @@ def test_killed_controller_leaves_load_running_and_resume_finishes(
     s = wait_state(ws, r.run_id, lambda s: not s.owner_alive)
     assert s.client_alive, s.text()  # the load client outlives its controller
     assert s.state == "running" and s.load_ended == "no"
+    assert f"resume(run_id='{r.run_id}') re-attaches" in s.next_call
     with pytest.raises(TargetHeld):  # the lease stays with the run while its client runs
         other = freeze_case(ws, draft=slow_draft(port, note="other"))
         start_run(ws, other.case_id)
