@@ -43,9 +43,12 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
         lines.append("best kept: " + "; ".join(f"{w}: {c}" for w, c in sorted(best.items())))
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
         st = read_json_or_none(f) or {}
-        alive = procs.alive(st.get("proc"))
-        lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} "
-                     f"{'alive pid ' + str(st['proc']['pid']) if alive else 'stopped'} (from case {st.get('case_id')})")
+        proc = st.get("proc") or {}
+        if st.get("ssh") and proc:  # no SSH round trip from a handoff: say where it runs, status checks it
+            where = f"remote pid {proc.get('pid')} on {st['ssh'].get('host')} (liveness: phase_status/service)"
+        else:
+            where = f"alive pid {proc.get('pid')}" if procs.alive(proc) else "stopped"
+        lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} (from case {st.get('case_id')})")
     lease = ledger.read_lease(ws, latest.meta.get("target_key", "")) if latest.meta.get("target_key") else None
     held = f"held by {lease.run_id}" if lease and lease.live() else "free"
     lines.append(f"owner: target {latest.meta.get('target_key')} {held}; controller of {latest.run_id} "

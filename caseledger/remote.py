@@ -18,13 +18,15 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import asyncssh
 
 from caseledger.case import SSH
 from caseledger.errors import CaseledgerError
+
+if TYPE_CHECKING:
+    import asyncssh  # imported where used: a local-only controller does not pay for it (~0.2 s)
 
 CONNECT_TIMEOUT_S = 10.0  # TCP connect + handshake + auth: an unreachable host fails fast, with its name
 COMMAND_TIMEOUT_S = 30.0
@@ -59,6 +61,8 @@ def _existing(path: str, what: str, ssh: SSH, field: str) -> str:
 @asynccontextmanager
 async def connect(ssh: SSH) -> AsyncIterator[asyncssh.SSHClientConnection]:
     """An authenticated connection; every failure is a RemoteError naming user@host:port and the fix."""
+    import asyncssh
+
     key = _existing(ssh.key_path, "private key", ssh, "key_path")
     known = _existing(ssh.known_hosts, "known_hosts file", ssh, "known_hosts") if ssh.known_hosts else None
     at = where(ssh)
@@ -195,6 +199,8 @@ class Remote:
 
     def _call(self, fn: Callable[[asyncssh.SSHClientConnection], Awaitable[T]],
               timeout_s: float = COMMAND_TIMEOUT_S) -> T:
+        import asyncssh
+
         async def main() -> T:
             try:
                 with anyio.fail_after(CONNECT_TIMEOUT_S + timeout_s):

@@ -46,7 +46,8 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 def ssh_draft(port: int, ssh: dict[str, Any], argv: list[str] | None = None, **over: Any) -> dict[str, Any]:
     argv = argv or [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}",
                     "--model", "ref-model"]
-    return ref_draft(port, service={"adapter": "command", "argv": argv, "ssh": ssh}, **over)
+    service = {"adapter": "command", "argv": argv, "ssh": ssh, **over.pop("service", {})}
+    return ref_draft(port, service=service, **over)
 
 
 def stats(port: int) -> dict[str, Any]:
@@ -75,6 +76,8 @@ def assert_gone(sshd: Sshd, ref: dict[str, Any]) -> None:
 def stop_remote(ws: Workspace) -> Iterator[None]:
     yield
     services.stop_all(ws)
+    for f in ws.services_dir.glob("*.json") if ws.services_dir.exists() else []:
+        Path(remote.log_path(f.stem)).unlink(missing_ok=True)  # the "remote" /tmp is this machine's
 
 
 @pytest.mark.ssh
@@ -150,6 +153,7 @@ def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
 def test_unusable_ssh_login_fails_in_service_naming_host_port_and_fix(
         ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, problem: str) -> None:
     ssh_port = sshd.port
+    over: dict[str, Any]
     if problem == "missing_key_file":
         over, says, fix = {"key_path": str(tmp_path / "no_such_key")}, "does not exist", "service.ssh.key_path"
     elif problem == "closed_port":
@@ -176,15 +180,23 @@ def test_unusable_ssh_login_fails_in_service_naming_host_port_and_fix(
 
 @pytest.mark.ssh
 @pytest.mark.slow
-def test_private_key_content_never_lands_in_the_workspace(ws: Workspace, sshd: Sshd, stop_remote: None,
-                                                          tmp_path: Path) -> None:
-    # a run that succeeds without a known_hosts file (explicitly accepted and recorded) and one refused login
+def test_private_key_and_env_secrets_never_land_in_the_workspace(
+        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a run that succeeds without a known_hosts file (explicitly accepted and recorded), with a secret passed by
+    # reference in service.env, and one refused login
+    secret = "s3cret-" + os.urandom(8).hex()
+    monkeypatch.setenv("CASELEDGER_TEST_TOKEN", secret)
     port = free_port()
-    ok = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(known_hosts=None, accept_unknown_host_key=True)))
+    ok = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(known_hosts=None, accept_unknown_host_key=True),
+                                         service={"env": {"TOKEN": "${CASELEDGER_TEST_TOKEN}", "MODE": "a b"}}))
     r1 = start_run(ws, ok.case_id, wait=True)
     assert r1.state == "succeeded", r1.text()
     ev = evidence(ws, r1.run_id, "service")
     assert ev["host_key"].startswith("NOT verified") and ev["ssh"]["accept_unknown_host_key"] is True
+    assert ev["env"] == {"TOKEN": "${CASELEDGER_TEST_TOKEN}", "MODE": "a b"}  # references, never values
+    environ = Path(f"/proc/{ev['pid']}/environ").read_bytes().split(b"\0")
+    assert f"TOKEN={secret}".encode() in environ and b"MODE=a b" in environ  # resolved on the remote side
+    assert secret.encode() not in Path(f"/proc/{ev['pid']}/cmdline").read_bytes()
     generate_key(tmp_path / "other_key")
     bad = freeze_case(ws, draft=ssh_draft(free_port(), sshd.ssh(key_path=str(tmp_path / "other_key"))))
     assert start_run(ws, bad.case_id, wait=True).state == "failed"
@@ -192,7 +204,7 @@ def test_private_key_content_never_lands_in_the_workspace(ws: Workspace, sshd: S
     services.stop_all(ws)
     assert_gone(sshd, pid_ref)
 
-    secrets = []
+    secrets = [secret.encode()]
     for key in (sshd.key_path, tmp_path / "other_key"):
         body = [ln for ln in key.read_bytes().splitlines() if ln and not ln.startswith(b"-----")]
         secrets += [*body, b"".join(body)]
