@@ -48,7 +48,8 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
             where = f"remote pid {proc.get('pid')} on {st['ssh'].get('host')} (liveness: phase_status/service)"
         else:
             where = f"alive pid {proc.get('pid')}" if procs.alive(proc) else "stopped"
-        lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} (from case {st.get('case_id')})")
+        lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} "
+                     f"(from case {st.get('case_id')})")
     lease = ledger.read_lease(ws, latest.meta.get("target_key", "")) if latest.meta.get("target_key") else None
     held = f"held by {lease.run_id}" if lease and lease.live() else "free"
     lines.append(f"owner: target {latest.meta.get('target_key')} {held}; controller of {latest.run_id} "
