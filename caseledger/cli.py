@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="wait for the whole run, not just preflight")
     s.add_argument("--preflight-only", action="store_true",
                    help="check the case in a fresh socket-less process; no run, no lease (allowed while paused)")
+    s.add_argument("--queue", action="store_true",
+                   help="if the target is held: preflight now and start when it frees (authorization auto)")
 
     s = sub.add_parser("status", parents=[common], help="where a run stands (phase_status)")
     s.add_argument("run_id", nargs="?")
@@ -107,9 +109,9 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "run":
         from caseledger.tools import start_run
 
-        r = start_run(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only)
+        r = start_run(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue)
         _emit(r, a.json)
-        return 0 if r.preflight != "failed" and r.state != "failed" else 1
+        return 0 if r.preflight != "failed" and r.state not in ("failed", "not_queued") else 1
     elif a.cmd == "status":
         from caseledger.tools import phase_status
 

@@ -119,6 +119,13 @@ class Controller:
             if not keep_lease:
                 ledger.release(self.ws, self.key, self.paths.run_id, self.fence)
             handoff.refresh(self.ws, exiting=self.paths.run_id)
+            if not keep_lease:
+                from caseledger import queue
+
+                nxt = queue.start_next(self.ws, self.key)  # an explicitly queued, preflighted case
+                if nxt:  # our fence is stale now (the next run holds the target): record without it
+                    ledger.append_event(self.ws, self.paths, "started_queued_run", owner=self.owner,
+                                        data={"run_id": nxt})
         return 0 if outcome == "succeeded" else 1
 
     def _end(self, phase: str, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:

@@ -77,6 +77,7 @@ def demo(keep: bool = False) -> int:
         _say("$ caseledger run " + f2.case_id + " --wait")
         r2 = start_run(ws, f2.case_id, wait=True)
         _say(r2.text() + "\n")
+        assert r1.run_id and r2.run_id, "start_run without queue always creates a run"
         for rid in (r1.run_id, r2.run_id):
             _say(f"$ caseledger status {rid}")
             _say(phase_status(ws, rid).text() + "\n")

@@ -50,6 +50,10 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
             where = f"alive pid {proc.get('pid')}" if procs.alive(proc) else "stopped"
         lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} "
                      f"(from case {st.get('case_id')})")
+    from caseledger import queue
+
+    for key, ids in queue.all_queues(ws).items():
+        lines.append(f"queue {key}: {', '.join(ids[:4])}" + (f" (+{len(ids) - 4})" if len(ids) > 4 else ""))
     lease = ledger.read_lease(ws, latest.meta.get("target_key", "")) if latest.meta.get("target_key") else None
     held = f"held by {lease.run_id}" if lease and lease.live() else "free"
     lines.append(f"owner: target {latest.meta.get('target_key')} {held}; controller of {latest.run_id} "

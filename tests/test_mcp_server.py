@@ -97,7 +97,7 @@ async def test_every_tool_has_output_schema_and_flat_described_inputs(ws: Worksp
     props = {t.name: t.input_schema["properties"] for t in listed}
     assert set(props["freeze_case"]) == {"path", "draft", "parent"}
     assert props["summarize"]["run_ids"]["type"] == "array"
-    assert set(props["start_run"]) == {"case_id", "preflight_only"}  # no wait knob over MCP: returns after preflight
+    assert set(props["start_run"]) == {"case_id", "preflight_only", "queue"}  # no wait knob over MCP
 
 
 async def test_freeze_case_answers_short_text_with_structured_case_id(ws: Workspace) -> None:

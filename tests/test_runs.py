@@ -245,3 +245,25 @@ def test_prefix_cache_truth_on_a_warm_service(ws: Workspace, stop_services: None
         ratios.append((cache.hit_ratio.min, cache.hit_ratio.max))  # type: ignore[union-attr]
     assert ratios[1] == ratios[0]  # the second run on the warm service hits exactly as much, not more
     assert ratios[0][1] < 0.95  # the unique part is recomputed: no hit on a salted suffix
+
+
+def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: None) -> None:
+    port = free_port()
+    a = freeze_case(ws, draft=slow_draft(port))
+    b = freeze_case(ws, draft=slow_draft(port, load={"requests": 8, "concurrency": 4}), parent=a.case_id)
+    r1 = start_run(ws, a.case_id)
+    q = start_run(ws, b.case_id, queue=True)
+    assert q.state == "queued" and q.queue_position == 1 and q.run_id is None and q.preflight == "passed"
+    assert b.case_id in phase_status(ws, r1.run_id).text()  # the queue is visible, nothing waits silently
+    assert "queue t-" in ws.handoff.read_text()
+    wait_state(ws, r1.run_id, lambda s: s.state == "succeeded", timeout=90)
+    from caseledger.state import list_runs
+
+    deadline = time.monotonic() + 60
+    while len(list_runs(ws)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r2 = list_runs(ws)[-1]
+    assert fold(ws, r2).case_id == b.case_id
+    s = wait_state(ws, r2, lambda s: s.state == "succeeded", timeout=90)
+    assert s.phases["service"] == "reused" and stats(port)["by_phase"]["load"] == 16
+    assert "queue t-" not in ws.handoff.read_text()

@@ -5,18 +5,21 @@ route_verify and cache_prepare phases; only the phase header differs. Every requ
 `RawRecord` (success or failure), handed to `on_record` the moment it ends.
 
 The HTTP transport sits behind one seam, `Streamer` (POST a body, get the status and the raw response
-bytes as they arrive). The default is `HttpxStreamer` (httpx2, HTTP/1.1, `aiter_raw`); SSE splitting,
-chunk parsing, timing and error classes live here, above the seam, so a faster transport (an asyncio
-Protocol with a C HTTP parser) can replace it without touching them. Chunk times are taken when the raw
-bytes arrive, before parsing.
+bytes as they arrive). Two implement it: `FastStreamer` (caseledger.load.fast: an asyncio Protocol with
+httptools, for http:// URLs; the default) and `HttpxStreamer` (httpx2, HTTP/1.1, `aiter_raw`; https, and
+everything when CASELEDGER_LOAD_TRANSPORT=httpx). SSE splitting, chunk parsing, timing and error classes
+live here, above the seam, so both give the same records. Chunk times are taken when the raw bytes
+arrive, before parsing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import httpx2
@@ -26,6 +29,8 @@ from caseledger.load.plan import RequestSpec
 from caseledger.records import ErrorClass, RawRecord
 
 PHASE_HEADER = "x-caseledger-phase"
+TRANSPORT_ENV = "CASELEDGER_LOAD_TRANSPORT"  # 'fast' (default) or 'httpx': the transport for http:// URLs
+TRANSPORTS = ("fast", "httpx")
 HTTP_ERROR_BODY_CHARS = 200
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")  # a reasoning token is a generated token too
 
@@ -344,6 +349,34 @@ class _Runner:
                 tg.start_soon(self.worker, spec)
 
 
+def transport_choice() -> Literal["fast", "httpx"]:
+    """The transport run_requests(transport=None) uses for http:// URLs, from CASELEDGER_LOAD_TRANSPORT."""
+    value = os.environ.get(TRANSPORT_ENV) or "fast"
+    if value == "fast":
+        return "fast"
+    if value == "httpx":
+        return "httpx"
+    raise ValueError(f"{TRANSPORT_ENV}={value!r} is not a transport; known: {', '.join(TRANSPORTS)}")
+
+
+def transport_used(urls: Iterable[str]) -> str:
+    """What run_requests(transport=None) sends these URLs with: 'fast', 'httpx', or 'fast+httpx' when
+    some are http:// and some are not (https always goes through httpx)."""
+    if transport_choice() == "httpx":
+        return "httpx"
+    from caseledger.load.fast import fast_target  # fast imports this module
+
+    return "+".join(sorted({"httpx" if fast_target(u) is None else "fast" for u in urls})) or "fast"
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # another anyio backend (trio): FastStreamer is asyncio-only
+        return False
+    return True
+
+
 async def run_requests(
     specs: Iterable[RequestSpec],
     concurrency: int,
@@ -357,15 +390,20 @@ async def run_requests(
 ) -> list[RawRecord]:
     """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
 
-    transport: None (httpx2 over the network), an httpx2 transport (e.g. MockTransport) or a Streamer.
+    transport: None (over the network: FastStreamer, or HttpxStreamer per CASELEDGER_LOAD_TRANSPORT), an
+    httpx2 transport (e.g. MockTransport) or a Streamer.
     on_send is called as each request is sent, on_record as each ends (from the event loop: keep them
     short). A cancelled run records its in-flight requests with error_class 'client' before unwinding.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
-        streamer: Streamer = HttpxStreamer(concurrency, transport)
-        owned = True
+    streamer: Streamer
+    if transport is None and transport_choice() == "fast" and _on_asyncio():
+        from caseledger.load.fast import FastStreamer  # fast imports this module
+
+        streamer, owned = FastStreamer(concurrency), True
+    elif transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
+        streamer, owned = HttpxStreamer(concurrency, transport), True
     else:
         streamer, owned = transport, False
     runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send)

@@ -175,12 +175,15 @@ def build_server(ws: Workspace) -> MCPServer:
         preflight_only: Annotated[bool, Field(
             description="Only check the case in a fresh socket-less process: no run, no lease, no request; "
                         "allowed while paused or while another run holds the target")] = False,
+        queue: Annotated[bool, Field(
+            description="If another run holds the target: preflight now and queue the case to start when the "
+                        "target frees (authorization auto); the answer gives the position")] = False,
     ) -> Annotated[CallToolResult, StartResult]:
         """Start a run of a frozen case: take the target's lease, spawn the detached controller, return
         once preflight (a fresh-process reload of the case) passed or failed. The run keeps going in its
         controller. Next: phase_status(run_id=...) to follow it."""
         return await _off_loop(ctx, "preflight",
-                               lambda: tools.start_run(ws, case_id, preflight_only=preflight_only))
+                               lambda: tools.start_run(ws, case_id, preflight_only=preflight_only, queue=queue))
 
     @_tool(
         mcp, "phase_status",

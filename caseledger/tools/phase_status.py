@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import authorization
+from caseledger import authorization, queue
 from caseledger.errors import NotFound
 from caseledger.state import fold, list_runs
 from caseledger.workspace import Workspace, check_id
@@ -34,6 +34,7 @@ class StatusResult(BaseModel):
     next_repeats_warmup: bool
     next_resends_requests: bool
     authorization: str
+    queued: list[str] = Field(default_factory=list, description="Cases queued to start when this target frees")
     next_call: str
 
     def _client(self) -> str:
@@ -57,6 +58,8 @@ class StatusResult(BaseModel):
         ]
         if self.blocker:
             lines.append(f"blocker: {self.blocker[:140]}")
+        if self.queued:
+            lines.append(f"queued on this target: {', '.join(self.queued[:3])}")
         if self.state not in ("succeeded", "running", "created"):
             lines.append("next step restarts service: " + ("yes" if self.next_restarts_service else "no")
                          + ", repeats warmup: " + ("yes" if self.next_repeats_warmup else "no")
@@ -85,5 +88,6 @@ def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResul
         owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
         next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
+        queued=[e["case_id"] for e in queue.entries(workspace, v.meta.get("target_key", "-"))],
         next_call=v.next_call,
     )

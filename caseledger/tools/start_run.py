@@ -5,12 +5,12 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from caseledger import authorization, cases, ledger, runs
-from caseledger.errors import CaseledgerError
+from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
 from caseledger.workspace import Workspace, check_id
 
 
 class StartResult(BaseModel):
-    run_id: str
+    run_id: str | None = Field(description="Run id (p-... for preflight_only; null while queued)")
     case_id: str
     scenario: str
     preflight: str = Field(description="passed | failed | pending (still running when the wait ended)")
@@ -18,10 +18,14 @@ class StartResult(BaseModel):
     state: str = Field(description="Run state after the wait")
     plan: dict[str, str] = Field(description="phase -> run | reuse | check | skip")
     authorization: str
+    queue_position: int | None = Field(None, description="Position in the target's queue (1 = next) when queued")
     next_call: str
 
     def text(self) -> str:
-        if self.state == "preflight_only":
+        if self.state == "queued":
+            return (f"case {self.case_id} ({self.scenario}): preflight passed; queued #{self.queue_position} on a "
+                    f"held target\nnext: {self.next_call}")
+        if self.state in ("preflight_only", "not_queued"):
             first = f"preflight {self.run_id} of case {self.case_id} ({self.scenario}): {self.preflight}"
             if self.preflight_error:
                 first += f" — {self.preflight_error[:160]}"
@@ -35,11 +39,13 @@ class StartResult(BaseModel):
 
 
 def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0,
-              preflight_only: bool = False) -> StartResult:
+              preflight_only: bool = False, queue: bool = False) -> StartResult:
     """Start a run and return once preflight has passed or failed (or the whole run, with wait=True).
 
     preflight_only: reload and check the case in a fresh, socket-less process without creating a run,
-    taking the lease or touching the target; allowed while paused or while another run holds the target."""
+    taking the lease or touching the target; allowed while paused or while another run holds the target.
+    queue: when the target is held (and authorization is auto), preflight the case and queue it to start
+    when the lease frees; the answer says its position. Without it a held target is an error at once."""
     check_id(case_id, "case_id", "c")
     case = cases.load_case(workspace, case_id)
     if preflight_only:
@@ -57,7 +63,12 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     key = ledger.target_key(case.canonical())
     rid = runs.new_run_id(workspace)
     # the lease is taken for the run before anything is written; the controller adopts it (same fence)
-    lease = ledger.acquire(workspace, key, run_id=rid, owner=None)
+    try:
+        lease = ledger.acquire(workspace, key, run_id=rid, owner=None)
+    except TargetHeld as held:
+        if not queue:
+            raise
+        return _enqueue(workspace, case_id, case.scenario, key, mode, held)
     try:
         paths = runs.create_run(workspace, case_id, lease.fence, key, rid, authorized=mode)
     except CaseledgerError:
@@ -73,3 +84,23 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
         state=view.state.value, plan={s["phase"]: s["action"] for s in view.meta["plan"]},
         authorization=authorization.current_mode(workspace), next_call=view.next_call,
     )
+
+
+def _enqueue(ws: Workspace, case_id: str, scenario: str, key: str, mode: str, held: TargetHeld) -> StartResult:
+    from caseledger import handoff, queue
+
+    if mode != "auto":
+        raise NotAuthorized(f"queueing needs authorization 'auto' (it is '{mode}'); {held.message}",
+                            "caseledger authorize auto, or wait and start_run again")
+    res = runs.preflight_only(ws, case_id)
+    if not res.get("ok"):
+        return StartResult(run_id=res["id"], case_id=case_id, scenario=scenario, preflight="failed",
+                           preflight_error=res.get("error"), state="not_queued", plan={}, authorization=mode,
+                           next_call="fix the case (freeze_case a corrected draft); a failing case is never queued")
+    cur = ledger.read_lease(ws, key)
+    pos = queue.push(ws, key, case_id, cur.run_id if cur else None)
+    handoff.refresh(ws)
+    return StartResult(run_id=None, case_id=case_id, scenario=scenario, preflight="passed", state="queued",
+                       plan={}, authorization=mode, queue_position=pos,
+                       next_call=f"phase_status(run_id='{cur.run_id if cur else ''}'); the queued case starts "
+                                 "when that run releases the target")
