@@ -1,5 +1,6 @@
-"""Load client cost per chunk: the formal load process against the reference target, and a raw-asyncio
-baseline client measured in the same run, against the same server.
+"""Load client cost per chunk: the formal load process against the reference target with each transport
+(httpx2, and fast: asyncio + httptools), and a raw-asyncio baseline client measured in the same run,
+against the same server.
 
     python bench/bench_load_client.py [--requests 64] [--tokens 256] [--concurrency 32] [--repeats 3]
 
@@ -96,19 +97,25 @@ def row(name: str, chunks: int, reads: int, wall_s: float, cpu_s: float, server_
             "server_cpu_pct": 100 * server_s / wall_s}
 
 
-def run_formal(paths: RunPaths, server_pid: int) -> dict[str, Any]:
+TRANSPORT_ROWS = {"httpx": "caseledger.load (httpx2 aiter_raw)", "fast": "caseledger.load (fast: httptools)"}
+
+
+def run_formal(paths: RunPaths, server_pid: int, transport: str) -> dict[str, Any]:
     s0 = proc_cpu_s(server_pid)
+    env = {**os.environ, "CASELEDGER_LOAD_TRANSPORT": transport}
     out = subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True, text=True,
-                         preexec_fn=pinned(CLIENT_CPU), timeout=600)
+                         preexec_fn=pinned(CLIENT_CPU), timeout=600, env=env)
     s1 = proc_cpu_s(server_pid)
     if out.returncode != 0:
         raise SystemExit(f"load client failed ({out.returncode}): {out.stderr}")
     end = read_json(paths.load_end)
+    if end.get("transport", transport) != transport:
+        raise SystemExit(f"asked for transport {transport}, the load used {end['transport']}")
     recs = read_records(paths.raw).records
     reads = sum(len(set(r["chunk_ns"])) for r in recs)  # chunks sharing a timestamp came in one read
     wall = (end["last_end_ns"] - end["first_send_ns"]) / 1e9
     cpu = end["cpu_load_user_s"] + end["cpu_load_sys_s"]
-    return row("caseledger.load (httpx2 aiter_raw)", end["chunks"], reads, wall, cpu, s1 - s0, end["ok"])
+    return row(TRANSPORT_ROWS[transport], end["chunks"], reads, wall, cpu, s1 - s0, end["ok"])
 
 
 # ---- the raw asyncio baseline: hand-written HTTP/1.1 + chunked + SSE, one connection per stream ----------
@@ -198,8 +205,10 @@ def main() -> int:
         try:
             rows: dict[str, list[dict[str, Any]]] = {}
             for k in range(args.repeats):
-                paths = make_run(ws, f"r-{k:012x}", port, args.requests, args.tokens, args.concurrency)
-                for r in (run_formal(paths, server.pid), run_baseline(paths, args.concurrency, server.pid)):
+                runs = {t: make_run(ws, f"r-{k:06x}{n:06x}", port, args.requests, args.tokens, args.concurrency)
+                        for n, t in enumerate(TRANSPORT_ROWS)}  # a run's formal load is sent once: one each
+                for r in (*(run_formal(p, server.pid, t) for t, p in runs.items()),
+                          run_baseline(runs["httpx"], args.concurrency, server.pid)):
                     rows.setdefault(r["client"], []).append(r)
         finally:
             server.terminate()

@@ -35,7 +35,7 @@ import orjson
 from caseledger import procs
 from caseledger.errors import CaseledgerError
 from caseledger.load import faults
-from caseledger.load.client import run_requests
+from caseledger.load.client import run_requests, transport_used
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
 from caseledger.records import RawRecord
 from caseledger.workspace import RunPaths, read_json_or_none, write_json
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_user_s": ru.ru_utime, "cpu_sys_s": ru.ru_stime,
         # CPU of the load itself (anchor to end): what per-chunk client cost is computed from
         "cpu_load_user_s": ru.ru_utime - ru0.ru_utime, "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
-        "chunks": tally.chunks, "plan_sha256": plan.digest(),
+        "chunks": tally.chunks, "plan_sha256": plan.digest(), "transport": transport_used(s.url for s in plan.specs),
         "exit": "cancelled" if caught else "complete",
     }
     if caught:

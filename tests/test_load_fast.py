@@ -1,0 +1,374 @@
+"""FastStreamer (asyncio + httptools) against HttpxStreamer: the same records for the same requests from
+the real reference target (streams, HTTP errors, stalls, a crash mid-stream, a closed port) and from raw
+loopback servers for the framings the target does not send; and how run_requests picks the transport."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import httpx2
+import orjson
+import pytest
+
+from caseledger.load.client import TRANSPORT_ENV, HttpxStreamer, Streamer, run_requests, transport_used
+from caseledger.load.fast import FastStreamer, fast_target
+from caseledger.load.plan import RequestSpec, request_body
+from caseledger.records import RawRecord, read_records
+from caseledger.workspace import Workspace, read_json
+from tests.conftest import free_port
+from tests.test_load_client import load_draft
+from tests.test_load_plan import make_run_dir
+
+MODEL = "ref-model"
+FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.001, "decode_step_per_seq_s": 0.0, "slots": 16}
+# crash_after=2: request #2 (short, sent second) ends, the server dies 20 ms later, with #1 mid-stream
+CRASH = {**FAST, "decode_step_s": 0.01, "crash_after": 2}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "plain": FAST,
+    "error": {**FAST, "error_rate": 1.0},
+    "stall": {**FAST, "stall_after": 1},  # the fixture spends request #1; every later one stalls
+    "crash-fast": CRASH,
+    "crash-httpx": CRASH,
+}
+slow = pytest.mark.slow
+Kind = Literal["fast", "httpx"]
+KINDS: tuple[Kind, Kind] = ("fast", "httpx")
+# what must match between transports; chunk_ns/send_ns/end_ns are times, so only their count is compared
+SAME = ("i", "ok", "status", "error_class", "prompt_tokens", "completion_tokens", "cached_tokens",
+        "finish_reason", "chunk_tokens")
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    base: str
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Served]]:
+    """Every configuration starts at once (start-up is mostly imports), then each is waited for."""
+    out: dict[str, Served] = {}
+    for name, cfg in CONFIGS.items():
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--model", MODEL, "--config-json", orjson.dumps(cfg).decode(), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        out[name] = Served(proc, f"http://127.0.0.1:{port}")
+    try:
+        for name, s in out.items():
+            deadline = time.monotonic() + 30
+            while True:
+                assert s.proc.poll() is None, f"reference target {name} exited"
+                try:
+                    if httpx2.get(s.base + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx2.TransportError:
+                    pass
+                assert time.monotonic() < deadline, f"reference target {name} never became healthy"
+                time.sleep(0.05)
+        prime = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+        assert httpx2.post(out["stall"].base + "/v1/completions", json=prime, timeout=5).status_code == 200
+        yield out
+    finally:
+        for s in out.values():
+            if s.proc.poll() is None:
+                s.proc.terminate()
+                s.proc.wait(10)
+
+
+def make_spec(i: int, base: str, api: Literal["chat", "completions"] = "chat", max_tokens: int = 8,
+              offset_s: float = 0.0) -> RequestSpec:
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    body = request_body(api, MODEL, f"request {i}: say something about the number {i * 7}", max_tokens, True)
+    return RequestSpec(i=i, entry=i, route=0, offset_s=offset_s, url=base + path, body=body)
+
+
+def streamer(kind: Kind, concurrency: int) -> Streamer:
+    return FastStreamer(concurrency) if kind == "fast" else HttpxStreamer(concurrency)
+
+
+def run(kind: Kind, specs: list[RequestSpec], *, concurrency: int = 8, timeout_s: float = 10.0) -> list[RawRecord]:
+    async def go() -> list[RawRecord]:
+        s = streamer(kind, concurrency)
+        try:
+            return await run_requests(specs, concurrency, "test", transport=s, timeout_s=timeout_s)
+        finally:
+            await s.aclose()
+
+    return anyio.run(go)
+
+
+def same(rec: RawRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = dict(rec)
+    return {**{k: fields[k] for k in SAME}, "chunks": len(rec["chunk_ns"])}
+
+
+def reset_cache(base: str) -> None:
+    assert httpx2.post(base + "/reset_prefix_cache", timeout=5).status_code == 200
+
+
+# ---- parity on the reference target -----------------------------------------------------------------
+
+
+@slow
+def test_streams_give_identical_records_on_both_transports_for_chat_and_completions(
+    servers: dict[str, Served],
+) -> None:
+    base = servers["plain"].base
+    specs = [make_spec(i, base, "chat" if i % 2 else "completions", max_tokens=1 + 5 * i) for i in range(12)]
+    got: dict[str, list[RawRecord]] = {}
+    for kind in KINDS:
+        reset_cache(base)  # the prefix cache would otherwise change cached_tokens on the second pass
+        got[kind] = run(kind, specs)
+    fast, slow = got["fast"], got["httpx"]
+    assert [same(r) for r in fast] == [same(r) for r in slow]
+    for r in fast:
+        assert r["ok"] and r["status"] == 200 and r["finish_reason"] == "length", r
+        assert len(r["chunk_ns"]) == r["completion_tokens"] == 1 + 5 * r["i"]
+        assert r["chunk_tokens"] == [1] * r["completion_tokens"]  # continuous usage: one token per chunk
+        assert r["send_ns"] < r["chunk_ns"][0] and r["chunk_ns"] == sorted(r["chunk_ns"])
+        assert r["chunk_ns"][-1] <= r["end_ns"]
+
+
+@slow
+def test_http_500_is_an_http_error_with_the_same_status_and_message(servers: dict[str, Served]) -> None:
+    base = servers["error"].base
+    specs = [make_spec(0, base, "chat"), make_spec(1, base, "completions")]
+    fast, slow = run("fast", specs), run("httpx", specs)
+    assert [same(r) | {"error": r["error"]} for r in fast] == [same(r) | {"error": r["error"]} for r in slow]
+    assert all(r["status"] == 500 and r["error_class"] == "http" for r in fast)
+    assert all((r["error"] or "").startswith("HTTP 500: ") and "injected fault" in (r["error"] or "") for r in fast)
+
+
+@slow
+def test_a_stalled_stream_ends_as_a_timeout_on_both_transports(servers: dict[str, Served]) -> None:
+    base = servers["stall"].base
+    specs = [make_spec(0, base, "chat"), make_spec(1, base, "completions")]
+    reset_cache(base)
+    t0 = time.monotonic()
+    fast = run("fast", specs, timeout_s=0.3)
+    assert time.monotonic() - t0 < 2
+    reset_cache(base)
+    slow = run("httpx", specs, timeout_s=0.3)
+    assert [same(r) for r in fast] == [same(r) for r in slow]
+    assert all(r["status"] == 200 and r["error_class"] == "timeout" and not r["ok"] for r in fast)
+    assert len(fast[1]["chunk_ns"]) == 1  # completions: the one chunk sent before the stall was recorded
+
+
+def test_a_closed_port_is_a_connection_error_on_both_transports() -> None:
+    specs = [make_spec(0, f"http://127.0.0.1:{free_port()}")]
+    fast, slow = run("fast", specs), run("httpx", specs)
+    assert [same(r) for r in fast] == [same(r) for r in slow]
+    assert fast[0]["error_class"] == "connection" and fast[0]["status"] is None
+    assert (fast[0]["error"] or "").startswith("ConnectError: ")
+
+
+@slow
+def test_a_server_killed_mid_stream_breaks_the_stream_and_then_refuses_on_both_transports(
+    servers: dict[str, Served],
+) -> None:
+    got: dict[str, list[RawRecord]] = {}
+    for kind in KINDS:
+        s = servers[f"crash-{kind}"]
+        specs = [make_spec(0, s.base, "chat", max_tokens=200),  # #1: streams for ~2 s
+                 make_spec(1, s.base, "completions", max_tokens=2, offset_s=0.1),  # #2: its end kills it
+                 make_spec(2, s.base, "chat", offset_s=0.6)]  # after the crash: nothing listens
+        got[kind] = run(kind, specs)
+        assert s.proc.wait(5) == 3  # the target's crash exit code
+    for kind in KINDS:
+        long, short, late = got[kind]
+        assert (long["error_class"], long["status"], long["ok"]) == ("stream", 200, False), kind
+        assert 0 < len(long["chunk_ns"]) < 200 and "incomplete chunked read" in (long["error"] or "")
+        assert short["ok"] and short["completion_tokens"] == 2
+        assert (late["error_class"], late["status"]) == ("connection", None)
+    assert same(got["fast"][1]) == same(got["httpx"][1])
+
+
+# ---- framings and failures the reference target does not produce: raw loopback servers ------------------
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+SSE_BODY = (b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+            b'data: {"choices":[{"index":0,"text":"b","finish_reason":"stop"}],'
+            b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    return head + await reader.readexactly(length)
+
+
+def with_raw_server(handler: Handler, kinds: tuple[Kind, ...] = KINDS) -> dict[str, RawRecord]:
+    """One request per transport against a raw asyncio server running `handler` per connection."""
+    out: dict[str, RawRecord] = {}
+
+    async def go() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await handler(reader, writer)
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            for kind in kinds:
+                (out[kind],) = await run_one(kind, make_spec(0, f"http://127.0.0.1:{port}", "completions"))
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    async def run_one(kind: Kind, spec: RequestSpec) -> list[RawRecord]:
+        s = streamer(kind, 1)
+        try:
+            return await run_requests([spec], 1, "test", transport=s, timeout_s=5)
+        finally:
+            await s.aclose()
+
+    asyncio.run(go())
+    return out
+
+
+def test_content_length_and_close_delimited_bodies_split_at_every_byte_parse_alike() -> None:
+    for framing in ("content-length", "close"):
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: str = framing) -> None:
+            await read_request(reader)
+            length = b"content-length: %d\r\n" % len(SSE_BODY) if framing == "content-length" else b""
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + length + b"\r\n")
+            for k in range(len(SSE_BODY)):  # one byte per write: events arrive split anywhere
+                writer.write(SSE_BODY[k:k + 1])
+                await writer.drain()
+                if k % 16 == 0:
+                    await asyncio.sleep(0)
+
+        got = with_raw_server(handler)
+        assert same(got["fast"]) == same(got["httpx"]), framing
+        assert got["fast"]["ok"] and len(got["fast"]["chunk_ns"]) == 2, got["fast"]
+
+
+def test_chunked_body_with_odd_chunk_boundaries_and_an_interim_100_response_parse_alike() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in (SSE_BODY[:7], SSE_BODY[7:70], SSE_BODY[70:]):
+            writer.write(b"%x;ext=1\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+
+    got = with_raw_server(handler)
+    assert same(got["fast"]) == same(got["httpx"])
+    assert got["fast"]["ok"] and got["fast"]["completion_tokens"] == 2
+
+
+def test_a_server_closing_before_its_status_line_is_a_connection_error_on_both_transports() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    got = with_raw_server(handler)
+    assert same(got["fast"]) == same(got["httpx"])
+    assert got["fast"]["error_class"] == "connection" and got["fast"]["error"] == got["httpx"]["error"]
+
+
+def test_a_short_content_length_body_and_garbage_after_headers_are_stream_errors_on_both_transports() -> None:
+    async def short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(SSE_BODY) + 10, SSE_BODY[:60]))
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz-not-a-size\r\n")
+        await reader.read()  # until the client gives up on the connection
+
+    for handler in (short, garbage):
+        got = with_raw_server(handler)
+        assert same(got["fast"]) == same(got["httpx"]), handler.__name__
+        assert got["fast"]["error_class"] == "stream" and got["fast"]["status"] == 200
+
+
+def test_the_request_on_the_wire_is_http11_with_host_length_close_and_our_headers() -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(SSE_BODY), SSE_BODY))
+
+    got = with_raw_server(handler, ("fast",))
+    assert got["fast"]["ok"]
+    head, body = seen[0].split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    fields = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    assert lines[0] == "POST /v1/completions HTTP/1.1"
+    assert fields["host"].startswith("127.0.0.1:") and fields["connection"] == "close"
+    assert fields["x-caseledger-phase"] == "test" and fields["accept"] == "text/event-stream"
+    assert int(fields["content-length"]) == len(body) and orjson.loads(body)["stream"] is True
+
+
+# ---- selection -------------------------------------------------------------------------------------------
+
+
+def test_only_plain_http_urls_take_the_fast_path() -> None:
+    assert fast_target("http://127.0.0.1:8080/v1/completions") is not None
+    assert fast_target("http://[::1]:8080/v1?x=1") is not None
+    assert fast_target("https://api.example.com/v1/completions") is None
+    assert fast_target("http://user:pw@host/v1") is None
+
+
+@slow
+def test_transport_env_selects_fast_by_default_httpx_on_request_and_refuses_unknown_names(
+    monkeypatch: pytest.MonkeyPatch, servers: dict[str, Served],
+) -> None:
+    used: list[str] = []
+    real_post = FastStreamer.post
+
+    def counting_post(self: FastStreamer, url: str, body: bytes, headers: Any) -> Any:
+        used.append(url)
+        return real_post(self, url, body, headers)
+
+    monkeypatch.setattr(FastStreamer, "post", counting_post)
+    urls = [servers["plain"].base + "/v1/completions"]
+    spec = make_spec(0, servers["plain"].base, "completions")
+
+    def go() -> list[RawRecord]:
+        return anyio.run(lambda: run_requests([spec], 1, "test", timeout_s=5))
+
+    for value, fast in ((None, True), ("fast", True), ("httpx", False)):
+        if value is None:
+            monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+        else:
+            monkeypatch.setenv(TRANSPORT_ENV, value)
+        used.clear()
+        (rec,) = go()
+        assert rec["ok"] and bool(used) == fast, value
+        assert transport_used(urls) == ("fast" if fast else "httpx")
+    monkeypatch.delenv(TRANSPORT_ENV)
+    assert transport_used(["https://x.example/v1"]) == "httpx"
+    assert transport_used([*urls, "https://x.example/v1"]) == "fast+httpx"
+    monkeypatch.setenv(TRANSPORT_ENV, "aiohttp")
+    with pytest.raises(ValueError, match="known: fast, httpx"):
+        go()
+
+
+@slow
+def test_the_formal_load_uses_the_fast_transport_by_default_and_says_so_in_end_json(
+    servers: dict[str, Served], tmp_path: Path,
+) -> None:
+    port = int(servers["plain"].base.rsplit(":", 1)[1])
+    paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(port, 4, 2))
+    env = {k: v for k, v in os.environ.items() if k != TRANSPORT_ENV}
+    out = subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    end = read_json(paths.load_end)
+    assert (end["transport"], end["ok"], end["chunks"]) == ("fast", 4, 4 * 8)
+    assert all(len(r["chunk_ns"]) == 8 for r in read_records(paths.raw).records)
