@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -251,11 +252,7 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
             raise PhaseFailed(f"cannot start service argv[0] {intended[0]!r}: {e}", "service",
                               "fix service.argv in a new case") from None
     ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
-    prev = read_json_or_none(_state_path(ws, key)) or {}
-    state = {"adapter": case.service.adapter, "proc": ref, "identity": want, "intended_argv": intended,
-             "env": shown_env, "case_id": case_id, "started_utc": utc_now(), "starts": int(prev.get("starts", 0)) + 1,
-             "log": str(log)}
-    write_json(_state_path(ws, key), state)
+    state = _record_start(ws, key, case, case_id, ref, want, intended, shown_env, str(log))
     deadline = time.monotonic() + case.service.health_timeout_s
     while time.monotonic() < deadline:
         if p.poll() is not None:
@@ -269,16 +266,34 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
         procs.terminate(ref)
         raise PhaseFailed(f"service not healthy at {case.service.health_url} after {case.service.health_timeout_s}s",
                           "service", "raise service.health_timeout_s or check the service log")
-    eff = procs.cmdline(p.pid) or []
-    state["effective_argv"] = eff
-    write_json(_state_path(ws, key), state)
-    diff = compare_argv(intended, eff)
-    if diff is not None:
-        procs.terminate(ref)
-        raise PhaseFailed(f"effective service argv differs from the intended one: {diff}", "service",
-                          "fix the launcher so the live process runs the case's argv (no appended overrides)")
+    eff = _confirm_argv(ws, key, state, procs.cmdline(p.pid) or [], lambda: procs.terminate(ref), "")
     return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff,
             "pid": p.pid, "starts": state["starts"], "verified_by": "live process cmdline + health", "env": shown_env}
+
+
+def _record_start(ws: Workspace, key: str, case: Case, case_id: str, ref: dict[str, Any], want: str,
+                  intended: list[str], shown_env: dict[str, str], log: str, **extra: Any) -> dict[str, Any]:
+    """Record a service caseledger just started on the target (local or remote), counting starts."""
+    prev = read_json_or_none(_state_path(ws, key)) or {}
+    state: dict[str, Any] = {
+        "adapter": case.service.adapter, "proc": ref, **extra, "identity": want, "intended_argv": intended,
+        "env": shown_env, "case_id": case_id, "started_utc": utc_now(), "starts": int(prev.get("starts", 0)) + 1,
+        "log": log}
+    write_json(_state_path(ws, key), state)
+    return state
+
+
+def _confirm_argv(ws: Workspace, key: str, state: dict[str, Any], eff: list[str], stop: Callable[[], object],
+                  where: str) -> list[str]:
+    """Record the effective argv read back from the live process; stop it and fail when it differs."""
+    state["effective_argv"] = eff
+    write_json(_state_path(ws, key), state)
+    diff = compare_argv(state["intended_argv"], eff)
+    if diff is not None:
+        stop()
+        raise PhaseFailed(f"effective service argv{where} differs from the intended one: {diff}", "service",
+                          "fix the launcher so the live process runs the case's argv (no appended overrides)")
+    return eff
 
 
 def _where(st: dict[str, Any]) -> dict[str, Any]:
@@ -306,12 +321,8 @@ def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, w
     except remote.RemoteError as e:
         raise PhaseFailed(f"cannot start the service: {e.message}", "service", e.fix) from None
     ref = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
-    prev = read_json_or_none(_state_path(ws, key)) or {}
-    state: dict[str, Any] = {
-        "adapter": case.service.adapter, "proc": ref, "ssh": ssh.model_dump(mode="json"), "identity": want,
-        "intended_argv": intended, "env": shown_env, "case_id": case_id, "started_utc": utc_now(),
-        "starts": int(prev.get("starts", 0)) + 1, "log": f"{ssh.user}@{ssh.host}:{log}"}
-    write_json(_state_path(ws, key), state)
+    state = _record_start(ws, key, case, case_id, ref, want, intended, shown_env, f"{ssh.user}@{ssh.host}:{log}",
+                          ssh=ssh.model_dump(mode="json"))
     deadline = time.monotonic() + case.service.health_timeout_s
     next_probe = time.monotonic() + 0.5
     while time.monotonic() < deadline:
@@ -329,14 +340,7 @@ def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, w
         raise PhaseFailed(f"service on {ssh.host} not healthy at {case.service.health_url} after "
                           f"{case.service.health_timeout_s}s", "service",
                           f"raise service.health_timeout_s or read {state['log']}")
-    eff = rem.cmdline(pid) or []
-    state["effective_argv"] = eff
-    write_json(_state_path(ws, key), state)
-    diff = compare_argv(intended, eff)
-    if diff is not None:
-        rem.terminate(ref)
-        raise PhaseFailed(f"effective service argv on {ssh.host} differs from the intended one: {diff}", "service",
-                          "fix the launcher so the live process runs the case's argv (no appended overrides)")
+    eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
     return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff, "pid": pid,
             "starts": state["starts"], "verified_by": "remote /proc cmdline over ssh + health", "env": shown_env,
             **_where(state)}
