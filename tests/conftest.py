@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import orjson
 import pytest
 
@@ -68,3 +75,60 @@ def _no_fault_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CASELEDGER_FAULT", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@dataclass
+class Served:
+    """A reference target started as a real subprocess on loopback."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    config: dict[str, Any]
+    stdout: Path
+    stderr: Path
+
+    @property
+    def base(self) -> str:
+        return self.url
+
+    def client(self, timeout: float = 10.0) -> httpx2.Client:
+        return httpx2.Client(base_url=self.url, timeout=timeout)
+
+
+@contextmanager
+def reference_targets(configs: dict[str, dict[str, Any]], log_dir: Path,
+                      model: str = "ref-model") -> Iterator[dict[str, Served]]:
+    """Start every configuration at once (start-up is mostly imports), wait for each, stop all at the end."""
+    out: dict[str, Served] = {}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for name, cfg in configs.items():
+        port = free_port()
+        so, se = log_dir / f"{name}.out", log_dir / f"{name}.err"
+        with so.open("wb") as fo, se.open("wb") as fe:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
+                 "--model", model, "--config-json", json.dumps(cfg)],
+                stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+        out[name] = Served(proc, f"http://127.0.0.1:{port}", cfg, so, se)
+    try:
+        for name, s in out.items():
+            deadline = time.monotonic() + 30
+            while True:
+                assert s.proc.poll() is None, f"reference target {name} exited: {s.stderr.read_text()[-500:]}"
+                try:
+                    if httpx2.get(s.url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx2.TransportError:
+                    pass
+                assert time.monotonic() < deadline, f"reference target {name} never became healthy"
+                time.sleep(0.05)
+        yield out
+    finally:
+        for s in out.values():
+            if s.proc.poll() is None:
+                s.proc.terminate()
+                try:
+                    s.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    s.proc.kill()
+                    s.proc.wait()

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +23,7 @@ from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec, request_body
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import Workspace, read_json
-from tests.conftest import free_port
+from tests.conftest import Served, free_port, reference_targets
 from tests.test_load_client import load_draft
 from tests.test_load_plan import make_run_dir
 
@@ -47,43 +46,13 @@ SAME = ("i", "ok", "status", "error_class", "prompt_tokens", "completion_tokens"
         "finish_reason", "chunk_tokens")
 
 
-@dataclass
-class Served:
-    proc: subprocess.Popen[bytes]
-    base: str
-
-
 @pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, Served]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
     """Every configuration starts at once (start-up is mostly imports), then each is waited for."""
-    out: dict[str, Served] = {}
-    for name, cfg in CONFIGS.items():
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--model", MODEL, "--config-json", orjson.dumps(cfg).decode(), "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        out[name] = Served(proc, f"http://127.0.0.1:{port}")
-    try:
-        for name, s in out.items():
-            deadline = time.monotonic() + 30
-            while True:
-                assert s.proc.poll() is None, f"reference target {name} exited"
-                try:
-                    if httpx2.get(s.base + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx2.TransportError:
-                    pass
-                assert time.monotonic() < deadline, f"reference target {name} never became healthy"
-                time.sleep(0.05)
+    with reference_targets(CONFIGS, tmp_path_factory.mktemp("fast"), model=MODEL) as out:
         prime = {"model": MODEL, "prompt": "x", "max_tokens": 1}
         assert httpx2.post(out["stall"].base + "/v1/completions", json=prime, timeout=5).status_code == 200
         yield out
-    finally:
-        for s in out.values():
-            if s.proc.poll() is None:
-                s.proc.terminate()
-                s.proc.wait(10)
 
 
 def make_spec(i: int, base: str, api: Literal["chat", "completions"] = "chat", max_tokens: int = 8,

@@ -7,13 +7,10 @@ import asyncio
 import hashlib
 import itertools
 import json
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -22,6 +19,7 @@ import pytest
 import caseledger.target as target_pkg
 from caseledger.target.reference import PrefixCache, chat_prompt
 from caseledger.tokenizer import chatml, load_fast
+from tests.conftest import Served, reference_targets
 
 MODEL = "ref-test"
 FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0}
@@ -43,60 +41,11 @@ def tokens(text: str) -> int:
     return len(load_fast("builtin").encode(text).ids)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen[bytes]
-    url: str
-    config: dict[str, Any]
-    stdout: Path
-    stderr: Path
-
-    def client(self, timeout: float = 10.0) -> httpx2.Client:
-        return httpx2.Client(base_url=self.url, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
     """All configurations start at once (startup is mostly imports), then each is waited for."""
-    out: dict[str, Served] = {}
-    d = tmp_path_factory.mktemp("ref")
-    for name, cfg in CONFIGS.items():
-        port = _free_port()
-        so, se = d / f"{name}.out", d / f"{name}.err"
-        with so.open("wb") as fo, se.open("wb") as fe:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1",
-                 "--port", str(port), "--model", MODEL, "--config-json", json.dumps(cfg)],
-                stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
-        out[name] = Served(proc, f"http://127.0.0.1:{port}", cfg, so, se)
-    try:
-        for name, s in out.items():
-            deadline = time.monotonic() + 30
-            while True:
-                assert s.proc.poll() is None, f"{name} exited: {s.stderr.read_text()}"
-                try:
-                    if httpx2.get(s.url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx2.TransportError:
-                    pass
-                assert time.monotonic() < deadline, f"{name} never became healthy"
-                time.sleep(0.05)
+    with reference_targets(CONFIGS, tmp_path_factory.mktemp("ref"), model=MODEL) as out:
         yield out
-    finally:
-        for s in out.values():
-            if s.proc.poll() is None:
-                s.proc.terminate()
-                try:
-                    s.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    s.proc.kill()
-                    s.proc.wait()
 
 
 def chat_body(content: str, max_tokens: int = 8, stream: bool = False, **extra: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,13 +13,13 @@ import httpx2
 import orjson
 import pytest
 
-from caseledger import ledger, services
+from caseledger import ledger
 from caseledger.errors import TargetHeld
 from caseledger.ledger import read_events
 from caseledger.state import fold
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft
+from tests.conftest import free_port, ref_draft, reference_targets
 
 pytestmark = pytest.mark.slow
 
@@ -166,14 +165,8 @@ def test_second_start_on_a_held_target_fails_at_once(ws: Workspace, stop_service
 
 def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
         ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    port = free_port()
-    log = (tmp_path / "t.log").open("wb")
-    p = subprocess.Popen([sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port",
-                          str(port), "--model", "ref-model"], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 30
-        while not services.health_ok(f"http://127.0.0.1:{port}/health") and time.monotonic() < deadline:
-            time.sleep(0.1)
+    with reference_targets({"plain": {}}, tmp_path) as served:
+        port = int(served["plain"].url.rsplit(":", 1)[1])
         case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "external"}))
         monkeypatch.setenv("CASELEDGER_FAULT", "preflight:connect")
         r = start_run(ws, case.case_id)
@@ -185,9 +178,6 @@ def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
         assert stats(port)["requests_total"] == 0
         lease = ledger.read_lease(ws, fold(ws, r.run_id).meta["target_key"])
         assert lease is not None and not lease.live()  # released: a before_model failure holds nothing
-    finally:
-        p.terminate()
-        p.wait(10)
 
 
 def test_torn_event_line_is_tolerated_and_reported(ws: Workspace) -> None:
