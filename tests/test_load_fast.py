@@ -341,3 +341,12 @@ def test_the_formal_load_uses_the_fast_transport_by_default_and_says_so_in_end_j
     end = read_json(paths.load_end)
     assert (end["transport"], end["ok"], end["chunks"]) == ("fast", 4, 4 * 8)
     assert all(len(r["chunk_ns"]) == 8 for r in read_records(paths.raw).records)
+
+
+def test_unknown_transport_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(free_port(), 4, 2))
+    env = {**os.environ, TRANSPORT_ENV: "carrier-pigeon"}
+    p = subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "carrier-pigeon" in p.stderr and "known: " in p.stderr
+    assert not paths.load_anchor.exists()  # so a corrected retry is still allowed

@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = plan_from_run_dir(paths.root)
         exit_after = faults.fault_int("load", "exit_after")
+        transport = transport_used(s.url for s in plan.specs)  # an unknown transport refuses before any send
     except (CaseledgerError, ValueError, OSError) as e:
         os.close(fd)
         print(f"load: not started, nothing sent: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_user_s": ru.ru_utime, "cpu_sys_s": ru.ru_stime,
         # CPU of the load itself (anchor to end): what per-chunk client cost is computed from
         "cpu_load_user_s": ru.ru_utime - ru0.ru_utime, "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
-        "chunks": tally.chunks, "plan_sha256": plan.digest(), "transport": transport_used(s.url for s in plan.specs),
+        "chunks": tally.chunks, "plan_sha256": plan.digest(), "transport": transport,
         "exit": "cancelled" if caught else "complete",
     }
     if caught:
