@@ -350,6 +350,20 @@ async def test_streamable_http_token_required(http_server: tuple[str, str | None
 
 @pytest.mark.slow
 async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
+    async with Client(server_params(ws)) as c:
+        await _full_run(c, ws)
+
+
+@pytest.mark.slow
+async def test_full_run_over_streamable_http_with_short_answers(
+        ws: Workspace, http_server: tuple[str, str | None]) -> None:
+    url, _ = http_server
+    async with Client(url) as c:
+        await _full_run(c, ws)
+
+
+async def _full_run(c: Client, ws: Workspace) -> None:
+    """freeze, start, poll phase_status to the end, summarize, reprocess, read the report; every answer short."""
     from caseledger import authorization, services
 
     authorization.set_mode(ws, "auto")
@@ -365,24 +379,23 @@ async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
         return out
 
     try:
-        async with Client(server_params(ws)) as c:
-            cid = short("freeze_case", await c.call_tool("freeze_case", {"path": "cases/draft.json"}))["case_id"]
-            started = short("start_run", await c.call_tool("start_run", {"case_id": cid}))
-            rid = started["run_id"]
-            assert started["preflight"] == "passed", started
-            with anyio.fail_after(180):
-                while True:
-                    st = short("phase_status", await c.call_tool("phase_status", {"run_id": rid}))
-                    if st["state"] not in ("created", "running"):
-                        break
-                    await anyio.sleep(1)
-            assert st["state"] == "succeeded" and st["results_extracted"], st
-            assert st["sent"] == st["done"] == 8
-            summ = short("summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 1000)
-            assert summ["runs"][0]["results_extracted"]
-            rep = short("reprocess_raw", await c.call_tool("reprocess_raw", {"run_id": rid}))
-            assert rep["requests_sent"] == 0
-            report = await c.read_resource(f"caseledger://runs/{rid}/report")
-            assert isinstance(report.contents[0], TextResourceContents) and rid in report.contents[0].text
+        cid = short("freeze_case", await c.call_tool("freeze_case", {"path": "cases/draft.json"}))["case_id"]
+        started = short("start_run", await c.call_tool("start_run", {"case_id": cid}))
+        rid = started["run_id"]
+        assert started["preflight"] == "passed", started
+        with anyio.fail_after(180):
+            while True:
+                st = short("phase_status", await c.call_tool("phase_status", {"run_id": rid}))
+                if st["state"] not in ("created", "running"):
+                    break
+                await anyio.sleep(1)
+        assert st["state"] == "succeeded" and st["results_extracted"], st
+        assert st["sent"] == st["done"] == 8
+        summ = short("summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 1000)
+        assert summ["runs"][0]["results_extracted"]
+        rep = short("reprocess_raw", await c.call_tool("reprocess_raw", {"run_id": rid}))
+        assert rep["requests_sent"] == 0
+        report = await c.read_resource(f"caseledger://runs/{rid}/report")
+        assert isinstance(report.contents[0], TextResourceContents) and rid in report.contents[0].text
     finally:
         services.stop_all(ws)
