@@ -220,6 +220,11 @@ def _pct(d: Distribution | NotObserved) -> str:
 
 
 def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:
+    # per-phase entries ({"phases": {name: {...}}}) become one row per phase
+    if isinstance(time_ledger.get("phases"), dict):
+        flat: dict[str, Any] = {f"phase {k}": v for k, v in time_ledger["phases"].items()}
+        flat.update({k: v for k, v in time_ledger.items() if k != "phases"})
+        time_ledger = flat
     cols: list[str] = []
     for v in time_ledger.values():
         if isinstance(v, dict):

@@ -104,6 +104,18 @@ def headline(result: Any, window: str) -> dict[str, Any]:
     }
 
 
+def _report_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a reader of report.md needs from run.json (the rest is bookkeeping)."""
+    keep = ("run_id", "case_id", "scenario", "parent_case", "dataset_id", "salt", "planned", "target_key",
+            "created_utc", "authorized", "load_reuse", "imported")
+    out = {k: meta[k] for k in keep if meta.get(k) is not None}
+    if meta.get("plan"):
+        out["plan"] = " ".join(f"{s['phase']}={s['action']}" for s in meta["plan"])
+    if isinstance(out.get("imported"), dict):
+        out["imported"] = f"{out['imported'].get('tool')} from {out['imported'].get('path')}"
+    return out
+
+
 def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = None) -> dict[str, Any]:
     from caseledger import report
 
@@ -117,7 +129,7 @@ def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = 
     from caseledger.decide import DecisionRecord
 
     dec = DecisionRecord.model_validate(decision) if decision else None
-    md = report.render_run_md(meta, result, dec, ledger_)
+    md = report.render_run_md(_report_meta(meta), result, dec, ledger_)
     from caseledger.workspace import atomic_write
 
     atomic_write(paths.report_md, md)
