@@ -10,13 +10,10 @@ controller stops at once.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from caseledger import ledger, procs, services
 from caseledger.case import PHASES, Case
@@ -139,16 +136,11 @@ class Controller:
 
     # ---- phases
     def phase_preflight(self, attempt: int) -> dict[str, Any]:
-        p = subprocess.run([sys.executable, "-m", "caseledger.preflight", str(self.paths.root)],
-                           capture_output=True, env=child_env(), timeout=300, stdin=subprocess.DEVNULL)
-        out = p.stdout.decode(errors="replace").strip().splitlines()
-        try:
-            res = orjson.loads(out[-1]) if out else {}
-        except orjson.JSONDecodeError:
-            res = {}
-        if p.returncode != 0 or not res.get("ok"):
-            err = res.get("error") or (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-            raise PhaseFailed(f"preflight: {err}"[:300], "before_model",
+        from caseledger.preflight import run_fresh
+
+        res = run_fresh(self.paths.root)
+        if not res.get("ok"):
+            raise PhaseFailed(f"preflight: {res.get('error')}"[:300], "before_model",
                               "fix the cause and resume; 0 model requests were sent")
         return {"checks": res["checks"], "requests_sent": 0}
 

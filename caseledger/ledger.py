@@ -29,8 +29,8 @@ LEASE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 5.0
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def utc_now(timespec: str = "milliseconds") -> str:
+    return datetime.now(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def utc_from_epoch(t: float) -> str:

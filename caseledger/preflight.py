@@ -10,7 +10,10 @@ the deadline and free disk. It prints one JSON line and exits 0, or prints the e
 from __future__ import annotations
 
 import sys
+from os import PathLike
 from typing import Any
+
+Path_ = PathLike[str]
 
 _BLOCKED = {
     "socket.connect": "outgoing connection", "socket.sendto": "UDP send", "socket.sendmsg": "socket send",
@@ -75,6 +78,27 @@ def run(run_dir: str) -> dict[str, Any]:
     checks["disk_free_mib"] = free >> 20
     checks["sockets"] = "forbidden (audit hook)"
     return checks
+
+
+def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; {"ok": bool, "checks"|"error": ...}."""
+    import subprocess
+
+    import orjson
+
+    from caseledger.controller import child_env
+
+    p = subprocess.run([sys.executable, "-m", "caseledger.preflight", str(run_dir)], capture_output=True,
+                       env=child_env(), timeout=timeout_s, stdin=subprocess.DEVNULL)
+    lines = p.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        res: dict[str, Any] = orjson.loads(lines[-1]) if lines else {}
+    except orjson.JSONDecodeError:
+        res = {}
+    if p.returncode != 0 or not res.get("ok"):
+        err = res.get("error") or (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "error": err}
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:

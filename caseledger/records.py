@@ -15,6 +15,8 @@ from typing import Any, Literal, TypedDict
 
 import orjson
 
+PHASE_HEADER = "x-caseledger-phase"  # every request caseledger sends names its phase (load, warmup, ...)
+
 ErrorClass = Literal["http", "timeout", "connection", "stream", "incomplete", "client"]
 
 

@@ -77,10 +77,8 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, auth
 def preflight_only(ws: Workspace, case_id: str) -> dict[str, Any]:
     """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
     paused and while another run holds the target (prepare the next candidate while the target is busy)."""
-    import orjson
 
     from caseledger import datasets
-    from caseledger.controller import child_env
 
     case = cases.load_case(ws, case_id)
     pid_ = "p-" + secrets.token_hex(4)
@@ -94,15 +92,9 @@ def preflight_only(ws: Workspace, case_id: str) -> dict[str, Any]:
                                 "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
                                 "salt": pid_ if case.load.salt else None, "planned": case.load.requests,
                                 "created_utc": ledger.utc_now(), "preflight_only": True})
-    p = subprocess.run([sys.executable, "-m", "caseledger.preflight", str(root)], capture_output=True,
-                       env=child_env(), timeout=300, stdin=subprocess.DEVNULL)
-    lines = p.stdout.decode(errors="replace").strip().splitlines()
-    try:
-        res: dict[str, Any] = orjson.loads(lines[-1]) if lines else {}
-    except orjson.JSONDecodeError:
-        res = {}
-    if not res:
-        res = {"ok": False, "error": (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]}
+    from caseledger.preflight import run_fresh
+
+    res = run_fresh(root)
     write_json(root / "preflight.json", res)
     return {"id": pid_, **res}
 

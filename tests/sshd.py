@@ -21,17 +21,13 @@ from typing import Any
 
 import asyncssh
 
+from tests.conftest import free_port
+
 
 def sshd_binary() -> str | None:
     """Absolute path of sshd (it refuses to re-exec itself from a relative path), or None."""
     found = shutil.which("sshd") or ("/usr/sbin/sshd" if os.access("/usr/sbin/sshd", os.X_OK) else None)
     return str(Path(found).resolve()) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ def running_sshd(root: Path, startup_timeout_s: float = 15.0) -> Iterator[Sshd]:
     user_key = root / "id_ed25519"
     (root / "authorized_keys").write_text(generate_key(user_key) + "\n")
     user = getpass.getuser()
-    port = _free_port()
+    port = free_port()
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
     config = root / "sshd_config"

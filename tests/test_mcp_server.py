@@ -27,6 +27,7 @@ from caseledger.errors import CaseledgerError, NotAuthorized
 from caseledger.server import build_server, serve
 from caseledger.server.inspect import inspect_main, parse_arguments
 from caseledger.workspace import Workspace
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -38,12 +39,6 @@ SHORT = 600  # bytes: an answer an agent reads every poll
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def draft(port: int, requests: int = 8) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import orjson
 
 from caseledger import procs
 from caseledger.errors import CaseledgerError
+from caseledger.ledger import utc_now as ledger_utc_now
 from caseledger.load import faults
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
@@ -46,7 +46,7 @@ EXIT_COMPLETE, EXIT_CANCELLED, EXIT_NOT_STARTED, EXIT_REFUSED = 0, 1, 2, 3
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return ledger_utc_now("microseconds")  # the anchor of every monotonic timestamp: keep microseconds
 
 
 def log(msg: str) -> None:

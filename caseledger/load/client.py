@@ -26,9 +26,12 @@ import httpx2
 import orjson
 
 from caseledger.load.plan import RequestSpec
-from caseledger.records import ErrorClass, RawRecord
+from caseledger.records import (
+    PHASE_HEADER,
+    ErrorClass,
+    RawRecord,
+)
 
-PHASE_HEADER = "x-caseledger-phase"
 TRANSPORT_ENV = "CASELEDGER_LOAD_TRANSPORT"  # 'fast' (default) or 'httpx': the transport for http:// URLs
 TRANSPORTS = ("fast", "httpx")
 HTTP_ERROR_BODY_CHARS = 200

@@ -44,7 +44,8 @@ from caseledger.target.reference import ReferenceEngine, Sequence, Ticket, chat_
 
 log = logging.getLogger("caseledger.target")
 
-PHASE_HEADER = "x-caseledger-phase"
+from caseledger.records import PHASE_HEADER  # noqa: E402 - the header the load client sends
+
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions, used for chat too
 CRASH_EXIT_CODE = 3
 _THREAD_TOKENIZE_CHARS = 32_000  # longer prompts are tokenized off the event loop
