@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from caseledger import datasets
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.workspace import Workspace
 
 

@@ -14,10 +14,11 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from caseledger import authorization, services
+from caseledger import services
 from caseledger.demo import _port, drafts
-from caseledger.ledger import read_events
-from caseledger.summary import time_ledger
+from caseledger.ledger import authorization
+from caseledger.ledger.events import read_events
+from caseledger.outcome.summary import time_ledger
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace, read_json
 

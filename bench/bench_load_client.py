@@ -34,7 +34,7 @@ import httpx2
 import orjson
 
 from caseledger import datasets
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.records import read_records
 from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, read_json, write_json
 

@@ -66,7 +66,7 @@ def generate(path: Path, n: int, chunks: int, concurrency: int) -> None:
 
 def child(path: Path, concurrency: int) -> None:
     t_import = time.perf_counter()
-    from caseledger.case import Case
+    from caseledger.case.model import Case
     from caseledger.metrics import compute_result, read_raw
 
     case = Case.model_validate(

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from caseledger.case import Case
+    from caseledger.case.model import Case
     from caseledger.errors import CaseledgerError
     from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run, summarize
     from caseledger.workspace import Workspace

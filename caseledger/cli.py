@@ -12,7 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from caseledger.case.schema import write_schemas
 from caseledger.errors import CaseledgerError
+from caseledger.ledger import authorization
+from caseledger.outcome import handoff
 from caseledger.workspace import Workspace
 
 
@@ -103,69 +106,66 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(a: argparse.Namespace) -> int:
     ws = Workspace.open(a.workspace)
     if a.cmd == "freeze":
-        from caseledger.tools import freeze_case
+        from caseledger.tools import freeze_case  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         _emit(freeze_case(ws, a.path, parent=a.parent), a.json)
     elif a.cmd == "run":
-        from caseledger.tools import start_run
+        from caseledger.tools import start_run  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         r = start_run(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue)
         _emit(r, a.json)
         return 0 if r.preflight != "failed" and r.state not in ("failed", "not_queued") else 1
     elif a.cmd == "status":
-        from caseledger.tools import phase_status
+        from caseledger.tools import phase_status  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         _emit(phase_status(ws, a.run_id), a.json)
     elif a.cmd == "resume":
-        from caseledger.tools import resume
+        from caseledger.tools import resume  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         _emit(resume(ws, a.run_id, wait=a.wait), a.json)
     elif a.cmd == "reprocess":
-        from caseledger.tools import reprocess_raw
+        from caseledger.tools import reprocess_raw  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         _emit(reprocess_raw(ws, a.run_id, rule=a.rule, ratio=a.ratio), a.json)
     elif a.cmd == "summarize":
-        from caseledger.tools import summarize
+        from caseledger.tools import summarize  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         _emit(summarize(ws, a.run_ids), a.json)
     elif a.cmd == "authorize":
-        from caseledger import authorization, handoff
 
         mode = authorization.set_mode(ws, a.mode)
         handoff.refresh(ws)
         print(f"authorization: {mode}")
     elif a.cmd == "handoff":
-        from caseledger import handoff
 
         sys.stdout.write(handoff.refresh(ws))
     elif a.cmd == "mcp":
-        from caseledger.server import serve
+        from caseledger.server import serve  # lazy: mcp
 
         serve(ws, http=a.http, token_env=a.token_env)
     elif a.cmd == "inspect":
-        from caseledger.server.inspect import inspect_main
+        from caseledger.server.inspect import inspect_main  # lazy: mcp
 
         return inspect_main(ws, a.words, as_json=a.json)
     elif a.cmd == "target":
         if a.action == "serve":
-            from caseledger.target import main as target_main
+            from caseledger.target import main as target_main  # lazy: starlette, only to serve
 
             return target_main(["serve", *a.rest])
-        from caseledger import services
+        from caseledger import services  # lazy: httpx2 and asyncssh
 
         stopped = services.stop_all(ws)
         print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
     elif a.cmd == "import":
-        from caseledger.importers import import_run
+        from caseledger.importers import import_run  # lazy: numpy
 
         rid = import_run(ws, a.kind, a.path)
         print(f"imported as run {rid}\nnext: summarize(run_ids=['{rid}'])")
     elif a.cmd == "demo":
-        from caseledger.demo import demo
+        from caseledger.demo import demo  # lazy: the tools pull numpy
 
         return demo(keep=a.keep)
     elif a.cmd == "schema":
-        from caseledger.schema import write_schemas
 
         for path in write_schemas():
             print(path)

@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 
-from caseledger import authorization, procs, services
+from caseledger import procs, services
+from caseledger.ledger import authorization
 from caseledger.tools import freeze_case, phase_status, start_run, summarize
-from caseledger.workspace import Workspace
+from caseledger.workspace import Workspace, read_json_or_none
 
 
 def _port() -> int:
@@ -110,7 +111,6 @@ def demo(keep: bool = False) -> int:
 
 def _leftovers(ws: Workspace) -> list[int]:
     """Pids of controllers, load clients and services of this workspace that still run."""
-    from caseledger.workspace import read_json_or_none
 
     left = []
     for d in ws.runs_dir.iterdir() if ws.runs_dir.exists() else []:

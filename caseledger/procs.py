@@ -85,3 +85,15 @@ def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.05)
     return not alive(ref)
+
+
+PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """An explicit environment for fresh subprocesses: this interpreter, this package on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("CASELEDGER_FAULT_CONSUMED", None)
+    env.update(extra or {})
+    return env

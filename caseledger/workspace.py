@@ -13,12 +13,15 @@ Layout (everything the tool writes is under ledger/):
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,25 @@ def read_json_or_none(path: Path) -> Any:
         return orjson.loads(path.read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
+
+
+def utc_now(timespec: str = "milliseconds") -> str:
+    return datetime.now(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def utc_from_epoch(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def check_id(value: str, field: str, prefix: str) -> str:

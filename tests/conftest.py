@@ -31,7 +31,7 @@ def free_port() -> int:
 def ws(tmp_path: Path) -> Workspace:
     w = Workspace(tmp_path / "ws")
     (w.root / "cases").mkdir(parents=True)
-    from caseledger import authorization
+    from caseledger.ledger import authorization
 
     authorization.set_mode(w, "auto")
     return w

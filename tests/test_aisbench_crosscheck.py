@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.importers import AisbenchFigure, AisbenchImport, read_aisbench
 from caseledger.metrics import Distribution, Result, Throughput, compute_result
 from caseledger.records import RawRecord

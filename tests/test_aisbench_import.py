@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.importers import DIFFERENCES, AisbenchImportError, read_aisbench
 from caseledger.metrics import Distribution, compute_result
 

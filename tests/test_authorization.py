@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from caseledger import authorization
 from caseledger.cli import main
 from caseledger.errors import NotAuthorized
+from caseledger.ledger import authorization
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from caseledger.case import IMPACT, Case, Impact, impact_of
+from caseledger.case.model import Case
+from caseledger.case.plan import IMPACT, Impact, impact_of
+from caseledger.case.schema import SCHEMAS_DIR, case_schema
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes
-from caseledger.schema import SCHEMAS_DIR, case_schema
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
 from tests.conftest import ref_draft, write_draft

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from caseledger.case import Case
-from caseledger.decide import DecisionRecord, decide
+from caseledger.case.model import Case
 from caseledger.metrics import Result, compute_result
+from caseledger.outcome.decide import DecisionRecord, decide
 from caseledger.records import RawRecord
 
 MS = 1_000_000

@@ -15,9 +15,10 @@ import httpx2
 import orjson
 import pytest
 
-from caseledger import authorization, services
+from caseledger import services
+from caseledger.ledger import authorization
+from caseledger.ledger.state import fold
 from caseledger.metrics import latest_result
-from caseledger.state import fold
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from caseledger import handoff
+from caseledger.outcome import handoff
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft

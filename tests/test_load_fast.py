@@ -18,9 +18,10 @@ import httpx2
 import orjson
 import pytest
 
-from caseledger.load.client import TRANSPORT_ENV, HttpxStreamer, Streamer, run_requests, transport_used
+from caseledger.load.client import run_requests, transport_used
 from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec, request_body
+from caseledger.load.transport import TRANSPORT_ENV, HttpxStreamer, Streamer
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import Served, free_port, reference_targets

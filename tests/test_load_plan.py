@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from caseledger import datasets
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
 from caseledger.load import LoadPlan, arrival_offsets, build_plan, plan_from_run_dir
 from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, write_json

@@ -359,7 +359,8 @@ async def test_full_run_over_streamable_http_with_short_answers(
 
 async def _full_run(c: Client, ws: Workspace) -> None:
     """freeze, start, poll phase_status to the end, summarize, reprocess, read the report; every answer short."""
-    from caseledger import authorization, services
+    from caseledger import services
+    from caseledger.ledger import authorization
 
     authorization.set_mode(ws, "auto")
     sizes: dict[str, int] = {}

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 import caseledger.metrics as metrics
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.metrics import (
     Distribution,
     NotObserved,

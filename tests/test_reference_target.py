@@ -17,8 +17,8 @@ import httpx2
 import pytest
 
 import caseledger.target as target_pkg
+from caseledger.datasets.tokenizers import chatml, load_fast
 from caseledger.target.reference import PrefixCache, chat_prompt
-from caseledger.tokenizer import chatml, load_fast
 from tests.conftest import Served, reference_targets
 
 MODEL = "ref-test"

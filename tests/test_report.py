@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from caseledger.case import Case
-from caseledger.decide import decide
+from caseledger.case.model import Case
 from caseledger.metrics import Result, compute_result
+from caseledger.outcome.decide import decide
+from caseledger.outcome.report import render_plots, render_run_md, render_side_by_side, report_json
 from caseledger.records import RawRecord
-from caseledger.report import render_plots, render_run_md, render_side_by_side, report_json
 
 MS = 1_000_000
 BEFORE = "vllm:spec_decode_num_drafts_total 0\nvllm:spec_decode_num_accepted_tokens_total 0\n"

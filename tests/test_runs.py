@@ -15,8 +15,8 @@ import pytest
 
 from caseledger import ledger
 from caseledger.errors import TargetHeld
-from caseledger.ledger import read_events
-from caseledger.state import fold
+from caseledger.ledger.events import read_events
+from caseledger.ledger.state import fold
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, reference_targets
@@ -247,7 +247,7 @@ def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: 
     assert b.case_id in phase_status(ws, r1.run_id).text()  # the queue is visible, nothing waits silently
     assert "queue t-" in ws.handoff.read_text()
     wait_state(ws, r1.run_id, lambda s: s.state == "succeeded", timeout=90)
-    from caseledger.state import list_runs
+    from caseledger.ledger.runs import list_runs
 
     deadline = time.monotonic() + 60
     while len(list_runs(ws)) < 2 and time.monotonic() < deadline:

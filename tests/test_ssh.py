@@ -19,10 +19,11 @@ import httpx2
 import orjson
 import pytest
 
-from caseledger import procs, remote, services
-from caseledger.case import SSH
+from caseledger import procs, services
+from caseledger.case.model import SSH
 from caseledger.errors import CaseInvalid
-from caseledger.state import fold
+from caseledger.ledger.state import fold
+from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft

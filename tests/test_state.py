@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 
 from caseledger import ledger
-from caseledger.case import PHASES
-from caseledger.state import PhaseState, RunState, fold
+from caseledger.case.plan import PHASES
+from caseledger.ledger.state import PhaseState, RunState, fold
 from caseledger.workspace import RunPaths, Workspace, write_json
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.services import intended_argv
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace

@@ -7,15 +7,20 @@ exactly as `reprocess_raw` does. Re-windowing, reports and comparisons then work
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from caseledger import cases, ledger, runs
-from caseledger.case import PHASES
+from caseledger import ledger
+from caseledger.case.plan import PHASES
+from caseledger.case.store import store, validate
 from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import Workspace, atomic_write, canonical_json, write_json
+from caseledger.importers.aisbench import AisbenchImportError, read_aisbench
+from caseledger.ledger.runs import new_run_id
+from caseledger.tools import reprocess_raw
+from caseledger.workspace import Workspace, atomic_write, canonical_json, utc_now, write_json
 
 
 def _peak_concurrency(records: list[Any]) -> int:
@@ -32,7 +37,6 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     """Create a run from a peer tool's output directory; returns the run id."""
     if kind != "aisbench":
         raise CaseInvalid(f"unknown import kind '{kind}'; known: aisbench", "caseledger import aisbench DIR")
-    from caseledger.importers.aisbench import AisbenchImportError, read_aisbench
 
     src = Path(path).resolve()
     if not src.is_dir():
@@ -55,16 +59,16 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
         "dataset": {"source": "synthetic", "output_tokens": max(outs) if outs else 1},
         "load": {"requests": n, "concurrency": _peak_concurrency(recs), "salt": False},
     }
-    case = cases.validate(draft, "imported case")
-    cid, _ = cases.store(ws, case)
-    rid = runs.new_run_id(ws)
+    case = validate(draft, "imported case")
+    cid, _ = store(ws, case)
+    rid = new_run_id(ws)
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
     key = ledger.target_key(case.canonical())
     write_json(paths.run_json, {
         "run_id": rid, "case_id": cid, "scenario": case.scenario, "parent_case": None, "workspace": str(ws.root),
-        "dataset_id": None, "salt": None, "planned": n, "target_key": key, "created_utc": ledger.utc_now(),
+        "dataset_id": None, "salt": None, "planned": n, "target_key": key, "created_utc": utc_now(),
         "plan": [{"phase": p, "action": "skip" if PHASES.index(p) < PHASES.index("postprocess") else "run",
                   "reason": "imported" if PHASES.index(p) < PHASES.index("postprocess") else "from raw data"}
                  for p in PHASES],
@@ -83,7 +87,6 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     for p in PHASES[: PHASES.index("postprocess")]:
         ledger.append_event(ws, paths, "phase_ended", phase=p, attempt=1, owner="import",
                             data={"outcome": "skipped", "reason": "imported: not executed by caseledger"})
-    from caseledger.tools import reprocess_raw
 
     reprocess_raw(ws, rid)
     return rid
@@ -91,7 +94,6 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
 
 def _plain(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
-        from dataclasses import asdict
 
         return asdict(obj)
     if isinstance(obj, Path):

@@ -33,12 +33,12 @@ import orjson
 
 from caseledger import procs
 from caseledger.errors import CaseledgerError
-from caseledger.ledger import utc_now as ledger_utc_now
 from caseledger.load import faults
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
 from caseledger.records import RawRecord
 from caseledger.workspace import RunPaths, read_json_or_none, write_json
+from caseledger.workspace import utc_now as ledger_utc_now
 
 PROGRESS_INTERVAL_S = 0.5
 FSYNC_INTERVAL_S = 0.02  # group fsync off the event loop: an OS crash loses at most ~20 ms of records

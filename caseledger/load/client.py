@@ -15,107 +15,26 @@ arrive, before parsing.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import anyio
 import httpx2
 import orjson
 
+from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec
-from caseledger.records import (
-    PHASE_HEADER,
-    ErrorClass,
-    RawRecord,
+from caseledger.load.transport import (
+    ConnectFailed,
+    HttpxStreamer,
+    StreamBroken,
+    Streamer,
+    transport_choice,
 )
+from caseledger.records import PHASE_HEADER, ErrorClass, RawRecord
 
-TRANSPORT_ENV = "CASELEDGER_LOAD_TRANSPORT"  # 'fast' (default) or 'httpx': the transport for http:// URLs
-TRANSPORTS = ("fast", "httpx")
 HTTP_ERROR_BODY_CHARS = 200
-_TEXT_KEYS = ("content", "reasoning_content", "reasoning")  # a reasoning token is a generated token too
-
-
-# ---- the transport seam ------------------------------------------------------------------------------
-
-
-class ConnectFailed(Exception):
-    """No response: the connection could not be made or was closed before a status line."""
-
-
-class StreamBroken(Exception):
-    """The connection failed after the response started."""
-
-
-class StreamResponse(Protocol):
-    @property
-    def status(self) -> int: ...
-
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        """Response body bytes (de-chunked) as they arrive."""
-        ...
-
-    async def aread(self) -> bytes: ...
-
-
-class Streamer(Protocol):
-    """The one HTTP seam. Errors: ConnectFailed before a response, StreamBroken after."""
-
-    def post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
-    ) -> AbstractAsyncContextManager[StreamResponse]: ...
-
-    async def aclose(self) -> None: ...
-
-
-class _HttpxResponse:
-    __slots__ = ("_r",)
-
-    def __init__(self, r: httpx2.Response) -> None:
-        self._r = r
-
-    @property
-    def status(self) -> int:
-        return self._r.status_code
-
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        return self._r.aiter_raw()  # the generator itself: no wrapper on the per-chunk path
-
-    async def aread(self) -> bytes:
-        return await self._r.aread()
-
-
-class HttpxStreamer:
-    """Default seam: one httpx2.AsyncClient, HTTP/1.1, pool sized to the concurrency.
-
-    trust_env=False: a proxy from the environment must never sit between the client and a loopback
-    target (it would be measured as the server). Timeouts are owned by run_requests (whole request).
-    """
-
-    def __init__(self, concurrency: int, transport: httpx2.AsyncBaseTransport | None = None) -> None:
-        # no keep-alive: llama-server closes the connection after each streamed response while advertising
-        # Keep-Alive, so a reused connection fails at once ('Server disconnected without sending a response')
-        limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=0)
-        self._client = httpx2.AsyncClient(
-            transport=transport, limits=limits, timeout=None, http2=False, trust_env=False,
-            follow_redirects=False,
-        )
-
-    @asynccontextmanager
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[StreamResponse]:
-        started = False
-        try:
-            async with self._client.stream("POST", url, content=body, headers=headers) as r:
-                started = True
-                yield _HttpxResponse(r)
-        except httpx2.TransportError as e:  # includes httpx timeouts; ours is the outer fail_after
-            msg = f"{type(e).__name__}: {e}".rstrip(": ")
-            raise (StreamBroken(msg) if started else ConnectFailed(msg)) from e
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 # ---- SSE and chunk parsing (pure) --------------------------------------------------------------------
@@ -352,23 +271,11 @@ class _Runner:
                 tg.start_soon(self.worker, spec)
 
 
-def transport_choice() -> Literal["fast", "httpx"]:
-    """The transport run_requests(transport=None) uses for http:// URLs, from CASELEDGER_LOAD_TRANSPORT."""
-    value = os.environ.get(TRANSPORT_ENV) or "fast"
-    if value == "fast":
-        return "fast"
-    if value == "httpx":
-        return "httpx"
-    raise ValueError(f"{TRANSPORT_ENV}={value!r} is not a transport; known: {', '.join(TRANSPORTS)}")
-
-
 def transport_used(urls: Iterable[str]) -> str:
     """What run_requests(transport=None) sends these URLs with: 'fast', 'httpx', or 'fast+httpx' when
     some are http:// and some are not (https always goes through httpx)."""
     if transport_choice() == "httpx":
         return "httpx"
-    from caseledger.load.fast import fast_target  # fast imports this module
-
     return "+".join(sorted({"httpx" if fast_target(u) is None else "fast" for u in urls})) or "fast"
 
 
@@ -402,8 +309,6 @@ async def run_requests(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     streamer: Streamer
     if transport is None and transport_choice() == "fast" and _on_asyncio():
-        from caseledger.load.fast import FastStreamer  # fast imports this module
-
         streamer, owned = FastStreamer(concurrency), True
     elif transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
         streamer, owned = HttpxStreamer(concurrency, transport), True

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from caseledger.load.client import ConnectFailed, HttpxStreamer, StreamBroken, StreamResponse
+from caseledger.load.transport import ConnectFailed, HttpxStreamer, StreamBroken, StreamResponse
 
 READ_HIGH_WATER = 1 << 20  # unread body bytes at which the socket stops being read (an error body, say)
 NO_RESPONSE = "RemoteProtocolError: Server disconnected without sending a response."

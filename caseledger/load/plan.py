@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 from numpy.random import default_rng  # at import time: numpy loads its random module lazily
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.workspace import RunPaths, Workspace, read_json

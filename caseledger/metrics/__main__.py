@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
 from caseledger.metrics._columns import read_raw
 from caseledger.metrics._compute import compute_result

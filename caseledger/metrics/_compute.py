@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from caseledger.case import Case, Window
+from caseledger.case.model import Case, Window
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
     DEFINITIONS,

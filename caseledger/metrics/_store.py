@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
 from caseledger.metrics._compute import params_key, resolve_params
 from caseledger.metrics._models import PROCESSOR_VERSION, Result

@@ -28,16 +28,10 @@ from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from caseledger import handoff, tools
+from caseledger import tools
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized
-from caseledger.tools import (
-    FreezeResult,
-    ReprocessResult,
-    ResumeResult,
-    StartResult,
-    StatusResult,
-    SummaryResult,
-)
+from caseledger.outcome import handoff
+from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
 from caseledger.workspace import Workspace, check_id
 
 log = logging.getLogger("caseledger.server")
@@ -352,7 +346,7 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
                                   "drop --token-env, or add --http HOST:PORT")
         build_server(ws).run()
         return
-    import uvicorn
+    import uvicorn  # lazy: only the HTTP transport needs it
 
     host, port = parse_host_port(http)
     token = read_token(token_env) if token_env is not None else None

@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from caseledger.case import ReferenceConfig
-from caseledger.tokenizer import load_fast
+from caseledger.case.model import ReferenceConfig
+from caseledger.datasets.tokenizers import load_fast
 from caseledger.workspace import canonical_json, sha256_bytes
 
 log = logging.getLogger("caseledger.target")

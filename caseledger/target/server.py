@@ -38,13 +38,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from caseledger.case import ReferenceConfig
+from caseledger.case.model import ReferenceConfig
 from caseledger.errors import CaseledgerError
+from caseledger.records import PHASE_HEADER  # the header the load client sends
 from caseledger.target.reference import ReferenceEngine, Sequence, Ticket, chat_prompt
 
 log = logging.getLogger("caseledger.target")
 
-from caseledger.records import PHASE_HEADER  # noqa: E402 - the header the load client sends
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions, used for chat too
 CRASH_EXIT_CODE = 3
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot load tokenizer '%s': %s", args.tokenizer, e)
         return 2
 
-    import uvicorn  # here, so importing the package does not pull the server in
+    import uvicorn  # lazy: only serving needs it; importing the package stays light
 
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level,
                                access_log=False, loop="asyncio", http="h11", ws="none", lifespan="on",

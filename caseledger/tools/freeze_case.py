@@ -7,8 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger import cases
-from caseledger.case import DeltaItem, PlanStep, delta, plan
+from caseledger import datasets
+from caseledger.case.plan import DeltaItem, PlanStep, delta, plan
+from caseledger.case.store import check_parent, read_draft, store, validate
+from caseledger.errors import CaseInvalid
 from caseledger.workspace import Workspace
 
 
@@ -38,20 +40,19 @@ def freeze_case(
     """Freeze a draft (a file path or an inline dict). Identical content returns the same id, writes nothing."""
     if draft is None:
         if path is None:
-            from caseledger.errors import CaseInvalid
 
             raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
-        obj, source = cases.read_draft(workspace, path)
+        obj, source = read_draft(workspace, path)
     else:
         obj, source = dict(draft), "inline draft"
     if parent is not None:
         obj["parent"] = parent
-    case = cases.validate(obj, source)
-    parent_case = cases.check_parent(workspace, case.parent)
+    case = validate(obj, source)
+    parent_case = check_parent(workspace, case.parent)
     if case.dataset.source == "file" and case.dataset.path:
         workspace.inside(case.dataset.path, "dataset.path")
     dataset_id = _materialize(workspace, case)
-    cid, created = cases.store(workspace, case)
+    cid, created = store(workspace, case)
     changes = delta(parent_case, case)
     return FreezeResult(
         case_id=cid, created=created, scenario=case.scenario, parent=case.parent, dataset_id=dataset_id,
@@ -60,6 +61,5 @@ def freeze_case(
 
 
 def _materialize(ws: Workspace, case: Any) -> str:
-    from caseledger import datasets
 
     return datasets.materialize(ws, case).dataset_id

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import authorization, queue
 from caseledger.errors import NotFound
-from caseledger.state import fold, list_runs
+from caseledger.ledger import authorization, queue
+from caseledger.ledger.runs import list_runs
+from caseledger.ledger.state import fold
 from caseledger.workspace import Workspace, check_id
 
 

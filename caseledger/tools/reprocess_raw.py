@@ -8,7 +8,9 @@ from pydantic import BaseModel, Field
 
 from caseledger import ledger
 from caseledger.errors import CaseledgerError, NothingToResume, PhaseFailed
-from caseledger.state import fold
+from caseledger.ledger.state import fold
+from caseledger.outcome import handoff, summary
+from caseledger.run.phases import postprocess
 from caseledger.workspace import Workspace, check_id
 
 
@@ -33,8 +35,6 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
     """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
 
 
-    from caseledger import summary
-    from caseledger.phases import postprocess
 
     check_id(run_id, "run_id", "r")
     v = fold(workspace, run_id)
@@ -67,7 +67,6 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
                                 owner="reprocess_raw", data={"outcome": "done", "decision": decision})
         except CaseledgerError:
             raise
-    from caseledger import handoff
 
     handoff.refresh(workspace)
     return ReprocessResult(run_id=run_id, result=str(out.get("result")), raw_sha256=out.get("raw_sha256"),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import authorization, ledger, runs
+from caseledger import ledger
 from caseledger.errors import NothingToResume, TargetHeld
-from caseledger.state import PhaseState, RunState, fold
+from caseledger.ledger import authorization
+from caseledger.ledger.state import PhaseState, RunState, fold
+from caseledger.run.start import spawn_controller, wait_for
 from caseledger.workspace import Workspace, check_id, read_json_or_none, write_json
 
 
@@ -53,7 +55,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     meta["authorized"] = mode
     write_json(paths.run_json, meta)
     authorization.consume(workspace, run_id)
-    runs.spawn_controller(workspace, paths, lease.fence)
-    view = runs.wait_for(workspace, run_id, "end", timeout_s) if wait else fold(workspace, run_id)
+    spawn_controller(workspace, paths, lease.fence)
+    view = wait_for(workspace, run_id, "end", timeout_s) if wait else fold(workspace, run_id)
     return ResumeResult(run_id=run_id, from_phase=first, kept=kept, state=view.state.value,
                         reattached=v.client_alive, next_call=view.next_call)

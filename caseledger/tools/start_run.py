@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import authorization, cases, ledger, runs
-from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
+from caseledger import ledger
+from caseledger.case.store import load_case
+from caseledger.errors import NotAuthorized, TargetHeld
+from caseledger.ledger import authorization
+from caseledger.ledger import queue as target_queue
+from caseledger.outcome import handoff
+from caseledger.run.start import launch, preflight_case
 from caseledger.workspace import Workspace, check_id
 
 
@@ -47,9 +52,9 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     queue: when the target is held (and authorization is auto), preflight the case and queue it to start
     when the lease frees; the answer says its position. Without it a held target is an error at once."""
     check_id(case_id, "case_id", "c")
-    case = cases.load_case(workspace, case_id)
+    case = load_case(workspace, case_id)
     if preflight_only:
-        res = runs.preflight_only(workspace, case_id)
+        res = preflight_case(workspace, case_id)
         ok = bool(res.get("ok"))
         return StartResult(
             run_id=res["id"], case_id=case_id, scenario=case.scenario, preflight="passed" if ok else "failed",
@@ -59,46 +64,33 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
                        else "fix the cause (a case error needs freeze_case of a corrected draft), "
                        "then preflight again"),
         )
-    mode = authorization.check_start(workspace)
-    key = ledger.target_key(case.canonical())
-    rid = runs.new_run_id(workspace)
-    # the lease is taken for the run before anything is written; the controller adopts it (same fence)
     try:
-        lease = ledger.acquire(workspace, key, run_id=rid, owner=None)
+        view = launch(workspace, case_id, wait=wait, timeout_s=timeout_s)
     except TargetHeld as held:
         if not queue:
             raise
-        return _enqueue(workspace, case_id, case.scenario, key, mode, held)
-    try:
-        paths = runs.create_run(workspace, case_id, lease.fence, key, rid, authorized=mode)
-    except CaseledgerError:
-        ledger.release(workspace, key, rid, lease.fence)
-        raise
-    runs.spawn_controller(workspace, paths, lease.fence)
-    authorization.consume(workspace, paths.run_id)
-    view = runs.wait_for(workspace, paths.run_id, "end" if wait else "preflight", timeout_s if wait else 300.0)
+        key = ledger.target_key(case.canonical())
+        return _enqueue(workspace, case_id, case.scenario, key, authorization.current_mode(workspace), held)
     pf = view.phases["preflight"]
     pf_s = {"done": "passed", "failed": "failed", "unknown": "failed"}.get(pf.state.value, "pending")
     return StartResult(
-        run_id=paths.run_id, case_id=case_id, scenario=case.scenario, preflight=pf_s, preflight_error=pf.error,
+        run_id=view.run_id, case_id=case_id, scenario=case.scenario, preflight=pf_s, preflight_error=pf.error,
         state=view.state.value, plan={s["phase"]: s["action"] for s in view.meta["plan"]},
         authorization=authorization.current_mode(workspace), next_call=view.next_call,
     )
 
 
 def _enqueue(ws: Workspace, case_id: str, scenario: str, key: str, mode: str, held: TargetHeld) -> StartResult:
-    from caseledger import handoff, queue
-
     if mode != "auto":
         raise NotAuthorized(f"queueing needs authorization 'auto' (it is '{mode}'); {held.message}",
                             "caseledger authorize auto, or wait and start_run again")
-    res = runs.preflight_only(ws, case_id)
+    res = preflight_case(ws, case_id)
     if not res.get("ok"):
         return StartResult(run_id=res["id"], case_id=case_id, scenario=scenario, preflight="failed",
                            preflight_error=res.get("error"), state="not_queued", plan={}, authorization=mode,
                            next_call="fix the case (freeze_case a corrected draft); a failing case is never queued")
     cur = ledger.read_lease(ws, key)
-    pos = queue.push(ws, key, case_id, cur.run_id if cur else None)
+    pos = target_queue.push(ws, key, case_id, cur.run_id if cur else None)
     handoff.refresh(ws)
     return StartResult(run_id=None, case_id=case_id, scenario=scenario, preflight="passed", state="queued",
                        plan={}, authorization=mode, queue_position=pos,

@@ -7,7 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from caseledger.case.store import load_case
 from caseledger.errors import NotFound
+from caseledger.ledger.runs import list_runs
+from caseledger.ledger.state import fold
+from caseledger.outcome import report, summary
 from caseledger.workspace import Workspace, atomic_write, check_id, read_json_or_none
 
 
@@ -51,8 +55,6 @@ class SummaryResult(BaseModel):
 
 
 def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
-    from caseledger import summary
-    from caseledger.state import fold, list_runs
 
     if not run_ids:
         ids = list_runs(workspace)
@@ -80,7 +82,6 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
         ))
     side = None
     if len(rows) > 1:
-        from caseledger import report
 
         side_path = workspace.ledger / "reports" / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
         atomic_write(side_path, report.render_side_by_side(rows))
@@ -92,9 +93,8 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
     elif last.decision in ("keep", "baseline"):
         nxt = f"freeze_case(next candidate, parent='{last.case_id}')"
     elif last.decision == "close":
-        from caseledger import cases
 
-        parent = cases.load_case(workspace, last.case_id).parent or last.case_id
+        parent = load_case(workspace, last.case_id).parent or last.case_id
         nxt = f"freeze_case(next candidate, parent='{parent}') — {last.case_id} was closed"
     else:
         nxt = f"supply the missing evidence for {last.run_id} (see missing), then reprocess_raw or a new run"

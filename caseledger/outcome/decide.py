@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.metrics import Distribution, NotObserved, Result, Throughput, WindowResult
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]

@@ -1,54 +1,26 @@
-"""The run ledger: append-only, locked and fenced event logs, and one lease per target.
-
-An event line: seq, utc, mono_ns, run, phase, attempt, type, owner, fence, input_hash, outputs
-({name: sha256}), error (short), data. Appends take an exclusive flock on the run's events.lock;
-an append that carries a fence token older than the target's current one is refused (FenceRejected).
-A torn last line (crash mid-write) is skipped and reported by `read_events`.
-"""
+"""One lease per target: an owner with an expiry renewed by heartbeats and a strictly increasing fence."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from caseledger import procs
 from caseledger.errors import FenceRejected, TargetHeld
-from caseledger.records import iter_lines
-from caseledger.workspace import RunPaths, Workspace, canonical_json, read_json_or_none, sha256_bytes, write_json
+from caseledger.workspace import (
+    Workspace,
+    canonical_json,
+    flocked,
+    read_json_or_none,
+    sha256_bytes,
+    utc_from_epoch,
+    write_json,
+)
 
 LEASE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 5.0
-
-
-def utc_now(timespec: str = "milliseconds") -> str:
-    return datetime.now(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
-
-
-def utc_from_epoch(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-@contextmanager
-def flocked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-# ---------------------------------------------------------------------------------------------- leases
 
 
 def target_key(case_canonical: dict[str, Any]) -> str:
@@ -142,70 +114,3 @@ def release(ws: Workspace, key: str, run_id: str, fence: int) -> None:
 def current_fence(ws: Workspace, key: str) -> int:
     cur = read_lease(ws, key)
     return cur.fence if cur else 0
-
-
-# ---------------------------------------------------------------------------------------------- events
-
-
-@dataclass
-class EventLog:
-    events: list[dict[str, Any]]
-    torn_tail: bool = False
-    bad_lines: int = 0
-
-
-def read_events(paths: RunPaths) -> EventLog:
-    out = EventLog([])
-    if not paths.events.exists():
-        return out
-    for last, line in iter_lines(paths.events):
-        try:
-            out.events.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            if last:
-                out.torn_tail = True
-            else:
-                out.bad_lines += 1
-    return out
-
-
-def append_event(
-    ws: Workspace,
-    paths: RunPaths,
-    type_: str,
-    *,
-    phase: str | None = None,
-    attempt: int | None = None,
-    owner: str | None = None,
-    fence: int | None = None,
-    target: str | None = None,
-    input_hash: str | None = None,
-    outputs: dict[str, Path] | None = None,
-    error: str | None = None,
-    data: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Append one event under the run's lock; refuse a fence older than the target's current one."""
-    with flocked(paths.events_lock):
-        if fence is not None and target is not None:
-            cur = current_fence(ws, target)
-            if fence < cur:
-                raise FenceRejected(
-                    f"event '{type_}' for run {paths.run_id} carries fence {fence} < current {cur} on '{target}'",
-                    "a newer owner holds the target; this process must stop writing",
-                )
-        log = read_events(paths)
-        seq = (log.events[-1]["seq"] + 1) if log.events else 1
-        ev: dict[str, Any] = {
-            "seq": seq, "utc": utc_now(), "mono_ns": time.monotonic_ns(), "run": paths.run_id, "phase": phase,
-            "attempt": attempt, "type": type_, "owner": owner, "fence": fence, "input_hash": input_hash,
-            "outputs": {k: sha256_bytes(p.read_bytes()) for k, p in (outputs or {}).items() if p.exists()},
-            "error": (error[:500] if error else None), "data": data or {},
-        }
-        line = orjson.dumps(ev) + b"\n"
-        with paths.events.open("ab") as f:
-            if log.torn_tail:
-                f.write(b"\n")  # seal the torn line so this event starts on its own line
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        return ev

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Literal, cast
 
 from caseledger.errors import CaseInvalid, NotAuthorized
-from caseledger.ledger import utc_now
-from caseledger.workspace import Workspace, read_json_or_none, write_json
+from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
 
 Mode = Literal["paused", "single", "auto"]
 MODES: tuple[Mode, ...] = ("paused", "single", "auto")

@@ -14,17 +14,21 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2 as httpx
+import orjson
 
 from caseledger import datasets, procs
-from caseledger.case import Case, origin
+from caseledger.case.model import Case, origin
 from caseledger.errors import PhaseFailed
 from caseledger.load.client import run_requests
+from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, request_body, request_url
+from caseledger.outcome import summary
+from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file, write_json
 
 if TYPE_CHECKING:
-    from caseledger.controller import Controller
+    from caseledger.run.controller import Controller
 
 
 def _api_key(case: Case) -> str | None:
@@ -261,13 +265,11 @@ def _check_entry(paths: RunPaths, end: dict[str, Any]) -> None:
 
 
 def _fault_ctl() -> str | None:
-    from caseledger.load.faults import fault
 
     return fault("controller", "exit_during")
 
 
 def _client_env() -> dict[str, str]:
-    from caseledger.controller import child_env
 
     return child_env()
 
@@ -323,8 +325,6 @@ def confirm_end(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def postprocess_env() -> tuple[list[str], dict[str, str]]:
-    from caseledger.controller import child_env
-    from caseledger.load.faults import fault
 
     env = child_env()
     argv = [sys.executable, "-m", "caseledger.metrics"]
@@ -344,7 +344,6 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, An
         err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise PhaseFailed(f"postprocess: {err}"[:400], "collect",
                           f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent")
-    import orjson
 
     out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])
     return {"result": out.get("result"), "raw_sha256": out.get("raw_sha256"), "env": recorded_env,
@@ -352,7 +351,6 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, An
 
 
 def decide(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
-    from caseledger import summary
 
     rec = summary.decide_run(ws, paths.run_id)
     return {"decision": rec.get("outcome"), "missing": rec.get("missing", []), "baseline": rec.get("baseline_ref")}

@@ -8,11 +8,14 @@ directly on tokenizer.json, which is fast to import.
 from __future__ import annotations
 
 import functools
+import os
 import random
 from pathlib import Path
 from typing import Any
 
-BUILTIN_DIR = Path(__file__).parent / "data" / "tokenizer"
+from caseledger.errors import CaseInvalid
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -38,8 +41,9 @@ def corpus_words(seed: int = 7, n: int = 4000) -> list[str]:
 
 def build_builtin(out_dir: Path = BUILTIN_DIR, vocab_size: int = 4096) -> Path:
     """Train the builtin byte-level BPE on generated text and save it with a ChatML template."""
+    # lazy: tokenizers and transformers load only when the builtin tokenizer is built
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: ~1 s import, only to build the builtin tokenizer
 
     words = corpus_words()
     rng = random.Random(11)
@@ -65,7 +69,6 @@ def resolve(name: str) -> Path:
         return BUILTIN_DIR
     p = Path(name).expanduser()
     if not p.exists():
-        from caseledger.errors import CaseInvalid
 
         raise CaseInvalid(
             f"dataset.tokenizer '{name}' is not a local path",
@@ -77,11 +80,10 @@ def resolve(name: str) -> Path:
 @functools.lru_cache(maxsize=4)
 def load(name: str) -> Any:
     """transformers.AutoTokenizer from a local directory (lazy import)."""
-    import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: ~1 s import, only for HF tokenizers
 
     return AutoTokenizer.from_pretrained(str(resolve(name)))
 
@@ -89,7 +91,7 @@ def load(name: str) -> Any:
 @functools.lru_cache(maxsize=4)
 def load_fast(name: str) -> Any:
     """A `tokenizers.Tokenizer` straight from tokenizer.json (no transformers import)."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: only when a dataset is generated or the target serves
 
     return Tokenizer.from_file(str(resolve(name) / "tokenizer.json"))
 

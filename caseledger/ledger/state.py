@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from caseledger import procs
-from caseledger.case import PHASES
+from caseledger.case.plan import PHASES
 from caseledger.errors import NotFound
-from caseledger.ledger import read_events
+from caseledger.ledger.events import read_events
 from caseledger.records import iter_lines
 from caseledger.workspace import RunPaths, Workspace, read_json_or_none
 
@@ -264,15 +264,3 @@ def _advise(v: RunView) -> None:
                        "sends no formal request again")
     else:
         v.next_call = f"resume(run_id='{rid}')"
-
-
-def list_runs(ws: Workspace) -> list[str]:
-    """Run ids, oldest first (by creation time recorded in run.json)."""
-    if not ws.runs_dir.exists():
-        return []
-    items = []
-    for d in ws.runs_dir.iterdir():
-        meta = read_json_or_none(d / "run.json")
-        if meta:
-            items.append((meta.get("created_utc", ""), d.name))
-    return [r for _, r in sorted(items)]

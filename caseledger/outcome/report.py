@@ -12,15 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from caseledger.decide import DecisionRecord
-from caseledger.metrics import (
-    Distribution,
-    NotObserved,
-    Ratio,
-    Result,
-    Throughput,
-    WindowResult,
-)
+from caseledger.metrics import Distribution, NotObserved, Ratio, Result, Throughput, WindowResult
+from caseledger.outcome.decide import DecisionRecord
 
 _DIST_ROWS: tuple[tuple[str, str, str], ...] = (
     ("latency", "ttft", "TTFT"),

@@ -9,9 +9,25 @@ the deadline and free disk. It prints one JSON line and exits 0, or prints the e
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+from datetime import UTC, datetime
 from os import PathLike
+from pathlib import Path
 from typing import Any
+
+import httpx2
+import orjson
+
+from caseledger import datasets
+from caseledger.case.model import Case
+from caseledger.case.store import case_id_of
+from caseledger.load import plan_from_run_dir
+from caseledger.load.faults import fault
+from caseledger.metrics import compute_result
+from caseledger.procs import child_env
+from caseledger.workspace import RunPaths, Workspace
 
 Path_ = PathLike[str]
 
@@ -33,30 +49,19 @@ def install_guard() -> None:
 
 
 def run(run_dir: str) -> dict[str, Any]:
-    import shutil
-    from datetime import UTC, datetime
-    from pathlib import Path
 
-    import orjson
 
-    from caseledger import cases, datasets
-    from caseledger.case import Case
-    from caseledger.load import plan_from_run_dir
-    from caseledger.load.faults import fault
-    from caseledger.metrics import compute_result
-    from caseledger.workspace import RunPaths, Workspace
 
     paths = RunPaths(Path(run_dir))
     meta = orjson.loads(paths.run_json.read_bytes())
     case = Case.model_validate(orjson.loads(paths.case.read_bytes()))
     checks: dict[str, Any] = {}
-    cid = cases.case_id_of(case)
+    cid = case_id_of(case)
     if cid != meta["case_id"]:
         raise ValueError(f"case.json hashes to {cid}, the run says {meta['case_id']}: the frozen case changed")
     checks["case_reload"] = cid
     ws = Workspace(Path(meta["workspace"]))
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
-        import httpx2
 
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
     if not meta.get("load_reuse"):
@@ -82,13 +87,10 @@ def run(run_dir: str) -> dict[str, Any]:
 
 def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
     """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; {"ok": bool, "checks"|"error": ...}."""
-    import subprocess
 
-    import orjson
 
-    from caseledger.controller import child_env
 
-    p = subprocess.run([sys.executable, "-m", "caseledger.preflight", str(run_dir)], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "caseledger.run.preflight", str(run_dir)], capture_output=True,
                        env=child_env(), timeout=timeout_s, stdin=subprocess.DEVNULL)
     lines = p.stdout.decode(errors="replace").strip().splitlines()
     try:
@@ -104,7 +106,6 @@ def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     install_guard()
     args = sys.argv[1:] if argv is None else argv
-    import orjson
 
     try:
         checks = run(args[0])

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.workspace import Workspace, atomic_write, canonical_json, check_id, sha256_bytes
 

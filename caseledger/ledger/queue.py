@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from caseledger import ledger
-from caseledger.workspace import Workspace, read_json_or_none, write_json
+from caseledger.workspace import Workspace, flocked, read_json_or_none, utc_now, write_json
 
 
 def _path(ws: Workspace, key: str) -> Any:
@@ -23,16 +22,16 @@ def entries(ws: Workspace, key: str) -> list[dict[str, Any]]:
 
 def push(ws: Workspace, key: str, case_id: str, behind: str | None) -> int:
     """Queue case_id on the target; returns its position (1 = next)."""
-    with ledger.flocked(ws.ledger / "queue" / f"{key}.lock"):
+    with flocked(ws.ledger / "queue" / f"{key}.lock"):
         items = entries(ws, key)
         if not any(e["case_id"] == case_id for e in items):
-            items.append({"case_id": case_id, "queued_utc": ledger.utc_now(), "behind_run": behind})
+            items.append({"case_id": case_id, "queued_utc": utc_now(), "behind_run": behind})
             write_json(_path(ws, key), {"target_key": key, "entries": items})
         return next(n for n, e in enumerate(items, 1) if e["case_id"] == case_id)
 
 
 def pop(ws: Workspace, key: str) -> dict[str, Any] | None:
-    with ledger.flocked(ws.ledger / "queue" / f"{key}.lock"):
+    with flocked(ws.ledger / "queue" / f"{key}.lock"):
         items = entries(ws, key)
         if not items:
             return None
@@ -51,20 +50,3 @@ def all_queues(ws: Workspace) -> dict[str, list[str]]:
         if ids:
             out[p.stem] = ids
     return out
-
-
-def start_next(ws: Workspace, key: str) -> str | None:
-    """Start the first queued case on a freed target (auto only). Returns the new run id or None."""
-    from caseledger import authorization
-    from caseledger.errors import CaseledgerError
-    from caseledger.tools.start_run import start_run
-
-    if authorization.current_mode(ws) != "auto":
-        return None
-    item = pop(ws, key)
-    if item is None:
-        return None
-    try:
-        return start_run(ws, item["case_id"]).run_id
-    except CaseledgerError:
-        return None  # the queued case could not start (e.g. held again): its start_run error is the record

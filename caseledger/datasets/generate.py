@@ -25,189 +25,51 @@ fails (a tokenizer whose merges cross word boundaries), every entry is counted b
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import math
 import os
 import re
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import orjson
-from pydantic import BaseModel, ConfigDict
 
-from caseledger import tokenizer as _tokenizer
-from caseledger.case import Case
-from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import Workspace, canonical_json, read_json, sha256_bytes, sha256_file, write_json
+from caseledger.case.model import Case
+from caseledger.datasets import tokenizers as _tokenizer
+from caseledger.datasets.identity import (
+    DEFAULT_SALT,
+    ENTRIES_FILE,
+    GENERATOR_VERSION,
+    HIT_RATIO_DENOMINATOR,
+    IDENTITY_FILE,
+    SALT_K,
+    SALT_WORDS,
+    BelowTarget,
+    Counting,
+    DatasetIdentity,
+    Entry,
+    IntStats,
+    RatioStats,
+    SaltSlot,
+    TokenizerInfo,
+    salt_text,
+)
+from caseledger.errors import CaseInvalid
+from caseledger.workspace import Workspace, sha256_bytes, sha256_file, write_json
 
-__all__ = [
-    "GENERATOR_VERSION",
-    "HIT_RATIO_DENOMINATOR",
-    "DatasetIdentity",
-    "Entry",
-    "dataset_id_for",
-    "load_entries",
-    "load_identity",
-    "materialize",
-    "render_prompt",
-    "salt_text",
-    "verify",
-]
-
-GENERATOR_VERSION = "1"  # bump when the same spec would generate different entries
-HIT_RATIO_DENOMINATOR = "chat-template prompt tokens"
-ENTRIES_FILE = "entries.jsonl"
-IDENTITY_FILE = "identity.json"
-SALT_K = 8  # salt slot words: 1024**8 = 2**80 slots per entry, so two runs never share one
-SALT_WORDS = 1024  # single-token words the salt picks from, recorded in the identity
-DEFAULT_SALT = "caseledger-default-slot"
 _MIN_SALT_WORDS = 16
 _CHUNK = 16  # suffixes encoded per batch: tokenizers Encodings are ~100 B per token
 _FIX_ROUNDS = 16
 _BELOW_FIRST = 8
 _SENTINEL = "\u2063CASELEDGER-CONTENT\u2063"
 _VOCAB_WORD = re.compile(r"^[\u0120\u2581]([a-z]{2,12})$")  # ByteLevel 'Ġ' / SentencePiece '▁' + letters
-
-
-class Entry(TypedDict):
-    """One request's data. The body sent is prefix + salt slot (or a run's salt words) + suffix."""
-
-    i: int  # entry index = formal request index
-    group: int  # prefix group (i % prefix_groups)
-    prefix: str  # the group's shared text ("" for synthetic and file)
-    salt_slot: str  # default salt slot: K words " w", one token each ("" when K is 0)
-    suffix: str  # unique text (the prompt as is for a file source)
-    body_tokens: int  # tokens of prefix + salt_slot + suffix, no special tokens
-    chat_tokens: int  # tokens the server counts (chat template applied); body_tokens without one
-    expected_cached_tokens: int  # whole cache blocks of the shared chat-template prefix
-    expected_hit_ratio: float  # expected_cached_tokens / chat_tokens
-    output_tokens: int  # max_tokens for this request
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TokenizerInfo(_Frozen):
-    name: str  # dataset.tokenizer as written: 'builtin' or a local directory
-    revision: str  # dataset.tokenizer_revision, else 'sha256:<hex>' of tokenizer.json
-    path: str  # the directory it was loaded from
-
-
-class IntStats(_Frozen):
-    min: int
-    max: int
-    mean: float
-
-
-class RatioStats(_Frozen):
-    min: float
-    max: float
-    mean: float
-
-
-class BelowTarget(_Frozen):
-    count: int  # entries whose expected hit ratio is below prefix_ratio_target (exact, never rounded)
-    first: list[int]  # the first few such entry indices
-    message: str | None  # what happened and the fix; None when count is 0
-
-
-class SaltSlot(_Frozen):
-    words: list[str]  # single-token words (used as " w") a run's salt picks from
-    k: int  # words per slot; 0: this dataset cannot be salted (file source)
-
-
-class Counting(_Frozen):
-    method: Literal["composed", "full"]  # composed: prefix once + each suffix; full: every entry encoded
-    checked: list[int]  # entries re-encoded whole (with the chat template) to check the counts
-
-
-class DatasetIdentity(_Frozen):
-    """What a materialized dataset is: stored as identity.json next to entries.jsonl."""
-
-    dataset_id: str
-    content_sha256: str  # sha256 of entries.jsonl
-    source: Literal["synthetic", "prefix_cache", "file"]
-    source_sha256: str | None  # file source: sha256 of the JSONL file as read
-    spec: dict[str, Any]  # the filled dataset spec the id was computed from
-    api: Literal["chat", "completions"]
-    generator: str
-    tokenizer: TokenizerInfo
-    chat_template_counted: bool  # False: api completions or dataset.chat_template false (chat = body)
-    entries: int
-    output_tokens: int  # dataset.output_tokens (a file line may set its own; see the entries)
-    body_tokens: IntStats
-    chat_tokens: IntStats
-    expected_cached_tokens: IntStats
-    expected_hit_ratio: RatioStats
-    hit_ratio_denominator: str
-    block_size: int
-    prefix_ratio_target: float
-    below_target: BelowTarget
-    salt: SaltSlot
-    counting: Counting
-    generated_at: datetime
-    generation_seconds: float
-
-
-# ---------------------------------------------------------------------------------------------- ids
-
-
-def dataset_id_for(case: Case) -> str:
-    """'d-' + 12 hex of sha256 over the filled dataset spec, target.api and the generator version."""
-    filled = case.filled()
-    spec = {
-        "api": filled.target.api,
-        "dataset": filled.dataset.model_dump(mode="json"),
-        "generator": GENERATOR_VERSION,
-    }
-    return "d-" + sha256_bytes(canonical_json(spec))[:12]
-
-
-# ------------------------------------------------------------------------------------------- salt
-
-
-def salt_text(salt: str, entry_i: int, words: list[str], k: int) -> str:
-    """K words " w" picked deterministically from (salt, entry_i).
-
-    The first word walks the list from an offset given by the salt, so within one run the first slot
-    token differs between entries (up to len(words) entries) and nothing past the shared prefix is
-    shared by two requests of the run.
-    """
-    if k <= 0:
-        return ""
-    if not words:
-        raise ValueError("salt_text needs a non-empty word list")
-    n = len(words)
-    start = int.from_bytes(hashlib.sha256(f"salt\0{salt}".encode()).digest()[:8], "big")
-    stream = hashlib.shake_256(f"slot\0{salt}\0{entry_i}".encode()).digest(4 * k)
-    picks = [words[(start + entry_i) % n]]
-    picks += [words[int.from_bytes(stream[4 * j : 4 * j + 4], "big") % n] for j in range(1, k)]
-    return "".join(" " + w for w in picks)
-
-
-def render_prompt(entry: Entry, salt: str | None, identity: DatasetIdentity) -> str:
-    """The body to send: prefix + (the run's salt slot, or the entry's default) + suffix.
-
-    Its token count is entry['body_tokens'] whatever the salt: every slot word is one token and the
-    slot is bounded by word boundaries on both sides.
-    """
-    if salt is None or identity.salt.k == 0:
-        slot = entry["salt_slot"]
-    else:
-        slot = salt_text(salt, entry["i"], identity.salt.words, identity.salt.k)
-    return entry["prefix"] + slot + entry["suffix"]
 
 
 # ------------------------------------------------------------------------------------ ratio rules
@@ -775,7 +637,7 @@ def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
     )
 
 
-def _generate(ws: Workspace, case: Case, dataset_id: str, tmp: Path) -> DatasetIdentity:
+def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path) -> DatasetIdentity:
     t0 = time.perf_counter()
     ds = case.dataset
     api = case.target.api
@@ -816,131 +678,3 @@ def _generate(ws: Workspace, case: Case, dataset_id: str, tmp: Path) -> DatasetI
     )
     write_json(tmp / IDENTITY_FILE, identity.model_dump(mode="json"))
     return identity
-
-
-# ------------------------------------------------------------------------------------ materialize
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive flock: a second caller waits, then finds the dataset the first one wrote."""
-    with path.open("a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _reuse(ws: Workspace, case: Case, dataset_id: str) -> DatasetIdentity:
-    identity = load_identity(ws, dataset_id)
-    ds = case.dataset
-    if ds.source == "file" and ds.path and identity.source_sha256:
-        src = ws.inside(ds.path, "dataset.path")
-        if src.is_file() and (now := sha256_file(src)) != identity.source_sha256:
-            raise CaseInvalid(
-                f"dataset.path '{ds.path}' changed since dataset {dataset_id} was materialized "
-                f"(sha256 {now[:12]}… now, {identity.source_sha256[:12]}… then)",
-                "restore the file, or save the new prompts under a new path so they get their own dataset id",
-            )
-    return identity
-
-
-def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
-    """The case's dataset: reused when identity.json exists (no tokenizer loaded), else generated once."""
-    case = case.filled()
-    dataset_id = dataset_id_for(case)
-    final = ws.dataset_dir(dataset_id)
-    if (final / IDENTITY_FILE).is_file():
-        return _reuse(ws, case, dataset_id)
-    if case.dataset.source == "file" and case.dataset.path:
-        ws.inside(case.dataset.path, "dataset.path")  # refuse an escape before taking any lock
-    ws.datasets_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(ws.datasets_dir / f".{dataset_id}.lock"):
-        if (final / IDENTITY_FILE).is_file():
-            return _reuse(ws, case, dataset_id)
-        if final.exists():
-            raise CaseInvalid(
-                f"{final} exists without {IDENTITY_FILE}; caseledger writes datasets by an atomic rename",
-                f"move {final} out of the ledger and materialize again",
-            )
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dataset_id}.", suffix=".tmp", dir=ws.datasets_dir))
-        try:
-            identity = _generate(ws, case, dataset_id, tmp)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                # Another writer that did not take the lock (e.g. a filesystem without flock) got there first.
-                if (final / IDENTITY_FILE).is_file():
-                    return _reuse(ws, case, dataset_id)
-                raise
-            _fsync_dir(ws.datasets_dir)
-            return identity
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------------------------ reads
-
-
-def _existing(ws: Workspace, dataset_id: str, name: str) -> Path:
-    path = ws.dataset_dir(dataset_id) / name
-    if not path.is_file():
-        raise NotFound(
-            f"dataset {dataset_id} has no {name} in {ws.datasets_dir}",
-            "freeze the case again (freeze_case) to materialize its dataset; dataset ids come from "
-            "freeze_case or datasets.materialize",
-        )
-    return path
-
-
-def load_identity(ws: Workspace, dataset_id: str) -> DatasetIdentity:
-    """identity.json of a materialized dataset."""
-    return DatasetIdentity.model_validate(read_json(_existing(ws, dataset_id, IDENTITY_FILE)))
-
-
-def load_entries(ws: Workspace, dataset_id: str) -> list[Entry]:
-    """All entries in order. A group's prefix is held once in memory, however many entries share it."""
-    path = _existing(ws, dataset_id, ENTRIES_FILE)
-    prefixes: dict[str, str] = {}
-    out: list[Entry] = []
-    with path.open("rb") as f:
-        for line in f:
-            e: Entry = orjson.loads(line)
-            e["prefix"] = prefixes.setdefault(e["prefix"], e["prefix"])
-            out.append(e)
-    return out
-
-
-def verify(ws: Workspace, dataset_id: str) -> str:
-    """Recompute the sha256 of entries.jsonl and compare it (and the line count) with the identity."""
-    identity = load_identity(ws, dataset_id)
-    path = _existing(ws, dataset_id, ENTRIES_FILE)
-    h = hashlib.sha256()
-    lines = 0
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            lines += block.count(b"\n")
-    got = h.hexdigest()
-    fix = (f"the file changed after it was materialized; move {path.parent} out of the ledger and freeze "
-           "the case again")
-    if got != identity.content_sha256:
-        raise CaseInvalid(
-            f"dataset {dataset_id}: {ENTRIES_FILE} sha256 is {got[:12]}…, identity.content_sha256 is "
-            f"{identity.content_sha256[:12]}…",
-            fix,
-        )
-    if lines != identity.entries:
-        raise CaseInvalid(f"dataset {dataset_id}: {ENTRIES_FILE} has {lines} lines, identity.entries is "
-                          f"{identity.entries}", fix)
-    return got

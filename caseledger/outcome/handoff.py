@@ -6,9 +6,11 @@ pasted; deleting the file loses nothing (`caseledger status` regenerates it).
 
 from __future__ import annotations
 
-from caseledger import authorization, ledger, procs
-from caseledger.state import RunState, RunView, fold, list_runs
-from caseledger.workspace import Workspace, atomic_write, read_json_or_none
+from caseledger import ledger, procs
+from caseledger.ledger import authorization, queue
+from caseledger.ledger.runs import list_runs
+from caseledger.ledger.state import RunState, RunView, fold
+from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
 
 MAX_BYTES = 1024
 
@@ -25,7 +27,7 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
             views.append(v)
         except Exception:
             continue
-    lines = [f"# HANDOFF — generated {ledger.utc_now()[:19]}Z from ledger/ (derived; safe to delete)",
+    lines = [f"# HANDOFF — generated {utc_now()[:19]}Z from ledger/ (derived; safe to delete)",
              f"authorization: {authorization.current_mode(ws)}"]
     if not views:
         lines += ["no runs yet", "next: freeze_case(path='cases/<draft>.json'), then start_run(case_id=...)"]
@@ -50,7 +52,6 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
             where = f"alive pid {proc.get('pid')}" if procs.alive(proc) else "stopped"
         lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} "
                      f"(from case {st.get('case_id')})")
-    from caseledger import queue
 
     for key, ids in queue.all_queues(ws).items():
         lines.append(f"queue {key}: {', '.join(ids[:4])}" + (f" (+{len(ids) - 4})" if len(ids) > 4 else ""))

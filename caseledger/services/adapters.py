@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 import httpx2 as httpx
 import orjson
 
-from caseledger import procs, remote
-from caseledger.case import SSH, Case
+from caseledger import procs
+from caseledger.case.model import SSH, Case
 from caseledger.errors import PhaseFailed
-from caseledger.ledger import utc_now
-from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes, write_json
+from caseledger.services import remote
+from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes, utc_now, write_json
 
 _REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 

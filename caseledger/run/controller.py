@@ -16,22 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from caseledger import ledger, procs, services
-from caseledger.case import PHASES, Case
+from caseledger.case.model import Case
+from caseledger.case.plan import PHASES
 from caseledger.errors import CaseledgerError, FenceRejected, PhaseFailed
+from caseledger.ledger.authorization import current_mode
+from caseledger.ledger.state import PhaseState, fold
 from caseledger.load.faults import fault
-from caseledger.state import PhaseState, fold
+from caseledger.outcome import handoff
+from caseledger.run import phases
+from caseledger.run.preflight import run_fresh
+from caseledger.run.start import start_next
 from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, write_json
-
-PKG_PARENT = str(Path(__file__).resolve().parent.parent)
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """An explicit environment for fresh subprocesses: this interpreter, this package on the path."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("CASELEDGER_FAULT_CONSUMED", None)
-    env.update(extra or {})
-    return env
 
 
 class Controller:
@@ -72,11 +67,9 @@ class Controller:
             return 70
         threading.Thread(target=self.heartbeat, daemon=True).start()
         self.event("controller_started", data={"pid": self.me["pid"]})
-        from caseledger import handoff
 
         outcome = "succeeded"
         keep_lease = False
-        from caseledger import phases
 
         try:
             view = fold(self.ws, self.paths.run_id)
@@ -117,9 +110,8 @@ class Controller:
                 ledger.release(self.ws, self.key, self.paths.run_id, self.fence)
             handoff.refresh(self.ws, exiting=self.paths.run_id)
             if not keep_lease:
-                from caseledger import queue
 
-                nxt = queue.start_next(self.ws, self.key)  # an explicitly queued, preflighted case
+                nxt = start_next(self.ws, self.key)  # an explicitly queued, preflighted case
                 if nxt:  # our fence is stale now (the next run holds the target): record without it
                     ledger.append_event(self.ws, self.paths, "started_queued_run", owner=self.owner,
                                         data={"run_id": nxt})
@@ -136,7 +128,6 @@ class Controller:
 
     # ---- phases
     def phase_preflight(self, attempt: int) -> dict[str, Any]:
-        from caseledger.preflight import run_fresh
 
         res = run_fresh(self.paths.root)
         if not res.get("ok"):
@@ -145,7 +136,6 @@ class Controller:
         return {"checks": res["checks"], "requests_sent": 0}
 
     def _authorized_for_service(self) -> bool:
-        from caseledger.authorization import current_mode
 
         return bool(self.meta.get("authorized", current_mode(self.ws)) != "paused")
 
@@ -163,7 +153,6 @@ class Controller:
             (read_json_or_none(self.paths.phase_file("service")) or {}).get("outcome") == "reused"
 
     def phase_warmup(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         if self.case.warmup.requests == 0:
             return {"outcome": "skipped", "reason": "warmup.requests is 0"}
@@ -174,14 +163,12 @@ class Controller:
         return phases.warmup(self.ws, self.paths, self.case, self.meta)
 
     def phase_route_verify(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         if self.meta.get("load_reuse") or (self._service_reused() and self.action("route_verify") == "reuse"):
             return {"outcome": "reused", "reason": "service reused: routes verified by the parent"}
         return phases.route_verify(self.ws, self.paths, self.case, self.meta)
 
     def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         act = self.action("cache_prepare")
         if act == "skip":
@@ -192,24 +179,20 @@ class Controller:
         return phases.cache_prepare(self.ws, self.paths, self.case, self.meta, seed=seed)
 
     def phase_load(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         if self.meta.get("load_reuse"):
             return phases.reuse_parent_load(self.ws, self.paths, self.meta)
         return phases.load(self.ws, self.paths, self.case, self.meta, attempt, self)
 
     def phase_confirm_end(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         return phases.confirm_end(self.paths, self.meta)
 
     def phase_postprocess(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         return phases.postprocess(self.paths)
 
     def phase_decide(self, attempt: int) -> dict[str, Any]:
-        from caseledger import phases
 
         return phases.decide(self.ws, self.paths, self.case, self.meta)
 

@@ -8,61 +8,50 @@ import sys
 import time
 from typing import Any
 
-from caseledger import cases, ledger, procs
-from caseledger.case import PHASES
-from caseledger.state import PhaseState, RunView, fold, list_runs
-from caseledger.workspace import RunPaths, Workspace, read_json_or_none, write_json
-
-
-def new_run_id(ws: Workspace) -> str:
-    while True:
-        rid = "r-" + secrets.token_hex(4)
-        if not (ws.runs_dir / rid).exists():
-            return rid
-
-
-def latest_run_of_case(ws: Workspace, case_id: str, *, with_load_end: bool = False,
-                       with_results: bool = False) -> str | None:
-    for rid in reversed(list_runs(ws)):
-        meta = read_json_or_none(ws.run(rid).run_json) or {}
-        if meta.get("case_id") != case_id:
-            continue
-        p = ws.run(rid)
-        if with_load_end and not p.load_end.exists():
-            continue
-        if with_results and not (p.results.exists() and any(p.results.rglob("result.json"))):
-            continue
-        return rid
-    return None
+from caseledger import datasets, ledger, procs
+from caseledger.case.plan import PHASES, delta, plan
+from caseledger.case.store import load_case
+from caseledger.errors import CaseledgerError, NotFound
+from caseledger.ledger import authorization, queue
+from caseledger.ledger.leases import acquire, release, target_key
+from caseledger.ledger.runs import latest_run_of_case, new_run_id
+from caseledger.ledger.state import PhaseState, RunView, fold
+from caseledger.procs import child_env
+from caseledger.run.preflight import run_fresh
+from caseledger.workspace import (
+    RunPaths,
+    Workspace,
+    atomic_write,
+    canonical_json,
+    read_json_or_none,
+    utc_now,
+    write_json,
+)
 
 
 def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, authorized: str) -> RunPaths:
     """Write the run's directory; `authorized` is the mode that let it start (single is consumed by it)."""
-    from caseledger import datasets
-    from caseledger.case import delta, plan
 
-    case = cases.load_case(ws, case_id)
-    parent = cases.load_case(ws, case.parent) if case.parent else None
+    case = load_case(ws, case_id)
+    parent = load_case(ws, case.parent) if case.parent else None
     changes = delta(parent, case)
     steps = plan(case, changes, parent is not None)
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
     canon = case.canonical()
-    from caseledger.workspace import atomic_write, canonical_json
 
     atomic_write(paths.case, canonical_json(canon) + b"\n", mode=0o444)
     meta: dict[str, Any] = {
         "run_id": rid, "case_id": case_id, "scenario": case.scenario, "parent_case": case.parent,
         "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
         "salt": rid if case.load.salt else None, "planned": case.load.requests, "target_key": key,
-        "created_utc": ledger.utc_now(), "created_mono_ns": time.monotonic_ns(),
+        "created_utc": utc_now(), "created_mono_ns": time.monotonic_ns(),
         "plan": [s.model_dump() for s in steps],
         "fence": fence, "authorized": authorized,
     }
     if steps[PHASES.index("load")].action == "reuse":
         src = latest_run_of_case(ws, case.parent or "", with_load_end=True)
         if src is None:
-            from caseledger.errors import NotFound
 
             raise NotFound(f"measurement-only case {case_id} needs a finished load of its parent {case.parent}",
                            f"run the parent first: start_run(case_id='{case.parent}')")
@@ -74,25 +63,22 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, auth
     return paths
 
 
-def preflight_only(ws: Workspace, case_id: str) -> dict[str, Any]:
+def preflight_case(ws: Workspace, case_id: str) -> dict[str, Any]:
     """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
     paused and while another run holds the target (prepare the next candidate while the target is busy)."""
 
-    from caseledger import datasets
 
-    case = cases.load_case(ws, case_id)
+    case = load_case(ws, case_id)
     pid_ = "p-" + secrets.token_hex(4)
     root = ws.ledger / "preflights" / pid_
     root.mkdir(parents=True)
     paths = RunPaths(root)
-    from caseledger.workspace import atomic_write, canonical_json
 
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
     write_json(paths.run_json, {"run_id": pid_, "case_id": case_id, "scenario": case.scenario,
                                 "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
                                 "salt": pid_ if case.load.salt else None, "planned": case.load.requests,
-                                "created_utc": ledger.utc_now(), "preflight_only": True})
-    from caseledger.preflight import run_fresh
+                                "created_utc": utc_now(), "preflight_only": True})
 
     res = run_fresh(root)
     write_json(root / "preflight.json", res)
@@ -100,10 +86,9 @@ def preflight_only(ws: Workspace, case_id: str) -> dict[str, Any]:
 
 
 def spawn_controller(ws: Workspace, paths: RunPaths, fence: int) -> int:
-    from caseledger.controller import child_env
 
     log = paths.controller_log.open("ab")
-    p = subprocess.Popen([sys.executable, "-m", "caseledger.controller", str(paths.root), "--fence", str(fence)],
+    p = subprocess.Popen([sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                          start_new_session=True, close_fds=True)
     log.close()
@@ -127,3 +112,35 @@ def wait_for(ws: Workspace, run_id: str, until: str, timeout: float) -> RunView:
         if settled or time.monotonic() > deadline:
             return view
         time.sleep(0.05)
+
+
+def launch(ws: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> RunView:
+    """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
+    before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
+    wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""
+    case = load_case(ws, case_id)
+    mode = authorization.check_start(ws)
+    key = target_key(case.canonical())
+    rid = new_run_id(ws)
+    lease = acquire(ws, key, run_id=rid, owner=None)
+    try:
+        paths = create_run(ws, case_id, lease.fence, key, rid, authorized=mode)
+    except CaseledgerError:
+        release(ws, key, rid, lease.fence)
+        raise
+    spawn_controller(ws, paths, lease.fence)
+    authorization.consume(ws, paths.run_id)
+    return wait_for(ws, paths.run_id, "end" if wait else "preflight", timeout_s if wait else 300.0)
+
+
+def start_next(ws: Workspace, key: str) -> str | None:
+    """Start the first queued case on a freed target (auto only). Returns the new run id or None."""
+    if authorization.current_mode(ws) != "auto":
+        return None
+    item = queue.pop(ws, key)
+    if item is None:
+        return None
+    try:
+        return launch(ws, item["case_id"]).run_id
+    except CaseledgerError:
+        return None  # the queued case could not start (e.g. held again): its start_run error is the record

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import orjson
 
-from caseledger.case import Case
+from caseledger.case.model import Case
 
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 
 
 def case_schema() -> bytes:

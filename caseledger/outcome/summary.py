@@ -6,22 +6,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from caseledger import cases
-from caseledger.workspace import Workspace, read_json_or_none, write_json
+from caseledger.case.store import load_case
+from caseledger.ledger.runs import latest_run_of_case
+from caseledger.ledger.state import fold
+from caseledger.metrics import latest_result
+from caseledger.outcome import report
+from caseledger.outcome.decide import DecisionRecord, decide
+from caseledger.workspace import Workspace, atomic_write, read_json_or_none, write_json
 
 
 def _load_result(ws: Workspace, run_id: str) -> Any:
-    from caseledger.metrics import latest_result
 
     return latest_result(ws.run(run_id).root)
 
 
 def baseline_of(ws: Workspace, run_id: str) -> tuple[str | None, str | None]:
     """(baseline case id, its latest run with results) for a run: case.decision.baseline, else the parent."""
-    from caseledger.runs import latest_run_of_case
 
     meta = read_json_or_none(ws.run(run_id).run_json) or {}
-    case = cases.load_case(ws, meta["case_id"])
+    case = load_case(ws, meta["case_id"])
     ref = case.decision.baseline or case.parent
     if ref is None or ref == meta["case_id"]:
         return None, None
@@ -29,11 +32,10 @@ def baseline_of(ws: Workspace, run_id: str) -> tuple[str | None, str | None]:
 
 
 def decide_run(ws: Workspace, run_id: str) -> dict[str, Any]:
-    from caseledger.decide import decide
 
     paths = ws.run(run_id)
     meta = read_json_or_none(paths.run_json) or {}
-    case = cases.load_case(ws, meta["case_id"])
+    case = load_case(ws, meta["case_id"])
     result = _load_result(ws, run_id)
     ref_case, ref_run = baseline_of(ws, run_id)
     baseline = _load_result(ws, ref_run) if ref_run else None
@@ -54,7 +56,6 @@ def _ts(utc: str | None) -> float | None:
 
 def time_ledger(ws: Workspace, run_id: str) -> dict[str, Any]:
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
-    from caseledger.state import fold
 
     v = fold(ws, run_id)
     phases: dict[str, Any] = {}
@@ -117,7 +118,6 @@ def _report_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = None) -> dict[str, Any]:
-    from caseledger import report
 
     paths = ws.run(run_id)
     meta = read_json_or_none(paths.run_json) or {}
@@ -126,11 +126,9 @@ def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = 
         return {}
     decision = decision if decision is not None else read_json_or_none(paths.decision)
     ledger_ = time_ledger(ws, run_id)
-    from caseledger.decide import DecisionRecord
 
     dec = DecisionRecord.model_validate(decision) if decision else None
     md = report.render_run_md(_report_meta(meta), result, dec, ledger_)
-    from caseledger.workspace import atomic_write
 
     atomic_write(paths.report_md, md)
     body = report.report_json(meta, result, dec, ledger_)

@@ -1,0 +1,163 @@
+"""The impact table, the phases, and the delta -> plan derivation.
+
+Every leaf field of the case belongs to one impact class (IMPACT below). The class decides which phases a
+child case must run again and which reuse the parent's state. A test walks the model and fails when a field
+has no class, so a new field cannot be added without choosing one.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from caseledger.case.model import Case, _Model
+
+
+class Impact(StrEnum):
+    LOAD = "load"  # N / C / r / arrival and other per-request knobs: the hot path
+    DATASET = "dataset"  # what is sent: data shape, tokenizer, cache construction
+    SERVICE = "service"  # what serves: endpoints, engine argv, env, warmup after a start
+    MEASUREMENT = "measurement"  # how raw data becomes figures: no new load needed
+
+
+
+# The impact table. Keys are field paths; the longest matching prefix wins. Every leaf of Case must be
+# covered (tests/test_case.py walks the model). 'parent', 'note' and '$schema' describe the case itself.
+IMPACT: dict[str, Impact | None] = {
+    "schema_": None,
+    "parent": None,
+    "note": None,
+    "scenario": Impact.MEASUREMENT,
+    "target.endpoints": Impact.SERVICE,
+    "target.api": Impact.DATASET,
+    "target.cards": Impact.MEASUREMENT,
+    "target.metrics_url": Impact.MEASUREMENT,
+    "target.api_key_env": Impact.LOAD,
+    "service": Impact.SERVICE,
+    # where the service runs and how it is reached; a changed key or known_hosts re-runs the service phase,
+    # which still reuses the live process when its identity (host, port, user, argv, env) is unchanged
+    "service.ssh": Impact.SERVICE,
+    "dataset": Impact.DATASET,
+    "load.requests": Impact.LOAD,
+    "load.concurrency": Impact.LOAD,
+    "load.rate": Impact.LOAD,
+    "load.arrival": Impact.LOAD,
+    "load.burstiness": Impact.LOAD,
+    "load.timeout_s": Impact.LOAD,
+    "load.max_tokens": Impact.LOAD,
+    "load.ignore_eos": Impact.LOAD,
+    "load.salt": Impact.LOAD,
+    "warmup": Impact.SERVICE,
+    "cache": Impact.DATASET,
+    "measurement": Impact.MEASUREMENT,
+    "deadline": Impact.LOAD,
+    "decision": Impact.MEASUREMENT,
+}
+
+
+def impact_of(path: str) -> Impact | None:
+    """The impact class of a dotted field path (longest matching prefix of IMPACT)."""
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in IMPACT:
+            return IMPACT[key]
+    raise KeyError(f"field '{path}' has no impact class: add it to caseledger.case.IMPACT")
+
+
+PHASES: tuple[str, ...] = (
+    "preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
+    "decide",
+)
+
+
+class PlanStep(_Model):
+    phase: str
+    action: Literal["run", "reuse", "check", "skip"]
+    reason: str
+
+
+class DeltaItem(_Model):
+    path: str
+    old: Any
+    new: Any
+    impact: Impact
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaf paths of a JSON value; lists are leaves (an argv is one value)."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: obj}
+
+
+def delta(parent: Case | None, child: Case) -> list[DeltaItem]:
+    if parent is None:
+        return []
+    a, b = flatten(parent.canonical()), flatten(child.canonical())
+    items = []
+    for path in sorted(set(a) | set(b)):
+        imp = impact_of(path)
+        if imp is None or a.get(path) == b.get(path):
+            continue
+        if path in _DERIVED and all(x.get(path) == x.get(_DERIVED[path]) for x in (a, b)):
+            imp = impact_of(_DERIVED[path])  # follows its source field (N640 means 640 entries)
+        items.append(DeltaItem(path=path, old=a.get(path), new=b.get(path), impact=imp))
+    return items
+
+
+# Fields whose default follows another field; a change that only follows its source has the source's class.
+_DERIVED = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
+
+
+def plan(case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:
+    """Which phases run and which reuse the parent's state, from the delta's impact classes."""
+    classes = {d.impact for d in changes}
+    cache_target = case.cache.min_hit_ratio is not None
+    steps: list[PlanStep] = [PlanStep(phase="preflight", action="run", reason="always: fresh-process reload")]
+    if not has_parent:
+        why = "no parent: nothing to reuse"
+        steps += [
+            PlanStep(phase="service", action="run", reason=why + " (an equal live service is still reused)"),
+            PlanStep(phase="warmup", action="run" if case.warmup.requests else "skip",
+                     reason=why if case.warmup.requests else "warmup.requests is 0"),
+            PlanStep(phase="route_verify", action="run", reason=why),
+        ]
+        cache = PlanStep(phase="cache_prepare", action="run" if cache_target else "skip",
+                         reason="seed and check" if cache_target else "no cache target (cache.min_hit_ratio null)")
+        load_action, load_reason = "run", why
+    elif classes <= {Impact.MEASUREMENT}:
+        why = "measurement-only delta: no new load, reprocess the parent's raw data"
+        steps += [PlanStep(phase=p, action="reuse", reason=why) for p in ("service", "warmup", "route_verify")]
+        cache = PlanStep(phase="cache_prepare", action="reuse", reason=why)
+        load_action, load_reason = "reuse", why
+    else:
+        service_changed = Impact.SERVICE in classes
+        svc_reason = "service fields changed" if service_changed else "service unchanged: reuse the live service"
+        act: Literal["run", "reuse"] = "run" if service_changed else "reuse"
+        steps += [
+            PlanStep(phase="service", action=act, reason=svc_reason),
+            PlanStep(phase="warmup", action=act if case.warmup.requests else "skip",
+                     reason=svc_reason if case.warmup.requests else "warmup.requests is 0"),
+            PlanStep(phase="route_verify", action=act, reason=svc_reason),
+        ]
+        if not cache_target:
+            cache = PlanStep(phase="cache_prepare", action="skip", reason="no cache target")
+        elif service_changed or Impact.DATASET in classes:
+            cache = PlanStep(phase="cache_prepare", action="run", reason="service or data changed: seed and check")
+        else:
+            cache = PlanStep(phase="cache_prepare", action="check", reason="hot path: check, not re-seed")
+        load_action, load_reason = "run", "load-class delta: formal load"
+        if Impact.DATASET in classes:
+            load_reason = "dataset changed: formal load on the new data"
+    steps += [
+        cache,
+        PlanStep(phase="load", action=load_action, reason=load_reason),
+        PlanStep(phase="confirm_end", action="run", reason="always: confirm the client and requests ended"),
+        PlanStep(phase="postprocess", action="run", reason="always: fresh-process metrics from raw data"),
+        PlanStep(phase="decide", action="run", reason="always"),
+    ]
+    return steps

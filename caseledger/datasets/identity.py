@@ -1,0 +1,151 @@
+"""Dataset identity: the entry record, the identity model, the dataset id, and the prompt a run sends."""
+
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any, Literal, TypedDict
+
+from pydantic import BaseModel, ConfigDict
+
+from caseledger.case.model import Case
+from caseledger.workspace import canonical_json, sha256_bytes
+
+GENERATOR_VERSION = "1"  # bump when the same spec would generate different entries
+HIT_RATIO_DENOMINATOR = "chat-template prompt tokens"
+ENTRIES_FILE = "entries.jsonl"
+IDENTITY_FILE = "identity.json"
+SALT_K = 8  # salt slot words: 1024**8 = 2**80 slots per entry, so two runs never share one
+SALT_WORDS = 1024  # single-token words the salt picks from, recorded in the identity
+DEFAULT_SALT = "caseledger-default-slot"
+
+
+class Entry(TypedDict):
+    """One request's data. The body sent is prefix + salt slot (or a run's salt words) + suffix."""
+
+    i: int  # entry index = formal request index
+    group: int  # prefix group (i % prefix_groups)
+    prefix: str  # the group's shared text ("" for synthetic and file)
+    salt_slot: str  # default salt slot: K words " w", one token each ("" when K is 0)
+    suffix: str  # unique text (the prompt as is for a file source)
+    body_tokens: int  # tokens of prefix + salt_slot + suffix, no special tokens
+    chat_tokens: int  # tokens the server counts (chat template applied); body_tokens without one
+    expected_cached_tokens: int  # whole cache blocks of the shared chat-template prefix
+    expected_hit_ratio: float  # expected_cached_tokens / chat_tokens
+    output_tokens: int  # max_tokens for this request
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TokenizerInfo(_Frozen):
+    name: str  # dataset.tokenizer as written: 'builtin' or a local directory
+    revision: str  # dataset.tokenizer_revision, else 'sha256:<hex>' of tokenizer.json
+    path: str  # the directory it was loaded from
+
+
+class IntStats(_Frozen):
+    min: int
+    max: int
+    mean: float
+
+
+class RatioStats(_Frozen):
+    min: float
+    max: float
+    mean: float
+
+
+class BelowTarget(_Frozen):
+    count: int  # entries whose expected hit ratio is below prefix_ratio_target (exact, never rounded)
+    first: list[int]  # the first few such entry indices
+    message: str | None  # what happened and the fix; None when count is 0
+
+
+class SaltSlot(_Frozen):
+    words: list[str]  # single-token words (used as " w") a run's salt picks from
+    k: int  # words per slot; 0: this dataset cannot be salted (file source)
+
+
+class Counting(_Frozen):
+    method: Literal["composed", "full"]  # composed: prefix once + each suffix; full: every entry encoded
+    checked: list[int]  # entries re-encoded whole (with the chat template) to check the counts
+
+
+class DatasetIdentity(_Frozen):
+    """What a materialized dataset is: stored as identity.json next to entries.jsonl."""
+
+    dataset_id: str
+    content_sha256: str  # sha256 of entries.jsonl
+    source: Literal["synthetic", "prefix_cache", "file"]
+    source_sha256: str | None  # file source: sha256 of the JSONL file as read
+    spec: dict[str, Any]  # the filled dataset spec the id was computed from
+    api: Literal["chat", "completions"]
+    generator: str
+    tokenizer: TokenizerInfo
+    chat_template_counted: bool  # False: api completions or dataset.chat_template false (chat = body)
+    entries: int
+    output_tokens: int  # dataset.output_tokens (a file line may set its own; see the entries)
+    body_tokens: IntStats
+    chat_tokens: IntStats
+    expected_cached_tokens: IntStats
+    expected_hit_ratio: RatioStats
+    hit_ratio_denominator: str
+    block_size: int
+    prefix_ratio_target: float
+    below_target: BelowTarget
+    salt: SaltSlot
+    counting: Counting
+    generated_at: datetime
+    generation_seconds: float
+
+
+# ---------------------------------------------------------------------------------------------- ids
+
+
+def dataset_id_for(case: Case) -> str:
+    """'d-' + 12 hex of sha256 over the filled dataset spec, target.api and the generator version."""
+    filled = case.filled()
+    spec = {
+        "api": filled.target.api,
+        "dataset": filled.dataset.model_dump(mode="json"),
+        "generator": GENERATOR_VERSION,
+    }
+    return "d-" + sha256_bytes(canonical_json(spec))[:12]
+
+
+# ------------------------------------------------------------------------------------------- salt
+
+
+def salt_text(salt: str, entry_i: int, words: list[str], k: int) -> str:
+    """K words " w" picked deterministically from (salt, entry_i).
+
+    The first word walks the list from an offset given by the salt, so within one run the first slot
+    token differs between entries (up to len(words) entries) and nothing past the shared prefix is
+    shared by two requests of the run.
+    """
+    if k <= 0:
+        return ""
+    if not words:
+        raise ValueError("salt_text needs a non-empty word list")
+    n = len(words)
+    start = int.from_bytes(hashlib.sha256(f"salt\0{salt}".encode()).digest()[:8], "big")
+    stream = hashlib.shake_256(f"slot\0{salt}\0{entry_i}".encode()).digest(4 * k)
+    picks = [words[(start + entry_i) % n]]
+    picks += [words[int.from_bytes(stream[4 * j : 4 * j + 4], "big") % n] for j in range(1, k)]
+    return "".join(" " + w for w in picks)
+
+
+def render_prompt(entry: Entry, salt: str | None, identity: DatasetIdentity) -> str:
+    """The body to send: prefix + (the run's salt slot, or the entry's default) + suffix.
+
+    Its token count is entry['body_tokens'] whatever the salt: every slot word is one token and the
+    slot is bounded by word boundaries on both sides.
+    """
+    if salt is None or identity.salt.k == 0:
+        slot = entry["salt_slot"]
+    else:
+        slot = salt_text(salt, entry["i"], identity.salt.words, identity.salt.k)
+    return entry["prefix"] + slot + entry["suffix"]

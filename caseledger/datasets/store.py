@@ -1,0 +1,148 @@
+"""Materialized datasets under ledger/datasets/<dataset_id>/: generated once under a lock, reused by id."""
+
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+
+from caseledger.case.model import Case
+from caseledger.datasets.generate import generate_dataset
+from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
+from caseledger.errors import CaseInvalid, NotFound
+from caseledger.workspace import Workspace, read_json, sha256_file
+
+# ------------------------------------------------------------------------------------ materialize
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock: a second caller waits, then finds the dataset the first one wrote."""
+    with path.open("a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _reuse(ws: Workspace, case: Case, dataset_id: str) -> DatasetIdentity:
+    identity = load_identity(ws, dataset_id)
+    ds = case.dataset
+    if ds.source == "file" and ds.path and identity.source_sha256:
+        src = ws.inside(ds.path, "dataset.path")
+        if src.is_file() and (now := sha256_file(src)) != identity.source_sha256:
+            raise CaseInvalid(
+                f"dataset.path '{ds.path}' changed since dataset {dataset_id} was materialized "
+                f"(sha256 {now[:12]}… now, {identity.source_sha256[:12]}… then)",
+                "restore the file, or save the new prompts under a new path so they get their own dataset id",
+            )
+    return identity
+
+
+def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
+    """The case's dataset: reused when identity.json exists (no tokenizer loaded), else generated once."""
+    case = case.filled()
+    dataset_id = dataset_id_for(case)
+    final = ws.dataset_dir(dataset_id)
+    if (final / IDENTITY_FILE).is_file():
+        return _reuse(ws, case, dataset_id)
+    if case.dataset.source == "file" and case.dataset.path:
+        ws.inside(case.dataset.path, "dataset.path")  # refuse an escape before taking any lock
+    ws.datasets_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(ws.datasets_dir / f".{dataset_id}.lock"):
+        if (final / IDENTITY_FILE).is_file():
+            return _reuse(ws, case, dataset_id)
+        if final.exists():
+            raise CaseInvalid(
+                f"{final} exists without {IDENTITY_FILE}; caseledger writes datasets by an atomic rename",
+                f"move {final} out of the ledger and materialize again",
+            )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dataset_id}.", suffix=".tmp", dir=ws.datasets_dir))
+        try:
+            identity = generate_dataset(ws, case, dataset_id, tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                # Another writer that did not take the lock (e.g. a filesystem without flock) got there first.
+                if (final / IDENTITY_FILE).is_file():
+                    return _reuse(ws, case, dataset_id)
+                raise
+            _fsync_dir(ws.datasets_dir)
+            return identity
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ reads
+
+
+def _existing(ws: Workspace, dataset_id: str, name: str) -> Path:
+    path = ws.dataset_dir(dataset_id) / name
+    if not path.is_file():
+        raise NotFound(
+            f"dataset {dataset_id} has no {name} in {ws.datasets_dir}",
+            "freeze the case again (freeze_case) to materialize its dataset; dataset ids come from "
+            "freeze_case or datasets.materialize",
+        )
+    return path
+
+
+def load_identity(ws: Workspace, dataset_id: str) -> DatasetIdentity:
+    """identity.json of a materialized dataset."""
+    return DatasetIdentity.model_validate(read_json(_existing(ws, dataset_id, IDENTITY_FILE)))
+
+
+def load_entries(ws: Workspace, dataset_id: str) -> list[Entry]:
+    """All entries in order. A group's prefix is held once in memory, however many entries share it."""
+    path = _existing(ws, dataset_id, ENTRIES_FILE)
+    prefixes: dict[str, str] = {}
+    out: list[Entry] = []
+    with path.open("rb") as f:
+        for line in f:
+            e: Entry = orjson.loads(line)
+            e["prefix"] = prefixes.setdefault(e["prefix"], e["prefix"])
+            out.append(e)
+    return out
+
+
+def verify(ws: Workspace, dataset_id: str) -> str:
+    """Recompute the sha256 of entries.jsonl and compare it (and the line count) with the identity."""
+    identity = load_identity(ws, dataset_id)
+    path = _existing(ws, dataset_id, ENTRIES_FILE)
+    h = hashlib.sha256()
+    lines = 0
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            lines += block.count(b"\n")
+    got = h.hexdigest()
+    fix = (f"the file changed after it was materialized; move {path.parent} out of the ledger and freeze "
+           "the case again")
+    if got != identity.content_sha256:
+        raise CaseInvalid(
+            f"dataset {dataset_id}: {ENTRIES_FILE} sha256 is {got[:12]}…, identity.content_sha256 is "
+            f"{identity.content_sha256[:12]}…",
+            fix,
+        )
+    if lines != identity.entries:
+        raise CaseInvalid(f"dataset {dataset_id}: {ENTRIES_FILE} has {lines} lines, identity.entries is "
+                          f"{identity.entries}", fix)
+    return got

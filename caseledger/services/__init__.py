@@ -1,0 +1,26 @@
+"""Bringing a target's service to the case's identity: adapters (reference, external, command; local or
+over SSH) and the SSH transport (remote)."""
+
+from caseledger.services.adapters import (
+    case_env,
+    compare_argv,
+    ensure,
+    health_ok,
+    identity_of,
+    intended_argv,
+    live_service,
+    stop,
+    stop_all,
+)
+
+__all__ = [
+    "case_env",
+    "compare_argv",
+    "ensure",
+    "health_ok",
+    "identity_of",
+    "intended_argv",
+    "live_service",
+    "stop",
+    "stop_all",
+]

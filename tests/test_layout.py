@@ -1,0 +1,224 @@
+"""The package's shape: folders read as the pipeline, lower stages never import higher ones, no cycles.
+
+The module graph is read with `ast` from every file of caseledger/, imports inside functions included
+(imports under `if TYPE_CHECKING:` are types only and never run). `from pkg import name` is an arrow to
+`pkg.name` when that is a module, else to `pkg`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "caseledger"
+
+# Lowest first. A module may import from its own stage or a lower one, never from a higher one.
+STAGES: list[tuple[str, ...]] = [
+    ("errors", "procs", "records", "workspace"),  # base: errors, processes, raw records, files
+    ("case",),  # what to measure, the impact table, delta -> plan, frozen storage
+    ("ledger",),  # events, leases, runs, folded state, queue, authorization
+    ("datasets",),  # materialized requests and their identity
+    ("metrics",),  # raw -> results per window
+    ("load", "target"),  # the load client; the embedded reference target
+    ("services",),  # bring a target to the case's identity (local or over SSH)
+    ("outcome",),  # decide, report, time ledger, handoff
+    ("run",),  # create/start, controller, phase bodies, preflight
+    ("tools",),  # the six tools
+    ("importers", "server", "demo"),  # AISBench import, MCP wiring, the demo
+    ("cli", "__main__", "__init__"),  # entry points
+]
+RANK = {name: n for n, names in enumerate(STAGES) for name in names}
+
+# Imports that may stay inside functions: heavy third-party modules (import cost, or only some commands
+# need them), and caseledger modules that pull one of them in at import time.
+HEAVY = {"mcp", "numpy", "transformers", "tokenizers", "matplotlib", "asyncssh", "uvicorn", "starlette", "httpx2"}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module
+    target: str  # imported module (caseledger.* or a third-party top-level name)
+    line: int
+    in_function: bool
+    reason: str | None  # the '# lazy: ...' comment on the line or the line above
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = list(p.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports() -> Iterator[Import]:
+    for mod, path in MODULES.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                     and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        in_fn = {id(n) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for n in ast.walk(node)}
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in type_only:
+                continue
+            near = " ".join(lines[max(0, node.lineno - 2): node.end_lineno or node.lineno])
+            m = re.search(r"# lazy: (\S.*)", near)
+            reason = m.group(1) if m else None
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - node.level + 1]
+                    base = ".".join(pkg) + (f".{node.module}" if node.module else "")
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            for t in dict.fromkeys(targets):
+                if t.split(".")[0] == "caseledger":
+                    while t not in MODULES and "." in t:
+                        t = t.rsplit(".", 1)[0]
+                else:
+                    t = t.split(".")[0]
+                if t != mod:
+                    yield Import(mod, t, node.lineno, id(node) in in_fn, reason)
+
+
+IMPORTS = list(_imports())
+
+
+def _edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for i in IMPORTS:
+        if i.target in MODULES:
+            edges[i.source].add(i.target)
+    return edges
+
+
+def _stage(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def _heavy_modules(edges: dict[str, set[str]]) -> set[str]:
+    """caseledger modules that import a heavy module at import time, directly or through another module."""
+    direct = {i.source for i in IMPORTS if not i.in_function and i.target in HEAVY}
+    top = {m: {i.target for i in IMPORTS if i.source == m and not i.in_function and i.target in MODULES}
+           for m in MODULES}
+    heavy = set(direct)
+    changed = True
+    while changed:
+        changed = False
+        for m, ts in top.items():
+            if m not in heavy and ts & heavy:
+                heavy.add(m)
+                changed = True
+    return heavy
+
+
+def test_every_package_has_a_stage() -> None:
+    assert {_stage(m) for m in MODULES} <= set(RANK), "add the new folder to STAGES in pipeline order"
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_edges()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_lower_stages_never_import_higher_ones() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.target}" for i in IMPORTS
+           if i.target in MODULES and RANK[_stage(i.target)] > RANK[_stage(i.source)]]
+    assert bad == []
+
+
+def test_at_most_eight_modules_at_the_top() -> None:
+    top = sorted(p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= 8, top
+
+
+def test_imports_inside_functions_are_heavy_and_say_why() -> None:
+    heavy = _heavy_modules(_edges())
+    bad = []
+    for i in IMPORTS:
+        if not i.in_function:
+            continue
+        # importing a.b.c runs a.b's __init__ first: a heavy parent package makes the import heavy
+        chain = {i.target} | {i.target.rsplit(".", n)[0] for n in range(1, i.target.count(".") )}
+        if i.target not in HEAVY and not chain & heavy:
+            bad.append(f"{i.source}:{i.line} imports {i.target} inside a function; import it at the top")
+        elif not i.reason:
+            bad.append(f"{i.source}:{i.line} imports {i.target} inside a function without '# lazy: reason'")
+    assert bad == []
+
+
+@pytest.mark.parametrize("pkg", ["case", "datasets", "ledger", "load", "metrics", "services", "tools"])
+def test_public_surfaces_are_sorted_and_resolve(pkg: str) -> None:
+    import importlib
+
+    m = importlib.import_module(f"caseledger.{pkg}")
+    names = list(m.__all__)
+    # ruff's order (RUF022): CONSTANTS, then Classes, then functions, each alphabetical
+    assert names == sorted(names, key=lambda n: (not n.isupper(), not n[:1].isupper(), n))
+    for n in names:
+        assert getattr(m, n) is not None
