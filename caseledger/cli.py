@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("reprocess", parents=[common], help="recompute results from raw data (reprocess_raw)")
     s.add_argument("run_id")
-    s.add_argument("--window", "--rule", dest="rule", choices=["aisbench", "sglang"], default=None,
+    # choices = caseledger.metrics._models.NATIVE_RULES, spelled here rather than imported: `caseledger --help`
+    # must not import numpy (tests/test_metrics.py checks the two agree); the ratio is checked by the processor
+    s.add_argument("--window", "--rule", dest="rule", choices=("aisbench", "sglang"), default=None,
                    help="native window rule (default: the case's)")
     s.add_argument("--ratio", type=float, default=None, help="sglang rule: share of peak concurrency")
 

@@ -1,6 +1,6 @@
 """Errors of caseledger. Every error names what went wrong, where, and the fix.
 
-    CaseledgerError                 base; .fix says what to do next
+    CaseledgerError                 base; .fix says what to do next; optional context .run_id, .phase
     ├── CaseInvalid                 a draft or frozen case fails validation (field paths named)
     ├── NotFound                    unknown case id, run id, dataset id
     ├── PathEscapes                 a path that leaves the workspace, an id with '/' or '..'
@@ -8,10 +8,31 @@
     ├── FenceRejected               an append carrying a fence token older than the target's
     ├── NotAuthorized               authorization mode forbids the action
     ├── NothingToResume             the run has no phase left to repair
-    └── PhaseFailed                 a phase ended in failure (class, phase, short error)
+    ├── PhaseFailed                 a phase ended in failure (.failure_class: FailureClass, short error)
+    ├── ResultConflict              a result directory already holds a different result (no version bump)
+    ├── RemoteError                 an SSH connection or remote command failed (user@host:port named)
+    └── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
+
+    FailureClass                    StrEnum of the failure classes a failed phase carries (not an error)
+
+Context is carried as attributes (`run_id`, `phase`, `failure_class`), never folded into `str(e)`,
+which stays "message" or "message; fix".
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureClass(StrEnum):
+    """Why a phase failed; the value is what event logs and phase status carry."""
+
+    BEFORE_MODEL = "before_model"  # failed before any request reached the model (preflight)
+    HOT_ENTRY = "hot_entry"  # the formal entry rejected every request; the service stays warm
+    SERVICE = "service"  # the service, warmup, routes or cache preparation failed
+    COLLECT = "collect"  # collecting figures from the raw records failed (postprocess, decide)
+    END_UNKNOWN = "end_unknown"  # the load's end is not established; resume checks the evidence
+    NEGATIVE = "negative"  # a negative result, not a fault of the run
 
 
 class CaseledgerError(Exception):
@@ -19,10 +40,12 @@ class CaseledgerError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str, fix: str = "") -> None:
+    def __init__(self, message: str, fix: str = "", *, run_id: str | None = None, phase: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
+        self.run_id = run_id  # context: the run concerned, where known (not part of str())
+        self.phase = phase  # context: the phase concerned, where known (not part of str())
 
     def __str__(self) -> str:
         return f"{self.message}; {self.fix}" if self.fix else self.message
@@ -57,8 +80,28 @@ class NothingToResume(CaseledgerError):
 
 
 class PhaseFailed(CaseledgerError):
-    """A phase failed; carries its failure class."""
+    """A phase failed; carries its failure class (a str is converted: FailureClass(value))."""
 
-    def __init__(self, message: str, failure_class: str, fix: str = "") -> None:
-        super().__init__(message, fix)
-        self.failure_class = failure_class
+    def __init__(
+        self,
+        message: str,
+        failure_class: FailureClass | str,
+        fix: str = "",
+        *,
+        run_id: str | None = None,
+        phase: str | None = None,
+    ) -> None:
+        super().__init__(message, fix, run_id=run_id, phase=phase)
+        self.failure_class = FailureClass(failure_class)
+
+
+class ResultConflict(CaseledgerError):
+    """A result directory already holds a different result for the same version, parameters and inputs."""
+
+
+class RemoteError(CaseledgerError):
+    """An SSH connection or a remote command failed (a CaseledgerError: message names host, port, user; fix)."""
+
+
+class AisbenchImportError(CaseledgerError, ValueError):
+    """The directory is not a readable AISBench perf output (still a ValueError, as before the move)."""

@@ -4,6 +4,9 @@ One orjson line per finished request (success or failure) in `load/raw.jsonl`, a
 each request ends, so a kill loses at most the requests in flight. A torn last line is tolerated and
 reported by `read_records`. Times are `time.monotonic_ns()` of the load client's host; `load/anchor.json`
 holds one wall-clock anchor {"wall_utc": ISO-8601, "mono_ns": int} taken at load start.
+
+`read_jsonl` is the generic JSONL reader behind `read_records` and `caseledger.ledger.read_events`: lines
+that parse are kept, a torn last line (no newline, does not parse) is reported, other bad lines are counted.
 """
 
 from __future__ import annotations
@@ -47,8 +50,17 @@ class ReadResult:
     bad_lines: int = 0  # lines that failed to parse before the last one
 
 
+@dataclass
+class JsonLines:
+    """The parsed lines of one JSONL file, with what had to be skipped."""
+
+    items: list[Any] = field(default_factory=list)  # every line that parsed, in file order
+    torn_tail: bool = False  # the last line was cut mid-write (no newline, does not parse) and was skipped
+    bad_lines: int = 0  # other lines that failed to parse (skipped)
+
+
 def iter_lines(path: Path) -> Iterator[tuple[bool, bytes]]:
-    """(is_last, line) for every non-empty line."""
+    """(is_last, line) for every non-empty line; is_last only for a final line without its newline."""
     data = path.read_bytes()
     lines = data.split(b"\n")
     complete = data.endswith(b"\n")
@@ -59,9 +71,9 @@ def iter_lines(path: Path) -> Iterator[tuple[bool, bytes]]:
         yield last, line
 
 
-def read_records(path: Path) -> ReadResult:
-    """All complete records of a raw file; a torn last line is reported, never fatal."""
-    out = ReadResult()
+def read_jsonl(path: Path) -> JsonLines:
+    """Every parsable line of a JSONL file (a missing file is empty); a torn last line or a bad line never raises."""
+    out = JsonLines()
     if not path.exists():
         return out
     for last, line in iter_lines(path):
@@ -73,5 +85,11 @@ def read_records(path: Path) -> ReadResult:
             else:
                 out.bad_lines += 1
             continue
-        out.records.append(obj)
+        out.items.append(obj)
     return out
+
+
+def read_records(path: Path) -> ReadResult:
+    """All complete records of a raw file; a torn last line is reported, never fatal."""
+    lines = read_jsonl(path)
+    return ReadResult(records=lines.items, torn_tail=lines.torn_tail, bad_lines=lines.bad_lines)

@@ -178,6 +178,32 @@ class RunPaths:
         return self.load_dir / "client.log"
 
     @property
+    def load_armed(self) -> Path:
+        """The client spawned early (armed): it waits for `load_go` or `load_abort` before sending."""
+        return self.load_dir / "armed.json"
+
+    @property
+    def load_go(self) -> Path:
+        return self.load_dir / "go"
+
+    @property
+    def load_abort(self) -> Path:
+        return self.load_dir / "abort"
+
+    @property
+    def load_partial(self) -> Path:
+        """Written when a resume finishes on the records of a client that died (nothing re-sent)."""
+        return self.load_dir / "partial.json"
+
+    def load_attempt_dir(self, attempt: int) -> Path:
+        """Where a rejected formal load (hot_entry) is kept when the load is sent again."""
+        return self.root / f"load.attempt-{attempt}"
+
+    @property
+    def preflight_json(self) -> Path:
+        return self.root / "preflight.json"
+
+    @property
     def metrics_before(self) -> Path:
         return self.load_dir / "metrics_before.txt"
 
@@ -245,6 +271,18 @@ class Workspace:
     @property
     def authorization_file(self) -> Path:
         return self.ledger / "authorization.json"
+
+    @property
+    def preflights_dir(self) -> Path:
+        return self.ledger / "preflights"
+
+    @property
+    def queue_dir(self) -> Path:
+        return self.ledger / "queue"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.ledger / "reports"
 
     @property
     def handoff(self) -> Path:

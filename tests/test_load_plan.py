@@ -167,16 +167,18 @@ def test_plan_builds_in_a_fresh_process_with_files_and_sockets_forbidden(tmp_pat
     paths = make_run_dir(ws, draft(load={"requests": 10, "concurrency": 3, "rate": 5.0, "arrival": "gamma"}))
     script = f"""
 import sys
-from caseledger.load.plan import build_plan, read_run_inputs
+from caseledger.load.plan import build_plan
+from caseledger.ledger.runs import read_run
 from caseledger import datasets
-inp = read_run_inputs({str(paths.root)!r})
-entries = datasets.load_entries(inp.workspace, inp.dataset_id)
-ident = datasets.load_identity(inp.workspace, inp.dataset_id)
+run = read_run({str(paths.root)!r})
+entries = datasets.load_entries(run.workspace, run.meta.dataset_id)
+ident = datasets.load_identity(run.workspace, run.meta.dataset_id)
+case = run.case  # read before the guard: build_plan itself must do no I/O
 def guard(event, args):
     if event == "open" or event.startswith(("socket.", "subprocess.", "os.")):
         raise PermissionError(f"I/O during build_plan: {{event}} {{args!r:.80}}")
 sys.addaudithook(guard)
-plan = build_plan(inp.case, entries, inp.salt, ident)
+plan = build_plan(case, entries, run.meta.salt, ident)
 print(plan.planned, plan.digest())
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

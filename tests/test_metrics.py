@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import pytest
@@ -306,6 +306,24 @@ def test_aisbench_rule_on_the_plateau_and_params_recorded() -> None:
     assert r.params.native_rule == "aisbench" and r.params_key == "aisbench"
     s = compute_result(make_case(), plateau(), rule="sglang", ratio=0.9)
     assert s.params_key == "sglang-r0.9" and s.params.native_ratio == 0.9
+
+
+def test_native_rules_and_ratio_bounds_are_one_spelling(capsys: pytest.CaptureFixture[str]) -> None:
+    assert metrics.NATIVE_RULES == get_args(metrics.NativeRule) == ("aisbench", "sglang")
+    assert get_args(metrics.WindowRule) == ("whole", *metrics.NATIVE_RULES)
+    case = make_case(load={"requests": 5, "concurrency": 4})
+    assert compute_result(case, plateau(), rule="sglang", ratio=metrics.RATIO_MAX).params.native_ratio == 1.0
+    for bad in (metrics.RATIO_MIN_EXCLUSIVE, metrics.RATIO_MAX + 0.01):
+        with pytest.raises(ValueError, match=r"outside \(0, 1\]"):
+            compute_result(case, plateau(), rule="sglang", ratio=bad)
+    with pytest.raises(ValueError, match="known: aisbench, sglang"):
+        compute_result(case, plateau(), rule="whole")
+    # the CLI spells the rules itself (`caseledger --help` must not import numpy): the two must agree
+    from caseledger.cli import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["reprocess", "--help"])
+    assert "{" + ",".join(metrics.NATIVE_RULES) + "}" in capsys.readouterr().out
 
 
 def test_window_minimums_come_from_the_case() -> None:

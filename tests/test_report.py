@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from caseledger.case.model import Case
+from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import Result, compute_result
 from caseledger.outcome.decide import decide
 from caseledger.outcome.report import render_plots, render_run_md, render_side_by_side, report_json
@@ -118,7 +119,7 @@ def test_side_by_side_never_mixes_windows(res: Result) -> None:
 
 
 def test_report_json_round_trips(res: Result) -> None:
-    doc = report_json({"run_id": "r-7f3a"}, res, None, {"load": 300.0})
+    doc = report_json(RunMeta(run_id="r-7f3a", case_id="c-000000000000", workspace="/w"), res, None, {"load": 300.0})
     data = orjson.loads(orjson.dumps(doc))
     assert Result.model_validate(data["result"]) == res
     assert data["headline"]["whole"]["AL"] == 639 * 1024 / 113463  # the failed request's tokens are excluded

@@ -65,7 +65,7 @@ def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services
     assert s2["pid"] == s1["pid"] and s2["started_at"] == s1["started_at"]  # not restarted
     assert s2["by_phase"]["warmup"] == 2 and s2["by_phase"]["route_verify"] == 1  # not repeated
     assert s2["by_phase"]["load"] == 16
-    st = orjson.loads((ws.services_dir / f"{v.meta['target_key']}.json").read_bytes())
+    st = orjson.loads((ws.services_dir / f"{v.meta.target_key}.json").read_bytes())
     assert st["starts"] == 1
 
 
@@ -176,7 +176,7 @@ def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
         s = wait_state(ws, r.run_id, lambda s: not s.owner_alive)
         assert s.failure_class == "before_model" and s.sent == 0
         assert stats(port)["requests_total"] == 0
-        lease = ledger.read_lease(ws, fold(ws, r.run_id).meta["target_key"])
+        lease = ledger.read_lease(ws, fold(ws, r.run_id).meta.target_key)
         assert lease is not None and not lease.live()  # released: a before_model failure holds nothing
 
 

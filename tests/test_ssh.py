@@ -60,7 +60,7 @@ def evidence(ws: Workspace, run_id: str, phase: str) -> dict[str, Any]:
 
 
 def service_state(ws: Workspace, run_id: str) -> dict[str, Any]:
-    key = fold(ws, run_id).meta["target_key"]
+    key = fold(ws, run_id).meta.target_key
     return dict(orjson.loads((ws.services_dir / f"{key}.json").read_bytes()))
 
 
@@ -103,7 +103,7 @@ def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert any(e.startswith(b"SSH_CONNECTION=") and e.endswith(f" {sshd.port}".encode()) for e in environ)
     st = service_state(ws, r1.run_id)
-    key = fold(ws, r1.run_id).meta["target_key"]
+    key = fold(ws, r1.run_id).meta.target_key
     assert st["proc"]["host"] == "127.0.0.1" and st["ssh"]["key_path"] == str(sshd.key_path)
     assert not procs.alive(st["proc"])  # the local check refuses another host ...
     assert services.live_service(ws, key) is not None  # ... liveness goes over SSH

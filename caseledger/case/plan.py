@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from caseledger.case.model import Case, _Model
+from caseledger.errors import FailureClass
 
 
 class Impact(StrEnum):
@@ -65,14 +66,39 @@ def impact_of(path: str) -> Impact | None:
     raise KeyError(f"field '{path}' has no impact class: add it to caseledger.case.IMPACT")
 
 
-PHASES: tuple[str, ...] = (
-    "preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
-    "decide",
-)
+class Phase(StrEnum):
+    """The phases of a run, in the order they run (DESIGN.md, Phases)."""
+
+    PREFLIGHT = "preflight"
+    SERVICE = "service"
+    WARMUP = "warmup"
+    ROUTE_VERIFY = "route_verify"
+    CACHE_PREPARE = "cache_prepare"
+    LOAD = "load"
+    CONFIRM_END = "confirm_end"
+    POSTPROCESS = "postprocess"
+    DECIDE = "decide"
+
+
+PHASES: tuple[Phase, ...] = tuple(Phase)
+
+# The one phase -> failure-class table: the class of a phase that failed without saying its own class, or
+# that was left open by an owner that died (DESIGN.md, Failure classes).
+FAILURE_OF_PHASE: dict[Phase, FailureClass] = {
+    Phase.PREFLIGHT: FailureClass.BEFORE_MODEL,
+    Phase.SERVICE: FailureClass.SERVICE,
+    Phase.WARMUP: FailureClass.SERVICE,
+    Phase.ROUTE_VERIFY: FailureClass.SERVICE,
+    Phase.CACHE_PREPARE: FailureClass.SERVICE,
+    Phase.LOAD: FailureClass.END_UNKNOWN,
+    Phase.CONFIRM_END: FailureClass.END_UNKNOWN,
+    Phase.POSTPROCESS: FailureClass.COLLECT,
+    Phase.DECIDE: FailureClass.COLLECT,
+}
 
 
 class PlanStep(_Model):
-    phase: str
+    phase: Phase
     action: Literal["run", "reuse", "check", "skip"]
     reason: str
 

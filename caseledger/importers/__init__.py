@@ -1,10 +1,10 @@
 """Importers: other tools' raw outputs as caseledger raw records, with their own figures beside ours."""
 
+from caseledger.errors import AisbenchImportError
 from caseledger.importers.aisbench import (
     DIFFERENCES,
     AisbenchFigure,
     AisbenchImport,
-    AisbenchImportError,
     AisbenchSummary,
     read_aisbench,
 )

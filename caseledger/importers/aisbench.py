@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from caseledger.errors import AisbenchImportError as AisbenchImportError  # defined in errors; re-exported
 from caseledger.records import ErrorClass, RawRecord
 
 DIFFERENCES: tuple[str, ...] = (
@@ -87,10 +88,6 @@ class AisbenchImport:
     summary: AisbenchSummary
     skipped: list[str]  # requests that could not become records, with the reason
     differences: tuple[str, ...] = DIFFERENCES
-
-
-class AisbenchImportError(ValueError):
-    """The directory is not a readable AISBench perf output."""
 
 
 _VALUE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(.*?)\s*$")

@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 
 from caseledger import ledger
-from caseledger.case.plan import PHASES
+from caseledger.case.plan import PHASES, Phase, PlanStep
 from caseledger.case.store import store, validate
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.importers.aisbench import AisbenchImportError, read_aisbench
-from caseledger.ledger.runs import new_run_id
+from caseledger.ledger.runs import Imported, RunMeta, new_run_id, write_meta
 from caseledger.tools import reprocess_raw
 from caseledger.workspace import Workspace, atomic_write, canonical_json, utc_now, write_json
 
@@ -66,17 +66,16 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
     key = ledger.target_key(case.canonical())
-    write_json(paths.run_json, {
-        "run_id": rid, "case_id": cid, "scenario": case.scenario, "parent_case": None, "workspace": str(ws.root),
-        "dataset_id": None, "salt": None, "planned": n, "target_key": key, "created_utc": utc_now(),
-        "plan": [{"phase": p, "action": "skip" if PHASES.index(p) < PHASES.index("postprocess") else "run",
-                  "reason": "imported" if PHASES.index(p) < PHASES.index("postprocess") else "from raw data"}
-                 for p in PHASES],
-        "imported": {"tool": "aisbench", "path": str(src), "dataset": imp.dataset, "skipped": imp.skipped[:20],
-                     "differences": list(imp.differences),
-                     "aisbench_summary": orjson.loads(orjson.dumps(imp.summary, default=_plain))},
-        "load_reused": True,
-    })
+    skip = PHASES[: PHASES.index(Phase.POSTPROCESS)]
+    write_meta(paths, RunMeta(
+        run_id=rid, case_id=cid, scenario=case.scenario, workspace=str(ws.root), planned=n, target_key=key,
+        created_utc=utc_now(), load_reused=True,
+        plan=[PlanStep(phase=p, action="skip" if p in skip else "run",
+                       reason="imported" if p in skip else "from raw data") for p in PHASES],
+        imported=Imported(tool="aisbench", path=str(src), dataset=imp.dataset, skipped=list(imp.skipped[:20]),
+                          differences=list(imp.differences),
+                          aisbench_summary=orjson.loads(orjson.dumps(imp.summary, default=_plain))),
+    ))
     paths.load_dir.mkdir(parents=True)
     atomic_write(paths.raw, b"".join(orjson.dumps(r) + b"\n" for r in recs))
     ok = sum(1 for r in recs if r["ok"])

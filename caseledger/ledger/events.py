@@ -18,7 +18,7 @@ import orjson
 
 from caseledger.errors import FenceRejected
 from caseledger.ledger.leases import current_fence
-from caseledger.records import iter_lines
+from caseledger.records import read_jsonl
 from caseledger.workspace import RunPaths, Workspace, flocked, sha256_bytes, utc_now
 
 
@@ -30,18 +30,9 @@ class EventLog:
 
 
 def read_events(paths: RunPaths) -> EventLog:
-    out = EventLog([])
-    if not paths.events.exists():
-        return out
-    for last, line in iter_lines(paths.events):
-        try:
-            out.events.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            if last:
-                out.torn_tail = True
-            else:
-                out.bad_lines += 1
-    return out
+    """All events of a run in file order; a torn last line is reported, never fatal."""
+    lines = read_jsonl(paths.events)
+    return EventLog(lines.items, torn_tail=lines.torn_tail, bad_lines=lines.bad_lines)
 
 
 def append_event(

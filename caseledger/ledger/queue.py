@@ -13,7 +13,7 @@ from caseledger.workspace import Workspace, flocked, read_json_or_none, utc_now,
 
 
 def _path(ws: Workspace, key: str) -> Any:
-    return ws.ledger / "queue" / f"{key}.json"
+    return ws.queue_dir / f"{key}.json"
 
 
 def entries(ws: Workspace, key: str) -> list[dict[str, Any]]:
@@ -22,7 +22,7 @@ def entries(ws: Workspace, key: str) -> list[dict[str, Any]]:
 
 def push(ws: Workspace, key: str, case_id: str, behind: str | None) -> int:
     """Queue case_id on the target; returns its position (1 = next)."""
-    with flocked(ws.ledger / "queue" / f"{key}.lock"):
+    with flocked(ws.queue_dir / f"{key}.lock"):
         items = entries(ws, key)
         if not any(e["case_id"] == case_id for e in items):
             items.append({"case_id": case_id, "queued_utc": utc_now(), "behind_run": behind})
@@ -31,7 +31,7 @@ def push(ws: Workspace, key: str, case_id: str, behind: str | None) -> int:
 
 
 def pop(ws: Workspace, key: str) -> dict[str, Any] | None:
-    with flocked(ws.ledger / "queue" / f"{key}.lock"):
+    with flocked(ws.queue_dir / f"{key}.lock"):
         items = entries(ws, key)
         if not items:
             return None
@@ -41,7 +41,7 @@ def pop(ws: Workspace, key: str) -> dict[str, Any] | None:
 
 
 def all_queues(ws: Workspace) -> dict[str, list[str]]:
-    d = ws.ledger / "queue"
+    d = ws.queue_dir
     if not d.exists():
         return {}
     out = {}

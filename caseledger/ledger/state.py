@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from caseledger import procs
-from caseledger.case.plan import PHASES
-from caseledger.errors import NotFound
+from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.errors import FailureClass
 from caseledger.ledger.events import read_events
+from caseledger.ledger.runs import Run, RunMeta, has_results, load_run
 from caseledger.records import iter_lines
 from caseledger.workspace import RunPaths, Workspace, read_json_or_none
 
@@ -39,23 +40,16 @@ class RunState(StrEnum):
     END_UNKNOWN = "end_unknown"  # owner lost while a phase was in flight; check evidence with resume
 
 
-FAILURE_OF_PHASE = {
-    "preflight": "before_model", "service": "service", "warmup": "service", "route_verify": "service",
-    "cache_prepare": "service", "load": "end_unknown", "confirm_end": "end_unknown", "postprocess": "collect",
-    "decide": "collect",
-}
-
-
 @dataclass
 class PhaseView:
-    name: str
+    name: Phase
     state: PhaseState = PhaseState.PENDING
     attempt: int = 0
     started_utc: str | None = None
     ended_utc: str | None = None
     started_mono: int | None = None
     ended_mono: int | None = None
-    failure_class: str | None = None
+    failure_class: FailureClass | None = None
     error: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -74,11 +68,11 @@ class RunView:
     run_id: str
     case_id: str
     scenario: str
-    meta: dict[str, Any]
-    phases: dict[str, PhaseView]
+    meta: RunMeta
+    phases: dict[Phase, PhaseView]
     state: RunState
-    failure_class: str | None
-    current: str | None  # the phase the run is at (running, failed or next)
+    failure_class: FailureClass | None
+    current: Phase | None  # the phase the run is at (running, failed or next)
     controller_alive: bool
     client_alive: bool
     counts: Counts
@@ -118,19 +112,17 @@ def load_counts(paths: RunPaths, planned: int) -> Counts:
     return Counts(planned, sent, n, ok, n - ok)
 
 
-def fold(ws: Workspace, run_id: str) -> RunView:
-    paths = ws.run(run_id)
-    meta = read_json_or_none(paths.run_json)
-    if meta is None:
-        raise NotFound(f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
-                       "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)")
+def fold(ws: Workspace, run: Run | str) -> RunView:
+    """The run's state: events folded, then checked against the evidence on disk."""
+    run = run if isinstance(run, Run) else load_run(ws, run)
+    paths, meta, run_id = run.paths, run.meta, run.run_id
     log = read_events(paths)
     phases = {p: PhaseView(p) for p in PHASES}
     for ev in log.events:
         ph = ev.get("phase")
         if ph not in phases:
             continue
-        v = phases[ph]
+        v = phases[Phase(ph)]
         t = ev["type"]
         if t == "phase_started":
             v.state, v.attempt = PhaseState.RUNNING, ev.get("attempt") or 1
@@ -141,40 +133,41 @@ def fold(ws: Workspace, run_id: str) -> RunView:
             outcome = ev["data"].get("outcome", "done")
             v.state = PhaseState(outcome)
             v.ended_utc, v.ended_mono = ev["utc"], ev["mono_ns"]
-            v.failure_class = ev["data"].get("failure_class")
+            fc = ev["data"].get("failure_class")
+            v.failure_class = FailureClass(fc) if fc else None
             v.error = ev.get("error")
             v.data = ev["data"]
             v.attempt = ev.get("attempt") or v.attempt
     ctl = read_json_or_none(paths.controller_pid)
     controller_alive = procs.alive(ctl)
     client_alive = procs.alive(read_json_or_none(paths.load_pid))
-    planned = int(meta.get("planned", 0))
+    planned = meta.planned
     counts = load_counts(paths, planned)
     end = read_json_or_none(paths.load_end)
 
     # evidence checks
-    lv = phases["load"]
+    lv = phases[Phase.LOAD]
     if end and lv.state in (PhaseState.RUNNING, PhaseState.UNKNOWN):
         lv.state, lv.failure_class = PhaseState.DONE, None  # the client's end file outranks a stale 'started'
     for v in phases.values():  # an open phase of a dead owner is unknown; a live load client keeps load running
-        if v.state == PhaseState.RUNNING and not controller_alive and not (v.name == "load" and client_alive):
+        if v.state == PhaseState.RUNNING and not controller_alive and not (v.name == Phase.LOAD and client_alive):
             v.state = PhaseState.UNKNOWN
             v.failure_class = FAILURE_OF_PHASE[v.name]
-    results_extracted = _has_results(paths)
-    pv = phases["postprocess"]
+    results_extracted = has_results(paths)
+    pv = phases[Phase.POSTPROCESS]
     if results_extracted and pv.state in (PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
         pv.state, pv.failure_class = PhaseState.DONE, None  # repaired by reprocess_raw: results beat old failure
     decision = read_json_or_none(paths.decision)
-    dv = phases["decide"]
+    dv = phases[Phase.DECIDE]
     if decision and dv.state in (PhaseState.PENDING, PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
         dv.state, dv.failure_class = PhaseState.DONE, None
 
-    partial = read_json_or_none(paths.load_dir / "partial.json")
+    partial = read_json_or_none(paths.load_partial)
     if end:
         load_ended = "yes" if int(end.get("done", 0)) >= planned else "partial"
     elif partial:
         load_ended = "partial"
-    elif meta.get("load_reused"):
+    elif meta.load_reused:
         load_ended = "yes"
     elif client_alive or lv.state in (PhaseState.PENDING,):
         load_ended = "no"
@@ -186,7 +179,7 @@ def fold(ws: Workspace, run_id: str) -> RunView:
     unknown = next((v for v in phases.values() if v.state == PhaseState.UNKNOWN), None)
     running = next((v for v in phases.values() if v.state == PhaseState.RUNNING), None)
     finished = all(v.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED) for v in phases.values())
-    failure_class: str | None = None
+    failure_class: FailureClass | None = None
     if finished:
         state, current = (RunState.PARTIAL if load_ended == "partial" else RunState.SUCCEEDED), None
     elif running is not None and (controller_alive or client_alive):
@@ -202,12 +195,12 @@ def fold(ws: Workspace, run_id: str) -> RunView:
         state, current = RunState.END_UNKNOWN, next(p for p, v in phases.items() if v.state == PhaseState.PENDING)
         failure_class = FAILURE_OF_PHASE[current]
     else:
-        state, current = RunState.CREATED, "preflight"
-        if not controller_alive and meta.get("controller_spawned"):
-            state, failure_class = RunState.END_UNKNOWN, "before_model"
+        state, current = RunState.CREATED, Phase.PREFLIGHT
+        if not controller_alive and meta.controller_spawned:
+            state, failure_class = RunState.END_UNKNOWN, FailureClass.BEFORE_MODEL
 
     view = RunView(
-        run_id=run_id, case_id=meta["case_id"], scenario=meta.get("scenario", "?"), meta=meta, phases=phases,
+        run_id=run_id, case_id=meta.case_id, scenario=meta.scenario, meta=meta, phases=phases,
         state=state, failure_class=failure_class, current=current, controller_alive=controller_alive,
         client_alive=client_alive, counts=counts, load_ended=load_ended, results_extracted=results_extracted,
         decision=decision, torn_events=log.torn_tail, blocker=None, next_call="",
@@ -215,12 +208,6 @@ def fold(ws: Workspace, run_id: str) -> RunView:
     )
     _advise(view)
     return view
-
-
-def _has_results(paths: RunPaths) -> bool:
-    if not paths.results.exists():
-        return False
-    return any(paths.results.rglob("result.json"))
 
 
 def _advise(v: RunView) -> None:
@@ -246,20 +233,20 @@ def _advise(v: RunView) -> None:
     fc = v.failure_class
     where = f"{v.current}: {err}" if err else f"{v.current}"
     v.blocker = f"{fc} at {where}"[:200]
-    if fc == "before_model":
+    if fc == FailureClass.BEFORE_MODEL:
         v.next_call = (f"fix the cause, then resume(run_id='{rid}') (re-runs preflight; 0 model requests sent); "
                        "a case error needs freeze_case of a corrected draft")
-    elif fc == "collect":
+    elif fc == FailureClass.COLLECT:
         v.next_call = f"reprocess_raw(run_id='{rid}') — repairs from raw data, no requests re-sent"
-    elif fc == "hot_entry":
+    elif fc == FailureClass.HOT_ENTRY:
         v.next_call = (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run "
                        f"(reuses the warm service); or after a client fix resume(run_id='{rid}')")
         v.next_resends_requests = True
-    elif fc == "service":
+    elif fc == FailureClass.SERVICE:
         v.next_call = f"resume(run_id='{rid}') retries the service phase (or roll back to the recovery target)"
         v.next_restarts_service = True
         v.next_repeats_warmup = True
-    elif fc == "end_unknown":
+    elif fc == FailureClass.END_UNKNOWN:
         v.next_call = (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
                        "sends no formal request again")
     else:

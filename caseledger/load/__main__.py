@@ -187,7 +187,7 @@ def wait_for_go(paths: RunPaths, poll_s: float = 0.01) -> bool:
     """Armed start: the controller spawns the client while preflight runs, so its start-up (imports, plan)
     is off the hot path. Nothing is sent until load/go exists; load/abort or a dead controller ends it."""
     ctl = read_json_or_none(paths.controller_pid)
-    go, abort = paths.load_dir / "go", paths.load_dir / "abort"
+    go, abort = paths.load_go, paths.load_abort
     while True:
         if go.exists():
             return True

@@ -21,8 +21,8 @@ from numpy.random import default_rng  # at import time: numpy loads its random m
 
 from caseledger.case.model import Case
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
-from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import RunPaths, Workspace, read_json
+from caseledger.errors import CaseInvalid
+from caseledger.ledger.runs import read_run
 
 Api = Literal["chat", "completions"]
 PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
@@ -160,50 +160,18 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
     )
 
 
-@dataclass(frozen=True)
-class RunInputs:
-    """What a run directory says about the load: the frozen case and the run's dataset and salt."""
-
-    case: Case
-    run_id: str
-    dataset_id: str
-    workspace: Workspace
-    salt: str | None
-
-
-def read_run_inputs(run_dir: Path) -> RunInputs:
-    """case.json + run.json of a run directory, validated; nothing comes from anywhere else."""
-    paths = RunPaths(Path(run_dir))
-    for p in (paths.case, paths.run_json):
-        if not p.is_file():
-            raise NotFound(
-                f"{p} does not exist", "pass the run directory the controller created (ledger/runs/<run_id>)"
-            )
-    case = Case.model_validate(read_json(paths.case))
-    run = read_json(paths.run_json)
-    missing = [k for k in ("run_id", "dataset_id", "workspace") if k not in run]
-    if missing:
-        raise CaseInvalid(
-            f"{paths.run_json} lacks {', '.join(missing)}", "the controller writes run.json; recreate the run"
-        )
-    salt = run.get("salt")
-    if salt is not None and not case.load.salt:
-        raise CaseInvalid(
-            f"run {run['run_id']} has a salt but the case sets load.salt false",
-            "the run's salt must be null when load.salt is false; recreate the run",
-        )
-    return RunInputs(
-        case=case,
-        run_id=run["run_id"],
-        dataset_id=run["dataset_id"],
-        workspace=Workspace(Path(run["workspace"])),
-        salt=salt,
-    )
-
-
 def plan_from_run_dir(run_dir: Path) -> LoadPlan:
     """The formal load plan of a run directory: the one entry point of the load client and preflight."""
-    inputs = read_run_inputs(run_dir)
-    entries = load_entries(inputs.workspace, inputs.dataset_id)
-    identity = load_identity(inputs.workspace, inputs.dataset_id)
-    return build_plan(inputs.case, entries, inputs.salt, identity)
+    run = read_run(Path(run_dir))
+    meta, case = run.meta, run.case
+    if meta.dataset_id is None:
+        raise CaseInvalid(f"{run.paths.run_json} names no dataset_id",
+                          "the controller writes run.json; recreate the run")
+    if meta.salt is not None and not case.load.salt:
+        raise CaseInvalid(
+            f"run {meta.run_id} has a salt but the case sets load.salt false",
+            "the run's salt must be null when load.salt is false; recreate the run",
+        )
+    entries = load_entries(run.workspace, meta.dataset_id)
+    identity = load_identity(run.workspace, meta.dataset_id)
+    return build_plan(case, entries, meta.salt, identity)

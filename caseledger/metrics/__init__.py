@@ -4,11 +4,15 @@ Pure API: `compute_result` (no I/O), `write_result` / `latest_result` (the resul
 result models. `python -m caseledger.metrics RUN_DIR` is the fresh-process postprocessor.
 """
 
+from caseledger.errors import ResultConflict
 from caseledger.metrics._columns import RawColumns, RawSource, columns_from_records, read_raw
 from caseledger.metrics._compute import compute_result, params_key
 from caseledger.metrics._models import (
     DEFINITIONS,
+    NATIVE_RULES,
     PROCESSOR_VERSION,
+    RATIO_MAX,
+    RATIO_MIN_EXCLUSIVE,
     CacheFigures,
     ConcurrencySeries,
     CounterDelta,
@@ -16,6 +20,7 @@ from caseledger.metrics._models import (
     Failures,
     Inputs,
     Latency,
+    NativeRule,
     NotObserved,
     Params,
     Ratio,
@@ -25,15 +30,19 @@ from caseledger.metrics._models import (
     Throughputs,
     Tokens,
     WindowResult,
+    WindowRule,
     Windows,
 )
 from caseledger.metrics._spec import FAMILIES, parse_prometheus
-from caseledger.metrics._store import ResultConflict, latest_result, result_dir, write_result
+from caseledger.metrics._store import latest_result, result_dir, write_result
 
 __all__ = [
     "DEFINITIONS",
     "FAMILIES",
+    "NATIVE_RULES",
     "PROCESSOR_VERSION",
+    "RATIO_MAX",
+    "RATIO_MIN_EXCLUSIVE",
     "CacheFigures",
     "ConcurrencySeries",
     "CounterDelta",
@@ -41,6 +50,7 @@ __all__ = [
     "Failures",
     "Inputs",
     "Latency",
+    "NativeRule",
     "NotObserved",
     "Params",
     "Ratio",
@@ -53,6 +63,7 @@ __all__ = [
     "Throughputs",
     "Tokens",
     "WindowResult",
+    "WindowRule",
     "Windows",
     "columns_from_records",
     "compute_result",

@@ -20,6 +20,7 @@ from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
 from caseledger.metrics._columns import read_raw
 from caseledger.metrics._compute import compute_result
+from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE
 from caseledger.metrics._store import RESULT_FILE, result_dir, write_env, write_result
 from caseledger.workspace import RunPaths
 
@@ -32,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="run directory (holds case.json and load/)")
     p.add_argument(
         "--rule",
-        choices=["aisbench", "sglang"],
+        choices=NATIVE_RULES,
         default=None,
         help="native window rule (default: the case's measurement.native.rule)",
     )
@@ -40,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
         "--ratio",
         type=float,
         default=None,
-        help="sglang rule: share of peak concurrency, 0 < R <= 1 (default: the case's)",
+        help=f"sglang rule: share of peak concurrency, {RATIO_MIN_EXCLUSIVE:g} < R <= {RATIO_MAX:g} "
+        "(default: the case's)",
     )
     return p
 

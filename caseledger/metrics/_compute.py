@@ -21,13 +21,17 @@ from caseledger.case.model import Case, Window
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
     DEFINITIONS,
+    NATIVE_RULES,
     PROCESSOR_VERSION,
+    RATIO_MAX,
+    RATIO_MIN_EXCLUSIVE,
     CacheFigures,
     ConcurrencySeries,
     Distribution,
     Failures,
     Inputs,
     Latency,
+    NativeRule,
     NotObserved,
     Params,
     Result,
@@ -36,6 +40,7 @@ from caseledger.metrics._models import (
     Throughputs,
     Tokens,
     WindowResult,
+    WindowRule,
     Windows,
 )
 from caseledger.metrics._spec import WHOLE_ONLY, not_observed_spec, spec_decode
@@ -56,14 +61,15 @@ def params_key(rule: str, ratio: float | None) -> str:
 def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
     """Parameters as applied: CLI/API overrides over the case's measurement.native."""
     chosen = rule or case.measurement.native.rule
-    if chosen not in ("aisbench", "sglang"):
-        raise ValueError(f"unknown native rule '{chosen}'; known: aisbench, sglang")
-    eff_rule: Literal["aisbench", "sglang"] = "sglang" if chosen == "sglang" else "aisbench"
+    if chosen not in NATIVE_RULES:
+        raise ValueError(f"unknown native rule '{chosen}'; known: {', '.join(NATIVE_RULES)}")
+    eff_rule: NativeRule = "sglang" if chosen == "sglang" else "aisbench"
     eff_ratio: float | None = None
     if eff_rule == "sglang":
         eff_ratio = float(ratio if ratio is not None else case.measurement.native.ratio)
-        if not 0 < eff_ratio <= 1:
-            raise ValueError(f"native ratio {eff_ratio} is outside (0, 1]; e.g. 0.9 = 90% of peak concurrency")
+        if not RATIO_MIN_EXCLUSIVE < eff_ratio <= RATIO_MAX:
+            raise ValueError(f"native ratio {eff_ratio} is outside ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}]; "
+                             "e.g. 0.9 = 90% of peak concurrency")
     return Params(native_rule=eff_rule, native_ratio=eff_ratio, spec_decode=case.measurement.spec_decode)
 
 
@@ -264,7 +270,7 @@ def _window_conc(s: _Steps, start: int, end: int) -> tuple[int, float | NotObser
 
 @dataclass(frozen=True)
 class _Span:
-    rule: Literal["whole", "aisbench", "sglang"]
+    rule: WindowRule
     params: dict[str, float | int | str | None]
     start: int | None
     end: int | None

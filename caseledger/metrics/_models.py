@@ -7,12 +7,26 @@ A figure that could not be computed is a `NotObserved` value with the reason, se
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 PROCESSOR_VERSION = "v1"
 """Version of the code that turns raw records into results; results are stored per version."""
+
+# The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
+# Also spelled, unable to import this module: caseledger.case.model (a lower stage) and caseledger.cli
+# (`caseledger --help` must not import numpy, which caseledger.metrics does).
+NativeRule = Literal["aisbench", "sglang"]
+"""A rule that selects the native window."""
+WindowRule = Literal["whole", NativeRule]
+"""The rule that selected a window: 'whole' for the whole window, else the native rule."""
+NATIVE_RULES: tuple[NativeRule, ...] = get_args(NativeRule)
+"""The native rules ('aisbench', 'sglang'), in the order they are listed to users."""
+RATIO_MIN_EXCLUSIVE = 0.0
+"""The sglang rule's ratio (share of peak concurrency) is > this ..."""
+RATIO_MAX = 1.0
+"""... and <= this: RATIO_MIN_EXCLUSIVE < ratio <= RATIO_MAX."""
 
 
 class _Model(BaseModel):
@@ -141,7 +155,7 @@ class WindowResult(_Model):
     """One window: which requests and which span, whether it meets the case's minimums, and its figures."""
 
     name: Literal["whole", "native"] = Field(description="Window name")
-    rule: Literal["whole", "aisbench", "sglang"] = Field(description="Rule that selected the window")
+    rule: WindowRule = Field(description="Rule that selected the window")
     params: dict[str, float | int | str | None] = Field(description="Parameters of the rule as applied")
     found: bool = Field(description="False when the rule found no window (figures are then NOT_OBSERVED)")
     reason: str | None = Field(description="Why no window was found")
@@ -205,7 +219,7 @@ class Inputs(_Model):
 
 
 class Params(_Model):
-    native_rule: Literal["aisbench", "sglang"] = Field(description="Rule selecting the native window")
+    native_rule: NativeRule = Field(description="Rule selecting the native window")
     native_ratio: float | None = Field(description="sglang rule: share of peak concurrency (null for aisbench)")
     spec_decode: str = Field(description="Counter family requested (case.measurement.spec_decode)")
 

@@ -18,17 +18,13 @@ import orjson
 from pydantic import ValidationError
 
 from caseledger.case.model import Case
-from caseledger.errors import CaseledgerError
+from caseledger.errors import ResultConflict
 from caseledger.metrics._compute import params_key, resolve_params
 from caseledger.metrics._models import PROCESSOR_VERSION, Result
 from caseledger.workspace import RunPaths, atomic_write, read_json_or_none, write_json
 
 RESULT_FILE = "result.json"
 ENV_FILE = "env.json"
-
-
-class ResultConflict(CaseledgerError):
-    """A result directory already holds a different result for the same version, parameters and inputs."""
 
 
 def result_dir(run_dir: Path, result: Result) -> Path:

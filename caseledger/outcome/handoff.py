@@ -55,9 +55,9 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
 
     for key, ids in queue.all_queues(ws).items():
         lines.append(f"queue {key}: {', '.join(ids[:4])}" + (f" (+{len(ids) - 4})" if len(ids) > 4 else ""))
-    lease = ledger.read_lease(ws, latest.meta.get("target_key", "")) if latest.meta.get("target_key") else None
+    lease = ledger.read_lease(ws, latest.meta.target_key) if latest.meta.target_key else None
     held = f"held by {lease.run_id}" if lease and lease.live() else "free"
-    lines.append(f"owner: target {latest.meta.get('target_key')} {held}; controller of {latest.run_id} "
+    lines.append(f"owner: target {latest.meta.target_key} {held}; controller of {latest.run_id} "
                  f"{'alive' if latest.controller_alive else 'gone'}")
     done = [p for p, ph in latest.phases.items() if ph.state.value in ("done", "reused", "skipped")]
     last_done = done[-1] if done else "none"
@@ -91,7 +91,7 @@ def _next(v: RunView) -> str:
     if v.state == RunState.SUCCEEDED:
         dec = (v.decision or {}).get("outcome")
         return (f"summarize(run_ids=['{v.run_id}']) then freeze the next candidate with parent "
-                f"{v.case_id if dec != 'close' else (v.meta.get('parent_case') or v.case_id)}")
+                f"{v.case_id if dec != 'close' else (v.meta.parent_case or v.case_id)}")
     return v.next_call
 
 

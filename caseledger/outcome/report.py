@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import Distribution, NotObserved, Ratio, Result, Throughput, WindowResult
 from caseledger.outcome.decide import DecisionRecord
 
@@ -392,7 +393,7 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
 
 
 def report_json(
-    meta: dict[str, Any], result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
+    meta: RunMeta, result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The report as JSON: meta, a per-window headline, the full result, the decision and the time ledger."""
     headline: dict[str, dict[str, Any]] = {}
@@ -404,7 +405,7 @@ def report_json(
             for v in [_side_value(w, g, f, s)]
         }
     return {
-        "meta": meta,
+        "meta": meta.model_dump(mode="json"),
         "headline": headline,
         "result": result.model_dump(mode="json"),
         "decision": decision.model_dump(mode="json") if decision else None,

@@ -6,44 +6,39 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from caseledger.case.store import load_case
-from caseledger.ledger.runs import latest_run_of_case
+from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case
 from caseledger.ledger.state import fold
 from caseledger.metrics import latest_result
 from caseledger.outcome import report
 from caseledger.outcome.decide import DecisionRecord, decide
-from caseledger.workspace import Workspace, atomic_write, read_json_or_none, write_json
+from caseledger.workspace import atomic_write, read_json_or_none, write_json
 
 
-def _load_result(ws: Workspace, run_id: str) -> Any:
+def load_result(run: Run) -> Any:
+    """The run's latest result (any processor version), or None."""
+    return latest_result(run.paths.root)
 
-    return latest_result(ws.run(run_id).root)
 
-
-def baseline_of(ws: Workspace, run_id: str) -> tuple[str | None, str | None]:
+def baseline_of(run: Run) -> tuple[str | None, str | None]:
     """(baseline case id, its latest run with results) for a run: case.decision.baseline, else the parent."""
-
-    meta = read_json_or_none(ws.run(run_id).run_json) or {}
-    case = load_case(ws, meta["case_id"])
+    case = run.case
     ref = case.decision.baseline or case.parent
-    if ref is None or ref == meta["case_id"]:
+    if ref is None or ref == run.meta.case_id:
         return None, None
-    return ref, latest_run_of_case(ws, ref, with_results=True)
+    return ref, latest_run_of_case(run.workspace, ref, with_results=True)
 
 
-def decide_run(ws: Workspace, run_id: str) -> dict[str, Any]:
-
-    paths = ws.run(run_id)
-    meta = read_json_or_none(paths.run_json) or {}
-    case = load_case(ws, meta["case_id"])
-    result = _load_result(ws, run_id)
-    ref_case, ref_run = baseline_of(ws, run_id)
-    baseline = _load_result(ws, ref_run) if ref_run else None
+def decide_run(run: Run) -> dict[str, Any]:
+    paths = run.paths
+    result = load_result(run)
+    ref_case, ref_run = baseline_of(run)
+    baseline = latest_result(run.workspace.run(ref_run).root) if ref_run else None
     end = read_json_or_none(paths.load_end)
     load_ended = bool(end) and int(end.get("done", 0)) >= int(end.get("planned", 1))
-    rec = decide(case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case, load_ended=load_ended)
+    rec = decide(run.case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
+                 load_ended=load_ended)
     out: dict[str, Any] = rec.model_dump(mode="json")
-    write_reports(ws, run_id, decision=out)
+    write_reports(run, decision=out)
     write_json(paths.decision, out)  # last: the decision file is the evidence that decide is done
     return out
 
@@ -54,19 +49,18 @@ def _ts(utc: str | None) -> float | None:
     return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
 
 
-def time_ledger(ws: Workspace, run_id: str) -> dict[str, Any]:
+def time_ledger(run: Run) -> dict[str, Any]:
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
-
-    v = fold(ws, run_id)
+    v = fold(run.workspace, run)
     phases: dict[str, Any] = {}
     for name, ph in v.phases.items():
         a, b = _ts(ph.started_utc), _ts(ph.ended_utc)
-        phases[name] = {"state": ph.state.value, "attempt": ph.attempt,
+        phases[name.value] = {"state": ph.state.value, "attempt": ph.attempt,
                         "wall_s": round(b - a, 3) if a is not None and b is not None else None}
-    paths = ws.run(run_id)
+    paths = run.paths
     anchor = read_json_or_none(paths.load_anchor)
     end = read_json_or_none(paths.load_end)
-    created = _ts(v.meta.get("created_utc"))
+    created = _ts(v.meta.created_utc)
     out: dict[str, Any] = {"phases": phases}
     if anchor and end and created is not None and end.get("first_send_ns") is not None:
         first_send = _ts(anchor["wall_utc"])
@@ -105,32 +99,27 @@ def headline(result: Any, window: str) -> dict[str, Any]:
     }
 
 
-def _report_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """What a reader of report.md needs from run.json (the rest is bookkeeping)."""
+def _report_meta(meta: RunMeta) -> dict[str, Any]:
+    """The header rows a reader of report.md needs from run.json (the rest is bookkeeping)."""
     keep = ("run_id", "case_id", "scenario", "parent_case", "dataset_id", "salt", "planned", "target_key",
-            "created_utc", "authorized", "load_reuse", "imported")
-    out = {k: meta[k] for k in keep if meta.get(k) is not None}
-    if meta.get("plan"):
-        out["plan"] = " ".join(f"{s['phase']}={s['action']}" for s in meta["plan"])
-    if isinstance(out.get("imported"), dict):
-        out["imported"] = f"{out['imported'].get('tool')} from {out['imported'].get('path')}"
-    return out
+            "created_utc", "authorized", "load_reuse")
+    rows: dict[str, Any] = {k: getattr(meta, k) for k in keep if getattr(meta, k) is not None}
+    if meta.plan:
+        rows["plan"] = " ".join(f"{s.phase}={s.action}" for s in meta.plan)
+    if meta.imported is not None:
+        rows["imported"] = f"{meta.imported.tool} from {meta.imported.path}"
+    return rows
 
 
-def write_reports(ws: Workspace, run_id: str, decision: dict[str, Any] | None = None) -> dict[str, Any]:
-
-    paths = ws.run(run_id)
-    meta = read_json_or_none(paths.run_json) or {}
-    result = _load_result(ws, run_id)
+def write_reports(run: Run, decision: dict[str, Any] | None = None) -> dict[str, Any]:
+    paths = run.paths
+    result = load_result(run)
     if result is None:
         return {}
     decision = decision if decision is not None else read_json_or_none(paths.decision)
-    ledger_ = time_ledger(ws, run_id)
-
+    ledger_ = time_ledger(run)
     dec = DecisionRecord.model_validate(decision) if decision else None
-    md = report.render_run_md(_report_meta(meta), result, dec, ledger_)
-
-    atomic_write(paths.report_md, md)
-    body = report.report_json(meta, result, dec, ledger_)
+    atomic_write(paths.report_md, report.render_run_md(_report_meta(run.meta), result, dec, ledger_))
+    body = report.report_json(run.meta, result, dec, ledger_)
     write_json(paths.report_json, body)
     return body

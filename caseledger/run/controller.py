@@ -1,6 +1,6 @@
 """The controller: a detached process that holds the target's lease and runs a run's phases in order.
 
-`python -m caseledger.controller RUN_DIR --fence N`. Before each phase it looks up the phase's recorded
+`python -m caseledger.run.controller RUN_DIR --fence N`. Before each phase it looks up the phase's recorded
 state (a recorded success is kept, a recorded failure is where it starts again as a new attempt), runs it
 with start/end events and an evidence file, and stops at the first failure with a failure class from
 DESIGN.md. A heartbeat thread renews the lease; when the lease was taken over (fence rejected) the
@@ -12,36 +12,41 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from caseledger import ledger, procs, services
-from caseledger.case.model import Case
-from caseledger.case.plan import PHASES
-from caseledger.errors import CaseledgerError, FenceRejected, PhaseFailed
+from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, PhaseFailed
 from caseledger.ledger.authorization import current_mode
+from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
 from caseledger.load.faults import fault
 from caseledger.outcome import handoff
 from caseledger.run import phases
 from caseledger.run.preflight import run_fresh
 from caseledger.run.start import start_next
-from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, write_json
+from caseledger.workspace import read_json_or_none, write_json
+
+EventFn = Callable[..., None]  # append one event of this run under the controller's fence
+PhaseBody = Callable[["Controller", int], dict[str, Any]]
 
 
 class Controller:
     def __init__(self, run_dir: Path, fence: int) -> None:
-        self.paths = RunPaths(run_dir)
-        self.meta: dict[str, Any] = read_json(self.paths.run_json)
-        self.ws = Workspace(Path(self.meta["workspace"]))
-        self.case = Case.model_validate(read_json(self.paths.case))
-        self.key: str = self.meta["target_key"]
+        self.run_ = read_run(run_dir)
+        self.paths = self.run_.paths
+        self.meta = self.run_.meta
+        self.ws = self.run_.workspace
+        self.case = self.run_.case
+        if self.meta.target_key is None:
+            raise CaseInvalid(f"{self.paths.run_json} names no target", "start the run with start_run(case_id=...)")
+        self.key: str = self.meta.target_key
         self.fence = fence
         self.me = procs.me()
         self.owner = f"controller:{self.me['pid']}"
-        self.plan = {s["phase"]: s for s in self.meta["plan"]}
         self._stop = threading.Event()
-        self.fenced = False
 
     # ---- events
     def event(self, type_: str, **kw: Any) -> None:
@@ -53,7 +58,6 @@ class Controller:
                 extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
                 ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra)
             except FenceRejected:
-                self.fenced = True
                 os._exit(70)  # a newer owner holds the target: stop writing at once
 
     # ---- main loop
@@ -62,19 +66,16 @@ class Controller:
         try:
             ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me))
         except FenceRejected as e:
-            self.paths.controller_log.parent.mkdir(parents=True, exist_ok=True)
             print(f"controller: {e}", file=sys.stderr)
             return 70
         threading.Thread(target=self.heartbeat, daemon=True).start()
         self.event("controller_started", data={"pid": self.me["pid"]})
-
         outcome = "succeeded"
         keep_lease = False
-
         try:
-            view = fold(self.ws, self.paths.run_id)
-            if view.phases["load"].state == PhaseState.PENDING:
-                phases.arm_client(self.paths, self.meta)  # its start-up overlaps preflight and service
+            view = fold(self.ws, self.run_)
+            if view.phases[Phase.LOAD].state == PhaseState.PENDING:
+                phases.arm_client(self.run_)  # its start-up overlaps preflight and service
             for phase in PHASES:
                 pv = view.phases[phase]
                 if pv.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED):
@@ -84,22 +85,11 @@ class Controller:
                 attempt = pv.attempt + 1
                 self.event("phase_started", phase=phase, attempt=attempt)
                 handoff.refresh(self.ws)
-                try:
-                    data = getattr(self, f"phase_{phase}")(attempt)
-                except PhaseFailed as e:
-                    self._end(phase, attempt, "failed", {"failure_class": e.failure_class, "fix": e.fix},
-                              error=e.message)
-                    outcome = f"failed:{e.failure_class}"
-                    keep_lease = e.failure_class == "end_unknown"
+                failed = self.run_phase(phase, attempt)
+                if failed is not None:
+                    outcome = f"failed:{failed}"
+                    keep_lease = failed == FailureClass.END_UNKNOWN
                     break
-                except Exception as e:
-                    cls = {"preflight": "before_model", "postprocess": "collect", "decide": "collect"}.get(
-                        phase, "end_unknown" if phase in ("load", "confirm_end") else "service")
-                    self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
-                    outcome = f"failed:{cls}"
-                    keep_lease = cls == "end_unknown"
-                    break
-                self._end(phase, attempt, data.pop("outcome", "done"), data)
                 if fault("controller", "exit_after") == phase:
                     os._exit(137)
             self.event("run_ended", data={"outcome": outcome})
@@ -110,91 +100,105 @@ class Controller:
                 ledger.release(self.ws, self.key, self.paths.run_id, self.fence)
             handoff.refresh(self.ws, exiting=self.paths.run_id)
             if not keep_lease:
-
                 nxt = start_next(self.ws, self.key)  # an explicitly queued, preflighted case
                 if nxt:  # our fence is stale now (the next run holds the target): record without it
                     ledger.append_event(self.ws, self.paths, "started_queued_run", owner=self.owner,
                                         data={"run_id": nxt})
         return 0 if outcome == "succeeded" else 1
 
-    def _end(self, phase: str, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:
+    def run_phase(self, phase: Phase, attempt: int) -> FailureClass | None:
+        """Run one phase body from the dispatch table and record its end; the failure class if it failed."""
+        try:
+            data = PHASE_BODIES[phase](self, attempt)
+        except PhaseFailed as e:
+            self._end(phase, attempt, "failed", {"failure_class": e.failure_class, "fix": e.fix}, error=e.message)
+            return FailureClass(e.failure_class)
+        except Exception as e:  # a bug or an unexpected error: the phase's own class from the one table
+            cls = FAILURE_OF_PHASE[phase]
+            self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
+            return cls
+        self._end(phase, attempt, data.pop("outcome", "done"), data)
+        return None
+
+    def _end(self, phase: Phase, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:
         ev = self.paths.phase_file(phase)
         write_json(ev, {"phase": phase, "attempt": attempt, "outcome": outcome, "error": error, **data})
         self.event("phase_ended", phase=phase, attempt=attempt, outputs={"evidence": ev}, error=error,
                    data={"outcome": outcome, **data})
 
-    def action(self, phase: str) -> str:
-        return str(self.plan[phase]["action"])
+    def action(self, phase: Phase) -> str:
+        return self.meta.action(phase)
 
-    # ---- phases
+    def _service_reused(self) -> bool:
+        return (read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}).get("outcome") == "reused"
+
+    # ---- phase bodies: each returns its evidence or raises PhaseFailed
     def phase_preflight(self, attempt: int) -> dict[str, Any]:
-
         res = run_fresh(self.paths.root)
         if not res.get("ok"):
-            raise PhaseFailed(f"preflight: {res.get('error')}"[:300], "before_model",
+            raise PhaseFailed(f"preflight: {res.get('error')}"[:300], FailureClass.BEFORE_MODEL,
                               "fix the cause and resume; 0 model requests were sent")
         return {"checks": res["checks"], "requests_sent": 0}
 
-    def _authorized_for_service(self) -> bool:
-
-        return bool(self.meta.get("authorized", current_mode(self.ws)) != "paused")
-
     def phase_service(self, attempt: int) -> dict[str, Any]:
-        if self.action("service") == "reuse" and self.meta.get("load_reuse"):
+        if self.action(Phase.SERVICE) == "reuse" and self.meta.load_reuse:
             return {"outcome": "reused", "reason": "measurement-only: the target is not contacted"}
-        ev = services.ensure(self.ws, self.case, self.key, self.meta["case_id"],
-                             allow_start=self._authorized_for_service())
-        ev["plan"] = self.action("service")
-        self.meta["service_outcome"] = ev["outcome"]
+        allow_start = (self.meta.authorized or current_mode(self.ws)) != "paused"
+        ev = services.ensure(self.ws, self.case, self.key, self.meta.case_id, allow_start=allow_start)
+        ev["plan"] = self.action(Phase.SERVICE)
         return ev
 
-    def _service_reused(self) -> bool:
-        return read_json_or_none(self.paths.phase_file("service")) is not None and \
-            (read_json_or_none(self.paths.phase_file("service")) or {}).get("outcome") == "reused"
-
     def phase_warmup(self, attempt: int) -> dict[str, Any]:
-
         if self.case.warmup.requests == 0:
             return {"outcome": "skipped", "reason": "warmup.requests is 0"}
-        if self._service_reused() and self.action("warmup") in ("reuse",):
+        if self._service_reused() and self.action(Phase.WARMUP) == "reuse":
             return {"outcome": "reused", "reason": "service reused and warm"}
-        if self.meta.get("load_reuse"):
+        if self.meta.load_reuse:
             return {"outcome": "reused", "reason": "measurement-only"}
-        return phases.warmup(self.ws, self.paths, self.case, self.meta)
+        return phases.warmup(self.run_)
 
     def phase_route_verify(self, attempt: int) -> dict[str, Any]:
-
-        if self.meta.get("load_reuse") or (self._service_reused() and self.action("route_verify") == "reuse"):
+        if self.meta.load_reuse or (self._service_reused() and self.action(Phase.ROUTE_VERIFY) == "reuse"):
             return {"outcome": "reused", "reason": "service reused: routes verified by the parent"}
-        return phases.route_verify(self.ws, self.paths, self.case, self.meta)
+        return phases.route_verify(self.run_)
 
     def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
-
-        act = self.action("cache_prepare")
+        act = self.action(Phase.CACHE_PREPARE)
+        step = self.meta.plan_step(Phase.CACHE_PREPARE)
+        reason = step.reason if step else ""
         if act == "skip":
-            return {"outcome": "skipped", "reason": self.plan["cache_prepare"]["reason"]}
+            return {"outcome": "skipped", "reason": reason}
         if act == "reuse":
-            return {"outcome": "reused", "reason": self.plan["cache_prepare"]["reason"]}
-        seed = act == "run" or not self._service_reused()
-        return phases.cache_prepare(self.ws, self.paths, self.case, self.meta, seed=seed)
+            return {"outcome": "reused", "reason": reason}
+        return phases.cache_prepare(self.run_, seed=act == "run" or not self._service_reused())
 
     def phase_load(self, attempt: int) -> dict[str, Any]:
-
-        if self.meta.get("load_reuse"):
-            return phases.reuse_parent_load(self.ws, self.paths, self.meta)
-        return phases.load(self.ws, self.paths, self.case, self.meta, attempt, self)
+        if self.meta.load_reuse:
+            return phases.reuse_parent_load(self.run_)
+        return phases.load(self.run_, attempt, self.event)
 
     def phase_confirm_end(self, attempt: int) -> dict[str, Any]:
-
-        return phases.confirm_end(self.paths, self.meta)
+        return phases.confirm_end(self.run_)
 
     def phase_postprocess(self, attempt: int) -> dict[str, Any]:
-
         return phases.postprocess(self.paths)
 
     def phase_decide(self, attempt: int) -> dict[str, Any]:
+        return phases.decide(self.run_)
 
-        return phases.decide(self.ws, self.paths, self.case, self.meta)
+
+# The one dispatch table: every phase has exactly one body (a test checks it covers Phase).
+PHASE_BODIES: dict[Phase, PhaseBody] = {
+    Phase.PREFLIGHT: Controller.phase_preflight,
+    Phase.SERVICE: Controller.phase_service,
+    Phase.WARMUP: Controller.phase_warmup,
+    Phase.ROUTE_VERIFY: Controller.phase_route_verify,
+    Phase.CACHE_PREPARE: Controller.phase_cache_prepare,
+    Phase.LOAD: Controller.phase_load,
+    Phase.CONFIRM_END: Controller.phase_confirm_end,
+    Phase.POSTPROCESS: Controller.phase_postprocess,
+    Phase.DECIDE: Controller.phase_decide,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import httpx2 as httpx
@@ -18,28 +19,34 @@ import orjson
 
 from caseledger import datasets, procs
 from caseledger.case.model import Case, origin
-from caseledger.errors import PhaseFailed
+from caseledger.case.plan import Phase
+from caseledger.errors import FailureClass, PhaseFailed
+from caseledger.ledger.runs import Run
 from caseledger.load.client import run_requests
 from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, request_body, request_url
 from caseledger.outcome import summary
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
-from caseledger.workspace import RunPaths, Workspace, read_json, read_json_or_none, sha256_file, write_json
-
-if TYPE_CHECKING:
-    from caseledger.run.controller import Controller
+from caseledger.workspace import RunPaths, read_json_or_none, sha256_file, write_json
 
 
 def _api_key(case: Case) -> str | None:
     return os.environ.get(case.target.api_key_env) if case.target.api_key_env else None
 
 
-def _specs(ws: Workspace, case: Case, meta: dict[str, Any], picks: list[tuple[int, int, str]],
-           max_tokens: int) -> list[RequestSpec]:
+def _dataset_id(run: Run) -> str:
+    if run.meta.dataset_id is None:
+        raise PhaseFailed(f"run {run.run_id} names no dataset", FailureClass.BEFORE_MODEL,
+                          "start a new run of the case (start_run)")
+    return run.meta.dataset_id
+
+
+def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list[RequestSpec]:
     """Requests for (route, entry, salt) picks, built exactly as the formal load builds its bodies."""
-    ident = datasets.load_identity(ws, meta["dataset_id"])
-    entries = datasets.load_entries(ws, meta["dataset_id"])
+    ws, case = run.workspace, run.case
+    ident = datasets.load_identity(ws, _dataset_id(run))
+    entries = datasets.load_entries(ws, _dataset_id(run))
     out = []
     for n, (route, e, salt) in enumerate(picks):
         ep = case.target.endpoints[route]
@@ -63,36 +70,39 @@ def _lat_sum(recs: list[RawRecord]) -> float:
     return sum((r["end_ns"] - r["send_ns"]) / 1e9 for r in recs)
 
 
-def warmup(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
+def warmup(run: Run) -> dict[str, Any]:
+    case = run.case
     n = case.warmup.requests
-    picks = [(k % len(case.target.endpoints), k, f"warmup-{meta['run_id']}-{k}") for k in range(n)]
-    recs, wall = _send(case, _specs(ws, case, meta, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
+    picks = [(k % len(case.target.endpoints), k, f"warmup-{run.run_id}-{k}") for k in range(n)]
+    recs, wall = _send(case, _specs(run, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
     ok = sum(r["ok"] for r in recs)
     if ok == 0:
         err = next((r["error"] for r in recs if r["error"]), "no response")
-        raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", "service",
+        raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", FailureClass.SERVICE,
                           "check the service log; resume retries warmup without restarting a healthy service")
     return {"requests": n, "ok": ok, "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3)}
 
 
-def route_verify(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
+def route_verify(run: Run) -> dict[str, Any]:
+    case = run.case
     routes = []
     for k, ep in enumerate(case.target.endpoints):
         try:
             resp = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=_auth(case))
             ids = [m.get("id") for m in resp.json().get("data", [])]
         except (httpx.HTTPError, ValueError) as e:
-            raise PhaseFailed(f"route {k} ({ep.base_url}) /models failed: {e}", "service", "check the route") from None
+            raise PhaseFailed(f"route {k} ({ep.base_url}) /models failed: {e}", FailureClass.SERVICE,
+                              "check the route") from None
         if ep.model not in ids:
-            raise PhaseFailed(f"route {k} ({ep.base_url}) serves {ids}, not '{ep.model}'", "service",
+            raise PhaseFailed(f"route {k} ({ep.base_url}) serves {ids}, not '{ep.model}'", FailureClass.SERVICE,
                               "fix target.endpoints[].model or the routing")
         routes.append({"route": k, "base_url": ep.base_url, "models": ids})
-    picks = [(k, k, f"route-{meta['run_id']}-{k}") for k in range(len(case.target.endpoints))]
-    recs, wall = _send(case, _specs(ws, case, meta, picks, 1), len(picks), "route_verify")
+    picks = [(k, k, f"route-{run.run_id}-{k}") for k in range(len(case.target.endpoints))]
+    recs, wall = _send(case, _specs(run, picks, 1), len(picks), "route_verify")
     for rec in recs:
         routes[rec["route"]]["ok"] = rec["ok"]
         if not rec["ok"]:
-            raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", "service",
+            raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", FailureClass.SERVICE,
                               "check that route's service")
     return {"routes": routes, "wall_s": round(wall, 3)}
 
@@ -102,21 +112,22 @@ def _auth(case: Case) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"} if key else {}
 
 
-def cache_prepare(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], seed: bool) -> dict[str, Any]:
+def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
+    case = run.case
     target = case.cache.min_hit_ratio or 0.0
-    ident = datasets.load_identity(ws, meta["dataset_id"])
+    ident = datasets.load_identity(run.workspace, _dataset_id(run))
     groups = max(1, min(case.dataset.prefix_groups, ident.entries))
     routes = len(case.target.endpoints)
     out: dict[str, Any] = {"target_ratio": target, "mode": "seed+check" if seed else "check"}
     if seed:
-        picks = [(r, g, f"seed-{meta['run_id']}") for r in range(routes) for g in range(groups)]
-        recs, wall = _send(case, _specs(ws, case, meta, picks, 1), max(1, min(len(picks), case.load.concurrency)),
+        picks = [(r, g, f"seed-{run.run_id}") for r in range(routes) for g in range(groups)]
+        recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)),
                            "cache_seed")
         out["seed"] = {"requests": len(recs), "ok": sum(r["ok"] for r in recs), "wall_s": round(wall, 3),
                        "latency_sum_s": round(_lat_sum(recs), 3)}
-    picks = [(r, (r * case.cache.check_requests + k) % groups + groups * (k + 1), f"check-{meta['run_id']}-{k}")
+    picks = [(r, (r * case.cache.check_requests + k) % groups + groups * (k + 1), f"check-{run.run_id}-{k}")
              for r in range(routes) for k in range(case.cache.check_requests)]
-    recs, wall = _send(case, _specs(ws, case, meta, picks, 1), max(1, min(len(picks), case.load.concurrency)),
+    recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)),
                        "cache_check")
     ratios = []
     for r in recs:
@@ -132,47 +143,48 @@ def cache_prepare(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, An
     low = [x for x in ratios if x < target]
     if low:
         raise PhaseFailed(f"cache check: {len(low)}/{len(ratios)} requests below {target} (min {min(ratios):.4f})",
-                          "service", "seed again (resume) or check the engine's prefix caching flags")
+                          FailureClass.SERVICE, "seed again (resume) or check the engine's prefix caching flags")
     return out
 
 
-def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attempt: int,
-         ctl: Controller) -> dict[str, Any]:
-    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data."""
+def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
+    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data.
+
+    event(type, **fields) appends an event of this run under its owner's fence."""
+    paths, case, planned = run.paths, run.case, run.meta.planned
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     end = read_json_or_none(paths.load_end)
     prev = read_json_or_none(paths.phase_file("load")) or {}
     if end is not None and prev.get("failure_class") == "hot_entry":
         # the formal entry rejected every request (none was served): keep that attempt's raw data aside
         # and send the load again on the same warm service
-        paths.load_dir.rename(paths.root / f"load.attempt-{prev.get('attempt', attempt - 1)}")
+        paths.load_dir.rename(paths.load_attempt_dir(int(prev.get('attempt', attempt - 1))))
         paths.load_dir.mkdir()
         end = None
     pid = read_json_or_none(paths.load_pid)
     reattached = False
-    go = paths.load_dir / "go"
+    go = paths.load_go
     if end is None and procs.alive(pid) and go.exists():
         reattached = True  # a client whose formal load started (e.g. under a controller that died): wait for it
     elif end is None:
         n_raw = len(read_records(paths.raw).records)
         started = paths.load_anchor.exists() or n_raw > 0
         if started and attempt > 1:
-            return accept_partial(paths, meta, n_raw)
+            return accept_partial(paths, planned, n_raw)
         if n_raw or (paths.raw.exists() and paths.raw.stat().st_size):
             raise PhaseFailed(
-                f"load client is gone without an end file after {n_raw} of {meta['planned']} records",
-                "end_unknown", "formal requests are never re-sent automatically; the raw records are kept")
+                f"load client is gone without an end file after {n_raw} of {planned} records",
+                FailureClass.END_UNKNOWN, "formal requests are never re-sent automatically; the raw records are kept")
         _snapshot(case, paths.metrics_before)
-        armed = read_json_or_none(paths.load_dir / "armed.json")
+        armed = read_json_or_none(paths.load_armed)
         if armed and procs.alive(armed) and not paths.load_anchor.exists():
             pid = armed  # spawned while preflight ran: it has imported and built its plan already
         else:
             pid = spawn_client(paths, armed=False)
         go.touch()
-        meta["load_started"] = True
-        ctl.event("load_client_started", phase="load", attempt=attempt,
+        event("load_client_started", phase="load", attempt=attempt,
                   data={"pid": pid["pid"], "armed": pid is armed})
-        if _fault_ctl() == "load":
+        if fault("controller", "exit_during") == "load":
             time.sleep(0.5)
             os._exit(137)
     while end is None:
@@ -185,8 +197,8 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
                 end = read_json_or_none(paths.load_end)
             if end is None:
                 n = len(read_records(paths.raw).records)
-                raise PhaseFailed(f"load client exited without an end file: {n} of {meta['planned']} requests done",
-                                  "end_unknown", "raw records are kept; resume confirms the evidence")
+                raise PhaseFailed(f"load client exited without an end file: {n} of {planned} requests done",
+                                  FailureClass.END_UNKNOWN, "raw records are kept; resume confirms the evidence")
             break
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
@@ -197,7 +209,7 @@ def load(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any], attem
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
 
 
-def accept_partial(paths: RunPaths, meta: dict[str, Any], done: int) -> dict[str, Any]:
+def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:
     """Resume after the load client died mid-load: keep what finished, re-send nothing.
 
     Requests sent but not recorded were in flight at the kill (the server may have served them); those never
@@ -205,18 +217,17 @@ def accept_partial(paths: RunPaths, meta: dict[str, Any], done: int) -> dict[str
     records it has and says so (load ended: partial; the decision lists the gap)."""
     prog = read_json_or_none(paths.load_progress) or {}
     sent = max(int(prog.get("sent", 0)), done)
-    planned = int(meta["planned"])
     partial = {"planned": planned, "done": done, "sent_at_least": sent, "in_flight_lost": sent - done,
                "never_sent": planned - sent, "reason": "load client died without an end file; "
                "formal requests are never re-sent"}
-    write_json(paths.load_dir / "partial.json", partial)
+    write_json(paths.load_partial, partial)
     return {"outcome": "done", "partial": True, **partial}
 
 
 def spawn_client(paths: RunPaths, armed: bool) -> dict[str, Any]:
     """Start the load client detached. Armed: it loads everything, then waits for load/go (or abort)."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
-    env = _client_env()
+    env = child_env()
     if armed:
         env["CASELEDGER_LOAD_ARMED"] = "1"
     with paths.load_log.open("ab") as lf:
@@ -225,14 +236,14 @@ def spawn_client(paths: RunPaths, armed: bool) -> dict[str, Any]:
     pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
     write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
     if armed:
-        write_json(paths.load_dir / "armed.json", pid)
+        write_json(paths.load_armed, pid)
     return pid
 
 
-def arm_client(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any] | None:
+def arm_client(run: Run) -> dict[str, Any] | None:
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
-    load_step: dict[str, Any] = next((s for s in meta["plan"] if s["phase"] == "load"), {})
-    if meta.get("load_reuse") or load_step.get("action") != "run":
+    paths = run.paths
+    if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run":
         return None
     if paths.load_end.exists() or paths.load_anchor.exists() or (paths.raw.exists() and paths.raw.stat().st_size):
         return None
@@ -243,9 +254,9 @@ def arm_client(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any] | None:
 
 def disarm_client(paths: RunPaths) -> None:
     """An earlier phase failed: the armed client must exit without sending anything."""
-    armed = read_json_or_none(paths.load_dir / "armed.json")
-    if armed and not paths.load_anchor.exists() and not (paths.load_dir / "go").exists():
-        (paths.load_dir / "abort").touch()
+    armed = read_json_or_none(paths.load_armed)
+    if armed and not paths.load_anchor.exists() and not paths.load_go.exists():
+        paths.load_abort.touch()
         procs.terminate(armed, grace_s=2.0)
 
 
@@ -258,20 +269,10 @@ def _check_entry(paths: RunPaths, end: dict[str, Any]) -> None:
         first = recs[0]
         raise PhaseFailed(
             f"formal entry rejected all {len(recs)} requests: HTTP {first['status']} {first['error'] or ''}"[:300],
-            "hot_entry",
+            FailureClass.HOT_ENTRY,
             "none was served; the service stays warm: freeze a corrected child case (the plan reuses the service), "
             "or fix the client and resume (re-sends the rejected load only)",
         )
-
-
-def _fault_ctl() -> str | None:
-
-    return fault("controller", "exit_during")
-
-
-def _client_env() -> dict[str, str]:
-
-    return child_env()
 
 
 def _snapshot(case: Case, dest: Path) -> None:
@@ -287,38 +288,44 @@ def _snapshot(case: Case, dest: Path) -> None:
         dest.with_suffix(".missing").write_text(f"{type(e).__name__}: {e} ({url})\n")
 
 
-def reuse_parent_load(ws: Workspace, paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
-    src = ws.run(meta["load_reuse"]).load_dir
+def reuse_parent_load(run: Run) -> dict[str, Any]:
+    paths, source = run.paths, run.meta.load_reuse
+    if source is None:
+        raise PhaseFailed(f"run {run.run_id} reuses no parent load", FailureClass.BEFORE_MODEL,
+                          "start a new run of the case (start_run)")
+    src = run.workspace.run(source).load_dir
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and f.name != "pid.json":
             shutil.copy2(f, paths.load_dir / f.name)
-    return {"outcome": "reused", "source_run": meta["load_reuse"], "raw_sha256": sha256_file(paths.raw)}
+    return {"outcome": "reused", "source_run": source, "raw_sha256": sha256_file(paths.raw)}
 
 
-def confirm_end(paths: RunPaths, meta: dict[str, Any]) -> dict[str, Any]:
+def confirm_end(run: Run) -> dict[str, Any]:
+    paths, reused = run.paths, bool(run.meta.load_reuse)
     end = read_json_or_none(paths.load_end)
-    partial = read_json_or_none(paths.load_dir / "partial.json")
+    partial = read_json_or_none(paths.load_partial)
     if end is None and partial is not None:
         n = len(read_records(paths.raw).records)
         if procs.alive(read_json_or_none(paths.load_pid)):
-            raise PhaseFailed("load client alive again", "end_unknown", "resume waits for it")
+            raise PhaseFailed("load client alive again", FailureClass.END_UNKNOWN, "resume waits for it")
         return {"client_gone": True, "end_file": False, "records": n, "planned": partial["planned"],
                 "partial": partial, "all_accounted": False}
     if end is None:
-        raise PhaseFailed("no end file", "end_unknown", "resume checks the client process and raw records")
+        raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
     pid = read_json_or_none(paths.load_pid)
     deadline = time.monotonic() + 30
-    while not meta.get("load_reuse") and procs.alive(pid) and time.monotonic() < deadline:
+    while not reused and procs.alive(pid) and time.monotonic() < deadline:
         # the client is our child when we started it: reap it so it does not linger as a zombie
         with contextlib.suppress(ChildProcessError):
             os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
         time.sleep(0.05)  # it wrote its end file and is exiting
-    if not meta.get("load_reuse") and procs.alive(pid):
-        raise PhaseFailed("load client still alive 30 s after its end file", "end_unknown", "resume waits for it")
+    if not reused and procs.alive(pid):
+        raise PhaseFailed("load client still alive 30 s after its end file", FailureClass.END_UNKNOWN,
+                          "resume waits for it")
     n = len(read_records(paths.raw).records)
     if n != end["done"]:
-        raise PhaseFailed(f"raw records {n} != end file done {end['done']}", "end_unknown",
+        raise PhaseFailed(f"raw records {n} != end file done {end['done']}", FailureClass.END_UNKNOWN,
                           "resume re-checks; nothing is re-sent")
     return {"client_gone": True, "end_file": True, "records": n, "planned": end["planned"], "sent": end["sent"],
             "all_accounted": n == end["sent"] == end["planned"]}
@@ -342,7 +349,7 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, An
     recorded_env = {"interpreter": argv[0], "argv": argv[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}
     if p.returncode != 0:
         err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise PhaseFailed(f"postprocess: {err}"[:400], "collect",
+        raise PhaseFailed(f"postprocess: {err}"[:400], FailureClass.COLLECT,
                           f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent")
 
     out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])
@@ -350,17 +357,6 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, An
             "requests": out.get("requests")}
 
 
-def decide(ws: Workspace, paths: RunPaths, case: Case, meta: dict[str, Any]) -> dict[str, Any]:
-
-    rec = summary.decide_run(ws, paths.run_id)
+def decide(run: Run) -> dict[str, Any]:
+    rec = summary.decide_run(run)
     return {"decision": rec.get("outcome"), "missing": rec.get("missing", []), "baseline": rec.get("baseline_ref")}
-
-
-def wait_file(path: Path, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = read_json_or_none(path)
-        if v is not None:
-            return v
-        time.sleep(0.05)
-    return read_json(path)

@@ -21,13 +21,12 @@ import httpx2
 import orjson
 
 from caseledger import datasets
-from caseledger.case.model import Case
 from caseledger.case.store import case_id_of
+from caseledger.ledger.runs import read_run
 from caseledger.load import plan_from_run_dir
 from caseledger.load.faults import fault
 from caseledger.metrics import compute_result
 from caseledger.procs import child_env
-from caseledger.workspace import RunPaths, Workspace
 
 Path_ = PathLike[str]
 
@@ -52,20 +51,21 @@ def run(run_dir: str) -> dict[str, Any]:
 
 
 
-    paths = RunPaths(Path(run_dir))
-    meta = orjson.loads(paths.run_json.read_bytes())
-    case = Case.model_validate(orjson.loads(paths.case.read_bytes()))
+    run = read_run(Path(run_dir))
+    paths, meta, case = run.paths, run.meta, run.case
     checks: dict[str, Any] = {}
     cid = case_id_of(case)
-    if cid != meta["case_id"]:
-        raise ValueError(f"case.json hashes to {cid}, the run says {meta['case_id']}: the frozen case changed")
+    if cid != meta.case_id:
+        raise ValueError(f"case.json hashes to {cid}, the run says {meta.case_id}: the frozen case changed")
     checks["case_reload"] = cid
-    ws = Workspace(Path(meta["workspace"]))
+    ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
 
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
-    if not meta.get("load_reuse"):
-        sha = datasets.verify(ws, meta["dataset_id"])
+    if not meta.load_reuse:
+        if meta.dataset_id is None:
+            raise ValueError(f"run {meta.run_id} names no dataset; start a new run of the case")
+        sha = datasets.verify(ws, meta.dataset_id)
         checks["dataset_sha256"] = sha
         plan = plan_from_run_dir(paths.root)
         n = plan.planned

@@ -9,12 +9,12 @@ import time
 from typing import Any
 
 from caseledger import datasets, ledger, procs
-from caseledger.case.plan import PHASES, delta, plan
+from caseledger.case.plan import PHASES, Phase, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.leases import acquire, release, target_key
-from caseledger.ledger.runs import latest_run_of_case, new_run_id
+from caseledger.ledger.runs import RunMeta, latest_run_of_case, new_run_id, read_meta, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
 from caseledger.run.preflight import run_fresh
@@ -23,7 +23,6 @@ from caseledger.workspace import (
     Workspace,
     atomic_write,
     canonical_json,
-    read_json_or_none,
     utc_now,
     write_json,
 )
@@ -41,25 +40,20 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, auth
     canon = case.canonical()
 
     atomic_write(paths.case, canonical_json(canon) + b"\n", mode=0o444)
-    meta: dict[str, Any] = {
-        "run_id": rid, "case_id": case_id, "scenario": case.scenario, "parent_case": case.parent,
-        "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
-        "salt": rid if case.load.salt else None, "planned": case.load.requests, "target_key": key,
-        "created_utc": utc_now(), "created_mono_ns": time.monotonic_ns(),
-        "plan": [s.model_dump() for s in steps],
-        "fence": fence, "authorized": authorized,
-    }
-    if steps[PHASES.index("load")].action == "reuse":
+    src: str | None = None
+    if steps[PHASES.index(Phase.LOAD)].action == "reuse":
         src = latest_run_of_case(ws, case.parent or "", with_load_end=True)
         if src is None:
-
             raise NotFound(f"measurement-only case {case_id} needs a finished load of its parent {case.parent}",
                            f"run the parent first: start_run(case_id='{case.parent}')")
-        meta["load_reuse"] = src
-        meta["load_reused"] = True
-    write_json(paths.run_json, meta)
+    write_meta(paths, RunMeta(
+        run_id=rid, case_id=case_id, scenario=case.scenario, parent_case=case.parent, workspace=str(ws.root),
+        dataset_id=datasets.dataset_id_for(case), salt=rid if case.load.salt else None,
+        planned=case.load.requests, target_key=key, created_utc=utc_now(), created_mono_ns=time.monotonic_ns(),
+        plan=steps, fence=fence, authorized=authorized, load_reuse=src, load_reused=src is not None,
+    ))
     ledger.append_event(ws, paths, "run_created", owner="start_run", fence=fence, target=key,
-                        data={"case_id": case_id, "plan": {s.phase: s.action for s in steps}})
+                        data={"case_id": case_id, "plan": {s.phase.value: s.action for s in steps}})
     return paths
 
 
@@ -70,18 +64,19 @@ def preflight_case(ws: Workspace, case_id: str) -> dict[str, Any]:
 
     case = load_case(ws, case_id)
     pid_ = "p-" + secrets.token_hex(4)
-    root = ws.ledger / "preflights" / pid_
+    root = ws.preflights_dir / pid_
     root.mkdir(parents=True)
     paths = RunPaths(root)
 
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
-    write_json(paths.run_json, {"run_id": pid_, "case_id": case_id, "scenario": case.scenario,
-                                "workspace": str(ws.root), "dataset_id": datasets.dataset_id_for(case),
-                                "salt": pid_ if case.load.salt else None, "planned": case.load.requests,
-                                "created_utc": utc_now(), "preflight_only": True})
+    write_meta(paths, RunMeta(
+        run_id=pid_, case_id=case_id, scenario=case.scenario, workspace=str(ws.root),
+        dataset_id=datasets.dataset_id_for(case), salt=pid_ if case.load.salt else None,
+        planned=case.load.requests, created_utc=utc_now(), preflight_only=True,
+    ))
 
     res = run_fresh(root)
-    write_json(root / "preflight.json", res)
+    write_json(paths.preflight_json, res)
     return {"id": pid_, **res}
 
 
@@ -92,9 +87,7 @@ def spawn_controller(ws: Workspace, paths: RunPaths, fence: int) -> int:
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                          start_new_session=True, close_fds=True)
     log.close()
-    meta = read_json_or_none(paths.run_json) or {}
-    meta["controller_spawned"] = True
-    write_json(paths.run_json, meta)
+    write_meta(paths, read_meta(paths).model_copy(update={"controller_spawned": True}))
     # the controller writes its own pid file; write one now so a reader never sees a gap
     write_json(paths.controller_pid, {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0,
                                       "host": procs.me()["host"], "fence": fence})
@@ -106,7 +99,7 @@ def wait_for(ws: Workspace, run_id: str, until: str, timeout: float) -> RunView:
     deadline = time.monotonic() + timeout
     while True:
         view = fold(ws, run_id)
-        if until == "preflight" and view.phases["preflight"].state not in (PhaseState.PENDING, PhaseState.RUNNING):
+        if until == "preflight" and view.phases[Phase.PREFLIGHT].state not in (PhaseState.PENDING, PhaseState.RUNNING):
             return view
         settled = view.state.value not in ("running", "created") and (until != "end" or not view.controller_alive)
         if settled or time.monotonic() > deadline:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from caseledger.case.model import SSH
-from caseledger.errors import CaseledgerError
+from caseledger.errors import RemoteError as RemoteError  # defined in errors; callers use remote.RemoteError
 
 if TYPE_CHECKING:
     import asyncssh  # imported where used: a local-only controller does not pay for it (~0.2 s)
@@ -35,10 +35,6 @@ _MARK = "--caseledger-remote--"  # separates what rc files print from the comman
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 T = TypeVar("T")
-
-
-class RemoteError(CaseledgerError):
-    """An SSH connection or a remote command failed (a CaseledgerError: message names host, port, user; fix)."""
 
 
 def where(ssh: SSH) -> str:

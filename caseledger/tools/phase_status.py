@@ -89,6 +89,6 @@ def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResul
         owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
         next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
-        queued=[e["case_id"] for e in queue.entries(workspace, v.meta.get("target_key", "-"))],
+        queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
         next_call=v.next_call,
     )

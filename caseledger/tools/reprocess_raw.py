@@ -7,11 +7,13 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from caseledger import ledger
-from caseledger.errors import CaseledgerError, NothingToResume, PhaseFailed
+from caseledger.case.plan import Phase
+from caseledger.errors import FailureClass, NothingToResume, PhaseFailed
+from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold
 from caseledger.outcome import handoff, summary
 from caseledger.run.phases import postprocess
-from caseledger.workspace import Workspace, check_id
+from caseledger.workspace import Workspace
 
 
 class ReprocessResult(BaseModel):
@@ -33,16 +35,13 @@ class ReprocessResult(BaseModel):
 def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None,
                   ratio: float | None = None) -> ReprocessResult:
     """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
-
-
-
-    check_id(run_id, "run_id", "r")
-    v = fold(workspace, run_id)
-    paths = workspace.run(run_id)
+    run = load_run(workspace, run_id)
+    v = fold(workspace, run)
+    paths = run.paths
     if v.load_ended not in ("yes", "partial") or not paths.raw.exists():
         raise NothingToResume(f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
                               f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished")
-    attempt = v.phases["postprocess"].attempt + 1
+    attempt = v.phases[Phase.POSTPROCESS].attempt + 1
     ledger.append_event(workspace, paths, "phase_started", phase="postprocess", attempt=attempt, owner="reprocess_raw")
     extra = (["--rule", rule] if rule else []) + (["--ratio", str(ratio)] if ratio is not None else [])
     try:
@@ -50,23 +49,20 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
     except PhaseFailed as e:
         ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt,
                             owner="reprocess_raw", error=e.message,
-                            data={"outcome": "failed", "failure_class": "collect"})
-        raise PhaseFailed(f"reprocess failed: {e.message}"[:300], "collect",
+                            data={"outcome": "failed", "failure_class": FailureClass.COLLECT})
+        raise PhaseFailed(f"reprocess failed: {e.message}"[:300], FailureClass.COLLECT,
                           "fix the processor environment and call again") from None
     ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt, owner="reprocess_raw",
                         data={"outcome": "done", **out, "requests_sent": 0})
     decision = None
     if rule is None and ratio is None:
-        try:
-            dattempt = v.phases["decide"].attempt + 1
-            ledger.append_event(workspace, paths, "phase_started", phase="decide", attempt=dattempt,
-                                owner="reprocess_raw")
-            rec = summary.decide_run(workspace, run_id)
-            decision = rec.get("outcome")
-            ledger.append_event(workspace, paths, "phase_ended", phase="decide", attempt=dattempt,
-                                owner="reprocess_raw", data={"outcome": "done", "decision": decision})
-        except CaseledgerError:
-            raise
+        dattempt = v.phases[Phase.DECIDE].attempt + 1
+        ledger.append_event(workspace, paths, "phase_started", phase="decide", attempt=dattempt,
+                            owner="reprocess_raw")
+        rec = summary.decide_run(run)
+        decision = rec.get("outcome")
+        ledger.append_event(workspace, paths, "phase_ended", phase="decide", attempt=dattempt,
+                            owner="reprocess_raw", data={"outcome": "done", "decision": decision})
 
     handoff.refresh(workspace)
     return ReprocessResult(run_id=run_id, result=str(out.get("result")), raw_sha256=out.get("raw_sha256"),

@@ -7,9 +7,10 @@ from pydantic import BaseModel, Field
 from caseledger import ledger
 from caseledger.errors import NothingToResume, TargetHeld
 from caseledger.ledger import authorization
+from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import PhaseState, RunState, fold
 from caseledger.run.start import spawn_controller, wait_for
-from caseledger.workspace import Workspace, check_id, read_json_or_none, write_json
+from caseledger.workspace import Workspace
 
 
 class ResumeResult(BaseModel):
@@ -28,8 +29,8 @@ class ResumeResult(BaseModel):
 
 
 def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> ResumeResult:
-    check_id(run_id, "run_id", "r")
-    v = fold(workspace, run_id)
+    run = load_run(workspace, run_id)
+    v = fold(workspace, run)
     if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
         raise NothingToResume(f"run {run_id} is {v.state.value}; every phase is done",
                               f"summarize(run_ids=['{run_id}']) or freeze the next candidate")
@@ -41,7 +42,9 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     mode = authorization.current_mode(workspace)
     if mode == "paused" and first_now not in ("postprocess", "decide"):
         authorization.check_start(workspace)  # raises NotAuthorized with how to change it
-    key = v.meta["target_key"]
+    if v.meta.target_key is None:
+        raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
+    key = v.meta.target_key
     cur = ledger.read_lease(workspace, key)
     if cur is not None and cur.live() and cur.run_id not in (run_id, None) :
         raise TargetHeld(f"target '{key}' is held by run {cur.run_id}", f"phase_status(run_id='{cur.run_id}')")
@@ -51,9 +54,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     first = next((p for p, ph in v.phases.items() if p not in kept), "decide")
     ledger.append_event(workspace, paths, "resumed", owner="resume", fence=lease.fence, target=key,
                         data={"from_phase": first, "kept": kept, "client_alive": v.client_alive})
-    meta = read_json_or_none(paths.run_json) or {}
-    meta["authorized"] = mode
-    write_json(paths.run_json, meta)
+    write_meta(paths, run.meta.model_copy(update={"authorized": mode}))
     authorization.consume(workspace, run_id)
     spawn_controller(workspace, paths, lease.fence)
     view = wait_for(workspace, run_id, "end", timeout_s) if wait else fold(workspace, run_id)

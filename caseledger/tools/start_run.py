@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from caseledger import ledger
+from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import NotAuthorized, TargetHeld
 from caseledger.ledger import authorization
@@ -71,11 +72,11 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
             raise
         key = ledger.target_key(case.canonical())
         return _enqueue(workspace, case_id, case.scenario, key, authorization.current_mode(workspace), held)
-    pf = view.phases["preflight"]
+    pf = view.phases[Phase.PREFLIGHT]
     pf_s = {"done": "passed", "failed": "failed", "unknown": "failed"}.get(pf.state.value, "pending")
     return StartResult(
         run_id=view.run_id, case_id=case_id, scenario=case.scenario, preflight=pf_s, preflight_error=pf.error,
-        state=view.state.value, plan={s["phase"]: s["action"] for s in view.meta["plan"]},
+        state=view.state.value, plan={s.phase.value: s.action for s in view.meta.plan},
         authorization=authorization.current_mode(workspace), next_call=view.next_call,
     )
 

@@ -9,10 +9,10 @@ from pydantic import BaseModel, Field
 
 from caseledger.case.store import load_case
 from caseledger.errors import NotFound
-from caseledger.ledger.runs import list_runs
+from caseledger.ledger.runs import list_runs, load_run
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
-from caseledger.workspace import Workspace, atomic_write, check_id, read_json_or_none
+from caseledger.workspace import Workspace, atomic_write, read_json_or_none
 
 
 class RunSummary(BaseModel):
@@ -64,12 +64,12 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
     out: list[RunSummary] = []
     rows = []
     for rid in run_ids:
-        check_id(rid, "run_id", "r")
-        v = fold(workspace, rid)
-        result = summary._load_result(workspace, rid)
-        paths = workspace.run(rid)
+        run = load_run(workspace, rid)
+        v = fold(workspace, run)
+        result = summary.load_result(run)
+        paths = run.paths
         if result is not None:
-            summary.write_reports(workspace, rid)
+            summary.write_reports(run)
             rows.append((rid, v.case_id, result))
         dec = read_json_or_none(paths.decision) or {}
         out.append(RunSummary(
@@ -77,13 +77,13 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
             decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
             whole=summary.headline(result, "whole") if result else None,
             native=summary.headline(result, "native") if result else None,
-            time_ledger=summary.time_ledger(workspace, rid),
+            time_ledger=summary.time_ledger(run),
             report=str(paths.report_md) if paths.report_md.exists() else None,
         ))
     side = None
     if len(rows) > 1:
 
-        side_path = workspace.ledger / "reports" / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
+        side_path = workspace.reports_dir / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
         atomic_write(side_path, report.render_side_by_side(rows))
         side = str(side_path)
     missing = [r.run_id for r in out if not r.results_extracted]
