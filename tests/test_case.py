@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 import typing
 from pathlib import Path
 from typing import Any
 
+import annotated_types
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -200,3 +203,110 @@ def test_random_drafts_either_freeze_or_fail_cleanly(ws: Workspace, path: str, v
         assert after == before
     else:
         assert Path(r.path).exists()
+
+
+# ---- the input boundary: non-finite numbers, booleans for integers, out-of-range numbers and strings ------------
+
+
+def _tree(root: Path) -> str:
+    """Digest of every path and file content under root (lock and temp files included)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _set(d: dict[str, Any], path: str, value: Any) -> None:
+    *head, last = path.split(".")
+    node: Any = d
+    for k in head:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    node[last] = value
+
+
+def test_every_number_has_an_upper_bound_and_is_strict() -> None:
+    def walk(model: type[BaseModel], prefix: str = "") -> None:
+        for name, f in model.model_fields.items():
+            args = typing.get_args(f.annotation) or (f.annotation,)
+            sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if sub is not None:
+                walk(sub, f"{prefix}{name}.")
+            elif {int, float, bool} & set(args):
+                kinds = {type(m) for m in f.metadata}
+                assert any(getattr(m, "strict", False) for m in f.metadata), f"{prefix}{name} is not strict"
+                if bool not in args:
+                    assert kinds & {annotated_types.Le, annotated_types.Lt}, f"{prefix}{name} has no upper bound"
+    walk(Case)
+
+
+@pytest.mark.parametrize(("path", "value", "says"), [
+    ("load.timeout_s", float("inf"), "finite"),
+    ("load.rate", float("nan"), "finite"),
+    ("service.reference.decode_step_s", float("-inf"), "finite"),
+    ("load.concurrency", True, "not a boolean"),
+    ("warmup.requests", False, "not a boolean"),
+    ("load.ignore_eos", 1, "boolean"),
+    ("load.requests", 10**30, "less than or equal to 1000000"),
+    ("dataset.seed", 2**64, "less than or equal to 9223372036854775807"),
+    ("load.requests", 1e12, "without a decimal point"),
+    ("load.requests", 10**12, "less than or equal to 1000000"),
+    ("load.concurrency", 100_001, "less than or equal to 100000"),
+    ("dataset.input_tokens", 10**12, "less than or equal to 2097152"),
+    ("dataset.output_tokens", 2_097_153, "less than or equal to 2097152"),
+    ("scenario", "s" * 10_000_000, "at most 200 characters"),
+    ("target.endpoints.0.model", "m" * 10_000_000, "at most 500 characters"),
+    ("target.endpoints.0.base_url", "http://127.0.0.1:1/" + "v" * 3000, "at most 2048 characters"),
+])
+def test_non_finite_boolean_and_out_of_range_values_are_refused_naming_the_field(
+        ws: Workspace, path: str, value: Any, says: str) -> None:
+    d = ref_draft(18001)
+    _set(d, path, value)
+    before = _tree(ws.root)
+    t0 = time.monotonic()
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=d)
+    assert time.monotonic() - t0 < 5  # refused at validation: no hang, no MemoryError
+    assert f"{path}:" in e.value.message and says in e.value.message, e.value.message
+    assert e.value.fix and "nothing was written" in e.value.fix
+    assert len(e.value.message) < 600  # a 10 MB value is not echoed
+    assert _tree(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
+
+
+def test_dataset_too_large_to_materialize_is_refused_naming_both_fields(ws: Workspace) -> None:
+    d = ref_draft(18001, load={"requests": 1_000_000, "concurrency": 64}, dataset={"input_tokens": 131072})
+    before = _tree(ws.root)
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=d)
+    assert "dataset.input_tokens" in e.value.message and "load.requests" in e.value.message
+    assert _tree(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
+    # the seeds' largest campaign (N 640, 131072 input tokens) stays well inside every bound
+    Case.model_validate(ref_draft(18001, load={"requests": 640, "concurrency": 64},
+                                  dataset={"input_tokens": 131072, "output_tokens": 1024}))
+
+
+@pytest.mark.parametrize(("raw", "path", "says"), [
+    (b'"timeout_s": Infinity', "load.timeout_s", "Infinity is not a JSON number"),
+    (b'"timeout_s": -Infinity', "load.timeout_s", "-Infinity is not a JSON number"),
+    (b'"timeout_s": NaN', "load.timeout_s", "NaN is not a JSON number"),
+    (b'"timeout_s": 1e400', "load.timeout_s", "1e400 is not a finite number"),
+    (b'"requests": 100000000000000000000000000', "load.requests", "beyond 64 bits"),
+    (b'"requests": -9223372036854775809', "load.requests", "beyond 64 bits"),
+    (b'"requests": 1e12', "load.requests", "without a decimal point"),
+    (b'"requests": true', "load.requests", "not a boolean"),
+])
+def test_raw_json_literals_no_case_can_hold_are_refused_naming_the_field(
+        ws: Workspace, raw: bytes, path: str, says: str) -> None:
+    text = orjson.dumps(ref_draft(18001)).replace(b'"requests":8', b'"requests":8,' + raw, 1)
+    if b'"requests": ' in raw:  # the bad literal replaces load.requests itself
+        text = orjson.dumps(ref_draft(18001)).replace(b'"requests":8,"concurrency"', raw + b',"concurrency"', 1)
+    assert raw in text
+    p = ws.cases_dir / "bad.json"
+    p.write_bytes(text)
+    before = _tree(ws.root)
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, str(p))
+    assert f"{path}:" in e.value.message and says in e.value.message, e.value.message
+    assert e.value.fix and ("nothing was written" in e.value.fix)
+    assert _tree(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file

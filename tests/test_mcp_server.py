@@ -3,6 +3,7 @@ structured content, errors that name the fix, resources, and the stdio and strea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -19,7 +20,9 @@ import httpx2
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.transport_security import TransportSecurityMiddleware
 from mcp.types import CallToolResult, TextContent, TextResourceContents
+from starlette.requests import Request
 
 import caseledger.server.app as app
 from caseledger import tools
@@ -338,6 +341,104 @@ async def test_streamable_http_token_required(http_server: tuple[str, str | None
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
             Client(streamable_http_client(url, http_client=h)) as c:
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+
+
+# ------------------------------------------------------------------------------------- transports: DNS rebinding
+
+
+async def _checked(bind: str, port: int, host: str, origin: str | None = None) -> int:
+    """The status the server's Host/Origin check gives a JSON POST (200: let through to the MCP transport)."""
+    headers = [(b"host", host.encode()), (b"content-type", b"application/json")]
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "query_string": b""}
+    refused = await TransportSecurityMiddleware(app.transport_security(bind, port)).validate_request(
+        Request(scope), is_post=True)
+    return 200 if refused is None else refused.status_code
+
+
+@pytest.mark.parametrize(("bind", "own"), [
+    ("127.0.0.2", ["127.0.0.2:8765", "localhost:8765", "127.0.0.1:9000"]),  # loopback names on any port: ssh -L
+    ("0:0:0:0:0:0:0:1", ["[0:0:0:0:0:0:0:1]:8765", "[::1]:8765", "localhost:8765"]),
+    ("::1", ["[::1]:8765", "[0000:0000:0000:0000:0000:0000:0000:0001]:8765", "localhost:8765"]),
+    ("127.0.0.1", ["127.0.0.1:8765", "localhost:8765", "[::1]:8765"]),
+    ("localhost", ["localhost:8765", "127.0.0.1:8765"]),
+    ("10.1.2.3", ["10.1.2.3:8765"]),
+])
+async def test_host_and_origin_are_checked_against_the_bind_address_on_every_bind(bind: str, own: list[str]) -> None:
+    for host in own:
+        assert await _checked(bind, 8765, host) == 200, host
+        assert await _checked(bind, 8765, host, origin=f"http://{host}") == 200, host
+        assert await _checked(bind, 8765, host, origin="http://evil.example") == 403, host
+        assert await _checked(bind, 8765, host, origin="null") == 403, host
+    for foreign in ("evil.example", "evil.example:8765", "127.0.0.2.evil.example:8765", ""):
+        assert await _checked(bind, 8765, foreign) == 421, foreign
+    assert await _checked("127.0.0.2", 8765, "127.0.0.2:8766") == 421  # the bind address: its own port only
+    assert await _checked("10.1.2.3", 8765, "10.1.2.3:8766") == 421
+    assert await _checked("10.1.2.3", 8765, "localhost:8765") == 421  # off loopback: no loopback names
+
+
+def _tree(root: Path) -> str:
+    """Digest of every path and file content under root (lock and temp files included)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def http_server_on(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[str]:
+    """`caseledger mcp --http BIND:PORT` for another loopback bind spelling (request.param); the /mcp URL."""
+    bind: str = request.param
+    port = free_port()
+    connect = bind.strip("[]")
+    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}"]
+    p = subprocess.Popen(argv, env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert p.poll() is None, "server exited"
+            try:
+                socket.create_connection((connect, port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server did not listen"
+                time.sleep(0.1)
+        yield f"http://{bind}:{port}/mcp"
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+@pytest.mark.parametrize("http_server_on", ["127.0.0.2", "[0:0:0:0:0:0:0:1]"], indirect=True)
+async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspace, http_server_on: str) -> None:
+    url = http_server_on
+    authority = url.split("/")[2]
+    freeze = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+              "params": {"name": "freeze_case", "arguments": {"draft": draft(free_port())}}}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "0"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    before = _tree(ws.root)
+    async with httpx2.AsyncClient() as h:
+        for body in (init, freeze):
+            r = await h.post(url, json=body, headers={**accept, "Host": "evil.example"})
+            assert r.status_code == 421, r.text
+            r = await h.post(url, json=body, headers={**accept, "Host": f"evil.example:{url.rsplit(':', 1)[1]}"})
+            assert r.status_code == 421, r.text
+            r = await h.post(url, json=body, headers={**accept, "Origin": "http://evil.example"})
+            assert r.status_code == 403, r.text
+        r = await h.post(url, json=init, headers={**accept, "Host": authority, "Origin": f"http://{authority}"})
+        assert r.status_code == 200, r.text  # the right Host (and same-origin Origin) gets the MCP answer
+    assert _tree(ws.root) == before  # refused: nothing written, no case frozen
+    async with Client(url) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+        r2 = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
+    assert r2.is_error and "fix:" in text_of(r2)
 
 
 # ------------------------------------------------------------------------------------- a real run, end to end

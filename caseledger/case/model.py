@@ -1,64 +1,102 @@
 """The case model: what to measure, frozen under its content hash (see case.plan for the impact table).
+
+Input boundary: every number and string has a documented bound, far above what a real campaign needs (the
+seeds: N 640, C 64, 131072 input tokens) and low enough that a typo (1e12) is refused at freeze instead of
+hanging it, exhausting memory or flooding HANDOFF.md. Integers and booleans are strict (`true` is no 1, 5.0
+is no 5) and floats must be finite (NaN/Infinity would be stored as null).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
+MAX_CONCURRENCY = 100_000  # C
+MAX_TOKENS = 2_097_152  # tokens per prompt or per output (2 Mi: 16x the seeds' 131072-token inputs)
+MAX_DATASET_TOKENS = 1_073_741_824  # entries x input_tokens materialized at freeze (2**30, ~15 min to generate)
+MAX_TIMEOUT_S = 86_400.0  # one day: per-request timeout, health wait
+MAX_SEED = 2**63 - 1  # seeds fit a signed 64-bit integer (the canonical JSON encoder's limit)
+MAX_URL = 2048
+MAX_PATH = 4096  # PATH_MAX
+MAX_ARG = 32_768  # one argv element or env value
+MAX_ARGS = 1024  # argv elements, env entries
+
+_Arg = Annotated[str, StringConstraints(max_length=MAX_ARG)]
+_EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Endpoint(_Model):
     base_url: str = Field(
-        description="OpenAI-compatible base URL including /v1, e.g. http://127.0.0.1:18080/v1",
-        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="OpenAI-compatible base URL including /v1, e.g. http://127.0.0.1:18080/v1 (at most 2048 "
+        "characters)",
+        pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=MAX_URL,
         examples=["http://127.0.0.1:18080/v1"],
     )
-    model: str = Field(description="Model name sent in requests and expected from /v1/models", min_length=1)
+    model: str = Field(description="Model name sent in requests and expected from /v1/models (at most 500 "
+                       "characters)", min_length=1, max_length=500)
 
 
 class Target(_Model):
     endpoints: list[Endpoint] = Field(
-        min_length=1, description="Endpoints (routes) of the serving target; requests are spread round-robin"
+        min_length=1, max_length=256,
+        description="Endpoints (routes) of the serving target, at most 256; requests are spread round-robin"
     )
     api: Literal["chat", "completions"] = Field("chat", description="API flavour: /chat/completions or /completions")
-    cards: int = Field(1, ge=1, description="Accelerator cards behind the target, the divisor of per-card figures")
+    cards: int = Field(1, ge=1, le=65_536, strict=True,
+                       description="Accelerator cards behind the target (1..65536), the divisor of per-card figures")
     metrics_url: str | None = Field(
-        None, description="Prometheus /metrics URL for spec-decode counters; null: derived from the first endpoint"
+        None, max_length=MAX_URL,
+        description="Prometheus /metrics URL for spec-decode counters (at most 2048 characters); null: derived "
+        "from the first endpoint"
     )
     api_key_env: str | None = Field(
         None,
         description="Name of the environment variable holding the API key (referenced, never copied)",
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256,
     )
 
 
 class ReferenceConfig(_Model):
     """Performance model of the embedded reference target (adapter 'reference')."""
 
-    prefill_tokens_per_s: float = Field(20000.0, gt=0, description="Prefill rate shared by requests in prefill")
-    decode_step_s: float = Field(0.004, ge=0, description="Decode step time at batch size 1")
-    decode_step_per_seq_s: float = Field(0.0005, ge=0, description="Added step time per extra sequence in batch")
-    slots: int = Field(8, ge=1, description="Concurrent sequences; more wait in queue")
-    cache_blocks: int = Field(4096, ge=0, description="Prefix-cache capacity in blocks (LRU)")
-    block_size: int = Field(16, ge=1, description="Prefix-cache block size in tokens")
-    spec_tokens: int = Field(0, ge=0, description="Draft tokens per step; 0 disables speculative decoding")
-    spec_accept: float = Field(0.7, ge=0, le=1, description="Probability each draft token is accepted")
-    hide_counters: list[str] = Field(
-        default_factory=list, description="Spec-decode counter names left out of /metrics (tests of NOT_OBSERVED)"
+    prefill_tokens_per_s: float = Field(20000.0, gt=0, le=1e15, strict=True,
+                                        description="Prefill rate shared by requests in prefill (at most 1e15)")
+    decode_step_s: float = Field(0.004, ge=0, le=60, strict=True,
+                                 description="Decode step time at batch size 1 (0..60 s)")
+    decode_step_per_seq_s: float = Field(0.0005, ge=0, le=60, strict=True,
+                                         description="Added step time per extra sequence in batch (0..60 s)")
+    slots: int = Field(8, ge=1, le=MAX_CONCURRENCY, strict=True,
+                       description="Concurrent sequences (1..100000); more wait in queue")
+    cache_blocks: int = Field(4096, ge=0, le=16_777_216, strict=True,
+                              description="Prefix-cache capacity in blocks (LRU), at most 16777216")
+    block_size: int = Field(16, ge=1, le=65_536, strict=True,
+                            description="Prefix-cache block size in tokens (1..65536)")
+    spec_tokens: int = Field(0, ge=0, le=1024, strict=True,
+                             description="Draft tokens per step (0..1024); 0 disables speculative decoding")
+    spec_accept: float = Field(0.7, ge=0, le=1, strict=True, description="Probability each draft token is accepted")
+    hide_counters: list[Annotated[str, StringConstraints(max_length=200)]] = Field(
+        default_factory=list, max_length=64,
+        description="Spec-decode counter names left out of /metrics (tests of NOT_OBSERVED)"
     )
     max_model_len: int | None = Field(
-        None, ge=2, description="Context limit: prompt + max_tokens above it is rejected with HTTP 400 (like vLLM)"
+        None, ge=2, le=16_777_216, strict=True,
+        description="Context limit (2..16777216): prompt + max_tokens above it is rejected with HTTP 400 (like vLLM)"
     )
-    error_rate: float = Field(0.0, ge=0, le=1, description="Fault: share of requests answered with HTTP 500")
-    crash_after: int | None = Field(None, ge=1, description="Fault: exit the server after this many requests")
-    stall_after: int | None = Field(None, ge=1, description="Fault: stall streams forever after this many requests")
-    seed: int = Field(0, description="Seed of the target's random choices")
+    error_rate: float = Field(0.0, ge=0, le=1, strict=True,
+                              description="Fault: share of requests answered with HTTP 500")
+    crash_after: int | None = Field(None, ge=1, le=1_000_000_000, strict=True,
+                                    description="Fault: exit the server after this many requests (at most 1e9)")
+    stall_after: int | None = Field(None, ge=1, le=1_000_000_000, strict=True,
+                                    description="Fault: stall streams forever after this many requests (at most 1e9)")
+    seed: int = Field(0, ge=-MAX_SEED - 1, le=MAX_SEED, strict=True,
+                      description="Seed of the target's random choices (a signed 64-bit integer)")
 
 
 class SSH(_Model):
@@ -66,25 +104,26 @@ class SSH(_Model):
     is referenced, never read into the ledger, events or reports."""
 
     host: str = Field(
-        description="Host name or address of the machine that runs the service (sshd listens there)",
-        pattern=r"^[^\s@/-][^\s@/]*$", examples=["gpu-node-3", "10.0.0.7"],
+        description="Host name or address of the machine that runs the service (sshd listens there; at most "
+        "253 characters)",
+        pattern=r"^[^\s@/-][^\s@/]*$", max_length=253, examples=["gpu-node-3", "10.0.0.7"],
     )
-    port: int = Field(22, ge=1, le=65535, description="sshd port on the host")
-    user: str = Field(description="Login user on the host", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
-                      examples=["bench"])
+    port: int = Field(22, ge=1, le=65535, strict=True, description="sshd port on the host")
+    user: str = Field(description="Login user on the host (at most 256 characters)",
+                      pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=256, examples=["bench"])
     key_path: str = Field(
         description="Path of the private key file on the controller's host (absolute or ~/...): referenced, "
-        "never read into the ledger, events or reports; keep it outside the workspace",
-        pattern=r"^(/|~)", examples=["~/.ssh/id_ed25519"],
+        "never read into the ledger, events or reports; keep it outside the workspace (at most 4096 characters)",
+        pattern=r"^(/|~)", max_length=MAX_PATH, examples=["~/.ssh/id_ed25519"],
     )
     known_hosts: str | None = Field(
         None,
         description="Path of the known_hosts file the host key is verified against (absolute or ~/...); null "
-        "requires accept_unknown_host_key: true",
-        pattern=r"^(/|~)", examples=["~/.ssh/known_hosts"],
+        "requires accept_unknown_host_key: true (at most 4096 characters)",
+        pattern=r"^(/|~)", max_length=MAX_PATH, examples=["~/.ssh/known_hosts"],
     )
     accept_unknown_host_key: bool = Field(
-        False,
+        False, strict=True,
         description="Connect without verifying the host key (only with known_hosts null); must be set "
         "explicitly, and is recorded with the case and the service evidence",
     )
@@ -106,23 +145,30 @@ class Service(_Model):
         description="reference: the embedded reference target; external: an already-running endpoint; "
         "command: caseledger starts argv (locally, or on service.ssh.host) and reads its effective argv back",
     )
-    argv: list[str] = Field(
-        default_factory=list,
+    argv: list[_Arg] = Field(
+        default_factory=list, max_length=MAX_ARGS,
         description="Launch argv for adapter 'command' (a list, never a shell string: case fields must not "
-        "become shell syntax). '{port}' and '{host}' are filled from the first endpoint",
+        "become shell syntax; at most 1024 elements of 32768 characters). '{port}' and '{host}' are filled from "
+        "the first endpoint",
     )
-    env: dict[str, str] = Field(
-        default_factory=dict,
+    env: dict[_EnvName, _Arg] = Field(
+        default_factory=dict, max_length=MAX_ARGS,
         description="Environment for the launched service: literal non-secret values, or '${NAME}' references "
-        "resolved from the caller's environment at launch (never stored)",
+        "resolved from the caller's environment at launch (never stored). The service gets only these plus "
+        "PATH, HOME, USER, LOGNAME, SHELL, TMPDIR, TZ, LANG, LANGUAGE and LC_* from the caller (never its other "
+        "variables; declare LD_LIBRARY_PATH, CUDA_VISIBLE_DEVICES etc. here); at most 1024 entries",
     )
-    health_url: str | None = Field(None, description="Health URL; null: <endpoint origin>/health")
-    health_timeout_s: float = Field(180.0, gt=0, description="How long to wait for health after a start")
-    identity_command: list[str] | None = Field(
-        None, description="Optional argv printing the live service identity (adapter 'external')"
+    health_url: str | None = Field(None, max_length=MAX_URL,
+                                   description="Health URL (at most 2048 characters); null: <endpoint origin>/health")
+    health_timeout_s: float = Field(180.0, gt=0, le=MAX_TIMEOUT_S, strict=True,
+                                    description="How long to wait for health after a start (at most 86400 s)")
+    identity_command: list[_Arg] | None = Field(
+        None, max_length=MAX_ARGS,
+        description="Optional argv printing the live service identity (adapter 'external'); it runs with the "
+        "same minimal environment as a launched service"
     )
     recovery_target: str | None = Field(
-        None, description="Case id of the verified service to roll back to when this one fails"
+        None, max_length=64, description="Case id of the verified service to roll back to when this one fails"
     )
     reference: ReferenceConfig = Field(
         default_factory=ReferenceConfig, description="Reference target model (adapter 'reference' only)"
@@ -148,53 +194,79 @@ class Dataset(_Model):
         "file: JSONL of prompts inside the workspace, hashed as is",
     )
     entries: int | None = Field(
-        None, ge=1, description="Entries materialized, one per formal request; null: filled with load.requests"
+        None, ge=1, le=MAX_REQUESTS, strict=True,
+        description="Entries materialized, one per formal request (1..1000000); null: filled with load.requests"
     )
-    input_tokens: int = Field(256, ge=1, description="Body tokens per entry (before the chat template)")
-    output_tokens: int = Field(64, ge=1, description="Output tokens per request (max_tokens; ignore_eos fixes it)")
-    prefix_ratio: float = Field(0.0, ge=0, lt=1, description="prefix_cache: minimum expected hit ratio per entry")
-    block_size: int = Field(16, ge=1, description="Cache block size the hit ratio is aligned to")
-    prefix_groups: int = Field(1, ge=1, description="prefix_cache: number of distinct shared prefixes")
+    input_tokens: int = Field(256, ge=1, le=MAX_TOKENS, strict=True,
+                              description="Body tokens per entry (before the chat template), 1..2097152; entries x "
+                              "input_tokens at most 2**30")
+    output_tokens: int = Field(64, ge=1, le=MAX_TOKENS, strict=True,
+                               description="Output tokens per request (max_tokens; ignore_eos fixes it), 1..2097152")
+    prefix_ratio: float = Field(0.0, ge=0, lt=1, strict=True,
+                                description="prefix_cache: minimum expected hit ratio per entry")
+    block_size: int = Field(16, ge=1, le=65_536, strict=True,
+                            description="Cache block size the hit ratio is aligned to (1..65536)")
+    prefix_groups: int = Field(1, ge=1, le=MAX_REQUESTS, strict=True,
+                               description="prefix_cache: number of distinct shared prefixes (1..1000000)")
     tokenizer: str = Field(
-        "builtin",
+        "builtin", min_length=1, max_length=MAX_PATH,
         description="Tokenizer: 'builtin' (a small BPE the project generates) or a local path for "
-        "transformers.AutoTokenizer (no hub access at run time)",
+        "transformers.AutoTokenizer (no hub access at run time); at most 4096 characters",
     )
-    tokenizer_revision: str | None = Field(None, description="Tokenizer revision recorded in the identity")
-    chat_template: bool = Field(True, description="Count tokens with the chat template applied (what the server sees)")
-    path: str | None = Field(None, description="file: JSONL path relative to the workspace, one {'prompt': ...}")
-    seed: int = Field(0, description="Generator seed")
+    tokenizer_revision: str | None = Field(None, max_length=200,
+                                           description="Tokenizer revision recorded in the identity (at most 200 "
+                                           "characters)")
+    chat_template: bool = Field(True, strict=True,
+                                description="Count tokens with the chat template applied (what the server sees)")
+    path: str | None = Field(None, max_length=MAX_PATH,
+                             description="file: JSONL path relative to the workspace, one {'prompt': ...} (at most "
+                             "4096 characters)")
+    seed: int = Field(0, ge=-MAX_SEED - 1, le=MAX_SEED, strict=True,
+                      description="Generator seed (a signed 64-bit integer)")
 
 
 class Load(_Model):
-    requests: int = Field(description="Formal requests N", ge=1, examples=[640])
-    concurrency: int = Field(description="Maximum requests in flight C", ge=1, examples=[64])
-    rate: float | None = Field(None, gt=0, description="Request rate r per second; null: unlimited")
+    requests: int = Field(description="Formal requests N (1..1000000)", ge=1, le=MAX_REQUESTS, strict=True,
+                          examples=[640])
+    concurrency: int = Field(description="Maximum requests in flight C (1..100000)", ge=1, le=MAX_CONCURRENCY,
+                             strict=True, examples=[64])
+    rate: float | None = Field(None, gt=0, le=1_000_000, strict=True,
+                               description="Request rate r per second (at most 1000000); null: unlimited")
     arrival: Literal["constant", "poisson", "gamma"] = Field("poisson", description="Arrival process for rate r")
-    burstiness: float = Field(1.0, gt=0, description="gamma shape; 1.0 is poisson, lower is burstier")
-    timeout_s: float = Field(600.0, gt=0, description="Per-request timeout; a stalled stream ends as an error")
-    max_tokens: int | None = Field(None, ge=1, description="max_tokens per request; null: dataset.output_tokens")
-    ignore_eos: bool = Field(True, description="Ask the server to ignore EOS so output length is fixed")
-    salt: bool = Field(True, description="Salt each entry's unique part per run so a warm cache cannot over-hit")
+    burstiness: float = Field(1.0, gt=0, le=1000, strict=True,
+                              description="gamma shape (at most 1000); 1.0 is poisson, lower is burstier")
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, strict=True,
+                             description="Per-request timeout (at most 86400 s); a stalled stream ends as an error")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, strict=True,
+                                   description="max_tokens per request (1..2097152); null: dataset.output_tokens")
+    ignore_eos: bool = Field(True, strict=True,
+                             description="Ask the server to ignore EOS so output length is fixed")
+    salt: bool = Field(True, strict=True,
+                       description="Salt each entry's unique part per run so a warm cache cannot over-hit")
 
 
 class Warmup(_Model):
-    requests: int = Field(4, ge=0, description="Warmup requests after a service (re)start; 0 disables")
-    concurrency: int = Field(2, ge=1, description="Warmup concurrency")
-    max_tokens: int = Field(8, ge=1, description="Output tokens per warmup request")
+    requests: int = Field(4, ge=0, le=MAX_REQUESTS, strict=True,
+                          description="Warmup requests after a service (re)start (0..1000000); 0 disables")
+    concurrency: int = Field(2, ge=1, le=MAX_CONCURRENCY, strict=True, description="Warmup concurrency (1..100000)")
+    max_tokens: int = Field(8, ge=1, le=MAX_TOKENS, strict=True,
+                            description="Output tokens per warmup request (1..2097152)")
 
 
 class Cache(_Model):
     min_hit_ratio: float | None = Field(
-        None, ge=0, le=1, description="Minimum per-request cached/prompt ratio to check; null: no cache target"
+        None, ge=0, le=1, strict=True,
+        description="Minimum per-request cached/prompt ratio to check; null: no cache target"
     )
-    seed_per_route: bool = Field(True, description="Seed every route's prefixes before the check")
-    check_requests: int = Field(2, ge=1, description="Check requests per route")
+    seed_per_route: bool = Field(True, strict=True, description="Seed every route's prefixes before the check")
+    check_requests: int = Field(2, ge=1, le=10_000, strict=True, description="Check requests per route (1..10000)")
 
 
 class Window(_Model):
-    min_requests: int = Field(1, ge=1, description="Fewest requests for the window to count")
-    min_duration_s: float = Field(0.0, ge=0, description="Shortest duration for the window to count")
+    min_requests: int = Field(1, ge=1, le=MAX_REQUESTS, strict=True,
+                              description="Fewest requests for the window to count (1..1000000)")
+    min_duration_s: float = Field(0.0, ge=0, le=MAX_TIMEOUT_S * 30, strict=True,
+                                  description="Shortest duration for the window to count (at most 30 days in s)")
 
 
 class NativeWindow(Window):
@@ -203,7 +275,7 @@ class NativeWindow(Window):
         description="aisbench: from the second request reaching peak concurrency to the last moment at peak; "
         "sglang: longest span with concurrency >= ratio * peak",
     )
-    ratio: float = Field(0.9, gt=0, le=1, description="sglang rule: share of the peak concurrency")
+    ratio: float = Field(0.9, gt=0, le=1, strict=True, description="sglang rule: share of the peak concurrency")
 
 
 class Measurement(_Model):
@@ -220,17 +292,20 @@ class Decision(_Model):
         "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99",
     ] = Field("output_throughput_per_card", description="Metric the decision compares")
     window: Literal["whole", "native"] = Field("whole", description="Window the decision compares on")
-    baseline: str | None = Field(None, description="Case id of the scenario baseline; null: the parent")
-    min_effect: float = Field(0.02, ge=0, description="Smallest relative improvement that counts as 'keep'")
+    baseline: str | None = Field(None, max_length=64,
+                                 description="Case id of the scenario baseline; null: the parent")
+    min_effect: float = Field(0.02, ge=0, le=1000, strict=True,
+                              description="Smallest relative improvement that counts as 'keep' (at most 1000)")
 
 
 class Case(_Model):
     """A case: what to measure. Frozen under the hash of its canonical JSON."""
 
-    schema_: str | None = Field(None, alias="$schema", description="JSON Schema reference for editors (ignored)")
+    schema_: str | None = Field(None, alias="$schema", max_length=MAX_URL,
+                                description="JSON Schema reference for editors (ignored)")
     scenario: str = Field(
-        description="Name grouping comparable cases", min_length=1, pattern=r"^[A-Za-z0-9._-]+$",
-        examples=["copy-128k-1k-prefix90"],
+        description="Name grouping comparable cases (at most 200 characters)", min_length=1, max_length=200,
+        pattern=r"^[A-Za-z0-9._-]+$", examples=["copy-128k-1k-prefix90"],
     )
     parent: str | None = Field(None, description="Case id this case derives from", pattern=r"^c-[0-9a-f]{12}$")
     note: str = Field("", description="Free text: why this candidate", max_length=2000)
@@ -258,6 +333,13 @@ class Case(_Model):
             raise ValueError(
                 f"dataset.entries ({self.dataset.entries}) < load.requests ({self.load.requests}): "
                 "one entry per request; raise dataset.entries or leave it null"
+            )
+        entries = self.dataset.entries or self.load.requests
+        if self.dataset.source != "file" and entries * self.dataset.input_tokens > MAX_DATASET_TOKENS:
+            raise ValueError(
+                f"dataset.input_tokens x entries (load.requests or dataset.entries) = {self.dataset.input_tokens} "
+                f"x {entries} exceeds {MAX_DATASET_TOKENS} tokens materialized at freeze; lower load.requests "
+                "or dataset.input_tokens"
             )
         return self
 

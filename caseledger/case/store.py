@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,12 @@ def explain(err: ValidationError, source: str) -> CaseInvalid:
             msg = "unknown field (remove it or check the spelling against schemas/case.schema.json)"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] == "int_type" and isinstance(e.get("input"), bool):
+            msg = "must be an integer, not a boolean"
+        elif e["type"] == "int_type" and isinstance(e.get("input"), float):
+            msg = "must be an integer written without a decimal point or exponent"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number (NaN and Infinity are not numbers)"
         given = e.get("input")
         shown = "" if e["type"] in ("missing",) or isinstance(given, dict) else f" (got {given!r})"[:80]
         lines.append(f"{path}: {msg}{shown}")
@@ -31,11 +40,64 @@ def explain(err: ValidationError, source: str) -> CaseInvalid:
                        "fix these fields in the draft and freeze again; nothing was written")
 
 
+_INT_RANGE = (-(2**63), 2**64 - 1)  # what orjson reads as an integer; beyond it, silently a float
+_LONG_DIGITS = re.compile(rb"\d{19}")  # every integer beyond 64 bits has at least 19 digits
+
+
+class _Refused:
+    """A JSON literal no case field can hold, kept in place by the second parse so its field path is known."""
+
+    def __init__(self, literal: str, problem: str, fix: str) -> None:
+        self.literal, self.problem, self.fix = literal, problem, fix
+
+
+def _finite(text: str) -> float | _Refused:
+    value = float(text)
+    return value if math.isfinite(value) else _Refused(text, "is not a finite number", "write a finite number")
+
+
+def _int64(text: str) -> int | _Refused:
+    if len(text.lstrip("-")) <= 20 and _INT_RANGE[0] <= (value := int(text)) <= _INT_RANGE[1]:
+        return value
+    return _Refused(text, "is an integer beyond 64 bits", "write an integer within the field's documented bound")
+
+
+def _first_refused(node: Any, path: str) -> tuple[str, _Refused] | None:
+    if isinstance(node, _Refused):
+        return path or "(case)", node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        found = _first_refused(child, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _refuse_literals(data: bytes, source: str) -> None:
+    """Raise CaseInvalid naming the field of a NaN/Infinity literal, a float overflowing to infinity (1e400)
+    or an integer beyond 64 bits; return when there is none (or the text is not JSON at all)."""
+    try:
+        obj = json.loads(data, parse_constant=lambda c: _Refused(c, "is not a JSON number", "write a finite number"),
+                         parse_float=_finite, parse_int=_int64)
+    except (ValueError, RecursionError):
+        return
+    found = _first_refused(obj, "")
+    if found is not None:
+        path, bad = found
+        shown = bad.literal if len(bad.literal) <= 24 else bad.literal[:20] + "..."
+        raise CaseInvalid(f"{source} is not a valid case: {path}: {shown} {bad.problem}",
+                          f"{bad.fix} for {path} (bounds: schemas/case.schema.json) and freeze again; "
+                          "nothing was written")
+
+
 def parse_draft(data: bytes, source: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
+        _refuse_literals(data, source)  # NaN, Infinity, 1e400: name the field rather than a column
         raise CaseInvalid(f"{source} is not valid JSON: {e}", "fix the JSON syntax and freeze again") from None
+    if _LONG_DIGITS.search(data):
+        _refuse_literals(data, source)
     if not isinstance(obj, dict):
         raise CaseInvalid(f"{source} must hold a JSON object (a case), got {type(obj).__name__}",
                           "write the case as one JSON object")

@@ -12,16 +12,18 @@ import inspect
 import ipaddress
 import logging
 import os
+import socket
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 from starlette.datastructures import Headers
@@ -30,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from caseledger import tools
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized
+from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff
 from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
 from caseledger.workspace import Workspace, check_id
@@ -217,11 +220,12 @@ def build_server(ws: Workspace) -> MCPServer:
     async def reprocess_raw(
         ctx: Context[Any, Any],
         run_id: Annotated[str, _RUN_ID],
-        rule: Annotated[Literal["aisbench", "sglang"] | None, Field(
+        rule: Annotated[NativeRule | None, Field(
             description="Native (steady-state) window rule; omit for the case's own rule")] = None,
         ratio: Annotated[float | None, Field(
-            gt=0, le=1, description="sglang rule only: share of peak concurrency that counts as steady, "
-                                    "e.g. 0.9; omit for the case's")] = None,
+            gt=RATIO_MIN_EXCLUSIVE, le=RATIO_MAX,
+            description="sglang rule only: share of peak concurrency that counts as steady, e.g. 0.9; omit for the "
+                        "case's")] = None,
     ) -> Annotated[CallToolResult, ReprocessResult]:
         """Recompute a run's results from its raw per-request records in a fresh process (a new versioned
         result, nothing overwritten); without rule/ratio also re-decide. Never sends a model request.
@@ -331,9 +335,62 @@ def read_token(token_env: str) -> str:
     return token
 
 
-def http_app(ws: Workspace, host: str, token: str | None) -> ASGIApp:
-    """The streamable HTTP ASGI app at /mcp, behind the bearer check when a token is given."""
-    app: ASGIApp = build_server(ws).streamable_http_app(streamable_http_path="/mcp", host=host)
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _bracketed(name: str) -> str:
+    return f"[{name}]" if ":" in name else name
+
+
+def _spellings(host: str) -> list[str]:
+    """The bind host as given, and for an IP address its compressed and exploded forms ('[0:0:0:0:0:0:0:1]'
+    binds '::1'); host names lower-cased (the check compares exactly)."""
+    out = [host.lower()]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return out
+    return [*out, str(ip), ip.exploded]
+
+
+def _own_names() -> list[str]:
+    """This machine's names and their addresses: what a client uses to reach a wildcard (0.0.0.0, ::) bind."""
+    names = [socket.gethostname(), socket.getfqdn()]
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:  # a host name that does not resolve: its names only
+        infos = []
+    return [n.lower() for n in [*names, *(str(info[4][0]) for info in infos)] if n]
+
+
+def transport_security(host: str, port: int) -> TransportSecuritySettings:
+    """DNS-rebinding protection for every bind, built from the bind address itself (the SDK switches its own
+    on only for exactly 127.0.0.1, localhost and ::1, leaving 127.0.0.2 or '[0:0:0:0:0:0:0:1]' open).
+
+    Allowed Host values: every spelling of the bind address with the bound port (for a wildcard bind, this
+    machine's names and addresses); for a loopback bind also localhost, 127.0.0.1 and [::1] on any port (an SSH
+    forward, `ssh -L 9000:127.0.0.1:8765`, arrives with its own port, and a loopback literal can never be a
+    rebinding attacker's name). Allowed Origins: http:// plus an allowed Host. Anything else -- `Host:
+    evil.example` from a page whose name was rebound to this address -- is refused (421 Host, 403 Origin)
+    before any tool runs."""
+    try:
+        wildcard = ipaddress.ip_address(host).is_unspecified  # 0.0.0.0, :: listen on loopback too
+    except ValueError:
+        wildcard = False
+    exact = _spellings(host) + (_own_names() if wildcard else [])
+    hosts = [f"{_bracketed(n)}:{port}" for n in exact]
+    if is_loopback(host) or wildcard:
+        hosts += [f"{_bracketed(n)}:*" for n in _LOOPBACK_NAMES]
+    hosts = list(dict.fromkeys(hosts))
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=[f"http://{h}" for h in hosts])
+
+
+def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
+    """The streamable HTTP ASGI app at /mcp: Host/Origin checked against the bind address (every bind), and
+    behind the bearer check when a token is given."""
+    app: ASGIApp = build_server(ws).streamable_http_app(
+        streamable_http_path="/mcp", host=host, transport_security=transport_security(host, port))
     return BearerToken(app, token) if token is not None else app
 
 
@@ -353,7 +410,7 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     if token is None and not is_loopback(host):
         raise NotAuthorized(f"binding {host} (not loopback) without a bearer token would open the workspace "
                             "to the network", "add --token-env NAME with the token in $NAME, or bind 127.0.0.1")
-    asgi = http_app(ws, host, token)  # builds the server, which configures logging (stderr)
+    asgi = http_app(ws, host, port, token)  # builds the server, which configures logging (stderr)
     log.info("caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)", host, port,
              Path(ws.root), "required" if token else "off")
     # log_config=None: uvicorn's own config sends access logs to stdout; keep every log on stderr

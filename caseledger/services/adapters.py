@@ -54,10 +54,33 @@ def intended_argv(case: Case) -> list[str]:
     return []
 
 
+# What a local service (and identity_command) inherits from the caller: only what any command needs to run at
+# all -- find programs, a home, who it runs as, a shell, a temp dir, time zone and locale. Never the rest: the
+# agent's shell holds API keys and tokens, and a service's environment is readable in /proc/PID/environ.
+# LD_LIBRARY_PATH, PYTHONPATH, CUDA_VISIBLE_DEVICES and the like are deliberately NOT inherited: they decide
+# which code and which devices the engine runs, so they belong to the case -- declare them in service.env
+# (e.g. "LD_LIBRARY_PATH": "${LD_LIBRARY_PATH}"), where they are part of the service identity and recorded.
+# A remote service (service.ssh) gets case_env() only, on top of the remote login's own environment.
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ", "LANG", "LANGUAGE")
+INHERITED_ENV_PREFIXES = ("LC_",)
+
+
+def base_env() -> dict[str, str]:
+    """The caller's harmless variables (INHERITED_ENV, LC_*), nothing else."""
+    return {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
+
+
 def resolve_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
-    """(env for the child, what may be recorded: references stay references, values of refs never copied)."""
+    """(env for the child, what may be recorded: references stay references, values of refs never copied).
+
+    The child gets base_env() plus exactly the case's service.env; the reference target also gets PYTHONPATH
+    pointing at this package, so `python -m caseledger.target` imports this checkout (it is caseledger's
+    own code, not the caller's setting)."""
     own, shown = case_env(case)
-    return {**os.environ, **own}, shown
+    env = base_env()
+    if case.service.adapter == "reference":
+        env["PYTHONPATH"] = procs.PKG_PARENT
+    return {**env, **own}, shown
 
 
 def case_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
@@ -362,8 +385,9 @@ def _external(case: Case, want: str) -> dict[str, Any]:
         seen.append({"base_url": ep.base_url, "models": ids})
     ident_out = None
     if case.service.identity_command:
+        env, _ = resolve_env(case)  # the same minimal environment as a launched service
         try:
-            ident_out = subprocess.run(case.service.identity_command, capture_output=True, timeout=30,
+            ident_out = subprocess.run(case.service.identity_command, capture_output=True, timeout=30, env=env,
                                        check=True).stdout.decode(errors="replace")[:2000]
         except (OSError, subprocess.SubprocessError) as e:
             raise PhaseFailed(f"identity_command failed: {e}", "service", "fix service.identity_command") from None
