@@ -18,6 +18,7 @@ from caseledger import services
 from caseledger.demo import _port, drafts
 from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
+from caseledger.ledger.runs import load_run
 from caseledger.outcome.summary import time_ledger
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace, read_json
@@ -41,7 +42,7 @@ def main(k: int = 5) -> None:
             f = freeze_case(ws, draft=d, parent=f0.case_id)
             r = start_run(ws, f.case_id, wait=True)
             assert r.state == "succeeded", r.text()
-            tl = time_ledger(ws, r.run_id)
+            tl = time_ledger(load_run(ws, r.run_id))
             ev = {(e["type"], e["phase"]): e for e in read_events(ws.run(r.run_id)).events}
             created = _t(ev[("run_created", None)]["utc"])
             anchor = read_json(ws.run(r.run_id).load_anchor)

@@ -97,3 +97,14 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.pop("CASELEDGER_FAULT_CONSUMED", None)
     env.update(extra or {})
     return env
+
+
+# What a local service (and identity_command) inherits from the caller: only what any command needs to run at
+# all -- find programs, a home, who it runs as, a shell, a temp dir, time zone and locale. Never the rest: the
+# agent's shell holds API keys and tokens, and a service's environment is readable in /proc/PID/environ.
+# LD_LIBRARY_PATH, PYTHONPATH, CUDA_VISIBLE_DEVICES and the like are deliberately NOT inherited: they decide
+# which code and which devices the engine runs, so they belong to the case -- declare them in service.env
+# (e.g. "LD_LIBRARY_PATH": "${LD_LIBRARY_PATH}"), where they are part of the service identity and recorded.
+# A remote service (service.ssh) gets case_env() only, on top of the remote login's own environment.
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ", "LANG", "LANGUAGE")
+INHERITED_ENV_PREFIXES = ("LC_",)

@@ -30,6 +30,7 @@ import orjson
 from caseledger.errors import PathEscapes
 
 ENV_WORKSPACE = "CASELEDGER_WORKSPACE"
+RESULT_FILE = "result.json"  # one result of one processor version, window rule and raw input
 _ID = re.compile(r"^[a-z]-[0-9a-f]{6,64}$")
 
 
@@ -213,6 +214,7 @@ class RunPaths:
 
     @property
     def results(self) -> Path:
+        """results/<processor_version>/<params_key>/<inputs_key>/RESULT_FILE (metrics/_store.py)."""
         return self.root / "results"
 
     @property

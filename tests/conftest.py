@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -19,6 +20,16 @@ import orjson
 import pytest
 
 from caseledger.workspace import Workspace
+
+
+def tree_digest(root: Path) -> str:
+    """Digest of every path and file content under root (lock and temp files included)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def free_port() -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import typing
@@ -22,7 +21,7 @@ from caseledger.case.schema import SCHEMAS_DIR, case_schema
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
-from tests.conftest import ref_draft, write_draft
+from tests.conftest import ref_draft, tree_digest, write_draft
 
 
 def _leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -208,16 +207,6 @@ def test_random_drafts_either_freeze_or_fail_cleanly(ws: Workspace, path: str, v
 # ---- the input boundary: non-finite numbers, booleans for integers, out-of-range numbers and strings ------------
 
 
-def _tree(root: Path) -> str:
-    """Digest of every path and file content under root (lock and temp files included)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        h.update(str(p.relative_to(root)).encode() + b"\0")
-        if p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def _set(d: dict[str, Any], path: str, value: Any) -> None:
     *head, last = path.split(".")
     node: Any = d
@@ -263,7 +252,7 @@ def test_non_finite_boolean_and_out_of_range_values_are_refused_naming_the_field
         ws: Workspace, path: str, value: Any, says: str) -> None:
     d = ref_draft(18001)
     _set(d, path, value)
-    before = _tree(ws.root)
+    before = tree_digest(ws.root)
     t0 = time.monotonic()
     with pytest.raises(CaseInvalid) as e:
         freeze_case(ws, draft=d)
@@ -271,16 +260,16 @@ def test_non_finite_boolean_and_out_of_range_values_are_refused_naming_the_field
     assert f"{path}:" in e.value.message and says in e.value.message, e.value.message
     assert e.value.fix and "nothing was written" in e.value.fix
     assert len(e.value.message) < 600  # a 10 MB value is not echoed
-    assert _tree(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
+    assert tree_digest(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
 
 
 def test_dataset_too_large_to_materialize_is_refused_naming_both_fields(ws: Workspace) -> None:
     d = ref_draft(18001, load={"requests": 1_000_000, "concurrency": 64}, dataset={"input_tokens": 131072})
-    before = _tree(ws.root)
+    before = tree_digest(ws.root)
     with pytest.raises(CaseInvalid) as e:
         freeze_case(ws, draft=d)
     assert "dataset.input_tokens" in e.value.message and "load.requests" in e.value.message
-    assert _tree(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
+    assert tree_digest(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
     # the seeds' largest campaign (N 640, 131072 input tokens) stays well inside every bound
     Case.model_validate(ref_draft(18001, load={"requests": 640, "concurrency": 64},
                                   dataset={"input_tokens": 131072, "output_tokens": 1024}))
@@ -304,9 +293,9 @@ def test_raw_json_literals_no_case_can_hold_are_refused_naming_the_field(
     assert raw in text
     p = ws.cases_dir / "bad.json"
     p.write_bytes(text)
-    before = _tree(ws.root)
+    before = tree_digest(ws.root)
     with pytest.raises(CaseInvalid) as e:
         freeze_case(ws, str(p))
     assert f"{path}:" in e.value.message and says in e.value.message, e.value.message
     assert e.value.fix and ("nothing was written" in e.value.fix)
-    assert _tree(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
+    assert tree_digest(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file

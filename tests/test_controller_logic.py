@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ref_draft
 
 from caseledger.case.model import Case
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
@@ -18,6 +17,7 @@ from caseledger.ledger.state import PhaseState, fold
 from caseledger.run import controller
 from caseledger.run.start import start_next
 from caseledger.workspace import Workspace, atomic_write, canonical_json, read_json
+from tests.conftest import ref_draft
 
 
 def make_run(ws: Workspace, rid: str = "r-0000beef") -> Path:

@@ -3,7 +3,6 @@ structured content, errors that name the fix, resources, and the stdio and strea
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -12,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from caseledger.errors import CaseledgerError, NotAuthorized
 from caseledger.server import build_server, serve
 from caseledger.server.inspect import inspect_main, parse_arguments
 from caseledger.workspace import Workspace
-from tests.conftest import free_port
+from tests.conftest import free_port, tree_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -292,32 +292,40 @@ def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.C
     assert doc["is_error"] is True and "fix:" in doc["text"] and doc["structured_content"] is None
 
 
-@pytest.fixture
-def http_server(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[tuple[str, str | None]]:
-    """`caseledger mcp --http 127.0.0.1:PORT` as a subprocess; the token when the test asks for one."""
-    token = "t0ken-" + "x" * 20 if getattr(request, "param", False) else None
+@contextmanager
+def _mcp_http(ws: Workspace, bind: str, env: dict[str, str] | None = None,
+              extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """`caseledger mcp --http BIND:PORT` as a subprocess, waited for until it listens; yields the /mcp URL."""
     port = free_port()
-    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"127.0.0.1:{port}"]
-    env = dict(os.environ)
-    if token:
-        argv += ["--token-env", "CL_TEST_TOKEN"]
-        env["CL_TEST_TOKEN"] = token
-    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}",
+            *extra]
+    p = subprocess.Popen(argv, env=env or dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
             assert p.poll() is None, "server exited"
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                socket.create_connection((bind.strip("[]"), port), timeout=0.2).close()
                 break
             except OSError:
                 assert time.monotonic() < deadline, "server did not listen"
                 time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp", token
+        yield f"http://{bind}:{port}/mcp"
     finally:
         p.terminate()
         p.wait(10)
+
+
+@pytest.fixture
+def http_server(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[tuple[str, str | None]]:
+    """`caseledger mcp --http 127.0.0.1:PORT` as a subprocess; the token when the test asks for one."""
+    token = "t0ken-" + "x" * 20 if getattr(request, "param", False) else None
+    env = dict(os.environ)
+    if token:
+        env["CL_TEST_TOKEN"] = token
+    with _mcp_http(ws, "127.0.0.1", env, ("--token-env", "CL_TEST_TOKEN") if token else ()) as url:
+        yield url, token
 
 
 async def test_streamable_http_on_loopback(http_server: tuple[str, str | None]) -> None:
@@ -378,39 +386,11 @@ async def test_host_and_origin_are_checked_against_the_bind_address_on_every_bin
     assert await _checked("10.1.2.3", 8765, "localhost:8765") == 421  # off loopback: no loopback names
 
 
-def _tree(root: Path) -> str:
-    """Digest of every path and file content under root (lock and temp files included)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        h.update(str(p.relative_to(root)).encode() + b"\0")
-        if p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.fixture
 def http_server_on(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[str]:
     """`caseledger mcp --http BIND:PORT` for another loopback bind spelling (request.param); the /mcp URL."""
-    bind: str = request.param
-    port = free_port()
-    connect = bind.strip("[]")
-    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}"]
-    p = subprocess.Popen(argv, env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert p.poll() is None, "server exited"
-            try:
-                socket.create_connection((connect, port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "server did not listen"
-                time.sleep(0.1)
-        yield f"http://{bind}:{port}/mcp"
-    finally:
-        p.terminate()
-        p.wait(10)
+    with _mcp_http(ws, request.param) as url:
+        yield url
 
 
 @pytest.mark.parametrize("http_server_on", ["127.0.0.2", "[0:0:0:0:0:0:0:1]"], indirect=True)
@@ -423,7 +403,7 @@ async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspa
             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                        "clientInfo": {"name": "t", "version": "0"}}}
     accept = {"Accept": "application/json, text/event-stream"}
-    before = _tree(ws.root)
+    before = tree_digest(ws.root)
     async with httpx2.AsyncClient() as h:
         for body in (init, freeze):
             r = await h.post(url, json=body, headers={**accept, "Host": "evil.example"})
@@ -434,7 +414,7 @@ async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspa
             assert r.status_code == 403, r.text
         r = await h.post(url, json=init, headers={**accept, "Host": authority, "Origin": f"http://{authority}"})
         assert r.status_code == 200, r.text  # the right Host (and same-origin Origin) gets the MCP answer
-    assert _tree(ws.root) == before  # refused: nothing written, no case frozen
+    assert tree_digest(ws.root) == before  # refused: nothing written, no case frozen
     async with Client(url) as c:
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
         r2 = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})

@@ -11,7 +11,7 @@ import pytest
 from caseledger import procs, services
 from caseledger.case.store import load_case
 from caseledger.ledger.leases import target_key
-from caseledger.services.adapters import INHERITED_ENV
+from caseledger.procs import INHERITED_ENV
 from caseledger.tools import freeze_case, start_run, summarize
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, reference_targets

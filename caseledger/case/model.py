@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
+
 MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
 MAX_CONCURRENCY = 100_000  # C
 MAX_TOKENS = 2_097_152  # tokens per prompt or per output (2 Mi: 16x the seeds' 131072-token inputs)
@@ -155,7 +157,7 @@ class Service(_Model):
         default_factory=dict, max_length=MAX_ARGS,
         description="Environment for the launched service: literal non-secret values, or '${NAME}' references "
         "resolved from the caller's environment at launch (never stored). The service gets only these plus "
-        "PATH, HOME, USER, LOGNAME, SHELL, TMPDIR, TZ, LANG, LANGUAGE and LC_* from the caller (never its other "
+        f"{', '.join(INHERITED_ENV)} and {'*, '.join(INHERITED_ENV_PREFIXES)}* from the caller (never its other "
         "variables; declare LD_LIBRARY_PATH, CUDA_VISIBLE_DEVICES etc. here); at most 1024 entries",
     )
     health_url: str | None = Field(None, max_length=MAX_URL,

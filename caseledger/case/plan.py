@@ -143,47 +143,48 @@ def plan(case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanSte
     """Which phases run and which reuse the parent's state, from the delta's impact classes."""
     classes = {d.impact for d in changes}
     cache_target = case.cache.min_hit_ratio is not None
-    steps: list[PlanStep] = [PlanStep(phase="preflight", action="run", reason="always: fresh-process reload")]
+    steps: list[PlanStep] = [PlanStep(phase=Phase.PREFLIGHT, action="run", reason="always: fresh-process reload")]
     if not has_parent:
         why = "no parent: nothing to reuse"
         steps += [
-            PlanStep(phase="service", action="run", reason=why + " (an equal live service is still reused)"),
-            PlanStep(phase="warmup", action="run" if case.warmup.requests else "skip",
+            PlanStep(phase=Phase.SERVICE, action="run", reason=why + " (an equal live service is still reused)"),
+            PlanStep(phase=Phase.WARMUP, action="run" if case.warmup.requests else "skip",
                      reason=why if case.warmup.requests else "warmup.requests is 0"),
-            PlanStep(phase="route_verify", action="run", reason=why),
+            PlanStep(phase=Phase.ROUTE_VERIFY, action="run", reason=why),
         ]
-        cache = PlanStep(phase="cache_prepare", action="run" if cache_target else "skip",
+        cache = PlanStep(phase=Phase.CACHE_PREPARE, action="run" if cache_target else "skip",
                          reason="seed and check" if cache_target else "no cache target (cache.min_hit_ratio null)")
         load_action, load_reason = "run", why
     elif classes <= {Impact.MEASUREMENT}:
         why = "measurement-only delta: no new load, reprocess the parent's raw data"
-        steps += [PlanStep(phase=p, action="reuse", reason=why) for p in ("service", "warmup", "route_verify")]
-        cache = PlanStep(phase="cache_prepare", action="reuse", reason=why)
+        steps += [PlanStep(phase=p, action="reuse", reason=why)
+                  for p in (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY)]
+        cache = PlanStep(phase=Phase.CACHE_PREPARE, action="reuse", reason=why)
         load_action, load_reason = "reuse", why
     else:
         service_changed = Impact.SERVICE in classes
         svc_reason = "service fields changed" if service_changed else "service unchanged: reuse the live service"
         act: Literal["run", "reuse"] = "run" if service_changed else "reuse"
         steps += [
-            PlanStep(phase="service", action=act, reason=svc_reason),
-            PlanStep(phase="warmup", action=act if case.warmup.requests else "skip",
+            PlanStep(phase=Phase.SERVICE, action=act, reason=svc_reason),
+            PlanStep(phase=Phase.WARMUP, action=act if case.warmup.requests else "skip",
                      reason=svc_reason if case.warmup.requests else "warmup.requests is 0"),
-            PlanStep(phase="route_verify", action=act, reason=svc_reason),
+            PlanStep(phase=Phase.ROUTE_VERIFY, action=act, reason=svc_reason),
         ]
         if not cache_target:
-            cache = PlanStep(phase="cache_prepare", action="skip", reason="no cache target")
+            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="skip", reason="no cache target")
         elif service_changed or Impact.DATASET in classes:
-            cache = PlanStep(phase="cache_prepare", action="run", reason="service or data changed: seed and check")
+            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="run", reason="service or data changed: seed and check")
         else:
-            cache = PlanStep(phase="cache_prepare", action="check", reason="hot path: check, not re-seed")
+            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="check", reason="hot path: check, not re-seed")
         load_action, load_reason = "run", "load-class delta: formal load"
         if Impact.DATASET in classes:
             load_reason = "dataset changed: formal load on the new data"
     steps += [
         cache,
-        PlanStep(phase="load", action=load_action, reason=load_reason),
-        PlanStep(phase="confirm_end", action="run", reason="always: confirm the client and requests ended"),
-        PlanStep(phase="postprocess", action="run", reason="always: fresh-process metrics from raw data"),
-        PlanStep(phase="decide", action="run", reason="always"),
+        PlanStep(phase=Phase.LOAD, action=load_action, reason=load_reason),
+        PlanStep(phase=Phase.CONFIRM_END, action="run", reason="always: confirm the client and requests ended"),
+        PlanStep(phase=Phase.POSTPROCESS, action="run", reason="always: fresh-process metrics from raw data"),
+        PlanStep(phase=Phase.DECIDE, action="run", reason="always"),
     ]
     return steps

@@ -1,11 +1,4 @@
-"""Datasets: a case's requests materialized once under ledger/datasets/<dataset_id>/, with their identity.
-
-    ledger/datasets/<dataset_id>/entries.jsonl   one orjson line per entry (Entry), entry i = request i
-    ledger/datasets/<dataset_id>/identity.json   DatasetIdentity: content hash, tokenizer, token counts
-
-The id comes from the dataset spec alone (`dataset_id_for`): the same spec is reused without loading a
-tokenizer, and a subset (fewer entries) is its own dataset. Generation happens in a temp directory that
-is renamed into place, under a lock, so concurrent callers never see or leave a half-written dataset.
+"""Generating a dataset's entries (one per request) with exact token counts.
 
 For the synthetic and prefix_cache sources the body sent for entry i is
 

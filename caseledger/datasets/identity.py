@@ -1,6 +1,5 @@
 """Dataset identity: the entry record, the identity model, the dataset id, and the prompt a run sends."""
 
-
 from __future__ import annotations
 
 import hashlib

@@ -1,15 +1,11 @@
 """Materialized datasets under ledger/datasets/<dataset_id>/: generated once under a lock, reused by id."""
 
-
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -18,20 +14,9 @@ from caseledger.case.model import Case
 from caseledger.datasets.generate import generate_dataset
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
 from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import Workspace, read_json, sha256_file
+from caseledger.workspace import Workspace, flocked, read_json, sha256_file
 
 # ------------------------------------------------------------------------------------ materialize
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive flock: a second caller waits, then finds the dataset the first one wrote."""
-    with path.open("a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -66,7 +51,8 @@ def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
     if case.dataset.source == "file" and case.dataset.path:
         ws.inside(case.dataset.path, "dataset.path")  # refuse an escape before taking any lock
     ws.datasets_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(ws.datasets_dir / f".{dataset_id}.lock"):
+    # a second caller waits on the lock, then finds the dataset the first one wrote
+    with flocked(ws.datasets_dir / f".{dataset_id}.lock"):
         if (final / IDENTITY_FILE).is_file():
             return _reuse(ws, case, dataset_id)
         if final.exists():

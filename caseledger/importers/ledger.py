@@ -83,7 +83,7 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
                                 "first_send_ns": recs[0]["send_ns"], "last_end_ns": max(r["end_ns"] for r in recs),
                                 "exit": "imported"})
     ledger.append_event(ws, paths, "run_created", owner="import", data={"case_id": cid, "imported_from": str(src)})
-    for p in PHASES[: PHASES.index("postprocess")]:
+    for p in skip:
         ledger.append_event(ws, paths, "phase_ended", phase=p, attempt=1, owner="import",
                             data={"outcome": "skipped", "reason": "imported: not executed by caseledger"})
 

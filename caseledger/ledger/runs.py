@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, PlanStep
 from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import RunPaths, Workspace, check_id, read_json_or_none, write_json
+from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, read_json_or_none, write_json
 
 
 class Imported(BaseModel):
@@ -55,6 +55,13 @@ class RunMeta(BaseModel):
     controller_spawned: bool = False
     preflight_only: bool = False
     imported: Imported | None = None
+
+    def dataset(self) -> str:
+        """The run's dataset id; CaseInvalid for a run record that names none (edited or truncated)."""
+        if self.dataset_id is None:
+            raise CaseInvalid(f"run {self.run_id} names no dataset_id in its run.json",
+                              "the ledger was edited by hand: start a new run of the case (start_run)")
+        return self.dataset_id
 
     def action(self, phase: Phase) -> str:
         """The plan's action for a phase (run | reuse | check | skip); 'run' when the plan does not say."""
@@ -111,7 +118,7 @@ def read_meta(paths: RunPaths) -> RunMeta:
 
 
 def write_meta(paths: RunPaths, meta: RunMeta) -> None:
-    write_json(paths.run_json, meta.model_dump(mode="json", exclude_defaults=False))
+    write_json(paths.run_json, meta.model_dump(mode="json"))
 
 
 def read_run(root: Path) -> Run:
@@ -173,4 +180,4 @@ def latest_run_of_case(ws: Workspace, case_id: str, *, with_load_end: bool = Fal
 
 def has_results(paths: RunPaths) -> bool:
     """Evidence that postprocess produced results (any processor version)."""
-    return paths.results.exists() and any(paths.results.rglob("result.json"))
+    return paths.results.exists() and any(paths.results.rglob(RESULT_FILE))

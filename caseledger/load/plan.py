@@ -22,7 +22,7 @@ from numpy.random import default_rng  # at import time: numpy loads its random m
 from caseledger.case.model import Case
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
 from caseledger.errors import CaseInvalid
-from caseledger.ledger.runs import read_run
+from caseledger.ledger.runs import Run, read_run
 
 Api = Literal["chat", "completions"]
 PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
@@ -162,16 +162,17 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
 
 def plan_from_run_dir(run_dir: Path) -> LoadPlan:
     """The formal load plan of a run directory: the one entry point of the load client and preflight."""
-    run = read_run(Path(run_dir))
+    return plan_of(read_run(Path(run_dir)))
+
+
+def plan_of(run: Run) -> LoadPlan:
+    """The formal load plan of a run already read (its case, dataset and salt)."""
     meta, case = run.meta, run.case
-    if meta.dataset_id is None:
-        raise CaseInvalid(f"{run.paths.run_json} names no dataset_id",
-                          "the controller writes run.json; recreate the run")
     if meta.salt is not None and not case.load.salt:
         raise CaseInvalid(
             f"run {meta.run_id} has a salt but the case sets load.salt false",
             "the run's salt must be null when load.salt is false; recreate the run",
         )
-    entries = load_entries(run.workspace, meta.dataset_id)
-    identity = load_identity(run.workspace, meta.dataset_id)
+    entries = load_entries(run.workspace, meta.dataset())
+    identity = load_identity(run.workspace, meta.dataset())
     return build_plan(case, entries, meta.salt, identity)

@@ -21,8 +21,8 @@ from caseledger.errors import CaseledgerError
 from caseledger.metrics._columns import read_raw
 from caseledger.metrics._compute import compute_result
 from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE
-from caseledger.metrics._store import RESULT_FILE, result_dir, write_env, write_result
-from caseledger.workspace import RunPaths
+from caseledger.metrics._store import result_dir, write_env, write_result
+from caseledger.workspace import RESULT_FILE, RunPaths
 
 EXIT_INPUT = 2  # the run directory lacks what postprocessing needs
 EXIT_BUG = 1  # anything else: a traceback follows on stderr

@@ -21,9 +21,8 @@ from caseledger.case.model import Case
 from caseledger.errors import ResultConflict
 from caseledger.metrics._compute import params_key, resolve_params
 from caseledger.metrics._models import PROCESSOR_VERSION, Result
-from caseledger.workspace import RunPaths, atomic_write, read_json_or_none, write_json
+from caseledger.workspace import RESULT_FILE, RunPaths, atomic_write, read_json_or_none, write_json
 
-RESULT_FILE = "result.json"
 ENV_FILE = "env.json"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from caseledger.case.plan import Phase
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case
 from caseledger.ledger.state import fold
 from caseledger.metrics import latest_result
@@ -38,7 +39,7 @@ def decide_run(run: Run) -> dict[str, Any]:
     rec = decide(run.case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
                  load_ended=load_ended)
     out: dict[str, Any] = rec.model_dump(mode="json")
-    write_reports(run, decision=out)
+    write_reports(run, result, decision=out)
     write_json(paths.decision, out)  # last: the decision file is the evidence that decide is done
     return out
 
@@ -73,7 +74,7 @@ def time_ledger(run: Run) -> dict[str, Any]:
             if ended:
                 out["run_wall_s"] = round(ended - created, 3)
                 out["outside_formal_window_s"] = round(ended - created - (last_end - first_send), 3)
-    cp = read_json_or_none(paths.phase_file("cache_prepare")) or {}
+    cp = read_json_or_none(paths.phase_file(Phase.CACHE_PREPARE)) or {}
     for part in ("seed", "check"):
         if part in cp:
             out[f"cache_{part}"] = {"requests": cp[part]["requests"], "wall_s": cp[part]["wall_s"],
@@ -111,9 +112,9 @@ def _report_meta(meta: RunMeta) -> dict[str, Any]:
     return rows
 
 
-def write_reports(run: Run, decision: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None) -> dict[str, Any]:
+    """report.md and report.json of a run from its result (as loaded by the caller); {} without a result."""
     paths = run.paths
-    result = load_result(run)
     if result is None:
         return {}
     decision = decision if decision is not None else read_json_or_none(paths.decision)

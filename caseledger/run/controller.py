@@ -112,7 +112,7 @@ class Controller:
             data = PHASE_BODIES[phase](self, attempt)
         except PhaseFailed as e:
             self._end(phase, attempt, "failed", {"failure_class": e.failure_class, "fix": e.fix}, error=e.message)
-            return FailureClass(e.failure_class)
+            return e.failure_class
         except Exception as e:  # a bug or an unexpected error: the phase's own class from the one table
             cls = FAILURE_OF_PHASE[phase]
             self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")

@@ -35,18 +35,11 @@ def _api_key(case: Case) -> str | None:
     return os.environ.get(case.target.api_key_env) if case.target.api_key_env else None
 
 
-def _dataset_id(run: Run) -> str:
-    if run.meta.dataset_id is None:
-        raise PhaseFailed(f"run {run.run_id} names no dataset", FailureClass.BEFORE_MODEL,
-                          "start a new run of the case (start_run)")
-    return run.meta.dataset_id
-
-
 def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list[RequestSpec]:
     """Requests for (route, entry, salt) picks, built exactly as the formal load builds its bodies."""
     ws, case = run.workspace, run.case
-    ident = datasets.load_identity(ws, _dataset_id(run))
-    entries = datasets.load_entries(ws, _dataset_id(run))
+    ident = datasets.load_identity(ws, run.meta.dataset())
+    entries = datasets.load_entries(ws, run.meta.dataset())
     out = []
     for n, (route, e, salt) in enumerate(picks):
         ep = case.target.endpoints[route]
@@ -115,7 +108,7 @@ def _auth(case: Case) -> dict[str, str]:
 def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
     case = run.case
     target = case.cache.min_hit_ratio or 0.0
-    ident = datasets.load_identity(run.workspace, _dataset_id(run))
+    ident = datasets.load_identity(run.workspace, run.meta.dataset())
     groups = max(1, min(case.dataset.prefix_groups, ident.entries))
     routes = len(case.target.endpoints)
     out: dict[str, Any] = {"target_ratio": target, "mode": "seed+check" if seed else "check"}
@@ -155,7 +148,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     end = read_json_or_none(paths.load_end)
     prev = read_json_or_none(paths.phase_file("load")) or {}
-    if end is not None and prev.get("failure_class") == "hot_entry":
+    if end is not None and prev.get("failure_class") == FailureClass.HOT_ENTRY:
         # the formal entry rejected every request (none was served): keep that attempt's raw data aside
         # and send the load again on the same warm service
         paths.load_dir.rename(paths.load_attempt_dir(int(prev.get('attempt', attempt - 1))))

@@ -23,8 +23,8 @@ import orjson
 from caseledger import datasets
 from caseledger.case.store import case_id_of
 from caseledger.ledger.runs import read_run
-from caseledger.load import plan_from_run_dir
 from caseledger.load.faults import fault
+from caseledger.load.plan import plan_of
 from caseledger.metrics import compute_result
 from caseledger.procs import child_env
 
@@ -60,14 +60,10 @@ def run(run_dir: str) -> dict[str, Any]:
     checks["case_reload"] = cid
     ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
-
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
     if not meta.load_reuse:
-        if meta.dataset_id is None:
-            raise ValueError(f"run {meta.run_id} names no dataset; start a new run of the case")
-        sha = datasets.verify(ws, meta.dataset_id)
-        checks["dataset_sha256"] = sha
-        plan = plan_from_run_dir(paths.root)
+        checks["dataset_sha256"] = datasets.verify(ws, meta.dataset())
+        plan = plan_of(run)  # the load client's own plan function, on the run read above
         n = plan.planned
         if n != case.load.requests:
             raise ValueError(f"load plan has {n} requests, the case says load.requests={case.load.requests}")

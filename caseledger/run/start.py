@@ -9,12 +9,13 @@ import time
 from typing import Any
 
 from caseledger import datasets, ledger, procs
+from caseledger.case.model import Case
 from caseledger.case.plan import PHASES, Phase, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.leases import acquire, release, target_key
-from caseledger.ledger.runs import RunMeta, latest_run_of_case, new_run_id, read_meta, write_meta
+from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
 from caseledger.run.preflight import run_fresh
@@ -28,10 +29,8 @@ from caseledger.workspace import (
 )
 
 
-def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, authorized: str) -> RunPaths:
+def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, rid: str, authorized: str) -> Run:
     """Write the run's directory; `authorized` is the mode that let it start (single is consumed by it)."""
-
-    case = load_case(ws, case_id)
     parent = load_case(ws, case.parent) if case.parent else None
     changes = delta(parent, case)
     steps = plan(case, changes, parent is not None)
@@ -46,23 +45,21 @@ def create_run(ws: Workspace, case_id: str, fence: int, key: str, rid: str, auth
         if src is None:
             raise NotFound(f"measurement-only case {case_id} needs a finished load of its parent {case.parent}",
                            f"run the parent first: start_run(case_id='{case.parent}')")
-    write_meta(paths, RunMeta(
+    meta = RunMeta(
         run_id=rid, case_id=case_id, scenario=case.scenario, parent_case=case.parent, workspace=str(ws.root),
         dataset_id=datasets.dataset_id_for(case), salt=rid if case.load.salt else None,
         planned=case.load.requests, target_key=key, created_utc=utc_now(), created_mono_ns=time.monotonic_ns(),
         plan=steps, fence=fence, authorized=authorized, load_reuse=src, load_reused=src is not None,
-    ))
+    )
+    write_meta(paths, meta)
     ledger.append_event(ws, paths, "run_created", owner="start_run", fence=fence, target=key,
                         data={"case_id": case_id, "plan": {s.phase.value: s.action for s in steps}})
-    return paths
+    return Run(paths=paths, meta=meta)
 
 
-def preflight_case(ws: Workspace, case_id: str) -> dict[str, Any]:
+def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:
     """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
     paused and while another run holds the target (prepare the next candidate while the target is busy)."""
-
-
-    case = load_case(ws, case_id)
     pid_ = "p-" + secrets.token_hex(4)
     root = ws.preflights_dir / pid_
     root.mkdir(parents=True)
@@ -80,14 +77,15 @@ def preflight_case(ws: Workspace, case_id: str) -> dict[str, Any]:
     return {"id": pid_, **res}
 
 
-def spawn_controller(ws: Workspace, paths: RunPaths, fence: int) -> int:
-
+def spawn_controller(run: Run, fence: int) -> int:
+    """Start the run's detached controller (it reads run.json as written by then), then mark it spawned."""
+    paths = run.paths
     log = paths.controller_log.open("ab")
     p = subprocess.Popen([sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                          start_new_session=True, close_fds=True)
     log.close()
-    write_meta(paths, read_meta(paths).model_copy(update={"controller_spawned": True}))
+    write_meta(paths, run.meta.model_copy(update={"controller_spawned": True}))
     # the controller writes its own pid file; write one now so a reader never sees a gap
     write_json(paths.controller_pid, {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0,
                                       "host": procs.me()["host"], "fence": fence})
@@ -107,23 +105,22 @@ def wait_for(ws: Workspace, run_id: str, until: str, timeout: float) -> RunView:
         time.sleep(0.05)
 
 
-def launch(ws: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> RunView:
+def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeout_s: float = 3600.0) -> RunView:
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
     wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""
-    case = load_case(ws, case_id)
     mode = authorization.check_start(ws)
     key = target_key(case.canonical())
     rid = new_run_id(ws)
     lease = acquire(ws, key, run_id=rid, owner=None)
     try:
-        paths = create_run(ws, case_id, lease.fence, key, rid, authorized=mode)
+        run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
     except CaseledgerError:
         release(ws, key, rid, lease.fence)
         raise
-    spawn_controller(ws, paths, lease.fence)
-    authorization.consume(ws, paths.run_id)
-    return wait_for(ws, paths.run_id, "end" if wait else "preflight", timeout_s if wait else 300.0)
+    spawn_controller(run, lease.fence)
+    authorization.consume(ws, rid)
+    return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0)
 
 
 def start_next(ws: Workspace, key: str) -> str | None:
@@ -134,6 +131,6 @@ def start_next(ws: Workspace, key: str) -> str | None:
     if item is None:
         return None
     try:
-        return launch(ws, item["case_id"]).run_id
+        return launch(ws, item["case_id"], load_case(ws, item["case_id"])).run_id
     except CaseledgerError:
         return None  # the queued case could not start (e.g. held again): its start_run error is the record

@@ -29,7 +29,8 @@ import orjson
 
 from caseledger import procs
 from caseledger.case.model import SSH, Case
-from caseledger.errors import PhaseFailed
+from caseledger.errors import FailureClass, PhaseFailed
+from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes, utc_now, write_json
 
@@ -54,19 +55,8 @@ def intended_argv(case: Case) -> list[str]:
     return []
 
 
-# What a local service (and identity_command) inherits from the caller: only what any command needs to run at
-# all -- find programs, a home, who it runs as, a shell, a temp dir, time zone and locale. Never the rest: the
-# agent's shell holds API keys and tokens, and a service's environment is readable in /proc/PID/environ.
-# LD_LIBRARY_PATH, PYTHONPATH, CUDA_VISIBLE_DEVICES and the like are deliberately NOT inherited: they decide
-# which code and which devices the engine runs, so they belong to the case -- declare them in service.env
-# (e.g. "LD_LIBRARY_PATH": "${LD_LIBRARY_PATH}"), where they are part of the service identity and recorded.
-# A remote service (service.ssh) gets case_env() only, on top of the remote login's own environment.
-INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ", "LANG", "LANGUAGE")
-INHERITED_ENV_PREFIXES = ("LC_",)
-
-
 def base_env() -> dict[str, str]:
-    """The caller's harmless variables (INHERITED_ENV, LC_*), nothing else."""
+    """The caller's harmless variables (procs.INHERITED_ENV, LC_*), nothing else."""
     return {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
 
 
@@ -92,7 +82,7 @@ def case_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
         if m:
             if m.group(1) not in os.environ:
                 raise PhaseFailed(f"service.env.{k} references ${{{m.group(1)}}}, which is not set",
-                                  "service", f"export {m.group(1)} in the environment that starts the run")
+                                  FailureClass.SERVICE, f"export {m.group(1)} in the environment that starts the run")
             env[k] = os.environ[m.group(1)]
         else:
             env[k] = v
@@ -249,21 +239,21 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
                     "verified_by": "live process cmdline + health", **_where(live)}
     if not allow_start:
         raise PhaseFailed("no live service with the case's identity and authorization forbids a service change",
-                          "service", "caseledger authorize single (or auto), then resume")
+                          FailureClass.SERVICE, "caseledger authorize single (or auto), then resume")
     if live:
         try:
             _terminate(live)
         except remote.RemoteError as e:
-            raise PhaseFailed(f"cannot stop the previous service: {e.message}", "service", e.fix) from None
+            raise PhaseFailed(f"cannot stop the previous service: {e.message}", FailureClass.SERVICE, e.fix) from None
     host, port = host_port(case.target.endpoints[0].base_url)
     if health_ok(case.service.health_url or "", timeout=0.5):
         raise PhaseFailed(f"{host}:{port} already answers health but is not a service caseledger started",
-                          "service", "stop that process or use adapter 'external' for it")
+                          FailureClass.SERVICE, "stop that process or use adapter 'external' for it")
     if case.service.ssh is not None:
         try:
             return _start_remote(ws, case, case.service.ssh, key, case_id, want, intended)
         except remote.RemoteError as e:
-            raise PhaseFailed(e.message, "service", e.fix) from None
+            raise PhaseFailed(e.message, FailureClass.SERVICE, e.fix) from None
     env, shown_env = resolve_env(case)
     log = ws.services_dir / f"{key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -272,7 +262,7 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
             p = subprocess.Popen(intended, stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, env=env,
                                  start_new_session=True, close_fds=True)
         except OSError as e:
-            raise PhaseFailed(f"cannot start service argv[0] {intended[0]!r}: {e}", "service",
+            raise PhaseFailed(f"cannot start service argv[0] {intended[0]!r}: {e}", FailureClass.SERVICE,
                               "fix service.argv in a new case") from None
     ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
     state = _record_start(ws, key, case, case_id, ref, want, intended, shown_env, str(log))
@@ -280,7 +270,7 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     while time.monotonic() < deadline:
         if p.poll() is not None:
             tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise PhaseFailed(f"service exited with code {p.returncode} before health: {tail[0]}", "service",
+            raise PhaseFailed(f"service exited with code {p.returncode} before health: {tail[0]}", FailureClass.SERVICE,
                               f"read {log}; fix the case's service and resume")
         if health_ok(case.service.health_url or "", timeout=1.0):
             break
@@ -288,7 +278,7 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     else:
         procs.terminate(ref)
         raise PhaseFailed(f"service not healthy at {case.service.health_url} after {case.service.health_timeout_s}s",
-                          "service", "raise service.health_timeout_s or check the service log")
+                          FailureClass.SERVICE, "raise service.health_timeout_s or check the service log")
     eff = _confirm_argv(ws, key, state, procs.cmdline(p.pid) or [], lambda: procs.terminate(ref), "")
     return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff,
             "pid": p.pid, "starts": state["starts"], "verified_by": "live process cmdline + health", "env": shown_env}
@@ -314,7 +304,7 @@ def _confirm_argv(ws: Workspace, key: str, state: dict[str, Any], eff: list[str]
     diff = compare_argv(state["intended_argv"], eff)
     if diff is not None:
         stop()
-        raise PhaseFailed(f"effective service argv{where} differs from the intended one: {diff}", "service",
+        raise PhaseFailed(f"effective service argv{where} differs from the intended one: {diff}", FailureClass.SERVICE,
                           "fix the launcher so the live process runs the case's argv (no appended overrides)")
     return eff
 
@@ -334,7 +324,7 @@ def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, w
     """Launch the command adapter's argv on ssh.host, wait for health, compare the effective argv."""
     key_file = Path(ssh.key_path).expanduser().resolve()
     if key_file.is_relative_to(ws.root.resolve()):
-        raise PhaseFailed(f"service.ssh.key_path {ssh.key_path} lies inside the workspace", "service",
+        raise PhaseFailed(f"service.ssh.key_path {ssh.key_path} lies inside the workspace", FailureClass.SERVICE,
                           "move the private key out of the workspace and point service.ssh.key_path at it")
     rem = remote.Remote(ssh)
     env, shown_env = case_env(case)
@@ -342,7 +332,7 @@ def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, w
     try:
         pid, started = rem.launch(intended, env, log)
     except remote.RemoteError as e:
-        raise PhaseFailed(f"cannot start the service: {e.message}", "service", e.fix) from None
+        raise PhaseFailed(f"cannot start the service: {e.message}", FailureClass.SERVICE, e.fix) from None
     ref = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
     state = _record_start(ws, key, case, case_id, ref, want, intended, shown_env, f"{ssh.user}@{ssh.host}:{log}",
                           ssh=ssh.model_dump(mode="json"))
@@ -354,14 +344,14 @@ def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, w
         if time.monotonic() >= next_probe:  # each probe is a remote exec: about once a second
             if not rem.alive(ref):
                 tail = rem.tail(log).strip().splitlines()[-1:] or [""]
-                raise PhaseFailed(f"service on {ssh.host} exited before health: {tail[0]}", "service",
+                raise PhaseFailed(f"service on {ssh.host} exited before health: {tail[0]}", FailureClass.SERVICE,
                                   f"read {state['log']}; fix the case's service and resume")
             next_probe = time.monotonic() + 1.0
         time.sleep(0.1)
     else:
         rem.terminate(ref)
         raise PhaseFailed(f"service on {ssh.host} not healthy at {case.service.health_url} after "
-                          f"{case.service.health_timeout_s}s", "service",
+                          f"{case.service.health_timeout_s}s", FailureClass.SERVICE,
                           f"raise service.health_timeout_s or read {state['log']}")
     eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
     return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff, "pid": pid,
@@ -377,10 +367,10 @@ def _external(case: Case, want: str) -> dict[str, Any]:
             r.raise_for_status()
             ids = [m.get("id") for m in r.json().get("data", [])]
         except (httpx.HTTPError, ValueError) as e:
-            raise PhaseFailed(f"external endpoint {ep.base_url} does not answer /models: {e}", "service",
+            raise PhaseFailed(f"external endpoint {ep.base_url} does not answer /models: {e}", FailureClass.SERVICE,
                               "start the service or fix target.endpoints") from None
         if ep.model not in ids:
-            raise PhaseFailed(f"endpoint {ep.base_url} serves {ids}, not '{ep.model}'", "service",
+            raise PhaseFailed(f"endpoint {ep.base_url} serves {ids}, not '{ep.model}'", FailureClass.SERVICE,
                               "fix target.endpoints[].model or the service")
         seen.append({"base_url": ep.base_url, "models": ids})
     ident_out = None
@@ -390,7 +380,8 @@ def _external(case: Case, want: str) -> dict[str, Any]:
             ident_out = subprocess.run(case.service.identity_command, capture_output=True, timeout=30, env=env,
                                        check=True).stdout.decode(errors="replace")[:2000]
         except (OSError, subprocess.SubprocessError) as e:
-            raise PhaseFailed(f"identity_command failed: {e}", "service", "fix service.identity_command") from None
+            raise PhaseFailed(f"identity_command failed: {e}", FailureClass.SERVICE,
+                              "fix service.identity_command") from None
     live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
     return {"outcome": "done", "identity": want, "live_identity": live, "endpoints": seen,
             "identity_output": ident_out,

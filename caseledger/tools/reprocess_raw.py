@@ -42,26 +42,27 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
         raise NothingToResume(f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
                               f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished")
     attempt = v.phases[Phase.POSTPROCESS].attempt + 1
-    ledger.append_event(workspace, paths, "phase_started", phase="postprocess", attempt=attempt, owner="reprocess_raw")
+    ledger.append_event(workspace, paths, "phase_started", phase=Phase.POSTPROCESS, attempt=attempt,
+                        owner="reprocess_raw")
     extra = (["--rule", rule] if rule else []) + (["--ratio", str(ratio)] if ratio is not None else [])
     try:
         out = postprocess(paths, extra)
     except PhaseFailed as e:
-        ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt,
+        ledger.append_event(workspace, paths, "phase_ended", phase=Phase.POSTPROCESS, attempt=attempt,
                             owner="reprocess_raw", error=e.message,
                             data={"outcome": "failed", "failure_class": FailureClass.COLLECT})
         raise PhaseFailed(f"reprocess failed: {e.message}"[:300], FailureClass.COLLECT,
                           "fix the processor environment and call again") from None
-    ledger.append_event(workspace, paths, "phase_ended", phase="postprocess", attempt=attempt, owner="reprocess_raw",
-                        data={"outcome": "done", **out, "requests_sent": 0})
+    ledger.append_event(workspace, paths, "phase_ended", phase=Phase.POSTPROCESS, attempt=attempt,
+                        owner="reprocess_raw", data={"outcome": "done", **out, "requests_sent": 0})
     decision = None
     if rule is None and ratio is None:
         dattempt = v.phases[Phase.DECIDE].attempt + 1
-        ledger.append_event(workspace, paths, "phase_started", phase="decide", attempt=dattempt,
+        ledger.append_event(workspace, paths, "phase_started", phase=Phase.DECIDE, attempt=dattempt,
                             owner="reprocess_raw")
         rec = summary.decide_run(run)
         decision = rec.get("outcome")
-        ledger.append_event(workspace, paths, "phase_ended", phase="decide", attempt=dattempt,
+        ledger.append_event(workspace, paths, "phase_ended", phase=Phase.DECIDE, attempt=dattempt,
                             owner="reprocess_raw", data={"outcome": "done", "decision": decision})
 
     handoff.refresh(workspace)

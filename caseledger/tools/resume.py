@@ -5,9 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from caseledger import ledger
+from caseledger.case.plan import Phase
 from caseledger.errors import NothingToResume, TargetHeld
 from caseledger.ledger import authorization
-from caseledger.ledger.runs import load_run, write_meta
+from caseledger.ledger.runs import Run, load_run, write_meta
 from caseledger.ledger.state import PhaseState, RunState, fold
 from caseledger.run.start import spawn_controller, wait_for
 from caseledger.workspace import Workspace
@@ -40,7 +41,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     kept_now = [p for p, ph in v.phases.items() if ph.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED)]
     first_now = next((p for p in v.phases if p not in kept_now), "decide")
     mode = authorization.current_mode(workspace)
-    if mode == "paused" and first_now not in ("postprocess", "decide"):
+    if mode == "paused" and first_now not in (Phase.POSTPROCESS, Phase.DECIDE):
         authorization.check_start(workspace)  # raises NotAuthorized with how to change it
     if v.meta.target_key is None:
         raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
@@ -54,9 +55,10 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     first = next((p for p, ph in v.phases.items() if p not in kept), "decide")
     ledger.append_event(workspace, paths, "resumed", owner="resume", fence=lease.fence, target=key,
                         data={"from_phase": first, "kept": kept, "client_alive": v.client_alive})
-    write_meta(paths, run.meta.model_copy(update={"authorized": mode}))
+    resumed = Run(paths=paths, meta=run.meta.model_copy(update={"authorized": mode}))
+    write_meta(paths, resumed.meta)  # before the spawn: the controller reads the mode that let it resume
     authorization.consume(workspace, run_id)
-    spawn_controller(workspace, paths, lease.fence)
+    spawn_controller(resumed, lease.fence)
     view = wait_for(workspace, run_id, "end", timeout_s) if wait else fold(workspace, run_id)
     return ResumeResult(run_id=run_id, from_phase=first, kept=kept, state=view.state.value,
                         reattached=v.client_alive, next_call=view.next_call)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from caseledger import ledger
+from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import NotAuthorized, TargetHeld
@@ -55,7 +56,7 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     check_id(case_id, "case_id", "c")
     case = load_case(workspace, case_id)
     if preflight_only:
-        res = preflight_case(workspace, case_id)
+        res = preflight_case(workspace, case_id, case)
         ok = bool(res.get("ok"))
         return StartResult(
             run_id=res["id"], case_id=case_id, scenario=case.scenario, preflight="passed" if ok else "failed",
@@ -66,12 +67,12 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
                        "then preflight again"),
         )
     try:
-        view = launch(workspace, case_id, wait=wait, timeout_s=timeout_s)
+        view = launch(workspace, case_id, case, wait=wait, timeout_s=timeout_s)
     except TargetHeld as held:
         if not queue:
             raise
         key = ledger.target_key(case.canonical())
-        return _enqueue(workspace, case_id, case.scenario, key, authorization.current_mode(workspace), held)
+        return _enqueue(workspace, case_id, case, key, authorization.current_mode(workspace), held)
     pf = view.phases[Phase.PREFLIGHT]
     pf_s = {"done": "passed", "failed": "failed", "unknown": "failed"}.get(pf.state.value, "pending")
     return StartResult(
@@ -81,11 +82,12 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     )
 
 
-def _enqueue(ws: Workspace, case_id: str, scenario: str, key: str, mode: str, held: TargetHeld) -> StartResult:
+def _enqueue(ws: Workspace, case_id: str, case: Case, key: str, mode: str, held: TargetHeld) -> StartResult:
+    scenario = case.scenario
     if mode != "auto":
         raise NotAuthorized(f"queueing needs authorization 'auto' (it is '{mode}'); {held.message}",
                             "caseledger authorize auto, or wait and start_run again")
-    res = preflight_case(ws, case_id)
+    res = preflight_case(ws, case_id, case)
     if not res.get("ok"):
         return StartResult(run_id=res["id"], case_id=case_id, scenario=scenario, preflight="failed",
                            preflight_error=res.get("error"), state="not_queued", plan={}, authorization=mode,

@@ -68,8 +68,8 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
         v = fold(workspace, run)
         result = summary.load_result(run)
         paths = run.paths
+        body = summary.write_reports(run, result)  # {} without a result
         if result is not None:
-            summary.write_reports(run)
             rows.append((rid, v.case_id, result))
         dec = read_json_or_none(paths.decision) or {}
         out.append(RunSummary(
@@ -77,7 +77,7 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
             decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
             whole=summary.headline(result, "whole") if result else None,
             native=summary.headline(result, "native") if result else None,
-            time_ledger=summary.time_ledger(run),
+            time_ledger=body["time_ledger"] if body else summary.time_ledger(run),
             report=str(paths.report_md) if paths.report_md.exists() else None,
         ))
     side = None
