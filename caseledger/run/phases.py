@@ -25,7 +25,6 @@ from caseledger.ledger.runs import Run
 from caseledger.load.client import run_requests
 from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, request_body, request_url
-from caseledger.outcome import summary
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import RunPaths, read_json_or_none, sha256_file, write_json
@@ -351,5 +350,8 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, An
 
 
 def decide(run: Run) -> dict[str, Any]:
+    # lazy: summary pulls metrics and report (~40 ms), needed only here, not before the first formal request
+    from caseledger.outcome import summary
+
     rec = summary.decide_run(run)
     return {"decision": rec.get("outcome"), "missing": rec.get("missing", []), "baseline": rec.get("baseline_ref")}

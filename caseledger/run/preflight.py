@@ -25,7 +25,6 @@ from caseledger.case.store import case_id_of
 from caseledger.ledger.runs import read_run
 from caseledger.load.faults import fault
 from caseledger.load.plan import plan_of
-from caseledger.metrics import compute_result
 from caseledger.procs import child_env
 
 Path_ = PathLike[str]
@@ -68,6 +67,9 @@ def run(run_dir: str) -> dict[str, Any]:
         if n != case.load.requests:
             raise ValueError(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
         checks["load_plan_requests"] = n
+    # lazy: metrics (result models, ~30 ms) is needed in this child only; run_fresh's callers stay light
+    from caseledger.metrics import compute_result
+
     res = compute_result(case, [])
     checks["collector"] = type(res).__name__
     if case.deadline is not None and case.deadline <= datetime.now(UTC):
