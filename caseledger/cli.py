@@ -1,19 +1,21 @@
 """The `caseledger` command: the six tools one to one, plus authorize, mcp, inspect, demo and helpers.
 
 Every command prints the same short answer as the MCP tool (`--json` for the structured form).
-Business errors print `error: ...` and `fix: ...` to stderr and exit 2. Heavy modules (mcp,
+Business errors print `error: ...` and `fix: ...` to stderr and exit 2; a bug prints the same two
+lines and exits 1 (CASELEDGER_DEBUG=1 shows its traceback). Heavy modules (mcp,
 transformers, numpy) are imported only by the commands that need them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from caseledger.case.schema import write_schemas
-from caseledger.errors import CaseledgerError
+from caseledger.errors import CaseledgerError, unexpected
 from caseledger.ledger import authorization
 from caseledger.outcome import handoff
 from caseledger.workspace import Workspace
@@ -28,9 +30,12 @@ def _emit(result: Any, as_json: bool) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--workspace", "-w", default=None,
+    # SUPPRESS: an option given before the command ("caseledger -w W status") is not reset by the
+    # subcommand's own default (the parsers share these actions); main() fills the defaults in
+    common.add_argument("--workspace", "-w", default=argparse.SUPPRESS,
                         help="workspace directory (env CASELEDGER_WORKSPACE; default: current directory)")
-    common.add_argument("--json", action="store_true", help="print the structured answer as JSON")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the structured answer as JSON")
     p = argparse.ArgumentParser(prog="caseledger", description=__doc__.splitlines()[0] if __doc__ else None,
                                 parents=[common])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -96,13 +101,24 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.workspace = getattr(args, "workspace", None)
+    args.json = getattr(args, "json", False)
     try:
         return _dispatch(args)
     except CaseledgerError as e:
-        sys.stderr.write(f"error: {e.message}\n")
-        if e.fix:
-            sys.stderr.write(f"fix: {e.fix}\n")
-        return e.exit_code
+        return _refuse(e)
+    except Exception as e:  # a bug: the message and the fix, the traceback only on request
+        if os.environ.get("CASELEDGER_DEBUG"):
+            raise
+        return _refuse(unexpected(e), code=1)
+
+
+def _refuse(e: CaseledgerError, code: int | None = None) -> int:
+    message, fix = e.shown()
+    sys.stderr.write(f"error: {message}\n")
+    if fix:
+        sys.stderr.write(f"fix: {fix}\n")
+    return e.exit_code if code is None else code
 
 
 def _dispatch(a: argparse.Namespace) -> int:

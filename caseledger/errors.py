@@ -9,11 +9,14 @@
     ├── NotAuthorized               authorization mode forbids the action
     ├── NothingToResume             the run has no phase left to repair
     ├── PhaseFailed                 a phase ended in failure (.failure_class: FailureClass, short error)
+    ├── EvidenceChanged             raw data or another sealed file differs from its recorded sha256
     ├── ResultConflict              a result directory already holds a different result (no version bump)
     ├── RemoteError                 an SSH connection or remote command failed (user@host:port named)
     └── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
 
     FailureClass                    StrEnum of the failure classes a failed phase carries (not an error)
+    quoted(text, limit)             outside text made safe to show: one line, escaped, capped
+    unexpected(exc)                 a bug of ours as a CaseledgerError (message and fix, no traceback)
 
 Context is carried as attributes (`run_id`, `phase`, `failure_class`), never folded into `str(e)`,
 which stays "message" or "message; fix".
@@ -22,6 +25,10 @@ which stays "message" or "message; fix".
 from __future__ import annotations
 
 from enum import StrEnum
+
+ECHO_CHARS = 80  # echoed input (an id, a path, a value) is cut to this many characters
+MESSAGE_CHARS = 1200  # a whole error message or fix as shown
+OUTSIDE_CHARS = 240  # outside text (a target's error body, an engine log line, an exception) in an answer
 
 
 class FailureClass(StrEnum):
@@ -33,6 +40,23 @@ class FailureClass(StrEnum):
     COLLECT = "collect"  # collecting figures from the raw records failed (postprocess, decide)
     END_UNKNOWN = "end_unknown"  # the load's end is not established; resume checks the evidence
     NEGATIVE = "negative"  # a negative result, not a fault of the run
+    AUTH = "auth"  # the target refused the credentials (HTTP 401/403); the service is healthy and kept
+
+
+def quoted(text: object, limit: int = ECHO_CHARS) -> str:
+    """Text from outside (input, a server's body, a log line) as one safe line: control characters and
+    line breaks escaped (so it can never start a line of its own, e.g. a forged 'next:'), cut to `limit`
+    characters at a word boundary where one is near, with the number of characters left out."""
+    s = str(text)
+    head = s[: limit + 1]  # escapes only lengthen: no more of a 20 MB input is looked at
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in head)
+    if len(s) <= limit and len(out) <= limit:
+        return out
+    cut = out[:limit]
+    space = cut.rfind(" ")
+    if space >= limit * 3 // 4:
+        cut = cut[:space]
+    return f"{cut}… ({len(s)} chars)"
 
 
 class CaseledgerError(Exception):
@@ -49,6 +73,17 @@ class CaseledgerError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message}; {self.fix}" if self.fix else self.message
+
+    def shown(self) -> tuple[str, str]:
+        """(message, fix) as they reach an agent or a terminal: each one line, escaped and capped, since a
+        message may carry outside text (a path, a server's answer, an exception)."""
+        return quoted(self.message, MESSAGE_CHARS), quoted(self.fix, MESSAGE_CHARS)
+
+
+def unexpected(e: BaseException) -> CaseledgerError:
+    """A bug of ours as an answer that still names the fix (the traceback goes to the log, not the agent)."""
+    return CaseledgerError(f"unexpected {type(e).__name__}: {quoted(e, OUTSIDE_CHARS)}",
+                           "this is a caseledger bug: rerun with CASELEDGER_DEBUG=1 for the traceback and report it")
 
 
 class CaseInvalid(CaseledgerError):
@@ -93,6 +128,10 @@ class PhaseFailed(CaseledgerError):
     ) -> None:
         super().__init__(message, fix, run_id=run_id, phase=phase)
         self.failure_class = FailureClass(failure_class)
+
+
+class EvidenceChanged(CaseledgerError):
+    """Evidence on disk (raw records) no longer matches the sha256 recorded when it was sealed."""
 
 
 class ResultConflict(CaseledgerError):

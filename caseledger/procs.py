@@ -64,6 +64,46 @@ def cmdline(pid: int) -> list[str] | None:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+_TCP_LISTEN = "0A"  # /proc/net/tcp state code of a listening socket
+
+
+def listener_pids(port: int) -> set[int]:
+    """Pids of this host's processes holding a listening TCP socket on `port` (any address, v4 or v6),
+    read from /proc: the socket inodes in /proc/net/tcp{,6}, then which /proc/PID/fd points at them."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[3] == _TCP_LISTEN and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{f[9]}]")
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (d / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        pids.add(int(d.name))
+                        break
+    return pids
+
+
+def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
+    """Whether the listener on `port` is `pid` or runs in the session `pid` leads (services are started in a
+    session of their own, so a worker process that holds the socket still counts); also the listeners."""
+    owners = listener_pids(port)
+    ours = set()
+    for o in owners:
+        with contextlib.suppress(OSError):
+            if o == pid or os.getsid(o) == pid:
+                ours.add(o)
+    return bool(ours), owners
+
+
 def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
     """SIGTERM the process group (or the process), then SIGKILL after the grace period."""
     if not alive(ref):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
@@ -41,6 +41,14 @@ class RawRecord(TypedDict):
     finish_reason: str | None
     input_tokens_body: int | None  # from the dataset identity (what we built)
     input_tokens_chat: int | None  # chat-template tokens from the dataset identity
+    # Speculative decoding as the engine reported it for this request (absent or None: not reported).
+    # llama.cpp (and the reference target) put cumulative `timings.draft_n` / `timings.draft_n_accepted`
+    # in the last chunk beside usage, and on every chunk when the request asks `timings_per_token`.
+    spec_draft_tokens: NotRequired[int | None]  # draft tokens proposed (final timings.draft_n)
+    spec_accepted_tokens: NotRequired[int | None]  # draft tokens accepted (final timings.draft_n_accepted)
+    # one [drafted, accepted] pair per verify step, in order: a step starts at each chunk whose cumulative
+    # draft_n rose; None when no chunk before the last carried draft counts
+    spec_steps: NotRequired[list[list[int]] | None]
 
 
 @dataclass

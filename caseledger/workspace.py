@@ -27,11 +27,11 @@ from typing import Any
 
 import orjson
 
-from caseledger.errors import PathEscapes
+from caseledger.errors import PathEscapes, quoted
 
 ENV_WORKSPACE = "CASELEDGER_WORKSPACE"
 RESULT_FILE = "result.json"  # one result of one processor version, window rule and raw input
-_ID = re.compile(r"^[a-z]-[0-9a-f]{6,64}$")
+_ID = re.compile(r"[a-z]-[0-9a-f]{6,64}")  # matched whole (fullmatch): no trailing newline
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -103,11 +103,16 @@ def flocked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def is_id(value: object, prefix: str) -> bool:
+    """True for an id of this kind, matched whole ('c', 'r', 'd' prefixes)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None and value.startswith(prefix + "-")
+
+
 def check_id(value: str, field: str, prefix: str) -> str:
     """Refuse ids that could address anything outside the ledger ('/', '..', other shapes)."""
-    if not isinstance(value, str) or not _ID.match(value) or not value.startswith(prefix + "-"):
+    if not is_id(value, prefix):
         raise PathEscapes(
-            f"{field} '{value}' is not a valid id",
+            f"{field} '{quoted(value)}' is not a valid id",
             f"use the id exactly as returned (e.g. '{prefix}-1a2b3c…'); ids never contain '/' or '..'",
         )
     return value
@@ -165,6 +170,11 @@ class RunPaths:
     @property
     def load_progress(self) -> Path:
         return self.load_dir / "progress.json"
+
+    @property
+    def load_sent(self) -> Path:
+        """One line per formal request, written before its first byte leaves (the intent to send)."""
+        return self.load_dir / "sent.log"
 
     @property
     def load_end(self) -> Path:
@@ -301,10 +311,41 @@ class Workspace:
 
     def inside(self, relative: str, field: str) -> Path:
         """Resolve a workspace-relative path; refuse one that escapes the workspace."""
-        p = (self.root / relative).resolve()
+        p = resolve_path(self.root, relative, field)
         if p != self.root and self.root not in p.parents:
             raise PathEscapes(
-                f"{field} '{relative}' resolves outside the workspace {self.root}",
+                f"{field} '{quoted(relative)}' resolves outside the workspace {self.root}",
                 "put the file inside the workspace and give a path relative to it",
             )
         return p
+
+
+MAX_PATH_CHARS = 1024  # longer paths are refused before the filesystem sees them
+
+
+def resolve_path(base: Path, given: str | os.PathLike[str], field: str) -> Path:
+    """`given` (relative to `base`) resolved, or PathEscapes naming the field: a NUL, an over-long path."""
+    text = os.fspath(given)
+    if "\0" in text or len(text) > MAX_PATH_CHARS:
+        problem = "contains a NUL character" if "\0" in text else f"is {len(text)} characters long"
+        raise PathEscapes(f"{field} '{quoted(text)}' {problem}",
+                          f"give a workspace-relative path of at most {MAX_PATH_CHARS} characters")
+    try:
+        return (base / text).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop, a component longer than the filesystem allows
+        raise PathEscapes(f"{field} '{quoted(text)}' cannot be resolved ({quoted(e)})",
+                          "give a plain workspace-relative path to an existing file") from None
+
+
+def read_file_field(path: Path, field: str, given: str | os.PathLike[str]) -> bytes:
+    """The bytes of a regular file named by a field; a clear error (never a traceback) otherwise."""
+    try:
+        if not path.is_file():
+            what = "a directory" if path.is_dir() else "not a file"
+            where = "" if os.fspath(given) == str(path) else f" ({quoted(path, 200)})"
+            raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' is {what}{where}",
+                              "give the path of a regular file")
+        return path.read_bytes()
+    except OSError as e:
+        raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' cannot be read ({quoted(e)})",
+                          "give the path of a readable regular file") from None

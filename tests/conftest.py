@@ -81,6 +81,19 @@ def stop_services(ws: Workspace) -> Iterator[None]:
     services.stop_all(ws)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _host_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Target leases are host-wide; the suite keeps its own host directory (shared by every workspace and
+    child process of the session, as on a real host), so a rerun never meets a previous run's leases."""
+    old = os.environ.get("CASELEDGER_HOST_DIR")
+    os.environ["CASELEDGER_HOST_DIR"] = str(tmp_path_factory.mktemp("host"))
+    yield
+    if old is None:
+        os.environ.pop("CASELEDGER_HOST_DIR", None)
+    else:
+        os.environ["CASELEDGER_HOST_DIR"] = old
+
+
 @pytest.fixture(autouse=True)
 def _no_fault_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CASELEDGER_FAULT", raising=False)

@@ -93,6 +93,17 @@ def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, An
     return d
 
 
+def llama_spec_draft(port: int, server: str, model: str, draft_max: int = 4, **over: Any) -> dict[str, Any]:
+    """llama_draft with speculative decoding: the same gguf as target and draft (draft-simple), the draft model,
+    method and length as service.speculative fields that fill their argv placeholders."""
+    d = llama_draft(port, server, model, **over)
+    argv = llama_argv(server, model)
+    spec_args = ["-md", "{draft_model}", "--spec-type", "{spec_type}", "--spec-draft-n-max", "{draft_max}"]
+    d["service"] = {**d["service"], "argv": [*argv[:3], *spec_args, *argv[3:]],
+                    "speculative": {"draft_model": model, "spec_type": "draft-simple", "draft_max": draft_max}}
+    return d
+
+
 def counters(port: int) -> dict[str, float]:
     """llama-server's /metrics (needs --metrics), summed per name."""
     r = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False)

@@ -9,6 +9,7 @@ import pytest
 
 from caseledger.case.model import Case
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.case.store import case_id_of
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.events import read_events
@@ -25,7 +26,7 @@ def make_run(ws: Workspace, rid: str = "r-0000beef") -> Path:
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_meta(paths, RunMeta(run_id=rid, case_id="c-000000000000", workspace=str(ws.root), planned=4,
+    write_meta(paths, RunMeta(run_id=rid, case_id=case_id_of(case), workspace=str(ws.root), planned=4,
                               target_key="t-test", created_utc="2026-01-01T00:00:00.000Z"))
     return paths.root
 

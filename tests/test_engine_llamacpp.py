@@ -8,6 +8,7 @@ still stands alone: whichever runs first starts the server. Keep the load SMALL 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +19,13 @@ import pytest
 from caseledger import services
 from caseledger.ledger import authorization
 from caseledger.ledger.state import fold
-from caseledger.metrics import latest_result
+from caseledger.metrics import NotObserved, Ratio, latest_result
+from caseledger.metrics._spec import NO_COUNTS, WHOLE_ONLY, WHOLE_ONLY_NO_COUNTS
+from caseledger.outcome.report import render_side_by_side
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
-from tests.engine import MODEL_ALIAS, gemma_tokenizer, llama_draft, llama_paths, work
+from tests.engine import MODEL_ALIAS, counters, gemma_tokenizer, llama_draft, llama_paths, llama_spec_draft, work
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -39,6 +42,9 @@ class Llama:
 
     def draft(self, **over: Any) -> dict[str, Any]:
         return llama_draft(self.port, self.server, self.model, **over)
+
+    def spec_draft(self, draft_max: int = 4, **over: Any) -> dict[str, Any]:
+        return llama_spec_draft(self.port, self.server, self.model, draft_max, **over)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +101,13 @@ def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> N
     assert whole.spec_decode.source == "llamacpp"
     assert whole.spec_decode.acceptance_length.value == "NOT_OBSERVED"  # type: ignore[union-attr]
     assert "is 0 during the load" in whole.spec_decode.acceptance_length.reason  # type: ignore[union-attr]
+    # no draft model: llama.cpp's timings carry no draft counts, so the per-request figures say why too
+    assert all(r["spec_draft_tokens"] is None and r["spec_steps"] is None for r in recs)
+    for w in (whole, result.windows.native):
+        per = w.spec_decode.per_request.acceptance_length
+        assert isinstance(per, NotObserved) and per.reason == NO_COUNTS, per
+    native_al = result.windows.native.spec_decode.acceptance_length
+    assert isinstance(native_al, NotObserved) and native_al.reason == WHOLE_ONLY_NO_COUNTS
 
     # hot child: only the concurrency changes
     before = work(llama.port)
@@ -175,3 +188,88 @@ def slot_tasks(port: int) -> list[tuple[int, Any]]:
     r = httpx2.get(f"http://127.0.0.1:{port}/slots", timeout=10, trust_env=False)
     r.raise_for_status()
     return [(s["id"], s.get("id_task")) for s in r.json()]
+
+
+SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+
+
+def test_speculative_llama_server_per_request_al_equals_the_metrics_delta(llama: Llama) -> None:
+    ws = llama.ws
+    draft = llama.spec_draft(scenario="llamacpp-spec", dataset={"output_tokens": 16},
+                             load={"requests": 6, "concurrency": 2})
+    base = freeze_case(ws, draft=draft)
+    r1 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)
+    assert r1.state == "succeeded", phase_status(ws, r1.run_id).text()
+
+    # the draft model's file hash is in the service identity, like the target's; its flags in the live argv
+    ev = service_evidence(ws, r1.run_id)
+    files = {f["option"]: f for f in ev["model_files"]}
+    assert set(files) == {"-m", "-md"} and files["-m"]["sha256"] == files["-md"]["sha256"]
+    eff = ev["effective_argv"]
+    assert eff[eff.index("-md") + 1] == llama.model and eff[eff.index("--spec-draft-n-max") + 1] == "4"
+
+    # llama.cpp's per-request counts, and the verify steps counted from its per-chunk timings
+    recs = records(ws, r1.run_id)
+    assert len(recs) == 6 and all(r["ok"] and r["completion_tokens"] == 16 for r in recs)
+    for r in recs:
+        steps = r["spec_steps"]
+        assert steps and all(1 <= d <= 4 and 0 <= a <= d for d, a in steps)
+        assert sum(d for d, _ in steps) == r["spec_draft_tokens"] > 0
+        assert sum(a for _, a in steps) == r["spec_accepted_tokens"]
+
+    result = latest_result(ws.run(r1.run_id).root)
+    assert result is not None
+    whole = result.windows.whole.spec_decode
+    per = whole.per_request
+    deltas = {c.name: c.delta for c in whole.counters}
+    out = sum(r["completion_tokens"] for r in recs)
+    steps_total = sum(len(r["spec_steps"]) for r in recs)
+    # whole window: per-request sums equal the /metrics deltas (warmup and route_verify ran before the
+    # first snapshot, so the deltas hold the formal requests only)
+    assert per.verify_steps == steps_total == deltas[SPEC_DRAFTS]
+    assert per.draft_tokens == deltas["llamacpp:spec_decode_num_draft_tokens_total"]
+    assert per.accepted_tokens == deltas["llamacpp:spec_decode_num_accepted_tokens_total"]
+    assert whole.agree is True, whole.agreement
+    assert isinstance(per.acceptance_length, Ratio) and isinstance(whole.acceptance_length, Ratio)
+    assert per.acceptance_length.value == whole.acceptance_length.value == out / steps_total
+    text = f"{out} / {steps_total} = {out / steps_total:.4f}"
+    assert per.acceptance_length.text == whole.acceptance_length.text == text
+    assert isinstance(per.acceptance_rate, Ratio) and isinstance(whole.acceptance_rate, Ratio)
+    assert per.acceptance_rate.value == whole.acceptance_rate.value
+    assert isinstance(per.by_position, list) and isinstance(whole.by_position_counters, list)
+    assert [(p.position, p.accepted) for p in per.by_position] == [
+        (p.position, p.accepted) for p in whole.by_position_counters]
+    # native window: its own requests and interval from per-request counts; counters say why not
+    native = result.windows.native
+    nper = native.spec_decode.per_request
+    assert native.found and nper.requests == native.ok >= 1
+    assert isinstance(nper.acceptance_length, Ratio) and nper.acceptance_length.denominator >= 1
+    assert isinstance(nper.acceptance_rate, Ratio)
+    nal = native.spec_decode.acceptance_length
+    assert isinstance(nal, NotObserved) and nal.reason == WHOLE_ONLY
+
+    # reprocess recomputes all of it from the raw data and the saved snapshots, with no model work
+    before = counters(llama.port)
+    shutil.rmtree(ws.run(r1.run_id).results)
+    fixed = reprocess_raw(ws, r1.run_id)
+    assert fixed.requests_sent == 0
+    redone = latest_result(ws.run(r1.run_id).root)
+    assert redone is not None and redone.windows == result.windows
+    assert counters(llama.port)[SPEC_DRAFTS] == before[SPEC_DRAFTS]
+
+    # a child that changes only the draft length is a service change: restarted with the new argv
+    child = freeze_case(ws, draft=llama.spec_draft(draft_max=2, scenario="llamacpp-spec", dataset={"output_tokens": 16},
+                                                   load={"requests": 6, "concurrency": 2}), parent=base.case_id)
+    assert [(d.path, d.impact) for d in child.delta] == [("service.speculative.draft_max", "service")]
+    r2 = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
+    assert r2.state == "succeeded", phase_status(ws, r2.run_id).text()
+    ev2 = service_evidence(ws, r2.run_id)
+    assert ev2["outcome"] == "done" and ev2["pid"] != ev["pid"] and ev2["identity"] != ev["identity"]
+    eff2 = ev2["effective_argv"]
+    assert eff2[eff2.index("--spec-draft-n-max") + 1] == "2"
+    assert all(d <= 2 for r in records(ws, r2.run_id) for d, _ in r["spec_steps"])
+    result2 = latest_result(ws.run(r2.run_id).root)
+    assert result2 is not None and result2.windows.whole.spec_decode.agree is True
+    side = render_side_by_side([(r1.run_id, base.case_id, result), (r2.run_id, child.case_id, result2)])
+    al_row = next(line for line in side.splitlines() if line.startswith("| AL per-request |"))
+    assert al_row.count("|") == 4 and "NOT_OBSERVED" not in al_row

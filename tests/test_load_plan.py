@@ -13,6 +13,7 @@ import pytest
 
 from caseledger import datasets
 from caseledger.case.model import Case
+from caseledger.case.store import case_id_of
 from caseledger.errors import CaseInvalid
 from caseledger.load import LoadPlan, arrival_offsets, build_plan, plan_from_run_dir
 from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, write_json
@@ -39,7 +40,7 @@ def make_run_dir(ws: Workspace, d: dict[str, Any], run_id: str = RUN_ID) -> RunP
     paths = ws.run(run_id)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_json(paths.run_json, {"run_id": run_id, "case_id": "c-000000000000", "workspace": str(ws.root),
+    write_json(paths.run_json, {"run_id": run_id, "case_id": case_id_of(case), "workspace": str(ws.root),
                                 "dataset_id": ident.dataset_id, "salt": run_id if case.load.salt else None,
                                 "planned": case.load.requests})
     return paths
@@ -112,7 +113,7 @@ def test_chat_body_is_a_streaming_request_with_continuous_usage_and_the_rendered
         assert body == {
             "model": "m0", "messages": [{"role": "user", "content": prompt}], "max_tokens": 5, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": False,
-            "temperature": 0,
+            "temperature": 0, "timings_per_token": True,  # the reference target streams draft counts per chunk
         }
         assert (s.entry, s.input_tokens_body, s.input_tokens_chat) == (
             entries[s.i]["i"], entries[s.i]["body_tokens"], entries[s.i]["chat_tokens"])

@@ -26,6 +26,7 @@ from caseledger.metrics import (
     write_result,
 )
 from caseledger.metrics.__main__ import main
+from caseledger.metrics._spec import WHOLE_ONLY_NO_COUNTS
 from caseledger.records import RawRecord
 
 MS = 1_000_000  # ns per ms
@@ -272,7 +273,7 @@ def test_aisbench_window_starts_at_second_request_reaching_peak_and_ends_when_pe
     assert n.params["peak_concurrency"] == 2 and n.params["requests_reaching_peak"] == 5
     check_rate(n.throughput.request, 4, (20 * MS) / 1e9)
     assert isinstance(n.spec_decode.acceptance_length, NotObserved)
-    assert n.spec_decode.acceptance_length.reason == "counters cover the whole window only"
+    assert n.spec_decode.acceptance_length.reason == WHOLE_ONLY_NO_COUNTS
 
 
 def plateau() -> list[RawRecord]:
@@ -368,7 +369,7 @@ def test_acceptance_length_with_the_seed_numbers() -> None:
     assert spec.acceptance_length_counters.value == 1 + 541897 / 113463
     native = r.windows.native.spec_decode
     assert isinstance(native.acceptance_length, NotObserved)
-    assert native.acceptance_length.reason == "counters cover the whole window only"
+    assert native.acceptance_length.reason == WHOLE_ONLY_NO_COUNTS
 
 
 def test_a_missing_counter_is_not_observed_with_its_name() -> None:

@@ -90,7 +90,7 @@ def test_run_report_is_complete(res: Result) -> None:
         "chat-template prompt tokens",
         "uncached (recomputed) input throughput",
         f"654336 / 113463 = {654336 / 113463:.4f}",
-        "NOT_OBSERVED (counters cover the whole window only)",
+        "NOT_OBSERVED (counters cover the whole run; the engine gave no per-request counts)",
         "## Time ledger",
         "| service | 12.5000 | reuse |",
         "## Definitions",
@@ -122,8 +122,8 @@ def test_report_json_round_trips(res: Result) -> None:
     doc = report_json(RunMeta(run_id="r-7f3a", case_id="c-000000000000", workspace="/w"), res, None, {"load": 300.0})
     data = orjson.loads(orjson.dumps(doc))
     assert Result.model_validate(data["result"]) == res
-    assert data["headline"]["whole"]["AL"] == 639 * 1024 / 113463  # the failed request's tokens are excluded
-    assert data["headline"]["native"]["AL"] == "NOT_OBSERVED"
+    assert data["headline"]["whole"]["AL counters"] == 639 * 1024 / 113463  # the failed request's tokens are excluded
+    assert data["headline"]["native"]["AL counters"] == "NOT_OBSERVED"
 
 
 def test_plots_are_optional(res: Result, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

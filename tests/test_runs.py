@@ -13,7 +13,7 @@ import httpx2
 import orjson
 import pytest
 
-from caseledger import ledger
+from caseledger import ledger, procs
 from caseledger.errors import TargetHeld
 from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
@@ -202,7 +202,8 @@ def test_stale_fence_is_refused(ws: Workspace) -> None:
 
     paths = RunPaths(ws.runs_dir / "r-00000002")
     paths.root.mkdir(parents=True)
-    a = ledger.acquire(ws, "t-abc", "r-00000002", owner=None)
+    dead = {"pid": 2**22 + 7, "start_time": 1, "host": procs.me()["host"]}  # a controller that died
+    a = ledger.acquire(ws, "t-abc", "r-00000002", owner=dead)
     b = ledger.acquire(ws, "t-abc", "r-00000002", owner=None, same_run_ok=True)
     assert b.fence == a.fence + 1
     with pytest.raises(FenceRejected):

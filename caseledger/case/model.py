@@ -8,10 +8,18 @@ is no 5) and floats must be finite (NaN/Infinity would be stored as null).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
@@ -141,6 +149,35 @@ class SSH(_Model):
         return self
 
 
+_LLAMA_FLAG = {"draft_model": "-md", "spec_type": "--spec-type", "draft_max": "--spec-draft-n-max"}
+
+
+class Speculative(_Model):
+    """Speculative decoding of a command-adapter service. Each field fills its placeholder in service.argv
+    ({draft_model}, {spec_type}, {draft_max}), so changing one is a service change: a restart with the new argv."""
+
+    draft_model: str | None = Field(
+        None, min_length=1, max_length=MAX_PATH,
+        description="Draft model file; fills {draft_model} (llama.cpp: -md {draft_model}). Its sha256 is part "
+        "of the service identity, like the target model's (at most 4096 characters)",
+        examples=["models/gemma-3-270m-q4_k_m.gguf"],
+    )
+    spec_type: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.,-]+$", max_length=200,
+        description="Speculative method; fills {spec_type} (llama.cpp: --spec-type {spec_type}, e.g. draft-simple)",
+        examples=["draft-simple"],
+    )
+    draft_max: int | None = Field(
+        None, ge=1, le=1024, strict=True,
+        description="Draft tokens per step (1..1024); fills {draft_max} (llama.cpp: --spec-draft-n-max {draft_max})",
+        examples=[4],
+    )
+
+
+SPECULATIVE_PLACEHOLDERS = tuple("{" + name + "}" for name in Speculative.model_fields)
+"""The argv placeholders filled from service.speculative: {draft_model}, {spec_type}, {draft_max}."""
+
+
 class Service(_Model):
     adapter: Literal["reference", "external", "command"] = Field(
         "reference",
@@ -180,6 +217,38 @@ class Service(_Model):
         description="Run adapter 'command' on a remote host over SSH (launch, /proc read-back, stop all go "
         "through it); null: local. Health is still checked at health_url",
     )
+
+    speculative: Speculative | None = Field(
+        None,
+        description="Speculative decoding (adapter 'command'): draft model, method and draft length, each filling "
+        "its placeholder in argv; null: none declared",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset speculative block is left out of the canonical JSON, so cases frozen before the field existed
+        # keep their case ids
+        data: dict[str, Any] = handler(self)
+        if self.speculative is None:
+            data.pop("speculative", None)
+        return data
+
+    @model_validator(mode="after")
+    def _speculative_in_argv(self) -> Service:
+        values = self.speculative.model_dump() if self.speculative is not None else {}
+        if self.speculative is not None and self.adapter != "command":
+            raise ValueError(f"service.speculative is only used by adapter 'command', not '{self.adapter}' (the "
+                             "reference target drafts with service.reference.spec_tokens)")
+        argv = "\0".join(self.argv)
+        for name, placeholder in zip(Speculative.model_fields, SPECULATIVE_PLACEHOLDERS, strict=True):
+            used = placeholder in argv
+            if values.get(name) is None and used:
+                raise ValueError(f"service.argv uses {placeholder} but service.speculative.{name} is not set")
+            if values.get(name) is not None and not used:
+                raise ValueError(f"service.speculative.{name} is set but service.argv has no {placeholder}: the "
+                                 f"value would never reach the engine; add it to argv (e.g. llama.cpp "
+                                 f"{_LLAMA_FLAG[name]} {placeholder})")
+        return self
 
     @model_validator(mode="after")
     def _ssh_needs_command(self) -> Service:
@@ -318,7 +387,8 @@ class Case(_Model):
     warmup: Warmup = Field(default_factory=Warmup, description="Warmup after a service start")
     cache: Cache = Field(default_factory=Cache, description="Prefix-cache preparation and check")
     measurement: Measurement = Field(default_factory=Measurement, description="Windows and counters")
-    deadline: datetime | None = Field(None, description="UTC time after which no formal load may start")
+    deadline: AwareDatetime | None = Field(
+        None, description="Time (with its UTC offset, e.g. 2026-12-01T18:00:00Z) after which no formal load may start")
     decision: Decision = Field(default_factory=Decision, description="How keep/close is decided")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

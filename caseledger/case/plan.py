@@ -38,6 +38,9 @@ IMPACT: dict[str, Impact | None] = {
     # where the service runs and how it is reached; a changed key or known_hosts re-runs the service phase,
     # which still reuses the live process when its identity (host, port, user, argv, env) is unchanged
     "service.ssh": Impact.SERVICE,
+    # draft model, method and draft length fill argv placeholders: a change is a new argv, so a restart (the
+    # draft model's file hash is part of the service identity too)
+    "service.speculative": Impact.SERVICE,
     "dataset": Impact.DATASET,
     "load.requests": Impact.LOAD,
     "load.concurrency": Impact.LOAD,

@@ -12,8 +12,16 @@ import orjson
 from pydantic import ValidationError
 
 from caseledger.case.model import Case
-from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import Workspace, atomic_write, canonical_json, check_id, sha256_bytes
+from caseledger.errors import CaseInvalid, NotFound, quoted
+from caseledger.workspace import (
+    Workspace,
+    atomic_write,
+    canonical_json,
+    check_id,
+    read_file_field,
+    resolve_path,
+    sha256_bytes,
+)
 
 
 def explain(err: ValidationError, source: str) -> CaseInvalid:
@@ -115,32 +123,49 @@ def case_id_of(case: Case) -> str:
     return "c-" + sha256_bytes(canonical_json(case.canonical()))[:12]
 
 
+def _frozen_as_stored(path: Path, case_id: str) -> Case | None:
+    """The frozen case at `path` when its content still hashes to `case_id`, else None (edited or damaged)."""
+    try:
+        case = Case.model_validate(orjson.loads(path.read_bytes()))
+    except (OSError, orjson.JSONDecodeError, ValidationError):
+        return None
+    return case if case_id_of(case) == case_id else None
+
+
 def load_case(ws: Workspace, case_id: str) -> Case:
+    """A frozen case, hash-checked at every read: an edited or damaged file is refused with the fix."""
     path = ws.frozen_case(case_id)
     if not path.exists():
         raise NotFound(f"case_id '{case_id}' is not frozen in {ws.frozen_dir}",
                        "freeze the draft first: freeze_case(path=...) returns the case_id")
-    return Case.model_validate(orjson.loads(path.read_bytes()))
+    case = _frozen_as_stored(path, case_id)
+    if case is None:
+        raise CaseInvalid(
+            f"ledger/cases/{case_id}.json is damaged: its content no longer hashes to {case_id} (edited on disk)",
+            "freeze the original draft again (freeze_case) to restore it; a changed case is a new draft "
+            f"with parent '{case_id}'")
+    return case
 
 
 def store(ws: Workspace, case: Case) -> tuple[str, bool]:
-    """Store read-only under the content hash; (case_id, created)."""
+    """Store read-only under the content hash; (case_id, created). A damaged or edited copy is restored."""
     cid = case_id_of(case)
     path = ws.frozen_case(cid)
-    if path.exists():
+    if path.exists() and _frozen_as_stored(path, cid) is not None:
         return cid, False
     atomic_write(path, orjson.dumps(case.canonical(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n",
                  mode=0o444)
     return cid, True
 
 
-def read_draft(ws: Workspace, path: str | Path) -> tuple[dict[str, Any], str]:
-    p = Path(path)
-    if not p.is_absolute():
-        p = (Path.cwd() / p) if (Path.cwd() / p).exists() else ws.root / p
+def read_draft(ws: Workspace, path: str | Path, *, cwd_first: bool = True) -> tuple[dict[str, Any], str]:
+    """A draft file: relative to the current directory when it exists there (cwd_first), else to the
+    workspace; refused when it leaves the workspace (MCP: cwd_first=False, the server's cwd means nothing)."""
+    here = resolve_path(Path.cwd(), path, "path") if cwd_first else None
+    p = here if here is not None and here.exists() else ws.inside(str(path), "path")
     if not p.exists():
-        raise NotFound(f"draft '{path}' does not exist", "give the path of a case JSON file (see cases/)")
-    return parse_draft(p.read_bytes(), str(path)), str(p)
+        raise NotFound(f"draft '{quoted(path)}' does not exist", "give the path of a case JSON file (see cases/)")
+    return parse_draft(read_file_field(p, "path", path), quoted(path, 200)), str(p)
 
 
 def check_parent(ws: Workspace, parent: str | None) -> Case | None:

@@ -54,8 +54,8 @@ from caseledger.datasets.identity import (
     TokenizerInfo,
     salt_text,
 )
-from caseledger.errors import CaseInvalid
-from caseledger.workspace import Workspace, sha256_bytes, sha256_file, write_json
+from caseledger.errors import CaseInvalid, quoted
+from caseledger.workspace import Workspace, read_file_field, sha256_bytes, sha256_file, write_json
 
 _MIN_SALT_WORDS = 16
 _CHUNK = 16  # suffixes encoded per batch: tokenizers Encodings are ~100 B per token
@@ -197,7 +197,36 @@ class _HFTok:
 def _open_tokenizer(name: str, chat: bool) -> _Tok:
     if name == "builtin":
         return _FastTok(_tokenizer.load_fast(name), chat)
-    return _HFTok(_tokenizer.load(name), chat, name)
+    try:
+        tok = _tokenizer.load(name)
+    except CaseInvalid:
+        raise
+    except Exception as e:  # transformers raises ValueError, OSError, KeyError… for a directory it cannot read
+        raise CaseInvalid(
+            f"dataset.tokenizer '{quoted(name)}' cannot be loaded: {quoted(e, 160)}",
+            "give 'builtin' or a local directory holding a Hugging Face tokenizer (tokenizer.json, "
+            "tokenizer_config.json)",
+        ) from None
+    return _HFTok(tok, chat, name)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a dataset is generated from, read and checked before anything is written."""
+
+    tok: _Tok
+    rows: list[tuple[str, int]] | None = None  # source 'file': (prompt, output_tokens)
+    source_sha256: str | None = None
+
+
+def read_inputs(ws: Workspace, case: Case) -> Inputs:
+    """The prompts file and the tokenizer, checked without writing anything (a refused freeze writes nothing)."""
+    ds = case.dataset
+    chat = ds.chat_template and case.target.api == "chat"
+    if ds.source == "file":
+        rows, source_sha256 = _read_prompts(ws, ds)  # a short or broken file fails before any tokenizer
+        return Inputs(_open_tokenizer(ds.tokenizer, chat), rows, source_sha256)
+    return Inputs(_open_tokenizer(ds.tokenizer, chat))
 
 
 def _tokenizer_info(name: str, revision: str | None) -> TokenizerInfo:
@@ -553,10 +582,10 @@ def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
     src = ws.inside(ds.path, "dataset.path")
     if not src.is_file():
         raise CaseInvalid(
-            f"dataset.path '{ds.path}' is not a file in the workspace ({src})",
+            f"dataset.path '{quoted(ds.path)}' is not a file in the workspace ({quoted(src, 200)})",
             "put a JSONL file of {\"prompt\": ...} lines inside the workspace and give its relative path",
         )
-    raw = src.read_bytes()
+    raw = read_file_field(src, "dataset.path", ds.path)
     rows: list[tuple[str, int]] = []
     for no, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
@@ -630,17 +659,18 @@ def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
     )
 
 
-def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path) -> DatasetIdentity:
+def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
+                     inputs: Inputs | None = None) -> DatasetIdentity:
     t0 = time.perf_counter()
     ds = case.dataset
     api = case.target.api
     chat = ds.chat_template and api == "chat"
     entries_path = tmp / ENTRIES_FILE
-    if ds.source == "file":
-        rows, source_sha256 = _read_prompts(ws, ds)  # a short or broken file fails before any tokenizer
-        res = _generate_file(rows, source_sha256, ds, _open_tokenizer(ds.tokenizer, chat), entries_path)
+    inputs = inputs or read_inputs(ws, case)
+    if inputs.rows is not None and inputs.source_sha256 is not None:
+        res = _generate_file(inputs.rows, inputs.source_sha256, ds, inputs.tok, entries_path)
     else:
-        res = _generate_constructed(ds, _open_tokenizer(ds.tokenizer, chat), ds.tokenizer, entries_path)
+        res = _generate_constructed(ds, inputs.tok, ds.tokenizer, entries_path)
     acc = res.acc
     ratios = [c / t if t else 0.0 for c, t in zip(acc.cached, acc.chat, strict=True)]
     target = _target(ds.prefix_ratio)

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from caseledger.case.model import Case
-from caseledger.datasets.generate import generate_dataset
+from caseledger.datasets.generate import generate_dataset, read_inputs
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.workspace import Workspace, flocked, read_json, sha256_file
@@ -48,8 +48,7 @@ def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
     final = ws.dataset_dir(dataset_id)
     if (final / IDENTITY_FILE).is_file():
         return _reuse(ws, case, dataset_id)
-    if case.dataset.source == "file" and case.dataset.path:
-        ws.inside(case.dataset.path, "dataset.path")  # refuse an escape before taking any lock
+    inputs = read_inputs(ws, case)  # the prompts file and the tokenizer are checked before anything is written
     ws.datasets_dir.mkdir(parents=True, exist_ok=True)
     # a second caller waits on the lock, then finds the dataset the first one wrote
     with flocked(ws.datasets_dir / f".{dataset_id}.lock"):
@@ -62,7 +61,7 @@ def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
             )
         tmp = Path(tempfile.mkdtemp(prefix=f".{dataset_id}.", suffix=".tmp", dir=ws.datasets_dir))
         try:
-            identity = generate_dataset(ws, case, dataset_id, tmp)
+            identity = generate_dataset(ws, case, dataset_id, tmp, inputs)
             try:
                 os.rename(tmp, final)
             except OSError:

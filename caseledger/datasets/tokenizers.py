@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from caseledger.errors import CaseInvalid
+from caseledger.errors import CaseInvalid, quoted
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
 CHATML_TEMPLATE = (
@@ -63,16 +63,23 @@ def build_builtin(out_dir: Path = BUILTIN_DIR, vocab_size: int = 4096) -> Path:
     return out_dir
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 def resolve(name: str) -> Path:
     """'builtin' or a local directory; never a hub name (nothing is downloaded at run time)."""
     if name == "builtin":
         return BUILTIN_DIR
     p = Path(name).expanduser()
-    if not p.exists():
-
+    try:
+        ok = p.is_dir() and any((p / f).is_file() for f in TOKENIZER_FILES)
+    except (OSError, ValueError):  # a NUL, an over-long name
+        ok = False
+    if not ok:
         raise CaseInvalid(
-            f"dataset.tokenizer '{name}' is not a local path",
-            "give 'builtin' or a directory holding tokenizer.json (hub names are not fetched at run time)",
+            f"dataset.tokenizer '{quoted(name)}' is not a local tokenizer directory",
+            f"give 'builtin' or a directory holding one of {', '.join(TOKENIZER_FILES)} "
+            "(hub names are not fetched at run time)",
         )
     return p
 

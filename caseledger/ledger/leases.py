@@ -1,11 +1,21 @@
-"""One lease per target: an owner with an expiry renewed by heartbeats and a strictly increasing fence."""
+"""One lease per target on the host: an owner with an expiry renewed by heartbeats and a strictly increasing
+fence. Leases live in a host-wide directory (not in the workspace), so two workspaces, two agents or two
+users' shells on one host see the same owner of a target.
+
+The directory is chosen without looking at per-shell environment (an MCP server and a CLI in another shell
+must agree): $CASELEDGER_HOST_DIR when set (set it the same everywhere), else /run/caseledger for root,
+/run/user/<uid>/caseledger when that runtime directory exists, else /tmp/caseledger-<uid>.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from caseledger import procs
 from caseledger.errors import FenceRejected, TargetHeld
@@ -21,12 +31,41 @@ from caseledger.workspace import (
 
 LEASE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 5.0
+ENV_HOST_DIR = "CASELEDGER_HOST_DIR"
+
+
+def host_dir() -> Path:
+    """The host-wide directory of target leases (created 0700 on first use)."""
+    if os.environ.get(ENV_HOST_DIR):
+        d = Path(os.environ[ENV_HOST_DIR])
+    elif os.geteuid() == 0:
+        d = Path("/run/caseledger")
+    elif Path(f"/run/user/{os.geteuid()}").is_dir():
+        d = Path(f"/run/user/{os.geteuid()}/caseledger")
+    else:
+        d = Path(f"/tmp/caseledger-{os.geteuid()}")
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
 
 
 def target_key(case_canonical: dict[str, Any]) -> str:
-    """The lease key of a target: its endpoint set (order-independent)."""
-    urls = sorted(e["base_url"].rstrip("/") for e in case_canonical["target"]["endpoints"])
-    return "t-" + sha256_bytes(canonical_json(urls))[:10]
+    """The lease key of a target: the set of addresses (host:port) its endpoints reach, order-independent;
+    every loopback spelling (localhost, 127.x.y.z, ::1) is one host, and the URL path is not part of it."""
+    return "t-" + sha256_bytes(canonical_json(sorted({address(e["base_url"])
+                                                      for e in case_canonical["target"]["endpoints"]})))[:10]
+
+
+def address(base_url: str) -> str:
+    """'http://localhost:8080/v1' -> 'loopback:8080'."""
+    u = urlsplit(base_url)
+    host = (u.hostname or "").lower()
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            host = "loopback"
+    except ValueError:
+        if host == "localhost":
+            host = "loopback"
+    return f"{host}:{u.port or (443 if u.scheme == 'https' else 80)}"
 
 
 @dataclass
@@ -37,17 +76,29 @@ class Lease:
     fence: int
     expires: float  # epoch seconds
     extra_procs: list[dict[str, Any]] = field(default_factory=list)  # e.g. the load client
+    workspace: str | None = None  # the workspace of the run that holds it
 
     def to_json(self) -> dict[str, Any]:
         return {
             "target_key": self.target_key, "run_id": self.run_id, "owner": self.owner, "fence": self.fence,
             "expires": self.expires, "expires_utc": utc_from_epoch(self.expires), "extra_procs": self.extra_procs,
+            "workspace": self.workspace,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Lease:
         return cls(d["target_key"], d.get("run_id"), d.get("owner"), int(d.get("fence", 0)),
-                   float(d.get("expires", 0)), list(d.get("extra_procs") or []))
+                   float(d.get("expires", 0)), list(d.get("extra_procs") or []), d.get("workspace"))
+
+    def holds(self, ws: Workspace, run_id: str) -> bool:
+        return self.run_id == run_id and self.workspace in (None, str(ws.root))
+
+    def held_by(self, ws: Workspace) -> str:
+        """'run r-… (controller pid N, lease until …)', naming the workspace when it is another one."""
+        pid = (self.owner or {}).get("pid")
+        who = f"controller pid {pid}" if pid else "its controller is starting"
+        where = f" in workspace {self.workspace}" if self.workspace and self.workspace != str(ws.root) else ""
+        return f"run {self.run_id}{where} ({who}, lease until {utc_from_epoch(self.expires)})"
 
     def live(self, now: float | None = None) -> bool:
         """Held: a run holds it, and it has not expired or one of its processes still runs."""
@@ -59,37 +110,50 @@ class Lease:
         return any(procs.alive(p) for p in [self.owner, *self.extra_procs] if p)
 
 
-def _lease_path(ws: Workspace, key: str) -> Path:
-    return ws.leases_dir / f"{key}.json"
+def _lease_path(key: str) -> Path:
+    return host_dir() / f"{key}.json"
+
+
+def _lock(key: str) -> Path:
+    return host_dir() / f"{key}.lock"
 
 
 def read_lease(ws: Workspace, key: str) -> Lease | None:
-    d = read_json_or_none(_lease_path(ws, key))
+    d = read_json_or_none(_lease_path(key))
     return Lease.from_json(d) if d else None
 
 
 def acquire(ws: Workspace, key: str, run_id: str, owner: dict[str, Any] | None, *, same_run_ok: bool = False) -> Lease:
-    """Take the target for run_id with a new, strictly larger fence token; refuse a live holder."""
-    with flocked(ws.leases_dir / f"{key}.lock"):
+    """Take the target for run_id with a new, strictly larger fence token; refuse a live holder (from any
+    workspace on this host)."""
+    with flocked(_lock(key)):
         cur = read_lease(ws, key)
-        if cur is not None and cur.live() and not (same_run_ok and cur.run_id == run_id):
-            pid = (cur.owner or {}).get("pid", "?")
+        if cur is not None and cur.live() and same_run_ok and cur.holds(ws, run_id):
+            if cur.owner is None or procs.alive(cur.owner):  # a second resume arriving together
+                raise TargetHeld(
+                    f"run {run_id} is already being continued: its controller "
+                    + ("is starting" if cur.owner is None else f"(pid {cur.owner.get('pid')}) is alive"),
+                    f"phase_status(run_id='{run_id}'); one resume is enough")
+        elif cur is not None and cur.live():
             raise TargetHeld(
-                f"target '{key}' is held by run {cur.run_id} (pid {pid}, lease until {utc_from_epoch(cur.expires)})",
-                f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues silently",
+                f"target '{key}' is held by {cur.held_by(ws)}",
+                f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues "
+                "silently" if cur.workspace in (None, str(ws.root)) else
+                f"wait for that run to end (caseledger -w {cur.workspace} status {cur.run_id}); one target "
+                "has one owner on this host",
             )
         fence = (cur.fence if cur else 0) + 1
-        lease = Lease(key, run_id, owner, fence, time.time() + LEASE_SECONDS)
-        write_json(_lease_path(ws, key), lease.to_json())
+        lease = Lease(key, run_id, owner, fence, time.time() + LEASE_SECONDS, workspace=str(ws.root))
+        write_json(_lease_path(key), lease.to_json())
         return lease
 
 
 def renew(ws: Workspace, key: str, run_id: str, fence: int, owner: dict[str, Any] | None = None,
           extra_procs: list[dict[str, Any]] | None = None) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over."""
-    with flocked(ws.leases_dir / f"{key}.lock"):
+    with flocked(_lock(key)):
         cur = read_lease(ws, key)
-        if cur is None or cur.run_id != run_id or cur.fence != fence:
+        if cur is None or not cur.holds(ws, run_id) or cur.fence != fence:
             raise FenceRejected(
                 f"lease of target '{key}' is no longer held by run {run_id} with fence {fence}",
                 "this owner must stop; the current holder is in the lease file",
@@ -99,16 +163,16 @@ def renew(ws: Workspace, key: str, run_id: str, fence: int, owner: dict[str, Any
             cur.owner = owner
         if extra_procs is not None:
             cur.extra_procs = extra_procs
-        write_json(_lease_path(ws, key), cur.to_json())
+        write_json(_lease_path(key), cur.to_json())
         return cur
 
 
 def release(ws: Workspace, key: str, run_id: str, fence: int) -> None:
-    with flocked(ws.leases_dir / f"{key}.lock"):
+    with flocked(_lock(key)):
         cur = read_lease(ws, key)
-        if cur is None or cur.run_id != run_id or cur.fence != fence:
+        if cur is None or not cur.holds(ws, run_id) or cur.fence != fence:
             return
-        write_json(_lease_path(ws, key), Lease(key, None, None, cur.fence, 0.0).to_json())
+        write_json(_lease_path(key), Lease(key, None, None, cur.fence, 0.0).to_json())
 
 
 def current_fence(ws: Workspace, key: str) -> int:

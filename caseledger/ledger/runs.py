@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -13,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, PlanStep
-from caseledger.errors import CaseInvalid, NotFound
-from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, read_json_or_none, write_json
+from caseledger.case.store import case_id_of
+from caseledger.errors import CaseInvalid, NotFound, quoted
+from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, is_id, write_json
 
 
 class Imported(BaseModel):
@@ -81,14 +83,20 @@ class Run:
 
     @cached_property
     def case(self) -> Case:
+        """The run's copy of its frozen case, hash-checked against the run's case_id."""
+        rel = f"ledger/runs/{self.paths.run_id}/case.json"
         try:
-            return Case.model_validate(orjson.loads(self.paths.case.read_bytes()))
+            case = Case.model_validate(orjson.loads(self.paths.case.read_bytes()))
         except FileNotFoundError:
             raise NotFound(f"run '{self.paths.run_id}' has no case.json at {self.paths.case}",
                            "pass the run directory the controller created (ledger/runs/<run_id>)") from None
-        except (orjson.JSONDecodeError, ValidationError) as e:
-            raise CaseInvalid(f"{self.paths.case} is not a valid frozen case ({str(e).splitlines()[0][:200]})",
+        except (OSError, orjson.JSONDecodeError, ValidationError) as e:
+            raise CaseInvalid(f"{rel} is damaged: {first_problem(e)}",
                               "the ledger was edited by hand: restore case.json, or start a new run") from None
+        if case_id_of(case) != self.meta.case_id:
+            raise CaseInvalid(f"{rel} is damaged: its content no longer hashes to {self.meta.case_id}",
+                              "the ledger was edited by hand: restore case.json, or start a new run")
+        return case
 
     @property
     def run_id(self) -> str:
@@ -99,22 +107,37 @@ class Run:
         return Workspace(Path(self.meta.workspace))
 
 
+CREATING_S = 60.0  # a run directory without run.json younger than this is being created
+def first_problem(e: Exception) -> str:
+    """The first thing wrong with a file's content, one short line (a field and its problem where known)."""
+    if isinstance(e, ValidationError) and e.errors():
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        return quoted(f"{where}: {err['msg']}", 160)
+    return quoted(str(e).splitlines()[0] if str(e) else type(e).__name__, 160)
+
+
+DAMAGED_FIX = "restore it from a backup, or move the run directory out of ledger/runs (other runs are unaffected)"
+
+
 def read_meta(paths: RunPaths) -> RunMeta:
-    """run.json of a run directory; NotFound when absent, CaseInvalid (naming the file) when unreadable."""
+    """run.json of a run directory; NotFound when absent, CaseInvalid ('… is damaged') when unreadable."""
+    rel = f"ledger/runs/{paths.run_id}/run.json"
     try:
         data = paths.run_json.read_bytes()
     except FileNotFoundError:
         raise NotFound(f"run '{paths.run_id}' has no run.json at {paths.run_json}",
                        "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)"
                        ) from None
-    except IsADirectoryError:
-        raise CaseInvalid(f"{paths.run_json} is not a file", "restore the run directory from a backup") from None
+    except OSError as e:
+        raise CaseInvalid(f"{rel} is damaged: {quoted(e)}", DAMAGED_FIX) from None
     try:
-        return RunMeta.model_validate(orjson.loads(data))
+        meta = RunMeta.model_validate(orjson.loads(data))
     except (orjson.JSONDecodeError, ValidationError) as e:
-        first = str(e).splitlines()[0][:200]
-        raise CaseInvalid(f"{paths.run_json} is not a valid run record ({first})",
-                          "the ledger was edited by hand: restore run.json, or start a new run") from None
+        raise CaseInvalid(f"{rel} is damaged: {first_problem(e)}", DAMAGED_FIX) from None
+    if meta.run_id != paths.run_id:
+        raise CaseInvalid(f"{rel} is damaged: it names run {quoted(meta.run_id)}", DAMAGED_FIX)
+    return meta
 
 
 def write_meta(paths: RunPaths, meta: RunMeta) -> None:
@@ -143,24 +166,45 @@ def new_run_id(ws: Workspace) -> str:
             return rid
 
 
-def _metas(ws: Workspace) -> list[RunMeta]:
-    """Readable run.json files of the workspace, oldest first; a stray or broken entry is skipped."""
-    if not ws.runs_dir.exists():
-        return []
-    out = []
-    for d in ws.runs_dir.iterdir():
-        raw = read_json_or_none(d / "run.json")
-        if not isinstance(raw, dict):
+@dataclass(frozen=True)
+class RunScan:
+    """Every entry of ledger/runs: the readable runs (oldest first) and what is damaged, each named."""
+
+    metas: list[RunMeta]
+    damaged: list[str]  # "ledger/runs/<entry>…: what is wrong" — listed, never hiding the other runs
+
+
+def scan_runs(ws: Workspace) -> RunScan:
+    """Read every run.json once; a damaged entry is reported, never an error for the other runs."""
+    metas: list[RunMeta] = []
+    damaged: list[str] = []
+    entries = sorted(ws.runs_dir.iterdir()) if ws.runs_dir.is_dir() else []
+    for d in entries:
+        if not d.is_dir() or not is_id(d.name, "r"):
+            damaged.append(f"ledger/runs/{quoted(d.name, 40)} is not a run directory")
             continue
         try:
-            out.append(RunMeta.model_validate(raw))
-        except ValidationError:
-            continue
-    return sorted(out, key=lambda m: (m.created_utc, m.run_id))
+            metas.append(read_meta(RunPaths(d)))
+        except CaseInvalid as e:
+            damaged.append(e.message)
+        except NotFound:
+            if time.time() - d.stat().st_mtime > CREATING_S:  # younger: create_run is writing run.json
+                damaged.append(f"ledger/runs/{d.name} has no run.json")
+    return RunScan(sorted(metas, key=lambda m: (m.created_utc, m.run_id)), damaged)
+
+
+def damaged_line(damaged: list[str]) -> str:
+    """One line naming the damaged ledger entries (the first in full, the rest counted) and the fix."""
+    more = f" (+{len(damaged) - 1} more)" if len(damaged) > 1 else ""
+    return f"damaged ledger entry: {damaged[0]}{more}; fix: {DAMAGED_FIX}"
+
+
+def _metas(ws: Workspace) -> list[RunMeta]:
+    return scan_runs(ws).metas
 
 
 def list_runs(ws: Workspace) -> list[str]:
-    """Run ids, oldest first (by creation time recorded in run.json)."""
+    """Run ids, oldest first (by creation time recorded in run.json); damaged entries are left out."""
     return [m.run_id for m in _metas(ws)]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from caseledger import procs
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
-from caseledger.errors import FailureClass
+from caseledger.errors import OUTSIDE_CHARS, FailureClass, quoted
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import Run, RunMeta, has_results, load_run
 from caseledger.records import iter_lines
@@ -52,6 +52,7 @@ class PhaseView:
     failure_class: FailureClass | None = None
     error: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    evidence: str | None = None  # the file its end event names (the controller's phases/<phase>.json)
 
 
 @dataclass
@@ -85,6 +86,63 @@ class RunView:
     next_restarts_service: bool
     next_repeats_warmup: bool
     next_resends_requests: bool
+    service_alive: bool | None = None  # the service this run verified: alive now? None: not ours to check
+    missing_evidence: list[str] = field(default_factory=list)  # files a finished phase wrote, now gone
+    steps: NextSteps | None = None  # what the next controller (a resume) runs
+
+
+# A load that failed with one of these sent nothing the target served (rejected or cut by a dead service):
+# the next attempt sends it again, the failed attempt's raw data kept aside. Any other load failure is
+# never re-sent (end_unknown: resume confirms what the client recorded).
+RESEND_CLASSES = (FailureClass.HOT_ENTRY, FailureClass.AUTH, FailureClass.SERVICE)
+_FINISHED = (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED)
+_SERVICE_CHAIN = (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY, Phase.CACHE_PREPARE)
+
+
+@dataclass(frozen=True)
+class NextSteps:
+    """What the next controller of a run does, computed once for phase_status, resume and the controller."""
+
+    run: tuple[Phase, ...]  # the phases it runs, in order (finished ones are kept, never repeated, except:)
+    redo: tuple[Phase, ...]  # finished phases it runs again: the service died, so service..cache again
+    restarts_service: bool
+    repeats_warmup: bool
+    resends_requests: bool
+
+    @property
+    def first(self) -> Phase | None:
+        return self.run[0] if self.run else None
+
+
+def next_steps(v: RunView) -> NextSteps:
+    """The phases a resume runs: every unfinished one, plus the service chain again when the service this
+    run started or verified has died and the formal load is still to be sent."""
+    meta, ph = v.meta, v.phases
+    lv = ph[Phase.LOAD]
+    load_sends = not meta.load_reuse and (
+        lv.state == PhaseState.PENDING or (lv.state == PhaseState.FAILED and lv.failure_class in RESEND_CLASSES))
+    redo: tuple[Phase, ...] = ()
+    if v.service_alive is False and load_sends:
+        redo = tuple(p for p in _SERVICE_CHAIN if ph[p].state in _FINISHED)
+    run = tuple(p for p in PHASES if ph[p].state not in _FINISHED or p in redo)
+    restarts = Phase.SERVICE in run and not meta.load_reuse and v.service_alive is not True
+    return NextSteps(
+        run=run, redo=redo, restarts_service=restarts,
+        repeats_warmup=Phase.WARMUP in run and not meta.load_reuse and meta.action(Phase.WARMUP) != "skip",
+        resends_requests=Phase.LOAD in run and lv.state == PhaseState.FAILED and lv.failure_class in RESEND_CLASSES,
+    )
+
+
+def _service_alive(ws: Workspace, meta: RunMeta, sv: PhaseView) -> bool | None:
+    """Whether the local service this run's service phase started or reused is still the live one."""
+    pid = sv.data.get("pid")
+    if meta.load_reuse or not meta.target_key or sv.state not in _FINISHED or pid is None or sv.data.get("host"):
+        return None  # no service of ours (external, measurement-only) or remote (no SSH round trip here)
+    st = read_json_or_none(ws.services_dir / f"{meta.target_key}.json") or {}
+    proc = st.get("proc")
+    if not isinstance(proc, dict) or proc.get("pid") != pid:
+        return False  # stopped or replaced since
+    return procs.alive(proc)
 
 
 def count_raw(path: Path) -> tuple[int, int]:
@@ -101,14 +159,24 @@ def count_raw(path: Path) -> tuple[int, int]:
     return n, ok
 
 
+def count_sent(paths: RunPaths) -> int:
+    """Formal requests recorded as sent (load/sent.log: written before each one's first byte leaves)."""
+    try:
+        return paths.load_sent.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 def load_counts(paths: RunPaths, planned: int) -> Counts:
+    """The one count of a run's formal load: the end file when there is one, else the evidence on disk
+    (sent from the intent log, done and ok from the raw records; progress.json is only a fallback)."""
     end = read_json_or_none(paths.load_end)
     if end:
         return Counts(planned, int(end.get("sent", 0)), int(end.get("done", 0)), int(end.get("ok", 0)),
                       int(end.get("failed", 0)))
     prog = read_json_or_none(paths.load_progress) or {}
     n, ok = count_raw(paths.raw)
-    sent = max(int(prog.get("sent", 0)), n)
+    sent = max(count_sent(paths) or int(prog.get("sent", 0)), n)
     return Counts(planned, sent, n, ok, n - ok)
 
 
@@ -127,7 +195,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         if t == "phase_started":
             v.state, v.attempt = PhaseState.RUNNING, ev.get("attempt") or 1
             v.started_utc, v.started_mono = ev["utc"], ev["mono_ns"]
-            v.ended_utc = v.failure_class = v.error = None
+            v.ended_utc = v.failure_class = v.error = v.evidence = None
             v.data = {}
         elif t == "phase_ended":
             outcome = ev["data"].get("outcome", "done")
@@ -138,6 +206,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
             v.error = ev.get("error")
             v.data = ev["data"]
             v.attempt = ev.get("attempt") or v.attempt
+            v.evidence = (ev.get("outputs") or {}).get("evidence")
     ctl = read_json_or_none(paths.controller_pid)
     controller_alive = procs.alive(ctl)
     client_alive = procs.alive(read_json_or_none(paths.load_pid))
@@ -205,9 +274,38 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         client_alive=client_alive, counts=counts, load_ended=load_ended, results_extracted=results_extracted,
         decision=decision, torn_events=log.torn_tail, blocker=None, next_call="",
         next_restarts_service=False, next_repeats_warmup=False, next_resends_requests=False,
+        service_alive=_service_alive(ws, meta, phases[Phase.SERVICE]),
+        missing_evidence=_missing_evidence(paths, phases, meta),
     )
+    view.steps = steps = next_steps(view)
+    if state != RunState.RUNNING and steps.redo and view.failure_class is None:
+        # every phase it ran is recorded as done, but the service it measured on is gone
+        view.state, view.current, view.failure_class = RunState.FAILED, Phase.SERVICE, FailureClass.SERVICE
+    view.next_restarts_service = steps.restarts_service
+    view.next_repeats_warmup = steps.repeats_warmup
+    view.next_resends_requests = steps.resends_requests
     _advise(view)
     return view
+
+
+def _missing_evidence(paths: RunPaths, phases: dict[Phase, PhaseView], meta: RunMeta) -> list[str]:
+    """Evidence a finished phase recorded that is no longer on disk (workspace-relative names)."""
+    if meta.imported is not None:
+        return []
+    gone = [f"phases/{p.value}.json" for p, v in phases.items()
+            if v.state in _FINISHED and v.evidence and not paths.phase_file(p).exists()]
+    if phases[Phase.LOAD].state == PhaseState.DONE and not meta.load_reused and not paths.raw.exists():
+        gone.append("load/raw.jsonl")
+    return gone
+
+
+def sealed_raw_sha256(v: RunView) -> str | None:
+    """The raw data's sha256 recorded when the load's end was confirmed (or, before that, at load end)."""
+    for phase in (Phase.CONFIRM_END, Phase.LOAD):
+        sha = v.phases[phase].data.get("raw_sha256") if phase in v.phases else None
+        if isinstance(sha, str):
+            return sha
+    return None
 
 
 def _advise(v: RunView) -> None:
@@ -230,9 +328,11 @@ def _advise(v: RunView) -> None:
         return
     ph = v.phases[v.current] if v.current else None
     err = (ph.error or "") if ph else ""
+    if v.steps is not None and v.steps.redo and not err:
+        err = f"the service (pid {v.phases[Phase.SERVICE].data.get('pid')}) is gone; the formal load still needs it"
     fc = v.failure_class
-    where = f"{v.current}: {err}" if err else f"{v.current}"
-    v.blocker = f"{fc} at {where}"[:200]
+    where = f"{v.current}: {quoted(err, OUTSIDE_CHARS)}" if err else f"{v.current}"
+    v.blocker = f"{fc} at {where}"
     if fc == FailureClass.BEFORE_MODEL:
         v.next_call = (f"fix the cause, then resume(run_id='{rid}') (re-runs preflight; 0 model requests sent); "
                        "a case error needs freeze_case of a corrected draft")
@@ -241,11 +341,14 @@ def _advise(v: RunView) -> None:
     elif fc == FailureClass.HOT_ENTRY:
         v.next_call = (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run "
                        f"(reuses the warm service); or after a client fix resume(run_id='{rid}')")
-        v.next_resends_requests = True
     elif fc == FailureClass.SERVICE:
-        v.next_call = f"resume(run_id='{rid}') retries the service phase (or roll back to the recovery target)"
-        v.next_restarts_service = True
-        v.next_repeats_warmup = True
+        first = v.steps.first if v.steps else v.current
+        v.next_call = (f"resume(run_id='{rid}') starts again at {first}"
+                       + (" (starts the service once, then warmup and what follows)" if v.next_restarts_service
+                          else " (keeps the live service)"))
+    elif fc == FailureClass.AUTH:
+        v.next_call = (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
+                       f"resume(run_id='{rid}') — keeps the service, repeats the refused phase")
     elif fc == FailureClass.END_UNKNOWN:
         v.next_call = (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
                        "sends no formal request again")

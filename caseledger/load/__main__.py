@@ -7,6 +7,7 @@ only says where it is. Files written under RUN_DIR/load/ (see RunPaths):
     anchor.json    {"wall_utc", "mono_ns"}, just before the first request is sent
     raw.jsonl      one RawRecord per finished request, written as it ends (a kill loses only in-flight ones)
     progress.json  {"planned", "sent", "done", "ok", "failed", "updated_utc"}, every <= 0.5 s and at the end
+    sent.log       one line (the request index) per formal request, written before its first byte leaves
     end.json       counts, first_send_ns/last_end_ns, wall and CPU times, chunks, "exit", when the load ended
 
 Exit codes: 0 load complete (failed requests are data, not a client failure); 1 cancelled by SIGTERM/SIGINT
@@ -100,7 +101,12 @@ class Tally:
     last_end_ns: int | None = None
     version: int = 0  # bumped on every change; the progress writer skips unchanged states
 
+    sent_fd: int | None = None  # load/sent.log, appended before each request's first byte leaves
+
     def on_send(self, spec: RequestSpec) -> None:
+        if self.sent_fd is not None:
+            # a write(2), not fsync: a killed process loses nothing the kernel holds; fsync goes in groups
+            os.write(self.sent_fd, b"%d\n" % spec.i)
         self.sent += 1
         self.version += 1
 
@@ -145,6 +151,8 @@ async def _progress_loop(paths: RunPaths, tally: Tally) -> None:
         await anyio.sleep(PROGRESS_INTERVAL_S)
         if tally.version != seen:
             seen = tally.version
+            if tally.sent_fd is not None:
+                await anyio.to_thread.run_sync(os.fsync, tally.sent_fd)
             await anyio.to_thread.run_sync(write_json, paths.load_progress, tally.progress())
 
 
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_STARTED
     log(f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
         f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}")
-    tally = Tally(planned=plan.planned)
+    tally = Tally(planned=plan.planned,
+                  sent_fd=os.open(paths.load_sent, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
     write_json(paths.load_progress, tally.progress())
     writer = RawWriter(fd)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -254,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         caught = anyio.run(_run, paths, plan, api_key, writer, tally, exit_after)
     finally:
         writer.close()
+        if tally.sent_fd is not None:
+            os.fsync(tally.sent_fd)
+            os.close(tally.sent_fd)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     write_json(paths.load_progress, tally.progress())
     end = {

@@ -86,7 +86,8 @@ class ServerStreamError(Exception):
 class ChunkState:
     """What one response stream has shown so far; `feed` is the per-chunk hot path."""
 
-    __slots__ = ("chunk_ns", "chunk_tokens", "done", "finish_reason", "last_completion", "usage")
+    __slots__ = ("accepted", "chunk_ns", "chunk_tokens", "done", "drafted", "finish_reason", "last_completion",
+                 "steps", "usage")
 
     def __init__(self) -> None:
         self.chunk_ns: list[int] = []
@@ -95,6 +96,9 @@ class ChunkState:
         self.finish_reason: str | None = None
         self.last_completion = 0
         self.done = False
+        self.drafted: int | None = None  # cumulative timings.draft_n, latest seen
+        self.accepted: int | None = None  # cumulative timings.draft_n_accepted, latest seen
+        self.steps: list[list[int]] | None = None  # [drafted, accepted] per verify step, from content chunks
 
     def feed(self, payload: bytes, now_ns: int) -> None:
         if payload == b"[DONE]":
@@ -113,6 +117,7 @@ class ChunkState:
             self.usage = usage
             completion = usage.get("completion_tokens")
         choices = obj.get("choices")
+        text = None
         if choices:
             c = choices[0]
             delta = c.get("delta")
@@ -125,8 +130,27 @@ class ChunkState:
                 self.chunk_tokens.append(None if completion is None else completion - self.last_completion)
             if c.get("finish_reason"):
                 self.finish_reason = c["finish_reason"]
+        timings = obj.get("timings")
+        if timings:
+            self._draft_counts(timings, bool(text))
         if completion is not None:
             self.last_completion = completion
+
+    def _draft_counts(self, timings: Any, content: bool) -> None:
+        """Cumulative draft counts (llama.cpp's timings): the latest are the request's totals; on a content
+        chunk (timings_per_token) a rise of draft_n starts a verify step, its accepted rise is that step's."""
+        if not isinstance(timings, dict):
+            return
+        drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+        if not isinstance(drafted, int) or not isinstance(accepted, int):
+            return
+        if content:
+            steps = self.steps if self.steps is not None else []
+            before_d, before_a = self.drafted or 0, self.accepted or 0
+            if drafted > before_d:
+                steps.append([drafted - before_d, accepted - before_a])
+            self.steps = steps
+        self.drafted, self.accepted = drafted, accepted
 
 
 def make_record(
@@ -161,6 +185,9 @@ def make_record(
         finish_reason=state.finish_reason,
         input_tokens_body=spec.input_tokens_body,
         input_tokens_chat=spec.input_tokens_chat,
+        spec_draft_tokens=state.drafted,
+        spec_accepted_tokens=state.accepted,
+        spec_steps=state.steps,
     )
 
 

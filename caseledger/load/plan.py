@@ -71,7 +71,15 @@ def request_url(base_url: str, api: Api) -> str:
     return base_url.rstrip("/") + PATHS[api]
 
 
-def request_body(api: Api, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> bytes:
+def draft_counts_per_chunk(case: Case) -> bool:
+    """Ask for llama.cpp's `timings_per_token` (cumulative draft counts on every chunk, from which the load
+    client counts each request's verify steps): only where the server is known to honour it, llama.cpp
+    (measurement.spec_decode 'llamacpp') and the reference target; other engines get no unknown field."""
+    return case.measurement.spec_decode == "llamacpp" or case.service.adapter == "reference"
+
+
+def request_body(api: Api, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
+                 timings_per_token: bool = False) -> bytes:
     """The streaming request body (OpenAI-compatible); usage in every chunk where the server supports it."""
     body: dict[str, Any] = {"model": model}
     if api == "chat":
@@ -85,6 +93,8 @@ def request_body(api: Api, model: str, prompt: str, max_tokens: int, ignore_eos:
         ignore_eos=ignore_eos,
         temperature=0,
     )
+    if timings_per_token:
+        body["timings_per_token"] = True
     return orjson.dumps(body)
 
 
@@ -132,6 +142,7 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
     seed = arrival_seed(case.dataset.seed, salt)
     offsets = arrival_offsets(n, load.rate, load.arrival, load.burstiness, seed)
     urls = [request_url(ep.base_url, api) for ep in endpoints]
+    per_chunk = draft_counts_per_chunk(case)
     specs: list[RequestSpec] = []
     for i in range(n):
         e = entries[i]
@@ -144,7 +155,7 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
                 route=route,
                 offset_s=offsets[i],
                 url=urls[route],
-                body=request_body(api, endpoints[route].model, prompt, max_tokens, load.ignore_eos),
+                body=request_body(api, endpoints[route].model, prompt, max_tokens, load.ignore_eos, per_chunk),
                 input_tokens_body=e["body_tokens"],
                 input_tokens_chat=e["chat_tokens"],
             )

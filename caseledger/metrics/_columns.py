@@ -55,6 +55,12 @@ class RawColumns:
     n_chunks: I64
     chunk_ns: I64  # all content chunks, request after request
     chunk_tokens: F64  # tokens per chunk, NaN where unknown
+    spec_draft_tokens: F64  # per request: draft tokens proposed (timings.draft_n), NaN where not reported
+    spec_accepted_tokens: F64  # per request: draft tokens accepted, NaN where not reported
+    steps_known: B  # per request: the record carried its verify steps (spec_steps)
+    n_steps: I64  # per request: verify steps recorded (0 where unknown)
+    step_drafted: I64  # all verify steps, request after request: draft tokens of the step
+    step_accepted: I64  # ... and accepted tokens of the step
 
     @property
     def n(self) -> int:
@@ -82,6 +88,12 @@ class RawColumns:
             self.n_chunks,
             self.chunk_ns,
             self.chunk_tokens,
+            self.spec_draft_tokens,
+            self.spec_accepted_tokens,
+            self.steps_known,
+            self.n_steps,
+            self.step_drafted,
+            self.step_accepted,
         ):
             h.update(np.ascontiguousarray(arr).tobytes())
         h.update(orjson.dumps([self.error_class, self.error]))
@@ -109,6 +121,7 @@ class _Builder:
         for i in np.flatnonzero(~ok).tolist():  # text is kept only for failures
             error_class[i] = docs[i].get("error_class")
             error[i] = docs[i].get("error")
+        spec = _spec_columns(docs)
         chunk_lists = tuple(c or () for c in chunk_lists)
         tok_lists = tuple(t or () for t in tok_lists)
         nch = np.fromiter(map(len, chunk_lists), dtype=np.int64, count=n)
@@ -134,6 +147,7 @@ class _Builder:
                 n_chunks=nch,
                 chunk_ns=chunk,
                 chunk_tokens=_floats(list(chain.from_iterable(tok_lists)), m),
+                **spec,
             )
         )
 
@@ -161,6 +175,12 @@ class _Builder:
             n_chunks=cat("n_chunks"),
             chunk_ns=cat("chunk_ns"),
             chunk_tokens=cat("chunk_tokens"),
+            spec_draft_tokens=cat("spec_draft_tokens"),
+            spec_accepted_tokens=cat("spec_accepted_tokens"),
+            steps_known=cat("steps_known"),
+            n_steps=cat("n_steps"),
+            step_drafted=cat("step_drafted"),
+            step_accepted=cat("step_accepted"),
         )
 
 
@@ -177,6 +197,22 @@ _KEYS = (
     "chunk_tokens",
 )
 _FIELDS = itemgetter(*_KEYS)
+
+
+def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The optional speculative-decoding fields (records written before they existed lack them)."""
+    n = len(docs)
+    steps = [d.get("spec_steps") for d in docs]
+    pairs = list(chain.from_iterable(x for x in steps if x))
+    flat = np.array(pairs, dtype=np.int64).reshape(-1, 2) if pairs else np.zeros((0, 2), dtype=np.int64)
+    return {
+        "spec_draft_tokens": _floats([d.get("spec_draft_tokens") for d in docs], n),
+        "spec_accepted_tokens": _floats([d.get("spec_accepted_tokens") for d in docs], n),
+        "steps_known": np.fromiter((x is not None for x in steps), dtype=np.bool_, count=n),
+        "n_steps": np.fromiter((len(x) if x else 0 for x in steps), dtype=np.int64, count=n),
+        "step_drafted": np.ascontiguousarray(flat[:, 0]),
+        "step_accepted": np.ascontiguousarray(flat[:, 1]),
+    }
 
 
 def _floats(values: Sequence[Any], n: int) -> F64:
@@ -202,6 +238,12 @@ def _empty() -> RawColumns:
         n_chunks=i,
         chunk_ns=i,
         chunk_tokens=f,
+        spec_draft_tokens=f,
+        spec_accepted_tokens=f,
+        steps_known=np.zeros(0, dtype=np.bool_),
+        n_steps=i,
+        step_drafted=i,
+        step_accepted=i,
     )
 
 

@@ -43,7 +43,7 @@ from caseledger.metrics._models import (
     WindowRule,
     Windows,
 )
-from caseledger.metrics._spec import WHOLE_ONLY, not_observed_spec, spec_decode
+from caseledger.metrics._spec import SpecCounters, not_observed_spec, per_request, spec_counters, window_spec
 from caseledger.records import RawRecord
 from caseledger.workspace import canonical_json, sha256_bytes
 
@@ -353,7 +353,7 @@ def _window(
     case: Case,
     limits: Window,
     anchor: dict[str, Any] | None,
-    spec: SpecDecode,
+    spec: SpecCounters,
 ) -> WindowResult:
     cards = case.target.cards
     cache_min = case.cache.min_hit_ratio
@@ -394,7 +394,7 @@ def _window(
                 nominal_input_throughput=no,
                 uncached_input_throughput=no,
             ),
-            spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY),
+            spec_decode=not_observed_spec(spec.requested, f"no {name} window: {reason}"),
             notes=list(span.notes),
         )
     start, end = span.start, span.end
@@ -548,9 +548,17 @@ def _window(
         tokens=tokens,
         throughput=throughput,
         cache=cache,
-        spec_decode=spec if name == "whole" else not_observed_spec(spec.requested, WHOLE_ONLY),
+        spec_decode=_spec_window(name, spec, c, okm, dv.t0, nothing),
         notes=notes,
     )
+
+
+def _spec_window(
+    name: Literal["whole", "native"], spec: SpecCounters, c: RawColumns, okm: B, t0: int, nothing: str
+) -> SpecDecode:
+    if spec.requested == "none":
+        return not_observed_spec(spec.requested, "case.measurement.spec_decode is 'none'")
+    return window_spec(spec, per_request(c, okm, t0, nothing), whole=name == "whole")
 
 
 _CACHE_DENOMINATOR = (
@@ -594,7 +602,7 @@ def compute_result(
     # spec decode: output tokens of the whole window's successful requests
     out_whole = c.completion_tokens[c.ok]
     out_sum = _sum_known(out_whole, "usage.completion_tokens")
-    spec = spec_decode(
+    spec = spec_counters(
         params.spec_decode,
         metrics_before,
         metrics_after,

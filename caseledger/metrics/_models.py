@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROCESSOR_VERSION = "v1"
+PROCESSOR_VERSION = "v2"
 """Version of the code that turns raw records into results; results are stored per version."""
 
 # The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
@@ -136,19 +136,64 @@ class CacheFigures(_Model):
     )
 
 
+class PositionAcceptance(_Model):
+    """Acceptance at one draft position: verify steps whose draft was accepted up to and including it."""
+
+    position: int = Field(description="Draft position, 0 = the first drafted token")
+    accepted: float = Field(description="Verify steps whose draft token at this position was accepted")
+    verify_steps: float = Field(description="Verify steps (the denominator)")
+    rate: float = Field(description="accepted / verify_steps")
+
+
+class SpecPerRequest(_Model):
+    """Speculative-decoding figures of one window from the per-request counts the engine reported."""
+
+    requests: int = Field(description="Successful requests credited to the window (started inside it)")
+    requests_with_counts: int = Field(description="Of them, with draft counts (draft_n, draft_n_accepted)")
+    requests_with_steps: int = Field(description="Of them, with verify steps counted per request")
+    start_s: float | None = Field(description="First send of the counted requests, s after the first send")
+    end_s: float | None = Field(description="Last end of the counted requests, s after the first send")
+    output_tokens: float | None = Field(description="Sum of usage.completion_tokens (null: unknown)")
+    verify_steps: float | None = Field(description="Sum of verify steps (null: not counted)")
+    draft_tokens: float | None = Field(description="Sum of draft tokens proposed (null: not reported)")
+    accepted_tokens: float | None = Field(description="Sum of draft tokens accepted (null: not reported)")
+    acceptance_length: Ratio | NotObserved = Field(
+        description="AL = output tokens / verify steps, summed over the window's requests"
+    )
+    acceptance_length_accepted: Ratio | NotObserved = Field(
+        description="1 + accepted tokens / verify steps (llama.cpp's 'mean len'; excludes the first token)"
+    )
+    acceptance_rate: Ratio | NotObserved = Field(description="Strict acceptance rate = accepted / draft tokens")
+    by_position: list[PositionAcceptance] | NotObserved = Field(
+        description="Acceptance per draft position from the per-request verify steps"
+    )
+
+
 class SpecDecode(_Model):
-    """Speculative-decoding figures from the /metrics counter deltas (whole window only)."""
+    """Speculative-decoding figures of one window: from per-request counts (every window) and from the
+    /metrics counter deltas (whole window only: the snapshots bracket the whole load)."""
 
     requested: str = Field(description="case.measurement.spec_decode: auto | vllm | sglang | llamacpp | none")
     source: str | None = Field(description="Counter family actually read (null: none)")
     counters: list[CounterDelta] = Field(description="Counters read, before/after/delta")
     acceptance_length: Ratio | NotObserved = Field(
-        description="AL = output tokens / verify steps, verify steps = Δdrafts"
+        description="AL from counters = output tokens / verify steps, verify steps = Δdrafts (whole window only)"
     )
     acceptance_length_counters: Ratio | NotObserved = Field(
         description="AL from counters alone = 1 + Δaccepted / Δdrafts"
     )
     acceptance_rate: Ratio | NotObserved = Field(description="Strict acceptance rate = Δaccepted / Δdraft_tokens")
+    by_position_counters: list[PositionAcceptance] | NotObserved = Field(
+        description="Acceptance per draft position = Δaccepted_per_pos{position=k} / Δdrafts"
+    )
+    per_request: SpecPerRequest = Field(description="The same figures from the per-request counts of this window")
+    agreement: list[str] = Field(
+        description="Where counters and per-request counts both exist (whole window): each pair of totals, "
+        "and whether they are equal"
+    )
+    agree: bool | None = Field(
+        description="True when every compared total is equal; null when nothing could be compared"
+    )
 
 
 class WindowResult(_Model):
@@ -284,12 +329,26 @@ DEFINITIONS: dict[str, str] = {
     "(usage.prompt_tokens, falling back to input_tokens_chat), per successful request",
     "uncached_input_throughput": "sum(prompt tokens - cached tokens) of the credited requests / duration: "
     "the input the server recomputed",
-    "spec_acceptance_length": "AL = output tokens / verify steps; verify steps = Δ drafts counter "
-    "(vLLM/llama.cpp spec_decode_num_drafts_total, SGLang spec_verify_calls_total); output tokens = sum of "
-    "usage.completion_tokens of the successful requests of the whole window",
+    "spec_verify_step": "one target forward pass that verifies a draft: llama.cpp counts it in "
+    "spec_decode_num_drafts_total (a decode step without a draft is no verify step), vLLM in "
+    "spec_decode_num_drafts_total (one per request per scheduled step with draft tokens), SGLang in "
+    "spec_verify_calls_total; per request, a step starts at each chunk whose cumulative draft count rose "
+    "(llama.cpp timings.draft_n with timings_per_token; the reference target alike)",
+    "spec_acceptance_length": "AL = output tokens / verify steps, output tokens = usage.completion_tokens "
+    "(the first token, produced by prefill, and truncated drafts included, as the seeds count it); from "
+    "counters: verify steps = Δ drafts counter and output tokens = sum over the whole window's successful "
+    "requests; per request: both summed over the window's successful requests",
     "spec_acceptance_length_counters": "1 + Δ accepted tokens / Δ drafts, from counters alone",
-    "spec_acceptance_rate": "strict acceptance rate = Δ accepted tokens / Δ draft tokens",
-    "spec_scope": "counters are read before and after the load, so they cover the whole window only",
+    "spec_acceptance_length_accepted": "per request: 1 + accepted tokens / verify steps (llama.cpp's 'mean "
+    "len': leaves out the first token and decode steps without a draft)",
+    "spec_acceptance_rate": "strict acceptance rate = accepted draft tokens / draft tokens proposed (Δ "
+    "counters, or per-request timings.draft_n_accepted / timings.draft_n)",
+    "spec_acceptance_by_position": "verify steps whose draft token at position k (0-based) was accepted / "
+    "verify steps; counters: Δ accepted_per_pos{position=k} / Δ drafts",
+    "spec_scope": "counters are read before and after the formal load, so they cover the whole window only "
+    "(warmup and route checks happen before the first snapshot); per-request counts cover any window",
+    "spec_agreement": "whole window: per-request sums of the successful requests vs the counter deltas "
+    "(which also count failed requests and anything else the server did between the snapshots)",
     "failures": "a request with ok=false is failed: counted by error_class, excluded from latency, token "
     "and throughput figures, included in concurrency",
 }

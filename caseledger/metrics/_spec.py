@@ -1,15 +1,31 @@
-"""Speculative decoding from two Prometheus /metrics snapshots (before and after the load).
+"""Speculative decoding: from per-request counts (any window) and from two /metrics snapshots (whole only).
+
+Per request, the engine's draft counts (llama.cpp's timings.draft_n / draft_n_accepted, and the verify
+steps the load client counted from them chunk by chunk) are summed over a window's successful requests.
+The counters are read before and after the formal load, so their deltas belong to the whole window.
 
 The text exposition format is parsed here (it is simple: `name{labels} value [timestamp]`, `#` lines are
-comments); samples of one name are summed over their label sets (engines, ranks, models).
+comments); samples of one name are summed over their label sets (engines, ranks, models), except the
+per-position counter, which is kept per `position` label.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
-from caseledger.metrics._models import CounterDelta, NotObserved, Ratio, SpecDecode
+import numpy as np
+
+from caseledger.metrics._columns import B, RawColumns
+from caseledger.metrics._models import (
+    CounterDelta,
+    NotObserved,
+    PositionAcceptance,
+    Ratio,
+    SpecDecode,
+    SpecPerRequest,
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +36,7 @@ class Family:
     draft_tokens: tuple[str, ...]
     accepted: tuple[str, ...]
     missing_why: str = ""  # why a role has no names for this engine
+    per_pos: tuple[str, ...] = ()  # accepted tokens per draft position, labelled position="k"
 
 
 FAMILIES: dict[str, Family] = {
@@ -28,6 +45,7 @@ FAMILIES: dict[str, Family] = {
         drafts=("vllm:spec_decode_num_drafts_total",),
         draft_tokens=("vllm:spec_decode_num_draft_tokens_total",),
         accepted=("vllm:spec_decode_num_accepted_tokens_total",),
+        per_pos=("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
     ),
     # SGLang (python/sglang/srt/metrics/collector.py): the only cumulative spec counter is
     # spec_verify_calls_total (verify steps). spec_accept_length / spec_accept_rate are gauges over the last
@@ -39,19 +57,23 @@ FAMILIES: dict[str, Family] = {
         missing_why="SGLang exposes no cumulative accepted/draft token counters "
         "(sglang:spec_accept_rate and spec_accept_length are last-interval gauges)",
     ),
-    # llama.cpp llama-server (tools/server/server-context.cpp, server_task_result_metrics::to_metrics):
-    # recent builds expose spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total with the llamacpp:
-    # prefix ("drafts" documented there as verification steps). The n_drafted_total /
-    # n_drafted_accepted_total names are UNCERTAIN: seen only in third-party scrapers of older builds and
-    # kept as fallbacks. llamacpp:n_decode_total excludes speculative decoding and is not a verify count.
+    # llama.cpp llama-server: spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total with the llamacpp:
+    # prefix (its HELP: "Total speculative decoding verification steps" for drafts) and
+    # ..._num_accepted_tokens_per_pos_total{position="k"}, all seen on this machine's build. The
+    # n_drafted_total / n_drafted_accepted_total names are UNCERTAIN: seen only in third-party scrapers of
+    # older builds and kept as fallbacks. llamacpp:n_decode_total excludes speculative decoding and is not
+    # a verify count.
     "llamacpp": Family(
         drafts=("llamacpp:spec_decode_num_drafts_total",),
         draft_tokens=("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:n_drafted_total"),
         accepted=("llamacpp:spec_decode_num_accepted_tokens_total", "llamacpp:n_drafted_accepted_total"),
+        per_pos=("llamacpp:spec_decode_num_accepted_tokens_per_pos_total",),
     ),
 }
 
-WHOLE_ONLY = "counters cover the whole window only"
+WHOLE_ONLY = "counters cover the whole window only; per_request holds this window's figures"
+WHOLE_ONLY_NO_COUNTS = "counters cover the whole run; the engine gave no per-request counts"
+_POSITION = re.compile(r'position="(\d+)"')
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -131,43 +153,91 @@ def _resolve(requested: str, before: dict[str, float], after: dict[str, float]) 
     return None
 
 
-def not_observed_spec(requested: str, reason: str) -> SpecDecode:
+def per_position(text: str, name: str) -> dict[int, float]:
+    """Samples of one per-position counter, summed per `position` label value."""
+    out: dict[int, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith(name + "{"):
+            continue
+        close = _closing_brace(line, len(name))
+        m = _POSITION.search(line, 0, close)
+        rest = line[close + 1 :].split()
+        if close == -1 or m is None or not rest:
+            continue
+        try:
+            value = float(rest[0])
+        except ValueError:
+            continue
+        out[int(m.group(1))] = out.get(int(m.group(1)), 0.0) + value
+    return out
+
+
+def _ratio(
+    num: tuple[str, float] | str, den: tuple[str, float] | str, formula: str, plus_one: bool = False
+) -> Ratio | NotObserved:
+    """num / den (or 1 + num / den) with its numbers written out; a str on either side is the reason it is unknown."""
+    if isinstance(num, str):
+        return NotObserved(reason=num)
+    if isinstance(den, str):
+        return NotObserved(reason=den)
+    if den[1] == 0:
+        during = " during the load" if den[0].startswith("Δ") else " in the window"
+        return NotObserved(reason=f"{den[0]} is 0{during}: no speculative step counted")
+    value = num[1] / den[1]
+    text = f"{_num(num[1])} / {_num(den[1])} = {value:.4f}"
+    if plus_one:
+        value += 1.0
+        text = f"1 + {_num(num[1])} / {_num(den[1])} = {value:.4f}"
+    return Ratio(formula=formula, numerator=num[1], denominator=den[1], value=value, text=text)
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """The whole window's counter figures, and the deltas they came from (for the agreement check)."""
+
+    requested: str
+    source: str | None
+    counters: list[CounterDelta]
+    acceptance_length: Ratio | NotObserved
+    acceptance_length_counters: Ratio | NotObserved
+    acceptance_rate: Ratio | NotObserved
+    by_position: list[PositionAcceptance] | NotObserved
+    deltas: dict[str, tuple[str, float]] = field(default_factory=dict)  # role -> (counter name, Δ)
+
+
+def counters_not_observed(requested: str, reason: str) -> SpecCounters:
     no = NotObserved(reason=reason)
-    return SpecDecode(
-        requested=requested,
-        source=None,
-        counters=[],
-        acceptance_length=no,
-        acceptance_length_counters=no,
-        acceptance_rate=no,
-    )
+    return SpecCounters(requested, None, [], no, no, no, no)
 
 
-def spec_decode(
+def spec_counters(
     requested: str,
     before_text: str | None,
     after_text: str | None,
     output_tokens: float | None,
     output_tokens_reason: str = "",
-) -> SpecDecode:
-    """Spec-decode figures of the whole window; each NOT_OBSERVED with the reason when a counter is missing.
+) -> SpecCounters:
+    """Counter figures of the whole window; each NOT_OBSERVED with the reason when a counter is missing.
 
     output_tokens: sum of usage.completion_tokens of the whole window's successful requests (None: unknown).
     """
     if requested == "none":
-        return not_observed_spec(requested, "case.measurement.spec_decode is 'none'")
+        return counters_not_observed(requested, "case.measurement.spec_decode is 'none'")
     if before_text is None or after_text is None:
         missing = [
             n
             for n, t in (("load/metrics_before.txt", before_text), ("load/metrics_after.txt", after_text))
             if t is None
         ]
-        return not_observed_spec(requested, f"no /metrics snapshot: {', '.join(missing)} absent")
+        return counters_not_observed(requested, f"no /metrics snapshot: {', '.join(missing)} absent")
     before, after = parse_prometheus(before_text), parse_prometheus(after_text)
     source = _resolve(requested, before, after)
     if source is None:
         known = ", ".join(sorted(n for f in FAMILIES.values() for n in f.drafts))
-        return not_observed_spec(requested, f"no speculative-decoding counters in /metrics (looked for {known})")
+        return counters_not_observed(
+            requested, f"no speculative-decoding counters in /metrics (looked for {known})"
+        )
     fam = FAMILIES[source]
     counters: list[CounterDelta] = []
     deltas: dict[str, tuple[str, float] | str] = {}
@@ -192,36 +262,205 @@ def spec_decode(
                 "server restarted during the load?"
             )
         else:
-            deltas[role] = (name, d)
-
-    def ratio(
-        num: tuple[str, float] | str, den: tuple[str, float] | str, formula: str, plus_one: bool = False
-    ) -> Ratio | NotObserved:
-        if isinstance(num, str):
-            return NotObserved(reason=num)
-        if isinstance(den, str):
-            return NotObserved(reason=den)
-        if den[1] == 0:
-            return NotObserved(reason=f"Δ {den[0]} is 0 during the load: no speculative steps counted")
-        value = num[1] / den[1]
-        text = f"{_num(num[1])} / {_num(den[1])} = {value:.4f}"
-        if plus_one:
-            value += 1.0
-            text = f"1 + {_num(num[1])} / {_num(den[1])} = {value:.4f}"
-        return Ratio(formula=formula, numerator=num[1], denominator=den[1], value=value, text=text)
-
+            deltas[role] = (f"Δ {name}", d)
     out_tok: tuple[str, float] | str
     if output_tokens is None:
         out_tok = output_tokens_reason or "output tokens unknown (no usage.completion_tokens)"
     else:
         out_tok = ("output tokens", output_tokens)
-    return SpecDecode(
+    return SpecCounters(
         requested=requested,
         source=source,
         counters=counters,
-        acceptance_length=ratio(out_tok, deltas["drafts"], "output tokens / verify steps (Δ drafts)"),
-        acceptance_length_counters=ratio(
+        acceptance_length=_ratio(out_tok, deltas["drafts"], "output tokens / verify steps (Δ drafts)"),
+        acceptance_length_counters=_ratio(
             deltas["accepted"], deltas["drafts"], "1 + Δ accepted tokens / Δ drafts", plus_one=True
         ),
-        acceptance_rate=ratio(deltas["accepted"], deltas["draft_tokens"], "Δ accepted tokens / Δ draft tokens"),
+        acceptance_rate=_ratio(deltas["accepted"], deltas["draft_tokens"], "Δ accepted tokens / Δ draft tokens"),
+        by_position=_positions_from_counters(fam, before_text, after_text, deltas["drafts"]),
+        deltas={k: v for k, v in deltas.items() if not isinstance(v, str)},
     )
+
+
+def _positions_from_counters(
+    fam: Family, before_text: str, after_text: str, drafts: tuple[str, float] | str
+) -> list[PositionAcceptance] | NotObserved:
+    if not fam.per_pos:
+        return NotObserved(reason="this engine exposes no per-position acceptance counter")
+    name = fam.per_pos[0]
+    before, after = per_position(before_text, name), per_position(after_text, name)
+    if not after:
+        return NotObserved(reason=f"counter {name} missing from /metrics")
+    if isinstance(drafts, str):
+        return NotObserved(reason=drafts)
+    if drafts[1] == 0:
+        return NotObserved(reason=f"{drafts[0]} is 0 during the load: no speculative step counted")
+    return [
+        PositionAcceptance(position=k, accepted=d, verify_steps=drafts[1], rate=d / drafts[1])
+        for k in sorted(after)
+        for d in [after[k] - before.get(k, 0.0)]
+    ]
+
+
+NO_COUNTS = (
+    "the engine gave no per-request draft counts (no timings.draft_n in any record): no draft model, "
+    "speculative decoding off, or an engine that does not report them per request"
+)
+NO_STEPS = (
+    "verify steps were not counted per request: the server sent no cumulative draft counts on the content "
+    "chunks (llama.cpp sends them for the request field timings_per_token, which caseledger sets with "
+    "measurement.spec_decode 'llamacpp' and for the reference target)"
+)
+
+
+def per_request(c: RawColumns, okm: B, t0: int, nothing: str) -> SpecPerRequest:
+    """Figures of the requests in `okm` (a window's successful requests) from their per-request counts."""
+    idx = np.flatnonzero(okm)
+    n = int(idx.size)
+    drafted, accepted = c.spec_draft_tokens[idx], c.spec_accepted_tokens[idx]
+    has = ~np.isnan(drafted) & ~np.isnan(accepted)
+    k = int(has.sum())
+    # per-request sums of the recorded steps; a request whose steps do not add up to its totals has none
+    req_of_step = np.repeat(np.arange(c.n, dtype=np.int64), c.n_steps)
+    sum_d = np.bincount(req_of_step, weights=c.step_drafted.astype(np.float64), minlength=c.n)
+    sum_a = np.bincount(req_of_step, weights=c.step_accepted.astype(np.float64), minlength=c.n)
+    no_draft = (c.spec_draft_tokens == 0) & (c.spec_accepted_tokens == 0)  # nothing drafted: 0 steps
+    adds_up = c.steps_known & (sum_d == c.spec_draft_tokens) & (sum_a == c.spec_accepted_tokens)
+    steps_ok = (adds_up | no_draft)[idx] & has
+    n_steps = np.where(adds_up, c.n_steps, 0)[idx]
+    out = c.completion_tokens[idx]
+
+    counts_why: str | None = None
+    if n == 0:
+        counts_why = nothing
+    elif k == 0:
+        counts_why = NO_COUNTS
+    elif k < n:
+        counts_why = f"{n - k} of {n} successful requests in the window lack per-request draft counts"
+    steps_why = counts_why
+    if steps_why is None and not steps_ok.all():
+        bad = int((c.steps_known[idx] & ~steps_ok).sum())
+        steps_why = (
+            f"{bad} request(s)' per-chunk draft counts do not add up to their final timings: verify steps unknown"
+            if bad
+            else NO_STEPS
+        )
+    out_why = None if n == 0 or not np.isnan(out).any() else (
+        f"{int(np.isnan(out).sum())} of {n} requests lack usage.completion_tokens")
+
+    tag = f"per-request counts, {n} request{'s' if n != 1 else ''}"
+    d_sum = float(drafted.sum()) if counts_why is None else None
+    a_sum = float(accepted.sum()) if counts_why is None else None
+    v_sum = float(n_steps.sum()) if steps_why is None else None
+    o_sum = float(out.sum()) if n and out_why is None else None
+
+    def val(x: float | None, label: str, why: str | None) -> tuple[str, float] | str:
+        return (label, x) if x is not None else (why or nothing)
+
+    steps_v = val(v_sum, "verify steps", steps_why)
+    acc_v = val(a_sum, "accepted tokens", counts_why)
+    by_pos: list[PositionAcceptance] | NotObserved
+    if steps_why is not None:
+        by_pos = NotObserved(reason=steps_why)
+    elif not v_sum:
+        by_pos = NotObserved(reason="verify steps is 0 in the window: no speculative step counted")
+    else:
+        sel = np.repeat(okm & adds_up, c.n_steps)
+        acc_steps = c.step_accepted[sel]
+        width = int(c.step_drafted[sel].max()) if acc_steps.size else 0
+        by_pos = [
+            PositionAcceptance(position=p, accepted=a, verify_steps=v_sum, rate=a / v_sum)
+            for p in range(width)
+            for a in [float((acc_steps > p).sum())]
+        ]
+    return SpecPerRequest(
+        requests=n,
+        requests_with_counts=k,
+        requests_with_steps=int(steps_ok.sum()),
+        start_s=float((c.send_ns[idx].min() - t0) / 1e9) if n else None,
+        end_s=float((c.end_ns[idx].max() - t0) / 1e9) if n else None,
+        output_tokens=o_sum,
+        verify_steps=v_sum,
+        draft_tokens=d_sum,
+        accepted_tokens=a_sum,
+        acceptance_length=_ratio(
+            val(o_sum, "output tokens", out_why or nothing), steps_v, f"output tokens / verify steps ({tag})"
+        ),
+        acceptance_length_accepted=_ratio(acc_v, steps_v, f"1 + accepted tokens / verify steps ({tag})", True),
+        acceptance_rate=_ratio(
+            acc_v, val(d_sum, "draft tokens", counts_why), f"accepted tokens / draft tokens ({tag})"
+        ),
+        by_position=by_pos,
+    )
+
+
+def per_request_not_observed(reason: str) -> SpecPerRequest:
+    no = NotObserved(reason=reason)
+    return SpecPerRequest(
+        requests=0,
+        requests_with_counts=0,
+        requests_with_steps=0,
+        start_s=None,
+        end_s=None,
+        output_tokens=None,
+        verify_steps=None,
+        draft_tokens=None,
+        accepted_tokens=None,
+        acceptance_length=no,
+        acceptance_length_accepted=no,
+        acceptance_rate=no,
+        by_position=no,
+    )
+
+
+def window_spec(counters: SpecCounters, per: SpecPerRequest, whole: bool) -> SpecDecode:
+    """One window's spec figures: the counter figures in the whole window only, per-request ones in both."""
+    if not whole:
+        reason = WHOLE_ONLY if per.requests_with_counts else WHOLE_ONLY_NO_COUNTS
+        no = NotObserved(reason=reason)
+        return SpecDecode(
+            requested=counters.requested,
+            source=counters.source,
+            counters=[],
+            acceptance_length=no,
+            acceptance_length_counters=no,
+            acceptance_rate=no,
+            by_position_counters=no,
+            per_request=per,
+            agreement=[],
+            agree=None,
+        )
+    lines: list[str] = []
+    equal: list[bool] = []
+    for label, mine, role in (
+        ("verify steps", per.verify_steps, "drafts"),
+        ("draft tokens", per.draft_tokens, "draft_tokens"),
+        ("accepted tokens", per.accepted_tokens, "accepted"),
+    ):
+        theirs = counters.deltas.get(role)
+        if mine is None or theirs is None:
+            continue
+        same = mine == theirs[1]
+        equal.append(same)
+        verdict = "equal" if same else f"differ by {_num(theirs[1] - mine)}"
+        lines.append(
+            f"{label}: {_num(mine)} from per-request counts ({per.requests} requests) vs {theirs[0]} "
+            f"{_num(theirs[1])}: {verdict}"
+        )
+    return SpecDecode(
+        requested=counters.requested,
+        source=counters.source,
+        counters=counters.counters,
+        acceptance_length=counters.acceptance_length,
+        acceptance_length_counters=counters.acceptance_length_counters,
+        acceptance_rate=counters.acceptance_rate,
+        by_position_counters=counters.by_position,
+        per_request=per,
+        agreement=lines,
+        agree=all(equal) if equal else None,
+    )
+
+
+def not_observed_spec(requested: str, reason: str) -> SpecDecode:
+    """Every spec figure NOT_OBSERVED with one reason (a window that was not found)."""
+    return window_spec(counters_not_observed(requested, reason), per_request_not_observed(reason), whole=True)

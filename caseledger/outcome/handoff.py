@@ -7,8 +7,9 @@ pasted; deleting the file loses nothing (`caseledger status` regenerates it).
 from __future__ import annotations
 
 from caseledger import ledger, procs
+from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.runs import list_runs
+from caseledger.ledger.runs import damaged_line, scan_runs
 from caseledger.ledger.state import RunState, RunView, fold
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
 
@@ -17,18 +18,22 @@ MAX_BYTES = 1024
 
 def render(ws: Workspace, exiting: str | None = None) -> str:
     """exiting: a run whose controller is writing this as its last act (counted as gone)."""
-    ids = list_runs(ws)
+    scan = scan_runs(ws)
+    damaged = list(scan.damaged)
     views: list[RunView] = []
-    for rid in ids[-40:]:
+    for meta in scan.metas[-40:]:
         try:
-            v = fold(ws, rid)
-            if rid == exiting:
-                v.controller_alive = False
-            views.append(v)
-        except Exception:
+            v = fold(ws, meta.run_id)
+        except CaseledgerError as e:  # a damaged case.json or events file: named below, the others shown
+            damaged.append(e.message)
             continue
+        if meta.run_id == exiting:
+            v.controller_alive = False
+        views.append(v)
     lines = [f"# HANDOFF — generated {utc_now()[:19]}Z from ledger/ (derived; safe to delete)",
              f"authorization: {authorization.current_mode(ws)}"]
+    if damaged:
+        lines.append(quoted(damaged_line(damaged), 300))
     if not views:
         lines += ["no runs yet", "next: freeze_case(path='cases/<draft>.json'), then start_run(case_id=...)"]
         return "\n".join(lines) + "\n"
@@ -83,7 +88,7 @@ def _problems(views: list[RunView]) -> list[str]:
     out = []
     for v in latest_per_case.values():
         if v.state in (RunState.FAILED, RunState.END_UNKNOWN):
-            out.append(f"{v.run_id}: {v.blocker or v.state.value} -> {v.next_call.split(' — ')[0][:70]}"[:150])
+            out.append(f"{v.run_id}: {quoted(v.blocker or v.state.value, 160)} -> {v.next_call.split(' — ')[0]}")
     return out
 
 

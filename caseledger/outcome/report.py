@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from caseledger.ledger.runs import RunMeta
-from caseledger.metrics import Distribution, NotObserved, Ratio, Result, Throughput, WindowResult
+from caseledger.metrics import (
+    Distribution,
+    NotObserved,
+    PositionAcceptance,
+    Ratio,
+    Result,
+    Throughput,
+    WindowResult,
+)
 from caseledger.outcome.decide import DecisionRecord
 
 _DIST_ROWS: tuple[tuple[str, str, str], ...] = (
@@ -170,6 +178,7 @@ def _window_section(w: WindowResult) -> list[str]:
         ),
     ]
     spec = w.spec_decode
+    per = spec.per_request
     out += [
         "",
         f"Speculative decoding ({w.name} window; requested {spec.requested}, source {spec.source or '—'}):",
@@ -178,11 +187,27 @@ def _window_section(w: WindowResult) -> list[str]:
     out += _table(
         ["figure", "value", "formula", "numbers"],
         [
-            _ratio_row("acceptance length (AL)", spec.acceptance_length),
-            _ratio_row("AL from counters", spec.acceptance_length_counters),
-            _ratio_row("strict acceptance rate", spec.acceptance_rate),
+            _ratio_row("AL, per-request counts", per.acceptance_length),
+            _ratio_row("strict acceptance rate, per-request counts", per.acceptance_rate),
+            _ratio_row("1 + accepted / verify steps, per-request", per.acceptance_length_accepted),
+            _ratio_row("AL, counters (whole window only)", spec.acceptance_length),
+            _ratio_row("1 + Δaccepted / Δdrafts, counters", spec.acceptance_length_counters),
+            _ratio_row("strict acceptance rate, counters", spec.acceptance_rate),
         ],
     )
+    span = ("—" if per.start_s is None or per.end_s is None
+            else f"{_f(per.start_s)} s to {_f(per.end_s)} s after the first send")
+    out += [
+        "",
+        f"Per-request counts cover {per.requests} successful request(s) of this window ({per.requests_with_counts} "
+        f"with draft counts, {per.requests_with_steps} with verify steps), sending and ending within {span}.",
+    ]
+    if spec.agreement:
+        verdict = "agree" if spec.agree else "DISAGREE: both are shown above"
+        out += ["", f"Counters vs per-request counts ({verdict}):", *[f"- {line}" for line in spec.agreement]]
+    positions = _positions(per.by_position, spec.by_position_counters)
+    if positions:
+        out += ["", *_table(["draft position", "per-request: accepted / verify steps", "counters"], positions)]
     if spec.counters:
         out += [
             "",
@@ -199,6 +224,21 @@ def _window_section(w: WindowResult) -> list[str]:
     if w.notes:
         out += ["", "Notes:", *[f"- {n}" for n in w.notes]]
     return [*out, ""]
+
+
+def _positions(
+    per: list[PositionAcceptance] | NotObserved, counters: list[PositionAcceptance] | NotObserved
+) -> list[list[object]]:
+    """One row per draft position seen by either source; empty when neither has any."""
+    mine = {p.position: p for p in per} if isinstance(per, list) else {}
+    theirs = {p.position: p for p in counters} if isinstance(counters, list) else {}
+
+    def cell(p: PositionAcceptance | None, whole: list[PositionAcceptance] | NotObserved) -> object:
+        if p is None:
+            return whole if isinstance(whole, NotObserved) else "—"
+        return f"{_f(p.rate)} ({_f(p.accepted)} / {_f(p.verify_steps)})"
+
+    return [[k, cell(mine.get(k), per), cell(theirs.get(k), counters)] for k in sorted(set(mine) | set(theirs))]
 
 
 def _mmm(d: Distribution | NotObserved) -> str:
@@ -356,7 +396,10 @@ _SIDE_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("E2E p99 ms", "latency", "e2e", "p99"),
     ("cache hit ratio mean", "cache", "hit_ratio", "mean"),
     ("uncached input tok/s", "cache", "uncached_input_throughput", "value"),
-    ("AL", "spec_decode", "acceptance_length", "value"),
+    ("AL per-request", "spec_decode.per_request", "acceptance_length", "value"),
+    ("acceptance per-request", "spec_decode.per_request", "acceptance_rate", "value"),
+    ("AL counters", "spec_decode", "acceptance_length", "value"),
+    ("acceptance counters", "spec_decode", "acceptance_rate", "value"),
 )
 
 
@@ -367,7 +410,10 @@ def _side_value(w: WindowResult, group: str, figure: str, stat: str) -> object:
         return getattr(w, stat)
     if not w.found:
         return "no window"
-    fig = getattr(getattr(w, group), figure)
+    obj: object = w
+    for part in group.split("."):
+        obj = getattr(obj, part)
+    fig = getattr(obj, figure)
     if isinstance(fig, NotObserved):
         return "NOT_OBSERVED"
     return getattr(fig, stat)

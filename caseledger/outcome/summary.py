@@ -97,6 +97,9 @@ def headline(result: Any, window: str) -> dict[str, Any]:
         "output_tok_s": val(w.throughput.output, "value"),
         "ttft_p50_ms": val(w.latency.ttft, "p50"), "ttft_p99_ms": val(w.latency.ttft, "p99"),
         "tpot_p50_ms": val(w.latency.tpot, "p50"),
+        "al_per_request": val(w.spec_decode.per_request.acceptance_length, "value"),
+        "acceptance_per_request": val(w.spec_decode.per_request.acceptance_rate, "value"),
+        "al_counters": val(w.spec_decode.acceptance_length, "value"),
     }
 
 

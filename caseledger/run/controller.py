@@ -19,6 +19,7 @@ from typing import Any
 from caseledger import ledger, procs, services
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, PhaseFailed
+from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
@@ -76,10 +77,11 @@ class Controller:
             view = fold(self.ws, self.run_)
             if view.phases[Phase.LOAD].state == PhaseState.PENDING:
                 phases.arm_client(self.run_)  # its start-up overlaps preflight and service
+            steps = state.next_steps(view)  # the same steps phase_status announced
             for phase in PHASES:
                 pv = view.phases[phase]
-                if pv.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED):
-                    continue  # recorded success is kept (never repeated)
+                if phase not in steps.run:
+                    continue  # recorded success is kept (never repeated; the service chain after a lost service)
                 if fault("controller", "exit_before") == phase:
                     os._exit(137)
                 attempt = pv.attempt + 1
@@ -181,7 +183,7 @@ class Controller:
         return phases.confirm_end(self.run_)
 
     def phase_postprocess(self, attempt: int) -> dict[str, Any]:
-        return phases.postprocess(self.paths)
+        return phases.postprocess(self.paths, sealed=state.sealed_raw_sha256(state.fold(self.ws, self.run_)))
 
     def phase_decide(self, attempt: int) -> dict[str, Any]:
         return phases.decide(self.run_)

@@ -17,11 +17,12 @@ import anyio
 import httpx2 as httpx
 import orjson
 
-from caseledger import datasets, procs
+from caseledger import datasets, procs, services
 from caseledger.case.model import Case, origin
 from caseledger.case.plan import Phase
-from caseledger.errors import FailureClass, PhaseFailed
+from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.ledger.runs import Run
+from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import run_requests
 from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, request_body, request_url
@@ -69,6 +70,7 @@ def warmup(run: Run) -> dict[str, Any]:
     recs, wall = _send(case, _specs(run, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
     ok = sum(r["ok"] for r in recs)
     if ok == 0:
+        _refuse_auth(case, "warmup", [r["status"] for r in recs])
         err = next((r["error"] for r in recs if r["error"]), "no response")
         raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", FailureClass.SERVICE,
                           "check the service log; resume retries warmup without restarting a healthy service")
@@ -81,6 +83,7 @@ def route_verify(run: Run) -> dict[str, Any]:
     for k, ep in enumerate(case.target.endpoints):
         try:
             resp = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=_auth(case))
+            _refuse_auth(case, f"route {k} /models", [resp.status_code])
             ids = [m.get("id") for m in resp.json().get("data", [])]
         except (httpx.HTTPError, ValueError) as e:
             raise PhaseFailed(f"route {k} ({ep.base_url}) /models failed: {e}", FailureClass.SERVICE,
@@ -94,6 +97,7 @@ def route_verify(run: Run) -> dict[str, Any]:
     for rec in recs:
         routes[rec["route"]]["ok"] = rec["ok"]
         if not rec["ok"]:
+            _refuse_auth(case, f"route {rec['route']}", [rec["status"]])
             raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", FailureClass.SERVICE,
                               "check that route's service")
     return {"routes": routes, "wall_s": round(wall, 3)}
@@ -147,10 +151,13 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     end = read_json_or_none(paths.load_end)
     prev = read_json_or_none(paths.phase_file("load")) or {}
-    if end is not None and prev.get("failure_class") == FailureClass.HOT_ENTRY:
-        # the formal entry rejected every request (none was served): keep that attempt's raw data aside
-        # and send the load again on the same warm service
-        paths.load_dir.rename(paths.load_attempt_dir(int(prev.get('attempt', attempt - 1))))
+    if end is not None and prev.get("failure_class") in RESEND_CLASSES:
+        # the formal entry rejected every request, or the service died under it: keep that attempt's raw
+        # data aside (marked) and send the load again
+        old = paths.load_attempt_dir(int(prev.get('attempt', attempt - 1)))
+        paths.load_dir.rename(old)
+        write_json(old / "superseded.json", {"failure_class": prev.get("failure_class"), "error": prev.get("error"),
+                                             "superseded_by_attempt": attempt})
         paths.load_dir.mkdir()
         end = None
     pid = read_json_or_none(paths.load_pid)
@@ -167,6 +174,10 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
             raise PhaseFailed(
                 f"load client is gone without an end file after {n_raw} of {planned} records",
                 FailureClass.END_UNKNOWN, "formal requests are never re-sent automatically; the raw records are kept")
+        problem = services.check_live(run.workspace, case, run.meta.target_key or "")
+        if problem is not None:  # re-verified right before the first formal request
+            raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
+                              "resume starts the service once, then warmup and the load (nothing was sent)")
         _snapshot(case, paths.metrics_before)
         armed = read_json_or_none(paths.load_armed)
         if armed and procs.alive(armed) and not paths.load_anchor.exists():
@@ -195,7 +206,15 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
     _snapshot(case, paths.metrics_after)
-    _check_entry(paths, end)
+    _check_entry(paths, case, end)
+    if end.get("failed", 0):
+        problem = services.check_live(run.workspace, case, run.meta.target_key or "")
+        if problem is not None:
+            raise PhaseFailed(
+                f"the service died during the formal load: {problem}; {end['failed']} of {end['done']} requests "
+                "failed", FailureClass.SERVICE,
+                "resume starts the service once and sends the load again as a new attempt (this attempt's raw "
+                "data is kept aside, marked superseded)")
     return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"],
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
@@ -207,9 +226,11 @@ def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:
     Requests sent but not recorded were in flight at the kill (the server may have served them); those never
     sent stay unsent: sending them now would change the load the case describes. The run finishes on the
     records it has and says so (load ended: partial; the decision lists the gap)."""
-    prog = read_json_or_none(paths.load_progress) or {}
-    sent = max(int(prog.get("sent", 0)), done)
-    partial = {"planned": planned, "done": done, "sent_at_least": sent, "in_flight_lost": sent - done,
+    counts = load_counts(paths, planned)
+    sent = max(counts.sent, done)
+    # sent: recorded before each request's first byte left, so the target counted at most this many (a kill
+    # between the record and the send is the only difference, microseconds wide)
+    partial = {"planned": planned, "done": done, "sent": sent, "in_flight_lost": sent - done,
                "never_sent": planned - sent, "reason": "load client died without an end file; "
                "formal requests are never re-sent"}
     write_json(paths.load_partial, partial)
@@ -252,11 +273,29 @@ def disarm_client(paths: RunPaths) -> None:
         procs.terminate(armed, grace_s=2.0)
 
 
-def _check_entry(paths: RunPaths, end: dict[str, Any]) -> None:
-    """hot_entry: the warm service rejected every formal request with a 4xx (a parameter it does not take)."""
+AUTH_STATUSES = (401, 403)
+
+
+def _refuse_auth(case: Case, where: str, statuses: list[int | None]) -> None:
+    """A target that refused the credentials on every request: an authentication failure (class auth),
+    not a service fault: the service is healthy and kept; the fix is the key."""
+    if not statuses or not all(st in AUTH_STATUSES for st in statuses):
+        return
+    env = case.target.api_key_env
+    key = f"the variable {env} (target.api_key_env)" if env else "target.api_key_env (none is set)"
+    raise PhaseFailed(
+        f"{where}: the target refused the credentials (HTTP {statuses[0]} on {len(statuses)} of {len(statuses)})",
+        FailureClass.AUTH,
+        f"check {key}: it must hold the key the server expects; then resume (the service is kept)")
+
+
+def _check_entry(paths: RunPaths, case: Case, end: dict[str, Any]) -> None:
+    """hot_entry: the warm service rejected every formal request with a 4xx (a parameter it does not take);
+    auth when every rejection was 401/403."""
     if end.get("ok", 0) or not end.get("done"):
         return
     recs = read_records(paths.raw).records
+    _refuse_auth(case, "formal load", [r["status"] for r in recs])
     if recs and all(r["error_class"] == "http" and r["status"] and 400 <= r["status"] < 500 for r in recs):
         first = recs[0]
         raise PhaseFailed(
@@ -302,7 +341,7 @@ def confirm_end(run: Run) -> dict[str, Any]:
         if procs.alive(read_json_or_none(paths.load_pid)):
             raise PhaseFailed("load client alive again", FailureClass.END_UNKNOWN, "resume waits for it")
         return {"client_gone": True, "end_file": False, "records": n, "planned": partial["planned"],
-                "partial": partial, "all_accounted": False}
+                "partial": partial, "all_accounted": False, "raw_sha256": sha256_file(paths.raw)}
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
     pid = read_json_or_none(paths.load_pid)
@@ -320,7 +359,7 @@ def confirm_end(run: Run) -> dict[str, Any]:
         raise PhaseFailed(f"raw records {n} != end file done {end['done']}", FailureClass.END_UNKNOWN,
                           "resume re-checks; nothing is re-sent")
     return {"client_gone": True, "end_file": True, "records": n, "planned": end["planned"], "sent": end["sent"],
-            "all_accounted": n == end["sent"] == end["planned"]}
+            "all_accounted": n == end["sent"] == end["planned"], "raw_sha256": sha256_file(paths.raw)}
 
 
 def postprocess_env() -> tuple[list[str], dict[str, str]]:
@@ -333,8 +372,23 @@ def postprocess_env() -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
-def postprocess(paths: RunPaths, extra: list[str] | None = None) -> dict[str, Any]:
-    """The processor in a fresh subprocess with an explicit, recorded environment; the original error is kept."""
+def check_raw(paths: RunPaths, sealed: str | None) -> None:
+    """Refuse raw data whose sha256 differs from the one sealed when the load's end was confirmed."""
+    if sealed is None:
+        return
+    now = sha256_file(paths.raw) if paths.raw.is_file() else "missing"
+    if now != sealed:
+        raise EvidenceChanged(
+            f"ledger/runs/{paths.run_id}/load/raw.jsonl changed after the load ended "
+            f"(sha256 {now[:12]}… now, {sealed[:12]}… sealed at confirm_end); nothing was recomputed",
+            "restore raw.jsonl from a backup (its sha256 is in the confirm_end event); a new measurement "
+            "needs start_run", run_id=paths.run_id, phase=Phase.POSTPROCESS)
+
+
+def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str | None = None) -> dict[str, Any]:
+    """The processor in a fresh subprocess with an explicit, recorded environment; the original error is kept.
+    `sealed`: the raw data's sha256 recorded at confirm_end, checked first."""
+    check_raw(paths, sealed)
     argv, env = postprocess_env()
     p = subprocess.run([*argv, str(paths.root), *(extra or [])], capture_output=True, env=env, timeout=600,
                        stdin=subprocess.DEVNULL)

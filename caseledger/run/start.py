@@ -109,17 +109,16 @@ def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeo
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
     wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""
-    mode = authorization.check_start(ws)
     key = target_key(case.canonical())
     rid = new_run_id(ws)
-    lease = acquire(ws, key, run_id=rid, owner=None)
-    try:
-        run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
-    except CaseledgerError:
-        release(ws, key, rid, lease.fence)
-        raise
-    spawn_controller(run, lease.fence)
-    authorization.consume(ws, rid)
+    with authorization.claim(ws, rid) as mode:
+        lease = acquire(ws, key, run_id=rid, owner=None)
+        try:
+            run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
+            spawn_controller(run, lease.fence)
+        except BaseException:
+            release(ws, key, rid, lease.fence)
+            raise
     return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0)
 
 

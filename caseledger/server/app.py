@@ -9,29 +9,34 @@ model as structured content, and turns a `CaseledgerError` into a tool error nam
 
 import hmac
 import inspect
+import io
 import ipaddress
 import logging
 import os
+import re
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar, cast
 
 import anyio
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.shared.message import SessionMessage
+from mcp.types import INVALID_REQUEST, CallToolResult, ErrorData, JSONRPCError, TextContent, ToolAnnotations
 from pydantic import Field
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from caseledger import tools
-from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized
+from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, unexpected
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff
 from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
@@ -72,8 +77,8 @@ def _answer(result: _Result) -> CallToolResult:
 
 
 def _tool_error(e: CaseledgerError) -> ToolError:
-    fix = e.fix or "phase_status() shows where the latest run stands"
-    return ToolError(f"{e.message}; fix: {fix}")
+    message, fix = e.shown()
+    return ToolError(f"{message}; fix: {fix or 'phase_status() shows where the latest run stands'}")
 
 
 async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]) -> CallToolResult:
@@ -102,8 +107,9 @@ async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]
     result = outcome[0]
     if isinstance(result, CaseledgerError):
         raise _tool_error(result) from result
-    if isinstance(result, Exception):
-        raise result  # a bug: the SDK logs the traceback and answers "Error executing tool <name>"
+    if isinstance(result, Exception):  # a bug: the traceback to the log, the agent still gets a fix
+        log.error("%s failed unexpectedly", what, exc_info=result)
+        raise _tool_error(unexpected(result)) from result
     return _answer(result)
 
 
@@ -153,8 +159,7 @@ def build_server(ws: Workspace) -> MCPServer:
 
         def call() -> FreezeResult:
             # resolved against the workspace (never the server's cwd), refused if it escapes it
-            where = str(ws.inside(path, "path")) if path is not None else None
-            return tools.freeze_case(ws, where, draft=draft, parent=parent)
+            return tools.freeze_case(ws, path, draft=draft, parent=parent, cwd_first=False)
 
         return await _off_loop(ctx, "freezing the case", call)
 
@@ -294,12 +299,13 @@ class BearerToken:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            got = Headers(scope=scope).get("authorization", "").encode()
-            if not hmac.compare_digest(got, self._expected):
+            # RFC 7235: the scheme name is case-insensitive ("bearer", "BEARER"); the token is not
+            scheme, _, got = Headers(scope=scope).get("authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self._expected):
                 response = PlainTextResponse("missing or wrong bearer token\n", status_code=401,
                                              headers={"WWW-Authenticate": 'Bearer realm="caseledger"'})
                 await response(scope, receive, send)
@@ -394,6 +400,114 @@ def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
     return BearerToken(app, token) if token is not None else app
 
 
+MAX_NESTING = 200  # JSON nesting the SDK's parser takes (pydantic stops near 255 and the SDK drops the line)
+
+
+def request_id(line: str) -> int | str | None:
+    """The top-level "id" of a JSON-RPC line that cannot be parsed whole (too deep), by a flat scan: the
+    id comes back in the refusal, so the caller's request ends instead of waiting for ever."""
+    depth, i, n, key = 0, 0, len(line), None
+    while i < n:
+        c = line[i]
+        if c == '"':
+            j = i + 1
+            while j < n and line[j] != '"':
+                j += 2 if line[j] == "\\" else 1
+            text = line[i + 1:j]
+            i = j + 1
+            if depth == 1:
+                rest = line[i:].lstrip()
+                if rest.startswith(":"):
+                    key = text
+                    if key == "id":
+                        value = rest[1:].lstrip()
+                        m = _ID_VALUE.match(value)
+                        if m is None:
+                            return None
+                        return m.group(1) if m.group(1) is not None else int(m.group(2))
+            continue
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+        i += 1
+    return None
+
+
+_ID_VALUE = re.compile(r'"([^"\\]{0,200})"|(-?\d{1,18})\b')
+
+
+class _CheckedLines:
+    """stdin lines for the SDK; a line nested too deep for its parser is answered here with an error naming
+    the fix (the SDK would drop it and the caller would wait for ever)."""
+
+    def __init__(self, lines: anyio.AsyncFile[str], refused: MemoryObjectSendStream[SessionMessage]) -> None:
+        self._lines = lines
+        self._refused = refused
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._checked()
+
+    async def _checked(self) -> AsyncIterator[str]:
+        async for line in self._lines:
+            if line.count("{") + line.count("[") > MAX_NESTING and _too_deep(line):
+                rid = request_id(line)
+                if rid is not None:
+                    err = ErrorData(code=INVALID_REQUEST, message=(
+                        f"request nested deeper than {MAX_NESTING} levels; fix: send the case as a file "
+                        "(freeze_case(path='cases/x.json')) or flatten the draft"))
+                    await self._refused.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=err)))
+                    continue
+            yield line
+
+
+def _too_deep(line: str) -> bool:
+    depth = top = 0
+    in_str = esc = False
+    for c in line:
+        if in_str:
+            esc = not esc and c == "\\"
+            in_str = esc or c != '"'
+        elif c == '"':
+            in_str = True
+        elif c in "{[":
+            depth += 1
+            top = max(top, depth)
+            if top > MAX_NESTING:
+                return True
+        elif c in "}]":
+            depth -= 1
+    return False
+
+
+async def run_stdio(server: MCPServer) -> None:
+    """The SDK's stdio transport, with stdin checked for over-deep lines; fd 0 points at the null device while
+    serving (children read EOF), as the SDK does when it owns stdin."""
+    wire = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    stdin = anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire, "rb", closefd=False), encoding="utf-8",
+                                             errors="replace"))
+    refused_send, refused_recv = anyio.create_memory_object_stream[SessionMessage](16)
+    try:
+        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", _CheckedLines(stdin, refused_send))) as (
+                read_stream, write_stream):
+
+            async def forward() -> None:
+                async for message in refused_recv:
+                    await write_stream.send(message)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(forward)
+                lowlevel = server._lowlevel_server  # the SDK's own run_stdio_async does exactly this
+                await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+                tg.cancel_scope.cancel()
+    finally:
+        os.dup2(wire, 0)
+        os.close(wire)
+
+
 def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) -> None:
     """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp. Never writes to stdout itself:
     on stdio, stdout is the wire; logs go to stderr."""
@@ -401,7 +515,7 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
         if token_env is not None:
             raise CaseledgerError("--token-env only applies to --http",
                                   "drop --token-env, or add --http HOST:PORT")
-        build_server(ws).run()
+        anyio.run(run_stdio, build_server(ws))
         return
     import uvicorn  # lazy: only the HTTP transport needs it
 

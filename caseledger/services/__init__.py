@@ -3,6 +3,7 @@ over SSH) and the SSH transport (remote)."""
 
 from caseledger.services.adapters import (
     case_env,
+    check_live,
     compare_argv,
     ensure,
     health_ok,
@@ -15,6 +16,7 @@ from caseledger.services.adapters import (
 
 __all__ = [
     "case_env",
+    "check_live",
     "compare_argv",
     "ensure",
     "health_ok",

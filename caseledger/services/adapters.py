@@ -14,6 +14,7 @@ through remote.py for it (procs.alive answers False for another host).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -32,9 +33,17 @@ from caseledger.case.model import SSH, Case
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote
-from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes, utc_now, write_json
+from caseledger.workspace import (
+    Workspace,
+    canonical_json,
+    read_json_or_none,
+    sha256_bytes,
+    sha256_file,
+    utc_now,
+    write_json,
+)
 
-_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # fullmatch
 
 
 def host_port(base_url: str) -> tuple[str, int]:
@@ -50,9 +59,55 @@ def intended_argv(case: Case) -> list[str]:
         return [sys.executable, "-m", "caseledger.target", "serve", "--host", host, "--port", str(port),
                 "--model", model, "--config-json", cfg]
     if case.service.adapter == "command":
-        return [a.replace("{host}", host).replace("{port}", str(port)).replace("{model}", model)
-                for a in case.service.argv]
+        fill = {"{host}": host, "{port}": str(port), "{model}": model}
+        spec = case.service.speculative
+        if spec is not None:  # {draft_model}, {spec_type}, {draft_max}: the case validates each is set where used
+            fill.update({"{" + k + "}": str(v) for k, v in spec.model_dump().items() if v is not None})
+        out = []
+        for arg in case.service.argv:
+            filled = arg
+            for k, v in fill.items():
+                filled = filled.replace(k, v)
+            out.append(filled)
+        return out
     return []
+
+
+# Options naming a model file, whose content hash joins the service identity (llama.cpp: target and draft).
+MODEL_FILE_OPTIONS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model")
+_HASHES_FILE = "file-hashes.json"
+
+
+def model_files(ws: Workspace, case: Case) -> list[dict[str, Any]]:
+    """Model files named in a local command adapter's argv (MODEL_FILE_OPTIONS), with their sha256.
+
+    Hashes are cached under ledger/services by path, size, mtime and inode, so a 250 MB model is read once,
+    not at every run. A remote service's files are not read (empty list)."""
+    if case.service.adapter != "command" or case.service.ssh is not None:
+        return []
+    argv = intended_argv(case)
+    cache_path = ws.services_dir / _HASHES_FILE
+    cache: dict[str, Any] = read_json_or_none(cache_path) or {}
+    out: list[dict[str, Any]] = []
+    changed = False
+    for opt, value in itertools.pairwise(argv):
+        if opt not in MODEL_FILE_OPTIONS:
+            continue
+        path = Path(value)
+        if not path.is_file():
+            continue
+        real = str(path.resolve())
+        st = path.stat()
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = cache.get(real)
+        if not (isinstance(hit, dict) and hit.get("stat") == key):
+            hit = {"stat": key, "sha256": sha256_file(path)}
+            cache[real] = hit
+            changed = True
+        out.append({"option": opt, "path": value, "bytes": st.st_size, "sha256": hit["sha256"]})
+    if changed:
+        write_json(cache_path, cache)
+    return out
 
 
 def base_env() -> dict[str, str]:
@@ -78,7 +133,7 @@ def case_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
     env: dict[str, str] = {}
     shown: dict[str, str] = {}
     for k, v in case.service.env.items():
-        m = _REF.match(v)
+        m = _REF.fullmatch(v)
         if m:
             if m.group(1) not in os.environ:
                 raise PhaseFailed(f"service.env.{k} references ${{{m.group(1)}}}, which is not set",
@@ -163,6 +218,27 @@ def live_service(ws: Workspace, key: str) -> dict[str, Any] | None:
     return None
 
 
+def check_live(ws: Workspace, case: Case, key: str) -> str | None:
+    """None when the service recorded for this target is still the case's service: pid and start time alive,
+    the argv read back unchanged, health answering and (locally) the port held by it; else what is wrong.
+    External endpoints are not ours to check beyond their health (route verification covers them)."""
+    if case.service.adapter == "external":
+        return None
+    st = read_json_or_none(_state_path(ws, key)) or {}
+    proc = st.get("proc")
+    if not proc:
+        return "no live service is recorded for this target"
+    pid = int(proc["pid"])
+    if not _proc_alive(st):
+        return f"the service (pid {pid}) is gone"
+    diff = compare_argv(intended_argv(case), _cmdline(st) or [])
+    if diff is not None:
+        return f"the service (pid {pid}) runs another argv: {diff}"
+    if not health_ok(case.service.health_url or ""):
+        return f"the service (pid {pid}) does not answer health at {case.service.health_url}"
+    return None if _remote_of(st) is not None else _owner_problem(case, pid)
+
+
 def _cmdline(st: dict[str, Any]) -> list[str] | None:
     rem = _remote_of(st)
     pid = int(st["proc"]["pid"])
@@ -179,15 +255,29 @@ def _terminate(st: dict[str, Any]) -> bool:
     return procs.terminate(st["proc"]) if rem is None else rem.terminate(st["proc"])
 
 
-def identity_of(case: Case) -> str:
+def identity_of(case: Case, files: list[dict[str, Any]] | None = None) -> str:
+    """The intended service identity; `files` (model_files) adds each model file's option and sha256."""
     body: dict[str, Any] = {
         "adapter": case.service.adapter,
         "argv": intended_argv(case)[1:] if case.service.adapter == "reference" else intended_argv(case),
         "env": case.service.env, "endpoints": [e.model_dump() for e in case.target.endpoints]}
+    if files:  # the same argv over other weights is another service
+        body["files"] = [{"option": f["option"], "sha256": f["sha256"]} for f in files]
     ssh = case.service.ssh
     if ssh is not None:  # the same argv on another host is another service (local identities are unchanged)
         body["ssh"] = {"host": ssh.host, "port": ssh.port, "user": ssh.user}
     return "s-" + sha256_bytes(canonical_json(body))[:12]
+
+
+def _owner_problem(case: Case, pid: int) -> str | None:
+    """None when the target's port is listened on by `pid` (or its session); else what is wrong. The health
+    check alone cannot tell our service from another one on the same port."""
+    host, port = host_port(case.target.endpoints[0].base_url)
+    ours, owners = procs.owns_port(pid, port)
+    if ours:
+        return None
+    who = f"pid {', '.join(str(o) for o in sorted(owners))}" if owners else "no process visible on this host"
+    return f"{host}:{port} is served by {who}, not by the service caseledger started (pid {pid})"
 
 
 def health_ok(url: str, timeout: float = 2.0) -> bool:
@@ -225,17 +315,18 @@ def stop_all(ws: Workspace) -> list[str]:
 
 def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool) -> dict[str, Any]:
     """Bring the target to the case's service identity. Returns the evidence dict (outcome reused|done)."""
-    want = identity_of(case)
     if case.service.adapter == "external":
-        return _external(case, want)
+        return _external(case, identity_of(case))
+    files = model_files(ws, case)
+    want = identity_of(case, files)
     live = live_service(ws, key)
     intended = intended_argv(case)
     if live and live.get("identity") == want and health_ok(case.service.health_url or ""):
         eff = _cmdline(live) or []
         diff = compare_argv(intended, eff)
-        if diff is None:
+        if diff is None and (_remote_of(live) is not None or _owner_problem(case, int(live["proc"]["pid"])) is None):
             return {"outcome": "reused", "identity": want, "intended_argv": intended, "effective_argv": eff,
-                    "pid": live["proc"]["pid"], "starts": live.get("starts", 1),
+                    "model_files": files, "pid": live["proc"]["pid"], "starts": live.get("starts", 1),
                     "verified_by": "live process cmdline + health", **_where(live)}
     if not allow_start:
         raise PhaseFailed("no live service with the case's identity and authorization forbids a service change",
@@ -279,9 +370,16 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
         procs.terminate(ref)
         raise PhaseFailed(f"service not healthy at {case.service.health_url} after {case.service.health_timeout_s}s",
                           FailureClass.SERVICE, "raise service.health_timeout_s or check the service log")
+    problem = _owner_problem(case, p.pid)
+    if problem is not None:  # health answered, but from someone else's process: ours lost the port
+        procs.terminate(ref)
+        raise PhaseFailed(problem, FailureClass.SERVICE,
+                          "another process serves this port: stop it, or give this case another port; "
+                          "caseledger never measures a process it did not start")
     eff = _confirm_argv(ws, key, state, procs.cmdline(p.pid) or [], lambda: procs.terminate(ref), "")
     return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff,
-            "pid": p.pid, "starts": state["starts"], "verified_by": "live process cmdline + health", "env": shown_env}
+            "model_files": files, "pid": p.pid, "starts": state["starts"],
+            "verified_by": "live process cmdline + health", "env": shown_env}
 
 
 def _record_start(ws: Workspace, key: str, case: Case, case_id: str, ref: dict[str, Any], want: str,

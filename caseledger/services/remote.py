@@ -32,7 +32,7 @@ CONNECT_TIMEOUT_S = 10.0  # TCP connect + handshake + auth: an unreachable host 
 COMMAND_TIMEOUT_S = 30.0
 
 _MARK = "--caseledger-remote--"  # separates what rc files print from the command's own output
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch
 
 T = TypeVar("T")
 
@@ -131,7 +131,7 @@ async def launch_async(conn: asyncssh.SSHClientConnection, argv: list[str], env:
                        log: str) -> tuple[int, int]:
     """Start argv detached (own session, stdin /dev/null, output appended to log); (pid, start time)."""
     for k, v in env.items():
-        if not _ENV_NAME.match(k) or "\n" in v or "\0" in v:
+        if not _ENV_NAME.fullmatch(k) or "\n" in v or "\0" in v:
             raise RemoteError(f"service.env.{k}: a remote environment needs a plain name and a one-line value",
                               "fix service.env in a new case")
     # $! is the service itself: without job control the background child is no group leader, so setsid

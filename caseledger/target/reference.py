@@ -48,7 +48,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from caseledger.case.model import ReferenceConfig
 from caseledger.datasets.tokenizers import load_fast
@@ -139,14 +139,25 @@ class Counters:
     spec_drafts: int = 0  # decode steps that drafted (one per sequence per step)
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # steps whose draft position k was accepted
     success: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0})
+
+
+class Emission(NamedTuple):
+    """One engine emission of a sequence (a prefill's first token, or a decode step's tokens)."""
+
+    text: str
+    completion_tokens: int  # cumulative, after this emission
+    drafted: int  # cumulative draft tokens proposed for this sequence (llama.cpp's timings.draft_n)
+    accepted: int  # cumulative draft tokens accepted (timings.draft_n_accepted)
 
 
 class Sequence:
     """One request inside the engine: its prompt, progress and the output not yet drained.
 
-    The scheduler appends `(text, completion_tokens_so_far)` per emission; the HTTP side drains them
-    with `take()` after `await wait()`. `finish_reason` is set once the last token was appended.
+    The scheduler appends an `Emission` per engine emission; the HTTP side drains them with `take()` after
+    `await wait()`. `finish_reason` is set once the last token was appended. `drafted` / `accepted` count
+    this request's draft tokens as llama.cpp's timings.draft_n / draft_n_accepted do.
     """
 
     __slots__ = (
@@ -156,9 +167,11 @@ class Sequence:
         "_remaining",
         "_waiter",
         "aborted",
+        "accepted",
         "cache_prompt",
         "cached_tokens",
         "completion_tokens",
+        "drafted",
         "finish_reason",
         "max_tokens",
         "prompt_ids",
@@ -174,20 +187,22 @@ class Sequence:
         self.cache_prompt = cache_prompt
         self.cached_tokens = 0
         self.completion_tokens = 0
+        self.drafted = 0
+        self.accepted = 0
         self.finish_reason: str | None = None
         self.aborted = False
         self._remaining = 0.0  # prefill tokens left
         self._hashes: list[int] = []
         self._pos = 0  # cursor in the engine's output token cycle
-        self._out: list[tuple[str, int]] = []
+        self._out: list[Emission] = []
         self._waiter: asyncio.Future[None] | None = None
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None or self.aborted
 
-    def take(self) -> list[tuple[str, int]]:
-        """Emissions since the last call: (text, cumulative completion tokens)."""
+    def take(self) -> list[Emission]:
+        """Emissions since the last call."""
         out = self._out
         if out:
             self._out = []
@@ -202,7 +217,7 @@ class Sequence:
 
     def _emit(self, text: str, n: int) -> None:
         self.completion_tokens += n
-        self._out.append((text, self.completion_tokens))
+        self._out.append(Emission(text, self.completion_tokens, self.drafted, self.accepted))
         self._notify()
 
     def _notify(self) -> None:
@@ -490,6 +505,13 @@ class ReferenceEngine:
                 counters.spec_drafts += 1
                 counters.spec_draft_tokens += spec
                 counters.spec_accepted_tokens += accepted
+                per_pos = counters.spec_accepted_per_pos
+                if len(per_pos) < spec:
+                    per_pos.extend([0] * (spec - len(per_pos)))
+                for k in range(accepted):
+                    per_pos[k] += 1
+                seq.drafted += spec
+                seq.accepted += accepted
                 n += accepted
             self._emit(seq, n)
         self._decoding = [s for s in self._decoding if not s.done]
@@ -547,12 +569,14 @@ class ReferenceEngine:
              [("", c.spec_draft_tokens)]),
             ("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
              [("", c.spec_accepted_tokens)]),
+            ("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
+             [(f'position="{k}",', v) for k, v in enumerate(c.spec_accepted_per_pos)]),
         ]
         hidden = set(self.config.hide_counters)
         lines: list[str] = []
         for name, kind, help_, samples in families:
             sample_name = name + "_total" if kind == "counter" else name
-            if name in hidden or sample_name in hidden:
+            if name in hidden or sample_name in hidden or not samples:  # no samples: no family (per position)
                 continue
             lines.append(f"# HELP {name} {help_}")
             lines.append(f"# TYPE {name} {kind}")

@@ -9,7 +9,9 @@ chunk per engine emission (a decode step; several tokens with speculative decodi
 with an empty delta, a usage chunk (`choices: []`) for chat when `stream_options.include_usage`
 (completions carry usage in the finish chunk), then `data: [DONE]`. `continuous_usage_stats` adds the
 cumulative usage to every chunk, as vLLM does. Emissions buffered since the last write go out in one
-write, still as separate SSE events.
+write, still as separate SSE events. With speculative decoding (`spec_tokens > 0`) the last chunk carries
+llama.cpp's `timings` {predicted_n, draft_n, draft_n_accepted} for the request, and with the request field
+`timings_per_token` every content chunk carries them cumulatively (one content chunk per decode step).
 
 `requests_total` and `by_phase` count requests to the two completion routes, whatever their outcome
 (4xx, injected 500, stall); health, metrics and the other routes are not counted. Faults are dealt on
@@ -84,6 +86,7 @@ class Parsed:
     continuous_usage: bool
     ignore_eos: bool
     cache_prompt: bool
+    timings_per_token: bool  # llama.cpp's field: cumulative timings (draft counts) on every content chunk
     model: str | None
 
 
@@ -176,6 +179,7 @@ def parse_request(raw: bytes, chat: bool) -> Parsed:
         continuous_usage=_bool(options, "continuous_usage_stats", False),
         ignore_eos=_bool(body, "ignore_eos", False),
         cache_prompt=_bool(body, "cache_prompt", True),
+        timings_per_token=_bool(body, "timings_per_token", False),
         model=model,
     )
 
@@ -195,6 +199,7 @@ class _Reply(Response):
         self.p = p
         self.chat = chat
         self.stall = ticket.fault == "stall"
+        self.spec = target.engine.config.spec_tokens > 0  # report per-request draft counts (llama.cpp's timings)
         self.gone = asyncio.Event()
         created = int(time.time())
         if chat:
@@ -248,8 +253,12 @@ class _Reply(Response):
                     parts.append(head + b'{"index":0,"delta":{"role":"assistant","content":""},'
                                  b'"logprobs":null,"finish_reason":null}]'
                                  + (b',"usage":' + self._usage(0) if cont else b"") + b"}\n\n")
-            for text, done in items:
-                usage = b',"usage":' + self._usage(done) + b"}\n\n" if cont else b"}\n\n"
+            per_chunk = self.spec and self.p.timings_per_token
+            for text, done, drafted, accepted in items:
+                usage = b',"usage":' + self._usage(done) if cont else b""
+                if per_chunk:
+                    usage += self._timings(done, drafted, accepted)
+                usage += b"}\n\n"
                 if chat:
                     parts.append(head + b'{"index":0,"delta":{"content":' + orjson.dumps(text)
                                  + b'},"logprobs":null,"finish_reason":null}]' + usage)
@@ -272,18 +281,25 @@ class _Reply(Response):
             if parts:
                 await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
 
+    def _timings(self, completion: int, drafted: int, accepted: int) -> bytes:
+        return b',"timings":{"predicted_n":%d,"draft_n":%d,"draft_n_accepted":%d}' % (completion, drafted, accepted)
+
     def _finish_chunk(self, reason: str) -> bytes:
-        head, p = self.head, self.p
-        final = self._usage(self.seq.completion_tokens)
+        """The finish chunk (and chat's usage chunk); the last of them carries the request's draft counts in
+        `timings`, as llama.cpp does, when the engine decodes speculatively."""
+        head, p, seq = self.head, self.p, self.seq
+        final = self._usage(seq.completion_tokens)
+        timings = self._timings(seq.completion_tokens, seq.drafted, seq.accepted) if self.spec else b""
         r = reason.encode()
         if self.chat:
             out = head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"}]' % r
-            out += (b',"usage":' + final if p.continuous_usage else b"") + b"}\n\n"
+            out += (b',"usage":' + final if p.continuous_usage else b"") + (b"" if p.include_usage else timings)
+            out += b"}\n\n"
             if p.include_usage:
-                out += head + b'],"usage":' + final + b"}\n\n"
+                out += head + b'],"usage":' + final + timings + b"}\n\n"
         else:
             out = head + b'{"index":0,"text":"","logprobs":null,"finish_reason":"%s"}]' % r
-            out += (b',"usage":' + final if p.include_usage or p.continuous_usage else b"") + b"}\n\n"
+            out += (b',"usage":' + final if p.include_usage or p.continuous_usage else b"") + timings + b"}\n\n"
         return out + _DONE
 
     async def _whole(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -291,8 +307,8 @@ class _Reply(Response):
         texts: list[str] = []
         while not seq.done:
             await seq.wait()
-            texts.extend(t for t, _ in seq.take())
-        texts.extend(t for t, _ in seq.take())
+            texts.extend(e.text for e in seq.take())
+        texts.extend(e.text for e in seq.take())
         if self.stall or self.gone.is_set():
             await self.gone.wait()
             return
@@ -310,8 +326,12 @@ class _Reply(Response):
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": seq.finish_reason}
             obj = "text_completion"
-        body = orjson.dumps({"id": self.rid, "object": obj, "created": self.created,
-                             "model": self.target.model, "choices": [choice], "usage": usage})
+        reply: dict[str, Any] = {"id": self.rid, "object": obj, "created": self.created,
+                                 "model": self.target.model, "choices": [choice], "usage": usage}
+        if self.spec:
+            reply["timings"] = {"predicted_n": seq.completion_tokens, "draft_n": seq.drafted,
+                                "draft_n_accepted": seq.accepted}
+        body = orjson.dumps(reply)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

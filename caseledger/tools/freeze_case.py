@@ -35,14 +35,15 @@ class FreezeResult(BaseModel):
 
 def freeze_case(
     workspace: Workspace, path: str | Path | None = None, *, draft: dict[str, Any] | None = None,
-    parent: str | None = None,
+    parent: str | None = None, cwd_first: bool = True,
 ) -> FreezeResult:
-    """Freeze a draft (a file path or an inline dict). Identical content returns the same id, writes nothing."""
+    """Freeze a draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
+    cwd_first: a relative path is looked up in the current directory before the workspace (the CLI)."""
     if draft is None:
         if path is None:
 
             raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
-        obj, source = read_draft(workspace, path)
+        obj, source = read_draft(workspace, path, cwd_first=cwd_first)
     else:
         obj, source = dict(draft), "inline draft"
     if parent is not None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger.errors import NotFound
+from caseledger.errors import OUTSIDE_CHARS, NotFound, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.runs import list_runs
+from caseledger.ledger.runs import damaged_line, scan_runs
 from caseledger.ledger.state import fold
 from caseledger.workspace import Workspace, check_id
 
@@ -36,6 +36,14 @@ class StatusResult(BaseModel):
     next_resends_requests: bool
     authorization: str
     queued: list[str] = Field(default_factory=list, description="Cases queued to start when this target frees")
+    service_alive: bool | None = Field(None, description="The service this run started or verified is still "
+                                                          "alive (null: not ours to check: external, remote)")
+    missing_evidence: list[str] = Field(default_factory=list, description="Evidence files a finished phase "
+                                                                          "recorded that are gone from disk")
+    resume_runs: list[str] = Field(default_factory=list,
+                                   description="The phases resume would run, in order (the same computation)")
+    damaged: list[str] = Field(default_factory=list,
+                               description="Damaged ledger entries found while looking for the latest run")
     next_call: str
 
     def _client(self) -> str:
@@ -58,24 +66,35 @@ class StatusResult(BaseModel):
             f"auth {self.authorization}",
         ]
         if self.blocker:
-            lines.append(f"blocker: {self.blocker[:140]}")
+            lines.append(f"blocker: {quoted(self.blocker, OUTSIDE_CHARS + 40)}")
         if self.queued:
             lines.append(f"queued on this target: {', '.join(self.queued[:3])}")
+        if self.service_alive is False:
+            lines.append("service: the process this run measured on is gone")
+        if self.missing_evidence:
+            lines.append(f"missing evidence: {', '.join(self.missing_evidence[:4])}"
+                         + (f" (+{len(self.missing_evidence) - 4})" if len(self.missing_evidence) > 4 else ""))
         if self.state not in ("succeeded", "running", "created"):
-            lines.append("next step restarts service: " + ("yes" if self.next_restarts_service else "no")
+            lines.append(f"resume runs: {', '.join(self.resume_runs) or 'nothing'}; restarts service: "
+                         + ("yes" if self.next_restarts_service else "no")
                          + ", repeats warmup: " + ("yes" if self.next_repeats_warmup else "no")
                          + ", re-sends requests: " + ("yes" if self.next_resends_requests else "no"))
+        if self.damaged:
+            lines.append(damaged_line(self.damaged))
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
 
 def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
     """Status of run_id, or of the latest run when none is given."""
+    damaged: list[str] = []
     if run_id is None:
-        ids = list_runs(workspace)
-        if not ids:
-            raise NotFound("no runs in this workspace yet", "freeze_case(path=...) then start_run(case_id=...)")
-        run_id = ids[-1]
+        scan = scan_runs(workspace)
+        if not scan.metas:
+            found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
+            raise NotFound(f"no runs in this workspace yet{found}",
+                           "freeze_case(path=...) then start_run(case_id=...)")
+        run_id, damaged = scan.metas[-1].run_id, scan.damaged
     check_id(run_id, "run_id", "r")
     v = fold(workspace, run_id)
     cur = v.phases[v.current] if v.current else None
@@ -90,5 +109,7 @@ def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResul
         next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
         queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
-        next_call=v.next_call,
+        service_alive=v.service_alive, missing_evidence=v.missing_evidence,
+        resume_runs=[p.value for p in v.steps.run] if v.steps else [],
+        damaged=damaged, next_call=v.next_call,
     )

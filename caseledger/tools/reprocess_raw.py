@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from caseledger import ledger
 from caseledger.case.plan import Phase
-from caseledger.errors import FailureClass, NothingToResume, PhaseFailed
+from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
 from caseledger.ledger.runs import load_run
-from caseledger.ledger.state import fold
+from caseledger.ledger.state import fold, sealed_raw_sha256
+from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # no numpy import
 from caseledger.outcome import handoff, summary
-from caseledger.run.phases import postprocess
+from caseledger.run.phases import check_raw, postprocess
 from caseledger.workspace import Workspace
 
 
@@ -32,15 +34,30 @@ class ReprocessResult(BaseModel):
                 f"result: {self.result}\nnext: {self.next_call}")
 
 
+def _check_rule(rule: str | None, ratio: float | None) -> None:
+    """The window-rule override, checked before anything is written."""
+    if rule not in (None, *NATIVE_RULES):
+        raise CaseInvalid(f"rule '{quoted(rule)}' is not a native window rule",
+                          f"give one of {', '.join(NATIVE_RULES)}, or none for the case's own rule")
+    if ratio is not None and not (math.isfinite(ratio) and RATIO_MIN_EXCLUSIVE < ratio <= RATIO_MAX):
+        raise CaseInvalid(f"ratio {quoted(ratio)} is out of range",
+                          f"give a share of peak concurrency in ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}], "
+                          "e.g. 0.9, with rule 'sglang'")
+    if ratio is not None and rule != "sglang":
+        raise CaseInvalid("ratio applies to the 'sglang' window rule only", "add rule='sglang', or drop ratio")
+
+
 def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None,
                   ratio: float | None = None) -> ReprocessResult:
     """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
+    _check_rule(rule, ratio)
     run = load_run(workspace, run_id)
     v = fold(workspace, run)
     paths = run.paths
     if v.load_ended not in ("yes", "partial") or not paths.raw.exists():
         raise NothingToResume(f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
                               f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished")
+    check_raw(paths, sealed_raw_sha256(v))  # before any event: a refused reprocess writes nothing
     attempt = v.phases[Phase.POSTPROCESS].attempt + 1
     ledger.append_event(workspace, paths, "phase_started", phase=Phase.POSTPROCESS, attempt=attempt,
                         owner="reprocess_raw")

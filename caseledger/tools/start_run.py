@@ -93,6 +93,8 @@ def _enqueue(ws: Workspace, case_id: str, case: Case, key: str, mode: str, held:
                            preflight_error=res.get("error"), state="not_queued", plan={}, authorization=mode,
                            next_call="fix the case (freeze_case a corrected draft); a failing case is never queued")
     cur = ledger.read_lease(ws, key)
+    if cur is not None and cur.workspace not in (None, str(ws.root)):
+        raise held  # the holder's controller starts only its own workspace's queue
     pos = target_queue.push(ws, key, case_id, cur.run_id if cur else None)
     handoff.refresh(ws)
     return StartResult(run_id=None, case_id=case_id, scenario=scenario, preflight="passed", state="queued",

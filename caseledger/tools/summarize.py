@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from caseledger.case.store import load_case
 from caseledger.errors import NotFound
-from caseledger.ledger.runs import list_runs, load_run
+from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none
@@ -31,6 +31,8 @@ class RunSummary(BaseModel):
 class SummaryResult(BaseModel):
     runs: list[RunSummary]
     side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
+    damaged: list[str] = Field(default_factory=list,
+                               description="Damaged ledger entries found while looking for the latest run")
     next_call: str
 
     def text(self) -> str:
@@ -50,17 +52,21 @@ class SummaryResult(BaseModel):
             lines.append(f"  native: {f(r.native)}")
         if self.side_by_side:
             lines.append(f"side-by-side: {self.side_by_side}")
+        if self.damaged:
+            lines.append(damaged_line(self.damaged))
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
 
 def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
 
+    damaged: list[str] = []
     if not run_ids:
-        ids = list_runs(workspace)
-        if not ids:
-            raise NotFound("no runs in this workspace yet", "start_run(case_id=...) first")
-        run_ids = ids[-1:]
+        scan = scan_runs(workspace)
+        if not scan.metas:
+            found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
+            raise NotFound(f"no runs in this workspace yet{found}", "start_run(case_id=...) first")
+        run_ids, damaged = [scan.metas[-1].run_id], scan.damaged
     out: list[RunSummary] = []
     rows = []
     for rid in run_ids:
@@ -98,4 +104,4 @@ def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
         nxt = f"freeze_case(next candidate, parent='{parent}') — {last.case_id} was closed"
     else:
         nxt = f"supply the missing evidence for {last.run_id} (see missing), then reprocess_raw or a new run"
-    return SummaryResult(runs=out, side_by_side=side, next_call=nxt)
+    return SummaryResult(runs=out, side_by_side=side, damaged=damaged, next_call=nxt)
