@@ -41,6 +41,7 @@ class FailureClass(StrEnum):
     END_UNKNOWN = "end_unknown"  # the load's end is not established; resume checks the evidence
     NEGATIVE = "negative"  # a negative result, not a fault of the run
     AUTH = "auth"  # the target refused the credentials (HTTP 401/403); the service is healthy and kept
+    DISK = "disk"  # the disk filled up (ENOSPC); free space and resume: finished work and records are kept
 
 
 def quoted(text: object, limit: int = ECHO_CHARS) -> str:

@@ -13,6 +13,8 @@ Layout (everything the tool writes is under ledger/):
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import hashlib
 import os
@@ -67,6 +69,46 @@ def atomic_write(path: Path, data: bytes | str, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def reserve(fd: int, nbytes: int) -> bool:
+    """Allocate `nbytes` of disk after the end of `fd` without changing its size (fallocate KEEP_SIZE), so
+    later appends up to that much cannot fail with ENOSPC. False when the disk has no room for it; True too
+    where the filesystem cannot reserve (nothing better is possible there)."""
+    if nbytes <= 0:
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.fstat(fd).st_size
+    if libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, ctypes.c_long(size), ctypes.c_long(nbytes)) == 0:
+        return True
+    # ENOSPC/EDQUOT: no room. EOPNOTSUPP and the like: this filesystem cannot reserve (True: nothing better)
+    return ctypes.get_errno() not in (errno.ENOSPC, errno.EDQUOT)
+
+
+class Spare:
+    """A small file of allocated disk kept aside; freed when the disk is full, so the last words (an end
+    file, an event naming the cause) can still be written."""
+
+    def __init__(self, path: Path, nbytes: int = 256 * 1024) -> None:
+        self.path = path
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError:  # the disk is already full: nothing to set aside
+            path.unlink(missing_ok=True)
+
+    def free(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def write_json(path: Path, obj: Any, mode: int = 0o644) -> None:

@@ -349,6 +349,9 @@ def _advise(v: RunView) -> None:
     elif fc == FailureClass.AUTH:
         v.next_call = (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
                        f"resume(run_id='{rid}') — keeps the service, repeats the refused phase")
+    elif fc == FailureClass.DISK:
+        v.next_call = (f"free disk space in {v.meta.workspace}, then resume(run_id='{rid}') — goes on at "
+                       f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
     elif fc == FailureClass.END_UNKNOWN:
         v.next_call = (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
                        "sends no formal request again")

@@ -18,6 +18,7 @@ requests are never sent twice.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import resource
@@ -38,7 +39,7 @@ from caseledger.load import faults
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
 from caseledger.records import RawRecord
-from caseledger.workspace import RunPaths, read_json_or_none, write_json
+from caseledger.workspace import RunPaths, Spare, is_disk_full, read_json_or_none, reserve, write_json
 from caseledger.workspace import utc_now as ledger_utc_now
 
 PROGRESS_INTERVAL_S = 0.5
@@ -102,6 +103,7 @@ class Tally:
     version: int = 0  # bumped on every change; the progress writer skips unchanged states
 
     sent_fd: int | None = None  # load/sent.log, appended before each request's first byte leaves
+    disk_full: str | None = None  # why the load stopped early: the disk filled up
 
     def on_send(self, spec: RequestSpec) -> None:
         if self.sent_fd is not None:
@@ -151,9 +153,13 @@ async def _progress_loop(paths: RunPaths, tally: Tally) -> None:
         await anyio.sleep(PROGRESS_INTERVAL_S)
         if tally.version != seen:
             seen = tally.version
-            if tally.sent_fd is not None:
-                await anyio.to_thread.run_sync(os.fsync, tally.sent_fd)
-            await anyio.to_thread.run_sync(write_json, paths.load_progress, tally.progress())
+            try:
+                if tally.sent_fd is not None:
+                    await anyio.to_thread.run_sync(os.fsync, tally.sent_fd)
+                await anyio.to_thread.run_sync(write_json, paths.load_progress, tally.progress())
+            except OSError as e:  # progress is a convenience: a full disk must not stop the load here
+                if not is_disk_full(e):
+                    raise
 
 
 async def _watch_signals(scope: anyio.CancelScope, caught: list[str]) -> None:
@@ -169,11 +175,25 @@ async def _run(
     exit_after: int | None,
 ) -> list[str]:
     def on_record(rec: RawRecord) -> None:
-        writer.write(rec)
+        if tally.disk_full:
+            return  # the load is stopping; nothing more can be written
+        try:
+            writer.write(rec)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            # a record that cannot be written is not counted: the ledger holds exactly what is on disk
+            tally.disk_full = f"disk full (ENOSPC) writing load/raw.jsonl after {tally.done} records"
+            caught.append("disk_full")
+            load_scope.cancel()  # stop sending: more requests could not be recorded
+            return
         tally.on_record(rec)
         if exit_after is not None and tally.done >= exit_after:
             faults.die()
+        if fill_after is not None and tally.done == fill_after:
+            faults.fill_disk(paths.root)
 
+    fill_after = faults.fault_int("load", "fill_disk_after")
     caught: list[str] = []
     load_scope = anyio.CancelScope()
     async with anyio.create_task_group() as tg:
@@ -252,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_STARTED
     log(f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
         f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}")
-    tally = Tally(planned=plan.planned,
-                  sent_fd=os.open(paths.load_sent, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    spare = Spare(paths.load_dir / ".spare")  # freed on a full disk so the end file can still be written
+    sent_fd = os.open(paths.load_sent, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    reserve(sent_fd, 12 * plan.planned)
+    tally = Tally(planned=plan.planned, sent_fd=sent_fd)
     write_json(paths.load_progress, tally.progress())
     writer = RawWriter(fd)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -267,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             os.fsync(tally.sent_fd)
             os.close(tally.sent_fd)
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    write_json(paths.load_progress, tally.progress())
+    if tally.disk_full:
+        spare.free()
+    with contextlib.suppress(OSError):
+        write_json(paths.load_progress, tally.progress())
     end = {
         **tally.counts(),
         "first_send_ns": tally.first_send_ns, "last_end_ns": tally.last_end_ns,
@@ -276,11 +301,20 @@ def main(argv: list[str] | None = None) -> int:
         # CPU of the load itself (anchor to end): what per-chunk client cost is computed from
         "cpu_load_user_s": ru.ru_utime - ru0.ru_utime, "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
         "chunks": tally.chunks, "plan_sha256": plan.digest(), "transport": transport,
-        "exit": "cancelled" if caught else "complete",
+        "exit": "disk_full" if tally.disk_full else "cancelled" if caught else "complete",
     }
-    if caught:
+    if tally.disk_full:
+        end["reason"] = tally.disk_full
+    elif caught:
         end["signal"] = caught[0]
-    write_json(paths.load_end, end)
+    try:
+        write_json(paths.load_end, end)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        spare.free()
+        write_json(paths.load_end, end)
+    spare.free()
     log(f"{end['exit']}: sent {tally.sent}, done {tally.done}, ok {tally.ok}, failed {tally.failed}, "
         f"chunks {tally.chunks}")
     return EXIT_CANCELLED if caught else EXIT_COMPLETE

@@ -1,7 +1,9 @@
 """Fault hooks for tests: `CASELEDGER_FAULT=component:action[=value],...` in the environment.
 
 Examples: `load:exit_after=3` (the load client calls `os._exit(137)` right after the third record is
-written), `controller:exit_before=load`, `controller:exit_during=load`, `postprocess:fail=import`.
+written), `controller:exit_before=load`, `controller:exit_during=load`, `postprocess:fail=import`,
+`load:fill_disk_after=3` and `controller:fill_disk_before=confirm_end` (fill the filesystem of the run
+directory up to the last block; tests run them on a small tmpfs only).
 The variable is read at every call, so a test can set it per subprocess; production never sets it.
 """
 
@@ -49,6 +51,23 @@ def fault_int(component: str, action: str, env: Mapping[str, str] | None = None)
         return int(value)
     except ValueError:
         raise ValueError(f"{FAULT_ENV} {component}:{action} needs an integer, got '{value}'") from None
+
+
+FILLER = "fault-filler.bin"  # the file fill_disk writes in the run directory; delete it to free the space
+
+
+def fill_disk(run_dir: str | os.PathLike[str]) -> None:
+    """Write zeros into run_dir/FILLER until the filesystem is full (halving the block down to 512 bytes)."""
+    block = 1 << 20
+    fd = os.open(os.path.join(run_dir, FILLER), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while block >= 512:
+            try:
+                os.write(fd, b"\0" * block)
+            except OSError:
+                block //= 2
+    finally:
+        os.close(fd)
 
 
 def die(code: int = KILL_EXIT_CODE) -> None:

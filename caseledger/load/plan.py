@@ -187,3 +187,13 @@ def plan_of(run: Run) -> LoadPlan:
     entries = load_entries(run.workspace, meta.dataset())
     identity = load_identity(run.workspace, meta.dataset())
     return build_plan(case, entries, meta.salt, identity)
+
+
+RECORD_BYTES, TOKEN_BYTES = 2048, 48  # room one raw record takes: fields and error text, per output token
+MAX_RESERVED_TOKENS = 32768  # longer answers reserve this much; past it a full disk stops the load cleanly
+
+
+def raw_bytes_needed(case: Case) -> int:
+    """Disk the formal load's raw records need (reserved before the first send; checked at preflight)."""
+    tokens = min(case.load.max_tokens or case.dataset.output_tokens, MAX_RESERVED_TOKENS)
+    return case.load.requests * (RECORD_BYTES + TOKEN_BYTES * tokens)

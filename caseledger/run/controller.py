@@ -9,6 +9,7 @@ controller stops at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -23,12 +24,12 @@ from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
-from caseledger.load.faults import fault
+from caseledger.load.faults import fault, fill_disk
 from caseledger.outcome import handoff
 from caseledger.run import phases
 from caseledger.run.preflight import run_fresh
 from caseledger.run.start import start_next
-from caseledger.workspace import read_json_or_none, write_json
+from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
 
 EventFn = Callable[..., None]  # append one event of this run under the controller's fence
 PhaseBody = Callable[["Controller", int], dict[str, Any]]
@@ -73,6 +74,8 @@ class Controller:
         self.event("controller_started", data={"pid": self.me["pid"]})
         outcome = "succeeded"
         keep_lease = False
+        spare = Spare(self.paths.root / ".spare")  # freed on a full disk: room for the event naming the cause
+        phase: Phase | None = None
         try:
             view = fold(self.ws, self.run_)
             if view.phases[Phase.LOAD].state == PhaseState.PENDING:
@@ -84,6 +87,8 @@ class Controller:
                     continue  # recorded success is kept (never repeated; the service chain after a lost service)
                 if fault("controller", "exit_before") == phase:
                     os._exit(137)
+                if fault("controller", "fill_disk_before") == phase:
+                    fill_disk(self.paths.root)
                 attempt = pv.attempt + 1
                 self.event("phase_started", phase=phase, attempt=attempt)
                 handoff.refresh(self.ws)
@@ -95,23 +100,52 @@ class Controller:
                 if fault("controller", "exit_after") == phase:
                     os._exit(137)
             self.event("run_ended", data={"outcome": outcome})
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            outcome = f"failed:{FailureClass.DISK}"
+            spare.free()
+            self._disk_full(e, phase)
         finally:
+            spare.free()
             phases.disarm_client(self.paths)
             self._stop.set()
             if not keep_lease:
                 ledger.release(self.ws, self.key, self.paths.run_id, self.fence)
-            handoff.refresh(self.ws, exiting=self.paths.run_id)
-            if not keep_lease:
+            try:
+                handoff.refresh(self.ws, exiting=self.paths.run_id)
+            except OSError as e:  # a derived file: a full disk must not hide the recorded outcome
+                if not is_disk_full(e):
+                    raise
+            if not keep_lease and not outcome.endswith(FailureClass.DISK):
                 nxt = start_next(self.ws, self.key)  # an explicitly queued, preflighted case
                 if nxt:  # our fence is stale now (the next run holds the target): record without it
                     ledger.append_event(self.ws, self.paths, "started_queued_run", owner=self.owner,
                                         data={"run_id": nxt})
         return 0 if outcome == "succeeded" else 1
 
+    def _disk_full(self, e: OSError, phase: Phase | None) -> None:
+        """The disk filled up under the controller: record why, where, in the phase it was in (with the
+        spare's room), so status names the cause and resume goes on once space is free."""
+        where = Path(e.filename).name if e.filename else "a ledger file"
+        msg = f"disk full (ENOSPC) writing {where}"
+        with contextlib.suppress(OSError):
+            at = phase or Phase.PREFLIGHT
+            self.event("phase_ended", phase=at, attempt=fold(self.ws, self.run_).phases[at].attempt, error=msg,
+                       data={"outcome": "failed", "failure_class": FailureClass.DISK,
+                             "fix": "free disk space, then resume"})
+            self.event("run_ended", data={"outcome": f"failed:{FailureClass.DISK}"})
+
     def run_phase(self, phase: Phase, attempt: int) -> FailureClass | None:
         """Run one phase body from the dispatch table and record its end; the failure class if it failed."""
         try:
             data = PHASE_BODIES[phase](self, attempt)
+        except OSError as e:
+            if is_disk_full(e):
+                raise  # run() records it with the spare's room: nothing more can be written here
+            cls = FAILURE_OF_PHASE[phase]
+            self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
+            return cls
         except PhaseFailed as e:
             self._end(phase, attempt, "failed", {"failure_class": e.failure_class, "fix": e.fix}, error=e.message)
             return e.failure_class

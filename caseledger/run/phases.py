@@ -25,10 +25,10 @@ from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import run_requests
 from caseledger.load.faults import fault
-from caseledger.load.plan import RequestSpec, request_body, request_url
+from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, request_url
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
-from caseledger.workspace import RunPaths, read_json_or_none, sha256_file, write_json
+from caseledger.workspace import RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
 
 def _api_key(case: Case) -> str | None:
@@ -178,6 +178,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         if problem is not None:  # re-verified right before the first formal request
             raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
                               "resume starts the service once, then warmup and the load (nothing was sent)")
+        _reserve_raw(paths, case)
         _snapshot(case, paths.metrics_before)
         armed = read_json_or_none(paths.load_armed)
         if armed and procs.alive(armed) and not paths.load_anchor.exists():
@@ -206,6 +207,11 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
     _snapshot(case, paths.metrics_after)
+    if end.get("exit") == "disk_full" and prev.get("failure_class") != FailureClass.DISK:
+        raise PhaseFailed(f"{end.get('reason')}: {end['done']} of {planned} requests recorded, "
+                          f"{planned - end['sent']} never sent", FailureClass.DISK,
+                          "free disk space, then resume: the recorded requests are kept and nothing is re-sent "
+                          "(the run ends partial)")
     _check_entry(paths, case, end)
     if end.get("failed", 0):
         problem = services.check_live(run.workspace, case, run.meta.target_key or "")
@@ -218,6 +224,23 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"],
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+
+
+def _reserve_raw(paths: RunPaths, case: Case) -> None:
+    """Allocate the disk the raw records will need before the first formal request is sent: a full disk
+    then refuses the load with nothing sent, instead of losing the records of requests that were served."""
+    need = raw_bytes_needed(case)
+    fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        ok = reserve(fd, need)
+    finally:
+        os.close(fd)
+    if not ok:
+        free = shutil.disk_usage(paths.load_dir).free
+        raise PhaseFailed(
+            f"disk full: cannot reserve {need / 1e6:.1f} MB for load/raw.jsonl ({free / 1e6:.1f} MB free in "
+            f"{paths.load_dir}); no formal request was sent", FailureClass.DISK,
+            "free disk space, then resume: the load starts from its first request")
 
 
 def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:

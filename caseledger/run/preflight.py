@@ -24,7 +24,7 @@ from caseledger import datasets
 from caseledger.case.store import case_id_of
 from caseledger.ledger.runs import read_run
 from caseledger.load.faults import fault
-from caseledger.load.plan import plan_of
+from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.procs import child_env
 
 Path_ = PathLike[str]
@@ -74,7 +74,7 @@ def run(run_dir: str) -> dict[str, Any]:
     checks["collector"] = type(res).__name__
     if case.deadline is not None and case.deadline <= datetime.now(UTC):
         raise ValueError(f"deadline {case.deadline.isoformat()} has passed; freeze a case with a later deadline")
-    need = case.load.requests * (400 + 12 * (case.load.max_tokens or 64)) * 2 + (50 << 20)
+    need = 2 * raw_bytes_needed(case) + (8 << 20)  # the raw records, their results, events and reports
     free = shutil.disk_usage(paths.root).free
     if free < need:
         raise ValueError(f"free disk {free >> 20} MiB < {need >> 20} MiB needed for raw records and results")

@@ -1,0 +1,112 @@
+"""A full disk, for real: the workspace on a small tmpfs, filled by a fault hook at a chosen point. Every
+served request keeps its raw record, the cause reaches events and status, and resume goes on once space
+is free. Needs a tmpfs mount (root); skipped where the machine does not allow one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from caseledger import services
+from caseledger.ledger import authorization, read_events
+from caseledger.load.faults import FILLER, fill_disk
+from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.workspace import Workspace, reserve
+from tests.conftest import free_port, ref_draft
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def small_ws(tmp_path: Path) -> Iterator[Workspace]:
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"no tmpfs mount on this machine ({r.stderr.decode().strip()[:80]}): needs root")
+    ws = Workspace(mnt / "ws")
+    (ws.root / "cases").mkdir(parents=True)
+    authorization.set_mode(ws, "auto")
+    try:
+        yield ws
+    finally:
+        services.stop_all(ws)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def draft(port: int) -> dict[str, object]:
+    return ref_draft(port, service={"reference": {"prefill_tokens_per_s": 200000, "decode_step_s": 0.01,
+                                                  "decode_step_per_seq_s": 0.0002, "slots": 8}},
+                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16})
+
+
+def formal(port: int) -> int:
+    return int(httpx2.get(f"http://127.0.0.1:{port}/stats").json()["by_phase"].get("load", 0))
+
+
+def free_space(ws: Workspace, run_id: str) -> None:
+    (ws.run(run_id).root / FILLER).unlink()
+
+
+def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
+        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, port = small_ws, free_port()
+    case = freeze_case(ws, draft=draft(port))
+    # the disk fills after the 3rd record; the client's spare, freed as it exits, is filled again before
+    # confirm_end, so the controller meets ENOSPC too
+    monkeypatch.setenv("CASELEDGER_FAULT", "load:fill_disk_after=3,controller:fill_disk_before=confirm_end")
+    r = start_run(ws, case.case_id, wait=True, timeout_s=120)
+    monkeypatch.delenv("CASELEDGER_FAULT")
+    paths = ws.run(r.run_id)
+    fs = os.statvfs(paths.root)
+    assert fs.f_bavail * fs.f_frsize < 1 << 20  # really full (what is left is the controller's freed spare)
+    s = phase_status(ws, r.run_id)
+    assert s.state == "failed" and s.failure_class == "disk" and s.phase == "confirm_end", s.text()
+    assert "disk full (ENOSPC)" in (s.blocker or "") and "free disk space" in s.next_call
+    # the raw space was reserved before the first send: all 8 served requests have their record
+    records = paths.raw.read_bytes().splitlines()
+    assert len(records) == 8 == formal(port)
+    assert any(e.get("data", {}).get("failure_class") == "disk" for e in read_events(paths).events)
+
+    free_space(ws, r.run_id)
+    res = resume(ws, r.run_id, wait=True, timeout_s=120)
+    assert res.state == "succeeded", res.text()
+    s = phase_status(ws, r.run_id)
+    assert s.done == 8 and s.results_extracted and formal(port) == 8  # nothing re-sent
+
+
+def test_disk_full_before_the_load_sends_nothing_and_resume_sends_it_once(
+        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, port = small_ws, free_port()
+    case = freeze_case(ws, draft=draft(port))
+    monkeypatch.setenv("CASELEDGER_FAULT", "controller:fill_disk_before=load")
+    r = start_run(ws, case.case_id, wait=True, timeout_s=120)
+    monkeypatch.delenv("CASELEDGER_FAULT")
+    s = phase_status(ws, r.run_id)
+    assert s.state == "failed" and s.failure_class == "disk" and s.phase == "load", s.text()
+    assert formal(port) == 0 and s.sent == 0
+    assert s.resume_runs[0] == "load" and not s.next_restarts_service
+
+    free_space(ws, r.run_id)
+    res = resume(ws, r.run_id, wait=True, timeout_s=120)
+    assert res.state == "succeeded", res.text()
+    assert formal(port) == 8
+
+
+def test_raw_space_is_reserved_or_refused(small_ws: Workspace) -> None:
+    d = small_ws.root / "r"
+    d.mkdir()
+    fd = os.open(d / "raw.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        assert reserve(fd, 1 << 20)  # room: reserved, file size unchanged
+        assert os.fstat(fd).st_size == 0
+        fill_disk(d)
+        os.write(fd, b"x" * (1 << 19))  # the reservation holds on a full disk
+        assert not reserve(fd, 4 << 20)  # no room for more: refused, not an error
+    finally:
+        os.close(fd)
