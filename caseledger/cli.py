@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from caseledger.case.schema import write_schemas
 from caseledger.errors import CaseledgerError, unexpected
 from caseledger.ledger import authorization
@@ -26,6 +28,10 @@ def _emit(result: Any, as_json: bool) -> None:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
         sys.stdout.write(result.text() + "\n")
+
+
+def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:
+    sys.stdout.write((orjson.dumps(structured).decode() if as_json else text) + "\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("summarize", parents=[common], help="figures and reports of runs (summarize)")
     s.add_argument("run_ids", nargs="*")
+    s.add_argument("--scenario", default=None, help="one row per case of this scenario (default without run ids: "
+                   "the latest scenario)")
 
     s = sub.add_parser("authorize", parents=[common], help="set authorization: paused | single | auto")
     s.add_argument("mode", choices=["paused", "single", "auto"])
@@ -100,9 +108,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    args.workspace = getattr(args, "workspace", None)
-    args.json = getattr(args, "json", False)
+    try:
+        workspace, as_json, rest = _globals(list(sys.argv[1:] if argv is None else argv))
+    except CaseledgerError as e:
+        return _refuse(e)
+    args = _parser().parse_args(rest)
+    args.workspace = workspace if workspace is not None else getattr(args, "workspace", None)
+    args.json = as_json or getattr(args, "json", False)
     try:
         return _dispatch(args)
     except CaseledgerError as e:
@@ -111,6 +123,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("CASELEDGER_DEBUG"):
             raise
         return _refuse(unexpected(e), code=1)
+
+
+def _globals(argv: list[str]) -> tuple[str | None, bool, list[str]]:
+    """--workspace/-w and --json taken from any position (before or after the command, or among a
+    command's own arguments such as `target stop`), so no position silently means the current directory."""
+    workspace: str | None = None
+    as_json = False
+    rest: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--":
+            rest += ["--", *it]
+            break
+        if arg in ("--workspace", "-w"):
+            workspace = next(it, None)
+            if workspace is None:
+                raise CaseledgerError(f"{arg} needs a directory", f"{arg} PATH (or set CASELEDGER_WORKSPACE)")
+        elif arg.startswith("--workspace="):
+            workspace = arg.split("=", 1)[1]
+        elif arg == "--json":
+            as_json = True
+        else:
+            rest.append(arg)
+    return workspace, as_json, rest
 
 
 def _refuse(e: CaseledgerError, code: int | None = None) -> int:
@@ -148,15 +184,16 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "summarize":
         from caseledger.tools import summarize  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(summarize(ws, a.run_ids), a.json)
+        _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
     elif a.cmd == "authorize":
 
         mode = authorization.set_mode(ws, a.mode)
         handoff.refresh(ws)
-        print(f"authorization: {mode}")
+        _print({"authorization": mode}, f"authorization: {mode}", a.json)
     elif a.cmd == "handoff":
 
-        sys.stdout.write(handoff.refresh(ws))
+        text = handoff.refresh(ws)
+        _print({"handoff": text, "path": str(ws.handoff)}, text.rstrip("\n"), a.json)
     elif a.cmd == "mcp":
         from caseledger.server import serve  # lazy: mcp
 
@@ -173,20 +210,22 @@ def _dispatch(a: argparse.Namespace) -> int:
         from caseledger import services  # lazy: httpx2 and asyncssh
 
         stopped = services.stop_all(ws)
-        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        _print({"stopped": stopped, "workspace": str(ws.root)},
+               f"stopped: {', '.join(stopped) or 'nothing was running'} (workspace {ws.root})", a.json)
     elif a.cmd == "import":
         from caseledger.importers import import_run  # lazy: numpy
 
         rid = import_run(ws, a.kind, a.path)
-        print(f"imported as run {rid}\nnext: summarize(run_ids=['{rid}'])")
+        nxt = f"summarize(run_ids=['{rid}'])"
+        _print({"run_id": rid, "next_call": nxt}, f"imported as run {rid}\nnext: {nxt}", a.json)
     elif a.cmd == "demo":
         from caseledger.demo import demo  # lazy: the tools pull numpy
 
-        return demo(keep=a.keep)
+        return demo(keep=a.keep, as_json=a.json)
     elif a.cmd == "schema":
 
-        for path in write_schemas():
-            print(path)
+        paths = [str(p) for p in write_schemas()]
+        _print({"written": paths}, "\n".join(paths), a.json)
     return 0
 
 

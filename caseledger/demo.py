@@ -12,8 +12,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -49,12 +50,17 @@ def drafts(port: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return base, child
 
 
-def _say(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+def _sayer(out: TextIO) -> Callable[..., None]:
+    def say(text: str = "") -> None:
+        out.write(text + "\n")
+        out.flush()
+
+    return say
 
 
-def demo(keep: bool = False) -> int:
+def demo(keep: bool = False, as_json: bool = False) -> int:
+    """The demo; with as_json the narrative goes to stderr and stdout gets one JSON summary line."""
+    _say = _sayer(sys.stderr if as_json else sys.stdout)
     t0 = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="caseledger-demo-"))
     ws = Workspace(root)
@@ -65,20 +71,23 @@ def demo(keep: bool = False) -> int:
     (root / "cases" / "baseline.json").write_bytes(orjson.dumps(base, option=orjson.OPT_INDENT_2))
     (root / "cases" / "c12.json").write_bytes(orjson.dumps(child, option=orjson.OPT_INDENT_2))
     _say(f"# caseledger demo — workspace {root}, reference target on 127.0.0.1:{port}\n")
+    run_ids: list[str] = []
+    ok = False
     try:
         _say("$ caseledger freeze cases/baseline.json")
-        f1 = freeze_case(ws, "cases/baseline.json")
+        f1 = freeze_case(ws, "cases/baseline.json", cwd_first=False)
         _say(f1.text() + "\n")
         _say("$ caseledger run " + f1.case_id + " --wait")
         r1 = start_run(ws, f1.case_id, wait=True)
         _say(r1.text() + "\n")
         _say(f"$ caseledger freeze cases/c12.json --parent {f1.case_id}")
-        f2 = freeze_case(ws, "cases/c12.json", parent=f1.case_id)
+        f2 = freeze_case(ws, "cases/c12.json", parent=f1.case_id, cwd_first=False)
         _say(f2.text() + "\n")
         _say("$ caseledger run " + f2.case_id + " --wait")
         r2 = start_run(ws, f2.case_id, wait=True)
         _say(r2.text() + "\n")
         assert r1.run_id and r2.run_id, "start_run without queue always creates a run"
+        run_ids = [r1.run_id, r2.run_id]
         for rid in (r1.run_id, r2.run_id):
             _say(f"$ caseledger status {rid}")
             _say(phase_status(ws, rid).text() + "\n")
@@ -106,6 +115,10 @@ def demo(keep: bool = False) -> int:
         else:
             _say(f"workspace kept at {root}")
     _say(f"demo {'passed' if ok and not left else 'FAILED'} in {time.monotonic() - t0:.1f} s")
+    if as_json:
+        sys.stdout.write(orjson.dumps({"passed": ok and not left, "seconds": round(time.monotonic() - t0, 1),
+                                       "runs": run_ids, "processes_left": len(left),
+                                       "workspace": str(root) if keep else None}).decode() + "\n")
     return 0 if ok and not left else 1
 
 

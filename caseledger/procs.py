@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -130,10 +131,16 @@ def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
 PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """An explicit environment for fresh subprocesses: this interpreter, this package on the path."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+def child_env(extra: dict[str, str] | None = None, keep: Iterable[str] = ()) -> dict[str, str]:
+    """An explicit, minimal environment for caseledger's own fresh subprocesses (controller, load client,
+    preflight, postprocess): the basics any command needs (INHERITED_ENV), what runs this interpreter and
+    caseledger (OWN_ENV), this package on the path, and the variables the case names (`keep`: its API key
+    variable, the ${VAR} its service env references). Never the rest of the caller's environment: secrets
+    in the agent's shell stay out of /proc/PID/environ of every process caseledger starts."""
+    names = set(keep) | set(INHERITED_ENV) | set(OWN_ENV)
+    prefixes = INHERITED_ENV_PREFIXES + OWN_ENV_PREFIXES
+    env = {k: v for k, v in os.environ.items() if k in names or k.startswith(prefixes)}
+    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
     env.pop("CASELEDGER_FAULT_CONSUMED", None)
     env.update(extra or {})
     return env
@@ -148,3 +155,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 # A remote service (service.ssh) gets case_env() only, on top of the remote login's own environment.
 INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ", "LANG", "LANGUAGE")
 INHERITED_ENV_PREFIXES = ("LC_",)
+# caseledger's own processes also get what runs Python and caseledger: its settings (CASELEDGER_*), the
+# library paths of this interpreter, the offline tokenizer settings.
+OWN_ENV = ("LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONHOME", "SSL_CERT_FILE", "SSL_CERT_DIR")
+OWN_ENV_PREFIXES = ("CASELEDGER_", "HF_", "TOKENIZERS_", "TRANSFORMERS_")

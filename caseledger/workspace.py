@@ -6,7 +6,7 @@ Layout (everything the tool writes is under ledger/):
     ledger/cases/<case_id>.json            frozen cases, read-only
     ledger/datasets/<dataset_id>/          materialized datasets (entries.jsonl, identity.json)
     ledger/runs/<run_id>/                  one directory per run (see RunPaths)
-    ledger/leases/<target_key>.json        one owner per target
+    (target leases are host-wide, in $CASELEDGER_HOST_DIR: see ledger/leases.py)
     ledger/services/<target_key>.json      the live service started by caseledger on that target
     ledger/authorization.json              paused | single | auto
 """
@@ -313,10 +313,6 @@ class Workspace:
     @property
     def runs_dir(self) -> Path:
         return self.ledger / "runs"
-
-    @property
-    def leases_dir(self) -> Path:
-        return self.ledger / "leases"
 
     @property
     def services_dir(self) -> Path:

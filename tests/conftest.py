@@ -8,10 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +158,89 @@ def reference_targets(configs: dict[str, dict[str, Any]], log_dir: Path,
                 except subprocess.TimeoutExpired:
                     s.proc.kill()
                     s.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------- the fault matrix
+# tests/test_fault_matrix.py records every check of every cell here (cell -> check -> passed); the session's
+# summary prints it as a table, so `.ci/run`'s output carries the matrix. Tests reach it through the
+# `fault_matrix` fixture: this module is imported twice (as `conftest` by pytest, as `tests.conftest` by
+# `from tests.conftest import ...`), and only the fixture is sure to hand out pytest's copy.
+FAULT_MATRIX: dict[str, dict[str, bool]] = {}
+
+
+@pytest.fixture
+def fault_matrix() -> dict[str, dict[str, bool]]:
+    return FAULT_MATRIX
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if not FAULT_MATRIX:
+        return
+    cols: list[str] = []
+    for checks in FAULT_MATRIX.values():
+        cols += [c for c in checks if c not in cols]
+    width = max(len(name) for name in FAULT_MATRIX)
+    widths = [max(len(c), 4) for c in cols]
+    tr = terminalreporter
+    tr.write_sep("=", f"fault matrix: {len(FAULT_MATRIX)} cells, counted at the target")
+    tr.write_line("cell".ljust(width) + " | " + " ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    tr.write_line("-" * width + "-+-" + "-".join("-" * w for w in widths))
+    for name, checks in FAULT_MATRIX.items():
+        marks = [("-" if c not in checks else "pass" if checks[c] else "FAIL").ljust(w)
+                 for c, w in zip(cols, widths, strict=True)]
+        tr.write_line(name.ljust(width) + " | " + " ".join(marks))
+    failed = sum(not ok for checks in FAULT_MATRIX.values() for ok in checks.values())
+    total = sum(len(checks) for checks in FAULT_MATRIX.values())
+    tr.write_line(f"{total - failed}/{total} checks pass ('-': not a check of that cell)")
+
+
+# --------------------------------------------------------------------- a stub OpenAI-style endpoint (adapter
+# 'external'): for answers the reference target never gives (a 4xx with a JSON message, a forged body, 401)
+
+Answer = tuple[int, str, bytes]  # status, content type, body
+ONE_TOKEN_STREAM = b"".join(
+    b"data: " + orjson.dumps(c) + b"\n\n" for c in (
+        {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+         "usage": {"prompt_tokens": 8, "completion_tokens": 1}},
+    )) + b"data: [DONE]\n\n"
+
+
+@contextmanager
+def stub_target(answer: Callable[[dict[str, str], dict[str, Any]], Answer]) -> Iterator[int]:
+    """A real HTTP server on loopback: GET /health and /v1/models answer for 'ref-model'; every POST is
+    answered by `answer(headers, json_body)`. Yields the port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._send((200, "application/json",
+                        b'{"data": [{"id": "ref-model"}]}' if "models" in self.path else b"ok"))
+
+        def do_POST(self) -> None:
+            body = orjson.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+            self._send(answer({k.lower(): v for k, v in self.headers.items()}, body))
+
+        def _send(self, a: Answer) -> None:
+            self.send_response(a[0])
+            self.send_header("content-type", a[1])
+            self.send_header("content-length", str(len(a[2])))
+            self.end_headers()
+            self.wfile.write(a[2])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield int(srv.server_address[1])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def external_draft(port: int, **over: Any) -> dict[str, Any]:
+    """ref_draft on an endpoint caseledger does not start (adapter 'external')."""
+    d = ref_draft(port, **over)
+    d["service"] = {"adapter": "external"}
+    return d

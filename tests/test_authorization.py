@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from caseledger import ledger
+from caseledger.case.store import load_case
 from caseledger.cli import main
 from caseledger.errors import NotAuthorized
 from caseledger.ledger import authorization
@@ -52,7 +54,9 @@ def test_preflight_only_works_while_paused_and_creates_no_run(ws: Workspace) -> 
     r = start_run(ws, ok.case_id, preflight_only=True)
     assert r.preflight == "passed" and r.state == "preflight_only" and r.run_id.startswith("p-")
     assert "0 requests sent" in r.text()
-    assert not ws.runs_dir.exists() and not ws.leases_dir.exists()
+    assert not ws.runs_dir.exists()
+    key = ledger.target_key(load_case(ws, ok.case_id).canonical())
+    assert ledger.read_lease(ws, key) is None  # no lease taken (leases are host-wide)
     late = freeze_case(ws, draft=ref_draft(port, deadline="2020-01-01T00:00:00Z"))
     bad = start_run(ws, late.case_id, preflight_only=True)
     assert bad.preflight == "failed" and "deadline" in (bad.preflight_error or "")

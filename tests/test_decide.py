@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from caseledger.case.model import Case
-from caseledger.metrics import Result, compute_result
+from caseledger.metrics import Interval, Result, Throughput, compute_result
 from caseledger.outcome.decide import DecisionRecord, decide
 from caseledger.records import RawRecord
 
@@ -134,3 +136,83 @@ def test_no_candidate_result_keeps_the_three_facts_apart() -> None:
     assert (d.load_ended, d.results_extracted, d.enough_to_decide, d.outcome) == (True, False, False, "insufficient")
     assert d.candidate is None
     assert any("reprocess_raw" in m for m in d.missing)
+
+
+def jittered(step_ms: float, n: int = 16, spread: float = 0.5, seed: int = 1) -> list[RawRecord]:
+    """Like run(), with each request's chunk gaps scaled by a random factor in [1 - spread, 1 + spread]."""
+    import random
+
+    rnd = random.Random(seed)
+    out = run(step_ms, n=n)
+    for rec in out:
+        k = 1 + rnd.uniform(-spread, spread)
+        send = rec["send_ns"]
+        rec["chunk_ns"] = [send + round((c - send) * k) for c in rec["chunk_ns"]]
+        rec["end_ns"] = rec["chunk_ns"][-1] + 1
+    return out
+
+
+def test_a_limit_breaker_is_closed_whatever_its_throughput() -> None:
+    c = case(limits={"tpot_p99_ms": 1.5})
+    d = decide(c, result(c, 2.0), result(c, 1.0), "c-base@r-base", load_ended=True)  # throughput halves
+    assert d.outcome == "close" and d.reason.startswith("close (limit tpot_p99_ms 2 > 1.5)")
+    faster = decide(c, result(c, 1.6), result(c, 4.0), "c-base@r-base", load_ended=True)  # 2.5x the throughput
+    assert faster.outcome == "close" and "limit tpot_p99_ms" in faster.reason
+    assert [(v.limit, v.verdict) for v in faster.limits] == [("tpot_p99_ms", "breaks")]
+    first = decide(c, result(c, 2.0), None, None, load_ended=True)  # even the first of a scenario
+    assert first.outcome == "close"
+
+
+def test_a_candidate_within_limits_is_kept_over_a_baseline_that_breaks_them() -> None:
+    c = case(limits={"tpot_p99_ms": 1.5})
+    d = decide(c, result(c, 1.4), result(c, 2.0), "c-base@r-base", load_ended=True)
+    assert d.outcome == "keep" and "baseline breaks tpot_p99_ms 2 > 1.5" in d.reason
+
+
+def test_goodput_counts_requests_meeting_their_own_limits() -> None:
+    c = case(primary_metric="goodput", goodput={"tpot_ms": 1.5})
+    res = compute_result(c, run(1.0))
+    gp = res.windows.whole.throughput.goodput
+    rq = res.windows.whole.throughput.request
+    assert isinstance(gp, Throughput) and isinstance(rq, Throughput) and gp.value == rq.value  # all good
+    slow = compute_result(c, run(2.0))
+    assert isinstance(slow.windows.whole.throughput.goodput, Throughput)
+    assert slow.windows.whole.throughput.goodput.value == 0.0
+    d = decide(c, compute_result(c, run(1.0)), compute_result(c, run(1.0, n=8)), "c-b@r-b", load_ended=True)
+    assert d.primary_metric == "goodput" and d.direction == "higher_is_better"
+    with pytest.raises(ValueError, match=r"needs decision\.goodput"):
+        case(primary_metric="goodput")
+
+
+def test_a_change_within_the_bootstrap_noise_is_insufficient_with_the_call_that_settles_it() -> None:
+    c = case(primary_metric="tpot_p50")
+    base = compute_result(c, jittered(1.0, seed=1))
+    cand = compute_result(c, jittered(1.0, seed=2))  # the same service, other noise
+    d = decide(c, cand, base, "c-000000000001@r-base", load_ended=True, candidate_case="c-000000000002")
+    assert d.outcome == "insufficient" and d.noise is not None and d.noise.noise_rel > 0.05
+    assert d.reason.startswith(f"insufficient (within noise ±{d.noise.noise_rel:.1%})")
+    assert d.settle is not None and d.settle.startswith("start_run(case_id='c-000000000002') again")
+    assert d.missing == []  # nothing is missing: the change is just too small to tell
+    clear = decide(c, compute_result(c, jittered(0.5, seed=2)), base, "c-000000000001@r-base", load_ended=True)
+    assert clear.outcome == "keep" and clear.noise is not None and clear.settle is None
+
+
+def test_bootstrap_interval_is_seeded_and_repeats_add_their_spread() -> None:
+    c = case(primary_metric="tpot_p50")
+    a, b = compute_result(c, jittered(1.0, seed=3)), compute_result(c, jittered(1.0, seed=3))
+    assert a.windows.whole.noise == b.windows.whole.noise  # deterministic
+    iv = a.windows.whole.noise
+    assert isinstance(iv, Interval) and iv.low <= iv.point <= iv.high and iv.metric == "tpot_p50"
+    exact = compute_result(c, run(1.0))  # identical requests: no noise from the requests...
+    repeat = compute_result(c, run(1.2))  # ...but a repeat of the baseline's case that differs by 20%
+    d = decide(c, compute_result(c, run(0.95)), exact, "c-000000000001@r-base", load_ended=True,
+               baseline_repeats=[repeat])
+    assert d.noise is not None and d.noise.baseline_runs == 2 and d.noise.baseline_spread_rel is not None
+    assert abs(d.noise.noise_rel - 0.2 / 2 / 1.1) < 1e-6  # the baseline's spread: (1.2 - 1.0) / 2 / mean
+    assert d.outcome == "insufficient" and "within noise" in d.reason  # +5% inside ±9.1%
+    assert d.settle is not None and "start_run" in d.settle
+
+
+def test_case_ids_without_limits_are_unchanged_by_the_new_fields() -> None:
+    plain = case().canonical()["decision"]
+    assert "limits" not in plain and "goodput" not in plain

@@ -71,10 +71,9 @@ async def test_lists_exactly_the_six_tools_with_honest_annotations(ws: Workspace
         listed = {t.name: t for t in (await c.list_tools()).tools}
     assert sorted(listed) == sorted(SIX)
     a = {n: t.annotations for n, t in listed.items()}
-    for name in ("phase_status", "summarize"):
-        ann = a[name]
-        assert ann is not None and ann.read_only_hint
-    for name in ("freeze_case", "reprocess_raw"):
+    status = a["phase_status"]
+    assert status is not None and status.read_only_hint
+    for name in ("freeze_case", "reprocess_raw", "summarize"):  # summarize writes reports and its PNG
         ann = a[name]
         assert ann is not None and ann.idempotent_hint and not ann.read_only_hint and ann.destructive_hint is False
     for name in ("start_run", "resume"):  # a new run / attempt each call; may switch a live service
@@ -82,11 +81,15 @@ async def test_lists_exactly_the_six_tools_with_honest_annotations(ws: Workspace
         assert ann is not None and not ann.read_only_hint and not ann.idempotent_hint and ann.destructive_hint
 
 
-async def test_every_tool_has_output_schema_and_flat_described_inputs(ws: Workspace) -> None:
+async def test_tools_list_fits_8_kb_with_described_flat_inputs_and_id_patterns(ws: Workspace) -> None:
     async with Client(build_server(ws)) as c:
-        listed = (await c.list_tools()).tools
+        answer = await c.list_tools()
+    listed = answer.tools
+    # the result as it goes over the wire (camelCase aliases, no nulls, compact JSON): every session pays it
+    size = len(json.dumps(answer.model_dump(mode="json", by_alias=True, exclude_none=True),
+                          separators=(",", ":")).encode())
+    assert size <= 8 * 1024, f"tools/list is {size} bytes"
     for t in listed:
-        assert t.output_schema and t.output_schema.get("type") == "object", t.name
         schema = json.dumps(t.input_schema)
         assert "$ref" not in schema and "$defs" not in schema, t.name  # flat: no nested models
         for name, prop in t.input_schema["properties"].items():
@@ -95,7 +98,35 @@ async def test_every_tool_has_output_schema_and_flat_described_inputs(ws: Worksp
     props = {t.name: t.input_schema["properties"] for t in listed}
     assert set(props["freeze_case"]) == {"path", "draft", "parent"}
     assert props["summarize"]["run_ids"]["type"] == "array"
+    run_pattern = props["resume"]["run_id"]["pattern"]
+    assert props["summarize"]["run_ids"]["items"]["pattern"] == run_pattern == app.RUN_ID_PATTERN
+    assert props["start_run"]["case_id"]["pattern"] == props["freeze_case"]["parent"]["pattern"] == app.CASE_ID_PATTERN
+    assert "title" not in json.dumps([t.input_schema for t in listed])  # generated titles are noise
+    by_name = {t.name: t for t in listed}
+    assert "caseledger://schema/case" in (by_name["freeze_case"].description or "")
+    out = by_name["summarize"].output_schema  # the typed answer, with the decision words where agents read it
+    assert out and out["type"] == "object" and "$defs" not in out
+    assert all(w in out["properties"]["scenario"]["description"] for w in ("baseline:", "keep:", "close:",
+                                                                           "insufficient:"))
     assert set(props["start_run"]) == {"case_id", "preflight_only", "queue"}  # no wait knob over MCP
+
+
+async def test_decision_words_are_in_the_server_instructions_and_the_case_schema_is_a_resource(
+        ws: Workspace) -> None:
+    async with Client(build_server(ws)) as c:
+        instructions = c.instructions
+        schema = await c.read_resource("caseledger://schema/case")
+        with pytest.raises(MCPError, match="has no frozen case"):
+            await c.read_resource("caseledger://scenarios/nothing-here")
+        templates = [t.uri_template for t in (await c.list_resource_templates()).resource_templates]
+    assert instructions is not None
+    for word in ("baseline:", "keep:", "close:", "insufficient:"):
+        assert instructions.count(word) == 1, word
+    body = schema.contents[0]
+    assert isinstance(body, TextResourceContents)
+    doc = json.loads(body.text)
+    assert "limits" in doc["$defs"]["Decision"]["properties"] and "tpot_p99_ms" in doc["$defs"]["Limits"]["properties"]
+    assert "caseledger://scenarios/{name}" in templates
 
 
 async def test_freeze_case_answers_short_text_with_structured_case_id(ws: Workspace) -> None:

@@ -108,3 +108,33 @@ def test_identity_command_runs_with_the_same_minimal_env(
     out = ev["identity_output"]
     assert f"ENGINE_TOKEN={DECLARED}" in out and "LC_TEST_LOCALE=C" in out
     assert UNDECLARED not in out and "LD_LIBRARY_PATH" not in out
+
+
+@pytest.mark.slow
+def test_no_process_caseledger_starts_inherits_the_callers_secrets(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    """Controller, load client and service: the basics and what the case names (its API key variable), never
+    the rest of the agent's shell."""
+    from caseledger.workspace import read_json_or_none
+    from tests.test_runs import slow_draft, wait_state
+
+    monkeypatch.setenv("AGENT_SHELL_SECRET", UNDECLARED)
+    monkeypatch.setenv("OPENAI_API_KEY", UNDECLARED)
+    monkeypatch.setenv("CASELEDGER_TEST_KEY", SECRET)  # the key the case names: its load client needs it
+    port = free_port()
+    cid = freeze_case(ws, draft=slow_draft(port, target={"endpoints": [
+        {"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}], "api_key_env": "CASELEDGER_TEST_KEY"}
+    )).case_id
+    r = start_run(ws, cid)
+    paths = ws.run(r.run_id)
+    wait_state(ws, r.run_id, lambda s: s.sent > 0)
+    case = load_case(ws, cid)
+    service = read_json_or_none(ws.services_dir / f"{target_key(case.canonical())}.json") or {}
+    pids = {"controller": read_json_or_none(paths.controller_pid), "load client": read_json_or_none(paths.load_pid),
+            "service": service.get("proc")}
+    for name, ref in pids.items():
+        assert ref is not None, name
+        env = _environ(int(ref["pid"]))  # the undeclared secret is absent from the raw environ
+        assert "AGENT_SHELL_SECRET" not in env and "OPENAI_API_KEY" not in env, name
+        assert (env.get("CASELEDGER_TEST_KEY") == SECRET) == (name != "service"), name
+    wait_state(ws, r.run_id, lambda s: s.state == "succeeded", timeout=90)

@@ -7,6 +7,7 @@ has no class, so a new field cannot be added without choosing one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -56,6 +57,10 @@ IMPACT: dict[str, Impact | None] = {
     "measurement": Impact.MEASUREMENT,
     "deadline": Impact.LOAD,
     "decision": Impact.MEASUREMENT,
+    # limits and goodput's per-request limits only change how figures are judged (goodput is recomputed from the
+    # raw data): a measurement-only child re-decides on the parent's raw data, no new load
+    "decision.limits": Impact.MEASUREMENT,
+    "decision.goodput": Impact.MEASUREMENT,
 }
 
 
@@ -142,49 +147,63 @@ def delta(parent: Case | None, child: Case) -> list[DeltaItem]:
 _DERIVED = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
 
 
-def plan(case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:
-    """Which phases run and which reuse the parent's state, from the delta's impact classes."""
+@dataclass(frozen=True)
+class Live:
+    """The target as start_run finds it: what a run's plan is derived from (read, never assumed)."""
+
+    service: bool  # a live, verified service with this case's identity holds the target
+    warm: bool  # that service instance was warmed and its routes verified since it started
+
+
+def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | None = None) -> list[PlanStep]:
+    """Which phases run and which are reused. The load follows the delta against the parent (a
+    measurement-only child reprocesses the parent's raw data); service, warmup and routes follow the live
+    state when it is known (start_run), else the delta (a preview at freeze)."""
     classes = {d.impact for d in changes}
     cache_target = case.cache.min_hit_ratio is not None
+    warmup_needed = case.warmup.requests > 0
     steps: list[PlanStep] = [PlanStep(phase=Phase.PREFLIGHT, action="run", reason="always: fresh-process reload")]
-    if not has_parent:
-        why = "no parent: nothing to reuse"
-        steps += [
-            PlanStep(phase=Phase.SERVICE, action="run", reason=why + " (an equal live service is still reused)"),
-            PlanStep(phase=Phase.WARMUP, action="run" if case.warmup.requests else "skip",
-                     reason=why if case.warmup.requests else "warmup.requests is 0"),
-            PlanStep(phase=Phase.ROUTE_VERIFY, action="run", reason=why),
-        ]
-        cache = PlanStep(phase=Phase.CACHE_PREPARE, action="run" if cache_target else "skip",
-                         reason="seed and check" if cache_target else "no cache target (cache.min_hit_ratio null)")
-        load_action, load_reason = "run", why
-    elif classes <= {Impact.MEASUREMENT}:
+    if has_parent and changes and classes <= {Impact.MEASUREMENT}:
         why = "measurement-only delta: no new load, reprocess the parent's raw data"
         steps += [PlanStep(phase=p, action="reuse", reason=why)
-                  for p in (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY)]
-        cache = PlanStep(phase=Phase.CACHE_PREPARE, action="reuse", reason=why)
+                  for p in (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY, Phase.CACHE_PREPARE)]
         load_action, load_reason = "reuse", why
     else:
-        service_changed = Impact.SERVICE in classes
-        svc_reason = "service fields changed" if service_changed else "service unchanged: reuse the live service"
-        act: Literal["run", "reuse"] = "run" if service_changed else "reuse"
+        svc: Literal["run", "reuse"]
+        warm: Literal["run", "reuse"]
+        if live is not None:
+            svc = "reuse" if live.service else "run"
+            svc_reason = ("a live service with this case's identity holds the target (verified)" if live.service
+                          else "no live service with this case's identity: start it")
+            warm = "reuse" if live.service and live.warm else "run"
+            warm_reason = ("that service was warmed and its routes verified since it started" if warm == "reuse"
+                           else "the service is new or not yet warmed")
+        elif not has_parent:
+            svc, warm = "run", "run"
+            svc_reason = warm_reason = "no parent: nothing to reuse (an equal live service is still reused)"
+        else:
+            svc = warm = "run" if Impact.SERVICE in classes else "reuse"
+            svc_reason = warm_reason = ("service fields changed" if svc == "run"
+                                        else "service unchanged: reuse the live service")
         steps += [
-            PlanStep(phase=Phase.SERVICE, action=act, reason=svc_reason),
-            PlanStep(phase=Phase.WARMUP, action=act if case.warmup.requests else "skip",
-                     reason=svc_reason if case.warmup.requests else "warmup.requests is 0"),
-            PlanStep(phase=Phase.ROUTE_VERIFY, action=act, reason=svc_reason),
+            PlanStep(phase=Phase.SERVICE, action=svc, reason=svc_reason),
+            PlanStep(phase=Phase.WARMUP, action=warm if warmup_needed else "skip",
+                     reason=warm_reason if warmup_needed else "warmup.requests is 0"),
+            PlanStep(phase=Phase.ROUTE_VERIFY, action=warm, reason=warm_reason),
         ]
         if not cache_target:
-            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="skip", reason="no cache target")
-        elif service_changed or Impact.DATASET in classes:
-            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="run", reason="service or data changed: seed and check")
+            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="skip",
+                             reason="no cache target (cache.min_hit_ratio null)")
+        elif svc == "run" or Impact.DATASET in classes or not has_parent:
+            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="run", reason="new service, new data or no parent: "
+                                                                             "seed and check")
         else:
             cache = PlanStep(phase=Phase.CACHE_PREPARE, action="check", reason="hot path: check, not re-seed")
-        load_action, load_reason = "run", "load-class delta: formal load"
-        if Impact.DATASET in classes:
-            load_reason = "dataset changed: formal load on the new data"
+        steps.append(cache)
+        load_action = "run"
+        load_reason = ("dataset changed: formal load on the new data" if Impact.DATASET in classes
+                       else "formal load")
     steps += [
-        cache,
         PlanStep(phase=Phase.LOAD, action=load_action, reason=load_reason),
         PlanStep(phase=Phase.CONFIRM_END, action="run", reason="always: confirm the client and requests ended"),
         PlanStep(phase=Phase.POSTPROCESS, action="run", reason="always: fresh-process metrics from raw data"),

@@ -11,8 +11,9 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from caseledger.case.model import Case
+from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.errors import CaseInvalid, NotFound, quoted
+from caseledger.records import read_jsonl
 from caseledger.workspace import (
     Workspace,
     atomic_write,
@@ -21,6 +22,7 @@ from caseledger.workspace import (
     read_file_field,
     resolve_path,
     sha256_bytes,
+    utc_now,
 )
 
 
@@ -120,7 +122,17 @@ def validate(obj: dict[str, Any], source: str) -> Case:
 
 
 def case_id_of(case: Case) -> str:
+    """The id of what a case measures (parent and note are lineage, not identity)."""
+    return "c-" + sha256_bytes(canonical_json(case.measured()))[:12]
+
+
+def legacy_id_of(case: Case) -> str:
+    """The id frozen cases had before lineage left the hash (parent and note included): old ids resolve."""
     return "c-" + sha256_bytes(canonical_json(case.canonical()))[:12]
+
+
+def is_case_id_of(case: Case, case_id: str) -> bool:
+    return case_id in (case_id_of(case), legacy_id_of(case))
 
 
 def _frozen_as_stored(path: Path, case_id: str) -> Case | None:
@@ -129,11 +141,21 @@ def _frozen_as_stored(path: Path, case_id: str) -> Case | None:
         case = Case.model_validate(orjson.loads(path.read_bytes()))
     except (OSError, orjson.JSONDecodeError, ValidationError):
         return None
-    return case if case_id_of(case) == case_id else None
+    return case if is_case_id_of(case, case_id) else None
+
+
+def _lineage_path(ws: Workspace, case_id: str) -> Path:
+    return ws.frozen_dir / f"{case_id}.lineage.jsonl"
+
+
+def lineage(ws: Workspace, case_id: str) -> list[dict[str, Any]]:
+    """Every freeze of a case: {"utc", "parent", "note", "source"}, oldest first."""
+    return [r for r in read_jsonl(_lineage_path(ws, case_id)).items if isinstance(r, dict)]
 
 
 def load_case(ws: Workspace, case_id: str) -> Case:
-    """A frozen case, hash-checked at every read: an edited or damaged file is refused with the fix."""
+    """A frozen case, hash-checked at every read: an edited or damaged file is refused with the fix. Parent
+    and note come from its latest freeze (lineage), so the returned case reads as the agent froze it."""
     path = ws.frozen_case(case_id)
     if not path.exists():
         raise NotFound(f"case_id '{case_id}' is not frozen in {ws.frozen_dir}",
@@ -144,18 +166,29 @@ def load_case(ws: Workspace, case_id: str) -> Case:
             f"ledger/cases/{case_id}.json is damaged: its content no longer hashes to {case_id} (edited on disk)",
             "freeze the original draft again (freeze_case) to restore it; a changed case is a new draft "
             f"with parent '{case_id}'")
+    last = (lineage(ws, case_id) or [{}])[-1]
+    if last:
+        case = case.model_copy(update={k: last.get(k, getattr(case, k)) for k in LINEAGE_FIELDS})
     return case
 
 
-def store(ws: Workspace, case: Case) -> tuple[str, bool]:
-    """Store read-only under the content hash; (case_id, created). A damaged or edited copy is restored."""
+def store(ws: Workspace, case: Case, source: str = "") -> tuple[str, bool]:
+    """Store what the case measures, read-only, under its hash; record its lineage (parent, note) when it
+    differs from the last freeze. (case_id, created). A damaged or edited copy is restored."""
     cid = case_id_of(case)
     path = ws.frozen_case(cid)
-    if path.exists() and _frozen_as_stored(path, cid) is not None:
-        return cid, False
-    atomic_write(path, orjson.dumps(case.canonical(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n",
-                 mode=0o444)
-    return cid, True
+    created = not (path.exists() and _frozen_as_stored(path, cid) is not None)
+    if created:
+        atomic_write(path, orjson.dumps(case.measured(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n",
+                     mode=0o444)
+    past = lineage(ws, cid)
+    last = past[-1] if past else {}
+    # a freeze that names no parent (or no note) is a lookup for that field: it keeps the recorded one
+    entry = {"parent": case.parent or last.get("parent"), "note": case.note or last.get("note") or ""}
+    if not past or {k: last.get(k) for k in LINEAGE_FIELDS} != entry:
+        with _lineage_path(ws, cid).open("ab") as f:
+            f.write(orjson.dumps({"utc": utc_now(), **entry, "source": source}) + b"\n")
+    return cid, created
 
 
 def read_draft(ws: Workspace, path: str | Path, *, cwd_first: bool = True) -> tuple[dict[str, Any], str]:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, PlanStep
-from caseledger.case.store import case_id_of
+from caseledger.case.store import is_case_id_of
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, is_id, write_json
 
@@ -93,7 +93,7 @@ class Run:
         except (OSError, orjson.JSONDecodeError, ValidationError) as e:
             raise CaseInvalid(f"{rel} is damaged: {first_problem(e)}",
                               "the ledger was edited by hand: restore case.json, or start a new run") from None
-        if case_id_of(case) != self.meta.case_id:
+        if not is_case_id_of(case, self.meta.case_id):
             raise CaseInvalid(f"{rel} is damaged: its content no longer hashes to {self.meta.case_id}",
                               "the ledger was edited by hand: restore case.json, or start a new run")
         return case
@@ -151,7 +151,13 @@ def read_run(root: Path) -> Run:
 
 
 def load_run(ws: Workspace, run_id: str) -> Run:
-    """The run `run_id` of a workspace, checked and read once per tool call."""
+    """The run `run_id` of a workspace, checked and read once per tool call. A case id stands for the
+    latest run of that case (runs are reachable from their case everywhere a run id is accepted)."""
+    if is_id(run_id, "c"):
+        latest = latest_run_of_case(ws, run_id)
+        if latest is None:
+            raise NotFound(f"case {run_id} has no run yet in {ws.runs_dir}", f"start_run(case_id='{run_id}')")
+        run_id = latest
     paths = ws.run(check_id(run_id, "run_id", "r"))
     if not paths.run_json.exists():
         raise NotFound(f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",

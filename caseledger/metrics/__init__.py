@@ -6,7 +6,7 @@ result models. `python -m caseledger.metrics RUN_DIR` is the fresh-process postp
 
 from caseledger.errors import ResultConflict
 from caseledger.metrics._columns import RawColumns, RawSource, columns_from_records, read_raw
-from caseledger.metrics._compute import compute_result, params_key
+from caseledger.metrics._compute import compute_result, params_key, per_request_ms
 from caseledger.metrics._models import (
     DEFINITIONS,
     NATIVE_RULES,
@@ -19,6 +19,7 @@ from caseledger.metrics._models import (
     Distribution,
     Failures,
     Inputs,
+    Interval,
     Latency,
     NativeRule,
     NotObserved,
@@ -51,6 +52,7 @@ __all__ = [
     "Distribution",
     "Failures",
     "Inputs",
+    "Interval",
     "Latency",
     "NativeRule",
     "NotObserved",
@@ -74,6 +76,7 @@ __all__ = [
     "latest_result",
     "params_key",
     "parse_prometheus",
+    "per_request_ms",
     "read_raw",
     "result_dir",
     "write_result",

@@ -43,6 +43,7 @@ from caseledger.metrics._models import (
     WindowRule,
     Windows,
 )
+from caseledger.metrics._noise import good_requests, interval
 from caseledger.metrics._spec import SpecCounters, not_observed_spec, per_request, spec_counters, window_spec
 from caseledger.records import RawRecord
 from caseledger.workspace import canonical_json, sha256_bytes
@@ -383,7 +384,7 @@ def _window(
             mean_concurrency=no,
             latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
             tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no),
-            throughput=Throughputs(request=no, output=no, input=no, total=no),
+            throughput=Throughputs(request=no, output=no, input=no, total=no, goodput=no),
             cache=CacheFigures(
                 denominator=_CACHE_DENOMINATOR,
                 requests_with_cached_tokens=0,
@@ -396,6 +397,7 @@ def _window(
             ),
             spec_decode=not_observed_spec(spec.requested, f"no {name} window: {reason}"),
             notes=list(span.notes),
+            noise=no,
         )
     start, end = span.start, span.end
     duration_s = (end - start) / _S
@@ -483,12 +485,20 @@ def _window(
     else:
         total = in_tok + out_tok
     input_rate = _rate(in_tok, duration_s, cards, "tok/s", "tok")
+    good = good_requests(case.decision, okm, dv.ttft_ms, dv.tpot_ms, dv.e2e_ms, dv.one_token)
+    n_good: float | str = (float(good.sum()) if n_ok else nothing) if case.decision.goodput is not None else (
+        "no per-request limits (case.decision.goodput is null)")
     throughput = Throughputs(
         request=_rate(float(n_ok) if n_ok else nothing, duration_s, cards, "req/s", "req"),
         output=_rate(out_tok, duration_s, cards, "tok/s", "tok"),
         input=input_rate,
         total=_rate(total, duration_s, cards, "tok/s", "tok"),
+        goodput=_rate(n_good, duration_s, cards, "req/s", "good req"),
     )
+    metric = case.decision.primary_metric
+    noise = interval(metric, _figure(metric, latency, throughput), {
+        "ttft": dv.ttft_ms[okm], "tpot": dv.tpot_ms[okm], "e2e": dv.e2e_ms[okm],
+        "output": c.completion_tokens[okm], "good": good[okm].astype(np.float64)})
 
     # prefix cache
     cached = c.cached_tokens[okm]
@@ -550,7 +560,21 @@ def _window(
         cache=cache,
         spec_decode=_spec_window(name, spec, c, okm, dv.t0, nothing),
         notes=notes,
+        noise=noise,
     )
+
+
+def _figure(metric: str, latency: Latency, throughput: Throughputs) -> float | NotObserved:
+    """The window's value of a decision metric (case.decision.primary_metric)."""
+    if metric.endswith(("_p50", "_p99")):
+        name, stat = metric.rsplit("_", 1)
+        d = getattr(latency, name)
+        return d if isinstance(d, NotObserved) else float(getattr(d, stat))
+    fig = {"output_throughput": throughput.output, "output_throughput_per_card": throughput.output,
+           "request_throughput": throughput.request, "goodput": throughput.goodput}[metric]
+    if isinstance(fig, NotObserved):
+        return fig
+    return fig.per_card if metric.endswith("_per_card") else fig.value
 
 
 def _spec_window(
@@ -568,6 +592,13 @@ _CACHE_DENOMINATOR = (
 
 def _sha_text(text: str | None) -> str | None:
     return None if text is None else sha256_bytes(text.encode())
+
+
+def per_request_ms(columns: RawColumns) -> dict[str, F64]:
+    """Per-request TTFT, TPOT and E2E (ms) of the successful requests, for CDF plots (NaN where undefined)."""
+    dv = _derive(columns)
+    ok = columns.ok
+    return {"ttft": dv.ttft_ms[ok], "tpot": dv.tpot_ms[ok], "e2e": dv.e2e_ms[ok]}
 
 
 def compute_result(

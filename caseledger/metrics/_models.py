@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROCESSOR_VERSION = "v2"
+PROCESSOR_VERSION = "v3"  # v3: goodput and the bootstrap interval of the decision metric per window
 """Version of the code that turns raw records into results; results are stored per version."""
 
 # The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
@@ -115,6 +115,11 @@ class Throughputs(_Model):
     output: Throughput | NotObserved = Field(description="Output tokens credited to the window / duration")
     input: Throughput | NotObserved = Field(description="Prompt tokens credited to the window / duration (nominal)")
     total: Throughput | NotObserved = Field(description="(input + output) tokens / duration")
+    goodput: Throughput | NotObserved = Field(
+        default_factory=lambda: NotObserved(reason="no per-request limits (case.decision.goodput is null)"),
+        description="Good requests / duration: successful requests whose own TTFT, TPOT and E2E meet "
+        "case.decision.goodput (req/s)",
+    )
 
 
 class CacheFigures(_Model):
@@ -196,6 +201,22 @@ class SpecDecode(_Model):
     )
 
 
+class Interval(_Model):
+    """A bootstrap confidence interval of one figure: the window's successful requests resampled with
+    replacement (seeded, so the same raw data always gives the same interval)."""
+
+    metric: str = Field(description="The figure (case.decision.primary_metric), e.g. 'output_throughput_per_card'")
+    point: float = Field(description="The figure as computed from all requests of the window")
+    low: float = Field(description="Lower bound of the interval")
+    high: float = Field(description="Upper bound of the interval")
+    level: float = Field(description="Confidence level, e.g. 0.95")
+    half_width_rel: float | None = Field(
+        description="(high - low) / 2 / point: the relative noise of the figure; null when point is 0")
+    resamples: int = Field(description="Bootstrap resamples")
+    seed: int = Field(description="Seed of the resampling")
+    requests: int = Field(description="Requests resampled (successful requests of the window)")
+
+
 class WindowResult(_Model):
     """One window: which requests and which span, whether it meets the case's minimums, and its figures."""
 
@@ -225,6 +246,10 @@ class WindowResult(_Model):
     cache: CacheFigures = Field(description="Prefix-cache figures")
     spec_decode: SpecDecode = Field(description="Speculative-decoding figures")
     notes: list[str] = Field(description="What was excluded or derived in this window, and why")
+    noise: Interval | NotObserved = Field(
+        default_factory=lambda: NotObserved(reason="computed by an older processor"),
+        description="Bootstrap confidence interval of case.decision.primary_metric on this window",
+    )
 
 
 class Windows(_Model):
@@ -313,6 +338,13 @@ DEFINITIONS: dict[str, str] = {
     "window / window duration (nominal: cached tokens included)",
     "total_throughput": "(input + output tokens) / window duration",
     "per_card": "a throughput / case.target.cards",
+    "goodput": "good requests credited to the window / window duration; a successful request is good when its "
+    "own TTFT, TPOT and E2E are each <= case.decision.goodput's limits (a limit left null is no condition; a "
+    "1-token output has no TPOT and meets a TPOT limit), as vLLM's --goodput and AIPerf's goodput count them",
+    "noise": "bootstrap: the window's successful requests resampled with replacement (numpy default_rng, fixed "
+    "seed), the decision metric recomputed per resample (sums scale the window figure by resampled / observed "
+    "sum over the same duration; percentiles are taken of the resampled values); the interval is the "
+    "(1-level)/2 and (1+level)/2 quantiles of the resampled figures",
     "percentiles": "numpy.percentile, method 'linear' (interpolation between closest ranks)",
     "concurrency": "requests in flight at the client: +1 at send_ns, -1 at end_ns (failed requests "
     "included); at equal timestamps ends are applied before sends",

@@ -1,27 +1,53 @@
-"""Decide keep / close / insufficient for a candidate result against its baseline.
+"""Decide keep / close / insufficient for a candidate result against its baseline, under limits and noise.
 
-Compares case.decision.primary_metric on case.decision.window. Throughput is better higher, latency
-better lower. 'insufficient' lists every piece of missing evidence, so the next step is to supply it,
-not to rerun blindly. Load ended, results extracted and enough to decide are three separate facts.
+Compares case.decision.primary_metric on case.decision.window. Throughput and goodput are better higher,
+latency better lower. A run above one of case.decision.limits is closed whatever its throughput. A change
+inside the noise (the bootstrap intervals of both runs and, where a case has repeated runs, their spread) is
+'insufficient (within noise ±x%)' with the call that would settle it. 'insufficient' lists every piece of
+missing evidence, so the next step is to supply it, not to rerun blindly. Load ended, results extracted and
+enough to decide are three separate facts.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from caseledger.case.model import Case
-from caseledger.metrics import Distribution, NotObserved, Result, Throughput, WindowResult
+from caseledger.metrics import Distribution, Interval, NotObserved, Result, Throughput, WindowResult
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]
 Direction = Literal["higher_is_better", "lower_is_better"]
+
+# The one definition of the decision words: the MCP server instructions and the summarize schema quote it.
+OUTCOMES: dict[str, str] = {
+    "baseline": "the scenario's reference (first case, no parent or decision.baseline) with complete evidence "
+    "within every limit",
+    "keep": "within every limit and better by >= min_effect, beyond the noise",
+    "close": "breaks a limit (whatever its throughput), or changes by < min_effect or for the worse, beyond the noise",
+    "insufficient": "undecided: evidence missing (listed with its fix) or the change is within the noise (±x%; "
+    "settle names the call, e.g. a repeat run)",
+}
+DECISION_WORDS = "; ".join(f"{k}: {v}" for k, v in OUTCOMES.items())
+"""The decision words in one line, for agents."""
+
+# limit name (case.decision.limits) -> (figure in WindowResult.latency, statistic)
+LIMITS: dict[str, tuple[str, str]] = {
+    "ttft_p50_ms": ("ttft", "p50"), "ttft_p99_ms": ("ttft", "p99"), "tpot_p50_ms": ("tpot", "p50"),
+    "tpot_p99_ms": ("tpot", "p99"), "itl_p50_ms": ("itl", "p50"), "itl_p99_ms": ("itl", "p99"),
+    "e2e_p50_ms": ("e2e", "p50"), "e2e_p99_ms": ("e2e", "p99"),
+}
+REPEATS_TO_SETTLE = 3  # runs of a case after which one more repeat no longer narrows the spread much
 
 # primary metric -> (group, figure, statistic, direction)
 METRICS: dict[str, tuple[str, str, str, Direction]] = {
     "output_throughput": ("throughput", "output", "value", "higher_is_better"),
     "output_throughput_per_card": ("throughput", "output", "per_card", "higher_is_better"),
     "request_throughput": ("throughput", "request", "value", "higher_is_better"),
+    "goodput": ("throughput", "goodput", "value", "higher_is_better"),
     "ttft_p50": ("latency", "ttft", "p50", "lower_is_better"),
     "ttft_p99": ("latency", "ttft", "p99", "lower_is_better"),
     "tpot_p50": ("latency", "tpot", "p50", "lower_is_better"),
@@ -52,14 +78,33 @@ class Reading(_Model):
     raw_sha256: str | None = Field(description="sha256 of the raw file the result was computed from")
 
 
+class LimitVerdict(_Model):
+    """One of case.decision.limits checked on the candidate's decision window."""
+
+    limit: str = Field(description="Limit name, e.g. 'tpot_p99_ms'")
+    bound: float = Field(description="Upper bound (ms)")
+    value: float | None = Field(description="The window's figure (ms); null: NOT_OBSERVED")
+    verdict: Literal["meets", "breaks", "not_observed"] = Field(description="value <= bound, above it, or unknown")
+
+
+class Noise(_Model):
+    """How much the decision metric moves by chance: per side the larger of the bootstrap half-width and the
+    run-to-run spread, the two sides combined in quadrature."""
+
+    candidate_interval_rel: float | None = Field(description="Bootstrap 95% half-width of the candidate / its value")
+    baseline_interval_rel: float | None = Field(description="Bootstrap 95% half-width of the baseline / its value")
+    candidate_runs: int = Field(description="Valid runs of the candidate's case (this one included)")
+    baseline_runs: int = Field(description="Valid runs of the baseline's case")
+    candidate_spread_rel: float | None = Field(
+        description="Run-to-run spread of the candidate's case, (max - min) / 2 / mean; null: one run")
+    baseline_spread_rel: float | None = Field(description="Run-to-run spread of the baseline's case; null: one run")
+    noise_rel: float = Field(description="Combined relative noise of the change: a change within ± this is noise")
+
+
 class DecisionRecord(_Model):
     """The decision and the evidence it rests on."""
 
-    outcome: Outcome = Field(
-        description="keep: improves by >= min_effect; close: does not; insufficient: "
-        "evidence missing (listed in missing); baseline: first of its scenario (no parent, no baseline "
-        "named), its own evidence complete: the reference later candidates compare with"
-    )
+    outcome: Outcome = Field(description=DECISION_WORDS)
     primary_metric: str = Field(description="case.decision.primary_metric")
     window: Literal["whole", "native"] = Field(description="case.decision.window")
     direction: Direction = Field(description="Which way is better for the metric")
@@ -76,6 +121,9 @@ class DecisionRecord(_Model):
     results_extracted: bool = Field(description="Figures were computed from raw records")
     enough_to_decide: bool = Field(description="outcome is keep or close")
     reason: str = Field(description="One sentence: why this outcome")
+    limits: list[LimitVerdict] = Field(default_factory=list, description="Each of case.decision.limits, checked")
+    noise: Noise | None = Field(None, description="The noise the change was judged against (null: no comparison)")
+    settle: str | None = Field(None, description="The call that would settle an undecided change (within noise)")
 
 
 def _value(w: WindowResult, metric: str) -> float | NotObserved:
@@ -127,13 +175,62 @@ def _evidence(who: str, rd: Reading, r: Result, metric: str) -> list[str]:
     return out
 
 
+def limit_verdicts(case: Case, result: Result | None) -> list[LimitVerdict]:
+    """case.decision.limits checked on the result's decision window (empty without limits or result)."""
+    if result is None:
+        return []
+    w: WindowResult = getattr(result.windows, case.decision.window)
+    out: list[LimitVerdict] = []
+    for name, bound in case.decision.limits.bounds().items():
+        figure, stat = LIMITS[name]
+        d = getattr(w.latency, figure)
+        value = float(getattr(d, stat)) if isinstance(d, Distribution) else None
+        verdict: Literal["meets", "breaks", "not_observed"] = (
+            "not_observed" if value is None else "meets" if value <= bound else "breaks")
+        out.append(LimitVerdict(limit=name, bound=bound, value=value, verdict=verdict))
+    return out
+
+
+def broken(verdicts: list[LimitVerdict]) -> str:
+    """'tpot_p99_ms 12.3 > 10' for every broken limit ('' when none is broken)."""
+    return ", ".join(f"{v.limit} {v.value:.4g} > {v.bound:g}" for v in verdicts if v.verdict == "breaks")
+
+
+def _interval_rel(r: Result | None, window: str, metric: str) -> float | None:
+    if r is None:
+        return None
+    n = getattr(r.windows, window).noise
+    return n.half_width_rel if isinstance(n, Interval) and n.metric == metric else None
+
+
+def _spread(values: list[float]) -> float | None:
+    """(max - min) / 2 / mean of a case's repeated runs; None for fewer than two."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return (max(values) - min(values)) / 2 / abs(mean) if mean else None
+
+
+def _side(interval: float | None, spread: float | None) -> float:
+    return max(interval or 0.0, spread or 0.0)
+
+
+def _values(results: Sequence[Result], window: Literal["whole", "native"], metric: str) -> list[float]:
+    return [v for r in results for v in [_reading(r, window, metric).value] if isinstance(v, float)]
+
+
 def decide(
-    case: Case, candidate: Result | None, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool
+    case: Case, candidate: Result | None, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool,
+    candidate_case: str | None = None, repeats: Sequence[Result] = (), baseline_repeats: Sequence[Result] = (),
+    baseline_case: Case | None = None,
 ) -> DecisionRecord:
-    """keep / close / insufficient on case.decision.primary_metric and window; lists missing evidence.
+    """keep / close / insufficient on case.decision.primary_metric and window, under case.decision.limits and
+    judged against the noise; lists missing evidence.
 
     candidate None means postprocessing produced no result yet: the decision is insufficient with
-    results_extracted false (the caller still records load_ended as it found it).
+    results_extracted false (the caller still records load_ended as it found it). repeats / baseline_repeats:
+    the other valid results of the candidate's and the baseline's case (their run-to-run spread);
+    candidate_case names the candidate's case in the call that settles a change within the noise.
     """
     d = case.decision
     metric, window = d.primary_metric, d.window
@@ -141,6 +238,7 @@ def decide(
     cand = _reading(candidate, window, metric) if candidate is not None else None
     base = _reading(baseline, window, metric) if baseline is not None else None
     results_extracted = candidate is not None and candidate.requests > 0
+    verdicts = limit_verdicts(case, candidate)
 
     missing: list[str] = []
     if not load_ended:
@@ -151,6 +249,8 @@ def decide(
         if not results_extracted:
             missing.append("candidate: no raw records were processed")
         missing += _evidence("candidate", cand, candidate, metric)
+        missing += [f"candidate: {v.limit} NOT_OBSERVED on the {window} window: the limit cannot be checked"
+                    for v in verdicts if v.verdict == "not_observed"]
     first_of_scenario = baseline is None and baseline_ref is None
     if first_of_scenario:
         pass  # nothing to compare with: this run becomes the scenario's reference if its own evidence holds
@@ -184,25 +284,53 @@ def decide(
         else:
             improvement = (bv - cv) / bv
 
+    noise: Noise | None = None
+    if improvement is not None:
+        c_runs = _values([*([candidate] if candidate else []), *repeats], window, metric)
+        b_runs = _values([*([baseline] if baseline else []), *baseline_repeats], window, metric)
+        ci, bi = _interval_rel(candidate, window, metric), _interval_rel(baseline, window, metric)
+        cs, bs = _spread(c_runs), _spread(b_runs)
+        noise = Noise(candidate_interval_rel=ci, baseline_interval_rel=bi, candidate_runs=len(c_runs),
+                      baseline_runs=len(b_runs), candidate_spread_rel=cs, baseline_spread_rel=bs,
+                      noise_rel=math.hypot(_side(ci, cs), _side(bi, bs)))
+    # a baseline above a limit is no reference for a candidate within every limit
+    base_broken = broken(limit_verdicts(baseline_case or case, baseline)) if baseline is not None else ""
+
     outcome: Outcome
-    if first_of_scenario and not missing and isinstance(cv, float):
+    settle: str | None = None
+    where = f"{metric} on {window}"
+    breaks = broken(verdicts)
+    if breaks and not missing:
+        outcome = "close"
+        reason = f"close (limit {breaks}): above case.decision.limits whatever its {where}"
+    elif first_of_scenario and not missing and isinstance(cv, float):
         outcome = "baseline"
         reason = (f"no parent and no case.decision.baseline: this run is the scenario's reference; "
-                  f"{metric} on {window} = {cv:.4f}")
-    elif missing or improvement is None or not isinstance(cv, float) or not isinstance(bv, float):
+                  f"{where} = {cv:.4f}")
+    elif (missing or improvement is None or noise is None or not isinstance(cv, float)
+          or not isinstance(bv, float)):
         outcome = "insufficient"
         reason = f"{len(missing)} piece(s) of evidence missing: " + "; ".join(missing)
+    elif base_broken:
+        outcome = "keep"
+        reason = (f"within every limit, while the baseline breaks {base_broken}; {where} changes by "
+                  f"{improvement:+.2%}: {cv:.4f} vs {bv:.4f}")
+    elif noise.noise_rel > 0 and abs(improvement) <= noise.noise_rel:
+        outcome = "insufficient"
+        settle = _settle(noise, candidate_case, baseline_ref)
+        reason = (f"insufficient (within noise ±{noise.noise_rel:.1%}): {where} changes by {improvement:+.2%}, "
+                  f"{cv:.4f} vs {bv:.4f}; settle: {settle}")
     elif improvement >= d.min_effect:
         outcome = "keep"
         reason = (
-            f"{metric} on {window} improves by {improvement:+.2%} (>= min_effect {d.min_effect:.2%}): "
-            f"{cv:.4f} vs {bv:.4f}"
+            f"{where} improves by {improvement:+.2%} (>= min_effect {d.min_effect:.2%}, noise "
+            f"±{noise.noise_rel:.1%}): {cv:.4f} vs {bv:.4f}"
         )
     else:
         outcome = "close"
         reason = (
-            f"{metric} on {window} changes by {improvement:+.2%} (< min_effect {d.min_effect:.2%}): "
-            f"{cv:.4f} vs {bv:.4f}"
+            f"{where} changes by {improvement:+.2%} (< min_effect {d.min_effect:.2%}, noise "
+            f"±{noise.noise_rel:.1%}): {cv:.4f} vs {bv:.4f}"
         )
     return DecisionRecord(
         outcome=outcome,
@@ -219,4 +347,18 @@ def decide(
         results_extracted=results_extracted,
         enough_to_decide=outcome != "insufficient",
         reason=reason,
+        limits=verdicts,
+        noise=noise,
+        settle=settle,
     )
+
+
+def _settle(noise: Noise, candidate_case: str | None, baseline_ref: str | None) -> str:
+    """The call that narrows the noise most: repeat the side with fewer runs, then a larger N."""
+    base_case = baseline_ref.split("@")[0] if baseline_ref else None
+    if noise.candidate_runs < REPEATS_TO_SETTLE and (noise.candidate_runs <= noise.baseline_runs or not base_case):
+        who = f"case_id='{candidate_case}'" if candidate_case else "the candidate's case_id"
+        return f"start_run({who}) again: a repeat measures the run-to-run spread"
+    if base_case and noise.baseline_runs < REPEATS_TO_SETTLE:
+        return f"start_run(case_id='{base_case}') again: a repeat of the baseline measures its spread"
+    return "freeze_case a child with a larger load.requests: more requests narrow the interval"

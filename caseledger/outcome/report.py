@@ -8,7 +8,9 @@ without them.
 from __future__ import annotations
 
 import importlib
+import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -497,3 +499,71 @@ def render_plots(result: Result, out_dir: Path, latencies_ms: dict[str, Sequence
         plt.close(fig)
         written.append(path)
     return written
+
+
+@dataclass(frozen=True)
+class PlotPoint:
+    """One case (or run) in the decision plot."""
+
+    label: str  # e.g. 'C=8'
+    x: float | None  # the swept value; None: plotted by position
+    metric: float | None  # the decision metric
+    figures: dict[str, float | None]  # limit name -> the run's value, e.g. {'tpot_p99_ms': 12.3}
+    breaks: bool  # above one of the limits
+    best: bool  # the scenario's best within every limit
+
+
+def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint], bounds: dict[str, float],
+               cdfs: dict[str, dict[str, Sequence[float]]]) -> bytes | None:
+    """A PNG: the decision metric against the swept value (limit-breakers marked), each limited figure with its
+    bound drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""
+    try:
+        import matplotlib  # lazy: heavy, only summarize draws
+
+        matplotlib.use("Agg")  # no display: the server and CI have none
+        import matplotlib.pyplot as plt  # lazy: heavy, only summarize draws
+    except ImportError:
+        return None
+    by_pos = any(p.x is None for p in points)
+    xs = [float(i) if by_pos or p.x is None else p.x for i, p in enumerate(points)]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    ax = axes[0]
+    for x, p in zip(xs, points, strict=True):
+        if p.metric is None:
+            continue
+        style = ("x", "tab:red") if p.breaks else ("*", "tab:green") if p.best else ("o", "tab:blue")
+        ax.plot([x], [p.metric], marker=style[0], color=style[1], markersize=10 if p.best else 7, linestyle="none")
+    line = [(x, p.metric) for x, p in zip(xs, points, strict=True) if p.metric is not None]
+    if line:
+        ax.plot([a for a, _ in line], [b for _, b in line], color="tab:blue", alpha=0.3)
+    ax.set_title(f"{metric} (x: above a limit, *: best)", fontsize=8)
+    ax = axes[1]
+    names = list(bounds) or sorted({k for p in points for k in p.figures})
+    for name in names:
+        pts = [(x, p.figures.get(name)) for x, p in zip(xs, points, strict=True)]
+        got = [(x, v) for x, v in pts if v is not None]
+        if got:
+            ax.plot([a for a, _ in got], [b for _, b in got], marker="o", label=name)
+        if name in bounds:
+            ax.axhline(bounds[name], linestyle="--", color="tab:red", label=f"limit {name} {bounds[name]:g}")
+    ax.set_title("limited figures (ms)", fontsize=8)
+    if names:
+        ax.legend(fontsize=6)
+    for ax in axes[:2]:
+        ax.set_xlabel(x_label, fontsize=8)
+        if by_pos:
+            ax.set_xticks(xs, [p.label for p in points], rotation=30, fontsize=6)
+    for ax, figure in zip(axes[2:], ("ttft", "tpot"), strict=True):
+        for label, samples in cdfs.items():
+            values = sorted(v for v in samples.get(figure, []) if v == v)  # NaN != NaN: undefined values out
+            if values:
+                ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=label)
+        ax.set_title(f"{figure.upper()} CDF (ms)", fontsize=8)
+        if cdfs:
+            ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=60)
+    plt.close(fig)
+    return buf.getvalue()

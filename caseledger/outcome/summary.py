@@ -1,18 +1,36 @@
 """Run-level results work shared by the controller's decide phase and the summarize/reprocess tools:
-deciding against the baseline, the time ledger, and writing report.md / report.json."""
+deciding against the baseline (with the fallback to the scenario's last valid kept case, and the case's
+repeated runs as noise), the time ledger, writing report.md / report.json, and the scenario view (one row
+per case of a scenario)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from caseledger.case.plan import Phase
-from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from caseledger.case.model import Case
+from caseledger.case.plan import Phase, delta, flatten
+from caseledger.case.store import load_case
+from caseledger.errors import CaseledgerError, NotFound
+from caseledger.ledger.runs import Run, RunMeta, load_run, scan_runs
 from caseledger.ledger.state import fold
-from caseledger.metrics import latest_result
+from caseledger.metrics import Result, WindowResult, latest_result, per_request_ms, read_raw
 from caseledger.outcome import report
-from caseledger.outcome.decide import DecisionRecord, decide
-from caseledger.workspace import atomic_write, read_json_or_none, write_json
+from caseledger.outcome.decide import (
+    DECISION_WORDS,
+    METRICS,
+    DecisionRecord,
+    LimitVerdict,
+    Outcome,
+    broken,
+    decide,
+    limit_verdicts,
+)
+from caseledger.workspace import Workspace, atomic_write, read_json_or_none, write_json
 
 
 def load_result(run: Run) -> Any:
@@ -20,24 +38,88 @@ def load_result(run: Run) -> Any:
     return latest_result(run.paths.root)
 
 
+def computed_last(run: Run) -> Result | None:
+    """The result the run's last successful postprocess wrote (a reprocess with rule='sglang' included), else
+    the latest result: what a reader asked for last, not only the case's own window rule."""
+    done = fold(run.workspace, run).phases[Phase.POSTPROCESS]
+    path = done.data.get("result") if done.state.value == "done" else None
+    if isinstance(path, str) and Path(path).is_file():
+        try:
+            return Result.model_validate_json(Path(path).read_bytes())
+        except (OSError, ValidationError, ValueError):
+            pass
+    return latest_result(run.paths.root)
+
+
+def valid(result: Result | None, window: str) -> bool:
+    """A result a decision can rest on: the window was found, meets its minimums, no failed request."""
+    if result is None:
+        return False
+    w: WindowResult = getattr(result.windows, window)
+    return w.found and w.meets_min_requests and w.meets_min_duration and not result.failed
+
+
+def _decision_of(ws: Workspace, run_id: str) -> DecisionRecord | None:
+    data = read_json_or_none(ws.run(run_id).decision)
+    try:
+        return DecisionRecord.model_validate(data) if data else None
+    except ValidationError:
+        return None
+
+
+def valid_runs(ws: Workspace, case_id: str, window: str,
+               metas: list[RunMeta] | None = None) -> list[tuple[str, Result]]:
+    """(run_id, result) of every run of a case with a valid result on `window`, newest first."""
+    out: list[tuple[str, Result]] = []
+    for meta in reversed(metas if metas is not None else scan_runs(ws).metas):
+        if meta.case_id != case_id:
+            continue
+        r = latest_result(ws.run(meta.run_id).root)
+        if valid(r, window) and r is not None:
+            out.append((meta.run_id, r))
+    return out
+
+
 def baseline_of(run: Run) -> tuple[str | None, str | None]:
-    """(baseline case id, its latest run with results) for a run: case.decision.baseline, else the parent."""
+    """(baseline case id, its run to compare with) for a run: case.decision.baseline, else the parent; when that
+    case has no valid result, the scenario's last valid kept case (decided keep or baseline, within its limits)."""
     case = run.case
     ref = case.decision.baseline or case.parent
     if ref is None or ref == run.meta.case_id:
         return None, None
-    return ref, latest_run_of_case(run.workspace, ref, with_results=True)
+    ws, window = run.workspace, case.decision.window
+    metas = scan_runs(ws).metas
+    own = valid_runs(ws, ref, window, metas)
+    if own:
+        return ref, own[0][0]
+    for meta in reversed(metas):
+        if meta.scenario != case.scenario or meta.case_id in (run.meta.case_id, ref):
+            continue
+        dec = _decision_of(ws, meta.run_id)
+        if dec is None or dec.outcome not in ("keep", "baseline") or broken(dec.limits):
+            continue
+        if valid(latest_result(ws.run(meta.run_id).root), window):
+            return meta.case_id, meta.run_id
+    return ref, None
 
 
 def decide_run(run: Run) -> dict[str, Any]:
     paths = run.paths
+    ws = run.workspace
     result = load_result(run)
     ref_case, ref_run = baseline_of(run)
-    baseline = latest_result(run.workspace.run(ref_run).root) if ref_run else None
+    baseline = latest_result(ws.run(ref_run).root) if ref_run else None
     end = read_json_or_none(paths.load_end)
     load_ended = bool(end) and int(end.get("done", 0)) >= int(end.get("planned", 1))
+    window = run.case.decision.window
+    metas = scan_runs(ws).metas
+    repeats = [r for rid, r in valid_runs(ws, run.meta.case_id, window, metas) if rid != run.run_id]
+    base_repeats = ([r for rid, r in valid_runs(ws, ref_case, window, metas) if rid != ref_run]
+                    if ref_case and ref_run else [])
+    base_case = load_run(ws, ref_run).case if ref_run else None
     rec = decide(run.case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
-                 load_ended=load_ended)
+                 load_ended=load_ended, candidate_case=run.meta.case_id, repeats=repeats,
+                 baseline_repeats=base_repeats, baseline_case=base_case)
     out: dict[str, Any] = rec.model_dump(mode="json")
     write_reports(run, result, decision=out)
     write_json(paths.decision, out)  # last: the decision file is the evidence that decide is done
@@ -82,25 +164,61 @@ def time_ledger(run: Run) -> dict[str, Any]:
     return out
 
 
-def headline(result: Any, window: str) -> dict[str, Any]:
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _ms(what: str) -> Any:
+    return Field(description=f"{what} (ms); null: NOT_OBSERVED")
+
+
+class Headline(_Model):
+    """A few figures of one window for short answers (4 significant digits; null where NOT_OBSERVED)."""
+
+    window: Literal["whole", "native"] = Field(description="Window the figures belong to")
+    rule: str = Field(description="Rule that selected the window: whole, aisbench or sglang")
+    requests: int = Field(description="Requests in the window")
+    ok: int = Field(description="Successful requests in the window")
+    duration_s: float | None = Field(description="Window duration (s)")
+    meets_minimums: bool = Field(description="The window meets the case's min_requests and min_duration_s")
+    output_tok_s: float | None = Field(description="Output token throughput (tok/s)")
+    output_tok_s_per_card: float | None = Field(description="Output token throughput per card (tok/s/card)")
+    ttft_p50_ms: float | None = _ms("TTFT p50")
+    ttft_p99_ms: float | None = _ms("TTFT p99")
+    tpot_p50_ms: float | None = _ms("TPOT p50")
+    tpot_p99_ms: float | None = _ms("TPOT p99")
+    e2e_p99_ms: float | None = _ms("E2E p99")
+    al: float | None = Field(description="Acceptance length from per-request counts (speculative decoding)")
+
+    def __getitem__(self, name: str) -> Any:
+        """headline['requests']: the form callers of the former dict use."""
+        return getattr(self, name)
+
+
+def _sig(v: Any) -> float | None:
+    return float(f"{float(v):.4g}") if isinstance(v, int | float) else None  # 4 significant digits
+
+
+def window_stat(w: WindowResult, path: str) -> float | None:
+    obj: Any = w
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return _sig(obj)
+
+
+def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     """A few figures of one window for short answers (None where NOT_OBSERVED)."""
-    w = getattr(result.windows, window)
-
-    def val(x: Any, attr: str) -> float | None:
-        v = getattr(x, attr, None)
-        return float(f"{float(v):.4g}") if isinstance(v, (int, float)) else None  # 4 significant digits
-
-    return {
-        "window": window, "requests": w.requests, "ok": w.ok, "duration_s": w.duration_s,
-        "meets_minimums": bool(w.meets_min_requests and w.meets_min_duration),
-        "output_tok_s_per_card": val(w.throughput.output, "per_card"),
-        "output_tok_s": val(w.throughput.output, "value"),
-        "ttft_p50_ms": val(w.latency.ttft, "p50"), "ttft_p99_ms": val(w.latency.ttft, "p99"),
-        "tpot_p50_ms": val(w.latency.tpot, "p50"),
-        "al_per_request": val(w.spec_decode.per_request.acceptance_length, "value"),
-        "acceptance_per_request": val(w.spec_decode.per_request.acceptance_rate, "value"),
-        "al_counters": val(w.spec_decode.acceptance_length, "value"),
-    }
+    w: WindowResult = getattr(result.windows, window)
+    return Headline(
+        window=window, rule=w.rule, requests=w.requests, ok=w.ok, duration_s=_sig(w.duration_s),
+        meets_minimums=bool(w.meets_min_requests and w.meets_min_duration),
+        output_tok_s=window_stat(w, "throughput.output.value"),
+        output_tok_s_per_card=window_stat(w, "throughput.output.per_card"),
+        ttft_p50_ms=window_stat(w, "latency.ttft.p50"), ttft_p99_ms=window_stat(w, "latency.ttft.p99"),
+        tpot_p50_ms=window_stat(w, "latency.tpot.p50"), tpot_p99_ms=window_stat(w, "latency.tpot.p99"),
+        e2e_p99_ms=window_stat(w, "latency.e2e.p99"),
+        al=window_stat(w, "spec_decode.per_request.acceptance_length.value"),
+    )
 
 
 def _report_meta(meta: RunMeta) -> dict[str, Any]:
@@ -127,3 +245,186 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
     body = report.report_json(run.meta, result, dec, ledger_)
     write_json(paths.report_json, body)
     return body
+
+
+# ------------------------------------------------------------------------------------------------ scenario view
+
+# short labels of the swept fields agents name most (DESIGN.md: N, C, r)
+_LABELS = {"load.concurrency": "C", "load.requests": "N", "load.rate": "r"}
+# fields whose default follows another: a change that only follows its source is not shown
+_FOLLOWS = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
+_PCTS = ("ttft", "tpot", "itl", "e2e")
+
+
+class ScenarioRow(_Model):
+    """One case of a scenario: what it changes, its latest valid run, the figures and the verdicts."""
+
+    case_id: str = Field(description="Case id (start_run(case_id) repeats it)")
+    change: str = Field(description="What it changes against the scenario's baseline, e.g. 'C=8'; 'baseline' "
+                        "for the baseline itself; '(same)' when nothing measured differs")
+    swept: float | None = Field(description="Value of the swept field (the one field the cases vary), if numeric")
+    run_id: str | None = Field(description="Its latest valid run (else its latest run; null: never run)")
+    runs: int = Field(description="Valid runs of the case (repeats narrow the noise)")
+    state: str = Field(description="State of the case's latest run: succeeded, failed, running, ...; 'not run'")
+    metric: float | None = Field(description="The decision metric on the decision window (null: no result)")
+    ttft_p50_ms: float | None = _ms("TTFT p50")
+    ttft_p99_ms: float | None = _ms("TTFT p99")
+    tpot_p50_ms: float | None = _ms("TPOT p50")
+    tpot_p99_ms: float | None = _ms("TPOT p99")
+    itl_p50_ms: float | None = _ms("ITL p50 (chunk gaps)")
+    itl_p99_ms: float | None = _ms("ITL p99 (chunk gaps)")
+    e2e_p50_ms: float | None = _ms("E2E p50")
+    e2e_p99_ms: float | None = _ms("E2E p99")
+    limits: list[LimitVerdict] = Field(description="Each of case.decision.limits checked on this run")
+    decision: Outcome | None = Field(description="Decision recorded for the run (null: undecided)")
+    settle: str | None = Field(description="For a change within the noise: the call that would settle it")
+    best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
+
+
+class ScenarioView(_Model):
+    """All cases of one scenario, one row each."""
+
+    scenario: str = Field(description="Scenario name")
+    baseline_case: str | None = Field(description="The scenario's baseline case (what 'change' is against)")
+    primary_metric: str = Field(description="The decision metric (case.decision.primary_metric)")
+    window: Literal["whole", "native"] = Field(description="The decision window")
+    direction: Literal["higher_is_better", "lower_is_better"] = Field(description="Which way the metric is better")
+    limits: list[str] = Field(description="case.decision.limits of the baseline, e.g. 'tpot_p99_ms<=10'")
+    swept: str | None = Field(description="The one field the cases vary (e.g. load.concurrency); null: several")
+    rows: list[ScenarioRow] = Field(description="One row per case, by swept value (else by first run)")
+    best_case: str | None = Field(description="Best case within every limit among keep/baseline (null: none)")
+    decisions: str = Field(description=DECISION_WORDS)
+
+    def text(self) -> str:
+        head = (f"scenario {self.scenario}: {len(self.rows)} case(s); {self.primary_metric} on {self.window}"
+                f"{'; limits ' + ', '.join(self.limits) if self.limits else ''}")
+        lines = [head, "change case run decision metric | TTFT TPOT ITL E2E p50/p99 ms | limits"]
+        for r in self.rows:
+            pct = " ".join(f"{_n(getattr(r, f'{m}_p50_ms'))}/{_n(getattr(r, f'{m}_p99_ms'))}" for m in _PCTS)
+            lim = broken(r.limits) or ("ok" if r.limits else "-")
+            run = r.run_id or "-"
+            dec = r.decision or r.state
+            lines.append(f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)} | {pct} | {lim}")
+        best = next((r for r in self.rows if r.best), None)
+        lines.append(f"* best within limits: {best.change} {best.case_id}" if best else "best within limits: none yet")
+        return "\n".join(lines)
+
+
+def _n(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def _frozen(ws: Workspace) -> dict[str, Case]:
+    out: dict[str, Case] = {}
+    for p in sorted(ws.frozen_dir.glob("c-*.json")) if ws.frozen_dir.is_dir() else []:
+        try:
+            out[p.stem] = load_case(ws, p.stem)
+        except CaseledgerError:
+            continue  # a damaged frozen case is named by freeze/start; the view shows the others
+    return out
+
+
+def latest_scenario(ws: Workspace) -> str:
+    """The scenario of the latest run, else of the newest frozen case."""
+    metas = scan_runs(ws).metas
+    if metas:
+        return metas[-1].scenario
+    frozen = sorted(ws.frozen_dir.glob("c-*.json"), key=lambda p: p.stat().st_mtime) if ws.frozen_dir.is_dir() else []
+    for p in reversed(frozen):
+        try:
+            return str(orjson.loads(p.read_bytes())["scenario"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    raise NotFound("no case is frozen in this workspace yet", "freeze_case(path='cases/x.json') first")
+
+
+def _label(path: str, value: Any) -> str:
+    name = _LABELS.get(path, path.rsplit(".", 1)[-1])
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{name}={text if len(text) <= 16 else text[:15] + '…'}"
+
+
+def _changes(base: Case | None, case: Case) -> list[tuple[str, Any]]:
+    if base is None:
+        return []
+    new = flatten(case.canonical())
+    return [(d.path, d.new) for d in delta(base, case)
+            if not (d.path in _FOLLOWS and new.get(d.path) == new.get(_FOLLOWS[d.path]))]
+
+
+def scenario_view(ws: Workspace, name: str) -> ScenarioView:
+    """One row per case of the scenario; reads only (no report is written)."""
+    cases = {cid: c for cid, c in _frozen(ws).items() if c.scenario == name}
+    if not cases:
+        raise NotFound(f"scenario '{name[:200]}' has no frozen case",
+                       "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
+    metas = [m for m in scan_runs(ws).metas if m.case_id in cases]
+    first_run = {m.case_id: i for i, m in reversed(list(enumerate(metas)))}
+    decisions = {m.run_id: _decision_of(ws, m.run_id) for m in metas}
+    base_id = next((m.case_id for m in reversed(metas)
+                    if (dec := decisions[m.run_id]) is not None and dec.outcome == "baseline"), None)
+    if base_id is None:
+        named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
+        roots = sorted((cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
+                       key=lambda cid: first_run.get(cid, len(metas)))
+        base_id = named[0] if named else (roots[0] if roots else min(cases, key=lambda cid: first_run.get(cid, 0)))
+    base = cases[base_id]
+    d = base.decision
+    window, metric = d.window, d.primary_metric
+    changes = {cid: _changes(base, c) for cid, c in cases.items()}
+    paths = {p for cid, ch in changes.items() if cid != base_id for p, _ in ch}
+    swept = next(iter(paths)) if len(paths) == 1 else None
+    rows: list[ScenarioRow] = []
+    for cid, case in cases.items():
+        own = [m for m in metas if m.case_id == cid]
+        good = valid_runs(ws, cid, window, own)
+        rid = good[0][0] if good else (own[-1].run_id if own else None)
+        result = good[0][1] if good else (latest_result(ws.run(rid).root) if rid else None)
+        state = fold(ws, load_run(ws, own[-1].run_id)).state.value if own else "not run"
+        dec = decisions.get(rid) if rid else None
+        value = flatten(case.canonical()).get(swept) if swept else None
+        w: WindowResult | None = getattr(result.windows, window) if result is not None else None
+        pcts = {f"{m}_{q}_ms": window_stat(w, f"latency.{m}.{q}") if w is not None else None
+                for m in _PCTS for q in ("p50", "p99")}
+        shown = ",".join(_label(p, v) for p, v in changes[cid])
+        rows.append(ScenarioRow(
+            case_id=cid, change="baseline" if cid == base_id else shown or "(same)",
+            swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
+            run_id=rid, runs=len(good), state=state,
+            metric=window_stat(w, ".".join(METRICS[metric][:3])) if w is not None else None, **pcts,
+            limits=limit_verdicts(case, result), decision=dec.outcome if dec else None,
+            settle=dec.settle if dec else None, best=False))
+    higher = METRICS[metric][3] == "higher_is_better"
+    eligible = [r for r in rows if r.decision in ("keep", "baseline") and r.metric is not None
+                and all(v.verdict == "meets" for v in r.limits)]
+    best = max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
+    rows = [r.model_copy(update={"best": best is not None and r.case_id == best.case_id}) for r in rows]
+    rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
+    return ScenarioView(
+        scenario=name, baseline_case=base_id, primary_metric=metric, window=window, direction=METRICS[metric][3],
+        limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()], swept=swept, rows=rows,
+        best_case=best.case_id if best else None, decisions=DECISION_WORDS)
+
+
+def scenario_next(view: ScenarioView) -> str:
+    """The one next call of a scenario: follow an unfinished run, settle a change within noise, else go on."""
+    for r in view.rows:
+        if r.state in ("running", "created", "failed") and r.runs == 0 and r.run_id:
+            return f"phase_status(run_id='{r.run_id}')"
+    for r in view.rows:
+        if r.settle:
+            return r.settle
+    if view.best_case:
+        return f"freeze_case(next candidate, parent='{view.best_case}')"
+    return "start_run(case_id=...) for a case without a run"
+
+
+def latency_samples(ws: Workspace, run_id: str) -> dict[str, Any]:
+    """Per-request TTFT / TPOT / E2E (ms) of a run's successful requests, from its raw data ({} without)."""
+    raw = ws.run(run_id).raw
+    if not raw.is_file():
+        return {}
+    columns, _ = read_raw(raw)
+    return per_request_ms(columns)

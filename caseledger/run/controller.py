@@ -195,8 +195,12 @@ class Controller:
 
     def phase_route_verify(self, attempt: int) -> dict[str, Any]:
         if self.meta.load_reuse or (self._service_reused() and self.action(Phase.ROUTE_VERIFY) == "reuse"):
-            return {"outcome": "reused", "reason": "service reused: routes verified by the parent"}
-        return phases.route_verify(self.run_)
+            return {"outcome": "reused", "reason": "service reused: warmed and routes verified since it started"}
+        out = phases.route_verify(self.run_)
+        pid = (read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}).get("pid")
+        if pid is not None:  # this instance is warm now: the next run's plan reuses warmup and routes
+            services.mark_warm(self.ws, self.key, int(pid), self.paths.run_id)
+        return out
 
     def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
         act = self.action(Phase.CACHE_PREPARE)

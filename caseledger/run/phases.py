@@ -184,7 +184,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         if armed and procs.alive(armed) and not paths.load_anchor.exists():
             pid = armed  # spawned while preflight ran: it has imported and built its plan already
         else:
-            pid = spawn_client(paths, armed=False)
+            pid = spawn_client(paths, armed=False, case=case)
         go.touch()
         event("load_client_started", phase="load", attempt=attempt,
                   data={"pid": pid["pid"], "armed": pid is armed})
@@ -260,10 +260,10 @@ def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:
     return {"outcome": "done", "partial": True, **partial}
 
 
-def spawn_client(paths: RunPaths, armed: bool) -> dict[str, Any]:
+def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
     """Start the load client detached. Armed: it loads everything, then waits for load/go (or abort)."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
-    env = child_env()
+    env = child_env(keep=case.env_names())  # its API key variable, nothing else of the caller's
     if armed:
         env["CASELEDGER_LOAD_ARMED"] = "1"
     with paths.load_log.open("ab") as lf:
@@ -285,7 +285,7 @@ def arm_client(run: Run) -> dict[str, Any] | None:
         return None
     if procs.alive(read_json_or_none(paths.load_pid)):
         return None
-    return spawn_client(paths, armed=True)
+    return spawn_client(paths, armed=True, case=run.case)
 
 
 def disarm_client(paths: RunPaths) -> None:
@@ -312,6 +312,23 @@ def _refuse_auth(case: Case, where: str, statuses: list[int | None]) -> None:
         f"check {key}: it must hold the key the server expects; then resume (the service is kept)")
 
 
+def rejection(error: str) -> str:
+    """A rejected request's error with the server's own message first: 'HTTP 400: <message>' from a JSON
+    body ({"error": {"message": …}}, {"message": …}, {"detail": …}), so what was rejected and why survives
+    any cut; the text as it is otherwise."""
+    head, sep, body = error.partition(": ")
+    try:
+        obj = orjson.loads(body) if sep else None
+    except orjson.JSONDecodeError:
+        return error
+    for _ in range(3):
+        if isinstance(obj, dict):
+            obj = obj.get("error", obj.get("message", obj.get("detail")))
+        else:
+            break
+    return f"{head}: {obj}" if isinstance(obj, str) else error
+
+
 def _check_entry(paths: RunPaths, case: Case, end: dict[str, Any]) -> None:
     """hot_entry: the warm service rejected every formal request with a 4xx (a parameter it does not take);
     auth when every rejection was 401/403."""
@@ -322,7 +339,7 @@ def _check_entry(paths: RunPaths, case: Case, end: dict[str, Any]) -> None:
     if recs and all(r["error_class"] == "http" and r["status"] and 400 <= r["status"] < 500 for r in recs):
         first = recs[0]
         raise PhaseFailed(
-            f"formal entry rejected all {len(recs)} requests: HTTP {first['status']} {first['error'] or ''}"[:300],
+            f"formal entry rejected all {len(recs)} requests: {rejection(first['error'] or '')}",
             FailureClass.HOT_ENTRY,
             "none was served; the service stays warm: freeze a corrected child case (the plan reuses the service), "
             "or fix the client and resume (re-sends the rejected load only)",

@@ -21,7 +21,7 @@ import httpx2
 import orjson
 
 from caseledger import datasets
-from caseledger.case.store import case_id_of
+from caseledger.case.store import case_id_of, is_case_id_of
 from caseledger.ledger.runs import read_run
 from caseledger.load.faults import fault
 from caseledger.load.plan import plan_of, raw_bytes_needed
@@ -53,10 +53,10 @@ def run(run_dir: str) -> dict[str, Any]:
     run = read_run(Path(run_dir))
     paths, meta, case = run.paths, run.meta, run.case
     checks: dict[str, Any] = {}
-    cid = case_id_of(case)
-    if cid != meta.case_id:
-        raise ValueError(f"case.json hashes to {cid}, the run says {meta.case_id}: the frozen case changed")
-    checks["case_reload"] = cid
+    if not is_case_id_of(case, meta.case_id):
+        raise ValueError(f"case.json hashes to {case_id_of(case)}, the run says {meta.case_id}: the frozen case "
+                         "changed")
+    checks["case_reload"] = meta.case_id
     ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)

@@ -8,9 +8,9 @@ import sys
 import time
 from typing import Any
 
-from caseledger import datasets, ledger, procs
+from caseledger import datasets, ledger, procs, services
 from caseledger.case.model import Case
-from caseledger.case.plan import PHASES, Phase, delta, plan
+from caseledger.case.plan import PHASES, Live, Phase, PlanStep, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue
@@ -29,11 +29,18 @@ from caseledger.workspace import (
 )
 
 
+def plan_now(ws: Workspace, case: Case, parent: Case | None = None) -> list[PlanStep]:
+    """The plan a run of `case` gets if started now: the load from the delta against the parent, service,
+    warmup and routes from the live target (this case's service live and verified? warmed since it started?)."""
+    if parent is None and case.parent:
+        parent = load_case(ws, case.parent)
+    alive, warm = services.live_state(ws, case, target_key(case.canonical()))
+    return plan(case, delta(parent, case), parent is not None, Live(service=alive, warm=warm))
+
+
 def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, rid: str, authorized: str) -> Run:
     """Write the run's directory; `authorized` is the mode that let it start (single is consumed by it)."""
-    parent = load_case(ws, case.parent) if case.parent else None
-    changes = delta(parent, case)
-    steps = plan(case, changes, parent is not None)
+    steps = plan_now(ws, case)
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
     canon = case.canonical()
@@ -82,7 +89,7 @@ def spawn_controller(run: Run, fence: int) -> int:
     paths = run.paths
     log = paths.controller_log.open("ab")
     p = subprocess.Popen([sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(keep=run.case.env_names()),
                          start_new_session=True, close_fds=True)
     log.close()
     write_meta(paths, run.meta.model_copy(update={"controller_spawned": True}))

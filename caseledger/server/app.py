@@ -1,12 +1,15 @@
-"""MCP wiring: the six tools as thin adapters, two resources, the stdio and streamable HTTP transports.
+"""MCP wiring: the six tools as thin adapters, four resources, the stdio and streamable HTTP transports.
 
 Nothing here decides anything: every tool calls the plain function in `caseledger.tools` in a worker
-thread (they spawn processes and poll), returns its short `.text()` as the text content and the validated
-model as structured content, and turns a `CaseledgerError` into a tool error naming the fix.
+thread (they spawn processes and poll), returns its short `.text()` as the text content (summarize adds its
+PNG as an image block) and the validated model as structured content, and turns a `CaseledgerError` into a
+tool error naming the fix. tools/list is compacted (no pydantic titles, `type: [X, "null"]` instead of anyOf):
+every agent session pays for it in tokens.
 """
 
 # No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
 
+import base64
 import hmac
 import inspect
 import io
@@ -29,17 +32,29 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
-from mcp.types import INVALID_REQUEST, CallToolResult, ErrorData, JSONRPCError, TextContent, ToolAnnotations
+from mcp.types import (
+    INVALID_REQUEST,
+    CallToolResult,
+    ErrorData,
+    ImageContent,
+    JSONRPCError,
+    TextContent,
+    ToolAnnotations,
+)
+from mcp.types import Tool as MCPTool
 from pydantic import Field
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from caseledger import tools
+from caseledger.case.schema import case_schema
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, unexpected
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
-from caseledger.outcome import handoff
+from caseledger.outcome import handoff, summary
+from caseledger.outcome.decide import DECISION_WORDS
 from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
+from caseledger.tools.summarize import SCENARIO_PATTERN
 from caseledger.workspace import Workspace, check_id
 
 log = logging.getLogger("caseledger.server")
@@ -59,21 +74,103 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 HEARTBEAT_S = 2.0  # progress cadence while a blocking tool runs (only sent when the client asked)
 MIN_TOKEN_CHARS = 16
 
-INSTRUCTIONS = """\
+INSTRUCTIONS = f"""\
 caseledger runs LLM-serving performance experiments from frozen cases; every fact is in an on-disk ledger.
 New session: read the resource caseledger://handoff first (a few lines: state and the one next action).
 Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run_id) until it says done \
--> summarize(run_ids). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
-requests). Every answer ends with 'next: ...' naming the call to make."""
+-> summarize() (one row per case of the scenario: change, run, metric, TTFT/TPOT/ITL/E2E p50/p99, limit \
+verdicts, decision). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
+requests). Every answer ends with 'next: ...' naming the call to make. Case fields: resource \
+caseledger://schema/case. Decisions: {DECISION_WORDS}."""
 
-_RUN_ID = Field(description="Run id exactly as returned by start_run, e.g. 'r-1a2b3c4d'",
-                examples=["r-1a2b3c4d"])
+RUN_ID_PATTERN = r"^r-[0-9a-f]{6,64}$"
+CASE_ID_PATTERN = r"^c-[0-9a-f]{6,64}$"
+# The patterns are published for clients; the tool functions check ids themselves (check_id), so a bad id gets
+# their message naming the fix rather than a bare schema error.
+_RUN_ID = Field(description="Run id as returned by start_run, e.g. 'r-1a2b3c4d'",
+                json_schema_extra={"pattern": RUN_ID_PATTERN})
 
 
 def _answer(result: _Result) -> CallToolResult:
-    """Short text for the model; full structured content (the SDK validates it against the outputSchema)."""
-    return CallToolResult(content=[TextContent(type="text", text=result.text())],
-                          structured_content=result.model_dump(mode="json"))
+    """Short text for the model, the PNG where the result drew one (summarize); full structured content (the
+    SDK validates it against the outputSchema)."""
+    content: list[TextContent | ImageContent] = [TextContent(type="text", text=result.text())]
+    plot = getattr(result, "plot", None)
+    if isinstance(plot, str) and Path(plot).is_file():
+        content.append(ImageContent(type="image", mime_type="image/png",
+                                    data=base64.b64encode(Path(plot).read_bytes()).decode()))
+    return CallToolResult(content=list(content), structured_content=result.model_dump(mode="json"))
+
+
+def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
+    """The same JSON Schema in fewer bytes: no generated titles, `{"type": [X, "null"]}` for an optional
+    scalar or array instead of anyOf, (output schemas) no defaults."""
+    if isinstance(schema, list):
+        return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
+            out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}
+        elif (key == "title" and isinstance(value, str)) or (key == "default" and drop_defaults) or key == "examples":
+            # examples: every description already shows one ("e.g. ...")
+            continue
+        else:
+            out[key] = compact_schema(value, drop_defaults=drop_defaults)
+    arms = out.get("anyOf")
+    if isinstance(arms, list) and len(arms) == 2 and {"type": "null"} in arms:
+        other = next(a for a in arms if a != {"type": "null"})
+        if isinstance(other, dict) and isinstance(other.get("type"), str) and not set(other) & set(out):
+            del out["anyOf"]
+            out = {**other, **out, "type": [other["type"], "null"]}
+    return out
+
+
+# Tools whose output schema is published in tools/list: summarize's typed rows, with the decision words. The
+# other answers say everything in their short text ('next: ...') and still carry their structured content
+# (validated against their models by the server); listing their ~30 field names and types in every session
+# cost 2.5 KB of tokens for no information the text does not give.
+PUBLISHED_OUTPUTS = ("summarize",)
+
+
+def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:
+    """An output schema one level deep: every top-level field with its type and description, nested models as
+    plain objects (the structured content carries them in full; the server validates it against the model).
+    Keeps tools/list small: the full schemas of nested rows would triple it."""
+
+    def flat(prop: Any) -> Any:
+        if not isinstance(prop, dict):
+            return prop
+        out = {k: v for k, v in prop.items() if k not in ("$ref", "anyOf", "items", "allOf")}
+        if "$ref" in prop or "allOf" in prop:
+            out["type"] = "object"
+        arms = prop.get("anyOf")
+        if isinstance(arms, list):
+            kinds = [a.get("type", "object") if isinstance(a, dict) else "object" for a in arms]
+            out["type"] = [k for k in dict.fromkeys(str(k) for k in kinds)]
+        if isinstance(prop.get("items"), dict):
+            items = prop["items"]
+            out["items"] = {"type": "object"} if "$ref" in items or "anyOf" in items else items
+        return out
+
+    return {k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
+            for k, v in schema.items() if k not in ("$defs", "required")}  # every field is always present
+
+
+class _Server(MCPServer):
+    """MCPServer whose tools/list carries compacted schemas (computed once: tools never change)."""
+
+    _listed: list[MCPTool] | None = None
+
+    async def list_tools(self) -> list[MCPTool]:
+        if self._listed is None:
+            self._listed = [t.model_copy(update={
+                "input_schema": compact_schema(t.input_schema),
+                "output_schema": (shallow_output(compact_schema(t.output_schema, drop_defaults=True))
+                                  if t.output_schema and t.name in PUBLISHED_OUTPUTS else None),
+            }) for t in await super().list_tools()]
+        return self._listed
 
 
 def _tool_error(e: CaseledgerError) -> ToolError:
@@ -129,7 +226,7 @@ def build_server(ws: Workspace) -> MCPServer:
         version = metadata.version("caseledger")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         version = "0"
-    mcp: MCPServer = MCPServer("caseledger", version=version, instructions=INSTRUCTIONS)
+    mcp: MCPServer = _Server("caseledger", version=version, instructions=INSTRUCTIONS)
 
     @_tool(
         mcp, "freeze_case",
@@ -139,20 +236,16 @@ def build_server(ws: Workspace) -> MCPServer:
     async def freeze_case(
         ctx: Context[Any, Any],
         path: Annotated[str | None, Field(
-            description="Workspace-relative path of a case draft JSON file, e.g. 'cases/ref-baseline.json'. "
-                        "Give path or draft, not both.", examples=["cases/ref-baseline.json"])] = None,
+            description="Workspace-relative draft file, e.g. 'cases/ref-baseline.json' (path or draft)")] = None,
         draft: Annotated[dict[str, Any] | None, Field(
-            description="An inline case draft: the same JSON object a cases/*.json file holds (scenario, "
-                        "target, service, dataset, load, ...). Give path or draft, not both.")] = None,
+            description="Inline draft: the JSON object a cases/*.json file holds (path or draft)")] = None,
         parent: Annotated[str | None, Field(
-            description="Parent case id (e.g. 'c-1a2b3c4d5e6f'); overrides the draft's parent. The answer "
-                        "lists the delta against it and which phases the plan reuses.")] = None,
+            description="Parent case id, e.g. 'c-1a2b3c4d5e6f'; overrides the draft's",
+            json_schema_extra={"pattern": CASE_ID_PATTERN})] = None,
     ) -> Annotated[CallToolResult, FreezeResult]:
-        """Validate a case draft, fill defaults, materialize its dataset and store it under its content hash.
-
-        Freezing identical content again returns the same case_id and writes nothing. Returns the case_id,
-        the delta against the parent and the plan (which phases run, are reused or skipped).
-        Next: start_run(case_id=...)."""
+        """Validate a case draft (fields: resource caseledger://schema/case), fill defaults, materialize its
+        dataset, store it under its content hash (same content: same case_id). Returns the case_id, the delta
+        against the parent and the plan (phases run, reused or skipped). Next: start_run(case_id)."""
         if (path is None) == (draft is None):
             raise _tool_error(CaseInvalid("freeze_case needs exactly one of path or draft",
                                           "freeze_case(path='cases/x.json') or freeze_case(draft={...})"))
@@ -172,18 +265,16 @@ def build_server(ws: Workspace) -> MCPServer:
     )
     async def start_run(
         ctx: Context[Any, Any],
-        case_id: Annotated[str, Field(description="Frozen case id from freeze_case, e.g. 'c-1a2b3c4d5e6f'",
-                                      examples=["c-1a2b3c4d5e6f"])],
+        case_id: Annotated[str, Field(description="Case id from freeze_case, e.g. 'c-1a2b3c4d5e6f'",
+                                      json_schema_extra={"pattern": CASE_ID_PATTERN})],
         preflight_only: Annotated[bool, Field(
-            description="Only check the case in a fresh socket-less process: no run, no lease, no request; "
-                        "allowed while paused or while another run holds the target")] = False,
+            description="Only check the case in a fresh socket-less process: no run, lease or request")] = False,
         queue: Annotated[bool, Field(
-            description="If another run holds the target: preflight now and queue the case to start when the "
-                        "target frees (authorization auto); the answer gives the position")] = False,
+            description="Target held by another run: preflight now, start when it frees (authorization auto)"
+        )] = False,
     ) -> Annotated[CallToolResult, StartResult]:
-        """Start a run of a frozen case: take the target's lease, spawn the detached controller, return
-        once preflight (a fresh-process reload of the case) passed or failed. The run keeps going in its
-        controller. Next: phase_status(run_id=...) to follow it."""
+        """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
+        preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
         return await _off_loop(ctx, "preflight",
                                lambda: tools.start_run(ws, case_id, preflight_only=preflight_only, queue=queue))
 
@@ -194,12 +285,11 @@ def build_server(ws: Workspace) -> MCPServer:
     async def phase_status(
         ctx: Context[Any, Any],
         run_id: Annotated[str | None, Field(
-            description="Run id exactly as returned by start_run, e.g. 'r-1a2b3c4d'; omit for the latest run",
-            examples=["r-1a2b3c4d"])] = None,
+            description="Run id, e.g. 'r-1a2b3c4d'; omit for the latest run",
+            json_schema_extra={"pattern": RUN_ID_PATTERN})] = None,
     ) -> Annotated[CallToolResult, StatusResult]:
-        """Where a run stands, from its event log checked against evidence: current phase, requests sent/done,
-        whether the load ended, results were extracted, there is enough to decide; what the next step would
-        repeat, and the next call. Read-only."""
+        """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
+        results extracted, enough to decide, what the next step would repeat, the next call."""
         return await _off_loop(ctx, "status", lambda: tools.phase_status(ws, run_id))
 
     @_tool(
@@ -212,9 +302,8 @@ def build_server(ws: Workspace) -> MCPServer:
         ctx: Context[Any, Any],
         run_id: Annotated[str, _RUN_ID],
     ) -> Annotated[CallToolResult, ResumeResult]:
-        """Continue the SAME run as a new attempt of its first phase that is not done; finished phases are
-        kept (a loaded service, warm caches, an ended load are never repeated; a live load client is
-        re-attached). Returns at once. Next: phase_status(run_id=...)."""
+        """Continue the SAME run at its first unfinished phase; finished phases are kept (service, warm
+        caches, an ended load; a live load client is re-attached). Next: phase_status(run_id)."""
         return await _off_loop(ctx, "resuming", lambda: tools.resume(ws, run_id))
 
     @_tool(
@@ -226,33 +315,37 @@ def build_server(ws: Workspace) -> MCPServer:
         ctx: Context[Any, Any],
         run_id: Annotated[str, _RUN_ID],
         rule: Annotated[NativeRule | None, Field(
-            description="Native (steady-state) window rule; omit for the case's own rule")] = None,
+            description="Native (steady-state) window rule; omit for the case's")] = None,
         ratio: Annotated[float | None, Field(
             gt=RATIO_MIN_EXCLUSIVE, le=RATIO_MAX,
-            description="sglang rule only: share of peak concurrency that counts as steady, e.g. 0.9; omit for the "
-                        "case's")] = None,
+            description="sglang rule: share of peak concurrency, e.g. 0.9; omit for the case's")] = None,
     ) -> Annotated[CallToolResult, ReprocessResult]:
-        """Recompute a run's results from its raw per-request records in a fresh process (a new versioned
-        result, nothing overwritten); without rule/ratio also re-decide. Never sends a model request.
-        Next: summarize(run_ids=[...])."""
+        """Recompute a run's results from its raw records in a fresh process (versioned, nothing
+        overwritten); without rule/ratio also re-decide. Sends no request. Next: summarize."""
         return await _off_loop(ctx, "reprocessing",
                                lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
 
     @_tool(
         mcp, "summarize",
-        # writes only derived, regenerable files (report.md/json, side-by-side table); never run state
-        annotations=ToolAnnotations(title="Summarize runs", read_only_hint=True, open_world_hint=False),
+        # not read-only: it writes derived, regenerable files (report.md/json, side-by-side table, PNG), the
+        # same bytes again for the same ledger (idempotent); never run state
+        annotations=ToolAnnotations(title="Summarize a scenario or runs", read_only_hint=False,
+                                    idempotent_hint=True, destructive_hint=False, open_world_hint=False),
     )
     async def summarize(
         ctx: Context[Any, Any],
         run_ids: Annotated[list[str], Field(
-            max_length=16, description="Run ids to summarize side by side (same scenario compares whole vs "
-                                       "whole, native vs native); [] means the latest run",
-            examples=[["r-1a2b3c4d"], ["r-1a2b3c4d", "r-5e6f7a8b"]])],
+            max_length=16, description="Runs side by side (whole vs whole, native vs native); omit for the "
+                                       "scenario view", json_schema_extra={"items": {"pattern": RUN_ID_PATTERN}})
+        ] = [],  # noqa: B006 - the SDK copies arguments per call; never mutated
+        scenario: Annotated[str | None, Field(
+            description="Scenario name; omit (and run_ids) for the latest scenario",
+            json_schema_extra={"pattern": SCENARIO_PATTERN})] = None,
     ) -> Annotated[CallToolResult, SummaryResult]:
-        """Headline figures per run and window (throughput per card, TTFT, TPOT), the decision and what
-        evidence is missing; writes each run's report.md (resource caseledger://runs/{run_id}/report)."""
-        return await _off_loop(ctx, "summarizing", lambda: tools.summarize(ws, run_ids))
+        """One row per case of a scenario: change vs baseline (e.g. C=8), latest valid run, decision metric,
+        TTFT/TPOT/ITL/E2E p50/p99, limit verdicts, decision, best within limits; or given runs. Adds a PNG;
+        writes report.md per run (resource caseledger://runs/{run_id}/report)."""
+        return await _off_loop(ctx, "summarizing", lambda: tools.summarize(ws, run_ids, scenario=scenario))
 
     @mcp.resource("caseledger://handoff", name="handoff", mime_type="text/markdown",
                   description="HANDOFF.md: a few lines for a new session (state, owner, the one next "
@@ -268,7 +361,29 @@ def build_server(ws: Workspace) -> MCPServer:
     async def run_report(run_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_report, ws, run_id)
 
+    @mcp.resource("caseledger://schema/case", name="case_schema", mime_type="application/schema+json",
+                  description="JSON Schema of a case draft: every field with its bounds and description")
+    async def case_schema_json() -> str:
+        return case_schema().decode()
+
+    @mcp.resource("caseledger://scenarios/{name}", name="scenario", mime_type="text/plain",
+                  description="The scenario view: one row per case (change, run, metric, percentiles, limit "
+                              "verdicts, decision); reads only")
+    async def scenario_rows(name: str) -> str:
+        return await anyio.to_thread.run_sync(_read_scenario, ws, name)
+
     return mcp
+
+
+def _read_scenario(ws: Workspace, name: str) -> str:
+    if not re.fullmatch(SCENARIO_PATTERN, name):
+        raise ResourceNotFoundError(f"'{name[:60]}' is not a scenario name; fix: read caseledger://handoff for "
+                                    "the current scenario")
+    try:
+        view = summary.scenario_view(ws, name)
+    except CaseledgerError as e:
+        raise ResourceNotFoundError(str(_tool_error(e))) from e
+    return view.text() + f"\nnext: {summary.scenario_next(view)}\n"
 
 
 def _read_report(ws: Workspace, run_id: str) -> str:

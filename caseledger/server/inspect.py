@@ -1,4 +1,5 @@
-"""`caseledger inspect`: list the tools, or call one, over a REAL stdio session with `caseledger mcp`.
+"""`caseledger inspect`: list the tools or resources, call a tool or read a resource, over a REAL stdio session
+with `caseledger mcp`.
 
 It checks what an agent would see: the server is started as a subprocess exactly as a client would start
 it, so a stray print on stdout, an import error or a schema problem shows up here first.
@@ -6,6 +7,8 @@ it, so a stray print on stdout, an import error or a schema problem shows up her
     caseledger inspect                                   tools with input/output schemas (compact)
     caseledger inspect call phase_status run_id=r-1a2b3c4d
     caseledger inspect call summarize run_ids=r-a,r-b --json
+    caseledger inspect resources                         resources and resource templates
+    caseledger inspect read caseledger://scenarios/NAME  one resource's text
 """
 
 from __future__ import annotations
@@ -19,20 +22,25 @@ import anyio
 import orjson
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.types import CallToolResult, TextContent, Tool
+from mcp.types import CallToolResult, ImageContent, TextContent, TextResourceContents, Tool
 
 from caseledger.workspace import Workspace
 
-USAGE = "usage: caseledger inspect [call TOOL key=value ...] [--json]"
+USAGE = "usage: caseledger inspect [call TOOL key=value ... | resources | read URI] [--json]"
 
 
 def inspect_main(ws: Workspace, words: list[str], *, as_json: bool = False) -> int:
-    """List the tools (no words) or call one ('call TOOL k=v ...'); returns the process exit code."""
-    if words and (words[0] != "call" or len(words) < 2):
+    """List the tools (no words), call one ('call TOOL k=v ...'), list the resources ('resources') or read one
+    ('read URI'); returns the process exit code."""
+    ok = (not words or (words[0] == "call" and len(words) >= 2) or words == ["resources"]
+          or (words[0] == "read" and len(words) == 2))
+    if not ok:
         sys.stderr.write(f"{USAGE}\n")
         return 2
     with tempfile.TemporaryFile("w+") as errlog:
         try:
+            if words and words[0] in ("resources", "read"):
+                return anyio.run(_resources, ws, words[1] if len(words) > 1 else None, as_json, errlog)
             return anyio.run(_session, ws, words[1:] if words else None, as_json, errlog)
         except Exception as e:  # show why the server did not answer, with its stderr tail
             errlog.seek(0)
@@ -68,6 +76,31 @@ async def _session(ws: Workspace, call: list[str] | None, as_json: bool, errlog:
         result = await client.call_tool(name, args)
         _print_result(result, as_json)
         return 1 if result.is_error else 0
+
+
+async def _resources(ws: Workspace, uri: str | None, as_json: bool, errlog: TextIO) -> int:
+    async with Client(stdio_client(server_params(ws), errlog=errlog)) as client:
+        if uri is None:
+            listed = [{"uri": str(r.uri), "name": r.name, "description": r.description}
+                      for r in (await client.list_resources()).resources]
+            listed += [{"uri": t.uri_template, "name": t.name, "description": t.description}
+                       for t in (await client.list_resource_templates()).resource_templates]
+            if as_json:
+                sys.stdout.write(orjson.dumps(listed, option=orjson.OPT_INDENT_2).decode() + "\n")
+            else:
+                sys.stdout.write("".join(f"{r['uri']}  {r['description'] or ''}\n" for r in listed))
+            return 0
+        try:
+            read = await client.read_resource(uri)
+        except Exception as e:  # the server's refusal names the fix; show it as an error, not a crash
+            sys.stderr.write(f"error: {e}\n")
+            return 1
+        text = "".join(c.text for c in read.contents if isinstance(c, TextResourceContents))
+        if as_json:
+            sys.stdout.write(orjson.dumps({"uri": uri, "text": text}, option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return 0
 
 
 def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str, Any]:
@@ -110,13 +143,21 @@ def _json_type(value: Any) -> str:
 
 def _types(prop: dict[str, Any]) -> set[str]:
     arms = prop.get("anyOf", [prop])
-    return {str(a["type"]) for a in arms if "type" in a}
+    out: set[str] = set()
+    for a in arms:
+        kind = a.get("type")
+        out |= {str(k) for k in kind} if isinstance(kind, list) else {str(kind)} if kind else set()
+    return out
 
 
 def _print_result(result: CallToolResult, as_json: bool) -> None:
     text = "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+    images = [f"{c.mime_type}, {len(c.data) * 3 // 4} bytes" for c in result.content if isinstance(c, ImageContent)]
+    if images and not as_json:
+        text += "".join(f"\n[image: {i}]" for i in images)
     if as_json:
-        doc = {"is_error": result.is_error, "text": text, "structured_content": result.structured_content}
+        doc = {"is_error": result.is_error, "text": text, "images": images,
+               "structured_content": result.structured_content}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         (sys.stderr if result.is_error else sys.stdout).write(text + "\n")
@@ -154,7 +195,10 @@ def _type_name(prop: dict[str, Any]) -> str:
         return "|".join(repr(v) for v in prop["enum"])
     if "$ref" in prop:
         return str(prop["$ref"]).rsplit("/", 1)[-1]
-    kind = str(prop.get("type", "any"))
+    raw = prop.get("type", "any")
+    if isinstance(raw, list):
+        return "|".join(_type_name({**prop, "type": k}) for k in raw)
+    kind = str(raw)
     if kind == "array":
         return f"list[{_type_name(prop.get('items', {}))}]"
     return kind

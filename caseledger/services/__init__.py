@@ -10,6 +10,8 @@ from caseledger.services.adapters import (
     identity_of,
     intended_argv,
     live_service,
+    live_state,
+    mark_warm,
     stop,
     stop_all,
 )
@@ -23,6 +25,8 @@ __all__ = [
     "identity_of",
     "intended_argv",
     "live_service",
+    "live_state",
+    "mark_warm",
     "stop",
     "stop_all",
 ]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import httpx2 as httpx
 import orjson
 
 from caseledger import procs
-from caseledger.case.model import SSH, Case
+from caseledger.case.model import ENV_REF, SSH, Case
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote
@@ -42,8 +41,6 @@ from caseledger.workspace import (
     utc_now,
     write_json,
 )
-
-_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # fullmatch
 
 
 def host_port(base_url: str) -> tuple[str, int]:
@@ -133,7 +130,7 @@ def case_env(case: Case) -> tuple[dict[str, str], dict[str, str]]:
     env: dict[str, str] = {}
     shown: dict[str, str] = {}
     for k, v in case.service.env.items():
-        m = _REF.fullmatch(v)
+        m = ENV_REF.fullmatch(v)
         if m:
             if m.group(1) not in os.environ:
                 raise PhaseFailed(f"service.env.{k} references ${{{m.group(1)}}}, which is not set",
@@ -216,6 +213,28 @@ def live_service(ws: Workspace, key: str) -> dict[str, Any] | None:
     if st and st.get("proc") and _proc_alive(st):
         return dict(st)
     return None
+
+
+def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool]:
+    """(this case's service is live on the target, it was warmed and its routes verified since it started):
+    what a run's plan is derived from at start_run. Read from the service record and the live process
+    (pid, start time, identity, health); no request is sent."""
+    if case.service.adapter == "external":
+        return False, False
+    st = live_service(ws, key)
+    if st is None or st.get("identity") != identity_of(case, model_files(ws, case)):
+        return False, False
+    if not health_ok(case.service.health_url or "", timeout=1.0):
+        return False, False
+    return True, bool(st.get("warmed_by"))
+
+
+def mark_warm(ws: Workspace, key: str, pid: int, run_id: str) -> None:
+    """Record that run_id warmed this service instance and verified its routes (a restart forgets it)."""
+    st = read_json_or_none(_state_path(ws, key)) or {}
+    if (st.get("proc") or {}).get("pid") == pid:
+        st["warmed_by"] = run_id
+        write_json(_state_path(ws, key), st)
 
 
 def check_live(ws: Workspace, case: Case, key: str) -> str | None:

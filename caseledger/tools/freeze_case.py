@@ -9,8 +9,10 @@ from pydantic import BaseModel, Field
 
 from caseledger import datasets
 from caseledger.case.plan import DeltaItem, PlanStep, delta, plan
-from caseledger.case.store import check_parent, read_draft, store, validate
+from caseledger.case.store import check_parent, load_case, read_draft, store, validate
 from caseledger.errors import CaseInvalid
+from caseledger.ledger.runs import scan_runs
+from caseledger.ledger.state import fold
 from caseledger.workspace import Workspace
 
 
@@ -23,14 +25,28 @@ class FreezeResult(BaseModel):
     delta: list[DeltaItem] = Field(description="Changed field paths against the parent, old -> new, impact class")
     plan: list[PlanStep] = Field(description="For each phase: run, reuse, check or skip, with the reason")
     path: str = Field(description="Where the frozen case is stored (read-only)")
+    runs: list[str] = Field(default_factory=list, description="Runs of this case so far, oldest first")
+    latest_run_state: str | None = Field(None, description="State of the latest run of this case, if any")
+    next_call: str = Field("", description="The one next call")
 
     def text(self) -> str:
-        d = ", ".join(f"{x.path} {x.old}->{x.new} [{x.impact}]" for x in self.delta[:4]) or "none (no parent)"
-        if len(self.delta) > 4:
-            d += f" (+{len(self.delta) - 4})"
+        if self.delta:
+            d = ", ".join(f"{x.path} {x.old}->{x.new} [{x.impact}]" for x in self.delta[:4])
+            d += f" (+{len(self.delta) - 4})" if len(self.delta) > 4 else ""
+        elif self.parent == self.case_id:
+            d = "none: the same measurement as its parent (one case; parent and note do not change the id)"
+        elif self.parent:
+            d = f"none against parent {self.parent}"
+        else:
+            d = "none (no parent)"
         p = " ".join(f"{s.phase}={s.action}" for s in self.plan)
-        return (f"case {self.case_id} ({'new' if self.created else 'already frozen'}), scenario {self.scenario}, "
-                f"dataset {self.dataset_id}\ndelta: {d}\nplan: {p}\nnext: start_run(case_id='{self.case_id}')")
+        lines = [f"case {self.case_id} ({'new' if self.created else 'already frozen'}), scenario {self.scenario}, "
+                 f"dataset {self.dataset_id}", f"delta: {d}", f"plan vs {'parent' if self.parent else 'nothing'}: {p}"]
+        if self.runs:
+            more = f" (+{len(self.runs) - 1} earlier)" if len(self.runs) > 1 else ""
+            lines.append(f"measured: {self.runs[-1]} {self.latest_run_state}{more}")
+        lines.append(f"next: {self.next_call}")
+        return "\n".join(lines)
 
 
 def freeze_case(
@@ -53,11 +69,22 @@ def freeze_case(
     if case.dataset.source == "file" and case.dataset.path:
         workspace.inside(case.dataset.path, "dataset.path")
     dataset_id = _materialize(workspace, case)
-    cid, created = store(workspace, case)
-    changes = delta(parent_case, case)
+    cid, created = store(workspace, case, source)
+    case = load_case(workspace, cid)  # with its lineage: a lookup without parent keeps the recorded one
+    parent_case = check_parent(workspace, case.parent) if case.parent != cid else None
+    runs = [m.run_id for m in scan_runs(workspace).metas if m.case_id == cid]
+    state = fold(workspace, runs[-1]) if runs else None
+    if state is None:
+        nxt = f"start_run(case_id='{cid}')"
+    elif state.state.value in ("succeeded", "partial"):
+        nxt = f"summarize(run_ids=['{state.run_id}']) — already measured; start_run(case_id='{cid}') repeats it"
+    else:
+        nxt = state.next_call
     return FreezeResult(
         case_id=cid, created=created, scenario=case.scenario, parent=case.parent, dataset_id=dataset_id,
-        delta=changes, plan=plan(case, changes, parent_case is not None), path=str(workspace.frozen_case(cid)),
+        delta=(changes := delta(parent_case, case)), plan=plan(case, changes, parent_case is not None),
+        path=str(workspace.frozen_case(cid)), runs=runs, latest_run_state=state.state.value if state else None,
+        next_call=nxt,
     )
 
 

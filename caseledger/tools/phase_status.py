@@ -6,9 +6,9 @@ from pydantic import BaseModel, Field
 
 from caseledger.errors import OUTSIDE_CHARS, NotFound, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.runs import damaged_line, scan_runs
+from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
-from caseledger.workspace import Workspace, check_id
+from caseledger.workspace import Workspace
 
 
 class StatusResult(BaseModel):
@@ -36,6 +36,8 @@ class StatusResult(BaseModel):
     next_resends_requests: bool
     authorization: str
     queued: list[str] = Field(default_factory=list, description="Cases queued to start when this target frees")
+    load_reused_from: str | None = Field(None, description="Measurement-only run: the run whose raw data it "
+                                                            "reprocesses (this run sent no formal request)")
     service_alive: bool | None = Field(None, description="The service this run started or verified is still "
                                                           "alive (null: not ours to check: external, remote)")
     missing_evidence: list[str] = Field(default_factory=list, description="Evidence files a finished phase "
@@ -56,9 +58,12 @@ class StatusResult(BaseModel):
         ph = f"{self.phase} {self.phase_state}" if self.phase else "all phases done"
         fc = f" [{self.failure_class}]" if self.failure_class else ""
         dec = "unknown" if self.enough_to_decide is None else ("yes" if self.enough_to_decide else "no")
+        formal = (f"formal: reused {self.load_reused_from}'s raw data ({self.done} records), 0 sent by this run"
+                  if self.load_reused_from else
+                  f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}")
         lines = [
             f"{self.run_id} {self.case_id} {self.scenario}: {self.state}{fc}, {ph}",
-            f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}; load ended "
+            f"{formal}; load ended "
             f"{self.load_ended}; results {'yes' if self.results_extracted else 'no'}; decide {dec}"
             + (f" ({self.decision})" if self.decision else ""),
             f"owner {'alive' if self.owner_alive else 'gone'}, client "
@@ -95,21 +100,21 @@ def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResul
             raise NotFound(f"no runs in this workspace yet{found}",
                            "freeze_case(path=...) then start_run(case_id=...)")
         run_id, damaged = scan.metas[-1].run_id, scan.damaged
-    check_id(run_id, "run_id", "r")
-    v = fold(workspace, run_id)
+    v = fold(workspace, load_run(workspace, run_id))  # a case id: its latest run
     cur = v.phases[v.current] if v.current else None
     dec = v.decision or {}
     return StatusResult(
         run_id=v.run_id, case_id=v.case_id, scenario=v.scenario, state=v.state.value, phase=v.current,
         phase_state=cur.state.value if cur else None, phases={k: p.state.value for k, p in v.phases.items()},
-        failure_class=v.failure_class, planned=v.counts.planned, sent=v.counts.sent, done=v.counts.done,
+        failure_class=v.failure_class, planned=v.counts.planned, sent=0 if v.meta.load_reuse else v.counts.sent,
+        done=v.counts.done,
         failed=v.counts.failed, load_ended=v.load_ended, results_extracted=v.results_extracted,
         enough_to_decide=(dec.get("enough_to_decide") if dec else None), decision=dec.get("outcome"),
         owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
         next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
         queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
-        service_alive=v.service_alive, missing_evidence=v.missing_evidence,
+        service_alive=v.service_alive, missing_evidence=v.missing_evidence, load_reused_from=v.meta.load_reuse,
         resume_runs=[p.value for p in v.steps.run] if v.steps else [],
         damaged=damaged, next_call=v.next_call,
     )

@@ -52,6 +52,7 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
     """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
     _check_rule(rule, ratio)
     run = load_run(workspace, run_id)
+    run_id = run.run_id  # a case id given: its latest run
     v = fold(workspace, run)
     paths = run.paths
     if v.load_ended not in ("yes", "partial") or not paths.raw.exists():

@@ -36,6 +36,7 @@ class ResumeResult(BaseModel):
 
 def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> ResumeResult:
     run = load_run(workspace, run_id)
+    run_id = run.run_id  # a case id given: its latest run
     v = fold(workspace, run)
     if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
         raise NothingToResume(f"run {run_id} is {v.state.value}; every phase is done",

@@ -8,7 +8,7 @@ from caseledger import ledger
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
-from caseledger.errors import NotAuthorized, TargetHeld
+from caseledger.errors import NotAuthorized, TargetHeld, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger import queue as target_queue
 from caseledger.outcome import handoff
@@ -35,12 +35,12 @@ class StartResult(BaseModel):
         if self.state in ("preflight_only", "not_queued"):
             first = f"preflight {self.run_id} of case {self.case_id} ({self.scenario}): {self.preflight}"
             if self.preflight_error:
-                first += f" — {self.preflight_error[:160]}"
+                first += f" — {quoted(self.preflight_error, 200)}"
             return f"{first}; no run created, 0 requests sent\nnext: {self.next_call}"
         reused = [k for k, v in self.plan.items() if v in ("reuse", "check")]
         first = f"run {self.run_id} of case {self.case_id} ({self.scenario}): preflight {self.preflight}"
         if self.preflight_error:
-            first += f" — {self.preflight_error[:160]}"
+            first += f" — {quoted(self.preflight_error, 200)}"
         reuse = f"reuses: {', '.join(reused)}" if reused else "reuses nothing (full plan)"
         return f"{first}; state {self.state}; {reuse}\nnext: {self.next_call}"
 
@@ -99,5 +99,5 @@ def _enqueue(ws: Workspace, case_id: str, case: Case, key: str, mode: str, held:
     handoff.refresh(ws)
     return StartResult(run_id=None, case_id=case_id, scenario=scenario, preflight="passed", state="queued",
                        plan={}, authorization=mode, queue_position=pos,
-                       next_call=f"phase_status(run_id='{cur.run_id if cur else ''}'); the queued case starts "
-                                 "when that run releases the target")
+                       next_call=f"phase_status(run_id='{case_id}') shows this case's run once it starts (when "
+                                 f"{cur.run_id if cur else 'the holder'} releases the target)")

@@ -1,55 +1,72 @@
-"""summarize: short structured figures per run, report.md + report.json per run, and a side-by-side
-table for several runs (whole vs whole, native vs native). Read-only on run state."""
+"""summarize: the scenario view (one row per case: change, run, decision metric, latency percentiles, limit
+verdicts, decision) or figures per run with report.md + report.json and a side-by-side table; a PNG of the
+decision metric against the swept value with the limits drawn and the latency CDFs.
+
+Writes only derived, regenerable files (reports, the side-by-side table, the PNG); never run state.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from caseledger.case.store import load_case
-from caseledger.errors import NotFound
+from caseledger.errors import CaseInvalid, NotFound
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
+from caseledger.outcome.decide import DECISION_WORDS, METRICS, broken, limit_verdicts
+from caseledger.outcome.summary import Headline, ScenarioView
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none
+
+SCENARIO_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"  # case.scenario's own pattern and bound
 
 
 class RunSummary(BaseModel):
-    run_id: str
-    case_id: str
-    scenario: str
-    results_extracted: bool
-    decision: str | None
+    """One run: its decision and headline figures of both windows."""
+
+    run_id: str = Field(description="Run id")
+    case_id: str = Field(description="Case id of the run")
+    scenario: str = Field(description="Scenario of the case")
+    results_extracted: bool = Field(description="Figures were computed from the raw records")
+    decision: str | None = Field(description=DECISION_WORDS)
     missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
-    whole: dict[str, Any] | None = Field(description="Headline figures of the whole window")
-    native: dict[str, Any] | None = Field(description="Headline figures of the native window")
-    time_ledger: dict[str, Any] | None = None
+    whole: Headline | None = Field(description="Headline figures of the whole window")
+    native: Headline | None = Field(description="Headline figures of the native window (the rule computed last)")
+    time_ledger: dict[str, Any] | None = Field(None, description="Per-phase wall times and the time outside the "
+                                               "formal window (the report's time ledger)")
     report: str | None = Field(description="Path of report.md")
 
 
 class SummaryResult(BaseModel):
-    runs: list[RunSummary]
+    """A scenario's rows (scenario view) or runs side by side, and the next call."""
+
+    scenario: ScenarioView | None = Field(None, description="The scenario view (null when run_ids were given): "
+                                          "rows[].decision is one of " + DECISION_WORDS)
+    runs: list[RunSummary] = Field(description="Runs summarized (run_ids given); [] for the scenario view")
     side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
+    plot: str | None = Field(None, description="Path of the PNG (metric vs swept value, limits, latency CDFs)")
     damaged: list[str] = Field(default_factory=list,
                                description="Damaged ledger entries found while looking for the latest run")
-    next_call: str
+    next_call: str = Field(description="The one next call")
 
     def text(self) -> str:
-        lines = []
+        lines = [self.scenario.text()] if self.scenario else []
         for r in self.runs:
-            def f(w: dict[str, Any] | None) -> str:
+            def f(w: Headline | None) -> str:
                 if not w:
                     return "n/a"
-                mark = "" if w.get("meets_minimums") else " (below minimums)"
-                return (f"{w['output_tok_s_per_card']} tok/s/card, TTFT p50 {w['ttft_p50_ms']} ms, "
-                        f"TPOT p50 {w['tpot_p50_ms']} ms, n={w['ok']}{mark}")
+                mark = "" if w.meets_minimums else " (below minimums)"
+                return (f"{w.output_tok_s_per_card} tok/s/card, TTFT p50/p99 {w.ttft_p50_ms}/{w.ttft_p99_ms}, "
+                        f"TPOT p50/p99 {w.tpot_p50_ms}/{w.tpot_p99_ms} ms, n={w.ok}{mark}")
             dec = r.decision or "undecided"
             if r.missing:
                 dec += f" (missing: {'; '.join(r.missing)[:80]})"
             lines.append(f"{r.run_id} {r.case_id} {r.scenario}: {dec}")
             lines.append(f"  whole: {f(r.whole)}")
-            lines.append(f"  native: {f(r.native)}")
+            lines.append(f"  native ({r.native.rule if r.native else '-'}): {f(r.native)}")
         if self.side_by_side:
             lines.append(f"side-by-side: {self.side_by_side}")
         if self.damaged:
@@ -58,50 +75,103 @@ class SummaryResult(BaseModel):
         return "\n".join(lines)
 
 
-def summarize(workspace: Workspace, run_ids: list[str]) -> SummaryResult:
-
-    damaged: list[str] = []
+def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = None) -> SummaryResult:
+    """The scenario view (no run_ids: the scenario given, else the latest one) or the given runs."""
+    if run_ids and scenario:
+        raise CaseInvalid("give run_ids or scenario, not both",
+                          "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs")
     if not run_ids:
-        scan = scan_runs(workspace)
-        if not scan.metas:
-            found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
-            raise NotFound(f"no runs in this workspace yet{found}", "start_run(case_id=...) first")
-        run_ids, damaged = [scan.metas[-1].run_id], scan.damaged
+        return _scenario(workspace, scenario)
     out: list[RunSummary] = []
     rows = []
     for rid in run_ids:
         run = load_run(workspace, rid)
         v = fold(workspace, run)
         result = summary.load_result(run)
+        last = summary.computed_last(run)
         paths = run.paths
         body = summary.write_reports(run, result)  # {} without a result
-        if result is not None:
-            rows.append((rid, v.case_id, result))
+        if last is not None:
+            rows.append((rid, v.case_id, last))
         dec = read_json_or_none(paths.decision) or {}
         out.append(RunSummary(
             run_id=rid, case_id=v.case_id, scenario=v.scenario, results_extracted=result is not None,
             decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
-            whole=summary.headline(result, "whole") if result else None,
-            native=summary.headline(result, "native") if result else None,
+            whole=summary.headline(last, "whole") if last else None,
+            native=summary.headline(last, "native") if last else None,
             time_ledger=body["time_ledger"] if body else summary.time_ledger(run),
             report=str(paths.report_md) if paths.report_md.exists() else None,
         ))
     side = None
     if len(rows) > 1:
-
         side_path = workspace.reports_dir / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
         atomic_write(side_path, report.render_side_by_side(rows))
         side = str(side_path)
+    plot = _runs_plot(workspace, [r.run_id for r in out])
     missing = [r.run_id for r in out if not r.results_extracted]
-    last = out[-1]
+    last_run = out[-1]
     if missing:
         nxt = f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')"
-    elif last.decision in ("keep", "baseline"):
-        nxt = f"freeze_case(next candidate, parent='{last.case_id}')"
-    elif last.decision == "close":
-
-        parent = load_case(workspace, last.case_id).parent or last.case_id
-        nxt = f"freeze_case(next candidate, parent='{parent}') — {last.case_id} was closed"
+    elif last_run.decision in ("keep", "baseline"):
+        nxt = f"freeze_case(next candidate, parent='{last_run.case_id}')"
+    elif last_run.decision == "close":
+        parent = load_case(workspace, last_run.case_id).parent or last_run.case_id
+        nxt = f"freeze_case(next candidate, parent='{parent}') — {last_run.case_id} was closed"
     else:
-        nxt = f"supply the missing evidence for {last.run_id} (see missing), then reprocess_raw or a new run"
-    return SummaryResult(runs=out, side_by_side=side, damaged=damaged, next_call=nxt)
+        nxt = f"supply the missing evidence for {last_run.run_id} (see missing), then reprocess_raw or a new run"
+    return SummaryResult(runs=out, side_by_side=side, plot=plot, next_call=nxt)
+
+
+def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
+    if name is not None and not re.fullmatch(SCENARIO_PATTERN, name):
+        raise CaseInvalid(f"scenario '{name[:60]}' is not a scenario name (letters, digits, '.', '_', '-')",
+                          "summarize() without arguments shows the latest scenario")
+    scan = scan_runs(workspace)
+    try:
+        name = name or summary.latest_scenario(workspace)
+    except NotFound:
+        found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
+        raise NotFound(f"no runs and no frozen case in this workspace yet{found}",
+                       "freeze_case(path='cases/x.json') then start_run(case_id=...)") from None
+    view = summary.scenario_view(workspace, name)
+    return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=_scenario_plot(workspace, view),
+                         damaged=scan.damaged, next_call=summary.scenario_next(view))
+
+
+def _scenario_plot(ws: Workspace, view: ScenarioView) -> str | None:
+    points = [report.PlotPoint(
+        label=r.change, x=r.swept, metric=r.metric, best=r.best, breaks=bool(broken(r.limits)),
+        figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.tpot_p99_ms})
+        for r in view.rows]
+    cdfs = {r.change: summary.latency_samples(ws, r.run_id) for r in view.rows if r.run_id}
+    bounds = {v.limit: v.bound for r in view.rows[:1] for v in r.limits}
+    png = report.render_png(f"scenario {view.scenario}", f"{view.primary_metric} ({view.window})",
+                            view.swept or "case", points, bounds, cdfs)
+    return _write_png(ws, f"scenario-{view.scenario}.png", png)
+
+
+def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
+    points, cdfs, bounds = [], {}, {}
+    for rid in run_ids:
+        run = load_run(ws, rid)
+        d = run.case.decision
+        result = summary.load_result(run)
+        verdicts = limit_verdicts(run.case, result)
+        w = getattr(result.windows, d.window) if result is not None else None
+        metric = summary.window_stat(w, ".".join(METRICS[d.primary_metric][:3])) if w is not None else None
+        points.append(report.PlotPoint(label=rid, x=None, metric=metric, best=False, breaks=bool(broken(verdicts)),
+                                       figures={v.limit: v.value for v in verdicts}))
+        bounds.update(d.limits.bounds())
+        cdfs[rid] = summary.latency_samples(ws, rid)
+    first = load_run(ws, run_ids[0]).case.decision
+    png = report.render_png(" vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run",
+                            points, bounds, cdfs)
+    return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", png)
+
+
+def _write_png(ws: Workspace, name: str, png: bytes | None) -> str | None:
+    if png is None:
+        return None
+    path = ws.reports_dir / name
+    atomic_write(path, png)
+    return str(path)

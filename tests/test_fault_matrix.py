@@ -1,0 +1,609 @@
+"""The fault matrix (issue 11, item 9): real processes killed or damaged at every step that matters, and
+after each one the facts checked where they are true: formal requests counted by the target itself
+(GET /stats, by the x-caseledger-phase header), the raw records on disk, the service's pid and start
+count, the phase events, and what status said before resume.
+
+Every cell records its checks into the session's matrix (tests/conftest.py prints it at the end). Columns:
+  class    status named the right failure class before resume
+  next     status's next call was the right repair of this run
+  plan     status predicted what resume runs (first phase, service restart, re-send)
+  svc      status said the service is gone
+  state    the final state of the run
+  count    formal requests counted by the target equal the ledger's (N for a full load)
+  raw      every completed request has its raw record
+  starts   service starts grew only where the service died (one new start, a new pid)
+  once     finished phases ran once (phase events, load clients, warmup/route requests at the target)
+  resend   resume re-sent nothing
+  midcall  the MCP server was killed while the call was waiting, before any answer
+  detached the run outlived the MCP server
+  one      exactly one of the racing calls won
+  refused  the refused call raised the right error, naming the fix
+  tree     a refused call wrote nothing
+  mode     the authorization mode afterwards
+  kept     the superseded load attempt is kept and marked
+  missing  status lists the missing evidence
+  repair   restoring the evidence makes the repair work
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import orjson
+import pytest
+from mcp import Client, StdioServerParameters
+
+from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.errors import EvidenceChanged, NotAuthorized, NothingToResume, TargetHeld
+from caseledger.ledger import authorization
+from caseledger.ledger.events import read_events
+from caseledger.ledger.state import fold
+from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run
+from caseledger.workspace import Workspace
+from tests.conftest import free_port, ref_draft, reference_targets, tree_digest
+
+pytestmark = pytest.mark.slow
+
+N = 8  # formal requests of every cell's case (C=2)
+FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
+
+
+# ------------------------------------------------------------------------------------------------- recording
+
+
+class Cell:
+    """The checks of one cell, recorded into the matrix as they are made; `ok()` fails the test at the end
+    with every failed check (so the matrix shows all of them, not only the first)."""
+
+    def __init__(self, matrix: dict[str, dict[str, bool]], name: str) -> None:
+        self.checks = matrix.setdefault(name, {})
+        self.checks.clear()
+        self.failures: list[str] = []
+
+    def check(self, name: str, passed: bool, detail: object = "") -> bool:
+        self.checks[name] = self.checks.get(name, True) and bool(passed)
+        if not passed:
+            self.failures.append(f"{name}: {detail}")
+        return bool(passed)
+
+    def ok(self) -> None:
+        assert not self.failures, "failed checks:\n" + "\n".join(self.failures)
+
+
+@contextmanager
+def cell(matrix: dict[str, dict[str, bool]], name: str) -> Iterator[Cell]:
+    c = Cell(matrix, name)
+    try:
+        yield c
+    except BaseException as e:
+        c.check("ran", False, f"{type(e).__name__}: {e}")
+        raise
+    c.ok()
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def stats(port: int) -> dict[str, Any]:
+    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5).json())
+
+
+def by_phase(port: int, phase: str = "load") -> int:
+    return int(stats(port)["by_phase"].get(phase, 0))
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def settled(ws: Workspace, run_id: str, timeout: float = 90) -> StatusResult:
+    """Status once the run's controller is gone and the run is no longer running."""
+    def done() -> StatusResult | None:
+        s = phase_status(ws, run_id)
+        return s if s.state not in ("running", "created") and not s.owner_alive else None
+    return wait_until(done, timeout, f"run {run_id} to settle")  # type: ignore[no-any-return]
+
+
+def service_state(ws: Workspace, run_id: str) -> dict[str, Any]:
+    key = fold(ws, run_id).meta.target_key
+    p = ws.services_dir / f"{key}.json"
+    return dict(orjson.loads(p.read_bytes())) if p.exists() else {}
+
+
+def service_pid(ws: Workspace, run_id: str) -> int:
+    return int(service_state(ws, run_id)["proc"]["pid"])
+
+
+def ended_ok(ws: Workspace, run_id: str) -> Counter[str]:
+    """Per phase, how many times it ended done/reused/skipped (what 'ran once' counts)."""
+    return Counter(e["phase"] for e in read_events(ws.run(run_id)).events
+                   if e["type"] == "phase_ended" and e["data"].get("outcome") in ("done", "reused", "skipped"))
+
+
+def clients(ws: Workspace, run_id: str) -> int:
+    """How many load clients were started for the formal load (one, whatever was killed)."""
+    return sum(e["type"] == "load_client_started" for e in read_events(ws.run(run_id)).events)
+
+
+def why(ws: Workspace, run_id: str | None) -> str:
+    """A run's status and the end of its controller log: what a failed check shows."""
+    if run_id is None:
+        return "no run"
+    log = ws.run(run_id).controller_log
+    return phase_status(ws, run_id).text() + "\ncontroller.log: " + (log.read_text()[-600:] if log.exists() else "-")
+
+
+def runs_of(ws: Workspace) -> int:
+    return len(list(ws.runs_dir.iterdir())) if ws.runs_dir.exists() else 0
+
+
+def raw_lines(path: Path) -> int:
+    return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+
+def after(phase: str) -> list[str]:
+    return [p.value for p in PHASES[PHASES.index(Phase(phase)) + 1:]]
+
+
+def slow_draft(port: int) -> dict[str, Any]:
+    """A formal load of ~2.5 s (8 requests of 24 tokens at 0.02 s a step, C=2): time to kill things in it."""
+    return ref_draft(port, service={"reference": {**FAST, "decode_step_s": 0.02, "decode_step_per_seq_s": 0.0}},
+                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24})
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def race(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls in threads released at the same instant; each one's result or exception."""
+    barrier = threading.Barrier(len(calls))
+    out: list[Any] = [None] * len(calls)
+
+    def go(k: int) -> None:
+        barrier.wait()
+        try:
+            out[k] = calls[k]()
+        except Exception as e:
+            out[k] = e
+
+    threads = [threading.Thread(target=go, args=(k,)) for k in range(len(calls))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(180)
+    return out
+
+
+# ------------------------------------------------------------------------------- 1. controller SIGKILLed
+
+
+KILLS = [("controller:exit_after=" + p, f"kill controller after {p}")
+         for p in ("preflight", "service", "warmup", "route_verify", "load", "confirm_end", "postprocess")]
+KILLS.append(("controller:exit_during=load", "kill controller during load"))
+
+
+@pytest.mark.parametrize(("fault", "name"), KILLS, ids=[k[0].split(":")[1] for k in KILLS])
+def test_controller_killed_then_resume(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
+                                       fault_matrix: dict[str, dict[str, bool]], fault: str, name: str) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    killed = "load" if "exit_during" in fault else fault.split("=")[1]
+    with cell(fault_matrix, name) as c:
+        monkeypatch.setenv("CASELEDGER_FAULT", fault)
+        r = start_run(ws, case.case_id, wait=True)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.run_id is not None
+        s = settled(ws, r.run_id)
+        nxt = after(killed)[0]
+        c.check("class", s.state == "end_unknown" and s.phase == nxt
+                and s.failure_class == FAILURE_OF_PHASE[Phase(nxt)], s.text())
+        repair = "reprocess_raw" if s.failure_class == "collect" else "resume"  # collect: repaired from raw data
+        c.check("next", f"{repair}(run_id='{r.run_id}')" in s.next_call, s.next_call)
+        c.check("plan", s.resume_runs == after(killed) and not s.next_resends_requests
+                and s.next_restarts_service == (killed == "preflight"), s.text())
+        before = ended_ok(ws, r.run_id)
+        pid_before = service_pid(ws, r.run_id) if killed != "preflight" else None
+
+        res = resume(ws, r.run_id, wait=True)
+        s2 = phase_status(ws, r.run_id)
+        st = stats(port)
+        c.check("state", res.state == "succeeded" and s2.state == "succeeded", why(ws, r.run_id))
+        c.check("count", st["by_phase"].get("load") == N == s2.sent == s2.done,
+                f"target {st['by_phase']}, ledger sent {s2.sent} done {s2.done}")
+        c.check("raw", raw_lines(ws.run(r.run_id).raw) == s2.done == N, raw_lines(ws.run(r.run_id).raw))
+        svc = service_state(ws, r.run_id)
+        c.check("starts", svc.get("starts") == 1 and st["pid"] == svc["proc"]["pid"]
+                and pid_before in (None, st["pid"]), f"{svc.get('starts')} starts, pid {pid_before} -> {st['pid']}")
+        ends = ended_ok(ws, r.run_id)
+        # a load whose controller died under it ends by the client's end file (no phase_ended of its own)
+        c.check("once", all(ends[p.value] == 1 for p in PHASES if p != Phase.LOAD or killed != "load")
+                and ends["load"] <= 1 and all(before[p] == 1 for p in before) and clients(ws, r.run_id) == 1
+                and st["by_phase"].get("warmup") == 2 and st["by_phase"].get("route_verify") == 1,
+                f"phase ends {dict(ends)}, {clients(ws, r.run_id)} load clients, target {st['by_phase']}")
+
+
+# --------------------------------------------------------------------------------- 2. load client SIGKILLed
+
+
+def test_load_client_killed_mid_load(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
+                                     fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=slow_draft(port))
+    with cell(fault_matrix, "kill load client mid-load") as c:
+        monkeypatch.setenv("CASELEDGER_FAULT", "load:exit_after=3")
+        r = start_run(ws, case.case_id, wait=True)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.run_id is not None
+        s = settled(ws, r.run_id)
+        c.check("class", s.failure_class == "end_unknown" and s.phase == "load", s.text())
+        c.check("next", f"resume(run_id='{r.run_id}')" in s.next_call and not s.next_resends_requests, s.text())
+        served = by_phase(port)
+        c.check("count", served == s.sent and s.done == 3, f"target {served}, ledger sent {s.sent} done {s.done}")
+
+        res = resume(ws, r.run_id, wait=True)
+        s2 = phase_status(ws, r.run_id)
+        c.check("state", res.state == "partial" == s2.state and s2.load_ended == "partial", s2.text())
+        c.check("resend", by_phase(port) == served, f"{served} -> {by_phase(port)}")
+        c.check("count", by_phase(port) == s2.sent, f"target {by_phase(port)}, ledger sent {s2.sent}")
+        c.check("raw", raw_lines(ws.run(r.run_id).raw) == s2.done == 3, f"raw {raw_lines(ws.run(r.run_id).raw)}, "
+                f"done {s2.done}")
+        c.check("starts", service_state(ws, r.run_id).get("starts") == 1, service_state(ws, r.run_id))
+        c.check("once", clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,
+                f"{clients(ws, r.run_id)} load clients, target {stats(port)['by_phase']}")
+
+
+# ------------------------------------------------------------------------- 3. controller and client killed
+
+
+def test_controller_and_client_killed_mid_load(ws: Workspace, stop_services: None,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=slow_draft(port))
+    with cell(fault_matrix, "kill controller and client mid-load") as c:
+        monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_during=load")
+        r = start_run(ws, case.case_id)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.run_id is not None
+        paths = ws.run(r.run_id)
+        wait_until(lambda: raw_lines(paths.raw) >= 3 and not phase_status(ws, r.run_id).owner_alive, 60,
+                   "3 raw records and the controller gone")
+        kill(int(orjson.loads(paths.load_pid.read_bytes())["pid"]))
+        s = settled(ws, r.run_id)
+        c.check("class", s.failure_class == "end_unknown" and s.phase == "load", s.text())
+        c.check("next", f"resume(run_id='{r.run_id}')" in s.next_call and not s.next_resends_requests, s.text())
+        served = by_phase(port)
+
+        res = resume(ws, r.run_id, wait=True)
+        s2 = phase_status(ws, r.run_id)
+        c.check("state", res.state in ("partial", "succeeded") and s2.state == res.state, s2.text())
+        c.check("resend", by_phase(port) == served, f"{served} -> {by_phase(port)}")
+        c.check("count", by_phase(port) == s2.sent, f"target {by_phase(port)}, ledger sent {s2.sent}")
+        c.check("raw", raw_lines(paths.raw) == s2.done >= 3, f"raw {raw_lines(paths.raw)}, done {s2.done}")
+        c.check("starts", service_state(ws, r.run_id).get("starts") == 1, service_state(ws, r.run_id))
+        c.check("once", clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,
+                f"{clients(ws, r.run_id)} load clients, target {stats(port)['by_phase']}")
+
+
+# ------------------------------------------------------------------------------ 4. MCP server killed mid-call
+
+
+def _children(cmd_part: str) -> list[int]:
+    """Pids of this process's children whose command line contains cmd_part."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and cmd_part in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def test_mcp_server_killed_mid_call(ws: Workspace, stop_services: None,
+                                    fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    params = StdioServerParameters(command=sys.executable,
+                                    args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)],
+                                   env=dict(os.environ))
+    outcome: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with Client(params) as client:
+            servers = _children(f"caseledger mcp --workspace {ws.root}")
+            outcome["servers"] = servers
+
+            async def call() -> None:
+                try:
+                    outcome["result"] = await client.call_tool("start_run", {"case_id": case.case_id})
+                except Exception as e:  # the server died under the call
+                    outcome["error"] = f"{type(e).__name__}: {e}"
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                with anyio.fail_after(30):  # the controller spawned, the call still waiting for preflight
+                    while not any(ws.run(p.name).controller_pid.exists()
+                                  for p in (ws.runs_dir.iterdir() if ws.runs_dir.exists() else [])):
+                        await anyio.sleep(0.005)
+                outcome["returned_before_kill"] = "result" in outcome
+                for pid in servers:
+                    os.kill(pid, signal.SIGKILL)
+                with anyio.move_on_after(15):
+                    while "result" not in outcome and "error" not in outcome:
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+
+    with cell(fault_matrix, "kill MCP server mid start_run") as c:
+        anyio.run(scenario)
+        c.check("midcall", len(outcome["servers"]) == 1 and not outcome["returned_before_kill"]
+                and "result" not in outcome, outcome)
+        runs = sorted(p.name for p in ws.runs_dir.iterdir())
+        assert len(runs) == 1, runs
+        s = settled(ws, runs[0])
+        c.check("detached", s.state == "succeeded", s.text())
+        c.check("count", by_phase(port) == N == s.sent == s.done, f"target {by_phase(port)}, ledger {s.sent}")
+        c.check("raw", raw_lines(ws.run(runs[0]).raw) == N, raw_lines(ws.run(runs[0]).raw))
+        c.check("starts", service_state(ws, runs[0]).get("starts") == 1, service_state(ws, runs[0]))
+
+
+# ---------------------------------------------------------------------- 5. service killed after its phase
+
+
+def test_service_killed_after_its_phase(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
+                                        fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    with cell(fault_matrix, "kill service after its phase") as c:
+        monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=service")
+        r = start_run(ws, case.case_id, wait=True)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.run_id is not None
+        settled(ws, r.run_id)
+        old = service_pid(ws, r.run_id)
+        kill(old)
+        wait_until(lambda: phase_status(ws, r.run_id).service_alive is False, 10, "the service to be seen dead")
+        s = phase_status(ws, r.run_id)
+        c.check("svc", s.service_alive is False and "service: the process this run measured on is gone" in s.text(),
+                s.text())
+        c.check("class", s.failure_class == "service", s.text())
+        c.check("plan", s.resume_runs[:1] == ["service"] and s.next_restarts_service and s.next_repeats_warmup
+                and not s.next_resends_requests, s.text())
+        c.check("next", f"resume(run_id='{r.run_id}') starts again at service" in s.next_call, s.next_call)
+
+        res = resume(ws, r.run_id, wait=True)
+        s2 = phase_status(ws, r.run_id)
+        st = stats(port)
+        svc = service_state(ws, r.run_id)
+        c.check("state", res.state == "succeeded" == s2.state, why(ws, r.run_id))
+        c.check("starts", svc.get("starts") == 2 and svc["proc"]["pid"] == st["pid"] != old,
+                f"starts {svc.get('starts')}, pid {old} -> {st['pid']}")
+        c.check("count", st["by_phase"].get("load") == N == s2.sent == s2.done,
+                f"target {st['by_phase']}, ledger sent {s2.sent}")
+        c.check("raw", raw_lines(ws.run(r.run_id).raw) == N, raw_lines(ws.run(r.run_id).raw))
+        ends = ended_ok(ws, r.run_id)
+        c.check("once", ends["preflight"] == 1 and ends["service"] == 2
+                and all(ends[p.value] == 1 for p in PHASES if p not in (Phase.PREFLIGHT, Phase.SERVICE))
+                and st["by_phase"].get("warmup") == 2, f"phase ends {dict(ends)}, new target {st['by_phase']}")
+
+
+# --------------------------------------------------------------------------------- 6. service killed mid-load
+
+
+def test_service_killed_mid_load(ws: Workspace, stop_services: None,
+                                 fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=slow_draft(port))
+    with cell(fault_matrix, "kill service mid-load") as c:
+        r = start_run(ws, case.case_id)
+        assert r.run_id is not None
+        paths = ws.run(r.run_id)
+        wait_until(lambda: paths.load_sent.exists() and paths.load_sent.stat().st_size > 0, 60, "the first send")
+        old = service_pid(ws, r.run_id)
+        kill(old)
+        s = settled(ws, r.run_id)
+        c.check("class", s.state == "failed" and s.failure_class == "service" and s.phase == "load", s.text())
+        c.check("svc", s.service_alive is False, s.text())
+        c.check("plan", s.resume_runs[:1] == ["service"] and "load" in s.resume_runs and s.next_resends_requests
+                and s.next_restarts_service, s.text())
+        c.check("next", f"resume(run_id='{r.run_id}')" in s.next_call, s.next_call)
+
+        res = resume(ws, r.run_id, wait=True)
+        s2 = phase_status(ws, r.run_id)
+        st = stats(port)
+        svc = service_state(ws, r.run_id)
+        c.check("state", res.state == "succeeded" == s2.state, why(ws, r.run_id))
+        marker = paths.load_attempt_dir(1) / "superseded.json"
+        c.check("kept", marker.exists() and raw_lines(paths.load_attempt_dir(1) / "raw.jsonl") > 0,
+                sorted(p.name for p in paths.root.iterdir()))
+        c.check("starts", svc.get("starts") == 2 and svc["proc"]["pid"] == st["pid"] != old,
+                f"starts {svc.get('starts')}, pid {old} -> {st['pid']}")
+        c.check("count", st["by_phase"].get("load") == N == s2.sent == s2.done,
+                f"new target {st['by_phase']}, ledger sent {s2.sent}")
+        c.check("raw", raw_lines(paths.raw) == N, raw_lines(paths.raw))
+
+
+# --------------------------------------------------------------------------------------- 7. torn events line
+
+
+def test_torn_events_line_after_a_failure(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
+                                          fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    with cell(fault_matrix, "torn events line after a failure") as c:
+        monkeypatch.setenv("CASELEDGER_FAULT", "postprocess:fail=import")
+        r = start_run(ws, case.case_id, wait=True)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.run_id is not None
+        s = settled(ws, r.run_id)
+        with ws.run(r.run_id).events.open("ab") as f:
+            f.write(b'{"seq": 999, "type": "phase_sta')
+        t = phase_status(ws, r.run_id)
+        c.check("class", s.failure_class == t.failure_class == "collect" and t.state == s.state == "failed"
+                and t.phase == "postprocess", t.text())
+        c.check("next", t.next_call == s.next_call and "reprocess_raw(" in t.next_call, t.next_call)
+        c.check("plan", t.resume_runs == ["postprocess", "decide"] and not t.next_resends_requests, t.text())
+
+        res = resume(ws, r.run_id, wait=True)
+        s2 = phase_status(ws, r.run_id)
+        c.check("state", res.state == "succeeded" == s2.state, why(ws, r.run_id))
+        c.check("count", by_phase(port) == N == s2.sent, f"target {by_phase(port)}, ledger {s2.sent}")
+        ends = ended_ok(ws, r.run_id)
+        c.check("once", all(ends[p.value] == 1 for p in PHASES), dict(ends))
+
+
+# -------------------------------------------------------------------- 8. two workspaces racing for one target
+
+TRIALS = 20
+
+
+def test_two_workspaces_race_for_one_target(tmp_path: Path, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    with reference_targets({"t": FAST}, tmp_path / "targets") as served:
+        port = int(served["t"].url.rsplit(":", 1)[1])
+        draft = ref_draft(port, service={"adapter": "external"})
+        wss = []
+        for name in ("a", "b"):
+            w = Workspace(tmp_path / name)
+            (w.root / "cases").mkdir(parents=True)
+            authorization.set_mode(w, "auto")
+            wss.append((w, freeze_case(w, draft=draft).case_id))
+        with cell(fault_matrix, f"two workspaces race one target x{TRIALS}") as c:
+            for trial in range(TRIALS):
+                runs_before = [runs_of(w) for w, _ in wss]
+                count0 = by_phase(port)
+                out = race(*[lambda w=w, cid=cid: start_run(w, cid, wait=True) for w, cid in wss])
+                won = [k for k in range(2) if not isinstance(out[k], Exception)]
+                lost = [out[k] for k in range(2) if isinstance(out[k], Exception)]
+                shown = [x if isinstance(x, Exception) else why(wss[k][0], x.run_id) for k, x in enumerate(out)]
+                c.check("one", len(won) == 1 and out[won[0]].state == "succeeded", f"trial {trial}: {shown}")
+                c.check("refused", len(lost) == 1 and isinstance(lost[0], TargetHeld)
+                        and "in workspace" in str(lost[0]), f"trial {trial}: {lost}")
+                runs_after = [runs_of(w) for w, _ in wss]
+                c.check("tree", sum(runs_after) - sum(runs_before) == 1, f"trial {trial}: {runs_before}->{runs_after}")
+                c.check("count", by_phase(port) - count0 == N, f"trial {trial}: {count0} -> {by_phase(port)}")
+
+
+# --------------------------------------------------------------------------------------- 9. concurrent resumes
+
+
+def test_concurrent_resumes(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
+                            fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    with cell(fault_matrix, "two resumes at once") as c:
+        monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=warmup")
+        r = start_run(ws, case.case_id, wait=True)
+        monkeypatch.delenv("CASELEDGER_FAULT")
+        assert r.run_id is not None
+        run_id = r.run_id
+        settled(ws, run_id)
+        out = race(lambda: resume(ws, run_id, wait=True), lambda: resume(ws, run_id, wait=True))
+        won = [x for x in out if not isinstance(x, Exception)]
+        lost = [x for x in out if isinstance(x, Exception)]
+        c.check("one", len(won) == 1 and won[0].state == "succeeded", out)
+        c.check("refused", len(lost) == 1 and (
+            (isinstance(lost[0], TargetHeld) and "already being continued" in str(lost[0]))
+            or (isinstance(lost[0], NothingToResume) and "live controller" in str(lost[0]))), lost)
+        s2 = phase_status(ws, run_id)
+        st = stats(port)
+        ends = ended_ok(ws, run_id)
+        c.check("once", all(ends[p.value] == 1 for p in PHASES) and st["by_phase"].get("warmup") == 2
+                and len([e for e in read_events(ws.run(run_id)).events if e["type"] == "controller_started"]) == 2,
+                f"phase ends {dict(ends)}, target {st['by_phase']}")
+        c.check("count", st["by_phase"].get("load") == N == s2.sent, f"target {st['by_phase']}, ledger {s2.sent}")
+        c.check("starts", service_state(ws, run_id).get("starts") == 1, service_state(ws, run_id))
+
+
+# ------------------------------------------------------------------------------------------- 10. single races
+
+
+def test_single_race(ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    ports = [free_port(), free_port()]
+    cases = [freeze_case(ws, draft=ref_draft(p)).case_id for p in ports]
+    authorization.set_mode(ws, "single")
+    with cell(fault_matrix, "single: two starts at once") as c:
+        out = race(*[lambda cid=cid: start_run(ws, cid, wait=True) for cid in cases])
+        won = [k for k in range(2) if not isinstance(out[k], Exception)]
+        lost = [out[k] for k in range(2) if isinstance(out[k], Exception)]
+        c.check("one", len(won) == 1 and out[won[0]].state == "succeeded", out)
+        c.check("refused", len(lost) == 1 and isinstance(lost[0], NotAuthorized) and "authorize" in lost[0].fix, lost)
+        c.check("mode", authorization.current_mode(ws) == "paused", authorization.current_mode(ws))
+        c.check("tree", len(list(ws.runs_dir.iterdir())) == 1, sorted(p.name for p in ws.runs_dir.iterdir()))
+        if len(won) == 1:
+            c.check("count", by_phase(ports[won[0]]) == N, stats(ports[won[0]]))
+
+
+# ----------------------------------------------------------------------------- 11. damaged authorization file
+
+AUTH_FILES = [(b'{"mo', "truncated authorization.json"), (b'"PAUSED"', 'authorization.json is "PAUSED"'),
+              (b'{"mode": "PAUSED"}', 'authorization mode "PAUSED"')]
+
+
+@pytest.mark.parametrize(("content", "name"), AUTH_FILES, ids=["truncated", "bare-PAUSED", "mode-PAUSED"])
+def test_damaged_authorization_refuses(ws: Workspace, stop_services: None,
+                                       fault_matrix: dict[str, dict[str, bool]], content: bytes, name: str) -> None:
+    case = freeze_case(ws, draft=ref_draft(free_port()))
+    ws.authorization_file.write_bytes(content)
+    with cell(fault_matrix, name + " refuses start") as c:
+        before = tree_digest(ws.root)
+        try:
+            r = start_run(ws, case.case_id)
+            c.check("refused", False, f"started: {r.text()}")
+        except NotAuthorized as e:
+            c.check("refused", "authorize" in e.fix and "paused" in e.message, e)
+        c.check("tree", tree_digest(ws.root) == before, "the refused call changed the workspace")
+        c.check("mode", authorization.current_mode(ws) == "paused", authorization.current_mode(ws))
+
+
+# ------------------------------------------------------------------------ 12-13. evidence changed or deleted
+
+
+def test_changed_and_deleted_evidence(ws: Workspace, stop_services: None,
+                                      fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    r = start_run(ws, case.case_id, wait=True)
+    assert r.run_id is not None and r.state == "succeeded", r.text()
+    paths = ws.run(r.run_id)
+    with cell(fault_matrix, "modified raw data refuses reprocess") as c:
+        data = paths.raw.read_bytes()
+        at = data.index(b'"ok":true') + len(b'"ok":')
+        paths.raw.write_bytes(data[:at] + b"f" + data[at + 1:])  # one byte: true -> frue
+        before = tree_digest(ws.root)
+        try:
+            reprocess_raw(ws, r.run_id)
+            c.check("refused", False, "reprocessed modified raw data")
+        except EvidenceChanged as e:
+            c.check("refused", "raw.jsonl changed" in e.message and "restore" in e.fix, e)
+        c.check("tree", tree_digest(ws.root) == before, "the refused reprocess changed the workspace")
+        paths.raw.write_bytes(data)
+        served = by_phase(port)
+        rep = reprocess_raw(ws, r.run_id)
+        c.check("repair", rep.requests == N and rep.requests_sent == 0 and by_phase(port) == served, rep.text())
+    with cell(fault_matrix, "deleted phases/service.json in status") as c:
+        paths.phase_file("service").unlink()
+        s = phase_status(ws, r.run_id)
+        c.check("missing", s.missing_evidence == ["phases/service.json"] and "missing evidence" in s.text(), s.text())
