@@ -375,11 +375,21 @@ def resolve_path(base: Path, given: str | os.PathLike[str], field: str) -> Path:
                           "give a plain workspace-relative path to an existing file") from None
 
 
+def exists(path: Path, field: str, given: str | os.PathLike[str]) -> bool:
+    """path.exists(), with the errors it raises (a component longer than the filesystem allows, a loop)
+    turned into PathEscapes naming the field and the fix."""
+    try:
+        return path.exists()
+    except OSError as e:
+        raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' cannot be used ({quoted(e.strerror or e, 80)})",
+                          "give a plain workspace-relative path (each name at most 255 bytes)") from None
+
+
 def read_file_field(path: Path, field: str, given: str | os.PathLike[str]) -> bytes:
     """The bytes of a regular file named by a field; a clear error (never a traceback) otherwise."""
     try:
         if not path.is_file():
-            what = "a directory" if path.is_dir() else "not a file"
+            what = "a directory" if path.is_dir() else "not a file"  # (both raise ENAMETOOLONG: caught below)
             where = "" if os.fspath(given) == str(path) else f" ({quoted(path, 200)})"
             raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' is {what}{where}",
                               "give the path of a regular file")

@@ -18,6 +18,7 @@ from caseledger.load.faults import FILLER, fill_disk
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft
+from tests.test_fault_matrix import cell
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def free_space(ws: Workspace, run_id: str) -> None:
 
 
 def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
-        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]) -> None:
     ws, port = small_ws, free_port()
     case = freeze_case(ws, draft=draft(port))
     # the disk fills after the 3rd record; the client's spare, freed as it exits, is filled again before
@@ -63,39 +64,40 @@ def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
     r = start_run(ws, case.case_id, wait=True, timeout_s=120)
     monkeypatch.delenv("CASELEDGER_FAULT")
     paths = ws.run(r.run_id)
-    fs = os.statvfs(paths.root)
-    assert fs.f_bavail * fs.f_frsize < 1 << 20  # really full (what is left is the controller's freed spare)
-    s = phase_status(ws, r.run_id)
-    assert s.state == "failed" and s.failure_class == "disk" and s.phase == "confirm_end", s.text()
-    assert "disk full (ENOSPC)" in (s.blocker or "") and "free disk space" in s.next_call
-    # the raw space was reserved before the first send: all 8 served requests have their record
-    records = paths.raw.read_bytes().splitlines()
-    assert len(records) == 8 == formal(port)
-    assert any(e.get("data", {}).get("failure_class") == "disk" for e in read_events(paths).events)
-
-    free_space(ws, r.run_id)
-    res = resume(ws, r.run_id, wait=True, timeout_s=120)
-    assert res.state == "succeeded", res.text()
-    s = phase_status(ws, r.run_id)
-    assert s.done == 8 and s.results_extracted and formal(port) == 8  # nothing re-sent
+    with cell(fault_matrix, "disk full mid-load (tmpfs)") as c:
+        fs = os.statvfs(paths.root)
+        c.check("full", fs.f_bavail * fs.f_frsize < 1 << 20, fs)  # really full (left: the freed spare)
+        s = phase_status(ws, r.run_id)
+        c.check("class", s.state == "failed" and s.failure_class == "disk" and s.phase == "confirm_end", s.text())
+        c.check("next", "disk full (ENOSPC)" in (s.blocker or "") and "free disk space" in s.next_call, s.text())
+        # the raw space was reserved before the first send: all 8 served requests have their record
+        records = paths.raw.read_bytes().splitlines()
+        c.check("raw", len(records) == 8, len(records))
+        c.check("count", formal(port) == 8, formal(port))
+        c.check("event", any(e.get("data", {}).get("failure_class") == "disk" for e in read_events(paths).events))
+        free_space(ws, r.run_id)
+        res = resume(ws, r.run_id, wait=True, timeout_s=120)
+        c.check("state", res.state == "succeeded", res.text())
+        s = phase_status(ws, r.run_id)
+        c.check("resend", s.done == 8 and s.results_extracted and formal(port) == 8, s.text())  # none re-sent
 
 
 def test_disk_full_before_the_load_sends_nothing_and_resume_sends_it_once(
-        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]) -> None:
     ws, port = small_ws, free_port()
     case = freeze_case(ws, draft=draft(port))
     monkeypatch.setenv("CASELEDGER_FAULT", "controller:fill_disk_before=load")
     r = start_run(ws, case.case_id, wait=True, timeout_s=120)
     monkeypatch.delenv("CASELEDGER_FAULT")
-    s = phase_status(ws, r.run_id)
-    assert s.state == "failed" and s.failure_class == "disk" and s.phase == "load", s.text()
-    assert formal(port) == 0 and s.sent == 0
-    assert s.resume_runs[0] == "load" and not s.next_restarts_service
-
-    free_space(ws, r.run_id)
-    res = resume(ws, r.run_id, wait=True, timeout_s=120)
-    assert res.state == "succeeded", res.text()
-    assert formal(port) == 8
+    with cell(fault_matrix, "disk full before the load (tmpfs)") as c:
+        s = phase_status(ws, r.run_id)
+        c.check("class", s.state == "failed" and s.failure_class == "disk" and s.phase == "load", s.text())
+        c.check("count", formal(port) == 0 and s.sent == 0, formal(port))
+        c.check("next", s.resume_runs[:1] == ["load"] and not s.next_restarts_service, s.text())
+        free_space(ws, r.run_id)
+        res = resume(ws, r.run_id, wait=True, timeout_s=120)
+        c.check("state", res.state == "succeeded", res.text())
+        c.check("once", formal(port) == 8, formal(port))
 
 
 def test_raw_space_is_reserved_or_refused(small_ws: Workspace) -> None:

@@ -106,6 +106,7 @@ FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str,
     "directory as draft": (lambda ws: {"path": "cases"}, ("'cases' is a directory",)),
     "5000-char path": (lambda ws: {"path": "a" * 5000}, ("5000 characters",)),
     "NUL in path": (lambda ws: {"path": "cases/a\0.json"}, ("NUL",)),
+    "name over 255 bytes": (lambda ws: {"path": "cases/" + "é" * 200}, ("cannot be used",)),
     "path escaping": (lambda ws: {"path": "../../../../etc/passwd"}, ()),  # CLI: not JSON; MCP: outside
     "tokenizer at /etc": (_tok_outside, ("dataset.tokenizer '/etc'",)),
     "tokenizer relative up": (_tok_relative, ("dataset.tokenizer",)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from caseledger.case.model import Case
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import Result, compute_result
 from caseledger.outcome.decide import decide
-from caseledger.outcome.report import render_plots, render_run_md, render_side_by_side, report_json
+from caseledger.outcome.report import (
+    PlotPoint,
+    render_plots,
+    render_png,
+    render_run_md,
+    render_side_by_side,
+    report_json,
+)
 from caseledger.records import RawRecord
 
 MS = 1_000_000
@@ -134,5 +142,16 @@ def test_plots_are_optional(res: Result, tmp_path: Path, monkeypatch: pytest.Mon
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
+    for loaded in [m for m in sys.modules if m.startswith("matplotlib")]:  # imported by an earlier test
+        monkeypatch.delitem(sys.modules, loaded)
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     assert render_plots(res, tmp_path) == []
+    assert render_png("t", "m", "x", [], {}, {}) is None
+
+
+def test_decision_png_draws_metric_limits_and_cdfs() -> None:
+    points = [PlotPoint(label=f"C={c}", x=float(c), metric=100.0 * c, figures={"tpot_p99_ms": 4.0 * c},
+                        breaks=4.0 * c > 10, best=c == 2) for c in (1, 2, 4)]
+    png = render_png("scenario s", "output_throughput (whole)", "load.concurrency", points,
+                     {"tpot_p99_ms": 10.0}, {"C=1": {"ttft": [1.0, 2.0], "tpot": [3.0, float("nan")]}})
+    assert png is not None and png.startswith(b"\x89PNG") and len(png) < 200_000

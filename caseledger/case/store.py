@@ -19,6 +19,7 @@ from caseledger.workspace import (
     atomic_write,
     canonical_json,
     check_id,
+    exists,
     read_file_field,
     resolve_path,
     sha256_bytes,
@@ -195,8 +196,8 @@ def read_draft(ws: Workspace, path: str | Path, *, cwd_first: bool = True) -> tu
     """A draft file: relative to the current directory when it exists there (cwd_first), else to the
     workspace; refused when it leaves the workspace (MCP: cwd_first=False, the server's cwd means nothing)."""
     here = resolve_path(Path.cwd(), path, "path") if cwd_first else None
-    p = here if here is not None and here.exists() else ws.inside(str(path), "path")
-    if not p.exists():
+    p = here if here is not None and exists(here, "path", path) else ws.inside(str(path), "path")
+    if not exists(p, "path", path):
         raise NotFound(f"draft '{quoted(path)}' does not exist", "give the path of a case JSON file (see cases/)")
     return parse_draft(read_file_field(p, "path", path), quoted(path, 200)), str(p)
 

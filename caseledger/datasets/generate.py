@@ -55,7 +55,7 @@ from caseledger.datasets.identity import (
     salt_text,
 )
 from caseledger.errors import CaseInvalid, quoted
-from caseledger.workspace import Workspace, read_file_field, sha256_bytes, sha256_file, write_json
+from caseledger.workspace import Workspace, exists, read_file_field, sha256_bytes, sha256_file, write_json
 
 _MIN_SALT_WORDS = 16
 _CHUNK = 16  # suffixes encoded per batch: tokenizers Encodings are ~100 B per token
@@ -580,7 +580,7 @@ def _check_salt(salted: int, body: int, name: str) -> None:
 def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
     """file: the first dataset.entries (prompt, output_tokens) of the JSONL, and the file's sha256."""
     src = ws.inside(ds.path, "dataset.path")
-    if not src.is_file():
+    if not exists(src, "dataset.path", ds.path):
         raise CaseInvalid(
             f"dataset.path '{quoted(ds.path)}' is not a file in the workspace ({quoted(src, 200)})",
             "put a JSONL file of {\"prompt\": ...} lines inside the workspace and give its relative path",

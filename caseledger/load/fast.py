@@ -12,6 +12,7 @@ in the message; timeouts stay with the caller (`anyio.fail_after` around the who
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -74,6 +75,8 @@ class _Exchange(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._body: list[bytes] = []
+        self._rx: list[int] = []  # arrival (monotonic ns) of each piece of _body: its data_received call
+        self._rx_ns = 0
         self._buffered = 0
         self._paused = False
         self._framed = False  # Content-Length or Transfer-Encoding seen: the body does not end at close
@@ -92,6 +95,7 @@ class _Exchange(asyncio.Protocol):
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
+        self._rx_ns = time.monotonic_ns()  # the time point: the bytes' arrival, before any parsing
         if self.complete or self.error is not None:
             return  # bytes after the message (the connection is closing anyway)
         try:
@@ -144,6 +148,7 @@ class _Exchange(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
+        self._rx.append(self._rx_ns)
         self._buffered += len(body)
         self._received += len(body)
 
@@ -193,11 +198,34 @@ class _Exchange(asyncio.Protocol):
             if body:
                 data = body[0] if len(body) == 1 else b"".join(body)
                 body.clear()
+                self._rx.clear()
                 self._buffered = 0
                 if self._paused and self._transport is not None:
                     self._paused = False
                     self._transport.resume_reading()
                 yield data
+            elif self.complete:
+                return
+            elif self.error is not None:
+                raise StreamBroken(self.error)
+            else:
+                await self.wait()
+
+    async def aiter_timed(self) -> AsyncIterator[tuple[int, bytes]]:
+        """Body bytes with their arrival time: pieces of one data_received call together, each call apart."""
+        body, rx = self._body, self._rx
+        while True:
+            if body:
+                n, t = 1, rx[0]
+                while n < len(body) and rx[n] == t:
+                    n += 1
+                data = body[0] if n == 1 else b"".join(body[:n])
+                del body[:n], rx[:n]
+                self._buffered -= len(data)
+                if self._paused and self._transport is not None and self._buffered <= READ_HIGH_WATER // 2:
+                    self._paused = False
+                    self._transport.resume_reading()
+                yield t, data
             elif self.complete:
                 return
             elif self.error is not None:

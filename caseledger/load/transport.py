@@ -7,6 +7,7 @@ Both raise the same errors: ConnectFailed before the response headers, StreamBro
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, Protocol
@@ -31,6 +32,11 @@ class StreamResponse(Protocol):
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         """Response body bytes (de-chunked) as they arrive."""
+        ...
+
+    def aiter_timed(self) -> AsyncIterator[tuple[int, bytes]]:
+        """(monotonic ns when the bytes arrived, the bytes): the time point is taken where the transport
+        first sees them (the fast transport: in data_received, before parsing), not when the reader runs."""
         ...
 
     async def aread(self) -> bytes: ...
@@ -58,6 +64,10 @@ class _HttpxResponse:
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         return self._r.aiter_raw()  # the generator itself: no wrapper on the per-chunk path
+
+    async def aiter_timed(self) -> AsyncIterator[tuple[int, bytes]]:
+        async for raw in self._r.aiter_raw():  # httpx hands bytes over after its own parsing: time them here
+            yield time.monotonic_ns(), raw
 
     async def aread(self) -> bytes:
         return await self._r.aread()

@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import numpy as np
@@ -330,8 +330,11 @@ def _utc(anchor: dict[str, Any] | None, t_ns: int | None) -> str | None:
     if anchor is None or t_ns is None:
         return None
     try:
-        wall = datetime.fromisoformat(str(anchor["wall_utc"]))
-        at = wall + timedelta(microseconds=(t_ns - int(anchor["mono_ns"])) / 1000)
+        if "wall_ns" in anchor:  # integer ns: no rounding through a microsecond string
+            at = datetime.fromtimestamp((int(anchor["wall_ns"]) + t_ns - int(anchor["mono_ns"])) / 1e9, UTC)
+        else:
+            wall = datetime.fromisoformat(str(anchor["wall_utc"]))
+            at = wall + timedelta(microseconds=(t_ns - int(anchor["mono_ns"])) / 1000)
     except (KeyError, TypeError, ValueError):
         return None
     return at.isoformat(timespec="milliseconds")

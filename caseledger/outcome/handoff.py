@@ -7,9 +7,6 @@ pasted; deleting the file loses nothing (`caseledger status` regenerates it).
 from __future__ import annotations
 
 from caseledger import ledger, procs
-from caseledger.case.model import Case
-from caseledger.case.plan import delta
-from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.runs import damaged_line, scan_runs
@@ -87,58 +84,33 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
 
 
 MAX_ROWS = 8  # scenario rows shown; the rest are counted (summarize(scenario=...) has them all)
-SHORT = {"load.concurrency": "C", "load.requests": "N", "load.rate": "rate", "dataset.input_tokens": "in",
-         "dataset.output_tokens": "out", "load.max_tokens": "max_tokens", "dataset.prefix_ratio": "prefix"}
-
-
-def _label(base: Case | None, case: Case) -> str:
-    """What a case changes against the scenario's baseline, shortest form: 'C=8', 'N=640 C=16'."""
-    if base is None:
-        return "baseline"
-    items = [d for d in delta(base, case) if d.path not in ("dataset.entries",)]
-    if not items:
-        return "baseline"
-    return " ".join(f"{SHORT.get(d.path, d.path.rsplit('.', 1)[-1])}={quoted(d.new, 24)}" for d in items[:3]) + (
-        f" +{len(items) - 3}" if len(items) > 3 else "")
 
 
 def _scenario_rows(ws: Workspace, views: list[RunView], max_rows: int = MAX_ROWS) -> list[str]:
-    """The scenario in a few lines: per case its change against the baseline, latest run, decision metric
-    and verdict; the best kept case among those that meet every limit."""
-    latest: dict[str, RunView] = {}
-    for v in views:
-        latest[v.case_id] = v  # views are oldest first: the last one of a case is its latest run
-    cases: dict[str, Case | None] = {}
-    for cid in latest:
-        try:
-            cases[cid] = load_case(ws, cid)
-        except CaseledgerError:
-            cases[cid] = None
-    first = next(iter(latest))
-    base_id = next((cid for cid, c in cases.items() if c is not None and c.parent is None), first)
-    base = cases.get(base_id)
-    out = [f"scenario {views[-1].scenario}: {len(latest)} case(s), baseline {base_id}"]
-    best: tuple[float, str] | None = None
-    for k, (cid, v) in enumerate(latest.items()):
-        dec = v.decision or {}
-        cand = dec.get("candidate") or {}
-        value = cand.get("value") if isinstance(cand.get("value"), (int, float)) else None
-        broken = [lim["limit"] for lim in dec.get("limits", []) if lim.get("verdict") == "breaks"]
-        verdict = dec.get("outcome") or v.state.value
-        if broken:
-            verdict += f" (breaks {', '.join(broken)})"
-        metric = f"{dec.get('primary_metric')} {value:.4g}" if value is not None else "no result"
-        case = cases.get(cid)
-        if k < max_rows:
-            out.append(f"  {_label(base, case) if case else cid}: {v.run_id} {v.state.value}, {metric} -> {verdict}")
-        if dec.get("outcome") in ("keep", "baseline") and not broken and value is not None:
-            signed = value if dec.get("direction", "higher") == "higher" else -value
-            if best is None or signed > best[0]:
-                best = (signed, f"{cid} ({v.run_id})")
-    if len(latest) > max_rows:
-        out.append(f"  +{len(latest) - max_rows} more: summarize(scenario='{views[-1].scenario}')")
+    """The scenario in a few lines, from the same view summarize(scenario=...) answers with: per case its
+    change against the baseline, latest valid run, decision metric and verdict; the best within limits."""
+    # the controller refreshes HANDOFF.md before the first formal request: these stay off its hot path
+    from caseledger.outcome.decide import broken  # lazy: pulls metrics and numpy (~40 ms)
+    from caseledger.outcome.summary import scenario_view  # lazy: pulls metrics and numpy (~40 ms)
+
+    name = views[-1].scenario
+    try:
+        view = scenario_view(ws, name)
+    except CaseledgerError:  # runs of cases not frozen here (imported): no scenario rows
+        return [f"scenario: {name}"]
+    out = [f"scenario {name}: {len(view.rows)} case(s), {view.primary_metric} on {view.window}"
+           + (f", limits {', '.join(view.limits)}" if view.limits else "")]
+    for r in view.rows[:max_rows]:
+        verdict = r.decision or r.state
+        if r.limits and (br := broken(r.limits)):
+            verdict += f" ({br})"
+        metric = f"{r.metric:.4g}" if r.metric is not None else "no result"
+        out.append(f"  {r.change}: {r.run_id or '-'} {metric} -> {verdict}{' (best)' if r.best else ''}")
+    if len(view.rows) > max_rows:
+        out.append(f"  +{len(view.rows) - max_rows} more: summarize(scenario='{name}')")
+    best = next((r for r in view.rows if r.best), None)
     if best is not None:
-        out.append(f"best kept (meets every limit): {best[1]}")
+        out.append(f"best within every limit: {best.change} {best.case_id} ({best.run_id})")
     return out
 
 

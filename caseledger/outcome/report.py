@@ -547,8 +547,6 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
         if name in bounds:
             ax.axhline(bounds[name], linestyle="--", color="tab:red", label=f"limit {name} {bounds[name]:g}")
     ax.set_title("limited figures (ms)", fontsize=8)
-    if names:
-        ax.legend(fontsize=6)
     for ax in axes[:2]:
         ax.set_xlabel(x_label, fontsize=8)
         if by_pos:
@@ -559,7 +557,8 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
             if values:
                 ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=label)
         ax.set_title(f"{figure.upper()} CDF (ms)", fontsize=8)
-        if cdfs:
+    for ax in axes[1:]:
+        if ax.get_legend_handles_labels()[0]:  # a legend without labelled lines warns
             ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -127,13 +127,21 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
         raise CaseInvalid(f"scenario '{name[:60]}' is not a scenario name (letters, digits, '.', '_', '-')",
                           "summarize() without arguments shows the latest scenario")
     scan = scan_runs(workspace)
+    given = name is not None
     try:
         name = name or summary.latest_scenario(workspace)
     except NotFound:
         found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
         raise NotFound(f"no runs and no frozen case in this workspace yet{found}",
                        "freeze_case(path='cases/x.json') then start_run(case_id=...)") from None
-    view = summary.scenario_view(workspace, name)
+    try:
+        view = summary.scenario_view(workspace, name)
+    except NotFound:
+        if given or not scan.metas:
+            raise
+        # the latest run's case is not frozen here (an imported or hand-made ledger): that run, as before
+        latest = summarize(workspace, [scan.metas[-1].run_id])
+        return latest.model_copy(update={"damaged": scan.damaged})
     return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=_scenario_plot(workspace, view),
                          damaged=scan.damaged, next_call=summary.scenario_next(view))
 
