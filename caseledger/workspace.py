@@ -349,10 +349,11 @@ class Workspace:
 
     def inside(self, relative: str, field: str) -> Path:
         """Resolve a workspace-relative path; refuse one that escapes the workspace."""
-        p = resolve_path(self.root, relative, field)
-        if p != self.root and self.root not in p.parents:
+        root = self.root.resolve()
+        p = resolve_path(root, relative, field)
+        if p != root and root not in p.parents:
             raise PathEscapes(
-                f"{field} '{quoted(relative)}' resolves outside the workspace {self.root}",
+                f"{field} '{quoted(relative)}' resolves outside the workspace {root}",
                 "put the file inside the workspace and give a path relative to it",
             )
         return p

@@ -192,24 +192,9 @@ class _Exchange(asyncio.Protocol):
     # ---- StreamResponse ---------------------------------------------------------------------------
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        """Body bytes (de-chunked) as they arrive: everything one socket read brought, in one piece."""
-        body = self._body
-        while True:
-            if body:
-                data = body[0] if len(body) == 1 else b"".join(body)
-                body.clear()
-                self._rx.clear()
-                self._buffered = 0
-                if self._paused and self._transport is not None:
-                    self._paused = False
-                    self._transport.resume_reading()
-                yield data
-            elif self.complete:
-                return
-            elif self.error is not None:
-                raise StreamBroken(self.error)
-            else:
-                await self.wait()
+        """Body bytes (de-chunked) as they arrive, one piece per socket read (aiter_timed without the times)."""
+        async for _, data in self.aiter_timed():
+            yield data
 
     async def aiter_timed(self) -> AsyncIterator[tuple[int, bytes]]:
         """Body bytes with their arrival time: pieces of one data_received call together, each call apart."""
