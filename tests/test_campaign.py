@@ -116,3 +116,30 @@ def test_handoff_shows_the_scenario_and_only_unsuperseded_problems(ws: Workspace
     text = ws.handoff.read_text()
     assert f"- {rb.run_id}" not in text and "open problems" not in text, text  # superseded by its child
     assert "3 case(s)" in text, text
+
+
+def test_a_copied_workspace_resumes_in_its_new_place(ws: Workspace, tmp_path: Any, stop_services: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    import time
+
+    from caseledger import ledger, services
+
+    port = free_port()
+    f = freeze_case(ws, draft=ref_draft(port))
+    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=warmup")
+    r = start_run(ws, f.case_id, wait=True)
+    monkeypatch.delenv("CASELEDGER_FAULT")
+    moved = Workspace(tmp_path / "moved")
+    shutil.copytree(ws.root, moved.root)  # run.json still names the old place
+    key = ledger.target_key(load_case(ws, f.case_id).canonical())
+    deadline = time.monotonic() + 45  # the original workspace's lease lapses first (host-wide: one owner)
+    while (lease := ledger.read_lease(ws, key)) is not None and lease.live() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    try:
+        res = resume(moved, r.run_id, wait=True)
+        assert res.state == "succeeded", res.text()
+        assert phase_status(moved, r.run_id).done == 8
+        assert phase_status(ws, r.run_id).state != "succeeded"  # the original was not touched
+    finally:
+        services.stop_all(moved)

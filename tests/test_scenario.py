@@ -62,7 +62,7 @@ def test_one_row_per_c_with_tpot_p99_and_its_verdict_and_the_breaker_is_never_be
     s = summarize(ws, [], scenario=SCENARIO)
     view = s.scenario
     assert view is not None and view.swept == "load.concurrency" and view.baseline_case == cases[1]
-    assert [r.change for r in view.rows] == ["baseline", "C=2", "C=4", "C=8"]
+    assert [r.change for r in view.rows] == ["C=1 (baseline)", "C=2", "C=4", "C=8"]
     assert [r.run_id for r in view.rows] == [runs[c] for c in (1, 2, 4, 8)]
     for row in view.rows:
         assert row.tpot_p99_ms is not None and row.tpot_p50_ms is not None and row.itl_p99_ms is not None
@@ -116,7 +116,7 @@ def test_mcp_summarize_returns_rows_and_a_png_and_the_resource_reads_the_same_ro
     assert len(images) == 1 and images[0].mime_type == "image/png"
     assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
     rows = answer.structured_content["scenario"]["rows"]  # type: ignore[attr-defined]
-    assert [r["change"] for r in rows] == ["baseline", "C=2", "C=4", "C=8"]
+    assert [r["change"] for r in rows] == ["C=1 (baseline)", "C=2", "C=4", "C=8"]
     body = resource.contents[0]  # type: ignore[attr-defined]
     assert isinstance(body, TextResourceContents)
     assert texts[0].splitlines()[:6] == body.text.splitlines()[:6] and cases[8] in body.text

@@ -96,12 +96,14 @@ class Lease:
     def held_by(self, ws: Workspace) -> str:
         """'run r-… (controller pid N, lease until …)', naming the workspace when it is another one."""
         pid = (self.owner or {}).get("pid")
-        who = f"controller pid {pid}" if pid else "its controller is starting"
+        who = f"controller pid {pid}" if pid else "its controller is starting, or died starting: the lease lapses"
         where = f" in workspace {self.workspace}" if self.workspace and self.workspace != str(ws.root) else ""
         return f"run {self.run_id}{where} ({who}, lease until {utc_from_epoch(self.expires)})"
 
     def live(self, now: float | None = None) -> bool:
-        """Held: a run holds it, and it has not expired or one of its processes still runs."""
+        """Held: a run holds it, and it has not expired or one of its processes still runs. (Not 'owner dead
+        means free': a controller killed right after starting its load client has not yet named the client in
+        the lease; the expiry covers that window.)"""
         if self.run_id is None:
             return False
         now = time.time() if now is None else now

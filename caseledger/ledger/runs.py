@@ -104,7 +104,9 @@ class Run:
 
     @property
     def workspace(self) -> Workspace:
-        return Workspace(Path(self.meta.workspace))
+        """The workspace the run directory lies in (ledger/runs/<id> or ledger/preflights/<id>), not the path
+        run.json recorded: a moved or copied workspace keeps working."""
+        return Workspace(self.paths.root.resolve().parents[2])
 
 
 CREATING_S = 60.0  # a run directory without run.json younger than this is being created

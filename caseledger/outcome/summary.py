@@ -307,6 +307,8 @@ class ScenarioView(_Model):
             lines.append(f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)} | {pct} | {lim}")
         best = next((r for r in self.rows if r.best), None)
         lines.append(f"* best within limits: {best.change} {best.case_id}" if best else "best within limits: none yet")
+        lines.append("decisions: keep = better beyond noise, within limits; close = breaks a limit or not better; "
+                     "insufficient = evidence missing or within noise (settle names the call)")
         return "\n".join(lines)
 
 
@@ -390,7 +392,8 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
                 for m in _PCTS for q in ("p50", "p99")}
         shown = ",".join(_label(p, v) for p, v in changes[cid])
         rows.append(ScenarioRow(
-            case_id=cid, change="baseline" if cid == base_id else shown or "(same)",
+            case_id=cid, change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if cid == base_id
+            else shown or "(same)",
             swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
             run_id=rid, runs=len(good), state=state,
             metric=window_stat(w, ".".join(METRICS[metric][:3])) if w is not None else None, **pcts,

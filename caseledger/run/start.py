@@ -14,6 +14,7 @@ from caseledger.case.plan import PHASES, Live, Phase, PlanStep, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue
+from caseledger.ledger.events import read_events
 from caseledger.ledger.leases import acquire, release, target_key
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
@@ -100,12 +101,20 @@ def spawn_controller(run: Run, fence: int) -> int:
 
 
 def wait_for(ws: Workspace, run_id: str, until: str, timeout: float) -> RunView:
-    """Poll the folded state until `until` ('preflight' ended, or 'end' of the run) or the owner died."""
+    """Poll the folded state until `until` ('preflight' ended, 'started': a controller adopted the run, or
+    'end' of the run) or the owner died."""
     deadline = time.monotonic() + timeout
+    since = len(read_events(ws.run(run_id)).events)
     while True:
         view = fold(ws, run_id)
         if until == "preflight" and view.phases[Phase.PREFLIGHT].state not in (PhaseState.PENDING, PhaseState.RUNNING):
             return view
+        if until == "started":
+            started = any(e["type"] == "controller_started" for e in read_events(ws.run(run_id)).events[since:])
+            if started or not view.controller_alive or time.monotonic() > deadline:
+                return view
+            time.sleep(0.02)
+            continue
         settled = view.state.value not in ("running", "created") and (until != "end" or not view.controller_alive)
         if settled or time.monotonic() > deadline:
             return view

@@ -24,6 +24,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, TextContent, TextResourceContents, Tool
 
+from caseledger.errors import quoted
 from caseledger.workspace import Workspace
 
 USAGE = "usage: caseledger inspect [call TOOL key=value ... | resources | read URI] [--json]"
@@ -173,7 +174,7 @@ def _print_tools(listed: list[Tool], as_json: bool) -> None:
     for t in listed:
         hints = t.annotations.model_dump(exclude_none=True) if t.annotations else {}
         flags = [k.removesuffix("_hint").replace("_", "-") for k, v in hints.items() if v is True]
-        first = " ".join((t.description or "").split()).split(". ")[0][:120]
+        first = quoted(" ".join((t.description or "").split()).split(". ")[0], 160)
         sys.stdout.write(f"{t.name}  [{', '.join(flags) or 'no hints'}]  {first}\n")
         sys.stdout.write(f"  in:  {_compact(t.input_schema)}\n")
         sys.stdout.write(f"  out: {_compact(t.output_schema) if t.output_schema else 'none'}\n")

@@ -8,12 +8,15 @@ from pydantic import BaseModel, Field
 
 from caseledger import ledger
 from caseledger.case.plan import Phase
-from caseledger.errors import NothingToResume
+from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
+from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import Run, load_run, write_meta
 from caseledger.ledger.state import RunState, fold, next_steps
 from caseledger.run.start import spawn_controller, wait_for
 from caseledger.workspace import Workspace
+
+STARTED_TIMEOUT_S = 10.0  # how long resume waits for its controller to adopt the run
 
 
 class ResumeResult(BaseModel):
@@ -62,11 +65,24 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
                                   "kept": kept, "client_alive": v.client_alive})
         resumed = Run(paths=paths, meta=run.meta.model_copy(update={"authorized": mode}))
         write_meta(paths, resumed.meta)  # before the spawn: the controller reads the mode that let it resume
+        before = len(read_events(paths).events)
         spawn_controller(resumed, lease.fence)
     if wait:
         view = wait_for(workspace, run_id, "end", timeout_s)
         state, nxt = view.state.value, view.next_call
-    else:  # the controller is starting: say so, not the failure it is about to repair
-        state, nxt = "running", f"phase_status(run_id='{run_id}') until it says done"
+    else:  # once its controller has adopted the run: say so, not the failure it is about to repair
+        view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S)
+        started = any(e["type"] == "controller_started" for e in read_events(paths).events[before:])
+        if started and view.state.value not in ("running", "created"):
+            state, nxt = view.state.value, view.next_call  # it already finished what was left
+        elif started or view.controller_alive:
+            state, nxt = "running", f"phase_status(run_id='{run_id}') until it says done"
+        else:
+            log = paths.controller_log.read_text(errors="replace").strip().splitlines()[-1:] if \
+                paths.controller_log.exists() else []
+            raise NothingToResume(
+                f"the resumed controller of {run_id} exited at once: {quoted(log[0] if log else 'no log', 200)}",
+                f"phase_status(run_id='{run_id}'); if the run cannot go on, start_run(case_id='{v.case_id}') "
+                "measures it afresh")
     return ResumeResult(run_id=run_id, from_phase=first, kept=kept, redo=list(steps.redo), state=state,
                         reattached=v.client_alive, next_call=nxt)
