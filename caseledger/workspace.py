@@ -288,6 +288,11 @@ class Workspace:
 
     root: Path
 
+    def __post_init__(self) -> None:
+        # absolute and resolved, always: the root is compared across processes (leases name it) and a
+        # relative one means something else in every child's working directory
+        object.__setattr__(self, "root", Path(self.root).resolve())
+
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Workspace:
         env = os.environ if env is None else env
@@ -349,7 +354,7 @@ class Workspace:
 
     def inside(self, relative: str, field: str) -> Path:
         """Resolve a workspace-relative path; refuse one that escapes the workspace."""
-        root = self.root.resolve()
+        root = self.root
         p = resolve_path(root, relative, field)
         if p != root and root not in p.parents:
             raise PathEscapes(
