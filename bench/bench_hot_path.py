@@ -2,17 +2,21 @@
 
 Runs a baseline on the reference target, then K hot children (concurrency changes only), and prints the
 time ledger of each: start_run -> first formal request, and where it went (controller start, preflight,
-service check, load client start). Goal from the runs issue: under 3 s. Run by hand:
-    python bench/bench_hot_path.py [K]
+service check, load client start). Goal: under 1 s. Run by hand:
+    python bench/bench_hot_path.py [K]            # the embedded reference target
+    python bench/bench_hot_path.py K llamacpp     # a real llama-server (after: set -a; . ~/.cache/caseledger/llama.env)
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from caseledger import services
 from caseledger.demo import _port, drafts
@@ -28,10 +32,20 @@ def _t(utc: str) -> float:
     return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
 
 
-def main(k: int = 5) -> None:
+def _llamacpp(port: int) -> dict[str, Any]:
+    d: dict[str, Any] = json.loads((Path(__file__).resolve().parents[1] / "cases" / "llamacpp.json").read_text())
+    d.pop("$schema", None)
+    argv = d["service"]["argv"]
+    argv[0], argv[argv.index("-m") + 1] = os.environ["CASELEDGER_LLAMA_SERVER"], os.environ["CASELEDGER_LLAMA_MODEL"]
+    d["target"]["endpoints"][0]["base_url"] = f"http://127.0.0.1:{port}/v1"
+    d["service"]["health_url"] = f"http://127.0.0.1:{port}/health"
+    return d
+
+
+def main(k: int = 5, engine: str = "reference") -> None:
     ws = Workspace(Path(tempfile.mkdtemp(prefix="bench-hot-")))
     authorization.set_mode(ws, "auto")
-    base, _ = drafts(_port())
+    base = _llamacpp(_port()) if engine == "llamacpp" else drafts(_port())[0]
     base["load"]["requests"] = 16
     try:
         f0 = freeze_case(ws, draft=base)
@@ -66,4 +80,4 @@ def main(k: int = 5) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, sys.argv[2] if len(sys.argv) > 2 else "reference")

@@ -69,11 +69,13 @@ def test_collect_failure_points_at_reprocess_and_then_summarize(
     assert f"summarize(run_ids=['{rid}'])" in next_line(ws)
 
 
-def test_end_unknown_points_at_resume(ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+def test_a_dead_client_points_at_a_fresh_run_and_says_what_resume_would_do(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
     rid = run_failing(ws, monkeypatch, "load:exit_after=3",
                       service={"reference": {"decode_step_s": 0.01, "prefill_tokens_per_s": 200000}})
     nxt = next_line(ws)
-    assert f"resume(run_id='{rid}')" in nxt and "no formal request again" in nxt
+    assert nxt.startswith("next: start_run(case_id=") and "died after 3 of 8 records" in nxt
+    assert f"resume(run_id='{rid}') only ends this run as partial (nothing is re-sent)" in nxt
 
 
 def test_deleting_the_handoff_loses_nothing(ws: Workspace, stop_services: None) -> None:
@@ -82,5 +84,5 @@ def test_deleting_the_handoff_loses_nothing(ws: Workspace, stop_services: None) 
     before = ws.handoff.read_text()
     ws.handoff.unlink()
     after = handoff.refresh(ws)
-    strip = lambda t: re.sub(r"generated \S+", "", t)  # noqa: E731
+    strip = lambda t: re.sub(r"written \S+", "", t)  # noqa: E731
     assert strip(after) == strip(before)

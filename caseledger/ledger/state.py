@@ -352,6 +352,11 @@ def _advise(v: RunView) -> None:
     elif fc == FailureClass.DISK:
         v.next_call = (f"free disk space in {v.meta.workspace}, then resume(run_id='{rid}') — goes on at "
                        f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
+    elif fc == FailureClass.END_UNKNOWN and v.current == Phase.LOAD and not v.client_alive and \
+            v.load_ended != "yes" and v.counts.done < v.counts.planned and v.counts.sent:
+        v.next_call = (f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "
+                       f"{v.counts.done} of {v.counts.planned} records ({v.counts.planned - v.counts.sent} never "
+                       f"sent); resume(run_id='{rid}') only ends this run as partial (nothing is re-sent)")
     elif fc == FailureClass.END_UNKNOWN:
         v.next_call = (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
                        "sends no formal request again")

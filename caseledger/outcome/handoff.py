@@ -31,8 +31,8 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
         if meta.run_id == exiting:
             v.controller_alive = False
         views.append(v)
-    lines = [f"# HANDOFF — as of {utc_now()[:19]}Z, derived from ledger/ (the resource caseledger://handoff is "
-             "always fresh)",
+    lines = [f"# HANDOFF — written {utc_now()[:19]}Z from ledger/; may be stale (a process that died wrote "
+             "nothing since): read caseledger://handoff or run `caseledger handoff` for a fresh one",
              f"authorization: {authorization.current_mode(ws)}"]
     if damaged:
         lines.append(quoted(damaged_line(damaged), 300))

@@ -7,10 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger import datasets
-from caseledger.case.plan import DeltaItem, PlanStep, delta, plan
+from caseledger import datasets, services
+from caseledger.case.model import Case
+from caseledger.case.plan import DeltaItem, Live, PlanStep, delta, plan
 from caseledger.case.store import check_parent, load_case, read_draft, store, validate
 from caseledger.errors import CaseInvalid
+from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
 from caseledger.workspace import Workspace
@@ -41,7 +43,7 @@ class FreezeResult(BaseModel):
             d = "none (no parent)"
         p = " ".join(f"{s.phase}={s.action}" for s in self.plan)
         lines = [f"case {self.case_id} ({'new' if self.created else 'already frozen'}), scenario {self.scenario}, "
-                 f"dataset {self.dataset_id}", f"delta: {d}", f"plan vs {'parent' if self.parent else 'nothing'}: {p}"]
+                 f"dataset {self.dataset_id}", f"delta: {d}", f"plan: {p}"]
         if self.runs:
             more = f" (+{len(self.runs) - 1} earlier)" if len(self.runs) > 1 else ""
             lines.append(f"measured: {self.runs[-1]} {self.latest_run_state}{more}")
@@ -82,10 +84,17 @@ def freeze_case(
         nxt = state.next_call
     return FreezeResult(
         case_id=cid, created=created, scenario=case.scenario, parent=case.parent, dataset_id=dataset_id,
-        delta=(changes := delta(parent_case, case)), plan=plan(case, changes, parent_case is not None),
+        delta=(changes := delta(parent_case, case)), plan=_preview(workspace, case, changes, parent_case is not None),
         path=str(workspace.frozen_case(cid)), runs=runs, latest_run_state=state.state.value if state else None,
         next_call=nxt,
     )
+
+
+def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:
+    """The plan shown at freeze: against the live target when this case's service is up now (what start_run
+    would do), else against the parent (what it will do when the parent's service is up)."""
+    alive, warm = services.live_state(ws, case, target_key(case.canonical()))
+    return plan(case, changes, has_parent, Live(service=True, warm=warm) if alive else None)
 
 
 def _materialize(ws: Workspace, case: Any) -> str:

@@ -28,6 +28,8 @@ class StatusResult(BaseModel):
     results_extracted: bool
     enough_to_decide: bool | None = Field(description="null until decided")
     decision: str | None
+    decision_reason: str | None = Field(None, description="Why the decision: a broken limit, the change and its "
+                                                          "noise, missing evidence")
     owner_alive: bool = Field(description="The controller process is alive")
     client_alive: bool = Field(description="The load client process is alive")
     blocker: str | None
@@ -65,7 +67,8 @@ class StatusResult(BaseModel):
             f"{self.run_id} {self.case_id} {self.scenario}: {self.state}{fc}, {ph}",
             f"{formal}; load ended "
             f"{self.load_ended}; results {'yes' if self.results_extracted else 'no'}; decide {dec}"
-            + (f" ({self.decision})" if self.decision else ""),
+            + (f" ({self.decision}" + (f": {quoted(self.decision_reason, 120)}" if self.decision_reason and
+                                          self.decision != "baseline" else "") + ")" if self.decision else ""),
             f"owner {'alive' if self.owner_alive else 'gone'}, client "
             f"{self._client()}; "
             f"auth {self.authorization}",
@@ -110,6 +113,7 @@ def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResul
         done=v.counts.done,
         failed=v.counts.failed, load_ended=v.load_ended, results_extracted=v.results_extracted,
         enough_to_decide=(dec.get("enough_to_decide") if dec else None), decision=dec.get("outcome"),
+        decision_reason=dec.get("reason"),
         owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
         next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),

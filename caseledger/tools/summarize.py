@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from caseledger.case.store import load_case
-from caseledger.errors import CaseInvalid, NotFound
+from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
@@ -32,6 +32,8 @@ class RunSummary(BaseModel):
     scenario: str = Field(description="Scenario of the case")
     results_extracted: bool = Field(description="Figures were computed from the raw records")
     decision: str | None = Field(description=DECISION_WORDS)
+    decision_reason: str | None = Field(None, description="Why: the broken limit, the change and its noise, ...")
+    decision_window: str | None = Field(None, description="The window the decision read (whole or native)")
     missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
     whole: Headline | None = Field(description="Headline figures of the whole window")
     native: Headline | None = Field(description="Headline figures of the native window (the rule computed last)")
@@ -63,10 +65,13 @@ class SummaryResult(BaseModel):
                         f"TPOT p50/p99 {w.tpot_p50_ms}/{w.tpot_p99_ms} ms, n={w.ok}{mark}")
             dec = r.decision or "undecided"
             if r.missing:
-                dec += f" (missing: {'; '.join(r.missing)[:80]})"
+                dec += f" (missing: {quoted('; '.join(r.missing), 100)})"
+            elif r.decision_reason and r.decision not in ("baseline", None):
+                dec += f": {quoted(r.decision_reason, 120)}"
             lines.append(f"{r.run_id} {r.case_id} {r.scenario}: {dec}")
-            lines.append(f"  whole: {f(r.whole)}")
-            lines.append(f"  native ({r.native.rule if r.native else '-'}): {f(r.native)}")
+            mark = {w: " (decides)" if r.decision_window == w else "" for w in ("whole", "native")}
+            lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
+            lines.append(f"  native ({r.native.rule if r.native else '-'}){mark['native']}: {f(r.native)}")
         if self.side_by_side:
             lines.append(f"side-by-side: {self.side_by_side}")
         if self.damaged:
@@ -97,6 +102,7 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
         out.append(RunSummary(
             run_id=rid, case_id=v.case_id, scenario=v.scenario, results_extracted=result is not None,
             decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
+            decision_reason=dec.get("reason"), decision_window=dec.get("window"),
             whole=summary.headline(last, "whole") if last else None,
             native=summary.headline(last, "native") if last else None,
             time_ledger=body["time_ledger"] if body else summary.time_ledger(run),
