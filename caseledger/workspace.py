@@ -257,6 +257,15 @@ class RunPaths:
         return self.root / "preflight.json"
 
     @property
+    def preflight_ahead(self) -> Path:
+        """The result of the preflight process start_run spawned ahead of the run (run/preflight.py)."""
+        return self.root / "preflight.ahead.json"
+
+    @property
+    def preflight_ahead_pid(self) -> Path:
+        return self.root / "preflight.ahead.pid.json"
+
+    @property
     def metrics_before(self) -> Path:
         return self.load_dir / "metrics_before.txt"
 

@@ -258,3 +258,22 @@ def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: 
     s = wait_state(ws, r2, lambda s: s.state == "succeeded", timeout=90)
     assert s.phases["service"] == "reused" and stats(port)["by_phase"]["load"] == 16
     assert "queue t-" not in ws.handoff.read_text()
+
+
+def test_preflight_runs_in_the_process_spawned_ahead_and_a_resume_runs_a_fresh_one(
+        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port))
+    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_before=service")
+    r = start_run(ws, case.case_id, wait=True)
+    monkeypatch.delenv("CASELEDGER_FAULT")
+    paths = ws.run(r.run_id)
+    first = orjson.loads(paths.phase_file("preflight").read_bytes())
+    ahead = orjson.loads(paths.preflight_ahead_pid.read_bytes())
+    assert first["checks"]["process"] == "spawned ahead, handed the run"  # a clean interpreter, not ours
+    assert first["checks"]["sockets"] == "forbidden (audit hook)" and first["checks"]["case_reload"] == case.case_id
+    assert ahead["pid"] != orjson.loads(paths.controller_pid.read_bytes())["pid"]
+    # the controller died before service: resume runs what is left; a re-run preflight would be fresh
+    res = resume(ws, r.run_id, wait=True)
+    assert res.state == "succeeded", res.text()
+    assert stats(port)["by_phase"]["load"] == 8

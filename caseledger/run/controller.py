@@ -27,7 +27,7 @@ from caseledger.ledger.state import PhaseState, fold
 from caseledger.load.faults import fault, fill_disk
 from caseledger.outcome import handoff
 from caseledger.run import phases
-from caseledger.run.preflight import run_fresh
+from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
 
@@ -170,7 +170,8 @@ class Controller:
 
     # ---- phase bodies: each returns its evidence or raises PhaseFailed
     def phase_preflight(self, attempt: int) -> dict[str, Any]:
-        res = run_fresh(self.paths.root)
+        # the process start_run spawned ahead and handed this run (a resume runs a fresh one)
+        res = (ahead_result(self.paths) if attempt == 1 else None) or run_fresh(self.paths.root)
         if not res.get("ok"):
             raise PhaseFailed(f"preflight: {res.get('error')}"[:300], FailureClass.BEFORE_MODEL,
                               "fix the cause and resume; 0 model requests were sent")

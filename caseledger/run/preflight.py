@@ -9,9 +9,12 @@ the deadline and free disk. It prints one JSON line and exits 0, or prints the e
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from os import PathLike
 from pathlib import Path
@@ -20,12 +23,13 @@ from typing import Any
 import httpx2
 import orjson
 
-from caseledger import datasets
+from caseledger import datasets, procs
 from caseledger.case.store import case_id_of, is_case_id_of
 from caseledger.ledger.runs import read_run
 from caseledger.load.faults import fault
 from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.procs import child_env
+from caseledger.workspace import RunPaths, read_json_or_none, write_json
 
 Path_ = PathLike[str]
 
@@ -101,9 +105,69 @@ def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
+AHEAD = "--ahead"
+AHEAD_WAIT_S = 60.0
+
+
+def spawn_ahead(keep: Iterable[str] = ()) -> subprocess.Popen[bytes]:
+    """A fresh preflight interpreter started before the run exists: it imports the library (the slow part)
+    while start_run takes the lease and writes the run, then gets the run directory on stdin and checks it
+    exactly as `python -m caseledger.run.preflight RUN_DIR` would: a clean process, sockets forbidden, the
+    case reloaded from disk. Its result lands in the run's preflight.ahead.json for the controller."""
+    return subprocess.Popen([sys.executable, "-m", "caseledger.run.preflight", AHEAD], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(keep=keep),
+                            start_new_session=True)
+
+
+def hand_over(p: subprocess.Popen[bytes], paths: RunPaths) -> None:
+    """Give the waiting preflight process its run (its pid is recorded first, for the controller)."""
+    write_json(paths.preflight_ahead_pid, {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0,
+                                           "host": procs.me()["host"]})
+    assert p.stdin is not None
+    with contextlib.suppress(OSError):  # it died already: the controller runs preflight itself
+        p.stdin.write(str(paths.root).encode() + b"\n")
+        p.stdin.close()
+
+
+def ahead_result(paths: RunPaths, timeout_s: float = AHEAD_WAIT_S) -> dict[str, Any] | None:
+    """The handed-over preflight's result, waiting for it while it runs; None when there was none (a resume,
+    a process that died): the caller then runs preflight in a fresh process itself."""
+    ref = read_json_or_none(paths.preflight_ahead_pid)
+    if ref is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        res = read_json_or_none(paths.preflight_ahead)
+        if isinstance(res, dict):
+            return res
+        if not procs.alive(ref):
+            res = read_json_or_none(paths.preflight_ahead)
+            return res if isinstance(res, dict) else None
+        time.sleep(0.005)
+    return None
+
+
+def _ahead() -> int:
     install_guard()
+    # the collector's models are the rest of the start-up: import them while waiting for the run
+    from caseledger.metrics import compute_result  # noqa: F401  # lazy: numpy, only in this child
+
+    line = sys.stdin.readline().strip()
+    if not line:
+        return 0  # start_run gave up (e.g. the target was held): nothing to check
+    try:
+        out: dict[str, Any] = {"ok": True, "checks": {**run(line), "process": "spawned ahead, handed the run"}}
+    except Exception as e:
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    write_json(RunPaths(Path(line)).preflight_ahead, out)
+    return 0 if out["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == [AHEAD]:
+        return _ahead()
+    install_guard()
 
     try:
         checks = run(args[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from caseledger.ledger.leases import acquire, release, target_key
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
-from caseledger.run.preflight import run_fresh
+from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead
 from caseledger.workspace import (
     RunPaths,
     Workspace,
@@ -127,15 +128,23 @@ def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeo
     wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""
     key = target_key(case.canonical())
     rid = new_run_id(ws)
-    with authorization.claim(ws, rid) as mode:
-        lease = acquire(ws, key, run_id=rid, owner=None)
-        try:
-            run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
-            spawn_controller(run, lease.fence)
-        except BaseException:
-            release(ws, key, rid, lease.fence)
-            raise
-    return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0)
+    ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
+    try:
+        with authorization.claim(ws, rid) as mode:
+            lease = acquire(ws, key, run_id=rid, owner=None)
+            try:
+                run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
+                hand_over(ahead, run.paths)
+                spawn_controller(run, lease.fence)
+            except BaseException:
+                release(ws, key, rid, lease.fence)
+                raise
+        return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0)
+    finally:
+        if ahead.stdin is not None and not ahead.stdin.closed:
+            ahead.kill()  # never handed a run (refused start): nothing of it is needed
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ahead.wait(timeout=AHEAD_WAIT_S)  # reaped, not left a zombie of a long-lived MCP server
 
 
 def start_next(ws: Workspace, key: str) -> str | None:
