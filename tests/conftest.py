@@ -244,3 +244,15 @@ def external_draft(port: int, **over: Any) -> dict[str, Any]:
     d = ref_draft(port, **over)
     d["service"] = {"adapter": "external"}
     return d
+
+
+def start_with_fault(monkeypatch: pytest.MonkeyPatch, fault: str, ws: Workspace, case_id: str,
+                     **kw: Any) -> Any:
+    """start_run with CASELEDGER_FAULT set for the processes it starts (and unset again after)."""
+    from caseledger.tools import start_run  # lazy: the tools pull numpy; conftest stays light
+
+    monkeypatch.setenv("CASELEDGER_FAULT", fault)
+    try:
+        return start_run(ws, case_id, **kw)
+    finally:
+        monkeypatch.delenv("CASELEDGER_FAULT")

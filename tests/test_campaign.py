@@ -13,7 +13,7 @@ from caseledger.case.store import legacy_id_of, lineage, load_case
 from caseledger.records import PHASE_HEADER
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, canonical_json
-from tests.conftest import ONE_TOKEN_STREAM, Answer, external_draft, free_port, ref_draft, stub_target
+from tests.conftest import ONE_TOKEN_STREAM, Answer, external_draft, free_port, ref_draft, start_with_fault, stub_target
 from tests.test_runs import stats
 
 pytestmark = pytest.mark.slow
@@ -78,9 +78,7 @@ def test_resume_says_the_run_is_running_not_the_failure_it_repairs(
         ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     f = freeze_case(ws, draft=ref_draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=warmup")
-    r = start_run(ws, f.case_id, wait=True)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "controller:exit_after=warmup", ws, f.case_id, wait=True)
     assert phase_status(ws, r.run_id).state != "succeeded"
     res = resume(ws, f.case_id)  # by case id
     assert res.run_id == r.run_id and res.state == "running"
@@ -127,9 +125,7 @@ def test_a_copied_workspace_resumes_in_its_new_place(ws: Workspace, tmp_path: An
 
     port = free_port()
     f = freeze_case(ws, draft=ref_draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=warmup")
-    r = start_run(ws, f.case_id, wait=True)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "controller:exit_after=warmup", ws, f.case_id, wait=True)
     moved = Workspace(tmp_path / "moved")
     shutil.copytree(ws.root, moved.root)  # run.json still names the old place
     key = ledger.target_key(load_case(ws, f.case_id).canonical())

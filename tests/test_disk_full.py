@@ -15,9 +15,9 @@ import pytest
 from caseledger import services
 from caseledger.ledger import authorization, read_events
 from caseledger.load.faults import FILLER, fill_disk
-from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
-from tests.conftest import free_port, ref_draft
+from tests.conftest import free_port, ref_draft, start_with_fault
 from tests.test_fault_matrix import cell
 
 pytestmark = pytest.mark.slow
@@ -60,9 +60,8 @@ def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
     case = freeze_case(ws, draft=draft(port))
     # the disk fills after the 3rd record; the client's spare, freed as it exits, is filled again before
     # confirm_end, so the controller meets ENOSPC too
-    monkeypatch.setenv("CASELEDGER_FAULT", "load:fill_disk_after=3,controller:fill_disk_before=confirm_end")
-    r = start_run(ws, case.case_id, wait=True, timeout_s=120)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    fills = "load:fill_disk_after=3,controller:fill_disk_before=confirm_end"
+    r = start_with_fault(monkeypatch, fills, ws, case.case_id, wait=True, timeout_s=120)
     paths = ws.run(r.run_id)
     with cell(fault_matrix, "disk full mid-load (tmpfs)") as c:
         fs = os.statvfs(paths.root)
@@ -86,9 +85,7 @@ def test_disk_full_before_the_load_sends_nothing_and_resume_sends_it_once(
         small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]) -> None:
     ws, port = small_ws, free_port()
     case = freeze_case(ws, draft=draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "controller:fill_disk_before=load")
-    r = start_run(ws, case.case_id, wait=True, timeout_s=120)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "controller:fill_disk_before=load", ws, case.case_id, wait=True, timeout_s=120)
     with cell(fault_matrix, "disk full before the load (tmpfs)") as c:
         s = phase_status(ws, r.run_id)
         c.check("class", s.state == "failed" and s.failure_class == "disk" and s.phase == "load", s.text())

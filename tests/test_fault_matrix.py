@@ -51,7 +51,7 @@ from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
 from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, reference_targets, tree_digest
+from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, tree_digest
 
 pytestmark = pytest.mark.slow
 
@@ -207,9 +207,7 @@ def test_controller_killed_then_resume(ws: Workspace, stop_services: None, monke
     case = freeze_case(ws, draft=ref_draft(port))
     killed = "load" if "exit_during" in fault else fault.split("=")[1]
     with cell(fault_matrix, name) as c:
-        monkeypatch.setenv("CASELEDGER_FAULT", fault)
-        r = start_run(ws, case.case_id, wait=True)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, fault, ws, case.case_id, wait=True)
         assert r.run_id is not None
         s = settled(ws, r.run_id)
         nxt = after(killed)[0]
@@ -248,9 +246,7 @@ def test_load_client_killed_mid_load(ws: Workspace, stop_services: None, monkeyp
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     with cell(fault_matrix, "kill load client mid-load") as c:
-        monkeypatch.setenv("CASELEDGER_FAULT", "load:exit_after=3")
-        r = start_run(ws, case.case_id, wait=True)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, "load:exit_after=3", ws, case.case_id, wait=True)
         assert r.run_id is not None
         s = settled(ws, r.run_id)
         c.check("class", s.failure_class == "end_unknown" and s.phase == "load", s.text())
@@ -279,9 +275,7 @@ def test_controller_and_client_killed_mid_load(ws: Workspace, stop_services: Non
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     with cell(fault_matrix, "kill controller and client mid-load") as c:
-        monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_during=load")
-        r = start_run(ws, case.case_id)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, "controller:exit_during=load", ws, case.case_id)
         assert r.run_id is not None
         paths = ws.run(r.run_id)
         wait_until(lambda: raw_lines(paths.raw) >= 3 and not phase_status(ws, r.run_id).owner_alive, 60,
@@ -378,9 +372,7 @@ def test_service_killed_after_its_phase(ws: Workspace, stop_services: None, monk
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     with cell(fault_matrix, "kill service after its phase") as c:
-        monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=service")
-        r = start_run(ws, case.case_id, wait=True)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, "controller:exit_after=service", ws, case.case_id, wait=True)
         assert r.run_id is not None
         settled(ws, r.run_id)
         old = service_pid(ws, r.run_id)
@@ -454,9 +446,7 @@ def test_torn_events_line_after_a_failure(ws: Workspace, stop_services: None, mo
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     with cell(fault_matrix, "torn events line after a failure") as c:
-        monkeypatch.setenv("CASELEDGER_FAULT", "postprocess:fail=import")
-        r = start_run(ws, case.case_id, wait=True)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, "postprocess:fail=import", ws, case.case_id, wait=True)
         assert r.run_id is not None
         s = settled(ws, r.run_id)
         with ws.run(r.run_id).events.open("ab") as f:
@@ -514,9 +504,7 @@ def test_concurrent_resumes(ws: Workspace, stop_services: None, monkeypatch: pyt
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     with cell(fault_matrix, "two resumes at once") as c:
-        monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_after=warmup")
-        r = start_run(ws, case.case_id, wait=True)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, "controller:exit_after=warmup", ws, case.case_id, wait=True)
         assert r.run_id is not None
         run_id = r.run_id
         settled(ws, run_id)

@@ -8,7 +8,7 @@ import pytest
 from caseledger.metrics import NotObserved, Ratio, latest_result
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft
+from tests.conftest import free_port, ref_draft, start_with_fault
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +48,7 @@ def test_broken_postprocess_is_collect_and_reprocess_sends_nothing(
         ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "postprocess:fail=import")
-    r = start_run(ws, case.case_id, wait=True)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "postprocess:fail=import", ws, case.case_id, wait=True)
     s = phase_status(ws, r.run_id)
     assert s.failure_class == "collect" and "ModuleNotFoundError" in (s.blocker or "")
     before = httpx2.get(f"http://127.0.0.1:{port}/stats").json()["requests_total"]

@@ -19,7 +19,7 @@ from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, reference_targets
+from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault
 
 pytestmark = pytest.mark.slow
 
@@ -86,9 +86,7 @@ def test_killed_controller_leaves_load_running_and_resume_finishes(
         ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_during=load")
-    r = start_run(ws, case.case_id)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "controller:exit_during=load", ws, case.case_id)
     s = wait_state(ws, r.run_id, lambda s: not s.owner_alive)
     assert s.client_alive, s.text()  # the load client outlives its controller
     assert s.state == "running" and s.load_ended == "no"
@@ -108,9 +106,7 @@ def test_killed_load_client_keeps_records_and_never_claims_success(
         ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "load:exit_after=3")
-    r = start_run(ws, case.case_id, wait=True)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "load:exit_after=3", ws, case.case_id, wait=True)
     s = phase_status(ws, r.run_id)
     assert s.state in ("end_unknown", "failed") and s.state != "succeeded"
     assert s.failure_class == "end_unknown"
@@ -168,9 +164,7 @@ def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
     with reference_targets({"plain": {}}, tmp_path) as served:
         port = int(served["plain"].url.rsplit(":", 1)[1])
         case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "external"}))
-        monkeypatch.setenv("CASELEDGER_FAULT", "preflight:connect")
-        r = start_run(ws, case.case_id)
-        monkeypatch.delenv("CASELEDGER_FAULT")
+        r = start_with_fault(monkeypatch, "preflight:connect", ws, case.case_id)
         assert r.preflight == "failed"
         assert "PermissionError" in (r.preflight_error or "") or "forbids" in (r.preflight_error or "")
         s = wait_state(ws, r.run_id, lambda s: not s.owner_alive)
@@ -264,9 +258,7 @@ def test_preflight_runs_in_the_process_spawned_ahead_and_a_resume_runs_a_fresh_o
         ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
-    monkeypatch.setenv("CASELEDGER_FAULT", "controller:exit_before=service")
-    r = start_run(ws, case.case_id, wait=True)
-    monkeypatch.delenv("CASELEDGER_FAULT")
+    r = start_with_fault(monkeypatch, "controller:exit_before=service", ws, case.case_id, wait=True)
     paths = ws.run(r.run_id)
     first = orjson.loads(paths.phase_file("preflight").read_bytes())
     ahead = orjson.loads(paths.preflight_ahead_pid.read_bytes())
