@@ -35,6 +35,7 @@ import orjson
 
 from caseledger import datasets
 from caseledger.case.model import Case
+from caseledger.case.store import case_id_of
 from caseledger.records import read_records
 from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, read_json, write_json
 
@@ -86,7 +87,7 @@ def make_run(ws: Workspace, run_id: str, port: int, n: int, tokens: int, c: int)
     paths = ws.run(run_id)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_json(paths.run_json, {"run_id": run_id, "case_id": "c-000000000000", "workspace": str(ws.root),
+    write_json(paths.run_json, {"run_id": run_id, "case_id": case_id_of(case), "workspace": str(ws.root),
                                 "dataset_id": ident.dataset_id, "salt": run_id, "planned": n})
     return paths
 
