@@ -14,7 +14,7 @@ from caseledger.records import PHASE_HEADER
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, canonical_json
 from tests.conftest import ONE_TOKEN_STREAM, Answer, external_draft, free_port, ref_draft, start_with_fault, stub_target
-from tests.test_runs import stats
+from tests.test_runs import stats, wait_state
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +83,10 @@ def test_resume_says_the_run_is_running_not_the_failure_it_repairs(
     res = resume(ws, f.case_id)  # by case id
     assert res.run_id == r.run_id and res.state == "running"
     assert "resume(" not in res.next_call and "phase_status(" in res.next_call
+    # let the resumed controller finish before stop_services: stopped under it, it would start the service
+    # again (resume repairs a lost service), and that one would outlive the test
+    wait_state(ws, r.run_id, lambda s: not s.owner_alive and s.state != "running", timeout=90)
+    assert phase_status(ws, r.run_id).state == "succeeded"
 
 
 def strict_answer(headers: dict[str, str], body: dict[str, Any]) -> Answer:
