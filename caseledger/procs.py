@@ -68,9 +68,8 @@ def cmdline(pid: int) -> list[str] | None:
 _TCP_LISTEN = "0A"  # /proc/net/tcp state code of a listening socket
 
 
-def listener_pids(port: int) -> set[int]:
-    """Pids of this host's processes holding a listening TCP socket on `port` (any address, v4 or v6),
-    read from /proc: the socket inodes in /proc/net/tcp{,6}, then which /proc/PID/fd points at them."""
+def _listening_inodes(port: int) -> set[str]:
+    """'socket:[inode]' of every listening TCP socket on `port` (v4 and v6), from /proc/net/tcp{,6}."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
@@ -78,31 +77,42 @@ def listener_pids(port: int) -> set[int]:
                 f = line.split()
                 if len(f) > 9 and f[3] == _TCP_LISTEN and int(f[1].rsplit(":", 1)[1], 16) == port:
                     inodes.add(f"socket:[{f[9]}]")
-    pids: set[int] = set()
-    if not inodes:
-        return pids
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in (d / "fd").iterdir():
-                with contextlib.suppress(OSError):
-                    if os.readlink(fd) in inodes:
-                        pids.add(int(d.name))
-                        break
-    return pids
+    return inodes
+
+
+def _holds(pid: int, inodes: set[str]) -> bool:
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return True
+    return False
+
+
+def _pids() -> list[int]:
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()]
+
+
+def listener_pids(port: int) -> set[int]:
+    """Pids of this host's processes holding a listening TCP socket on `port` (any address, v4 or v6)."""
+    inodes = _listening_inodes(port)
+    return {p for p in _pids() if _holds(p, inodes)} if inodes else set()
 
 
 def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
     """Whether the listener on `port` is `pid` or runs in the session `pid` leads (services are started in a
-    session of their own, so a worker process that holds the socket still counts); also the listeners."""
-    owners = listener_pids(port)
-    ours = set()
-    for o in owners:
+    session of their own, so a worker process that holds the socket still counts); with the listeners found.
+    The pid itself is looked at first, so the usual answer costs one fd directory, not every process's."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return False, set()
+    if _holds(pid, inodes):
+        return True, {pid}
+    for p in _pids():
         with contextlib.suppress(OSError):
-            if o == pid or os.getsid(o) == pid:
-                ours.add(o)
-    return bool(ours), owners
+            if p != pid and os.getsid(p) == pid and _holds(p, inodes):
+                return True, {p}
+    return False, {p for p in _pids() if _holds(p, inodes)}
 
 
 def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:

@@ -350,7 +350,7 @@ def _advise(v: RunView) -> None:
         v.next_call = (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
                        f"resume(run_id='{rid}') — keeps the service, repeats the refused phase")
     elif fc == FailureClass.DISK:
-        v.next_call = (f"free disk space in {v.meta.workspace}, then resume(run_id='{rid}') — goes on at "
+        v.next_call = (f"free disk space on the workspace's filesystem, then resume(run_id='{rid}') — goes on at "
                        f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
     elif fc == FailureClass.END_UNKNOWN and v.current == Phase.LOAD and not v.client_alive and \
             v.load_ended != "yes" and v.counts.done < v.counts.planned and v.counts.sent:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from caseledger import ledger, procs
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.runs import damaged_line, scan_runs
+from caseledger.ledger.runs import Run, damaged_line, scan_runs
 from caseledger.ledger.state import RunState, RunView, fold
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
 
@@ -24,7 +24,7 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
     views: list[RunView] = []
     for meta in scan.metas[-40:]:
         try:
-            v = fold(ws, meta.run_id)
+            v = fold(ws, Run(paths=ws.run(meta.run_id), meta=meta))  # run.json read once, by the scan
         except CaseledgerError as e:  # a damaged case.json or events file: named below, the others shown
             damaged.append(e.message)
             continue

@@ -23,16 +23,12 @@ from caseledger.case.plan import Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
-from caseledger.load.client import run_requests
+from caseledger.load.client import api_key_of, refuse_auth, run_requests
 from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, request_url
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import RunPaths, read_json_or_none, reserve, sha256_file, write_json
-
-
-def _api_key(case: Case) -> str | None:
-    return os.environ.get(case.target.api_key_env) if case.target.api_key_env else None
 
 
 def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list[RequestSpec]:
@@ -54,7 +50,7 @@ def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list
 
 def _send(case: Case, specs: list[RequestSpec], concurrency: int, phase: str) -> tuple[list[RawRecord], float]:
     t0 = time.monotonic()
-    recs = anyio.run(lambda: run_requests(specs, concurrency, phase, api_key=_api_key(case),
+    recs = anyio.run(lambda: run_requests(specs, concurrency, phase, api_key=api_key_of(case),
                                           timeout_s=case.load.timeout_s))
     return recs, time.monotonic() - t0
 
@@ -70,7 +66,7 @@ def warmup(run: Run) -> dict[str, Any]:
     recs, wall = _send(case, _specs(run, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
     ok = sum(r["ok"] for r in recs)
     if ok == 0:
-        _refuse_auth(case, "warmup", [r["status"] for r in recs])
+        refuse_auth(case, "warmup", [r["status"] for r in recs])
         err = next((r["error"] for r in recs if r["error"]), "no response")
         raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", FailureClass.SERVICE,
                           "check the service log; resume retries warmup without restarting a healthy service")
@@ -81,31 +77,16 @@ def route_verify(run: Run) -> dict[str, Any]:
     case = run.case
     routes = []
     for k, ep in enumerate(case.target.endpoints):
-        try:
-            resp = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=_auth(case))
-            _refuse_auth(case, f"route {k} /models", [resp.status_code])
-            ids = [m.get("id") for m in resp.json().get("data", [])]
-        except (httpx.HTTPError, ValueError) as e:
-            raise PhaseFailed(f"route {k} ({ep.base_url}) /models failed: {e}", FailureClass.SERVICE,
-                              "check the route") from None
-        if ep.model not in ids:
-            raise PhaseFailed(f"route {k} ({ep.base_url}) serves {ids}, not '{ep.model}'", FailureClass.SERVICE,
-                              "fix target.endpoints[].model or the routing")
-        routes.append({"route": k, "base_url": ep.base_url, "models": ids})
+        routes.append({"route": k, "base_url": ep.base_url, "models": services.served_models(case, k)})
     picks = [(k, k, f"route-{run.run_id}-{k}") for k in range(len(case.target.endpoints))]
     recs, wall = _send(case, _specs(run, picks, 1), len(picks), "route_verify")
     for rec in recs:
         routes[rec["route"]]["ok"] = rec["ok"]
         if not rec["ok"]:
-            _refuse_auth(case, f"route {rec['route']}", [rec["status"]])
+            refuse_auth(case, f"route {rec['route']}", [rec["status"]])
             raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", FailureClass.SERVICE,
                               "check that route's service")
     return {"routes": routes, "wall_s": round(wall, 3)}
-
-
-def _auth(case: Case) -> dict[str, str]:
-    key = _api_key(case)
-    return {"authorization": f"Bearer {key}"} if key else {}
 
 
 def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
@@ -296,22 +277,6 @@ def disarm_client(paths: RunPaths) -> None:
         procs.terminate(armed, grace_s=2.0)
 
 
-AUTH_STATUSES = (401, 403)
-
-
-def _refuse_auth(case: Case, where: str, statuses: list[int | None]) -> None:
-    """A target that refused the credentials on every request: an authentication failure (class auth),
-    not a service fault: the service is healthy and kept; the fix is the key."""
-    if not statuses or not all(st in AUTH_STATUSES for st in statuses):
-        return
-    env = case.target.api_key_env
-    key = f"the variable {env} (target.api_key_env)" if env else "target.api_key_env (none is set)"
-    raise PhaseFailed(
-        f"{where}: the target refused the credentials (HTTP {statuses[0]} on {len(statuses)} of {len(statuses)})",
-        FailureClass.AUTH,
-        f"check {key}: it must hold the key the server expects; then resume (the service is kept)")
-
-
 def rejection(error: str) -> str:
     """A rejected request's error with the server's own message first: 'HTTP 400: <message>' from a JSON
     body ({"error": {"message": …}}, {"message": …}, {"detail": …}), so what was rejected and why survives
@@ -335,7 +300,7 @@ def _check_entry(paths: RunPaths, case: Case, end: dict[str, Any]) -> None:
     if end.get("ok", 0) or not end.get("done"):
         return
     recs = read_records(paths.raw).records
-    _refuse_auth(case, "formal load", [r["status"] for r in recs])
+    refuse_auth(case, "formal load", [r["status"] for r in recs])
     if recs and all(r["error_class"] == "http" and r["status"] and 400 <= r["status"] < 500 for r in recs):
         first = recs[0]
         raise PhaseFailed(

@@ -101,11 +101,10 @@ def spawn_controller(run: Run, fence: int) -> int:
     return p.pid
 
 
-def wait_for(ws: Workspace, run_id: str, until: str, timeout: float) -> RunView:
-    """Poll the folded state until `until` ('preflight' ended, 'started': a controller adopted the run, or
-    'end' of the run) or the owner died."""
+def wait_for(ws: Workspace, run_id: str, until: str, timeout: float, since: int = 0) -> RunView:
+    """Poll the folded state until `until` ('preflight' ended, 'started': a controller_started event after
+    the first `since` events, or 'end' of the run) or the owner died."""
     deadline = time.monotonic() + timeout
-    since = len(read_events(ws.run(run_id)).events)
     while True:
         view = fold(ws, run_id)
         if until == "preflight" and view.phases[Phase.PREFLIGHT].state not in (PhaseState.PENDING, PhaseState.RUNNING):

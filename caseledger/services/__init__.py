@@ -12,6 +12,7 @@ from caseledger.services.adapters import (
     live_service,
     live_state,
     mark_warm,
+    served_models,
     stop,
     stop_all,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "live_service",
     "live_state",
     "mark_warm",
+    "served_models",
     "stop",
     "stop_all",
 ]

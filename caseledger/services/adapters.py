@@ -29,7 +29,8 @@ import orjson
 
 from caseledger import procs
 from caseledger.case.model import ENV_REF, SSH, Case
-from caseledger.errors import FailureClass, PhaseFailed
+from caseledger.errors import FailureClass, PhaseFailed, quoted
+from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote
 from caseledger.workspace import (
@@ -217,14 +218,12 @@ def live_service(ws: Workspace, key: str) -> dict[str, Any] | None:
 
 def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool]:
     """(this case's service is live on the target, it was warmed and its routes verified since it started):
-    what a run's plan is derived from at start_run. Read from the service record and the live process
-    (pid, start time, identity, health); no request is sent."""
+    what a run's plan is derived from at start_run, by the same check the service phase reuses it on
+    (identity, then _verify); no request is sent."""
     if case.service.adapter == "external":
         return False, False
-    st = live_service(ws, key)
-    if st is None or st.get("identity") != identity_of(case, model_files(ws, case)):
-        return False, False
-    if not health_ok(case.service.health_url or "", timeout=1.0):
+    st = read_json_or_none(_state_path(ws, key)) or {}
+    if st.get("identity") != identity_of(case, model_files(ws, case)) or _verify(st, case)[0] is not None:
         return False, False
     return True, bool(st.get("warmed_by"))
 
@@ -238,24 +237,30 @@ def mark_warm(ws: Workspace, key: str, pid: int, run_id: str) -> None:
 
 
 def check_live(ws: Workspace, case: Case, key: str) -> str | None:
-    """None when the service recorded for this target is still the case's service: pid and start time alive,
-    the argv read back unchanged, health answering and (locally) the port held by it; else what is wrong.
-    External endpoints are not ours to check beyond their health (route verification covers them)."""
+    """None when the service recorded for this target is still the case's service (see _verify); else what
+    is wrong. External endpoints are not ours to check beyond their health (route verification covers them)."""
     if case.service.adapter == "external":
         return None
-    st = read_json_or_none(_state_path(ws, key)) or {}
+    return _verify(read_json_or_none(_state_path(ws, key)) or {}, case)[0]
+
+
+def _verify(st: dict[str, Any], case: Case) -> tuple[str | None, list[str]]:
+    """(problem or None, effective argv) of a recorded service: pid and start time alive, the argv read back
+    unchanged, health answering and (locally) the port held by it. The one check behind reuse, the plan's
+    live state and the re-verification before and after the formal load."""
     proc = st.get("proc")
     if not proc:
-        return "no live service is recorded for this target"
+        return "no live service is recorded for this target", []
     pid = int(proc["pid"])
     if not _proc_alive(st):
-        return f"the service (pid {pid}) is gone"
-    diff = compare_argv(intended_argv(case), _cmdline(st) or [])
+        return f"the service (pid {pid}) is gone", []
+    eff = _cmdline(st) or []
+    diff = compare_argv(intended_argv(case), eff)
     if diff is not None:
-        return f"the service (pid {pid}) runs another argv: {diff}"
+        return f"the service (pid {pid}) runs another argv: {diff}", eff
     if not health_ok(case.service.health_url or ""):
-        return f"the service (pid {pid}) does not answer health at {case.service.health_url}"
-    return None if _remote_of(st) is not None else _owner_problem(case, pid)
+        return f"the service (pid {pid}) does not answer health at {case.service.health_url}", eff
+    return (None if _remote_of(st) is not None else _owner_problem(case, pid)), eff
 
 
 def _cmdline(st: dict[str, Any]) -> list[str] | None:
@@ -340,10 +345,9 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     want = identity_of(case, files)
     live = live_service(ws, key)
     intended = intended_argv(case)
-    if live and live.get("identity") == want and health_ok(case.service.health_url or ""):
-        eff = _cmdline(live) or []
-        diff = compare_argv(intended, eff)
-        if diff is None and (_remote_of(live) is not None or _owner_problem(case, int(live["proc"]["pid"])) is None):
+    if live and live.get("identity") == want:
+        problem, eff = _verify(live, case)
+        if problem is None:
             return {"outcome": "reused", "identity": want, "intended_argv": intended, "effective_argv": eff,
                     "model_files": files, "pid": live["proc"]["pid"], "starts": live.get("starts", 1),
                     "verified_by": "live process cmdline + health", **_where(live)}
@@ -476,20 +480,26 @@ def _start_remote(ws: Workspace, case: Case, ssh: SSH, key: str, case_id: str, w
             **_where(state)}
 
 
+def served_models(case: Case, k: int) -> list[str]:
+    """The model ids route k's /models answers with (the case's key sent); PhaseFailed when it does not
+    answer (service) or refuses the key (auth), or when the case's model is not among them."""
+    ep = case.target.endpoints[k]
+    try:
+        r = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=auth_header(api_key_of(case)))
+        refuse_auth(case, f"route {k} /models", [r.status_code])
+        r.raise_for_status()
+        ids = [m.get("id") for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError) as e:
+        raise PhaseFailed(f"route {k} ({ep.base_url}) does not answer /models: {quoted(e)}", FailureClass.SERVICE,
+                          "start the service or fix target.endpoints") from None
+    if ep.model not in ids:
+        raise PhaseFailed(f"route {k} ({ep.base_url}) serves {quoted(ids)}, not '{ep.model}'", FailureClass.SERVICE,
+                          "fix target.endpoints[].model or the routing")
+    return ids
+
+
 def _external(case: Case, want: str) -> dict[str, Any]:
-    seen = []
-    for ep in case.target.endpoints:
-        try:
-            r = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10)
-            r.raise_for_status()
-            ids = [m.get("id") for m in r.json().get("data", [])]
-        except (httpx.HTTPError, ValueError) as e:
-            raise PhaseFailed(f"external endpoint {ep.base_url} does not answer /models: {e}", FailureClass.SERVICE,
-                              "start the service or fix target.endpoints") from None
-        if ep.model not in ids:
-            raise PhaseFailed(f"endpoint {ep.base_url} serves {ids}, not '{ep.model}'", FailureClass.SERVICE,
-                              "fix target.endpoints[].model or the service")
-        seen.append({"base_url": ep.base_url, "models": ids})
+    seen = [{"base_url": ep.base_url, "models": served_models(case, k)} for k, ep in enumerate(case.target.endpoints)]
     ident_out = None
     if case.service.identity_command:
         env, _ = resolve_env(case)  # the same minimal environment as a launched service

@@ -71,7 +71,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
         view = wait_for(workspace, run_id, "end", timeout_s)
         state, nxt = view.state.value, view.next_call
     else:  # once its controller has adopted the run: say so, not the failure it is about to repair
-        view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S)
+        view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S, since=before)
         started = any(e["type"] == "controller_started" for e in read_events(paths).events[before:])
         if started and view.state.value not in ("running", "created"):
             state, nxt = view.state.value, view.next_call  # it already finished what was left
