@@ -42,6 +42,7 @@ class FailureClass(StrEnum):
     NEGATIVE = "negative"  # a negative result, not a fault of the run
     AUTH = "auth"  # the target refused the credentials (HTTP 401/403); the service is healthy and kept
     DISK = "disk"  # the disk filled up (ENOSPC); free space and resume: finished work and records are kept
+    DATASET = "dataset"  # the dataset is not what the server counts (another tokenizer): a new case is needed
 
 
 def quoted(text: object, limit: int = ECHO_CHARS) -> str:

@@ -55,7 +55,15 @@ from caseledger.datasets.identity import (
     salt_text,
 )
 from caseledger.errors import CaseInvalid, quoted
-from caseledger.workspace import Workspace, exists, read_file_field, sha256_bytes, sha256_file, write_json
+from caseledger.workspace import (
+    Workspace,
+    exists,
+    read_file_field,
+    read_json_or_none,
+    sha256_bytes,
+    sha256_file,
+    write_json,
+)
 
 _MIN_SALT_WORDS = 16
 _CHUNK = 16  # suffixes encoded per batch: tokenizers Encodings are ~100 B per token
@@ -231,6 +239,11 @@ def read_inputs(ws: Workspace, case: Case) -> Inputs:
 
 def _tokenizer_info(name: str, revision: str | None) -> TokenizerInfo:
     path = _tokenizer.resolve(name)
+    source = read_json_or_none(path / _tokenizer.GGUF_SOURCE)
+    if revision is None and source:  # converted from a GGUF: the file's hash and the chat template counted with
+        tpl = path / "chat_template.jinja"
+        tpl_sha = sha256_file(tpl)[:16] if tpl.is_file() else "-"
+        revision = f"gguf-sha256:{source['sha256']};chat_template-sha256:{tpl_sha}"
     if revision is None:
         tj = path / "tokenizer.json"
         if tj.is_file():

@@ -8,12 +8,16 @@ directly on tokenizer.json, which is fast to import.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from caseledger.errors import CaseInvalid, quoted
+from caseledger.workspace import sha256_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
 CHATML_TEMPLATE = (
@@ -67,21 +71,96 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def resolve(name: str) -> Path:
-    """'builtin' or a local directory; never a hub name (nothing is downloaded at run time)."""
+    """'builtin', a local tokenizer directory or a GGUF file (converted once, see gguf_dir); never a hub name
+    (nothing is downloaded at run time)."""
     if name == "builtin":
         return BUILTIN_DIR
     p = Path(name).expanduser()
     try:
+        if p.is_file() and p.suffix.lower() == ".gguf":
+            return gguf_dir(p)
         ok = p.is_dir() and any((p / f).is_file() for f in TOKENIZER_FILES)
     except (OSError, ValueError):  # a NUL, an over-long name
         ok = False
     if not ok:
         raise CaseInvalid(
-            f"dataset.tokenizer '{quoted(name)}' is not a local tokenizer directory",
-            f"give 'builtin' or a directory holding one of {', '.join(TOKENIZER_FILES)} "
-            "(hub names are not fetched at run time)",
+            f"dataset.tokenizer '{quoted(name)}' is not a local tokenizer directory or GGUF file",
+            f"give 'builtin', a directory holding one of {', '.join(TOKENIZER_FILES)}, or the model's .gguf "
+            "file (hub names are not fetched at run time)",
         )
     return p
+
+
+def cache_root() -> Path:
+    """Where converted tokenizers are kept: $CASELEDGER_CACHE, else ~/.cache/caseledger."""
+    return Path(os.environ.get("CASELEDGER_CACHE") or Path.home() / ".cache" / "caseledger")
+
+
+GGUF_SOURCE = "gguf-source.json"  # in a converted directory: the GGUF's path, size and sha256
+
+
+def gguf_dir(path: Path) -> Path:
+    """The tokenizer a GGUF file carries, as a tokenizer directory converted once and kept under
+    cache_root()/tokenizers/gguf-<sha256 of the file>: the same tokens llama.cpp counts for that model.
+
+    The GGUF's metadata is read with the `gguf` package and turned into a fast tokenizer by transformers'
+    GGUF converters (no torch; about 20 s for a 256k vocabulary, once per file). Its chat template is the
+    GGUF's own; a GGUF without one gets ChatML, which llama.cpp falls back to, with the BOS token in front
+    when the GGUF says llama.cpp adds one (tokenizer.ggml.add_bos_token)."""
+    sha = sha256_file(path)
+    out = cache_root() / "tokenizers" / f"gguf-{sha[:16]}"
+    if (out / "tokenizer.json").is_file():
+        return out
+    try:
+        _convert_gguf(path, sha, out)
+    except CaseInvalid:
+        raise
+    except Exception as e:  # the gguf package or the converter refused the file
+        raise CaseInvalid(f"dataset.tokenizer '{quoted(str(path))}': its tokenizer cannot be read: {quoted(e, 160)}",
+                          "give the model's Hugging Face tokenizer directory instead of the GGUF file") from None
+    return out
+
+
+def _convert_gguf(path: Path, sha: str, out: Path) -> None:
+    try:
+        import gguf  # lazy: only when a GGUF tokenizer is converted (once per file)
+        from transformers import PreTrainedTokenizerFast  # lazy: ~1 s import, only to convert a GGUF tokenizer
+        from transformers.integrations.gguf import gguf_tokenizer_mapping as conv  # lazy: same
+    except ImportError as e:
+        raise CaseInvalid(f"dataset.tokenizer is a GGUF file but {e.name or e} is not installed",
+                          "pip install gguf 'transformers>=5.24' (caseledger's dependencies), or give a "
+                          "tokenizer directory") from None
+    reader = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in reader.fields.items()
+            if k.startswith("tokenizer.") or k == "general.architecture"}
+    grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+               for group, renames in conv.GGUF_TOKENIZER_MAPPING.items()}
+    tok_dict, cfg = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tok_dict.get("tokenizer_type") == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary by default
+        cfg.setdefault("add_bos_token", True)
+    special = {name: tok_dict["tokens"][meta[f"tokenizer.ggml.{key}"]]
+               for name, key in conv._SPECIAL_TOKENS.items() if meta.get(f"tokenizer.ggml.{key}") is not None}
+    built = conv.select_tokenizer_builder(meta["general.architecture"], tok_dict.get("tokenizer_type"))(tok_dict)
+    built = conv.set_split_regex(conv.add_gguf_special_tokens(built, tok_dict), tok_dict)  # type: ignore[no-untyped-call]
+    fast = PreTrainedTokenizerFast(tokenizer_object=built.backend_tokenizer,  # type: ignore[no-untyped-call]
+                                   **special)
+    template = cfg.get("chat_template")
+    if not template:
+        template = ("{{ bos_token }}" if cfg.get("add_bos_token") and "bos_token" in special else "") + CHATML_TEMPLATE
+    fast.chat_template = template
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
+    try:
+        fast.save_pretrained(str(tmp))
+        (tmp / GGUF_SOURCE).write_text(json.dumps({"gguf": str(path.resolve()), "bytes": path.stat().st_size,
+                                                    "sha256": sha, "chat_template": "gguf" if cfg.get(
+                                                        "chat_template") else "chatml (llama.cpp's fallback)"}))
+        os.replace(tmp, out)  # another process may have converted it first: keep theirs
+    except OSError:
+        if not (out / "tokenizer.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,6 +38,7 @@ from caseledger.metrics._models import (
     SpecDecode,
     Throughput,
     Throughputs,
+    TokenAgreement,
     Tokens,
     WindowResult,
     WindowRule,
@@ -79,6 +80,16 @@ def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.4f}"
+
+
+def _agreement(server: F64, planned: F64, nothing: str) -> TokenAgreement | NotObserved:
+    """Per-request server prompt tokens against the dataset's planned chat tokens (TokenAgreement)."""
+    both = ~np.isnan(server) & ~np.isnan(planned)
+    if not both.any():
+        return NotObserved(reason=nothing or "no request with both usage.prompt_tokens and input_tokens_chat")
+    diff = server[both] - planned[both]
+    return TokenAgreement(compared=int(both.sum()), equal=int((diff == 0).sum()),
+                          max_abs_diff=int(np.abs(diff).max()), mean_diff=round(float(diff.mean()), 3))
 
 
 def _dist(x: F64, unit: str, empty_reason: str) -> Distribution | NotObserved:
@@ -386,7 +397,7 @@ def _window(
             peak_concurrency=0,
             mean_concurrency=no,
             latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
-            tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no),
+            tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no, prompt_vs_planned=no),
             throughput=Throughputs(request=no, output=no, input=no, total=no, goodput=no),
             cache=CacheFigures(
                 denominator=_CACHE_DENOMINATOR,
@@ -463,6 +474,7 @@ def _window(
             "tokens",
             nothing if not n_ok else "no usage.completion_tokens from the server",
         ),
+        prompt_vs_planned=_agreement(c.prompt_tokens[okm], c.input_tokens_chat[okm], nothing if not n_ok else ""),
     )
 
     # throughput

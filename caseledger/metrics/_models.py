@@ -99,6 +99,17 @@ class Latency(_Model):
     )
 
 
+class TokenAgreement(_Model):
+    """Server prompt tokens against the dataset's planned chat tokens, request by request: equal on every
+    request means the dataset's tokenizer and template are the server's, and the case's input length is the
+    one measured."""
+
+    compared: int = Field(description="Successful requests with both counts")
+    equal: int = Field(description="Of those, requests whose usage.prompt_tokens equals the planned chat tokens")
+    max_abs_diff: int = Field(description="Largest |server - planned| over the compared requests")
+    mean_diff: float = Field(description="Mean (server - planned) over the compared requests")
+
+
 class Tokens(_Model):
     """Per-request token counts of the successful requests of one window."""
 
@@ -106,6 +117,9 @@ class Tokens(_Model):
     input_chat: Distribution | NotObserved = Field(description="Chat-template prompt tokens (dataset)")
     prompt: Distribution | NotObserved = Field(description="Server usage.prompt_tokens")
     output: Distribution | NotObserved = Field(description="Server usage.completion_tokens")
+    prompt_vs_planned: TokenAgreement | NotObserved = Field(
+        default_factory=lambda: NotObserved(reason="not computed (results written before this figure existed)"),
+        description="Server usage.prompt_tokens against the dataset's planned chat tokens, per request")
 
 
 class Throughputs(_Model):
