@@ -5,9 +5,12 @@ stamped if the time point were taken when the reader runs instead of when the by
 
 The reference target (pinned to CPU 0) decodes one token per step of --step-ms for every sequence at once;
 the client (this process, CPU 1) sends C requests at once. Per run, in the same process and against the
-same server, two settings are measured back to back:
-  slots: anyio.Semaphore(C) with fast_acquire=False (one loop yield per acquire: the old client) vs True;
+same server, two settings are measured back to back, interleaved:
+  connect: one TCP connect per request inside the first wave (FastStreamer.preconnect disabled: the old
+           client) vs the first wave's connections pre-opened before its first send and its requests
+           written on them in one pass, their tasks started after (the client now);
   launch spread   max - min send time of the first wave of C requests (ms)
+  pool fill       how long preconnect took before the first send (ms; off the measured timeline)
   stamp lag       (time the reader sees the bytes) - (time data_received got them), per chunk (µs):
                   what the old time point (taken after the reader resumed) added to every chunk time.
 """
@@ -21,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import anyio
@@ -44,7 +47,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def _run(url: str, c: int, tokens: int, fast_acquire: bool, lags: list[int]) -> float:
+async def _run(url: str, c: int, tokens: int, preopen: bool, lags: list[int], fills: list[float]) -> float:
     body = orjson.dumps({"model": "ref-model", "messages": [{"role": "user", "content": "hi " * 32}],
                          "max_tokens": tokens, "stream": True, "ignore_eos": True})
     specs = [RequestSpec(i=i, entry=0, route=0, offset_s=0.0, url=url, body=body) for i in range(c)]
@@ -55,18 +58,21 @@ async def _run(url: str, c: int, tokens: int, fast_acquire: bool, lags: list[int
             lags.append(time.monotonic_ns() - t)
             yield t, data
 
-    real_sem = anyio.Semaphore
+    real_preconnect = fast.FastStreamer.preconnect
 
-    def sem(n: int, **kw: Any) -> anyio.Semaphore:
-        return real_sem(n, fast_acquire=fast_acquire)
+    async def preconnect(self: fast.FastStreamer, urls: Iterable[str]) -> None:
+        t = time.monotonic_ns()
+        if preopen:
+            await real_preconnect(self, urls)
+        fills.append((time.monotonic_ns() - t) / 1e6)
 
     fast._Exchange.aiter_timed = timed  # type: ignore[method-assign]
-    client_mod.anyio.Semaphore = sem  # type: ignore[misc]
+    fast.FastStreamer.preconnect = preconnect  # type: ignore[method-assign]
     try:
         recs = await client_mod.run_requests(specs, c, "load", timeout_s=120)
     finally:
         fast._Exchange.aiter_timed = original  # type: ignore[method-assign]
-        client_mod.anyio.Semaphore = real_sem  # type: ignore[misc]
+        fast.FastStreamer.preconnect = real_preconnect  # type: ignore[method-assign]
     assert all(r["ok"] for r in recs), [r["error"] for r in recs if not r["ok"]][:2]
     sends = [r["send_ns"] for r in recs]
     return (max(sends) - min(sends)) / 1e6
@@ -95,16 +101,18 @@ def main() -> int:
         os.sched_setaffinity(0, {1})
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         print(f"C={a.concurrency}, {a.tokens} tokens, one step per {a.step_ms} ms, {a.repeats} interleaved repeats")
-        rows: dict[bool, tuple[list[float], list[int]]] = {False: ([], []), True: ([], [])}
+        rows: dict[bool, tuple[list[float], list[int], list[float]]] = {False: ([], [], []), True: ([], [], [])}
         for _ in range(a.repeats):
-            for fa in (False, True):
-                spread = anyio.run(_run, url, a.concurrency, a.tokens, fa, rows[fa][1])
-                rows[fa][0].append(spread)
-        for fa, (spreads, lags) in rows.items():
+            for preopen in (False, True):
+                spread = anyio.run(_run, url, a.concurrency, a.tokens, preopen, rows[preopen][1], rows[preopen][2])
+                rows[preopen][0].append(spread)
+        for preopen, (spreads, lags, fills) in rows.items():
             us = [x / 1000 for x in lags]
-            print(f"fast_acquire={fa!s:5}: launch spread median {statistics.median(spreads):.2f} ms "
-                  f"(max {max(spreads):.2f}); stamp lag p50 {_pct(us, .5):.0f} us, p99 {_pct(us, .99):.0f} us, "
-                  f"max {max(us):.0f} us over {len(us)} chunks")
+            name = "pre-opened" if preopen else "connect per request"
+            print(f"{name:<20}: launch spread median {statistics.median(spreads):.2f} ms "
+                  f"(min {min(spreads):.2f}, max {max(spreads):.2f}); pool fill median "
+                  f"{statistics.median(fills):.2f} ms; stamp lag p50 {_pct(us, .5):.0f} us, "
+                  f"p99 {_pct(us, .99):.0f} us, max {max(us):.0f} us over {len(us)} chunks")
     finally:
         srv.terminate()
         srv.wait()

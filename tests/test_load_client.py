@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from caseledger.load import RequestSpec, SSEParser, plan_from_run_dir, run_requests
-from caseledger.load.client import PHASE_HEADER
+from caseledger.load.client import PHASE_HEADER, ChunkState, client_timing, make_record
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
 from tests.conftest import free_port
@@ -221,6 +221,20 @@ def test_cancelled_run_records_in_flight_requests_as_client_errors() -> None:
     assert sorted(r["i"] for r in got) == [0, 1]  # request 2 was never sent, so it has no record
     assert all(r["error_class"] == "client" and r["error"] == "cancelled" for r in got)
     assert all(len(r["chunk_ns"]) == 1 for r in got)  # what arrived before the cancel is kept
+
+
+def test_client_timing_states_the_first_waves_launch_spread_and_the_anchor_bracket() -> None:
+    def rec(i: int, send_ns: int) -> RawRecord:
+        return {**make_record(spec(i), send_ns, send_ns + 10, ChunkState(), 200, None, None), "ok": True}
+
+    # the first wave is requests 0..C-1 in plan order, whatever order they finished in
+    recs = [rec(3, 9_000_000), rec(0, 1_000_000), rec(2, 1_400_000), rec(1, 1_950_000), rec(4, 2_000_000)]
+    burst = client_timing(recs, 3, True, {"uncertainty_ns": 120})
+    assert (burst["first_wave"], burst["launch_spread_us"], burst["anchor_uncertainty_ns"]) == (3, 950.0, 120)
+    assert burst["line"] == "first wave of 3 sent within 0.95 ms; wall-clock anchor ± 0.1 µs"
+    paced = client_timing(recs, 3, False, None)
+    assert paced["launch_spread_us"] is None and paced["anchor_uncertainty_ns"] is None
+    assert paced["line"] == "no first wave (requests leave on the rate schedule); no clock anchor"
 
 
 # ---- the formal load process ------------------------------------------------------------------------

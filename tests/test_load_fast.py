@@ -5,9 +5,13 @@ loopback servers for the framings the target does not send; and how run_requests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -19,7 +23,7 @@ import orjson
 import pytest
 
 from caseledger.load.client import run_requests, transport_used
-from caseledger.load.fast import FastStreamer, fast_target
+from caseledger.load.fast import FastStreamer, _Pool, fast_target
 from caseledger.load.plan import RequestSpec, request_body
 from caseledger.load.transport import TRANSPORT_ENV, HttpxStreamer, Streamer
 from caseledger.records import RawRecord, read_records
@@ -299,13 +303,18 @@ def test_transport_env_selects_fast_by_default_httpx_on_request_and_refuses_unkn
     monkeypatch: pytest.MonkeyPatch, servers: dict[str, Served],
 ) -> None:
     used: list[str] = []
-    real_post = FastStreamer.post
+    real_post, real_launch = FastStreamer.post, FastStreamer.launch
 
     def counting_post(self: FastStreamer, url: str, body: bytes, headers: Any) -> Any:
         used.append(url)
         return real_post(self, url, body, headers)
 
+    def counting_launch(self: FastStreamer, url: str, body: bytes, headers: Any) -> Any:
+        used.append(url)  # the first wave is written through launch, on its pre-opened connections
+        return real_launch(self, url, body, headers)
+
     monkeypatch.setattr(FastStreamer, "post", counting_post)
+    monkeypatch.setattr(FastStreamer, "launch", counting_launch)
     urls = [servers["plain"].base + "/v1/completions"]
     spec = make_spec(0, servers["plain"].base, "completions")
 
@@ -351,3 +360,146 @@ def test_unknown_transport_is_refused_before_anything_is_sent(tmp_path: Path) ->
                        text=True, timeout=60)
     assert p.returncode == 2 and "carrier-pigeon" in p.stderr and "known: " in p.stderr
     assert not paths.load_anchor.exists()  # so a corrected retry is still allowed
+
+
+# ---- the first wave's pre-opened connections ---------------------------------------------------------------
+
+
+class CountingServer:
+    """A raw loopback server that closes its first `drop` connections while they are idle (every other one
+    answering 408 first, as some servers do at an idle timeout) and serves SSE_BODY on every other one,
+    counting the requests it reads per request index."""
+
+    def __init__(self, drop: int) -> None:
+        self.drop = drop
+        self.accepted = 0
+        self.dropped = asyncio.Event()
+        self.requests: dict[int, int] = {}
+        self.accept_ns: list[int] = []  # monotonic, same process as the client
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        k = self.accepted
+        self.accepted += 1
+        self.accept_ns.append(time.monotonic_ns())
+        try:
+            if k < self.drop:
+                if k % 2:
+                    writer.write(b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+                return
+            request = await read_request(reader)
+            i = int(orjson.loads(request.split(b"\r\n\r\n", 1)[1])["prompt"].split(":")[0].split()[1])
+            self.requests[i] = self.requests.get(i, 0) + 1
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(SSE_BODY), SSE_BODY))
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            if k == self.drop - 1:
+                self.dropped.set()
+
+
+def test_the_first_wave_is_written_on_connections_opened_before_its_first_send() -> None:
+    server = CountingServer(drop=0)
+
+    async def go() -> list[RawRecord]:
+        srv = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        try:
+            specs = [make_spec(i, base, "completions") for i in range(12)]
+            return await run_requests(specs, 8, "test", timeout_s=5)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    recs = anyio.run(go)
+    assert all(r["ok"] for r in recs) and server.requests == dict.fromkeys(range(12), 1)
+    # the 8 connections of the first wave were accepted before the first request's send time: the first
+    # wave only wrote (a connect per request comes after its send time); the 4 later ones connect as before
+    first_send = min(r["send_ns"] for r in recs)
+    assert sorted(server.accept_ns)[7] < first_send < sorted(server.accept_ns)[8]
+
+
+def test_pre_opened_connections_the_server_closed_while_idle_lose_no_request_and_send_none_twice() -> None:
+    n, c = 10, 6
+    server = CountingServer(drop=c)
+
+    async def go() -> list[RawRecord]:
+        srv = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        specs = [make_spec(i, base, "completions") for i in range(n)]
+        s = FastStreamer(c)
+        try:
+            await s.preconnect(spec.url for spec in specs[:c])
+            await server.dropped.wait()  # every pre-opened connection is closed (half after a 408)
+            return await run_requests(specs, c, "test", transport=s, timeout_s=5)
+        finally:
+            await s.aclose()
+            srv.close()
+            await srv.wait_closed()
+
+    recs = anyio.run(go)
+    assert [r["ok"] for r in recs] == [True] * n, [r["error"] for r in recs]
+    assert all(r["status"] == 200 and r["completion_tokens"] == 2 for r in recs)  # no 408 taken for an answer
+    assert server.requests == dict.fromkeys(range(n), 1)  # each request reached the server exactly once
+    assert server.accepted == c + n  # the stale ones, then one fresh connection per request
+
+
+def test_a_close_pending_on_the_socket_is_seen_before_a_pre_opened_connection_is_written() -> None:
+    """The loop has not run since the server closed (or spoke on) the idle connections: the peek sees it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def serve() -> None:
+        conns = [listener.accept()[0] for _ in range(3)]
+        conns[1].sendall(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n")
+        conns[2].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+        for conn in conns:
+            conn.close()
+        closed.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    target = fast_target(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions")
+    assert target is not None
+
+    async def go() -> list[bool]:
+        pool = _Pool()
+        await pool.fill(target, 3)
+        assert closed.wait(5)  # blocks the loop: the closes are on the sockets, unseen by the transports
+        time.sleep(0.05)
+        try:
+            return [pool.take(target) is None]
+        finally:
+            pool.close()
+
+    try:
+        assert anyio.run(go) == [True]
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+def test_a_cancelled_load_records_every_request_of_the_launched_first_wave() -> None:
+    seen: list[bytes] = []
+
+    async def go() -> list[RawRecord]:
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(await read_request(reader))
+            await reader.read()  # never answers: the requests are in flight when the load is cancelled
+            writer.close()
+
+        srv = await asyncio.start_server(hold, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        got: list[RawRecord] = []
+        try:
+            with anyio.move_on_after(0.3):
+                await run_requests([make_spec(i, base, "completions") for i in range(4)], 4, "test",
+                                   on_record=got.append, timeout_s=30)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        return got
+
+    got = anyio.run(go)
+    assert sorted(r["i"] for r in got) == [0, 1, 2, 3] and len(seen) == 4
+    assert all(r["error_class"] == "client" and r["error"] == "cancelled" for r in got)

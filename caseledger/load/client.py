@@ -18,6 +18,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -33,11 +34,15 @@ from caseledger.load.transport import (
     HttpxStreamer,
     StreamBroken,
     Streamer,
+    StreamResponse,
     transport_choice,
 )
 from caseledger.records import PHASE_HEADER, ErrorClass, RawRecord
 
 HTTP_ERROR_BODY_CHARS = 200
+# a request written ahead of its task (FastStreamer.launch): its send time and the sent request (None: not
+# written, its task posts it); None: nothing done ahead
+Launched = tuple[int, AbstractAsyncContextManager[StreamResponse] | None] | None
 
 
 # ---- SSE and chunk parsing (pure) --------------------------------------------------------------------
@@ -233,21 +238,23 @@ async def request_one(
     headers: Mapping[str, str],
     timeout_s: float,
     on_cancel: Callable[[RawRecord], None] | None = None,
+    launched: Launched = None,
 ) -> RawRecord:
     """Send one request and read its stream to the end; never raises except on cancellation.
 
     When cancelled, the request was sent (the server saw it), so `on_cancel` gets its record (what
-    arrived so far, error_class 'client') before the cancellation propagates.
+    arrived so far, error_class 'client') before the cancellation propagates. `launched`: (its send time,
+    the request already written by FastStreamer.launch, or None to post it now).
     """
     state = ChunkState()
     status: int | None = None
     error: str | None = None
     error_class: ErrorClass | None = None
     end_ns = 0
-    send_ns = time.monotonic_ns()
+    send_ns, sent = launched if launched is not None else (time.monotonic_ns(), None)
     try:
         with anyio.fail_after(timeout_s):
-            async with streamer.post(spec.url, spec.body, headers) as resp:
+            async with sent if sent is not None else streamer.post(spec.url, spec.body, headers) as resp:
                 status = resp.status
                 if not 200 <= status < 300:
                     text = (await resp.aread()).decode("utf-8", "replace")
@@ -299,30 +306,86 @@ class _Runner:
         # leaves in one burst (one yield per request spread 64 first sends over ~16 ms)
         self.slots = anyio.Semaphore(concurrency, fast_acquire=True)
         self.records: list[RawRecord] = []
+        # the first wave is written in one pass over pre-opened connections (FastStreamer.launch) until they
+        # run out; later requests are posted by their own task
+        self.launch = streamer.launch if isinstance(streamer, FastStreamer) else None
 
     def finish(self, rec: RawRecord) -> None:
         self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
 
-    async def worker(self, spec: RequestSpec) -> None:
+    async def worker(self, spec: RequestSpec, launched: Launched) -> None:
         try:
-            if self.on_send is not None:
+            if launched is None and self.on_send is not None:
                 self.on_send(spec)
-            self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish))
+            self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish, launched))
         finally:
             self.slots.release()
+
+    def launch_now(self, spec: RequestSpec) -> Launched:
+        """Write the request at once if a pre-opened connection takes it: (send time, the sent request)."""
+        if self.launch is None:
+            return None
+        if self.on_send is not None:
+            self.on_send(spec)  # the intent line before the first byte, as the worker does
+        send_ns = time.monotonic_ns()
+        sent = self.launch(spec.url, spec.body, self.headers)
+        if sent is None:
+            self.launch = None  # none left (or this one was stale): this request and later ones connect
+        return send_ns, sent
 
     async def run(self, specs: Iterable[RequestSpec]) -> None:
         async with anyio.create_task_group() as tg:
             t0 = anyio.current_time()
+            # launched requests whose tasks are not started yet: a task start costs more than a write, so the
+            # writes of the first wave go first, back to back, and the tasks start before the next wait
+            wave: list[tuple[RequestSpec, Launched]] = []
             for spec in specs:
                 if spec.offset_s > 0:
                     delay = t0 + spec.offset_s - anyio.current_time()
                     if delay > 0:
+                        self.start(tg, wave)
                         await anyio.sleep(delay)
+                if self.launch is not None and self.slots.value > 0:
+                    self.slots.acquire_nowait()
+                    wave.append((spec, self.launch_now(spec)))
+                    continue
+                self.start(tg, wave)
                 await self.slots.acquire()  # a due request waits for a free slot; plan order is kept
-                tg.start_soon(self.worker, spec)
+                tg.start_soon(self.worker, spec, self.launch_now(spec))
+            self.start(tg, wave)
+
+    def start(self, tg: anyio.abc.TaskGroup, wave: list[tuple[RequestSpec, Launched]]) -> None:
+        for spec, launched in wave:
+            tg.start_soon(self.worker, spec, launched)
+        wave.clear()
+
+
+def first_wave(specs: list[RequestSpec], concurrency: int) -> list[RequestSpec]:
+    """The requests sent at once when the load starts: the leading ones due at offset 0, at most C."""
+    wave = []
+    for spec in specs[:concurrency]:
+        if spec.offset_s > 0:
+            break
+        wave.append(spec)
+    return wave
+
+
+def client_timing(
+    records: Iterable[RawRecord], concurrency: int, burst: bool, anchor: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The load client's own timing uncertainty, for the load evidence and the report: how far apart the
+    first wave's C requests left (they are due at once when the load has no rate), and the bracket of the
+    clock anchor that maps its monotonic times onto wall time (load/anchor.json, half its width)."""
+    unc = anchor.get("uncertainty_ns") if anchor else None
+    sends = sorted(r["send_ns"] for r in records if r["i"] < concurrency) if burst else []
+    spread = round((sends[-1] - sends[0]) / 1e3, 1) if sends else None
+    wave = (f"first wave of {len(sends)} sent within {spread / 1e3:.2f} ms" if spread is not None else
+            "no first wave (requests leave on the rate schedule)" if not burst else "no request recorded")
+    anchor_text = f"wall-clock anchor ± {unc / 1e3:.1f} µs" if isinstance(unc, int) else "no clock anchor"
+    return {"first_wave": len(sends), "launch_spread_us": spread, "anchor_uncertainty_ns": unc,
+            "line": f"{wave}; {anchor_text}"}
 
 
 def transport_used(urls: Iterable[str]) -> str:
@@ -369,7 +432,11 @@ async def run_requests(
     else:
         streamer, owned = transport, False
     runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send)
+    specs = list(specs)
     try:
+        if isinstance(streamer, FastStreamer):
+            # the first wave's connections before its first send: those requests then only write
+            await streamer.preconnect(s.url for s in first_wave(specs, concurrency))
         await runner.run(specs)
     finally:
         if owned:

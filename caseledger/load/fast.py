@@ -2,21 +2,30 @@
 uvicorn uses) for plain http:// URLs; anything else goes to an `HttpxStreamer`.
 
 Every request gets its own TCP connection (HTTP/1.1, `Connection: close`): llama-server closes after each
-streamed response even when it announces keep-alive. httptools parses the status line, the headers and
-the body framing (chunked, Content-Length, or until close); body bytes reach `aiter_raw` as one piece per
-socket read, and SSE splitting stays above the seam (client.SSEParser). Failures are mapped like
-HttpxStreamer's: ConnectFailed before the response headers, StreamBroken after, with httpx's error names
-in the message; timeouts stay with the caller (`anyio.fail_after` around the whole request).
+streamed response even when it announces keep-alive. The connections of the first wave (the requests due
+at the start, at most C) are opened before the first send (`FastStreamer.preconnect`), and the runner
+writes the first wave's requests on them in one pass (`FastStreamer.launch`), before their tasks start:
+one connect per request (~47 µs of loop time each) had spread the 64 first sends of C=64 over ~5 ms; now
+~0.8 ms (bench/bench_timestamps.py). A pre-opened connection the server closed while it was idle (EOF
+seen, or pending on the socket) is never written to: the request opens a fresh connection instead; one
+whose first write failed (nothing was sent) likewise. A request already written is never sent again.
+
+httptools parses the status line, the headers and the body framing (chunked, Content-Length, or until
+close); body bytes reach `aiter_raw` as one piece per socket read, and SSE splitting stays above the seam
+(client.SSEParser). Failures are mapped like HttpxStreamer's: ConnectFailed before the response headers,
+StreamBroken after, with httpx's error names in the message; timeouts stay with the caller
+(`anyio.fail_after` around the whole request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
@@ -69,7 +78,7 @@ class _Exchange(asyncio.Protocol):
     """One request and its response on one connection: the asyncio Protocol, the httptools callbacks and
     the StreamResponse the caller reads."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket | None = None) -> None:
         self._loop = loop
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
@@ -83,6 +92,11 @@ class _Exchange(asyncio.Protocol):
         self._received = 0
         self._length: int | None = None
         self._informational = False
+        self._sock = sock  # given when pre-opened: peeked for a pending close before use
+        # pre-opened: idle until a request is written; bytes or a close from the server before then make it
+        # stale. A fresh connection is "sent" from the start (a server may answer before reading, as before).
+        self.sent = sock is None
+        self.stale = False  # closed or spoken to by the server while idle, before any request
         self.status = 0
         self.headers_done = False
         self.complete = False
@@ -96,6 +110,9 @@ class _Exchange(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._rx_ns = time.monotonic_ns()  # the time point: the bytes' arrival, before any parsing
+        if not self.sent:  # an idle pre-opened connection: no response is due (a 408 before closing, say)
+            self.stale = True
+            return
         if self.complete or self.error is not None:
             return  # bytes after the message (the connection is closing anyway)
         try:
@@ -113,6 +130,8 @@ class _Exchange(asyncio.Protocol):
         return None  # let the transport close; connection_lost decides what the end means
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.sent:
+            self.stale = True
         if not self.complete and self.error is None:
             if not self.headers_done:
                 self.error = f"ReadError: {exc}" if exc else NO_RESPONSE
@@ -176,9 +195,30 @@ class _Exchange(asyncio.Protocol):
         self._waiter = w = self._loop.create_future()
         await w
 
-    def send(self, data: bytes) -> None:
-        assert self._transport is not None
-        self._transport.write(data)
+    def send(self, data: bytes) -> bool:
+        """Write the request; False when the first write failed at once (nothing was sent: the socket had
+        been reset), so the request may go on a fresh connection."""
+        t = self._transport
+        assert t is not None
+        self.sent = True
+        t.write(data)
+        # a send(2) error inside write() closes the transport at once; a partial write is buffered and
+        # fails (if at all) later, in the loop, after bytes were sent: that request is not sent again
+        return not t.is_closing()
+
+    def usable(self) -> bool:
+        """Whether an idle pre-opened connection can carry a request: open, and the server has neither
+        closed it nor sent anything (a close can be pending on the socket before the loop has seen it)."""
+        t, sock = self._transport, self._sock
+        if self.stale or self.error is not None or t is None or t.is_closing() or sock is None:
+            return False
+        try:
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True  # nothing pending: open and quiet
+        except OSError:
+            return False  # reset
+        return False  # b"": the server closed it; bytes: it spoke first (a 408, say)
 
     def close(self) -> None:
         """Close the connection: gracefully after a whole response, at once otherwise."""
@@ -222,25 +262,92 @@ class _Exchange(asyncio.Protocol):
         return b"".join([chunk async for chunk in self.aiter_raw()])
 
 
+class _Pool:
+    """Idle pre-opened connections per target, each for one request (`Connection: close` still)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Exchange]] = {}
+
+    async def fill(self, target: _Target, n: int) -> None:
+        """Open connections until `n` are idle for `target` (concurrently; failures are left to the requests,
+        which connect themselves and report the error as usual)."""
+        idle = self._idle.setdefault((target.host, target.port), [])
+        need = n - len(idle)
+        if need <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            family, _, proto, _, addr = (await loop.getaddrinfo(target.host, target.port,
+                                                                type=socket.SOCK_STREAM))[0]
+        except OSError:
+            return
+        await asyncio.gather(*(self._open(loop, family, proto, addr, idle) for _ in range(need)))
+
+    @staticmethod
+    async def _open(loop: asyncio.AbstractEventLoop, family: int, proto: int, addr: Any,
+                    idle: list[_Exchange]) -> None:
+        sock = socket.socket(family, socket.SOCK_STREAM, proto)
+        sock.setblocking(False)
+        ex = _Exchange(loop, sock)
+        try:
+            await loop.sock_connect(sock, addr)
+            await loop.create_connection(lambda: ex, sock=sock)
+        except OSError:
+            sock.close()  # refused, say: the request connects itself and records the error
+            return
+        except BaseException:
+            sock.close()
+            raise
+        idle.append(ex)  # at once: a cancelled fill leaves nothing open that aclose would not close
+
+    def take(self, target: _Target) -> _Exchange | None:
+        """An idle connection that can still carry a request, or None; stale ones are closed on the way."""
+        idle = self._idle.get((target.host, target.port))
+        while idle:
+            ex = idle.pop()
+            if ex.usable():
+                return ex
+            ex.close()
+        return None
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for ex in idle:
+                ex.close()
+            idle.clear()
+
+
+def _send_pooled(pool: _Pool, target: _Target, request: bytes) -> _Exchange | None:
+    """Write `request` on a pre-opened connection: the exchange, or None when none can take it (nothing was
+    sent: the caller connects)."""
+    ex = pool.take(target)
+    if ex is not None and not ex.send(request):
+        ex.close()  # reset before our first byte: nothing was sent, so a fresh connection carries it
+        return None
+    return ex
+
+
 class _Post:
-    """`async with streamer.post(...) as resp`: connect, send, wait for the response headers."""
+    """`async with streamer.post(...) as resp`: take a pre-opened connection or connect, send, wait for the
+    response headers."""
 
-    __slots__ = ("_body", "_exchange", "_headers", "_target")
+    __slots__ = ("_body", "_exchange", "_headers", "_pool", "_target")
 
-    def __init__(self, target: _Target, body: bytes, headers: Mapping[str, str]) -> None:
-        self._target, self._body, self._headers = target, body, headers
-        self._exchange: _Exchange | None = None
+    def __init__(self, target: _Target, body: bytes, headers: Mapping[str, str], pool: _Pool,
+                 sent: _Exchange | None = None) -> None:
+        self._target, self._body, self._headers, self._pool = target, body, headers, pool
+        self._exchange = sent  # given: the request is already written on it (FastStreamer.launch)
 
     async def __aenter__(self) -> StreamResponse:
-        request = _request(self._target, self._body, self._headers)
-        loop = asyncio.get_running_loop()
-        ex = self._exchange = _Exchange(loop)
+        ex = self._exchange
+        if ex is None:
+            request = _request(self._target, self._body, self._headers)
+            ex = self._exchange = _send_pooled(self._pool, self._target, request)
+            if ex is None:
+                ex = self._exchange = _Exchange(asyncio.get_running_loop())
+                await self._connect(ex)
+                ex.send(request)
         try:
-            try:
-                await loop.create_connection(lambda: ex, self._target.host, self._target.port)
-            except OSError as e:  # refused, unreachable, name not resolved
-                raise ConnectFailed(f"ConnectError: {e}") from e
-            ex.send(request)
             while not ex.headers_done:
                 if ex.error is not None:
                     raise ConnectFailed(ex.error)
@@ -249,6 +356,13 @@ class _Post:
             ex.close()
             raise
         return ex
+
+    async def _connect(self, ex: _Exchange) -> None:
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: ex, self._target.host, self._target.port)
+        except OSError as e:  # refused, unreachable, name not resolved
+            ex.close()
+            raise ConnectFailed(f"ConnectError: {e}") from e
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -267,20 +381,54 @@ class FastStreamer:
         self._concurrency = concurrency
         self._targets: dict[str, _Target | None] = {}
         self._fallback: HttpxStreamer | None = None
+        self._pool = _Pool()
+
+    def _target(self, url: str) -> _Target | None:
+        try:
+            return self._targets[url]
+        except KeyError:
+            target = self._targets[url] = fast_target(url)
+            return target
+
+    async def preconnect(self, urls: Iterable[str]) -> None:
+        """Open one connection per URL given (the first wave's), so those requests only write; URLs that
+        go through httpx are skipped. Called right before the first send: the connections are used within
+        milliseconds, so a server's idle timeout cannot close them first (and stale ones are replaced)."""
+        want: dict[_Target, int] = {}
+        for url in urls:
+            target = self._target(url)
+            if target is not None:
+                want[target] = want.get(target, 0) + 1
+        await asyncio.gather(*(self._pool.fill(t, n) for t, n in want.items()))
+
+    def launch(
+        self, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> AbstractAsyncContextManager[StreamResponse] | None:
+        """Write the request now, on a pre-opened connection, without yielding to the loop: what `post`
+        returns, already sent (entering it only waits for the response headers). None when no pre-opened
+        connection can take it: nothing was sent, `post` connects. The runner launches the first wave this
+        way in one pass, so its requests leave back to back instead of one task switch apart."""
+        target = self._target(url)
+        if target is None:
+            return None
+        try:
+            request = _request(target, body, headers)
+        except ConnectFailed:
+            return None  # post raises it again, inside the request, where it becomes the request's record
+        ex = _send_pooled(self._pool, target, request)
+        return None if ex is None else _Post(target, body, headers, self._pool, ex)
 
     def post(
         self, url: str, body: bytes, headers: Mapping[str, str]
     ) -> AbstractAsyncContextManager[StreamResponse]:
-        try:
-            target = self._targets[url]
-        except KeyError:
-            target = self._targets[url] = fast_target(url)
+        target = self._target(url)
         if target is not None:
-            return _Post(target, body, headers)
+            return _Post(target, body, headers, self._pool)
         if self._fallback is None:
             self._fallback = HttpxStreamer(self._concurrency)
         return self._fallback.post(url, body, headers)
 
     async def aclose(self) -> None:
+        self._pool.close()
         if self._fallback is not None:
             await self._fallback.aclose()
