@@ -37,6 +37,7 @@ def _llamacpp(port: int) -> dict[str, Any]:
     d.pop("$schema", None)
     argv = d["service"]["argv"]
     argv[0], argv[argv.index("-m") + 1] = os.environ["CASELEDGER_LLAMA_SERVER"], os.environ["CASELEDGER_LLAMA_MODEL"]
+    d["dataset"]["tokenizer"] = os.environ["CASELEDGER_LLAMA_MODEL"]  # the served GGUF's own tokenizer
     d["target"]["endpoints"][0]["base_url"] = f"http://127.0.0.1:{port}/v1"
     d["service"]["health_url"] = f"http://127.0.0.1:{port}/health"
     return d

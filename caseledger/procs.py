@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -57,6 +58,14 @@ def alive(ref: dict[str, Any] | None) -> bool:
     return ref.get("start_time") in (None, 0, st)
 
 
+def elsewhere(ref: dict[str, Any] | None) -> str | None:
+    """The other host a process ref names (only a question over SSH there can tell whether it runs), or None;
+    None too once it was seen gone there ('gone_utc')."""
+    if not ref or "pid" not in ref or ref.get("host") in (None, socket.gethostname()) or "gone_utc" in ref:
+        return None
+    return str(ref["host"])
+
+
 def cmdline(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -66,6 +75,64 @@ def cmdline(pid: int) -> list[str] | None:
 
 
 _TCP_LISTEN = "0A"  # /proc/net/tcp state code of a listening socket
+
+
+class HeldFile(TypedDict):
+    path: str  # as the kernel names it (" (deleted)" stripped)
+    dev: int
+    inode: int
+    replaced: bool  # the path no longer names this file (unlinked or replaced since it was opened)
+    via: str  # a /proc path that opens this very file (map_files or fd), for hashing what the process holds
+
+
+def held_files(pid: int) -> list[HeldFile]:
+    """Regular files the process has mapped (/proc/PID/maps) or open (/proc/PID/fd), one entry per file."""
+    try:
+        out = mapped_files(Path(f"/proc/{pid}/maps").read_text(errors="replace").splitlines(), pid)
+    except OSError:
+        out = {}
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                st = os.stat(fd.path)
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            if not target.startswith("/") or not stat.S_ISREG(st.st_mode):
+                continue
+            path = target.removesuffix(" (deleted)")
+            out.setdefault((st.st_dev, st.st_ino), {"path": path, "dev": st.st_dev, "inode": st.st_ino,
+                                                    "replaced": target.endswith(" (deleted)"), "via": fd.path})
+    for f in out.values():  # a path replaced by rename is not "(deleted)" when another name still links it
+        with contextlib.suppress(OSError):
+            st = os.stat(f["path"])
+            f["replaced"] = f["replaced"] or (st.st_dev, st.st_ino) != (f["dev"], f["inode"])
+    return list(out.values())
+
+
+def mapped_files(maps: list[str], pid: int) -> dict[tuple[int, int], HeldFile]:
+    """(dev, inode) -> HeldFile of the file-backed lines of a /proc/PID/maps text (this host's or another's)."""
+    out: dict[tuple[int, int], HeldFile] = {}
+    for line in maps:  # start-end perms offset dev inode path
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/") or parts[4] == "0":
+            continue
+        path, replaced = parts[5].removesuffix(" (deleted)"), parts[5].endswith(" (deleted)")
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        key = (os.makedev(major, minor), int(parts[4]))
+        out.setdefault(key, {"path": path, "dev": key[0], "inode": key[1], "replaced": replaced,
+                             "via": f"/proc/{pid}/map_files/{parts[0]}"})
+    return out
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The process's environment as it started (/proc/PID/environ); None when unreadable."""
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.split(b"=", 1) for item in data.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def _listening_inodes(port: int) -> set[str]:

@@ -244,6 +244,16 @@ class RunPaths:
         return self.load_dir / "abort"
 
     @property
+    def load_remote(self) -> Path:
+        """Where the load client runs when load.host is set (written before its launch: no second launch)."""
+        return self.load_dir / "remote.json"
+
+    @property
+    def load_clock(self) -> Path:
+        """The clock offset between the load host and the controller, before and after the load."""
+        return self.load_dir / "clock.json"
+
+    @property
     def load_partial(self) -> Path:
         """Written when a resume finishes on the records of a client that died (nothing re-sent)."""
         return self.load_dir / "partial.json"

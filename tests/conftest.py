@@ -202,7 +202,7 @@ ONE_TOKEN_STREAM = b"".join(
     b"data: " + orjson.dumps(c) + b"\n\n" for c in (
         {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-         "usage": {"prompt_tokens": 8, "completion_tokens": 1}},
+         "usage": {"completion_tokens": 1}},  # no prompt_tokens: a canned answer cannot count the prompt
     )) + b"data: [DONE]\n\n"
 
 

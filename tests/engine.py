@@ -4,16 +4,14 @@ The engine tests need CASELEDGER_LLAMA_SERVER (the llama-server binary) and CASE
 `.ci/install-llama` builds and caches both). Without them the tests skip, unless
 CASELEDGER_REQUIRE_ENGINE=1 (set by `.ci/run`): then they fail, so CI never passes by skipping them.
 
-Tokenizer: Gemma's own tokenizer when an export of it is cached (`bench/aisbench/generate.sh` writes
-$CASELEDGER_CACHE/gemma-3-270m-tokenizer: tokenizer.json from the gguf plus the ChatML template llama-server
-falls back to, with BOS); then the dataset's chat-template counts equal the server's usage.prompt_tokens
-exactly. Otherwise the builtin tokenizer (counts differ from the server's; every figure uses server usage).
+Tokenizer: the served GGUF itself (dataset.tokenizer = the model file; caseledger converts its tokenizer once,
+about 20 s, into $CASELEDGER_CACHE/tokenizers, with the ChatML template llama-server falls back to, BOS first):
+the dataset's chat-template counts equal the server's usage.prompt_tokens exactly, which route_verify checks.
 """
 
 from __future__ import annotations
 
 import os
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,6 @@ from caseledger.metrics import parse_prometheus
 SERVER_ENV = "CASELEDGER_LLAMA_SERVER"
 MODEL_ENV = "CASELEDGER_LLAMA_MODEL"
 REQUIRE_ENV = "CASELEDGER_REQUIRE_ENGINE"
-TOKENIZER_ENV = "CASELEDGER_GEMMA_TOKENIZER"
 MODEL_ALIAS = "gemma-3-270m"
 
 # llama-server counters that only move when the server does model work (prefill, decode): equal before
@@ -55,16 +52,6 @@ def llama_paths() -> tuple[str, str]:
     pytest.skip(f"no llama-server: {problem} ({fix}; {REQUIRE_ENV}=1 turns this skip into a failure)")
 
 
-@cache
-def gemma_tokenizer() -> str | None:
-    """The cached Gemma 3 tokenizer export (see the module docstring), or None."""
-    cache_dir = Path(os.environ.get("CASELEDGER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or
-                                                                 Path.home() / ".cache") / "caseledger")
-    d = Path(os.environ.get(TOKENIZER_ENV) or cache_dir / "gemma-3-270m-tokenizer")
-    ok = (d / "tokenizer.json").is_file() and (d / "chat_template.jinja").is_file()
-    return str(d) if ok else None
-
-
 def llama_argv(server: str, model: str) -> list[str]:
     """The launch argv of a command-adapter case; caseledger fills {host} and {port}.
 
@@ -83,7 +70,7 @@ def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, An
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": MODEL_ALIAS}]},
         "service": {"adapter": "command", "argv": llama_argv(server, model), "health_timeout_s": 120},
         "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 8,
-                    "tokenizer": gemma_tokenizer() or "builtin"},
+                    "tokenizer": model},
         "load": {"requests": 4, "concurrency": 2, "timeout_s": 300},
         "warmup": {"requests": 2, "concurrency": 2, "max_tokens": 2},
         "measurement": {"spec_decode": "llamacpp"},

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,9 @@ def generate_key(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def running_sshd(root: Path, startup_timeout_s: float = 15.0) -> Iterator[Sshd]:
+def running_sshd(root: Path, startup_timeout_s: float = 15.0, address: str = "127.0.0.1",
+                 prefix: Sequence[str] = ()) -> Iterator[Sshd]:
+    """sshd listening on `address` (default loopback), started under `prefix` (e.g. `ip netns exec NS`)."""
     binary = sshd_binary()
     if binary is None:
         raise FileNotFoundError("sshd not installed (apt-get install -y openssh-server)")
@@ -74,11 +76,11 @@ def running_sshd(root: Path, startup_timeout_s: float = 15.0) -> Iterator[Sshd]:
     user = getpass.getuser()
     port = free_port()
     known_hosts = root / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
+    known_hosts.write_text(f"[{address}]:{port} {host_pub}\n")
     config = root / "sshd_config"
     config.write_text("\n".join([
         f"Port {port}",
-        "ListenAddress 127.0.0.1",
+        f"ListenAddress {address}",
         f"HostKey {host_key}",
         f"PidFile {root / 'sshd.pid'}",
         f"AuthorizedKeysFile {root / 'authorized_keys'}",
@@ -96,7 +98,7 @@ def running_sshd(root: Path, startup_timeout_s: float = 15.0) -> Iterator[Sshd]:
         # privilege separation directory; packages create it only when the system sshd starts
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     log = (root / "sshd.log").open("ab")
-    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log,
+    proc = subprocess.Popen([*prefix, binary, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log,
                             stderr=log, start_new_session=True)
     try:
         deadline = time.monotonic() + startup_timeout_s
@@ -104,12 +106,12 @@ def running_sshd(root: Path, startup_timeout_s: float = 15.0) -> Iterator[Sshd]:
             if proc.poll() is not None:
                 raise RuntimeError(f"sshd exited with code {proc.returncode}: "
                                    f"{(root / 'sshd.log').read_text(errors='replace')[-1000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=0.5):
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"sshd did not listen on 127.0.0.1:{port} within {startup_timeout_s}s")
+                raise RuntimeError(f"sshd did not listen on {address}:{port} within {startup_timeout_s}s")
             time.sleep(0.05)
-        yield Sshd(host="127.0.0.1", port=port, user=user, key_path=user_key, known_hosts=known_hosts, root=root,
+        yield Sshd(host=address, port=port, user=user, key_path=user_key, known_hosts=known_hosts, root=root,
                    pid=proc.pid)
     finally:
         proc.terminate()

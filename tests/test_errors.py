@@ -52,7 +52,7 @@ def test_moved_errors_keep_their_names_and_old_import_paths() -> None:
 
 def test_failure_class_values_are_the_lowercase_names() -> None:
     assert [m.value for m in FailureClass] == [
-        "before_model", "hot_entry", "service", "collect", "end_unknown", "negative", "auth", "disk",
+        "before_model", "hot_entry", "service", "collect", "end_unknown", "negative", "auth", "disk", "dataset",
     ]
     for m in FailureClass:
         assert m == m.value and str(m) == m.value and f"{m}" == m.value

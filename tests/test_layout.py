@@ -36,7 +36,8 @@ RANK = {name: n for n, names in enumerate(STAGES) for name in names}
 
 # Imports that may stay inside functions: heavy third-party modules (import cost, or only some commands
 # need them), and caseledger modules that pull one of them in at import time.
-HEAVY = {"mcp", "numpy", "transformers", "tokenizers", "matplotlib", "asyncssh", "uvicorn", "starlette", "httpx2", "gguf"}
+HEAVY = {"mcp", "numpy", "transformers", "tokenizers", "matplotlib", "asyncssh", "uvicorn", "starlette", "httpx2",
+         "gguf"}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from caseledger.errors import CaseInvalid
 from caseledger.ledger.state import fold
 from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
-from caseledger.workspace import Workspace
+from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft
 from tests.sshd import Sshd, generate_key, running_sshd, sshd_binary
 
@@ -231,3 +231,42 @@ def test_ssh_login_without_known_hosts_needs_the_explicit_opt_in(ws: Workspace) 
     c = freeze_case(ws, draft=ssh_draft(18001, {**ssh, "accept_unknown_host_key": True}))
     stored = orjson.loads(Path(c.path).read_bytes())
     assert stored["service"]["ssh"] == {**ssh, "port": 22, "known_hosts": None, "accept_unknown_host_key": True}
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_remote_component_files_and_env_are_read_back_over_ssh(
+        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path) -> None:
+    ports = (free_port(), free_port())
+    exe = os.path.realpath(sys.executable)  # the interpreter maps its own binary while it serves
+
+    def draft(files: list[dict[str, Any]]) -> dict[str, Any]:
+        d = ref_draft(ports[0])
+        d["target"]["endpoints"] = [{"base_url": f"http://127.0.0.1:{p}/v1", "model": "ref-model"} for p in ports]
+        argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}",
+                "--model", "{model}"]
+        d["service"] = {"adapter": "command", "components": [
+            {"name": "local", "argv": argv, "routes": [0]},
+            {"name": "far", "argv": argv, "routes": [1], "ssh": sshd.ssh(), "env": {"EXPERT_LAYOUT": "v2"},
+             "files": files}]}
+        return d
+
+    r = start_run(ws, freeze_case(ws, draft=draft([{"path": exe, "held": True}])).case_id, wait=True)
+    assert r.state == "succeeded", r.text()
+    far = next(c for c in evidence(ws, r.run_id, "service")["components"] if c["name"] == "far")
+    assert far["host"] == "127.0.0.1" and far["files"] == [
+        {"path": exe, "sha256": sha256_file(Path(exe)), "held": True}]  # hashed over SSH (sha256sum there)
+    assert far["env_sha256"] == {"EXPERT_LAYOUT": sha256_bytes(b"v2")[:12]}
+    # the "remote" process is on this machine: its environment really holds the value whose hash was compared
+    assert b"EXPERT_LAYOUT=v2" in Path(f"/proc/{far['pid']}/environ").read_bytes().split(b"\0")
+    services.stop_all(ws)
+
+    other = tmp_path / "layout.bin"  # declared, held by no process
+    other.write_bytes(b"expert layout v3")
+    r2 = start_run(ws, freeze_case(ws, draft=draft([{"path": str(other), "held": True}])).case_id, wait=True)
+    s = phase_status(ws, r2.run_id)
+    assert s.state == "failed" and s.phase == "service", s.text()
+    err = evidence(ws, r2.run_id, "service")["error"]
+    assert "component 'far'" in err and "on 127.0.0.1" in err and "not open or mapped" in err, err
+    assert f"intended sha256 {sha256_file(other)[:16]}" in err, err
+    assert s.sent == 0

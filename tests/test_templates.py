@@ -11,8 +11,10 @@ import pytest
 
 from caseledger.case.model import Case
 from caseledger.services import intended_argv
+from caseledger.services.adapters import units
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
+from tests.engine import llama_paths
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 ALL = sorted(p.name for p in CASES.glob("*.json"))
@@ -58,11 +60,51 @@ def test_there_is_a_template_per_engine() -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_every_case_file_freezes(name: str, tmp_ws: Workspace) -> None:
     shutil.copy(CASES / name, tmp_ws.cases_dir / name)
+    tok = draft(name)["dataset"].get("tokenizer", "builtin")
+    if tok != "builtin":  # the served model's own file, relative to the workspace: the engine tests' GGUF
+        _, model = llama_paths()
+        (tmp_ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_ws.root / tok).symlink_to(model)
     first = freeze_case(tmp_ws, f"cases/{name}")
     again = freeze_case(tmp_ws, f"cases/{name}")
     assert first.created and not again.created and again.case_id == first.case_id
     assert first.dataset_id and Path(first.path).is_file()
     assert draft(name)["$schema"] == "../schemas/case.schema.json"
+
+
+# multi-process templates: engine -> (template, component roles in start order, what each argv must hold)
+PD: dict[str, tuple[str, list[str], dict[str, list[str]]]] = {
+    "vllm-pd": ("vllm-pd.json", ["prefill", "decode", "router"],
+                {"prefill": ["--kv-transfer-config", "--enable-prompt-tokens-details"],
+                 "decode": ["--kv-transfer-config", "--enable-prompt-tokens-details"],
+                 "router": ["--prefiller-ports", "--decoder-ports", "{port}"]}),
+    "sglang-pd": ("sglang-pd.json", ["prefill", "decode", "router"],
+                  {"prefill": ["--disaggregation-mode", "prefill", "--enable-cache-report"],
+                   "decode": ["--disaggregation-mode", "decode", "--enable-cache-report"],
+                   "router": ["--pd-disaggregation", "--prefill", "--decode", "{port}"]}),
+    "mindie-dp2": ("mindie-dp2.json", ["worker", "worker"], {"worker": []}),
+}
+
+
+@pytest.mark.parametrize("engine", sorted(PD))
+def test_multi_process_templates_declare_their_components(engine: str) -> None:
+    name, roles, needs = PD[engine]
+    d = draft(name)
+    case = Case.model_validate(d).filled()
+    comps = case.service.components
+    assert [c.role for c in comps] == roles and not case.service.argv
+    assert d["note"].startswith("UNVERIFIED"), "a template no engine ran here says so first"
+    for c in comps:
+        missing = [a for a in needs[c.role] if a not in c.argv]
+        assert not missing, f"{name} {c.name}: argv lacks {missing}"
+    # every endpoint is served by one component; each component's argv is filled from its own route
+    served = sorted(r for c in comps for r in c.routes)
+    assert served == list(range(len(case.target.endpoints)))
+    for u in units(case):
+        argv = intended_argv(case, u)
+        assert not any(p in a for a in argv for p in ("{host}", "{port}", "{model}")), argv
+        if u.routes and any("{port}" in a for a in u.argv):
+            assert case.target.endpoints[u.routes[0]].base_url.rsplit(":", 1)[1].split("/")[0] in argv
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))

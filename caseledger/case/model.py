@@ -179,6 +179,72 @@ SPECULATIVE_PLACEHOLDERS = tuple("{" + name + "}" for name in Speculative.model_
 """The argv placeholders filled from service.speculative: {draft_model}, {spec_type}, {draft_max}."""
 
 
+class FileRef(_Model):
+    """A file that defines a component (weights, expert layout, config): its content hash joins the component's
+    identity, and `held` files are checked in the live process's open and mapped files."""
+
+    path: str = Field(min_length=1, max_length=MAX_PATH,
+                      description="Path on the component's host; relative paths are relative to the workspace (at "
+                      "most 4096 characters)", examples=["models/gemma-3-270m-q4_k_m.gguf"])
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                               description="Pinned content hash; null: hashed when the service phase runs (cached "
+                               "by size, mtime and inode)")
+    held: bool = Field(False, strict=True,
+                       description="The process keeps this file open or mapped while it serves (llama.cpp mmaps its "
+                       "GGUF): the service phase refuses a process that does not hold this very file")
+
+
+_PLACEHOLDERS = ("{host}", "{port}", "{model}")
+
+
+class Component(_Model):
+    """One process of a multi-process service (prefill, decode, router, a DP route...). Each is started,
+    verified, reused and repaired on its own: a child changing only one component's argv restarts that one."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]*$",
+                      description="Component name, unique in the service (lowercase letters, digits, _ and -)",
+                      examples=["decode"])
+    role: str = Field("worker", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="What it does: prefill, decode, router, worker... (recorded, shown in evidence)")
+    argv: list[_Arg] = Field(min_length=1, max_length=MAX_ARGS,
+                             description="Launch argv (a list, never a shell string); '{host}', '{port}' and "
+                             "'{model}' are filled from its first route")
+    env: dict[_EnvName, _Arg] = Field(default_factory=dict, max_length=MAX_ARGS,
+                                      description="Environment, as service.env ('${NAME}' references resolved at "
+                                      "launch, never stored)")
+    routes: list[Annotated[int, Field(ge=0, le=255, strict=True)]] = Field(
+        default_factory=list, max_length=256,
+        description="Indices into target.endpoints this component serves (its port is checked to be held by it); "
+        "[] for a component behind a router")
+    health_url: str | None = Field(None, max_length=MAX_URL,
+                                   description="Health URL; null: <origin of its first route>/health (required when "
+                                   "routes is [])")
+    health_timeout_s: float = Field(180.0, gt=0, le=MAX_TIMEOUT_S, strict=True,
+                                    description="How long to wait for health after a start (at most 86400 s)")
+    ssh: SSH | None = Field(None, description="Run it on a remote host over SSH; null: local")
+    files: list[FileRef] = Field(default_factory=list, max_length=64,
+                                 description="Files that define it (weights, layout, config): hashes join its identity")
+
+    @model_validator(mode="after")
+    def _remote_paths_absolute(self) -> Component:
+        rel = next((f.path for f in self.files if not f.path.startswith("/")), None)
+        if self.ssh is not None and rel is not None:
+            raise ValueError(f"service.components '{self.name}': files path '{rel[:80]}' is relative but the component "
+                             "runs on ssh.host; give the absolute path on that host")
+        return self
+
+    @model_validator(mode="after")
+    def _placeholders_need_a_route(self) -> Component:
+        if not self.routes:
+            used = [p for p in _PLACEHOLDERS if any(p in a for a in self.argv)]
+            if used:
+                raise ValueError(f"service.components '{self.name}': argv uses {used[0]} but routes is []; give it "
+                                 "a route or write the value in argv")
+            if self.health_url is None:
+                raise ValueError(f"service.components '{self.name}': routes is [], so health_url is required")
+        return self
+
+
 class Service(_Model):
     adapter: Literal["reference", "external", "command"] = Field(
         "reference",
@@ -224,15 +290,39 @@ class Service(_Model):
         description="Speculative decoding (adapter 'command'): draft model, method and draft length, each filling "
         "its placeholder in argv; null: none declared",
     )
+    components: list[Component] = Field(
+        default_factory=list, max_length=64,
+        description="Processes of a multi-process service (adapter 'command'), e.g. prefill + decode + router, or "
+        "one engine per route; each started, verified, reused and repaired on its own. [] : the single process "
+        "of service.argv",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset speculative block is left out of the canonical JSON, so cases frozen before the field existed
-        # keep their case ids
+        # unset speculative and components are left out of the canonical JSON, so cases frozen before the fields
+        # existed keep their case ids
         data: dict[str, Any] = handler(self)
         if self.speculative is None:
             data.pop("speculative", None)
+        if not self.components:
+            data.pop("components", None)
         return data
+
+    @model_validator(mode="after")
+    def _components_alone(self) -> Service:
+        if not self.components:
+            return self
+        if self.adapter != "command":
+            raise ValueError(f"service.components needs adapter 'command', not '{self.adapter}'")
+        clash = [f for f in ("argv", "env", "ssh", "speculative", "health_url") if getattr(self, f)]
+        if clash:
+            raise ValueError(f"service.{clash[0]} is set beside service.components: with components, each component "
+                             f"has its own argv, env, ssh and health_url; move it into the component")
+        names = [c.name for c in self.components]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ValueError(f"service.components: the name '{dup}' is used twice; names must be unique")
+        return self
 
     @model_validator(mode="after")
     def _speculative_in_argv(self) -> Service:
@@ -297,6 +387,37 @@ class Dataset(_Model):
                       description="Generator seed (a signed 64-bit integer)")
 
 
+class LoadHost(SSH):
+    """The host the load client runs on (load.host): an SSH login as in service.ssh (the key referenced by path,
+    never copied), the interpreter there that imports the same caseledger, and the directory it works in."""
+
+    python: str = Field(
+        "python3", min_length=1, max_length=MAX_PATH, pattern=r"^[^\s]+$",
+        description="Interpreter on the load host that imports the same caseledger version (checked at preflight; "
+        "at most 4096 characters)", examples=["/opt/caseledger/.venv/bin/python"],
+    )
+    workdir: str = Field(
+        "/tmp/caseledger-load", max_length=MAX_PATH, pattern=r"^/[^\x00]*$",
+        description="Absolute directory on the load host for the run's copy of the case and dataset and for the "
+        "client's raw records (at most 4096 characters)",
+    )
+    reconnect_s: float = Field(
+        60.0, gt=0, le=MAX_TIMEOUT_S, strict=True,
+        description="How long the controller keeps reconnecting to a lost load host before the run ends "
+        "end_unknown (the remote client keeps running; resume re-attaches), at most 86400 s",
+    )
+
+    @model_validator(mode="after")
+    def _host_key_policy(self) -> LoadHost:  # replaces SSH's check: the messages name load.host
+        if self.known_hosts is None and not self.accept_unknown_host_key:
+            raise ValueError("load.host.known_hosts is null: set it to a known_hosts file, or set "
+                             "load.host.accept_unknown_host_key: true explicitly (the host key is then not verified)")
+        if self.known_hosts is not None and self.accept_unknown_host_key:
+            raise ValueError("load.host.known_hosts and accept_unknown_host_key: true contradict each other; "
+                             "keep known_hosts (verified) or set it to null (unverified)")
+        return self
+
+
 class Load(_Model):
     requests: int = Field(description="Formal requests N (1..1000000)", ge=1, le=MAX_REQUESTS, strict=True,
                           examples=[640])
@@ -315,6 +436,19 @@ class Load(_Model):
                              description="Ask the server to ignore EOS so output length is fixed")
     salt: bool = Field(True, strict=True,
                        description="Salt each entry's unique part per run so a warm cache cannot over-hit")
+    host: LoadHost | None = Field(
+        None,
+        description="Run the load client on another host over SSH (the same login form as service.ssh, plus the "
+        "interpreter and directory there); null: on the controller's host",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_host(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset host is left out of the canonical JSON, so cases frozen before the field existed keep their ids
+        data: dict[str, Any] = handler(self)
+        if self.host is None:
+            data.pop("host", None)
+        return data
 
 
 class Warmup(_Model):
@@ -470,8 +604,24 @@ class Case(_Model):
             raise ValueError("dataset.path is required when dataset.source is 'file'")
         if self.dataset.source == "prefix_cache" and self.dataset.prefix_ratio <= 0:
             raise ValueError("dataset.prefix_ratio must be > 0 when dataset.source is 'prefix_cache'")
-        if self.service.adapter == "command" and not self.service.argv:
-            raise ValueError("service.argv is required when service.adapter is 'command'")
+        if self.service.adapter == "command" and not self.service.argv and not self.service.components:
+            raise ValueError("service.argv (or service.components) is required when service.adapter is 'command'")
+        if self.service.components:
+            served = [r for c in self.service.components for r in c.routes]
+            n = len(self.target.endpoints)
+            bad = next((r for r in served if r >= n), None)
+            if bad is not None:
+                raise ValueError(f"service.components: route {bad} does not exist (target.endpoints has {n}); "
+                                 f"routes are indices 0..{n - 1}")
+            twice = next((r for r in served if served.count(r) > 1), None)
+            if twice is not None:
+                raise ValueError(f"service.components: route {twice} is served by two components; give each "
+                                 "route one component")
+            missing = [r for r in range(n) if r not in served]
+            if missing:
+                url = self.target.endpoints[missing[0]].base_url
+                raise ValueError(f"service.components: route {missing[0]} ({url}) is served by no component; add it "
+                                 "to one component's routes")
         if self.dataset.entries is not None and self.dataset.entries < self.load.requests:
             raise ValueError(
                 f"dataset.entries ({self.dataset.entries}) < load.requests ({self.load.requests}): "
@@ -495,7 +645,7 @@ class Case(_Model):
             data["load"]["max_tokens"] = data["dataset"]["output_tokens"]
         if data["target"]["metrics_url"] is None:
             data["target"]["metrics_url"] = origin(data["target"]["endpoints"][0]["base_url"]) + "/metrics"
-        if data["service"]["health_url"] is None:
+        if data["service"]["health_url"] is None and not data["service"].get("components"):
             data["service"]["health_url"] = origin(data["target"]["endpoints"][0]["base_url"]) + "/health"
         return Case.model_validate(data)
 
@@ -505,7 +655,8 @@ class Case(_Model):
     def env_names(self) -> set[str]:
         """Variables of the caller's environment this case needs: its API key variable and the ${VAR}
         references in service.env (caseledger's processes get these and the basics, nothing else)."""
-        names = {m.group(1) for v in self.service.env.values() if (m := ENV_REF.fullmatch(v))}
+        envs = [self.service.env, *(c.env for c in self.service.components)]
+        names = {m.group(1) for env in envs for v in env.values() if (m := ENV_REF.fullmatch(v))}
         return names | ({self.target.api_key_env} if self.target.api_key_env else set())
 
     def measured(self) -> dict[str, Any]:

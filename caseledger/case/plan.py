@@ -52,6 +52,8 @@ IMPACT: dict[str, Impact | None] = {
     "load.max_tokens": Impact.LOAD,
     "load.ignore_eos": Impact.LOAD,
     "load.salt": Impact.LOAD,
+    # where the load client runs (another host over SSH): a new load from there, the service is reused
+    "load.host": Impact.LOAD,
     "warmup": Impact.SERVICE,
     "cache": Impact.DATASET,
     "measurement": Impact.MEASUREMENT,

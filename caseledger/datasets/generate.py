@@ -233,12 +233,20 @@ def read_inputs(ws: Workspace, case: Case) -> Inputs:
     chat = ds.chat_template and case.target.api == "chat"
     if ds.source == "file":
         rows, source_sha256 = _read_prompts(ws, ds)  # a short or broken file fails before any tokenizer
-        return Inputs(_open_tokenizer(ds.tokenizer, chat), rows, source_sha256)
-    return Inputs(_open_tokenizer(ds.tokenizer, chat))
+        return Inputs(_open_tokenizer(tokenizer_path(ws, ds.tokenizer), chat), rows, source_sha256)
+    return Inputs(_open_tokenizer(tokenizer_path(ws, ds.tokenizer), chat))
 
 
-def _tokenizer_info(name: str, revision: str | None) -> TokenizerInfo:
-    path = _tokenizer.resolve(name)
+def tokenizer_path(ws: Workspace, name: str) -> str:
+    """dataset.tokenizer as loaded: 'builtin', an absolute or ~ path as written, a relative one in the workspace
+    (as a service's relative argv paths: the same case means the same files whoever calls caseledger)."""
+    if name == "builtin" or name.startswith(("/", "~")):
+        return name
+    return str(ws.root / name)
+
+
+def _tokenizer_info(name: str, revision: str | None, local: str) -> TokenizerInfo:
+    path = _tokenizer.resolve(local)
     source = read_json_or_none(path / _tokenizer.GGUF_SOURCE)
     if revision is None and source:  # converted from a GGUF: the file's hash and the chat template counted with
         tpl = path / "chat_template.jinja"
@@ -683,7 +691,7 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
     if inputs.rows is not None and inputs.source_sha256 is not None:
         res = _generate_file(inputs.rows, inputs.source_sha256, ds, inputs.tok, entries_path)
     else:
-        res = _generate_constructed(ds, inputs.tok, ds.tokenizer, entries_path)
+        res = _generate_constructed(ds, inputs.tok, tokenizer_path(ws, ds.tokenizer), entries_path)
     acc = res.acc
     ratios = [c / t if t else 0.0 for c, t in zip(acc.cached, acc.chat, strict=True)]
     target = _target(ds.prefix_ratio)
@@ -695,7 +703,7 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
         spec=ds.model_dump(mode="json"),
         api=api,
         generator=GENERATOR_VERSION,
-        tokenizer=_tokenizer_info(ds.tokenizer, ds.tokenizer_revision),
+        tokenizer=_tokenizer_info(ds.tokenizer, ds.tokenizer_revision, tokenizer_path(ws, ds.tokenizer)),
         chat_template_counted=chat,
         entries=len(acc.body),
         output_tokens=ds.output_tokens,

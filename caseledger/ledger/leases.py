@@ -109,7 +109,9 @@ class Lease:
         now = time.time() if now is None else now
         if now < self.expires:
             return True
-        return any(procs.alive(p) for p in [self.owner, *self.extra_procs] if p)
+        # a load client on another host (load.host) may run on behind a lost link: it keeps the lease until a
+        # resume has asked that host over SSH (never a second load on the target meanwhile)
+        return any(procs.alive(p) or procs.elsewhere(p) for p in [self.owner, *self.extra_procs] if p)
 
 
 def _lease_path(key: str) -> Path:

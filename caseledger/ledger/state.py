@@ -87,8 +87,10 @@ class RunView:
     next_repeats_warmup: bool
     next_resends_requests: bool
     service_alive: bool | None = None  # the service this run verified: alive now? None: not ours to check
+    service_gone: list[str] = field(default_factory=list)  # its processes no longer live ('r1 pid 123')
     missing_evidence: list[str] = field(default_factory=list)  # files a finished phase wrote, now gone
     steps: NextSteps | None = None  # what the next controller (a resume) runs
+    client_host: str | None = None  # the load client runs on this other host (load.host): alive is unknown here
 
 
 # A load that failed with one of these sent nothing the target served (rejected or cut by a dead service):
@@ -133,16 +135,28 @@ def next_steps(v: RunView) -> NextSteps:
     )
 
 
-def _service_alive(ws: Workspace, meta: RunMeta, sv: PhaseView) -> bool | None:
+def _service_alive(ws: Workspace, meta: RunMeta, sv: PhaseView) -> tuple[bool | None, list[str]]:
     """Whether the local service this run's service phase started or reused is still the live one."""
-    pid = sv.data.get("pid")
-    if meta.load_reuse or not meta.target_key or sv.state not in _FINISHED or pid is None or sv.data.get("host"):
-        return None  # no service of ours (external, measurement-only) or remote (no SSH round trip here)
-    st = read_json_or_none(ws.services_dir / f"{meta.target_key}.json") or {}
-    proc = st.get("proc")
-    if not isinstance(proc, dict) or proc.get("pid") != pid:
-        return False  # stopped or replaced since
-    return procs.alive(proc)
+    comps = sv.data.get("components") or [{"key": meta.target_key, "pid": sv.data.get("pid"),
+                                           "host": sv.data.get("host")}]
+    if meta.load_reuse or not meta.target_key or sv.state not in _FINISHED:
+        return None, []  # no service of ours (measurement-only)
+    if not all(c.get("pid") is not None and not c.get("host") for c in comps):
+        return None, []  # external, or remote (no SSH round trip here)
+    gone = _gone(ws, comps)
+    return not gone, gone
+
+
+def _gone(ws: Workspace, comps: list[dict[str, Any]]) -> list[str]:
+    """'pid N' (or 'NAME pid N' for a component) of each process of a service record no longer the live one:
+    stopped, replaced or dead since."""
+    out = []
+    for c in comps:
+        st = read_json_or_none(ws.services_dir / f"{c['key']}.json") or {}
+        proc = st.get("proc")
+        if not isinstance(proc, dict) or proc.get("pid") != c["pid"] or not procs.alive(proc):
+            out.append(f"{c['name']} pid {c['pid']}" if c.get("name") else f"pid {c['pid']}")
+    return out
 
 
 def count_raw(path: Path) -> tuple[int, int]:
@@ -209,7 +223,9 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
             v.evidence = (ev.get("outputs") or {}).get("evidence")
     ctl = read_json_or_none(paths.controller_pid)
     controller_alive = procs.alive(ctl)
-    client_alive = procs.alive(read_json_or_none(paths.load_pid))
+    client_ref = read_json_or_none(paths.load_pid)
+    client_alive = procs.alive(client_ref)
+    client_host = procs.elsewhere(client_ref)
     planned = meta.planned
     counts = load_counts(paths, planned)
     end = read_json_or_none(paths.load_end)
@@ -238,8 +254,9 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         load_ended = "partial"
     elif meta.load_reused:
         load_ended = "yes"
-    elif client_alive or lv.state in (PhaseState.PENDING,):
-        load_ended = "no"
+    elif client_alive or lv.state in (PhaseState.PENDING,) or (client_host and controller_alive and
+                                                               lv.state == PhaseState.RUNNING):
+        load_ended = "no"  # (a remote client is followed by its live controller)
     else:
         load_ended = "unknown"
 
@@ -268,14 +285,15 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         if not controller_alive and meta.controller_spawned:
             state, failure_class = RunState.END_UNKNOWN, FailureClass.BEFORE_MODEL
 
+    service = _service_alive(ws, meta, phases[Phase.SERVICE])
     view = RunView(
         run_id=run_id, case_id=meta.case_id, scenario=meta.scenario, meta=meta, phases=phases,
         state=state, failure_class=failure_class, current=current, controller_alive=controller_alive,
         client_alive=client_alive, counts=counts, load_ended=load_ended, results_extracted=results_extracted,
         decision=decision, torn_events=log.torn_tail, blocker=None, next_call="",
         next_restarts_service=False, next_repeats_warmup=False, next_resends_requests=False,
-        service_alive=_service_alive(ws, meta, phases[Phase.SERVICE]),
-        missing_evidence=_missing_evidence(paths, phases, meta),
+        service_alive=service[0], service_gone=service[1],
+        missing_evidence=_missing_evidence(paths, phases, meta), client_host=client_host,
     )
     view.steps = steps = next_steps(view)
     if state != RunState.RUNNING and steps.redo and view.failure_class is None:
@@ -329,7 +347,7 @@ def _advise(v: RunView) -> None:
     ph = v.phases[v.current] if v.current else None
     err = (ph.error or "") if ph else ""
     if v.steps is not None and v.steps.redo and not err:
-        err = f"the service (pid {v.phases[Phase.SERVICE].data.get('pid')}) is gone; the formal load still needs it"
+        err = f"the service ({', '.join(v.service_gone) or 'its process'}) is gone; the formal load still needs it"
     fc = v.failure_class
     where = f"{v.current}: {quoted(err, OUTSIDE_CHARS)}" if err else f"{v.current}"
     v.blocker = f"{fc} at {where}"
@@ -349,9 +367,17 @@ def _advise(v: RunView) -> None:
     elif fc == FailureClass.AUTH:
         v.next_call = (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
                        f"resume(run_id='{rid}') — keeps the service, repeats the refused phase")
+    elif fc == FailureClass.DATASET:
+        v.next_call = (f"freeze_case(draft with the fix the blocker names, parent='{v.case_id}') then start_run "
+                       "(keeps the live service); resuming this run would fail the same way")
     elif fc == FailureClass.DISK:
         v.next_call = (f"free disk space on the workspace's filesystem, then resume(run_id='{rid}') — goes on at "
                        f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
+    elif fc == FailureClass.END_UNKNOWN and v.current == Phase.LOAD and v.client_host and v.load_ended != "yes":
+        v.next_call = (f"resume(run_id='{rid}') once {v.client_host} is reachable — re-attaches over SSH to the load "
+                       f"client there (pid and start time), copies the raw records still missing ({v.counts.done} of "
+                       f"{v.counts.planned} here); never starts a second client, sends nothing again; the lease is "
+                       "kept meanwhile")
     elif fc == FailureClass.END_UNKNOWN and v.current == Phase.LOAD and not v.client_alive and \
             v.load_ended != "yes" and v.counts.done < v.counts.planned and v.counts.sent:
         v.next_call = (f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "

@@ -53,6 +53,8 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
     lines = head + _scenario_rows(ws, same, rows)
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
         st = read_json_or_none(f) or {}
+        if "adapter" not in st:
+            continue  # not a service record (file-hashes.json, the hash cache)
         proc = st.get("proc") or {}
         if st.get("ssh") and proc:  # no SSH round trip from a handoff: say where it runs, status checks it
             where = f"remote pid {proc.get('pid')} on {st['ssh'].get('host')} (liveness: phase_status/service)"

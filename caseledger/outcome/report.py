@@ -22,6 +22,7 @@ from caseledger.metrics import (
     Ratio,
     Result,
     Throughput,
+    TokenAgreement,
     WindowResult,
 )
 from caseledger.outcome.decide import DecisionRecord
@@ -51,6 +52,18 @@ def _f(x: float, digits: int = 4) -> str:
     if float(x).is_integer() and abs(x) < 1e15:
         return str(int(x))
     return f"{x:.{digits}f}"
+
+
+def _agreement_line(a: TokenAgreement | NotObserved) -> str:
+    """One line: did the server count the prompt tokens the dataset planned, request by request?"""
+    if isinstance(a, NotObserved):
+        return f"Server prompt tokens vs planned chat tokens: {_no(a)}"
+    if a.equal == a.compared:
+        return f"Server prompt tokens = planned chat tokens on {a.equal} of {a.compared} requests."
+    return (f"WARNING: server prompt tokens ≠ planned chat tokens on {a.compared - a.equal} of {a.compared} requests "
+            f"(mean server − planned {_f(a.mean_diff, 1)}, max |diff| {a.max_abs_diff}): the dataset's tokenizer is "
+            "not the server's, so the input length measured is not the case's; set dataset.tokenizer to the model's "
+            "tokenizer (its directory or GGUF file).")
 
 
 def _no(x: NotObserved) -> str:
@@ -147,6 +160,7 @@ def _window_section(w: WindowResult) -> list[str]:
     out += _dist_table(w, _DIST_ROWS)
     out += ["", f"Tokens per request ({w.name} window):", ""]
     out += _dist_table(w, _TOKEN_ROWS)
+    out += ["", _agreement_line(w.tokens.prompt_vs_planned)]
     out += [
         "",
         f"Throughput ({w.name} window, over {_f(w.duration_s or 0.0)} s, per card = / {w.cards}):",
@@ -271,6 +285,30 @@ def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[obje
     for k, v in time_ledger.items():
         rows.append([k, *[v.get(c) for c in cols]] if isinstance(v, dict) else [k, v, *[None] * (len(cols) - 1)])
     return ["step", *cols], rows
+
+
+def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, Any]:
+    """Header rows of a load client that ran on another host (load.host): where, and how precisely its time
+    points map onto the controller's clock (offset and uncertainty from SSH round trips, before and after)."""
+    if not clock:
+        return {}
+    rows: dict[str, Any] = {"load host": clock.get("host")}
+
+    def ms(ns: int) -> str:
+        return f"{ns / 1e6:.3f} ms"
+
+    for when, label in (("before", "clock offset"), ("after", "clock offset after load")):
+        c = clock.get(when)
+        if isinstance(c, dict):
+            rows[label] = (f"{c['offset_ns'] / 1e6:+.3f} ms ± {ms(c['uncertainty_ns'])} (load host − controller; "
+                           f"{c['rounds']} SSH round trips, shortest {ms(c['rtt_min_ns'])})")
+    if isinstance(clock.get("drift_ns"), int):
+        rows["clock drift during load"] = f"{clock['drift_ns'] / 1e6:+.3f} ms"
+    by = counters_read_by or {}
+    for when in ("before", "after"):
+        rows[f"/metrics counters {when} the load read by"] = (by.get(f"metrics_{when}")
+                                                              or "nobody (load/metrics_*.missing says why)")
+    return rows
 
 
 def render_run_md(

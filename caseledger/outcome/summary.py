@@ -241,8 +241,16 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
     decision = decision if decision is not None else read_json_or_none(paths.decision)
     ledger_ = time_ledger(run)
     dec = DecisionRecord.model_validate(decision) if decision else None
-    atomic_write(paths.report_md, report.render_run_md(_report_meta(run.meta), result, dec, ledger_))
+    rows = _report_meta(run.meta)
+    clock = read_json_or_none(paths.load_clock)  # a load client on another host (load.host): the clock relation
+    read_by = read_json_or_none(paths.load_dir / "metrics_read_by.json")  # {metrics_before, metrics_after}
+    rows.update(report.load_host_rows(clock, read_by))
+    timing = ((read_json_or_none(paths.phase_file("load")) or {}).get("client_timing") or {}).get("line")
+    rows.update({"client timing": timing} if timing else {})  # the load client's own timing uncertainty
+    atomic_write(paths.report_md, report.render_run_md(rows, result, dec, ledger_))
     body = report.report_json(run.meta, result, dec, ledger_)
+    if clock:
+        body["load_host"] = {"clock": clock, "metrics_read_by": read_by}
     write_json(paths.report_json, body)
     return body
 

@@ -1,5 +1,6 @@
 """A run in motion: create and start it (start), the detached controller that holds the lease and runs the
-phases in order (controller), the phase bodies (phases), and the fresh-process preflight (preflight).
+phases in order (controller), the phase bodies (phases), the fresh-process preflight (preflight), and the load
+client on another host over SSH (remote_load).
 
 Nothing is re-exported here: `python -m caseledger.run.controller` and the preflight process import only
 what they use."""

@@ -26,7 +26,7 @@ from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
 from caseledger.load.faults import fault, fill_disk
 from caseledger.outcome import handoff
-from caseledger.run import phases
+from caseledger.run import phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
@@ -56,17 +56,24 @@ class Controller:
 
     def heartbeat(self) -> None:
         while not self._stop.wait(ledger.HEARTBEAT_SECONDS):
-            try:
-                extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
-                ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra)
-            except FenceRejected:
-                os._exit(70)  # a newer owner holds the target: stop writing at once
+            self.renew()
+
+    def renew(self) -> None:
+        """Extend the lease, naming the load client (it keeps the lease if this controller dies)."""
+        try:
+            extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+            ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra)
+        except FenceRejected:
+            os._exit(70)  # a newer owner holds the target: stop writing at once
 
     # ---- main loop
     def run(self) -> int:
         write_json(self.paths.controller_pid, {**self.me, "fence": self.fence})
         try:
-            ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me))
+            # the load client at once (a resume's fresh lease names none): a remote one keeps the lease even
+            # if this controller gives up on its host before the first heartbeat
+            extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+            ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra)
         except FenceRejected as e:
             print(f"controller: {e}", file=sys.stderr)
             return 70
@@ -175,7 +182,12 @@ class Controller:
         if not res.get("ok"):
             raise PhaseFailed(f"preflight: {res.get('error')}"[:300], FailureClass.BEFORE_MODEL,
                               "fix the cause and resume; 0 model requests were sent")
-        return {"checks": res["checks"], "requests_sent": 0}
+        checks = res["checks"]
+        if self.case.load.host is not None and not self.meta.load_reuse:
+            # the load host too: same caseledger, the run and its dataset copied and hash-verified there, the
+            # same preflight entry point run fresh there (sockets forbidden), the clock offset
+            checks["load_host"] = remote_load.preflight(self.run_)
+        return {"checks": checks, "requests_sent": 0}
 
     def phase_service(self, attempt: int) -> dict[str, Any]:
         if self.action(Phase.SERVICE) == "reuse" and self.meta.load_reuse:
@@ -192,16 +204,24 @@ class Controller:
             return {"outcome": "reused", "reason": "service reused and warm"}
         if self.meta.load_reuse:
             return {"outcome": "reused", "reason": "measurement-only"}
-        return phases.warmup(self.run_)
+        return phases.warmup(self.run_, self._changed_routes())
 
     def phase_route_verify(self, attempt: int) -> dict[str, Any]:
         if self.meta.load_reuse or (self._service_reused() and self.action(Phase.ROUTE_VERIFY) == "reuse"):
             return {"outcome": "reused", "reason": "service reused: warmed and routes verified since it started"}
-        out = phases.route_verify(self.run_)
-        pid = (read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}).get("pid")
-        if pid is not None:  # this instance is warm now: the next run's plan reuses warmup and routes
-            services.mark_warm(self.ws, self.key, int(pid), self.paths.run_id)
+        out = phases.route_verify(self.run_, self._changed_routes())
+        ev = read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}
+        # these instances are warm now: the next run's plan reuses warmup and routes
+        services.mark_warm(self.ws, self.key, ev, self.paths.run_id)
         return out
+
+    def _changed_routes(self) -> list[int] | None:
+        """With components, the routes whose processes the service phase (re)started (the others kept their pids
+        and warm caches, so warmup and route verification skip them); None: every route."""
+        ev = read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}
+        changed = ev.get("changed_routes")
+        partial = ev.get("outcome") != "reused" and ev.get("reused")
+        return list(changed) if isinstance(changed, list) and partial else None
 
     def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
         act = self.action(Phase.CACHE_PREPARE)
@@ -216,7 +236,12 @@ class Controller:
     def phase_load(self, attempt: int) -> dict[str, Any]:
         if self.meta.load_reuse:
             return phases.reuse_parent_load(self.run_)
-        return phases.load(self.run_, attempt, self.event)
+        def event(type_: str, **kw: Any) -> None:
+            self.event(type_, **kw)
+            if type_ == "load_client_started":
+                self.renew()  # the client's ref into the lease now, not at the next heartbeat
+
+        return phases.load(self.run_, attempt, event)
 
     def phase_confirm_end(self, attempt: int) -> dict[str, Any]:
         return phases.confirm_end(self.run_)

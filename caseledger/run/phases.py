@@ -23,11 +23,12 @@ from caseledger.case.plan import Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
-from caseledger.load.client import api_key_of, refuse_auth, run_requests
+from caseledger.load.client import api_key_of, client_timing, refuse_auth, run_requests
 from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, request_url
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
+from caseledger.run import remote_load
 from caseledger.workspace import RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
 
@@ -59,10 +60,14 @@ def _lat_sum(recs: list[RawRecord]) -> float:
     return sum((r["end_ns"] - r["send_ns"]) / 1e9 for r in recs)
 
 
-def warmup(run: Run) -> dict[str, Any]:
+def warmup(run: Run, routes: list[int] | None = None) -> dict[str, Any]:
+    """Warmup requests spread over `routes` (None: every route)."""
     case = run.case
     n = case.warmup.requests
-    picks = [(k % len(case.target.endpoints), k, f"warmup-{run.run_id}-{k}") for k in range(n)]
+    rs = routes if routes is not None else list(range(len(case.target.endpoints)))
+    if not rs:
+        return {"outcome": "reused", "reason": "no route's process changed: every one kept its warm caches"}
+    picks = [(rs[k % len(rs)], k, f"warmup-{run.run_id}-{k}") for k in range(n)]
     recs, wall = _send(case, _specs(run, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
     ok = sum(r["ok"] for r in recs)
     if ok == 0:
@@ -70,23 +75,49 @@ def warmup(run: Run) -> dict[str, Any]:
         err = next((r["error"] for r in recs if r["error"]), "no response")
         raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", FailureClass.SERVICE,
                           "check the service log; resume retries warmup without restarting a healthy service")
-    return {"requests": n, "ok": ok, "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3)}
+    return {"requests": n, "ok": ok, "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3),
+            **({"routes": rs} if routes is not None else {})}
 
 
-def route_verify(run: Run) -> dict[str, Any]:
+def route_verify(run: Run, only: list[int] | None = None) -> dict[str, Any]:
+    """/models and one request per route (`only`: those routes), its prompt tokens checked against the plan."""
     case = run.case
-    routes = []
-    for k, ep in enumerate(case.target.endpoints):
-        routes.append({"route": k, "base_url": ep.base_url, "models": services.served_models(case, k)})
-    picks = [(k, k, f"route-{run.run_id}-{k}") for k in range(len(case.target.endpoints))]
-    recs, wall = _send(case, _specs(run, picks, 1), len(picks), "route_verify")
+    ks = only if only is not None else list(range(len(case.target.endpoints)))
+    routes = {k: {"route": k, "base_url": case.target.endpoints[k].base_url,
+                  "models": services.served_models(case, k)} for k in ks}
+    picks = [(k, k, f"route-{run.run_id}-{k}") for k in ks]
+    recs, wall = _send(case, _specs(run, picks, 1), max(1, len(picks)), "route_verify")
+    counted = datasets.load_identity(run.workspace, run.meta.dataset()).chat_template_counted
     for rec in recs:
         routes[rec["route"]]["ok"] = rec["ok"]
         if not rec["ok"]:
             refuse_auth(case, f"route {rec['route']}", [rec["status"]])
             raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", FailureClass.SERVICE,
                               "check that route's service")
-    return {"routes": routes, "wall_s": round(wall, 3)}
+        routes[rec["route"]]["tokens"] = _token_truth(case, rec, counted)
+    return {"routes": list(routes.values()), "wall_s": round(wall, 3),
+            **({"only_changed_routes": ks} if only is not None else {})}
+
+
+def _token_truth(case: Case, rec: RawRecord, counted: bool) -> dict[str, Any]:
+    """The route's verify request: the chat tokens the dataset planned against the prompt tokens the server
+    counted. Unequal means the dataset's tokenizer is not the served model's: the run would measure another
+    input length than the case says, so it stops here, before any formal request."""
+    planned, server = rec["input_tokens_chat"], rec["prompt_tokens"]
+    out: dict[str, Any] = {"planned_chat": planned, "server_prompt": server}
+    if not counted:
+        out["compared"] = "no: the dataset counts the body only (target.api completions or dataset.chat_template " \
+                          "false), the server adds its template"
+    elif server is None:
+        out["compared"] = "no: the server sent no usage.prompt_tokens"
+    elif server != planned:
+        raise PhaseFailed(f"dataset tokenizer ≠ server tokenizer on route {rec['route']}: planned {planned} chat "
+                          f"tokens, server counted {server}", FailureClass.DATASET,
+                          "freeze a case with dataset.tokenizer = the served model's tokenizer (its Hugging Face "
+                          "directory or its GGUF file)")
+    else:
+        out["compared"] = "equal"
+    return out
 
 
 def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
@@ -141,6 +172,8 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
                                              "superseded_by_attempt": attempt})
         paths.load_dir.mkdir()
         end = None
+    if case.load.host is not None:
+        return _load_remote(run, attempt, event, prev, end)
     pid = read_json_or_none(paths.load_pid)
     reattached = False
     go = paths.load_go
@@ -187,7 +220,41 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
             break
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
-    _snapshot(case, paths.metrics_after)
+    return _load_ended(run, end, prev, {"reattached": reattached})
+
+
+def _load_remote(run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any],
+                 end: dict[str, Any] | None) -> dict[str, Any]:
+    """The load client on load.host (run/remote_load.py): started once per run, followed, its raw data copied
+    back and sealed; a lost link is end_unknown (the client keeps running, resume re-attaches)."""
+    paths, case, planned = run.paths, run.case, run.meta.planned
+    extra: dict[str, Any] = {}
+    if end is None:
+        if remote_load.launched(paths) is None:
+            problem = services.check_live(run.workspace, case, run.meta.target_key or "")
+            if problem is not None:  # re-verified right before the first formal request
+                raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
+                                  "resume starts the service once, then warmup and the load (nothing was sent)")
+            _counters(run, paths.metrics_before)
+        key_env = case.target.api_key_env  # the client's only variable from here: the API key, on the channel
+        env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
+        got = remote_load.run_load(run, env, event, attempt)
+        end = got.pop("end")
+        extra = got
+        if end is None:
+            n_raw = len(read_records(paths.raw).records)
+            if (paths.load_anchor.exists() or n_raw) and attempt > 1:
+                return {**accept_partial(paths, planned, n_raw), **extra}
+            raise PhaseFailed(
+                f"load client on {extra['host']} exited without an end file after {n_raw} of {planned} records",
+                FailureClass.END_UNKNOWN, "formal requests are never re-sent automatically; the raw records are kept")
+    return _load_ended(run, end, prev, {"reattached": bool(extra.get("reattached")), **extra})
+
+
+def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The checks after the load client's end file, local or remote; the load evidence."""
+    paths, case, planned = run.paths, run.case, run.meta.planned
+    read_by = _counters(run, paths.metrics_after)
     if end.get("exit") == "disk_full" and prev.get("failure_class") != FailureClass.DISK:
         raise PhaseFailed(f"{end.get('reason')}: {end['done']} of {planned} requests recorded, "
                           f"{planned - end['sent']} never sent", FailureClass.DISK,
@@ -202,8 +269,10 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
                 "failed", FailureClass.SERVICE,
                 "resume starts the service once and sends the load again as a new attempt (this attempt's raw "
                 "data is kept aside, marked superseded)")
-    return {"reattached": reattached, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
-            "ok": end["ok"], "failed": end["failed"],
+    return {**extra, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
+            "ok": end["ok"], "failed": end["failed"], "metrics_read_by": read_by,
+            "client_timing": client_timing(read_records(paths.raw).records, case.load.concurrency,
+                                           case.load.rate is None, read_json_or_none(paths.load_anchor)),
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
 
 
@@ -260,8 +329,8 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
 def arm_client(run: Run) -> dict[str, Any] | None:
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
     paths = run.paths
-    if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run":
-        return None
+    if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host is not None:
+        return None  # (a remote client is started in the load phase, after its inputs are copied there)
     if paths.load_end.exists() or paths.load_anchor.exists() or (paths.raw.exists() and paths.raw.stat().st_size):
         return None
     if procs.alive(read_json_or_none(paths.load_pid)):
@@ -311,17 +380,31 @@ def _check_entry(paths: RunPaths, case: Case, end: dict[str, Any]) -> None:
         )
 
 
-def _snapshot(case: Case, dest: Path) -> None:
-    """Prometheus counters before/after the formal load (spec decode); absence is recorded, not fatal."""
+def _snapshot(case: Case, dest: Path) -> str | None:
+    """Prometheus counters before/after the formal load (spec decode); absence is recorded, not fatal. Who read
+    them (this host), or None."""
     url = case.target.metrics_url or origin(case.target.endpoints[0].base_url) + "/metrics"
     try:
         r = httpx.get(url, timeout=5)
         if r.status_code == 200:
             dest.write_text(r.text)
-            return
+            return f"controller ({procs.me()['host']})"
         dest.with_suffix(".missing").write_text(f"HTTP {r.status_code} from {url}\n")
     except httpx.HTTPError as e:
         dest.with_suffix(".missing").write_text(f"{type(e).__name__}: {e} ({url})\n")
+    return None
+
+
+def _counters(run: Run, dest: Path) -> str | None:
+    """The counters snapshot from the host that can reach /metrics: the controller, else the load host (load.host,
+    over SSH). Which host read them, or None (the .missing file says why)."""
+    by = _snapshot(run.case, dest)
+    if by is None and run.case.load.host is not None:
+        by = remote_load.snapshot_metrics(run, dest)
+    with contextlib.suppress(OSError):
+        old = read_json_or_none(run.paths.load_dir / "metrics_read_by.json") or {}
+        write_json(run.paths.load_dir / "metrics_read_by.json", {**old, dest.stem: by})
+    return by
 
 
 def reuse_parent_load(run: Run) -> dict[str, Any]:
@@ -350,6 +433,9 @@ def confirm_end(run: Run) -> dict[str, Any]:
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
     pid = read_json_or_none(paths.load_pid)
+    if not reused and run.case.load.host is not None and not remote_load.confirm_gone(run):
+        raise PhaseFailed(f"load client on {remote_load.where(run.case.load.host)} still alive after its end file",
+                          FailureClass.END_UNKNOWN, "resume waits for it")
     deadline = time.monotonic() + 30
     while not reused and procs.alive(pid) and time.monotonic() < deadline:
         # the client is our child when we started it: reap it so it does not linger as a zombie

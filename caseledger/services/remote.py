@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from caseledger import procs
 from caseledger.case.model import SSH
 from caseledger.errors import RemoteError as RemoteError  # defined in errors; callers use remote.RemoteError
 
@@ -187,6 +188,66 @@ async def terminate_async(conn: asyncssh.SSHClientConnection, ref: dict[str, Any
     return out.strip() == b"stopped"
 
 
+async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[str]) -> dict[str, Any]:
+    """What pid on the host maps and holds open, the (dev, inode) of each path, and its environment: one script.
+    See parse_probe; environment values are returned to the caller to hash, never logged."""
+    quoted_paths = " ".join(shlex.quote(x) for x in paths)
+    script = "\n".join([
+        f"p={int(pid)}",
+        "echo '#maps'; cat /proc/$p/maps 2>/dev/null",
+        "echo '#fd'; for f in /proc/$p/fd/*; do t=$(readlink \"$f\" 2>/dev/null) || continue; case \"$t\" in /*) "
+        "s=$(stat -L -c '%d %i %F' \"$f\" 2>/dev/null) && printf '%s\\t%s\\t%s\\n' \"$s\" \"$f\" \"$t\";; esac; done",
+        f"echo '#stat'; for q in {quoted_paths}; do stat -L -c '%d %i %s %Y' -- \"$q\" 2>/dev/null || echo -; done"
+        if paths else "echo '#stat'",
+        "echo '#env'; tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null",
+    ])
+    _, out = await _run(conn, script)
+    return parse_probe(out.decode(errors="replace"), pid, paths)
+
+
+def parse_probe(text: str, pid: int, paths: list[str]) -> dict[str, Any]:
+    """{'held': [HeldFile...], 'stat': {path: [dev, inode, size, mtime] | None}, 'environ': {name: value}}."""
+    part: dict[str, list[str]] = {"maps": [], "fd": [], "stat": [], "env": []}
+    cur = None
+    for line in text.split("\n"):
+        if line in ("#maps", "#fd", "#stat", "#env"):
+            cur = line[1:]
+        elif cur is not None and line:
+            part[cur].append(line)
+    held = procs.mapped_files(part["maps"], pid)
+    for line in part["fd"]:
+        st, fd, target = [*line.split("\t"), "", ""][:3]
+        bits = st.split(" ", 2)
+        if len(bits) < 3 or bits[2] not in ("regular file", "regular empty file"):
+            continue
+        key = (int(bits[0]), int(bits[1]))
+        held.setdefault(key, {"path": target.removesuffix(" (deleted)"), "dev": key[0], "inode": key[1],
+                              "replaced": target.endswith(" (deleted)"), "via": fd})
+    stats: dict[str, list[int] | None] = {}
+    for path, line in zip(paths, part["stat"], strict=False):
+        bits = line.split()
+        stats[path] = [int(b) for b in bits] if len(bits) == 4 else None
+    for h in held.values():  # a path replaced by rename is not "(deleted)" when another name still links it
+        now = stats.get(h["path"])
+        if now is not None and (now[0], now[1]) != (h["dev"], h["inode"]):
+            h["replaced"] = True
+    env = dict(kv.split("=", 1) for kv in part["env"] if "=" in kv)
+    return {"held": list(held.values()), "stat": stats, "environ": env}
+
+
+async def sha256_async(conn: asyncssh.SSHClientConnection, paths: list[str]) -> dict[str, str]:
+    """sha256 of files on the host (sha256sum), path -> hex; unreadable ones are left out."""
+    if not paths:
+        return {}
+    _, out = await _run(conn, "sha256sum -- " + " ".join(shlex.quote(x) for x in paths) + " 2>/dev/null")
+    got: dict[str, str] = {}
+    for line in out.decode(errors="replace").splitlines():
+        digest, _, name = line.partition("  ")
+        if len(digest) == 64:
+            got[name] = digest
+    return got
+
+
 class Remote:
     """The sync face for the controller: one SSH connection per call (anyio.run), closed before returning."""
 
@@ -239,6 +300,14 @@ class Remote:
     def terminate(self, ref: dict[str, Any], grace_s: float = 5.0) -> bool:
         """TERM then KILL; True when this call stopped it, False when it was already gone (or would not die)."""
         return self._call(lambda conn: terminate_async(conn, ref, grace_s), timeout_s=2 * grace_s + COMMAND_TIMEOUT_S)
+
+    def probe(self, pid: int, paths: list[str]) -> dict[str, Any]:
+        """The held files, the paths' (dev, inode, size, mtime) and the environment of pid on the host."""
+        return self._call(lambda conn: probe_async(conn, pid, paths))
+
+    def sha256(self, paths: list[str]) -> dict[str, str]:
+        """sha256 of files on the host, path -> hex (unreadable ones left out)."""
+        return self._call(lambda conn: sha256_async(conn, paths), timeout_s=max(COMMAND_TIMEOUT_S, 600.0))
 
     def tail(self, log: str, n_bytes: int = 400) -> str:
         """The last bytes of a remote log ('' when it cannot be read)."""
