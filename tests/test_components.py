@@ -148,7 +148,7 @@ def test_child_changing_one_component_restarts_only_it(engine: Engine) -> None:
     d = two_route_draft(engine.ports, engine.server, engine.model)
     d["service"]["components"][1]["argv"] = [*engine_argv(engine.server, engine.model), "--temp", "0.5"]
     child = freeze_case(ws, draft=d, parent=base.case_id)
-    assert [x.path for x in child.delta] == ["service.components"]
+    assert [x.path for x in child.delta] == ["service.components.r1.argv"]
     r2 = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
     assert r2.state == "succeeded", phase_status(ws, r2.run_id).text()
     ev = service_ev(ws, r2.run_id)

@@ -19,6 +19,7 @@ import pytest
 from caseledger import services
 from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
+from caseledger.outcome.summary import scenario_view
 from caseledger.services import adapters
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json, sha256_file
@@ -186,3 +187,15 @@ def test_env_is_compared_by_value_hash_on_the_live_process(ws: Workspace) -> Non
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_child_changing_one_component_shows_that_component_in_delta_plan_and_scenario(ws: Workspace) -> None:
+    ports = (free_port(), free_port())
+    base = freeze_case(ws, draft=two_routes(ports))
+    d = two_routes(ports)
+    d["service"]["components"][1]["argv"] = [*target_argv(), "--config-json", '{"slots": 2}']
+    child = freeze_case(ws, draft=d, parent=base.case_id)
+    assert [(x.path, x.impact) for x in child.delta] == [("service.components.r1.argv", "service")]
+    assert {s.phase: s.action for s in child.plan}["service"] == "run"
+    row = next(r for r in scenario_view(ws, "ref-test").rows if r.case_id == child.case_id)
+    assert row.change.startswith("r1.argv=["), row.change

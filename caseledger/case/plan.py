@@ -121,12 +121,20 @@ class DeltaItem(_Model):
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Leaf paths of a JSON value; lists are leaves (an argv is one value)."""
+    """Leaf paths of a JSON value; lists are leaves (an argv is one value), except a list of objects each with
+    its own unique "name" (service.components), whose items are keyed by name: a child changing decode's argv
+    shows as service.components.decode.argv."""
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
         for k, v in obj.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
         return out
+    if not (isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj)):
+        return {prefix: obj}
+    names = [x.get("name") for x in obj]
+    if all(isinstance(n, str) for n in names) and len(set(names)) == len(names):
+        return flatten({n: {k: v for k, v in x.items() if k != "name"} for n, x in zip(names, obj, strict=True)},
+                       prefix)
     return {prefix: obj}
 
 

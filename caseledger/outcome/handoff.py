@@ -82,6 +82,8 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
     text = "\n".join(lines) + "\n"
     while (len(text.encode()) > MAX_BYTES or len(lines) > MAX_LINES) and len(lines) > 4 and rows == 0:
         lines.pop(-2)  # last resort, with no scenario rows left: drop detail above the next call
+        if lines[-2] == "open problems:":
+            lines.pop(-2)  # its items are gone: no empty header
         text = "\n".join(lines) + "\n"
     return text
 

@@ -351,7 +351,8 @@ def latest_scenario(ws: Workspace) -> str:
 
 
 def _label(path: str, value: Any) -> str:
-    name = _LABELS.get(path, path.rsplit(".", 1)[-1])
+    name = _LABELS.get(path, ".".join(path.split(".")[2:]) if path.startswith("service.components.")
+                       else path.rsplit(".", 1)[-1])  # a component's field: its name, e.g. decode.argv
     text = f"{value:g}" if isinstance(value, float) else str(value)
     return f"{name}={text if len(text) <= 16 else text[:15] + '…'}"
 
