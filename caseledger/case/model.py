@@ -646,7 +646,7 @@ class Case(_Model):
         if data["target"]["metrics_url"] is None:
             data["target"]["metrics_url"] = origin(data["target"]["endpoints"][0]["base_url"]) + "/metrics"
         if data["service"]["health_url"] is None and not data["service"].get("components"):
-            data["service"]["health_url"] = origin(data["target"]["endpoints"][0]["base_url"]) + "/health"
+            data["service"]["health_url"] = health_url_of(data["target"]["endpoints"][0]["base_url"])
         return Case.model_validate(data)
 
     def canonical(self) -> dict[str, Any]:
@@ -673,3 +673,8 @@ def origin(base_url: str) -> str:
     """scheme://host:port of a base URL."""
     scheme, _, rest = base_url.partition("://")
     return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+def health_url_of(base_url: str) -> str:
+    """The default health URL of an endpoint: <origin>/health."""
+    return origin(base_url) + "/health"

@@ -107,7 +107,8 @@ def gguf_dir(path: Path) -> Path:
     GGUF converters (no torch; about 20 s for a 256k vocabulary, once per file). Its chat template is the
     GGUF's own; a GGUF without one gets ChatML, which llama.cpp falls back to, with the BOS token in front
     when the GGUF says llama.cpp adds one (tokenizer.ggml.add_bos_token)."""
-    sha = sha256_file(path)
+    st = path.stat()
+    sha = _gguf_sha256(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
     out = cache_root() / "tokenizers" / f"gguf-{sha[:16]}"
     if (out / "tokenizer.json").is_file():
         return out
@@ -119,6 +120,13 @@ def gguf_dir(path: Path) -> Path:
         raise CaseInvalid(f"dataset.tokenizer '{quoted(str(path))}': its tokenizer cannot be read: {quoted(e, 160)}",
                           "give the model's Hugging Face tokenizer directory instead of the GGUF file") from None
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_sha256(real: str, size: int, mtime_ns: int, inode: int) -> str:
+    """A GGUF's sha256, once per file version in this process (a freeze resolves the tokenizer several times;
+    a model file is hundreds of MB)."""
+    return sha256_file(Path(real))
 
 
 def _convert_gguf(path: Path, sha: str, out: Path) -> None:

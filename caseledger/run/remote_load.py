@@ -205,15 +205,8 @@ async def _put(conn: asyncssh.SSHClientConnection, src: Path, dest: str) -> None
 
 async def _sha256s(conn: asyncssh.SSHClientConnection, files: list[str]) -> dict[str, str | None]:
     """sha256 of each remote file (None when missing)."""
-    body = "\n".join(f"sha256sum -- {shlex.quote(f)} 2>/dev/null || echo -" for f in files)
-    status, out = await _script(conn, "command -v sha256sum >/dev/null || exit 98\n" + body)
-    if status == 98:
-        raise RemoteError("sha256sum is not installed on the load host", "install coreutils there")
     got: dict[str, str | None] = dict.fromkeys(files)
-    for line in out.decode(errors="replace").splitlines():
-        digest, _, name = line.partition("  ")
-        if name in got and len(digest) == 64:
-            got[name] = digest
+    got.update(await remote.sha256_async(conn, files))
     return got
 
 

@@ -29,7 +29,7 @@ import httpx2 as httpx
 import orjson
 
 from caseledger import procs
-from caseledger.case.model import ENV_REF, SSH, Case, FileRef, origin
+from caseledger.case.model import ENV_REF, SSH, Case, FileRef, health_url_of, origin
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
@@ -80,9 +80,9 @@ def units(case: Case) -> list[Unit]:
     sv = case.service
     if not sv.components:
         return [Unit("", "service", tuple(sv.argv), sv.env, sv.ssh, (0,),
-                     sv.health_url or origin(eps[0].base_url) + "/health", sv.health_timeout_s)]
+                     sv.health_url or health_url_of(eps[0].base_url), sv.health_timeout_s)]
     return [Unit(c.name, c.role, tuple(c.argv), c.env, c.ssh, tuple(c.routes),
-                 c.health_url or origin(eps[c.routes[0]].base_url) + "/health", c.health_timeout_s, tuple(c.files))
+                 c.health_url or health_url_of(eps[c.routes[0]].base_url), c.health_timeout_s, tuple(c.files))
             for c in sv.components]
 
 

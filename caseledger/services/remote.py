@@ -236,10 +236,13 @@ def parse_probe(text: str, pid: int, paths: list[str]) -> dict[str, Any]:
 
 
 async def sha256_async(conn: asyncssh.SSHClientConnection, paths: list[str]) -> dict[str, str]:
-    """sha256 of files on the host (sha256sum), path -> hex; unreadable ones are left out."""
+    """sha256 of files on the host (sha256sum), path -> hex; missing or unreadable ones are left out."""
     if not paths:
         return {}
-    _, out = await _run(conn, "sha256sum -- " + " ".join(shlex.quote(x) for x in paths) + " 2>/dev/null")
+    status, out = await _run(conn, "command -v sha256sum >/dev/null || exit 98\nsha256sum -- "
+                             + " ".join(shlex.quote(x) for x in paths) + " 2>/dev/null")
+    if status == 98:
+        raise RemoteError("sha256sum is not installed on the host", "install coreutils there")
     got: dict[str, str] = {}
     for line in out.decode(errors="replace").splitlines():
         digest, _, name = line.partition("  ")
