@@ -43,6 +43,8 @@ class FailureClass(StrEnum):
     AUTH = "auth"  # the target refused the credentials (HTTP 401/403); the service is healthy and kept
     DISK = "disk"  # the disk filled up (ENOSPC); free space and resume: finished work and records are kept
     DATASET = "dataset"  # the dataset is not what the server counts (another tokenizer): a new case is needed
+    OVERLOAD = "overload"  # the target answered 429/503: rate-limited or saturated; lower r or C, or wait
+    INTERNAL = "internal"  # a caseledger bug inside a phase: report it; the raw data is kept
 
 
 def quoted(text: object, limit: int = ECHO_CHARS) -> str:

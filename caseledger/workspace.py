@@ -254,6 +254,16 @@ class RunPaths:
         return self.load_dir / "clock.json"
 
     @property
+    def load_stalls(self) -> Path:
+        """The load client's stalls: one {start_ns, end_ns} line per span its event loop did not run."""
+        return self.load_dir / "stalls.jsonl"
+
+    @property
+    def load_host(self) -> Path:
+        """CPU samples of the load client's host during the formal load, written by the controller."""
+        return self.load_dir / "host.jsonl"
+
+    @property
     def load_partial(self) -> Path:
         """Written when a resume finishes on the records of a client that died (nothing re-sent)."""
         return self.load_dir / "partial.json"

@@ -78,7 +78,7 @@ def total() -> AisbenchImport:
 
 @pytest.fixture(scope="module")
 def result(total: AisbenchImport) -> Result:
-    return compute_result(the_case(), total.records)
+    return compute_result(the_case(), total.records, chunks_are_content=False)  # every SSE line is timed
 
 
 def test_importer_reads_the_real_aisbench_output(total: AisbenchImport) -> None:

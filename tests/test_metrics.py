@@ -350,13 +350,16 @@ vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 680798
 """
 
 
+SEED_LOAD = {"requests": 6, "concurrency": 6, "max_tokens": 1024}  # the records' 1024 tokens are within max_tokens
+
+
 def seed_run() -> list[RawRecord]:
     """640 requests x 1024 output tokens = 655360 (the seeds' 128K C90 run)."""
     return [rec(i, i, [i + 1], i + 2, toks=[1024], comp=1024) for i in range(640)]
 
 
 def test_acceptance_length_with_the_seed_numbers() -> None:
-    r = compute_result(make_case(), seed_run(), metrics_before=BEFORE, metrics_after=AFTER)
+    r = compute_result(make_case(load=SEED_LOAD), seed_run(), metrics_before=BEFORE, metrics_after=AFTER)
     spec = r.windows.whole.spec_decode
     assert spec.source == "vllm"  # auto picked by the names present
     al = spec.acceptance_length
@@ -374,7 +377,7 @@ def test_acceptance_length_with_the_seed_numbers() -> None:
 
 def test_a_missing_counter_is_not_observed_with_its_name() -> None:
     strip = [ln for ln in AFTER.splitlines() if "draft_tokens" not in ln]
-    r = compute_result(make_case(), seed_run(), metrics_before=BEFORE, metrics_after="\n".join(strip))
+    r = compute_result(make_case(load=SEED_LOAD), seed_run(), metrics_before=BEFORE, metrics_after="\n".join(strip))
     spec = r.windows.whole.spec_decode
     assert isinstance(spec.acceptance_length, Ratio)  # AL is still known
     rate = spec.acceptance_rate
@@ -385,12 +388,13 @@ def test_a_missing_counter_is_not_observed_with_its_name() -> None:
 def test_spec_decode_sglang_and_absent_snapshots() -> None:
     before = 'sglang:spec_verify_calls_total{model_name="m"} 100\nsglang:spec_verify_calls_total_created 1.7e9\n'
     after = 'sglang:spec_verify_calls_total{model_name="m"} 113563\n'
-    spec = compute_result(make_case(), seed_run(), metrics_before=before, metrics_after=after).windows.whole.spec_decode
+    spec = compute_result(make_case(load=SEED_LOAD), seed_run(), metrics_before=before,
+                          metrics_after=after).windows.whole.spec_decode
     assert spec.source == "sglang"
     assert isinstance(spec.acceptance_length, Ratio) and spec.acceptance_length.text == "655360 / 113463 = 5.7760"
     assert isinstance(spec.acceptance_rate, NotObserved)
     assert "no cumulative accepted/draft token counters" in spec.acceptance_rate.reason
-    none = compute_result(make_case(), seed_run()).windows.whole.spec_decode
+    none = compute_result(make_case(load=SEED_LOAD), seed_run()).windows.whole.spec_decode
     assert isinstance(none.acceptance_length, NotObserved)
     assert "load/metrics_before.txt, load/metrics_after.txt absent" in none.acceptance_length.reason
 

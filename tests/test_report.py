@@ -34,7 +34,7 @@ def case() -> Case:
         {
             "scenario": "rep",
             "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
-            "load": {"requests": 640, "concurrency": 64},
+            "load": {"requests": 640, "concurrency": 64, "max_tokens": 1024},
             "cache": {"min_hit_ratio": 0.9},
         }
     )

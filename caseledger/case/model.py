@@ -441,13 +441,21 @@ class Load(_Model):
         description="Run the load client on another host over SSH (the same login form as service.ssh, plus the "
         "interpreter and directory there); null: on the controller's host",
     )
+    max_failed_share: float = Field(
+        0.0, ge=0, le=1, strict=True,
+        description="Share of formal requests that may fail (0..1) before the load phase fails, classed by cause "
+        "(4xx hot_entry, 401/403 auth, 429/503 overload, timeouts/resets/broken streams service); 0: any failure",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_host(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset host is left out of the canonical JSON, so cases frozen before the field existed keep their ids
+        # an unset host and the default failure share are left out of the canonical JSON, so cases frozen before
+        # the fields existed keep their ids
         data: dict[str, Any] = handler(self)
         if self.host is None:
             data.pop("host", None)
+        if self.max_failed_share == 0.0:
+            data.pop("max_failed_share", None)
         return data
 
 
@@ -484,12 +492,39 @@ class NativeWindow(Window):
     ratio: float = Field(0.9, gt=0, le=1, strict=True, description="sglang rule: share of the peak concurrency")
 
 
+class Evidence(_Model):
+    """When a window's evidence is not trusted: its figures are then NOT_OBSERVED or flagged as distorted, and the
+    decision is 'insufficient' naming why."""
+
+    max_invalid_share: float = Field(
+        0.0, ge=0, le=1, strict=True,
+        description="Share of a window's successful requests whose server counts fail the checks (0..1) above "
+        "which the window's figures are NOT_OBSERVED; 0: any invalid request")
+    max_stall_s: float = Field(
+        1.0, gt=0, le=MAX_TIMEOUT_S, strict=True,
+        description="A load client stalled this long or longer inside a window (s) distorts it: repeat the run")
+    max_other_cpu_share: float = Field(
+        0.25, gt=0, le=1, strict=True,
+        description="Share of the host's CPU (0..1] used by processes other than the load client, the service and "
+        "caseledger during a window above which the window is distorted (a contended host): repeat on a quiet host")
+
+
 class Measurement(_Model):
     whole: Window = Field(default_factory=Window, description="Whole window: first send to last end")
     native: NativeWindow = Field(default_factory=NativeWindow, description="Native (steady-state) window")
     spec_decode: Literal["auto", "vllm", "sglang", "llamacpp", "none"] = Field(
         "auto", description="Which /metrics counter names to read for speculative decoding"
     )
+    evidence: Evidence = Field(default_factory=Evidence,
+                               description="Thresholds past which a window's evidence is not trusted")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_evidence(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # default thresholds are left out of the canonical JSON, so cases frozen before them keep their ids
+        data: dict[str, Any] = handler(self)
+        if self.evidence == Evidence():
+            data.pop("evidence", None)
+        return data
 
 
 _MAX_LIMIT_MS = MAX_TIMEOUT_S * 1000  # a latency limit above one day is a typo

@@ -54,6 +54,8 @@ IMPACT: dict[str, Impact | None] = {
     "load.salt": Impact.LOAD,
     # where the load client runs (another host over SSH): a new load from there, the service is reused
     "load.host": Impact.LOAD,
+    # whether the load phase fails on failed requests: decided at the end of a load, so a new load
+    "load.max_failed_share": Impact.LOAD,
     "warmup": Impact.SERVICE,
     "cache": Impact.DATASET,
     "measurement": Impact.MEASUREMENT,

@@ -1,8 +1,8 @@
 """`python -m caseledger.metrics RUN_DIR [--rule aisbench|sglang] [--ratio R]`: the postprocessor.
 
-Runs in a fresh process: reads RUN_DIR/case.json, load/raw.jsonl, load/anchor.json and the two /metrics
-snapshots, writes RUN_DIR/results/<PROCESSOR_VERSION>/<params>/<inputs>/{result.json, env.json} and
-prints one JSON line: {"result", "raw_sha256", "requests", "ok", "failed", "reused"}. On failure it exits
+Runs in a fresh process: reads RUN_DIR/case.json, load/raw.jsonl, load/anchor.json, the two /metrics
+snapshots, load/stalls.jsonl and load/host.jsonl, writes
+RUN_DIR/results/<PROCESSOR_VERSION>/<params>/<inputs>/{result.json, env.json} and prints one JSON line: {"result", "raw_sha256", "requests", "ok", "failed", "reused"}. On failure it exits
 non-zero with the error on stderr. It imports no network or model library (mcp, httpx, transformers).
 """
 
@@ -22,6 +22,7 @@ from caseledger.metrics._columns import read_raw
 from caseledger.metrics._compute import compute_result
 from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE
 from caseledger.metrics._store import result_dir, write_env, write_result
+from caseledger.records import read_jsonl
 from caseledger.workspace import RESULT_FILE, RunPaths
 
 EXIT_INPUT = 2  # the run directory lacks what postprocessing needs
@@ -74,6 +75,7 @@ def run(run_dir: Path, rule: str | None, ratio: float | None, argv: list[str]) -
             "nothing to postprocess; check the load phase (zero requests is not a negative result)",
         )
     columns, source = read_raw(paths.raw, rel=str(paths.raw.relative_to(paths.root)))
+    meta = orjson.loads(paths.run_json.read_bytes()) if paths.run_json.is_file() else {}
     result = compute_result(
         case,
         columns,
@@ -83,6 +85,9 @@ def run(run_dir: Path, rule: str | None, ratio: float | None, argv: list[str]) -
         rule=rule,
         ratio=ratio,
         source=source,
+        stalls=read_jsonl(paths.load_stalls).items,
+        host=read_jsonl(paths.load_host).items,
+        chunks_are_content=not (isinstance(meta, dict) and meta.get("imported")),
     )
     reused = (result_dir(run_dir, result) / RESULT_FILE).exists()
     path = write_result(run_dir, result)

@@ -7,6 +7,7 @@ from that window's mask and duration only.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import Counter
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from caseledger.case.model import Case, Window
+from caseledger.metrics._checks import check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
     DEFINITIONS,
@@ -29,6 +31,7 @@ from caseledger.metrics._models import (
     ConcurrencySeries,
     Distribution,
     Failures,
+    HostLoad,
     Inputs,
     Latency,
     NativeRule,
@@ -36,6 +39,7 @@ from caseledger.metrics._models import (
     Params,
     Result,
     SpecDecode,
+    Stall,
     Throughput,
     Throughputs,
     TokenAgreement,
@@ -359,6 +363,15 @@ def _failed_by_class(c: RawColumns, mask: B) -> dict[str, int]:
     return dict(sorted(Counter(str(c.error_class[i] or "unknown") for i in idx).items()))
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """What the window's trust is judged on besides the records: invalid requests, client stalls, host CPU."""
+
+    invalid: B  # per request: a successful response whose counts failed a check
+    stalls: list[tuple[int, int]]  # (start_ns, end_ns) of each load client stall, client clock
+    host: list[dict[str, Any]]  # load/host.jsonl samples
+
+
 def _window(
     name: Literal["whole", "native"],
     span: _Span,
@@ -369,6 +382,82 @@ def _window(
     limits: Window,
     anchor: dict[str, Any] | None,
     spec: SpecCounters,
+    ev: _Evidence,
+) -> WindowResult:
+    """One window's figures from the valid successful requests credited to it (c.ok excludes invalid ones)."""
+    w = _figures(name, span, c, dv, s, case, limits, anchor, spec, ev)
+    if span.start is None or span.end is None:
+        return w
+    mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= span.start) & (
+        c.send_ns <= span.end)
+    n_invalid = int((mask & ev.invalid).sum())
+    distorted = _distortion(case, span.start, span.end, ev, dv.t0)
+    share = n_invalid / (w.ok + n_invalid) if w.ok + n_invalid else 0.0
+    limit = case.measurement.evidence.max_invalid_share
+    if n_invalid and share > limit:
+        reason = (f"{n_invalid} of {w.ok + n_invalid} successful responses in the {name} window have server counts "
+                  f"that fail the checks ({share:.0%} > measurement.evidence.max_invalid_share {limit:g}): no figure "
+                  "is computed from them")
+        empty = _figures(name, _Span(span.rule, span.params, None, None, reason, span.notes), c, dv, s, case,
+                         limits, anchor, spec, ev)
+        return empty.model_copy(update={
+            "found": w.found, "reason": reason, "start_s": w.start_s, "end_s": w.end_s, "duration_s": w.duration_s,
+            "start_utc": w.start_utc, "requests": w.requests, "ok": w.ok, "failed": w.failed,
+            "failed_by_class": w.failed_by_class, "peak_concurrency": w.peak_concurrency,
+            "invalid": n_invalid, "distorted": distorted, "notes": [*w.notes, reason]})
+    notes = w.notes + ([f"{n_invalid} successful response(s) with invalid server counts are excluded from every "
+                        "figure"] if n_invalid else [])
+    return w.model_copy(update={"invalid": n_invalid, "distorted": distorted, "notes": notes})
+
+
+def _distortion(case: Case, start: int, end: int, ev: _Evidence, t0: int) -> list[str]:
+    """Why [start, end] is not a clean measurement: the client stalled, or other processes used the host."""
+    th = case.measurement.evidence
+    out: list[str] = []
+    inside = [(max(a, start), min(b, end)) for a, b in ev.stalls if b > start and a < end]
+    stalled = sum(b - a for a, b in inside) / _S
+    if inside and stalled >= th.max_stall_s:
+        a, b = max(inside, key=lambda x: x[1] - x[0])
+        out.append(f"load client stalled {stalled:.1f} s in all ({len(inside)} stall(s), longest {(b - a) / _S:.1f} s "
+                   f"from {(a - t0) / _S:.1f} s): its timestamps are late; repeat the run")
+    host = host_load([x for x in ev.host if x["mono_ns"] > start and x["mono_ns"] - x["dt_ns"] < end])
+    if isinstance(host, HostLoad) and host.other_share > th.max_other_cpu_share:
+        out.append(f"other processes used {host.other_share:.0%} of the host's {host.cores} core(s) during the "
+                   f"window (> measurement.evidence.max_other_cpu_share {th.max_other_cpu_share:g}): a contended "
+                   "host; repeat on a quiet host")
+    return out
+
+
+def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:
+    """The host's CPU over a set of load/host.jsonl samples (jiffy deltas)."""
+    total = sum(x["total"] for x in samples)
+    if not samples or total <= 0:
+        return NotObserved(reason="no host CPU sample inside the window (samples every 0.5 s by a local controller)")
+    busy, ours = sum(x["busy"] for x in samples), sum(x["ours"] for x in samples)
+    cores = max(int(x.get("cores", 1)) for x in samples)
+    span_s = sum(x["dt_ns"] for x in samples) / _S
+    other = max(0.0, (busy - ours) / total)
+    client = sum(x["client"] for x in samples) / total * cores
+    steal = sum(x.get("steal", 0) for x in samples) / total
+    load1 = max(float(x.get("load1", 0.0)) for x in samples)
+    text = (f"other processes {other:.0%} of {cores} core(s), caseledger + service {ours / total:.0%}, load client "
+            f"{client:.0%} of one core, steal {steal:.0%}, load average up to {load1:.2f} ({len(samples)} samples "
+            f"over {span_s:.1f} s)")
+    return HostLoad(samples=len(samples), cores=cores, span_s=span_s, other_share=other, ours_share=ours / total,
+                    client_share=client, steal_share=steal, load1_max=load1, text=text)
+
+
+def _figures(
+    name: Literal["whole", "native"],
+    span: _Span,
+    c: RawColumns,
+    dv: _Derived,
+    s: _Steps,
+    case: Case,
+    limits: Window,
+    anchor: dict[str, Any] | None,
+    spec: SpecCounters,
+    ev: _Evidence,
 ) -> WindowResult:
     cards = case.target.cards
     cache_min = case.cache.min_hit_ratio
@@ -560,8 +649,8 @@ def _window(
         start_utc=_utc(anchor, start),
         requests=n_req,
         ok=n_ok,
-        failed=n_req - n_ok,
-        failed_by_class=_failed_by_class(c, mask),
+        failed=n_req - n_ok - int((mask & ev.invalid).sum()),
+        failed_by_class=_failed_by_class(c, mask & ~ev.invalid),
         cards=cards,
         min_requests=limits.min_requests,
         min_duration_s=limits.min_duration_s,
@@ -626,24 +715,42 @@ def compute_result(
     ratio: float | None = None,
     *,
     source: RawSource | None = None,
+    stalls: Iterable[dict[str, Any]] = (),
+    host: Iterable[dict[str, Any]] = (),
+    chunks_are_content: bool = True,
 ) -> Result:
     """Every figure of both windows from raw records; pure (same inputs -> equal Result).
 
     rule/ratio override case.measurement.native; metrics_before/after are /metrics texts; source names the
-    raw file and its sha256 (None: records passed in memory).
+    raw file and its sha256 (None: records passed in memory); stalls and host are the lines of load/stalls.jsonl
+    ({start_ns, end_ns}) and load/host.jsonl (CPU samples); chunks_are_content False for imported records whose
+    chunk times are every SSE line.
     """
-    c = records if isinstance(records, RawColumns) else columns_from_records(records)
+    raw = records if isinstance(records, RawColumns) else columns_from_records(records)
     src = source or RawSource()
     params = resolve_params(case, rule, ratio)
-    dv = _derive(c)
-    s = _steps(c)
+    s = _steps(raw)  # concurrency counts every request, valid or not
     notes: list[str] = []
     if src.torn_tail:
         notes.append("the raw file's last line was cut mid-write (torn) and was skipped")
     if src.bad_lines:
         notes.append(f"{src.bad_lines} unparsable line(s) before the last were skipped")
-    if c.n == 0:
+    if raw.n == 0:
         notes.append("no raw records: no figure can be computed")
+
+    # the server's counts checked first: what fails a check is no evidence for any figure
+    pre = spec_counters(params.spec_decode, metrics_before, metrics_after, None, "")
+    drafts = pre.deltas.get("drafts")
+    spec_moved = isinstance(drafts, tuple) and drafts[1] > 0
+    validity = check_counts(raw, case.load.max_tokens or case.dataset.output_tokens,
+                            spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
+                            case.measurement.evidence.max_invalid_share, metrics_before, metrics_after,
+                            chunks_are_content)
+    c = dataclasses.replace(raw, ok=raw.ok & ~validity.invalid)
+    dv = _derive(c)
+    stall_spans = sorted((int(x["start_ns"]), int(x["end_ns"])) for x in stalls)
+    host_samples = list(host)
+    ev = _Evidence(invalid=validity.invalid, stalls=stall_spans, host=host_samples)
 
     # spec decode: output tokens of the whole window's successful requests
     out_whole = c.completion_tokens[c.ok]
@@ -667,11 +774,11 @@ def compute_result(
     else:
         native_span = _sglang_span(s, float(params.native_ratio or 0.0))
     windows = Windows(
-        whole=_window("whole", whole_span, c, dv, s, case, case.measurement.whole, anchor, spec),
-        native=_window("native", native_span, c, dv, s, case, case.measurement.native, anchor, spec),
+        whole=_window("whole", whole_span, c, dv, s, case, case.measurement.whole, anchor, spec, ev),
+        native=_window("native", native_span, c, dv, s, case, case.measurement.native, anchor, spec, ev),
     )
 
-    failed_idx = np.flatnonzero(~c.ok)
+    failed_idx = np.flatnonzero(~raw.ok)
     by_class = Counter(str(c.error_class[i] or "unknown") for i in failed_idx)
     first_error: dict[str, str] = {}
     for i in failed_idx:
@@ -685,7 +792,7 @@ def compute_result(
     )
 
     case_sha = sha256_bytes(canonical_json(case.canonical()))
-    records_sha = c.digest()
+    records_sha = raw.digest()
     anchor_clean: dict[str, str | int] | None = None
     if anchor is not None:
         anchor_clean = {str(k): v for k, v in anchor.items() if isinstance(v, str | int)}
@@ -711,11 +818,15 @@ def compute_result(
         scenario=case.scenario,
         cards=case.target.cards,
         requests=c.n,
-        ok=int(c.ok.sum()),
+        ok=int(raw.ok.sum()),
         failed=int(failed_idx.size),
         failures=failures,
         definitions=dict(DEFINITIONS),
         notes=notes,
         concurrency=_series(s, dv.t0),
         windows=windows,
+        checks=validity.summary,
+        stalls=[Stall(start_s=(a - dv.t0) / _S, duration_s=(b - a) / _S) for a, b in stall_spans],
+        host=host_load([x for x in host_samples if whole_span.start is not None and whole_span.end is not None
+                        and x["mono_ns"] > whole_span.start and x["mono_ns"] - x["dt_ns"] < whole_span.end]),
     )

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROCESSOR_VERSION = "v3"  # v3: goodput and the bootstrap interval of the decision metric per window
+PROCESSOR_VERSION = "v4"  # v4: server counts checked, stalls and host CPU flag distorted windows
 """Version of the code that turns raw records into results; results are stored per version."""
 
 # The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
@@ -264,6 +264,56 @@ class WindowResult(_Model):
         default_factory=lambda: NotObserved(reason="computed by an older processor"),
         description="Bootstrap confidence interval of case.decision.primary_metric on this window",
     )
+    invalid: int = Field(0, description="Successful requests in the window whose server counts failed a check "
+                         "(excluded from every figure, like failed ones)")
+    distorted: list[str] = Field(
+        default_factory=list,
+        description="Why the window's figures are not a clean measurement (a stalled load client, a contended "
+        "host); empty: none seen. A distorted window is never decided on: repeat the run")
+
+
+class CounterCheck(_Model):
+    """A server counter's delta over the formal load against the per-request sum it should equal."""
+
+    counter: str = Field(description="Prometheus counter name")
+    delta: float = Field(description="After minus before the formal load")
+    per_request_sum: float = Field(description="Sum of the same count over every request's usage")
+    agrees: bool = Field(description="delta == per_request_sum")
+    text: str = Field(description="The comparison in words")
+
+
+class RequestChecks(_Model):
+    """The server's per-request counts checked (DEFINITIONS['count_checks'])."""
+
+    checked: int = Field(description="Successful requests whose counts were checked")
+    invalid: int = Field(description="Requests that failed a check (excluded from every figure)")
+    by_reason: dict[str, int] = Field(description="Requests per failed rule (a request may fail several)")
+    examples: list[str] = Field(description="The first invalid requests, with their counts")
+    max_invalid_share: float = Field(description="case.measurement.evidence.max_invalid_share as applied")
+    counters: list[CounterCheck] = Field(description="Counter deltas against per-request sums")
+
+
+class Stall(_Model):
+    """A span in which the load client made no progress at all (its event loop did not run): SIGSTOP, a
+    starved CPU, a blocking call. Requests in flight meanwhile have late timestamps."""
+
+    start_s: float = Field(description="Stall start, seconds after the first send")
+    duration_s: float = Field(description="How long the client's event loop did not run")
+
+
+class HostLoad(_Model):
+    """CPU of the load client's host during the formal load, sampled by the controller from /proc."""
+
+    samples: int = Field(description="Samples inside the span")
+    cores: int = Field(description="CPUs of the host")
+    span_s: float = Field(description="Seconds the samples cover")
+    other_share: float = Field(description="CPU used by processes other than the load client, the service and "
+                               "caseledger's own, as a share of all cores")
+    ours_share: float = Field(description="CPU of the load client, the service and caseledger, share of all cores")
+    client_share: float = Field(description="CPU of the load client alone, share of one core")
+    steal_share: float = Field(description="CPU stolen by the hypervisor, share of all cores")
+    load1_max: float = Field(description="Highest 1-minute load average seen")
+    text: str = Field(description="The figures in one line")
 
 
 class Windows(_Model):
@@ -326,6 +376,11 @@ class Result(_Model):
     notes: list[str] = Field(description="Run-level notes (torn tail, exclusions)")
     concurrency: ConcurrencySeries = Field(description="Concurrency over time")
     windows: Windows = Field(description="The whole and the native window, each with all its figures")
+    checks: RequestChecks | None = Field(None, description="The server's counts checked (null: older processor)")
+    stalls: list[Stall] = Field(default_factory=list, description="Load client stalls (load/stalls.jsonl)")
+    host: HostLoad | NotObserved = Field(
+        default_factory=lambda: NotObserved(reason="not sampled"),
+        description="CPU of the load client's host over the whole window (load/host.jsonl)")
 
 
 DEFINITIONS: dict[str, str] = {
@@ -395,6 +450,17 @@ DEFINITIONS: dict[str, str] = {
     "(warmup and route checks happen before the first snapshot); per-request counts cover any window",
     "spec_agreement": "whole window: per-request sums of the successful requests vs the counter deltas "
     "(which also count failed requests and anything else the server did between the snapshots)",
+    "count_checks": "a successful request is invalid when usage.completion_tokens < 0, > the request's "
+    "max_tokens, < its content chunks (each carries >= 1 token), or > 4 x content chunks + its accepted draft "
+    "tokens + 1 (one token per chunk, up to 4 when an engine sends a character's byte tokens together; not applied "
+    "when the counters show speculative decoding without per-request draft counts); or when prompt_tokens <= 0, "
+    "cached_tokens < 0 or cached_tokens > prompt_tokens. Invalid requests are excluded from every figure; a window "
+    "whose invalid share of its successful requests exceeds measurement.evidence.max_invalid_share has no figures",
+    "stall": "a gap of >= 0.2 s in the load client's 50 ms event-loop ticker (load/stalls.jsonl); a window holding "
+    "stalls of measurement.evidence.max_stall_s or more in all is distorted",
+    "host_other_cpu": "(busy - ours) / all CPU time over the window's samples of /proc (every 0.5 s by the "
+    "controller), ours = every process in the sessions of the load client, the service and the controller; above "
+    "measurement.evidence.max_other_cpu_share the window is distorted (a contended host)",
     "failures": "a request with ok=false is failed: counted by error_class, excluded from latency, token "
     "and throughput figures, included in concurrency",
 }

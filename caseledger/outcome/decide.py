@@ -160,6 +160,12 @@ def _evidence(who: str, rd: Reading, r: Result, metric: str) -> list[str]:
     if not rd.window_found:
         out.append(f"{who}: no {rd.window} window ({w.reason})")
         return out
+    if w.invalid:
+        checks = r.checks
+        why = "; ".join(checks.examples[:2]) if checks is not None else ""
+        out.append(f"{who}: {w.invalid} response(s) in the {rd.window} window with server counts that fail the "
+                   f"checks ({why}): the server's usage is not evidence; check the engine's usage reporting")
+    out += [f"{who}: {rd.window} window distorted: {d}" for d in w.distorted]
     if not rd.meets_min_requests:
         out.append(f"{who}: {rd.window} window has {rd.ok} successful requests, below min_requests {w.min_requests}")
     if not rd.meets_min_duration:

@@ -17,6 +17,7 @@ from typing import Any
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import (
     Distribution,
+    HostLoad,
     NotObserved,
     PositionAcceptance,
     Ratio,
@@ -362,6 +363,7 @@ def render_run_md(
         out.append("")
     if result.notes:
         out += ["Notes:", *[f"- {n}" for n in result.notes], ""]
+    out += _evidence_section(result)
 
     out += ["## Windows", ""]
     out += _table(
@@ -604,3 +606,28 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
     fig.savefig(buf, format="png", dpi=60)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _evidence_section(result: Result) -> list[str]:
+    """What the figures' trust rests on: the server's counts checked, load client stalls, the host's CPU."""
+    out = ["## Evidence checks", ""]
+    ck = result.checks
+    if ck is None:
+        out.append("server counts: not checked (computed by an older processor; reprocess_raw checks them)")
+    else:
+        out.append(f"server counts: {ck.invalid} of {ck.checked} successful responses invalid (excluded from every "
+                   f"figure; max_invalid_share {ck.max_invalid_share:g})")
+        out += [f"- {rule}: {n}" for rule, n in ck.by_reason.items()]
+        out += [f"- {e}" for e in ck.examples]
+        out += [f"- counter: {c.text}" for c in ck.counters]
+    if result.stalls:
+        longest = max(result.stalls, key=lambda x: x.duration_s)
+        out.append(f"load client stalls: {len(result.stalls)}, {sum(x.duration_s for x in result.stalls):.2f} s in "
+                   f"all, longest {longest.duration_s:.2f} s from {longest.start_s:.2f} s")
+    else:
+        out.append("load client stalls: none recorded")
+    host = result.host
+    out.append(f"host CPU: {host.text}" if isinstance(host, HostLoad) else f"host CPU: NOT_OBSERVED ({host.reason})")
+    for w in (result.windows.whole, result.windows.native):
+        out += [f"- {w.name} window distorted: {d}" for d in w.distorted]
+    return [*out, ""]
