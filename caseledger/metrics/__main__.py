@@ -3,7 +3,8 @@
 Runs in a fresh process: reads RUN_DIR/case.json, load/raw.jsonl, load/anchor.json, the two /metrics
 snapshots, load/stalls.jsonl and load/host.jsonl, writes
 RUN_DIR/results/<PROCESSOR_VERSION>/<params>/<inputs>/{result.json, env.json} and prints one JSON line:
-{"result", "raw_sha256", "requests", "ok", "failed", "reused"}. On failure it exits non-zero with the error on stderr. It imports no network or model library (mcp, httpx, transformers).
+{"result", "raw_sha256", "requests", "ok", "failed", "reused"}. On failure it exits non-zero with the error
+on stderr. It imports no network or model library (mcp, httpx, transformers).
 """
 
 from __future__ import annotations
