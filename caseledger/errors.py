@@ -129,9 +129,11 @@ class PhaseFailed(CaseledgerError):
         *,
         run_id: str | None = None,
         phase: str | None = None,
+        evidence: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message, fix, run_id=run_id, phase=phase)
         self.failure_class = FailureClass(failure_class)
+        self.evidence = evidence or {}  # recorded with the failed phase (e.g. service_problem: resume restarts it)
 
 
 class EvidenceChanged(CaseledgerError):

@@ -33,12 +33,30 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def is_zombie(pid: int) -> bool:
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat after the command name (field 3, the state, first), or None when the process is gone."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
+        return None
+    return data[data.rfind(b")") + 2 :].split()  # the command name may hold spaces and parens
+
+
+def is_zombie(pid: int) -> bool:
+    f = _stat_fields(pid)
+    return f is not None and f[0] == b"Z"
+
+
+STOPPED_STATES = (b"T", b"t")  # stopped by a signal (SIGSTOP, SIGTSTP) or by a tracer
+
+
+def stopped(ref: dict[str, Any] | None) -> bool:
+    """True when the referenced local process exists but is stopped: it holds its pid, ports and lease, and does
+    no work at all. Alive is not the same as working."""
+    if not alive(ref) or ref is None:
         return False
-    return data[data.rfind(b")") + 2 :].split()[0] == b"Z"
+    f = _stat_fields(int(ref["pid"]))
+    return f is not None and f[0] in STOPPED_STATES
 
 
 def me() -> ProcRef:
@@ -190,9 +208,13 @@ def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
         except OSError:
             try:
                 os.kill(pid, sig)
+                if sig == signal.SIGTERM:
+                    os.kill(pid, signal.SIGCONT)
             except OSError:
                 return True
         deadline = time.monotonic() + grace_s
@@ -236,3 +258,51 @@ INHERITED_ENV_PREFIXES = ("LC_",)
 # library paths of this interpreter, the offline tokenizer settings.
 OWN_ENV = ("LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONHOME", "SSL_CERT_FILE", "SSL_CERT_DIR")
 OWN_ENV_PREFIXES = ("CASELEDGER_", "HF_", "TOKENIZERS_", "TRANSFORMERS_")
+
+
+class CpuSample(TypedDict):
+    """CPU of this host over one interval, in clock ticks (load/host.jsonl, one line per sample)."""
+
+    mono_ns: int  # end of the interval, time.monotonic_ns() (the load client's clock on the same host)
+    dt_ns: int  # interval length
+    total: int  # all CPU time of all cores
+    busy: int  # total minus idle and iowait
+    steal: int  # stolen by the hypervisor
+    ours: int  # processes in the watched sessions (load client, service, controller)
+    client: int  # the load client's own process
+    cores: int
+    load1: float  # 1-minute load average at the end
+
+
+class CpuSampler:
+    """Successive /proc readings of host CPU and of the processes in some sessions; `sample` returns the interval
+    since the last call (None on the first). Processes are keyed by (pid, start time): a pid reused in the
+    interval starts from zero."""
+
+    def __init__(self) -> None:
+        self._prev: tuple[int, list[int], dict[tuple[int, int], int]] | None = None
+
+    def sample(self, sessions: set[int], client_pid: int | None) -> CpuSample | None:
+        now = time.monotonic_ns()
+        try:
+            cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+            load1 = float(Path("/proc/loadavg").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        jiffies: dict[tuple[int, int], int] = {}
+        for pid in _pids():
+            f = _stat_fields(pid)
+            # fields after the name: state ppid pgrp session ... utime(11) stime(12) ... starttime(19)
+            if f is None or len(f) < 20 or int(f[3]) not in sessions:
+                continue
+            jiffies[(pid, int(f[19]))] = int(f[11]) + int(f[12])
+        prev, self._prev = self._prev, (now, cpu, jiffies)
+        if prev is None:
+            return None
+        t0, cpu0, j0 = prev
+        d = [a - b for a, b in zip(cpu, cpu0, strict=True)]
+        total = sum(d)
+        ours = sum(max(0, j - j0.get(k, 0)) for k, j in jiffies.items())
+        client = sum(max(0, j - j0.get(k, 0)) for k, j in jiffies.items() if k[0] == client_pid)
+        return CpuSample(mono_ns=now, dt_ns=now - t0, total=total, busy=total - d[3] - d[4], steal=d[7], ours=ours,
+                         client=client, cores=os.cpu_count() or 1, load1=load1)

@@ -91,12 +91,16 @@ class RunView:
     missing_evidence: list[str] = field(default_factory=list)  # files a finished phase wrote, now gone
     steps: NextSteps | None = None  # what the next controller (a resume) runs
     client_host: str | None = None  # the load client runs on this other host (load.host): alive is unknown here
+    client_stopped: bool = False  # the load client's process is alive but stopped (SIGSTOP): no progress
+    controller_stopped: bool = False  # the controller's process is alive but stopped
 
+
+REPEATS_BEFORE_BY_HAND = 3  # attempts of one phase failing the same way, after which resume is no answer
 
 # A load that failed with one of these sent nothing the target served (rejected or cut by a dead service):
 # the next attempt sends it again, the failed attempt's raw data kept aside. Any other load failure is
 # never re-sent (end_unknown: resume confirms what the client recorded).
-RESEND_CLASSES = (FailureClass.HOT_ENTRY, FailureClass.AUTH, FailureClass.SERVICE)
+RESEND_CLASSES = (FailureClass.HOT_ENTRY, FailureClass.AUTH, FailureClass.SERVICE, FailureClass.OVERLOAD)
 _FINISHED = (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED)
 _SERVICE_CHAIN = (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY, Phase.CACHE_PREPARE)
 
@@ -124,10 +128,12 @@ def next_steps(v: RunView) -> NextSteps:
     load_sends = not meta.load_reuse and (
         lv.state == PhaseState.PENDING or (lv.state == PhaseState.FAILED and lv.failure_class in RESEND_CLASSES))
     redo: tuple[Phase, ...] = ()
-    if v.service_alive is False and load_sends:
+    # the service is gone or stopped, or answered no health before the formal load: it is started again
+    unhealthy = lv.state == PhaseState.FAILED and bool(lv.data.get("service_problem"))
+    if (v.service_alive is False or unhealthy) and load_sends:
         redo = tuple(p for p in _SERVICE_CHAIN if ph[p].state in _FINISHED)
     run = tuple(p for p in PHASES if ph[p].state not in _FINISHED or p in redo)
-    restarts = Phase.SERVICE in run and not meta.load_reuse and v.service_alive is not True
+    restarts = Phase.SERVICE in run and not meta.load_reuse and (v.service_alive is not True or unhealthy)
     return NextSteps(
         run=run, redo=redo, restarts_service=restarts,
         repeats_warmup=Phase.WARMUP in run and not meta.load_reuse and meta.action(Phase.WARMUP) != "skip",
@@ -154,8 +160,11 @@ def _gone(ws: Workspace, comps: list[dict[str, Any]]) -> list[str]:
     for c in comps:
         st = read_json_or_none(ws.services_dir / f"{c['key']}.json") or {}
         proc = st.get("proc")
+        who = f"{c['name']} pid {c['pid']}" if c.get("name") else f"pid {c['pid']}"
         if not isinstance(proc, dict) or proc.get("pid") != c["pid"] or not procs.alive(proc):
-            out.append(f"{c['name']} pid {c['pid']}" if c.get("name") else f"pid {c['pid']}")
+            out.append(who)
+        elif procs.stopped(proc):
+            out.append(f"{who} stopped (SIGSTOP)")
     return out
 
 
@@ -294,6 +303,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         next_restarts_service=False, next_repeats_warmup=False, next_resends_requests=False,
         service_alive=service[0], service_gone=service[1],
         missing_evidence=_missing_evidence(paths, phases, meta), client_host=client_host,
+        client_stopped=procs.stopped(client_ref), controller_stopped=procs.stopped(ctl),
     )
     view.steps = steps = next_steps(view)
     if state != RunState.RUNNING and steps.redo and view.failure_class is None:
@@ -341,6 +351,14 @@ def _advise(v: RunView) -> None:
         v.blocker = "controller gone; the load client is still running"
         v.next_call = f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)"
         return
+    if v.state == RunState.RUNNING and (v.client_stopped or v.controller_stopped or v.service_gone):
+        who = ", ".join([*(["load client"] if v.client_stopped else []),
+                         *(["controller"] if v.controller_stopped else []),
+                         *[f"service {g}" for g in v.service_gone]])
+        v.blocker = f"{who} stopped or gone while the run is at {v.current}: no progress; figures would be distorted"
+        v.next_call = (f"send SIGCONT to what was stopped (or let the run fail and resume(run_id='{rid}')); "
+                       f"phase_status(run_id='{rid}') shows it")
+        return
     if v.state in (RunState.RUNNING, RunState.CREATED):
         v.next_call = f"phase_status(run_id='{rid}') later; the run continues in its controller"
         return
@@ -359,11 +377,23 @@ def _advise(v: RunView) -> None:
     elif fc == FailureClass.HOT_ENTRY:
         v.next_call = (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run "
                        f"(reuses the warm service); or after a client fix resume(run_id='{rid}')")
+    elif fc == FailureClass.SERVICE and ph is not None and ph.attempt >= REPEATS_BEFORE_BY_HAND:
+        v.next_call = (f"by hand: {ph.attempt} attempts of {v.current} failed the same way ({fc}); read the service "
+                       "log (ledger/services/*.log) and fix the engine or its case (freeze_case a corrected draft); "
+                       "`caseledger target stop` stops what caseledger started")
     elif fc == FailureClass.SERVICE:
         first = v.steps.first if v.steps else v.current
         v.next_call = (f"resume(run_id='{rid}') starts again at {first}"
                        + (" (starts the service once, then warmup and what follows)" if v.next_restarts_service
                           else " (keeps the live service)"))
+    elif fc == FailureClass.OVERLOAD:
+        v.next_call = (f"wait for the target to drain, then resume(run_id='{rid}') (sends the load again as a new "
+                       f"attempt; this one's raw data is kept aside), or freeze_case a child with a lower load.rate "
+                       f"or load.concurrency (parent='{v.case_id}'): the target is rate-limited or saturated, the "
+                       "case is not wrong")
+    elif fc == FailureClass.INTERNAL:
+        v.next_call = (f"a caseledger bug at {v.current}: report it with ledger/runs/{rid}/controller.log; the raw "
+                       f"data is kept; resuming would meet the same bug (after a fix: resume(run_id='{rid}'))")
     elif fc == FailureClass.AUTH:
         v.next_call = (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
                        f"resume(run_id='{rid}') — keeps the service, repeats the refused phase")

@@ -8,6 +8,7 @@ only says where it is. Files written under RUN_DIR/load/ (see RunPaths):
     raw.jsonl      one RawRecord per finished request, written as it ends (a kill loses only in-flight ones)
     progress.json  {"planned", "sent", "done", "ok", "failed", "updated_utc"}, every <= 0.5 s and at the end
     sent.log       one line (the request index) per formal request, written before its first byte leaves
+    stalls.jsonl   one {"start_ns", "end_ns"} line per span of >= 0.2 s in which this process's event loop did not run
     end.json       counts, first_send_ns/last_end_ns, wall and CPU times, chunks, "exit", when the load ended
 
 Exit codes: 0 load complete (failed requests are data, not a client failure); 1 cancelled by SIGTERM/SIGINT
@@ -163,6 +164,29 @@ async def _progress_loop(paths: RunPaths, tally: Tally) -> None:
                     raise
 
 
+STALL_TICK_S = 0.05  # the event loop's own ticker; a tick this much late or more is a stall
+STALL_MIN_S = 0.2
+
+
+async def _stall_loop(paths: RunPaths) -> None:
+    """Record every span the client's event loop did not run (SIGSTOP, a starved CPU, a blocking call) to
+    load/stalls.jsonl as {start_ns, end_ns} on the raw records' clock: requests in flight then got late
+    timestamps, which the processor flags as a distorted window."""
+    fd = os.open(paths.load_stalls, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    tick = int(STALL_TICK_S * 1e9)
+    try:
+        last = time.monotonic_ns()
+        while True:
+            await anyio.sleep(STALL_TICK_S)
+            now = time.monotonic_ns()
+            if now - last - tick >= STALL_MIN_S * 1e9:
+                with contextlib.suppress(OSError):  # evidence of a stall must never stop the load
+                    os.write(fd, orjson.dumps({"start_ns": last + tick, "end_ns": now}) + b"\n")
+            last = now
+    finally:
+        os.close(fd)
+
+
 async def _watch_signals(scope: anyio.CancelScope, caught: list[str]) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
@@ -199,6 +223,7 @@ async def _run(
     load_scope = anyio.CancelScope()
     async with anyio.create_task_group() as tg:
         tg.start_soon(_progress_loop, paths, tally)
+        tg.start_soon(_stall_loop, paths)
         tg.start_soon(_watch_signals, load_scope, caught)
         with load_scope:
             await run_requests(

@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,11 +155,16 @@ class Controller:
             self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
             return cls
         except PhaseFailed as e:
-            self._end(phase, attempt, "failed", {"failure_class": e.failure_class, "fix": e.fix}, error=e.message)
+            self._end(phase, attempt, "failed", {**e.evidence, "failure_class": e.failure_class, "fix": e.fix},
+                      error=e.message)
             return e.failure_class
-        except Exception as e:  # a bug or an unexpected error: the phase's own class from the one table
-            cls = FAILURE_OF_PHASE[phase]
-            self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
+        except Exception as e:  # a bug of ours, never the phase's own class: resuming would meet the same bug
+            cls = FailureClass.INTERNAL
+            print(f"controller: {phase}: internal error", file=sys.stderr)
+            traceback.print_exc()
+            self._end(phase, attempt, "failed",
+                      {"failure_class": cls, "fix": "report it with the controller log (ledger/runs/<run>/"
+                       "controller.log); the raw data is kept"}, error=f"{type(e).__name__}: {e}")
             return cls
         self._end(phase, attempt, data.pop("outcome", "done"), data)
         return None

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from caseledger.case.plan import Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
-from caseledger.load.client import api_key_of, client_timing, refuse_auth, run_requests
+from caseledger.load.client import AUTH_STATUSES, api_key_of, client_timing, refuse_auth, run_requests
 from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, request_url
 from caseledger.procs import child_env
@@ -191,7 +192,10 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         problem = services.check_live(run.workspace, case, run.meta.target_key or "")
         if problem is not None:  # re-verified right before the first formal request
             raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
-                              "resume starts the service once, then warmup and the load (nothing was sent)")
+                              "resume starts the service once, then warmup and the load (nothing was sent)",
+                              evidence={"service_problem": problem})
+        if prev.get("failure_class") in RESEND_CLASSES:
+            _wait_idle(case)  # what the abandoned attempt left queued at the engine must not overlap this load
         _reserve_raw(paths, case)
         _snapshot(case, paths.metrics_before)
         armed = read_json_or_none(paths.load_armed)
@@ -205,7 +209,9 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         if fault("controller", "exit_during") == "load":
             time.sleep(0.5)
             os._exit(137)
+    watch = _LoadWatch(run, pid, event)
     while end is None:
+        watch.tick()
         if not procs.alive(pid):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
@@ -220,7 +226,8 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
             break
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
-    return _load_ended(run, end, prev, {"reattached": reattached})
+    watch.close()
+    return _load_ended(run, end, prev, {"reattached": reattached, **watch.evidence()})
 
 
 def _load_remote(run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any],
@@ -234,7 +241,10 @@ def _load_remote(run: Run, attempt: int, event: Callable[..., None], prev: dict[
             problem = services.check_live(run.workspace, case, run.meta.target_key or "")
             if problem is not None:  # re-verified right before the first formal request
                 raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
-                                  "resume starts the service once, then warmup and the load (nothing was sent)")
+                                  "resume starts the service once, then warmup and the load (nothing was sent)",
+                                  evidence={"service_problem": problem})
+            if prev.get("failure_class") in RESEND_CLASSES:
+                _wait_idle(case)
             _counters(run, paths.metrics_before)
         key_env = case.target.api_key_env  # the client's only variable from here: the API key, on the channel
         env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
@@ -260,15 +270,15 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
                           f"{planned - end['sent']} never sent", FailureClass.DISK,
                           "free disk space, then resume: the recorded requests are kept and nothing is re-sent "
                           "(the run ends partial)")
-    _check_entry(paths, case, end)
     if end.get("failed", 0):
         problem = services.check_live(run.workspace, case, run.meta.target_key or "")
         if problem is not None:
             raise PhaseFailed(
-                f"the service died during the formal load: {problem}; {end['failed']} of {end['done']} requests "
+                f"the service failed during the formal load: {problem}; {end['failed']} of {end['done']} requests "
                 "failed", FailureClass.SERVICE,
                 "resume starts the service once and sends the load again as a new attempt (this attempt's raw "
-                "data is kept aside, marked superseded)")
+                "data is kept aside, marked superseded)", evidence={"service_problem": problem})
+        check_failures(case, read_records(paths.raw).records)
     return {**extra, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"], "metrics_read_by": read_by,
             "client_timing": client_timing(read_records(paths.raw).records, case.load.concurrency,
@@ -363,21 +373,167 @@ def rejection(error: str) -> str:
     return f"{head}: {obj}" if isinstance(obj, str) else error
 
 
-def _check_entry(paths: RunPaths, case: Case, end: dict[str, Any]) -> None:
-    """hot_entry: the warm service rejected every formal request with a 4xx (a parameter it does not take);
-    auth when every rejection was 401/403."""
-    if end.get("ok", 0) or not end.get("done"):
+OVERLOAD_STATUSES = (429, 503)  # rate-limited (429) or saturated (503): the target's state, not the case's
+# when failed requests have several causes, the class named first wins a tie
+_CAUSE_ORDER = (FailureClass.AUTH, FailureClass.OVERLOAD, FailureClass.HOT_ENTRY, FailureClass.SERVICE,
+                FailureClass.INTERNAL)
+
+
+def failure_cause(rec: RawRecord) -> FailureClass:
+    """Why one formal request failed, as a failure class: 401/403 auth, 429/503 overload, another 4xx hot_entry
+    (a parameter the server rejects), an error of the client itself internal, anything else (5xx, timeout,
+    reset, a broken or incomplete stream) service."""
+    status, kind = rec["status"], rec["error_class"]
+    if kind == "http" and status in AUTH_STATUSES:
+        return FailureClass.AUTH
+    if kind == "http" and status in OVERLOAD_STATUSES:
+        return FailureClass.OVERLOAD
+    if kind == "http" and status is not None and 400 <= status < 500:
+        return FailureClass.HOT_ENTRY
+    if kind == "client" and rec["error"] != "cancelled":
+        return FailureClass.INTERNAL
+    return FailureClass.SERVICE
+
+
+_CAUSE_FIX = {
+    FailureClass.OVERLOAD: "the target is rate-limited or saturated, the case is not wrong: wait, then resume "
+    "(sends the load again as a new attempt), or freeze a child with a lower load.rate or load.concurrency",
+    FailureClass.HOT_ENTRY: "the service stays warm: freeze a corrected child case (the plan reuses the service), "
+    "or fix the client and resume (re-sends the rejected load only)",
+    FailureClass.SERVICE: "resume restarts an unhealthy service, waits until the engine is idle and sends the load "
+    "again as a new attempt (this attempt's raw data is kept aside); or raise load.timeout_s in a child case",
+    FailureClass.INTERNAL: "a caseledger bug in the load client: report it with load/client.log; the raw data is kept",
+}
+
+
+def check_failures(case: Case, recs: list[RawRecord]) -> None:
+    """The formal load failed when more than load.max_failed_share of its requests failed; its class is the
+    most common cause (failure_cause). Below the share the failed requests are data: every figure excludes
+    them and the decision names them."""
+    failed = [r for r in recs if not r["ok"]]
+    share, limit = len(failed) / len(recs) if recs else 0.0, case.load.max_failed_share
+    if not failed or share <= limit:
         return
-    recs = read_records(paths.raw).records
-    refuse_auth(case, "formal load", [r["status"] for r in recs])
-    if recs and all(r["error_class"] == "http" and r["status"] and 400 <= r["status"] < 500 for r in recs):
-        first = recs[0]
+    causes = Counter(failure_cause(r) for r in failed)
+    cls = max(_CAUSE_ORDER, key=lambda c: (causes[c], -_CAUSE_ORDER.index(c)))
+    first = next(r for r in failed if failure_cause(r) == cls)
+    kinds = ", ".join(f"{k}={v}" for k, v in sorted(Counter(_kind(r) for r in failed).items()))
+    counts = f"{len(failed)} of {len(recs)} failed"
+    over = f"{kinds}; {share:.0%} > load.max_failed_share {limit:g}"
+    if cls == FailureClass.AUTH:
+        refuse_auth(case, "formal load", [r["status"] for r in failed])
+        raise PhaseFailed(f"formal load: the target refused the credentials ({counts}: {over})", cls,
+                          "check the variable target.api_key_env names: it must hold the key the server expects; "
+                          "then resume (the service is kept)")
+    what = {FailureClass.OVERLOAD: "the target is overloaded or rate-limited",
+            FailureClass.HOT_ENTRY: "the formal entry rejected the requests",
+            FailureClass.SERVICE: "the service did not serve the requests",
+            FailureClass.INTERNAL: "the load client failed"}[cls]
+    # the server's own words first: they survive any cut of the message
+    raise PhaseFailed(f"formal load: {what} ({counts}): {rejection(first['error'] or '')} ({over})", cls,
+                      _CAUSE_FIX[cls])
+
+
+def _kind(rec: RawRecord) -> str:
+    return f"HTTP {rec['status']}" if rec["error_class"] == "http" else str(rec["error_class"])
+
+
+# /metrics gauges of requests an engine holds (running or queued), per engine family
+IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "llamacpp:requests_processing",
+                    "llamacpp:requests_deferred", "sglang:num_running_reqs", "sglang:num_queue_reqs")
+IDLE_WAIT_S = 60.0  # how long a resend waits for an engine to finish what an abandoned attempt left
+
+
+def in_flight(case: Case) -> float | None:
+    """Requests the engine reports running or queued, from its /metrics gauges; None when it exposes none."""
+    url = case.target.metrics_url or origin(case.target.endpoints[0].base_url) + "/metrics"
+    try:
+        r = httpx.get(url, timeout=2.0)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    # lazy: metrics pulls numpy; only a resend after a failed attempt reads the gauges, off the hot path
+    from caseledger.metrics import parse_prometheus
+
+    found = [v for k, v in parse_prometheus(r.text).items() if k in IN_FLIGHT_GAUGES]
+    return sum(found) if found else None
+
+
+def _wait_idle(case: Case) -> None:
+    """Before formal requests are sent again after a failed attempt: the engine's in-flight gauges reach 0
+    (where it has them), or the load does not start."""
+    deadline = time.monotonic() + IDLE_WAIT_S
+    busy = in_flight(case)
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.5)
+        busy = in_flight(case)
+    if busy:
         raise PhaseFailed(
-            f"formal entry rejected all {len(recs)} requests: {rejection(first['error'] or '')}",
-            FailureClass.HOT_ENTRY,
-            "none was served; the service stays warm: freeze a corrected child case (the plan reuses the service), "
-            "or fix the client and resume (re-sends the rejected load only)",
-        )
+            f"before the formal load: the engine still holds {busy:g} request(s) {IDLE_WAIT_S:g} s later (its "
+            "/metrics in-flight gauges): a new load would overlap that backlog", FailureClass.SERVICE,
+            "resume restarts the service (nothing was sent); or wait until the engine is idle",
+            evidence={"service_problem": f"engine busy with {busy:g} abandoned request(s)"})
+
+
+STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (status shows it at once)
+HOST_SAMPLE_S = 0.5
+
+
+class _LoadWatch:
+    """What the controller sees while the local load client runs: the host's CPU every 0.5 s (load/host.jsonl:
+    other processes' share, the client's own, steal, load average) and a client whose process is stopped."""
+
+    def __init__(self, run: Run, client: dict[str, Any] | None, event: Callable[..., None]) -> None:
+        self.paths, self.client, self.event = run.paths, client, event
+        self.sampler = procs.CpuSampler()
+        self.sessions = _our_sessions(run, client)
+        self.next_sample = 0.0
+        self.stopped_since: float | None = None  # when the client was first seen stopped (this stop)
+        self.recorded = False  # this stop was recorded as an event
+        self.stops: list[float] = []  # seconds of each recorded stop
+        self.fd = os.open(self.paths.load_host, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_sample:
+            self.next_sample = now + HOST_SAMPLE_S
+            sample = self.sampler.sample(self.sessions, int(self.client["pid"]) if self.client else None)
+            if sample is not None:
+                with contextlib.suppress(OSError):  # evidence about the host, never a reason to stop the load
+                    os.write(self.fd, orjson.dumps(sample) + b"\n")
+        if procs.stopped(self.client):
+            self.stopped_since = now if self.stopped_since is None else self.stopped_since
+            if not self.recorded and now - self.stopped_since >= STALL_EVENT_S:
+                self.recorded = True
+                self.event("load_client_stopped", phase="load", data={"pid": (self.client or {}).get("pid")})
+        elif self.stopped_since is not None:
+            if self.recorded:
+                self.stops.append(round(now - self.stopped_since, 3))
+                self.event("load_client_continued", phase="load", data={"stopped_s": self.stops[-1]})
+            self.stopped_since, self.recorded = None, False
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.stops:
+            out["client_stopped_s"] = self.stops
+        return out
+
+
+def _our_sessions(run: Run, client: dict[str, Any] | None) -> set[int]:
+    """Sessions whose CPU is the measurement's own: the load client's, the service processes' and this
+    controller's (each is started in a session of its own, so an engine's workers count with it)."""
+    pids = [os.getpid(), *([int(client["pid"])] if client else [])]
+    ev = read_json_or_none(run.paths.phase_file(Phase.SERVICE)) or {}
+    pids += [int(c["pid"]) for c in ev.get("components") or [ev] if isinstance(c.get("pid"), int)]
+    out = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out.add(os.getsid(pid))
+    return out
 
 
 def _snapshot(case: Case, dest: Path) -> str | None:

@@ -384,6 +384,8 @@ def _verify(st: dict[str, Any], case: Case, unit: Unit) -> tuple[str | None, lis
     pid = int(proc["pid"])
     if not _proc_alive(st):
         return f"the service (pid {pid}) is gone", []
+    if _remote_of(st) is None and procs.stopped(st["proc"]):
+        return f"the service (pid {pid}) is stopped (SIGSTOP): alive but doing no work", []
     eff = _cmdline(st) or []
     diff = compare_argv(intended_argv(case, unit), eff)
     if diff is not None:

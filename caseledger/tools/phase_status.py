@@ -42,6 +42,10 @@ class StatusResult(BaseModel):
                                                             "reprocesses (this run sent no formal request)")
     service_alive: bool | None = Field(None, description="The service this run started or verified is still "
                                                           "alive (null: not ours to check: external, remote)")
+    client_stopped: bool = Field(False, description="The load client process is alive but stopped (SIGSTOP)")
+    owner_stopped: bool = Field(False, description="The controller process is alive but stopped (SIGSTOP)")
+    service_gone: list[str] = Field(default_factory=list,
+                                    description="The service's processes that are gone or stopped ('pid 12 stopped')")
     missing_evidence: list[str] = Field(default_factory=list, description="Evidence files a finished phase "
                                                                           "recorded that are gone from disk")
     resume_runs: list[str] = Field(default_factory=list,
@@ -52,6 +56,8 @@ class StatusResult(BaseModel):
 
     def _client(self) -> str:
         pending = self.phases.get("load") == "pending"
+        if self.client_stopped:
+            return "STOPPED (SIGSTOP: alive, no progress)"
         if self.client_alive:
             return "armed (sends nothing before the load phase)" if pending else "alive"
         return "not started" if pending else "gone"
@@ -69,7 +75,7 @@ class StatusResult(BaseModel):
             f"{self.load_ended}; results {'yes' if self.results_extracted else 'no'}; decide {dec}"
             + (f" ({self.decision}" + (f": {quoted(self.decision_reason, 120)}" if self.decision_reason and
                                           self.decision != "baseline" else "") + ")" if self.decision else ""),
-            f"owner {'alive' if self.owner_alive else 'gone'}, client "
+            f"owner {'STOPPED (SIGSTOP)' if self.owner_stopped else 'alive' if self.owner_alive else 'gone'}, client "
             f"{self._client()}; "
             f"auth {self.authorization}",
         ]
@@ -78,7 +84,8 @@ class StatusResult(BaseModel):
         if self.queued:
             lines.append(f"queued on this target: {', '.join(self.queued[:3])}")
         if self.service_alive is False:
-            lines.append("service: the process this run measured on is gone")
+            lines.append("service: the process this run measured on is gone or stopped"
+                         + (f" ({', '.join(self.service_gone)})" if self.service_gone else ""))
         if self.missing_evidence:
             lines.append(f"missing evidence: {', '.join(self.missing_evidence[:4])}"
                          + (f" (+{len(self.missing_evidence) - 4})" if len(self.missing_evidence) > 4 else ""))
@@ -119,6 +126,7 @@ def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResul
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
         queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
         service_alive=v.service_alive, missing_evidence=v.missing_evidence, load_reused_from=v.meta.load_reuse,
+        client_stopped=v.client_stopped, owner_stopped=v.controller_stopped, service_gone=v.service_gone,
         resume_runs=[p.value for p in v.steps.run] if v.steps else [],
         damaged=damaged, next_call=v.next_call,
     )
