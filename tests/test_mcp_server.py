@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from starlette.requests import Request
 import caseledger.server.app as app
 from caseledger import tools
 from caseledger.errors import CaseledgerError, NotAuthorized
-from caseledger.server import build_server, serve
+from caseledger.server import build_server, listener, serve
 from caseledger.server.inspect import inspect_main, parse_arguments
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, tree_digest
@@ -325,8 +326,9 @@ def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.C
 
 @contextmanager
 def _mcp_http(ws: Workspace, bind: str, env: dict[str, str] | None = None,
-              extra: tuple[str, ...] = ()) -> Iterator[str]:
-    """`caseledger mcp --http BIND:PORT` as a subprocess, waited for until it listens; yields the /mcp URL."""
+              extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    """`caseledger mcp --http BIND:PORT` as a subprocess, waited for until it listens; yields the /mcp URL and
+    the server's pid."""
     port = free_port()
     argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}",
             *extra]
@@ -342,7 +344,7 @@ def _mcp_http(ws: Workspace, bind: str, env: dict[str, str] | None = None,
             except OSError:
                 assert time.monotonic() < deadline, "server did not listen"
                 time.sleep(0.1)
-        yield f"http://{bind}:{port}/mcp"
+        yield f"http://{bind}:{port}/mcp", p.pid
     finally:
         p.terminate()
         p.wait(10)
@@ -355,7 +357,7 @@ def http_server(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[tuple
     env = dict(os.environ)
     if token:
         env["CL_TEST_TOKEN"] = token
-    with _mcp_http(ws, "127.0.0.1", env, ("--token-env", "CL_TEST_TOKEN") if token else ()) as url:
+    with _mcp_http(ws, "127.0.0.1", env, ("--token-env", "CL_TEST_TOKEN") if token else ()) as (url, _):
         yield url, token
 
 
@@ -420,7 +422,7 @@ async def test_host_and_origin_are_checked_against_the_bind_address_on_every_bin
 @pytest.fixture
 def http_server_on(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[str]:
     """`caseledger mcp --http BIND:PORT` for another loopback bind spelling (request.param); the /mcp URL."""
-    with _mcp_http(ws, request.param) as url:
+    with _mcp_http(ws, request.param) as (url, _):
         yield url
 
 
@@ -450,6 +452,131 @@ async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspa
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
         r2 = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
     assert r2.is_error and "fix:" in text_of(r2)
+
+
+# ------------------------------------------------------------------------------ transports: bounds before the token
+
+TOKEN = "t0ken-" + "x" * 20
+WAIT_S = listener.HEAD_TIMEOUT_S + 20  # the longest a bounded server may take to answer and close
+
+
+@pytest.fixture
+def tokened(ws: Workspace) -> Iterator[tuple[str, int]]:
+    """`caseledger mcp --http 127.0.0.2:PORT --token-env CL_TEST_TOKEN` as a subprocess: its /mcp URL and pid."""
+    with _mcp_http(ws, "127.0.0.2", {**os.environ, "CL_TEST_TOKEN": TOKEN}, ("--token-env", "CL_TEST_TOKEN")) as served:
+        yield served
+
+
+def _rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+def _head(url: str, *fields: str, method: str = "GET") -> bytes:
+    """A request head for url without a token: the request line, Host, then `fields` (header lines)."""
+    authority = url.split("/")[2]
+    return "".join(f"{line}\r\n" for line in (f"{method} /mcp HTTP/1.1", f"Host: {authority}", *fields, "")).encode()
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.split("/")[2].rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=WAIT_S)
+
+
+def _answer(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset after its answer counts as closing)."""
+    out = bytearray()
+    try:
+        while chunk := s.recv(65536):
+            out.extend(chunk)
+    except ConnectionResetError:
+        pass
+    return bytes(out)  # a TimeoutError (the server kept the connection open past WAIT_S) fails the test
+
+
+def _status(answer: bytes) -> int:
+    assert answer.startswith(b"HTTP/1.1 "), answer[:80]
+    return int(answer.split(b" ", 2)[1])
+
+
+def _exchange(url: str, head: bytes, fill: bytes = b"", fill_bytes: int = 0) -> tuple[bytes, int]:
+    """Send `head`, then `fill` again and again up to `fill_bytes` while the server takes it; the server's answer
+    (all it sent until it closed) and how many fill bytes it took."""
+    answer: list[bytes] = []
+
+    def read(s: socket.socket) -> None:
+        with suppress(TimeoutError):  # the server kept the connection open: no answer
+            answer.append(_answer(s))
+
+    with _connect(url) as s:
+        reader = threading.Thread(target=read, args=(s,))
+        reader.start()
+        sent = 0
+        try:
+            s.sendall(head)
+            while sent < fill_bytes and reader.is_alive():
+                s.sendall(fill)
+                sent += len(fill)
+        except (BrokenPipeError, ConnectionResetError):  # the server closed while we were sending
+            pass
+        reader.join(WAIT_S + 1)
+    assert answer, "the server kept the connection open"
+    return answer[0], sent
+
+
+async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_server_under_10_mb(
+        tokened: tuple[str, int]) -> None:
+    url, pid = tokened
+    answer, _ = _exchange(url, _head(url, "Connection: close"))
+    assert _status(answer) == 401  # warmed: the token is required, and the server has served a request
+    before = _rss_kb(pid)
+    fill = (b"X-Fill: " + b"a" * 1014 + b"\r\n") * 64  # header lines, 64 KiB a write, never the blank line
+    answer, taken = _exchange(url, _head(url)[:-2], fill, fill_bytes=100 * 2**20)
+    grown = _rss_kb(pid) - before
+    assert _status(answer) == 431 and b"request head over" in answer
+    assert taken < 100 * 2**20  # the server stopped reading and closed
+    assert grown < 10 * 1024, f"RSS grew {grown} kB"
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as h, \
+            Client(streamable_http_client(url, http_client=h)) as c:  # and still serves an authorized client
+        assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+
+
+def test_too_many_header_fields_get_431_before_the_token_is_checked(tokened: tuple[str, int]) -> None:
+    url, _ = tokened
+    fields = [f"X-Field-{i}: 1" for i in range(app.MAX_HEADERS - 2)]  # with Host and Connection: the cap exactly
+    answer, _ = _exchange(url, _head(url, "Connection: close", *fields))
+    assert _status(answer) == 401
+    answer, _ = _exchange(url, _head(url, "Connection: close", *fields, "X-One-Too-Many: 1"))
+    assert _status(answer) == 431 and f"at most {app.MAX_HEADERS}".encode() in answer
+    assert b"www-authenticate" not in answer.lower()
+
+
+def test_a_declared_body_over_the_cap_gets_413_unread(tokened: tuple[str, int]) -> None:
+    url, _ = tokened
+    json_post = ("Content-Type: application/json", "Accept: application/json, text/event-stream")
+    over = _head(url, *json_post, f"Content-Length: {app.MAX_BODY_BYTES + 1}", method="POST")
+    answer, _ = _exchange(url, over)  # the head only: the answer comes without a byte of the body
+    assert _status(answer) == 413 and f"at most {app.MAX_BODY_BYTES}".encode() in answer
+    at_cap = _head(url, *json_post, f"Content-Length: {app.MAX_BODY_BYTES}", "Connection: close", method="POST")
+    answer, _ = _exchange(url, at_cap)
+    assert _status(answer) == 401  # at the cap: past the bounds to the token check, still unread
+
+
+@pytest.mark.slow
+def test_slow_and_dribbling_heads_get_408_and_silent_clients_are_closed(tokened: tuple[str, int]) -> None:
+    url, _ = tokened
+    silent, partial, dribbler = _connect(url), _connect(url), _connect(url)
+    with silent, partial, dribbler:
+        partial.sendall(b"POST /mcp HT")
+        dribbler.sendall(_head(url)[:-2] + b"X-Slow: ")
+        deadline = time.monotonic() + WAIT_S
+        while not select.select([dribbler], [], [], 0.5)[0]:  # a header byte every half second until answered
+            assert time.monotonic() < deadline, "the dribbling client was never answered"
+            dribbler.sendall(b"a")
+        for s in (partial, dribbler):
+            answer = _answer(s)
+            assert _status(answer) == 408 and b"request head not received" in answer
+        assert _answer(silent) == b""  # closed: no request begun, so no answer to misread as a later one's
 
 
 # ------------------------------------------------------------------------------------- a real run, end to end

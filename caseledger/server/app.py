@@ -405,6 +405,43 @@ def _read_report(ws: Workspace, run_id: str) -> str:
 # ------------------------------------------------------------------------------------------------ transports
 
 
+MAX_HEADERS = 100  # header fields in one request (Apache's LimitRequestFields); an MCP client sends about 10
+MAX_BODY_BYTES = 4 * 2**20  # the SDK's default body cap, kept behind the token too; a case draft is a few KB
+
+
+class RequestBounds:
+    """ASGI middleware in front of the bearer check: more than MAX_HEADERS header fields get 431, a declared
+    Content-Length over MAX_BODY_BYTES gets 413 with the body unread; both close the connection.
+
+    The head's size and the time to send it are bounded below this, in the HTTP protocol (server.listener). A
+    body sent without a length is capped by the SDK at the same MAX_BODY_BYTES, behind the token: nothing reads
+    an unauthenticated request's body.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = _out_of_bounds(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _out_of_bounds(scope: Scope) -> PlainTextResponse | None:
+    close = {"Connection": "close"}
+    if len(scope["headers"]) > MAX_HEADERS:
+        return PlainTextResponse(f"{len(scope['headers'])} header fields; at most {MAX_HEADERS}\n", status_code=431,
+                                 headers=close)
+    declared = Headers(scope=scope).get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:  # h11 has refused a malformed length already (400)
+        return PlainTextResponse(f"body of {declared} bytes; at most {MAX_BODY_BYTES}\n", status_code=413,
+                                 headers=close)
+    return None
+
+
 class BearerToken:
     """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, else 401.
 
@@ -508,11 +545,12 @@ def transport_security(host: str, port: int) -> TransportSecuritySettings:
 
 
 def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
-    """The streamable HTTP ASGI app at /mcp: Host/Origin checked against the bind address (every bind), and
-    behind the bearer check when a token is given."""
+    """The streamable HTTP ASGI app at /mcp: Host/Origin checked against the bind address (every bind), behind
+    the bearer check when a token is given, and the request bounds in front of both."""
     app: ASGIApp = build_server(ws).streamable_http_app(
-        streamable_http_path="/mcp", host=host, transport_security=transport_security(host, port))
-    return BearerToken(app, token) if token is not None else app
+        streamable_http_path="/mcp", host=host, transport_security=transport_security(host, port),
+        max_request_body_size=MAX_BODY_BYTES)
+    return RequestBounds(BearerToken(app, token) if token is not None else app)
 
 
 MAX_NESTING = 200  # JSON nesting the SDK's parser takes (pydantic stops near 255 and the SDK drops the line)
@@ -632,7 +670,7 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
                                   "drop --token-env, or add --http HOST:PORT")
         anyio.run(run_stdio, build_server(ws))
         return
-    import uvicorn  # lazy: only the HTTP transport needs it
+    from caseledger.server import listener  # lazy: it imports uvicorn, which only the HTTP transport needs
 
     host, port = parse_host_port(http)
     token = read_token(token_env) if token_env is not None else None
@@ -642,5 +680,4 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     asgi = http_app(ws, host, port, token)  # builds the server, which configures logging (stderr)
     log.info("caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)", host, port,
              Path(ws.root), "required" if token else "off")
-    # log_config=None: uvicorn's own config sends access logs to stdout; keep every log on stderr
-    uvicorn.run(asgi, host=host, port=port, log_config=None, log_level="info")
+    listener.run(asgi, host, port)
