@@ -1,0 +1,273 @@
+"""Evidence you can trust: a lying server is never believed, a failed load fails with its cause, stopped
+processes and busy hosts are seen. Real runs on loopback targets, counted at the target."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from caseledger.case.model import Case
+from caseledger.metrics import NotObserved, Throughput, columns_from_records, compute_result
+from caseledger.metrics._checks import check_counts
+from caseledger.records import RawRecord, read_records
+from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.workspace import Workspace, read_json
+from tests.conftest import external_draft, free_port, ref_draft
+from tests.misbehaving import misbehaving
+from tests.test_fault_matrix import cell, service_pid, settled, stats, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def decision(ws: Workspace, run_id: str) -> dict[str, Any]:
+    return dict(read_json(ws.run(run_id).decision))
+
+
+def _rec(i: int, chunks: int, comp: int | None, prompt: int | None = 10, cached: int | None = 0,
+         toks: list[int | None] | None = None, accepted: int | None = None) -> RawRecord:
+    return RawRecord(i=i, entry=i, route=0, send_ns=i * 10**6, chunk_ns=[i * 10**6 + k + 1 for k in range(chunks)],
+                     chunk_tokens=toks if toks is not None else [None] * chunks, end_ns=i * 10**6 + chunks + 2,
+                     status=200, ok=True, error=None, error_class=None, prompt_tokens=prompt, completion_tokens=comp,
+                     cached_tokens=cached, finish_reason="length", input_tokens_body=8, input_tokens_chat=10,
+                     spec_accepted_tokens=accepted)
+
+
+# ------------------------------------------------------------------------------------------ the rules, pure
+
+
+@pytest.mark.parametrize(("rec", "reason"), [
+    (_rec(0, 16, 99999), "completion_tokens > max_tokens 16"),
+    (_rec(0, 16, 15), "completion_tokens < content chunks"),
+    (_rec(0, 2, 12), "completion_tokens > 4 x content chunks (+ accepted drafts + 1)"),
+    (_rec(0, 4, 4, prompt=10, cached=11), "cached_tokens > prompt_tokens"),
+    (_rec(0, 4, 4, prompt=0, cached=0), "prompt_tokens <= 0"),
+    (_rec(0, 2, 4, toks=[3, 3]), "completion_tokens < the token counts streamed with its chunks"),
+])
+def test_each_count_rule_marks_the_request_invalid_with_its_reason(rec: RawRecord, reason: str) -> None:
+    v = check_counts(columns_from_records([rec]), 16, False, 0.0, None, None)
+    assert v.invalid.tolist() == [True] and v.reasons == [reason]
+    # the first rule it breaks is its reason; every rule it breaks is counted
+    assert v.summary.by_reason[reason] == 1 and v.summary.examples[0].startswith(f"request 0: {reason}")
+
+
+@pytest.mark.parametrize("rec", [
+    _rec(0, 16, 16),  # one token per chunk
+    _rec(0, 4, 16, accepted=12),  # speculative decoding: the accepted drafts ride in the chunks
+    _rec(0, 5, 8),  # a few multi-byte characters sent whole
+    _rec(0, 2, 12, toks=[6, 6]),  # continuous usage says so itself
+    _rec(0, 4, 4, prompt=None, cached=None),  # nothing reported is nothing contradicted
+])
+def test_honest_counts_pass(rec: RawRecord) -> None:
+    v = check_counts(columns_from_records([rec]), 16, False, 0.0, None, None)
+    assert not v.invalid.any(), v.reasons
+
+
+def test_speculative_counters_without_per_request_counts_lift_the_per_chunk_bound() -> None:
+    cols = columns_from_records([_rec(0, 2, 12)])
+    assert check_counts(cols, 16, True, 0.0, None, None).invalid.tolist() == [False]
+
+
+def test_generated_token_counter_disagreement_is_shown() -> None:
+    before, after = "vllm:generation_tokens_total 100\n", "vllm:generation_tokens_total 140\n"
+    v = check_counts(columns_from_records([_rec(0, 16, 16), _rec(1, 16, 16)]), 16, False, 0.0, before, after)
+    (c,) = v.summary.counters
+    assert (c.delta, c.per_request_sum, c.agrees) == (40.0, 32.0, False) and "differ by +8" in c.text
+
+
+def _case(**over: Any) -> Case:
+    ep = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    d: dict[str, Any] = {"scenario": "s", "target": {"endpoints": [ep]},
+                         "load": {"requests": 4, "concurrency": 2, "max_tokens": 16}}
+    d.update(over)
+    return Case.model_validate(d)
+
+
+def test_invalid_requests_leave_every_figure_and_a_window_past_the_share_has_none() -> None:
+    recs = [_rec(i, 16, 16) for i in range(3)] + [_rec(3, 16, 99999)]
+    strict = compute_result(_case(), recs)
+    w = strict.windows.whole
+    assert w.invalid == 1 and w.ok == 3 and w.failed == 0
+    assert isinstance(w.throughput.output, NotObserved) and "fail the checks" in w.throughput.output.reason
+    lenient = compute_result(_case(measurement={"evidence": {"max_invalid_share": 0.5}}), recs).windows.whole
+    assert isinstance(lenient.throughput.output, Throughput)
+    assert lenient.throughput.output.numerator == 48  # the invalid request's 99999 tokens are in no figure
+    assert lenient.invalid == 1
+
+
+def test_stalls_and_contention_distort_a_window() -> None:
+    recs = [_rec(i, 16, 16) for i in range(4)]
+    recs[-1]["end_ns"] = 3 * 10**9  # the stall held the last request: the window spans it
+    stall = [{"start_ns": 1 * 10**6, "end_ns": 1 * 10**6 + 2 * 10**9}]
+    r = compute_result(_case(), recs, stalls=stall)
+    assert any("load client stalled 2.0 s" in d for d in r.windows.whole.distorted), r.windows.whole.distorted
+    busy = [{"mono_ns": 2 * 10**6, "dt_ns": 10**6, "total": 200, "busy": 190, "steal": 0, "ours": 30, "client": 10,
+             "cores": 2, "load1": 3.0}]
+    r = compute_result(_case(), recs, host=busy)
+    assert any("other processes used 80% of the host's 2 core(s)" in d for d in r.windows.whole.distorted)
+    clean = compute_result(_case(), recs, host=[{**busy[0], "busy": 40}]).windows.whole
+    assert clean.distorted == []
+
+
+# ------------------------------------------------------------------------------------ real runs, real targets
+
+
+def test_a_lying_server_is_never_a_baseline_and_its_requests_are_named(
+        ws: Workspace, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    with cell(fault_matrix, "server lies in usage") as c, misbehaving("lie") as (port, target):
+        case = freeze_case(ws, draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 16}))
+        r = start_run(ws, case.case_id, wait=True, timeout_s=120)
+        c.check("count", target.counts["load"] == 8, target.counts)
+        d = decision(ws, r.run_id)
+        c.check("decide", d["outcome"] == "insufficient" and phase_status(ws, r.run_id).decision == "insufficient", d)
+        c.check("next", any("fail the checks" in m and "completion_tokens > max_tokens 16" in m
+                            for m in d["missing"]), d["missing"])
+        report = ws.run(r.run_id).report_md.read_text()
+        c.check("report", "8 of 8 successful responses invalid" in report and "completion_tokens > max_tokens 16"
+                in report and "cached_tokens > prompt_tokens" in report, report)
+        result = read_json(next(ws.run(r.run_id).root.glob("results/*/*/*/result.json")))
+        whole = result["windows"]["whole"]
+        c.check("figures", whole["throughput"]["output"]["value"] == "NOT_OBSERVED" and whole["invalid"] == 8
+                and whole["cache"]["hit_ratio"]["value"] == "NOT_OBSERVED", whole["throughput"]["output"])
+
+
+def test_the_same_server_answering_honestly_is_a_baseline(ws: Workspace) -> None:
+    with misbehaving("honest") as (port, _):
+        case = freeze_case(ws, draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 16}))
+        r = start_run(ws, case.case_id, wait=True, timeout_s=120)
+    d = decision(ws, r.run_id)
+    assert d["outcome"] == "baseline", d
+    assert "0 of 8 successful responses invalid" in ws.run(r.run_id).report_md.read_text()
+
+
+@pytest.mark.parametrize(("mode", "cls", "next_words"), [
+    ("http:503", "overload", "wait for the target to drain"),
+    ("http:429", "overload", "lower load.rate or load.concurrency"),
+    ("http:400", "hot_entry", "freeze_case(draft with the rejected parameter fixed"),
+    ("http:500", "service", "resume(run_id="),
+    ("timeout", "service", "resume(run_id="),
+    ("reset", "service", "resume(run_id="),
+    ("badjson", "service", "resume(run_id="),
+    ("badutf8", "service", "resume(run_id="),
+])
+def test_a_load_where_every_request_failed_fails_with_its_class(ws: Workspace, mode: str, cls: str,
+                                                               next_words: str,
+                                                               fault_matrix: dict[str, dict[str, bool]]) -> None:
+    with cell(fault_matrix, f"every request fails: {mode}") as c, misbehaving(mode) as (port, target):
+        draft = external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 4, "timeout_s": 1.0})
+        case = freeze_case(ws, draft=draft)
+        r = start_run(ws, case.case_id, wait=True, timeout_s=120)
+        s = phase_status(ws, r.run_id)
+        c.check("count", target.counts["load"] == 8, target.counts)
+        c.check("class", s.state == "failed" and s.failure_class == cls and s.phase == "load", s.text())
+        c.check("svc", "8 of 8 failed" in (s.blocker or "") and "load.max_failed_share 0" in (s.blocker or ""),
+                s.text())
+        c.check("next", next_words in s.next_call and s.next_resends_requests, s.next_call)
+
+
+def test_failures_within_the_declared_share_are_data_not_a_failed_run(ws: Workspace) -> None:
+    with misbehaving("http:500") as (port, _):
+        draft = external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 4, "max_failed_share": 1.0})
+        r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True, timeout_s=120)
+    s = phase_status(ws, r.run_id)
+    assert s.state == "succeeded" and s.decision == "insufficient", s.text()
+
+
+def _slow_ref(port: int, **load: Any) -> dict[str, Any]:
+    return ref_draft(port, service={"adapter": "reference", "reference": {
+        "prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0, "slots": 8}},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": 40, "concurrency": 4, **load})
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] == b"T"
+
+
+def _wait_sent(ws: Workspace, run_id: str, n: int) -> None:
+    wait_until(lambda: phase_status(ws, run_id).done >= n, 60, f"{n} formal requests done")
+
+
+def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlog(
+        ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=_slow_ref(port, timeout_s=2.0))
+    with cell(fault_matrix, "service SIGSTOPped mid-load") as c:
+        r = start_run(ws, case.case_id)
+        assert r.run_id is not None
+        _wait_sent(ws, r.run_id, 4)
+        old = service_pid(ws, r.run_id)
+        os.kill(old, signal.SIGSTOP)
+        wait_until(lambda: _stopped(old), 5, "the kernel to stop the engine")
+        try:
+            s = phase_status(ws, r.run_id)  # the first status call after the stop
+            c.check("svc", s.service_alive is False and any("stopped" in g for g in s.service_gone)
+                    and "SIGCONT" in s.next_call, s.text())
+            s = settled(ws, r.run_id)
+            c.check("class", s.state == "failed" and s.failure_class == "service", s.text())
+            c.check("plan", s.next_restarts_service and s.resume_runs[:1] == ["service"], s.text())
+            res = resume(ws, r.run_id, wait=True)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old, signal.SIGCONT)
+        s2 = phase_status(ws, r.run_id)
+        c.check("state", res.state == "succeeded" == s2.state, s2.text())
+        new = stats(port)  # a fresh engine got the whole load once; the stopped one, with its backlog, is gone
+        c.check("count", new["pid"] != old and new["by_phase"].get("load") == 40, new)
+        c.check("once", wait_until(lambda: not os.path.exists(f"/proc/{old}"), 10, "the stopped engine gone"))
+
+
+def test_a_stopped_load_client_distorts_the_window_and_the_decision_names_it(
+        ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=_slow_ref(port))
+    with cell(fault_matrix, "load client SIGSTOPped 3 s") as c:
+        r = start_run(ws, case.case_id)
+        assert r.run_id is not None
+        _wait_sent(ws, r.run_id, 4)
+        client = int(read_json(ws.run(r.run_id).load_pid)["pid"])
+        os.kill(client, signal.SIGSTOP)
+        try:
+            wait_until(lambda: "STOPPED" in phase_status(ws, r.run_id).text(), 10, "the stopped client in status")
+            c.check("svc", True)
+            time.sleep(3.0)  # the stall itself
+        finally:
+            os.kill(client, signal.SIGCONT)
+        s = settled(ws, r.run_id)
+        c.check("state", s.state == "succeeded", s.text())
+        d = decision(ws, r.run_id)
+        c.check("decide", d["outcome"] == "insufficient" and any("load client stalled" in m for m in d["missing"]), d)
+        stalls = read_records(ws.run(r.run_id).load_stalls).records
+        c.check("raw", any((x["end_ns"] - x["start_ns"]) / 1e9 >= 2.9 for x in stalls), stalls)  # type: ignore
+        events = ws.run(r.run_id).events.read_text()
+        c.check("next", "load_client_stopped" in events and "load_client_continued" in events)
+
+
+def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
+        ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=_slow_ref(port, requests=24))
+    with cell(fault_matrix, "CPU hog on the load host") as c:
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        try:
+            r = start_run(ws, case.case_id, wait=True, timeout_s=120)
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+        assert r.run_id is not None
+        d = decision(ws, r.run_id)
+        c.check("decide", d["outcome"] == "insufficient" and any("contended host" in m for m in d["missing"]), d)
+        report = ws.run(r.run_id).report_md.read_text()
+        c.check("report", "other processes used" in report and "repeat on a quiet host" in report, report)
+        samples = read_records(ws.run(r.run_id).load_host).records
+        share = np.sum([x["busy"] - x["ours"] for x in samples]) / np.sum([x["total"] for x in samples])  # type: ignore
+        c.check("count", share > 0.5, share)
