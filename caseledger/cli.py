@@ -1,6 +1,7 @@
 """The `caseledger` command: the six tools one to one, plus authorize, mcp, inspect, demo and helpers.
 
-Every command prints the same short answer as the MCP tool (`--json` for the structured form).
+Every command prints the same short answer as the MCP tool (`--json` for the structured form), with the
+values of the workspace's secrets masked as *** (caseledger.redact).
 Business errors print `error: ...` and `fix: ...` to stderr and exit 2; a bug prints the same two
 lines and exits 1 (CASELEDGER_DEBUG=1 shows its traceback). Heavy modules (mcp,
 transformers, numpy) are imported only by the commands that need them.
@@ -16,7 +17,9 @@ from typing import Any
 
 import orjson
 
+from caseledger import redact
 from caseledger.case.schema import write_schemas
+from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, unexpected
 from caseledger.ledger import authorization
 from caseledger.outcome import handoff
@@ -24,14 +27,18 @@ from caseledger.workspace import Workspace
 
 
 def _emit(result: Any, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    # the last line of defence: text an older version recorded unmasked is masked as it leaves
+    secrets = redact.current()
+    if as_json:  # masked string by string, so the JSON stays valid
+        body = orjson.dumps(secrets.mask_obj(result.model_dump(mode="json")), option=orjson.OPT_INDENT_2)
+        sys.stdout.write(body.decode() + "\n")
     else:
-        sys.stdout.write(result.text() + "\n")
+        sys.stdout.write(secrets.mask(result.text()) + "\n")
 
 
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:
-    sys.stdout.write((orjson.dumps(structured).decode() if as_json else text) + "\n")
+    secrets = redact.current()
+    sys.stdout.write((orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(text)) + "\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,6 +166,7 @@ def _refuse(e: CaseledgerError, code: int | None = None) -> int:
 
 def _dispatch(a: argparse.Namespace) -> int:
     ws = Workspace.open(a.workspace)
+    remember_secrets(ws)  # answers mask the values of every frozen case's secrets, whichever run they show
     if a.cmd == "freeze":
         from caseledger.tools import freeze_case  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 

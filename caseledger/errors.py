@@ -15,7 +15,7 @@
     └── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
 
     FailureClass                    StrEnum of the failure classes a failed phase carries (not an error)
-    quoted(text, limit)             outside text made safe to show: one line, escaped, capped
+    quoted(text, limit)             outside text made safe to show: secrets masked, one line, escaped, capped
     unexpected(exc)                 a bug of ours as a CaseledgerError (message and fix, no traceback)
 
 Context is carried as attributes (`run_id`, `phase`, `failure_class`), never folded into `str(e)`,
@@ -25,6 +25,8 @@ which stays "message" or "message; fix".
 from __future__ import annotations
 
 from enum import StrEnum
+
+from caseledger.redact import cut as mask_and_cut
 
 ECHO_CHARS = 80  # echoed input (an id, a path, a value) is cut to this many characters
 MESSAGE_CHARS = 1200  # a whole error message or fix as shown
@@ -48,13 +50,16 @@ class FailureClass(StrEnum):
 
 
 def quoted(text: object, limit: int = ECHO_CHARS) -> str:
-    """Text from outside (input, a server's body, a log line) as one safe line: control characters and
-    line breaks escaped (so it can never start a line of its own, e.g. a forged 'next:'), cut to `limit`
-    characters at a word boundary where one is near, with the number of characters left out."""
+    """Text from outside (input, a server's body, a log line) as one safe line: the values of the secrets this
+    process knows masked as *** (caseledger.redact), control characters and line breaks escaped (so it can
+    never start a line of its own, e.g. a forged 'next:'), cut to `limit` characters at a word boundary where
+    one is near, with the number of characters left out."""
     s = str(text)
-    head = s[: limit + 1]  # escapes only lengthen: no more of a 20 MB input is looked at
+    # masked before it is cut (a cut key would keep its first characters); escapes only lengthen: no more of a
+    # 20 MB input is looked at
+    head = mask_and_cut(s, limit + 1)
     out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in head)
-    if len(s) <= limit and len(out) <= limit:
+    if len(s) <= limit + 1 and len(out) <= limit:  # the whole text (masked) fits
         return out
     cut = out[:limit]
     space = cut.rfind(" ")

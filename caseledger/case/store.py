@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from caseledger import redact
 from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
@@ -117,9 +118,11 @@ def parse_draft(data: bytes, source: str) -> dict[str, Any]:
 
 def validate(obj: dict[str, Any], source: str) -> Case:
     try:
-        return Case.model_validate(obj).filled()
+        case = Case.model_validate(obj).filled()
     except ValidationError as e:
         raise explain(e, source) from None
+    redact.remember(case.env_names())  # its secrets' values are masked in whatever this process shows
+    return case
 
 
 def case_id_of(case: Case) -> str:
@@ -142,7 +145,28 @@ def _frozen_as_stored(path: Path, case_id: str) -> Case | None:
         case = Case.model_validate(orjson.loads(path.read_bytes()))
     except (OSError, orjson.JSONDecodeError, ValidationError):
         return None
+    redact.remember(case.env_names())  # its secrets' values are masked in whatever this process shows
     return case if is_case_id_of(case, case_id) else None
+
+
+_REMEMBERED: dict[str, tuple[int, int]] = {}  # frozen case file -> (mtime_ns, size) whose secrets are remembered
+
+
+def remember_secrets(ws: Workspace) -> None:
+    """Remember (caseledger.redact) the secret variables of every frozen case of the workspace: an answer then
+    masks their values in any run's text it shows, also text an older version recorded unmasked. Each file is
+    read once per process (frozen cases do not change; an edited one is read again)."""
+    for path in ws.frozen_dir.glob("c-*.json"):
+        try:
+            st = path.stat()
+            seen = (st.st_mtime_ns, st.st_size)
+            if _REMEMBERED.get(str(path)) == seen:
+                continue
+            names = Case.model_validate(orjson.loads(path.read_bytes())).env_names()
+        except (OSError, orjson.JSONDecodeError, ValidationError):
+            continue  # damaged: the reads that need this case name it
+        redact.remember(names)
+        _REMEMBERED[str(path)] = seen
 
 
 def _lineage_path(ws: Workspace, case_id: str) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from caseledger import redact
 from caseledger.errors import FenceRejected
 from caseledger.ledger.leases import current_fence
 from caseledger.records import read_jsonl
@@ -65,7 +66,9 @@ def append_event(
             "seq": seq, "utc": utc_now(), "mono_ns": time.monotonic_ns(), "run": paths.run_id, "phase": phase,
             "attempt": attempt, "type": type_, "owner": owner, "fence": fence, "input_hash": input_hash,
             "outputs": {k: sha256_bytes(p.read_bytes()) for k, p in (outputs or {}).items() if p.exists()},
-            "error": (error[:500] if error else None), "data": data or {},
+            # the values of the run's secrets masked in what came from outside (before the cut: a cut key keeps
+            # its first characters), whoever appends
+            "error": (redact.cut(error, 500) if error else None), "data": redact.mask_obj(data or {}),
         }
         line = orjson.dumps(ev) + b"\n"
         with paths.events.open("ab") as f:

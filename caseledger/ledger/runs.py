@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, PlanStep
 from caseledger.case.store import is_case_id_of
@@ -96,6 +97,9 @@ class Run:
         if not is_case_id_of(case, self.meta.case_id):
             raise CaseInvalid(f"{rel} is damaged: its content no longer hashes to {self.meta.case_id}",
                               "the ledger was edited by hand: restore case.json, or start a new run")
+        # every process of the run reads its case here (controller, load client, preflight): from now on it masks
+        # the values of the case's secrets in the text it records and shows
+        redact.remember(case.env_names())
         return case
 
     @property

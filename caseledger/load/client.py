@@ -25,6 +25,7 @@ import anyio
 import httpx2
 import orjson
 
+from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.load.fast import FastStreamer, fast_target
@@ -118,7 +119,8 @@ class ChunkState:
         if "error" in obj:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            raise ServerStreamError(f"server error in stream: {str(msg)[:HTTP_ERROR_BODY_CHARS]}")
+            # masked before the cut: a cut would keep the first characters of a key the server echoed
+            raise ServerStreamError(f"server error in stream: {redact.cut(str(msg), HTTP_ERROR_BODY_CHARS)}")
         usage = obj.get("usage")
         completion: int | None = None
         if usage:
@@ -185,7 +187,9 @@ def make_record(
         end_ns=end_ns,
         status=status,
         ok=error_class is None,
-        error=error,
+        # outside text (a server's body, a transport error) with the values of the case's secrets masked, before
+        # it reaches raw.jsonl; only failed requests pay for it, never a chunk
+        error=redact.mask(error) if error else error,
         error_class=error_class,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
@@ -258,7 +262,7 @@ async def request_one(
                 status = resp.status
                 if not 200 <= status < 300:
                     text = (await resp.aread()).decode("utf-8", "replace")
-                    error, error_class = f"HTTP {status}: {text[:HTTP_ERROR_BODY_CHARS]}", "http"
+                    error, error_class = f"HTTP {status}: {redact.cut(text, HTTP_ERROR_BODY_CHARS)}", "http"
                 else:
                     parser = SSEParser()
                     async for now, raw in resp.aiter_timed():  # now: when the bytes arrived

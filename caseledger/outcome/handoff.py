@@ -6,7 +6,8 @@ pasted; deleting the file loses nothing (`caseledger status` regenerates it).
 
 from __future__ import annotations
 
-from caseledger import ledger, procs
+from caseledger import ledger, procs, redact
+from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.runs import Run, damaged_line, scan_runs
@@ -142,7 +143,10 @@ def _next(v: RunView) -> str:
 
 
 def refresh(ws: Workspace, exiting: str | None = None) -> str:
-    text = render(ws, exiting)
+    """Write HANDOFF.md and return it; the values of the workspace's secrets masked (the ledger's text was
+    masked when recorded; this also covers text an older version recorded unmasked)."""
+    remember_secrets(ws)
+    text = redact.mask(render(ws, exiting))
     atomic_write(ws.handoff, text)
     return text
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, delta, flatten
 from caseledger.case.store import load_case
@@ -247,10 +248,14 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
     rows.update(report.load_host_rows(clock, read_by))
     timing = ((read_json_or_none(paths.phase_file("load")) or {}).get("client_timing") or {}).get("line")
     rows.update({"client timing": timing} if timing else {})  # the load client's own timing uncertainty
-    atomic_write(paths.report_md, report.render_run_md(rows, result, dec, ledger_))
+    # a report quotes phase errors from the ledger: masked again, so one recorded unmasked by an older version
+    # is not copied on
+    secrets = redact.current()
+    atomic_write(paths.report_md, secrets.mask(report.render_run_md(rows, result, dec, ledger_)))
     body = report.report_json(run.meta, result, dec, ledger_)
     if clock:
         body["load_host"] = {"clock": clock, "metrics_read_by": read_by}
+    body = secrets.mask_obj(body)
     write_json(paths.report_json, body)
     return body
 

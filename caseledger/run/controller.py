@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from caseledger import ledger, procs, services
+from caseledger import ledger, procs, redact, services
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, PhaseFailed
 from caseledger.ledger import state
@@ -170,6 +170,10 @@ class Controller:
         return None
 
     def _end(self, phase: Phase, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:
+        # the phase's error and evidence carry outside text (a server's answer, a log line, an SSH error, an
+        # exception): the values of the case's secrets are masked before either is written
+        secrets = redact.current()
+        error, data = (secrets.mask(error) if error else error), secrets.mask_obj(data)
         ev = self.paths.phase_file(phase)
         write_json(ev, {"phase": phase, "attempt": attempt, "outcome": outcome, "error": error, **data})
         self.event("phase_ended", phase=phase, attempt=attempt, outputs={"evidence": ev}, error=error,
@@ -186,7 +190,7 @@ class Controller:
         # the process start_run spawned ahead and handed this run (a resume runs a fresh one)
         res = (ahead_result(self.paths) if attempt == 1 else None) or run_fresh(self.paths.root)
         if not res.get("ok"):
-            raise PhaseFailed(f"preflight: {res.get('error')}"[:300], FailureClass.BEFORE_MODEL,
+            raise PhaseFailed(redact.cut(f"preflight: {res.get('error')}", 300), FailureClass.BEFORE_MODEL,
                               "fix the cause and resume; 0 model requests were sent")
         checks = res["checks"]
         if self.case.load.host is not None and not self.meta.load_reuse:
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return Controller(run_dir, fence).run()
     except CaseledgerError as e:
-        print(f"controller: {e}", file=sys.stderr)
+        print(f"controller: {redact.mask(str(e))}", file=sys.stderr)
         return 2
 
 

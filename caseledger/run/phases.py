@@ -18,7 +18,7 @@ import anyio
 import httpx2 as httpx
 import orjson
 
-from caseledger import datasets, procs, services
+from caseledger import datasets, procs, redact, services
 from caseledger.case.model import Case, origin
 from caseledger.case.plan import Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
@@ -169,7 +169,8 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         # data aside (marked) and send the load again
         old = paths.load_attempt_dir(int(prev.get('attempt', attempt - 1)))
         paths.load_dir.rename(old)
-        write_json(old / "superseded.json", {"failure_class": prev.get("failure_class"), "error": prev.get("error"),
+        write_json(old / "superseded.json", {"failure_class": prev.get("failure_class"),
+                                             "error": redact.mask_obj(prev.get("error")),
                                              "superseded_by_attempt": attempt})
         paths.load_dir.mkdir()
         end = None
@@ -547,7 +548,7 @@ def _snapshot(case: Case, dest: Path) -> str | None:
             return f"controller ({procs.me()['host']})"
         dest.with_suffix(".missing").write_text(f"HTTP {r.status_code} from {url}\n")
     except httpx.HTTPError as e:
-        dest.with_suffix(".missing").write_text(f"{type(e).__name__}: {e} ({url})\n")
+        dest.with_suffix(".missing").write_text(redact.mask(f"{type(e).__name__}: {e} ({url})\n"))
     return None
 
 
@@ -642,7 +643,7 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
     recorded_env = {"interpreter": argv[0], "argv": argv[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}
     if p.returncode != 0:
         err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise PhaseFailed(f"postprocess: {err}"[:400], FailureClass.COLLECT,
+        raise PhaseFailed(redact.cut(f"postprocess: {err}", 400), FailureClass.COLLECT,
                           f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent")
 
     out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import orjson
 
+from caseledger import redact
 from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger.runs import Run
@@ -259,7 +260,8 @@ async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHos
         res = {}
     if status != 0 or not isinstance(res, dict) or not res.get("ok"):
         err = res.get("error") if isinstance(res, dict) else None
-        raise RemoteError(f"preflight on the load host failed: {err or (lines[-1:] or ['no output'])[0]}"[:300],
+        raise RemoteError(redact.cut(f"preflight on the load host failed: {err or (lines[-1:] or ['no output'])[0]}",
+                                     300),
                           "fix the cause on the load host, then resume; nothing was sent")
     checks: dict[str, Any] = res.get("checks") or {}
     return checks
@@ -538,8 +540,8 @@ class Follower:
         for name in ("client.log",):
             with contextlib.suppress(RemoteError, LinkLost):
                 body = await self._copy_whole(name)
-                if body is not None:
-                    atomic_write(self.paths.load_dir / name, body)
+                if body is not None:  # the remote client's own log: outside text, masked like the rest
+                    atomic_write(self.paths.load_dir / name, redact.mask_bytes(body))
         clock = None
         with contextlib.suppress(RemoteError, LinkLost):
             clock = await self.link.call(lambda c: _clock(c, self.host), timeout_s=30)

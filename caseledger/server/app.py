@@ -47,8 +47,9 @@ from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from caseledger import tools
+from caseledger import redact, tools
 from caseledger.case.schema import case_schema
+from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, unexpected
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff, summary
@@ -93,13 +94,15 @@ _RUN_ID = Field(description="Run id as returned by start_run, e.g. 'r-1a2b3c4d'"
 
 def _answer(result: _Result) -> CallToolResult:
     """Short text for the model, the PNG where the result drew one (summarize); full structured content (the
-    SDK validates it against the outputSchema)."""
-    content: list[TextContent | ImageContent] = [TextContent(type="text", text=result.text())]
+    SDK validates it against the outputSchema). The values of the workspace's secrets are masked in both: the
+    last line of defence, for text an older version recorded unmasked."""
+    secrets = redact.current()
+    content: list[TextContent | ImageContent] = [TextContent(type="text", text=secrets.mask(result.text()))]
     plot = getattr(result, "plot", None)
     if isinstance(plot, str) and Path(plot).is_file():
         content.append(ImageContent(type="image", mime_type="image/png",
                                     data=base64.b64encode(Path(plot).read_bytes()).decode()))
-    return CallToolResult(content=list(content), structured_content=result.model_dump(mode="json"))
+    return CallToolResult(content=list(content), structured_content=secrets.mask_obj(result.model_dump(mode="json")))
 
 
 def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
@@ -178,8 +181,13 @@ def _tool_error(e: CaseledgerError) -> ToolError:
     return ToolError(f"{message}; fix: {fix or 'phase_status() shows where the latest run stands'}")
 
 
-async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]) -> CallToolResult:
-    """Run a blocking tool function in a worker thread; heartbeat progress while it runs; map errors."""
+async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result]) -> CallToolResult:
+    """Run a blocking tool function in a worker thread; heartbeat progress while it runs; map errors; mask the
+    values of the workspace's secrets in the answer."""
+
+    def call() -> _Result:
+        remember_secrets(ws)  # the frozen cases' secret variables, new ones included, before the answer is made
+        return fn()
 
     async def heartbeat() -> None:
         t0 = anyio.current_time()
@@ -196,7 +204,7 @@ async def _off_loop(ctx: Context[Any, Any], what: str, fn: Callable[[], _Result]
     async with anyio.create_task_group() as tg:
         tg.start_soon(heartbeat)
         try:
-            outcome.append(await anyio.to_thread.run_sync(fn))
+            outcome.append(await anyio.to_thread.run_sync(call))
         except Exception as e:  # re-raised below, outside the task group (no exception group)
             outcome.append(e)
         finally:
@@ -254,7 +262,7 @@ def build_server(ws: Workspace) -> MCPServer:
             # resolved against the workspace (never the server's cwd), refused if it escapes it
             return tools.freeze_case(ws, path, draft=draft, parent=parent, cwd_first=False)
 
-        return await _off_loop(ctx, "freezing the case", call)
+        return await _off_loop(ctx, ws, "freezing the case", call)
 
     @_tool(
         mcp, "start_run",
@@ -275,7 +283,7 @@ def build_server(ws: Workspace) -> MCPServer:
     ) -> Annotated[CallToolResult, StartResult]:
         """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
         preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
-        return await _off_loop(ctx, "preflight",
+        return await _off_loop(ctx, ws, "preflight",
                                lambda: tools.start_run(ws, case_id, preflight_only=preflight_only, queue=queue))
 
     @_tool(
@@ -290,7 +298,7 @@ def build_server(ws: Workspace) -> MCPServer:
     ) -> Annotated[CallToolResult, StatusResult]:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call."""
-        return await _off_loop(ctx, "status", lambda: tools.phase_status(ws, run_id))
+        return await _off_loop(ctx, ws, "status", lambda: tools.phase_status(ws, run_id))
 
     @_tool(
         mcp, "resume",
@@ -304,7 +312,7 @@ def build_server(ws: Workspace) -> MCPServer:
     ) -> Annotated[CallToolResult, ResumeResult]:
         """Continue the SAME run at its first unfinished phase; finished phases are kept (service, warm
         caches, an ended load; a live load client is re-attached). Next: phase_status(run_id)."""
-        return await _off_loop(ctx, "resuming", lambda: tools.resume(ws, run_id))
+        return await _off_loop(ctx, ws, "resuming", lambda: tools.resume(ws, run_id))
 
     @_tool(
         mcp, "reprocess_raw",
@@ -322,7 +330,7 @@ def build_server(ws: Workspace) -> MCPServer:
     ) -> Annotated[CallToolResult, ReprocessResult]:
         """Recompute a run's results from its raw records in a fresh process (versioned, nothing
         overwritten); without rule/ratio also re-decide. Sends no request. Next: summarize."""
-        return await _off_loop(ctx, "reprocessing",
+        return await _off_loop(ctx, ws, "reprocessing",
                                lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
 
     @_tool(
@@ -345,7 +353,7 @@ def build_server(ws: Workspace) -> MCPServer:
         """One row per case of a scenario: change vs baseline (e.g. C=8), latest valid run, decision metric,
         TTFT/TPOT/ITL/E2E p50/p99, limit verdicts, decision, best within limits; or given runs. Adds a PNG;
         writes report.md per run (resource caseledger://runs/{run_id}/report)."""
-        return await _off_loop(ctx, "summarizing", lambda: tools.summarize(ws, run_ids, scenario=scenario))
+        return await _off_loop(ctx, ws, "summarizing", lambda: tools.summarize(ws, run_ids, scenario=scenario))
 
     @mcp.resource("caseledger://handoff", name="handoff", mime_type="text/markdown",
                   description="HANDOFF.md: a few lines for a new session (state, owner, the one next "
@@ -380,10 +388,11 @@ def _read_scenario(ws: Workspace, name: str) -> str:
         raise ResourceNotFoundError(f"'{name[:60]}' is not a scenario name; fix: read caseledger://handoff for "
                                     "the current scenario")
     try:
+        remember_secrets(ws)
         view = summary.scenario_view(ws, name)
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(_tool_error(e))) from e
-    return view.text() + f"\nnext: {summary.scenario_next(view)}\n"
+    return redact.mask(view.text() + f"\nnext: {summary.scenario_next(view)}\n")
 
 
 def _read_report(ws: Workspace, run_id: str) -> str:
@@ -396,7 +405,8 @@ def _read_report(ws: Workspace, run_id: str) -> str:
         raise ResourceNotFoundError(f"run {run_id} is not in the ledger; "
                                     "fix: phase_status() names the latest run")
     try:
-        return paths.report_md.read_text()
+        remember_secrets(ws)
+        return redact.mask(paths.report_md.read_text())  # a report an older version wrote unmasked
     except FileNotFoundError:
         raise ResourceNotFoundError(f"run {run_id} has no report yet; fix: summarize(run_ids=['{run_id}']) "
                                     "writes it (phase_status first if results are not extracted)") from None

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import httpx2 as httpx
 import orjson
 
-from caseledger import procs
+from caseledger import procs, redact
 from caseledger.case.model import ENV_REF, SSH, Case, FileRef, health_url_of, origin
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
@@ -671,7 +671,8 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     while time.monotonic() < deadline:
         if p.poll() is not None:
             tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise PhaseFailed(f"{u.label} exited with code {p.returncode} before health: {tail[0]}",
+            # the engine's own log line: outside text, the values of the case's secrets masked
+            raise PhaseFailed(f"{u.label} exited with code {p.returncode} before health: {redact.mask(tail[0])}",
                               FailureClass.SERVICE, f"read {log}; fix the case's service and resume")
         if health_ok(u.health_url, timeout=1.0):
             break
@@ -781,7 +782,8 @@ def _start_remote(ws: Workspace, case: Case, u: Unit, ssh: SSH, key: str, case_i
         if time.monotonic() >= next_probe:  # each probe is a remote exec: about once a second
             if not rem.alive(ref):
                 tail = rem.tail(log).strip().splitlines()[-1:] or [""]
-                raise PhaseFailed(f"service on {ssh.host} exited before health: {tail[0]}", FailureClass.SERVICE,
+                raise PhaseFailed(f"service on {ssh.host} exited before health: {redact.mask(tail[0])}",
+                                  FailureClass.SERVICE,
                                   f"read {state['log']}; fix the case's service and resume")
             next_probe = time.monotonic() + 1.0
         time.sleep(0.1)
@@ -822,11 +824,12 @@ def _external(case: Case, want: str) -> dict[str, Any]:
     if case.service.identity_command:
         env, _ = resolve_env(case)  # the same minimal environment as a launched service
         try:
-            ident_out = subprocess.run(case.service.identity_command, capture_output=True, timeout=30, env=env,
-                                       check=True).stdout.decode(errors="replace")[:2000]
+            ident_out = redact.cut(subprocess.run(case.service.identity_command, capture_output=True, timeout=30,
+                                                  env=env, check=True).stdout.decode(errors="replace"), 2000)
         except (OSError, subprocess.SubprocessError) as e:
             raise PhaseFailed(f"identity_command failed: {e}", FailureClass.SERVICE,
                               "fix service.identity_command") from None
+    # over the masked output: a secret it printed is neither recorded nor hashed
     live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
     return {"outcome": "done", "identity": want, "live_identity": live, "endpoints": seen,
             "identity_output": ident_out,

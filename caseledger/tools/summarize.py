@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from caseledger import redact
 from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
@@ -111,7 +112,7 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
     side = None
     if len(rows) > 1:
         side_path = workspace.reports_dir / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
-        atomic_write(side_path, report.render_side_by_side(rows))
+        atomic_write(side_path, redact.mask(report.render_side_by_side(rows)))
         side = str(side_path)
     plot = _runs_plot(workspace, [r.run_id for r in out])
     missing = [r.run_id for r in out if not r.results_extracted]
