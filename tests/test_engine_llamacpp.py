@@ -95,6 +95,11 @@ def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> N
     result = latest_result(ws.run(r1.run_id).root)
     assert result is not None
     whole = result.windows.whole
+    # a real engine's usage passes every count check (one token per content chunk), and its own counter of
+    # generated tokens moved by exactly the per-request sum
+    assert result.checks is not None and result.checks.invalid == 0 and result.checks.checked == 4, result.checks
+    gen = [c for c in result.checks.counters if c.counter == "llamacpp:tokens_predicted_total"]
+    assert gen and gen[0].per_request_sum == 32, result.checks.counters
     assert whole.ok == 4 and whole.throughput.output.numerator == 32  # type: ignore[union-attr]
     assert whole.latency.ttft.p50 > 0 and whole.latency.tpot.p50 > 0  # type: ignore[union-attr]
     # llama.cpp's spec counters are there (and stay 0 without a draft model): AL is NOT_OBSERVED, with why
@@ -219,6 +224,8 @@ def test_speculative_llama_server_per_request_al_equals_the_metrics_delta(llama:
 
     result = latest_result(ws.run(r1.run_id).root)
     assert result is not None
+    # several tokens per chunk under speculative decoding, bounded by the accepted drafts: all valid
+    assert result.checks is not None and result.checks.invalid == 0, result.checks
     whole = result.windows.whole.spec_decode
     per = whole.per_request
     deltas = {c.name: c.delta for c in whole.counters}
