@@ -124,8 +124,16 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
     elif last_run.decision == "close":
         parent = load_case(workspace, last_run.case_id).parent or last_run.case_id
         nxt = f"freeze_case(next candidate, parent='{parent}') — {last_run.case_id} was closed"
+    elif any(" distorted: " in m for m in last_run.missing):
+        nxt = (f"start_run(case_id='{last_run.case_id}') again on a quiet host: a distorted window (a stalled "
+               "client, a contended host) is repeated, never decided on")
+    elif any("fail the checks" in m for m in last_run.missing):
+        nxt = (f"check the engine's usage reporting (the invalid requests are named in {last_run.run_id}'s report); "
+               "its counts are not evidence")
+    elif last_run.missing:
+        nxt = f"supply the missing evidence for {last_run.run_id}: {last_run.missing[0]}"
     else:
-        nxt = f"supply the missing evidence for {last_run.run_id} (see missing), then reprocess_raw or a new run"
+        nxt = f"start_run(case_id='{last_run.case_id}') again: a repeat settles a change within the noise"
     return SummaryResult(runs=out, side_by_side=side, plot=plot, next_call=nxt)
 
 
