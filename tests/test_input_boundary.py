@@ -102,6 +102,14 @@ def _naive_deadline(ws: Workspace) -> dict[str, Any]:
                         .relative_to(ws.root))}
 
 
+def _scenario(name: str) -> Callable[[Workspace], dict[str, Any]]:
+    def setup(ws: Workspace) -> dict[str, Any]:
+        return {"path": str(write_draft(ws, "scenario.json", ref_draft(1, scenario=name)).relative_to(ws.root))}
+
+    return setup
+
+
+_SCENARIO_RULE = ("scenario: must start with a letter or digit",)
 FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str, ...]]] = {
     "directory as draft": (lambda ws: {"path": "cases"}, ("'cases' is a directory",)),
     "5000-char path": (lambda ws: {"path": "a" * 5000}, ("5000 characters",)),
@@ -113,6 +121,11 @@ FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str,
     "missing dataset file": (_missing_dataset, ("dataset.path",)),
     "directory dataset file": (_directory_dataset, ("dataset.path 'cases'",)),
     "naive deadline": (_naive_deadline, ("deadline", "timezone")),
+    # '.' and '..' are no path segment of caseledger://scenarios/NAME, '-rf' is an option on a command line
+    "scenario '.'": (_scenario("."), _SCENARIO_RULE),
+    "scenario '..'": (_scenario(".."), _SCENARIO_RULE),
+    "scenario '-rf'": (_scenario("-rf"), _SCENARIO_RULE),
+    "scenario '_x'": (_scenario("_x"), _SCENARIO_RULE),
 }
 
 
@@ -375,3 +388,21 @@ def test_quoted_text_is_one_escaped_capped_line() -> None:
     assert long.endswith("(500 chars)") and len(long) < 100 and "\n" not in long
     assert quoted("x" * 20_000_000).endswith("(20000000 chars)")
     assert os.linesep not in quoted("a\r\nb")
+
+
+# ------------------------------------------------------------------------------------------- scenario names
+
+
+def test_valid_scenario_names_keep_their_case_ids_and_stay_reachable(ws: Workspace) -> None:
+    # ids as frozen before scenario names had to start with a letter or digit: a valid name keeps its id
+    pinned = {"ref-test": "c-9c16bdd723c6", "copy-128k-1k-prefix90": "c-56cd7ff71f39", "A.b_c-9": "c-8f52940eb3a1"}
+    for name, cid in pinned.items():
+        assert case_id_of(Case.model_validate(ref_draft(18000, scenario=name)).filled()) == cid
+    freeze_case(ws, draft=ref_draft(1, scenario="A.b_c-9"))
+
+    async def read(uri: str) -> str:
+        async with Client(build_server(ws)) as c:
+            got = await c.read_resource(uri)
+        return "".join(getattr(x, "text", "") for x in got.contents)
+
+    assert "A.b_c-9" in anyio.run(read, "caseledger://scenarios/A.b_c-9")

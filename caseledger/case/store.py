@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from caseledger.case.model import LINEAGE_FIELDS, Case
+from caseledger.case.model import LINEAGE_FIELDS, PATTERN_RULES, Case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
 from caseledger.workspace import (
@@ -43,6 +43,8 @@ def explain(err: ValidationError, source: str) -> CaseInvalid:
             msg = "must be an integer written without a decimal point or exponent"
         elif e["type"] == "finite_number":
             msg = "must be a finite number (NaN and Infinity are not numbers)"
+        elif e["type"] == "string_pattern_mismatch" and (e.get("ctx") or {}).get("pattern") in PATTERN_RULES:
+            msg = PATTERN_RULES[e["ctx"]["pattern"]]
         given = e.get("input")
         shown = "" if e["type"] in ("missing",) or isinstance(given, dict) else f" (got {given!r})"[:80]
         lines.append(f"{path}: {msg}{shown}")

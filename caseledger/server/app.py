@@ -48,13 +48,13 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from caseledger import tools
+from caseledger.case.model import SCENARIO_PATTERN
 from caseledger.case.schema import case_schema
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, unexpected
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff, summary
 from caseledger.outcome.decide import DECISION_WORDS
 from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
-from caseledger.tools.summarize import SCENARIO_PATTERN
 from caseledger.workspace import Workspace, check_id
 
 log = logging.getLogger("caseledger.server")
