@@ -3,6 +3,7 @@ from outside reaches an answer unquoted. Each probe runs through the CLI and thr
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -109,6 +110,20 @@ def _scenario(name: str) -> Callable[[Workspace], dict[str, Any]]:
     return setup
 
 
+_VALUE = "x" * 32_000  # one env value within the model's bound; 330 of them are 10 MB
+
+
+def _huge_env(ws: Workspace) -> dict[str, Any]:
+    d = ref_draft(1, service={"adapter": "command", "argv": ["true"], "env": {f"V{n}": _VALUE for n in range(330)}})
+    return {"path": str(write_draft(ws, "huge-env.json", d).relative_to(ws.root))}
+
+
+def _huge_component_argv(ws: Workspace) -> dict[str, Any]:
+    d = ref_draft(1, service={"adapter": "command", "components": [
+        {"name": "decode", "argv": ["true", *[_VALUE] * 220], "routes": [0]}]})
+    return {"path": str(write_draft(ws, "huge-argv.json", d).relative_to(ws.root))}
+
+
 _SCENARIO_RULE = ("scenario: must start with a letter or digit",)
 FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str, ...]]] = {
     "directory as draft": (lambda ws: {"path": "cases"}, ("'cases' is a directory",)),
@@ -121,6 +136,9 @@ FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str,
     "missing dataset file": (_missing_dataset, ("dataset.path",)),
     "directory dataset file": (_directory_dataset, ("dataset.path 'cases'",)),
     "naive deadline": (_naive_deadline, ("deadline", "timezone")),
+    "10 MB service.env": (_huge_env, ("service.env: argv", "getconf ARG_MAX", "E2BIG", "fix: shrink service.env")),
+    "7 MB component argv": (_huge_component_argv, ("service.components.decode.argv: argv", "ARG_MAX",
+                                                   "fix: shrink service.components.decode.argv")),
     # '.' and '..' are no path segment of caseledger://scenarios/NAME, '-rf' is an option on a command line
     "scenario '.'": (_scenario("."), _SCENARIO_RULE),
     "scenario '..'": (_scenario(".."), _SCENARIO_RULE),
@@ -406,3 +424,37 @@ def test_valid_scenario_names_keep_their_case_ids_and_stay_reachable(ws: Workspa
         return "".join(getattr(x, "text", "") for x in got.contents)
 
     assert "A.b_c-9" in anyio.run(read, "caseledger://scenarios/A.b_c-9")
+
+
+# ------------------------------------------------------------------------------------ launch size (E2BIG)
+
+
+def _env_draft(env: dict[str, str], **service: Any) -> dict[str, Any]:
+    return ref_draft(1, service={"adapter": "command", "argv": ["true"], "env": env, **service})
+
+
+def test_a_service_env_the_os_cannot_exec_is_refused_at_freeze_and_one_it_can_freezes(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = {f"V{n}": _VALUE for n in range(330)}
+    with pytest.raises(CaseInvalid, match=r"service\.env: .*E2BIG") as e:
+        freeze_case(ws, draft=_env_draft(refused))
+    assert "shrink service.env" in e.value.fix
+    with pytest.raises(OSError) as exec_error:  # the refusal is the OS's own: this environment cannot be exec'd
+        subprocess.run(["true"], env=refused, check=False)
+    assert exec_error.value.errno == errno.E2BIG
+    fits = {f"V{n}": _VALUE for n in range(16)}  # half a megabyte: launches
+    assert subprocess.run(["true"], env=fits, check=False).returncode == 0
+    freeze_case(ws, draft=_env_draft(fits))
+
+    # one variable over MAX_ARG_STRLEN (131072 bytes), by a reference resolved from the caller's environment
+    monkeypatch.setenv("BIG_SETTING", "y" * 200_000)
+    before = tree_digest(ws.root)
+    with pytest.raises(CaseInvalid, match=r"service\.env\.CFG \(with the value of \$\{BIG_SETTING\} now\) is "
+                                          r"200,005 bytes, over the 131,072 bytes one string may hold"):
+        freeze_case(ws, draft=_env_draft({"CFG": "${BIG_SETTING}"}))
+    # a remote service's argv travels as one quoted shell command: 5 x 32000 bytes is one string too many
+    ssh = {"host": "gpu-1", "user": "svc", "key_path": "/nonexistent/id_ed25519",
+           "accept_unknown_host_key": True}
+    with pytest.raises(CaseInvalid, match=r"service\.argv, quoted into the remote shell command, is"):
+        freeze_case(ws, draft=_env_draft({}, argv=["true", *[_VALUE] * 5], ssh=ssh))
+    assert tree_digest(ws.root) == before

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from caseledger.case.launch import launch_problem
 from caseledger.case.model import LINEAGE_FIELDS, PATTERN_RULES, Case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
@@ -118,10 +119,16 @@ def parse_draft(data: bytes, source: str) -> dict[str, Any]:
 
 
 def validate(obj: dict[str, Any], source: str) -> Case:
+    """The draft as a filled case; CaseInvalid naming the field and the fix, also for a service the OS could not
+    start (argv and environment over execve's limits: case/launch.py)."""
     try:
-        return Case.model_validate(obj).filled()
+        case = Case.model_validate(obj).filled()
     except ValidationError as e:
         raise explain(e, source) from None
+    problem = launch_problem(case)
+    if problem is not None:
+        raise CaseInvalid(f"{source} is not a valid case: {problem[0]}", problem[1])
+    return case
 
 
 def case_id_of(case: Case) -> str:
