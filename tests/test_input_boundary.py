@@ -10,6 +10,7 @@ import select
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,12 +27,20 @@ from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, load_case, store
 from caseledger.errors import CaseInvalid, PathEscapes, quoted
 from caseledger.ledger import read_events
-from caseledger.ledger.runs import RunMeta, write_meta
+from caseledger.ledger.runs import RunMeta, load_run, read_run, scan_runs, write_meta
 from caseledger.server import build_server
 from caseledger.server.app import BearerToken, request_id
-from caseledger.tools import freeze_case, phase_status, start_run
+from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
 from caseledger.workspace import Workspace, atomic_write, canonical_json, check_id
-from tests.conftest import external_draft, ref_draft, stub_target, tree_digest, write_draft
+from tests.conftest import (
+    external_draft,
+    free_port,
+    ref_draft,
+    start_with_fault,
+    stub_target,
+    tree_digest,
+    write_draft,
+)
 
 ECHO_LIMIT = 200  # no answer echoes more than this much of one input (80 characters plus the message around)
 
@@ -458,3 +467,62 @@ def test_a_service_env_the_os_cannot_exec_is_refused_at_freeze_and_one_it_can_fr
     with pytest.raises(CaseInvalid, match=r"service\.argv, quoted into the remote shell command, is"):
         freeze_case(ws, draft=_env_draft({}, argv=["true", *[_VALUE] * 5], ssh=ssh))
     assert tree_digest(ws.root) == before
+
+
+# ------------------------------------------------------------------------------ run directories as symlinks
+
+
+def test_a_run_directory_that_is_a_symlink_is_not_listed_and_is_refused_over_cli_and_mcp(
+        ws: Workspace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outside = Workspace(tmp_path / "outside")
+    fake_run(outside, "r-000000ee", "2026-02-01T00:00:00.000Z")  # newer: it would be the latest run if followed
+    fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
+    link = ws.runs_dir / "r-000000ee"
+    link.symlink_to(outside.run("r-000000ee").root, target_is_directory=True)
+    before, before_outside = tree_digest(ws.root), tree_digest(outside.root)
+
+    rc, text = cli_call(ws, capsys, "status")
+    assert rc == 0 and "r-000000aa" in text and "r-000000ee is a symbolic link" in text, text
+    rc, text = cli_call(ws, capsys, "handoff")
+    assert rc == 0 and "latest run: r-000000aa" in text, text
+    before = tree_digest(ws.root)  # (handoff rewrote HANDOFF.md)
+    needles = ("ledger/runs/r-000000ee is a symbolic link", "never followed", "remove the link")
+    for argv in (["status", "r-000000ee"], ["resume", "r-000000ee"], ["reprocess", "r-000000ee"],
+                 ["summarize", "r-000000ee"]):
+        rc, text = cli_call(ws, capsys, *argv)
+        assert rc == 2, (argv, text)
+        assert_refused(text, *needles)
+    for tool, args in (("phase_status", {"run_id": "r-000000ee"}), ("resume", {"run_id": "r-000000ee"}),
+                       ("reprocess_raw", {"run_id": "r-000000ee"}), ("summarize", {"run_ids": ["r-000000ee"]})):
+        r = mcp_call(ws, tool, args)
+        assert r.is_error, tool
+        assert_refused(text_of(r), *needles)
+    with pytest.raises(PathEscapes, match="symbolic link"):  # the controller's and the load client's entry
+        read_run(link)
+    assert tree_digest(outside.root) == before_outside and tree_digest(ws.root) == before
+    assert link.is_symlink()
+
+
+@pytest.mark.slow
+def test_a_run_directory_swapped_for_a_symlink_is_refused_and_works_again_once_restored(
+        ws: Workspace, tmp_path: Path, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = start_with_fault(monkeypatch, "postprocess:fail=import", ws, freeze_case(ws, draft=ref_draft(free_port())
+                                                                                 ).case_id, wait=True)
+    assert phase_status(ws, r.run_id).failure_class == "collect"
+    real = ws.run(r.run_id).root
+    moved = tmp_path / "elsewhere" / "ledger" / "runs" / r.run_id
+    moved.parent.mkdir(parents=True)
+    real.rename(moved)
+    real.symlink_to(moved, target_is_directory=True)
+    before = tree_digest(moved)
+    for call in (lambda: resume(ws, r.run_id, wait=True), lambda: reprocess_raw(ws, r.run_id)):
+        with pytest.raises(PathEscapes, match=f"ledger/runs/{r.run_id} is a symbolic link") as e:
+            call()
+        assert "lease" not in str(e.value)
+    assert r.run_id not in [m.run_id for m in scan_runs(ws).metas]
+    assert tree_digest(moved) == before  # nothing written through the link
+
+    real.unlink()  # the fix the refusal names: the directory back in its place
+    moved.rename(real)
+    assert resume(ws, r.run_id, wait=True).state == "succeeded"
+    assert load_run(ws, r.run_id).workspace == ws

@@ -51,11 +51,12 @@ from caseledger import tools
 from caseledger.case.model import SCENARIO_PATTERN
 from caseledger.case.schema import case_schema
 from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, unexpected
+from caseledger.ledger.runs import check_not_link
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff, summary
 from caseledger.outcome.decide import DECISION_WORDS
 from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
-from caseledger.workspace import Workspace, check_id
+from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
 
@@ -388,10 +389,9 @@ def _read_scenario(ws: Workspace, name: str) -> str:
 
 def _read_report(ws: Workspace, run_id: str) -> str:
     try:
-        check_id(run_id, "run_id", "r")
+        paths = check_not_link(ws.run(run_id))  # an id that is no id, a run directory that is a link: refused
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(_tool_error(e))) from e
-    paths = ws.run(run_id)
     if not paths.run_json.exists():
         raise ResourceNotFoundError(f"run {run_id} is not in the ledger; "
                                     "fix: phase_status() names the latest run")
