@@ -7,9 +7,11 @@ import errno
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from mcp.types import CallToolResult, TextContent
 from caseledger import cli
 from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, load_case, store
-from caseledger.errors import CaseInvalid, PathEscapes, quoted
+from caseledger.errors import CaseInvalid, NotWritable, PathEscapes, Unexpected, quoted, unexpected
 from caseledger.ledger import read_events
 from caseledger.ledger.runs import RunMeta, load_run, read_run, scan_runs, write_meta
 from caseledger.server import build_server
@@ -526,3 +528,80 @@ def test_a_run_directory_swapped_for_a_symlink_is_refused_and_works_again_once_r
     moved.rename(real)
     assert resume(ws, r.run_id, wait=True).state == "succeeded"
     assert load_run(ws, r.run_id).workspace == ws
+
+
+# ------------------------------------------------------------------------------------ a read-only workspace
+
+
+@contextmanager
+def read_only(root: Path) -> Iterator[None]:
+    """`root` read-only for this process. Root ignores permission bits, so as root the directory is bind-mounted
+    onto itself read-only (unmounted after); otherwise write permission is taken away (given back after)."""
+    if os.geteuid() != 0:
+        paths = [root, *root.rglob("*")]
+        modes = {p: p.stat().st_mode for p in paths if not p.is_symlink()}
+        for p, m in modes.items():
+            p.chmod(m & ~0o222)
+        try:
+            yield
+        finally:
+            for p, m in modes.items():
+                p.chmod(m)
+        return
+    if not shutil.which("mount"):
+        pytest.skip("running as root, and no mount(8) to make the workspace read-only")
+    mounted = subprocess.run(["mount", "--bind", str(root), str(root)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"running as root, and a bind mount is not allowed here: {mounted.stderr.decode()[:200]}")
+    try:
+        ro = subprocess.run(["mount", "-o", "remount,bind,ro", str(root)], capture_output=True)
+        if ro.returncode != 0:
+            pytest.skip(f"running as root, and a read-only remount is not allowed here: {ro.stderr.decode()[:200]}")
+        yield
+    finally:
+        if subprocess.run(["umount", str(root)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_a_read_only_workspace_answers_not_writable_with_the_fix(
+        ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
+    write_draft(ws, "new.json", ref_draft(1, load={"requests": 8, "concurrency": 4}))
+    before = tree_digest(ws.root)
+    needles = ("not writable: ", "writable copy")
+    with read_only(ws.root):
+        for argv in (["handoff"], ["summarize"], ["freeze", "cases/new.json"], ["authorize", "paused"]):
+            rc, text = cli_call(ws, capsys, *argv)
+            assert rc == 2, (argv, text)
+            assert_refused(text, *needles)
+            assert str(ws.root) in text, text  # the path that could not be written
+        for tool, args in (("summarize", {}), ("freeze_case", {"path": "cases/new.json"}),
+                           ("summarize", {"run_ids": ["r-000000aa"]})):
+            r = mcp_call(ws, tool, args)
+            assert r.is_error, tool
+            assert_refused(text_of(r), *needles)
+
+        async def handoff_resource() -> str:
+            async with Client(build_server(ws)) as c:
+                try:
+                    await c.read_resource("caseledger://handoff")
+                except Exception as e:  # the client raises the server's resource error
+                    return str(e)
+            return "read without error"
+
+        text = anyio.run(handoff_resource)
+        assert "not writable: " in text and "caseledger bug" not in text, text
+    assert tree_digest(ws.root) == before
+
+
+def test_a_refused_write_is_told_apart_from_a_bug(tmp_path: Path) -> None:
+    gone = tmp_path / "ro" / "sub" / ".x.tmp"
+    (tmp_path / "ro").mkdir()
+    with read_only(tmp_path / "ro"):
+        err = unexpected(OSError(errno.EROFS, "Read-only file system", str(gone)))
+        assert isinstance(err, NotWritable) and err.exit_code == 2
+        assert err.message == f"not writable: {tmp_path / 'ro'} (Read-only file system)"  # the nearest existing path
+    # a permission error on a path that is writable, or naming none, is no refused write: still a bug (exit 1)
+    for e in (PermissionError(errno.EACCES, "Permission denied", str(tmp_path)), PermissionError(errno.EPERM, "x")):
+        bug = unexpected(e)
+        assert isinstance(bug, Unexpected) and bug.exit_code == 1 and "caseledger bug" in bug.fix
