@@ -14,6 +14,7 @@
     ├── RemoteError                 an SSH connection or remote command failed (user@host:port named)
     ├── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
     ├── NotWritable                 the filesystem refused a write (read-only workspace, permissions)
+    ├── LockTimeout                 a lock held past the bounded wait (lock file, holder pid named)
     └── Unexpected                  a bug of ours (exit 1): any other exception, as an answer with a fix
 
     FailureClass                    StrEnum of the failure classes a failed phase carries (not an error)
@@ -89,6 +90,10 @@ class CaseledgerError(Exception):
 
 class NotWritable(CaseledgerError):
     """The filesystem refused a write: a read-only workspace (or host directory), or missing permissions."""
+
+
+class LockTimeout(CaseledgerError):
+    """A lock of the ledger stayed held past the bounded wait (a stuck holder): the lock file and pid named."""
 
 
 class Unexpected(CaseledgerError):

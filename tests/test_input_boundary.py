@@ -10,6 +10,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,13 +28,15 @@ from mcp.types import CallToolResult, TextContent
 from caseledger import cli
 from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, load_case, store
-from caseledger.errors import CaseInvalid, NotWritable, PathEscapes, Unexpected, quoted, unexpected
-from caseledger.ledger import read_events
+from caseledger.errors import CaseInvalid, LockTimeout, NotWritable, PathEscapes, Unexpected, quoted, unexpected
+from caseledger.ledger import authorization, queue, read_events
+from caseledger.ledger.events import append_event
+from caseledger.ledger.leases import host_dir
 from caseledger.ledger.runs import RunMeta, load_run, read_run, scan_runs, write_meta
 from caseledger.server import build_server
 from caseledger.server.app import BearerToken, request_id
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
-from caseledger.workspace import Workspace, atomic_write, canonical_json, check_id
+from caseledger.workspace import ENV_LOCK_TIMEOUT, Workspace, atomic_write, canonical_json, check_id, flocked
 from tests.conftest import (
     external_draft,
     free_port,
@@ -605,3 +608,87 @@ def test_a_refused_write_is_told_apart_from_a_bug(tmp_path: Path) -> None:
     for e in (PermissionError(errno.EACCES, "Permission denied", str(tmp_path)), PermissionError(errno.EPERM, "x")):
         bug = unexpected(e)
         assert isinstance(bug, Unexpected) and bug.exit_code == 1 and "caseledger bug" in bug.fix
+
+
+# ------------------------------------------------------------------------------------- bounded lock waits
+
+
+@contextmanager
+def stuck_holder(path: Path) -> Iterator[int]:
+    """A process that takes an flock on `path` (a lock file or the ledger directory) and never lets go."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    code = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline() == b"held\n"
+    try:
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_lock_held_by_a_stuck_process_is_not_waited_on_forever_and_names_its_holder(
+        ws: Workspace, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, "0.2")
+    fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
+    lease_lock = host_dir() / "t-test.lock"
+    with stuck_holder(lease_lock) as pid:
+        before = tree_digest(ws.root)
+        needles = (f"for the lock {lease_lock}, held by pid {pid}", f"kill {pid}")
+        # a real command first, in its own process: before the bound it waited forever (the timeout here only
+        # turns such a hang into a failure; it measures nothing)
+        done = subprocess.run([sys.executable, "-m", "caseledger", "-w", str(ws.root), "resume", "r-000000aa"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2
+        assert_refused(done.stderr, *needles)
+        with pytest.raises(LockTimeout) as e:
+            resume(ws, "r-000000aa")
+        assert_refused(f"{e.value.message}; fix: {e.value.fix}", *needles)
+        rc, text = cli_call(ws, capsys, "resume", "r-000000aa")
+        assert rc == 2
+        assert_refused(text, *needles)
+        r = mcp_call(ws, "resume", {"run_id": "r-000000aa"})
+        assert r.is_error
+        assert_refused(text_of(r), *needles)
+        assert tree_digest(ws.root) == before
+
+    authorization.set_mode(ws, "single")
+    with stuck_holder(ws.ledger) as pid:  # the lock of authorization's claim is the ledger directory itself
+        before = tree_digest(ws.root)
+        rc, text = cli_call(ws, capsys, "resume", "r-000000aa")
+        assert rc == 2
+        assert_refused(text, f"for the lock {ws.ledger}, held by pid {pid}")
+        assert tree_digest(ws.root) == before
+    assert authorization.current_mode(ws) == "single"  # not used up by the refused resume
+
+    paths = ws.run("r-000000aa")
+    with stuck_holder(paths.events_lock) as pid:  # the events append, queue and dataset locks: the same bound
+        with pytest.raises(LockTimeout, match=f"held by pid {pid}"):
+            append_event(ws, paths, "note")
+        with pytest.raises(LockTimeout, match=f"held by pid {pid}"), flocked(paths.events_lock, timeout_s=0.05):
+            pass
+    assert read_events(paths).events == []
+    with stuck_holder(ws.queue_dir / "t-q.lock") as pid, pytest.raises(LockTimeout, match=f"held by pid {pid}"):
+        queue.push(ws, "t-q", "c-000000000001", behind=None)
+    assert queue.entries(ws, "t-q") == []
+
+
+def test_a_lock_released_while_waiting_is_taken_as_before(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, "60")
+    fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
+    paths = ws.run("r-000000aa")
+    paths.events_lock.touch()
+    code = ("import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\nsys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(paths.events_lock)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    assert p.stdin is not None and p.stdout is not None and p.stdout.readline() == b"held\n"
+    try:
+        threading.Timer(0.3, lambda: (p.stdin.write(b"\n"), p.stdin.flush()) if p.stdin else None).start()
+        ev = append_event(ws, paths, "note")  # waits for the holder, then appends
+    finally:
+        p.wait(timeout=30)
+    assert [e["seq"] for e in read_events(paths).events] == [ev["seq"]] == [1]
