@@ -2,9 +2,9 @@
 
 Every command prints the same short answer as the MCP tool (`--json` for the structured form), with the
 values of the workspace's secrets masked as *** (caseledger.redact).
-Business errors print `error: ...` and `fix: ...` to stderr and exit 2; a bug prints the same two
-lines and exits 1 (CASELEDGER_DEBUG=1 shows its traceback). Heavy modules (mcp,
-transformers, numpy) are imported only by the commands that need them.
+Business errors (a read-only workspace too: "not writable: PATH") print `error: ...` and `fix: ...` to
+stderr and exit 2; a bug prints the same two lines and exits 1 (CASELEDGER_DEBUG=1 shows its traceback).
+Heavy modules (mcp, transformers, numpy) are imported only by the commands that need them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import orjson
 from caseledger import redact
 from caseledger.case.schema import write_schemas
 from caseledger.case.store import remember_secrets
-from caseledger.errors import CaseledgerError, unexpected
+from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization
 from caseledger.outcome import handoff
 from caseledger.workspace import Workspace
@@ -126,10 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except CaseledgerError as e:
         return _refuse(e)
-    except Exception as e:  # a bug: the message and the fix, the traceback only on request
-        if os.environ.get("CASELEDGER_DEBUG"):
-            raise
-        return _refuse(unexpected(e), code=1)
+    except Exception as e:  # a read-only workspace (exit 2), or a bug: the message and the fix (exit 1)
+        err = unexpected(e)
+        if isinstance(err, Unexpected) and os.environ.get("CASELEDGER_DEBUG"):
+            raise  # the traceback only on request
+        return _refuse(err)
 
 
 def _globals(argv: list[str]) -> tuple[str | None, bool, list[str]]:
@@ -156,12 +157,12 @@ def _globals(argv: list[str]) -> tuple[str | None, bool, list[str]]:
     return workspace, as_json, rest
 
 
-def _refuse(e: CaseledgerError, code: int | None = None) -> int:
+def _refuse(e: CaseledgerError) -> int:
     message, fix = e.shown()
     sys.stderr.write(f"error: {message}\n")
     if fix:
         sys.stderr.write(f"fix: {fix}\n")
-    return e.exit_code if code is None else code
+    return e.exit_code
 
 
 def _dispatch(a: argparse.Namespace) -> int:

@@ -12,11 +12,14 @@
     ├── EvidenceChanged             raw data or another sealed file differs from its recorded sha256
     ├── ResultConflict              a result directory already holds a different result (no version bump)
     ├── RemoteError                 an SSH connection or remote command failed (user@host:port named)
-    └── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
+    ├── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
+    ├── NotWritable                 the filesystem refused a write (read-only workspace, permissions)
+    ├── LockTimeout                 a lock held past the bounded wait (lock file, holder pid named)
+    └── Unexpected                  a bug of ours (exit 1): any other exception, as an answer with a fix
 
     FailureClass                    StrEnum of the failure classes a failed phase carries (not an error)
     quoted(text, limit)             outside text made safe to show: secrets masked, one line, escaped, capped
-    unexpected(exc)                 a bug of ours as a CaseledgerError (message and fix, no traceback)
+    unexpected(exc)                 any other exception as an answer: NotWritable, else Unexpected
 
 Context is carried as attributes (`run_id`, `phase`, `failure_class`), never folded into `str(e)`,
 which stays "message" or "message; fix".
@@ -24,7 +27,10 @@ which stays "message" or "message; fix".
 
 from __future__ import annotations
 
+import errno
+import os
 from enum import StrEnum
+from pathlib import Path
 
 from caseledger.redact import cut as mask_and_cut
 
@@ -89,10 +95,47 @@ class CaseledgerError(Exception):
         return quoted(self.message, MESSAGE_CHARS), quoted(self.fix, MESSAGE_CHARS)
 
 
+class NotWritable(CaseledgerError):
+    """The filesystem refused a write: a read-only workspace (or host directory), or missing permissions."""
+
+
+class LockTimeout(CaseledgerError):
+    """A lock of the ledger stayed held past the bounded wait (a stuck holder): the lock file and pid named."""
+
+
+class Unexpected(CaseledgerError):
+    """A bug of ours: the answer still names the fix; the traceback goes to the log, not the agent."""
+
+    exit_code = 1
+
+
+_REFUSED_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def not_writable(e: BaseException) -> NotWritable | None:
+    """NotWritable naming the path when `e` is the filesystem refusing a write, else None. The path named is the
+    nearest one that exists: a temp or lock file that could not be created names its directory."""
+    if not isinstance(e, OSError) or e.errno not in _REFUSED_WRITE or not isinstance(e.filename, (str, bytes)) \
+            or not e.filename:
+        return None
+    path = Path(os.fsdecode(e.filename)).absolute()
+    while not os.path.lexists(path) and path.parent != path:
+        path = path.parent
+    if e.errno != errno.EROFS and (os.access(path, os.W_OK) or not os.access(path, os.R_OK)):
+        return None  # writable after all, or not even readable: a refused read, a signal, something else
+    return NotWritable(f"not writable: {quoted(path, 200)} ({quoted(e.strerror or errno.errorcode[e.errno], 60)})",
+                       f"make {quoted(path, 200)} writable, or use --workspace on a writable copy of the workspace "
+                       "(cp -a)")
+
+
 def unexpected(e: BaseException) -> CaseledgerError:
-    """A bug of ours as an answer that still names the fix (the traceback goes to the log, not the agent)."""
-    return CaseledgerError(f"unexpected {type(e).__name__}: {quoted(e, OUTSIDE_CHARS)}",
-                           "this is a caseledger bug: rerun with CASELEDGER_DEBUG=1 for the traceback and report it")
+    """What an exception that is no CaseledgerError answers: NotWritable when the filesystem refused a write
+    (a read-only workspace is no bug), else Unexpected, a bug of ours that still names the fix."""
+    refused = not_writable(e)
+    if refused is not None:
+        return refused
+    return Unexpected(f"unexpected {type(e).__name__}: {quoted(e, OUTSIDE_CHARS)}",
+                      "this is a caseledger bug: rerun with CASELEDGER_DEBUG=1 for the traceback and report it")
 
 
 class CaseInvalid(CaseledgerError):

@@ -92,6 +92,26 @@ def cmdline(pid: int) -> list[str] | None:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+def flock_holders(fd: int) -> list[int]:
+    """Pids holding an flock on the file open at `fd` (/proc/locks; waiters, shown with '->', are left out)."""
+    st = os.fstat(fd)
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    found: list[tuple[bool, int]] = []  # (same device, pid)
+    for line in lines:
+        f = line.split()  # "1: FLOCK  ADVISORY  WRITE 4121 fe:00:2165536 0 EOF" (device major:minor in hex)
+        if len(f) < 6 or f[1] != "FLOCK" or not f[4].isdigit() or f[5].count(":") != 2:
+            continue
+        major, minor, ino = f[5].split(":")
+        if ino == str(st.st_ino):
+            found.append(((int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev)), int(f[4])))
+    # an overlay filesystem may show another device than stat does: the inode alone then
+    same = [pid for dev_ok, pid in found if dev_ok]
+    return same or [pid for _, pid in found]
+
+
 _TCP_LISTEN = "0A"  # /proc/net/tcp state code of a listening socket
 
 

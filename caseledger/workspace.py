@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ from typing import Any
 
 import orjson
 
-from caseledger.errors import PathEscapes, quoted
+from caseledger.errors import LockTimeout, PathEscapes, quoted
+from caseledger.procs import cmdline, flock_holders
 
 ENV_WORKSPACE = "CASELEDGER_WORKSPACE"
 RESULT_FILE = "result.json"  # one result of one processor version, window rule and raw input
@@ -134,11 +136,64 @@ def utc_from_epoch(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+ENV_LOCK_TIMEOUT = "CASELEDGER_LOCK_TIMEOUT_S"
+LOCK_TIMEOUT_S = 30.0  # the ledger's locks are held for milliseconds (an append, a lease renewal): past this, stuck
+
+
+def lock_timeout() -> float:
+    """How long a caller waits for a held lock: $CASELEDGER_LOCK_TIMEOUT_S when a positive number, else 30 s."""
+    try:
+        value = float(os.environ.get(ENV_LOCK_TIMEOUT, ""))
+    except ValueError:
+        return LOCK_TIMEOUT_S
+    return value if value > 0 and value != float("inf") else LOCK_TIMEOUT_S
+
+
+def lock_fd(fd: int, path: Path, timeout_s: float | None = None) -> None:
+    """Take an exclusive flock on `fd` (the file or directory `path`), waiting at most `timeout_s` (default:
+    lock_timeout()). Free, it is the one flock call a blocking wait makes; held, it is polled (a blocking flock
+    cannot be bounded from a thread), then LockTimeout names the lock file, the holder's pid and the fix."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    limit = lock_timeout() if timeout_s is None else timeout_s
+    deadline = time.monotonic() + limit
+    pause = 0.001
+    while True:
+        time.sleep(pause)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise _lock_timeout(fd, path, limit) from None
+        pause = min(pause * 2, 0.05)
+
+
+def _lock_timeout(fd: int, path: Path, waited: float) -> LockTimeout:
+    holders = flock_holders(fd)
+    if not holders:
+        return LockTimeout(f"waited {waited:g} s for the lock {path}; its holder is not listed in /proc/locks",
+                           f"find the process holding it (fuser -v {path}), stop it if it is stuck, and call again")
+    pid = holders[0]
+    if pid == os.getpid():
+        return LockTimeout(f"waited {waited:g} s for the lock {path}, held by pid {pid}: another call in this process",
+                           f"call again when that call has finished (${ENV_LOCK_TIMEOUT} sets the wait)")
+    cmd = cmdline(pid)  # its program, not its arguments: they may carry anything
+    what = f" ({quoted(' '.join(cmd[:3]), 120)})" if cmd else ""
+    return LockTimeout(f"waited {waited:g} s for the lock {path}, held by pid {pid}{what}",
+                       f"if pid {pid} is stuck, stop it (kill {pid}) and call again; if it is still working, call "
+                       f"again later (${ENV_LOCK_TIMEOUT} sets the wait)")
+
+
 @contextmanager
-def flocked(path: Path) -> Iterator[None]:
+def flocked(path: Path, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on the file `path` for the block; a wait for it is bounded (lock_fd)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        lock_fd(f.fileno(), path, timeout_s)
         try:
             yield
         finally:

@@ -1,4 +1,5 @@
-"""The case: what to measure (model), the impact table and the delta -> plan (plan), frozen storage (store)."""
+"""The case: what to measure (model), the impact table and the delta -> plan (plan), frozen storage (store),
+what a launch may carry (launch)."""
 
 from caseledger.case.model import SSH, Case, ReferenceConfig, Window, origin
 from caseledger.case.plan import IMPACT, PHASES, DeltaItem, Impact, PlanStep, delta, impact_of, plan

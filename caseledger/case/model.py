@@ -35,6 +35,13 @@ MAX_PATH = 4096  # PATH_MAX
 MAX_ARG = 32_768  # one argv element or env value
 MAX_ARGS = 1024  # argv elements, env entries
 
+# A scenario name is a path segment (caseledger://scenarios/NAME, file names) and a command-line word: it starts
+# with a letter or digit, so '.', '..' and option-like '-rf' are never names
+SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+# what a pattern means, in words, for the answer to a draft that breaks it (case/store.py explain)
+PATTERN_RULES = {SCENARIO_PATTERN: "must start with a letter or digit, followed by letters, digits, '.', '_' or '-' "
+                                   "(at most 200 characters), e.g. 'copy-128k-1k-prefix90'"}
+
 _Arg = Annotated[str, StringConstraints(max_length=MAX_ARG)]
 _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -615,8 +622,8 @@ class Case(_Model):
     schema_: str | None = Field(None, alias="$schema", max_length=MAX_URL,
                                 description="JSON Schema reference for editors (ignored)")
     scenario: str = Field(
-        description="Name grouping comparable cases (at most 200 characters)", min_length=1, max_length=200,
-        pattern=r"^[A-Za-z0-9._-]+$", examples=["copy-128k-1k-prefix90"],
+        description="Name grouping comparable cases: a letter or digit, then letters, digits, '.', '_', '-' (at most "
+        "200 characters)", min_length=1, max_length=200, pattern=SCENARIO_PATTERN, examples=["copy-128k-1k-prefix90"],
     )
     parent: str | None = Field(None, description="Case id this case derives from", pattern=r"^c-[0-9a-f]{12}$")
     note: str = Field("", description="Free text: why this candidate", max_length=2000)

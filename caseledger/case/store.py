@@ -12,7 +12,8 @@ import orjson
 from pydantic import ValidationError
 
 from caseledger import redact
-from caseledger.case.model import LINEAGE_FIELDS, Case
+from caseledger.case.launch import launch_problem
+from caseledger.case.model import LINEAGE_FIELDS, PATTERN_RULES, Case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
 from caseledger.workspace import (
@@ -44,6 +45,8 @@ def explain(err: ValidationError, source: str) -> CaseInvalid:
             msg = "must be an integer written without a decimal point or exponent"
         elif e["type"] == "finite_number":
             msg = "must be a finite number (NaN and Infinity are not numbers)"
+        elif e["type"] == "string_pattern_mismatch" and (e.get("ctx") or {}).get("pattern") in PATTERN_RULES:
+            msg = PATTERN_RULES[e["ctx"]["pattern"]]
         given = e.get("input")
         shown = "" if e["type"] in ("missing",) or isinstance(given, dict) else f" (got {given!r})"[:80]
         lines.append(f"{path}: {msg}{shown}")
@@ -117,10 +120,15 @@ def parse_draft(data: bytes, source: str) -> dict[str, Any]:
 
 
 def validate(obj: dict[str, Any], source: str) -> Case:
+    """The draft as a filled case; CaseInvalid naming the field and the fix, also for a service the OS could not
+    start (argv and environment over execve's limits: case/launch.py)."""
     try:
         case = Case.model_validate(obj).filled()
     except ValidationError as e:
         raise explain(e, source) from None
+    problem = launch_problem(case)
+    if problem is not None:
+        raise CaseInvalid(f"{source} is not a valid case: {problem[0]}", problem[1])
     redact.remember(case.env_names())  # its secrets' values are masked in whatever this process shows
     return case
 

@@ -41,6 +41,9 @@ def _reuse(ws: Workspace, case: Case, dataset_id: str) -> DatasetIdentity:
     return identity
 
 
+GENERATION_WAIT_S = 3600.0  # case.model.MAX_DATASET_TOKENS take about 15 minutes to generate
+
+
 def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
     """The case's dataset: reused when identity.json exists (no tokenizer loaded), else generated once."""
     case = case.filled()
@@ -50,8 +53,9 @@ def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
         return _reuse(ws, case, dataset_id)
     inputs = read_inputs(ws, case)  # the prompts file and the tokenizer are checked before anything is written
     ws.datasets_dir.mkdir(parents=True, exist_ok=True)
-    # a second caller waits on the lock, then finds the dataset the first one wrote
-    with flocked(ws.datasets_dir / f".{dataset_id}.lock"):
+    # a second caller waits on the lock, then finds the dataset the first one wrote (the holder may be generating
+    # for minutes: the wait is bounded by the longest generation, not by the ledger's short locks)
+    with flocked(ws.datasets_dir / f".{dataset_id}.lock", timeout_s=GENERATION_WAIT_S):
         if (final / IDENTITY_FILE).is_file():
             return _reuse(ws, case, dataset_id)
         if final.exists():

@@ -7,7 +7,6 @@ start_run calls arriving together, one gets the run and the other is refused.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from typing import Literal, cast
 import orjson
 
 from caseledger.errors import CaseInvalid, NotAuthorized, quoted
-from caseledger.workspace import Workspace, utc_now, write_json
+from caseledger.workspace import Workspace, lock_fd, utc_now, write_json
 
 Mode = Literal["paused", "single", "auto"]
 MODES: tuple[Mode, ...] = ("paused", "single", "auto")
@@ -73,7 +72,7 @@ def _locked(ws: Workspace) -> Iterator[None]:
         return
     fd = os.open(ws.ledger, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        lock_fd(fd, ws.ledger)  # bounded: a stuck holder is named (LockTimeout), never waited on forever
         yield
     finally:
         os.close(fd)  # releases the lock

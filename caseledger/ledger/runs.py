@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, PlanStep
 from caseledger.case.store import is_case_id_of
-from caseledger.errors import CaseInvalid, NotFound, quoted
+from caseledger.errors import CaseInvalid, NotFound, PathEscapes, quoted
 from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, is_id, write_json
 
 
@@ -76,11 +77,14 @@ class RunMeta(BaseModel):
 
 @dataclass(frozen=True)
 class Run:
-    """One run as a tool call sees it: its paths, its metadata and (on first use) its frozen case, each read
-    once and passed down instead of (workspace, run_id) and re-reads."""
+    """One run as a tool call sees it: its workspace, paths, metadata and (on first use) its frozen case, each
+    read once and passed down instead of (workspace, run_id) and re-reads."""
 
     paths: RunPaths
     meta: RunMeta
+    # the workspace whose ledger holds the run: the one the call came in with (never found by resolving the run
+    # directory, and never the path run.json recorded: a moved or copied workspace keeps working)
+    workspace: Workspace
 
     @cached_property
     def case(self) -> Case:
@@ -105,12 +109,6 @@ class Run:
     @property
     def run_id(self) -> str:
         return self.meta.run_id
-
-    @property
-    def workspace(self) -> Workspace:
-        """The workspace the run directory lies in (ledger/runs/<id> or ledger/preflights/<id>), not the path
-        run.json recorded: a moved or copied workspace keeps working."""
-        return Workspace(self.paths.root.resolve().parents[2])
 
 
 CREATING_S = 60.0  # a run directory without run.json younger than this is being created
@@ -150,10 +148,31 @@ def write_meta(paths: RunPaths, meta: RunMeta) -> None:
     write_json(paths.run_json, meta.model_dump(mode="json"))
 
 
-def read_run(root: Path) -> Run:
-    """The run in a run directory (the controller, the load client, preflight and postprocess start here)."""
-    paths = RunPaths(Path(root))
-    return Run(paths=paths, meta=read_meta(paths))
+LINK_FIX = ("a run directory is a real directory in the ledger: remove the link, or move the directory it points "
+            "to into its place (mv), then call again")
+
+
+def check_not_link(paths: RunPaths) -> RunPaths:
+    """`paths`, or PathEscapes when the run directory is a symbolic link: it may point anywhere (outside the
+    workspace, into another ledger), so it is never followed, read as a run, or written through."""
+    if paths.root.is_symlink():
+        where = f"ledger/{paths.root.parent.name}/{paths.run_id}"
+        try:
+            target = f" (to {quoted(os.readlink(paths.root), 200)})"
+        except OSError:
+            target = ""
+        raise PathEscapes(f"{where} is a symbolic link{target}, not a run directory; it is never followed",
+                          LINK_FIX, run_id=paths.run_id)
+    return paths
+
+
+def read_run(root: Path, ws: Workspace | None = None) -> Run:
+    """The run in a run directory (the controller, the load client, preflight and postprocess start here). Its
+    workspace: `ws` when the caller has it, else the directory holding ledger/, by the path as given (a
+    symbolic link is refused, never resolved)."""
+    paths = check_not_link(RunPaths(Path(os.path.abspath(root))))
+    meta = read_meta(paths)
+    return Run(paths=paths, meta=meta, workspace=ws if ws is not None else Workspace(paths.root.parents[2]))
 
 
 def load_run(ws: Workspace, run_id: str) -> Run:
@@ -164,11 +183,11 @@ def load_run(ws: Workspace, run_id: str) -> Run:
         if latest is None:
             raise NotFound(f"case {run_id} has no run yet in {ws.runs_dir}", f"start_run(case_id='{run_id}')")
         run_id = latest
-    paths = ws.run(check_id(run_id, "run_id", "r"))
+    paths = check_not_link(ws.run(check_id(run_id, "run_id", "r")))
     if not paths.run_json.exists():
         raise NotFound(f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
                        "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)")
-    return read_run(paths.root)
+    return read_run(paths.root, ws)
 
 
 def new_run_id(ws: Workspace) -> str:
@@ -192,6 +211,9 @@ def scan_runs(ws: Workspace) -> RunScan:
     damaged: list[str] = []
     entries = sorted(ws.runs_dir.iterdir()) if ws.runs_dir.is_dir() else []
     for d in entries:
+        if d.is_symlink():  # never followed: it may point outside the workspace
+            damaged.append(f"ledger/runs/{quoted(d.name, 40)} is a symbolic link, not a run directory (not followed)")
+            continue
         if not d.is_dir() or not is_id(d.name, "r"):
             damaged.append(f"ledger/runs/{quoted(d.name, 40)} is not a run directory")
             continue

@@ -276,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m caseledger.load RUN_DIR  (everything else is read from the run directory)",
               file=sys.stderr)
         return EXIT_NOT_STARTED
-    paths = RunPaths(Path(args[0]).resolve())
-    if not paths.root.is_dir():
-        print(f"load: run directory {paths.root} does not exist", file=sys.stderr)
+    paths = RunPaths(Path(os.path.abspath(args[0])))
+    if paths.root.is_symlink() or not paths.root.is_dir():  # a link may point anywhere: never written through
+        problem = "is a symbolic link (never followed)" if paths.root.is_symlink() else "does not exist"
+        print(f"load: run directory {paths.root} {problem}", file=sys.stderr)
         return EXIT_NOT_STARTED
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

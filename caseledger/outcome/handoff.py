@@ -25,7 +25,7 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
     views: list[RunView] = []
     for meta in scan.metas[-40:]:
         try:
-            v = fold(ws, Run(paths=ws.run(meta.run_id), meta=meta))  # run.json read once, by the scan
+            v = fold(ws, Run(paths=ws.run(meta.run_id), meta=meta, workspace=ws))  # run.json read once, by the scan
         except CaseledgerError as e:  # a damaged case.json or events file: named below, the others shown
             damaged.append(e.message)
             continue

@@ -20,7 +20,7 @@ from typing import Any
 
 from caseledger import ledger, procs, redact, services
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
-from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, PhaseFailed
+from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, LockTimeout, PhaseFailed
 from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.runs import read_run
@@ -57,7 +57,10 @@ class Controller:
 
     def heartbeat(self) -> None:
         while not self._stop.wait(ledger.HEARTBEAT_SECONDS):
-            self.renew()
+            try:
+                self.renew()
+            except LockTimeout as e:  # a stuck holder of the lease lock: this beat is missed, the next one retries
+                print(f"controller: heartbeat: {e}", file=sys.stderr, flush=True)
 
     def renew(self) -> None:
         """Extend the lease, naming the load client (it keeps the lease if this controller dies)."""

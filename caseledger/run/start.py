@@ -63,7 +63,7 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
     write_meta(paths, meta)
     ledger.append_event(ws, paths, "run_created", owner="start_run", fence=fence, target=key,
                         data={"case_id": case_id, "plan": {s.phase.value: s.action for s in steps}})
-    return Run(paths=paths, meta=meta)
+    return Run(paths=paths, meta=meta, workspace=ws)
 
 
 def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:

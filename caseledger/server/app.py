@@ -48,15 +48,16 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from caseledger import redact, tools
+from caseledger.case.model import SCENARIO_PATTERN
 from caseledger.case.schema import case_schema
 from caseledger.case.store import remember_secrets
-from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, unexpected
+from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, Unexpected, unexpected
+from caseledger.ledger.runs import check_not_link
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff, summary
 from caseledger.outcome.decide import DECISION_WORDS
 from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
-from caseledger.tools.summarize import SCENARIO_PATTERN
-from caseledger.workspace import Workspace, check_id
+from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
 
@@ -176,6 +177,14 @@ class _Server(MCPServer):
         return self._listed
 
 
+def _bug_logged(what: str, e: Exception) -> CaseledgerError:
+    """errors.unexpected(e); a bug's traceback goes to the log (a refused write is no bug)."""
+    err = unexpected(e)
+    if isinstance(err, Unexpected):
+        log.error("%s failed unexpectedly", what, exc_info=e)
+    return err
+
+
 def _tool_error(e: CaseledgerError) -> ToolError:
     message, fix = e.shown()
     return ToolError(f"{message}; fix: {fix or 'phase_status() shows where the latest run stands'}")
@@ -212,9 +221,8 @@ async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callab
     result = outcome[0]
     if isinstance(result, CaseledgerError):
         raise _tool_error(result) from result
-    if isinstance(result, Exception):  # a bug: the traceback to the log, the agent still gets a fix
-        log.error("%s failed unexpectedly", what, exc_info=result)
-        raise _tool_error(unexpected(result)) from result
+    if isinstance(result, Exception):  # a read-only workspace, or a bug: the agent gets the fix either way
+        raise _tool_error(_bug_logged(what, result)) from result
     return _answer(result)
 
 
@@ -363,6 +371,8 @@ def build_server(ws: Workspace) -> MCPServer:
             return await anyio.to_thread.run_sync(handoff.refresh, ws)
         except CaseledgerError as e:
             raise ResourceError(str(_tool_error(e))) from e
+        except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten on every read), or a bug
+            raise ResourceError(str(_tool_error(_bug_logged("handoff", e)))) from e
 
     @mcp.resource("caseledger://runs/{run_id}/report", name="run_report", mime_type="text/markdown",
                   description="report.md of one run (written by summarize)")
@@ -397,10 +407,9 @@ def _read_scenario(ws: Workspace, name: str) -> str:
 
 def _read_report(ws: Workspace, run_id: str) -> str:
     try:
-        check_id(run_id, "run_id", "r")
+        paths = check_not_link(ws.run(run_id))  # an id that is no id, a run directory that is a link: refused
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(_tool_error(e))) from e
-    paths = ws.run(run_id)
     if not paths.run_json.exists():
         raise ResourceNotFoundError(f"run {run_id} is not in the ledger; "
                                     "fix: phase_status() names the latest run")

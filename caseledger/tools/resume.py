@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 
 from pydantic import BaseModel, Field
 
@@ -11,7 +12,7 @@ from caseledger.case.plan import Phase
 from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
-from caseledger.ledger.runs import Run, load_run, write_meta
+from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, fold, next_steps
 from caseledger.run.start import spawn_controller, wait_for
 from caseledger.workspace import Workspace
@@ -55,7 +56,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     # repairing postprocess/decide touches no target: allowed while paused, and it uses up no 'single'
     needs_target = any(p not in (Phase.POSTPROCESS, Phase.DECIDE) for p in steps.run)
     key = v.meta.target_key
-    paths = workspace.run(run_id)
+    paths = run.paths
     claim = authorization.claim(workspace, run_id) if needs_target else nullcontext(
         authorization.current_mode(workspace))
     with claim as mode:
@@ -63,7 +64,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
         ledger.append_event(workspace, paths, "resumed", owner="resume", fence=lease.fence, target=key,
                             data={"from_phase": first, "runs": list(steps.run), "redo": list(steps.redo),
                                   "kept": kept, "client_alive": v.client_alive})
-        resumed = Run(paths=paths, meta=run.meta.model_copy(update={"authorized": mode}))
+        resumed = replace(run, meta=run.meta.model_copy(update={"authorized": mode}))
         write_meta(paths, resumed.meta)  # before the spawn: the controller reads the mode that let it resume
         before = len(read_events(paths).events)
         spawn_controller(resumed, lease.fence)

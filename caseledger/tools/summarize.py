@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from caseledger import redact
+from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
 from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
@@ -21,8 +22,6 @@ from caseledger.outcome import report, summary
 from caseledger.outcome.decide import DECISION_WORDS, METRICS, broken, limit_verdicts
 from caseledger.outcome.summary import Headline, ScenarioView
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none
-
-SCENARIO_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"  # case.scenario's own pattern and bound
 
 
 class RunSummary(BaseModel):
@@ -139,7 +138,8 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
 
 def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
     if name is not None and not re.fullmatch(SCENARIO_PATTERN, name):
-        raise CaseInvalid(f"scenario '{name[:60]}' is not a scenario name (letters, digits, '.', '_', '-')",
+        raise CaseInvalid(f"scenario '{quoted(name, 60)}' is not a scenario name: it "
+                          f"{PATTERN_RULES[SCENARIO_PATTERN]}",
                           "summarize() without arguments shows the latest scenario")
     scan = scan_runs(workspace)
     given = name is not None
