@@ -34,6 +34,10 @@ MAX_URL = 2048
 MAX_PATH = 4096  # PATH_MAX
 MAX_ARG = 32_768  # one argv element or env value
 MAX_ARGS = 1024  # argv elements, env entries
+# one SSE event the load client holds while it arrives: streamed chunks are a few KB (usage, timings,
+# logprobs), so 8 MiB is a thousand times that, and 64 streams at once still hold at most 512 MiB
+DEFAULT_MAX_EVENT_BYTES = 8 * 2**20
+MIN_EVENT_BYTES, MAX_EVENT_BYTES = 2**16, 2**30  # under 64 KiB a chunk with logprobs may not fit; over 1 GiB: a typo
 
 _Arg = Annotated[str, StringConstraints(max_length=MAX_ARG)]
 _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -441,13 +445,21 @@ class Load(_Model):
         description="Run the load client on another host over SSH (the same login form as service.ssh, plus the "
         "interpreter and directory there); null: on the controller's host",
     )
+    max_event_bytes: int = Field(
+        DEFAULT_MAX_EVENT_BYTES, ge=MIN_EVENT_BYTES, le=MAX_EVENT_BYTES, strict=True,
+        description="Largest SSE event the load client accepts, in bytes (65536..1073741824; default 8 MiB): a "
+        "longer one fails its request as a broken stream (class stream) and is not buffered further",
+    )
 
     @model_serializer(mode="wrap")
-    def _omit_unset_host(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset host is left out of the canonical JSON, so cases frozen before the field existed keep their ids
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset host and the default max_event_bytes are left out of the canonical JSON, so cases frozen
+        # before the fields existed keep their ids
         data: dict[str, Any] = handler(self)
         if self.host is None:
             data.pop("host", None)
+        if self.max_event_bytes == DEFAULT_MAX_EVENT_BYTES:
+            data.pop("max_event_bytes", None)
         return data
 
 
