@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from caseledger.case.model import Case
+from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
 from caseledger.case.plan import IMPACT, Impact, impact_of
 from caseledger.case.schema import SCHEMAS_DIR, case_schema
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes
@@ -105,6 +105,17 @@ def test_requests_change_keeps_the_hot_path(ws: Workspace) -> None:
     base = freeze_case(ws, draft=ref_draft(18001))
     child = freeze_case(ws, draft=ref_draft(18001, load={"requests": 16, "concurrency": 2}), parent=base.case_id)
     assert {d.path: d.impact for d in child.delta} == {"load.requests": Impact.LOAD, "dataset.entries": Impact.LOAD}
+    assert {s.phase: s.action for s in child.plan}["service"] == "reuse"
+
+
+def test_max_event_bytes_at_its_default_keeps_the_case_id_and_a_change_is_the_hot_path(ws: Workspace) -> None:
+    base = freeze_case(ws, draft=ref_draft(18001))
+    assert "max_event_bytes" not in orjson.loads(Path(base.path).read_bytes())["load"]  # ids frozen before it hold
+    assert freeze_case(ws, draft=ref_draft(18001, load={"max_event_bytes": DEFAULT_MAX_EVENT_BYTES})).case_id == \
+        base.case_id
+    child = freeze_case(ws, draft=ref_draft(18001, load={"max_event_bytes": 2**26}), parent=base.case_id)
+    assert child.case_id != base.case_id
+    assert [(d.path, d.new, d.impact) for d in child.delta] == [("load.max_event_bytes", 2**26, Impact.LOAD)]
     assert {s.phase: s.action for s in child.plan}["service"] == "reuse"
 
 

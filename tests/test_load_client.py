@@ -16,8 +16,19 @@ import anyio
 import httpx2
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from caseledger.load import RequestSpec, SSEParser, plan_from_run_dir, run_requests
+from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
+from caseledger.load import (
+    EventTooLarge,
+    HttpxStreamer,
+    RequestSpec,
+    SSEParser,
+    plan_from_run_dir,
+    request_one,
+    run_requests,
+)
 from caseledger.load.client import PHASE_HEADER, ChunkState, client_timing, make_record
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
@@ -97,6 +108,151 @@ def test_sse_parser_joins_split_events_and_ignores_comments_and_crlf() -> None:
     assert p.close() == [b"tail"]
 
 
+_ends = st.sampled_from([b"\n", b"\r\n"])
+_values = st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b""))
+_fields = st.sampled_from([b"data:", b"data: ", b"data: ", b": ", b"event: ", b"id: "])  # mostly data
+
+
+Stream = tuple[bytes, list[tuple[bytes | None, int]]]
+
+
+@st.composite
+def sse_streams(draw: st.DrawFn) -> Stream:
+    """A stream as a server may write it (events of data lines, comments and other fields, \n or \r\n, maybe
+    a last event cut inside its last line), and per event its payload (None: no data line) and its peak
+    size: the most its payload so far (values joined by newlines) plus one more line ever was."""
+    raw: list[bytes] = []
+    events: list[tuple[bytes | None, int]] = []
+    whole = draw(st.integers(0, 6))
+    for k in range(whole + draw(st.integers(0, 1))):
+        cut = k == whole  # the body ends inside this event: close() ends its line and dispatches it
+        values: list[bytes] = []
+        size = peak = 0
+        lines = draw(st.integers(1 if cut else 0, 4))
+        for j in range(lines):
+            field, value = draw(_fields), draw(_values)
+            raw.append(field + value + (b"" if cut and j == lines - 1 else draw(_ends)))
+            if field.startswith(b"data"):  # one space after the colon is not part of the value
+                values.append(value[1:] if field == b"data:" and value.startswith(b" ") else value)
+                size += len(values[-1]) + (len(values) > 1)
+                peak = max(peak, size)
+            else:
+                peak = max(peak, size + len(field + value))
+        if not cut:
+            raw.append(draw(_ends))
+        events.append((b"\n".join(values) if values else None, peak))
+    return b"".join(raw), events
+
+
+def payloads(events: list[tuple[bytes | None, int]], max_event_bytes: int) -> tuple[list[bytes], bool]:
+    """What a parser must yield: the payloads up to the first event whose peak is over the maximum."""
+    out: list[bytes] = []
+    for payload, peak in events:
+        if peak > max_event_bytes:
+            return out, True
+        if payload is not None:
+            out.append(payload)
+    return out, False
+
+
+def reads_of(raw: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(raw) + 1) for c in cuts})
+    return [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+
+
+def parsed(parts: list[bytes], max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> tuple[list[bytes], bool]:
+    """(the payloads, whether an event was too large), checking after every read what the parser holds."""
+    p, got = SSEParser(max_event_bytes), []
+    try:
+        for part in parts:
+            got += p.feed(part)
+            # the pending event, plus a 'data: ' field name and a trailing \r not yet known to end the line
+            assert p.held_bytes <= max_event_bytes + len(b"data: \r")
+        got += p.close()
+    except EventTooLarge as e:
+        assert p.held_bytes == 0
+        return got + e.events, True
+    return got, False
+
+
+@settings(max_examples=400)  # cheap examples; the edge cases (a \r\n across reads, a field name split) are rare
+@given(sse_streams(), st.lists(st.integers(0, 10_000), max_size=12))
+def test_sse_parser_yields_the_same_events_wherever_the_reads_split_the_stream(
+    stream: Stream, cuts: list[int],
+) -> None:
+    raw, events = stream
+    want = payloads(events, DEFAULT_MAX_EVENT_BYTES)
+    assert not want[1]
+    assert parsed([raw]) == want
+    assert parsed(reads_of(raw, cuts)) == want
+    assert parsed([raw[k:k + 1] for k in range(len(raw))]) == want  # one byte per read
+
+
+@settings(max_examples=400)
+@given(sse_streams(), st.lists(st.integers(0, 10_000), max_size=12), st.data())
+def test_whether_an_event_is_too_large_does_not_depend_on_where_the_reads_split_it(
+    stream: Stream, cuts: list[int], data: st.DataObject,
+) -> None:
+    raw, events = stream
+    at_a_peak = st.sampled_from([peak for _, peak in events] or [0]).flatmap(lambda p: st.sampled_from([p - 1, p]))
+    max_event_bytes = data.draw(st.one_of(st.integers(0, 80), at_a_peak.filter(lambda m: m >= 0)))
+    want = payloads(events, max_event_bytes)  # the events before a large one are kept
+    assert parsed([raw], max_event_bytes) == want
+    assert parsed(reads_of(raw, cuts), max_event_bytes) == want
+
+
+@pytest.mark.parametrize(("raw", "payload", "peak"), [
+    (b"data: xxxxxxxxxx\r\n\r\n", b"x" * 10, 10),  # one read of it takes the fast path
+    (b"data: x\r\n\n", b"x", 1),  # mixed line ends: not the fast path's shape
+    (b"data:  x\n\n", b" x", 2),  # only the first space goes
+    (b"data: aaaa\r\ndata:\r\n\r\n", b"aaaa\n", 5),  # the joining newline counts; 'data' alone may be a value
+    (b"data: aaaa\nid: 7\n\n", b"aaaa", 9),  # a field held while it arrives counts with the data before it
+])
+def test_small_events_at_and_one_byte_under_the_maximum_fit_or_fail_at_every_split(
+    raw: bytes, payload: bytes, peak: int,
+) -> None:
+    n = len(raw)
+    splits = [[raw], [raw[k:k + 1] for k in range(n)]]
+    splits += [[raw[:i], raw[i:j], raw[j:]] for i in range(n + 1) for j in range(i, n + 1)]
+    for parts in splits:
+        assert parsed(parts) == ([payload], False), parts
+        assert parsed(parts, peak) == ([payload], False), parts
+        assert parsed(parts, peak - 1) == ([], True), parts
+
+
+LONG = b"x" * 100_000  # held over several reads, longer than client.LONG_LINE: its value is cut out in place
+
+
+@pytest.mark.parametrize(("raw", "payload", "peak"), [
+    (b"data: a\ndata: " + LONG + b"\n\n", b"a\n" + LONG, len(LONG) + 2),
+    (b"data:" + LONG + b"\r\n\r\n", LONG, len(LONG)),
+    (b"data:  " + LONG + b"\r\n\n", b" " + LONG, len(LONG) + 1),
+    (b": " + LONG + b"\ndata: a\n\n", b"a", len(LONG) + 2),  # a long comment is held too, and counts while it is
+])
+def test_long_lines_held_over_many_reads_fit_or_fail_exactly_at_the_maximum(
+    raw: bytes, payload: bytes, peak: int,
+) -> None:
+    for read in (4096, 65536, 65537, len(raw)):
+        parts = [raw[k:k + read] for k in range(0, len(raw), read)]
+        assert parsed(parts, peak) == ([payload], False), read
+        assert parsed(parts, peak - 1) == ([], True), read
+
+
+def test_an_endless_event_fails_at_the_read_past_the_maximum_and_the_stream_stays_lost() -> None:
+    limit, read = 2**16, 4096
+    p = SSEParser(limit)
+    assert p.feed(b'data: {"a":"') == []
+    fed = 6  # bytes of the value so far
+    with pytest.raises(EventTooLarge, match=r"^SSE event exceeds 65,536 bytes \(load.max_event_bytes\)"):
+        while True:  # one line that never ends
+            p.feed(b"x" * read)
+            fed += read
+            assert p.held_bytes <= limit + len(b"data: ")  # never more than the maximum, let alone one read more
+    assert fed <= limit < fed + read and p.held_bytes == 0
+    for later in (b"\n\ndata: {}\n\n", b"data: {}\n\n"):  # the parser cannot tell where events start again
+        with pytest.raises(EventTooLarge):
+            p.feed(later)
+
 def test_record_counts_content_chunks_only_and_attributes_continuous_usage_tokens() -> None:
     parts = sse(
         chat_chunk("", role="assistant", completion=0),  # role-only: not a content chunk
@@ -136,6 +292,46 @@ def test_completions_api_text_chunks_are_content() -> None:
                 b"[DONE]")
     (rec,) = run([spec(url="http://target.test/v1/completions")], streaming(parts))
     assert rec["ok"] and len(rec["chunk_ns"]) == 1 and rec["completion_tokens"] == 1
+
+
+def _with_large_event(size: int) -> list[bytes]:
+    """A stream whose second event has `size` bytes of content, sent in 64 KiB reads; the first read also
+    carries the first event and the last read the rest of the stream."""
+    first, big = sse(chat_chunk("a", completion=1))[0], sse(chat_chunk("x" * size, completion=2))[0]
+    rest = b"".join(sse(chat_chunk(None, finish="stop", completion=2), b"[DONE]"))
+    raw = first + big + rest
+    return [raw[k:k + 65536] for k in range(0, len(raw), 65536)]
+
+
+def test_an_event_over_the_maximum_fails_its_request_as_a_broken_stream_naming_the_size() -> None:
+    (rec,) = run([spec()], streaming(_with_large_event(DEFAULT_MAX_EVENT_BYTES + 1)))
+    assert (rec["ok"], rec["status"], rec["error_class"]) == (False, 200, "stream")
+    assert rec["error"] == ("SSE event exceeds 8,388,608 bytes (load.max_event_bytes); raise it if the server "
+                            "sends events this large")
+    assert len(rec["chunk_ns"]) == 1  # the event read with the start of the large one still counts
+
+
+def test_max_event_bytes_reaches_the_parser_of_every_request() -> None:
+    parts = _with_large_event(200_000)
+
+    async def one(max_event_bytes: int) -> RawRecord:
+        s = HttpxStreamer(1, streaming(parts))
+        try:
+            return await request_one(spec(), s, {}, 5.0, max_event_bytes=max_event_bytes)
+        finally:
+            await s.aclose()
+
+    size = len(orjson.dumps(chat_chunk("x" * 200_000, completion=2)))  # the large event's payload
+    fits, too_large = anyio.run(one, size), anyio.run(one, size - 1)
+    assert fits["ok"] and len(fits["chunk_ns"]) == 2 and fits["finish_reason"] == "stop"
+    assert too_large["error_class"] == "stream" and f"exceeds {size - 1:,} bytes" in (too_large["error"] or "")
+
+    async def many() -> list[RawRecord]:
+        return await run_requests([spec(0), spec(1)], 2, "test", transport=streaming(parts), timeout_s=5,
+                                  max_event_bytes=2**17)
+
+    assert [r["error_class"] for r in anyio.run(many)] == ["stream", "stream"]
+    assert run([spec()], streaming(parts))[0]["ok"]  # the default maximum is far above 200 kB
 
 
 def test_http_500_is_recorded_with_status_and_first_200_chars_of_body() -> None:

@@ -22,6 +22,7 @@ import httpx2
 import orjson
 import pytest
 
+from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.fast import FastStreamer, _Pool, fast_target
 from caseledger.load.plan import RequestSpec, request_body
@@ -268,6 +269,23 @@ def test_a_short_content_length_body_and_garbage_after_headers_are_stream_errors
         got = with_raw_server(handler)
         assert same(got["fast"]) == same(got["httpx"]), handler.__name__
         assert got["fast"]["error_class"] == "stream" and got["fast"]["status"] == 200
+
+
+def test_an_event_over_the_maximum_is_the_same_stream_error_on_both_transports() -> None:
+    first = SSE_BODY.index(b"\n\n") + 2
+    big = b'data: {"choices":[{"index":0,"text":"' + b"x" * DEFAULT_MAX_EVENT_BYTES + b'"}]}\n\n'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + SSE_BODY[:first] + big
+                     + SSE_BODY[first:])
+        with contextlib.suppress(ConnectionError):  # the client drops the connection at the large event
+            await writer.drain()
+
+    got = with_raw_server(handler)
+    assert same(got["fast"]) == same(got["httpx"]) and got["fast"]["error"] == got["httpx"]["error"]
+    assert (got["fast"]["error_class"], got["fast"]["status"], len(got["fast"]["chunk_ns"])) == ("stream", 200, 1)
+    assert f"exceeds {DEFAULT_MAX_EVENT_BYTES:,} bytes" in (got["fast"]["error"] or "")
 
 
 def test_the_request_on_the_wire_is_http11_with_host_length_close_and_our_headers() -> None:

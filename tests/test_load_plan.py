@@ -61,6 +61,11 @@ def plan_for(mat: Any, salt: str | None = "s1", **over: Any) -> tuple[Case, Load
     return case, build_plan(case, entries, salt, ident)
 
 
+def test_the_plan_carries_load_max_event_bytes(mat: Any) -> None:
+    assert plan_for(mat)[1].max_event_bytes == 8 * 2**20
+    assert plan_for(mat, load={"max_event_bytes": 2**20})[1].max_event_bytes == 2**20
+
+
 def bodies(plan: LoadPlan) -> list[dict[str, Any]]:
     return [orjson.loads(s.body) for s in plan.specs]
 

@@ -34,6 +34,10 @@ MAX_URL = 2048
 MAX_PATH = 4096  # PATH_MAX
 MAX_ARG = 32_768  # one argv element or env value
 MAX_ARGS = 1024  # argv elements, env entries
+# one SSE event the load client holds while it arrives: streamed chunks are a few KB (usage, timings,
+# logprobs), so 8 MiB is a thousand times that, and 64 streams at once still hold at most 512 MiB
+DEFAULT_MAX_EVENT_BYTES = 8 * 2**20
+MIN_EVENT_BYTES, MAX_EVENT_BYTES = 2**16, 2**30  # under 64 KiB a chunk with logprobs may not fit; over 1 GiB: a typo
 
 # A scenario name is a path segment (caseledger://scenarios/NAME, file names) and a command-line word: it starts
 # with a letter or digit, so '.', '..' and option-like '-rf' are never names
@@ -453,16 +457,23 @@ class Load(_Model):
         description="Share of formal requests that may fail (0..1) before the load phase fails, classed by cause "
         "(4xx hot_entry, 401/403 auth, 429/503 overload, timeouts/resets/broken streams service); 0: any failure",
     )
+    max_event_bytes: int = Field(
+        DEFAULT_MAX_EVENT_BYTES, ge=MIN_EVENT_BYTES, le=MAX_EVENT_BYTES, strict=True,
+        description="Largest SSE event the load client accepts, in bytes (65536..1073741824; default 8 MiB): a "
+        "longer one fails its request as a broken stream (class stream) and is not buffered further",
+    )
 
     @model_serializer(mode="wrap")
-    def _omit_unset_host(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset host and the default failure share are left out of the canonical JSON, so cases frozen before
-        # the fields existed keep their ids
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset host and the defaults of fields added later are left out of the canonical JSON, so cases
+        # frozen before the fields existed keep their ids
         data: dict[str, Any] = handler(self)
         if self.host is None:
             data.pop("host", None)
         if self.max_failed_share == 0.0:
             data.pop("max_failed_share", None)
+        if self.max_event_bytes == DEFAULT_MAX_EVENT_BYTES:
+            data.pop("max_event_bytes", None)
         return data
 
 

@@ -4,7 +4,7 @@
 seam), `faults` (test fault hooks), `__main__` (the detached formal load, `python -m caseledger.load RUN`).
 """
 
-from caseledger.load.client import SSEParser, request_one, run_requests
+from caseledger.load.client import EventTooLarge, SSEParser, request_one, run_requests
 from caseledger.load.faults import fault, fault_int
 from caseledger.load.plan import (
     LoadPlan,
@@ -18,6 +18,7 @@ from caseledger.load.plan import (
 from caseledger.load.transport import HttpxStreamer, Streamer, StreamResponse
 
 __all__ = [
+    "EventTooLarge",
     "HttpxStreamer",
     "LoadPlan",
     "RequestSpec",

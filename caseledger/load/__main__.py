@@ -228,7 +228,7 @@ async def _run(
         with load_scope:
             await run_requests(
                 plan.specs, plan.concurrency, "load", api_key=api_key, on_record=on_record,
-                on_send=tally.on_send, timeout_s=plan.timeout_s,
+                on_send=tally.on_send, timeout_s=plan.timeout_s, max_event_bytes=plan.max_event_bytes,
             )
         tg.cancel_scope.cancel()
     return caught

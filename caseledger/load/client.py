@@ -26,7 +26,7 @@ import httpx2
 import orjson
 
 from caseledger import redact
-from caseledger.case.model import Case
+from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec
@@ -41,6 +41,7 @@ from caseledger.load.transport import (
 from caseledger.records import PHASE_HEADER, ErrorClass, RawRecord
 
 HTTP_ERROR_BODY_CHARS = 200
+LONG_LINE = 2**16  # a data line held longer than this has its value cut out in place; shorter ones take the loop
 # a request written ahead of its task (FastStreamer.launch): its send time and the sent request (None: not
 # written, its task posts it); None: nothing done ahead
 Launched = tuple[int, AbstractAsyncContextManager[StreamResponse] | None] | None
@@ -49,42 +50,133 @@ Launched = tuple[int, AbstractAsyncContextManager[StreamResponse] | None] | None
 # ---- SSE and chunk parsing (pure) --------------------------------------------------------------------
 
 
+class EventTooLarge(Exception):
+    """One SSE event grew past max_event_bytes: its request fails as a broken stream (class 'stream').
+
+    `events`: the complete events ahead of it in the same read, which count as they would in any split.
+    """
+
+    def __init__(self, message: str, events: list[bytes]) -> None:
+        super().__init__(message)
+        self.events = events
+
+
 class SSEParser:
-    """Incremental SSE splitter: feed raw bytes, get the data payload of every complete event."""
+    """Incremental SSE splitter: feed raw bytes, get the data payload of every complete event.
 
-    __slots__ = ("_data", "_tail")
+    Linear in the bytes fed: what is held is the unfinished line, with no newline in it (so the scan of each
+    read starts at the read, never again at held bytes), and the data values of the pending event. The line
+    is the rest of the last read as it came or, once it spans reads, a bytearray it grows in place.
 
-    def __init__(self) -> None:
-        self._tail = b""
-        self._data: list[bytes] = []
+    The size of a pending event is its payload so far (data values joined by newlines) plus the unfinished
+    line (less a 'data:' field name and a trailing carriage return); past `max_event_bytes` the parser
+    raises EventTooLarge and drops what it held, so it never holds more than the maximum (and a field name)
+    plus one read. That size only grows with the position in the stream, so whether an event is too large
+    does not depend on where the reads split it. After EventTooLarge the stream cannot be resynchronised:
+    every later feed raises it.
+    """
+
+    __slots__ = ("_data", "_failed", "_fast_max", "_line", "_size", "max_event_bytes")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self._line: bytes | bytearray = b""  # the unfinished line
+        self._data: list[bytes] = []  # data values of the pending event
+        self._size = 0  # its payload's bytes: the values and the newlines that will join them
+        self._failed: str | None = None  # set once an event was too large: the rest of the stream is lost
+        self._fast_max = max_event_bytes + len(b"data: \n\n")  # the longest read the fast path takes; -1: lost
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        # fast path, the usual read: exactly one complete 'data: ...\n\n' event and nothing pending
-        if (not self._tail and not self._data and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n")
-                and chunk.startswith(b"data: ")):
+        # fast path, the usual read: exactly one complete 'data: ...\n\n' event (not '\r\n\n'), nothing pending
+        if (not self._line and not self._data and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n")
+                and chunk.startswith(b"data: ") and chunk[-3] != 13 and len(chunk) <= self._fast_max):
             return [chunk[6:-2]]
-        if self._tail:
-            chunk = self._tail + chunk
+        if self._failed is not None:
+            raise EventTooLarge(self._failed, [])
         lines = chunk.split(b"\n")
-        self._tail = lines.pop()
+        tail = lines.pop()
+        held = self._line
+        if held:
+            if not lines:  # still no end of line: it grows in place, only this read is scanned
+                if isinstance(held, bytes):
+                    held = self._line = bytearray(held)
+                held += tail
+                if self._size + len(held) > self.max_event_bytes:  # near the maximum: measure it exactly
+                    self._check_held([])
+                return []
+            if isinstance(held, bytearray) and len(held) > LONG_LINE and held.startswith(b"data:"):
+                held += lines[0]
+                self._held_data(held)
+                del lines[0]
+            else:  # the rest of one read, or a short line: joined as it is
+                lines[0] = (held if isinstance(held, bytes) else bytes(held)) + lines[0]
+            self._line = b""
         out: list[bytes] = []
+        data, size, limit = self._data, self._size, self.max_event_bytes
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:  # blank line: dispatch the event
-                if self._data:
-                    out.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
-                    self._data = []
+                if data:
+                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
+                    data = self._data = []
+                size = 0
             elif line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
+                value = line[6:] if line.startswith(b" ", 5) else line[5:]
+                size += len(value) + (1 if data else 0)
+                if size > limit:
+                    self._fail(out)
+                data.append(value)
+            elif size + len(line) > limit:  # checked as while it was held, so splits cannot matter
+                self._fail(out)
             # event:, id:, retry: and ':' comments carry nothing we record
+        self._size = size
+        if tail:
+            self._line = tail
+            if size + len(tail) > limit:
+                self._check_held(out)
         return out
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held between reads: the unfinished line and the pending event's data values."""
+        return len(self._line) + self._size
+
+    def _held_data(self, held: bytearray) -> None:
+        """The unfinished line, now complete, is a long data line: its value joins the pending event, as in
+        feed's loop, but cut out of the buffer in place (one copy of it, not two)."""
+        if held.endswith(b"\r"):
+            del held[-1]
+        del held[:6 if held.startswith(b" ", 5) else 5]  # deleting a bytearray's head is O(1)
+        self._size += len(held) + (1 if self._data else 0)
+        if self._size > self.max_event_bytes:
+            self._fail([])
+        self._data.append(bytes(held))
+
+    def _check_held(self, out: list[bytes]) -> None:
+        """Fail when the pending event with the unfinished line is already too large; the line is measured as
+        it will count once complete, never more, so a split cannot fail an event that fits whole (feed calls
+        this only when the line's whole length would pass the maximum: that bounds the exact measure)."""
+        held = self._line
+        n = len(held) - (held[-1] == 13)  # a trailing \r may be the first byte of the line's \r\n
+        if held.startswith(b"data:"):  # its value, and the newline joining it to the event's data
+            n += (1 if self._data else 0) - (6 if held.startswith(b"data: ") else 5)
+        elif b"data:".startswith(held):  # may become a data line: its field name will not count
+            n = 0
+        if self._size + n > self.max_event_bytes:
+            self._fail(out)
+
+    def _fail(self, out: list[bytes]) -> None:
+        self._line, self._fast_max = b"", -1
+        self._data, self._size = [], 0
+        self._failed = (f"SSE event exceeds {self.max_event_bytes:,} bytes (load.max_event_bytes); raise it if "
+                        "the server sends events this large")
+        raise EventTooLarge(self._failed, out)
 
     def close(self) -> list[bytes]:
         """Events left when the body ends without a final blank line."""
-        out = self.feed(b"\n\n") if self._tail or self._data else []
-        self._tail = b""
+        out = self.feed(b"\n\n") if self._line or self._data else []
+        self._line = b""
         return out
 
 
@@ -243,12 +335,14 @@ async def request_one(
     timeout_s: float,
     on_cancel: Callable[[RawRecord], None] | None = None,
     launched: Launched = None,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> RawRecord:
     """Send one request and read its stream to the end; never raises except on cancellation.
 
     When cancelled, the request was sent (the server saw it), so `on_cancel` gets its record (what
     arrived so far, error_class 'client') before the cancellation propagates. `launched`: (its send time,
-    the request already written by FastStreamer.launch, or None to post it now).
+    the request already written by FastStreamer.launch, or None to post it now). An SSE event larger than
+    `max_event_bytes` ends the request as a broken stream (class 'stream').
     """
     state = ChunkState()
     status: int | None = None
@@ -264,9 +358,15 @@ async def request_one(
                     text = (await resp.aread()).decode("utf-8", "replace")
                     error, error_class = f"HTTP {status}: {redact.cut(text, HTTP_ERROR_BODY_CHARS)}", "http"
                 else:
-                    parser = SSEParser()
+                    parser = SSEParser(max_event_bytes)
                     async for now, raw in resp.aiter_timed():  # now: when the bytes arrived
-                        for payload in parser.feed(raw):
+                        try:
+                            payloads = parser.feed(raw)
+                        except EventTooLarge as e:  # the events ahead of it in this read still count
+                            for payload in e.events:
+                                state.feed(payload, now)
+                            raise
+                        for payload in payloads:
                             state.feed(payload, now)
                         if state.done and not end_ns:
                             end_ns = now  # the rest is the connection's terminating chunk
@@ -277,7 +377,7 @@ async def request_one(
             error, error_class = f"no complete response within timeout_s={timeout_s:g}", "timeout"
     except ConnectFailed as e:
         error, error_class = str(e), "connection"
-    except StreamBroken as e:
+    except (StreamBroken, EventTooLarge) as e:
         if not state.done:
             error, error_class = str(e), "stream"
     except (ServerStreamError, orjson.JSONDecodeError) as e:
@@ -300,10 +400,12 @@ class _Runner:
         timeout_s: float,
         on_record: Callable[[RawRecord], None] | None,
         on_send: Callable[[RequestSpec], None] | None,
+        max_event_bytes: int,
     ) -> None:
         self.streamer = streamer
         self.headers = headers
         self.timeout_s = timeout_s
+        self.max_event_bytes = max_event_bytes
         self.on_record = on_record
         self.on_send = on_send
         # fast_acquire: a free slot is taken without yielding to the loop, so the first wave of C requests
@@ -323,7 +425,8 @@ class _Runner:
         try:
             if launched is None and self.on_send is not None:
                 self.on_send(spec)
-            self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish, launched))
+            self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish, launched,
+                                          self.max_event_bytes))
         finally:
             self.slots.release()
 
@@ -418,6 +521,7 @@ async def run_requests(
     on_record: Callable[[RawRecord], None] | None = None,
     on_send: Callable[[RequestSpec], None] | None = None,
     timeout_s: float,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> list[RawRecord]:
     """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
 
@@ -425,6 +529,7 @@ async def run_requests(
     httpx2 transport (e.g. MockTransport) or a Streamer.
     on_send is called as each request is sent, on_record as each ends (from the event loop: keep them
     short). A cancelled run records its in-flight requests with error_class 'client' before unwinding.
+    max_event_bytes: the largest SSE event a response may send (load.max_event_bytes).
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -435,7 +540,8 @@ async def run_requests(
         streamer, owned = HttpxStreamer(concurrency, transport), True
     else:
         streamer, owned = transport, False
-    runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send)
+    runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send,
+                     max_event_bytes)
     specs = list(specs)
     try:
         if isinstance(streamer, FastStreamer):

@@ -53,6 +53,7 @@ class LoadPlan:
     arrival: str
     rate: float | None
     seed: int  # seed of the arrival process (from dataset.seed and the run salt)
+    max_event_bytes: int  # the largest SSE event a response may send (load.max_event_bytes)
 
     @property
     def planned(self) -> int:
@@ -168,6 +169,7 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         arrival=load.arrival,
         rate=load.rate,
         seed=seed,
+        max_event_bytes=load.max_event_bytes,
     )
 
 

@@ -53,7 +53,8 @@ def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list
 def _send(case: Case, specs: list[RequestSpec], concurrency: int, phase: str) -> tuple[list[RawRecord], float]:
     t0 = time.monotonic()
     recs = anyio.run(lambda: run_requests(specs, concurrency, phase, api_key=api_key_of(case),
-                                          timeout_s=case.load.timeout_s))
+                                          timeout_s=case.load.timeout_s,
+                                          max_event_bytes=case.load.max_event_bytes))
     return recs, time.monotonic() - t0
 
 
