@@ -372,20 +372,24 @@ class _Evidence:
     host: list[dict[str, Any]]  # load/host.jsonl samples
 
 
-def _window(
-    name: Literal["whole", "native"],
-    span: _Span,
-    c: RawColumns,
-    dv: _Derived,
-    s: _Steps,
-    case: Case,
-    limits: Window,
-    anchor: dict[str, Any] | None,
-    spec: SpecCounters,
-    ev: _Evidence,
-) -> WindowResult:
-    """One window's figures from the valid successful requests credited to it (c.ok excludes invalid ones)."""
-    w = _figures(name, span, c, dv, s, case, limits, anchor, spec, ev)
+@dataclass(frozen=True)
+class _Inputs:
+    """What every window is computed from: the columns (c.ok excludes invalid responses), the per-request
+    figures, the concurrency steps, the case, the clock anchor, the counters and the trust evidence."""
+
+    c: RawColumns
+    dv: _Derived
+    s: _Steps
+    case: Case
+    anchor: dict[str, Any] | None
+    spec: SpecCounters
+    ev: _Evidence
+
+
+def _window(name: Literal["whole", "native"], span: _Span, limits: Window, inp: _Inputs) -> WindowResult:
+    """One window's figures from the valid successful requests credited to it, unless too many are invalid."""
+    c, dv, case, ev = inp.c, inp.dv, inp.case, inp.ev
+    w = _figures(name, span, limits, inp)
     if span.start is None or span.end is None:
         return w
     mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= span.start) & (
@@ -398,8 +402,7 @@ def _window(
         reason = (f"{n_invalid} of {w.ok + n_invalid} successful responses in the {name} window have server counts "
                   f"that fail the checks ({share:.0%} > measurement.evidence.max_invalid_share {limit:g}): no figure "
                   "is computed from them")
-        empty = _figures(name, _Span(span.rule, span.params, None, None, reason, span.notes), c, dv, s, case,
-                         limits, anchor, spec, ev)
+        empty = _figures(name, _Span(span.rule, span.params, None, None, reason, span.notes), limits, inp)
         return empty.model_copy(update={
             "found": w.found, "reason": reason, "start_s": w.start_s, "end_s": w.end_s, "duration_s": w.duration_s,
             "start_utc": w.start_utc, "requests": w.requests, "ok": w.ok, "failed": w.failed,
@@ -447,18 +450,8 @@ def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:
                     client_share=client, steal_share=steal, load1_max=load1, text=text)
 
 
-def _figures(
-    name: Literal["whole", "native"],
-    span: _Span,
-    c: RawColumns,
-    dv: _Derived,
-    s: _Steps,
-    case: Case,
-    limits: Window,
-    anchor: dict[str, Any] | None,
-    spec: SpecCounters,
-    ev: _Evidence,
-) -> WindowResult:
+def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp: _Inputs) -> WindowResult:
+    c, dv, s, case, anchor, spec, ev = inp.c, inp.dv, inp.s, inp.case, inp.anchor, inp.spec, inp.ev
     cards = case.target.cards
     cache_min = case.cache.min_hit_ratio
     if span.start is None or span.end is None:
@@ -773,9 +766,10 @@ def compute_result(
         native_span = _aisbench_span(s, case.load.concurrency)
     else:
         native_span = _sglang_span(s, float(params.native_ratio or 0.0))
+    inp = _Inputs(c=c, dv=dv, s=s, case=case, anchor=anchor, spec=spec, ev=ev)
     windows = Windows(
-        whole=_window("whole", whole_span, c, dv, s, case, case.measurement.whole, anchor, spec, ev),
-        native=_window("native", native_span, c, dv, s, case, case.measurement.native, anchor, spec, ev),
+        whole=_window("whole", whole_span, case.measurement.whole, inp),
+        native=_window("native", native_span, case.measurement.native, inp),
     )
 
     failed_idx = np.flatnonzero(~raw.ok)
