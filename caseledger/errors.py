@@ -47,7 +47,6 @@ class FailureClass(StrEnum):
     SERVICE = "service"  # the service, warmup, routes or cache preparation failed
     COLLECT = "collect"  # collecting figures from the raw records failed (postprocess, decide)
     END_UNKNOWN = "end_unknown"  # the load's end is not established; resume checks the evidence
-    NEGATIVE = "negative"  # a negative result, not a fault of the run
     AUTH = "auth"  # the target refused the credentials (HTTP 401/403); the service is healthy and kept
     DISK = "disk"  # the disk filled up (ENOSPC); free space and resume: finished work and records are kept
     DATASET = "dataset"  # the dataset is not what the server counts (another tokenizer): a new case is needed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import orjson
@@ -50,10 +51,11 @@ def test_moved_errors_keep_their_names_and_old_import_paths() -> None:
     assert issubclass(AisbenchImportError, ValueError)  # was a ValueError before the move: callers may rely on it
 
 
-def test_failure_class_values_are_the_lowercase_names() -> None:
-    assert [m.value for m in FailureClass] == [
-        "before_model", "hot_entry", "service", "collect", "end_unknown", "negative", "auth", "disk", "dataset",
-    ]
+def test_failure_classes_are_the_ones_readme_documents_and_lowercase_names() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    para = readme[readme.index("Failure classes:"):readme.index("A formal load with more failed requests")]
+    documented = set(re.findall(r"`([a-z_]+)`", para)) - {"resume", "reprocess"}
+    assert documented == {m.value for m in FailureClass}, documented ^ {m.value for m in FailureClass}
     for m in FailureClass:
         assert m == m.value and str(m) == m.value and f"{m}" == m.value
         assert m.name == m.value.upper()

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROCESSOR_VERSION = "v4"  # v4: server counts checked, stalls and host CPU flag distorted windows
+PROCESSOR_VERSION = "v4"  # v4: server counts checked, stalls and host CPU flag distorted windows, rate noise in time
 """Version of the code that turns raw records into results; results are stored per version."""
 
 # The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
@@ -411,8 +411,10 @@ DEFINITIONS: dict[str, str] = {
     "own TTFT, TPOT and E2E are each <= case.decision.goodput's limits (a limit left null is no condition; a "
     "1-token output has no TPOT and meets a TPOT limit), as vLLM's --goodput and AIPerf's goodput count them",
     "noise": "bootstrap: the window's successful requests resampled with replacement (numpy default_rng, fixed "
-    "seed), the decision metric recomputed per resample (sums scale the window figure by resampled / observed "
-    "sum over the same duration; percentiles are taken of the resampled values); the interval is the "
+    "seed), the decision metric recomputed per resample (rates scale the window figure by the resampled / "
+    "observed sum of what they count, divided by the resampled / observed sum of the requests' E2E: the window "
+    "of a held concurrency lasts about sum(E2E) / C, so fixed-length outputs still vary in time; percentiles are "
+    "taken of the resampled values); the interval is the "
     "(1-level)/2 and (1+level)/2 quantiles of the resampled figures",
     "percentiles": "numpy.percentile, method 'linear' (interpolation between closest ranks)",
     "concurrency": "requests in flight at the client: +1 at send_ns, -1 at end_ns (failed requests "

@@ -72,15 +72,22 @@ def interval(metric: str, point: float | NotObserved, per_request: dict[str, F64
     weights = {"output_throughput": "output", "output_throughput_per_card": "output",
                "goodput": "good"}.get(metric)
     w = per_request[weights] if weights else np.ones_like(per_request["e2e"])
-    if w.size < 2 or np.isnan(w).any():
-        return NotObserved(reason=f"{w.size} request(s) with known counts: too few to resample")
-    total = float(w.sum())
+    d = per_request["e2e"]
+    if w.size < 2 or np.isnan(w).any() or np.isnan(d).any():
+        return NotObserved(reason=f"{w.size} request(s) with known counts and durations: too few to resample")
+    total, busy = float(w.sum()), float(d.sum())
     b = resamples(w.size)
-    if total == 0:
+    if total == 0 or busy <= 0:
         stats = np.zeros(b)
-    else:  # the window's figure scaled by resampled / observed sum: same duration, same divisor
-        stats = np.concatenate([w[rng.integers(0, w.size, (k, w.size))].sum(axis=1) / total * point
-                                for k in _blocks(b, w.size)])
+    else:
+        # a rate varies with what the requests carry AND with how long they took: at a held concurrency the
+        # window lasts about sum(E2E) / C, so each resample scales the window's figure by its share of the
+        # counted sum over its share of the summed durations (fixed-length outputs still vary in time)
+        blocks = []
+        for k in _blocks(b, w.size):
+            idx = rng.integers(0, w.size, (k, w.size))
+            blocks.append(w[idx].sum(axis=1) / total / (d[idx].sum(axis=1) / busy) * point)
+        stats = np.concatenate(blocks)
     return _quantiles(stats, point, metric, int(w.size), b)
 
 

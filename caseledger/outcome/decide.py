@@ -325,18 +325,18 @@ def decide(
         outcome = "insufficient"
         settle = _settle(noise, candidate_case, baseline_ref)
         reason = (f"insufficient (within noise ±{noise.noise_rel:.1%}): {where} changes by {improvement:+.2%}, "
-                  f"{cv:.4f} vs {bv:.4f}; settle: {settle}")
+                  f"{cv:.4f} vs {bv:.4f}; {noise_words(noise)}; settle: {settle}")
     elif improvement >= d.min_effect:
         outcome = "keep"
         reason = (
-            f"{where} improves by {improvement:+.2%} (>= min_effect {d.min_effect:.2%}, noise "
-            f"±{noise.noise_rel:.1%}): {cv:.4f} vs {bv:.4f}"
+            f"{where} improves by {improvement:+.2%} (>= min_effect {d.min_effect:.2%}; {noise_words(noise)}): "
+            f"{cv:.4f} vs {bv:.4f}"
         )
     else:
         outcome = "close"
         reason = (
-            f"{where} changes by {improvement:+.2%} (< min_effect {d.min_effect:.2%}, noise "
-            f"±{noise.noise_rel:.1%}): {cv:.4f} vs {bv:.4f}"
+            f"{where} changes by {improvement:+.2%} (< min_effect {d.min_effect:.2%}; {noise_words(noise)}): "
+            f"{cv:.4f} vs {bv:.4f}"
         )
     return DecisionRecord(
         outcome=outcome,
@@ -357,6 +357,18 @@ def decide(
         noise=noise,
         settle=settle,
     )
+
+
+def noise_words(n: Noise) -> str:
+    """The noise a change was judged against, in words: the within-run interval and the run-to-run spread,
+    each only where it was measured ('unknown (1 run)' otherwise, never ±0.0%)."""
+    within = max(n.candidate_interval_rel or 0.0, n.baseline_interval_rel or 0.0)
+    spreads = [x for x in (n.candidate_spread_rel, n.baseline_spread_rel) if x is not None]
+    parts = [f"within run ±{within:.1%}" if within > 0 else "within run unknown (no spread over the requests)"]
+    parts.append(f"run to run ±{max(spreads):.1%} ({n.candidate_runs} and {n.baseline_runs} runs)" if spreads
+                 else "run to run unknown (1 run each)")
+    head = f"noise ±{n.noise_rel:.1%}" if n.noise_rel > 0 else "noise unknown"
+    return f"{head}: {', '.join(parts)}"
 
 
 def _settle(noise: Noise, candidate_case: str | None, baseline_ref: str | None) -> str:
