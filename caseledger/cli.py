@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", parents=[common], help="where a run stands (phase_status)")
     s.add_argument("run_id", nargs="?")
+    s.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="answer when the run's state changes, or after S seconds (at most 120)")
 
     s = sub.add_parser("resume", parents=[common], help="continue a run at its first unfinished phase (resume)")
     s.add_argument("run_id")
@@ -95,8 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--token-env", default=None,
                    help="env var holding a bearer token required from HTTP clients (needed off loopback)")
 
-    s = sub.add_parser("inspect", parents=[common], help="list the MCP tools or call one over real stdio")
-    s.add_argument("words", nargs="*", help="'call TOOL key=value ...' to call a tool")
+    s = sub.add_parser("inspect", parents=[common], help="list the MCP tools or call one over real stdio",
+                       description="Talk to `caseledger mcp` over a real stdio session. Verbs: (none) list the "
+                       "tools and their schemas; `resources` list the resources; `read URI` read one (e.g. "
+                       "caseledger://handoff); `call TOOL key=value ...` call a tool (e.g. call phase_status "
+                       "run_id=r-1a2b3c4d).")
+    s.add_argument("words", nargs="*", help="nothing | resources | read URI | call TOOL key=value ...")
 
     s = sub.add_parser("target", parents=[common], help="the embedded reference target")
     s.add_argument("action", choices=["serve", "stop"], help="serve: run it in the foreground; stop: stop "
@@ -181,7 +187,7 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "status":
         from caseledger.tools import phase_status  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(phase_status(ws, a.run_id), a.json)
+        _emit(phase_status(ws, a.run_id, wait_s=a.wait), a.json)
     elif a.cmd == "resume":
         from caseledger.tools import resume  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 

@@ -141,6 +141,49 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: obj}
 
 
+def argv_options(argv: list[str]) -> list[tuple[str, str | None]]:
+    """Option/value pairs after the program part (tokens before the first '-' option are the program, a
+    'python -m module' prefix included); a positional argument is ('', value)."""
+    i = next((n for n, a in enumerate(argv) if a.startswith("-") and a not in ("-m",) and n > 0
+              and argv[n - 1] != "-m"), len(argv))
+    out: list[tuple[str, str | None]] = []
+    args = argv[i:]
+    n = 0
+    while n < len(args):
+        a = args[n]
+        if a.startswith("-"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                out.append((k, v))
+            elif n + 1 < len(args) and not args[n + 1].startswith("-"):
+                out.append((a, args[n + 1]))
+                n += 1
+            else:
+                out.append((a, None))
+        else:
+            out.append(("", a))
+        n += 1
+    return out
+
+
+def argv_change(old: object, new: object) -> str | None:
+    """A changed argv in the words of its flags ('-np 4→2', '--metrics added', '-fa removed'); None when either
+    side is not an argv or no option differs (a repeated flag counts by its last value)."""
+    if not (isinstance(old, list) and isinstance(new, list) and all(isinstance(x, str) for x in [*old, *new])):
+        return None
+    a, b = dict(argv_options(old)), dict(argv_options(new))
+    out = []
+    for k in [*a, *(k for k in b if k not in a)]:
+        name = k or "(positional)"
+        if k not in b:
+            out.append(f"{name} removed")
+        elif k not in a:
+            out.append(f"{name} {b[k]} added" if b[k] is not None else f"{name} added")
+        elif a[k] != b[k]:
+            out.append(f"{name} {a[k]}→{b[k]}")
+    return ", ".join(out) or None
+
+
 def delta(parent: Case | None, child: Case) -> list[DeltaItem]:
     if parent is None:
         return []

@@ -133,7 +133,11 @@ def next_steps(v: RunView) -> NextSteps:
     if (v.service_alive is False or unhealthy) and load_sends:
         redo = tuple(p for p in _SERVICE_CHAIN if ph[p].state in _FINISHED)
     run = tuple(p for p in PHASES if ph[p].state not in _FINISHED or p in redo)
-    restarts = Phase.SERVICE in run and not meta.load_reuse and (v.service_alive is not True or unhealthy)
+    # not yet run in this run (a preflight failure): the plan's live check at start_run says whether it is reused
+    planned_reuse = v.service_alive is None and ph[Phase.SERVICE].state == PhaseState.PENDING and \
+        meta.action(Phase.SERVICE) == "reuse"
+    restarts = Phase.SERVICE in run and not meta.load_reuse and (v.service_alive is not True or unhealthy) \
+        and not planned_reuse
     return NextSteps(
         run=run, redo=redo, restarts_service=restarts,
         repeats_warmup=Phase.WARMUP in run and not meta.load_reuse and meta.action(Phase.WARMUP) != "skip",
@@ -370,8 +374,9 @@ def _advise(v: RunView) -> None:
     where = f"{v.current}: {quoted(err, OUTSIDE_CHARS)}" if err else f"{v.current}"
     v.blocker = f"{fc} at {where}"
     if fc == FailureClass.BEFORE_MODEL:
-        v.next_call = (f"fix the cause, then resume(run_id='{rid}') (re-runs preflight; 0 model requests sent); "
-                       "a case error needs freeze_case of a corrected draft")
+        v.next_call = (f"fix the cause and check it with start_run(case_id='{v.case_id}', preflight_only=True) (no "
+                       f"run, no lease), then resume(run_id='{rid}') (re-runs preflight; 0 model requests sent); a "
+                       "case error needs freeze_case of a corrected draft")
     elif fc == FailureClass.COLLECT:
         v.next_call = f"reprocess_raw(run_id='{rid}') — repairs from raw data, no requests re-sent"
     elif fc == FailureClass.HOT_ENTRY:

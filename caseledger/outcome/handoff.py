@@ -70,7 +70,7 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
     held = f"held by {lease.run_id}" if lease and lease.live() else "free"
     lines.append(f"owner: target {latest.meta.target_key} {held}; controller of {latest.run_id} "
                  f"{'alive' if latest.controller_alive else 'gone'}")
-    done = [p for p, ph in latest.phases.items() if ph.state.value in ("done", "reused", "skipped")]
+    done = [p for p, ph in latest.phases.items() if ph.state.value == "done"]  # ran: reused and skipped did not
     last_done = done[-1] if done else "none"
     lines.append(f"latest run: {latest.run_id} case {latest.case_id}: {latest.state.value}"
                  + (f" [{latest.failure_class}]" if latest.failure_class else "")

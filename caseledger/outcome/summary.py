@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger import redact
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase, delta, flatten
+from caseledger.case.plan import Phase, argv_change, delta, flatten
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger.runs import Run, RunMeta, load_run, scan_runs
@@ -355,18 +355,22 @@ def latest_scenario(ws: Workspace) -> str:
     raise NotFound("no case is frozen in this workspace yet", "freeze_case(path='cases/x.json') first")
 
 
-def _label(path: str, value: Any) -> str:
+def _label(path: str, value: Any, old: Any = None) -> str:
     name = _LABELS.get(path, ".".join(path.split(".")[2:]) if path.startswith("service.components.")
                        else path.rsplit(".", 1)[-1])  # a component's field: its name, e.g. decode.argv
+    flags = argv_change(old, value)
+    if flags is not None:  # an argv by the flags that changed ('-np 4→2'), never the whole command line
+        return f"{name.removesuffix('argv').rstrip('.') + ' ' if name != 'argv' else ''}{flags}"
     text = f"{value:g}" if isinstance(value, float) else str(value)
     return f"{name}={text if len(text) <= 16 else text[:15] + '…'}"
 
 
-def _changes(base: Case | None, case: Case) -> list[tuple[str, Any]]:
+def _changes(base: Case | None, case: Case) -> list[tuple[str, Any, Any]]:
+    """(path, new value, old value) of each field the case changes against the scenario's baseline."""
     if base is None:
         return []
     new = flatten(case.canonical())
-    return [(d.path, d.new) for d in delta(base, case)
+    return [(d.path, d.new, d.old) for d in delta(base, case)
             if not (d.path in _FOLLOWS and new.get(d.path) == new.get(_FOLLOWS[d.path]))]
 
 
@@ -390,7 +394,7 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
     d = base.decision
     window, metric = d.window, d.primary_metric
     changes = {cid: _changes(base, c) for cid, c in cases.items()}
-    paths = {p for cid, ch in changes.items() if cid != base_id for p, _ in ch}
+    paths = {p for cid, ch in changes.items() if cid != base_id for p, _, _ in ch}
     swept = next(iter(paths)) if len(paths) == 1 else None
     rows: list[ScenarioRow] = []
     for cid, case in cases.items():
@@ -404,7 +408,7 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
         w: WindowResult | None = getattr(result.windows, window) if result is not None else None
         pcts = {f"{m}_{q}_ms": window_stat(w, f"latency.{m}.{q}") if w is not None else None
                 for m in _PCTS for q in ("p50", "p99")}
-        shown = ",".join(_label(p, v) for p, v in changes[cid])
+        shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
         rows.append(ScenarioRow(
             case_id=cid, change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if cid == base_id
             else shown or "(same)",

@@ -303,10 +303,14 @@ def build_server(ws: Workspace) -> MCPServer:
         run_id: Annotated[str | None, Field(
             description="Run id, e.g. 'r-1a2b3c4d'; omit for the latest run",
             json_schema_extra={"pattern": RUN_ID_PATTERN})] = None,
+        wait_s: Annotated[float, Field(
+            ge=0, le=120, description="Wait up to this many seconds for the run's state to change (a phase "
+            "ending, the run settling) before answering; 0: at once")] = 0.0,
     ) -> Annotated[CallToolResult, StatusResult]:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
-        results extracted, enough to decide, what the next step would repeat, the next call."""
-        return await _off_loop(ctx, ws, "status", lambda: tools.phase_status(ws, run_id))
+        results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
+        when something changes instead of polling with sleep."""
+        return await _off_loop(ctx, ws, "status", lambda: tools.phase_status(ws, run_id, wait_s=wait_s))
 
     @_tool(
         mcp, "resume",

@@ -30,6 +30,7 @@ import orjson
 
 from caseledger import procs, redact
 from caseledger.case.model import ENV_REF, SSH, Case, FileRef, health_url_of, origin
+from caseledger.case.plan import argv_options
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
@@ -258,36 +259,11 @@ def case_env(case: Case, unit: Unit | None = None) -> tuple[dict[str, str], dict
     return env, shown
 
 
-def _options(argv: list[str]) -> list[tuple[str, str | None]]:
-    """Option/value pairs after the program part (tokens before the first '-' option are the program)."""
-    i = next((n for n, a in enumerate(argv) if a.startswith("-") and a not in ("-m",) and n > 0
-              and argv[n - 1] != "-m"), len(argv))
-    # skip a python -m module prefix
-    out: list[tuple[str, str | None]] = []
-    args = argv[i:]
-    n = 0
-    while n < len(args):
-        a = args[n]
-        if a.startswith("-"):
-            if "=" in a:
-                k, v = a.split("=", 1)
-                out.append((k, v))
-            elif n + 1 < len(args) and not args[n + 1].startswith("-"):
-                out.append((a, args[n + 1]))
-                n += 1
-            else:
-                out.append((a, None))
-        else:
-            out.append(("", a))
-        n += 1
-    return out
-
-
 def compare_argv(intended: list[str], effective: list[str]) -> str | None:
     """None when equal in options; else which argument differs (e.g. an appended override)."""
     if intended == effective:
         return None
-    a, b = _options(intended), _options(effective)
+    a, b = argv_options(intended), argv_options(effective)
     da: dict[str, list[str | None]] = {}
     db: dict[str, list[str | None]] = {}
     for k, v in a:

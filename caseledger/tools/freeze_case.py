@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from caseledger import datasets, services
 from caseledger.case.model import Case
-from caseledger.case.plan import DeltaItem, Live, PlanStep, delta, plan
+from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, delta, plan
 from caseledger.case.store import check_parent, load_case, read_draft, store, validate
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
@@ -33,7 +33,8 @@ class FreezeResult(BaseModel):
 
     def text(self) -> str:
         if self.delta:
-            d = ", ".join(f"{x.path} {x.old}->{x.new} [{x.impact}]" for x in self.delta[:4])
+            d = ", ".join(f"{x.path} {argv_change(x.old, x.new) or f'{x.old}->{x.new}'} [{x.impact}]"
+                          for x in self.delta[:4])
             d += f" (+{len(self.delta) - 4})" if len(self.delta) > 4 else ""
         elif self.parent == self.case_id:
             d = "none: the same measurement as its parent (one case; parent and note do not change the id)"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from pydantic import BaseModel, Field
 
-from caseledger.errors import OUTSIDE_CHARS, NotFound, quoted
+from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFound, quoted
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
@@ -73,12 +75,13 @@ class StatusResult(BaseModel):
             f"{self.run_id} {self.case_id} {self.scenario}: {self.state}{fc}, {ph}",
             f"{formal}; load ended "
             f"{self.load_ended}; results {'yes' if self.results_extracted else 'no'}; decide {dec}"
-            + (f" ({self.decision}" + (f": {quoted(self.decision_reason, 120)}" if self.decision_reason and
-                                          self.decision != "baseline" else "") + ")" if self.decision else ""),
+            + (f" ({self.decision})" if self.decision else ""),
             f"owner {'STOPPED (SIGSTOP)' if self.owner_stopped else 'alive' if self.owner_alive else 'gone'}, client "
             f"{self._client()}; "
             f"auth {self.authorization}",
         ]
+        if self.decision_reason and self.decision != "baseline":
+            lines.append(f"why: {quoted(self.decision_reason, MESSAGE_CHARS)}")  # whole: the reason is the answer
         if self.blocker:
             lines.append(f"blocker: {quoted(self.blocker, OUTSIDE_CHARS + 40)}")
         if self.queued:
@@ -100,8 +103,38 @@ class StatusResult(BaseModel):
         return "\n".join(lines)
 
 
-def phase_status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
-    """Status of run_id, or of the latest run when none is given."""
+MAX_WAIT_S = 120.0  # a bounded wait stays inside an MCP client's usual request timeout
+WAIT_POLL_S = 0.25
+
+
+def _signature(s: StatusResult) -> tuple[object, ...]:
+    """What a waiting caller is waiting for: a phase starting or ending, the load ending, a decision, a process
+    stopping or going (request counts alone are progress, not a change)."""
+    return (s.state, s.phase, s.phase_state, tuple(sorted(s.phases.items())), s.load_ended, s.results_extracted,
+            s.decision, s.owner_alive, s.client_alive, s.client_stopped, tuple(s.service_gone), s.blocker)
+
+
+def phase_status(workspace: Workspace, run_id: str | None = None, wait_s: float = 0.0) -> StatusResult:
+    """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 120): return as soon as
+    the run's state changes (a phase starts or ends, the load ends, the run settles, a process stops) or
+    when wait_s has passed, instead of being polled with sleep."""
+    if not 0 <= wait_s <= MAX_WAIT_S:
+        raise CaseInvalid(f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}",
+                          "give wait_s between 0 (answer at once) and 120 seconds")
+    first = _status(workspace, run_id)
+    if wait_s <= 0 or first.state not in ("running", "created"):
+        return first
+    deadline = time.monotonic() + wait_s
+    sig = _signature(first)
+    while time.monotonic() < deadline:
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        now = _status(workspace, first.run_id)
+        if _signature(now) != sig:
+            return now
+    return _status(workspace, first.run_id)
+
+
+def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
     damaged: list[str] = []
     if run_id is None:
         scan = scan_runs(workspace)
