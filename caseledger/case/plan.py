@@ -172,15 +172,20 @@ def argv_change(old: object, new: object) -> str | None:
     if not (isinstance(old, list) and isinstance(new, list) and all(isinstance(x, str) for x in [*old, *new])):
         return None
     a, b = dict(argv_options(old)), dict(argv_options(new))
+
+    def v(x: str | None) -> str:
+        text = str(x)
+        return text if len(text) <= 24 else text[:23] + "…"  # a label, not the value: the case holds it
+
     out = []
     for k in [*a, *(k for k in b if k not in a)]:
         name = k or "(positional)"
         if k not in b:
             out.append(f"{name} removed")
         elif k not in a:
-            out.append(f"{name} {b[k]} added" if b[k] is not None else f"{name} added")
+            out.append(f"{name} {v(b[k])} added" if b[k] is not None else f"{name} added")
         elif a[k] != b[k]:
-            out.append(f"{name} {a[k]}→{b[k]}")
+            out.append(f"{name} {v(a[k])}→{v(b[k])}")
     return ", ".join(out) or None
 
 
