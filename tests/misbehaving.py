@@ -52,6 +52,7 @@ class Target:
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self.delay_s = 0.0  # each formal request waits this long before its answer (a slower or faster target)
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
 
@@ -74,6 +75,8 @@ def _make_handler(target: Target) -> type[BaseHTTPRequestHandler]:
             target.count(phase)
             n = int(body.get("max_tokens") or 16)
             mode = target.mode if phase == "load" else "honest"
+            if phase == "load" and target.delay_s:
+                time.sleep(target.delay_s)
             if mode == "honest":
                 # outside the formal load no prompt count: route verification then compares nothing (a canned
                 # target cannot tokenize the dataset's prompts)

@@ -271,3 +271,38 @@ def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
         samples = read_records(ws.run(r.run_id).load_host).records
         share = np.sum([x["busy"] - x["ours"] for x in samples]) / np.sum([x["total"] for x in samples])  # type: ignore
         c.check("count", share > 0.5, share)
+
+
+def test_a_verdict_is_decided_again_when_the_baseline_is_re_run(ws: Workspace) -> None:
+    """The decide phase records a verdict against the baseline of that moment; the scenario view and summarize
+    decide again from the results on disk now, so a baseline re-run on a quieter host re-decides its children."""
+    from caseledger.tools import summarize  # lazy: only this test reads the scenario view
+
+    with misbehaving("honest") as (port, target):
+        load = {"requests": 8, "concurrency": 4, "max_tokens": 4}
+        base = freeze_case(ws, draft=external_draft(port, load=load))
+        target.delay_s = 0.2  # the baseline measured on a slow (busy) target
+        b1 = start_run(ws, base.case_id, wait=True, timeout_s=120)
+        child = freeze_case(ws, draft=external_draft(port, load={**load, "requests": 12}), parent=base.case_id)
+        target.delay_s = 0.05
+        k = start_run(ws, child.case_id, wait=True, timeout_s=120)
+        assert decision(ws, k.run_id)["outcome"] == "keep", decision(ws, k.run_id)  # 4x faster than that baseline
+        target.delay_s = 0.0  # the baseline again, on a quiet target: far faster than the child
+        b2 = start_run(ws, base.case_id, wait=True, timeout_s=120)
+    assert b1.state == b2.state == "succeeded"
+    assert decision(ws, k.run_id)["outcome"] == "keep"  # what the decide phase recorded then
+    row = next(r for r in summarize(ws, [], scenario="ref-test").scenario.rows  # type: ignore[union-attr]
+               if r.case_id == child.case_id)
+    assert row.decision != "keep", row  # decided now: no longer better than its baseline's latest run
+    (again,) = summarize(ws, [k.run_id]).runs
+    assert again.decision == row.decision != "keep", again
+    baseline_ref = summarize_decision_ref(ws, k.run_id)
+    assert baseline_ref == f"{base.case_id}@{b2.run_id}", baseline_ref  # against the baseline's latest run
+
+
+def summarize_decision_ref(ws: Workspace, run_id: str) -> str | None:
+    from caseledger.ledger.runs import load_run  # lazy: only the re-decision test needs the run object
+    from caseledger.outcome import summary
+
+    run = load_run(ws, run_id)
+    return summary.current_decision(run, summary.load_result(run)).baseline_ref

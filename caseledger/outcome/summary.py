@@ -105,9 +105,20 @@ def baseline_of(run: Run) -> tuple[str | None, str | None]:
 
 
 def decide_run(run: Run) -> dict[str, Any]:
+    """The decide phase: the run's decision now, written with its reports (the evidence that decide is done)."""
+    result = load_result(run)
+    out: dict[str, Any] = current_decision(run, result).model_dump(mode="json")
+    write_reports(run, result, decision=out)
+    write_json(run.paths.decision, out)  # last: the decision file is the evidence that decide is done
+    return out
+
+
+def current_decision(run: Run, result: Result | None) -> DecisionRecord:
+    """The run's decision from the results on disk now: its result against the baseline's latest valid run
+    and both cases' repeats. A verdict read through this never goes stale: a re-run baseline re-decides it.
+    Writes nothing."""
     paths = run.paths
     ws = run.workspace
-    result = load_result(run)
     ref_case, ref_run = baseline_of(run)
     baseline = latest_result(ws.run(ref_run).root) if ref_run else None
     end = read_json_or_none(paths.load_end)
@@ -118,13 +129,9 @@ def decide_run(run: Run) -> dict[str, Any]:
     base_repeats = ([r for rid, r in valid_runs(ws, ref_case, window, metas) if rid != ref_run]
                     if ref_case and ref_run else [])
     base_case = load_run(ws, ref_run).case if ref_run else None
-    rec = decide(run.case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
-                 load_ended=load_ended, candidate_case=run.meta.case_id, repeats=repeats,
-                 baseline_repeats=base_repeats, baseline_case=base_case)
-    out: dict[str, Any] = rec.model_dump(mode="json")
-    write_reports(run, result, decision=out)
-    write_json(paths.decision, out)  # last: the decision file is the evidence that decide is done
-    return out
+    return decide(run.case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
+                  load_ended=load_ended, candidate_case=run.meta.case_id, repeats=repeats,
+                  baseline_repeats=base_repeats, baseline_case=base_case)
 
 
 def _ts(utc: str | None) -> float | None:
@@ -404,6 +411,8 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
         result = good[0][1] if good else (latest_result(ws.run(rid).root) if rid else None)
         state = fold(ws, load_run(ws, own[-1].run_id)).state.value if own else "not run"
         dec = decisions.get(rid) if rid else None
+        if rid and result is not None and dec is not None and dec.outcome != "baseline":
+            dec = current_decision(load_run(ws, rid), result)  # against the baseline's results now, never stale
         value = flatten(case.canonical()).get(swept) if swept else None
         w: WindowResult | None = getattr(result.windows, window) if result is not None else None
         pcts = {f"{m}_{q}_ms": window_stat(w, f"latency.{m}.{q}") if w is not None else None

@@ -99,6 +99,9 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
         if last is not None:
             rows.append((rid, v.case_id, last))
         dec = read_json_or_none(paths.decision) or {}
+        if result is not None and dec and dec.get("outcome") != "baseline":
+            # decided again from the results on disk now: a re-run baseline never leaves a stale verdict
+            dec = summary.current_decision(run, result).model_dump(mode="json")
         out.append(RunSummary(
             run_id=rid, case_id=v.case_id, scenario=v.scenario, results_extracted=result is not None,
             decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
