@@ -306,3 +306,24 @@ def summarize_decision_ref(ws: Workspace, run_id: str) -> str | None:
 
     run = load_run(ws, run_id)
     return summary.current_decision(run, summary.load_result(run)).baseline_ref
+
+
+def test_repeats_show_mean_spread_and_how_often_each_limit_was_met(ws: Workspace) -> None:
+    from caseledger.tools import summarize  # lazy: only this test reads the scenario view
+
+    with misbehaving("honest") as (port, target):
+        draft = external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 4},
+                               decision={"limits": {"e2e_p99_ms": 150}})
+        case = freeze_case(ws, draft=draft)
+        target.delay_s = 0.0
+        assert start_run(ws, case.case_id, wait=True, timeout_s=120).state == "succeeded"
+        target.delay_s = 0.3  # the same case again, on a slower target: the limit breaks this time
+        assert start_run(ws, case.case_id, wait=True, timeout_s=120).state == "succeeded"
+    view = summarize(ws, [], scenario="ref-test")
+    assert view.scenario is not None
+    (row,) = view.scenario.rows
+    assert row.runs == 2 and row.limits_met == {"e2e_p99_ms": "1/2"}, row
+    assert row.metric_mean is not None and row.metric_spread_rel is not None and row.metric_spread_rel > 0.2, row
+    assert row.requests == 8
+    text = view.text()
+    assert "over 2 runs" in text and "met e2e_p99_ms 1/2 runs" in text and "n=8" in text, text

@@ -296,6 +296,14 @@ class ScenarioRow(_Model):
     e2e_p50_ms: float | None = _ms("E2E p50")
     e2e_p99_ms: float | None = _ms("E2E p99")
     limits: list[LimitVerdict] = Field(description="Each of case.decision.limits checked on this run")
+    metric_mean: float | None = Field(None, description="Mean of the decision metric over the case's valid runs")
+    metric_spread_rel: float | None = Field(
+        None, description="Run-to-run spread of the metric, (max - min) / 2 / mean; null: fewer than 2 runs")
+    limits_met: dict[str, str] = Field(
+        default_factory=dict, description="Per limit, in how many of the case's valid runs it was met, e.g. "
+        "{'tpot_p99_ms': '2/3'}: a limit met in some repeats and broken in others is not settled")
+    requests: int | None = Field(None, description="Successful requests the row's percentiles rest on (a p99 of "
+                                 "fewer than 100 requests is within the slowest one or two)")
     decision: Outcome | None = Field(description="Decision recorded for the run (null: undecided)")
     settle: str | None = Field(description="For a change within the noise: the call that would settle it")
     best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
@@ -322,9 +330,15 @@ class ScenarioView(_Model):
         for r in self.rows:
             pct = " ".join(f"{_n(getattr(r, f'{m}_p50_ms'))}/{_n(getattr(r, f'{m}_p99_ms'))}" for m in _PCTS)
             lim = broken(r.limits) or ("ok" if r.limits else "-")
+            if r.runs > 1 and r.limits_met:
+                lim += " (met " + ", ".join(f"{k} {v}" for k, v in r.limits_met.items()) + " runs)"
             run = r.run_id or "-"
             dec = r.decision or r.state
-            lines.append(f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)} | {pct} | {lim}")
+            reps = (f" [mean {_n(r.metric_mean)} ±{r.metric_spread_rel:.0%} over {r.runs} runs]"
+                    if r.runs > 1 and r.metric_spread_rel is not None else "")
+            n = f" n={r.requests}" if r.requests is not None else ""
+            lines.append(f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)}{reps}{n} | "
+                         f"{pct} | {lim}")
         best = next((r for r in self.rows if r.best), None)
         lines.append(f"* best within limits: {best.change} {best.case_id}" if best else "best within limits: none yet")
         lines.append("decisions: keep = better beyond noise, within limits; close = breaks a limit or not better; "
@@ -418,7 +432,9 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
         pcts = {f"{m}_{q}_ms": window_stat(w, f"latency.{m}.{q}") if w is not None else None
                 for m in _PCTS for q in ("p50", "p99")}
         shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
+        rep = _repeats(case, [r for _, r in good], window, metric)
         rows.append(ScenarioRow(
+            **rep, requests=w.ok if w is not None and w.found else None,
             case_id=cid, change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if cid == base_id
             else shown or "(same)",
             swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
@@ -436,6 +452,20 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
         scenario=name, baseline_case=base_id, primary_metric=metric, window=window, direction=METRICS[metric][3],
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()], swept=swept, rows=rows,
         best_case=best.case_id if best else None, decisions=DECISION_WORDS)
+
+
+def _repeats(case: Case, results: list[Result], window: str, metric: str) -> dict[str, Any]:
+    """A case's repeats: the metric's mean and spread over its valid runs, and how often each limit was met."""
+    path = ".".join(METRICS[metric][:3])
+    values = [v for r in results if (v := window_stat(getattr(r.windows, window), path)) is not None]
+    mean = sum(values) / len(values) if values else None
+    spread = (max(values) - min(values)) / 2 / abs(mean) if len(values) > 1 and mean else None
+    met: dict[str, list[bool]] = {}
+    for r in results:
+        for lv in limit_verdicts(case, r):
+            met.setdefault(lv.limit, []).append(lv.verdict == "meets")
+    return {"metric_mean": mean, "metric_spread_rel": spread,
+            "limits_met": {k: f"{sum(x)}/{len(x)}" for k, x in met.items()}}
 
 
 def scenario_next(view: ScenarioView) -> str:
