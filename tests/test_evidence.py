@@ -327,3 +327,15 @@ def test_repeats_show_mean_spread_and_how_often_each_limit_was_met(ws: Workspace
     assert row.requests == 8
     text = view.text()
     assert "over 2 runs" in text and "met e2e_p99_ms 1/2 runs" in text and "n=8" in text, text
+
+
+def test_two_active_scenarios_both_appear_in_the_handoff(ws: Workspace) -> None:
+    with misbehaving("honest") as (port, _):
+        a = freeze_case(ws, draft=external_draft(port, scenario="scen-a", load={"requests": 4, "concurrency": 2}))
+        ra = start_run(ws, a.case_id, wait=True, timeout_s=120)
+        b = freeze_case(ws, draft=external_draft(port, scenario="scen-b", load={"requests": 4, "concurrency": 2}))
+        rb = start_run(ws, b.case_id, wait=True, timeout_s=120)
+    text = ws.handoff.read_text()
+    assert "scenario scen-b: 1 case(s)" in text, text  # the latest, with its rows
+    assert f"also active: scenario scen-a: latest {ra.run_id} succeeded -> baseline" in text, text
+    assert f"latest run: {rb.run_id}" in text and len(text.encode()) <= 1024, text

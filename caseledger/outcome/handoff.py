@@ -6,6 +6,8 @@ pasted; deleting the file loses nothing (`caseledger status` regenerates it).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from caseledger import ledger, procs, redact
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
@@ -51,7 +53,7 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
 
 def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunView, views: list[RunView],
              rows: int) -> str:
-    lines = head + _scenario_rows(ws, same, rows)
+    lines = head + _scenario_rows(ws, same, rows) + _other_scenarios(views, latest)
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
         st = read_json_or_none(f) or {}
         if "adapter" not in st:
@@ -90,6 +92,31 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
 
 
 MAX_ROWS = 8  # scenario rows shown; the rest are counted (summarize(scenario=...) has them all)
+ACTIVE_S = 6 * 3600  # another scenario with a run this recent (or one running) is active: it is named too
+MAX_OTHERS = 4
+
+
+def _other_scenarios(views: list[RunView], latest: RunView) -> list[str]:
+    """Every other active scenario (a run in the last hours, or one running), most recent first, one line each:
+    its latest run, state and decision, and the call that shows it whole."""
+    now = datetime.now(UTC).timestamp()
+    newest: dict[str, RunView] = {}
+    for v in views:
+        if v.scenario != latest.scenario:
+            newest[v.scenario] = v
+    out = []
+    for name, v in sorted(newest.items(), key=lambda kv: kv[1].meta.created_utc, reverse=True):
+        try:
+            created = datetime.fromisoformat(v.meta.created_utc.replace("Z", "+00:00")).timestamp()
+        except ValueError:  # no creation time recorded: only a running one counts as active
+            created = 0.0
+        if v.state not in (RunState.RUNNING, RunState.CREATED) and now - created > ACTIVE_S:
+            continue
+        dec = (v.decision or {}).get("outcome")
+        out.append(f"also active: scenario {name}: latest {v.run_id} {v.state.value}"
+                   + (f" [{v.failure_class}]" if v.failure_class else "") + (f" -> {dec}" if dec else "")
+                   + f"; summarize(scenario='{name}')")
+    return out[:MAX_OTHERS]
 
 
 def _scenario_rows(ws: Workspace, views: list[RunView], max_rows: int = MAX_ROWS) -> list[str]:
