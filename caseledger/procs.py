@@ -260,7 +260,6 @@ def child_env(extra: dict[str, str] | None = None, keep: Iterable[str] = ()) -> 
     prefixes = INHERITED_ENV_PREFIXES + OWN_ENV_PREFIXES
     env = {k: v for k, v in os.environ.items() if k in names or k.startswith(prefixes)}
     env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-    env.pop("CASELEDGER_FAULT_CONSUMED", None)
     env.update(extra or {})
     return env
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -44,3 +45,13 @@ def test_ruff_is_clean() -> None:
 def test_mypy_strict_is_clean() -> None:
     r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_every_environment_variable_the_code_reads_is_in_readme() -> None:
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    used = {m for p in (root / "caseledger").rglob("*.py") for m in re.findall(r"CASELEDGER_[A-Z_]+", p.read_text())}
+    # and what the test harness reads to find the engine and sshd (the tests' own names are fixtures)
+    used |= {m for name in ("conftest.py", "engine.py", "sshd.py")
+             for m in re.findall(r"CASELEDGER_[A-Z_]+", (root / "tests" / name).read_text())}
+    assert used and not {v for v in used if f"`{v}`" not in readme}, sorted(v for v in used if f"`{v}`" not in readme)

@@ -119,7 +119,7 @@ class DecisionRecord(_Model):
     missing: list[str] = Field(description="Missing evidence; empty unless outcome is insufficient")
     load_ended: bool = Field(description="The formal load ended (passed by the caller, from the end evidence)")
     results_extracted: bool = Field(description="Figures were computed from raw records")
-    enough_to_decide: bool = Field(description="outcome is keep or close")
+    enough_to_decide: bool = Field(description="outcome is keep, close or baseline: anything but insufficient")
     reason: str = Field(description="One sentence: why this outcome")
     limits: list[LimitVerdict] = Field(default_factory=list, description="Each of case.decision.limits, checked")
     noise: Noise | None = Field(None, description="The noise the change was judged against (null: no comparison)")

@@ -1,7 +1,7 @@
 """HANDOFF.md: a few lines for the next agent session, derived from the ledger (never authoritative).
 
 Regenerated at every state change by whoever changed the state. Details are referenced by id, never
-pasted; deleting the file loses nothing (`caseledger status` regenerates it).
+pasted; deleting the file loses nothing (`caseledger handoff` and every state change regenerate it).
 """
 
 from __future__ import annotations

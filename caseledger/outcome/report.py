@@ -1,8 +1,8 @@
 """Reports rendered from saved results: markdown and JSON, never recomputed, never mixing windows.
 
 Every figure is printed inside its window's section with the window's request count, duration and
-divisor; NOT_OBSERVED prints with its reason. Plots are optional (matplotlib), the report is complete
-without them.
+divisor; NOT_OBSERVED prints with its reason. Plots come from matplotlib (a dependency, imported only
+where a plot is drawn); the markdown report is complete without them.
 """
 
 from __future__ import annotations
