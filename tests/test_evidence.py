@@ -339,3 +339,31 @@ def test_two_active_scenarios_both_appear_in_the_handoff(ws: Workspace) -> None:
     assert "scenario scen-b: 1 case(s)" in text, text  # the latest, with its rows
     assert f"also active: scenario scen-a: latest {ra.run_id} succeeded -> baseline" in text, text
     assert f"latest run: {rb.run_id}" in text and len(text.encode()) <= 1024, text
+
+
+def _failed(i: int, status: int | None, kind: str, error: str) -> RawRecord:
+    r = _rec(i, 0, None)
+    r.update(ok=False, status=status, error_class=kind, error=error)  # type: ignore[typeddict-item]
+    return r
+
+
+def test_failure_causes_and_the_share_decide_the_class() -> None:
+    from caseledger.errors import PhaseFailed
+    from caseledger.run.phases import check_failures  # lazy: the run stage, for this pure check only
+
+    ok = [_rec(i, 4, 4) for i in range(6)]
+    case = _case()
+    check_failures(case, ok)  # nothing failed: nothing to say
+    # requests the client was told to stop (SIGTERM) are not the target's failures
+    check_failures(case, [*ok, _failed(6, None, "client", "cancelled"), _failed(7, None, "client", "cancelled")])
+    mixed = [*ok, _failed(6, 503, "http", "HTTP 503: busy"), _failed(7, 429, "http", "HTTP 429: slow down"),
+             _failed(8, None, "timeout", "no complete response")]
+    with pytest.raises(PhaseFailed) as e:
+        check_failures(case, mixed)
+    assert e.value.failure_class == "overload" and "3 of 9 failed" in e.value.message, e.value.message
+    assert "HTTP 503=1" in e.value.message and "timeout=1" in e.value.message
+    lenient = _case(load={"requests": 4, "concurrency": 2, "max_tokens": 16, "max_failed_share": 0.5})
+    check_failures(lenient, mixed)  # a third failed: within the declared share, data not a failed load
+    with pytest.raises(PhaseFailed) as e:
+        check_failures(case, [*ok, _failed(6, None, "client", "TypeError: a bug")])
+    assert e.value.failure_class == "internal"

@@ -392,7 +392,7 @@ def failure_cause(rec: RawRecord) -> FailureClass:
         return FailureClass.OVERLOAD
     if kind == "http" and status is not None and 400 <= status < 500:
         return FailureClass.HOT_ENTRY
-    if kind == "client" and rec["error"] != "cancelled":
+    if kind == "client":
         return FailureClass.INTERNAL
     return FailureClass.SERVICE
 
@@ -412,7 +412,8 @@ def check_failures(case: Case, recs: list[RawRecord]) -> None:
     """The formal load failed when more than load.max_failed_share of its requests failed; its class is the
     most common cause (failure_cause). Below the share the failed requests are data: every figure excludes
     them and the decision names them."""
-    failed = [r for r in recs if not r["ok"]]
+    # a request the client itself was told to stop (SIGTERM/SIGINT: 'cancelled') is no failure of the target
+    failed = [r for r in recs if not r["ok"] and not (r["error_class"] == "client" and r["error"] == "cancelled")]
     share, limit = len(failed) / len(recs) if recs else 0.0, case.load.max_failed_share
     if not failed or share <= limit:
         return
