@@ -271,6 +271,11 @@ def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
         samples = read_records(ws.run(r.run_id).load_host).records
         share = np.sum([x["busy"] - x["ours"] for x in samples]) / np.sum([x["total"] for x in samples])  # type: ignore
         c.check("count", share > 0.5, share)
+        from caseledger.tools import summarize  # lazy: only here the scenario view is read
+
+        view = summarize(ws, [], scenario="ref-test").scenario
+        row = view.rows[0] if view is not None else None
+        c.check("next", row is not None and row.runs == 0 and not row.best, row)  # a distorted run is no repeat
 
 
 def test_a_verdict_is_decided_again_when_the_baseline_is_re_run(ws: Workspace) -> None:

@@ -53,11 +53,13 @@ def computed_last(run: Run) -> Result | None:
 
 
 def valid(result: Result | None, window: str) -> bool:
-    """A result a decision can rest on: the window was found, meets its minimums, no failed request."""
+    """A result a decision can rest on: the window was found, meets its minimums, no failed or invalid request,
+    not distorted (a stalled client, a contended host: such a run is repeated, never used as a repeat)."""
     if result is None:
         return False
     w: WindowResult = getattr(result.windows, window)
-    return w.found and w.meets_min_requests and w.meets_min_duration and not result.failed
+    return (w.found and w.meets_min_requests and w.meets_min_duration and not result.failed and not w.invalid
+            and not w.distorted)
 
 
 def _decision_of(ws: Workspace, run_id: str) -> DecisionRecord | None:
