@@ -245,6 +245,8 @@ def test_remote_load_completes_with_the_local_shape_and_the_report_states_the_cl
     # the raw records were written by the client on the load host, and copied here byte for byte
     remote = remote_load_dir(lh, r.run_id)
     assert (remote / "raw.jsonl").read_bytes() == paths.raw.read_bytes() and raw_lines(paths.raw) == n
+    # the client's stall record comes back with the raw data (on the same, remote, clock)
+    assert paths.load_stalls.exists() and paths.load_stalls.read_bytes() == (remote / "stalls.jsonl").read_bytes()
     assert client_starts(lh, r.run_id) == 1
     assert stats(lh, port)["by_phase"]["load"] == n
     report = paths.report_md.read_text()

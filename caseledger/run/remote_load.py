@@ -535,13 +535,14 @@ class Follower:
                           "resume copies them again; nothing is re-sent")
 
     async def finish(self, end: dict[str, Any] | None) -> dict[str, Any]:
-        """Seal the copies, then copy progress/client.log and the end file (last: it marks the load done here)."""
+        """Seal the copies, then copy client.log, stalls.jsonl and the end file (last: it marks the load done here)."""
         sealed = await self.seal()
-        for name in ("client.log",):
+        for name in ("client.log", "stalls.jsonl"):
             with contextlib.suppress(RemoteError, LinkLost):
                 body = await self._copy_whole(name)
-                if body is not None:  # the remote client's own log: outside text, masked like the rest
-                    atomic_write(self.paths.load_dir / name, redact.mask_bytes(body))
+                if body is not None:  # the client's log is outside text, masked; its stalls (on the raw records'
+                    # clock, the load host's) are its own numbers
+                    atomic_write(self.paths.load_dir / name, redact.mask_bytes(body) if name == "client.log" else body)
         clock = None
         with contextlib.suppress(RemoteError, LinkLost):
             clock = await self.link.call(lambda c: _clock(c, self.host), timeout_s=30)
