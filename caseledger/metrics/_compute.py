@@ -423,12 +423,17 @@ def _distortion(case: Case, start: int, end: int, ev: _Evidence, t0: int) -> lis
         a, b = max(inside, key=lambda x: x[1] - x[0])
         out.append(f"load client stalled {stalled:.1f} s in all ({len(inside)} stall(s), longest {(b - a) / _S:.1f} s "
                    f"from {(a - t0) / _S:.1f} s): its timestamps are late; repeat the run")
-    host = host_load([x for x in ev.host if x["mono_ns"] > start and x["mono_ns"] - x["dt_ns"] < end])
+    host = host_load(_samples_in(ev.host, start, end))
     if isinstance(host, HostLoad) and host.other_share > th.max_other_cpu_share:
         out.append(f"other processes used {host.other_share:.0%} of the host's {host.cores} core(s) during the "
                    f"window (> measurement.evidence.max_other_cpu_share {th.max_other_cpu_share:g}): a contended "
                    "host; repeat on a quiet host")
     return out
+
+
+def _samples_in(samples: list[dict[str, Any]], start: int, end: int) -> list[dict[str, Any]]:
+    """The host CPU samples whose interval overlaps [start, end] (each covers (mono_ns - dt_ns, mono_ns])."""
+    return [x for x in samples if x["mono_ns"] > start and x["mono_ns"] - x["dt_ns"] < end]
 
 
 def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:
@@ -821,6 +826,6 @@ def compute_result(
         windows=windows,
         checks=validity.summary,
         stalls=[Stall(start_s=(a - dv.t0) / _S, duration_s=(b - a) / _S) for a, b in stall_spans],
-        host=host_load([x for x in host_samples if whole_span.start is not None and whole_span.end is not None
-                        and x["mono_ns"] > whole_span.start and x["mono_ns"] - x["dt_ns"] < whole_span.end]),
+        host=host_load(_samples_in(host_samples, whole_span.start, whole_span.end)
+                       if whole_span.start is not None and whole_span.end is not None else []),
     )

@@ -272,6 +272,7 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
                           f"{planned - end['sent']} never sent", FailureClass.DISK,
                           "free disk space, then resume: the recorded requests are kept and nothing is re-sent "
                           "(the run ends partial)")
+    recs = read_records(paths.raw).records  # once: the failure check and the client timing both read them
     if end.get("failed", 0):
         problem = services.check_live(run.workspace, case, run.meta.target_key or "")
         if problem is not None:
@@ -280,10 +281,10 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
                 "failed", FailureClass.SERVICE,
                 "resume starts the service once and sends the load again as a new attempt (this attempt's raw "
                 "data is kept aside, marked superseded)", evidence={"service_problem": problem})
-        check_failures(case, read_records(paths.raw).records)
+        check_failures(case, recs)
     return {**extra, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
             "ok": end["ok"], "failed": end["failed"], "metrics_read_by": read_by,
-            "client_timing": client_timing(read_records(paths.raw).records, case.load.concurrency,
+            "client_timing": client_timing(recs, case.load.concurrency,
                                            case.load.rate is None, read_json_or_none(paths.load_anchor)),
             "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
 
