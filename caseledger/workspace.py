@@ -424,6 +424,15 @@ class Workspace:
         return self.ledger / "reports"
 
     @property
+    def scenarios_dir(self) -> Path:
+        """Per scenario: its decision record (decision.jsonl), which is not part of any case id."""
+        return self.ledger / "scenarios"
+
+    @property
+    def campaigns_dir(self) -> Path:
+        return self.ledger / "campaigns"
+
+    @property
     def handoff(self) -> Path:
         return self.root / "HANDOFF.md"
 

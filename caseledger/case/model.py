@@ -713,9 +713,10 @@ class Case(_Model):
         return names | ({self.target.api_key_env} if self.target.api_key_env else set())
 
     def measured(self) -> dict[str, Any]:
-        """What is measured: the canonical form without lineage (parent) and note. The case id hashes this,
-        so the same measurement frozen under another parent or note is the same case."""
-        return {k: v for k, v in self.canonical().items() if k not in LINEAGE_FIELDS}
+        """What is measured: the canonical form without lineage (parent, note) and the decision. The case id
+        hashes this, so the same measurement frozen under another parent, note, limit or objective is the same
+        case (the decision lives with the scenario: case/store.py scenario_decision)."""
+        return {k: v for k, v in self.canonical().items() if k not in LINEAGE_FIELDS and k != "decision"}
 
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # service.env value '${VAR}': the caller's $VAR (fullmatch)

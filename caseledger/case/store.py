@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from caseledger import redact
 from caseledger.case.launch import launch_problem
-from caseledger.case.model import LINEAGE_FIELDS, PATTERN_RULES, Case
+from caseledger.case.model import LINEAGE_FIELDS, PATTERN_RULES, Case, Decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
 from caseledger.workspace import (
@@ -143,8 +143,14 @@ def legacy_id_of(case: Case) -> str:
     return "c-" + sha256_bytes(canonical_json(case.canonical()))[:12]
 
 
+def decided_id_of(case: Case) -> str:
+    """The id frozen cases had before the decision left the hash (lineage out, decision in): old ids resolve."""
+    data = {k: v for k, v in case.canonical().items() if k not in LINEAGE_FIELDS}
+    return "c-" + sha256_bytes(canonical_json(data))[:12]
+
+
 def is_case_id_of(case: Case, case_id: str) -> bool:
-    return case_id in (case_id_of(case), legacy_id_of(case))
+    return case_id in (case_id_of(case), decided_id_of(case), legacy_id_of(case))
 
 
 def _frozen_as_stored(path: Path, case_id: str) -> Case | None:
@@ -186,9 +192,52 @@ def lineage(ws: Workspace, case_id: str) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(_lineage_path(ws, case_id)).items if isinstance(r, dict)]
 
 
+def _decision_path(ws: Workspace, scenario: str) -> Path:
+    return ws.scenarios_dir / scenario / "decision.jsonl"
+
+
+def decision_history(ws: Workspace, scenario: str) -> list[dict[str, Any]]:
+    """Every decision recorded for a scenario ({"utc", "decision", "source"}), oldest first."""
+    return [r for r in read_jsonl(_decision_path(ws, scenario)).items
+            if isinstance(r, dict) and isinstance(r.get("decision"), dict)]
+
+
+def scenario_decision(ws: Workspace, scenario: str) -> Decision | None:
+    """The scenario's current decision section (objective, window, limits, min_effect, baseline, goodput): the
+    latest one a freeze recorded; None when none was recorded (cases frozen before it keep their own)."""
+    for rec in reversed(decision_history(ws, scenario)):
+        try:
+            return Decision.model_validate(rec["decision"])
+        except ValidationError:
+            continue  # a damaged line: the one before it holds
+    return None
+
+
+def record_decision(ws: Workspace, scenario: str, decision: Decision, source: str) -> Decision | None:
+    """Make `decision` the scenario's decision; returns the one it replaces (None: it was already current, or
+    none was recorded). Nothing is measured again: every verdict is derived from the results when read."""
+    before = scenario_decision(ws, scenario)
+    if before == decision:
+        return None
+    path = _decision_path(ws, scenario)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as f:
+        f.write(orjson.dumps({"utc": utc_now(), "decision": decision.model_dump(mode="json"),
+                              "source": source}) + b"\n")
+    return before if before is not None else Decision()
+
+
+def with_current_decision(ws: Workspace, case: Case) -> Case:
+    """The case under its scenario's current decision (a run's copy carries the decision of its start)."""
+    current = scenario_decision(ws, case.scenario)
+    return case if current is None or current == case.decision else case.model_copy(update={"decision": current})
+
+
 def load_case(ws: Workspace, case_id: str) -> Case:
     """A frozen case, hash-checked at every read: an edited or damaged file is refused with the fix. Parent
-    and note come from its latest freeze (lineage), so the returned case reads as the agent froze it."""
+    and note come from its latest freeze (lineage), so the returned case reads as the agent froze it; the
+    decision is the scenario's current one (a case frozen before the decision left the id keeps its own until
+    the scenario records one)."""
     path = ws.frozen_case(case_id)
     if not path.exists():
         raise NotFound(f"case_id '{case_id}' is not frozen in {ws.frozen_dir}",
@@ -202,7 +251,7 @@ def load_case(ws: Workspace, case_id: str) -> Case:
     last = (lineage(ws, case_id) or [{}])[-1]
     if last:
         case = case.model_copy(update={k: last.get(k, getattr(case, k)) for k in LINEAGE_FIELDS})
-    return case
+    return with_current_decision(ws, case)
 
 
 def store(ws: Workspace, case: Case, source: str = "") -> tuple[str, bool]:

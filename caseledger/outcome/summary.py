@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, argv_change, delta, flatten
-from caseledger.case.store import load_case
+from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger.runs import Run, RunMeta, load_run, scan_runs
 from caseledger.ledger.state import fold
@@ -83,10 +83,11 @@ def valid_runs(ws: Workspace, case_id: str, window: str,
     return out
 
 
-def baseline_of(run: Run) -> tuple[str | None, str | None]:
-    """(baseline case id, its run to compare with) for a run: case.decision.baseline, else the parent; when that
-    case has no valid result, the scenario's last valid kept case (decided keep or baseline, within its limits)."""
-    case = run.case
+def baseline_of(run: Run, case: Case | None = None) -> tuple[str | None, str | None]:
+    """(baseline case id, its run to compare with) for a run: the decision's baseline, else the parent; when that
+    case has no valid result, the scenario's last valid kept case (decided keep or baseline, within its limits).
+    `case`: the run's case under the scenario's current decision (default: read here)."""
+    case = case if case is not None else with_current_decision(run.workspace, run.case)
     ref = case.decision.baseline or case.parent
     if ref is None or ref == run.meta.case_id:
         return None, None
@@ -121,17 +122,18 @@ def current_decision(run: Run, result: Result | None) -> DecisionRecord:
     Writes nothing."""
     paths = run.paths
     ws = run.workspace
-    ref_case, ref_run = baseline_of(run)
+    case = with_current_decision(ws, run.case)  # the scenario's decision now, not the one of the run's start
+    ref_case, ref_run = baseline_of(run, case)
     baseline = latest_result(ws.run(ref_run).root) if ref_run else None
     end = read_json_or_none(paths.load_end)
     load_ended = bool(end) and int(end.get("done", 0)) >= int(end.get("planned", 1))
-    window = run.case.decision.window
+    window = case.decision.window
     metas = scan_runs(ws).metas
     repeats = [r for rid, r in valid_runs(ws, run.meta.case_id, window, metas) if rid != run.run_id]
     base_repeats = ([r for rid, r in valid_runs(ws, ref_case, window, metas) if rid != ref_run]
                     if ref_case and ref_run else [])
-    base_case = load_run(ws, ref_run).case if ref_run else None
-    return decide(run.case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
+    base_case = with_current_decision(ws, load_run(ws, ref_run).case) if ref_run else None
+    return decide(case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
                   load_ended=load_ended, candidate_case=run.meta.case_id, repeats=repeats,
                   baseline_repeats=base_repeats, baseline_case=base_case)
 

@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from caseledger import datasets, services
-from caseledger.case.model import Case
-from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, delta, plan
-from caseledger.case.store import check_parent, load_case, read_draft, store, validate
+from caseledger.case.model import Case, Decision
+from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, delta, flatten, plan
+from caseledger.case.store import check_parent, load_case, read_draft, record_decision, store, validate
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
@@ -30,6 +30,9 @@ class FreezeResult(BaseModel):
     runs: list[str] = Field(default_factory=list, description="Runs of this case so far, oldest first")
     latest_run_state: str | None = Field(None, description="State of the latest run of this case, if any")
     next_call: str = Field("", description="The one next call")
+    decision_change: str | None = Field(
+        None, description="What this freeze changed in the scenario's decision (objective, limits, min_effect): "
+        "every case of the scenario is re-decided from its results, no request sent; null: unchanged")
 
     def text(self) -> str:
         if self.delta:
@@ -48,6 +51,9 @@ class FreezeResult(BaseModel):
         if self.runs:
             more = f" (+{len(self.runs) - 1} earlier)" if len(self.runs) > 1 else ""
             lines.append(f"measured: {self.runs[-1]} {self.latest_run_state}{more}")
+        if self.decision_change:
+            lines.append(f"scenario decision: {self.decision_change}; every case re-decided from its results, "
+                         "0 requests sent")
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
@@ -73,6 +79,8 @@ def freeze_case(
         workspace.inside(case.dataset.path, "dataset.path")
     dataset_id = _materialize(workspace, case)
     cid, created = store(workspace, case, source)
+    # the decision section is the scenario's, not the case's: a draft that writes one makes it current
+    before = record_decision(workspace, case.scenario, case.decision, f"case {cid}") if "decision" in obj else None
     case = load_case(workspace, cid)  # with its lineage: a lookup without parent keeps the recorded one
     parent_case = check_parent(workspace, case.parent) if case.parent != cid else None
     runs = [m.run_id for m in scan_runs(workspace).metas if m.case_id == cid]
@@ -87,8 +95,17 @@ def freeze_case(
         case_id=cid, created=created, scenario=case.scenario, parent=case.parent, dataset_id=dataset_id,
         delta=(changes := delta(parent_case, case)), plan=_preview(workspace, case, changes, parent_case is not None),
         path=str(workspace.frozen_case(cid)), runs=runs, latest_run_state=state.state.value if state else None,
-        next_call=nxt,
+        next_call=nxt, decision_change=(words if before is not None and (words := decision_words(before, case.decision))
+                                       != "unchanged" else None),
     )
+
+
+def decision_words(before: Decision, after: Decision) -> str:
+    """'limits.tpot_p99_ms none->40, min_effect 0.02->0.05': the decision fields a freeze changed."""
+    a, b = flatten(before.model_dump(mode="json")), flatten(after.model_dump(mode="json"))
+    parts = [f"{k} {'none' if a.get(k) is None else a.get(k)}->{'none' if b.get(k) is None else b.get(k)}"
+             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return ", ".join(parts) or "unchanged"
 
 
 def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:

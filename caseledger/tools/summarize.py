@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from caseledger import redact
 from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
-from caseledger.case.store import load_case
+from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
@@ -180,16 +180,17 @@ def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
     points, cdfs, bounds = [], {}, {}
     for rid in run_ids:
         run = load_run(ws, rid)
-        d = run.case.decision
+        case = with_current_decision(ws, run.case)
+        d = case.decision
         result = summary.load_result(run)
-        verdicts = limit_verdicts(run.case, result)
+        verdicts = limit_verdicts(case, result)
         w = getattr(result.windows, d.window) if result is not None else None
         metric = summary.window_stat(w, ".".join(METRICS[d.primary_metric][:3])) if w is not None else None
         points.append(report.PlotPoint(label=rid, x=None, metric=metric, best=False, breaks=bool(broken(verdicts)),
                                        figures={v.limit: v.value for v in verdicts}))
         bounds.update(d.limits.bounds())
         cdfs[rid] = summary.latency_samples(ws, rid)
-    first = load_run(ws, run_ids[0]).case.decision
+    first = with_current_decision(ws, load_run(ws, run_ids[0]).case).decision
     png = report.render_png(" vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run",
                             points, bounds, cdfs)
     return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", png)
