@@ -53,11 +53,11 @@ def _parser() -> argparse.ArgumentParser:
                                 parents=[common])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("freeze", parents=[common], help="freeze a case draft (freeze_case)")
+    s = sub.add_parser("freeze", parents=[common], help="freeze a case or campaign draft (freeze_case)")
     s.add_argument("path")
     s.add_argument("--parent", default=None, help="parent case id (overrides the draft's parent)")
 
-    s = sub.add_parser("run", parents=[common], help="start a run of a frozen case (start_run)")
+    s = sub.add_parser("run", parents=[common], help="start a run of a frozen case, or a campaign g-... (start_run)")
     s.add_argument("case_id")
     s.add_argument("--wait", action="store_true", help="wait for the whole run, not just preflight")
     s.add_argument("--preflight-only", action="store_true",
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--queue", action="store_true",
                    help="if the target is held: preflight now and start when it frees (authorization auto)")
 
-    s = sub.add_parser("status", parents=[common], help="where a run stands (phase_status)")
+    s = sub.add_parser("status", parents=[common], help="where a run or a campaign stands (phase_status)")
     s.add_argument("run_id", nargs="?")
     s.add_argument("--wait", type=float, default=0.0, metavar="S",
                    help="answer when the run's state changes, or after S seconds (at most 120)")
@@ -175,23 +175,24 @@ def _dispatch(a: argparse.Namespace) -> int:
     ws = Workspace.open(a.workspace)
     remember_secrets(ws)  # answers mask the values of every frozen case's secrets, whichever run they show
     if a.cmd == "freeze":
-        from caseledger.tools import freeze_case  # lazy: the tools pull numpy (metrics, datasets); --help stays light
+        from caseledger.tools import freeze_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(freeze_case(ws, a.path, parent=a.parent), a.json)
+        _emit(freeze_any(ws, a.path, parent=a.parent), a.json)
     elif a.cmd == "run":
-        from caseledger.tools import start_run  # lazy: the tools pull numpy (metrics, datasets); --help stays light
+        from caseledger.tools import StartResult, start_any  # lazy: the tools pull numpy; --help stays light
 
-        r = start_run(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue)
+        r = start_any(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue)
         _emit(r, a.json)
-        return 0 if r.preflight != "failed" and r.state not in ("failed", "not_queued") else 1
+        failed = isinstance(r, StartResult) and (r.preflight == "failed" or r.state in ("failed", "not_queued"))
+        return 1 if failed else 0
     elif a.cmd == "status":
-        from caseledger.tools import phase_status  # lazy: the tools pull numpy (metrics, datasets); --help stays light
+        from caseledger.tools import status_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(phase_status(ws, a.run_id, wait_s=a.wait), a.json)
+        _emit(status_any(ws, a.run_id, wait_s=a.wait), a.json)
     elif a.cmd == "resume":
-        from caseledger.tools import resume  # lazy: the tools pull numpy (metrics, datasets); --help stays light
+        from caseledger.tools import resume_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(resume(ws, a.run_id, wait=a.wait), a.json)
+        _emit(resume_any(ws, a.run_id, wait=a.wait), a.json)
     elif a.cmd == "reprocess":
         from caseledger.tools import reprocess_raw  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 

@@ -27,7 +27,8 @@ STAGES: list[tuple[str, ...]] = [
     ("load", "target"),  # the load client; the embedded reference target
     ("services",),  # bring a target to the case's identity (local or over SSH)
     ("outcome",),  # decide, report, time ledger, handoff
-    ("run",),  # create/start, controller, phase bodies, preflight
+    ("run",),  # create/start, controller, phase bodies, preflight, resume
+    ("campaign",),  # a declared search: its model, planner, driver and answer (starts runs through run/)
     ("tools",),  # the six tools
     ("importers", "server", "demo"),  # AISBench import, MCP wiring, the demo
     ("cli", "__main__", "__init__"),  # entry points

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from caseledger.case.model import Case, _Model
+from caseledger.case.model import Case, Decision, _Model
 from caseledger.errors import FailureClass
 
 
@@ -271,3 +271,11 @@ def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | No
         PlanStep(phase=Phase.DECIDE, action="run", reason="always"),
     ]
     return steps
+
+
+def decision_words(before: Decision, after: Decision) -> str:
+    """'limits.tpot_p99_ms none->40, min_effect 0.02->0.05': the decision fields a freeze changed."""
+    a, b = flatten(before.model_dump(mode="json")), flatten(after.model_dump(mode="json"))
+    parts = [f"{k} {'none' if a.get(k) is None else a.get(k)}->{'none' if b.get(k) is None else b.get(k)}"
+             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return ", ".join(parts) or "unchanged"

@@ -29,7 +29,7 @@ from caseledger.workspace import (
 )
 
 
-def explain(err: ValidationError, source: str) -> CaseInvalid:
+def explain(err: ValidationError, source: str, what: str = "case") -> CaseInvalid:
     """One line per invalid field: path, problem, the given value."""
     lines = []
     for e in err.errors()[:8]:
@@ -51,7 +51,7 @@ def explain(err: ValidationError, source: str) -> CaseInvalid:
         shown = "" if e["type"] in ("missing",) or isinstance(given, dict) else f" (got {given!r})"[:80]
         lines.append(f"{path}: {msg}{shown}")
     more = f" (+{len(err.errors()) - 8} more)" if len(err.errors()) > 8 else ""
-    return CaseInvalid(f"{source} is not a valid case: " + "; ".join(lines) + more,
+    return CaseInvalid(f"{source} is not a valid {what}: " + "; ".join(lines) + more,
                        "fix these fields in the draft and freeze again; nothing was written")
 
 

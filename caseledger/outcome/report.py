@@ -608,6 +608,36 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
     return buf.getvalue()
 
 
+def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
+    """A PNG of a campaign's points: output tok/s per card (metric) against tok/s per user (x); the frontier
+    (best) joined and starred, points above a limit crossed. None when matplotlib is not importable."""
+    try:
+        import matplotlib  # lazy: heavy, only summarize draws
+
+        matplotlib.use("Agg")  # no display: the server and CI have none
+        import matplotlib.pyplot as plt  # lazy: heavy, only summarize draws
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for p in points:
+        if p.x is None or p.metric is None:
+            continue
+        style = ("x", "tab:red") if p.breaks else ("*", "tab:green") if p.best else ("o", "tab:blue")
+        ax.plot([p.x], [p.metric], marker=style[0], color=style[1], markersize=10 if p.best else 6, linestyle="none")
+        ax.annotate(p.label, (p.x, p.metric), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    front = sorted((p.x, p.metric) for p in points if p.best and p.x is not None and p.metric is not None)
+    if front:
+        ax.plot([a for a, _ in front], [b for _, b in front], color="tab:green", alpha=0.5)
+    ax.set_xlabel("output tok/s per user (1000 / TPOT p50)", fontsize=8)
+    ax.set_ylabel("output tok/s per card", fontsize=8)
+    ax.set_title(f"{title}\n*: Pareto frontier within limits, x: above a limit", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=60)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _evidence_section(result: Result) -> list[str]:
     """What the figures' trust rests on: the server's counts checked, load client stalls, the host's CPU."""
     out = ["## Evidence checks", ""]

@@ -56,7 +56,7 @@ from caseledger.ledger.runs import check_not_link
 from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff, summary
 from caseledger.outcome.decide import DECISION_WORDS
-from caseledger.tools import FreezeResult, ReprocessResult, ResumeResult, StartResult, StatusResult, SummaryResult
+from caseledger.tools import CampaignFrozen, FreezeResult, ReprocessResult, SummaryResult
 from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
@@ -85,8 +85,8 @@ verdicts, decision). Repair only the failed phase: resume(run_id) or reprocess_r
 requests). Every answer ends with 'next: ...' naming the call to make. Case fields: resource \
 caseledger://schema/case. Decisions: {DECISION_WORDS}."""
 
-RUN_ID_PATTERN = r"^r-[0-9a-f]{6,64}$"
-CASE_ID_PATTERN = r"^c-[0-9a-f]{6,64}$"
+RUN_ID_PATTERN = r"^[rcg]-[0-9a-f]{6,64}$"  # a run; a case stands for its latest run; a campaign (g-)
+CASE_ID_PATTERN = r"^[cg]-[0-9a-f]{6,64}$"  # a case, or a campaign (g-)
 # The patterns are published for clients; the tool functions check ids themselves (check_id), so a bad id gets
 # their message naming the fix rather than a bare schema error.
 _RUN_ID = Field(description="Run id as returned by start_run, e.g. 'r-1a2b3c4d'",
@@ -258,17 +258,20 @@ def build_server(ws: Workspace) -> MCPServer:
         parent: Annotated[str | None, Field(
             description="Parent case id, e.g. 'c-1a2b3c4d5e6f'; overrides the draft's",
             json_schema_extra={"pattern": CASE_ID_PATTERN})] = None,
-    ) -> Annotated[CallToolResult, FreezeResult]:
+    ) -> CallToolResult:
         """Validate a case draft (fields: resource caseledger://schema/case), fill defaults, materialize its
         dataset, store it under its content hash (same content: same case_id). Returns the case_id, the delta
-        against the parent and the plan (phases run, reused or skipped). Next: start_run(case_id)."""
+        against the parent and the plan (phases run, reused or skipped). Next: start_run(case_id). A campaign
+        draft {"campaign": {name, base, axes: [{path, values}], search: {kind: grid|knee, axis, monotone},
+        decision: {primary_metric, limits}, repeats}} freezes every point and returns a g-... id. The decision
+        section is the scenario's, not part of any id: changing a limit re-decides, sending nothing."""
         if (path is None) == (draft is None):
             raise _tool_error(CaseInvalid("freeze_case needs exactly one of path or draft",
                                           "freeze_case(path='cases/x.json') or freeze_case(draft={...})"))
 
-        def call() -> FreezeResult:
+        def call() -> FreezeResult | CampaignFrozen:
             # resolved against the workspace (never the server's cwd), refused if it escapes it
-            return tools.freeze_case(ws, path, draft=draft, parent=parent, cwd_first=False)
+            return tools.freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False)
 
         return await _off_loop(ctx, ws, "freezing the case", call)
 
@@ -281,18 +284,19 @@ def build_server(ws: Workspace) -> MCPServer:
     )
     async def start_run(
         ctx: Context[Any, Any],
-        case_id: Annotated[str, Field(description="Case id from freeze_case, e.g. 'c-1a2b3c4d5e6f'",
+        case_id: Annotated[str, Field(description="Case id from freeze_case, e.g. 'c-1a2b3c4d5e6f', or a campaign "
+                                      "id 'g-...' (runs every point it needs, no further call)",
                                       json_schema_extra={"pattern": CASE_ID_PATTERN})],
         preflight_only: Annotated[bool, Field(
             description="Only check the case in a fresh socket-less process: no run, lease or request")] = False,
         queue: Annotated[bool, Field(
             description="Target held by another run: preflight now, start when it frees (authorization auto)"
         )] = False,
-    ) -> Annotated[CallToolResult, StartResult]:
+    ) -> CallToolResult:
         """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
         preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
         return await _off_loop(ctx, ws, "preflight",
-                               lambda: tools.start_run(ws, case_id, preflight_only=preflight_only, queue=queue))
+                               lambda: tools.start_any(ws, case_id, preflight_only=preflight_only, queue=queue))
 
     @_tool(
         mcp, "phase_status",
@@ -301,16 +305,16 @@ def build_server(ws: Workspace) -> MCPServer:
     async def phase_status(
         ctx: Context[Any, Any],
         run_id: Annotated[str | None, Field(
-            description="Run id, e.g. 'r-1a2b3c4d'; omit for the latest run",
+            description="Run id, e.g. 'r-1a2b3c4d', or a campaign id 'g-...'; omit for the latest run",
             json_schema_extra={"pattern": RUN_ID_PATTERN})] = None,
         wait_s: Annotated[float, Field(
             ge=0, le=120, description="Wait up to this many seconds for the run's state to change (a phase "
             "ending, the run settling) before answering; 0: at once")] = 0.0,
-    ) -> Annotated[CallToolResult, StatusResult]:
+    ) -> CallToolResult:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
         when something changes instead of polling with sleep."""
-        return await _off_loop(ctx, ws, "status", lambda: tools.phase_status(ws, run_id, wait_s=wait_s))
+        return await _off_loop(ctx, ws, "status", lambda: tools.status_any(ws, run_id, wait_s=wait_s))
 
     @_tool(
         mcp, "resume",
@@ -321,10 +325,10 @@ def build_server(ws: Workspace) -> MCPServer:
     async def resume(
         ctx: Context[Any, Any],
         run_id: Annotated[str, _RUN_ID],
-    ) -> Annotated[CallToolResult, ResumeResult]:
+    ) -> CallToolResult:
         """Continue the SAME run at its first unfinished phase; finished phases are kept (service, warm
         caches, an ended load; a live load client is re-attached). Next: phase_status(run_id)."""
-        return await _off_loop(ctx, ws, "resuming", lambda: tools.resume(ws, run_id))
+        return await _off_loop(ctx, ws, "resuming", lambda: tools.resume_any(ws, run_id))
 
     @_tool(
         mcp, "reprocess_raw",
@@ -355,8 +359,9 @@ def build_server(ws: Workspace) -> MCPServer:
     async def summarize(
         ctx: Context[Any, Any],
         run_ids: Annotated[list[str], Field(
-            max_length=16, description="Runs side by side (whole vs whole, native vs native); omit for the "
-                                       "scenario view", json_schema_extra={"items": {"pattern": RUN_ID_PATTERN}})
+            max_length=16, description="Runs side by side (whole vs whole, native vs native), or one "
+                                       "campaign id (its answer); omit for the scenario view",
+            json_schema_extra={"items": {"pattern": RUN_ID_PATTERN}})
         ] = [],  # noqa: B006 - the SDK copies arguments per call; never mutated
         scenario: Annotated[str | None, Field(
             description="Scenario name; omit (and run_ids) for the latest scenario",

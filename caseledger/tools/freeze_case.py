@@ -8,13 +8,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from caseledger import datasets, services
-from caseledger.case.model import Case, Decision
-from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, delta, flatten, plan
+from caseledger.campaign.store import is_campaign_draft
+from caseledger.case.model import Case
+from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, decision_words, delta, plan
 from caseledger.case.store import check_parent, load_case, read_draft, record_decision, store, validate
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
+from caseledger.tools import campaigns
 from caseledger.workspace import Workspace
 
 
@@ -62,15 +64,12 @@ def freeze_case(
     workspace: Workspace, path: str | Path | None = None, *, draft: dict[str, Any] | None = None,
     parent: str | None = None, cwd_first: bool = True,
 ) -> FreezeResult:
-    """Freeze a draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
+    """Freeze a case draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
     cwd_first: a relative path is looked up in the current directory before the workspace (the CLI)."""
-    if draft is None:
-        if path is None:
-
-            raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
-        obj, source = read_draft(workspace, path, cwd_first=cwd_first)
-    else:
-        obj, source = dict(draft), "inline draft"
+    obj, source = _read(workspace, path, draft, cwd_first)
+    if is_campaign_draft(obj):
+        raise CaseInvalid(f"{source} is a campaign draft, not a case", "freeze it with the freeze_case tool or "
+                          "`caseledger freeze` (tools.freeze_any takes both)")
     if parent is not None:
         obj["parent"] = parent
     case = validate(obj, source)
@@ -100,12 +99,30 @@ def freeze_case(
     )
 
 
-def decision_words(before: Decision, after: Decision) -> str:
-    """'limits.tpot_p99_ms none->40, min_effect 0.02->0.05': the decision fields a freeze changed."""
-    a, b = flatten(before.model_dump(mode="json")), flatten(after.model_dump(mode="json"))
-    parts = [f"{k} {'none' if a.get(k) is None else a.get(k)}->{'none' if b.get(k) is None else b.get(k)}"
-             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return ", ".join(parts) or "unchanged"
+
+def _read(ws: Workspace, path: str | Path | None, draft: dict[str, Any] | None,
+          cwd_first: bool) -> tuple[dict[str, Any], str]:
+    if draft is not None:
+        return dict(draft), "inline draft"
+    if path is None:
+        raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
+    return read_draft(ws, path, cwd_first=cwd_first)
+
+
+def freeze_any(
+    workspace: Workspace, path: str | Path | None = None, *, draft: dict[str, Any] | None = None,
+    parent: str | None = None, cwd_first: bool = True,
+) -> FreezeResult | campaigns.CampaignFrozen:
+    """The freeze_case tool: a case draft, or a campaign draft ({"campaign": {...}}), which freezes the campaign
+    and every point as cases."""
+    obj, source = _read(workspace, path, draft, cwd_first)
+    if not is_campaign_draft(obj):
+        return freeze_case(workspace, draft=obj if draft is not None else None, path=path if draft is None else None,
+                           parent=parent, cwd_first=cwd_first)
+    if parent is not None:
+        raise CaseInvalid("parent is not a field of a campaign",
+                          "name the base with campaign.base_case (a frozen case id) instead; nothing was written")
+    return campaigns.freeze(workspace, obj, source)
 
 
 def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:

@@ -13,15 +13,17 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from caseledger import redact
+from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
+from caseledger.ledger import authorization
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
 from caseledger.outcome.decide import DECISION_WORDS, METRICS, broken, limit_verdicts
 from caseledger.outcome.summary import Headline, ScenarioView
-from caseledger.workspace import Workspace, atomic_write, read_json_or_none
+from caseledger.workspace import Workspace, atomic_write, is_id, read_json_or_none
 
 
 class RunSummary(BaseModel):
@@ -47,6 +49,8 @@ class SummaryResult(BaseModel):
 
     scenario: ScenarioView | None = Field(None, description="The scenario view (null when run_ids were given): "
                                           "rows[].decision is one of " + DECISION_WORDS)
+    campaign: CampaignView | None = Field(None, description="A campaign's answer (run_ids=[its g-... id]): every "
+                                          "point, the winner or a tie within noise, limits, Pareto frontier")
     runs: list[RunSummary] = Field(description="Runs summarized (run_ids given); [] for the scenario view")
     side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
     plot: str | None = Field(None, description="Path of the PNG (metric vs swept value, limits, latency CDFs)")
@@ -55,6 +59,8 @@ class SummaryResult(BaseModel):
     next_call: str = Field(description="The one next call")
 
     def text(self) -> str:
+        if self.campaign is not None:
+            return self.campaign.text() + (f"\nplot: {self.plot}" if self.plot else "")
         lines = [self.scenario.text()] if self.scenario else []
         for r in self.runs:
             def f(w: Headline | None) -> str:
@@ -87,6 +93,10 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
                           "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs")
     if not run_ids:
         return _scenario(workspace, scenario)
+    if any(is_id(r, "g") for r in run_ids):
+        if len(run_ids) > 1:
+            raise CaseInvalid("a campaign id is summarized alone", f"summarize(run_ids=['{run_ids[0]}'])")
+        return _campaign(workspace, run_ids[0])
     out: list[RunSummary] = []
     rows = []
     for rid in run_ids:
@@ -162,6 +172,15 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
         return latest.model_copy(update={"damaged": scan.damaged})
     return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=_scenario_plot(workspace, view),
                          damaged=scan.damaged, next_call=summary.scenario_next(view))
+
+
+def _campaign(ws: Workspace, gid: str) -> SummaryResult:
+    view = campaign_view(ws, gid, authorization.current_mode(ws))
+    points = [report.PlotPoint(label=r.label, x=r.per_user_tok_s, metric=r.per_card_tok_s, best=r.pareto,
+                               breaks=r.meets is False, figures={}) for r in view.rows if r.runs]
+    png = report.render_pareto(f"campaign {view.name} ({gid})", points)
+    return SummaryResult(campaign=view, runs=[], side_by_side=None, plot=_write_png(ws, f"campaign-{gid}.png", png),
+                         next_call=view.next_call)
 
 
 def _scenario_plot(ws: Workspace, view: ScenarioView) -> str | None:

@@ -1,0 +1,193 @@
+"""The campaign's driver: a detached process that plans, starts each next point through the same core as
+start_run, waits for it, and plans again until the campaign is complete; no agent round trip between points.
+
+It holds ledger/campaigns/<id>/driver.lock (one driver per campaign); it survives nothing and needs to: every
+fact is in the ledger, so a new driver (start_run or resume of the campaign) continues where one died. A point
+whose run failed at a repairable phase (its controller lost, the service, the collector, an overload) is
+resumed at that phase, never measured again; a running point is waited for, never started twice. A paused
+authorization or a target held by another owner (another campaign) starts no point: the driver waits.
+
+    python -m caseledger.campaign.driver WORKSPACE CAMPAIGN_ID
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from caseledger import procs
+from caseledger.campaign.store import driver_file, driver_lock, load_campaign
+from caseledger.campaign.view import current_plan
+from caseledger.case.store import load_case
+from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
+from caseledger.ledger import authorization
+from caseledger.ledger.runs import load_run
+from caseledger.ledger.state import RunState, fold
+from caseledger.outcome import handoff
+from caseledger.records import read_jsonl
+from caseledger.run.resume import resume
+from caseledger.run.start import launch, wait_for
+from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
+
+WAIT_S = 1.0  # between looks at a paused authorization or a held target
+RUN_TIMEOUT_S = 7 * 86_400.0  # a point runs as long as its case says; the driver only waits
+RESUMES_PER_RUN = 2
+DISTORTED_PAUSE_S, DISTORTED_PAUSE_MAX_S = 10.0, 60.0  # before repeating a point a busy host distorted
+# failure classes a resume repairs without a changed case (DESIGN.md: failure classes and what resume does)
+_REPAIRABLE = {"service", "collect", "end_unknown", "overload", "disk"}
+
+
+def _events(ws: Workspace, gid: str) -> Path:
+    return Path(driver_file(ws, gid)).parent / "events.jsonl"
+
+
+def event(ws: Workspace, gid: str, kind: str, **data: Any) -> None:
+    with _events(ws, gid).open("ab") as f:
+        f.write(orjson.dumps({"utc": utc_now(), "type": kind, **data}) + b"\n")
+
+
+def stamp(ws: Workspace, gid: str) -> tuple[int, ...]:
+    """A cheap mark that changes when the campaign or its newest run writes anything: waiting readers poll this,
+    not the whole view (a reader's CPU is the host's load too)."""
+    out: list[int] = []
+    for path in (_events(ws, gid), driver_file(ws, gid)):
+        try:
+            st = Path(path).stat()
+            out += [st.st_size, st.st_mtime_ns]
+        except OSError:
+            out += [0, 0]
+    runs = [e.get("run_id") for e in events(ws, gid) if e.get("type") in ("point_started", "point_resumed")]
+    if runs and isinstance(runs[-1], str):
+        try:
+            out.append(ws.run(runs[-1]).events.stat().st_size)
+        except (OSError, CaseledgerError):
+            out.append(0)
+    return tuple(out)
+
+
+def events(ws: Workspace, gid: str) -> list[dict[str, Any]]:
+    return [e for e in read_jsonl(_events(ws, gid)).items if isinstance(e, dict)]
+
+
+def _resumable(ws: Workspace, run_id: str) -> bool:
+    v = fold(ws, load_run(ws, run_id))
+    if v.controller_alive or v.state not in (RunState.FAILED, RunState.END_UNKNOWN):
+        return False
+    cls = "end_unknown" if v.state == RunState.END_UNKNOWN else (v.failure_class.value if v.failure_class else "")
+    return cls in _REPAIRABLE
+
+
+def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
+    """One look at the campaign: wait for a running point, resume a repairable one, start the next; returns
+    'done' when complete, 'wait' when it must wait, 'went' when it did something."""
+    camp = load_campaign(ws, gid)
+    pl, obs, extra, _ = current_plan(ws, camp)
+    for o in obs:
+        if o.active:
+            wait_for(ws, o.active, "end", RUN_TIMEOUT_S)
+            return "went"
+    for o in obs:
+        rid = (extra[o.case_id].run_ids or [""])[-1]
+        if o.runs == 0 and rid and resumed.get(rid, 0) < RESUMES_PER_RUN and _resumable(ws, rid):
+            resumed[rid] = resumed.get(rid, 0) + 1
+            event(ws, gid, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label)
+            try:
+                resume(ws, rid, wait=True, timeout_s=RUN_TIMEOUT_S)
+            except (NotAuthorized, TargetHeld):
+                return "wait"
+            except CaseledgerError as e:
+                event(ws, gid, "resume_refused", run_id=rid, error=e.message)
+            return "went"
+    if not pl.next:
+        return "done"
+    cid, why = pl.next[0]
+    point = camp.point(cid)
+    o = next(x for x in obs if x.case_id == cid)
+    if o.bad_runs and (o.last_problem or "").startswith("distorted"):
+        # a contended host distorted its last run: repeating at once measures the same contention
+        pause = min(DISTORTED_PAUSE_MAX_S, DISTORTED_PAUSE_S * o.bad_runs)
+        _note_wait(ws, gid, f"{o.label}: last run distorted ({o.last_problem}); {pause:.0f} s before repeating it")
+        time.sleep(pause)
+    try:
+        view = launch(ws, cid, load_case(ws, cid))
+    except (NotAuthorized, TargetHeld) as e:
+        _note_wait(ws, gid, e.message)
+        return "wait"
+    except CaseledgerError as e:
+        event(ws, gid, "point_refused", case_id=cid, error=e.message)
+        return "wait"
+    event(ws, gid, "point_started", case_id=cid, run_id=view.run_id, label=point.label if point else cid, why=why)
+    end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S)
+    event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
+    return "went"
+
+
+_LAST_WAIT: dict[str, str] = {}
+
+
+def _note_wait(ws: Workspace, gid: str, why: str) -> None:
+    if _LAST_WAIT.get(gid) != why:  # one event per reason, not one per second
+        _LAST_WAIT[gid] = why
+        event(ws, gid, "waiting", why=why)
+
+
+def drive(ws: Workspace, gid: str) -> int:
+    lock = driver_lock(ws, gid).open("a")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another driver of this campaign is at work
+    before = read_json_or_none(driver_file(ws, gid)) or {}
+    write_json(driver_file(ws, gid), {**procs.me(), "started_utc": utc_now(),
+                                      "first_started_unix": before.get("first_started_unix", time.time())})
+    event(ws, gid, "driver_started", pid=procs.me()["pid"])
+    resumed: dict[str, int] = {}
+    outcome = "complete"
+    try:
+        while True:
+            if authorization.current_mode(ws) == "paused":
+                _note_wait(ws, gid, "authorization paused: no new point starts")
+                time.sleep(WAIT_S)
+                continue
+            step = _step(ws, gid, resumed)
+            if step == "done":
+                break
+            if step == "wait":
+                time.sleep(WAIT_S)
+    except Exception as e:  # a bug here must not lose the ledger's facts: say so and stop
+        outcome = f"driver error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        info = read_json_or_none(driver_file(ws, gid)) or {}
+        write_json(driver_file(ws, gid), {**info, "ended_utc": utc_now(), "outcome": outcome})
+        event(ws, gid, "driver_ended", outcome=outcome)
+        with contextlib.suppress(OSError, CaseledgerError):
+            handoff.refresh(ws)
+    return 0
+
+
+def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:
+    """Start the campaign's detached driver; returns its pid once driver.json names it (or after 10 s)."""
+    log = (driver_file(ws, gid).parent / "driver.log").open("ab")
+    p = subprocess.Popen([sys.executable, "-m", "caseledger.campaign.driver", str(ws.root), gid],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=procs.child_env(keep=keep),
+                         start_new_session=True, close_fds=True)
+    log.close()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and p.poll() is None:
+        info = read_json_or_none(driver_file(ws, gid)) or {}
+        if info.get("pid") == p.pid:
+            break
+        time.sleep(0.02)
+    return p.pid
+
+
+if __name__ == "__main__":
+    sys.exit(drive(Workspace(Path(sys.argv[1])), sys.argv[2]))

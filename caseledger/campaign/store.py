@@ -1,0 +1,192 @@
+"""Freezing and loading campaigns: the base case and every point frozen as cases, the campaign under its hash.
+
+ledger/campaigns/<g-id>/
+  campaign.json   what it measures (base case id, axes), read-only: its hash is the id
+  points.json     every point: its axis values, label and case id
+  policy.jsonl    how it is asked (search, repeats, name, note), one line per change: the last one holds
+  driver.json     the driver process (pid, start time) and when it first started: the campaign's clock
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from caseledger import datasets
+from caseledger.campaign.model import CampaignDraft, Repeats, Scalar, Search, apply_axis
+from caseledger.case.model import LINEAGE_FIELDS, Case, Decision
+from caseledger.case.store import (
+    case_id_of,
+    explain,
+    load_case,
+    record_decision,
+    scenario_decision,
+    store,
+    validate,
+)
+from caseledger.errors import CaseInvalid, NotFound
+from caseledger.records import read_jsonl
+from caseledger.workspace import (
+    Workspace,
+    atomic_write,
+    canonical_json,
+    check_id,
+    read_json_or_none,
+    sha256_bytes,
+    utc_now,
+    write_json,
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    values: dict[str, Scalar]  # axis path -> value
+    label: str  # 'C=8' or '-np=2 C=8'
+    case_id: str
+
+
+@dataclass(frozen=True)
+class Campaign:
+    campaign_id: str
+    name: str
+    scenario: str
+    base_case: str
+    axes: list[dict[str, Any]]
+    search: Search
+    repeats: Repeats
+    note: str
+    points: list[Point]
+    decision: Decision  # the scenario's current decision: the campaign's objective and limits
+
+    def point(self, case_id: str) -> Point | None:
+        return next((p for p in self.points if p.case_id == case_id), None)
+
+
+@dataclass(frozen=True)
+class Frozen:
+    campaign: Campaign
+    created: bool
+    decision_before: Decision | None  # the scenario decision this freeze replaced (None: unchanged)
+    policy_changed: bool
+
+
+def _dir(ws: Workspace, campaign_id: str) -> Any:
+    return ws.campaigns_dir / check_id(campaign_id, "campaign_id", "g")
+
+
+def is_campaign_draft(obj: dict[str, Any]) -> bool:
+    return "campaign" in obj
+
+
+def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:
+    """Validate a campaign draft ({"campaign": {...}}), freeze its base case and every point (cases whose lineage
+    names the campaign), store the campaign under its hash; record its decision as the scenario's. CaseInvalid
+    naming the field and the fix; nothing is written for an invalid draft."""
+    body = obj.get("campaign")
+    extra = sorted(set(obj) - {"campaign", "$schema"})
+    if not isinstance(body, dict) or extra:
+        raise CaseInvalid(f"{source} is not a valid campaign: " + (f"unknown top-level field(s) {extra}" if extra
+                          else "'campaign' must be an object"),
+                          "write {\"campaign\": {\"name\", \"base\" or \"base_case\", \"axes\", ...}}; nothing was "
+                          "written")
+    try:
+        draft = CampaignDraft.model_validate(body)
+    except ValidationError as e:
+        raise explain(e, source, "campaign") from None
+    base = _base(ws, draft, source)
+    base_data = {k: v for k, v in base.canonical().items() if k not in LINEAGE_FIELDS}
+    # every point validated before anything is written: a bad axis value names its point and field
+    cases: list[tuple[dict[str, Scalar], str, Case]] = []
+    for values in draft.combos():
+        data = copy.deepcopy(base_data)
+        try:
+            for path, value in values.items():
+                apply_axis(data, path, value)
+        except ValueError as e:
+            raise CaseInvalid(f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written") \
+                from None
+        label = draft.label(values)
+        cases.append((values, label, validate(data, f"campaign point {label}")))
+    gid = "g-" + sha256_bytes(canonical_json({"base_case": case_id_of(base), "axes": [
+        a.model_dump(mode="json") for a in draft.axes]}))[:12]
+    base_id, _ = store(ws, base, source)
+    points = []
+    for values, label, case in cases:
+        pid = case_id_of(case)
+        if pid != base_id:
+            case = case.model_copy(update={"parent": base_id, "note": f"campaign {gid}: {label}"})
+        datasets.materialize(ws, case)
+        store(ws, case, f"campaign {gid}")
+        points.append(Point(values=values, label=label, case_id=pid))
+    d = _dir(ws, gid)
+    created = not (d / "campaign.json").is_file()
+    if created:
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write(d / "campaign.json", canonical_json({"campaign_id": gid, "base_case": base_id, "axes": [
+            a.model_dump(mode="json") for a in draft.axes], "scenario": base.scenario}) + b"\n", mode=0o444)
+        write_json(d / "points.json", [{"values": p.values, "label": p.label, "case_id": p.case_id} for p in points])
+    policy = draft.policy()
+    past = _policies(ws, gid)
+    changed = not past or past[-1] != policy
+    if changed:
+        with (d / "policy.jsonl").open("ab") as f:
+            f.write(orjson.dumps({"utc": utc_now(), **policy}) + b"\n")
+    before = (record_decision(ws, base.scenario, draft.decision, f"campaign {gid}") if draft.decision is not None
+              else None)
+    return Frozen(campaign=load_campaign(ws, gid), created=created, decision_before=before, policy_changed=changed)
+
+
+def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
+    if draft.base_case is not None:
+        return load_case(ws, draft.base_case)
+    assert draft.base is not None
+    base = dict(draft.base)
+    if draft.decision is not None:
+        base["decision"] = draft.decision.model_dump(mode="json")
+    return validate(base, f"{source} campaign.base")
+
+
+def _policies(ws: Workspace, gid: str) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "utc"} for r in read_jsonl(_dir(ws, gid) / "policy.jsonl").items
+            if isinstance(r, dict)]
+
+
+def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
+    """A frozen campaign with its latest policy and the scenario's current decision; NotFound naming the fix."""
+    d = _dir(ws, campaign_id)
+    ident = read_json_or_none(d / "campaign.json")
+    points = read_json_or_none(d / "points.json")
+    policies = _policies(ws, campaign_id)
+    if not isinstance(ident, dict) or not isinstance(points, list) or not policies:
+        raise NotFound(f"campaign '{campaign_id}' is not frozen in {ws.campaigns_dir}",
+                       "freeze_case(draft={'campaign': {...}}) returns its id")
+    policy = policies[-1]
+    scenario = str(ident["scenario"])
+    return Campaign(
+        campaign_id=campaign_id, name=str(policy["name"]), scenario=scenario, base_case=str(ident["base_case"]),
+        axes=list(ident["axes"]), search=Search.model_validate(policy["search"]),
+        repeats=Repeats.model_validate(policy["repeats"]), note=str(policy.get("note", "")),
+        points=[Point(values=dict(p["values"]), label=str(p["label"]), case_id=str(p["case_id"])) for p in points],
+        decision=scenario_decision(ws, scenario) or load_case(ws, str(ident["base_case"])).decision,
+    )
+
+
+def all_campaigns(ws: Workspace) -> list[str]:
+    """Ids of every frozen campaign, oldest first."""
+    d = ws.campaigns_dir
+    if not d.is_dir():
+        return []
+    found = [p for p in d.glob("g-*") if (p / "campaign.json").is_file()]
+    return [p.name for p in sorted(found, key=lambda p: (p / "campaign.json").stat().st_mtime)]
+
+
+def driver_file(ws: Workspace, campaign_id: str) -> Any:
+    return _dir(ws, campaign_id) / "driver.json"
+
+
+def driver_lock(ws: Workspace, campaign_id: str) -> Any:
+    return _dir(ws, campaign_id) / "driver.lock"

@@ -1,0 +1,370 @@
+"""A campaign's answer and progress, read from the ledger (writes nothing): what each point measured (its valid
+runs' objective and limits, their noise), the planner's next points and skips, the winner or the tie, the
+Pareto frontier, and the time ledger (service starts, the share of the wall time spent in formal windows)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from caseledger import procs
+from caseledger.campaign import plan as planner
+from caseledger.campaign.store import Campaign, driver_file, load_campaign
+from caseledger.case.model import Case
+from caseledger.case.store import load_case
+from caseledger.ledger.runs import RunMeta, load_run, scan_runs
+from caseledger.ledger.state import RunState, fold
+from caseledger.metrics import Interval, Result, WindowResult, latest_result
+from caseledger.outcome.decide import LIMITS, METRICS
+from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
+from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
+
+SEED = 20_261_201
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PointRow(_Model):
+    """One point of a campaign: what it measured over its valid runs."""
+
+    label: str = Field(description="Its axis values, e.g. 'C=8' or '-np=2 C=8'")
+    case_id: str = Field(description="The point's frozen case")
+    status: Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"] = Field(
+        description="measured: has valid runs; running; queued: the planner runs it next; pending: the search may "
+        "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
+        "not_needed: the answer does not depend on it")
+    why: str | None = Field(None, description="Why it runs next, is skipped or was given up")
+    runs: int = Field(description="Valid runs (distorted, invalid or failed runs are repeated, never counted)")
+    metric_mean: float | None = Field(description="The objective, mean over its valid runs")
+    noise_rel: float | None = Field(description="Its noise: the larger of the within-run interval and the run-to-run "
+                                    "spread, relative; null: not measured")
+    run_to_run: str = Field(description="'±x% over n runs', or 'unknown (1 run)'")
+    limits: dict[str, str] = Field(description="Per limit: 'mean ±noise <= bound meets (met 2/2)' and so on")
+    meets: bool | None = Field(description="Every limit met (by the mean over its runs); null: not measured")
+    requests: int | None = Field(description="Successful requests the latest run's percentiles rest on")
+    per_user_tok_s: float | None = Field(description="Output tok/s per user (1000 / TPOT p50) of the latest run")
+    per_card_tok_s: float | None = Field(description="Output tok/s per card of the latest run")
+    pareto: bool = Field(False, description="On the Pareto frontier (tok/s per card vs tok/s per user) within limits")
+    run_ids: list[str] = Field(default_factory=list, description="Its runs, oldest first")
+
+
+class CampaignView(_Model):
+    """A campaign: progress, every point, and its one answer."""
+
+    campaign_id: str
+    name: str
+    scenario: str
+    objective: str = Field(description="primary_metric on window, and which way is better")
+    limits: list[str] = Field(description="The scenario's limits, e.g. 'tpot_p99_ms<=40'")
+    search: str = Field(description="grid, or knee on the axis")
+    rows: list[PointRow]
+    complete: bool = Field(description="Nothing is left to run: the answer is final for these limits")
+    answer: str = Field(description="The winner with its interval, a tie within noise, or why there is none")
+    winner: str | None = Field(description="Case id of the winner (null: none yet, or a tie)")
+    tie: list[str] = Field(default_factory=list, description="The pair tied within noise (case ids)")
+    pareto: list[str] = Field(default_factory=list, description="Labels on the Pareto frontier")
+    notes: list[str] = Field(default_factory=list, description="What the answer must add (monotonicity broken...)")
+    progress: dict[str, Any] = Field(description="points measured/running/queued/skipped/given_up, runs, service "
+                                     "starts, elapsed_s, formal_window_share")
+    driver_alive: bool = Field(description="The campaign's driver process is alive (it starts queued points)")
+    authorization: str = Field("", description="paused starts no new point")
+    next_call: str
+
+    def text(self, rows: bool = True) -> str:
+        p = self.progress
+        head = (f"campaign {self.campaign_id} {self.name} ({self.scenario}): {self.search}; {self.objective}"
+                + (f"; limits {', '.join(self.limits)}" if self.limits else ""))
+        share = p.get("formal_window_share")
+        prog = (f"points {p['measured']} measured, {p['running']} running, {p['queued'] + p['pending']} queued or "
+                f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, {p['service_starts']} service start(s), "
+                f"{p['elapsed_s']:.0f} s" + (f", {share:.0%} in formal windows" if share is not None else "")
+                + f"; driver {'alive' if self.driver_alive else 'stopped'}"
+                + (f"; authorization {self.authorization}" if self.authorization not in ("auto", "") else ""))
+        lines = [head, prog]
+        if rows:
+            for r in self.rows:
+                lim = "; ".join(f"{k} {v}" for k, v in r.limits.items())
+                fig = (f" {_n(r.metric_mean)} ±{r.noise_rel:.1%} run-to-run {r.run_to_run}" if r.metric_mean is not None
+                       and r.noise_rel is not None else "")
+                n = f" n={r.requests}" if r.requests is not None else ""
+                mark = " *" if r.case_id == self.winner else " =" if r.case_id in self.tie else ""
+                why = f" — {r.why}" if r.why and r.status != "measured" else ""
+                lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{' | ' + lim if lim else ''}{why}")
+        lines.append(("campaign complete: " if self.complete else "so far: ") + self.answer)
+        if self.pareto:
+            lines.append("pareto (tok/s per card vs per user): " + ", ".join(self.pareto))
+        lines += [f"note: {x}" for x in self.notes]
+        lines.append(f"next: {self.next_call}")
+        return "\n".join(lines)
+
+
+def _n(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}"
+
+
+@dataclass(frozen=True)
+class _Extra:
+    run_ids: list[str]
+    requests: int | None
+    per_user: float | None
+    per_card: float | None
+    met: dict[str, str]
+
+
+def service_key(case: Case) -> str:
+    c = case.canonical()
+    return sha256_bytes(canonical_json({"service": c["service"], "target": c["target"]}))[:12]
+
+
+def _percentile_half(samples: Any, q: float) -> float | None:
+    """Bootstrap 95% half-width of the q-th percentile of per-request values (ms); None for fewer than 2."""
+    import numpy as np  # lazy: heavy; only limit intervals need it
+
+    x = np.asarray(samples, dtype=float)
+    x = x[~np.isnan(x)]
+    if x.size < 2:
+        return None
+    rng = np.random.default_rng(SEED)
+    stats = np.percentile(x[rng.integers(0, x.size, (400, x.size))], q, axis=1)
+    low, high = np.quantile(stats, [0.025, 0.975])
+    return float(high - low) / 2
+
+
+def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, Any], case: Case, cid: str,
+                   metas: list[RunMeta]) -> tuple[planner.PointObs, _Extra]:
+    d = camp.decision
+    window = d.window
+    path = ".".join(METRICS[d.primary_metric][:3])
+    own = [m for m in metas if m.case_id == cid]
+    metric: list[float] = []
+    limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
+    bad, active, problem = 0, None, None
+    latest_valid: tuple[str, Result] | None = None
+    for m in own:
+        view = fold(ws, load_run(ws, m.run_id))
+        if view.state in (RunState.RUNNING, RunState.CREATED) or view.controller_alive:
+            active = m.run_id
+            continue
+        r = latest_result(ws.run(m.run_id).root)
+        v = window_stat(getattr(r.windows, window), path) if r is not None and valid(r, window) else None
+        if r is None or v is None:
+            if view.state in (RunState.FAILED, RunState.END_UNKNOWN) and m is own[-1]:
+                active = None  # a failed run is resumed by the driver, not counted as bad until it gives up
+            bad += 1
+            problem = (f"{view.state.value}" + (f" [{view.failure_class}]" if view.failure_class else "")
+                       if r is None else _why_invalid(r, window))
+            continue
+        metric.append(v)
+        w: WindowResult = getattr(r.windows, window)
+        for name in limit_values:
+            figure, stat = LIMITS[name]
+            lv = window_stat(w, f"latency.{figure}.{stat}")
+            if lv is not None:
+                limit_values[name].append(lv)
+        latest_valid = (m.run_id, r)
+    interval_rel: float | None = None
+    limits: dict[str, planner.LimitObs] = {}
+    requests = per_user = per_card = None
+    samples: dict[str, Any] = {}
+    if latest_valid is not None:
+        rid, r = latest_valid
+        w = getattr(r.windows, window)
+        n = w.noise
+        interval_rel = n.half_width_rel if isinstance(n, Interval) and n.metric == d.primary_metric else None
+        requests = w.ok
+        tpot50 = window_stat(w, "latency.tpot.p50")
+        per_user = 1000.0 / tpot50 if tpot50 else None
+        per_card = window_stat(w, "throughput.output.per_card")
+        if d.limits.bounds():
+            samples = latency_samples(ws, rid)
+    for name, bound in d.limits.bounds().items():
+        figure, stat = LIMITS[name]
+        half = (_percentile_half(samples[figure], float(stat[1:])) if figure in samples and len(samples[figure])
+                else None)
+        limits[name] = planner.LimitObs(bound=bound, values=limit_values[name], half_width=half)
+    obs = planner.PointObs(case_id=cid, label=label, values=values, service_key=service_key(case), metric=metric,
+                           interval_rel=interval_rel, limits=limits, bad_runs=bad, active=active,
+                           last_problem=problem)
+    met = {k: f"{sum(1 for v in vs if v <= d.limits.bounds()[k])}/{len(vs)}" for k, vs in limit_values.items() if vs}
+    return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card,
+                       met=met)
+
+
+def _why_invalid(r: Result, window: str) -> str:
+    w: WindowResult = getattr(r.windows, window)
+    if w.distorted:
+        return "distorted: " + w.distorted[0]
+    if w.invalid:
+        return f"{w.invalid} response(s) with server counts that fail the checks"
+    if r.failed:
+        return f"{r.failed} failed request(s)"
+    if not w.found:
+        return f"no {window} window"
+    return "below the window's minimums"
+
+
+def observe(ws: Workspace, camp: Campaign) -> tuple[list[planner.PointObs], dict[str, _Extra], list[RunMeta]]:
+    """Every point's observations, oldest run first, and the metas of the campaign's runs."""
+    metas = scan_runs(ws).metas
+    ids = {p.case_id for p in camp.points}
+    mine = [m for m in metas if m.case_id in ids]
+    obs, extra = [], {}
+    for p in camp.points:
+        o, e = _observe_point(ws, camp, p.label, p.values, load_case(ws, p.case_id), p.case_id, mine)
+        obs.append(o)
+        extra[p.case_id] = e
+    return obs, extra, mine
+
+
+def started_at(ws: Workspace, campaign_id: str) -> float | None:
+    d = read_json_or_none(driver_file(ws, campaign_id)) or {}
+    v = d.get("first_started_unix")
+    return float(v) if isinstance(v, int | float) else None
+
+
+def driver_alive(ws: Workspace, campaign_id: str) -> bool:
+    return procs.alive(read_json_or_none(driver_file(ws, campaign_id)))
+
+
+def current_plan(ws: Workspace, camp: Campaign) -> tuple[planner.Plan, list[planner.PointObs], dict[str, _Extra],
+                                                          list[RunMeta]]:
+    obs, extra, mine = observe(ws, camp)
+    live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == m.case_id), None)
+    higher = METRICS[camp.decision.primary_metric][3] == "higher_is_better"
+    return planner.plan(obs, camp.search, camp.repeats, higher, live), obs, extra, mine
+
+
+def _pareto(rows: list[PointRow]) -> set[str]:
+    pts = [(r.case_id, r.per_card_tok_s, r.per_user_tok_s) for r in rows
+           if r.meets and r.per_card_tok_s is not None and r.per_user_tok_s is not None]
+    front = set()
+    for cid, a, b in pts:
+        assert a is not None and b is not None
+        if not any((a2 >= a and b2 >= b and (a2 > a or b2 > b)) for _, a2, b2 in pts if a2 is not None
+                   and b2 is not None):
+            front.add(cid)
+    return front
+
+
+def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[RunMeta]) -> dict[str, Any]:
+    since = started_at(ws, camp.campaign_id)
+    starts, formal, last_end = 0, 0.0, since or 0.0
+    runs = 0
+    for m in mine:
+        tl = time_ledger(load_run(ws, m.run_id))
+        runs += 1
+        formal += float(tl.get("formal_window_s") or 0.0)
+        svc = read_json_or_none(ws.run(m.run_id).phase_file("service")) or {}
+        if svc.get("outcome") == "done":
+            starts += 1
+        end = _end_of(tl, m)
+        last_end = max(last_end, end or 0.0)
+    live = any(r.status == "running" for r in rows) or driver_alive(ws, camp.campaign_id)
+    elapsed = ((time.time() if live else last_end) - since) if since else 0.0
+    count = {s: sum(1 for r in rows if r.status == s) for s in ("measured", "running", "queued", "pending", "skipped",
+                                                               "given_up", "not_needed")}
+    return {**count, "runs": runs, "service_starts": starts, "elapsed_s": round(max(elapsed, 0.0), 1),
+            "formal_window_s": round(formal, 1),
+            "formal_window_share": round(formal / elapsed, 3) if elapsed > 0 else None}
+
+
+def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:
+    created = datetime.fromisoformat(m.created_utc.replace("Z", "+00:00")).timestamp() if m.created_utc else None
+    wall = tl.get("run_wall_s")
+    return created + float(wall) if created is not None and isinstance(wall, int | float) else None
+
+
+def campaign_view(ws: Workspace, campaign_id: str, auth: str = "") -> CampaignView:
+    camp = load_campaign(ws, campaign_id)
+    pl, obs, extra, mine = current_plan(ws, camp)
+    d = camp.decision
+    higher = METRICS[d.primary_metric][3] == "higher_is_better"
+    queued = dict(pl.next)
+    complete_now = not pl.next and not any(o.active for o in obs)
+    rows: list[PointRow] = []
+    for o in obs:
+        e = extra[o.case_id]
+        status: Any
+        if o.active:
+            status, why = "running", None
+        elif o.case_id in queued:
+            status, why = "queued", queued[o.case_id]
+        elif o.case_id in pl.given_up:
+            status, why = "given_up", pl.given_up[o.case_id]
+        elif o.runs:
+            status, why = "measured", None
+        elif o.case_id in pl.skipped:
+            status, why = "skipped", pl.skipped[o.case_id]
+        elif o.case_id in pl.pending and not complete_now:
+            status, why = "pending", pl.pending[o.case_id]
+        else:
+            status, why = "not_needed", "the answer does not depend on it"
+        limits = {}
+        for name, lo in o.limits.items():
+            if lo.mean is None:
+                continue
+            met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
+            settled = "" if lo.settled else ", within noise"
+            limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
+        rtr = f"±{o.spread_rel:.1%} over {o.runs} runs" if o.spread_rel is not None else (
+            "unknown (1 run)" if o.runs == 1 else "unknown")
+        rows.append(PointRow(
+            label=o.label, case_id=o.case_id, status=status, why=why, runs=o.runs, metric_mean=o.mean,
+            noise_rel=o.noise_rel if o.runs else None, run_to_run=rtr, limits=limits, meets=o.meets,
+            requests=e.requests, per_user_tok_s=e.per_user, per_card_tok_s=e.per_card, run_ids=e.run_ids))
+    front = _pareto(rows)
+    rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
+    complete = not pl.next and not any(o.active for o in obs)
+    by_id = {o.case_id: o for o in obs}
+    answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
+    alive = driver_alive(ws, campaign_id)
+    progress = _progress(ws, camp, rows, mine)
+    if complete:
+        nxt = ("nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
+               "re-decides it with no request sent")
+    elif not alive:
+        nxt = f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
+    elif auth == "paused":
+        nxt = "caseledger authorize auto: while paused no new point starts"
+    else:
+        nxt = f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
+    return CampaignView(
+        campaign_id=campaign_id, name=camp.name, scenario=camp.scenario,
+        objective=f"{d.primary_metric} on {d.window} ({'higher' if higher else 'lower'} is better)",
+        limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
+        search=(f"knee on {camp.search.axis}" if camp.search.kind == "knee" else "grid")
+        + f" over {len(camp.points)} points",
+        rows=rows, complete=complete, answer=answer, winner=winner, tie=tie,
+        pareto=[r.label for r in rows if r.pareto], notes=pl.notes, progress=progress, driver_alive=alive,
+        authorization=auth, next_call=nxt)
+
+
+def _answer(pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str,
+            complete: bool) -> tuple[str, str | None, list[str]]:
+    if pl.leader is None:
+        if any(o.runs for o in by_id.values()):
+            return "no measured point meets every limit", None, []
+        return "nothing measured yet", None, []
+    lead = by_id[pl.leader]
+    fig = f"{metric} {_n(lead.mean)} ±{lead.noise_rel:.1%}"
+    if pl.runner_up is None:
+        return f"winner {lead.label} ({lead.case_id}): {fig}, the only point within every limit", pl.leader, []
+    second = by_id[pl.runner_up]
+    vs = (f"runner-up {second.label} {_n(second.mean)} ±{second.noise_rel:.1%}; gap {pl.gap_rel or 0:.1%} vs "
+          f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs)")
+    if pl.tie:
+        pair = sorted([lead, second], key=lambda o: o.label)
+        return (f"tie within noise: {pair[0].label} and {pair[1].label} ({vs})",
+                None, [pair[0].case_id, pair[1].case_id])
+    if pl.settled:
+        return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}", pl.leader, []
+    return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet", None, []
+

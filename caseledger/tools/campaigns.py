@@ -1,0 +1,113 @@
+"""The six tools on a campaign id (g-...): freeze_case takes a campaign draft, start_run and resume start its
+driver, phase_status shows its progress (with a bounded wait), summarize its answer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from caseledger.campaign.driver import spawn, stamp
+from caseledger.campaign.store import freeze_campaign, load_campaign
+from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
+from caseledger.case.plan import decision_words
+from caseledger.case.store import load_case
+from caseledger.ledger import authorization
+from caseledger.outcome import handoff
+from caseledger.run.resume import ResumeResult, resume
+from caseledger.tools.phase_status import StatusResult, phase_status
+from caseledger.tools.start_run import StartResult, start_run
+from caseledger.workspace import Workspace, check_id, is_id
+
+MAX_WAIT_S = 120.0
+WAIT_POLL_S = 0.5
+
+
+class CampaignFrozen(BaseModel):
+    campaign_id: str = Field(description="Content hash id of the campaign (base case and axes)")
+    created: bool = Field(description="False when the same campaign was already frozen")
+    name: str
+    scenario: str
+    base_case: str
+    points: dict[str, str] = Field(description="Point label -> its frozen case id")
+    search: str
+    decision_change: str | None = Field(None, description="What this freeze changed in the scenario's decision")
+    policy_changed: bool = Field(description="The search or repeat policy changed with this freeze")
+    next_call: str
+
+    def text(self) -> str:
+        pts = ", ".join(f"{k} {v}" for k, v in list(self.points.items())[:8])
+        more = f" (+{len(self.points) - 8})" if len(self.points) > 8 else ""
+        lines = [f"campaign {self.campaign_id} ({'new' if self.created else 'already frozen'}) {self.name}, "
+                 f"scenario {self.scenario}, base {self.base_case}: {self.search}",
+                 f"points: {pts}{more}"]
+        if self.decision_change:
+            lines.append(f"scenario decision: {self.decision_change}; every point re-decided from its results, "
+                         "0 requests sent")
+        lines.append(f"next: {self.next_call}")
+        return "\n".join(lines)
+
+
+def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:
+    f = freeze_campaign(ws, obj, source)
+    c = f.campaign
+    change = decision_words(f.decision_before, c.decision) if f.decision_before is not None else None
+    r = c.repeats
+    search = (f"knee on {c.search.axis} (monotone)" if c.search.kind == "knee" else "grid") + \
+        f" over {len(c.points)} points; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
+    return CampaignFrozen(
+        campaign_id=c.campaign_id, created=f.created, name=c.name, scenario=c.scenario, base_case=c.base_case,
+        points={p.label: p.case_id for p in c.points}, search=search,
+        decision_change=change if change != "unchanged" else None, policy_changed=f.policy_changed,
+        next_call=(f"summarize(run_ids=['{c.campaign_id}']) shows it re-decided" if change and not f.created
+                   else f"start_run(case_id='{c.campaign_id}') runs it to the end (one call; then phase_status)"))
+
+
+def start(ws: Workspace, gid: str) -> CampaignView:
+    """Start the campaign's driver unless one is alive; the answer is its progress right after."""
+    check_id(gid, "case_id", "g")
+    camp = load_campaign(ws, gid)
+    if not driver_alive(ws, gid):
+        keep: set[str] = set()
+        for p in camp.points:
+            keep |= load_case(ws, p.case_id).env_names()
+        spawn(ws, gid, keep)
+        handoff.refresh(ws)
+    return campaign_view(ws, gid, authorization.current_mode(ws))
+
+
+def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
+    """The campaign's progress; wait_s > 0: answer when the campaign or its newest run writes anything (a point
+    starts or ends, a phase moves), polling a cheap mark rather than the view."""
+    check_id(gid, "run_id", "g")
+    first = campaign_view(ws, gid, authorization.current_mode(ws))
+    if wait_s <= 0 or first.complete or not first.driver_alive:
+        return first
+    deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
+    mark = stamp(ws, gid)
+    while time.monotonic() < deadline:
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        if stamp(ws, gid) != mark:
+            break
+    return campaign_view(ws, gid, authorization.current_mode(ws))
+
+
+def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignView:
+    """The start_run tool: a case id starts a run, a campaign id its driver."""
+    return start(ws, case_id) if is_id(case_id, "g") else start_run(ws, case_id, **kw)
+
+
+def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0) -> StatusResult | CampaignView:
+    """The phase_status tool: a run (or a case's latest run), or a campaign's progress."""
+    if run_id is not None and is_id(run_id, "g"):
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            phase_status(ws, None, wait_s=wait_s)  # the same refusal, naming the bound
+        return status(ws, run_id, wait_s)
+    return phase_status(ws, run_id, wait_s=wait_s)
+
+
+def resume_any(ws: Workspace, run_id: str, **kw: Any) -> ResumeResult | CampaignView:
+    """The resume tool: a run at its failed phase, or a campaign (its driver again: running points are waited
+    for, failed ones resumed at their phase, finished ones never run again)."""
+    return start(ws, run_id) if is_id(run_id, "g") else resume(ws, run_id, **kw)
