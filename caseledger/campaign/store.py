@@ -184,6 +184,15 @@ def all_campaigns(ws: Workspace) -> list[str]:
     return [p.name for p in sorted(found, key=lambda p: (p / "campaign.json").stat().st_mtime)]
 
 
+def campaign_of(ws: Workspace, case_id: str) -> str | None:
+    """The newest campaign one of whose points is this case, or None."""
+    for gid in reversed(all_campaigns(ws)):
+        points = read_json_or_none(_dir(ws, gid) / "points.json") or []
+        if any(isinstance(p, dict) and p.get("case_id") == case_id for p in points):
+            return gid
+    return None
+
+
 def driver_file(ws: Workspace, campaign_id: str) -> Any:
     return _dir(ws, campaign_id) / "driver.json"
 

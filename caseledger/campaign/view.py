@@ -82,7 +82,8 @@ class CampaignView(_Model):
                 + (f"; limits {', '.join(self.limits)}" if self.limits else ""))
         share = p.get("formal_window_share")
         prog = (f"points {p['measured']} measured, {p['running']} running, {p['queued'] + p['pending']} queued or "
-                f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, {p['service_starts']} service start(s), "
+                f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, "
+                f"{p['service_starts']} service start(s), "
                 f"{p['elapsed_s']:.0f} s" + (f", {share:.0%} in formal windows" if share is not None else "")
                 + f"; driver {'alive' if self.driver_alive else 'stopped'}"
                 + (f"; authorization {self.authorization}" if self.authorization not in ("auto", "") else ""))
@@ -356,7 +357,8 @@ def _answer(pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, 
     lead = by_id[pl.leader]
     fig = f"{metric} {_n(lead.mean)} ±{lead.noise_rel:.1%}"
     if pl.runner_up is None:
-        return f"winner {lead.label} ({lead.case_id}): {fig}, the only point within every limit", pl.leader, []
+        return (f"winner {lead.label} ({lead.case_id}): {fig}, the only measured point within every limit",
+                pl.leader, [])
     second = by_id[pl.runner_up]
     vs = (f"runner-up {second.label} {_n(second.mean)} ±{second.noise_rel:.1%}; gap {pl.gap_rel or 0:.1%} vs "
           f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs)")

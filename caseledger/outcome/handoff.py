@@ -14,6 +14,7 @@ from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.runs import Run, damaged_line, scan_runs
 from caseledger.ledger.state import RunState, RunView, fold
+from caseledger.records import read_jsonl
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
 
 MAX_BYTES = 1024
@@ -53,7 +54,8 @@ def render(ws: Workspace, exiting: str | None = None) -> str:
 
 def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunView, views: list[RunView],
              rows: int) -> str:
-    lines = head + _scenario_rows(ws, same, rows) + _other_scenarios(views, latest)
+    camps = _campaigns(ws)
+    lines = head + [line for line, _, _ in camps] + _scenario_rows(ws, same, rows) + _other_scenarios(views, latest)
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
         st = read_json_or_none(f) or {}
         if "adapter" not in st:
@@ -81,7 +83,7 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
     if problems:
         lines.append("open problems:")
         lines += [f"- {p}" for p in problems[:4]]
-    lines.append(f"next: {_next(latest)}")
+    lines.append(f"next: {_campaign_next(ws, camps, latest) or _next(latest)}")
     text = "\n".join(lines) + "\n"
     while (len(text.encode()) > MAX_BYTES or len(lines) > MAX_LINES) and len(lines) > 4 and rows == 0:
         lines.pop(-2)  # last resort, with no scenario rows left: drop detail above the next call
@@ -159,6 +161,45 @@ def _problems(views: list[RunView], latest: RunView) -> list[str]:
             then = "" if v is latest else f" -> {quoted(v.next_call.split(' — ')[0].split('; ')[0], 90)}"
             out.append(f"{v.run_id}: {quoted(v.blocker or v.state.value, 200)}{then}")  # latest: see next
     return out
+
+
+def _campaign_next(ws: Workspace, camps: list[tuple[str, str, bool]], latest: RunView) -> str | None:
+    """Follow a campaign whose driver is alive; after one that ran the latest run, its answer."""
+    alive = next((gid for _, gid, up in camps if up), None)
+    if alive:
+        return f"phase_status(run_id='{alive}', wait_s=60) until it says campaign complete"
+    for _, gid, _ in camps:
+        ids = read_json_or_none(ws.campaigns_dir / gid / "points.json") or []
+        if any(isinstance(p, dict) and p.get("case_id") == latest.case_id for p in ids):
+            return f"summarize(run_ids=['{gid}']): the campaign's answer (its points are not decided one by one)"
+    return None
+
+
+def _campaigns(ws: Workspace) -> list[tuple[str, str, bool]]:
+    """One line per active campaign (its driver alive, or ended in the last hours), most recent first: (line,
+    id, driver alive). Read from its files: the answer itself is summarize(run_ids=[id])."""
+    d = ws.campaigns_dir
+    if not d.is_dir():
+        return []
+    now = datetime.now(UTC).timestamp()
+    found = []
+    for c in d.glob("g-*"):
+        info = read_json_or_none(c / "driver.json")
+        if not isinstance(info, dict):
+            continue
+        alive = procs.alive(info)
+        ended = info.get("ended_utc")
+        try:
+            at = datetime.fromisoformat(str(ended or info.get("started_utc")).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            at = 0.0
+        if not alive and now - at > ACTIVE_S:
+            continue
+        names = [line for line in read_jsonl(c / "policy.jsonl").items if isinstance(line, dict)]
+        name = str(names[-1].get("name", "")) if names else ""
+        state = "driver alive: it starts every next point" if alive else f"driver ended ({info.get('outcome')})"
+        found.append((at, f"campaign {c.name} {name}: {state}; summarize(run_ids=['{c.name}'])", c.name, alive))
+    return [(line, gid, up) for _, line, gid, up in sorted(found, reverse=True)[:MAX_OTHERS]]
 
 
 def _next(v: RunView) -> str:

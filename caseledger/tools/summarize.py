@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from caseledger import redact
+from caseledger.campaign.store import campaign_of
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
@@ -156,6 +157,10 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
                           "summarize() without arguments shows the latest scenario")
     scan = scan_runs(workspace)
     given = name is not None
+    if not given and scan.metas:  # the latest run is a campaign's point: the campaign's answer is the answer
+        gid = campaign_of(workspace, scan.metas[-1].case_id)
+        if gid is not None:
+            return _campaign(workspace, gid)
     try:
         name = name or summary.latest_scenario(workspace)
     except NotFound:

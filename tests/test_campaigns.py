@@ -1,0 +1,274 @@
+"""Campaigns: one declared search frozen once, planned, run by its driver and answered.
+
+The planner is tested pure against simulated points (its bisection count, the exhaustive grid's winner,
+ties, budgets); the whole path on the real reference target: one freeze and one start_run find the knee,
+a new limit re-decides with no request sent (counted at the target), a SIGKILLed driver and controller
+resume with no point measured twice."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from caseledger import services
+from caseledger.campaign import plan as planner
+from caseledger.campaign.model import Repeats, Search
+from caseledger.campaign.view import CampaignView, campaign_view
+from caseledger.errors import CaseInvalid
+from caseledger.ledger import authorization
+from caseledger.ledger.runs import scan_runs
+from caseledger.tools import freeze_any, resume_any, start_any, status_any, summarize
+from caseledger.tools.campaigns import CampaignFrozen
+from caseledger.workspace import Workspace, read_json_or_none
+from tests.conftest import free_port, ref_draft
+from tests.test_runs import stats
+
+# ------------------------------------------------------------------------------------------- the planner, pure
+
+
+def _obs(c: int, metric: list[float], tpot: list[float], bound: float, half: float = 0.05,
+         interval: float = 0.01) -> planner.PointObs:
+    return planner.PointObs(
+        case_id=f"c-{c:012x}", label=f"C={c}", values={"load.concurrency": c}, service_key="s", metric=metric,
+        interval_rel=interval if metric else None,
+        limits={"tpot_p99_ms": planner.LimitObs(bound=bound, values=tpot, half_width=half if tpot else None)},
+        bad_runs=0)
+
+
+def _simulate(cs: list[int], tpot_of: Any, tok_s_of: Any, bound: float, search: Search, repeats: Repeats,
+              noise: Any = None) -> tuple[planner.Plan, dict[int, int]]:
+    """Run the planner to the end, 'measuring' each next point from the given functions; (last plan, runs per C)."""
+    runs: dict[int, list[tuple[float, float]]] = {c: [] for c in cs}
+    for _ in range(200):
+        obs = [_obs(c, [m for m, _ in runs[c]], [t for _, t in runs[c]], bound) for c in cs]
+        pl = planner.plan(obs, search, repeats, higher=True, live_service="s")
+        if not pl.next:
+            return pl, {c: len(v) for c, v in runs.items()}
+        cid = pl.next[0][0]
+        c = int(cid[2:], 16)
+        k = len(runs[c])
+        runs[c].append((tok_s_of(c) * (1 + (noise(c, k) if noise else 0.0)), tpot_of(c)))
+    raise AssertionError("the planner never finished")
+
+
+KNEE = Search(kind="knee", axis="load.concurrency", monotone=True)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 13, 32, 64])
+def test_knee_bisection_measures_at_most_log2_points_plus_two_and_finds_the_grid_winner(n: int) -> None:
+    cs = list(range(1, n + 1))
+    for knee in range(0, n + 1):  # every position of the knee, including none and all meeting
+        bound = 10.0
+
+        def tpot(c: int, knee: int = knee) -> float:
+            return 5.0 if c <= knee else 20.0
+
+        pl, runs = _simulate(cs, tpot, lambda c: 100.0 * c, bound, KNEE, Repeats(runs=1, budget=0))
+        measured = sum(1 for v in runs.values() if v)
+        assert measured <= math.ceil(math.log2(n)) + 2, (n, knee, runs)
+        grid_winner = max((c for c in cs if tpot(c) <= bound), default=None)  # the exhaustive grid's answer
+        won = int(pl.leader[2:], 16) if pl.leader else None
+        assert won == grid_winner, (n, knee, runs)
+        for cid, why in pl.skipped.items():  # every skipped point says which measured point implies it
+            c = int(cid[2:], 16)
+            assert ("meets every limit" in why) == (c <= knee) and "monotone" in why
+
+
+def test_the_leader_and_runner_up_are_repeated_until_settled_and_a_close_pair_is_a_declared_tie() -> None:
+    cs = [1, 2, 4]
+    grid = Search()
+    # C=2 and C=4 within 1% of each other, run-to-run noise +-3%: a tie after settle_runs each
+    wobble = [0.03, -0.03, 0.02, -0.02, 0.01]
+    pl, runs = _simulate(cs, lambda c: 5.0, lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c], 10.0, grid,
+                         Repeats(runs=1, settle_runs=3, budget=10), noise=lambda c, k: wobble[k % 5])
+    assert pl.tie and not pl.settled and {pl.leader, pl.runner_up} == {f"c-{2:012x}", f"c-{4:012x}"}
+    assert runs == {1: 1, 2: 3, 4: 3}, runs  # only the pair the answer rests on was repeated
+    # far apart: one repeat each measures the run-to-run noise, then the winner is settled
+    pl, runs = _simulate(cs, lambda c: 5.0, lambda c: {1: 50.0, 2: 100.0, 4: 200.0}[c], 10.0, grid,
+                         Repeats(runs=1, settle_runs=3, budget=10), noise=lambda c, k: wobble[k % 5])
+    assert pl.settled and not pl.tie and pl.leader == f"c-{4:012x}" and runs == {1: 1, 2: 2, 4: 2}, runs
+    # no budget: no repeat at all, and the answer does not claim to be settled by run-to-run noise it never saw
+    pl, runs = _simulate(cs, lambda c: 5.0, lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c], 10.0, grid,
+                         Repeats(runs=1, settle_runs=3, budget=0))
+    assert runs == {1: 1, 2: 1, 4: 1} and pl.tie  # 1% apart within a +-1.4% within-run noise
+
+
+def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no_evidence() -> None:
+    near = _obs(4, [400.0], [9.98], 10.0, half=0.1)  # 9.98 +- 0.1 against 10: not settled
+    far = _obs(2, [200.0], [6.0], 10.0)
+    pl = planner.plan([far, near], Search(), Repeats(runs=1, settle_runs=3, budget=5), higher=True, live_service="s")
+    assert any(cid == near.case_id and "within its noise" in why for cid, why in pl.next), pl.next
+    gone = planner.PointObs(case_id="c-000000000008", label="C=8", values={"load.concurrency": 8}, service_key="s",
+                            metric=[], interval_rel=None, limits={}, bad_runs=3, last_problem="distorted: busy")
+    pl = planner.plan([far, gone], KNEE, Repeats(max_attempts=3), higher=True, live_service="s")
+    assert "distorted: busy" in pl.given_up[gone.case_id] and gone.case_id not in pl.skipped
+
+
+def test_points_of_the_live_service_run_first() -> None:
+    a = planner.PointObs(case_id="c-00000000000a", label="np=1", values={"x": 1}, service_key="A", metric=[],
+                         interval_rel=None, limits={}, bad_runs=0)
+    b = planner.PointObs(case_id="c-00000000000b", label="np=2", values={"x": 2}, service_key="B", metric=[],
+                         interval_rel=None, limits={}, bad_runs=0)
+    assert [c for c, _ in planner.plan([a, b], Search(), Repeats(), True, live_service="B").next] == [b.case_id,
+                                                                                                    a.case_id]
+
+
+# ------------------------------------------------------------------------------------------- drafts refused
+
+
+def _campaign(port: int, values: list[int], limit: float = 11.0, **over: Any) -> dict[str, Any]:
+    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
+    base = ref_draft(port, scenario="knee", service={"reference": ref},
+                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+                     load={"requests": 32, "concurrency": 1})
+    body = {"name": "knee-c", "base": base, "axes": [{"path": "load.concurrency", "values": values}],
+            "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": limit}}, **over}
+    return {"campaign": body}
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"search": {"kind": "knee", "axis": "load.concurrency"}}, "declare search.monotone"),
+    ({"axes": [{"path": "load.concurency", "values": [1, 2]}]}, "load.concurency"),
+    ({"axes": [{"path": "load.concurrency", "values": [0, 2]}]}, "load.concurrency"),
+    ({"axes": [{"path": "load.concurrency", "values": list(range(1, 65))},
+               {"path": "load.requests", "values": [8, 16, 32, 64, 128]}]}, "exceed 256"),
+    ({"decision": {"primary_metric": "output_throughput"}}, "set campaign.decision.limits"),
+])
+def test_a_bad_campaign_names_the_field_and_writes_nothing(ws: Workspace, change: dict[str, Any],
+                                                           named: str) -> None:
+    draft = _campaign(18001, [1, 2, 4])
+    draft["campaign"].update(change)
+    with pytest.raises(CaseInvalid) as e:
+        freeze_any(ws, draft=draft)
+    assert named in e.value.message, e.value.message
+    assert not ws.campaigns_dir.exists() and not list(ws.frozen_dir.glob("c-*.json"))
+
+
+# ------------------------------------------------------------------------------------------- the real path
+
+
+def _until_complete(ws: Workspace, gid: str, timeout_s: float = 300.0) -> CampaignView:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = status_any(ws, gid, wait_s=30)
+        assert isinstance(v, CampaignView)
+        if v.complete and not v.driver_alive:
+            return v
+    raise AssertionError(campaign_view(ws, gid).text())
+
+
+def _formal(port: int) -> int:
+    return int(stats(port)["by_phase"].get("load", 0))
+
+
+@pytest.mark.slow
+def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_no_request(
+        ws: Workspace, stop_services: None) -> None:
+    authorization.set_mode(ws, "auto")
+    port = free_port()
+    values = [1, 2, 4, 8, 16, 32]
+    f = freeze_any(ws, draft=_campaign(port, values))
+    assert isinstance(f, CampaignFrozen) and f.created and len(f.points) == 6, f.text()
+    gid = f.campaign_id
+    first = start_any(ws, gid)
+    assert isinstance(first, CampaignView) and "campaign" in first.text()
+    view = _until_complete(ws, gid)
+    text = summarize(ws, [gid]).text()
+    # TPOT ~ 4 + 1.5 (C - 1) ms: C=4 (8.5) meets 11, C=8 (14.5) breaks it
+    assert view.winner == f.points["C=4"], text
+    measured = [r for r in view.rows if r.runs]
+    assert len(measured) <= math.ceil(math.log2(len(values))) + 2, text
+    assert all(r.runs == 1 or r.case_id in (view.winner, *view.tie) for r in measured), text  # repeats: the pair only
+    skipped = {r.label: r.why for r in view.rows if r.status == "skipped"}
+    assert "C=32" in skipped and "breaks tpot_p99_ms" in (skipped["C=32"] or ""), text
+    assert "campaign complete" in text and "freeze_case(next candidate" not in text and "±0.0%" not in text
+    runs = [m for m in scan_runs(ws).metas]
+    assert _formal(port) == 32 * len(runs), stats(port)  # every run measured once, none re-sent
+    assert view.progress["service_starts"] == 1, view.progress  # load-only points ran hot on one service
+    assert f"campaign {gid}" in ws.handoff.read_text()
+
+    # the person's limit changes: the same points are re-decided, no request is sent
+    before = _formal(port)
+    again = freeze_any(ws, draft=_campaign(port, values, limit=16.0))
+    assert isinstance(again, CampaignFrozen) and again.campaign_id == gid and not again.created
+    assert again.decision_change and "tpot_p99_ms 11.0->16.0" in again.decision_change, again.text()
+    redecided = campaign_view(ws, gid)
+    assert _formal(port) == before and redecided.winner == f.points["C=8"], redecided.text()
+    # the scenario view agrees: C=8 meets the new limit, no case id changed
+    rows = {r.case_id: r for r in (summarize(ws, [], scenario="knee").scenario or _no()).rows}
+    assert rows[f.points["C=8"]].limits[0].verdict == "meets" and rows[f.points["C=8"]].limits[0].bound == 16.0
+
+
+def _no() -> Any:
+    raise AssertionError("no scenario view")
+
+
+@pytest.mark.slow
+def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
+        ws: Workspace, stop_services: None) -> None:
+    authorization.set_mode(ws, "auto")
+    port = free_port()
+    draft = _campaign(port, [1, 2, 4, 8])
+    draft["campaign"]["base"]["load"]["requests"] = 96  # long enough a load to be killed in the middle of
+    f = freeze_any(ws, draft=draft)
+    assert isinstance(f, CampaignFrozen)
+    gid = f.campaign_id
+    start_any(ws, gid)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the first point's load is in flight
+        metas = scan_runs(ws).metas
+        if metas and (st := status_any(ws, metas[-1].run_id)) and getattr(st, "phase", None) == "load" \
+                and getattr(st, "done", 0) > 4:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the first point never reached its load")
+    driver = read_json_or_none(ws.campaigns_dir / gid / "driver.json")
+    ctl = read_json_or_none(ws.run(metas[-1].run_id).controller_pid)
+    os.kill(int(driver["pid"]), signal.SIGKILL)
+    os.kill(int(ctl["pid"]), signal.SIGKILL)
+    time.sleep(0.5)
+    stalled = campaign_view(ws, gid)
+    assert not stalled.driver_alive and not stalled.complete
+    assert "start_run(case_id='" + gid in stalled.next_call, stalled.text()
+    back = resume_any(ws, gid)
+    assert isinstance(back, CampaignView)
+    view = _until_complete(ws, gid)
+    assert view.winner == f.points["C=4"], view.text()
+    metas = scan_runs(ws).metas
+    per_case = {m.case_id for m in metas}
+    assert len(per_case) == len(metas), [(m.run_id, m.case_id) for m in metas]  # no point started twice
+    assert _formal(port) == 96 * len(metas), stats(port)  # the killed load re-attached, nothing re-sent
+    services.stop_all(ws)
+
+
+# ------------------------------------------------------------------------------------------- decisions out of ids
+
+
+def test_a_limit_changes_the_scenario_decision_not_the_case_id_and_old_ids_still_resolve(ws: Workspace) -> None:
+    from caseledger.case.model import Case
+    from caseledger.case.store import decided_id_of, load_case
+    from caseledger.tools import freeze_case
+    from caseledger.workspace import canonical_json
+
+    plain = freeze_case(ws, draft=ref_draft(18001))
+    limited = freeze_case(ws, draft=ref_draft(18001, decision={"limits": {"tpot_p99_ms": 40}}))
+    assert limited.case_id == plain.case_id and not limited.created
+    assert limited.decision_change == "limits.tpot_p99_ms none->40.0", limited.text()
+    assert "0 requests sent" in limited.text()
+    assert load_case(ws, plain.case_id).decision.limits.tpot_p99_ms == 40
+    # a draft without a decision section is a lookup of the scenario's: the limit stays
+    again = freeze_case(ws, draft=ref_draft(18001, load={"requests": 8, "concurrency": 4}))
+    assert again.decision_change is None and load_case(ws, again.case_id).decision.limits.tpot_p99_ms == 40
+    # a case frozen when the decision was part of the id keeps resolving under that id
+    old = Case.model_validate({**ref_draft(18002, scenario="before"), "decision": {"min_effect": 0.1}}).filled()
+    old_id = decided_id_of(old)
+    data = {k: v for k, v in old.canonical().items() if k not in ("parent", "note")}
+    ws.frozen_case(old_id).write_bytes(canonical_json(data))
+    assert load_case(ws, old_id).decision.min_effect == 0.1
