@@ -27,7 +27,7 @@ from mcp.types import CallToolResult, TextContent
 
 from caseledger import cli
 from caseledger.case.model import Case
-from caseledger.case.store import case_id_of, load_case, store
+from caseledger.case.store import case_id_of, decided_id_of, is_case_id_of, load_case, store
 from caseledger.errors import CaseInvalid, LockTimeout, NotWritable, PathEscapes, Unexpected, quoted, unexpected
 from caseledger.ledger import authorization, queue, read_events
 from caseledger.ledger.events import append_event
@@ -426,10 +426,12 @@ def test_quoted_text_is_one_escaped_capped_line() -> None:
 
 
 def test_valid_scenario_names_keep_their_case_ids_and_stay_reachable(ws: Workspace) -> None:
-    # ids as frozen before scenario names had to start with a letter or digit: a valid name keeps its id
+    # ids as frozen before scenario names had to start with a letter or digit (and before the decision left
+    # the id): a valid name keeps its id, which still resolves as the decided form
     pinned = {"ref-test": "c-9c16bdd723c6", "copy-128k-1k-prefix90": "c-56cd7ff71f39", "A.b_c-9": "c-8f52940eb3a1"}
     for name, cid in pinned.items():
-        assert case_id_of(Case.model_validate(ref_draft(18000, scenario=name)).filled()) == cid
+        case = Case.model_validate(ref_draft(18000, scenario=name)).filled()
+        assert decided_id_of(case) == cid and is_case_id_of(case, cid) and case_id_of(case) != cid
     freeze_case(ws, draft=ref_draft(1, scenario="A.b_c-9"))
 
     async def read(uri: str) -> str:
