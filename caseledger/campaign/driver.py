@@ -54,22 +54,16 @@ def event(ws: Workspace, gid: str, kind: str, **data: Any) -> None:
 
 
 def stamp(ws: Workspace, gid: str) -> tuple[int, ...]:
-    """A cheap mark that changes when the campaign or its newest run writes anything: waiting readers poll this,
-    not the whole view (a reader's CPU is the host's load too)."""
-    out: list[int] = []
-    for path in (_events(ws, gid), driver_file(ws, gid)):
-        try:
-            st = Path(path).stat()
-            out += [st.st_size, st.st_mtime_ns]
-        except OSError:
-            out += [0, 0]
-    runs = [e.get("run_id") for e in events(ws, gid) if e.get("type") in ("point_started", "point_resumed")]
-    if runs and isinstance(runs[-1], str):
-        try:
-            out.append(ws.run(runs[-1]).events.stat().st_size)
-        except (OSError, CaseledgerError):
-            out.append(0)
-    return tuple(out)
+    """A cheap mark that changes when a waiting reader should look again: the driver starts or ends (the campaign
+    is complete, or it stopped), or it waits or was refused (something needs the reader). Points starting and
+    ending are progress, not news: a reader waits through them (each answer is one tool call of an agent)."""
+    try:
+        st = Path(driver_file(ws, gid)).stat()
+        out = [st.st_size, st.st_mtime_ns]
+    except OSError:
+        out = [0, 0]
+    news = ("driver_started", "driver_ended", "waiting", "point_refused", "resume_refused")
+    return (*out, sum(1 for e in events(ws, gid) if e.get("type") in news))
 
 
 def events(ws: Workspace, gid: str) -> list[dict[str, Any]]:

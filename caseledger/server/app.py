@@ -309,7 +309,7 @@ def build_server(ws: Workspace) -> MCPServer:
             json_schema_extra={"pattern": RUN_ID_PATTERN})] = None,
         wait_s: Annotated[float, Field(
             ge=0, le=120, description="Wait up to this many seconds for the run's state to change (a phase "
-            "ending, the run settling) before answering; 0: at once")] = 0.0,
+            "ending, the run settling; a campaign: complete, stopped or waiting) before answering; 0: at once")] = 0.0,
     ) -> CallToolResult:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer

@@ -78,8 +78,8 @@ def start(ws: Workspace, gid: str) -> CampaignView:
 
 
 def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
-    """The campaign's progress; wait_s > 0: answer when the campaign or its newest run writes anything (a point
-    starts or ends, a phase moves), polling a cheap mark rather than the view."""
+    """The campaign's progress; wait_s > 0: answer when it is complete, its driver stops, or it waits or was
+    refused (a paused authorization, a held target), polling a cheap mark rather than the view."""
     check_id(gid, "run_id", "g")
     first = campaign_view(ws, gid, authorization.current_mode(ws))
     if wait_s <= 0 or first.complete or not first.driver_alive:

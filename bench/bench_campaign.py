@@ -1,0 +1,77 @@
+"""The knee campaign of tests/test_campaigns.py, run whole K times in fresh workspaces on the reference target:
+does every repetition give the same answer (the exhaustive grid's winner, or a tie naming the same pair), how
+many points does it measure, how many runs, tool calls and seconds, and what share of the wall time is formal
+windows. By hand: `.venv/bin/python bench/bench_campaign.py [K]` (needs a quiet host: a busy one distorts
+windows, and the campaign then repeats them).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from caseledger import services
+from caseledger.campaign.view import CampaignView
+from caseledger.ledger import authorization
+from caseledger.tools import freeze_any, start_any, status_any, summarize
+from caseledger.tools.campaigns import CampaignFrozen
+from caseledger.workspace import Workspace
+from tests.conftest import free_port, ref_draft
+
+VALUES = [1, 2, 4, 8, 16, 32]
+LIMIT_MS = 11.0
+
+
+def draft(port: int) -> dict[str, object]:
+    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
+    base = ref_draft(port, scenario="knee", service={"reference": ref},
+                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+                     load={"requests": 32, "concurrency": 1})
+    return {"campaign": {"name": "knee-c", "base": base, "axes": [{"path": "load.concurrency", "values": VALUES}],
+                         "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+                         "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": LIMIT_MS}}}}
+
+
+def once() -> dict[str, object]:
+    ws = Workspace(Path(tempfile.mkdtemp()) / "ws")
+    (ws.root / "cases").mkdir(parents=True)
+    authorization.set_mode(ws, "auto")
+    t0 = time.monotonic()
+    calls = 0
+    try:
+        f = freeze_any(ws, draft=draft(free_port()))
+        assert isinstance(f, CampaignFrozen)
+        start_any(ws, f.campaign_id)
+        calls = 2
+        while True:
+            v = status_any(ws, f.campaign_id, wait_s=60)
+            calls += 1
+            assert isinstance(v, CampaignView)
+            if v.complete:  # its answer says "campaign complete": what an agent stops on
+                break
+        summarize(ws, [f.campaign_id])
+        calls += 1
+        label = {r.case_id: r.label for r in v.rows}
+        return {"answer": label.get(v.winner or "", "tie " + "/".join(label[c] for c in v.tie)),
+                "measured": sum(1 for r in v.rows if r.runs), "runs": v.progress["runs"], "calls": calls,
+                "wall_s": round(time.monotonic() - t0, 1), "formal_share": v.progress["formal_window_share"]}
+    finally:
+        services.stop_all(ws)
+
+
+def main() -> None:
+    k = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    rows = [once() for _ in range(k)]
+    for i, r in enumerate(rows, 1):
+        print(f"{i}: {r}")
+    answers = {str(r["answer"]) for r in rows}
+    print(f"answers: {sorted(answers)} ({'the same every time' if len(answers) == 1 else 'DIFFER'}); "
+          f"exhaustive grid winner under tpot_p99_ms <= {LIMIT_MS:g}: C=4 (TPOT ~ 4 + 1.5 (C - 1) ms)")
+
+
+if __name__ == "__main__":
+    main()
