@@ -106,10 +106,6 @@ class Plan:
     repeats_used: int = 0
     notes: list[str] = field(default_factory=list)  # what the answer must say (a monotonicity that does not hold)
 
-    @property
-    def active(self) -> bool:
-        return bool(self.next)
-
 
 def _better(higher: bool, p: PointObs) -> float:
     m = p.mean or 0.0

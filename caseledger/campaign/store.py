@@ -55,7 +55,6 @@ class Campaign:
     name: str
     scenario: str
     base_case: str
-    axes: list[dict[str, Any]]
     search: Search
     repeats: Repeats
     note: str
@@ -168,7 +167,7 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
     scenario = str(ident["scenario"])
     return Campaign(
         campaign_id=campaign_id, name=str(policy["name"]), scenario=scenario, base_case=str(ident["base_case"]),
-        axes=list(ident["axes"]), search=Search.model_validate(policy["search"]),
+        search=Search.model_validate(policy["search"]),
         repeats=Repeats.model_validate(policy["repeats"]), note=str(policy.get("note", "")),
         points=[Point(values=dict(p["values"]), label=str(p["label"]), case_id=str(p["case_id"])) for p in points],
         decision=scenario_decision(ws, scenario) or load_case(ws, str(ident["base_case"])).decision,

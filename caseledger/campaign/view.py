@@ -18,12 +18,10 @@ from caseledger.case.model import Case
 from caseledger.case.store import load_case
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
-from caseledger.metrics import Interval, Result, WindowResult, latest_result
+from caseledger.metrics import Interval, Result, WindowResult, interval, latest_result
 from caseledger.outcome.decide import LIMITS, METRICS
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
-
-SEED = 20_261_201
 
 
 class _Model(BaseModel):
@@ -125,20 +123,6 @@ def service_key(case: Case) -> str:
     return sha256_bytes(canonical_json({"service": c["service"], "target": c["target"]}))[:12]
 
 
-def _percentile_half(samples: Any, q: float) -> float | None:
-    """Bootstrap 95% half-width of the q-th percentile of per-request values (ms); None for fewer than 2."""
-    import numpy as np  # lazy: heavy; only limit intervals need it
-
-    x = np.asarray(samples, dtype=float)
-    x = x[~np.isnan(x)]
-    if x.size < 2:
-        return None
-    rng = np.random.default_rng(SEED)
-    stats = np.percentile(x[rng.integers(0, x.size, (400, x.size))], q, axis=1)
-    low, high = np.quantile(stats, [0.025, 0.975])
-    return float(high - low) / 2
-
-
 def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, Any], case: Case, cid: str,
                    metas: list[RunMeta]) -> tuple[planner.PointObs, _Extra]:
     d = camp.decision
@@ -157,8 +141,6 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
         r = latest_result(ws.run(m.run_id).root)
         v = window_stat(getattr(r.windows, window), path) if r is not None and valid(r, window) else None
         if r is None or v is None:
-            if view.state in (RunState.FAILED, RunState.END_UNKNOWN) and m is own[-1]:
-                active = None  # a failed run is resumed by the driver, not counted as bad until it gives up
             bad += 1
             problem = (f"{view.state.value}" + (f" [{view.failure_class}]" if view.failure_class else "")
                        if r is None else _why_invalid(r, window))
@@ -187,16 +169,25 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
         if d.limits.bounds():
             samples = latency_samples(ws, rid)
     for name, bound in d.limits.bounds().items():
-        figure, stat = LIMITS[name]
-        half = (_percentile_half(samples[figure], float(stat[1:])) if figure in samples and len(samples[figure])
-                else None)
-        limits[name] = planner.LimitObs(bound=bound, values=limit_values[name], half_width=half)
+        limits[name] = planner.LimitObs(bound=bound, values=limit_values[name],
+                                        half_width=_half_width(name, limit_values[name], samples))
     obs = planner.PointObs(case_id=cid, label=label, values=values, service_key=service_key(case), metric=metric,
                            interval_rel=interval_rel, limits=limits, bad_runs=bad, active=active,
                            last_problem=problem)
     met = {k: f"{sum(1 for v in vs if v <= d.limits.bounds()[k])}/{len(vs)}" for k, vs in limit_values.items() if vs}
     return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card,
                        met=met)
+
+
+def _half_width(limit: str, values: list[float], samples: dict[str, Any]) -> float | None:
+    """The bootstrap 95% half-width (ms) of a limited percentile over the latest valid run's requests: the same
+    seeded bootstrap the decision metric's interval uses (metrics.interval); None for ITL (no per-request
+    samples) or too few requests."""
+    figure, stat = LIMITS[limit]
+    if figure not in samples or not values:
+        return None
+    iv = interval(f"{figure}_{stat}", values[-1], samples)
+    return (iv.high - iv.low) / 2 if isinstance(iv, Interval) else None
 
 
 def _why_invalid(r: Result, window: str) -> str:
@@ -289,7 +280,7 @@ def campaign_view(ws: Workspace, campaign_id: str, auth: str = "") -> CampaignVi
     d = camp.decision
     higher = METRICS[d.primary_metric][3] == "higher_is_better"
     queued = dict(pl.next)
-    complete_now = not pl.next and not any(o.active for o in obs)
+    complete = not pl.next and not any(o.active for o in obs)
     rows: list[PointRow] = []
     for o in obs:
         e = extra[o.case_id]
@@ -304,7 +295,7 @@ def campaign_view(ws: Workspace, campaign_id: str, auth: str = "") -> CampaignVi
             status, why = "measured", None
         elif o.case_id in pl.skipped:
             status, why = "skipped", pl.skipped[o.case_id]
-        elif o.case_id in pl.pending and not complete_now:
+        elif o.case_id in pl.pending and not complete:
             status, why = "pending", pl.pending[o.case_id]
         else:
             status, why = "not_needed", "the answer does not depend on it"
@@ -323,7 +314,6 @@ def campaign_view(ws: Workspace, campaign_id: str, auth: str = "") -> CampaignVi
             requests=e.requests, per_user_tok_s=e.per_user, per_card_tok_s=e.per_card, run_ids=e.run_ids))
     front = _pareto(rows)
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
-    complete = not pl.next and not any(o.active for o in obs)
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
     alive = driver_alive(ws, campaign_id)

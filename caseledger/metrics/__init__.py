@@ -41,6 +41,7 @@ from caseledger.metrics._models import (
     WindowRule,
     Windows,
 )
+from caseledger.metrics._noise import interval
 from caseledger.metrics._spec import FAMILIES, parse_prometheus
 from caseledger.metrics._store import latest_result, result_dir, write_result
 
@@ -84,6 +85,7 @@ __all__ = [
     "columns_from_records",
     "compute_result",
     "host_load",
+    "interval",
     "latest_result",
     "params_key",
     "parse_prometheus",

@@ -16,11 +16,10 @@ from caseledger.case.store import load_case
 from caseledger.ledger import authorization
 from caseledger.outcome import handoff
 from caseledger.run.resume import ResumeResult, resume
-from caseledger.tools.phase_status import StatusResult, phase_status
+from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, check_wait, phase_status
 from caseledger.tools.start_run import StartResult, start_run
 from caseledger.workspace import Workspace, check_id, is_id
 
-MAX_WAIT_S = 120.0
 WAIT_POLL_S = 0.5
 
 
@@ -101,8 +100,7 @@ def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignV
 def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0) -> StatusResult | CampaignView:
     """The phase_status tool: a run (or a case's latest run), or a campaign's progress."""
     if run_id is not None and is_id(run_id, "g"):
-        if not 0 <= wait_s <= MAX_WAIT_S:
-            phase_status(ws, None, wait_s=wait_s)  # the same refusal, naming the bound
+        check_wait(wait_s)
         return status(ws, run_id, wait_s)
     return phase_status(ws, run_id, wait_s=wait_s)
 

@@ -67,6 +67,10 @@ def freeze_case(
     """Freeze a case draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
     cwd_first: a relative path is looked up in the current directory before the workspace (the CLI)."""
     obj, source = _read(workspace, path, draft, cwd_first)
+    return _freeze(workspace, obj, source, parent)
+
+
+def _freeze(workspace: Workspace, obj: dict[str, Any], source: str, parent: str | None) -> FreezeResult:
     if is_campaign_draft(obj):
         raise CaseInvalid(f"{source} is a campaign draft, not a case", "freeze it with the freeze_case tool or "
                           "`caseledger freeze` (tools.freeze_any takes both)")
@@ -117,8 +121,7 @@ def freeze_any(
     and every point as cases."""
     obj, source = _read(workspace, path, draft, cwd_first)
     if not is_campaign_draft(obj):
-        return freeze_case(workspace, draft=obj if draft is not None else None, path=path if draft is None else None,
-                           parent=parent, cwd_first=cwd_first)
+        return _freeze(workspace, obj, source, parent)  # the draft read once
     if parent is not None:
         raise CaseInvalid("parent is not a field of a campaign",
                           "name the base with campaign.base_case (a frozen case id) instead; nothing was written")

@@ -114,13 +114,18 @@ def _signature(s: StatusResult) -> tuple[object, ...]:
             s.decision, s.owner_alive, s.client_alive, s.client_stopped, tuple(s.service_gone), s.blocker)
 
 
+def check_wait(wait_s: float) -> None:
+    """A bounded wait (runs and campaigns alike): CaseInvalid naming the bound."""
+    if not 0 <= wait_s <= MAX_WAIT_S:
+        raise CaseInvalid(f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}",
+                          "give wait_s between 0 (answer at once) and 120 seconds")
+
+
 def phase_status(workspace: Workspace, run_id: str | None = None, wait_s: float = 0.0) -> StatusResult:
     """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 120): return as soon as
     the run's state changes (a phase starts or ends, the load ends, the run settles, a process stops) or
     when wait_s has passed, instead of being polled with sleep."""
-    if not 0 <= wait_s <= MAX_WAIT_S:
-        raise CaseInvalid(f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}",
-                          "give wait_s between 0 (answer at once) and 120 seconds")
+    check_wait(wait_s)
     first = _status(workspace, run_id)
     if wait_s <= 0 or first.state not in ("running", "created"):
         return first
