@@ -14,9 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from datetime import datetime
+
 from caseledger import services
 from caseledger.campaign.view import CampaignView
 from caseledger.ledger import authorization
+from caseledger.ledger.runs import load_run, scan_runs
+from caseledger.outcome.summary import time_ledger
 from caseledger.tools import freeze_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
@@ -56,11 +60,33 @@ def once() -> dict[str, object]:
         summarize(ws, [f.campaign_id])
         calls += 1
         label = {r.case_id: r.label for r in v.rows}
-        return {"answer": label.get(v.winner or "", "tie " + "/".join(label[c] for c in v.tie)),
+        return {"where": where_time_went(ws),
+                "answer": label.get(v.winner or "", "tie " + "/".join(label[c] for c in v.tie)),
                 "measured": sum(1 for r in v.rows if r.runs), "runs": v.progress["runs"], "calls": calls,
                 "wall_s": round(time.monotonic() - t0, 1), "formal_share": v.progress["formal_window_share"]}
     finally:
         services.stop_all(ws)
+
+
+def where_time_went(ws: Workspace) -> dict[str, float]:
+    """Mean seconds per run: start_run to the first formal request, the formal window, after it to the run's
+    end, the gap to the next run's start (the driver's planning and launch), and each phase's wall time."""
+    tls = [(m, time_ledger(load_run(ws, m.run_id))) for m in scan_runs(ws).metas]
+    n = len(tls) or 1
+    out: dict[str, float] = {"before_window": 0.0, "window": 0.0, "after_window": 0.0, "gap_to_next": 0.0}
+    prev_end = None
+    for m, tl in tls:
+        created = datetime.fromisoformat(m.created_utc).timestamp()
+        if prev_end is not None:
+            out["gap_to_next"] += (created - prev_end) / n
+        out["before_window"] += tl.get("start_run_to_first_formal_request_s", 0.0) / n
+        out["window"] += tl.get("formal_window_s", 0.0) / n
+        out["after_window"] += (tl.get("outside_formal_window_s", 0.0)
+                                - tl.get("start_run_to_first_formal_request_s", 0.0)) / n
+        prev_end = created + tl.get("run_wall_s", 0.0)
+        for ph, x in tl["phases"].items():
+            out[ph] = out.get(ph, 0.0) + (x["wall_s"] or 0.0) / n
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def main() -> None:

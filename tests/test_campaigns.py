@@ -7,6 +7,7 @@ resume with no point measured twice."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -17,11 +18,15 @@ import pytest
 
 from caseledger import services
 from caseledger.campaign import plan as planner
+from caseledger.campaign.driver import WAIT_S
 from caseledger.campaign.model import Repeats, Search
+from caseledger.campaign.store import driver_events
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.errors import CaseInvalid
 from caseledger.ledger import authorization
+from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
+from caseledger.run.start import wait_for
 from caseledger.tools import freeze_any, resume_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
@@ -286,3 +291,64 @@ def test_a_limit_changes_the_scenario_decision_not_the_case_id_and_old_ids_still
     data = {k: v for k, v in old.canonical().items() if k not in ("parent", "note")}
     ws.frozen_case(old_id).write_bytes(canonical_json(data))
     assert load_case(ws, old_id).decision.min_effect == 0.1
+
+
+# ------------------------------------------------------------------------------------------- two campaigns, a pause
+
+
+def _intervals(ws: Workspace) -> list[tuple[float, float, str]]:
+    """(first event, last event, run id) of every run: the span it owned the target."""
+    out = []
+    for m in scan_runs(ws).metas:
+        ts = [e["mono_ns"] / 1e9 for e in read_events(ws.run(m.run_id)).events if "mono_ns" in e]
+        out.append((min(ts), max(ts), m.run_id))
+    return sorted(out)
+
+
+@pytest.mark.slow
+def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(
+        ws: Workspace, stop_services: None) -> None:
+    authorization.set_mode(ws, "auto")
+    port = free_port()
+    drafts = []
+    for name, values in (("first", [1, 2]), ("second", [4, 8])):
+        d = _campaign(port, values, name=name, search={"kind": "grid"},
+                      repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+        d["campaign"]["base"]["scenario"] = name
+        drafts.append(d)
+    a, b = (freeze_any(ws, draft=d) for d in drafts)
+    assert isinstance(a, CampaignFrozen) and isinstance(b, CampaignFrozen) and a.campaign_id != b.campaign_id
+    start_any(ws, a.campaign_id)
+    start_any(ws, b.campaign_id)  # the same target: its driver waits for the lease, it starts nothing beside
+    va, vb = _until_complete(ws, a.campaign_id), _until_complete(ws, b.campaign_id)
+    assert all(r.runs == 1 for r in (*va.rows, *vb.rows)), (va.text(), vb.text())
+    spans = _intervals(ws)
+    assert len(spans) == 4
+    for (_, end, r1), (start, _, r2) in itertools.pairwise(spans):
+        assert end <= start, f"{r1} and {r2} held the target at once"
+    waits = [e for gid in (a.campaign_id, b.campaign_id) for e in driver_events(ws, gid) if e["type"] == "waiting"]
+    assert any("held" in e["why"] or "busy" in e["why"] for e in waits), waits
+    assert _formal(port) == 32 * 4, stats(port)
+
+    # a paused authorization: the running point finishes, no new point starts until it is lifted
+    again = _campaign(port, [1, 2, 4], name="third", search={"kind": "grid"},
+                      repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    again["campaign"]["base"]["scenario"] = "third"
+    again["campaign"]["base"]["load"]["requests"] = 64
+    c = freeze_any(ws, draft=again)
+    assert isinstance(c, CampaignFrozen)
+    start_any(ws, c.campaign_id)
+    deadline = time.monotonic() + 60
+    while len(scan_runs(ws).metas) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    authorization.set_mode(ws, "paused")
+    first = scan_runs(ws).metas[-1].run_id
+    wait_for(ws, first, "end", 120)
+    time.sleep(3 * WAIT_S)
+    held = campaign_view(ws, c.campaign_id)
+    assert len(scan_runs(ws).metas) == 5 and held.driver_alive and not held.complete, held.text()
+    assert "paused" in held.text(), held.text()
+    authorization.set_mode(ws, "auto")
+    done = _until_complete(ws, c.campaign_id)
+    assert all(r.runs == 1 for r in done.rows) and len(scan_runs(ws).metas) == 7, done.text()
+    assert _formal(port) == 32 * 4 + 64 * 3, stats(port)

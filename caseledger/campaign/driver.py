@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from caseledger import procs
-from caseledger.campaign.store import driver_file, driver_lock, load_campaign
+from caseledger.campaign.store import driver_events, driver_file, driver_lock, events_file, load_campaign
 from caseledger.campaign.view import current_plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
@@ -31,7 +31,6 @@ from caseledger.ledger import authorization
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import RunState, fold
 from caseledger.outcome import handoff
-from caseledger.records import read_jsonl
 from caseledger.run.resume import resume
 from caseledger.run.start import launch, wait_for
 from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
@@ -44,12 +43,8 @@ DISTORTED_PAUSE_S, DISTORTED_PAUSE_MAX_S = 10.0, 60.0  # before repeating a poin
 _REPAIRABLE = {"service", "collect", "end_unknown", "overload", "disk"}
 
 
-def _events(ws: Workspace, gid: str) -> Path:
-    return Path(driver_file(ws, gid)).parent / "events.jsonl"
-
-
 def event(ws: Workspace, gid: str, kind: str, **data: Any) -> None:
-    with _events(ws, gid).open("ab") as f:
+    with events_file(ws, gid).open("ab") as f:
         f.write(orjson.dumps({"utc": utc_now(), "type": kind, **data}) + b"\n")
 
 
@@ -63,11 +58,7 @@ def stamp(ws: Workspace, gid: str) -> tuple[int, ...]:
     except OSError:
         out = [0, 0]
     news = ("driver_started", "driver_ended", "waiting", "point_refused", "resume_refused")
-    return (*out, sum(1 for e in events(ws, gid) if e.get("type") in news))
-
-
-def events(ws: Workspace, gid: str) -> list[dict[str, Any]]:
-    return [e for e in read_jsonl(_events(ws, gid)).items if isinstance(e, dict)]
+    return (*out, sum(1 for e in driver_events(ws, gid) if e.get("type") in news))
 
 
 def _resumable(ws: Workspace, run_id: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -73,7 +74,7 @@ class Frozen:
     policy_changed: bool
 
 
-def _dir(ws: Workspace, campaign_id: str) -> Any:
+def _dir(ws: Workspace, campaign_id: str) -> Path:
     return ws.campaigns_dir / check_id(campaign_id, "campaign_id", "g")
 
 
@@ -192,9 +193,30 @@ def campaign_of(ws: Workspace, case_id: str) -> str | None:
     return None
 
 
-def driver_file(ws: Workspace, campaign_id: str) -> Any:
+def driver_file(ws: Workspace, campaign_id: str) -> Path:
     return _dir(ws, campaign_id) / "driver.json"
 
 
-def driver_lock(ws: Workspace, campaign_id: str) -> Any:
+def driver_lock(ws: Workspace, campaign_id: str) -> Path:
     return _dir(ws, campaign_id) / "driver.lock"
+
+
+def events_file(ws: Workspace, campaign_id: str) -> Path:
+    return _dir(ws, campaign_id) / "events.jsonl"
+
+
+def driver_events(ws: Workspace, campaign_id: str) -> list[dict[str, Any]]:
+    """The driver's events (driver_started/ended, point_started/ended/resumed, waiting, *_refused), oldest first."""
+    return [e for e in read_jsonl(events_file(ws, campaign_id)).items if isinstance(e, dict)]
+
+
+def waiting_on(ws: Workspace, campaign_id: str) -> str | None:
+    """Why the driver waits now: its last 'waiting' event when no point started or driver started after it."""
+    why = None
+    for e in driver_events(ws, campaign_id):
+        if e.get("type") == "waiting":
+            why = str(e.get("why") or "")
+        elif e.get("type") in ("point_started", "point_resumed", "driver_started", "driver_ended"):
+            why = None
+    return why
+

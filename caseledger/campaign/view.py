@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
-from caseledger.campaign.store import Campaign, driver_file, load_campaign
+from caseledger.campaign.store import Campaign, driver_file, load_campaign, waiting_on
 from caseledger.case.model import Case
 from caseledger.case.store import load_case
+from caseledger.ledger import authorization
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
 from caseledger.metrics import Interval, Result, WindowResult, interval, latest_result
@@ -72,6 +73,8 @@ class CampaignView(_Model):
                                      "starts, elapsed_s, formal_window_share")
     driver_alive: bool = Field(description="The campaign's driver process is alive (it starts queued points)")
     authorization: str = Field("", description="paused starts no new point")
+    waiting: str | None = Field(None, description="Why the driver waits now (a paused authorization, a target "
+                                "held by another run or campaign); null when it is not waiting")
     next_call: str
 
     def text(self, rows: bool = True) -> str:
@@ -86,6 +89,8 @@ class CampaignView(_Model):
                 + f"; driver {'alive' if self.driver_alive else 'stopped'}"
                 + (f"; authorization {self.authorization}" if self.authorization not in ("auto", "") else ""))
         lines = [head, prog]
+        if self.waiting and self.driver_alive:
+            lines.append(f"driver waiting: {self.waiting}")
         if rows:
             for r in self.rows:
                 lim = "; ".join(f"{k} {v}" for k, v in r.limits.items())
@@ -274,8 +279,9 @@ def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:
     return created + float(wall) if created is not None and isinstance(wall, int | float) else None
 
 
-def campaign_view(ws: Workspace, campaign_id: str, auth: str = "") -> CampaignView:
+def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     camp = load_campaign(ws, campaign_id)
+    auth = authorization.current_mode(ws)
     pl, obs, extra, mine = current_plan(ws, camp)
     d = camp.decision
     higher = METRICS[d.primary_metric][3] == "higher_is_better"
@@ -335,7 +341,7 @@ def campaign_view(ws: Workspace, campaign_id: str, auth: str = "") -> CampaignVi
         + f" over {len(camp.points)} points",
         rows=rows, complete=complete, answer=answer, winner=winner, tie=tie,
         pareto=[r.label for r in rows if r.pareto], notes=pl.notes, progress=progress, driver_alive=alive,
-        authorization=auth, next_call=nxt)
+        authorization=auth, waiting=waiting_on(ws, campaign_id) if alive else None, next_call=nxt)
 
 
 def _answer(pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str,

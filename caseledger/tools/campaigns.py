@@ -13,7 +13,6 @@ from caseledger.campaign.store import freeze_campaign, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
 from caseledger.case.plan import decision_words
 from caseledger.case.store import load_case
-from caseledger.ledger import authorization
 from caseledger.outcome import handoff
 from caseledger.run.resume import ResumeResult, resume
 from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, check_wait, phase_status
@@ -73,14 +72,14 @@ def start(ws: Workspace, gid: str) -> CampaignView:
             keep |= load_case(ws, p.case_id).env_names()
         spawn(ws, gid, keep)
         handoff.refresh(ws)
-    return campaign_view(ws, gid, authorization.current_mode(ws))
+    return campaign_view(ws, gid)
 
 
 def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
     """The campaign's progress; wait_s > 0: answer when it is complete, its driver stops, or it waits or was
     refused (a paused authorization, a held target), polling a cheap mark rather than the view."""
     check_id(gid, "run_id", "g")
-    first = campaign_view(ws, gid, authorization.current_mode(ws))
+    first = campaign_view(ws, gid)
     if wait_s <= 0 or first.complete or not first.driver_alive:
         return first
     deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
@@ -89,7 +88,7 @@ def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
         time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
         if stamp(ws, gid) != mark:
             break
-    return campaign_view(ws, gid, authorization.current_mode(ws))
+    return campaign_view(ws, gid)
 
 
 def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignView:

@@ -18,7 +18,6 @@ from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
-from caseledger.ledger import authorization
 from caseledger.ledger.runs import damaged_line, load_run, scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
@@ -180,7 +179,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
 
 
 def _campaign(ws: Workspace, gid: str) -> SummaryResult:
-    view = campaign_view(ws, gid, authorization.current_mode(ws))
+    view = campaign_view(ws, gid)
     points = [report.PlotPoint(label=r.label, x=r.per_user_tok_s, metric=r.per_card_tok_s, best=r.pareto,
                                breaks=r.meets is False, figures={}) for r in view.rows if r.runs]
     png = report.render_pareto(f"campaign {view.name} ({gid})", points)
