@@ -98,8 +98,12 @@ def _events(run_id: str, created: datetime, end: dict[str, Any], result_path: st
     return b"\n".join(lines) + b"\n"
 
 
-def build(root: Path, n_runs: int) -> dict[str, Any]:
-    """A workspace of n_runs succeeded runs over SCENARIOS × CASES frozen cases; returns what the reads need."""
+def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = CASES,
+          active: int = ACTIVE, blocked: bool = False, recent: int | None = None) -> dict[str, Any]:
+    """A workspace of n_runs succeeded runs over scenarios × cases_per frozen cases, the last `active` scenarios
+    with runs in the last hours (interleaved, or blocked: all of one scenario's, then the next's), and one run in
+    progress (the newest); returns what the reads need.
+    tests/test_index.py builds its ledgers here too."""
     from caseledger import procs
     from caseledger.case.store import load_case
     from caseledger.ledger import authorization
@@ -114,9 +118,9 @@ def build(root: Path, n_runs: int) -> dict[str, Any]:
     templates = root / ".bench-templates"
     cases: list[tuple[str, str, Path, dict[str, Any]]] = []  # (case id, scenario, template dir, end)
     base_result = {}
-    for s in range(SCENARIOS):
+    for s in range(scenarios):
         name = f"bench-s{s:02d}"
-        for k in range(CASES):
+        for k in range(cases_per):
             c = k + 1
             parent = base_result[name][0] if k else None  # the sweep's children name its first case
             cid = freeze_case(ws, draft=_draft(name, c), parent=parent).case_id
@@ -140,10 +144,11 @@ def build(root: Path, n_runs: int) -> dict[str, Any]:
             cases.append((cid, name, t, {**end, "result_rel": str(path.relative_to(t))}))
     # the runs: the oldest scenarios first, the last ACTIVE scenarios interleaved in the last hours
     now = datetime.now(UTC)
-    old = [cs for cs in cases if int(cs[1][-2:]) < SCENARIOS - ACTIVE]
-    new = [cs for cs in cases if int(cs[1][-2:]) >= SCENARIOS - ACTIVE]
-    n_new = max(len(new), n_runs // 10)
-    order = [old[i % len(old)] for i in range(n_runs - n_new)] + [new[i % len(new)] for i in range(n_new)]
+    old = [cs for cs in cases if int(cs[1][-2:]) < scenarios - active]
+    new = [cs for cs in cases if int(cs[1][-2:]) >= scenarios - active]
+    n_new = recent if recent is not None else max(len(new), n_runs // 10)  # runs in the last hours
+    order = ([old[i % len(old)] for i in range(n_runs - n_new)] if old else []) + \
+        sorted((new[i % len(new)] for i in range(n_new)), key=lambda cs: cs[1] if blocked else "")
     runs_dir = ws.runs_dir
     runs_dir.mkdir(parents=True, exist_ok=True)
     ids = []
@@ -165,8 +170,8 @@ def build(root: Path, n_runs: int) -> dict[str, Any]:
         meta = {"run_id": rid, "case_id": cid, "scenario": name, "parent_case": None, "workspace": str(root),
                 "dataset_id": "d-bench", "salt": None, "planned": 64, "target_key": "bench-target",
                 "created_utc": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                "plan": [{"phase": p, "action": "run", "reason": "bench"} for p in PHASES], "fence": 1, "authorized": "auto",
-                "controller_spawned": True}
+                "plan": [{"phase": p, "action": "run", "reason": "bench"} for p in PHASES], "fence": 1,
+                "authorized": "auto", "controller_spawned": True}
         (d / "run.json").write_bytes(orjson.dumps(meta))
         (d / "events.jsonl").write_bytes(_events(rid, created, end, str(d / end["result_rel"])))
         ids.append((rid, name))
@@ -186,7 +191,8 @@ def build(root: Path, n_runs: int) -> dict[str, Any]:
     (d / "events.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (d / "controller.pid").write_bytes(orjson.dumps(procs.me()))  # alive while the bench runs
     return {"latest": live, "some_run": ids[len(ids) // 2][0], "scenario": ids[-1][1],
-            "other_active": f"bench-s{SCENARIOS - ACTIVE:02d}"}
+            "active": [f"bench-s{s:02d}" for s in range(scenarios - active, scenarios)],
+            "inactive": [f"bench-s{s:02d}" for s in range(scenarios - active)]}
 
 
 # ------------------------------------------------------------------------------------------------ the reads
