@@ -21,7 +21,8 @@ from caseledger import redact
 from caseledger.case.schema import write_schemas
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
-from caseledger.ledger import authorization
+from caseledger.ledger import authorization, indexdb
+from caseledger.ledger.index import open_index
 from caseledger.outcome import handoff
 from caseledger.workspace import Workspace
 
@@ -91,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("mode", choices=["paused", "single", "auto"])
 
     sub.add_parser("handoff", parents=[common], help="regenerate and print HANDOFF.md")
+    s = sub.add_parser("index", parents=[common], help="the ledger's derived index (ledger/index.sqlite): its runs, "
+                       "the disagreements it repaired")
+    s.add_argument("--rebuild", action="store_true", help="rebuild it from the files (they stay the truth)")
 
     s = sub.add_parser("mcp", parents=[common], help="serve the six tools over MCP (stdio by default)")
     s.add_argument("--http", default=None, metavar="HOST:PORT", help="streamable HTTP instead of stdio")
@@ -208,8 +212,17 @@ def _dispatch(a: argparse.Namespace) -> int:
         _print({"authorization": mode}, f"authorization: {mode}", a.json)
     elif a.cmd == "handoff":
 
-        text = handoff.refresh(ws)
+        text = handoff.refresh(ws, verify=True)
         _print({"handoff": text, "path": str(ws.handoff)}, text.rstrip("\n"), a.json)
+    elif a.cmd == "index":
+        with open_index(ws, rebuild=a.rebuild) as idx:
+            runs, damaged, notes = idx.count(), idx.damaged(), idx.notes()
+            where = str(indexdb.path_of(ws.ledger)) if idx.persistent else "memory (the ledger is not writable)"
+        lines = [f"index {where}: {runs} run(s), {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'}"
+                 + ("; rebuilt from the files" if a.rebuild else "")]
+        lines += [f"noted {utc}: {text}" for utc, text in notes[-5:]]
+        _print({"path": where, "runs": runs, "damaged": damaged, "notes": [{"utc": u, "text": t} for u, t in notes]},
+               "\n".join(lines), a.json)
     elif a.cmd == "mcp":
         from caseledger.server import serve  # lazy: mcp
 

@@ -18,6 +18,7 @@ import orjson
 
 from caseledger import redact
 from caseledger.errors import FenceRejected
+from caseledger.ledger import indexdb
 from caseledger.ledger.leases import current_fence
 from caseledger.records import read_jsonl
 from caseledger.workspace import RunPaths, Workspace, flocked, sha256_bytes, utc_now
@@ -77,4 +78,5 @@ def append_event(
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
-        return ev
+    indexdb.touched(paths.root)  # the index folds this run again at its next read
+    return ev

@@ -18,6 +18,7 @@ from caseledger.case.model import Case
 from caseledger.case.plan import Phase, PlanStep
 from caseledger.case.store import is_case_id_of
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes, quoted
+from caseledger.ledger import indexdb
 from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, is_id, write_json
 
 
@@ -146,6 +147,7 @@ def read_meta(paths: RunPaths) -> RunMeta:
 
 def write_meta(paths: RunPaths, meta: RunMeta) -> None:
     write_json(paths.run_json, meta.model_dump(mode="json"))
+    indexdb.touched(paths.root)  # the index reads run.json again at its next read
 
 
 LINK_FIX = ("a run directory is a real directory in the ledger: remove the link, or move the directory it points "

@@ -126,7 +126,8 @@ class DecisionRecord(_Model):
     settle: str | None = Field(None, description="The call that would settle an undecided change (within noise)")
 
 
-def _value(w: WindowResult, metric: str) -> float | NotObserved:
+def metric_value(w: WindowResult, metric: str) -> float | NotObserved:
+    """A decision metric's value on a window (NOT_OBSERVED with the reason when it has none)."""
     group, figure, stat, _ = METRICS[metric]
     fig = getattr(getattr(w, group), figure)
     if isinstance(fig, NotObserved):
@@ -139,7 +140,7 @@ def _value(w: WindowResult, metric: str) -> float | NotObserved:
 def _reading(r: Result, window: Literal["whole", "native"], metric: str) -> Reading:
     w: WindowResult = getattr(r.windows, window)
     return Reading(
-        value=_value(w, metric),
+        value=metric_value(w, metric),
         window=window,
         window_found=w.found,
         requests=w.requests,
@@ -221,13 +222,16 @@ def _side(interval: float | None, spread: float | None) -> float:
     return max(interval or 0.0, spread or 0.0)
 
 
-def _values(results: Sequence[Result], window: Literal["whole", "native"], metric: str) -> list[float]:
-    return [v for r in results for v in [_reading(r, window, metric).value] if isinstance(v, float)]
+def _values(results: Sequence[Result | float], window: Literal["whole", "native"], metric: str) -> list[float]:
+    """The metric's values of results (a float: a value already read, e.g. from the ledger's index)."""
+    return [v for r in results for v in [r if isinstance(r, float) else _reading(r, window, metric).value]
+            if isinstance(v, float)]
 
 
 def decide(
     case: Case, candidate: Result | None, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool,
-    candidate_case: str | None = None, repeats: Sequence[Result] = (), baseline_repeats: Sequence[Result] = (),
+    candidate_case: str | None = None, repeats: Sequence[Result | float] = (),
+    baseline_repeats: Sequence[Result | float] = (),
     baseline_case: Case | None = None,
 ) -> DecisionRecord:
     """keep / close / insufficient on case.decision.primary_metric and window, under case.decision.limits and
@@ -235,7 +239,8 @@ def decide(
 
     candidate None means postprocessing produced no result yet: the decision is insufficient with
     results_extracted false (the caller still records load_ended as it found it). repeats / baseline_repeats:
-    the other valid results of the candidate's and the baseline's case (their run-to-run spread);
+    the other valid results of the candidate's and the baseline's case, or their metric's values (their run-to-run
+    spread);
     candidate_case names the candidate's case in the call that settles a change within the noise.
     """
     d = case.decision

@@ -7,55 +7,89 @@ pasted; deleting the file loses nothing (`caseledger handoff` and every state ch
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from caseledger import ledger, procs, redact
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.runs import Run, damaged_line, scan_runs
+from caseledger.ledger.index import Index, RunRow, open_index, row_of
+from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold
 from caseledger.records import read_jsonl
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
+
+if TYPE_CHECKING:
+    from caseledger.outcome.summary import ScenarioView
 
 MAX_BYTES = 1024
 MAX_LINES = 25
 
 
-def render(ws: Workspace, exiting: str | None = None) -> str:
-    """exiting: a run whose controller is writing this as its last act (counted as gone)."""
-    scan = scan_runs(ws)
-    damaged = list(scan.damaged)
-    views: list[RunView] = []
-    for meta in scan.metas[-40:]:
+def render(ws: Workspace, exiting: str | None = None, *, verify: bool = True) -> str:
+    """exiting: a run whose controller is writing this as its last act (counted as gone). verify: the index
+    compares a slice of its rows with their files (see ledger/index.py); without, only new, changed and live
+    runs are read (the refresh after a change this process made, e.g. the controller's before each phase)."""
+    with open_index(ws, quick=not verify) as idx:
+        return _render(ws, idx, exiting)
+
+
+def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
+    damaged = idx.damaged()
+    rows = idx.recent(RECENT)
+    latest: RunView | None = None
+    while rows and latest is None:  # the newest run, folded live (the others as the index folded them)
         try:
-            v = fold(ws, Run(paths=ws.run(meta.run_id), meta=meta, workspace=ws))  # run.json read once, by the scan
+            latest = fold(ws, load_run(ws, rows[-1].run_id))
         except CaseledgerError as e:  # a damaged case.json or events file: named below, the others shown
             damaged.append(e.message)
-            continue
-        if meta.run_id == exiting:
-            v.controller_alive = False
-        views.append(v)
+            rows.pop()
     lines = [f"# HANDOFF — written {utc_now()[:19]}Z from ledger/; may be stale (a process that died wrote "
              "nothing since): read caseledger://handoff or run `caseledger handoff` for a fresh one",
              f"authorization: {authorization.current_mode(ws)}"]
     if damaged:
         lines.append(quoted(damaged_line(damaged), 300))
-    if not views:
+    if latest is None:
         lines += ["no runs yet", "next: freeze_case(path='cases/<draft>.json'), then start_run(case_id=...)"]
         return "\n".join(lines) + "\n"
-    latest = views[-1]
-    same = [v for v in views if v.scenario == latest.scenario]
-    for rows in range(MAX_ROWS, -1, -1):  # as many scenario rows as fit the handoff's size
-        text = _compose(ws, lines, same, latest, views, rows)
-        if len(text.encode()) <= MAX_BYTES and text.count("\n") <= MAX_LINES:
-            return text
+    if latest.run_id == exiting:
+        latest.controller_alive = False
+    rows[-1] = row_of(latest)
+    view = _view(ws, idx, latest.scenario)
+    others = _other_scenarios(ws, idx, latest.scenario)
+    camps = _campaigns(ws)
+    text = ""
+    for compact in (False, True):
+        for n in range(MAX_ROWS, -1, -1):  # as many scenario rows as fit the handoff's size
+            text = _compose(ws, lines, view, latest, rows, n, others, camps, compact)
+            if len(text.encode()) <= MAX_BYTES and text.count("\n") <= MAX_LINES:
+                return text
     return text
 
 
-def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunView, views: list[RunView],
-             rows: int) -> str:
-    camps = _campaigns(ws)
-    lines = head + [line for line, _, _ in camps] + _scenario_rows(ws, same, rows) + _other_scenarios(views, latest)
+RECENT = 40  # runs whose problems the handoff lists
+
+
+def _view(ws: Workspace, idx: Index, name: str) -> ScenarioView | str:
+    """The scenario's view (as summarize(scenario=...) answers), or its bare name when it has none here."""
+    # the controller refreshes HANDOFF.md before the first formal request: these stay off its hot path
+    from caseledger.outcome.summary import scenario_view  # lazy: pulls metrics and numpy (~40 ms)
+
+    try:
+        return scenario_view(ws, name, idx)
+    except CaseledgerError:  # runs of cases not frozen here (imported): no scenario rows
+        return name
+
+
+def _compose(ws: Workspace, head: list[str], view: ScenarioView | str, latest: RunView, rows: list[RunRow],
+             n_rows: int, others: list[tuple[str, str]], camps: list[tuple[str, str, bool]], compact: bool) -> str:
+    if compact:  # every active campaign and scenario still named, on one line each
+        camp_lines = ([f"campaigns active: {', '.join(g + (' (driver alive)' if up else '') for _, g, up in camps)}"]
+                      if camps else [])
+        other_lines = [f"also active: {'; '.join(short for _, short in others)}"] if others else []
+    else:
+        camp_lines, other_lines = [line for line, _, _ in camps], [line for line, _ in others]
+    lines = head + camp_lines + _scenario_rows(view, n_rows) + other_lines
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
         st = read_json_or_none(f) or {}
         if "adapter" not in st:
@@ -79,60 +113,59 @@ def _compose(ws: Workspace, head: list[str], same: list[RunView], latest: RunVie
     lines.append(f"latest run: {latest.run_id} case {latest.case_id}: {latest.state.value}"
                  + (f" [{latest.failure_class}]" if latest.failure_class else "")
                  + f"; last completed phase {last_done}")
-    problems = _problems(views, latest)
+    problems = _problems(rows, latest)
     if problems:
         lines.append("open problems:")
         lines += [f"- {p}" for p in problems[:4]]
     lines.append(f"next: {_campaign_next(ws, camps, latest) or _next(latest)}")
     text = "\n".join(lines) + "\n"
-    while (len(text.encode()) > MAX_BYTES or len(lines) > MAX_LINES) and len(lines) > 4 and rows == 0:
-        lines.pop(-2)  # last resort, with no scenario rows left: drop detail above the next call
-        if lines[-2] == "open problems:":
+    keep = len(head) + len(camp_lines) + len(_scenario_rows(view, n_rows)) + len(other_lines)
+    while (len(text.encode()) > MAX_BYTES or len(lines) > MAX_LINES) and len(lines) - 1 > keep and n_rows == 0:
+        lines.pop(-2)  # last resort, with no scenario rows left: drop detail above the next call (never a name of
+        if lines[-2] == "open problems:":  # an active scenario or campaign)
             lines.pop(-2)  # its items are gone: no empty header
         text = "\n".join(lines) + "\n"
     return text
 
 
 MAX_ROWS = 8  # scenario rows shown; the rest are counted (summarize(scenario=...) has them all)
-ACTIVE_S = 6 * 3600  # another scenario with a run this recent (or one running) is active: it is named too
-MAX_OTHERS = 4
+ACTIVE_S = 6 * 3600  # another scenario with a run this recent (or one running or queued) is active: it is named too
 
 
-def _other_scenarios(views: list[RunView], latest: RunView) -> list[str]:
-    """Every other active scenario (a run in the last hours, or one running), most recent first, one line each:
-    its latest run, state and decision, and the call that shows it whole."""
-    now = datetime.now(UTC).timestamp()
-    newest: dict[str, RunView] = {}
-    for v in views:
-        if v.scenario != latest.scenario:
-            newest[v.scenario] = v
-    out = []
-    for name, v in sorted(newest.items(), key=lambda kv: kv[1].meta.created_utc, reverse=True):
-        try:
-            created = datetime.fromisoformat(v.meta.created_utc.replace("Z", "+00:00")).timestamp()
-        except ValueError:  # no creation time recorded: only a running one counts as active
-            created = 0.0
-        if v.state not in (RunState.RUNNING, RunState.CREATED) and now - created > ACTIVE_S:
+def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str, str]]:
+    """Every other active scenario (a run in the last hours, one running, or a case queued), most recent first:
+    (its line: latest run, state and decision, and the call that shows it whole; the same in a few words)."""
+    since = datetime.fromtimestamp(datetime.now(UTC).timestamp() - ACTIVE_S, UTC).isoformat(timespec="milliseconds")
+    out: list[tuple[str, str]] = []
+    seen = {current}
+    for r in idx.active(since.replace("+00:00", "Z")):
+        if r.scenario in seen:
             continue
-        dec = (v.decision or {}).get("outcome")
-        out.append(f"also active: scenario {name}: latest {v.run_id} {v.state.value}"
-                   + (f" [{v.failure_class}]" if v.failure_class else "") + (f" -> {dec}" if dec else "")
-                   + f"; summarize(scenario='{name}')")
-    return out[:MAX_OTHERS]
+        seen.add(r.scenario)
+        fc = f" [{r.failure_class}]" if r.failure_class else ""
+        dec = f" -> {r.decision}" if r.decision else ""
+        out.append((f"also active: scenario {r.scenario}: latest {r.run_id} {r.state}{fc}{dec}; "
+                    f"summarize(scenario='{r.scenario}')", f"{r.scenario} ({r.run_id} {r.state}{dec})"))
+    scenario_of = idx.cases() if queue.all_queues(ws) else {}
+    for key, ids in queue.all_queues(ws).items():
+        for cid in ids:
+            name = scenario_of.get(cid)
+            if name and name not in seen:
+                seen.add(name)
+                out.append((f"also active: scenario {name}: {cid} queued on {key}; summarize(scenario='{name}')",
+                            f"{name} ({cid} queued)"))
+    return out
 
 
-def _scenario_rows(ws: Workspace, views: list[RunView], max_rows: int = MAX_ROWS) -> list[str]:
+def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[str]:
     """The scenario in a few lines, from the same view summarize(scenario=...) answers with: per case its
     change against the baseline, latest valid run, decision metric and verdict; the best within limits."""
     # the controller refreshes HANDOFF.md before the first formal request: these stay off its hot path
     from caseledger.outcome.decide import broken  # lazy: pulls metrics and numpy (~40 ms)
-    from caseledger.outcome.summary import scenario_view  # lazy: pulls metrics and numpy (~40 ms)
 
-    name = views[-1].scenario
-    try:
-        view = scenario_view(ws, name)
-    except CaseledgerError:  # runs of cases not frozen here (imported): no scenario rows
-        return [f"scenario: {name}"]
+    if isinstance(view, str):
+        return [f"scenario: {view}"]
+    name = view.scenario
     out = [f"scenario {name}: {len(view.rows)} case(s), {view.primary_metric} on {view.window}"
            + (f", limits {', '.join(view.limits)}" if view.limits else "")]
     for r in view.rows[:max_rows]:
@@ -149,17 +182,18 @@ def _scenario_rows(ws: Workspace, views: list[RunView], max_rows: int = MAX_ROWS
     return out
 
 
-def _problems(views: list[RunView], latest: RunView) -> list[str]:
+def _problems(rows: list[RunRow], latest: RunView) -> list[str]:
     """Failed runs nothing superseded: not a later run of the same case, not a run of a child case."""
-    latest_per_case: dict[str, RunView] = {}
-    for v in views:
-        latest_per_case[v.case_id] = v
-    children = {v.meta.parent_case for v in views if v.meta.parent_case}
+    latest_per_case: dict[str, RunRow] = {}
+    for r in rows:
+        latest_per_case[r.case_id] = r
+    children = {r.parent_case for r in rows if r.parent_case}
     out = []
-    for v in latest_per_case.values():
-        if v.state in (RunState.FAILED, RunState.END_UNKNOWN) and v.case_id not in children:
-            then = "" if v is latest else f" -> {quoted(v.next_call.split(' — ')[0].split('; ')[0], 90)}"
-            out.append(f"{v.run_id}: {quoted(v.blocker or v.state.value, 200)}{then}")  # latest: see next
+    for r in latest_per_case.values():
+        if r.state in (RunState.FAILED, RunState.END_UNKNOWN) and r.case_id not in children:
+            then = "" if r.run_id == latest.run_id else \
+                f" -> {quoted((r.next_call or '').split(' — ')[0].split('; ')[0], 90)}"
+            out.append(f"{r.run_id}: {quoted(r.blocker or r.state or '', 200)}{then}")  # latest: see next
     return out
 
 
@@ -199,7 +233,7 @@ def _campaigns(ws: Workspace) -> list[tuple[str, str, bool]]:
         name = str(names[-1].get("name", "")) if names else ""
         state = "driver alive: it starts every next point" if alive else f"driver ended ({info.get('outcome')})"
         found.append((at, f"campaign {c.name} {name}: {state}; summarize(run_ids=['{c.name}'])", c.name, alive))
-    return [(line, gid, up) for _, line, gid, up in sorted(found, reverse=True)[:MAX_OTHERS]]
+    return [(line, gid, up) for _, line, gid, up in sorted(found, reverse=True)]
 
 
 def _next(v: RunView) -> str:
@@ -210,11 +244,12 @@ def _next(v: RunView) -> str:
     return v.next_call
 
 
-def refresh(ws: Workspace, exiting: str | None = None) -> str:
+def refresh(ws: Workspace, exiting: str | None = None, *, verify: bool = False) -> str:
     """Write HANDOFF.md and return it; the values of the workspace's secrets masked (the ledger's text was
-    masked when recorded; this also covers text an older version recorded unmasked)."""
+    masked when recorded; this also covers text an older version recorded unmasked). verify: see render
+    (a writer refreshing after its own change does not: its writes are in the index already)."""
     remember_secrets(ws)
-    text = redact.mask(render(ws, exiting))
+    text = redact.mask(render(ws, exiting, verify=verify))
     atomic_write(ws.handoff, text)
     return text
 

@@ -17,12 +17,22 @@ from caseledger.case.model import Case
 from caseledger.case.plan import Phase, argv_change, delta, flatten
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseledgerError, NotFound
-from caseledger.ledger.runs import Run, RunMeta, load_run, scan_runs
+from caseledger.ledger.index import Index, RunRow, open_index
+from caseledger.ledger.runs import Run, RunMeta, load_run
 from caseledger.ledger.state import fold
-from caseledger.metrics import Result, WindowResult, latest_result, per_request_ms, read_raw
+from caseledger.metrics import (
+    PROCESSOR_VERSION,
+    Distribution,
+    Result,
+    WindowResult,
+    latest_result,
+    per_request_ms,
+    read_raw,
+)
 from caseledger.outcome import report
 from caseledger.outcome.decide import (
     DECISION_WORDS,
+    LIMITS,
     METRICS,
     DecisionRecord,
     LimitVerdict,
@@ -30,8 +40,9 @@ from caseledger.outcome.decide import (
     broken,
     decide,
     limit_verdicts,
+    metric_value,
 )
-from caseledger.workspace import Workspace, atomic_write, read_json_or_none, write_json
+from caseledger.workspace import Workspace, atomic_write, read_json_or_none, sha256_bytes, write_json
 
 
 def load_result(run: Run) -> Any:
@@ -70,20 +81,70 @@ def _decision_of(ws: Workspace, run_id: str) -> DecisionRecord | None:
         return None
 
 
-def valid_runs(ws: Workspace, case_id: str, window: str,
-               metas: list[RunMeta] | None = None) -> list[tuple[str, Result]]:
-    """(run_id, result) of every run of a case with a valid result on `window`, newest first."""
-    out: list[tuple[str, Result]] = []
-    for meta in reversed(metas if metas is not None else scan_runs(ws).metas):
-        if meta.case_id != case_id:
+def _figures_of(result: Result | None) -> dict[str, Any]:
+    """What the lists read of a run's latest result without parsing it: per window whether it is valid, the
+    decision metrics' values and the limits' figures (unrounded; None where NOT_OBSERVED)."""
+    out: dict[str, Any] = {"has": result is not None}
+    for window in ("whole", "native"):
+        if result is None:
+            out[window] = {"valid": False, "metrics": {}, "limits": {}}
             continue
-        r = latest_result(ws.run(meta.run_id).root)
-        if valid(r, window) and r is not None:
-            out.append((meta.run_id, r))
+        w: WindowResult = getattr(result.windows, window)
+        metrics = {m: (v if isinstance(v := metric_value(w, m), float) else None) for m in METRICS}
+        limits = {}
+        for name, (figure, stat) in LIMITS.items():
+            d = getattr(w.latency, figure)
+            limits[name] = float(getattr(d, stat)) if isinstance(d, Distribution) else None
+        out[window] = {"valid": valid(result, window), "metrics": metrics, "limits": limits}
     return out
 
 
-def baseline_of(run: Run, case: Case | None = None) -> tuple[str | None, str | None]:
+class Reader:
+    """One call's reads of the ledger through its index: the runs as rows, each run's result figures stored in
+    the index under the run's signature, and results parsed at most once per call."""
+
+    def __init__(self, ws: Workspace, idx: Index) -> None:
+        self.ws = ws
+        self.idx = idx
+        self._results: dict[str, Result | None] = {}
+        self._figures: dict[str, dict[str, Any]] = {}
+
+    def result(self, run_id: str) -> Result | None:
+        if run_id not in self._results:
+            self._results[run_id] = latest_result(self.ws.run(run_id).root)
+        return self._results[run_id]
+
+    def figures(self, row: RunRow) -> dict[str, Any]:
+        if row.run_id in self._figures:
+            return self._figures[row.run_id]
+        sig = f"{PROCESSOR_VERSION}:{row.sig}"
+        body = self.idx.derived("result", row.run_id, sig)
+        if body is not None:
+            fig: dict[str, Any] = orjson.loads(body)
+        else:
+            fig = _figures_of(self.result(row.run_id))
+            self.idx.put_derived("result", row.run_id, sig, orjson.dumps(fig))
+        self._figures[row.run_id] = fig
+        return fig
+
+    def valid_ids(self, rows: list[RunRow], case_id: str | None, window: str) -> list[str]:
+        """Run ids of the case's runs (among rows, oldest first) with a valid result on `window`, newest first."""
+        return [r.run_id for r in reversed(rows) if r.case_id == case_id and self.figures(r)[window]["valid"]]
+
+    def values(self, run_ids: list[str], rows: list[RunRow], window: str, metric: str) -> list[float]:
+        by_id = {r.run_id: r for r in rows}
+        return [v for rid in run_ids if (v := self.figures(by_id[rid])[window]["metrics"].get(metric)) is not None]
+
+
+def valid_runs(ws: Workspace, case_id: str, window: str) -> list[tuple[str, Result]]:
+    """(run_id, result) of every run of a case with a valid result on `window`, newest first."""
+    with open_index(ws) as idx:
+        rd = Reader(ws, idx)
+        rows = idx.runs(case_ids=[case_id])
+        return [(rid, r) for rid in rd.valid_ids(rows, case_id, window) if (r := rd.result(rid)) is not None]
+
+
+def baseline_of(run: Run, case: Case | None = None, reader: Reader | None = None) -> tuple[str | None, str | None]:
     """(baseline case id, its run to compare with) for a run: the decision's baseline, else the parent; when that
     case has no valid result, the scenario's last valid kept case (decided keep or baseline, within its limits).
     `case`: the run's case under the scenario's current decision (default: read here)."""
@@ -91,19 +152,21 @@ def baseline_of(run: Run, case: Case | None = None) -> tuple[str | None, str | N
     ref = case.decision.baseline or case.parent
     if ref is None or ref == run.meta.case_id:
         return None, None
+    if reader is None:
+        with open_index(run.workspace) as idx:
+            return baseline_of(run, case, Reader(run.workspace, idx))
     ws, window = run.workspace, case.decision.window
-    metas = scan_runs(ws).metas
-    own = valid_runs(ws, ref, window, metas)
+    own = reader.valid_ids(reader.idx.runs(case_ids=[ref]), ref, window)
     if own:
-        return ref, own[0][0]
-    for meta in reversed(metas):
-        if meta.scenario != case.scenario or meta.case_id in (run.meta.case_id, ref):
+        return ref, own[0]
+    for row in reversed(reader.idx.runs(scenario=case.scenario)):
+        if row.case_id in (run.meta.case_id, ref) or row.decision not in ("keep", "baseline"):
             continue
-        dec = _decision_of(ws, meta.run_id)
+        dec = _decision_of(ws, row.run_id)
         if dec is None or dec.outcome not in ("keep", "baseline") or broken(dec.limits):
             continue
-        if valid(latest_result(ws.run(meta.run_id).root), window):
-            return meta.case_id, meta.run_id
+        if reader.figures(row)[window]["valid"]:
+            return row.case_id, row.run_id
     return ref, None
 
 
@@ -116,22 +179,27 @@ def decide_run(run: Run) -> dict[str, Any]:
     return out
 
 
-def current_decision(run: Run, result: Result | None) -> DecisionRecord:
+def current_decision(run: Run, result: Result | None, reader: Reader | None = None) -> DecisionRecord:
     """The run's decision from the results on disk now: its result against the baseline's latest valid run
     and both cases' repeats. A verdict read through this never goes stale: a re-run baseline re-decides it.
-    Writes nothing."""
+    Writes nothing (but the index's derived figures)."""
+    if reader is None:
+        with open_index(run.workspace) as idx:
+            return current_decision(run, result, Reader(run.workspace, idx))
     paths = run.paths
     ws = run.workspace
     case = with_current_decision(ws, run.case)  # the scenario's decision now, not the one of the run's start
-    ref_case, ref_run = baseline_of(run, case)
-    baseline = latest_result(ws.run(ref_run).root) if ref_run else None
+    ref_case, ref_run = baseline_of(run, case, reader)
+    baseline = reader.result(ref_run) if ref_run else None
     end = read_json_or_none(paths.load_end)
     load_ended = bool(end) and int(end.get("done", 0)) >= int(end.get("planned", 1))
-    window = case.decision.window
-    metas = scan_runs(ws).metas
-    repeats = [r for rid, r in valid_runs(ws, run.meta.case_id, window, metas) if rid != run.run_id]
-    base_repeats = ([r for rid, r in valid_runs(ws, ref_case, window, metas) if rid != ref_run]
-                    if ref_case and ref_run else [])
+    window, metric = case.decision.window, case.decision.primary_metric
+    rows = reader.idx.runs(case_ids=[run.meta.case_id, *([ref_case] if ref_case else [])])
+    # the repeats by their metric's value alone (the index's figures: no result is parsed for them)
+    repeats = reader.values([rid for rid in reader.valid_ids(rows, run.meta.case_id, window) if rid != run.run_id],
+                            rows, window, metric)
+    base_repeats = (reader.values([rid for rid in reader.valid_ids(rows, ref_case, window) if rid != ref_run],
+                                  rows, window, metric) if ref_case and ref_run else [])
     base_case = with_current_decision(ws, load_run(ws, ref_run).case) if ref_run else None
     return decide(case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
                   load_ended=load_ended, candidate_case=run.meta.case_id, repeats=repeats,
@@ -356,11 +424,11 @@ def _n(v: float | None) -> str:
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
-def _frozen(ws: Workspace) -> dict[str, Case]:
+def _frozen(ws: Workspace, ids: list[str]) -> dict[str, Case]:
     out: dict[str, Case] = {}
-    for p in sorted(ws.frozen_dir.glob("c-*.json")) if ws.frozen_dir.is_dir() else []:
+    for cid in sorted(ids):
         try:
-            out[p.stem] = load_case(ws, p.stem)
+            out[cid] = load_case(ws, cid)
         except CaseledgerError:
             continue  # a damaged frozen case is named by freeze/start; the view shows the others
     return out
@@ -368,9 +436,10 @@ def _frozen(ws: Workspace) -> dict[str, Case]:
 
 def latest_scenario(ws: Workspace) -> str:
     """The scenario of the latest run, else of the newest frozen case."""
-    metas = scan_runs(ws).metas
-    if metas:
-        return metas[-1].scenario
+    with open_index(ws) as idx:
+        latest = idx.latest()
+    if latest is not None:
+        return latest.scenario
     frozen = sorted(ws.frozen_dir.glob("c-*.json"), key=lambda p: p.stat().st_mtime) if ws.frozen_dir.is_dir() else []
     for p in reversed(frozen):
         try:
@@ -399,17 +468,51 @@ def _changes(base: Case | None, case: Case) -> list[tuple[str, Any, Any]]:
             if not (d.path in _FOLLOWS and new.get(d.path) == new.get(_FOLLOWS[d.path]))]
 
 
-def scenario_view(ws: Workspace, name: str) -> ScenarioView:
-    """One row per case of the scenario; reads only (no report is written)."""
-    cases = {cid: c for cid, c in _frozen(ws).items() if c.scenario == name}
-    if not cases:
+def _stat_sig(path: Path) -> str:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "-"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> ScenarioView:
+    """One row per case of the scenario; reads only (no report is written). The view is kept in the index
+    under the signature of everything it reads (its cases and their lineage, the scenario's decision, each
+    run's state, decision and result figures), so an unchanged scenario is not computed again."""
+    if idx is None:
+        with open_index(ws) as own:
+            return scenario_view(ws, name, own)
+    ids = [cid for cid, sc in idx.cases().items() if sc == name]
+    if not ids:
         raise NotFound(f"scenario '{name[:200]}' has no frozen case",
                        "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
-    metas = [m for m in scan_runs(ws).metas if m.case_id in cases]
+    rd = Reader(ws, idx)
+    rows = idx.runs(case_ids=ids)
+    parts = [PROCESSOR_VERSION, name, _stat_sig(ws.scenarios_dir / name / "decision.jsonl")]
+    parts += [f"{cid}={_stat_sig(ws.frozen_case(cid))}/{_stat_sig(ws.frozen_dir / f'{cid}.lineage.jsonl')}"
+              for cid in sorted(ids)]
+    parts += [f"{r.run_id}:{r.state}:{r.decision}:{sha256_bytes(orjson.dumps(rd.figures(r)))[:16]}" for r in rows]
+    sig = sha256_bytes("\n".join(parts).encode())
+    body = idx.derived("scenario_view", name, sig)
+    if body is not None:
+        try:
+            return ScenarioView.model_validate_json(body)
+        except ValidationError:
+            pass  # another version's view: computed again
+    view = _scenario_view(ws, name, _frozen(ws, ids), rows, rd)
+    idx.put_derived("scenario_view", name, sig, view.model_dump_json().encode())
+    return view
+
+
+def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list[RunRow], rd: Reader) -> ScenarioView:
+    if not cases:
+        raise NotFound(f"scenario '{name[:200]}' has no readable frozen case",
+                       "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
+    metas = [m for m in metas if m.case_id in cases]
     first_run = {m.case_id: i for i, m in reversed(list(enumerate(metas)))}
-    decisions = {m.run_id: _decision_of(ws, m.run_id) for m in metas}
-    base_id = next((m.case_id for m in reversed(metas)
-                    if (dec := decisions[m.run_id]) is not None and dec.outcome == "baseline"), None)
+    base_id = next((m.case_id for m in reversed(metas) if m.decision == "baseline"
+                    and (dec := _decision_of(ws, m.run_id)) is not None and dec.outcome == "baseline"), None)
     if base_id is None:
         named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
         roots = sorted((cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
@@ -424,19 +527,19 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
     rows: list[ScenarioRow] = []
     for cid, case in cases.items():
         own = [m for m in metas if m.case_id == cid]
-        good = valid_runs(ws, cid, window, own)
-        rid = good[0][0] if good else (own[-1].run_id if own else None)
-        result = good[0][1] if good else (latest_result(ws.run(rid).root) if rid else None)
-        state = fold(ws, load_run(ws, own[-1].run_id)).state.value if own else "not run"
-        dec = decisions.get(rid) if rid else None
+        good = rd.valid_ids(own, cid, window)
+        rid = good[0] if good else (own[-1].run_id if own else None)
+        result = rd.result(rid) if rid else None
+        state = (own[-1].state or "unknown") if own else "not run"  # the index folds live runs at every read
+        dec = _decision_of(ws, rid) if rid else None
         if rid and result is not None and dec is not None and dec.outcome != "baseline":
-            dec = current_decision(load_run(ws, rid), result)  # against the baseline's results now, never stale
+            dec = current_decision(load_run(ws, rid), result, rd)  # against the baseline's results now, never stale
         value = flatten(case.canonical()).get(swept) if swept else None
         w: WindowResult | None = getattr(result.windows, window) if result is not None else None
         pcts = {f"{m}_{q}_ms": window_stat(w, f"latency.{m}.{q}") if w is not None else None
                 for m in _PCTS for q in ("p50", "p99")}
         shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
-        rep = _repeats(case, [r for _, r in good], window, metric)
+        rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
         rows.append(ScenarioRow(
             **rep, requests=w.ok if w is not None and w.found else None,
             case_id=cid, change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if cid == base_id
@@ -458,16 +561,17 @@ def scenario_view(ws: Workspace, name: str) -> ScenarioView:
         best_case=best.case_id if best else None, decisions=DECISION_WORDS)
 
 
-def _repeats(case: Case, results: list[Result], window: str, metric: str) -> dict[str, Any]:
-    """A case's repeats: the metric's mean and spread over its valid runs, and how often each limit was met."""
-    path = ".".join(METRICS[metric][:3])
-    values = [v for r in results if (v := window_stat(getattr(r.windows, window), path)) is not None]
+def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> dict[str, Any]:
+    """A case's repeats (their figures in the index): the metric's mean and spread over its valid runs, and how
+    often each limit was met."""
+    values = [v for f in figures if (v := _sig(f[window]["metrics"].get(metric))) is not None]
     mean = sum(values) / len(values) if values else None
     spread = (max(values) - min(values)) / 2 / abs(mean) if len(values) > 1 and mean else None
     met: dict[str, list[bool]] = {}
-    for r in results:
-        for lv in limit_verdicts(case, r):
-            met.setdefault(lv.limit, []).append(lv.verdict == "meets")
+    for f in figures:
+        for limit, bound in case.decision.limits.bounds().items():
+            value = f[window]["limits"].get(limit)
+            met.setdefault(limit, []).append(value is not None and value <= bound)
     return {"metric_mean": mean, "metric_spread_rel": spread,
             "limits_met": {k: f"{sum(x)}/{len(x)}" for k, x in met.items()}}
 

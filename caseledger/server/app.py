@@ -377,7 +377,7 @@ def build_server(ws: Workspace) -> MCPServer:
                               "action), regenerated from the ledger on every read")
     async def handoff_md() -> str:
         try:
-            return await anyio.to_thread.run_sync(handoff.refresh, ws)
+            return await anyio.to_thread.run_sync(lambda: handoff.refresh(ws, verify=True))
         except CaseledgerError as e:
             raise ResourceError(str(_tool_error(e))) from e
         except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten on every read), or a bug

@@ -8,9 +8,10 @@ from pydantic import BaseModel, Field
 
 from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFound, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.runs import damaged_line, load_run, scan_runs
+from caseledger.ledger.index import open_index
+from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold
-from caseledger.workspace import Workspace
+from caseledger.workspace import Workspace, is_id
 
 
 class StatusResult(BaseModel):
@@ -141,14 +142,22 @@ def phase_status(workspace: Workspace, run_id: str | None = None, wait_s: float 
 
 def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
     damaged: list[str] = []
-    if run_id is None:
-        scan = scan_runs(workspace)
-        if not scan.metas:
-            found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
-            raise NotFound(f"no runs in this workspace yet{found}",
-                           "freeze_case(path=...) then start_run(case_id=...)")
-        run_id, damaged = scan.metas[-1].run_id, scan.damaged
-    v = fold(workspace, load_run(workspace, run_id))  # a case id: its latest run
+    if run_id is None or is_id(run_id, "c"):
+        with open_index(workspace) as idx:  # the latest run (of the case), without folding every run
+            if run_id is None:
+                latest = idx.latest()
+                damaged = idx.damaged()
+                if latest is None:
+                    found = f" ({damaged_line(damaged)})" if damaged else ""
+                    raise NotFound(f"no runs in this workspace yet{found}",
+                                   "freeze_case(path=...) then start_run(case_id=...)")
+            else:
+                latest = next(idx.of_case(run_id), None)
+                if latest is None:
+                    raise NotFound(f"case {run_id} has no run yet in {workspace.runs_dir}",
+                                   f"start_run(case_id='{run_id}')")
+        run_id = latest.run_id
+    v = fold(workspace, load_run(workspace, run_id))  # folded live: the one run asked about
     cur = v.phases[v.current] if v.current else None
     dec = v.decision or {}
     return StatusResult(

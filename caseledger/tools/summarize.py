@@ -18,12 +18,13 @@ from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
-from caseledger.ledger.runs import damaged_line, load_run, scan_runs
+from caseledger.ledger.index import Index, open_index
+from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
 from caseledger.outcome.decide import DECISION_WORDS, METRICS, broken, limit_verdicts
 from caseledger.outcome.summary import Headline, ScenarioView
-from caseledger.workspace import Workspace, atomic_write, is_id, read_json_or_none
+from caseledger.workspace import Workspace, atomic_write, is_id, read_json_or_none, sha256_bytes
 
 
 class RunSummary(BaseModel):
@@ -154,28 +155,30 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
         raise CaseInvalid(f"scenario '{quoted(name, 60)}' is not a scenario name: it "
                           f"{PATTERN_RULES[SCENARIO_PATTERN]}",
                           "summarize() without arguments shows the latest scenario")
-    scan = scan_runs(workspace)
     given = name is not None
-    if not given and scan.metas:  # the latest run is a campaign's point: the campaign's answer is the answer
-        gid = campaign_of(workspace, scan.metas[-1].case_id)
-        if gid is not None:
-            return _campaign(workspace, gid)
-    try:
-        name = name or summary.latest_scenario(workspace)
-    except NotFound:
-        found = f" ({damaged_line(scan.damaged)})" if scan.damaged else ""
-        raise NotFound(f"no runs and no frozen case in this workspace yet{found}",
-                       "freeze_case(path='cases/x.json') then start_run(case_id=...)") from None
-    try:
-        view = summary.scenario_view(workspace, name)
-    except NotFound:
-        if given or not scan.metas:
-            raise
-        # the latest run's case is not frozen here (an imported or hand-made ledger): that run, as before
-        latest = summarize(workspace, [scan.metas[-1].run_id])
-        return latest.model_copy(update={"damaged": scan.damaged})
-    return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=_scenario_plot(workspace, view),
-                         damaged=scan.damaged, next_call=summary.scenario_next(view))
+    with open_index(workspace) as idx:  # the latest run and the scenario's runs, without folding every run
+        latest, damaged = idx.latest(), idx.damaged()
+        if not given and latest is not None:  # the latest run is a campaign's point: the campaign's answer is it
+            gid = campaign_of(workspace, latest.case_id)
+            if gid is not None:
+                return _campaign(workspace, gid)
+        try:
+            name = name or summary.latest_scenario(workspace)
+        except NotFound:
+            found = f" ({damaged_line(damaged)})" if damaged else ""
+            raise NotFound(f"no runs and no frozen case in this workspace yet{found}",
+                           "freeze_case(path='cases/x.json') then start_run(case_id=...)") from None
+        try:
+            view = summary.scenario_view(workspace, name, idx)
+        except NotFound:
+            if given or latest is None:
+                raise
+            # the latest run's case is not frozen here (an imported or hand-made ledger): that run, as before
+            result = summarize(workspace, [latest.run_id])
+            return result.model_copy(update={"damaged": damaged})
+        plot = _scenario_plot(workspace, view, idx)
+    return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged,
+                         next_call=summary.scenario_next(view))
 
 
 def _campaign(ws: Workspace, gid: str) -> SummaryResult:
@@ -187,7 +190,19 @@ def _campaign(ws: Workspace, gid: str) -> SummaryResult:
                          next_call=view.next_call)
 
 
-def _scenario_plot(ws: Workspace, view: ScenarioView) -> str | None:
+def _scenario_plot(ws: Workspace, view: ScenarioView, idx: Index) -> str | None:
+    """The scenario's PNG, drawn again only when its view changed (the index remembers which view it shows)."""
+    path = ws.reports_dir / f"scenario-{view.scenario}.png"
+    sig = sha256_bytes(view.model_dump_json().encode())
+    if path.is_file() and idx.derived("scenario_plot", view.scenario, sig) == str(path).encode():
+        return str(path)
+    out = _draw_scenario(ws, view)
+    if out is not None:
+        idx.put_derived("scenario_plot", view.scenario, sig, out.encode())
+    return out
+
+
+def _draw_scenario(ws: Workspace, view: ScenarioView) -> str | None:
     points = [report.PlotPoint(
         label=r.change, x=r.swept, metric=r.metric, best=r.best, breaks=bool(broken(r.limits)),
         figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.tpot_p99_ms})

@@ -1,0 +1,99 @@
+"""The index's database: ledger/index.sqlite (stdlib sqlite3, WAL), its schema, and the one write a writer of run
+files makes into it (`touched`: the run's generation goes up, so the next reader folds it again).
+
+The index is derived: every row can be rebuilt from the files (caseledger/ledger/index.py does it), and any
+problem with the database (missing, damaged, another schema, a read-only ledger) makes it be rebuilt or read
+around, never an error of the call. Schema:
+
+    meta(key, value)             schema version; the runs directory's mtime when last listed; last full sweep
+    runs(run_id, ...)            one row per run: run.json's fields the reads filter on, the folded state and the
+                                 generation it was folded at (gen > folded_gen: a writer changed the run since)
+    damaged(entry, message)      ledger/runs entries that are not readable runs, each named
+    cases(case_id, scenario, sig) frozen cases: their scenario, by file size and mtime
+    derived(kind, key, sig, body) higher stages' figures (a run's latest result, a scenario view) under the
+                                 signature of their inputs
+    notes(id, utc, text)         disagreements between the index and the files, repaired from the files
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+SCHEMA_VERSION = "1"
+INDEX_FILE = "index.sqlite"
+BUSY_MS = 5000  # another process writing the index: wait this long, then read around it
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs(
+  run_id TEXT PRIMARY KEY, case_id TEXT NOT NULL, scenario TEXT NOT NULL, parent_case TEXT, target_key TEXT,
+  created_utc TEXT NOT NULL, sig TEXT, gen INTEGER NOT NULL DEFAULT 1, folded_gen INTEGER NOT NULL DEFAULT 0,
+  live INTEGER NOT NULL DEFAULT 1, state TEXT, failure_class TEXT, current TEXT, decision TEXT, blocker TEXT,
+  next_call TEXT, last_done TEXT);
+CREATE INDEX IF NOT EXISTS runs_order ON runs(created_utc, run_id);
+CREATE INDEX IF NOT EXISTS runs_case ON runs(case_id, created_utc);
+CREATE INDEX IF NOT EXISTS runs_scenario ON runs(scenario, created_utc);
+CREATE INDEX IF NOT EXISTS runs_stale ON runs(live, gen, folded_gen);
+CREATE TABLE IF NOT EXISTS damaged(entry TEXT PRIMARY KEY, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cases(case_id TEXT PRIMARY KEY, scenario TEXT, sig TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS derived(kind TEXT NOT NULL, key TEXT NOT NULL, sig TEXT NOT NULL, body BLOB NOT NULL,
+  PRIMARY KEY(kind, key));
+CREATE TABLE IF NOT EXISTS notes(id INTEGER PRIMARY KEY AUTOINCREMENT, utc TEXT NOT NULL, text TEXT NOT NULL);
+"""
+
+
+TABLES = {"meta", "runs", "damaged", "cases", "derived", "notes"}
+
+
+def path_of(ledger_dir: Path) -> Path:
+    return ledger_dir / INDEX_FILE
+
+
+def connect(path: Path, *, create: bool) -> sqlite3.Connection | None:
+    """A connection in WAL mode with the schema in place, or None: no index there (and create is false), or one
+    that cannot be opened. A file of another schema version or not a database raises sqlite3.DatabaseError (the
+    caller rebuilds it)."""
+    if not create and not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error:
+        return None
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # derived data: a lost last commit is rebuilt from the files
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" in tables and (lost := TABLES - tables):  # never recreated empty under a meta that trusts it
+            raise sqlite3.DatabaseError(f"index lost its table(s) {', '.join(sorted(lost))}")
+        conn.executescript(SCHEMA)
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            conn.execute("INSERT OR IGNORE INTO meta VALUES('schema', ?)", (SCHEMA_VERSION,))
+        elif row[0] != SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"index schema {row[0]}, this version reads {SCHEMA_VERSION}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def touched(run_root: Path) -> None:
+    """A writer changed files of the run in `run_root` (an event appended, run.json written): the run's
+    generation goes up, so the next reader folds it again. Only runs under ledger/runs; never creates the index,
+    never fails the writer (a stale or missing row is repaired by the next reader, from the files)."""
+    if run_root.parent.name != "runs":
+        return  # a preflight-only check (ledger/preflights), not a run
+    path = path_of(run_root.parent.parent)
+    if not path.exists():
+        return
+    with contextlib.suppress(sqlite3.Error, OSError):
+        conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+            conn.execute("UPDATE runs SET gen = gen + 1 WHERE run_id = ?", (run_root.name,))
+        finally:
+            conn.close()
