@@ -180,6 +180,12 @@ def fault_matrix() -> dict[str, dict[str, bool]]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from tests.engine import ENGINE_NOTES  # the real-engine tests' measured figures (the module they import)
+
+    if ENGINE_NOTES:
+        terminalreporter.write_sep("=", "measured on the real engines")
+        for note in ENGINE_NOTES:
+            terminalreporter.write_line(note)
     if not FAULT_MATRIX:
         return
     cols: list[str] = []

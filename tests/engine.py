@@ -12,10 +12,13 @@ the dataset's chat-template counts equal the server's usage.prompt_tokens exactl
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx2
+import orjson
 import pytest
 
 from caseledger.metrics import parse_prometheus
@@ -104,3 +107,86 @@ def work(port: int) -> dict[str, float]:
     missing = [n for n in WORK_COUNTERS if n not in c]
     assert not missing, f"llama-server /metrics lacks {missing}; is --metrics in the argv?"
     return {n: c[n] for n in WORK_COUNTERS}
+
+
+# ------------------------------------------------------------------------------------------------------- vLLM
+# `.ci/install-vllm` writes vllm.env: the python of vLLM's own venv, the bf16 Gemma 3 270M directory (its
+# tokenizer prepends BOS; chat_template.jinja beside it) and the torch.compile cache. Without them the vLLM tests
+# skip, unless CASELEDGER_REQUIRE_VLLM=1 (set by `.ci/run`): then they fail.
+VLLM_ENVS = ("CASELEDGER_VLLM_PYTHON", "CASELEDGER_VLLM_MODEL", "CASELEDGER_VLLM_CHAT_TEMPLATE",
+             "CASELEDGER_VLLM_CACHE_ROOT")
+VLLM_REQUIRE_ENV = "CASELEDGER_REQUIRE_VLLM"
+TEMPLATES = Path(__file__).resolve().parent.parent / "cases"
+
+
+@dataclass(frozen=True)
+class VllmPaths:
+    python: str
+    model: str
+    chat_template: str
+    cache_root: str
+
+
+def vllm_paths() -> VllmPaths:
+    """vLLM's venv python, model directory, chat template and compile cache; skips the test, or fails it under
+    CASELEDGER_REQUIRE_VLLM=1."""
+    got = [os.environ.get(n, "") for n in VLLM_ENVS]
+    problem = None
+    if not all(got):
+        problem = f"{', '.join(n for n, v in zip(VLLM_ENVS, got, strict=True) if not v)} not set"
+    elif not os.access(got[0], os.X_OK):
+        problem = f"{VLLM_ENVS[0]}={got[0]} is not an executable file"
+    elif not (Path(got[1]) / "config.json").is_file():
+        problem = f"{VLLM_ENVS[1]}={got[1]} holds no config.json"
+    elif not Path(got[2]).is_file():
+        problem = f"{VLLM_ENVS[2]}={got[2]} is not a file"
+    if problem is None:
+        return VllmPaths(*got)
+    fix = "run `bash .ci/install-vllm`, then `set -a; . ~/.cache/caseledger/vllm.env; set +a`"
+    if os.environ.get(VLLM_REQUIRE_ENV) == "1":
+        pytest.fail(f"{VLLM_REQUIRE_ENV}=1 but {problem}: the vLLM tests must run here; {fix}", pytrace=False)
+    pytest.skip(f"no vLLM: {problem} ({fix}; {VLLM_REQUIRE_ENV}=1 turns this skip into a failure)")
+
+
+# measured figures the real-engine tests report (peak memory, AL, the cross-check's medians): printed in the
+# session summary so CI's output carries them
+ENGINE_NOTES: list[str] = []
+
+VLLM_TEMPLATE_PORT = "18100"
+VLLM_TEMPLATE_MODEL = "models/gemma-3-270m-bf16"
+
+
+def vllm_template(port: int, paths: VllmPaths) -> dict[str, Any]:
+    """cases/vllm.json as a user fills it in: the venv's python, the model directory (its tokenizer and chat
+    template), the compile cache and the port; nothing else changed."""
+    d: dict[str, Any] = orjson.loads((TEMPLATES / "vllm.json").read_bytes())
+
+    def fill(value: str) -> str:
+        value = value.replace(f"127.0.0.1:{VLLM_TEMPLATE_PORT}", f"127.0.0.1:{port}")
+        if value == f"{VLLM_TEMPLATE_MODEL}/chat_template.jinja":
+            return paths.chat_template
+        return paths.model if value == VLLM_TEMPLATE_MODEL else value
+
+    sv = d["service"]
+    assert sv["argv"][0] == "python3", "cases/vllm.json starts vLLM with another interpreter"
+    sv["argv"] = [paths.python, *(fill(a) for a in sv["argv"][1:])]
+    sv["health_url"] = fill(sv["health_url"])
+    sv["env"]["VLLM_CACHE_ROOT"] = paths.cache_root
+    d["target"]["endpoints"] = [{**e, "base_url": fill(e["base_url"])} for e in d["target"]["endpoints"]]
+    d["dataset"]["tokenizer"] = fill(d["dataset"]["tokenizer"])
+    assert paths.model in sv["argv"] and paths.chat_template in sv["argv"] and d["dataset"]["tokenizer"] == paths.model
+    return d
+
+
+def vllm_counters(port: int) -> dict[str, float]:
+    """vLLM's /metrics, summed per name (labels folded: request_success_total over its finished reasons)."""
+    return counters(port)
+
+
+def prometheus_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample of `name` in a Prometheus text (vllm:cache_config_info's are its config)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            inner = line[len(name) + 1 : line.rindex("}")]
+            return dict(re.findall(r'(\w+)="([^"]*)"', inner))
+    raise AssertionError(f"{name} is not in the metrics text")

@@ -113,13 +113,16 @@ def intended_argv(case: Case, unit: Unit | None = None) -> list[str]:
     return []
 
 
-# Options naming a model file, whose content hash joins the service identity (llama.cpp: target and draft).
+# Options naming a model file or directory, whose content hash joins the service identity (llama.cpp: target and
+# draft; vLLM: --model DIR).
 MODEL_FILE_OPTIONS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model")
 _HASHES_FILE = "file-hashes.json"
 
 
 def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[dict[str, Any]]:
-    """Model files named in a local command adapter's argv (MODEL_FILE_OPTIONS), with their sha256.
+    """Model files named in a local command adapter's argv (MODEL_FILE_OPTIONS), with their sha256; an option
+    naming a directory (vLLM's --model DIR) stands for every regular file directly in it (weights, config,
+    tokenizer, chat template), each listed as DIR/NAME.
 
     Hashes are cached under ledger/services by path, size, mtime and inode, so a 250 MB model is read once,
     not at every run. A remote process's files are not read (empty list)."""
@@ -129,9 +132,16 @@ def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[dic
     out: list[dict[str, Any]] = []
     with _HashCache(ws) as cache:
         for opt, value in itertools.pairwise(intended_argv(case, u)):
+            if opt not in MODEL_FILE_OPTIONS:
+                continue
             path = ws.root / value  # relative paths are in the workspace, where the process starts
-            if opt in MODEL_FILE_OPTIONS and path.is_file():
-                out.append({"option": opt, "path": value, "bytes": path.stat().st_size, "sha256": cache.sha256(path)})
+            named: list[tuple[str, Path]] = []
+            if path.is_file():
+                named = [(value, path)]
+            elif path.is_dir():
+                named = [(f"{value.rstrip('/')}/{p.name}", p) for p in sorted(path.iterdir())
+                         if p.is_file() and not p.name.startswith(".")]
+            out += [{"option": opt, "path": v, "bytes": p.stat().st_size, "sha256": cache.sha256(p)} for v, p in named]
     return out
 
 

