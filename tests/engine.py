@@ -27,6 +27,7 @@ SERVER_ENV = "CASELEDGER_LLAMA_SERVER"
 MODEL_ENV = "CASELEDGER_LLAMA_MODEL"
 REQUIRE_ENV = "CASELEDGER_REQUIRE_ENGINE"
 MODEL_ALIAS = "gemma-3-270m"
+TEMPLATES = Path(__file__).resolve().parent.parent / "cases"
 
 # llama-server counters that only move when the server does model work (prefill, decode): equal before
 # and after a step means the step sent no model request.
@@ -94,6 +95,30 @@ def llama_spec_draft(port: int, server: str, model: str, draft_max: int = 4, **o
     return d
 
 
+LLAMA_TEMPLATE_MODEL = "models/gemma-3-270m-q4_k_m.gguf"
+
+
+def llama_template(name: str, port: int, server: str, model: str) -> dict[str, Any]:
+    """A llama.cpp template of cases/ as a user fills it in: the binary, the model path (target, draft,
+    tokenizer) and the port; nothing else changed."""
+    d: dict[str, Any] = orjson.loads((TEMPLATES / name).read_bytes())
+    old_port = d["target"]["endpoints"][0]["base_url"].rsplit(":", 1)[1].split("/")[0]
+
+    def fill(value: str) -> str:
+        return model if value == LLAMA_TEMPLATE_MODEL else value.replace(f"127.0.0.1:{old_port}", f"127.0.0.1:{port}")
+
+    sv = d["service"]
+    assert sv["argv"][0] == "llama-server", f"{name} starts another binary"
+    sv["argv"] = [server, *(fill(a) for a in sv["argv"][1:])]
+    sv["health_url"] = fill(sv["health_url"])
+    if sv.get("speculative"):
+        sv["speculative"]["draft_model"] = fill(sv["speculative"]["draft_model"])
+    d["target"]["endpoints"] = [{**e, "base_url": fill(e["base_url"])} for e in d["target"]["endpoints"]]
+    d["dataset"]["tokenizer"] = fill(d["dataset"]["tokenizer"])
+    assert model in sv["argv"] and d["dataset"]["tokenizer"] == model, d
+    return d
+
+
 def counters(port: int) -> dict[str, float]:
     """llama-server's /metrics (needs --metrics), summed per name."""
     r = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False)
@@ -116,7 +141,6 @@ def work(port: int) -> dict[str, float]:
 VLLM_ENVS = ("CASELEDGER_VLLM_PYTHON", "CASELEDGER_VLLM_MODEL", "CASELEDGER_VLLM_CHAT_TEMPLATE",
              "CASELEDGER_VLLM_CACHE_ROOT")
 VLLM_REQUIRE_ENV = "CASELEDGER_REQUIRE_VLLM"
-TEMPLATES = Path(__file__).resolve().parent.parent / "cases"
 
 
 @dataclass(frozen=True)
@@ -156,19 +180,20 @@ VLLM_TEMPLATE_PORT = "18100"
 VLLM_TEMPLATE_MODEL = "models/gemma-3-270m-bf16"
 
 
-def vllm_template(port: int, paths: VllmPaths) -> dict[str, Any]:
-    """cases/vllm.json as a user fills it in: the venv's python, the model directory (its tokenizer and chat
-    template), the compile cache and the port; nothing else changed."""
-    d: dict[str, Any] = orjson.loads((TEMPLATES / "vllm.json").read_bytes())
+def vllm_template(name: str, port: int, paths: VllmPaths) -> dict[str, Any]:
+    """A vLLM template of cases/ as a user fills it in: the venv's python, the model directory (its tokenizer and
+    chat template), the compile cache and the port; nothing else changed."""
+    d: dict[str, Any] = orjson.loads((TEMPLATES / name).read_bytes())
+    old_port = d["target"]["endpoints"][0]["base_url"].rsplit(":", 1)[1].split("/")[0]
 
     def fill(value: str) -> str:
-        value = value.replace(f"127.0.0.1:{VLLM_TEMPLATE_PORT}", f"127.0.0.1:{port}")
+        value = value.replace(f"127.0.0.1:{old_port}", f"127.0.0.1:{port}")
         if value == f"{VLLM_TEMPLATE_MODEL}/chat_template.jinja":
             return paths.chat_template
         return paths.model if value == VLLM_TEMPLATE_MODEL else value
 
     sv = d["service"]
-    assert sv["argv"][0] == "python3", "cases/vllm.json starts vLLM with another interpreter"
+    assert sv["argv"][0] == "python3", f"{name} starts vLLM with another interpreter"
     sv["argv"] = [paths.python, *(fill(a) for a in sv["argv"][1:])]
     sv["health_url"] = fill(sv["health_url"])
     sv["env"]["VLLM_CACHE_ROOT"] = paths.cache_root
@@ -176,11 +201,6 @@ def vllm_template(port: int, paths: VllmPaths) -> dict[str, Any]:
     d["dataset"]["tokenizer"] = fill(d["dataset"]["tokenizer"])
     assert paths.model in sv["argv"] and paths.chat_template in sv["argv"] and d["dataset"]["tokenizer"] == paths.model
     return d
-
-
-def vllm_counters(port: int) -> dict[str, float]:
-    """vLLM's /metrics, summed per name (labels folded: request_success_total over its finished reasons)."""
-    return counters(port)
 
 
 def prometheus_labels(text: str, name: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ from caseledger.outcome.report import render_side_by_side
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
-from tests.engine import MODEL_ALIAS, counters, llama_draft, llama_paths, llama_spec_draft, work
+from tests.engine import MODEL_ALIAS, counters, llama_draft, llama_paths, llama_spec_draft, llama_template, work
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -280,3 +280,24 @@ def test_speculative_llama_server_per_request_al_equals_the_metrics_delta(llama:
     side = render_side_by_side([(r1.run_id, base.case_id, result), (r2.run_id, child.case_id, result2)])
     al_row = next(line for line in side.splitlines() if line.startswith("| AL per-request |"))
     assert al_row.count("|") == 4 and "NOT_OBSERVED" not in al_row
+
+
+@pytest.mark.parametrize("name", ["llamacpp.json", "llamacpp-spec.json"])
+def test_template_as_written_runs_on_llama_server(llama: Llama, name: str) -> None:
+    """The template users copy, with only the binary, the model path and the port filled in, succeeds: its
+    tokenizer is the served GGUF's, so route verification finds the server's prompt tokens equal to the plan."""
+    ws = llama.ws
+    d = llama_template(name, free_port(), llama.server, llama.model)
+    case = freeze_case(ws, draft=d)
+    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
+    assert run.state == "succeeded", phase_status(ws, run.run_id).text()
+    routes = read_json(ws.run(run.run_id).phase_file("route_verify"))["routes"]
+    assert routes[0]["tokens"]["compared"] == "equal", routes
+    recs = records(ws, run.run_id)
+    assert len(recs) == d["load"]["requests"] and all(r["ok"] for r in recs), [r["error"] for r in recs]
+    assert [r["prompt_tokens"] for r in recs] == [r["input_tokens_chat"] for r in recs]
+    assert {r["completion_tokens"] for r in recs} == {d["dataset"]["output_tokens"]}
+    result = latest_result(ws.run(run.run_id).root)
+    assert result is not None and result.checks is not None and result.checks.invalid == 0, result.checks
+    if d["service"].get("speculative"):  # drafts counted per request and at the server, and they agree
+        assert result.windows.whole.spec_decode.agree is True, result.windows.whole.spec_decode.agreement

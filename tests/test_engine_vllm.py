@@ -95,8 +95,8 @@ class Vllm:
     def __init__(self, ws: Workspace, port: int, paths: VllmPaths) -> None:
         self.ws, self.port, self.paths = ws, port, paths
 
-    def template(self, **over: Any) -> dict[str, Any]:
-        d = vllm_template(self.port, self.paths)
+    def template(self, name: str = "vllm.json", **over: Any) -> dict[str, Any]:
+        d = vllm_template(name, self.port, self.paths)
         for k, v in over.items():
             d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
         return d
@@ -145,7 +145,7 @@ def load_deltas(ws: Workspace, run_id: str) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_cache_and_spec_counters(vllm: Vllm) -> None:
+def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_and_cache_truth(vllm: Vllm) -> None:
     ws = vllm.ws
     case = freeze_case(ws, draft=vllm.template())
     run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
@@ -192,25 +192,10 @@ def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_cache_and_sp
     assert all(c % 128 == 0 and c / p >= 0.75 for c, p in ((r["cached_tokens"], r["prompt_tokens"]) for r in recs))
     assert result.windows.whole.cache.share_meeting_min == 1.0
 
-    # speculative decoding (n-gram): AL and strict acceptance from the vllm:spec_decode_* deltas, with formulas;
-    # per request NOT_OBSERVED, since vLLM streams no draft counts
-    sd = result.windows.whole.spec_decode
-    assert sd.source == "vllm"
-    deltas = {c.name: c.delta for c in sd.counters}
-    drafts, drafted = deltas[SPEC], deltas["vllm:spec_decode_num_draft_tokens_total"]
-    accepted = deltas["vllm:spec_decode_num_accepted_tokens_total"]
-    assert drafts > 0 and drafted == 3 * drafts and 0 <= accepted <= drafted, deltas
-    al, rate = sd.acceptance_length, sd.acceptance_rate
-    assert isinstance(al, Ratio) and isinstance(rate, Ratio), (al, rate)
-    out = n * 32
-    assert al.value == out / drafts and al.text == f"{out} / {drafts:g} = {out / drafts:.4f}", al
-    assert rate.value == accepted / drafted
-    assert isinstance(sd.by_position_counters, list) and len(sd.by_position_counters) == 3
-    assert all(not isinstance(r["spec_draft_tokens"], int) for r in recs)
-    per = sd.per_request.acceptance_length
-    assert isinstance(per, NotObserved) and per.reason == NO_COUNTS, per
-    ENGINE_NOTES.append(f"vLLM template run: {n} requests, AL {al.text}, acceptance {rate.text}, "
-                        f"cached {sorted({r['cached_tokens'] for r in recs})} of ~{recs[0]['prompt_tokens']}")
+    # no speculative decoding in this template: no AL, and why
+    assert isinstance(result.windows.whole.spec_decode.acceptance_length, NotObserved)
+    ENGINE_NOTES.append(f"vLLM template run: {n} requests, prompt tokens {recs[0]['prompt_tokens']}, cached "
+                        f"{sorted({r['cached_tokens'] for r in recs})} (block {block})")
 
 
 def planned_cached(ws: Workspace, dataset_id: str | None) -> dict[int, int]:
@@ -248,6 +233,38 @@ def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) 
     # salted per run: the warm cache from the earlier run does not over-hit the unique suffixes
     planned = planned_cached(ws, child.dataset_id)
     assert [x["cached_tokens"] for x in recs] == [planned[x["entry"]] for x in recs]
+
+
+def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_engine(vllm: Vllm) -> None:
+    ws = vllm.ws
+    case = freeze_case(ws, draft=vllm.template(scenario="vllm-kill"))
+    r = start_run(ws, case.case_id)
+    assert r.run_id is not None
+    paths = ws.run(r.run_id)
+    deadline = time.monotonic() + TIMEOUT
+    while not (paths.raw.exists() and paths.raw.stat().st_size > 0):  # some requests done, others in flight
+        s = phase_status(ws, r.run_id)
+        assert time.monotonic() < deadline and s.state not in ("failed", "succeeded"), s.text()
+        time.sleep(0.05)
+    ev = service_evidence(ws, r.run_id)
+    old = int(ev["pid"])
+    os.killpg(old, signal.SIGKILL)  # the API server, its engine core and its worker: the whole session
+    while (s := phase_status(ws, r.run_id)).state not in ("failed", "succeeded"):
+        assert time.monotonic() < deadline, s.text()
+        time.sleep(0.2)
+    assert s.state == "failed" and s.phase == "load" and s.failure_class == "service", s.text()
+    assert s.resume_runs[:1] == ["service"] and s.next_restarts_service, s.text()
+
+    res = resume(ws, r.run_id, wait=True, timeout_s=TIMEOUT)
+    assert res.state == "succeeded", phase_status(ws, r.run_id).text()
+    ev2 = service_evidence(ws, r.run_id)
+    assert ev2["outcome"] == "done" and ev2["pid"] != old and ev2["starts"] == ev["starts"] + 1
+    recs = records(ws, r.run_id)
+    assert len(recs) == 16 and all(x["ok"] for x in recs)
+    # the new engine counted exactly the 16 formal requests of the resumed load between the snapshots
+    d = load_deltas(ws, r.run_id)
+    assert d[SUCCESS] == 16 and d[GEN] == 16 * 32
+    assert [x["prompt_tokens"] for x in recs] == [x["input_tokens_chat"] for x in recs]
 
 
 def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
@@ -330,32 +347,39 @@ async def independent_pass(requests: list[tuple[str, bytes]]) -> list[dict[str, 
     return out
 
 
-def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_engine(vllm: Vllm) -> None:
+def test_speculative_template_shows_al_from_vllm_counters_with_its_formula(vllm: Vllm) -> None:
     ws = vllm.ws
-    case = freeze_case(ws, draft=vllm.template(scenario="vllm-kill"))
-    r = start_run(ws, case.case_id)
-    assert r.run_id is not None
-    paths = ws.run(r.run_id)
-    deadline = time.monotonic() + TIMEOUT
-    while not (paths.raw.exists() and paths.raw.stat().st_size > 0):  # some requests done, others in flight
-        assert time.monotonic() < deadline, phase_status(ws, r.run_id).text()
-        time.sleep(0.05)
-    ev = service_evidence(ws, r.run_id)
-    old = int(ev["pid"])
-    os.killpg(old, signal.SIGKILL)  # the API server, its engine core and its worker: the whole session
-    while (s := phase_status(ws, r.run_id)).state not in ("failed", "succeeded"):
-        assert time.monotonic() < deadline, s.text()
-        time.sleep(0.2)
-    assert s.state == "failed" and s.phase == "load" and s.failure_class == "service", s.text()
-    assert s.resume_runs[:1] == ["service"] and s.next_restarts_service, s.text()
+    case = freeze_case(ws, draft=vllm.template("vllm-spec.json"))
+    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
+    assert run.state == "succeeded", phase_status(ws, run.run_id).text()
+    ev = service_evidence(ws, run.run_id)
+    assert ev["outcome"] == "done" and "--speculative-config" in ev["effective_argv"]  # another service: started
+    recs = records(ws, run.run_id)
+    n, out_each = 8, 32
+    assert len(recs) == n and all(r["ok"] and r["completion_tokens"] == out_each for r in recs)
+    assert [r["prompt_tokens"] for r in recs] == [r["input_tokens_chat"] for r in recs]
+    result = latest_result(ws.run(run.run_id).root)
+    assert result is not None and result.checks is not None and result.checks.invalid == 0, result.checks
+    d = load_deltas(ws, run.run_id)
+    assert d[SUCCESS] == n and d[GEN] == n * out_each
+    # speculative decoding (n-gram): AL and strict acceptance from the vllm:spec_decode_* deltas, with formulas;
+    # per request NOT_OBSERVED, since vLLM streams no draft counts
+    sd = result.windows.whole.spec_decode
+    assert sd.source == "vllm"
+    deltas = {c.name: c.delta for c in sd.counters}
+    drafts, drafted = deltas[SPEC], deltas["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = deltas["vllm:spec_decode_num_accepted_tokens_total"]
+    assert drafts > 0 and drafted == 3 * drafts and 0 <= accepted <= drafted, deltas
+    al, rate = sd.acceptance_length, sd.acceptance_rate
+    assert isinstance(al, Ratio) and isinstance(rate, Ratio), (al, rate)
+    out = n * out_each
+    assert al.value == out / drafts and al.text == f"{out} / {drafts:g} = {out / drafts:.4f}", al
+    assert rate.value == accepted / drafted
+    assert isinstance(sd.by_position_counters, list) and len(sd.by_position_counters) == 3
+    assert all(not isinstance(r["spec_draft_tokens"], int) for r in recs)
+    per = sd.per_request.acceptance_length
+    assert isinstance(per, NotObserved) and per.reason == NO_COUNTS, per
+    ENGINE_NOTES.append(f"vLLM n-gram spec run: {n} requests, AL {al.text}, acceptance {rate.text}, "
+                        f"cached {sorted({r['cached_tokens'] for r in recs})} of ~{recs[0]['prompt_tokens']}")
 
-    res = resume(ws, r.run_id, wait=True, timeout_s=TIMEOUT)
-    assert res.state == "succeeded", phase_status(ws, r.run_id).text()
-    ev2 = service_evidence(ws, r.run_id)
-    assert ev2["outcome"] == "done" and ev2["pid"] != old and ev2["starts"] == ev["starts"] + 1
-    recs = records(ws, r.run_id)
-    assert len(recs) == 16 and all(x["ok"] for x in recs)
-    # the new engine counted exactly the 16 formal requests of the resumed load between the snapshots
-    d = load_deltas(ws, r.run_id)
-    assert d[SUCCESS] == 16 and d[GEN] == 16 * 32
-    assert [x["prompt_tokens"] for x in recs] == [x["input_tokens_chat"] for x in recs]
+

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from caseledger.services import intended_argv
 from caseledger.services.adapters import units
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
-from tests.engine import llama_paths
+from tests.engine import VLLM_TEMPLATE_MODEL, llama_paths, vllm_paths
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 ALL = sorted(p.name for p in CASES.glob("*.json"))
@@ -30,7 +29,8 @@ ENGINES: dict[str, tuple[str, str, list[str], list[str]]] = {
                       ["timings.draft_n", "timings.draft_n_accepted", "llamacpp:spec_decode_num_drafts_total",
                        "llamacpp:spec_decode_num_draft_tokens_total",
                        "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"]),
-    "vllm": ("vllm.json", "vllm", ["serve", "--enable-prompt-tokens-details", "--speculative-config", "{port}"],
+    "vllm": ("vllm.json", "vllm", ["vllm.entrypoints.openai.api_server", "--enable-prompt-tokens-details",
+                                   "--chat-template", "--speculative-config", "{port}"],
              ["cached_tokens", "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
               "vllm:spec_decode_num_accepted_tokens_total", "/reset_prefix_cache"]),
     "sglang": ("sglang.json", "sglang", ["sglang.launch_server", "--enable-cache-report", "--enable-metrics",
@@ -59,17 +59,47 @@ def test_there_is_a_template_per_engine() -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_case_file_freezes(name: str, tmp_ws: Workspace) -> None:
-    shutil.copy(CASES / name, tmp_ws.cases_dir / name)
-    tok = draft(name)["dataset"].get("tokenizer", "builtin")
-    if tok != "builtin":  # the served model's own file, relative to the workspace: the engine tests' GGUF
+    d = draft(name)
+    tok = d["dataset"].get("tokenizer", "builtin")
+    if tok.endswith(".gguf"):  # the served model's own file, relative to the workspace: the engine tests' GGUF
         _, model = llama_paths()
         (tmp_ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
         (tmp_ws.root / tok).symlink_to(model)
+    elif tok == VLLM_TEMPLATE_MODEL:  # the served model's directory: the vLLM tests' bf16 Gemma
+        (tmp_ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_ws.root / tok).symlink_to(vllm_paths().model)
+    elif tok != "builtin" and not Path(tok).exists():  # a model of an engine that cannot run here: its tokenizer
+        d["dataset"]["tokenizer"] = "builtin"  # is absent, the rest of the template must still freeze
+    (tmp_ws.cases_dir / name).write_bytes(orjson.dumps(d))
     first = freeze_case(tmp_ws, f"cases/{name}")
     again = freeze_case(tmp_ws, f"cases/{name}")
     assert first.created and not again.created and again.case_id == first.case_id
     assert first.dataset_id and Path(first.path).is_file()
     assert draft(name)["$schema"] == "../schemas/case.schema.json"
+
+
+def served_models(d: dict[str, Any]) -> list[str]:
+    """The model paths a template's argvs serve: -m (llama.cpp), --model (vLLM), --model-path (SGLang), the
+    argument after `serve` (`vllm serve M`)."""
+    sv = d["service"]
+    out = []
+    for argv in [sv["argv"]] if sv.get("argv") else [c["argv"] for c in sv["components"]]:
+        out += [argv[k + 1] for k, a in enumerate(argv[:-1]) if a in ("-m", "--model", "--model-path", "serve")]
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if not n.startswith("ref-")])
+def test_real_engine_templates_count_tokens_with_the_served_model(name: str) -> None:
+    """A builtin tokenizer plans other token counts than a real model serves (route_verify stops the run): every
+    real-engine template points dataset.tokenizer at the model its engine loads, or names where it is."""
+    d = draft(name)
+    tok = d["dataset"]["tokenizer"]
+    assert tok != "builtin"
+    served = served_models(d)
+    if served:
+        assert tok in served, f"{name}: dataset.tokenizer {tok} is not the served model {served}"
+    else:  # MindIE: the daemon takes no options, config.json names the weights
+        assert "modelWeightPath" in d["note"] and "tokenizer" in d["note"], d["note"]
 
 
 # multi-process templates: engine -> (template, component roles in start order, what each argv must hold)
