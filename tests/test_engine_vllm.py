@@ -43,6 +43,7 @@ SUCCESS = "vllm:request_success_total"
 GEN = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"
 SPEC = "vllm:spec_decode_num_drafts_total"
+N = 8  # cases/vllm.json's load.requests
 GIB = 1 << 30
 # the vLLM process tree (API server, engine core, worker) must leave most of the 24 GiB machine to the rest
 MAX_TREE_RSS = 12 * GIB
@@ -152,7 +153,7 @@ def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_and_cache_tr
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
     v = fold(ws, run.run_id)
     assert all(v.phases[p].state.value == "done" for p in ALL_PHASES), v.phases
-    n = 16
+    n = N
 
     # the effective identity: the argv read back from /proc, the model directory's files hashed, /version
     ev = service_evidence(ws, run.run_id)
@@ -213,7 +214,7 @@ def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) 
     ev0 = service_evidence(ws, r0.run_id)
 
     before = vllm.counters()
-    child = freeze_case(ws, draft=vllm.template(load={"requests": 16, "concurrency": 2}), parent=base.case_id)
+    child = freeze_case(ws, draft=vllm.template(load={"requests": N, "concurrency": 2}), parent=base.case_id)
     assert [x.path for x in child.delta] == ["load.concurrency"]
     r = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
     assert r.state == "succeeded", phase_status(ws, r.run_id).text()
@@ -223,11 +224,11 @@ def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) 
         "service": "reused", "warmup": "reused", "route_verify": "reused"}
     ev = service_evidence(ws, r.run_id)
     assert ev["outcome"] == "reused" and ev["pid"] == ev0["pid"] and ev["starts"] == ev0["starts"]
-    # at the engine: the 16 formal requests plus the cache check's, nothing else (no warmup, no route check)
+    # at the engine: the N formal requests plus the cache check's, nothing else (no warmup, no route check)
     cp = read_json(ws.run(r.run_id).phase_file("cache_prepare"))
     assert cp["mode"] == "check", cp
     checks = len(cp["check"]["hit_ratios"])
-    assert after[SUCCESS] - before[SUCCESS] == 16 + checks
+    assert after[SUCCESS] - before[SUCCESS] == N + checks
     recs = records(ws, r.run_id)
     assert after[GEN] - before[GEN] == sum(x["completion_tokens"] for x in recs) + checks  # max_tokens 1 each
     # salted per run: the warm cache from the earlier run does not over-hit the unique suffixes
@@ -249,8 +250,8 @@ def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_en
     ev = service_evidence(ws, r.run_id)
     old = int(ev["pid"])
     os.killpg(old, signal.SIGKILL)  # the API server, its engine core and its worker: the whole session
-    while (s := phase_status(ws, r.run_id)).state not in ("failed", "succeeded"):
-        assert time.monotonic() < deadline, s.text()
+    while (s := phase_status(ws, r.run_id)).state not in ("failed", "succeeded") or s.owner_alive:
+        assert time.monotonic() < deadline, s.text()  # settled: failed, and its controller gone
         time.sleep(0.2)
     assert s.state == "failed" and s.phase == "load" and s.failure_class == "service", s.text()
     assert s.resume_runs[:1] == ["service"] and s.next_restarts_service, s.text()
@@ -260,10 +261,10 @@ def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_en
     ev2 = service_evidence(ws, r.run_id)
     assert ev2["outcome"] == "done" and ev2["pid"] != old and ev2["starts"] == ev["starts"] + 1
     recs = records(ws, r.run_id)
-    assert len(recs) == 16 and all(x["ok"] for x in recs)
-    # the new engine counted exactly the 16 formal requests of the resumed load between the snapshots
+    assert len(recs) == N and all(x["ok"] for x in recs)
+    # the new engine counted exactly the N formal requests of the resumed load between the snapshots
     d = load_deltas(ws, r.run_id)
-    assert d[SUCCESS] == 16 and d[GEN] == 16 * 32
+    assert d[SUCCESS] == N and d[GEN] == N * 32
     assert [x["prompt_tokens"] for x in recs] == [x["input_tokens_chat"] for x in recs]
 
 
