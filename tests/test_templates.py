@@ -30,7 +30,7 @@ ENGINES: dict[str, tuple[str, str, list[str], list[str]]] = {
                        "llamacpp:spec_decode_num_draft_tokens_total",
                        "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"]),
     "vllm": ("vllm.json", "vllm", ["vllm.entrypoints.openai.api_server", "--enable-prompt-tokens-details",
-                                   "--chat-template", "--speculative-config", "{port}"],
+                                   "--chat-template", "{port}"],
              ["cached_tokens", "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
               "vllm:spec_decode_num_accepted_tokens_total", "/reset_prefix_cache"]),
     "vllm-spec": ("vllm-spec.json", "vllm", ["vllm.entrypoints.openai.api_server", "--enable-prompt-tokens-details",
