@@ -42,6 +42,8 @@ ALL_PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare",
 SUCCESS = "vllm:request_success_total"
 GEN = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"
+ITL = "vllm:inter_token_latency_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
 SPEC = "vllm:spec_decode_num_drafts_total"
 N = 8  # cases/vllm.json's load.requests
 GIB = 1 << 30
@@ -270,14 +272,15 @@ def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_en
 
 def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
     """The same requests measured by caseledger and by a minimal streaming client of this test, one at a time
-    each, the prefix cache reset before each pass (VLLM_SERVER_DEV_MODE): TTFT and TPOT medians within 10%,
-    and both sides' token counts equal the engine's counter deltas."""
+    each, the prefix cache reset before each pass (VLLM_SERVER_DEV_MODE): both sides' token counts equal the
+    engine's counter deltas, each side's TTFT and TPOT medians are within 5% of the engine's own histograms of
+    its pass, and the two sides' ratios to the engine within 3% of each other."""
     ws = vllm.ws
     draft = vllm.template(scenario="vllm-crosscheck", dataset={"source": "synthetic", "input_tokens": 256,
                                                                "output_tokens": 24, "prefix_ratio": 0.0},
                           load={"requests": 8, "concurrency": 1}, cache={"min_hit_ratio": None})
     case = freeze_case(ws, draft=draft)
-    reset_prefix_cache(vllm.port)
+    reset_prefix_cache(vllm.port, down_ok=True)  # run alone, this test's own run starts the service
     run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
     recs = records(ws, run.run_id)
@@ -300,14 +303,30 @@ def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
     ttft = statistics.median(m["ttft_s"] for m in mine) * 1000
     tpot = statistics.median(m["tpot_s"] for m in mine) * 1000
     ours_ttft, ours_tpot = lat.ttft.p50, lat.tpot.p50  # type: ignore[union-attr]
+    # the engine's own histograms of each pass are the common yardstick: on this shared CPU host vLLM itself ran
+    # up to 10% slower in one pass than in the other (its inter-token latency 101.9 vs 112.5 ms), so the two
+    # clients' raw medians differ by as much; what must agree is what each client saw of its own pass
+    d_ind = {k: after[k] - before.get(k, 0.0) for k in after}
+    itl = [1000 * x[ITL + "_sum"] / x[ITL + "_count"] for x in (d, d_ind)]
+    first = [1000 * x[TTFT + "_sum"] / x[TTFT + "_count"] for x in (d, d_ind)]
     ENGINE_NOTES.append(f"vLLM cross-check (8 requests, C=1): TTFT p50 caseledger {ours_ttft:.1f} ms, "
-                        f"independent {ttft:.1f} ms; TPOT p50 {ours_tpot:.2f} ms vs {tpot:.2f} ms")
-    assert abs(ours_ttft - ttft) <= 0.10 * ttft, (ours_ttft, ttft)
-    assert abs(ours_tpot - tpot) <= 0.10 * tpot, (ours_tpot, tpot)
+                        f"independent {ttft:.1f} ms (the engine's mean {first[0]:.1f} / {first[1]:.1f} ms); "
+                        f"TPOT p50 {ours_tpot:.2f} ms vs {tpot:.2f} ms (the engine's inter-token latency "
+                        f"{itl[0]:.2f} / {itl[1]:.2f} ms)")
+    for what, ours, theirs, engine in (("TTFT", ours_ttft, ttft, first), ("TPOT", ours_tpot, tpot, itl)):
+        r_ours, r_theirs = ours / engine[0], theirs / engine[1]
+        assert abs(r_ours - 1) <= 0.05 and abs(r_theirs - 1) <= 0.05, (what, ours, theirs, engine)
+        assert abs(r_ours - r_theirs) <= 0.03, (what, r_ours, r_theirs)  # n - 1 for n in TPOT would be 4%
 
 
-def reset_prefix_cache(port: int) -> None:
-    r = httpx2.post(f"http://127.0.0.1:{port}/reset_prefix_cache", timeout=30, trust_env=False)
+def reset_prefix_cache(port: int, down_ok: bool = False) -> None:
+    """Empty vLLM's prefix cache; down_ok: a service not started yet has nothing cached."""
+    try:
+        r = httpx2.post(f"http://127.0.0.1:{port}/reset_prefix_cache", timeout=30, trust_env=False)
+    except httpx2.ConnectError:
+        if down_ok:
+            return
+        raise
     assert r.status_code == 200, r.text
 
 
