@@ -99,7 +99,7 @@ def demo(keep: bool = False, as_json: bool = False) -> int:
         _say("## time ledger (seconds)")
         for r in s.runs:
             tl = r.time_ledger or {}
-            ph = " ".join(f"{k}={v['wall_s']}" for k, v in tl.get("phases", {}).items() if v.get("wall_s") is not None)
+            ph = " ".join(f"{k}={v}" for k, v in tl.get("phases", {}).items())
             _say(f"{r.run_id}: start_run->first formal request {tl.get('start_run_to_first_formal_request_s')} s, "
                  f"formal window {tl.get('formal_window_s')} s, outside it {tl.get('outside_formal_window_s')} s")
             _say(f"  phases: {ph}")

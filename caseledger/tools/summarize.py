@@ -40,9 +40,19 @@ class RunSummary(BaseModel):
     missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
     whole: Headline | None = Field(description="Headline figures of the whole window")
     native: Headline | None = Field(description="Headline figures of the native window (the rule computed last)")
-    time_ledger: dict[str, Any] | None = Field(None, description="Per-phase wall times and the time outside the "
-                                               "formal window (the report's time ledger)")
+    time_ledger: dict[str, Any] | None = Field(None, description="Seconds: start_run to the first formal request, "
+                                               "the formal window, the run, outside the window; phases: each phase "
+                                               "that ran, its wall time (the run's report has the full time ledger)")
     report: str | None = Field(description="Path of report.md")
+
+
+def _compact(tl: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The time ledger a reader of many runs needs: the totals and each phase that ran, by its wall time."""
+    if tl is None:
+        return None
+    phases = {k: v["wall_s"] for k, v in (tl.get("phases") or {}).items() if v.get("wall_s") is not None
+              and v.get("state") not in ("skipped", "reused")}
+    return {**{k: v for k, v in tl.items() if k != "phases" and not k.startswith("cache_")}, "phases": phases}
 
 
 class SummaryResult(BaseModel):
@@ -119,7 +129,7 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
             decision_reason=dec.get("reason"), decision_window=dec.get("window"),
             whole=summary.headline(last, "whole") if last else None,
             native=summary.headline(last, "native") if last else None,
-            time_ledger=body["time_ledger"] if body else summary.time_ledger(run),
+            time_ledger=_compact(body["time_ledger"] if body else summary.time_ledger(run)),
             report=str(paths.report_md) if paths.report_md.exists() else None,
         ))
     side = None
