@@ -75,8 +75,8 @@ def test_every_case_file_freezes(name: str, tmp_ws: Workspace) -> None:
     elif tok != "builtin" and not Path(tok).exists():  # a model of an engine that cannot run here: its tokenizer
         d["dataset"]["tokenizer"] = "builtin"  # is absent, the rest of the template must still freeze
     (tmp_ws.cases_dir / name).write_bytes(orjson.dumps(d))
-    first = freeze_case(tmp_ws, f"cases/{name}")
-    again = freeze_case(tmp_ws, f"cases/{name}")
+    first = freeze_case(tmp_ws, tmp_ws.cases_dir / name)  # the filled copy, not the project's cases/ (the cwd)
+    again = freeze_case(tmp_ws, tmp_ws.cases_dir / name)
     assert first.created and not again.created and again.case_id == first.case_id
     assert first.dataset_id and Path(first.path).is_file()
     assert draft(name)["$schema"] == "../schemas/case.schema.json"
