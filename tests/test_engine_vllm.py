@@ -390,7 +390,9 @@ def test_speculative_template_shows_al_from_vllm_counters_with_its_formula(vllm:
     deltas = {c.name: c.delta for c in sd.counters}
     drafts, drafted = deltas[SPEC], deltas["vllm:spec_decode_num_draft_tokens_total"]
     accepted = deltas["vllm:spec_decode_num_accepted_tokens_total"]
-    assert drafts > 0 and drafted == 3 * drafts and 0 <= accepted <= drafted, deltas
+    # n-gram drafting proposes up to num_speculative_tokens (3) per step, fewer where the match is shorter (seen:
+    # 191 tokens in 65 drafts)
+    assert drafts > 0 and drafts <= drafted <= 3 * drafts and 0 <= accepted <= drafted, deltas
     al, rate = sd.acceptance_length, sd.acceptance_rate
     assert isinstance(al, Ratio) and isinstance(rate, Ratio), (al, rate)
     out = n * out_each
