@@ -7,11 +7,9 @@ where a plot is drawn); the markdown report is complete without them.
 
 from __future__ import annotations
 
-import importlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from caseledger.ledger.runs import RunMeta
@@ -501,44 +499,21 @@ def report_json(
     }
 
 
-def render_plots(result: Result, out_dir: Path, latencies_ms: dict[str, Sequence[float]] | None = None) -> list[Path]:
-    """Optional PNGs (latency CDFs from per-request samples; concurrency with the native window shaded).
-
-    Returns the files written; [] when matplotlib is not importable (the markdown report is complete
-    without plots).
-    """
+def _figure() -> Any:
+    """matplotlib's Figure class, or None when matplotlib is not importable. Figures are made without pyplot
+    (no global state to close) and laid out with fixed margins: a layout engine draws the figure once more,
+    which doubled the time of a summarize that draws."""
     try:
-        plt: Any = importlib.import_module("matplotlib.pyplot")
+        from matplotlib.figure import Figure  # lazy: heavy (~1 s), only summarize draws
     except ImportError:
-        return []
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.step(result.concurrency.t_s, result.concurrency.c, where="post", label="concurrency")
-    native = result.windows.native
-    if native.found and native.start_s is not None and native.end_s is not None:
-        ax.axvspan(native.start_s, native.end_s, alpha=0.2, label=f"native ({native.rule})")
-    ax.set_xlabel("s after first send")
-    ax.set_ylabel("requests in flight")
-    ax.legend()
-    path = out_dir / "concurrency.png"
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    written.append(path)
-    if latencies_ms:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, values in latencies_ms.items():
-            xs = sorted(values)
-            if xs:
-                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
-        ax.set_xlabel("ms")
-        ax.set_ylabel("CDF")
-        ax.legend()
-        path = out_dir / "latency_cdf.png"
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
-    return written
+        return None
+    return Figure
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=60)  # the Agg canvas: no display needed (the server and CI have none)
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -557,16 +532,13 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
                cdfs: dict[str, dict[str, Sequence[float]]]) -> bytes | None:
     """A PNG: the decision metric against the swept value (limit-breakers marked), each limited figure with its
     bound drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""
-    try:
-        import matplotlib  # lazy: heavy, only summarize draws
-
-        matplotlib.use("Agg")  # no display: the server and CI have none
-        import matplotlib.pyplot as plt  # lazy: heavy, only summarize draws
-    except ImportError:
+    figure = _figure()
+    if figure is None:
         return None
     by_pos = any(p.x is None for p in points)
     xs = [float(i) if by_pos or p.x is None else p.x for i, p in enumerate(points)]
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    fig = figure(figsize=(14, 3.2))
+    axes = fig.subplots(1, 4)
     ax = axes[0]
     for x, p in zip(xs, points, strict=True):
         if p.metric is None:
@@ -601,24 +573,18 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
         if ax.get_legend_handles_labels()[0]:  # a legend without labelled lines warns
             ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=60)
-    plt.close(fig)
-    return buf.getvalue()
+    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.3 if by_pos else 0.16, top=0.84, wspace=0.22)
+    return _png(fig)
 
 
 def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
     """A PNG of a campaign's points: output tok/s per card (metric) against tok/s per user (x); the frontier
     (best) joined and starred, points above a limit crossed. None when matplotlib is not importable."""
-    try:
-        import matplotlib  # lazy: heavy, only summarize draws
-
-        matplotlib.use("Agg")  # no display: the server and CI have none
-        import matplotlib.pyplot as plt  # lazy: heavy, only summarize draws
-    except ImportError:
+    figure = _figure()
+    if figure is None:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig = figure(figsize=(5, 3.6))
+    ax = fig.subplots()
     for p in points:
         if p.x is None or p.metric is None:
             continue
@@ -631,11 +597,8 @@ def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
     ax.set_xlabel("output tok/s per user (1000 / TPOT p50)", fontsize=8)
     ax.set_ylabel("output tok/s per card", fontsize=8)
     ax.set_title(f"{title}\n*: Pareto frontier within limits, x: above a limit", fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=60)
-    plt.close(fig)
-    return buf.getvalue()
+    fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.86)
+    return _png(fig)
 
 
 def _evidence_section(result: Result) -> list[str]:

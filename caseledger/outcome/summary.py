@@ -488,11 +488,17 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
         raise NotFound(f"scenario '{name[:200]}' has no frozen case",
                        "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
     rd = Reader(ws, idx)
-    rows = idx.runs(case_ids=ids)
+    digest = idx.digest(ids)
+    rows = idx.runs(case_ids=ids) if any(live or not sig for *_, sig, live in digest) else None
+    by_id = {r.run_id: r for r in rows or []}
     parts = [PROCESSOR_VERSION, name, _stat_sig(ws.scenarios_dir / name / "decision.jsonl")]
     parts += [f"{cid}={_stat_sig(ws.frozen_case(cid))}/{_stat_sig(ws.frozen_dir / f'{cid}.lineage.jsonl')}"
               for cid in sorted(ids)]
-    parts += [f"{r.run_id}:{r.state}:{r.decision}:{sha256_bytes(orjson.dumps(rd.figures(r)))[:16]}" for r in rows]
+    # a run the index folded at rest adds its files' signature (its figures are kept under that same signature,
+    # see Reader.figures); a live one the hash of its figures, read now
+    parts += [f"{rid}:{state}:{dec}:" + (rsig if rsig and not live else
+                                          sha256_bytes(orjson.dumps(rd.figures(by_id[rid])))[:16])
+              for rid, state, dec, rsig, live in digest]
     sig = sha256_bytes("\n".join(parts).encode())
     body = idx.derived("scenario_view", name, sig)
     if body is not None:
@@ -500,7 +506,7 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
             return ScenarioView.model_validate_json(body)
         except ValidationError:
             pass  # another version's view: computed again
-    view = _scenario_view(ws, name, _frozen(ws, ids), rows, rd)
+    view = _scenario_view(ws, name, _frozen(ws, ids), idx.runs(case_ids=ids) if rows is None else rows, rd)
     idx.put_derived("scenario_view", name, sig, view.model_dump_json().encode())
     return view
 
