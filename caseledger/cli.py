@@ -88,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--scenario", default=None, help="one row per case of this scenario (default without run ids: "
                    "the latest scenario)")
 
+    s = sub.add_parser("report", parents=[common], help="a run's, a scenario's or a campaign's report (--html: one "
+                       "self-contained page to open in a browser)")
+    s.add_argument("run_ids", nargs="*", help="runs, or one campaign id g-...; none: the latest scenario or campaign")
+    s.add_argument("--scenario", default=None, help="the report of this scenario")
+    s.add_argument("--html", action="store_true", help="write the HTML page (beside report.md; ledger/reports/ for a "
+                   "scenario or a campaign) and print its path")
+
     s = sub.add_parser("authorize", parents=[common], help="set authorization: paused | single | auto")
     s.add_argument("mode", choices=["paused", "single", "auto"])
 
@@ -205,6 +212,13 @@ def _dispatch(a: argparse.Namespace) -> int:
         from caseledger.tools import summarize  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
         _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+    elif a.cmd == "report":
+        from caseledger.tools import html_report, summarize  # lazy: the tools pull numpy; --help stays light
+
+        if a.html:
+            _emit(html_report(ws, a.run_ids, scenario=a.scenario), a.json)
+        else:  # the markdown: what summarize writes and answers
+            _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
     elif a.cmd == "authorize":
 
         mode = authorization.set_mode(ws, a.mode)

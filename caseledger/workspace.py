@@ -365,6 +365,10 @@ class RunPaths:
     def report_json(self) -> Path:
         return self.root / "report.json"
 
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
 
 @dataclass(frozen=True)
 class Workspace:

@@ -510,10 +510,19 @@ def _figure() -> Any:
     return Figure
 
 
-def _png(fig: Any) -> bytes:
+def png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=60)  # the Agg canvas: no display needed (the server and CI have none)
     return buf.getvalue()
+
+
+def svg(fig: Any) -> str:
+    """A figure as an inline <svg> element: text drawn as paths (matplotlib's default svg.fonttype), so the page
+    needs no font and no network; no date in its metadata, so the same figure gives the same bytes."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # without the XML declaration and DOCTYPE: an element inside HTML
 
 
 @dataclass(frozen=True)
@@ -530,8 +539,21 @@ class PlotPoint:
 
 def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint], bounds: dict[str, float],
                cdfs: dict[str, dict[str, Sequence[float]]]) -> bytes | None:
-    """A PNG: the decision metric against the swept value (limit-breakers marked), each limited figure with its
-    bound drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""
+    """A PNG of decision_figure(); None when matplotlib is not importable."""
+    fig = decision_figure(title, metric, x_label, points, bounds, cdfs)
+    return None if fig is None else png(fig)
+
+
+def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
+    """A PNG of pareto_figure(); None when matplotlib is not importable."""
+    fig = pareto_figure(title, points)
+    return None if fig is None else png(fig)
+
+
+def decision_figure(title: str, metric: str, x_label: str, points: Sequence[PlotPoint], bounds: dict[str, float],
+                    cdfs: dict[str, dict[str, Sequence[float]]]) -> Any:
+    """The decision metric against the swept value (limit-breakers marked), each limited figure with its bound
+    drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""
     figure = _figure()
     if figure is None:
         return None
@@ -574,12 +596,12 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
             ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
     fig.subplots_adjust(left=0.04, right=0.99, bottom=0.3 if by_pos else 0.16, top=0.84, wspace=0.22)
-    return _png(fig)
+    return fig
 
 
-def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
-    """A PNG of a campaign's points: output tok/s per card (metric) against tok/s per user (x); the frontier
-    (best) joined and starred, points above a limit crossed. None when matplotlib is not importable."""
+def pareto_figure(title: str, points: Sequence[PlotPoint]) -> Any:
+    """A campaign's points: output tok/s per card (metric) against tok/s per user (x); the frontier (best)
+    joined and starred, points above a limit crossed. None when matplotlib is not importable."""
     figure = _figure()
     if figure is None:
         return None
@@ -598,29 +620,48 @@ def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
     ax.set_ylabel("output tok/s per card", fontsize=8)
     ax.set_title(f"{title}\n*: Pareto frontier within limits, x: above a limit", fontsize=8)
     fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.86)
-    return _png(fig)
+    return fig
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One line of evidence a result's trust rests on; `warn`: it weakens or voids the figures."""
+
+    text: str
+    warn: bool
+    details: tuple[str, ...] = ()
+    bullet: bool = False  # shown as an item of the line before it (markdown)
+
+
+def evidence_flags(result: Result) -> list[Flag]:
+    """What the figures' trust rests on: the server's counts checked, load client stalls, the host's CPU, the
+    windows a stall or a contended host distorted. The markdown and HTML reports show the same lines."""
+    out: list[Flag] = []
+    ck = result.checks
+    if ck is None:
+        out.append(Flag("server counts: not checked (computed by an older processor; reprocess_raw checks them)",
+                        warn=False))
+    else:
+        out.append(Flag(f"server counts: {ck.invalid} of {ck.checked} successful responses invalid (excluded from "
+                        f"every figure; max_invalid_share {ck.max_invalid_share:g})", warn=ck.invalid > 0,
+                        details=(*[f"{rule}: {n}" for rule, n in ck.by_reason.items()], *ck.examples,
+                                 *[f"counter: {c.text}" for c in ck.counters])))
+    if result.stalls:
+        longest = max(result.stalls, key=lambda x: x.duration_s)
+        out.append(Flag(f"load client stalls: {len(result.stalls)}, {sum(x.duration_s for x in result.stalls):.2f} s "
+                        f"in all, longest {longest.duration_s:.2f} s from {longest.start_s:.2f} s", warn=True))
+    else:
+        out.append(Flag("load client stalls: none recorded", warn=False))
+    host = result.host
+    out.append(Flag(f"host CPU: {host.text}" if isinstance(host, HostLoad) else f"host CPU: {_no(host)}", warn=False))
+    for w in (result.windows.whole, result.windows.native):
+        out += [Flag(f"{w.name} window distorted: {d}", warn=True, bullet=True) for d in w.distorted]
+    return out
 
 
 def _evidence_section(result: Result) -> list[str]:
-    """What the figures' trust rests on: the server's counts checked, load client stalls, the host's CPU."""
     out = ["## Evidence checks", ""]
-    ck = result.checks
-    if ck is None:
-        out.append("server counts: not checked (computed by an older processor; reprocess_raw checks them)")
-    else:
-        out.append(f"server counts: {ck.invalid} of {ck.checked} successful responses invalid (excluded from every "
-                   f"figure; max_invalid_share {ck.max_invalid_share:g})")
-        out += [f"- {rule}: {n}" for rule, n in ck.by_reason.items()]
-        out += [f"- {e}" for e in ck.examples]
-        out += [f"- counter: {c.text}" for c in ck.counters]
-    if result.stalls:
-        longest = max(result.stalls, key=lambda x: x.duration_s)
-        out.append(f"load client stalls: {len(result.stalls)}, {sum(x.duration_s for x in result.stalls):.2f} s in "
-                   f"all, longest {longest.duration_s:.2f} s from {longest.start_s:.2f} s")
-    else:
-        out.append("load client stalls: none recorded")
-    host = result.host
-    out.append(f"host CPU: {host.text}" if isinstance(host, HostLoad) else f"host CPU: NOT_OBSERVED ({host.reason})")
-    for w in (result.windows.whole, result.windows.native):
-        out += [f"- {w.name} window distorted: {d}" for d in w.distorted]
+    for f in evidence_flags(result):
+        out.append(("- " if f.bullet else "") + f.text)
+        out += [f"- {d}" for d in f.details]
     return [*out, ""]

@@ -301,7 +301,7 @@ def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     )
 
 
-def _report_meta(meta: RunMeta) -> dict[str, Any]:
+def report_meta(meta: RunMeta) -> dict[str, Any]:
     """The header rows a reader of report.md needs from run.json (the rest is bookkeeping)."""
     keep = ("run_id", "case_id", "scenario", "parent_case", "dataset_id", "salt", "planned", "target_key",
             "created_utc", "authorized", "load_reuse")
@@ -321,7 +321,7 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
     decision = decision if decision is not None else read_json_or_none(paths.decision)
     ledger_ = time_ledger(run)
     dec = DecisionRecord.model_validate(decision) if decision else None
-    rows = _report_meta(run.meta)
+    rows = report_meta(run.meta)
     clock = read_json_or_none(paths.load_clock)  # a load client on another host (load.host): the clock relation
     read_by = read_json_or_none(paths.load_dir / "metrics_read_by.json")  # {metrics_before, metrics_after}
     rows.update(report.load_host_rows(clock, read_by))

@@ -1,4 +1,4 @@
-"""MCP wiring: the six tools as thin adapters, four resources, the stdio and streamable HTTP transports.
+"""MCP wiring: the six tools as thin adapters, seven resources, the stdio and streamable HTTP transports.
 
 Nothing here decides anything: every tool calls the plain function in `caseledger.tools` in a worker
 thread (they spawn processes and poll), returns its short `.text()` as the text content (summarize adds its
@@ -399,7 +399,39 @@ def build_server(ws: Workspace) -> MCPServer:
     async def scenario_rows(name: str) -> str:
         return await anyio.to_thread.run_sync(_read_scenario, ws, name)
 
+    @mcp.resource("caseledger://runs/{run_id}/report.html", name="run_report_html", mime_type="text/html",
+                  description="A run's report as one self-contained HTML page (written again on read)")
+    async def run_report_html(run_id: str) -> str:
+        return await anyio.to_thread.run_sync(_read_html, ws, [run_id], None)
+
+    @mcp.resource("caseledger://scenarios/{name}/report.html", name="scenario_report_html", mime_type="text/html",
+                  description="A scenario's report as one self-contained HTML page: rows, decisions, limits, "
+                              "latency CDFs, evidence flags")
+    async def scenario_report_html(name: str) -> str:
+        return await anyio.to_thread.run_sync(_read_html, ws, [], name)
+
+    @mcp.resource("caseledger://campaigns/{campaign_id}/report.html", name="campaign_report_html",
+                  mime_type="text/html", description="A campaign's answer as one self-contained HTML page: points, "
+                  "the Pareto frontier, limits, latency CDFs, evidence flags")
+    async def campaign_report_html(campaign_id: str) -> str:
+        return await anyio.to_thread.run_sync(_read_html, ws, [campaign_id], None)
+
     return mcp
+
+
+def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
+    """The HTML page of one run, scenario or campaign, written now (the file a person opens is the same)."""
+    if scenario is not None and not re.fullmatch(SCENARIO_PATTERN, scenario):
+        raise ResourceNotFoundError(f"'{scenario[:60]}' is not a scenario name; fix: read caseledger://handoff for "
+                                    "the current scenario")
+    try:
+        remember_secrets(ws)
+        written = tools.html_report(ws, run_ids, scenario=scenario)
+        return redact.mask(Path(written.paths[0]).read_text())
+    except CaseledgerError as e:
+        raise ResourceNotFoundError(str(_tool_error(e))) from e
+    except Exception as e:  # a read-only workspace, or a bug: the reader gets the fix either way
+        raise ResourceError(str(_tool_error(_bug_logged("html report", e)))) from e
 
 
 def _read_scenario(ws: Workspace, name: str) -> str:

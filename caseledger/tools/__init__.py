@@ -6,6 +6,7 @@ Each returns a pydantic model; `.text()` is the short answer (a few lines: the f
 from caseledger.tools.campaigns import CampaignFrozen, resume_any, start_any, status_any
 from caseledger.tools.freeze_case import FreezeResult, freeze_any, freeze_case
 from caseledger.tools.phase_status import StatusResult, phase_status
+from caseledger.tools.report import ReportResult, html_report
 from caseledger.tools.reprocess_raw import ReprocessResult, reprocess_raw
 from caseledger.tools.resume import ResumeResult, resume
 from caseledger.tools.start_run import StartResult, start_run
@@ -14,6 +15,7 @@ from caseledger.tools.summarize import SummaryResult, summarize
 __all__ = [
     "CampaignFrozen",
     "FreezeResult",
+    "ReportResult",
     "ReprocessResult",
     "ResumeResult",
     "StartResult",
@@ -21,6 +23,7 @@ __all__ = [
     "SummaryResult",
     "freeze_any",
     "freeze_case",
+    "html_report",
     "phase_status",
     "reprocess_raw",
     "resume",

@@ -193,11 +193,15 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
 
 def _campaign(ws: Workspace, gid: str) -> SummaryResult:
     view = campaign_view(ws, gid)
-    points = [report.PlotPoint(label=r.label, x=r.per_user_tok_s, metric=r.per_card_tok_s, best=r.pareto,
-                               breaks=r.meets is False, figures={}) for r in view.rows if r.runs]
-    png = report.render_pareto(f"campaign {view.name} ({gid})", points)
+    png = report.render_pareto(f"campaign {view.name} ({gid})", pareto_points(view))
     return SummaryResult(campaign=view, runs=[], side_by_side=None, plot=_write_png(ws, f"campaign-{gid}.png", png),
                          next_call=view.next_call)
+
+
+def pareto_points(view: CampaignView) -> list[report.PlotPoint]:
+    """A campaign's measured points for its Pareto plot: tok/s per card against tok/s per user."""
+    return [report.PlotPoint(label=r.label, x=r.per_user_tok_s, metric=r.per_card_tok_s, best=r.pareto,
+                             breaks=r.meets is False, figures={}) for r in view.rows if r.runs]
 
 
 def _scenario_plot(ws: Workspace, view: ScenarioView, idx: Index) -> str | None:
@@ -213,18 +217,29 @@ def _scenario_plot(ws: Workspace, view: ScenarioView, idx: Index) -> str | None:
 
 
 def _draw_scenario(ws: Workspace, view: ScenarioView) -> str | None:
+    fig = scenario_figure(ws, view)
+    return _write_png(ws, f"scenario-{view.scenario}.png", None if fig is None else report.png(fig))
+
+
+def scenario_figure(ws: Workspace, view: ScenarioView) -> Any:
+    """The scenario's decision figure (report.decision_figure): one point per case; None without matplotlib."""
     points = [report.PlotPoint(
-        label=r.change, x=r.swept, metric=r.metric, best=r.best, breaks=bool(broken(r.limits)),
+        label=redact.mask(r.change), x=r.swept, metric=r.metric, best=r.best, breaks=bool(broken(r.limits)),
         figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.tpot_p99_ms})
         for r in view.rows]
-    cdfs = {r.change: summary.latency_samples(ws, r.run_id) for r in view.rows if r.run_id}
+    cdfs = {redact.mask(r.change): summary.latency_samples(ws, r.run_id) for r in view.rows if r.run_id}
     bounds = {v.limit: v.bound for r in view.rows[:1] for v in r.limits}
-    png = report.render_png(f"scenario {view.scenario}", f"{view.primary_metric} ({view.window})",
-                            view.swept or "case", points, bounds, cdfs)
-    return _write_png(ws, f"scenario-{view.scenario}.png", png)
+    return report.decision_figure(f"scenario {view.scenario}", f"{view.primary_metric} ({view.window})",
+                                  view.swept or "case", points, bounds, cdfs)
 
 
 def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
+    fig = runs_figure(ws, run_ids)
+    return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", None if fig is None else report.png(fig))
+
+
+def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
+    """Runs' decision figure (report.decision_figure): one point per run; None without matplotlib."""
     points, cdfs, bounds = [], {}, {}
     for rid in run_ids:
         run = load_run(ws, rid)
@@ -239,9 +254,8 @@ def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
         bounds.update(d.limits.bounds())
         cdfs[rid] = summary.latency_samples(ws, rid)
     first = with_current_decision(ws, load_run(ws, run_ids[0]).case).decision
-    png = report.render_png(" vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run",
-                            points, bounds, cdfs)
-    return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", png)
+    return report.decision_figure(" vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run",
+                                  points, bounds, cdfs)
 
 
 def _write_png(ws: Workspace, name: str, png: bytes | None) -> str | None:
