@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,6 +88,19 @@ def stop_services(ws: Workspace) -> Iterator[None]:
         if procs.alive(ref):
             procs.terminate(ref, grace_s=5.0)
     services.stop_all(ws)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The headless browser the report tests open pages in: skipped when missing, failed under
+    CASELEDGER_REQUIRE_BROWSER=1 (set by .ci/run, which installs it)."""
+    found = next((p for name in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(name))), None)
+    if found is None:
+        msg = "no chromium on PATH (apt-get install chromium)"
+        if os.environ.get("CASELEDGER_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"CASELEDGER_REQUIRE_BROWSER=1 but {msg}")
+        pytest.skip(msg)
+    return found
 
 
 @pytest.fixture(scope="session", autouse=True)

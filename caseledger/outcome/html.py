@@ -10,6 +10,7 @@ models and figures in.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de}
 table{border-collapse:collapse;margin:8px 0;font-size:13px}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f8fa}td.id{white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.best td{background:#e6f4ea}tr.breaks td{background:#fdecea}
 .answer{font-size:16px;padding:8px 12px;background:#f6f8fa;border-left:4px solid #0969da;margin:12px 0}
 ul.flags{list-style:none;padding:0}ul.flags li{padding:2px 0 2px 22px;position:relative}
@@ -48,6 +49,9 @@ def fmt(value: object) -> str:
     return str(value)
 
 
+_ID = re.compile(r"[rcgp]-[0-9a-f]{6,64}")  # a run, case or campaign id: kept on one line
+
+
 @dataclass(frozen=True)
 class Chart:
     """A figure rendered to an <svg> element (report.svg) with its caption."""
@@ -62,6 +66,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], classes: Sequ
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         cells = "".join(f'<td class="n">{e(c)}</td>' if isinstance(c, int | float) and not isinstance(c, bool)
+                        else f'<td class="id">{e(c)}</td>' if isinstance(c, str) and _ID.fullmatch(c)
                         else f"<td>{e(c)}</td>" for c in row)
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
