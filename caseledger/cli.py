@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
 from caseledger.ledger.index import open_index
 from caseledger.outcome import handoff
+from caseledger.run.progress import ProgressLine
 from caseledger.workspace import Workspace
 
 
@@ -40,6 +42,20 @@ def _emit(result: Any, as_json: bool) -> None:
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:
     secrets = redact.current()
     sys.stdout.write((orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(text)) + "\n")
+
+
+@contextmanager
+def _live(a: argparse.Namespace) -> Iterator[ProgressLine | None]:
+    """The live progress of `run --wait` / `resume --wait`: redrawn in place on a terminal, a line per phase
+    change otherwise, nothing with --json (stdout is then the structured answer alone)."""
+    if not getattr(a, "wait", False) or a.json:
+        yield None
+        return
+    line = ProgressLine(sys.stdout, tty=sys.stdout.isatty())
+    try:
+        yield line
+    finally:
+        line.close()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,7 +208,9 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "run":
         from caseledger.tools import StartResult, start_any  # lazy: the tools pull numpy; --help stays light
 
-        r = start_any(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue)
+        with _live(a) as progress:
+            r = start_any(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue,
+                          progress=progress)
         _emit(r, a.json)
         failed = isinstance(r, StartResult) and (r.preflight == "failed" or r.state in ("failed", "not_queued"))
         return 1 if failed else 0
@@ -203,7 +221,9 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "resume":
         from caseledger.tools import resume_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(resume_any(ws, a.run_id, wait=a.wait), a.json)
+        with _live(a) as progress:
+            resumed = resume_any(ws, a.run_id, wait=a.wait, progress=progress)
+        _emit(resumed, a.json)
     elif a.cmd == "reprocess":
         from caseledger.tools import reprocess_raw  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 

@@ -14,7 +14,7 @@ from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, fold, next_steps
-from caseledger.run.start import spawn_controller, wait_for
+from caseledger.run.start import Progress, spawn_controller, wait_for
 from caseledger.workspace import Workspace
 
 STARTED_TIMEOUT_S = 10.0  # how long resume waits for its controller to adopt the run
@@ -38,7 +38,8 @@ class ResumeResult(BaseModel):
                 f"next: {self.next_call}")
 
 
-def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: float = 3600.0) -> ResumeResult:
+def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: float = 3600.0,
+           progress: Progress | None = None) -> ResumeResult:
     run = load_run(workspace, run_id)
     run_id = run.run_id  # a case id given: its latest run
     v = fold(workspace, run)
@@ -69,7 +70,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
         before = len(read_events(paths).events)
         spawn_controller(resumed, lease.fence)
     if wait:
-        view = wait_for(workspace, run_id, "end", timeout_s)
+        view = wait_for(workspace, run_id, "end", timeout_s, progress=progress)
         state, nxt = view.state.value, view.next_call
     else:  # once its controller has adopted the run: say so, not the failure it is about to repair
         view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S, since=before)

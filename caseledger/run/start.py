@@ -7,6 +7,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from caseledger import datasets, ledger, procs, services
@@ -101,12 +102,18 @@ def spawn_controller(run: Run, fence: int) -> int:
     return p.pid
 
 
-def wait_for(ws: Workspace, run_id: str, until: str, timeout: float, since: int = 0) -> RunView:
+Progress = Callable[[RunView], None]  # called with each state a wait reads (every poll, about 20 times a second)
+
+
+def wait_for(ws: Workspace, run_id: str, until: str, timeout: float, since: int = 0,
+             progress: Progress | None = None) -> RunView:
     """Poll the folded state until `until` ('preflight' ended, 'started': a controller_started event after
-    the first `since` events, or 'end' of the run) or the owner died."""
+    the first `since` events, or 'end' of the run) or the owner died. `progress` sees every state read."""
     deadline = time.monotonic() + timeout
     while True:
         view = fold(ws, run_id)
+        if progress is not None:
+            progress(view)
         if until == "preflight" and view.phases[Phase.PREFLIGHT].state not in (PhaseState.PENDING, PhaseState.RUNNING):
             return view
         if until == "started":
@@ -121,7 +128,8 @@ def wait_for(ws: Workspace, run_id: str, until: str, timeout: float, since: int 
         time.sleep(0.05)
 
 
-def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeout_s: float = 3600.0) -> RunView:
+def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeout_s: float = 3600.0,
+           progress: Progress | None = None) -> RunView:
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
     wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""
@@ -138,7 +146,7 @@ def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeo
             except BaseException:
                 release(ws, key, rid, lease.fence)
                 raise
-        return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0)
+        return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0, progress=progress)
     finally:
         if ahead.stdin is not None and not ahead.stdin.closed:
             ahead.kill()  # never handed a run (refused start): nothing of it is needed

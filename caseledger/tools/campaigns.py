@@ -13,7 +13,10 @@ from caseledger.campaign.store import freeze_campaign, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
 from caseledger.case.plan import decision_words
 from caseledger.case.store import load_case
+from caseledger.ledger.runs import scan_runs
+from caseledger.ledger.state import fold
 from caseledger.outcome import handoff
+from caseledger.run.progress import ProgressLine
 from caseledger.run.resume import ResumeResult, resume
 from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, check_wait, phase_status
 from caseledger.tools.start_run import StartResult, start_run
@@ -62,8 +65,13 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:
                    else f"start_run(case_id='{c.campaign_id}') runs it to the end (one call; then phase_status)"))
 
 
-def start(ws: Workspace, gid: str) -> CampaignView:
-    """Start the campaign's driver unless one is alive; the answer is its progress right after."""
+VIEW_EVERY_S = 2.0  # a waiting start reads the campaign's view this often, its running point's state every poll
+
+
+def start(ws: Workspace, gid: str, *, wait: bool = False, progress: ProgressLine | None = None) -> CampaignView:
+    """Start the campaign's driver unless one is alive; the answer is its progress right after, or with wait
+    when the campaign is complete or its driver stopped. progress: sees the running point's state and the
+    points done of total."""
     check_id(gid, "case_id", "g")
     camp = load_campaign(ws, gid)
     if not driver_alive(ws, gid):
@@ -72,7 +80,19 @@ def start(ws: Workspace, gid: str) -> CampaignView:
             keep |= load_case(ws, p.case_id).env_names()
         spawn(ws, gid, keep)
         handoff.refresh(ws)
-    return campaign_view(ws, gid)
+    view = campaign_view(ws, gid)
+    ids = {p.case_id for p in camp.points}
+    while wait and view.driver_alive and not view.complete:
+        if progress is not None:
+            progress.points = (sum(r.status in ("measured", "skipped", "given_up") for r in view.rows), len(view.rows))
+        mine = [m.run_id for m in scan_runs(ws).metas if m.case_id in ids]
+        until = time.monotonic() + VIEW_EVERY_S
+        while time.monotonic() < until:
+            if progress is not None and mine:
+                progress(fold(ws, mine[-1]))
+            time.sleep(WAIT_POLL_S / 2)
+        view = campaign_view(ws, gid)
+    return view
 
 
 def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
@@ -92,8 +112,10 @@ def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
 
 
 def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignView:
-    """The start_run tool: a case id starts a run, a campaign id its driver."""
-    return start(ws, case_id) if is_id(case_id, "g") else start_run(ws, case_id, **kw)
+    """The start_run tool: a case id starts a run, a campaign id its driver (wait and progress apply to both)."""
+    if is_id(case_id, "g"):
+        return start(ws, case_id, wait=kw.get("wait", False), progress=kw.get("progress"))
+    return start_run(ws, case_id, **kw)
 
 
 def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0) -> StatusResult | CampaignView:
@@ -107,4 +129,6 @@ def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0) -> Status
 def resume_any(ws: Workspace, run_id: str, **kw: Any) -> ResumeResult | CampaignView:
     """The resume tool: a run at its failed phase, or a campaign (its driver again: running points are waited
     for, failed ones resumed at their phase, finished ones never run again)."""
-    return start(ws, run_id) if is_id(run_id, "g") else resume(ws, run_id, **kw)
+    if is_id(run_id, "g"):
+        return start(ws, run_id, wait=kw.get("wait", False), progress=kw.get("progress"))
+    return resume(ws, run_id, **kw)

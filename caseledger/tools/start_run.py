@@ -12,7 +12,7 @@ from caseledger.errors import NotAuthorized, TargetHeld, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger import queue as target_queue
 from caseledger.outcome import handoff
-from caseledger.run.start import launch, preflight_case
+from caseledger.run.start import Progress, launch, preflight_case
 from caseledger.workspace import Workspace, check_id
 
 
@@ -46,13 +46,14 @@ class StartResult(BaseModel):
 
 
 def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0,
-              preflight_only: bool = False, queue: bool = False) -> StartResult:
+              preflight_only: bool = False, queue: bool = False, progress: Progress | None = None) -> StartResult:
     """Start a run and return once preflight has passed or failed (or the whole run, with wait=True).
 
     preflight_only: reload and check the case in a fresh, socket-less process without creating a run,
     taking the lease or touching the target; allowed while paused or while another run holds the target.
     queue: when the target is held (and authorization is auto), preflight the case and queue it to start
-    when the lease frees; the answer says its position. Without it a held target is an error at once."""
+    when the lease frees; the answer says its position. Without it a held target is an error at once.
+    progress: called with each state the wait reads (the CLI's live line)."""
     check_id(case_id, "case_id", "c")
     case = load_case(workspace, case_id)
     if preflight_only:
@@ -67,7 +68,7 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
                        "then preflight again"),
         )
     try:
-        view = launch(workspace, case_id, case, wait=wait, timeout_s=timeout_s)
+        view = launch(workspace, case_id, case, wait=wait, timeout_s=timeout_s, progress=progress)
     except TargetHeld as held:
         if not queue:
             raise
