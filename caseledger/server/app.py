@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Protocol, TypeVar, cast
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server import MCPServer
@@ -57,6 +58,7 @@ from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
 from caseledger.outcome import handoff, summary
 from caseledger.outcome.decide import DECISION_WORDS
 from caseledger.tools import CampaignFrozen, FreezeResult, ReprocessResult, SummaryResult
+from caseledger.tools.phase_status import phases_progress
 from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
@@ -190,9 +192,11 @@ def _tool_error(e: CaseledgerError) -> ToolError:
     return ToolError(f"{message}; fix: {fix or 'phase_status() shows where the latest run stands'}")
 
 
-async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result]) -> CallToolResult:
-    """Run a blocking tool function in a worker thread; heartbeat progress while it runs; map errors; mask the
-    values of the workspace's secrets in the answer."""
+async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result],
+                    heartbeat_s: float | None = None) -> CallToolResult:
+    """Run a blocking tool function in a worker thread; heartbeat progress while it runs (heartbeat_s 0: none,
+    the function reports its own); map errors; mask the values of the workspace's secrets in the answer."""
+    every = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
 
     def call() -> _Result:
         remember_secrets(ws)  # the frozen cases' secret variables, new ones included, before the answer is made
@@ -201,7 +205,7 @@ async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callab
     async def heartbeat() -> None:
         t0 = anyio.current_time()
         while True:
-            await anyio.sleep(HEARTBEAT_S)
+            await anyio.sleep(every)
             elapsed = anyio.current_time() - t0
             try:
                 await ctx.report_progress(elapsed, None, f"{what}: {elapsed:.0f}s")
@@ -211,7 +215,8 @@ async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callab
 
     outcome: list[_Result | Exception] = []
     async with anyio.create_task_group() as tg:
-        tg.start_soon(heartbeat)
+        if every > 0:
+            tg.start_soon(heartbeat)
         try:
             outcome.append(await anyio.to_thread.run_sync(call))
         except Exception as e:  # re-raised below, outside the task group (no exception group)
@@ -224,6 +229,24 @@ async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callab
     if isinstance(result, Exception):  # a read-only workspace, or a bug: the agent gets the fix either way
         raise _tool_error(_bug_logged(what, result)) from result
     return _answer(result)
+
+
+def _notifier(ctx: Context[Any, Any]) -> Callable[[tools.StatusResult], None]:
+    """A wait's progress callback (it runs in the worker thread): a progress notification each time the run's
+    progress value grows (report_progress sends nothing unless the request carried a progress token)."""
+    last = [-1.0]
+
+    def notify(s: tools.StatusResult) -> None:
+        value, total, message = phases_progress(s)
+        if value <= last[0]:
+            return
+        last[0] = value
+        try:
+            anyio.from_thread.run(ctx.report_progress, value, total, redact.mask(message))
+        except Exception:  # a lost progress channel must not fail the wait itself
+            log.debug("progress notification failed", exc_info=True)
+
+    return notify
 
 
 def _tool(mcp: MCPServer, name: str, annotations: ToolAnnotations) -> Callable[[_F], _F]:
@@ -314,7 +337,11 @@ def build_server(ws: Workspace) -> MCPServer:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
         when something changes instead of polling with sleep."""
-        return await _off_loop(ctx, ws, "status", lambda: tools.status_any(ws, run_id, wait_s=wait_s))
+        # a bounded wait notifies from the state it polls (phases finished, the load's requests done): the
+        # elapsed-time heartbeat would break the rule that a progress value only grows
+        return await _off_loop(ctx, ws, "status",
+                               lambda: tools.status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx)),
+                               heartbeat_s=0 if wait_s > 0 else None)
 
     @_tool(
         mcp, "resume",

@@ -4,6 +4,7 @@ driver, phase_status shows its progress (with a bounded wait), summarize its ans
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -118,12 +119,14 @@ def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignV
     return start_run(ws, case_id, **kw)
 
 
-def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0) -> StatusResult | CampaignView:
-    """The phase_status tool: a run (or a case's latest run), or a campaign's progress."""
+def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0,
+               progress: Callable[[StatusResult], None] | None = None) -> StatusResult | CampaignView:
+    """The phase_status tool: a run (or a case's latest run), or a campaign's progress. progress: a run's
+    bounded wait hands it every status it reads."""
     if run_id is not None and is_id(run_id, "g"):
         check_wait(wait_s)
         return status(ws, run_id, wait_s)
-    return phase_status(ws, run_id, wait_s=wait_s)
+    return phase_status(ws, run_id, wait_s=wait_s, progress=progress)
 
 
 def resume_any(ws: Workspace, run_id: str, **kw: Any) -> ResumeResult | CampaignView:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
@@ -122,22 +123,42 @@ def check_wait(wait_s: float) -> None:
                           "give wait_s between 0 (answer at once) and 120 seconds")
 
 
-def phase_status(workspace: Workspace, run_id: str | None = None, wait_s: float = 0.0) -> StatusResult:
+def phase_status(workspace: Workspace, run_id: str | None = None, wait_s: float = 0.0,
+                 progress: Callable[[StatusResult], None] | None = None) -> StatusResult:
     """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 120): return as soon as
     the run's state changes (a phase starts or ends, the load ends, the run settles, a process stops) or
-    when wait_s has passed, instead of being polled with sleep."""
+    when wait_s has passed, instead of being polled with sleep. progress: sees every status the wait reads
+    (request counts move between the changes it answers on)."""
     check_wait(wait_s)
     first = _status(workspace, run_id)
     if wait_s <= 0 or first.state not in ("running", "created"):
         return first
+    if progress is not None:
+        progress(first)
     deadline = time.monotonic() + wait_s
     sig = _signature(first)
     while time.monotonic() < deadline:
         time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
         now = _status(workspace, first.run_id)
+        if progress is not None:
+            progress(now)
         if _signature(now) != sig:
             return now
     return _status(workspace, first.run_id)
+
+
+FINISHED = ("done", "reused", "skipped")
+
+
+def phases_progress(s: StatusResult) -> tuple[float, float, str]:
+    """(progress, total, message) of a run for a progress notification: phases finished of all, the formal
+    load counting as its share of requests done while it runs; the value never goes down as the run advances."""
+    value = float(sum(v in FINISHED for v in s.phases.values()))
+    if s.phases.get("load") == "running" and s.planned:
+        value += min(s.done, s.planned) / s.planned
+    where = f"{s.phase} {s.phase_state}" if s.phase else s.state
+    return value, float(len(s.phases)), (f"{s.run_id} {where}: formal sent {s.sent}/{s.planned} done {s.done} "
+                                         f"failed {s.failed}")
 
 
 def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
