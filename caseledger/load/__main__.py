@@ -229,6 +229,7 @@ async def _run(
             await run_requests(
                 plan.specs, plan.concurrency, "load", api_key=api_key, on_record=on_record,
                 on_send=tally.on_send, timeout_s=plan.timeout_s, max_event_bytes=plan.max_event_bytes,
+                scheduled=plan.scheduled,
             )
         tg.cancel_scope.cancel()
     return caught

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from caseledger.case.model import Case, Window
+from caseledger.case.model import Case, Window, max_tokens_bound
 from caseledger.metrics._checks import check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
@@ -740,7 +740,7 @@ def compute_result(
     pre = spec_counters(params.spec_decode, metrics_before, metrics_after, None, "")
     drafts = pre.deltas.get("drafts")
     spec_moved = isinstance(drafts, tuple) and drafts[1] > 0
-    validity = check_counts(raw, case.load.max_tokens or case.dataset.output_tokens,
+    validity = check_counts(raw, max_tokens_bound(case),
                             spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
                             case.measurement.evidence.max_invalid_share, metrics_before, metrics_after,
                             chunks_are_content)
