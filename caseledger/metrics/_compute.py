@@ -38,12 +38,15 @@ from caseledger.metrics._models import (
     NotObserved,
     Params,
     Result,
+    Schedule,
     SpecDecode,
     Stall,
     Throughput,
     Throughputs,
     TokenAgreement,
     Tokens,
+    TraceReplay,
+    TraceRequest,
     WindowResult,
     WindowRule,
     Windows,
@@ -703,6 +706,49 @@ def per_request_ms(columns: RawColumns) -> dict[str, F64]:
     return {"ttft": dv.ttft_ms[ok], "tpot": dv.tpot_ms[ok], "e2e": dv.e2e_ms[ok]}
 
 
+TRACE_ROWS_LISTED = 10_000
+
+
+def _schedule(c: RawColumns) -> Schedule | None:
+    err = c.arrival_error_ns
+    known = ~np.isnan(err)
+    n = int(known.sum())
+    if n == 0:
+        return None
+    ms = err[known] / 1e6
+    dist = _dist(ms, "ms", "no request carried its due time")
+    late = int((ms > 1.0).sum())
+    text = (f"arrival error over {n} requests: p50 {np.percentile(ms, 50):.3f} ms, p99 {np.percentile(ms, 99):.3f} "
+            f"ms, max {ms.max():.3f} ms; {late} sent more than 1 ms late")
+    return Schedule(requests=n, arrival_error=dist, late_over_1ms=late, text=text)
+
+
+def _trace(c: RawColumns) -> TraceReplay | None:
+    rows = c.trace_row
+    known = ~np.isnan(rows)
+    if not known.any():
+        return None
+    idx = np.flatnonzero(known)
+    planned = np.nan_to_num(c.planned_shared_tokens, nan=0.0)
+    has = c.ok & known & ~np.isnan(c.cached_tokens)
+
+    def opt(x: float) -> int | None:
+        return None if np.isnan(x) else int(x)
+
+    per = [TraceRequest(i=int(k), trace_row=int(rows[k]), planned_shared_tokens=int(planned[k]),
+                        cached_tokens=opt(float(c.cached_tokens[k])), prompt_tokens=opt(float(c.prompt_tokens[k])),
+                        ok=bool(c.ok[k])) for k in idx[:TRACE_ROWS_LISTED].tolist()]
+    p_sum, c_sum = int(planned[has].sum()), int(c.cached_tokens[has].sum())
+    reach = int((has & (c.cached_tokens >= planned)).sum())
+    below = int(has.sum()) - reach
+    text = (f"{int(has.sum())} of {idx.size} trace requests report cached tokens: {c_sum} cached of {p_sum} planned "
+            f"shared ({c_sum / p_sum:.1%}); {reach} reach their plan, {below} fall below" if p_sum else
+            f"{int(has.sum())} of {idx.size} trace requests report cached tokens; none planned any shared tokens")
+    return TraceReplay(requests=int(idx.size), with_cached_tokens=int(has.sum()), planned_shared_tokens=p_sum,
+                       cached_tokens=c_sum, cached_at_least_planned=reach, cached_below_planned=below,
+                       per_request=per, text=text)
+
+
 def compute_result(
     case: Case,
     records: Iterable[RawRecord] | RawColumns,
@@ -828,4 +874,6 @@ def compute_result(
         stalls=[Stall(start_s=(a - dv.t0) / _S, duration_s=(b - a) / _S) for a, b in stall_spans],
         host=host_load(_samples_in(host_samples, whole_span.start, whole_span.end)
                        if whole_span.start is not None and whole_span.end is not None else []),
+        schedule=_schedule(raw),
+        trace=_trace(raw),
     )

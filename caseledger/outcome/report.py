@@ -312,6 +312,36 @@ def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any
     return rows
 
 
+def lengths_rows(identity: Any) -> dict[str, str]:
+    """Header rows for a dataset's realized lengths (input body tokens, output tokens): declared, realized, and a
+    text histogram ('lo-hi:count' per bin)."""
+    rows: dict[str, str] = {}
+    for side, ln in (("input", identity.input_lengths), ("output", identity.output_lengths)):
+        if ln is None:
+            continue
+        declared = ", ".join(f"{k} {v}" for k, v in ln.declared.items())
+        edges, counts = ln.histogram.edges, ln.histogram.counts
+        bins = " ".join(f"{int(edges[k])}-{int(edges[k + 1]) - 1}:{c}" for k, c in enumerate(counts))
+        rows[f"{side} lengths"] = (f"declared {declared}; realized min {ln.min} / mean {ln.mean:.1f} / max {ln.max}, "
+                                   f"stdev {ln.stdev:.1f}, p50 {ln.p50:g} p99 {ln.p99:g}; histogram {bins}")
+    return rows
+
+
+def _workload_section(result: Result) -> list[str]:
+    """The schedule kept (arrival error) and, for a replayed trace, planned shared vs cached tokens per request."""
+    out: list[str] = []
+    if result.schedule is not None:
+        out += ["## Schedule", "", result.schedule.text, ""]
+    tr = result.trace
+    if tr is not None:
+        out += ["## Trace replay", "", tr.text, ""]
+        out += _table(["request", "trace row", "planned shared tokens", "cached tokens", "prompt tokens", "ok"],
+                      [[r.i, r.trace_row, r.planned_shared_tokens, r.cached_tokens, r.prompt_tokens, r.ok]
+                       for r in tr.per_request])
+        out.append("")
+    return out
+
+
 def render_run_md(
     meta: dict[str, Any], result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
 ) -> str:
@@ -365,6 +395,7 @@ def render_run_md(
         out += ["Notes:", *[f"- {n}" for n in result.notes], ""]
     out += _evidence_section(result)
 
+    out += _workload_section(result)
     out += ["## Windows", ""]
     out += _table(
         [

@@ -5,6 +5,7 @@ per case of a scenario)."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +13,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caseledger import redact
+from caseledger import datasets, redact
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, argv_change, delta, flatten
 from caseledger.case.store import load_case, with_current_decision
@@ -327,6 +328,8 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
     rows.update(report.load_host_rows(clock, read_by))
     timing = ((read_json_or_none(paths.phase_file("load")) or {}).get("client_timing") or {}).get("line")
     rows.update({"client timing": timing} if timing else {})  # the load client's own timing uncertainty
+    with contextlib.suppress(CaseledgerError):  # the dataset's realized lengths, where its identity is at hand
+        rows.update(report.lengths_rows(datasets.load_identity(run.workspace, run.meta.dataset())))
     # a report quotes phase errors from the ledger: masked again, so one recorded unmasked by an older version
     # is not copied on
     secrets = redact.current()
