@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from caseledger.case.model import MAX_TOKENS, Case
+from caseledger.datasets.identity import SALT_K
 from caseledger.errors import CaseInvalid, quoted
 from caseledger.workspace import Workspace, exists, read_file_field, sha256_bytes
 
@@ -67,7 +68,8 @@ def _row(obj: Any, k: int, path: str, no: int) -> TraceRow:
     ids = obj["hash_ids"]
     if not isinstance(ids, list) or any(type(h) is not int or not 0 <= h <= MAX_HASH_ID for h in ids):
         raise _fix_row(path, no, "'hash_ids' must be a list of integers >= 0 (the prompt's shared blocks, in order)")
-    return TraceRow(row=k, timestamp_ms=float(ts), input_length=_int_field(obj, "input_length", path, no, 1),
+    # every trace prompt leads with a first word and the run's salt slot, then needs one token of its own
+    return TraceRow(row=k, timestamp_ms=float(ts), input_length=_int_field(obj, "input_length", path, no, SALT_K + 2),
                     output_length=_int_field(obj, "output_length", path, no, 1), hash_ids=tuple(ids))
 
 
