@@ -61,8 +61,6 @@ from caseledger.datasets.identity import (
 from caseledger.errors import CaseInvalid, quoted
 from caseledger.workspace import (
     Workspace,
-    exists,
-    read_file_field,
     read_json_or_none,
     sha256_bytes,
     sha256_file,
@@ -627,13 +625,8 @@ def _check_salt(salted: int, body: int, name: str) -> None:
 
 def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
     """file: the first dataset.entries (prompt, output_tokens) of the JSONL, and the file's sha256."""
-    src = ws.inside(ds.path, "dataset.path")
-    if not exists(src, "dataset.path", ds.path):
-        raise CaseInvalid(
-            f"dataset.path '{quoted(ds.path)}' is not a file in the workspace ({quoted(src, 200)})",
-            "put a JSONL file of {\"prompt\": ...} lines inside the workspace and give its relative path",
-        )
-    raw = read_file_field(src, "dataset.path", ds.path)
+    raw = _trace.read_source(ws, ds.path, "put a JSONL file of {\"prompt\": ...} lines inside the workspace and "
+                             "give its relative path")
     rows: list[tuple[str, int]] = []
     for no, line in enumerate(raw.splitlines(), 1):
         if not line.strip():

@@ -73,17 +73,19 @@ def _row(obj: Any, k: int, path: str, no: int) -> TraceRow:
                     output_length=_int_field(obj, "output_length", path, no, 1), hash_ids=tuple(ids))
 
 
+def read_source(ws: Workspace, path: str, fix: str) -> bytes:
+    """dataset.path's bytes (file and trace sources): a file inside the workspace, else refused with `fix`."""
+    src = ws.inside(path, "dataset.path")
+    if not exists(src, "dataset.path", path):
+        raise CaseInvalid(f"dataset.path '{quoted(path)}' is not a file in the workspace ({quoted(src, 200)})", fix)
+    return read_file_field(src, "dataset.path", path)
+
+
 def file_sha256(ws: Workspace, case: Case) -> tuple[bytes, str]:
     """The trace file's bytes and sha256; the path must be a file inside the workspace."""
-    ds = case.dataset
-    assert ds.path is not None
-    src = ws.inside(ds.path, "dataset.path")
-    if not exists(src, "dataset.path", ds.path):
-        raise CaseInvalid(
-            f"dataset.path '{quoted(ds.path)}' is not a file in the workspace ({quoted(src, 200)})",
-            "put the trace (one JSON request per line) inside the workspace and give its path relative to it",
-        )
-    raw = read_file_field(src, "dataset.path", ds.path)
+    assert case.dataset.path is not None
+    raw = read_source(ws, case.dataset.path, "put the trace (one JSON request per line) inside the workspace and "
+                      "give its path relative to it")
     return raw, sha256_bytes(raw)
 
 
