@@ -15,9 +15,11 @@ from pydantic import (
     AwareDatetime,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
     StringConstraints,
+    Tag,
     model_serializer,
     model_validator,
 )
@@ -419,6 +421,20 @@ class LengthDistribution(_Model):
 
 
 Length = int | LengthDistribution
+LENGTH_TAGS = ("tokens", "distribution")  # the branches of a length field, as they appear in validation error paths
+
+
+def _length_kind(v: Any) -> str:
+    return "distribution" if isinstance(v, dict | LengthDistribution) else "tokens"
+
+
+# an integer, or a distribution (an object): the branch is chosen by the value's kind, so an out-of-range integer
+# is reported as that, not as "not a distribution" too
+_LengthField = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=MAX_TOKENS, strict=True)], Tag("tokens")]
+    | Annotated[LengthDistribution, Tag("distribution")],
+    Discriminator(_length_kind),
+]
 
 
 def longest(x: Length) -> int:
@@ -447,11 +463,11 @@ class Dataset(_Model):
         None, ge=1, le=MAX_REQUESTS, strict=True,
         description="Entries materialized, one per formal request (1..1000000); null: filled with load.requests"
     )
-    input_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS, strict=True)] | LengthDistribution = Field(
+    input_tokens: _LengthField = Field(
         256, description="Body tokens per entry (before the chat template), 1..2097152, or a length distribution "
         "drawn per entry (synthetic, prefix_cache); entries x the longest input at most 2**30",
         examples=[256, {"distribution": "lognormal", "mean": 512, "stdev": 256, "min": 32, "max": 4096}])
-    output_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS, strict=True)] | LengthDistribution = Field(
+    output_tokens: _LengthField = Field(
         64, description="Output tokens per request (max_tokens; ignore_eos fixes it), 1..2097152, or a length "
         "distribution drawn per entry (then load.max_tokens must stay null)",
         examples=[64, {"distribution": "uniform", "min": 16, "max": 256}])

@@ -24,7 +24,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -398,7 +398,7 @@ class _Acc:
     body: list[int]
     chat: list[int]
     cached: list[int]
-    out: list[int]
+    out: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls) -> _Acc:
