@@ -51,7 +51,7 @@ _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class Endpoint(_Model):
