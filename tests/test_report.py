@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import sys
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,7 +15,7 @@ from caseledger.metrics import Result, compute_result
 from caseledger.outcome.decide import decide
 from caseledger.outcome.report import (
     PlotPoint,
-    render_plots,
+    render_pareto,
     render_png,
     render_run_md,
     render_side_by_side,
@@ -134,7 +133,7 @@ def test_report_json_round_trips(res: Result) -> None:
     assert data["headline"]["native"]["AL counters"] == "NOT_OBSERVED"
 
 
-def test_plots_are_optional(res: Result, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plots_are_optional(monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 
     def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -145,7 +144,7 @@ def test_plots_are_optional(res: Result, tmp_path: Path, monkeypatch: pytest.Mon
     for loaded in [m for m in sys.modules if m.startswith("matplotlib")]:  # imported by an earlier test
         monkeypatch.delitem(sys.modules, loaded)
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    assert render_plots(res, tmp_path) == []
+    assert render_pareto("t", []) is None
     assert render_png("t", "m", "x", [], {}, {}) is None
 
 

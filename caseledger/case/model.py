@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from caseledger.case.metrics import PrimaryMetric
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
 MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
@@ -53,7 +54,7 @@ _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class Endpoint(_Model):
@@ -730,10 +731,7 @@ class Goodput(_Model):
 
 
 class Decision(_Model):
-    primary_metric: Literal[
-        "output_throughput", "output_throughput_per_card", "request_throughput", "goodput", "ttft_p50", "ttft_p99",
-        "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99",
-    ] = Field("output_throughput_per_card",
+    primary_metric: PrimaryMetric = Field("output_throughput_per_card",
               description="Metric the decision compares; 'goodput' needs decision.goodput")
     window: Literal["whole", "native"] = Field("whole", description="Window the decision compares on")
     baseline: str | None = Field(None, max_length=64,

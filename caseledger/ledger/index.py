@@ -252,6 +252,16 @@ class Index:
             return self._select("WHERE scenario=?", (scenario,))
         return self._select()
 
+    def digest(self, case_ids: list[str]) -> list[tuple[str, str | None, str | None, str | None, bool]]:
+        """(run_id, state, decision, sig, live) of the runs of these cases, oldest first: what a derived view's
+        signature needs, without building rows."""
+        if not case_ids:
+            return []
+        marks = ",".join("?" * len(case_ids))
+        q = (f"SELECT run_id, state, decision, sig, live FROM runs WHERE case_id IN ({marks}) "
+             "ORDER BY created_utc, run_id")
+        return [(str(a), b, c, d, bool(e)) for a, b, c, d, e in self.conn.execute(q, tuple(case_ids))]
+
     def of_case(self, case_id: str) -> Iterator[RunRow]:
         """The runs of a case, newest first."""
         yield from self._select("WHERE case_id=?", (case_id,), order="DESC")
@@ -259,11 +269,11 @@ class Index:
     def active(self, since_utc: str) -> list[RunRow]:
         """Per scenario its newest run, for the scenarios with a run created since `since_utc` or one whose state
         is running or created; newest first."""
-        q = (f"SELECT {_COLS} FROM runs r WHERE (r.created_utc, r.run_id) = (SELECT created_utc, run_id FROM runs "
-             "WHERE scenario=r.scenario ORDER BY created_utc DESC, run_id DESC LIMIT 1) AND (r.created_utc >= ? OR "
-             "r.scenario IN (SELECT scenario FROM runs WHERE state IN ('running', 'created'))) "
-             "ORDER BY created_utc DESC, run_id DESC")
-        return [_row(t) for t in self.conn.execute(q, (since_utc,))]
+        names = [s for (s,) in self.conn.execute(  # a range on runs_order, then the few unfinished runs
+            "SELECT scenario FROM runs WHERE created_utc >= ? UNION SELECT scenario FROM runs WHERE state IN "
+            "('running', 'created')", (since_utc,))]
+        newest = (self._select("WHERE scenario=?", (s,), order="DESC", limit=1) for s in names)
+        return sorted((rows[0] for rows in newest if rows), key=lambda r: (r.created_utc, r.run_id), reverse=True)
 
     def damaged(self) -> list[str]:
         return [str(m) for (m,) in self.conn.execute("SELECT message FROM damaged WHERE message != '' ORDER BY entry")]

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case, Window, max_tokens_bound
 from caseledger.metrics._checks import check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
@@ -50,6 +51,7 @@ from caseledger.metrics._models import (
     WindowResult,
     WindowRule,
     Windows,
+    value_in,
 )
 from caseledger.metrics._noise import good_requests, interval
 from caseledger.metrics._spec import SpecCounters, not_observed_spec, per_request, spec_counters, window_spec
@@ -601,7 +603,7 @@ def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp:
         goodput=_rate(n_good, duration_s, cards, "req/s", "good req"),
     )
     metric = case.decision.primary_metric
-    noise = interval(metric, _figure(metric, latency, throughput), {
+    noise = interval(metric, value_in(latency, throughput, METRICS[metric]), {
         "ttft": dv.ttft_ms[okm], "tpot": dv.tpot_ms[okm], "e2e": dv.e2e_ms[okm],
         "output": c.completion_tokens[okm], "good": good[okm].astype(np.float64)})
 
@@ -667,19 +669,6 @@ def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp:
         notes=notes,
         noise=noise,
     )
-
-
-def _figure(metric: str, latency: Latency, throughput: Throughputs) -> float | NotObserved:
-    """The window's value of a decision metric (case.decision.primary_metric)."""
-    if metric.endswith(("_p50", "_p99")):
-        name, stat = metric.rsplit("_", 1)
-        d = getattr(latency, name)
-        return d if isinstance(d, NotObserved) else float(getattr(d, stat))
-    fig = {"output_throughput": throughput.output, "output_throughput_per_card": throughput.output,
-           "request_throughput": throughput.request, "goodput": throughput.goodput}[metric]
-    if isinstance(fig, NotObserved):
-        return fig
-    return fig.per_card if metric.endswith("_per_card") else fig.value
 
 
 def _spec_window(

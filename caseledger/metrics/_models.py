@@ -11,6 +11,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from caseledger.case.metrics import Figure, Metric
+
 # v5: arrival error against the schedule, trace replay planned vs cached; v4: server counts checked, stalls and
 # host CPU flag distorted windows, rate noise in time
 PROCESSOR_VERSION = "v5"
@@ -136,6 +138,37 @@ class Throughputs(_Model):
         description="Good requests / duration: successful requests whose own TTFT, TPOT and E2E meet "
         "case.decision.goodput (req/s)",
     )
+
+
+def figure_in(latency: Latency, throughput: Throughputs, figure: Figure) -> Throughput | Distribution | NotObserved:
+    """A registry figure (caseledger.case.metrics) among a window's latency distributions and rates."""
+    match figure:
+        case "output":
+            return throughput.output
+        case "request":
+            return throughput.request
+        case "goodput":
+            return throughput.goodput
+        case "ttft":
+            return latency.ttft
+        case "tpot":
+            return latency.tpot
+        case "itl":
+            return latency.itl
+        case "e2e":
+            return latency.e2e
+
+
+def value_in(latency: Latency, throughput: Throughputs, m: Metric) -> float | NotObserved:
+    """A registered metric's value (NOT_OBSERVED with the reason when its figure has none)."""
+    fig = figure_in(latency, throughput, m.figure)
+    if isinstance(fig, NotObserved):
+        return fig
+    if isinstance(fig, Throughput) and m.stat in ("value", "per_card"):
+        return fig.value if m.stat == "value" else fig.per_card
+    if isinstance(fig, Distribution) and m.stat in ("p50", "p99"):
+        return fig.p50 if m.stat == "p50" else fig.p99
+    return NotObserved(reason=f"{m.name}: {m.figure} has no {m.stat}")
 
 
 class CacheFigures(_Model):
@@ -273,6 +306,15 @@ class WindowResult(_Model):
         description="Why the window's figures are not a clean measurement (a stalled load client, a contended "
         "host); empty: none seen. A distorted window is never decided on: repeat the run")
 
+    def value(self, m: Metric) -> float | NotObserved:
+        """A registered metric's value on this window (caseledger.case.metrics)."""
+        return value_in(self.latency, self.throughput, m)
+
+    def number(self, m: Metric) -> float | None:
+        """The same, None where NOT_OBSERVED."""
+        v = self.value(m)
+        return None if isinstance(v, NotObserved) else v
+
 
 class CounterCheck(_Model):
     """A server counter's delta over the formal load against the per-request sum it should equal."""
@@ -359,6 +401,14 @@ class TraceReplay(_Model):
 class Windows(_Model):
     whole: WindowResult = Field(description="First send to last end, all requests")
     native: WindowResult = Field(description="Steady state by the rule in params")
+
+    def of(self, name: str) -> WindowResult:
+        """The window named by a decision or a campaign ('whole' or 'native')."""
+        if name == "whole":
+            return self.whole
+        if name == "native":
+            return self.native
+        raise KeyError(f"no window {name!r}: 'whole' or 'native'")
 
 
 class ConcurrencySeries(_Model):

@@ -58,10 +58,11 @@ def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
     view = _view(ws, idx, latest.scenario)
     others = _other_scenarios(ws, idx, latest.scenario)
     camps = _campaigns(ws)
+    tail = _tail(ws, latest, rows, camps)
     text = ""
     for compact in (False, True):
         for n in range(MAX_ROWS, -1, -1):  # as many scenario rows as fit the handoff's size
-            text = _compose(ws, lines, view, latest, rows, n, others, camps, compact)
+            text = _compose(lines, view, tail, n, others, camps, compact)
             if len(text.encode()) <= MAX_BYTES and text.count("\n") <= MAX_LINES:
                 return text
     return text
@@ -81,15 +82,28 @@ def _view(ws: Workspace, idx: Index, name: str) -> ScenarioView | str:
         return name
 
 
-def _compose(ws: Workspace, head: list[str], view: ScenarioView | str, latest: RunView, rows: list[RunRow],
-             n_rows: int, others: list[tuple[str, str]], camps: list[tuple[str, str, bool]], compact: bool) -> str:
+def _compose(head: list[str], view: ScenarioView | str, tail: list[str], n_rows: int,
+             others: list[tuple[str, str]], camps: list[tuple[str, str, bool]], compact: bool) -> str:
     if compact:  # every active campaign and scenario still named, on one line each
         camp_lines = ([f"campaigns active: {', '.join(g + (' (driver alive)' if up else '') for _, g, up in camps)}"]
                       if camps else [])
         other_lines = [f"also active: {'; '.join(short for _, short in others)}"] if others else []
     else:
         camp_lines, other_lines = [line for line, _, _ in camps], [line for line, _ in others]
-    lines = head + camp_lines + _scenario_rows(view, n_rows) + other_lines
+    lines = head + camp_lines + _scenario_rows(view, n_rows) + other_lines + tail
+    text = "\n".join(lines) + "\n"
+    keep = len(head) + len(camp_lines) + len(_scenario_rows(view, n_rows)) + len(other_lines)
+    while (len(text.encode()) > MAX_BYTES or len(lines) > MAX_LINES) and len(lines) - 1 > keep and n_rows == 0:
+        lines.pop(-2)  # last resort, with no scenario rows left: drop detail above the next call (never a name of
+        if lines[-2] == "open problems:":  # an active scenario or campaign)
+            lines.pop(-2)  # its items are gone: no empty header
+        text = "\n".join(lines) + "\n"
+    return text
+
+
+def _tail(ws: Workspace, latest: RunView, rows: list[RunRow], camps: list[tuple[str, str, bool]]) -> list[str]:
+    """The lines below the scenario rows: services, queues, the owner, the latest run, its problems, next."""
+    lines: list[str] = []
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
         st = read_json_or_none(f) or {}
         if "adapter" not in st:
@@ -118,14 +132,7 @@ def _compose(ws: Workspace, head: list[str], view: ScenarioView | str, latest: R
         lines.append("open problems:")
         lines += [f"- {p}" for p in problems[:4]]
     lines.append(f"next: {_campaign_next(ws, camps, latest) or _next(latest)}")
-    text = "\n".join(lines) + "\n"
-    keep = len(head) + len(camp_lines) + len(_scenario_rows(view, n_rows)) + len(other_lines)
-    while (len(text.encode()) > MAX_BYTES or len(lines) > MAX_LINES) and len(lines) - 1 > keep and n_rows == 0:
-        lines.pop(-2)  # last resort, with no scenario rows left: drop detail above the next call (never a name of
-        if lines[-2] == "open problems:":  # an active scenario or campaign)
-            lines.pop(-2)  # its items are gone: no empty header
-        text = "\n".join(lines) + "\n"
-    return text
+    return lines
 
 
 MAX_ROWS = 8  # scenario rows shown; the rest are counted (summarize(scenario=...) has them all)

@@ -7,13 +7,12 @@ where a plot is drawn); the markdown report is complete without them.
 
 from __future__ import annotations
 
-import importlib
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import (
     Distribution,
@@ -28,24 +27,25 @@ from caseledger.metrics import (
 )
 from caseledger.outcome.decide import DecisionRecord
 
-_DIST_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("latency", "ttft", "TTFT"),
-    ("latency", "tpot", "TPOT"),
-    ("latency", "itl", "ITL (chunk gaps)"),
-    ("latency", "itl_token_aware", "ITL (token-aware)"),
-    ("latency", "e2e", "E2E"),
+_Dist = Callable[[WindowResult], Distribution | NotObserved]
+_DIST_ROWS: tuple[tuple[_Dist, str], ...] = (
+    (lambda w: w.latency.ttft, "TTFT"),
+    (lambda w: w.latency.tpot, "TPOT"),
+    (lambda w: w.latency.itl, "ITL (chunk gaps)"),
+    (lambda w: w.latency.itl_token_aware, "ITL (token-aware)"),
+    (lambda w: w.latency.e2e, "E2E"),
 )
-_TOKEN_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("tokens", "input_body", "input tokens (body)"),
-    ("tokens", "input_chat", "input tokens (chat template)"),
-    ("tokens", "prompt", "prompt tokens (server)"),
-    ("tokens", "output", "output tokens (server)"),
+_TOKEN_ROWS: tuple[tuple[_Dist, str], ...] = (
+    (lambda w: w.tokens.input_body, "input tokens (body)"),
+    (lambda w: w.tokens.input_chat, "input tokens (chat template)"),
+    (lambda w: w.tokens.prompt, "prompt tokens (server)"),
+    (lambda w: w.tokens.output, "output tokens (server)"),
 )
-_RATE_ROWS: tuple[tuple[str, str], ...] = (
-    ("request", "request throughput"),
-    ("output", "output token throughput"),
-    ("input", "input token throughput"),
-    ("total", "total token throughput"),
+_RATE_ROWS: tuple[tuple[Callable[[WindowResult], Throughput | NotObserved], str], ...] = (
+    (lambda w: w.throughput.request, "request throughput"),
+    (lambda w: w.throughput.output, "output token throughput"),
+    (lambda w: w.throughput.input, "input token throughput"),
+    (lambda w: w.throughput.total, "total token throughput"),
 )
 
 
@@ -100,10 +100,10 @@ def _window_head(w: WindowResult) -> str:
     )
 
 
-def _dist_table(w: WindowResult, rows: tuple[tuple[str, str, str], ...]) -> list[str]:
+def _dist_table(w: WindowResult, rows: tuple[tuple[_Dist, str], ...]) -> list[str]:
     body: list[list[object]] = []
-    for group, name, label in rows:
-        d = getattr(getattr(w, group), name)
+    for pick, label in rows:
+        d = pick(w)
         if isinstance(d, Distribution):
             body.append([label, d.unit, d.mean, d.min, d.p50, d.p75, d.p90, d.p99, d.max, d.count])
         else:
@@ -169,7 +169,7 @@ def _window_section(w: WindowResult) -> list[str]:
     ]
     out += _table(
         ["metric", "value", "per card", "computation"],
-        [_rate_row(label, getattr(w.throughput, name)) for name, label in _RATE_ROWS],
+        [_rate_row(label, pick(w)) for pick, label in _RATE_ROWS],
     )
     cache = w.cache
     out += ["", f"Prefix cache ({w.name} window; denominator: {cache.denominator}):", ""]
@@ -451,45 +451,55 @@ def render_run_md(
     return "\n".join(out) + "\n"
 
 
-_SIDE_ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("requests ok", "", "", "ok"),
-    ("duration s", "", "", "duration_s"),
-    ("meets minimums", "", "", "meets"),
-    ("output tok/s", "throughput", "output", "value"),
-    ("output tok/s/card", "throughput", "output", "per_card"),
-    ("request req/s", "throughput", "request", "value"),
-    ("total tok/s", "throughput", "total", "value"),
-    ("TTFT p50 ms", "latency", "ttft", "p50"),
-    ("TTFT p99 ms", "latency", "ttft", "p99"),
-    ("TPOT p50 ms", "latency", "tpot", "p50"),
-    ("TPOT p99 ms", "latency", "tpot", "p99"),
-    ("ITL p50 ms", "latency", "itl", "p50"),
-    ("ITL token-aware p50 ms", "latency", "itl_token_aware", "p50"),
-    ("E2E p50 ms", "latency", "e2e", "p50"),
-    ("E2E p99 ms", "latency", "e2e", "p99"),
-    ("cache hit ratio mean", "cache", "hit_ratio", "mean"),
-    ("uncached input tok/s", "cache", "uncached_input_throughput", "value"),
-    ("AL per-request", "spec_decode.per_request", "acceptance_length", "value"),
-    ("acceptance per-request", "spec_decode.per_request", "acceptance_rate", "value"),
-    ("AL counters", "spec_decode", "acceptance_length", "value"),
-    ("acceptance counters", "spec_decode", "acceptance_rate", "value"),
+T = TypeVar("T")
+
+
+def _of(fig: T | NotObserved, pick: Callable[[T], object]) -> object:
+    return fig if isinstance(fig, NotObserved) else pick(fig)
+
+
+def _in_window(pick: Callable[[WindowResult], object]) -> Callable[[WindowResult], object]:
+    """A figure row: 'no window' when the rule found none, 'NOT_OBSERVED' for a figure without a value."""
+    def read(w: WindowResult) -> object:
+        if not w.found:
+            return "no window"
+        v = pick(w)
+        return "NOT_OBSERVED" if isinstance(v, NotObserved) else v
+    return read
+
+
+def _metric(name: str) -> Callable[[WindowResult], object]:
+    m = METRICS[name] if name in METRICS else LIMITS[name]
+    return _in_window(lambda w: w.value(m))
+
+
+def _ratio(r: Ratio | NotObserved) -> object:
+    return _of(r, lambda x: x.value)
+
+
+_SIDE_ROWS: tuple[tuple[str, Callable[[WindowResult], object]], ...] = (
+    ("requests ok", lambda w: w.ok),
+    ("duration s", lambda w: w.duration_s),
+    ("meets minimums", lambda w: w.meets_min_requests and w.meets_min_duration),
+    ("output tok/s", _metric("output_throughput")),
+    ("output tok/s/card", _metric("output_throughput_per_card")),
+    ("request req/s", _metric("request_throughput")),
+    ("total tok/s", _in_window(lambda w: _of(w.throughput.total, lambda f: f.value))),
+    ("TTFT p50 ms", _metric("ttft_p50")),
+    ("TTFT p99 ms", _metric("ttft_p99")),
+    ("TPOT p50 ms", _metric("tpot_p50")),
+    ("TPOT p99 ms", _metric("tpot_p99")),
+    ("ITL p50 ms", _metric("itl_p50_ms")),
+    ("ITL token-aware p50 ms", _in_window(lambda w: _of(w.latency.itl_token_aware, lambda d: d.p50))),
+    ("E2E p50 ms", _metric("e2e_p50")),
+    ("E2E p99 ms", _metric("e2e_p99")),
+    ("cache hit ratio mean", _in_window(lambda w: _of(w.cache.hit_ratio, lambda d: d.mean))),
+    ("uncached input tok/s", _in_window(lambda w: _of(w.cache.uncached_input_throughput, lambda f: f.value))),
+    ("AL per-request", _in_window(lambda w: _ratio(w.spec_decode.per_request.acceptance_length))),
+    ("acceptance per-request", _in_window(lambda w: _ratio(w.spec_decode.per_request.acceptance_rate))),
+    ("AL counters", _in_window(lambda w: _ratio(w.spec_decode.acceptance_length))),
+    ("acceptance counters", _in_window(lambda w: _ratio(w.spec_decode.acceptance_rate))),
 )
-
-
-def _side_value(w: WindowResult, group: str, figure: str, stat: str) -> object:
-    if not group:
-        if stat == "meets":
-            return w.meets_min_requests and w.meets_min_duration
-        return getattr(w, stat)
-    if not w.found:
-        return "no window"
-    obj: object = w
-    for part in group.split("."):
-        obj = getattr(obj, part)
-    fig = getattr(obj, figure)
-    if isinstance(fig, NotObserved):
-        return "NOT_OBSERVED"
-    return getattr(fig, stat)
 
 
 def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
@@ -497,7 +507,7 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
     header = ["metric", *[f"{run_id} ({case_id})" for run_id, case_id, _ in rows]]
     out: list[str] = []
     for name in ("whole", "native"):
-        wins: list[WindowResult] = [getattr(r.windows, name) for _, _, r in rows]
+        wins = [r.windows.of(name) for _, _, r in rows]
         rules = sorted({f"{w.rule}" + (f" r={w.params.get('ratio')}" if w.rule == "sglang" else "") for w in wins})
         out += [f"## {name} vs {name}", ""]
         if len(rules) > 1:
@@ -505,7 +515,7 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
                 f"Warning: the {name} windows use different rules ({', '.join(rules)}); compare with care.",
                 "",
             ]
-        body = [[label, *[_side_value(w, g, f, s) for w in wins]] for label, g, f, s in _SIDE_ROWS]
+        body = [[label, *[read(w) for w in wins]] for label, read in _SIDE_ROWS]
         out += _table(header, body)
         out.append("")
     return "\n".join(out)
@@ -517,12 +527,8 @@ def report_json(
     """The report as JSON: meta, a per-window headline, the full result, the decision and the time ledger."""
     headline: dict[str, dict[str, Any]] = {}
     for name in ("whole", "native"):
-        w: WindowResult = getattr(result.windows, name)
-        headline[name] = {
-            label: (v.model_dump(mode="json") if isinstance(v, NotObserved) else v)
-            for label, g, f, s in _SIDE_ROWS
-            for v in [_side_value(w, g, f, s)]
-        }
+        w = result.windows.of(name)
+        headline[name] = {label: read(w) for label, read in _SIDE_ROWS}
     return {
         "meta": meta.model_dump(mode="json"),
         "headline": headline,
@@ -532,44 +538,21 @@ def report_json(
     }
 
 
-def render_plots(result: Result, out_dir: Path, latencies_ms: dict[str, Sequence[float]] | None = None) -> list[Path]:
-    """Optional PNGs (latency CDFs from per-request samples; concurrency with the native window shaded).
-
-    Returns the files written; [] when matplotlib is not importable (the markdown report is complete
-    without plots).
-    """
+def _figure() -> Any:
+    """matplotlib's Figure class, or None when matplotlib is not importable. Figures are made without pyplot
+    (no global state to close) and laid out with fixed margins: a layout engine draws the figure once more,
+    which doubled the time of a summarize that draws."""
     try:
-        plt: Any = importlib.import_module("matplotlib.pyplot")
+        from matplotlib.figure import Figure  # lazy: heavy (~1 s), only summarize draws
     except ImportError:
-        return []
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.step(result.concurrency.t_s, result.concurrency.c, where="post", label="concurrency")
-    native = result.windows.native
-    if native.found and native.start_s is not None and native.end_s is not None:
-        ax.axvspan(native.start_s, native.end_s, alpha=0.2, label=f"native ({native.rule})")
-    ax.set_xlabel("s after first send")
-    ax.set_ylabel("requests in flight")
-    ax.legend()
-    path = out_dir / "concurrency.png"
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    written.append(path)
-    if latencies_ms:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, values in latencies_ms.items():
-            xs = sorted(values)
-            if xs:
-                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
-        ax.set_xlabel("ms")
-        ax.set_ylabel("CDF")
-        ax.legend()
-        path = out_dir / "latency_cdf.png"
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
-    return written
+        return None
+    return Figure
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=60)  # the Agg canvas: no display needed (the server and CI have none)
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -588,16 +571,13 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
                cdfs: dict[str, dict[str, Sequence[float]]]) -> bytes | None:
     """A PNG: the decision metric against the swept value (limit-breakers marked), each limited figure with its
     bound drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""
-    try:
-        import matplotlib  # lazy: heavy, only summarize draws
-
-        matplotlib.use("Agg")  # no display: the server and CI have none
-        import matplotlib.pyplot as plt  # lazy: heavy, only summarize draws
-    except ImportError:
+    figure = _figure()
+    if figure is None:
         return None
     by_pos = any(p.x is None for p in points)
     xs = [float(i) if by_pos or p.x is None else p.x for i, p in enumerate(points)]
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    fig = figure(figsize=(14, 3.2))
+    axes = fig.subplots(1, 4)
     ax = axes[0]
     for x, p in zip(xs, points, strict=True):
         if p.metric is None:
@@ -632,24 +612,18 @@ def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint
         if ax.get_legend_handles_labels()[0]:  # a legend without labelled lines warns
             ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=60)
-    plt.close(fig)
-    return buf.getvalue()
+    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.3 if by_pos else 0.16, top=0.84, wspace=0.22)
+    return _png(fig)
 
 
 def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
     """A PNG of a campaign's points: output tok/s per card (metric) against tok/s per user (x); the frontier
     (best) joined and starred, points above a limit crossed. None when matplotlib is not importable."""
-    try:
-        import matplotlib  # lazy: heavy, only summarize draws
-
-        matplotlib.use("Agg")  # no display: the server and CI have none
-        import matplotlib.pyplot as plt  # lazy: heavy, only summarize draws
-    except ImportError:
+    figure = _figure()
+    if figure is None:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig = figure(figsize=(5, 3.6))
+    ax = fig.subplots()
     for p in points:
         if p.x is None or p.metric is None:
             continue
@@ -662,11 +636,8 @@ def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
     ax.set_xlabel("output tok/s per user (1000 / TPOT p50)", fontsize=8)
     ax.set_ylabel("output tok/s per card", fontsize=8)
     ax.set_title(f"{title}\n*: Pareto frontier within limits, x: above a limit", fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=60)
-    plt.close(fig)
-    return buf.getvalue()
+    fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.86)
+    return _png(fig)
 
 
 def _evidence_section(result: Result) -> list[str]:
