@@ -198,12 +198,6 @@ def _pids() -> list[int]:
     return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()]
 
 
-def listener_pids(port: int) -> set[int]:
-    """Pids of this host's processes holding a listening TCP socket on `port` (any address, v4 or v6)."""
-    inodes = _listening_inodes(port)
-    return {p for p in _pids() if _holds(p, inodes)} if inodes else set()
-
-
 def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
     """Whether the listener on `port` is `pid` or runs in the session `pid` leads (services are started in a
     session of their own, so a worker process that holds the socket still counts); with the listeners found.

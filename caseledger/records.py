@@ -49,6 +49,14 @@ class RawRecord(TypedDict):
     # one [drafted, accepted] pair per verify step, in order: a step starts at each chunk whose cumulative
     # draft_n rose; None when no chunk before the last carried draft counts
     spec_steps: NotRequired[list[list[int]] | None]
+    # A scheduled load (a rate, or a replayed trace): when the request was due, on send_ns's clock (the load's
+    # start + its planned offset); send_ns - sched_ns is its arrival error. Absent when requests leave as fast
+    # as concurrency allows.
+    sched_ns: NotRequired[int]
+    # Source 'trace': the request's row in the trace file and the chat tokens of its prompt an earlier request
+    # planned to share (the chat-template head, the first word and salt slot, the blocks seen before)
+    trace_row: NotRequired[int]
+    planned_shared_tokens: NotRequired[int]
 
 
 @dataclass

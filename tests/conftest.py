@@ -35,6 +35,12 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def stats(port: int) -> dict[str, Any]:
+    """The reference target's own counters (GET /stats): requests_total, by_phase (the x-caseledger-phase header
+    of each request), its pid and config. What tests count "at the target"."""
+    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5, trust_env=False).json())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

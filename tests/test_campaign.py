@@ -13,8 +13,17 @@ from caseledger.case.store import legacy_id_of, lineage, load_case
 from caseledger.records import PHASE_HEADER
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, canonical_json
-from tests.conftest import ONE_TOKEN_STREAM, Answer, external_draft, free_port, ref_draft, start_with_fault, stub_target
-from tests.test_runs import stats, wait_state
+from tests.conftest import (
+    ONE_TOKEN_STREAM,
+    Answer,
+    external_draft,
+    free_port,
+    ref_draft,
+    start_with_fault,
+    stats,
+    stub_target,
+)
+from tests.test_runs import wait_state
 
 pytestmark = pytest.mark.slow
 
@@ -126,14 +135,17 @@ def test_a_copied_workspace_resumes_in_its_new_place(ws: Workspace, tmp_path: An
     import time
 
     from caseledger import ledger, services
+    from caseledger.ledger import leases
 
+    monkeypatch.setenv(leases.ENV_LEASE_S, "4")  # the controller (a fresh process) reads it at import
+    monkeypatch.setattr(leases, "LEASE_SECONDS", 4.0)  # and this process, which takes the lease at start
     port = free_port()
     f = freeze_case(ws, draft=ref_draft(port))
     r = start_with_fault(monkeypatch, "controller:exit_after=warmup", ws, f.case_id, wait=True)
     moved = Workspace(tmp_path / "moved")
     shutil.copytree(ws.root, moved.root)  # run.json still names the old place
     key = ledger.target_key(load_case(ws, f.case_id).canonical())
-    deadline = time.monotonic() + 45  # the original workspace's lease lapses first (host-wide: one owner)
+    deadline = time.monotonic() + 20  # the original workspace's lease lapses first (host-wide: one owner)
     while (lease := ledger.read_lease(ws, key)) is not None and lease.live() and time.monotonic() < deadline:
         time.sleep(0.5)
     try:

@@ -30,8 +30,7 @@ from caseledger.run.start import wait_for
 from caseledger.tools import freeze_any, resume_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import free_port, ref_draft
-from tests.test_runs import stats
+from tests.conftest import free_port, ref_draft, stats
 
 # ------------------------------------------------------------------------------------------- the planner, pure
 

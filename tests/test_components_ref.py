@@ -23,7 +23,7 @@ from caseledger.outcome.summary import scenario_view
 from caseledger.services import adapters
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json, sha256_file
-from tests.conftest import free_port, ref_draft, start_with_fault, tree_digest
+from tests.conftest import free_port, ref_draft, start_with_fault, stats, tree_digest
 
 
 def target_argv() -> list[str]:
@@ -39,9 +39,6 @@ def two_routes(ports: tuple[int, int], **comp: Any) -> dict[str, Any]:
     d["load"] = {"requests": 8, "concurrency": 2}
     return d
 
-
-def stats(port: int) -> dict[str, Any]:
-    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5, trust_env=False).json())
 
 
 def service_ev(ws: Workspace, run_id: str) -> dict[str, Any]:

@@ -20,9 +20,9 @@ from caseledger.metrics._checks import check_counts
 from caseledger.records import RawRecord, read_records
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json
-from tests.conftest import external_draft, free_port, ref_draft
+from tests.conftest import external_draft, free_port, ref_draft, stats
 from tests.misbehaving import misbehaving
-from tests.test_fault_matrix import cell, service_pid, settled, stats, wait_until
+from tests.test_fault_matrix import cell, service_pid, settled, wait_until
 
 pytestmark = pytest.mark.slow
 

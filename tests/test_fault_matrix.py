@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import orjson
 import pytest
 from mcp import Client, StdioServerParameters
@@ -51,7 +50,7 @@ from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
 from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, tree_digest
+from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats, tree_digest
 
 pytestmark = pytest.mark.slow
 
@@ -94,9 +93,6 @@ def cell(matrix: dict[str, dict[str, bool]], name: str) -> Iterator[Cell]:
 
 # --------------------------------------------------------------------------------------------------- helpers
 
-
-def stats(port: int) -> dict[str, Any]:
-    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5).json())
 
 
 def by_phase(port: int, phase: str = "load") -> int:

@@ -10,7 +10,7 @@ import pytest
 from caseledger.outcome import handoff
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft
+from tests.conftest import free_port, ref_draft, stats
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +24,19 @@ def next_line(ws: Workspace) -> str:
 
 
 def run_failing(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | None, **over: Any) -> str:
+    return run_failing_on(ws, monkeypatch, fault, **over)[0]
+
+
+def run_failing_on(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | None,
+                   **over: Any) -> tuple[str, int]:
+    """(run id, port of its reference target)."""
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port, **over))
     if fault:
         monkeypatch.setenv("CASELEDGER_FAULT", fault)
     r = start_run(ws, case.case_id, wait=True)
     monkeypatch.delenv("CASELEDGER_FAULT", raising=False)
-    return r.run_id
+    return r.run_id, port
 
 
 def test_before_model_failure_points_at_fix_and_resume(ws: Workspace, monkeypatch: pytest.MonkeyPatch,
@@ -57,14 +63,15 @@ def test_hot_entry_failure_keeps_the_service_and_names_a_corrected_child(
 
 def test_collect_failure_points_at_reprocess_and_then_summarize(
         ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
-    rid = run_failing(ws, monkeypatch, "postprocess:fail=import")
+    rid, port = run_failing_on(ws, monkeypatch, "postprocess:fail=import")
     s = phase_status(ws, rid)
     assert s.failure_class == "collect" and s.load_ended == "yes" and not s.results_extracted
     assert "No module named" in (s.blocker or "")  # the original error is kept
     nxt = next_line(ws)
     assert f"reprocess_raw(run_id='{rid}')" in nxt
+    before = stats(port)["requests_total"]
     r = reprocess_raw(ws, rid)
-    assert r.requests == 8 and r.requests_sent == 0
+    assert r.requests == 8 and stats(port)["requests_total"] == before  # counted at the target: none sent
     assert phase_status(ws, rid).state == "succeeded"
     assert f"summarize(run_ids=['{rid}'])" in next_line(ws)
 

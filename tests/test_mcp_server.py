@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -31,7 +32,7 @@ from caseledger.errors import CaseledgerError, NotAuthorized
 from caseledger.server import build_server, listener, serve
 from caseledger.server.inspect import inspect_main, parse_arguments
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, tree_digest
+from tests.conftest import free_port, stats, tree_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -629,8 +630,12 @@ async def _full_run(c: Client, ws: Workspace) -> None:
         assert st["sent"] == st["done"] == 8
         summ = short("summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 1000)
         assert summ["runs"][0]["results_extracted"]
+        port = urlsplit(json.loads((ws.root / "cases/draft.json").read_text())["target"]["endpoints"][0]
+                        ["base_url"]).port
+        assert port is not None
+        before = stats(port)["requests_total"]
         rep = short("reprocess_raw", await c.call_tool("reprocess_raw", {"run_id": rid}))
-        assert rep["requests_sent"] == 0
+        assert rep["requests"] == 8 and stats(port)["requests_total"] == before  # counted at the target
         report = await c.read_resource(f"caseledger://runs/{rid}/report")
         assert isinstance(report.contents[0], TextResourceContents) and rid in report.contents[0].text
     finally:

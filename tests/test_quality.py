@@ -15,7 +15,7 @@ import caseledger
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_public_all_is_sorted_and_complete() -> None:
+def test_public_all_is_sorted_and_resolves() -> None:
     assert caseledger.__all__ == sorted(caseledger.__all__)
     for name in caseledger.__all__:
         assert getattr(caseledger, name) is not None
@@ -55,3 +55,4 @@ def test_every_environment_variable_the_code_reads_is_in_readme() -> None:
     used |= {m for name in ("conftest.py", "engine.py", "sshd.py")
              for m in re.findall(r"CASELEDGER_[A-Z_]+", (root / "tests" / name).read_text())}
     assert used and not {v for v in used if f"`{v}`" not in readme}, sorted(v for v in used if f"`{v}`" not in readme)
+

@@ -414,11 +414,15 @@ def test_queue_prefill_sharing_and_batched_decode_steps_follow_the_model(servers
     async def scenario() -> tuple[list[tuple[float, float]], dict[str, float]]:
         async with httpx2.AsyncClient(base_url=url, timeout=10) as ac:
             tasks = [asyncio.create_task(one(ac, i)) for i in range(3)]
-            await asyncio.sleep(0.1)  # A and B decoding, C queued
-            text = (await ac.get("/metrics")).text
-            pairs = [ln.rsplit(" ", 1) for ln in text.splitlines() if ln[:1] != "#"]
-            m = {k: float(v) for k, v in pairs}
-            return list(await asyncio.gather(*tasks)), m
+            deadline = time.monotonic() + 5
+            while True:  # until A and B decode with C queued (or all three ended, or 5 s: asserted below)
+                text = (await ac.get("/metrics")).text
+                pairs = [ln.rsplit(" ", 1) for ln in text.splitlines() if ln[:1] != "#"]
+                m = {k: float(v) for k, v in pairs}
+                both = counter(m, "vllm:num_requests_running") == 2 and counter(m, "vllm:num_requests_waiting") == 1
+                if both or all(t.done() for t in tasks) or time.monotonic() > deadline:
+                    return list(await asyncio.gather(*tasks)), m
+                await asyncio.sleep(0.005)
 
     results, m = asyncio.run(scenario())
     a, b, c = sorted(results, key=lambda r: r[1])  # C is whichever request arrived third

@@ -9,24 +9,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import orjson
 import pytest
 
 from caseledger import ledger, procs
 from caseledger.errors import TargetHeld
 from caseledger.ledger.events import read_events
+from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault
+from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats
 
 pytestmark = pytest.mark.slow
 
-
-def stats(port: int) -> dict[str, Any]:
-    r = httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5)
-    return dict(r.json())
 
 
 def wait_state(ws: Workspace, run_id: str, pred: Any, timeout: float = 60) -> Any:
@@ -242,12 +238,13 @@ def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: 
     assert b.case_id in phase_status(ws, r1.run_id).text()  # the queue is visible, nothing waits silently
     assert "queue t-" in ws.handoff.read_text()
     wait_state(ws, r1.run_id, lambda s: s.state == "succeeded", timeout=90)
-    from caseledger.ledger.runs import list_runs
+    def run_ids() -> list[str]:
+        return [m.run_id for m in scan_runs(ws).metas]
 
     deadline = time.monotonic() + 60
-    while len(list_runs(ws)) < 2 and time.monotonic() < deadline:
+    while len(run_ids()) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    r2 = list_runs(ws)[-1]
+    r2 = run_ids()[-1]
     assert fold(ws, r2).case_id == b.case_id
     s = wait_state(ws, r2, lambda s: s.state == "succeeded", timeout=90)
     assert s.phases["service"] == "reused" and stats(port)["by_phase"]["load"] == 16

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import orjson
 import pytest
 
@@ -26,7 +25,7 @@ from caseledger.ledger.state import fold
 from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, sha256_bytes, sha256_file
-from tests.conftest import free_port, ref_draft
+from tests.conftest import free_port, ref_draft, stats
 from tests.sshd import Sshd, generate_key, running_sshd, sshd_binary
 
 PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
@@ -50,9 +49,6 @@ def ssh_draft(port: int, ssh: dict[str, Any], argv: list[str] | None = None, **o
     service = {"adapter": "command", "argv": argv, "ssh": ssh, **over.pop("service", {})}
     return ref_draft(port, service=service, **over)
 
-
-def stats(port: int) -> dict[str, Any]:
-    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5).json())
 
 
 def evidence(ws: Workspace, run_id: str, phase: str) -> dict[str, Any]:

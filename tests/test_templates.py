@@ -74,6 +74,8 @@ def test_every_case_file_freezes(name: str, tmp_ws: Workspace) -> None:
         (tmp_ws.root / tok).symlink_to(vllm_paths().model)
     elif tok != "builtin" and not Path(tok).exists():  # a model of an engine that cannot run here: its tokenizer
         d["dataset"]["tokenizer"] = "builtin"  # is absent, the rest of the template must still freeze
+    if d["dataset"].get("path"):  # a prompts file or trace the template names, relative to the workspace
+        (tmp_ws.root / d["dataset"]["path"]).write_bytes((CASES.parent / d["dataset"]["path"]).read_bytes())
     (tmp_ws.cases_dir / name).write_bytes(orjson.dumps(d))
     first = freeze_case(tmp_ws, tmp_ws.cases_dir / name)  # the filled copy, not the project's cases/ (the cwd)
     again = freeze_case(tmp_ws, tmp_ws.cases_dir / name)

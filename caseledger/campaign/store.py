@@ -110,7 +110,7 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:
             raise CaseInvalid(f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written") \
                 from None
         label = draft.label(values)
-        cases.append((values, label, validate(data, f"campaign point {label}")))
+        cases.append((values, label, datasets.pin(ws, validate(data, f"campaign point {label}"))))
     gid = "g-" + sha256_bytes(canonical_json({"base_case": case_id_of(base), "axes": [
         a.model_dump(mode="json") for a in draft.axes]}))[:12]
     base_id, _ = store(ws, base, source)
@@ -147,7 +147,7 @@ def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
     base = dict(draft.base)
     if draft.decision is not None:
         base["decision"] = draft.decision.model_dump(mode="json")
-    return validate(base, f"{source} campaign.base")
+    return datasets.pin(ws, validate(base, f"{source} campaign.base"))
 
 
 def _policies(ws: Workspace, gid: str) -> list[dict[str, Any]]:

@@ -14,13 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from caseledger import procs
 from caseledger.campaign import plan as planner
 from caseledger.campaign.store import Campaign, driver_file, load_campaign, waiting_on
+from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.store import load_case
 from caseledger.ledger import authorization
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
-from caseledger.metrics import Interval, Result, WindowResult, interval, latest_result
-from caseledger.outcome.decide import LIMITS, METRICS
+from caseledger.metrics import Interval, Result, interval, latest_result
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
 
@@ -132,7 +132,6 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
                    metas: list[RunMeta]) -> tuple[planner.PointObs, _Extra]:
     d = camp.decision
     window = d.window
-    path = ".".join(METRICS[d.primary_metric][:3])
     own = [m for m in metas if m.case_id == cid]
     metric: list[float] = []
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
@@ -144,17 +143,16 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
             active = m.run_id
             continue
         r = latest_result(ws.run(m.run_id).root)
-        v = window_stat(getattr(r.windows, window), path) if r is not None and valid(r, window) else None
+        v = window_stat(r.windows.of(window), d.primary_metric) if r is not None and valid(r, window) else None
         if r is None or v is None:
             bad += 1
             problem = (f"{view.state.value}" + (f" [{view.failure_class}]" if view.failure_class else "")
                        if r is None else _why_invalid(r, window))
             continue
         metric.append(v)
-        w: WindowResult = getattr(r.windows, window)
+        w = r.windows.of(window)
         for name in limit_values:
-            figure, stat = LIMITS[name]
-            lv = window_stat(w, f"latency.{figure}.{stat}")
+            lv = window_stat(w, name)
             if lv is not None:
                 limit_values[name].append(lv)
         latest_valid = (m.run_id, r)
@@ -164,13 +162,13 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
     samples: dict[str, Any] = {}
     if latest_valid is not None:
         rid, r = latest_valid
-        w = getattr(r.windows, window)
+        w = r.windows.of(window)
         n = w.noise
         interval_rel = n.half_width_rel if isinstance(n, Interval) and n.metric == d.primary_metric else None
         requests = w.ok
-        tpot50 = window_stat(w, "latency.tpot.p50")
+        tpot50 = window_stat(w, "tpot_p50")
         per_user = 1000.0 / tpot50 if tpot50 else None
-        per_card = window_stat(w, "throughput.output.per_card")
+        per_card = window_stat(w, "output_throughput_per_card")
         if d.limits.bounds():
             samples = latency_samples(ws, rid)
     for name, bound in d.limits.bounds().items():
@@ -188,15 +186,15 @@ def _half_width(limit: str, values: list[float], samples: dict[str, Any]) -> flo
     """The bootstrap 95% half-width (ms) of a limited percentile over the latest valid run's requests: the same
     seeded bootstrap the decision metric's interval uses (metrics.interval); None for ITL (no per-request
     samples) or too few requests."""
-    figure, stat = LIMITS[limit]
-    if figure not in samples or not values:
+    m = LIMITS[limit]
+    if m.figure not in samples or not values:
         return None
-    iv = interval(f"{figure}_{stat}", values[-1], samples)
+    iv = interval(f"{m.figure}_{m.stat}", values[-1], samples)
     return (iv.high - iv.low) / 2 if isinstance(iv, Interval) else None
 
 
 def _why_invalid(r: Result, window: str) -> str:
-    w: WindowResult = getattr(r.windows, window)
+    w = r.windows.of(window)
     if w.distorted:
         return "distorted: " + w.distorted[0]
     if w.invalid:
@@ -235,7 +233,7 @@ def current_plan(ws: Workspace, camp: Campaign) -> tuple[planner.Plan, list[plan
                                                           list[RunMeta]]:
     obs, extra, mine = observe(ws, camp)
     live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == m.case_id), None)
-    higher = METRICS[camp.decision.primary_metric][3] == "higher_is_better"
+    higher = METRICS[camp.decision.primary_metric].higher_is_better
     return planner.plan(obs, camp.search, camp.repeats, higher, live), obs, extra, mine
 
 
@@ -284,7 +282,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     auth = authorization.current_mode(ws)
     pl, obs, extra, mine = current_plan(ws, camp)
     d = camp.decision
-    higher = METRICS[d.primary_metric][3] == "higher_is_better"
+    higher = METRICS[d.primary_metric].higher_is_better
     queued = dict(pl.next)
     complete = not pl.next and not any(o.active for o in obs)
     rows: list[PointRow] = []

@@ -15,13 +15,16 @@ from pydantic import (
     AwareDatetime,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
     StringConstraints,
+    Tag,
     model_serializer,
     model_validator,
 )
 
+from caseledger.case.metrics import PrimaryMetric
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
 MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
@@ -51,7 +54,7 @@ _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class Endpoint(_Model):
@@ -83,6 +86,19 @@ class Target(_Model):
         description="Name of the environment variable holding the API key (referenced, never copied)",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256,
     )
+    context_tokens: int | None = Field(
+        None, ge=2, le=16_777_216, strict=True,
+        description="Context length each request gets on the served model (prompt + max_tokens), e.g. llama.cpp's "
+        "-c divided by -np; preflight refuses a dataset with a longer request. null: unknown (the reference target "
+        "uses service.reference.max_model_len)", examples=[2048])
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset context_tokens is left out of the canonical JSON, so cases frozen before it keep their ids
+        data: dict[str, Any] = handler(self)
+        if self.context_tokens is None:
+            data.pop("context_tokens", None)
+        return data
 
 
 class ReferenceConfig(_Model):
@@ -360,21 +376,102 @@ class Service(_Model):
         return self
 
 
+class LengthDistribution(_Model):
+    """A length drawn per entry (dataset.input_tokens or dataset.output_tokens as an object), seeded by
+    dataset.seed: fixed, uniform on [min, max], or normal / lognormal truncated to [min, max] and rounded."""
+
+    distribution: Literal["fixed", "uniform", "normal", "lognormal"] = Field(
+        description="fixed: always value; uniform: integers min..max equally likely; normal, lognormal: mean and "
+        "stdev of the length itself, truncated to [min, max] (resampled, never clipped) and rounded",
+        examples=["lognormal"])
+    value: int | None = Field(None, ge=1, le=MAX_TOKENS, strict=True, description="fixed: the length (1..2097152)")
+    mean: float | None = Field(None, gt=0, le=MAX_TOKENS, strict=True,
+                               description="normal, lognormal: mean of the length in tokens", examples=[512.0])
+    stdev: float | None = Field(None, gt=0, le=MAX_TOKENS, strict=True,
+                                description="normal, lognormal: standard deviation of the length in tokens",
+                                examples=[128.0])
+    min: int = Field(1, ge=1, le=MAX_TOKENS, strict=True, description="Shortest length (1..2097152)")
+    max: int = Field(MAX_TOKENS, ge=1, le=MAX_TOKENS, strict=True,
+                     description="Longest length (1..2097152); the bound of what is materialized and of the context "
+                     "check")
+
+    @model_validator(mode="after")
+    def _complete(self) -> LengthDistribution:
+        d = self.distribution
+        if self.min > self.max:
+            raise ValueError(f"length distribution: min {self.min} > max {self.max}; give min <= max")
+        if d == "fixed":
+            if self.value is None or self.mean is not None or self.stdev is not None:
+                raise ValueError("length distribution 'fixed' takes value (and nothing else): e.g. "
+                                 "{'distribution': 'fixed', 'value': 256}")
+        elif self.value is not None:
+            raise ValueError(f"length distribution '{d}' takes no value (only 'fixed' does); use min/max"
+                             + ("" if d == "uniform" else ", mean and stdev"))
+        if d == "uniform" and (self.mean is not None or self.stdev is not None or "max" not in self.model_fields_set):
+            raise ValueError("length distribution 'uniform' takes min and max only: e.g. {'distribution': "
+                             "'uniform', 'min': 64, 'max': 512}")
+        if d in ("normal", "lognormal") and (self.mean is None or self.stdev is None):
+            raise ValueError(f"length distribution '{d}' needs mean and stdev (of the length, in tokens), and "
+                             "optionally min/max: e.g. {'distribution': '" + d + "', 'mean': 512, 'stdev': 128, "
+                             "'min': 16, 'max': 2048}")
+        return self
+
+    @property
+    def longest(self) -> int:
+        return self.value if self.distribution == "fixed" and self.value is not None else self.max
+
+
+Length = int | LengthDistribution
+LENGTH_TAGS = ("tokens", "distribution")  # the branches of a length field, as they appear in validation error paths
+
+
+def _length_kind(v: Any) -> str:
+    return "distribution" if isinstance(v, dict | LengthDistribution) else "tokens"
+
+
+# an integer, or a distribution (an object): the branch is chosen by the value's kind, so an out-of-range integer
+# is reported as that, not as "not a distribution" too
+_LengthField = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=MAX_TOKENS, strict=True)], Tag("tokens")]
+    | Annotated[LengthDistribution, Tag("distribution")],
+    Discriminator(_length_kind),
+]
+
+
+def longest(x: Length) -> int:
+    """The largest length a dataset.input_tokens / output_tokens value can give."""
+    return x if isinstance(x, int) else x.longest
+
+
+def max_tokens_bound(case: Case) -> int | None:
+    """The most output tokens any request of the case asks for; None when each trace row sets its own."""
+    if case.load.max_tokens is not None:
+        return case.load.max_tokens
+    if case.dataset.source == "trace":
+        return None
+    return longest(case.dataset.output_tokens)
+
+
 class Dataset(_Model):
-    source: Literal["synthetic", "prefix_cache", "file"] = Field(
+    source: Literal["synthetic", "prefix_cache", "file", "trace"] = Field(
         "synthetic",
         description="synthetic: exact token lengths; prefix_cache: shared prefix per group + unique suffix; "
-        "file: JSONL of prompts inside the workspace, hashed as is",
+        "file: JSONL of prompts inside the workspace, hashed as is; trace: a Mooncake-style JSONL (timestamp ms, "
+        "input_length, output_length, hash_ids) inside the workspace, each hash id one shared block of "
+        "block_size tokens",
     )
     entries: int | None = Field(
         None, ge=1, le=MAX_REQUESTS, strict=True,
         description="Entries materialized, one per formal request (1..1000000); null: filled with load.requests"
     )
-    input_tokens: int = Field(256, ge=1, le=MAX_TOKENS, strict=True,
-                              description="Body tokens per entry (before the chat template), 1..2097152; entries x "
-                              "input_tokens at most 2**30")
-    output_tokens: int = Field(64, ge=1, le=MAX_TOKENS, strict=True,
-                               description="Output tokens per request (max_tokens; ignore_eos fixes it), 1..2097152")
+    input_tokens: _LengthField = Field(
+        256, description="Body tokens per entry (before the chat template), 1..2097152, or a length distribution "
+        "drawn per entry (synthetic, prefix_cache); entries x the longest input at most 2**30",
+        examples=[256, {"distribution": "lognormal", "mean": 512, "stdev": 256, "min": 32, "max": 4096}])
+    output_tokens: _LengthField = Field(
+        64, description="Output tokens per request (max_tokens; ignore_eos fixes it), 1..2097152, or a length "
+        "distribution drawn per entry (then load.max_tokens must stay null)",
+        examples=[64, {"distribution": "uniform", "min": 16, "max": 256}])
     prefix_ratio: float = Field(0.0, ge=0, lt=1, strict=True,
                                 description="prefix_cache: minimum expected hit ratio per entry")
     block_size: int = Field(16, ge=1, le=65_536, strict=True,
@@ -392,10 +489,33 @@ class Dataset(_Model):
     chat_template: bool = Field(True, strict=True,
                                 description="Count tokens with the chat template applied (what the server sees)")
     path: str | None = Field(None, max_length=MAX_PATH,
-                             description="file: JSONL path relative to the workspace, one {'prompt': ...} (at most "
-                             "4096 characters)")
+                             description="file, trace: JSONL path relative to the workspace (file: one {'prompt': ...} "
+                             "per line; trace: one request per line), at most 4096 characters")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                               description="trace: sha256 of the file at dataset.path; null: filled at freeze (the "
+                               "case id and the dataset id then cover the trace's content)")
     seed: int = Field(0, ge=-MAX_SEED - 1, le=MAX_SEED, strict=True,
                       description="Generator seed (a signed 64-bit integer)")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset sha256 is left out of the canonical JSON, so cases frozen before the field existed keep their ids
+        data: dict[str, Any] = handler(self)
+        if self.sha256 is None:
+            data.pop("sha256", None)
+        return data
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> Dataset:
+        if self.sha256 is not None and self.source != "trace":
+            raise ValueError(f"dataset.sha256 is only used by source 'trace', not '{self.source}'; remove it")
+        if self.source in ("file", "trace") and isinstance(self.input_tokens, LengthDistribution):
+            raise ValueError(f"dataset.input_tokens is a distribution but source '{self.source}' takes its lengths "
+                             "from the file; give an integer or use source 'synthetic' or 'prefix_cache'")
+        if self.source == "trace" and isinstance(self.output_tokens, LengthDistribution):
+            raise ValueError("dataset.output_tokens is a distribution but source 'trace' takes output_length from "
+                             "each row; give an integer (unused) or leave it out")
+        return self
 
 
 class LoadHost(SSH):
@@ -436,7 +556,12 @@ class Load(_Model):
                              strict=True, examples=[64])
     rate: float | None = Field(None, gt=0, le=1_000_000, strict=True,
                                description="Request rate r per second (at most 1000000); null: unlimited")
-    arrival: Literal["constant", "poisson", "gamma"] = Field("poisson", description="Arrival process for rate r")
+    arrival: Literal["constant", "poisson", "gamma", "trace"] = Field(
+        "poisson", description="Arrival process for rate r; trace: each request at its trace row's timestamp (dataset "
+        "source 'trace', rate null), a fixed schedule scaled by load.time_scale")
+    time_scale: float = Field(1.0, gt=0, le=1000, strict=True,
+                              description="arrival 'trace': factor on the trace's time offsets (0.5 replays twice as "
+                              "fast, 2 at half speed), at most 1000")
     burstiness: float = Field(1.0, gt=0, le=1000, strict=True,
                               description="gamma shape (at most 1000); 1.0 is poisson, lower is burstier")
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, strict=True,
@@ -474,7 +599,20 @@ class Load(_Model):
             data.pop("max_failed_share", None)
         if self.max_event_bytes == DEFAULT_MAX_EVENT_BYTES:
             data.pop("max_event_bytes", None)
+        if self.time_scale == 1.0:
+            data.pop("time_scale", None)
         return data
+
+    @model_validator(mode="after")
+    def _trace_schedule(self) -> Load:
+        if self.arrival == "trace" and self.rate is not None:
+            raise ValueError(f"load.arrival 'trace' replays the trace's timestamps, so load.rate must be null (it is "
+                             f"{self.rate:g}); set rate null, or pick another arrival to send the trace's requests "
+                             "at a rate")
+        if self.time_scale != 1.0 and self.arrival != "trace":
+            raise ValueError(f"load.time_scale {self.time_scale:g} only scales arrival 'trace' (arrival is "
+                             f"'{self.arrival}'); remove it or set load.arrival 'trace'")
+        return self
 
 
 class Warmup(_Model):
@@ -593,10 +731,7 @@ class Goodput(_Model):
 
 
 class Decision(_Model):
-    primary_metric: Literal[
-        "output_throughput", "output_throughput_per_card", "request_throughput", "goodput", "ttft_p50", "ttft_p99",
-        "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99",
-    ] = Field("output_throughput_per_card",
+    primary_metric: PrimaryMetric = Field("output_throughput_per_card",
               description="Metric the decision compares; 'goodput' needs decision.goodput")
     window: Literal["whole", "native"] = Field("whole", description="Window the decision compares on")
     baseline: str | None = Field(None, max_length=64,
@@ -653,8 +788,15 @@ class Case(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Case:
-        if self.dataset.source == "file" and not self.dataset.path:
-            raise ValueError("dataset.path is required when dataset.source is 'file'")
+        if self.dataset.source in ("file", "trace") and not self.dataset.path:
+            raise ValueError(f"dataset.path is required when dataset.source is '{self.dataset.source}': a JSONL "
+                             "file inside the workspace, relative to it")
+        if self.load.arrival == "trace" and self.dataset.source != "trace":
+            raise ValueError(f"load.arrival 'trace' needs dataset.source 'trace' (it is '{self.dataset.source}'): "
+                             "the schedule comes from the trace's timestamps")
+        if isinstance(self.dataset.output_tokens, LengthDistribution) and self.load.max_tokens is not None:
+            raise ValueError("dataset.output_tokens is a distribution, so load.max_tokens must be null (each request "
+                             "asks for its own drawn length); remove load.max_tokens")
         if self.dataset.source == "prefix_cache" and self.dataset.prefix_ratio <= 0:
             raise ValueError("dataset.prefix_ratio must be > 0 when dataset.source is 'prefix_cache'")
         if self.service.adapter == "command" and not self.service.argv and not self.service.components:
@@ -681,9 +823,11 @@ class Case(_Model):
                 "one entry per request; raise dataset.entries or leave it null"
             )
         entries = self.dataset.entries or self.load.requests
-        if self.dataset.source != "file" and entries * self.dataset.input_tokens > MAX_DATASET_TOKENS:
+        if self.dataset.source not in ("file", "trace") and entries * longest(self.dataset.input_tokens) > \
+                MAX_DATASET_TOKENS:
             raise ValueError(
-                f"dataset.input_tokens x entries (load.requests or dataset.entries) = {self.dataset.input_tokens} "
+                f"dataset.input_tokens x entries (load.requests or dataset.entries) = "
+                f"{longest(self.dataset.input_tokens)} "
                 f"x {entries} exceeds {MAX_DATASET_TOKENS} tokens materialized at freeze; lower load.requests "
                 "or dataset.input_tokens"
             )
@@ -694,7 +838,8 @@ class Case(_Model):
         data = self.model_dump(mode="json", by_alias=False, exclude={"schema_"})
         if data["dataset"]["entries"] is None:
             data["dataset"]["entries"] = data["load"]["requests"]
-        if data["load"]["max_tokens"] is None:
+        if data["load"]["max_tokens"] is None and isinstance(data["dataset"]["output_tokens"], int) and \
+                data["dataset"]["source"] != "trace":  # drawn or per-row lengths: each request asks its own
             data["load"]["max_tokens"] = data["dataset"]["output_tokens"]
         if data["target"]["metrics_url"] is None:
             data["target"]["metrics_url"] = origin(data["target"]["endpoints"][0]["base_url"]) + "/metrics"

@@ -35,6 +35,8 @@ IMPACT: dict[str, Impact | None] = {
     "target.cards": Impact.MEASUREMENT,
     "target.metrics_url": Impact.MEASUREMENT,
     "target.api_key_env": Impact.LOAD,
+    # checked at preflight against every request's prompt + max_tokens: a load-side check, the service is kept
+    "target.context_tokens": Impact.LOAD,
     "service": Impact.SERVICE,
     # where the service runs and how it is reached; a changed key or known_hosts re-runs the service phase,
     # which still reuses the live process when its identity (host, port, user, argv, env) is unchanged
@@ -48,6 +50,7 @@ IMPACT: dict[str, Impact | None] = {
     "load.rate": Impact.LOAD,
     "load.arrival": Impact.LOAD,
     "load.burstiness": Impact.LOAD,
+    "load.time_scale": Impact.LOAD,
     "load.timeout_s": Impact.LOAD,
     "load.max_tokens": Impact.LOAD,
     "load.ignore_eos": Impact.LOAD,

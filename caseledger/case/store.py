@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from caseledger import redact
 from caseledger.case.launch import launch_problem
-from caseledger.case.model import LINEAGE_FIELDS, PATTERN_RULES, Case, Decision
+from caseledger.case.model import LENGTH_TAGS, LINEAGE_FIELDS, PATTERN_RULES, Case, Decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
 from caseledger.workspace import (
@@ -33,7 +33,8 @@ def explain(err: ValidationError, source: str, what: str = "case") -> CaseInvali
     """One line per invalid field: path, problem, the given value."""
     lines = []
     for e in err.errors()[:8]:
-        path = ".".join(str(p) for p in e["loc"]) or "(case)"
+        # a length field's branch tag ('tokens', 'distribution') is no part of the field's path
+        path = ".".join(str(p) for p in e["loc"] if p not in LENGTH_TAGS) or "(case)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field (remove it or check the spelling against schemas/case.schema.json)"

@@ -24,6 +24,7 @@ from caseledger.datasets.identity import (
     salt_text,
 )
 from caseledger.datasets.store import load_entries, load_identity, materialize, verify
+from caseledger.datasets.trace import pin
 
 __all__ = [
     "ENTRIES_FILE",
@@ -38,6 +39,7 @@ __all__ = [
     "load_entries",
     "load_identity",
     "materialize",
+    "pin",
     "render_prompt",
     "salt_text",
     "verify",

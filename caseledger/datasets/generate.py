@@ -24,7 +24,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -34,8 +34,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from caseledger.case.model import Case
+from caseledger.case.model import Case, LengthDistribution
+from caseledger.datasets import lengths as _lengths
 from caseledger.datasets import tokenizers as _tokenizer
+from caseledger.datasets import trace as _trace
 from caseledger.datasets.identity import (
     DEFAULT_SALT,
     ENTRIES_FILE,
@@ -49,16 +51,16 @@ from caseledger.datasets.identity import (
     DatasetIdentity,
     Entry,
     IntStats,
+    Lengths,
     RatioStats,
     SaltSlot,
     TokenizerInfo,
+    TraceInfo,
     salt_text,
 )
 from caseledger.errors import CaseInvalid, quoted
 from caseledger.workspace import (
     Workspace,
-    exists,
-    read_file_field,
     read_json_or_none,
     sha256_bytes,
     sha256_file,
@@ -225,6 +227,7 @@ class Inputs:
     tok: _Tok
     rows: list[tuple[str, int]] | None = None  # source 'file': (prompt, output_tokens)
     source_sha256: str | None = None
+    trace: _trace.Trace | None = None  # source 'trace'
 
 
 def read_inputs(ws: Workspace, case: Case) -> Inputs:
@@ -234,6 +237,12 @@ def read_inputs(ws: Workspace, case: Case) -> Inputs:
     if ds.source == "file":
         rows, source_sha256 = _read_prompts(ws, ds)  # a short or broken file fails before any tokenizer
         return Inputs(_open_tokenizer(tokenizer_path(ws, ds.tokenizer), chat), rows, source_sha256)
+    if ds.source == "trace":
+        tr = _trace.read(ws, case)  # a broken trace fails before any tokenizer
+        return Inputs(_open_tokenizer(tokenizer_path(ws, ds.tokenizer), chat), None, tr.sha256, tr)
+    for side in ("input_tokens", "output_tokens"):
+        if isinstance(d := getattr(ds, side), LengthDistribution):
+            _lengths.check(d, f"dataset.{side}")
     return Inputs(_open_tokenizer(tokenizer_path(ws, ds.tokenizer), chat))
 
 
@@ -389,10 +398,11 @@ class _Acc:
     body: list[int]
     chat: list[int]
     cached: list[int]
+    out: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls) -> _Acc:
-        return cls([], [], [])
+        return cls([], [], [], [])
 
 
 @dataclass(frozen=True)
@@ -415,6 +425,7 @@ class _Writer:
         self.acc.body.append(entry["body_tokens"])
         self.acc.chat.append(entry["chat_tokens"])
         self.acc.cached.append(entry["expected_cached_tokens"])
+        self.acc.out.append(entry["output_tokens"])
 
     def close(self) -> None:
         self._f.flush()
@@ -458,12 +469,14 @@ class _Layout:
     salt: SaltSlot
 
 
-def _layout(ds: Any, tok: _Tok, table: _Words, key: str) -> _Layout:
+def _layout(ds: Any, tok: _Tok, table: _Words, key: str, shortest: int) -> _Layout:
+    """shortest: the shortest entry's input tokens (the prefix must fit every entry: with drawn lengths the
+    prefix is sized on the shortest, and longer entries expect a lower hit ratio, reported as below target)."""
     n, groups = int(ds.entries), int(ds.prefix_groups) if ds.source == "prefix_cache" else 1
     head = tok.count_batch([tok.head])[0] if tok.head else 0
     probe = _join(_draw(f"{key}/probe", 64, table, None), False)
     overhead = len(tok.chat_batch([probe])[0]) - tok.count_batch([probe])[0]
-    plan = _plan(int(ds.input_tokens), head, overhead, int(ds.block_size), _target(ds.prefix_ratio),
+    plan = _plan(shortest, head, overhead, int(ds.block_size), _target(ds.prefix_ratio),
                  ds.source == "prefix_cache")
     # Distinct first words keep the groups' prefixes apart from their first token on.
     bare = table.bare_ones
@@ -491,12 +504,13 @@ def _layout(ds: Any, tok: _Tok, table: _Words, key: str) -> _Layout:
     return _Layout(plan, overhead, prefixes, shared_ids, slots, salt)
 
 
-def _suffixes(key: str, lo: int, hi: int, tokens: int, table: _Words, seen: set[bytes], n: int) -> list[str]:
-    """Unique suffixes " w w ..." of `tokens` tokens (by word costs) for entries lo..hi-1."""
+def _suffixes(key: str, lo: int, hi: int, tokens: Sequence[int], table: _Words, seen: set[bytes],
+              n: int) -> list[str]:
+    """Unique suffixes " w w ..." of tokens[i] tokens (by word costs) for entries lo..hi-1."""
     out = []
     for i in range(lo, hi):
         for attempt in range(100):
-            text = _join(_draw(f"{key}/suffix/{i}/{attempt}", tokens, table, None), True)
+            text = _join(_draw(f"{key}/suffix/{i}/{attempt}", tokens[i], table, None), True)
             digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
             if digest not in seen:
                 seen.add(digest)
@@ -504,20 +518,31 @@ def _suffixes(key: str, lo: int, hi: int, tokens: int, table: _Words, seen: set[
                 break
         else:
             raise CaseInvalid(
-                f"cannot make {n} unique suffixes of {tokens} tokens",
+                f"cannot make {n} unique suffixes of {tokens[i]} tokens",
                 "raise dataset.input_tokens, or lower dataset.prefix_ratio or dataset.entries",
             )
     return out
 
 
+def drawn_lengths(ds: Any) -> tuple[list[int], list[int]]:
+    """Each entry's input (body) and output tokens: the fixed values, or drawn from their distributions."""
+    n = int(ds.entries)
+    ins = [ds.input_tokens] * n if isinstance(ds.input_tokens, int) else \
+        _lengths.sample(ds.input_tokens, n, int(ds.seed), "input")
+    outs = [ds.output_tokens] * n if isinstance(ds.output_tokens, int) else \
+        _lengths.sample(ds.output_tokens, n, int(ds.seed), "output")
+    return ins, outs
+
+
 def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
     """synthetic and prefix_cache: shared prefix per group + salt slot + unique suffix, exact lengths."""
-    n, block, out = int(ds.entries), int(ds.block_size), int(ds.output_tokens)
+    n, block = int(ds.entries), int(ds.block_size)
+    ins, outs = drawn_lengths(ds)
     key = f"caseledger/{GENERATOR_VERSION}/{ds.seed}"
     table = _words_for(tok, name)
-    lay = _layout(ds, tok, table, key)
+    lay = _layout(ds, tok, table, key, min(ins))
     plan, groups = lay.plan, len(lay.prefixes)
-    body = plan.prefix_tokens + plan.salt_k + plan.suffix_tokens
+    sufn = [L - plan.prefix_tokens - plan.salt_k for L in ins]  # unique tokens per entry (plan.suffix_tokens: shortest)
     sample = _sample(n, groups, int(ds.seed))
     kept: dict[int, str] = {}  # suffixes of the sampled entries, for the boundary check
 
@@ -526,16 +551,16 @@ def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
     seen: set[bytes] = set()
     for lo in range(0, n, _CHUNK):
         hi = min(n, lo + _CHUNK)
-        sufs = _suffixes(key, lo, hi, plan.suffix_tokens, table, seen, n)
+        sufs = _suffixes(key, lo, hi, sufn, table, seen, n)
         for i, suf, got in zip(range(lo, hi), sufs, tok.count_batch(sufs), strict=True):
-            if got != plan.suffix_tokens:
-                suf = _join(_fix(suf.split(" ")[1:], plan.suffix_tokens, _length_of(tok, "", True),
+            if got != sufn[i]:
+                suf = _join(_fix(suf.split(" ")[1:], sufn[i], _length_of(tok, "", True),
                                  f"{key}/fix/{i}", table, f"suffix {i}"), True)
             if i in sample:
                 kept[i] = suf
             g = i % groups
             cached = len(lay.shared_ids[g]) // block * block
-            w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, body, body + lay.overhead, cached, out))
+            w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, ins[i], ins[i] + lay.overhead, cached, outs[i]))
     w.close()
     if _sample_agrees(tok, lay, [(i, kept[i]) for i in sample], w.acc, name):
         return _Result(w.acc, Counting(method="composed", checked=sample), lay.salt, None)
@@ -546,17 +571,17 @@ def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
     seen = set()
     for lo in range(0, n, _CHUNK):
         hi = min(n, lo + _CHUNK)
-        sufs = _suffixes(key, lo, hi, plan.suffix_tokens, table, seen, n)
+        sufs = _suffixes(key, lo, hi, sufn, table, seen, n)
         for i, suf in zip(range(lo, hi), sufs, strict=True):
             g = i % groups
             before = lay.prefixes[g] + lay.slots[i]
-            suf = _join(_fix(suf.split(" ")[1:], body, _length_of(tok, before, True),
+            suf = _join(_fix(suf.split(" ")[1:], ins[i], _length_of(tok, before, True),
                              f"{key}/fix/{i}", table, f"entry {i}"), True)
             chat_ids = tok.chat_batch([before + suf])[0]
             cached = _lcp(chat_ids, lay.shared_ids[g]) // block * block
-            w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, body, len(chat_ids), cached, out))
+            w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, ins[i], len(chat_ids), cached, outs[i]))
             if i == 0:
-                _check_salt(tok.count_batch([_salted(lay, 0, suf)])[0], body, name)
+                _check_salt(tok.count_batch([_salted(lay, 0, suf)])[0], ins[i], name)
     w.close()
     return _Result(w.acc, Counting(method="full", checked=list(range(n))), lay.salt, None)
 
@@ -600,13 +625,8 @@ def _check_salt(salted: int, body: int, name: str) -> None:
 
 def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
     """file: the first dataset.entries (prompt, output_tokens) of the JSONL, and the file's sha256."""
-    src = ws.inside(ds.path, "dataset.path")
-    if not exists(src, "dataset.path", ds.path):
-        raise CaseInvalid(
-            f"dataset.path '{quoted(ds.path)}' is not a file in the workspace ({quoted(src, 200)})",
-            "put a JSONL file of {\"prompt\": ...} lines inside the workspace and give its relative path",
-        )
-    raw = read_file_field(src, "dataset.path", ds.path)
+    raw = _trace.read_source(ws, ds.path, "put a JSONL file of {\"prompt\": ...} lines inside the workspace and "
+                             "give its relative path")
     rows: list[tuple[str, int]] = []
     for no, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
@@ -654,6 +674,145 @@ def _generate_file(rows: list[tuple[str, int]], source_sha256: str, ds: Any, tok
                    source_sha256)
 
 
+def _trace_blocks(key: str, ids: set[int], block: int, tok: _Tok, table: _Words) -> dict[int, str]:
+    """One text of exactly `block` tokens per hash id (" w w ...", drawn from the id: the same id, the same
+    tokens, in every row and every dataset of this seed)."""
+    out: dict[int, str] = {}
+    todo = sorted(ids)
+    for lo in range(0, len(todo), _CHUNK):
+        part = todo[lo : lo + _CHUNK]
+        words = [_draw(f"{key}/block/{h}", block, table, None) for h in part]
+        texts = [_join(w, True) for w in words]
+        for h, w, text, got in zip(part, words, texts, tok.count_batch(texts), strict=True):
+            if got != block:
+                text = _join(_fix(w, block, _length_of(tok, "", True), f"{key}/block-fix/{h}", table,
+                                  f"block {h}"), True)
+            out[h] = text
+    return out
+
+
+@dataclass(frozen=True)
+class _TraceEntry:
+    row: _trace.TraceRow
+    blocks: int  # leading hash ids built as shared blocks (whole blocks that fit the input length)
+    seen: int  # of them, how many an earlier row already sent (the longest prefix of blocks seen before)
+    tail: int  # unique tokens after the blocks
+
+
+def _trace_layout(rows: list[_trace.TraceRow], block: int, fixed: int, path: str) -> list[_TraceEntry]:
+    """Per row: blocks that fit, the shared prefix an earlier row planned (a trie of block-id prefixes), the
+    tail. `fixed`: tokens ahead of the blocks in every prompt (first word + salt slot)."""
+    trie: dict[tuple[int, int], int] = {}  # (parent node, hash id) -> node; node 0 is the root
+    out = []
+    for r in rows:
+        room = r.input_length - fixed
+        if room < 1:
+            raise CaseInvalid(
+                f"dataset.path '{quoted(path)}' row {r.row}: input_length {r.input_length} is shorter than the "
+                f"{fixed + 1} tokens every trace prompt needs (a first word, the {fixed - 1}-word salt slot, one more)",
+                f"raise that row's input_length to at least {fixed + 1}, or drop the row",
+            )
+        nb = min(len(r.hash_ids), room // block)
+        node, seen, prefix = 0, 0, True
+        for h in r.hash_ids[:nb]:
+            nxt = trie.get((node, h))
+            if nxt is None:
+                prefix = False
+                nxt = trie[(node, h)] = len(trie) + 1
+            elif prefix:
+                seen += 1
+            node = nxt
+        out.append(_TraceEntry(r, nb, seen, room - nb * block))
+    return out
+
+
+def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
+    """trace: first word + salt slot (one per run) + the row's hash-id blocks + a unique tail, exact lengths.
+
+    The first word and the slot lead every prompt, so the run's salt keeps one run's prompts apart from the
+    next run's while the blocks stay shared exactly as the trace shares them inside a run. A request's
+    planned shared prefix (expected_cached_tokens) is the chat-template head, the first word, the slot and
+    the blocks an earlier row already sent; the first request plans none.
+    """
+    block = int(ds.block_size)
+    key = f"caseledger/{GENERATOR_VERSION}/trace/{ds.seed}"
+    table = _words_for(tok, name)
+    k = SALT_K
+    lay = _trace_layout(tr.rows, block, 1 + k, str(ds.path))
+    bare = table.bare_ones
+    first = bare[int(_indices(f"{key}/first", 1, len(bare))[0])] if bare else table.ones[0]
+    salt = SaltSlot(words=table.ones[:SALT_WORDS], k=k, per_run=True)
+    slot = salt_text(DEFAULT_SALT, 0, salt.words, k)
+    texts = _trace_blocks(key, {h for e in lay for h in e.row.hash_ids[: e.blocks]}, block, tok, table)
+    head = tok.count_batch([tok.head])[0] if tok.head else 0
+    probe = _join(_draw(f"{key}/probe", 64, table, None), False)
+    overhead = len(tok.chat_batch([probe])[0]) - tok.count_batch([probe])[0]
+    lead = first + slot
+    seen_tails: set[bytes] = set()
+    bodies: list[tuple[str, str]] = []  # (suffix, shared-prefix text inside the suffix)
+    tails = [e.tail for e in lay]
+    for i, e in enumerate(lay):
+        blocks = [texts[h] for h in e.row.hash_ids[: e.blocks]]
+        tail = ""
+        if e.tail:
+            tail = _suffixes(f"{key}/tail", i, i + 1, tails, table, seen_tails, len(lay))[0]
+            if tok.count_batch([tail])[0] != e.tail:
+                tail = _join(_fix(tail.split(" ")[1:], e.tail, _length_of(tok, "", True), f"{key}/tail-fix/{i}",
+                                  table, f"tail of row {e.row.row}"), True)
+        bodies.append(("".join(blocks) + tail, "".join(blocks[: e.seen])))
+    # composed counts, checked on a sample by whole encodes; a tokenizer whose merges cross the pieces gets
+    # every entry encoded whole and its shared prefix from the ids it really shares
+    sample = _sample(len(lay), 1, int(ds.seed))
+    whole = [(lead + bodies[i][0]) for i in sample]
+    composed = all(
+        len(c) == lay[i].row.input_length + overhead and b == lay[i].row.input_length
+        for i, c, b in zip(sample, tok.chat_batch(whole), tok.count_batch(whole), strict=True))
+    w = _Writer(path)
+    for i, (e, (suffix, shared_text)) in enumerate(zip(lay, bodies, strict=True)):
+        if composed:
+            body, chat = e.row.input_length, e.row.input_length + overhead
+            planned = 0 if i == 0 else head + 1 + k + e.seen * block
+        else:
+            ids = tok.chat_batch([lead + suffix])[0]
+            body, chat = tok.count_batch([lead + suffix])[0], len(ids)
+            pre = tok.encode_batch([tok.head + lead + shared_text])[0]
+            planned = 0 if i == 0 else _lcp(ids, pre)
+        entry = _entry(i, 0, first, slot, suffix, body, chat, planned, e.row.output_length)
+        entry["trace_row"] = e.row.row
+        entry["arrival_s"] = (e.row.timestamp_ms - tr.rows[0].timestamp_ms) / 1000.0
+        entry["shared_blocks"] = e.seen
+        w.add(entry)
+    w.close()
+    method: Any = "composed" if composed else "full"
+    return _Result(w.acc, Counting(method=method, checked=sample if composed else list(range(len(lay)))), salt,
+                   tr.sha256)
+
+
+def _trace_info(tr: _trace.Trace, ds: Any, acc: _Acc, path: Path) -> TraceInfo:
+    shared = 0
+    ids: set[int] = set()
+    with path.open("rb") as f:
+        for line in f:
+            shared += int(orjson.loads(line).get("shared_blocks", 0))
+    for r in tr.rows:
+        ids.update(r.hash_ids)
+    return TraceInfo(rows=len(tr.rows), rows_in_file=tr.rows_in_file, first_row=tr.rows[0].row,
+                     block_size=int(ds.block_size), distinct_blocks=len(ids), shared_blocks=shared,
+                     planned_shared_tokens=sum(acc.cached),
+                     span_s=(tr.rows[-1].timestamp_ms - tr.rows[0].timestamp_ms) / 1000.0)
+
+
+def _realized(source: str, declared: int | LengthDistribution, lengths: list[int], trace_field: str) -> Lengths:
+    """Realized lengths of one side, beside what declared them (a distribution, a value, or the file's rows)."""
+    summary = _lengths.summary(declared if isinstance(declared, LengthDistribution) else None, lengths,
+                               declared if isinstance(declared, int) else None)
+    if source == "trace":
+        summary["declared"] = {"trace": trace_field}
+    elif source == "file":
+        summary["declared"] = {"file": "prompts as written" if trace_field == "input_length" else "output_tokens"}
+    return Lengths.model_validate(summary)
+
+
 def _int_stats(xs: list[int]) -> IntStats:
     return IntStats(min=min(xs), max=max(xs), mean=sum(xs) / len(xs))
 
@@ -690,6 +849,8 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
     inputs = inputs or read_inputs(ws, case)
     if inputs.rows is not None and inputs.source_sha256 is not None:
         res = _generate_file(inputs.rows, inputs.source_sha256, ds, inputs.tok, entries_path)
+    elif inputs.trace is not None:
+        res = _generate_trace(inputs.trace, ds, inputs.tok, tokenizer_path(ws, ds.tokenizer), entries_path)
     else:
         res = _generate_constructed(ds, inputs.tok, tokenizer_path(ws, ds.tokenizer), entries_path)
     acc = res.acc
@@ -706,7 +867,7 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
         tokenizer=_tokenizer_info(ds.tokenizer, ds.tokenizer_revision, tokenizer_path(ws, ds.tokenizer)),
         chat_template_counted=chat,
         entries=len(acc.body),
-        output_tokens=ds.output_tokens,
+        output_tokens=max(acc.out),
         body_tokens=_int_stats(acc.body),
         chat_tokens=_int_stats(acc.chat),
         expected_cached_tokens=_int_stats(acc.cached),
@@ -719,6 +880,9 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
         counting=res.counting,
         generated_at=datetime.now(UTC),
         generation_seconds=round(time.perf_counter() - t0, 3),
+        input_lengths=_realized(ds.source, ds.input_tokens, acc.body, "input_length"),
+        output_lengths=_realized(ds.source, ds.output_tokens, acc.out, "output_length"),
+        trace=_trace_info(inputs.trace, ds, acc, entries_path) if inputs.trace is not None else None,
     )
     write_json(tmp / IDENTITY_FILE, identity.model_dump(mode="json"))
     return identity

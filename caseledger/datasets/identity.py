@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
@@ -33,6 +33,12 @@ class Entry(TypedDict):
     expected_cached_tokens: int  # whole cache blocks of the shared chat-template prefix
     expected_hit_ratio: float  # expected_cached_tokens / chat_tokens
     output_tokens: int  # max_tokens for this request
+    # source 'trace' only: the request's row in the trace file (0-based), its send offset in seconds as written
+    # (before load.time_scale), and how many of its leading hash_ids blocks an earlier row already sent; its
+    # expected_cached_tokens is then the planned shared prefix in chat tokens (not aligned to a block)
+    trace_row: NotRequired[int]
+    arrival_s: NotRequired[float]
+    shared_blocks: NotRequired[int]
 
 
 class _Frozen(BaseModel):
@@ -66,6 +72,43 @@ class BelowTarget(_Frozen):
 class SaltSlot(_Frozen):
     words: list[str]  # single-token words (used as " w") a run's salt picks from
     k: int  # words per slot; 0: this dataset cannot be salted (file source)
+    # one slot for every entry of a run (source 'trace': it leads the prompt, so what the trace shares stays
+    # shared inside the run and nothing is shared with another run); False: a slot per entry
+    per_run: bool = False
+
+
+class LengthHistogram(_Frozen):
+    edges: list[float]  # bin edges, len(counts) + 1
+    counts: list[int]
+
+
+class Lengths(_Frozen):
+    """One side's lengths (input body tokens or output tokens): as declared and as realized in the entries."""
+
+    declared: dict[str, Any]  # the distribution as written ({'distribution': 'fixed', 'value': n} for an integer)
+    count: int
+    min: int
+    max: int
+    mean: float
+    stdev: float
+    p50: float
+    p90: float
+    p99: float
+    histogram: LengthHistogram
+    sha256: str  # sha256 of the lengths joined by ',' in entry order
+
+
+class TraceInfo(_Frozen):
+    """What a trace dataset replays."""
+
+    rows: int  # rows used (dataset.entries; the first of the file)
+    rows_in_file: int
+    first_row: int
+    block_size: int  # tokens per hash id block
+    distinct_blocks: int  # distinct hash ids among the rows used
+    shared_blocks: int  # blocks planned as already sent by an earlier row, summed over the requests
+    planned_shared_tokens: int  # the requests' planned shared-prefix chat tokens, summed
+    span_s: float  # last timestamp - first, seconds as written (before load.time_scale)
 
 
 class Counting(_Frozen):
@@ -78,15 +121,15 @@ class DatasetIdentity(_Frozen):
 
     dataset_id: str
     content_sha256: str  # sha256 of entries.jsonl
-    source: Literal["synthetic", "prefix_cache", "file"]
-    source_sha256: str | None  # file source: sha256 of the JSONL file as read
+    source: Literal["synthetic", "prefix_cache", "file", "trace"]
+    source_sha256: str | None  # file and trace sources: sha256 of the JSONL file as read
     spec: dict[str, Any]  # the filled dataset spec the id was computed from
     api: Literal["chat", "completions"]
     generator: str
     tokenizer: TokenizerInfo
     chat_template_counted: bool  # False: api completions or dataset.chat_template false (chat = body)
     entries: int
-    output_tokens: int  # dataset.output_tokens (a file line may set its own; see the entries)
+    output_tokens: int  # dataset.output_tokens; the longest when drawn or per row (a file line may set its own)
     body_tokens: IntStats
     chat_tokens: IntStats
     expected_cached_tokens: IntStats
@@ -99,6 +142,10 @@ class DatasetIdentity(_Frozen):
     counting: Counting
     generated_at: datetime
     generation_seconds: float
+    # realized lengths (input body tokens, output tokens) of every entry; null in identities written before them
+    input_lengths: Lengths | None = None
+    output_lengths: Lengths | None = None
+    trace: TraceInfo | None = None  # source 'trace' only
 
 
 # ---------------------------------------------------------------------------------------------- ids
@@ -146,5 +193,5 @@ def render_prompt(entry: Entry, salt: str | None, identity: DatasetIdentity) -> 
     if salt is None or identity.salt.k == 0:
         slot = entry["salt_slot"]
     else:
-        slot = salt_text(salt, entry["i"], identity.salt.words, identity.salt.k)
+        slot = salt_text(salt, 0 if identity.salt.per_run else entry["i"], identity.salt.words, identity.salt.k)
     return entry["prefix"] + slot + entry["suffix"]

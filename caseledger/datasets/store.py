@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from caseledger.case.model import Case
+from caseledger.datasets import trace as _trace
 from caseledger.datasets.generate import generate_dataset, read_inputs
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
 from caseledger.errors import CaseInvalid, NotFound
@@ -46,7 +47,7 @@ GENERATION_WAIT_S = 3600.0  # case.model.MAX_DATASET_TOKENS take about 15 minute
 
 def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
     """The case's dataset: reused when identity.json exists (no tokenizer loaded), else generated once."""
-    case = case.filled()
+    case = _trace.pin(ws, case.filled())  # a trace frozen before its hash was pinned: hashed now
     dataset_id = dataset_id_for(case)
     final = ws.dataset_dir(dataset_id)
     if (final / IDENTITY_FILE).is_file():

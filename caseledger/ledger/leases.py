@@ -29,8 +29,19 @@ from caseledger.workspace import (
     write_json,
 )
 
-LEASE_SECONDS = 30.0
-HEARTBEAT_SECONDS = 5.0
+ENV_LEASE_S = "CASELEDGER_LEASE_S"  # the lease's length; tests shorten it to see an expiry without waiting 30 s
+
+
+def _lease_seconds() -> float:
+    try:
+        v = float(os.environ.get(ENV_LEASE_S) or 30.0)
+    except ValueError:
+        v = 30.0
+    return v if 3.0 <= v <= 3600.0 else 30.0  # out of range or not a number: the default (never a zero lease)
+
+
+LEASE_SECONDS = _lease_seconds()
+HEARTBEAT_SECONDS = min(5.0, LEASE_SECONDS / 3)  # at least two renewals within a lease
 ENV_HOST_DIR = "CASELEDGER_HOST_DIR"
 
 

@@ -239,11 +239,6 @@ def _metas(ws: Workspace) -> list[RunMeta]:
     return scan_runs(ws).metas
 
 
-def list_runs(ws: Workspace) -> list[str]:
-    """Run ids, oldest first (by creation time recorded in run.json); damaged entries are left out."""
-    return [m.run_id for m in _metas(ws)]
-
-
 def latest_run_of_case(ws: Workspace, case_id: str, *, with_load_end: bool = False,
                        with_results: bool = False) -> str | None:
     for meta in reversed(_metas(ws)):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import os
 import resource
 import signal
@@ -229,9 +230,28 @@ async def _run(
             await run_requests(
                 plan.specs, plan.concurrency, "load", api_key=api_key, on_record=on_record,
                 on_send=tally.on_send, timeout_s=plan.timeout_s, max_event_bytes=plan.max_event_bytes,
+                scheduled=plan.scheduled,
             )
         tg.cancel_scope.cancel()
     return caught
+
+
+SWITCH_INTERVAL_S = 0.0005
+LOAD_NICE = -5
+
+
+def quiet_runtime() -> None:
+    """Keep pauses out of send times. What exists before the first send (imports, the plan) is frozen out of
+    the cyclic collector, so a full collection during the load walks only what the load made; a thread (the
+    progress writer) gives the GIL back to the event loop within 0.5 ms, not 5; and where the host allows it
+    (CAP_SYS_NICE) the client runs at nice LOAD_NICE, so a due send or an arriving chunk is not queued behind
+    the engine's threads on a shared host (the sample trace on llama-server, 2 cores: arrival error p99
+    1.1-3.3 ms at nice 0, 0.09-0.16 ms at -5). load/end.json records the nice it ran at."""
+    gc.collect()
+    gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    with contextlib.suppress(OSError):  # allowed with CAP_SYS_NICE (root): sends are not queued behind others
+        os.setpriority(os.PRIO_PROCESS, 0, LOAD_NICE)
 
 
 ARMED_ENV = "CASELEDGER_LOAD_ARMED"
@@ -328,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     wall_start = utc_now()
     write_json(paths.load_anchor, clock_anchor())
+    quiet_runtime()
     try:
         caught = anyio.run(_run, paths, plan, api_key, writer, tally, exit_after)
     finally:
@@ -348,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         # CPU of the load itself (anchor to end): what per-chunk client cost is computed from
         "cpu_load_user_s": ru.ru_utime - ru0.ru_utime, "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
         "chunks": tally.chunks, "plan_sha256": plan.digest(), "transport": transport,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),  # LOAD_NICE when the host allowed it, else what it inherited
         "exit": "disk_full" if tally.disk_full else "cancelled" if caught else "complete",
     }
     if tally.disk_full:

@@ -263,13 +263,14 @@ def make_record(
     status: int | None,
     error: str | None,
     error_class: ErrorClass | None,
+    sched_ns: int | None = None,
 ) -> RawRecord:
     if error_class is None and state.finish_reason is None:
         error_class = "incomplete"
         error = "stream ended without a finish_reason" + ("" if state.done else " and without [DONE]")
     usage = state.usage or {}
     details = usage.get("prompt_tokens_details") or {}
-    return RawRecord(
+    rec = RawRecord(
         i=spec.i,
         entry=spec.entry,
         route=spec.route,
@@ -293,6 +294,13 @@ def make_record(
         spec_accepted_tokens=state.accepted,
         spec_steps=state.steps,
     )
+    if sched_ns is not None:
+        rec["sched_ns"] = sched_ns
+    if spec.trace_row is not None:
+        rec["trace_row"] = spec.trace_row
+    if spec.planned_shared_tokens is not None:
+        rec["planned_shared_tokens"] = spec.planned_shared_tokens
+    return rec
 
 
 # ---- the engine --------------------------------------------------------------------------------------
@@ -336,6 +344,7 @@ async def request_one(
     on_cancel: Callable[[RawRecord], None] | None = None,
     launched: Launched = None,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    sched_ns: int | None = None,
 ) -> RawRecord:
     """Send one request and read its stream to the end; never raises except on cancellation.
 
@@ -384,11 +393,12 @@ async def request_one(
         error, error_class = f"{type(e).__name__}: {e}", "stream"
     except anyio.get_cancelled_exc_class():
         if on_cancel is not None:
-            on_cancel(make_record(spec, send_ns, time.monotonic_ns(), state, status, "cancelled", "client"))
+            on_cancel(make_record(spec, send_ns, time.monotonic_ns(), state, status, "cancelled", "client",
+                                  sched_ns))
         raise
     except Exception as e:  # a bug of ours must still end as a record, not as a lost request
         error, error_class = f"{type(e).__name__}: {e}", "client"
-    return make_record(spec, send_ns, end_ns or time.monotonic_ns(), state, status, error, error_class)
+    return make_record(spec, send_ns, end_ns or time.monotonic_ns(), state, status, error, error_class, sched_ns)
 
 
 class _Runner:
@@ -401,6 +411,7 @@ class _Runner:
         on_record: Callable[[RawRecord], None] | None,
         on_send: Callable[[RequestSpec], None] | None,
         max_event_bytes: int,
+        scheduled: bool = False,
     ) -> None:
         self.streamer = streamer
         self.headers = headers
@@ -415,18 +426,25 @@ class _Runner:
         # the first wave is written in one pass over pre-opened connections (FastStreamer.launch) until they
         # run out; later requests are posted by their own task
         self.launch = streamer.launch if isinstance(streamer, FastStreamer) else None
+        self.fast = streamer if isinstance(streamer, FastStreamer) else None
+        self.scheduled = scheduled  # records carry their due time (sched_ns)
+        self.t0_ns = 0
 
     def finish(self, rec: RawRecord) -> None:
         self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
 
+    def due_ns(self, spec: RequestSpec) -> int:
+        return self.t0_ns + round(spec.offset_s * 1e9)
+
     async def worker(self, spec: RequestSpec, launched: Launched) -> None:
         try:
             if launched is None and self.on_send is not None:
                 self.on_send(spec)
+            sched = self.due_ns(spec) if self.scheduled else None
             self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish, launched,
-                                          self.max_event_bytes))
+                                          self.max_event_bytes, sched))
         finally:
             self.slots.release()
 
@@ -444,16 +462,15 @@ class _Runner:
 
     async def run(self, specs: Iterable[RequestSpec]) -> None:
         async with anyio.create_task_group() as tg:
-            t0 = anyio.current_time()
+            self.t0_ns = time.monotonic_ns()
             # launched requests whose tasks are not started yet: a task start costs more than a write, so the
             # writes of the first wave go first, back to back, and the tasks start before the next wait
             wave: list[tuple[RequestSpec, Launched]] = []
             for spec in specs:
-                if spec.offset_s > 0:
-                    delay = t0 + spec.offset_s - anyio.current_time()
-                    if delay > 0:
-                        self.start(tg, wave)
-                        await anyio.sleep(delay)
+                if spec.offset_s > 0 and time.monotonic_ns() < self.due_ns(spec):
+                    self.start(tg, wave)
+                    await self.connect_ahead(spec)
+                    await sleep_until(self.due_ns(spec))
                 if self.launch is not None and self.slots.value > 0:
                     self.slots.acquire_nowait()
                     wave.append((spec, self.launch_now(spec)))
@@ -463,10 +480,37 @@ class _Runner:
                 tg.start_soon(self.worker, spec, self.launch_now(spec))
             self.start(tg, wave)
 
+    async def connect_ahead(self, spec: RequestSpec) -> None:
+        """A scheduled request whose due time is far enough ahead gets its connection now, so at its due time
+        it is only written (as the first wave is): its send time is then the schedule's, not a task start and
+        a connect later. A connection the server closes meanwhile is replaced at the write (FastStreamer)."""
+        if self.fast is None or self.slots.value == 0 or self.due_ns(spec) - time.monotonic_ns() < AHEAD_MIN_NS:
+            return
+        await self.fast.preconnect([spec.url])
+        self.launch = self.fast.launch
+
     def start(self, tg: anyio.abc.TaskGroup, wave: list[tuple[RequestSpec, Launched]]) -> None:
         for spec, launched in wave:
             tg.start_soon(self.worker, spec, launched)
         wave.clear()
+
+
+SPIN_NS = 2_000_000  # the last 2 ms before a due send are waited by yielding, not by a timer
+AHEAD_MIN_NS = 3_000_000  # a request due sooner than this connects itself (a loopback connect takes ~0.2 ms)
+
+
+async def sleep_until(due_ns: int) -> None:
+    """Wait until time.monotonic_ns() reaches due_ns, to well under a millisecond.
+
+    A timer alone wakes up to ~1 ms late (epoll's timeout is in whole milliseconds, rounded up), so it is
+    set SPIN_NS early and the rest is spent yielding to the event loop, which keeps serving the streams in
+    flight meanwhile. The cost is at most SPIN_NS of one core per scheduled request.
+    """
+    delay = due_ns - time.monotonic_ns() - SPIN_NS
+    if delay > 0:
+        await anyio.sleep(delay / 1e9)
+    while time.monotonic_ns() < due_ns:
+        await anyio.sleep(0)
 
 
 def first_wave(specs: list[RequestSpec], concurrency: int) -> list[RequestSpec]:
@@ -522,6 +566,7 @@ async def run_requests(
     on_send: Callable[[RequestSpec], None] | None = None,
     timeout_s: float,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    scheduled: bool = False,
 ) -> list[RawRecord]:
     """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
 
@@ -530,6 +575,7 @@ async def run_requests(
     on_send is called as each request is sent, on_record as each ends (from the event loop: keep them
     short). A cancelled run records its in-flight requests with error_class 'client' before unwinding.
     max_event_bytes: the largest SSE event a response may send (load.max_event_bytes).
+    scheduled: the specs' offsets are a schedule (a rate or a trace): each record carries its due time.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -541,7 +587,7 @@ async def run_requests(
     else:
         streamer, owned = transport, False
     runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send,
-                     max_event_bytes)
+                     max_event_bytes, scheduled)
     specs = list(specs)
     try:
         if isinstance(streamer, FastStreamer):

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 from numpy.random import default_rng  # at import time: numpy loads its random module lazily
 
-from caseledger.case.model import Case
+from caseledger.case.model import Case, longest
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.runs import Run, read_run
@@ -40,6 +40,9 @@ class RequestSpec:
     body: bytes  # JSON body, encoded once here so the hot loop never serializes
     input_tokens_body: int | None = None  # body tokens from the dataset (what we built)
     input_tokens_chat: int | None = None  # chat-template tokens from the dataset
+    trace_row: int | None = None  # source 'trace': the request's row in the trace file
+    planned_shared_tokens: int | None = None  # source 'trace': chat tokens an earlier request planned to share
+    max_tokens: int | None = None  # what the body asks for (the context check of preflight)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,11 @@ class LoadPlan:
     rate: float | None
     seed: int  # seed of the arrival process (from dataset.seed and the run salt)
     max_event_bytes: int  # the largest SSE event a response may send (load.max_event_bytes)
+
+    @property
+    def scheduled(self) -> bool:
+        """Requests leave at planned times (a rate, or a replayed trace): each record then carries its due time."""
+        return self.rate is not None or self.arrival == "trace"
 
     @property
     def planned(self) -> int:
@@ -113,6 +121,9 @@ def arrival_offsets(
     constant: i / r. poisson: exponential gaps with mean 1/r. gamma: gaps with shape = burstiness and
     mean 1/r (shape 1 is poisson; lower is burstier). rate None: all 0, concurrency alone limits.
     """
+    if arrival == "trace":
+        raise CaseInvalid("load.arrival 'trace' takes its offsets from the dataset's trace rows",
+                          "build the plan with build_plan, which reads them from the entries")
     if rate is None:
         return [0.0] * n
     if arrival == "constant":
@@ -139,9 +150,11 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         )
     endpoints = case.target.endpoints
     api: Api = case.target.api
-    max_tokens = load.max_tokens if load.max_tokens is not None else case.dataset.output_tokens
     seed = arrival_seed(case.dataset.seed, salt)
-    offsets = arrival_offsets(n, load.rate, load.arrival, load.burstiness, seed)
+    if load.arrival == "trace":
+        offsets = [float(e.get("arrival_s", 0.0)) * load.time_scale for e in entries[:n]]
+    else:
+        offsets = arrival_offsets(n, load.rate, load.arrival, load.burstiness, seed)
     urls = [request_url(ep.base_url, api) for ep in endpoints]
     per_chunk = draft_counts_per_chunk(case)
     specs: list[RequestSpec] = []
@@ -149,6 +162,9 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         e = entries[i]
         route = i % len(endpoints)
         prompt = render_prompt(e, salt, identity)
+        # load.max_tokens, else the entry's own (drawn, or its trace row's output_length)
+        max_tokens = load.max_tokens if load.max_tokens is not None else e["output_tokens"]
+        trace = "trace_row" in e
         specs.append(
             RequestSpec(
                 i=i,
@@ -159,6 +175,9 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
                 body=request_body(api, endpoints[route].model, prompt, max_tokens, load.ignore_eos, per_chunk),
                 input_tokens_body=e["body_tokens"],
                 input_tokens_chat=e["chat_tokens"],
+                trace_row=e.get("trace_row") if trace else None,
+                planned_shared_tokens=e["expected_cached_tokens"] if trace else None,
+                max_tokens=max_tokens,
             )
         )
     return LoadPlan(
@@ -197,5 +216,5 @@ MAX_RESERVED_TOKENS = 32768  # longer answers reserve this much; past it a full 
 
 def raw_bytes_needed(case: Case) -> int:
     """Disk the formal load's raw records need (reserved before the first send; checked at preflight)."""
-    tokens = min(case.load.max_tokens or case.dataset.output_tokens, MAX_RESERVED_TOKENS)
+    tokens = min(case.load.max_tokens or longest(case.dataset.output_tokens), MAX_RESERVED_TOKENS)
     return case.load.requests * (RECORD_BYTES + TOKEN_BYTES * tokens)

@@ -61,6 +61,9 @@ class RawColumns:
     n_steps: I64  # per request: verify steps recorded (0 where unknown)
     step_drafted: I64  # all verify steps, request after request: draft tokens of the step
     step_accepted: I64  # ... and accepted tokens of the step
+    arrival_error_ns: F64  # per request: send_ns - sched_ns (scheduled loads), NaN where the record has no sched_ns
+    trace_row: F64  # per request: its trace row (source 'trace'), NaN elsewhere
+    planned_shared_tokens: F64  # per request: chat tokens an earlier request planned to share (trace), NaN elsewhere
 
     @property
     def n(self) -> int:
@@ -96,6 +99,9 @@ class RawColumns:
             self.step_accepted,
         ):
             h.update(np.ascontiguousarray(arr).tobytes())
+        for arr in (self.arrival_error_ns, self.trace_row, self.planned_shared_tokens):
+            if not np.isnan(arr).all():  # records without them keep the digest they had before the fields
+                h.update(np.ascontiguousarray(arr).tobytes())
         h.update(orjson.dumps([self.error_class, self.error]))
         return h.hexdigest()
 
@@ -121,7 +127,7 @@ class _Builder:
         for i in np.flatnonzero(~ok).tolist():  # text is kept only for failures
             error_class[i] = docs[i].get("error_class")
             error[i] = docs[i].get("error")
-        spec = _spec_columns(docs)
+        spec = _spec_columns(docs) | _workload_columns(docs)
         chunk_lists = tuple(c or () for c in chunk_lists)
         tok_lists = tuple(t or () for t in tok_lists)
         nch = np.fromiter(map(len, chunk_lists), dtype=np.int64, count=n)
@@ -181,6 +187,9 @@ class _Builder:
             n_steps=cat("n_steps"),
             step_drafted=cat("step_drafted"),
             step_accepted=cat("step_accepted"),
+            arrival_error_ns=cat("arrival_error_ns"),
+            trace_row=cat("trace_row"),
+            planned_shared_tokens=cat("planned_shared_tokens"),
         )
 
 
@@ -215,6 +224,15 @@ def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The optional schedule and trace fields (absent from unscheduled loads and older records)."""
+    n = len(docs)
+    # the difference is taken on the integers: monotonic ns past 2**53 would lose their last digits as floats
+    late = [d["send_ns"] - d["sched_ns"] if isinstance(d.get("sched_ns"), int) else None for d in docs]
+    return {"arrival_error_ns": _floats(late, n),
+            **{name: _floats([d.get(name) for d in docs], n) for name in ("trace_row", "planned_shared_tokens")}}
+
+
 def _floats(values: Sequence[Any], n: int) -> F64:
     """float64 column; numpy turns None into NaN."""
     if n == 0:
@@ -244,6 +262,9 @@ def _empty() -> RawColumns:
         n_steps=i,
         step_drafted=i,
         step_accepted=i,
+        arrival_error_ns=f,
+        trace_row=f,
+        planned_shared_tokens=f,
     )
 
 

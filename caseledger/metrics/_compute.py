@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from caseledger.case.model import Case, Window
+from caseledger.case.metrics import METRICS
+from caseledger.case.model import Case, Window, max_tokens_bound
 from caseledger.metrics._checks import check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
@@ -38,15 +39,19 @@ from caseledger.metrics._models import (
     NotObserved,
     Params,
     Result,
+    Schedule,
     SpecDecode,
     Stall,
     Throughput,
     Throughputs,
     TokenAgreement,
     Tokens,
+    TraceReplay,
+    TraceRequest,
     WindowResult,
     WindowRule,
     Windows,
+    value_in,
 )
 from caseledger.metrics._noise import good_requests, interval
 from caseledger.metrics._spec import SpecCounters, not_observed_spec, per_request, spec_counters, window_spec
@@ -598,7 +603,7 @@ def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp:
         goodput=_rate(n_good, duration_s, cards, "req/s", "good req"),
     )
     metric = case.decision.primary_metric
-    noise = interval(metric, _figure(metric, latency, throughput), {
+    noise = interval(metric, value_in(latency, throughput, METRICS[metric]), {
         "ttft": dv.ttft_ms[okm], "tpot": dv.tpot_ms[okm], "e2e": dv.e2e_ms[okm],
         "output": c.completion_tokens[okm], "good": good[okm].astype(np.float64)})
 
@@ -666,19 +671,6 @@ def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp:
     )
 
 
-def _figure(metric: str, latency: Latency, throughput: Throughputs) -> float | NotObserved:
-    """The window's value of a decision metric (case.decision.primary_metric)."""
-    if metric.endswith(("_p50", "_p99")):
-        name, stat = metric.rsplit("_", 1)
-        d = getattr(latency, name)
-        return d if isinstance(d, NotObserved) else float(getattr(d, stat))
-    fig = {"output_throughput": throughput.output, "output_throughput_per_card": throughput.output,
-           "request_throughput": throughput.request, "goodput": throughput.goodput}[metric]
-    if isinstance(fig, NotObserved):
-        return fig
-    return fig.per_card if metric.endswith("_per_card") else fig.value
-
-
 def _spec_window(
     name: Literal["whole", "native"], spec: SpecCounters, c: RawColumns, okm: B, t0: int, nothing: str
 ) -> SpecDecode:
@@ -701,6 +693,49 @@ def per_request_ms(columns: RawColumns) -> dict[str, F64]:
     dv = _derive(columns)
     ok = columns.ok
     return {"ttft": dv.ttft_ms[ok], "tpot": dv.tpot_ms[ok], "e2e": dv.e2e_ms[ok]}
+
+
+TRACE_ROWS_LISTED = 10_000
+
+
+def _schedule(c: RawColumns) -> Schedule | None:
+    err = c.arrival_error_ns
+    known = ~np.isnan(err)
+    n = int(known.sum())
+    if n == 0:
+        return None
+    ms = err[known] / 1e6
+    dist = _dist(ms, "ms", "no request carried its due time")
+    late = int((ms > 1.0).sum())
+    text = (f"arrival error over {n} requests: p50 {np.percentile(ms, 50):.3f} ms, p99 {np.percentile(ms, 99):.3f} "
+            f"ms, max {ms.max():.3f} ms; {late} sent more than 1 ms late")
+    return Schedule(requests=n, arrival_error=dist, late_over_1ms=late, text=text)
+
+
+def _trace(c: RawColumns) -> TraceReplay | None:
+    rows = c.trace_row
+    known = ~np.isnan(rows)
+    if not known.any():
+        return None
+    idx = np.flatnonzero(known)
+    planned = np.nan_to_num(c.planned_shared_tokens, nan=0.0)
+    has = c.ok & known & ~np.isnan(c.cached_tokens)
+
+    def opt(x: float) -> int | None:
+        return None if np.isnan(x) else int(x)
+
+    per = [TraceRequest(i=int(k), trace_row=int(rows[k]), planned_shared_tokens=int(planned[k]),
+                        cached_tokens=opt(float(c.cached_tokens[k])), prompt_tokens=opt(float(c.prompt_tokens[k])),
+                        ok=bool(c.ok[k])) for k in idx[:TRACE_ROWS_LISTED].tolist()]
+    p_sum, c_sum = int(planned[has].sum()), int(c.cached_tokens[has].sum())
+    reach = int((has & (c.cached_tokens >= planned)).sum())
+    below = int(has.sum()) - reach
+    text = (f"{int(has.sum())} of {idx.size} trace requests report cached tokens: {c_sum} cached of {p_sum} planned "
+            f"shared ({c_sum / p_sum:.1%}); {reach} reach their plan, {below} fall below" if p_sum else
+            f"{int(has.sum())} of {idx.size} trace requests report cached tokens; none planned any shared tokens")
+    return TraceReplay(requests=int(idx.size), with_cached_tokens=int(has.sum()), planned_shared_tokens=p_sum,
+                       cached_tokens=c_sum, cached_at_least_planned=reach, cached_below_planned=below,
+                       per_request=per, text=text)
 
 
 def compute_result(
@@ -740,7 +775,7 @@ def compute_result(
     pre = spec_counters(params.spec_decode, metrics_before, metrics_after, None, "")
     drafts = pre.deltas.get("drafts")
     spec_moved = isinstance(drafts, tuple) and drafts[1] > 0
-    validity = check_counts(raw, case.load.max_tokens or case.dataset.output_tokens,
+    validity = check_counts(raw, max_tokens_bound(case),
                             spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
                             case.measurement.evidence.max_invalid_share, metrics_before, metrics_after,
                             chunks_are_content)
@@ -828,4 +863,6 @@ def compute_result(
         stalls=[Stall(start_s=(a - dv.t0) / _S, duration_s=(b - a) / _S) for a, b in stall_spans],
         host=host_load(_samples_in(host_samples, whole_span.start, whole_span.end)
                        if whole_span.start is not None and whole_span.end is not None else []),
+        schedule=_schedule(raw),
+        trace=_trace(raw),
     )

@@ -11,7 +11,11 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROCESSOR_VERSION = "v4"  # v4: server counts checked, stalls and host CPU flag distorted windows, rate noise in time
+from caseledger.case.metrics import Figure, Metric
+
+# v5: arrival error against the schedule, trace replay planned vs cached; v4: server counts checked, stalls and
+# host CPU flag distorted windows, rate noise in time
+PROCESSOR_VERSION = "v5"
 """Version of the code that turns raw records into results; results are stored per version."""
 
 # The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
@@ -134,6 +138,37 @@ class Throughputs(_Model):
         description="Good requests / duration: successful requests whose own TTFT, TPOT and E2E meet "
         "case.decision.goodput (req/s)",
     )
+
+
+def figure_in(latency: Latency, throughput: Throughputs, figure: Figure) -> Throughput | Distribution | NotObserved:
+    """A registry figure (caseledger.case.metrics) among a window's latency distributions and rates."""
+    match figure:
+        case "output":
+            return throughput.output
+        case "request":
+            return throughput.request
+        case "goodput":
+            return throughput.goodput
+        case "ttft":
+            return latency.ttft
+        case "tpot":
+            return latency.tpot
+        case "itl":
+            return latency.itl
+        case "e2e":
+            return latency.e2e
+
+
+def value_in(latency: Latency, throughput: Throughputs, m: Metric) -> float | NotObserved:
+    """A registered metric's value (NOT_OBSERVED with the reason when its figure has none)."""
+    fig = figure_in(latency, throughput, m.figure)
+    if isinstance(fig, NotObserved):
+        return fig
+    if isinstance(fig, Throughput) and m.stat in ("value", "per_card"):
+        return fig.value if m.stat == "value" else fig.per_card
+    if isinstance(fig, Distribution) and m.stat in ("p50", "p99"):
+        return fig.p50 if m.stat == "p50" else fig.p99
+    return NotObserved(reason=f"{m.name}: {m.figure} has no {m.stat}")
 
 
 class CacheFigures(_Model):
@@ -271,6 +306,15 @@ class WindowResult(_Model):
         description="Why the window's figures are not a clean measurement (a stalled load client, a contended "
         "host); empty: none seen. A distorted window is never decided on: repeat the run")
 
+    def value(self, m: Metric) -> float | NotObserved:
+        """A registered metric's value on this window (caseledger.case.metrics)."""
+        return value_in(self.latency, self.throughput, m)
+
+    def number(self, m: Metric) -> float | None:
+        """The same, None where NOT_OBSERVED."""
+        v = self.value(m)
+        return None if isinstance(v, NotObserved) else v
+
 
 class CounterCheck(_Model):
     """A server counter's delta over the formal load against the per-request sum it should equal."""
@@ -316,9 +360,55 @@ class HostLoad(_Model):
     text: str = Field(description="The figures in one line")
 
 
+class Schedule(_Model):
+    """How closely the load client kept a fixed schedule (a rate, or a replayed trace): every request sent,
+    successful or not, against the time it was due."""
+
+    requests: int = Field(description="Requests whose record carries its due time (sched_ns)")
+    arrival_error: Distribution | NotObserved = Field(
+        description="send_ns - sched_ns per request, ms (positive: sent late)")
+    late_over_1ms: int = Field(description="Requests sent more than 1 ms after they were due")
+    text: str = Field(description="The figures in one line")
+
+
+class TraceRequest(_Model):
+    """One replayed trace request: what the trace planned to share beside what the server reported cached."""
+
+    i: int = Field(description="Formal request index")
+    trace_row: int = Field(description="Row of the trace file (0-based request line)")
+    planned_shared_tokens: int = Field(
+        description="Chat tokens of its prompt an earlier request planned to share (0 for the first)")
+    cached_tokens: int | None = Field(description="usage.prompt_tokens_details.cached_tokens (null: not reported)")
+    prompt_tokens: int | None = Field(description="usage.prompt_tokens (null: not reported)")
+    ok: bool = Field(description="The request succeeded")
+
+
+class TraceReplay(_Model):
+    """Cached tokens of a replayed trace against its shared blocks, per request and in sum."""
+
+    requests: int = Field(description="Requests that carry a trace row")
+    with_cached_tokens: int = Field(description="Successful ones whose usage carried cached_tokens")
+    planned_shared_tokens: int = Field(description="Planned shared tokens summed over those requests")
+    cached_tokens: int = Field(description="Cached tokens summed over those requests")
+    cached_at_least_planned: int = Field(description="Requests whose cached tokens reach their planned share")
+    cached_below_planned: int = Field(
+        description="Requests cached below their plan (evicted, another slot, or the earlier request not yet "
+        "prefilled when this one arrived)")
+    per_request: list[TraceRequest] = Field(description=f"Every request, in order (the first {10_000:,} only)")
+    text: str = Field(description="The sums in one line")
+
+
 class Windows(_Model):
     whole: WindowResult = Field(description="First send to last end, all requests")
     native: WindowResult = Field(description="Steady state by the rule in params")
+
+    def of(self, name: str) -> WindowResult:
+        """The window named by a decision or a campaign ('whole' or 'native')."""
+        if name == "whole":
+            return self.whole
+        if name == "native":
+            return self.native
+        raise KeyError(f"no window {name!r}: 'whole' or 'native'")
 
 
 class ConcurrencySeries(_Model):
@@ -381,6 +471,10 @@ class Result(_Model):
     host: HostLoad | NotObserved = Field(
         default_factory=lambda: NotObserved(reason="not sampled"),
         description="CPU of the load client's host over the whole window (load/host.jsonl)")
+    schedule: Schedule | None = Field(
+        None, description="Arrival error against the schedule (null: the load had no schedule, rate unlimited)")
+    trace: TraceReplay | None = Field(None, description="Replayed trace: planned shared vs cached tokens (null: "
+                                      "not a trace dataset)")
 
 
 DEFINITIONS: dict[str, str] = {
@@ -398,6 +492,11 @@ DEFINITIONS: dict[str, str] = {
     "input_chat": "chat-template prompt tokens, from the dataset identity (record input_tokens_chat)",
     "prompt": "server usage.prompt_tokens",
     "output": "server usage.completion_tokens",
+    "arrival_error": "send_ns - sched_ns of every request of a scheduled load (rate set, or arrival 'trace'), where "
+    "sched_ns = the load's start + the request's planned offset on the same monotonic clock, ms",
+    "planned_shared_tokens": "trace: the chat tokens of a request's prompt that an earlier request of the run "
+    "already sent (the chat-template head, the first word and the run's salt slot, the leading hash-id blocks an "
+    "earlier row had); compared with usage cached_tokens per request",
     "prompt_tokens_for_rates": "server usage.prompt_tokens, falling back to input_tokens_chat where the "
     "server gave none",
     "request_throughput": "successful requests credited to the window / window duration",

@@ -16,11 +16,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
-from caseledger.metrics import Distribution, Interval, NotObserved, Result, Throughput, WindowResult
+from caseledger.metrics import Interval, NotObserved, Result
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]
-Direction = Literal["higher_is_better", "lower_is_better"]
 
 # The one definition of the decision words: the MCP server instructions and the summarize schema quote it.
 OUTCOMES: dict[str, str] = {
@@ -34,28 +34,7 @@ OUTCOMES: dict[str, str] = {
 DECISION_WORDS = "; ".join(f"{k}: {v}" for k, v in OUTCOMES.items())
 """The decision words in one line, for agents."""
 
-# limit name (case.decision.limits) -> (figure in WindowResult.latency, statistic)
-LIMITS: dict[str, tuple[str, str]] = {
-    "ttft_p50_ms": ("ttft", "p50"), "ttft_p99_ms": ("ttft", "p99"), "tpot_p50_ms": ("tpot", "p50"),
-    "tpot_p99_ms": ("tpot", "p99"), "itl_p50_ms": ("itl", "p50"), "itl_p99_ms": ("itl", "p99"),
-    "e2e_p50_ms": ("e2e", "p50"), "e2e_p99_ms": ("e2e", "p99"),
-}
 REPEATS_TO_SETTLE = 3  # runs of a case after which one more repeat no longer narrows the spread much
-
-# primary metric -> (group, figure, statistic, direction)
-METRICS: dict[str, tuple[str, str, str, Direction]] = {
-    "output_throughput": ("throughput", "output", "value", "higher_is_better"),
-    "output_throughput_per_card": ("throughput", "output", "per_card", "higher_is_better"),
-    "request_throughput": ("throughput", "request", "value", "higher_is_better"),
-    "goodput": ("throughput", "goodput", "value", "higher_is_better"),
-    "ttft_p50": ("latency", "ttft", "p50", "lower_is_better"),
-    "ttft_p99": ("latency", "ttft", "p99", "lower_is_better"),
-    "tpot_p50": ("latency", "tpot", "p50", "lower_is_better"),
-    "tpot_p99": ("latency", "tpot", "p99", "lower_is_better"),
-    "e2e_p50": ("latency", "e2e", "p50", "lower_is_better"),
-    "e2e_p99": ("latency", "e2e", "p99", "lower_is_better"),
-}
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -126,21 +105,10 @@ class DecisionRecord(_Model):
     settle: str | None = Field(None, description="The call that would settle an undecided change (within noise)")
 
 
-def metric_value(w: WindowResult, metric: str) -> float | NotObserved:
-    """A decision metric's value on a window (NOT_OBSERVED with the reason when it has none)."""
-    group, figure, stat, _ = METRICS[metric]
-    fig = getattr(getattr(w, group), figure)
-    if isinstance(fig, NotObserved):
-        return fig
-    if isinstance(fig, Throughput | Distribution):
-        return float(getattr(fig, stat))
-    return NotObserved(reason=f"{metric} has no value")
-
-
 def _reading(r: Result, window: Literal["whole", "native"], metric: str) -> Reading:
-    w: WindowResult = getattr(r.windows, window)
+    w = r.windows.of(window)
     return Reading(
-        value=metric_value(w, metric),
+        value=w.value(METRICS[metric]),
         window=window,
         window_found=w.found,
         requests=w.requests,
@@ -157,7 +125,7 @@ def _reading(r: Result, window: Literal["whole", "native"], metric: str) -> Read
 
 def _evidence(who: str, rd: Reading, r: Result, metric: str) -> list[str]:
     out: list[str] = []
-    w: WindowResult = getattr(r.windows, rd.window)
+    w = r.windows.of(rd.window)
     if not rd.window_found:
         out.append(f"{who}: no {rd.window} window ({w.reason})")
         return out
@@ -186,12 +154,10 @@ def limit_verdicts(case: Case, result: Result | None) -> list[LimitVerdict]:
     """case.decision.limits checked on the result's decision window (empty without limits or result)."""
     if result is None:
         return []
-    w: WindowResult = getattr(result.windows, case.decision.window)
+    w = result.windows.of(case.decision.window)
     out: list[LimitVerdict] = []
     for name, bound in case.decision.limits.bounds().items():
-        figure, stat = LIMITS[name]
-        d = getattr(w.latency, figure)
-        value = float(getattr(d, stat)) if isinstance(d, Distribution) else None
+        value = w.number(LIMITS[name])
         verdict: Literal["meets", "breaks", "not_observed"] = (
             "not_observed" if value is None else "meets" if value <= bound else "breaks")
         out.append(LimitVerdict(limit=name, bound=bound, value=value, verdict=verdict))
@@ -206,7 +172,7 @@ def broken(verdicts: list[LimitVerdict]) -> str:
 def _interval_rel(r: Result | None, window: str, metric: str) -> float | None:
     if r is None:
         return None
-    n = getattr(r.windows, window).noise
+    n = r.windows.of(window).noise
     return n.half_width_rel if isinstance(n, Interval) and n.metric == metric else None
 
 
@@ -245,7 +211,7 @@ def decide(
     """
     d = case.decision
     metric, window = d.primary_metric, d.window
-    direction = METRICS[metric][3]
+    direction = METRICS[metric].direction
     cand = _reading(candidate, window, metric) if candidate is not None else None
     base = _reading(baseline, window, metric) if baseline is not None else None
     results_extracted = candidate is not None and candidate.requests > 0

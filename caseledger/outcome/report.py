@@ -8,10 +8,11 @@ where a plot is drawn); the markdown report is complete without them.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import (
     Distribution,
@@ -26,24 +27,25 @@ from caseledger.metrics import (
 )
 from caseledger.outcome.decide import DecisionRecord
 
-_DIST_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("latency", "ttft", "TTFT"),
-    ("latency", "tpot", "TPOT"),
-    ("latency", "itl", "ITL (chunk gaps)"),
-    ("latency", "itl_token_aware", "ITL (token-aware)"),
-    ("latency", "e2e", "E2E"),
+_Dist = Callable[[WindowResult], Distribution | NotObserved]
+_DIST_ROWS: tuple[tuple[_Dist, str], ...] = (
+    (lambda w: w.latency.ttft, "TTFT"),
+    (lambda w: w.latency.tpot, "TPOT"),
+    (lambda w: w.latency.itl, "ITL (chunk gaps)"),
+    (lambda w: w.latency.itl_token_aware, "ITL (token-aware)"),
+    (lambda w: w.latency.e2e, "E2E"),
 )
-_TOKEN_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("tokens", "input_body", "input tokens (body)"),
-    ("tokens", "input_chat", "input tokens (chat template)"),
-    ("tokens", "prompt", "prompt tokens (server)"),
-    ("tokens", "output", "output tokens (server)"),
+_TOKEN_ROWS: tuple[tuple[_Dist, str], ...] = (
+    (lambda w: w.tokens.input_body, "input tokens (body)"),
+    (lambda w: w.tokens.input_chat, "input tokens (chat template)"),
+    (lambda w: w.tokens.prompt, "prompt tokens (server)"),
+    (lambda w: w.tokens.output, "output tokens (server)"),
 )
-_RATE_ROWS: tuple[tuple[str, str], ...] = (
-    ("request", "request throughput"),
-    ("output", "output token throughput"),
-    ("input", "input token throughput"),
-    ("total", "total token throughput"),
+_RATE_ROWS: tuple[tuple[Callable[[WindowResult], Throughput | NotObserved], str], ...] = (
+    (lambda w: w.throughput.request, "request throughput"),
+    (lambda w: w.throughput.output, "output token throughput"),
+    (lambda w: w.throughput.input, "input token throughput"),
+    (lambda w: w.throughput.total, "total token throughput"),
 )
 
 
@@ -98,10 +100,10 @@ def _window_head(w: WindowResult) -> str:
     )
 
 
-def _dist_table(w: WindowResult, rows: tuple[tuple[str, str, str], ...]) -> list[str]:
+def _dist_table(w: WindowResult, rows: tuple[tuple[_Dist, str], ...]) -> list[str]:
     body: list[list[object]] = []
-    for group, name, label in rows:
-        d = getattr(getattr(w, group), name)
+    for pick, label in rows:
+        d = pick(w)
         if isinstance(d, Distribution):
             body.append([label, d.unit, d.mean, d.min, d.p50, d.p75, d.p90, d.p99, d.max, d.count])
         else:
@@ -167,7 +169,7 @@ def _window_section(w: WindowResult) -> list[str]:
     ]
     out += _table(
         ["metric", "value", "per card", "computation"],
-        [_rate_row(label, getattr(w.throughput, name)) for name, label in _RATE_ROWS],
+        [_rate_row(label, pick(w)) for pick, label in _RATE_ROWS],
     )
     cache = w.cache
     out += ["", f"Prefix cache ({w.name} window; denominator: {cache.denominator}):", ""]
@@ -310,6 +312,36 @@ def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any
     return rows
 
 
+def lengths_rows(identity: Any) -> dict[str, str]:
+    """Header rows for a dataset's realized lengths (input body tokens, output tokens): declared, realized, and a
+    text histogram ('lo-hi:count' per bin)."""
+    rows: dict[str, str] = {}
+    for side, ln in (("input", identity.input_lengths), ("output", identity.output_lengths)):
+        if ln is None:
+            continue
+        declared = ", ".join(f"{k} {v}" for k, v in ln.declared.items())
+        edges, counts = ln.histogram.edges, ln.histogram.counts
+        bins = " ".join(f"{int(edges[k])}-{int(edges[k + 1]) - 1}:{c}" for k, c in enumerate(counts))
+        rows[f"{side} lengths"] = (f"declared {declared}; realized min {ln.min} / mean {ln.mean:.1f} / max {ln.max}, "
+                                   f"stdev {ln.stdev:.1f}, p50 {ln.p50:g} p99 {ln.p99:g}; histogram {bins}")
+    return rows
+
+
+def _workload_section(result: Result) -> list[str]:
+    """The schedule kept (arrival error) and, for a replayed trace, planned shared vs cached tokens per request."""
+    out: list[str] = []
+    if result.schedule is not None:
+        out += ["## Schedule", "", result.schedule.text, ""]
+    tr = result.trace
+    if tr is not None:
+        out += ["## Trace replay", "", tr.text, ""]
+        out += _table(["request", "trace row", "planned shared tokens", "cached tokens", "prompt tokens", "ok"],
+                      [[r.i, r.trace_row, r.planned_shared_tokens, r.cached_tokens, r.prompt_tokens, r.ok]
+                       for r in tr.per_request])
+        out.append("")
+    return out
+
+
 def render_run_md(
     meta: dict[str, Any], result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
 ) -> str:
@@ -363,6 +395,7 @@ def render_run_md(
         out += ["Notes:", *[f"- {n}" for n in result.notes], ""]
     out += _evidence_section(result)
 
+    out += _workload_section(result)
     out += ["## Windows", ""]
     out += _table(
         [
@@ -418,45 +451,55 @@ def render_run_md(
     return "\n".join(out) + "\n"
 
 
-_SIDE_ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("requests ok", "", "", "ok"),
-    ("duration s", "", "", "duration_s"),
-    ("meets minimums", "", "", "meets"),
-    ("output tok/s", "throughput", "output", "value"),
-    ("output tok/s/card", "throughput", "output", "per_card"),
-    ("request req/s", "throughput", "request", "value"),
-    ("total tok/s", "throughput", "total", "value"),
-    ("TTFT p50 ms", "latency", "ttft", "p50"),
-    ("TTFT p99 ms", "latency", "ttft", "p99"),
-    ("TPOT p50 ms", "latency", "tpot", "p50"),
-    ("TPOT p99 ms", "latency", "tpot", "p99"),
-    ("ITL p50 ms", "latency", "itl", "p50"),
-    ("ITL token-aware p50 ms", "latency", "itl_token_aware", "p50"),
-    ("E2E p50 ms", "latency", "e2e", "p50"),
-    ("E2E p99 ms", "latency", "e2e", "p99"),
-    ("cache hit ratio mean", "cache", "hit_ratio", "mean"),
-    ("uncached input tok/s", "cache", "uncached_input_throughput", "value"),
-    ("AL per-request", "spec_decode.per_request", "acceptance_length", "value"),
-    ("acceptance per-request", "spec_decode.per_request", "acceptance_rate", "value"),
-    ("AL counters", "spec_decode", "acceptance_length", "value"),
-    ("acceptance counters", "spec_decode", "acceptance_rate", "value"),
+T = TypeVar("T")
+
+
+def _of(fig: T | NotObserved, pick: Callable[[T], object]) -> object:
+    return fig if isinstance(fig, NotObserved) else pick(fig)
+
+
+def _in_window(pick: Callable[[WindowResult], object]) -> Callable[[WindowResult], object]:
+    """A figure row: 'no window' when the rule found none, 'NOT_OBSERVED' for a figure without a value."""
+    def read(w: WindowResult) -> object:
+        if not w.found:
+            return "no window"
+        v = pick(w)
+        return "NOT_OBSERVED" if isinstance(v, NotObserved) else v
+    return read
+
+
+def _metric(name: str) -> Callable[[WindowResult], object]:
+    m = METRICS[name] if name in METRICS else LIMITS[name]
+    return _in_window(lambda w: w.value(m))
+
+
+def _ratio(r: Ratio | NotObserved) -> object:
+    return _of(r, lambda x: x.value)
+
+
+_SIDE_ROWS: tuple[tuple[str, Callable[[WindowResult], object]], ...] = (
+    ("requests ok", lambda w: w.ok),
+    ("duration s", lambda w: w.duration_s),
+    ("meets minimums", lambda w: w.meets_min_requests and w.meets_min_duration),
+    ("output tok/s", _metric("output_throughput")),
+    ("output tok/s/card", _metric("output_throughput_per_card")),
+    ("request req/s", _metric("request_throughput")),
+    ("total tok/s", _in_window(lambda w: _of(w.throughput.total, lambda f: f.value))),
+    ("TTFT p50 ms", _metric("ttft_p50")),
+    ("TTFT p99 ms", _metric("ttft_p99")),
+    ("TPOT p50 ms", _metric("tpot_p50")),
+    ("TPOT p99 ms", _metric("tpot_p99")),
+    ("ITL p50 ms", _metric("itl_p50_ms")),
+    ("ITL token-aware p50 ms", _in_window(lambda w: _of(w.latency.itl_token_aware, lambda d: d.p50))),
+    ("E2E p50 ms", _metric("e2e_p50")),
+    ("E2E p99 ms", _metric("e2e_p99")),
+    ("cache hit ratio mean", _in_window(lambda w: _of(w.cache.hit_ratio, lambda d: d.mean))),
+    ("uncached input tok/s", _in_window(lambda w: _of(w.cache.uncached_input_throughput, lambda f: f.value))),
+    ("AL per-request", _in_window(lambda w: _ratio(w.spec_decode.per_request.acceptance_length))),
+    ("acceptance per-request", _in_window(lambda w: _ratio(w.spec_decode.per_request.acceptance_rate))),
+    ("AL counters", _in_window(lambda w: _ratio(w.spec_decode.acceptance_length))),
+    ("acceptance counters", _in_window(lambda w: _ratio(w.spec_decode.acceptance_rate))),
 )
-
-
-def _side_value(w: WindowResult, group: str, figure: str, stat: str) -> object:
-    if not group:
-        if stat == "meets":
-            return w.meets_min_requests and w.meets_min_duration
-        return getattr(w, stat)
-    if not w.found:
-        return "no window"
-    obj: object = w
-    for part in group.split("."):
-        obj = getattr(obj, part)
-    fig = getattr(obj, figure)
-    if isinstance(fig, NotObserved):
-        return "NOT_OBSERVED"
-    return getattr(fig, stat)
 
 
 def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
@@ -464,7 +507,7 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
     header = ["metric", *[f"{run_id} ({case_id})" for run_id, case_id, _ in rows]]
     out: list[str] = []
     for name in ("whole", "native"):
-        wins: list[WindowResult] = [getattr(r.windows, name) for _, _, r in rows]
+        wins = [r.windows.of(name) for _, _, r in rows]
         rules = sorted({f"{w.rule}" + (f" r={w.params.get('ratio')}" if w.rule == "sglang" else "") for w in wins})
         out += [f"## {name} vs {name}", ""]
         if len(rules) > 1:
@@ -472,7 +515,7 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
                 f"Warning: the {name} windows use different rules ({', '.join(rules)}); compare with care.",
                 "",
             ]
-        body = [[label, *[_side_value(w, g, f, s) for w in wins]] for label, g, f, s in _SIDE_ROWS]
+        body = [[label, *[read(w) for w in wins]] for label, read in _SIDE_ROWS]
         out += _table(header, body)
         out.append("")
     return "\n".join(out)
@@ -484,12 +527,8 @@ def report_json(
     """The report as JSON: meta, a per-window headline, the full result, the decision and the time ledger."""
     headline: dict[str, dict[str, Any]] = {}
     for name in ("whole", "native"):
-        w: WindowResult = getattr(result.windows, name)
-        headline[name] = {
-            label: (v.model_dump(mode="json") if isinstance(v, NotObserved) else v)
-            for label, g, f, s in _SIDE_ROWS
-            for v in [_side_value(w, g, f, s)]
-        }
+        w = result.windows.of(name)
+        headline[name] = {label: read(w) for label, read in _SIDE_ROWS}
     return {
         "meta": meta.model_dump(mode="json"),
         "headline": headline,

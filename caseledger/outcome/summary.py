@@ -5,6 +5,7 @@ per case of a scenario)."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +13,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caseledger import redact
+from caseledger import datasets, redact
+from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase, argv_change, delta, flatten
 from caseledger.case.store import load_case, with_current_decision
@@ -22,7 +24,7 @@ from caseledger.ledger.runs import Run, RunMeta, load_run
 from caseledger.ledger.state import fold
 from caseledger.metrics import (
     PROCESSOR_VERSION,
-    Distribution,
+    NotObserved,
     Result,
     WindowResult,
     latest_result,
@@ -32,15 +34,12 @@ from caseledger.metrics import (
 from caseledger.outcome import report
 from caseledger.outcome.decide import (
     DECISION_WORDS,
-    LIMITS,
-    METRICS,
     DecisionRecord,
     LimitVerdict,
     Outcome,
     broken,
     decide,
     limit_verdicts,
-    metric_value,
 )
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, sha256_bytes, write_json
 
@@ -68,7 +67,7 @@ def valid(result: Result | None, window: str) -> bool:
     not distorted (a stalled client, a contended host: such a run is repeated, never used as a repeat)."""
     if result is None:
         return False
-    w: WindowResult = getattr(result.windows, window)
+    w = result.windows.of(window)
     return (w.found and w.meets_min_requests and w.meets_min_duration and not result.failed and not w.invalid
             and not w.distorted)
 
@@ -89,12 +88,9 @@ def _figures_of(result: Result | None) -> dict[str, Any]:
         if result is None:
             out[window] = {"valid": False, "metrics": {}, "limits": {}}
             continue
-        w: WindowResult = getattr(result.windows, window)
-        metrics = {m: (v if isinstance(v := metric_value(w, m), float) else None) for m in METRICS}
-        limits = {}
-        for name, (figure, stat) in LIMITS.items():
-            d = getattr(w.latency, figure)
-            limits[name] = float(getattr(d, stat)) if isinstance(d, Distribution) else None
+        w = result.windows.of(window)
+        metrics = {name: w.number(m) for name, m in METRICS.items()}
+        limits = {name: w.number(m) for name, m in LIMITS.items()}
         out[window] = {"valid": valid(result, window), "metrics": metrics, "limits": limits}
     return out
 
@@ -270,34 +266,33 @@ class Headline(_Model):
     e2e_p99_ms: float | None = _ms("E2E p99")
     al: float | None = Field(description="Acceptance length from per-request counts (speculative decoding)")
 
-    def __getitem__(self, name: str) -> Any:
-        """headline['requests']: the form callers of the former dict use."""
-        return getattr(self, name)
-
 
 def _sig(v: Any) -> float | None:
     return float(f"{float(v):.4g}") if isinstance(v, int | float) else None  # 4 significant digits
 
 
-def window_stat(w: WindowResult, path: str) -> float | None:
-    obj: Any = w
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-    return _sig(obj)
+def window_stat(w: WindowResult, metric: str) -> float | None:
+    """A registered metric or limit figure of a window (caseledger.case.metrics), to 4 significant digits."""
+    return _sig(w.number(METRICS[metric] if metric in METRICS else LIMITS[metric]))
+
+
+def _figure(v: object) -> float | None:
+    return None if isinstance(v, NotObserved) else _sig(v)
 
 
 def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     """A few figures of one window for short answers (None where NOT_OBSERVED)."""
-    w: WindowResult = getattr(result.windows, window)
+    w = result.windows.of(window)
     return Headline(
         window=window, rule=w.rule, requests=w.requests, ok=w.ok, duration_s=_sig(w.duration_s),
         meets_minimums=bool(w.meets_min_requests and w.meets_min_duration),
-        output_tok_s=window_stat(w, "throughput.output.value"),
-        output_tok_s_per_card=window_stat(w, "throughput.output.per_card"),
-        ttft_p50_ms=window_stat(w, "latency.ttft.p50"), ttft_p99_ms=window_stat(w, "latency.ttft.p99"),
-        tpot_p50_ms=window_stat(w, "latency.tpot.p50"), tpot_p99_ms=window_stat(w, "latency.tpot.p99"),
-        e2e_p99_ms=window_stat(w, "latency.e2e.p99"),
-        al=window_stat(w, "spec_decode.per_request.acceptance_length.value"),
+        output_tok_s=window_stat(w, "output_throughput"),
+        output_tok_s_per_card=window_stat(w, "output_throughput_per_card"),
+        ttft_p50_ms=window_stat(w, "ttft_p50"), ttft_p99_ms=window_stat(w, "ttft_p99"),
+        tpot_p50_ms=window_stat(w, "tpot_p50"), tpot_p99_ms=window_stat(w, "tpot_p99"),
+        e2e_p99_ms=window_stat(w, "e2e_p99"),
+        al=_figure(w.spec_decode.per_request.acceptance_length.value
+                   if not isinstance(w.spec_decode.per_request.acceptance_length, NotObserved) else None),
     )
 
 
@@ -327,6 +322,8 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
     rows.update(report.load_host_rows(clock, read_by))
     timing = ((read_json_or_none(paths.phase_file("load")) or {}).get("client_timing") or {}).get("line")
     rows.update({"client timing": timing} if timing else {})  # the load client's own timing uncertainty
+    with contextlib.suppress(CaseledgerError):  # the dataset's realized lengths, where its identity is at hand
+        rows.update(report.lengths_rows(datasets.load_identity(run.workspace, run.meta.dataset())))
     # a report quotes phase errors from the ledger: masked again, so one recorded unmasked by an older version
     # is not copied on
     secrets = redact.current()
@@ -345,7 +342,6 @@ def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None)
 _LABELS = {"load.concurrency": "C", "load.requests": "N", "load.rate": "r"}
 # fields whose default follows another: a change that only follows its source is not shown
 _FOLLOWS = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
-_PCTS = ("ttft", "tpot", "itl", "e2e")
 
 
 class ScenarioRow(_Model):
@@ -380,6 +376,11 @@ class ScenarioRow(_Model):
     settle: str | None = Field(description="For a change within the noise: the call that would settle it")
     best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
 
+    def percentiles(self) -> list[tuple[float | None, float | None]]:
+        """(p50, p99) of TTFT, TPOT, ITL and E2E, the order the scenario table prints them."""
+        return [(self.ttft_p50_ms, self.ttft_p99_ms), (self.tpot_p50_ms, self.tpot_p99_ms),
+                (self.itl_p50_ms, self.itl_p99_ms), (self.e2e_p50_ms, self.e2e_p99_ms)]
+
 
 class ScenarioView(_Model):
     """All cases of one scenario, one row each."""
@@ -400,7 +401,7 @@ class ScenarioView(_Model):
                 f"{'; limits ' + ', '.join(self.limits) if self.limits else ''}")
         lines = [head, "change case run decision metric | TTFT TPOT ITL E2E p50/p99 ms | limits"]
         for r in self.rows:
-            pct = " ".join(f"{_n(getattr(r, f'{m}_p50_ms'))}/{_n(getattr(r, f'{m}_p99_ms'))}" for m in _PCTS)
+            pct = " ".join(f"{_n(p50)}/{_n(p99)}" for p50, p99 in r.percentiles())
             lim = broken(r.limits) or ("ok" if r.limits else "-")
             if r.runs > 1 and r.limits_met:
                 lim += " (met " + ", ".join(f"{k} {v}" for k, v in r.limits_met.items()) + " runs)"
@@ -541,9 +542,8 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         if rid and result is not None and dec is not None and dec.outcome != "baseline":
             dec = current_decision(load_run(ws, rid), result, rd)  # against the baseline's results now, never stale
         value = flatten(case.canonical()).get(swept) if swept else None
-        w: WindowResult | None = getattr(result.windows, window) if result is not None else None
-        pcts = {f"{m}_{q}_ms": window_stat(w, f"latency.{m}.{q}") if w is not None else None
-                for m in _PCTS for q in ("p50", "p99")}
+        w = result.windows.of(window) if result is not None else None
+        pcts = {name: window_stat(w, name) if w is not None else None for name in LIMITS}  # ScenarioRow's fields
         shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
         rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
         rows.append(ScenarioRow(
@@ -552,17 +552,17 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
             else shown or "(same)",
             swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
             run_id=rid, runs=len(good), state=state,
-            metric=window_stat(w, ".".join(METRICS[metric][:3])) if w is not None else None, **pcts,
+            metric=window_stat(w, metric) if w is not None else None, **pcts,
             limits=limit_verdicts(case, result), decision=dec.outcome if dec else None,
             settle=dec.settle if dec else None, best=False))
-    higher = METRICS[metric][3] == "higher_is_better"
+    higher = METRICS[metric].higher_is_better
     eligible = [r for r in rows if r.decision in ("keep", "baseline") and r.metric is not None
                 and all(v.verdict == "meets" for v in r.limits)]
     best = max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
     rows = [r.model_copy(update={"best": best is not None and r.case_id == best.case_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
-        scenario=name, baseline_case=base_id, primary_metric=metric, window=window, direction=METRICS[metric][3],
+        scenario=name, baseline_case=base_id, primary_metric=metric, window=window, direction=METRICS[metric].direction,
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()], swept=swept, rows=rows,
         best_case=best.case_id if best else None, decisions=DECISION_WORDS)
 

@@ -32,7 +32,6 @@ from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
 
-EventFn = Callable[..., None]  # append one event of this run under the controller's fence
 PhaseBody = Callable[["Controller", int], dict[str, Any]]
 
 

@@ -24,10 +24,11 @@ import httpx2
 import orjson
 
 from caseledger import datasets, procs
+from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, is_case_id_of
 from caseledger.ledger.runs import read_run
 from caseledger.load.faults import fault
-from caseledger.load.plan import plan_of, raw_bytes_needed
+from caseledger.load.plan import LoadPlan, plan_of, raw_bytes_needed
 from caseledger.procs import child_env
 from caseledger.workspace import RunPaths, read_json_or_none, write_json
 
@@ -71,6 +72,9 @@ def run(run_dir: str) -> dict[str, Any]:
         if n != case.load.requests:
             raise ValueError(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
         checks["load_plan_requests"] = n
+        context = context_check(case, plan)
+        if context is not None:
+            checks["context"] = context
     # lazy: metrics (result models, ~30 ms) is needed in this child only; run_fresh's callers stay light
     from caseledger.metrics import compute_result
 
@@ -85,6 +89,37 @@ def run(run_dir: str) -> dict[str, Any]:
     checks["disk_free_mib"] = free >> 20
     checks["sockets"] = "forbidden (audit hook)"
     return checks
+
+
+def context_limit(case: Case) -> tuple[int, str] | None:
+    """The context each request gets, and where the number comes from; None: unknown."""
+    if case.target.context_tokens is not None:
+        return case.target.context_tokens, "target.context_tokens"
+    ref = case.service.reference.max_model_len
+    if case.service.adapter == "reference" and ref is not None:
+        return ref, "service.reference.max_model_len"
+    return None
+
+
+def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
+    """Every formal request's chat prompt + max_tokens against the model's context; the first too long refuses
+    the run before any request is sent (the engine would answer HTTP 400, or cut the prompt)."""
+    limit = context_limit(case)
+    if limit is None:
+        return None
+    bound, field = limit
+    need = [((s.input_tokens_chat or 0) + (s.max_tokens or 0), s) for s in plan.specs]
+    over = [(t, s) for t, s in need if t > bound]
+    if over:
+        t, s = over[0]
+        where = f"trace row {s.trace_row}" if s.trace_row is not None else f"entry {s.entry}"
+        raise ValueError(
+            f"{len(over)} of {len(need)} requests do not fit the context of {bound} tokens ({field}): the first, "
+            f"request {s.i} ({where}), needs {s.input_tokens_chat} prompt + {s.max_tokens} output = {t} tokens; "
+            f"lower dataset.input_tokens / output_tokens (their max), use a subset of the trace (dataset.entries), "
+            f"or serve a longer context and raise {field}")
+    longest_t = max((t for t, _ in need), default=0)
+    return {"limit": bound, "from": field, "longest_request_tokens": longest_t}
 
 
 def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:

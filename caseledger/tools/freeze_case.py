@@ -76,7 +76,7 @@ def _freeze(workspace: Workspace, obj: dict[str, Any], source: str, parent: str 
                           "`caseledger freeze` (tools.freeze_any takes both)")
     if parent is not None:
         obj["parent"] = parent
-    case = validate(obj, source)
+    case = datasets.pin(workspace, validate(obj, source))  # a trace's sha256 joins the case (and dataset) id
     parent_case = check_parent(workspace, case.parent)
     if case.dataset.source == "file" and case.dataset.path:
         workspace.inside(case.dataset.path, "dataset.path")

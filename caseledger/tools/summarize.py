@@ -22,7 +22,7 @@ from caseledger.ledger.index import Index, open_index
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
-from caseledger.outcome.decide import DECISION_WORDS, METRICS, broken, limit_verdicts
+from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
 from caseledger.outcome.summary import Headline, ScenarioView
 from caseledger.workspace import Workspace, atomic_write, is_id, read_json_or_none, sha256_bytes
 
@@ -247,8 +247,8 @@ def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
         d = case.decision
         result = summary.load_result(run)
         verdicts = limit_verdicts(case, result)
-        w = getattr(result.windows, d.window) if result is not None else None
-        metric = summary.window_stat(w, ".".join(METRICS[d.primary_metric][:3])) if w is not None else None
+        w = result.windows.of(d.window) if result is not None else None
+        metric = summary.window_stat(w, d.primary_metric) if w is not None else None
         points.append(report.PlotPoint(label=rid, x=None, metric=metric, best=False, breaks=bool(broken(verdicts)),
                                        figures={v.limit: v.value for v in verdicts}))
         bounds.update(d.limits.bounds())

@@ -1,0 +1,88 @@
+"""One registry names every decision metric and limit (caseledger/case/metrics.py): the schema's names agree
+with it, and every entry resolves to a number on a result computed by the real processor from raw records."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import orjson
+import pytest
+
+from caseledger.case.metrics import LIMITS, METRICS, LimitName, PrimaryMetric
+from caseledger.case.model import Case, Decision, Limits
+from caseledger.case.schema import case_schema
+from caseledger.metrics import NotObserved, Result, compute_result
+from caseledger.outcome.summary import ScenarioRow
+from caseledger.records import RawRecord
+
+MS = 1_000_000
+N, OUT = 64, 32  # requests, output tokens each
+
+
+def _case() -> Case:
+    return Case.model_validate({
+        "scenario": "reg",
+        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 2},
+        "load": {"requests": N, "concurrency": 8, "max_tokens": OUT},
+        "measurement": {"whole": {"min_requests": 8}},
+        "decision": {"primary_metric": "goodput", "goodput": {"tpot_ms": 1000}},
+    })
+
+
+def _records() -> list[RawRecord]:
+    """N requests in waves of 8, each 100 ms to its first chunk, then a chunk of one token every 10 ms."""
+    out: list[RawRecord] = []
+    for i in range(N):
+        send = (i // 8) * 1000.0
+        chunks = [send + 100 + 10 * k for k in range(OUT)]
+        out.append({
+            "i": i, "entry": i, "route": 0, "send_ns": round(send * MS), "chunk_ns": [round(c * MS) for c in chunks],
+            "chunk_tokens": [1] * OUT, "end_ns": round((chunks[-1] + 1) * MS), "status": 200, "ok": True,
+            "error": None, "error_class": None, "prompt_tokens": 128, "completion_tokens": OUT,
+            "cached_tokens": 0, "finish_reason": "length", "input_tokens_body": 128, "input_tokens_chat": 128,
+        })
+    return out
+
+
+@pytest.fixture(scope="module")
+def result() -> Result:
+    return compute_result(_case(), _records())
+
+
+def test_the_schema_names_are_the_registry_names() -> None:
+    assert get_args(PrimaryMetric) == tuple(METRICS)
+    assert set(get_args(LimitName)) == set(LIMITS) == set(Limits.model_fields)
+    assert {f"{m.figure}_{m.stat}_ms" for m in LIMITS.values()} == set(LIMITS)  # a limit bounds its own figure
+    assert set(LIMITS) <= set(ScenarioRow.model_fields)  # the scenario table shows every limited percentile
+    schema = orjson.loads(case_schema())
+    decision = schema["$defs"]["Decision"]["properties"]["primary_metric"]
+    assert decision["enum"] == list(METRICS)
+    assert Decision().primary_metric in METRICS
+    with pytest.raises(ValueError, match="primary_metric"):
+        Decision.model_validate({"primary_metric": "tpot_p95"})
+
+
+def test_every_registered_metric_resolves_on_a_real_result(result: Result) -> None:
+    w = result.windows.whole
+    for m in [*METRICS.values(), *LIMITS.values()]:
+        v = w.value(m)
+        assert not isinstance(v, NotObserved), (m.name, v)
+        assert v > 0, m.name
+    # the figures as the records make them, independently of the registry
+    duration_s = w.duration_s
+    assert duration_s is not None
+    assert w.number(METRICS["output_throughput"]) == pytest.approx(N * OUT / duration_s)
+    assert w.number(METRICS["output_throughput_per_card"]) == pytest.approx(N * OUT / duration_s / 2)
+    assert w.number(METRICS["request_throughput"]) == pytest.approx(N / duration_s)
+    assert w.number(METRICS["goodput"]) == pytest.approx(N / duration_s)  # every TPOT (10 ms) within 1000 ms
+    assert w.number(METRICS["ttft_p99"]) == pytest.approx(100.0)
+    assert w.number(METRICS["tpot_p50"]) == pytest.approx((10 * (OUT - 1) + 1) / (OUT - 1))  # end: 1 ms after the last
+    assert w.number(LIMITS["itl_p99_ms"]) == pytest.approx(10.0)
+    assert w.number(METRICS["e2e_p50"]) == pytest.approx(100 + 10 * (OUT - 1) + 1)
+
+
+def test_directions_follow_the_figures() -> None:
+    for m in METRICS.values():
+        assert m.higher_is_better == (m.figure in ("output", "request", "goodput")), m.name
+        assert m.unit == "ms" or m.higher_is_better
+    assert all(not m.higher_is_better and m.unit == "ms" for m in LIMITS.values())
