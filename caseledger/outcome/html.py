@@ -131,7 +131,8 @@ def render_run(run_id: str, meta: dict[str, object], headlines: Sequence[Headlin
             ["enough to decide", decision.enough_to_decide], *[["missing", m] for m in decision.missing],
             *[[f"limit {v.limit}", f"{fmt(v.value)} <= {v.bound:g}: {v.verdict}"] for v in decision.limits]]))
     body.append("<h2>Figures</h2>")
-    body.append(table([c for c, _ in _HEAD_COLS], [[h[f] for _, f in _HEAD_COLS] for h in headlines]))
+    rows = [h.model_dump() for h in headlines]
+    body.append(table([c for c, _ in _HEAD_COLS], [[d[f] for _, f in _HEAD_COLS] for d in rows]))
     if failures:
         body.append(table(["failed requests by class", "requests"], sorted(failures.items())))
     body += evidence({run_id: flags} if flags else {})

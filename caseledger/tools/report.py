@@ -16,10 +16,11 @@ from caseledger import redact
 from caseledger.campaign.html import render_campaign
 from caseledger.campaign.store import load_campaign
 from caseledger.campaign.view import CampaignView
+from caseledger.case.metrics import LIMITS
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import Result, latest_result
 from caseledger.outcome import html, report, summary
-from caseledger.outcome.decide import LIMITS, DecisionRecord
+from caseledger.outcome.decide import DecisionRecord
 from caseledger.outcome.report import Flag, evidence_flags
 from caseledger.outcome.summary import ScenarioView
 from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, scenario_figure, summarize
@@ -128,13 +129,12 @@ def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
         if latest is None:
             continue
         rid, res = latest
-        w = getattr(res.windows, window)
+        w = res.windows.of(window)
         x = values[r.case_id].get(axis) if axis else None
         points.append(report.PlotPoint(
             label=redact.mask(r.label), x=float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None,
             metric=r.metric_mean, best=r.case_id == view.winner, breaks=r.meets is False,
-            figures={name: summary.window_stat(w, f"latency.{fig}.{stat}") for name, (fig, stat) in LIMITS.items()
-                     if name in camp.decision.limits.bounds()}))
+            figures={name: summary.window_stat(w, name) for name in LIMITS if name in camp.decision.limits.bounds()}))
         cdfs[redact.mask(r.label)] = summary.latency_samples(ws, rid)
     title = f"campaign {redact.mask(view.name)} ({view.campaign_id})"
     pareto = [replace(p, label=redact.mask(p.label)) for p in pareto_points(view)]
