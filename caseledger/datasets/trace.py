@@ -12,6 +12,7 @@ is generated (a refused freeze writes nothing).
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,8 +163,6 @@ def sample_rows(n: int = 24, seed: int = 7, block: int = 32) -> list[dict[str, A
     one and carry its blocks (a conversation's history); every request adds 1..3 blocks of its own and ends in
     a partial block; arrivals are exponential gaps of mean 0.6 s (timestamps in whole ms).
     """
-    import random  # lazy: only the sample generator draws with it
-
     rng = random.Random(seed)
     roots = [list(range(0, 4)), list(range(100, 106)), list(range(200, 202))]
     history: list[list[int]] = []
