@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httpx2
 import pytest
 
 from caseledger.outcome import handoff
@@ -47,18 +48,21 @@ def test_before_model_failure_points_at_fix_and_resume(ws: Workspace, monkeypatc
     assert "before_model" in ws.handoff.read_text()
 
 
-def test_hot_entry_failure_keeps_the_service_and_names_a_corrected_child(
+def test_requests_over_the_context_are_refused_at_preflight_with_nothing_sent(
         ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
-    # warmup (2 output tokens) fits the context limit, the formal load (48) does not: HTTP 400 on every request
-    rid = run_failing(ws, monkeypatch, None,
-                      service={"reference": {"max_model_len": 100, "prefill_tokens_per_s": 200000}},
-                      dataset={"source": "synthetic", "input_tokens": 40, "output_tokens": 48})
+    # warmup (2 output tokens) would fit the context limit, the formal load (48) does not: preflight knows the
+    # limit (service.reference.max_model_len) and refuses before the service starts or any request is sent
+    # (a server's 400 on every formal request, hot_entry, is test_evidence's http:400 cell)
+    rid, port = run_failing_on(ws, monkeypatch, None,
+                               service={"reference": {"max_model_len": 100, "prefill_tokens_per_s": 200000}},
+                               dataset={"source": "synthetic", "input_tokens": 40, "output_tokens": 48})
     s = phase_status(ws, rid)
-    assert s.failure_class == "hot_entry" and s.phase == "load" and s.done == 8 and s.failed == 8
-    assert not s.next_restarts_service
+    assert s.failure_class == "before_model" and s.phase == "preflight" and s.sent == 0, s.text()
+    assert "do not fit the context of 100 tokens (service.reference.max_model_len)" in (s.blocker or "")
+    with pytest.raises(httpx2.ConnectError):  # no service was started for it
+        stats(port)
     nxt = next_line(ws)
-    assert "freeze_case(" in nxt and s.case_id in nxt and "reuses the warm service" in nxt
-    assert "alive" in ws.handoff.read_text()  # the warm service is still there
+    assert "preflight_only=True" in nxt and "0 model requests sent" in nxt and s.case_id in nxt
 
 
 def test_collect_failure_points_at_reprocess_and_then_summarize(
