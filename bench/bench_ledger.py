@@ -189,7 +189,7 @@ def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = 
     (d / "run.json").write_bytes(orjson.dumps(meta))
     events = [json.loads(x) for x in _events(live, now, {"sent": 0, "done": 0}, "").splitlines()[:2]]
     (d / "events.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
-    (d / "controller.pid").write_bytes(orjson.dumps(procs.me()))  # alive while the bench runs
+    (d / "controller.pid.json").write_bytes(orjson.dumps(procs.me()))  # alive while the bench runs (RunPaths)
     return {"latest": live, "some_run": ids[len(ids) // 2][0], "scenario": ids[-1][1],
             "active": [f"bench-s{s:02d}" for s in range(scenarios - active, scenarios)],
             "inactive": [f"bench-s{s:02d}" for s in range(scenarios - active)]}
@@ -293,7 +293,7 @@ def main() -> int:
                 print(f"\n{n} runs: built in {time.perf_counter() - t:.1f} s")
             from caseledger import procs  # the live run's controller: this process, alive while it reads
 
-            (root / "ledger" / "runs" / info["latest"] / "controller.pid").write_bytes(orjson.dumps(procs.me()))
+            (root / "ledger" / "runs" / info["latest"] / "controller.pid.json").write_bytes(orjson.dumps(procs.me()))
             print(f"{'read':<20} {'1st s':>8} {'2nd s':>8} {'peak MB':>8} {'rss MB':>8}")
             for what in args.reads.split(","):
                 arg = {"phase_status": info["some_run"], "summarize_scenario": info["scenario"],

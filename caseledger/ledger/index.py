@@ -262,6 +262,12 @@ class Index:
              "ORDER BY created_utc, run_id")
         return [(str(a), b, c, d, bool(e)) for a, b, c, d, e in self.conn.execute(q, tuple(case_ids))]
 
+    def rows(self, run_ids: list[str]) -> list[RunRow]:
+        """These runs' rows (those the index has), oldest first."""
+        if not run_ids:
+            return []
+        return self._select(f"WHERE run_id IN ({','.join('?' * len(run_ids))})", tuple(run_ids))
+
     def of_case(self, case_id: str) -> Iterator[RunRow]:
         """The runs of a case, newest first."""
         yield from self._select("WHERE case_id=?", (case_id,), order="DESC")

@@ -490,8 +490,7 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
                        "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
     rd = Reader(ws, idx)
     digest = idx.digest(ids)
-    rows = idx.runs(case_ids=ids) if any(live or not sig for *_, sig, live in digest) else None
-    by_id = {r.run_id: r for r in rows or []}
+    by_id = {r.run_id: r for r in idx.rows([rid for rid, _, _, sig, live in digest if live or not sig])}
     parts = [PROCESSOR_VERSION, name, _stat_sig(ws.scenarios_dir / name / "decision.jsonl")]
     parts += [f"{cid}={_stat_sig(ws.frozen_case(cid))}/{_stat_sig(ws.frozen_dir / f'{cid}.lineage.jsonl')}"
               for cid in sorted(ids)]
@@ -507,7 +506,7 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
             return ScenarioView.model_validate_json(body)
         except ValidationError:
             pass  # another version's view: computed again
-    view = _scenario_view(ws, name, _frozen(ws, ids), idx.runs(case_ids=ids) if rows is None else rows, rd)
+    view = _scenario_view(ws, name, _frozen(ws, ids), idx.runs(case_ids=ids), rd)
     idx.put_derived("scenario_view", name, sig, view.model_dump_json().encode())
     return view
 
