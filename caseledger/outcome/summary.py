@@ -175,6 +175,20 @@ def decide_run(run: Run) -> dict[str, Any]:
     return out
 
 
+def decision_now(run: Run, result: Result | None) -> DecisionRecord | None:
+    """The decision a reader is shown: the one recorded, decided again from the results on disk now (a re-run
+    baseline never leaves a stale verdict); a recorded baseline stays as recorded. None: none recorded."""
+    data = read_json_or_none(run.paths.decision)
+    if not data:
+        return None
+    if result is not None and data.get("outcome") != "baseline":
+        return current_decision(run, result)
+    try:
+        return DecisionRecord.model_validate(data)
+    except ValidationError:  # written by another version: decided again when there is a result to decide on
+        return current_decision(run, result) if result is not None else None
+
+
 def current_decision(run: Run, result: Result | None, reader: Reader | None = None) -> DecisionRecord:
     """The run's decision from the results on disk now: its result against the baseline's latest valid run
     and both cases' repeats. A verdict read through this never goes stale: a re-run baseline re-decides it.

@@ -448,9 +448,8 @@ def build_server(ws: Workspace) -> MCPServer:
 
 def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
     """The HTML page of one run, scenario or campaign, written now (the file a person opens is the same)."""
-    if scenario is not None and not re.fullmatch(SCENARIO_PATTERN, scenario):
-        raise ResourceNotFoundError(f"'{scenario[:60]}' is not a scenario name; fix: read caseledger://handoff for "
-                                    "the current scenario")
+    if scenario is not None:
+        _check_scenario_name(scenario)
     try:
         remember_secrets(ws)
         written = tools.html_report(ws, run_ids, scenario=scenario)
@@ -461,10 +460,14 @@ def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
         raise ResourceError(str(_tool_error(_bug_logged("html report", e)))) from e
 
 
-def _read_scenario(ws: Workspace, name: str) -> str:
+def _check_scenario_name(name: str) -> None:
     if not re.fullmatch(SCENARIO_PATTERN, name):
         raise ResourceNotFoundError(f"'{name[:60]}' is not a scenario name; fix: read caseledger://handoff for "
                                     "the current scenario")
+
+
+def _read_scenario(ws: Workspace, name: str) -> str:
+    _check_scenario_name(name)
     try:
         remember_secrets(ws)
         view = summary.scenario_view(ws, name)

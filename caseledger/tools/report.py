@@ -20,11 +20,10 @@ from caseledger.case.metrics import LIMITS
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import Result, latest_result
 from caseledger.outcome import html, report, summary
-from caseledger.outcome.decide import DecisionRecord
 from caseledger.outcome.report import Flag, evidence_flags
 from caseledger.outcome.summary import ScenarioView
 from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, scenario_figure, summarize
-from caseledger.workspace import Workspace, atomic_write, read_json_or_none
+from caseledger.workspace import Workspace, atomic_write
 
 
 class ReportResult(BaseModel):
@@ -84,12 +83,7 @@ def html_report(ws: Workspace, run_ids: list[str], scenario: str | None = None) 
 def _run(ws: Workspace, r: RunSummary) -> tuple[str, int, int]:
     run = load_run(ws, r.run_id)
     result = summary.load_result(run)
-    data = read_json_or_none(run.paths.decision)
-    decision = None
-    if result is not None and data and data.get("outcome") != "baseline":
-        decision = summary.current_decision(run, result)  # decided again now, as summarize does
-    elif data:
-        decision = DecisionRecord.model_validate(data)
+    decision = summary.decision_now(run, result)  # as summarize shows it
     flags = run_flags(result) if result is not None else []
     charts = _chart(f"{r.run_id}: decision metric, limited figures, TTFT and TPOT CDFs", runs_figure(ws, [r.run_id]))
     page = html.render_run(r.run_id, summary.report_meta(run.meta), [h for h in (r.whole, r.native) if h],

@@ -24,7 +24,7 @@ from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
 from caseledger.outcome.summary import Headline, ScenarioView
-from caseledger.workspace import Workspace, atomic_write, is_id, read_json_or_none, sha256_bytes
+from caseledger.workspace import Workspace, atomic_write, is_id, sha256_bytes
 
 
 class RunSummary(BaseModel):
@@ -119,10 +119,8 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
         body = summary.write_reports(run, result)  # {} without a result
         if last is not None:
             rows.append((rid, v.case_id, last))
-        dec = read_json_or_none(paths.decision) or {}
-        if result is not None and dec and dec.get("outcome") != "baseline":
-            # decided again from the results on disk now: a re-run baseline never leaves a stale verdict
-            dec = summary.current_decision(run, result).model_dump(mode="json")
+        now = summary.decision_now(run, result)
+        dec = now.model_dump(mode="json") if now is not None else {}
         out.append(RunSummary(
             run_id=rid, case_id=v.case_id, scenario=v.scenario, results_extracted=result is not None,
             decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
