@@ -96,7 +96,7 @@ def row_of(v: RunView, sig: str | None = None) -> RunRow:
     return RunRow(run_id=v.run_id, case_id=m.case_id, scenario=m.scenario, parent_case=m.parent_case,
                   target_key=m.target_key, created_utc=m.created_utc, state=v.state.value,
                   failure_class=v.failure_class.value if v.failure_class else None,
-                  current=v.current.value if v.current else None, decision=(v.decision or {}).get("outcome"),
+                  current=v.current.value if v.current else None, decision=v.decision.outcome if v.decision else None,
                   blocker=v.blocker, next_call=v.next_call, last_done=done[-1].value if done else None,
                   live=is_live(v), sig=sig)
 

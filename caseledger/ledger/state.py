@@ -7,10 +7,13 @@ failure, a dead controller turns an open phase into UNKNOWN instead of RUNNING.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from caseledger import procs
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
@@ -79,7 +82,7 @@ class RunView:
     counts: Counts
     load_ended: str  # yes | no | unknown | partial
     results_extracted: bool
-    decision: dict[str, Any] | None
+    decision: RecordedDecision | None  # the run's decision file (null: decide has not run)
     torn_events: bool
     blocker: str | None
     next_call: str
@@ -207,13 +210,19 @@ def load_counts(paths: RunPaths, planned: int) -> Counts:
     return Counts(planned, sent, n, ok, n - ok)
 
 
-def fold(ws: Workspace, run: Run | str) -> RunView:
-    """The run's state: events folded, then checked against the evidence on disk."""
-    run = run if isinstance(run, Run) else load_run(ws, run)
-    paths, meta, run_id = run.paths, run.meta, run.run_id
-    log = read_events(paths)
+class RecordedDecision(BaseModel):
+    """What a run's decision file says, as the ledger reads it (outcome/decide.py writes the full record)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    outcome: str
+    reason: str | None = None
+    enough_to_decide: bool | None = None
+
+
+def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:
+    """Each phase's last attempt, from its started and ended events."""
     phases = {p: PhaseView(p) for p in PHASES}
-    for ev in log.events:
+    for ev in events:
         ph = ev.get("phase")
         if ph not in phases:
             continue
@@ -225,8 +234,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
             v.ended_utc = v.failure_class = v.error = v.evidence = None
             v.data = {}
         elif t == "phase_ended":
-            outcome = ev["data"].get("outcome", "done")
-            v.state = PhaseState(outcome)
+            v.state = PhaseState(ev["data"].get("outcome", "done"))
             v.ended_utc, v.ended_mono = ev["utc"], ev["mono_ns"]
             fc = ev["data"].get("failure_class")
             v.failure_class = FailureClass(fc) if fc else None
@@ -234,78 +242,94 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
             v.data = ev["data"]
             v.attempt = ev.get("attempt") or v.attempt
             v.evidence = (ev.get("outputs") or {}).get("evidence")
-    ctl = read_json_or_none(paths.controller_pid)
-    controller_alive = procs.alive(ctl)
-    client_ref = read_json_or_none(paths.load_pid)
-    client_alive = procs.alive(client_ref)
-    client_host = procs.elsewhere(client_ref)
-    planned = meta.planned
-    counts = load_counts(paths, planned)
-    end = read_json_or_none(paths.load_end)
+    return phases
 
-    # evidence checks
+
+def _check_evidence(phases: dict[Phase, PhaseView], *, end: bool, controller_alive: bool, client_alive: bool,
+                    results_extracted: bool, decided: bool) -> None:
+    """Evidence outranks status strings: an end file beats a stale 'started', results on disk beat a stale
+    postprocess failure, a decision file ends decide, and an open phase of a dead owner is unknown."""
     lv = phases[Phase.LOAD]
     if end and lv.state in (PhaseState.RUNNING, PhaseState.UNKNOWN):
-        lv.state, lv.failure_class = PhaseState.DONE, None  # the client's end file outranks a stale 'started'
-    for v in phases.values():  # an open phase of a dead owner is unknown; a live load client keeps load running
+        lv.state, lv.failure_class = PhaseState.DONE, None
+    for v in phases.values():  # a live load client keeps load running
         if v.state == PhaseState.RUNNING and not controller_alive and not (v.name == Phase.LOAD and client_alive):
             v.state = PhaseState.UNKNOWN
             v.failure_class = FAILURE_OF_PHASE[v.name]
-    results_extracted = has_results(paths)
     pv = phases[Phase.POSTPROCESS]
     if results_extracted and pv.state in (PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
-        pv.state, pv.failure_class = PhaseState.DONE, None  # repaired by reprocess_raw: results beat old failure
-    decision = read_json_or_none(paths.decision)
+        pv.state, pv.failure_class = PhaseState.DONE, None  # repaired by reprocess_raw
     dv = phases[Phase.DECIDE]
-    if decision and dv.state in (PhaseState.PENDING, PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
+    if decided and dv.state in (PhaseState.PENDING, PhaseState.FAILED, PhaseState.UNKNOWN, PhaseState.RUNNING):
         dv.state, dv.failure_class = PhaseState.DONE, None
 
-    partial = read_json_or_none(paths.load_partial)
+
+def _load_ended(paths: RunPaths, meta: RunMeta, lv: PhaseView, end: dict[str, Any] | None, *,
+                client_alive: bool, remote_followed: bool) -> str:
+    """yes | no | unknown | partial, from the end file, the partial marker and the load's state."""
     if end:
-        load_ended = "yes" if int(end.get("done", 0)) >= planned else "partial"
-    elif partial:
-        load_ended = "partial"
-    elif meta.load_reused:
-        load_ended = "yes"
-    elif client_alive or lv.state in (PhaseState.PENDING,) or (client_host and controller_alive and
-                                                               lv.state == PhaseState.RUNNING):
-        load_ended = "no"  # (a remote client is followed by its live controller)
-    else:
-        load_ended = "unknown"
+        return "yes" if int(end.get("done", 0)) >= meta.planned else "partial"
+    if read_json_or_none(paths.load_partial):
+        return "partial"
+    if meta.load_reused:
+        return "yes"
+    if client_alive or lv.state == PhaseState.PENDING or (remote_followed and lv.state == PhaseState.RUNNING):
+        return "no"  # (a remote client is followed by its live controller)
+    return "unknown"
 
-    # overall state
-    failed = next((v for v in phases.values() if v.state == PhaseState.FAILED), None)
-    unknown = next((v for v in phases.values() if v.state == PhaseState.UNKNOWN), None)
-    running = next((v for v in phases.values() if v.state == PhaseState.RUNNING), None)
-    finished = all(v.state in (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED) for v in phases.values())
-    failure_class: FailureClass | None = None
-    if finished:
-        state, current = (RunState.PARTIAL if load_ended == "partial" else RunState.SUCCEEDED), None
-    elif running is not None and (controller_alive or client_alive):
-        state, current = RunState.RUNNING, running.name
-    elif failed is not None:
-        state, current, failure_class = RunState.FAILED, failed.name, failed.failure_class
-    elif unknown is not None:
-        state, current, failure_class = RunState.END_UNKNOWN, unknown.name, unknown.failure_class
-    elif controller_alive:
-        state = RunState.RUNNING
-        current = next((p for p, v in phases.items() if v.state == PhaseState.PENDING), None)
-    elif any(v.state != PhaseState.PENDING for v in phases.values()):
-        state, current = RunState.END_UNKNOWN, next(p for p, v in phases.items() if v.state == PhaseState.PENDING)
-        failure_class = FAILURE_OF_PHASE[current]
-    else:
-        state, current = RunState.CREATED, Phase.PREFLIGHT
-        if not controller_alive and meta.controller_spawned:
-            state, failure_class = RunState.END_UNKNOWN, FailureClass.BEFORE_MODEL
 
+def _overall(phases: dict[Phase, PhaseView], meta: RunMeta, load_ended: str, *, controller_alive: bool,
+             client_alive: bool) -> tuple[RunState, Phase | None, FailureClass | None]:
+    """The run's state, the phase it is at, and its failure class."""
+    def first(state: PhaseState) -> PhaseView | None:
+        return next((v for v in phases.values() if v.state == state), None)
+
+    failed, unknown, running = first(PhaseState.FAILED), first(PhaseState.UNKNOWN), first(PhaseState.RUNNING)
+    pending = next((p for p, v in phases.items() if v.state == PhaseState.PENDING), None)
+    if all(v.state in _FINISHED for v in phases.values()):
+        return (RunState.PARTIAL if load_ended == "partial" else RunState.SUCCEEDED), None, None
+    if running is not None and (controller_alive or client_alive):
+        return RunState.RUNNING, running.name, None
+    if failed is not None:
+        return RunState.FAILED, failed.name, failed.failure_class
+    if unknown is not None:
+        return RunState.END_UNKNOWN, unknown.name, unknown.failure_class
+    if controller_alive:
+        return RunState.RUNNING, pending, None
+    if pending is not None and any(v.state != PhaseState.PENDING for v in phases.values()):
+        return RunState.END_UNKNOWN, pending, FAILURE_OF_PHASE[pending]
+    if not controller_alive and meta.controller_spawned:
+        return RunState.END_UNKNOWN, Phase.PREFLIGHT, FailureClass.BEFORE_MODEL
+    return RunState.CREATED, Phase.PREFLIGHT, None
+
+
+def fold(ws: Workspace, run: Run | str) -> RunView:
+    """The run's state: events folded, then checked against the evidence on disk."""
+    run = run if isinstance(run, Run) else load_run(ws, run)
+    paths, meta = run.paths, run.meta
+    log = read_events(paths)
+    phases = _fold_events(log.events)
+    ctl, client_ref = read_json_or_none(paths.controller_pid), read_json_or_none(paths.load_pid)
+    controller_alive, client_alive = procs.alive(ctl), procs.alive(client_ref)
+    client_host = procs.elsewhere(client_ref)
+    end = read_json_or_none(paths.load_end)
+    results_extracted = has_results(paths)
+    decision = read_json_or_none(paths.decision)
+    _check_evidence(phases, end=bool(end), controller_alive=controller_alive, client_alive=client_alive,
+                    results_extracted=results_extracted, decided=bool(decision))
+    load_ended = _load_ended(paths, meta, phases[Phase.LOAD], end, client_alive=client_alive,
+                             remote_followed=bool(client_host) and controller_alive)
+    state, current, failure_class = _overall(phases, meta, load_ended, controller_alive=controller_alive,
+                                             client_alive=client_alive)
     service = _service_alive(ws, meta, phases[Phase.SERVICE])
     view = RunView(
-        run_id=run_id, case_id=meta.case_id, scenario=meta.scenario, meta=meta, phases=phases,
+        run_id=run.run_id, case_id=meta.case_id, scenario=meta.scenario, meta=meta, phases=phases,
         state=state, failure_class=failure_class, current=current, controller_alive=controller_alive,
-        client_alive=client_alive, counts=counts, load_ended=load_ended, results_extracted=results_extracted,
-        decision=decision, torn_events=log.torn_tail, blocker=None, next_call="",
-        next_restarts_service=False, next_repeats_warmup=False, next_resends_requests=False,
-        service_alive=service[0], service_gone=service[1],
+        client_alive=client_alive, counts=load_counts(paths, meta.planned), load_ended=load_ended,
+        results_extracted=results_extracted,
+        decision=RecordedDecision.model_validate(decision) if decision else None, torn_events=log.torn_tail,
+        blocker=None, next_call="", next_restarts_service=False, next_repeats_warmup=False,
+        next_resends_requests=False, service_alive=service[0], service_gone=service[1],
         missing_evidence=_missing_evidence(paths, phases, meta), client_host=client_host,
         client_stopped=procs.stopped(client_ref), controller_stopped=procs.stopped(ctl),
     )
@@ -342,84 +366,116 @@ def sealed_raw_sha256(v: RunView) -> str | None:
 
 def _advise(v: RunView) -> None:
     """The blocker at its boundary and the one next call."""
+    if _advise_live(v):
+        return
+    ph = v.phases[v.current] if v.current else None
+    err = (ph.error or "") if ph else ""
+    if v.steps is not None and v.steps.redo and not err:
+        err = f"the service ({', '.join(v.service_gone) or 'its process'}) is gone; the formal load still needs it"
+    where = f"{v.current}: {quoted(err, OUTSIDE_CHARS)}" if err else f"{v.current}"
+    v.blocker = f"{v.failure_class} at {where}"
+    advice = _NEXT_AFTER.get(v.failure_class) if v.failure_class else None
+    v.next_call = advice(v, ph) if advice else f"resume(run_id='{v.run_id}')"
+
+
+def _advise_live(v: RunView) -> bool:
+    """The next call of a run that has not stopped at a failure (finished, partial, running): True when set."""
     rid = v.run_id
     if v.state == RunState.SUCCEEDED:
         v.next_call = f"summarize(run_ids=['{rid}'])"
-        return
-    if v.state == RunState.PARTIAL:
+    elif v.state == RunState.PARTIAL:
         v.blocker = f"partial load: {v.counts.done} of {v.counts.planned} requests recorded (client died)"
         v.next_call = (f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
                        f"(summarize(run_ids=['{rid}']) shows them)")
-        return
-    if v.state == RunState.RUNNING and not v.controller_alive:
+    elif v.state == RunState.RUNNING and not v.controller_alive:
         v.blocker = "controller gone; the load client is still running"
         v.next_call = f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)"
-        return
-    if v.state == RunState.RUNNING and (v.client_stopped or v.controller_stopped or v.service_gone):
+    elif v.state == RunState.RUNNING and (v.client_stopped or v.controller_stopped or v.service_gone):
         who = ", ".join([*(["load client"] if v.client_stopped else []),
                          *(["controller"] if v.controller_stopped else []),
                          *[f"service {g}" for g in v.service_gone]])
         v.blocker = f"{who} stopped or gone while the run is at {v.current}: no progress; figures would be distorted"
         v.next_call = (f"send SIGCONT to what was stopped (or let the run fail and resume(run_id='{rid}')); "
                        f"phase_status(run_id='{rid}') shows it")
-        return
-    if v.state in (RunState.RUNNING, RunState.CREATED):
+    elif v.state in (RunState.RUNNING, RunState.CREATED):
         v.next_call = f"phase_status(run_id='{rid}') later; the run continues in its controller"
-        return
-    ph = v.phases[v.current] if v.current else None
-    err = (ph.error or "") if ph else ""
-    if v.steps is not None and v.steps.redo and not err:
-        err = f"the service ({', '.join(v.service_gone) or 'its process'}) is gone; the formal load still needs it"
-    fc = v.failure_class
-    where = f"{v.current}: {quoted(err, OUTSIDE_CHARS)}" if err else f"{v.current}"
-    v.blocker = f"{fc} at {where}"
-    if fc == FailureClass.BEFORE_MODEL:
-        v.next_call = (f"fix the cause and check it with start_run(case_id='{v.case_id}', preflight_only=True) (no "
-                       f"run, no lease), then resume(run_id='{rid}') (re-runs preflight; 0 model requests sent); a "
-                       "case error needs freeze_case of a corrected draft")
-    elif fc == FailureClass.COLLECT:
-        v.next_call = f"reprocess_raw(run_id='{rid}') — repairs from raw data, no requests re-sent"
-    elif fc == FailureClass.HOT_ENTRY:
-        v.next_call = (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run "
-                       f"(reuses the warm service); or after a client fix resume(run_id='{rid}')")
-    elif fc == FailureClass.SERVICE and ph is not None and ph.attempt >= REPEATS_BEFORE_BY_HAND:
-        v.next_call = (f"by hand: {ph.attempt} attempts of {v.current} failed the same way ({fc}); read the service "
-                       "log (ledger/services/*.log) and fix the engine or its case (freeze_case a corrected draft); "
-                       "`caseledger target stop` stops what caseledger started")
-    elif fc == FailureClass.SERVICE:
-        first = v.steps.first if v.steps else v.current
-        v.next_call = (f"resume(run_id='{rid}') starts again at {first}"
-                       + (" (starts the service once, then warmup and what follows)" if v.next_restarts_service
-                          else " (keeps the live service)"))
-    elif fc == FailureClass.OVERLOAD:
-        v.next_call = (f"wait for the target to drain, then resume(run_id='{rid}') (sends the load again as a new "
-                       f"attempt; this one's raw data is kept aside), or freeze_case a child with a lower load.rate "
-                       f"or load.concurrency (parent='{v.case_id}'): the target is rate-limited or saturated, the "
-                       "case is not wrong")
-    elif fc == FailureClass.INTERNAL:
-        v.next_call = (f"a caseledger bug at {v.current}: report it with ledger/runs/{rid}/controller.log; the raw "
-                       f"data is kept; resuming would meet the same bug (after a fix: resume(run_id='{rid}'))")
-    elif fc == FailureClass.AUTH:
-        v.next_call = (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
-                       f"resume(run_id='{rid}') — keeps the service, repeats the refused phase")
-    elif fc == FailureClass.DATASET:
-        v.next_call = (f"freeze_case(draft with the fix the blocker names, parent='{v.case_id}') then start_run "
-                       "(keeps the live service); resuming this run would fail the same way")
-    elif fc == FailureClass.DISK:
-        v.next_call = (f"free disk space on the workspace's filesystem, then resume(run_id='{rid}') — goes on at "
-                       f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
-    elif fc == FailureClass.END_UNKNOWN and v.current == Phase.LOAD and v.client_host and v.load_ended != "yes":
-        v.next_call = (f"resume(run_id='{rid}') once {v.client_host} is reachable — re-attaches over SSH to the load "
-                       f"client there (pid and start time), copies the raw records still missing ({v.counts.done} of "
-                       f"{v.counts.planned} here); never starts a second client, sends nothing again; the lease is "
-                       "kept meanwhile")
-    elif fc == FailureClass.END_UNKNOWN and v.current == Phase.LOAD and not v.client_alive and \
-            v.load_ended != "yes" and v.counts.done < v.counts.planned and v.counts.sent:
-        v.next_call = (f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "
-                       f"{v.counts.done} of {v.counts.planned} records ({v.counts.planned - v.counts.sent} never "
-                       f"sent); resume(run_id='{rid}') only ends this run as partial (nothing is re-sent)")
-    elif fc == FailureClass.END_UNKNOWN:
-        v.next_call = (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
-                       "sends no formal request again")
     else:
-        v.next_call = f"resume(run_id='{rid}')"
+        return False
+    return True
+
+
+def _after_before_model(v: RunView, ph: PhaseView | None) -> str:
+    return (f"fix the cause and check it with start_run(case_id='{v.case_id}', preflight_only=True) (no run, no "
+            f"lease), then resume(run_id='{v.run_id}') (re-runs preflight; 0 model requests sent); a case error "
+            "needs freeze_case of a corrected draft")
+
+
+def _after_collect(v: RunView, ph: PhaseView | None) -> str:
+    return f"reprocess_raw(run_id='{v.run_id}') — repairs from raw data, no requests re-sent"
+
+
+def _after_hot_entry(v: RunView, ph: PhaseView | None) -> str:
+    return (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run (reuses the "
+            f"warm service); or after a client fix resume(run_id='{v.run_id}')")
+
+
+def _after_service(v: RunView, ph: PhaseView | None) -> str:
+    if ph is not None and ph.attempt >= REPEATS_BEFORE_BY_HAND:
+        return (f"by hand: {ph.attempt} attempts of {v.current} failed the same way ({v.failure_class}); read the "
+                "service log (ledger/services/*.log) and fix the engine or its case (freeze_case a corrected "
+                "draft); `caseledger target stop` stops what caseledger started")
+    first = v.steps.first if v.steps else v.current
+    return (f"resume(run_id='{v.run_id}') starts again at {first}"
+            + (" (starts the service once, then warmup and what follows)" if v.next_restarts_service
+               else " (keeps the live service)"))
+
+
+def _after_overload(v: RunView, ph: PhaseView | None) -> str:
+    return (f"wait for the target to drain, then resume(run_id='{v.run_id}') (sends the load again as a new "
+            f"attempt; this one's raw data is kept aside), or freeze_case a child with a lower load.rate "
+            f"or load.concurrency (parent='{v.case_id}'): the target is rate-limited or saturated, the "
+            "case is not wrong")
+
+
+def _after_internal(v: RunView, ph: PhaseView | None) -> str:
+    return (f"a caseledger bug at {v.current}: report it with ledger/runs/{v.run_id}/controller.log; the raw "
+            f"data is kept; resuming would meet the same bug (after a fix: resume(run_id='{v.run_id}'))")
+
+
+def _after_auth(v: RunView, ph: PhaseView | None) -> str:
+    return (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
+            f"resume(run_id='{v.run_id}') — keeps the service, repeats the refused phase")
+
+
+def _after_dataset(v: RunView, ph: PhaseView | None) -> str:
+    return (f"freeze_case(draft with the fix the blocker names, parent='{v.case_id}') then start_run "
+            "(keeps the live service); resuming this run would fail the same way")
+
+
+def _after_disk(v: RunView, ph: PhaseView | None) -> str:
+    return (f"free disk space on the workspace's filesystem, then resume(run_id='{v.run_id}') — goes on at "
+            f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
+
+
+def _after_end_unknown(v: RunView, ph: PhaseView | None) -> str:
+    rid, c = v.run_id, v.counts
+    at_load = v.current == Phase.LOAD and v.load_ended != "yes"
+    if at_load and v.client_host:
+        return (f"resume(run_id='{rid}') once {v.client_host} is reachable — re-attaches over SSH to the load "
+                f"client there (pid and start time), copies the raw records still missing ({c.done} of "
+                f"{c.planned} here); never starts a second client, sends nothing again; the lease is kept meanwhile")
+    if at_load and not v.client_alive and c.done < c.planned and c.sent:
+        return (f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "
+                f"{c.done} of {c.planned} records ({c.planned - c.sent} never sent); resume(run_id='{rid}') only "
+                "ends this run as partial (nothing is re-sent)")
+    return (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
+            "sends no formal request again")
+
+
+_NEXT_AFTER: dict[FailureClass, Callable[[RunView, PhaseView | None], str]] = {
+    FailureClass.BEFORE_MODEL: _after_before_model, FailureClass.COLLECT: _after_collect,
+    FailureClass.HOT_ENTRY: _after_hot_entry, FailureClass.SERVICE: _after_service,
+    FailureClass.OVERLOAD: _after_overload, FailureClass.INTERNAL: _after_internal, FailureClass.AUTH: _after_auth,
+    FailureClass.DATASET: _after_dataset, FailureClass.DISK: _after_disk, FailureClass.END_UNKNOWN: _after_end_unknown,
+}
+"""The one next call after a failure of each class (any other class: resume)."""

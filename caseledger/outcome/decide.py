@@ -194,6 +194,106 @@ def _values(results: Sequence[Result | float], window: Literal["whole", "native"
             if isinstance(v, float)]
 
 
+def _candidate_missing(candidate: Result | None, cand: Reading | None, verdicts: list[LimitVerdict],
+                       metric: str, window: str, *, load_ended: bool) -> list[str]:
+    """What the candidate's side lacks to be decided."""
+    missing: list[str] = []
+    if not load_ended:
+        missing.append("the formal load has not been confirmed ended")
+    if candidate is None or cand is None:
+        missing.append("candidate: no result; postprocess the raw data (reprocess_raw) first")
+        return missing
+    if candidate.requests <= 0:
+        missing.append("candidate: no raw records were processed")
+    missing += _evidence("candidate", cand, candidate, metric)
+    missing += [f"candidate: {v.limit} NOT_OBSERVED on the {window} window: the limit cannot be checked"
+                for v in verdicts if v.verdict == "not_observed"]
+    return missing
+
+
+def _baseline_missing(candidate: Result | None, baseline: Result | None, base: Reading | None,
+                      baseline_ref: str | None, metric: str, window: str) -> list[str]:
+    """What the baseline's side lacks (nothing for the scenario's first case: it has nothing to compare with)."""
+    if baseline is None and baseline_ref is None:
+        return []
+    if baseline is None or base is None:
+        return [f"no baseline result ({'baseline ' + baseline_ref if baseline_ref else 'no baseline named'}); "
+                "postprocess the baseline run or name one in case.decision.baseline"]
+    missing = _evidence("baseline", base, baseline, metric)
+    if candidate is not None and baseline.processor_version != candidate.processor_version:
+        missing.append(
+            f"baseline processed by {baseline.processor_version}, candidate by "
+            f"{candidate.processor_version}: reprocess the baseline's raw data with the current "
+            "processor (no new load needed)"
+        )
+    if candidate is not None and window == "native" and baseline.params_key != candidate.params_key:
+        missing.append(
+            f"native windows differ: baseline {baseline.params_key}, candidate "
+            f"{candidate.params_key}; reprocess one of them with the other's rule"
+        )
+    return missing
+
+
+def _improvement(cv: float | NotObserved | None, bv: float | NotObserved | None, direction: Direction,
+                 metric: str, missing: list[str]) -> float | None:
+    """(cand - base) / base, signed so that positive is better; None (with the reason appended to missing
+    for a zero baseline) when it cannot be computed."""
+    if not isinstance(cv, float) or not isinstance(bv, float):
+        return None
+    if bv == 0:
+        missing.append(f"baseline {metric} is 0: no relative change can be computed")
+        return None
+    return (cv - bv) / bv if direction == "higher_is_better" else (bv - cv) / bv
+
+
+def _noise(candidate: Result | None, baseline: Result | None, repeats: Sequence[Result | float],
+           baseline_repeats: Sequence[Result | float], window: Literal["whole", "native"], metric: str) -> Noise:
+    c_runs = _values([*([candidate] if candidate else []), *repeats], window, metric)
+    b_runs = _values([*([baseline] if baseline else []), *baseline_repeats], window, metric)
+    ci, bi = _interval_rel(candidate, window, metric), _interval_rel(baseline, window, metric)
+    cs, bs = _spread(c_runs), _spread(b_runs)
+    return Noise(candidate_interval_rel=ci, baseline_interval_rel=bi, candidate_runs=len(c_runs),
+                 baseline_runs=len(b_runs), candidate_spread_rel=cs, baseline_spread_rel=bs,
+                 noise_rel=math.hypot(_side(ci, cs), _side(bi, bs)))
+
+
+class _Verdict(_Model):
+    outcome: Outcome
+    reason: str
+    settle: str | None = None
+
+
+def _verdict(*, breaks: str, missing: list[str], first_of_scenario: bool, cv: float | NotObserved | None,
+             bv: float | NotObserved | None, improvement: float | None, noise: Noise | None, base_broken: str,
+             where: str, min_effect: float, candidate_case: str | None, baseline_ref: str | None) -> _Verdict:
+    """The outcome and its one-sentence reason, in the order the rules rank: a broken limit closes, the first
+    case is the baseline, missing evidence leaves it undecided, then the change against limits, noise and
+    min_effect."""
+    if breaks and not missing:
+        return _Verdict(outcome="close", reason=f"close (limit {breaks}): above case.decision.limits whatever its "
+                        f"{where}")
+    if first_of_scenario and not missing and isinstance(cv, float):
+        return _Verdict(outcome="baseline", reason="no parent and no case.decision.baseline: this run is the "
+                        f"scenario's reference; {where} = {cv:.4f}")
+    if missing or improvement is None or noise is None or not isinstance(cv, float) or not isinstance(bv, float):
+        return _Verdict(outcome="insufficient",
+                        reason=f"{len(missing)} piece(s) of evidence missing: " + "; ".join(missing))
+    versus = f"{cv:.4f} vs {bv:.4f}"
+    if base_broken:
+        return _Verdict(outcome="keep", reason=f"within every limit, while the baseline breaks {base_broken}; "
+                        f"{where} changes by {improvement:+.2%}: {versus}")
+    if noise.noise_rel > 0 and abs(improvement) <= noise.noise_rel:
+        settle = _settle(noise, candidate_case, baseline_ref)
+        return _Verdict(outcome="insufficient", settle=settle,
+                        reason=f"insufficient (within noise ±{noise.noise_rel:.1%}): {where} changes by "
+                        f"{improvement:+.2%}, {versus}; {noise_words(noise)}; settle: {settle}")
+    if improvement >= min_effect:
+        return _Verdict(outcome="keep", reason=f"{where} improves by {improvement:+.2%} (>= min_effect "
+                        f"{min_effect:.2%}; {noise_words(noise)}): {versus}")
+    return _Verdict(outcome="close", reason=f"{where} changes by {improvement:+.2%} (< min_effect "
+                    f"{min_effect:.2%}; {noise_words(noise)}): {versus}")
+
+
 def decide(
     case: Case, candidate: Result | None, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool,
     candidate_case: str | None = None, repeats: Sequence[Result | float] = (),
@@ -205,128 +305,36 @@ def decide(
 
     candidate None means postprocessing produced no result yet: the decision is insufficient with
     results_extracted false (the caller still records load_ended as it found it). repeats / baseline_repeats:
-    the other valid results of the candidate's and the baseline's case, or their metric's values (their run-to-run
-    spread);
-    candidate_case names the candidate's case in the call that settles a change within the noise.
+    the other valid results of the candidate's and the baseline's case, or their metric's values (their
+    run-to-run spread); candidate_case names the candidate's case in the call that settles a change within the
+    noise.
     """
     d = case.decision
     metric, window = d.primary_metric, d.window
     direction = METRICS[metric].direction
     cand = _reading(candidate, window, metric) if candidate is not None else None
     base = _reading(baseline, window, metric) if baseline is not None else None
-    results_extracted = candidate is not None and candidate.requests > 0
     verdicts = limit_verdicts(case, candidate)
-
-    missing: list[str] = []
-    if not load_ended:
-        missing.append("the formal load has not been confirmed ended")
-    if candidate is None or cand is None:
-        missing.append("candidate: no result; postprocess the raw data (reprocess_raw) first")
-    else:
-        if not results_extracted:
-            missing.append("candidate: no raw records were processed")
-        missing += _evidence("candidate", cand, candidate, metric)
-        missing += [f"candidate: {v.limit} NOT_OBSERVED on the {window} window: the limit cannot be checked"
-                    for v in verdicts if v.verdict == "not_observed"]
-    first_of_scenario = baseline is None and baseline_ref is None
-    if first_of_scenario:
-        pass  # nothing to compare with: this run becomes the scenario's reference if its own evidence holds
-    elif baseline is None or base is None:
-        missing.append(
-            f"no baseline result ({'baseline ' + baseline_ref if baseline_ref else 'no baseline named'}); "
-            "postprocess the baseline run or name one in case.decision.baseline"
-        )
-    else:
-        missing += _evidence("baseline", base, baseline, metric)
-        if candidate is not None and baseline.processor_version != candidate.processor_version:
-            missing.append(
-                f"baseline processed by {baseline.processor_version}, candidate by "
-                f"{candidate.processor_version}: reprocess the baseline's raw data with the current "
-                "processor (no new load needed)"
-            )
-        if candidate is not None and window == "native" and baseline.params_key != candidate.params_key:
-            missing.append(
-                f"native windows differ: baseline {baseline.params_key}, candidate "
-                f"{candidate.params_key}; reprocess one of them with the other's rule"
-            )
-
-    improvement: float | None = None
+    missing = _candidate_missing(candidate, cand, verdicts, metric, window, load_ended=load_ended)
+    missing += _baseline_missing(candidate, baseline, base, baseline_ref, metric, window)
     cv = cand.value if cand is not None else None
     bv = base.value if base is not None else None
-    if isinstance(cv, float) and isinstance(bv, float):
-        if bv == 0:
-            missing.append(f"baseline {metric} is 0: no relative change can be computed")
-        elif direction == "higher_is_better":
-            improvement = (cv - bv) / bv
-        else:
-            improvement = (bv - cv) / bv
-
-    noise: Noise | None = None
-    if improvement is not None:
-        c_runs = _values([*([candidate] if candidate else []), *repeats], window, metric)
-        b_runs = _values([*([baseline] if baseline else []), *baseline_repeats], window, metric)
-        ci, bi = _interval_rel(candidate, window, metric), _interval_rel(baseline, window, metric)
-        cs, bs = _spread(c_runs), _spread(b_runs)
-        noise = Noise(candidate_interval_rel=ci, baseline_interval_rel=bi, candidate_runs=len(c_runs),
-                      baseline_runs=len(b_runs), candidate_spread_rel=cs, baseline_spread_rel=bs,
-                      noise_rel=math.hypot(_side(ci, cs), _side(bi, bs)))
+    improvement = _improvement(cv, bv, direction, metric, missing)
+    noise = _noise(candidate, baseline, repeats, baseline_repeats, window, metric) if improvement is not None \
+        else None
     # a baseline above a limit is no reference for a candidate within every limit
     base_broken = broken(limit_verdicts(baseline_case or case, baseline)) if baseline is not None else ""
-
-    outcome: Outcome
-    settle: str | None = None
-    where = f"{metric} on {window}"
-    breaks = broken(verdicts)
-    if breaks and not missing:
-        outcome = "close"
-        reason = f"close (limit {breaks}): above case.decision.limits whatever its {where}"
-    elif first_of_scenario and not missing and isinstance(cv, float):
-        outcome = "baseline"
-        reason = (f"no parent and no case.decision.baseline: this run is the scenario's reference; "
-                  f"{where} = {cv:.4f}")
-    elif (missing or improvement is None or noise is None or not isinstance(cv, float)
-          or not isinstance(bv, float)):
-        outcome = "insufficient"
-        reason = f"{len(missing)} piece(s) of evidence missing: " + "; ".join(missing)
-    elif base_broken:
-        outcome = "keep"
-        reason = (f"within every limit, while the baseline breaks {base_broken}; {where} changes by "
-                  f"{improvement:+.2%}: {cv:.4f} vs {bv:.4f}")
-    elif noise.noise_rel > 0 and abs(improvement) <= noise.noise_rel:
-        outcome = "insufficient"
-        settle = _settle(noise, candidate_case, baseline_ref)
-        reason = (f"insufficient (within noise ±{noise.noise_rel:.1%}): {where} changes by {improvement:+.2%}, "
-                  f"{cv:.4f} vs {bv:.4f}; {noise_words(noise)}; settle: {settle}")
-    elif improvement >= d.min_effect:
-        outcome = "keep"
-        reason = (
-            f"{where} improves by {improvement:+.2%} (>= min_effect {d.min_effect:.2%}; {noise_words(noise)}): "
-            f"{cv:.4f} vs {bv:.4f}"
-        )
-    else:
-        outcome = "close"
-        reason = (
-            f"{where} changes by {improvement:+.2%} (< min_effect {d.min_effect:.2%}; {noise_words(noise)}): "
-            f"{cv:.4f} vs {bv:.4f}"
-        )
+    v = _verdict(breaks=broken(verdicts), missing=missing, first_of_scenario=baseline is None and baseline_ref is None,
+                 cv=cv, bv=bv, improvement=improvement, noise=noise, base_broken=base_broken,
+                 where=f"{metric} on {window}", min_effect=d.min_effect, candidate_case=candidate_case,
+                 baseline_ref=baseline_ref)
     return DecisionRecord(
-        outcome=outcome,
-        primary_metric=metric,
-        window=window,
-        direction=direction,
-        min_effect=d.min_effect,
-        candidate=cand,
-        baseline=base,
-        baseline_ref=baseline_ref,
-        relative_improvement=improvement,
-        missing=missing,
-        load_ended=load_ended,
-        results_extracted=results_extracted,
-        enough_to_decide=outcome != "insufficient",
-        reason=reason,
-        limits=verdicts,
-        noise=noise,
-        settle=settle,
+        outcome=v.outcome, primary_metric=metric, window=window, direction=direction, min_effect=d.min_effect,
+        candidate=cand, baseline=base, baseline_ref=baseline_ref, relative_improvement=improvement,
+        missing=missing, load_ended=load_ended,
+        results_extracted=candidate is not None and candidate.requests > 0,
+        enough_to_decide=v.outcome != "insufficient", reason=v.reason, limits=verdicts, noise=noise,
+        settle=v.settle,
     )
 
 

@@ -245,7 +245,7 @@ def _campaigns(ws: Workspace) -> list[tuple[str, str, bool]]:
 
 def _next(v: RunView) -> str:
     if v.state == RunState.SUCCEEDED:
-        dec = (v.decision or {}).get("outcome")
+        dec = v.decision.outcome if v.decision else None
         return (f"summarize(run_ids=['{v.run_id}']) then freeze the next candidate with parent "
                 f"{v.case_id if dec != 'close' else (v.meta.parent_case or v.case_id)}")
     return v.next_call

@@ -180,15 +180,15 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
         run_id = latest.run_id
     v = fold(workspace, load_run(workspace, run_id))  # folded live: the one run asked about
     cur = v.phases[v.current] if v.current else None
-    dec = v.decision or {}
+    dec = v.decision
     return StatusResult(
         run_id=v.run_id, case_id=v.case_id, scenario=v.scenario, state=v.state.value, phase=v.current,
         phase_state=cur.state.value if cur else None, phases={k: p.state.value for k, p in v.phases.items()},
         failure_class=v.failure_class, planned=v.counts.planned, sent=0 if v.meta.load_reuse else v.counts.sent,
         done=v.counts.done,
         failed=v.counts.failed, load_ended=v.load_ended, results_extracted=v.results_extracted,
-        enough_to_decide=(dec.get("enough_to_decide") if dec else None), decision=dec.get("outcome"),
-        decision_reason=dec.get("reason"),
+        enough_to_decide=dec.enough_to_decide if dec else None, decision=dec.outcome if dec else None,
+        decision_reason=dec.reason if dec else None,
         owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
         next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
         next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
