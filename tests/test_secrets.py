@@ -102,7 +102,7 @@ def test_launched_service_gets_only_the_basics_and_its_declared_env(
                            "{port}", "--model", "ref-model"]
     cid = freeze_case(ws, draft=ref_draft(free_port(), service=service)).case_id
     case = load_case(ws, cid)
-    ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=True)
+    ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=True).evidence()
     assert ev["outcome"] == "done"
     env = _environ(int(ev["pid"]))
     assert env["ENGINE_TOKEN"] == DECLARED and env["LOG_LEVEL"] == "info"  # the declared env, resolved
@@ -125,7 +125,7 @@ def test_identity_command_runs_with_the_same_minimal_env(
                                    "env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_DECLARED}"}})
         cid = freeze_case(ws, draft=draft).case_id
         case = load_case(ws, cid)
-        ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=False)
+        ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=False).evidence()
     out = ev["identity_output"]
     # the command saw the declared value (that is what is masked) and the evidence does not keep it
     assert "ENGINE_TOKEN=***" in out and DECLARED not in out and "LC_TEST_LOCALE=C" in out

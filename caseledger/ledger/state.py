@@ -19,6 +19,7 @@ from caseledger import procs
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import OUTSIDE_CHARS, FailureClass, quoted
 from caseledger.ledger.events import read_events
+from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.ledger.runs import Run, RunMeta, has_results, load_run
 from caseledger.records import iter_lines
 from caseledger.workspace import RunPaths, Workspace, read_json_or_none
@@ -150,25 +151,25 @@ def next_steps(v: RunView) -> NextSteps:
 
 def _service_alive(ws: Workspace, meta: RunMeta, sv: PhaseView) -> tuple[bool | None, list[str]]:
     """Whether the local service this run's service phase started or reused is still the live one."""
-    comps = sv.data.get("components") or [{"key": meta.target_key, "pid": sv.data.get("pid"),
-                                           "host": sv.data.get("host")}]
-    if meta.load_reuse or not meta.target_key or sv.state not in _FINISHED:
+    rec = ServiceRecord.of(sv.data) if sv.state in _FINISHED else None
+    if meta.load_reuse or not meta.target_key or rec is None:
         return None, []  # no service of ours (measurement-only)
-    if not all(c.get("pid") is not None and not c.get("host") for c in comps):
+    if not all(c.pid is not None and not c.host for c in rec.processes):
         return None, []  # external, or remote (no SSH round trip here)
-    gone = _gone(ws, comps)
+    gone = _gone(ws, meta.target_key, rec)
     return not gone, gone
 
 
-def _gone(ws: Workspace, comps: list[dict[str, Any]]) -> list[str]:
+def _gone(ws: Workspace, key: str, rec: ServiceRecord) -> list[str]:
     """'pid N' (or 'NAME pid N' for a component) of each process of a service record no longer the live one:
     stopped, replaced or dead since."""
     out = []
-    for c in comps:
-        st = read_json_or_none(ws.services_dir / f"{c['key']}.json") or {}
+    for c in rec.processes:
+        comp = c if isinstance(c, ComponentRecord) else None
+        st = read_json_or_none(ws.services_dir / f"{comp.key if comp else key}.json") or {}
         proc = st.get("proc")
-        who = f"{c['name']} pid {c['pid']}" if c.get("name") else f"pid {c['pid']}"
-        if not isinstance(proc, dict) or proc.get("pid") != c["pid"] or not procs.alive(proc):
+        who = f"{comp.name} pid {c.pid}" if comp else f"pid {c.pid}"
+        if not isinstance(proc, dict) or proc.get("pid") != c.pid or not procs.alive(proc):
             out.append(who)
         elif procs.stopped(proc):
             out.append(f"{who} stopped (SIGSTOP)")

@@ -23,6 +23,7 @@ from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, LockTimeout, PhaseFailed
 from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
+from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
 from caseledger.load.faults import fault, fill_disk
@@ -185,7 +186,11 @@ class Controller:
         return self.meta.action(phase)
 
     def _service_reused(self) -> bool:
-        return (read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}).get("outcome") == "reused"
+        rec = self._service_record()
+        return rec is not None and rec.outcome == "reused"
+
+    def _service_record(self) -> ServiceRecord | None:
+        return ServiceRecord.read(self.paths.phase_file(Phase.SERVICE))
 
     # ---- phase bodies: each returns its evidence or raises PhaseFailed
     def phase_preflight(self, attempt: int) -> dict[str, Any]:
@@ -205,9 +210,9 @@ class Controller:
         if self.action(Phase.SERVICE) == "reuse" and self.meta.load_reuse:
             return {"outcome": "reused", "reason": "measurement-only: the target is not contacted"}
         allow_start = (self.meta.authorized or current_mode(self.ws)) != "paused"
-        ev = services.ensure(self.ws, self.case, self.key, self.meta.case_id, allow_start=allow_start)
-        ev["plan"] = self.action(Phase.SERVICE)
-        return ev
+        rec = services.ensure(self.ws, self.case, self.key, self.meta.case_id, allow_start=allow_start)
+        rec.plan = self.action(Phase.SERVICE)
+        return rec.evidence()
 
     def phase_warmup(self, attempt: int) -> dict[str, Any]:
         if self.case.warmup.requests == 0:
@@ -222,18 +227,17 @@ class Controller:
         if self.meta.load_reuse or (self._service_reused() and self.action(Phase.ROUTE_VERIFY) == "reuse"):
             return {"outcome": "reused", "reason": "service reused: warmed and routes verified since it started"}
         out = phases.route_verify(self.run_, self._changed_routes())
-        ev = read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}
-        # these instances are warm now: the next run's plan reuses warmup and routes
-        services.mark_warm(self.ws, self.key, ev, self.paths.run_id)
+        rec = self._service_record()
+        if rec is not None:  # these instances are warm now: the next run's plan reuses warmup and routes
+            services.mark_warm(self.ws, self.key, rec, self.paths.run_id)
         return out
 
     def _changed_routes(self) -> list[int] | None:
         """With components, the routes whose processes the service phase (re)started (the others kept their pids
         and warm caches, so warmup and route verification skip them); None: every route."""
-        ev = read_json_or_none(self.paths.phase_file(Phase.SERVICE)) or {}
-        changed = ev.get("changed_routes")
-        partial = ev.get("outcome") != "reused" and ev.get("reused")
-        return list(changed) if isinstance(changed, list) and partial else None
+        rec = self._service_record()
+        return list(rec.changed_routes) if rec is not None and rec.changed_routes is not None and rec.partly_reused \
+            else None
 
     def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
         act = self.action(Phase.CACHE_PREPARE)

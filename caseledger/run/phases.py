@@ -22,6 +22,7 @@ from caseledger import datasets, procs, redact, services
 from caseledger.case.model import Case, origin
 from caseledger.case.plan import Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
+from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import AUTH_STATUSES, api_key_of, client_timing, refuse_auth, run_requests
@@ -531,8 +532,8 @@ def _our_sessions(run: Run, client: dict[str, Any] | None) -> set[int]:
     """Sessions whose CPU is the measurement's own: the load client's, the service processes' and this
     controller's (each is started in a session of its own, so an engine's workers count with it)."""
     pids = [os.getpid(), *([int(client["pid"])] if client else [])]
-    ev = read_json_or_none(run.paths.phase_file(Phase.SERVICE)) or {}
-    pids += [int(c["pid"]) for c in ev.get("components") or [ev] if isinstance(c.get("pid"), int)]
+    rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
+    pids += [c.pid for c in rec.processes if c.pid is not None] if rec is not None else []
     out = set()
     for pid in pids:
         with contextlib.suppress(OSError):

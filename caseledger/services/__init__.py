@@ -1,6 +1,7 @@
 """Bringing a target's service to the case's identity: adapters (reference, external, command; local or
 over SSH) and the SSH transport (remote)."""
 
+from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services.adapters import (
     case_env,
     check_live,
@@ -18,6 +19,8 @@ from caseledger.services.adapters import (
 )
 
 __all__ = [
+    "ComponentRecord",
+    "ServiceRecord",
     "case_env",
     "check_live",
     "compare_argv",

@@ -32,6 +32,7 @@ from caseledger import procs, redact
 from caseledger.case.model import ENV_REF, SSH, Case, FileRef, health_url_of, origin
 from caseledger.case.plan import argv_options
 from caseledger.errors import FailureClass, PhaseFailed, quoted
+from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote
@@ -336,13 +337,13 @@ def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool]:
     return True, warm
 
 
-def mark_warm(ws: Workspace, key: str, evidence: dict[str, Any], run_id: str) -> None:
+def mark_warm(ws: Workspace, key: str, evidence: ServiceRecord, run_id: str) -> None:
     """Record that run_id warmed the service instances of this service evidence (every component) and verified
     their routes (a restart forgets it)."""
-    for comp in evidence.get("components") or [{"key": key, "pid": evidence.get("pid")}]:
-        path = _state_path(ws, comp["key"])
+    for comp in evidence.processes:
+        path = _state_path(ws, comp.key if isinstance(comp, ComponentRecord) else key)
         st = read_json_or_none(path) or {}
-        if comp.get("pid") is not None and (st.get("proc") or {}).get("pid") == comp["pid"]:
+        if comp.pid is not None and (st.get("proc") or {}).get("pid") == comp.pid:
             st["warmed_by"] = run_id
             write_json(path, st)
 
@@ -605,10 +606,10 @@ def stop_all(ws: Workspace) -> list[str]:
     return out
 
 
-def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool) -> dict[str, Any]:
+def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool) -> ServiceRecord:
     """Bring the target to the case's service identity, process by process: a live process with its identity
-    is kept (its warm caches with it), any other is (re)started. Returns the evidence dict (outcome
-    reused|done); with components, one entry per component and the routes whose processes changed."""
+    is kept (its warm caches with it), any other is (re)started. Returns the evidence (outcome reused|done);
+    with components, one record per component and the routes whose processes changed."""
     if case.service.adapter == "external":
         return _external(case, identity_of(case))
     us = units(case)
@@ -617,18 +618,19 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     comps = []
     for u in us:  # in list order, each healthy before the next (a router after its workers)
         ev = _ensure_unit(ws, case, u, u.key(key), case_id, allow_start)
-        comps.append({"name": u.name, "role": u.role, "key": u.key(key), "routes": list(u.routes), **ev})
-    restarted = [c["name"] for c in comps if c["outcome"] != "reused"]
+        comps.append(ComponentRecord(name=u.name, role=u.role, key=u.key(key), routes=list(u.routes),
+                                     **ev.model_dump(exclude_unset=True)))
+    restarted = [c.name for c in comps if c.outcome != "reused"]
     every = range(len(case.target.endpoints))
-    changed = sorted({r for c in comps if c["outcome"] != "reused" for r in (c["routes"] or every)})
-    return {"outcome": "reused" if not restarted else "done",
-            "identity": "s-" + sha256_bytes(canonical_json([c["identity"] for c in comps]))[:12],
-            "components": comps, "restarted": restarted,
-            "reused": [c["name"] for c in comps if c["outcome"] == "reused"], "changed_routes": changed,
-            "verified_by": "each component: live process cmdline, held files, env + health"}
+    changed = sorted({r for c in comps if c.outcome != "reused" for r in (c.routes or every)})
+    return ServiceRecord(outcome="reused" if not restarted else "done",
+                         identity="s-" + sha256_bytes(canonical_json([c.identity for c in comps]))[:12],
+                         components=comps, restarted=restarted,
+                         reused=[c.name for c in comps if c.outcome == "reused"], changed_routes=changed,
+                         verified_by="each component: live process cmdline, held files, env + health")
 
 
-def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, allow_start: bool) -> dict[str, Any]:
+def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, allow_start: bool) -> ServiceRecord:
     files = model_files(ws, case, u)
     defines = defining_files(ws, u)
     bad = next((f for f in defines if "disk_sha256" in f), None)
@@ -642,9 +644,10 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     if live and live.get("identity") == want:
         problem, eff = _verify(live, case, u)
         if problem is None:
-            return {"outcome": "reused", "identity": want, "intended_argv": intended, "effective_argv": eff,
-                    "model_files": files, "pid": live["proc"]["pid"], "starts": live.get("starts", 1),
-                    **_effective_evidence(live), "verified_by": "live process cmdline + health", **_where(live)}
+            return ServiceRecord(outcome="reused", identity=want, intended_argv=intended, effective_argv=eff,
+                                 model_files=files, pid=live["proc"]["pid"], starts=live.get("starts", 1),
+                                 **_effective_evidence(live), verified_by="live process cmdline + health",
+                                 **_where(live))
     if not allow_start:
         raise PhaseFailed(f"no live process with {u.label}'s identity and authorization forbids a service change",
                           FailureClass.SERVICE, "caseledger authorize single (or auto), then resume")
@@ -701,9 +704,9 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
                           "caseledger never measures a process it did not start")
     eff = _confirm_argv(ws, key, state, procs.cmdline(p.pid) or [], lambda: procs.terminate(ref), "")
     _confirm_effective(ws, key, state, u, p.pid, _local_view(p.pid), lambda: procs.terminate(ref), "")
-    return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff,
-            "model_files": files, "pid": p.pid, "starts": state["starts"], **_effective_evidence(state),
-            "verified_by": "live process cmdline + health", "env": shown_env}
+    return ServiceRecord(outcome="done", identity=want, intended_argv=intended, effective_argv=eff,
+                         model_files=files, pid=p.pid, starts=state["starts"], **_effective_evidence(state),
+                         verified_by="live process cmdline + health", env=shown_env)
 
 
 def _effective_evidence(st: dict[str, Any]) -> dict[str, Any]:
@@ -769,7 +772,7 @@ def _where(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def _start_remote(ws: Workspace, case: Case, u: Unit, ssh: SSH, key: str, case_id: str, want: str,
-                  intended: list[str], defines: list[dict[str, Any]]) -> dict[str, Any]:
+                  intended: list[str], defines: list[dict[str, Any]]) -> ServiceRecord:
     """Launch a command-adapter process on ssh.host, wait for health, compare the effective argv."""
     key_file = Path(ssh.key_path).expanduser().resolve()
     if key_file.is_relative_to(ws.root.resolve()):
@@ -810,9 +813,9 @@ def _start_remote(ws: Workspace, case: Case, u: Unit, ssh: SSH, key: str, case_i
     eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
     _confirm_effective(ws, key, state, u, pid, _remote_view(rem, pid, [f["real_path"] for f in defines]),
                        lambda: rem.terminate(ref), f" on {ssh.host}")
-    return {"outcome": "done", "identity": want, "intended_argv": intended, "effective_argv": eff, "pid": pid,
-            "starts": state["starts"], "verified_by": "remote /proc cmdline over ssh + health", "env": shown_env,
-            **_effective_evidence(state), **_where(state)}
+    return ServiceRecord(outcome="done", identity=want, intended_argv=intended, effective_argv=eff, pid=pid,
+                         starts=state["starts"], verified_by="remote /proc cmdline over ssh + health", env=shown_env,
+                         **_effective_evidence(state), **_where(state))
 
 
 def served_models(case: Case, k: int) -> list[str]:
@@ -833,7 +836,7 @@ def served_models(case: Case, k: int) -> list[str]:
     return ids
 
 
-def _external(case: Case, want: str) -> dict[str, Any]:
+def _external(case: Case, want: str) -> ServiceRecord:
     seen = [{"base_url": ep.base_url, "models": served_models(case, k)} for k, ep in enumerate(case.target.endpoints)]
     ident_out = None
     if case.service.identity_command:
@@ -846,6 +849,5 @@ def _external(case: Case, want: str) -> dict[str, Any]:
                               "fix service.identity_command") from None
     # over the masked output: a secret it printed is neither recorded nor hashed
     live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
-    return {"outcome": "done", "identity": want, "live_identity": live, "endpoints": seen,
-            "identity_output": ident_out,
-            "verified_by": "/v1/models probe" + (" + identity_command" if ident_out else "")}
+    return ServiceRecord(outcome="done", identity=want, live_identity=live, endpoints=seen, identity_output=ident_out,
+                         verified_by="/v1/models probe" + (" + identity_command" if ident_out else ""))
