@@ -13,8 +13,8 @@ import httpx2
 import pytest
 
 from caseledger import services
+from caseledger.faults import FILLER, fill_disk
 from caseledger.ledger import authorization, read_events
-from caseledger.load.faults import FILLER, fill_disk
 from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft, start_with_fault

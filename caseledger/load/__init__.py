@@ -1,11 +1,10 @@
 """The load client: plan the formal requests of a run, send them, record raw per-request data.
 
 `plan` (pure: case + entries + salt -> request specs), `client` (the async engine behind one HTTP
-seam), `faults` (test fault hooks), `__main__` (the detached formal load, `python -m caseledger.load RUN`).
+seam), `__main__` (the detached formal load, `python -m caseledger.load RUN`).
 """
 
 from caseledger.load.client import EventTooLarge, SSEParser, request_one, run_requests
-from caseledger.load.faults import fault, fault_int
 from caseledger.load.plan import (
     LoadPlan,
     RequestSpec,
@@ -27,8 +26,6 @@ __all__ = [
     "Streamer",
     "arrival_offsets",
     "build_plan",
-    "fault",
-    "fault_int",
     "plan_from_run_dir",
     "request_body",
     "request_one",

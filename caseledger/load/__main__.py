@@ -38,7 +38,7 @@ import orjson
 
 from caseledger import procs
 from caseledger.errors import CaseledgerError
-from caseledger.load import faults
+from caseledger.faults import checkpoint
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
 from caseledger.records import RawRecord
@@ -198,7 +198,6 @@ async def _watch_signals(scope: anyio.CancelScope, caught: list[str]) -> None:
 
 async def _run(
     paths: RunPaths, plan: LoadPlan, api_key: str | None, writer: RawWriter, tally: Tally,
-    exit_after: int | None,
 ) -> list[str]:
     def on_record(rec: RawRecord) -> None:
         if tally.disk_full:
@@ -214,12 +213,8 @@ async def _run(
             load_scope.cancel()  # stop sending: more requests could not be recorded
             return
         tally.on_record(rec)
-        if exit_after is not None and tally.done >= exit_after:
-            faults.die()
-        if fill_after is not None and tally.done == fill_after:
-            faults.fill_disk(paths.root)
+        checkpoint("load", "after", tally.done, run_dir=paths.root)
 
-    fill_after = faults.fault_int("load", "fill_disk_after")
     caught: list[str] = []
     load_scope = anyio.CancelScope()
     async with anyio.create_task_group() as tg:
@@ -318,7 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     write_json(paths.load_pid, procs.me())
     try:
         plan = plan_from_run_dir(paths.root)
-        exit_after = faults.fault_int("load", "exit_after")
         transport = transport_used(s.url for s in plan.specs)  # an unknown transport refuses before any send
     except (CaseledgerError, ValueError, OSError) as e:
         os.close(fd)
@@ -350,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(paths.load_anchor, clock_anchor())
     quiet_runtime()
     try:
-        caught = anyio.run(_run, paths, plan, api_key, writer, tally, exit_after)
+        caught = anyio.run(_run, paths, plan, api_key, writer, tally)
     finally:
         writer.close()
         if tally.sent_fd is not None:

@@ -21,12 +21,12 @@ from typing import Any
 from caseledger import ledger, procs, redact, services
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, LockTimeout, PhaseFailed
+from caseledger.faults import checkpoint
 from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
-from caseledger.load.faults import fault, fill_disk
 from caseledger.outcome import handoff
 from caseledger.run import phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
@@ -96,10 +96,7 @@ class Controller:
                 pv = view.phases[phase]
                 if phase not in steps.run:
                     continue  # recorded success is kept (never repeated; the service chain after a lost service)
-                if fault("controller", "exit_before") == phase:
-                    os._exit(137)
-                if fault("controller", "fill_disk_before") == phase:
-                    fill_disk(self.paths.root)
+                checkpoint("controller", "before", phase, run_dir=self.paths.root)
                 attempt = pv.attempt + 1
                 self.event("phase_started", phase=phase, attempt=attempt)
                 handoff.refresh(self.ws)
@@ -108,8 +105,7 @@ class Controller:
                     outcome = f"failed:{failed}"
                     keep_lease = failed == FailureClass.END_UNKNOWN
                     break
-                if fault("controller", "exit_after") == phase:
-                    os._exit(137)
+                checkpoint("controller", "after", phase)
             self.event("run_ended", data={"outcome": outcome})
         except OSError as e:
             if not is_disk_full(e):

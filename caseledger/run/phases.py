@@ -22,11 +22,11 @@ from caseledger import datasets, procs, redact, services
 from caseledger.case.model import Case, origin
 from caseledger.case.plan import Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
+from caseledger.faults import checkpoint, fault
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import AUTH_STATUSES, api_key_of, client_timing, refuse_auth, run_requests
-from caseledger.load.faults import fault
 from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, request_url
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
@@ -209,9 +209,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         go.touch()
         event("load_client_started", phase="load", attempt=attempt,
                   data={"pid": pid["pid"], "armed": pid is armed})
-        if fault("controller", "exit_during") == "load":
-            time.sleep(0.5)
-            os._exit(137)
+        checkpoint("controller", "during", "load", delay_s=0.5)
     watch = _LoadWatch(run, pid, event)
     while end is None:
         watch.tick()

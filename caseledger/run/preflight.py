@@ -26,8 +26,8 @@ import orjson
 from caseledger import datasets, procs
 from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, is_case_id_of
+from caseledger.faults import fault
 from caseledger.ledger.runs import read_run
-from caseledger.load.faults import fault
 from caseledger.load.plan import LoadPlan, plan_of, raw_bytes_needed
 from caseledger.procs import child_env
 from caseledger.workspace import RunPaths, read_json_or_none, write_json

@@ -42,8 +42,8 @@ import orjson
 from caseledger import redact
 from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.faults import checkpoint
 from caseledger.ledger.runs import Run
-from caseledger.load.faults import KILL_EXIT_CODE, fault
 from caseledger.services import remote
 from caseledger.workspace import RunPaths, atomic_write, read_json_or_none, sha256_file, utc_now, write_json
 
@@ -374,8 +374,7 @@ class Follower:
         except Exception as e:  # asyncssh.Error, OSError, TimeoutError: the answer was lost; the client may run
             raise RemoteError(f"the launch on the load host got no answer ({type(e).__name__})",
                               "resume finds the client by its pid file") from None
-        if fault("controller", "exit_during") == "remote_launch":
-            os._exit(KILL_EXIT_CODE)  # test hook: the controller dies between the launch and recording its pid
+        checkpoint("controller", "during", "remote_launch")  # dies between the launch and recording its pid
         ref = {"pid": pid, "start_time": started, "host": host.host}
         write_json(record_path(paths), {**read_json_or_none(record_path(paths)), **ref, "state": "launched"})
         write_json(paths.load_pid, ref)  # another host: procs.alive says False; the lease keeps it (leases.py)

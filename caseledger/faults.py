@@ -1,16 +1,21 @@
-"""Fault hooks for tests: `CASELEDGER_FAULT=component:action[=value],...` in the environment.
+"""Fault points for tests: `CASELEDGER_FAULT=component:action[=value],...` in the environment.
 
-Examples: `load:exit_after=3` (the load client calls `os._exit(137)` right after the third record is
-written), `controller:exit_before=load`, `controller:exit_during=load`, `postprocess:fail=import`,
-`load:fill_disk_after=3` and `controller:fill_disk_before=confirm_end` (fill the filesystem of the run
-directory up to the last block; tests run them on a small tmpfs only).
-The variable is read at every call, so a test can set it per subprocess; production never sets it.
+Production code marks each point with one call: `checkpoint(component, when, at)` where a test may make the
+process die like a kill or fill the disk, and `fault(component, action)` where a test changes what happens
+(e.g. a collector without site-packages). Examples: `load:exit_after=3` (the load client calls
+`os._exit(137)` right after the third record is written), `controller:exit_before=load`,
+`controller:exit_during=load`, `postprocess:fail=import`, `load:fill_disk_after=3` and
+`controller:fill_disk_before=confirm_end` (fill the filesystem of the run directory up to the last block;
+tests run them on a small tmpfs only). The variable is read at every call, so a test can set it per
+subprocess; production never sets it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
+from typing import Literal
 
 FAULT_ENV = "CASELEDGER_FAULT"
 KILL_EXIT_CODE = 137  # what a shell reports for SIGKILL: the fault looks like a kill to whoever waits
@@ -42,15 +47,19 @@ def fault(component: str, action: str, env: Mapping[str, str] | None = None) -> 
     return parse_faults(spec).get((component, action))
 
 
-def fault_int(component: str, action: str, env: Mapping[str, str] | None = None) -> int | None:
-    """An integer-valued fault (e.g. `load:exit_after=3`); a non-integer value is a test-setup error."""
-    value = fault(component, action, env)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{FAULT_ENV} {component}:{action} needs an integer, got '{value}'") from None
+def checkpoint(component: str, when: Literal["before", "during", "after"], at: str | int, *,
+               run_dir: str | os.PathLike[str] | None = None, delay_s: float = 0.0) -> None:
+    """A fault point: `component:fill_disk_<when>=<at>` fills the filesystem of run_dir, then
+    `component:exit_<when>=<at>` exits at once like a kill (after delay_s). Nothing when neither is set."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    faults = parse_faults(spec)
+    if run_dir is not None and faults.get((component, f"fill_disk_{when}")) == str(at):
+        fill_disk(run_dir)
+    if faults.get((component, f"exit_{when}")) == str(at):
+        time.sleep(delay_s)
+        die()
 
 
 FILLER = "fault-filler.bin"  # the file fill_disk writes in the run directory; delete it to free the space
