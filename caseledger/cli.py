@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 
@@ -69,7 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="caseledger", description=__doc__.splitlines()[0] if __doc__ else None,
                                 parents=[common])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _run_commands(sub, common)
+    _read_commands(sub, common)
+    _other_commands(sub, common)
+    return p
 
+
+_Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # what add_subparsers returns (typeshed's name)
+
+
+def _run_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
+    """The commands of the six tools that start or change runs: freeze, run, status, resume, reprocess."""
     s = sub.add_parser("freeze", parents=[common], help="freeze a case or campaign draft (freeze_case)")
     s.add_argument("path")
     s.add_argument("--parent", default=None, help="parent case id (overrides the draft's parent)")
@@ -99,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="native window rule (default: the case's)")
     s.add_argument("--ratio", type=float, default=None, help="sglang rule: share of peak concurrency")
 
+
+def _read_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
+    """The commands that read the ledger: summarize, report, handoff, index."""
     s = sub.add_parser("summarize", parents=[common], help="figures and reports of runs (summarize)")
     s.add_argument("run_ids", nargs="*")
     s.add_argument("--scenario", default=None, help="one row per case of this scenario (default without run ids: "
@@ -111,13 +124,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--html", action="store_true", help="write the HTML page (beside report.md; ledger/reports/ for a "
                    "scenario or a campaign) and print its path")
 
-    s = sub.add_parser("authorize", parents=[common], help="set authorization: paused | single | auto")
-    s.add_argument("mode", choices=["paused", "single", "auto"])
-
     sub.add_parser("handoff", parents=[common], help="regenerate and print HANDOFF.md")
     s = sub.add_parser("index", parents=[common], help="the ledger's derived index (ledger/index.sqlite): its runs, "
                        "the disagreements it repaired")
     s.add_argument("--rebuild", action="store_true", help="rebuild it from the files (they stay the truth)")
+
+
+def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
+    """Authorization, the MCP server and its inspector, the reference target, import, demo, schema."""
+    s = sub.add_parser("authorize", parents=[common], help="set authorization: paused | single | auto")
+    s.add_argument("mode", choices=["paused", "single", "auto"])
 
     s = sub.add_parser("mcp", parents=[common], help="serve the six tools over MCP (stdio by default)")
     s.add_argument("--http", default=None, metavar="HOST:PORT", help="streamable HTTP instead of stdio")
@@ -144,7 +160,6 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", action="store_true", help="keep the temporary workspace")
 
     sub.add_parser("schema", parents=[common], help="regenerate schemas/*.schema.json from the models")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,95 +216,145 @@ def _refuse(e: CaseledgerError) -> int:
 def _dispatch(a: argparse.Namespace) -> int:
     ws = Workspace.open(a.workspace)
     remember_secrets(ws)  # answers mask the values of every frozen case's secrets, whichever run they show
-    if a.cmd == "freeze":
-        from caseledger.tools import freeze_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
+    return _COMMANDS[a.cmd](ws, a)
 
-        _emit(freeze_any(ws, a.path, parent=a.parent), a.json)
-    elif a.cmd == "run":
-        from caseledger.tools import StartResult, start_any  # lazy: the tools pull numpy; --help stays light
 
-        with _live(a) as progress:
-            r = start_any(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue,
-                          progress=progress)
-        _emit(r, a.json)
-        failed = isinstance(r, StartResult) and (r.preflight == "failed" or r.state in ("failed", "not_queued"))
-        return 1 if failed else 0
-    elif a.cmd == "status":
-        from caseledger.tools import status_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
+# The tools are imported inside each command: they pull numpy (metrics, datasets), the server mcp, the target
+# starlette, and `caseledger --help` stays light (tests/test_quality.py checks it).
+def _freeze(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import freeze_any  # lazy: see above
 
-        _emit(status_any(ws, a.run_id, wait_s=a.wait), a.json)
-    elif a.cmd == "resume":
-        from caseledger.tools import resume_any  # lazy: the tools pull numpy (metrics, datasets); --help stays light
-
-        with _live(a) as progress:
-            resumed = resume_any(ws, a.run_id, wait=a.wait, progress=progress)
-        _emit(resumed, a.json)
-    elif a.cmd == "reprocess":
-        from caseledger.tools import reprocess_raw  # lazy: the tools pull numpy (metrics, datasets); --help stays light
-
-        _emit(reprocess_raw(ws, a.run_id, rule=a.rule, ratio=a.ratio), a.json)
-    elif a.cmd == "summarize":
-        from caseledger.tools import summarize  # lazy: the tools pull numpy (metrics, datasets); --help stays light
-
-        _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
-    elif a.cmd == "report":
-        from caseledger.tools import html_report, summarize  # lazy: the tools pull numpy; --help stays light
-
-        if a.html:
-            _emit(html_report(ws, a.run_ids, scenario=a.scenario), a.json)
-        else:  # the markdown: what summarize writes and answers
-            _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
-    elif a.cmd == "authorize":
-
-        mode = authorization.set_mode(ws, a.mode)
-        handoff.refresh(ws)
-        _print({"authorization": mode}, f"authorization: {mode}", a.json)
-    elif a.cmd == "handoff":
-
-        text = handoff.refresh(ws, verify=True)
-        _print({"handoff": text, "path": str(ws.handoff)}, text.rstrip("\n"), a.json)
-    elif a.cmd == "index":
-        with open_index(ws, rebuild=a.rebuild) as idx:
-            runs, damaged, notes = idx.count(), idx.damaged(), idx.notes()
-            where = str(indexdb.path_of(ws.ledger)) if idx.persistent else "memory (the ledger is not writable)"
-        lines = [f"index {where}: {runs} run(s), {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'}"
-                 + ("; rebuilt from the files" if a.rebuild else "")]
-        lines += [f"noted {utc}: {text}" for utc, text in notes[-5:]]
-        _print({"path": where, "runs": runs, "damaged": damaged, "notes": [{"utc": u, "text": t} for u, t in notes]},
-               "\n".join(lines), a.json)
-    elif a.cmd == "mcp":
-        from caseledger.server import serve  # lazy: mcp
-
-        serve(ws, http=a.http, token_env=a.token_env)
-    elif a.cmd == "inspect":
-        from caseledger.server.inspect import inspect_main  # lazy: mcp
-
-        return inspect_main(ws, a.words, as_json=a.json)
-    elif a.cmd == "target":
-        if a.action == "serve":
-            from caseledger.target import main as target_main  # lazy: starlette, only to serve
-
-            return target_main(["serve", *a.rest])
-        from caseledger import services  # lazy: httpx2 and asyncssh
-
-        stopped = services.stop_all(ws)
-        _print({"stopped": stopped, "workspace": str(ws.root)},
-               f"stopped: {', '.join(stopped) or 'nothing was running'} (workspace {ws.root})", a.json)
-    elif a.cmd == "import":
-        from caseledger.importers import import_run  # lazy: numpy
-
-        rid = import_run(ws, a.kind, a.path)
-        nxt = f"summarize(run_ids=['{rid}'])"
-        _print({"run_id": rid, "next_call": nxt}, f"imported as run {rid}\nnext: {nxt}", a.json)
-    elif a.cmd == "demo":
-        from caseledger.demo import demo  # lazy: the tools pull numpy
-
-        return demo(keep=a.keep, as_json=a.json)
-    elif a.cmd == "schema":
-
-        paths = [str(p) for p in write_schemas()]
-        _print({"written": paths}, "\n".join(paths), a.json)
+    _emit(freeze_any(ws, a.path, parent=a.parent), a.json)
     return 0
+
+
+def _run(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import StartResult, start_any  # lazy: see above
+
+    with _live(a) as progress:
+        r = start_any(ws, a.case_id, wait=a.wait, preflight_only=a.preflight_only, queue=a.queue, progress=progress)
+    _emit(r, a.json)
+    failed = isinstance(r, StartResult) and (r.preflight == "failed" or r.state in ("failed", "not_queued"))
+    return 1 if failed else 0
+
+
+def _status(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import status_any  # lazy: see above
+
+    _emit(status_any(ws, a.run_id, wait_s=a.wait), a.json)
+    return 0
+
+
+def _resume(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import resume_any  # lazy: see above
+
+    with _live(a) as progress:
+        resumed = resume_any(ws, a.run_id, wait=a.wait, progress=progress)
+    _emit(resumed, a.json)
+    return 0
+
+
+def _reprocess(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import reprocess_raw  # lazy: see above
+
+    _emit(reprocess_raw(ws, a.run_id, rule=a.rule, ratio=a.ratio), a.json)
+    return 0
+
+
+def _summarize(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import summarize  # lazy: see above
+
+    _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+    return 0
+
+
+def _report(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.tools import html_report, summarize  # lazy: see above
+
+    if a.html:
+        _emit(html_report(ws, a.run_ids, scenario=a.scenario), a.json)
+    else:  # the markdown: what summarize writes and answers
+        _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+    return 0
+
+
+def _authorize(ws: Workspace, a: argparse.Namespace) -> int:
+    mode = authorization.set_mode(ws, a.mode)
+    handoff.refresh(ws)
+    _print({"authorization": mode}, f"authorization: {mode}", a.json)
+    return 0
+
+
+def _handoff(ws: Workspace, a: argparse.Namespace) -> int:
+    text = handoff.refresh(ws, verify=True)
+    _print({"handoff": text, "path": str(ws.handoff)}, text.rstrip("\n"), a.json)
+    return 0
+
+
+def _index(ws: Workspace, a: argparse.Namespace) -> int:
+    with open_index(ws, rebuild=a.rebuild) as idx:
+        runs, damaged, notes = idx.count(), idx.damaged(), idx.notes()
+        where = str(indexdb.path_of(ws.ledger)) if idx.persistent else "memory (the ledger is not writable)"
+    lines = [f"index {where}: {runs} run(s), {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'}"
+             + ("; rebuilt from the files" if a.rebuild else "")]
+    lines += [f"noted {utc}: {text}" for utc, text in notes[-5:]]
+    _print({"path": where, "runs": runs, "damaged": damaged, "notes": [{"utc": u, "text": t} for u, t in notes]},
+           "\n".join(lines), a.json)
+    return 0
+
+
+def _mcp(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.server import serve  # lazy: mcp
+
+    serve(ws, http=a.http, token_env=a.token_env)
+    return 0
+
+
+def _inspect(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.server.inspect import inspect_main  # lazy: mcp
+
+    return inspect_main(ws, a.words, as_json=a.json)
+
+
+def _target(ws: Workspace, a: argparse.Namespace) -> int:
+    if a.action == "serve":
+        from caseledger.target import main as target_main  # lazy: starlette, only to serve
+
+        return target_main(["serve", *a.rest])
+    from caseledger import services  # lazy: httpx2 and asyncssh
+
+    stopped = services.stop_all(ws)
+    _print({"stopped": stopped, "workspace": str(ws.root)},
+           f"stopped: {', '.join(stopped) or 'nothing was running'} (workspace {ws.root})", a.json)
+    return 0
+
+
+def _import(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.importers import import_run  # lazy: numpy
+
+    rid = import_run(ws, a.kind, a.path)
+    nxt = f"summarize(run_ids=['{rid}'])"
+    _print({"run_id": rid, "next_call": nxt}, f"imported as run {rid}\nnext: {nxt}", a.json)
+    return 0
+
+
+def _demo(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.demo import demo  # lazy: the tools pull numpy
+
+    return demo(keep=a.keep, as_json=a.json)
+
+
+def _schema(ws: Workspace, a: argparse.Namespace) -> int:
+    paths = [str(p) for p in write_schemas()]
+    _print({"written": paths}, "\n".join(paths), a.json)
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[Workspace, argparse.Namespace], int]] = {
+    "freeze": _freeze, "run": _run, "status": _status, "resume": _resume, "reprocess": _reprocess,
+    "summarize": _summarize, "report": _report, "authorize": _authorize, "handoff": _handoff, "index": _index,
+    "mcp": _mcp, "inspect": _inspect, "target": _target, "import": _import, "demo": _demo, "schema": _schema,
+}
 
 
 if __name__ == "__main__":
