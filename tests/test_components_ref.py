@@ -20,7 +20,7 @@ from caseledger import services
 from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
 from caseledger.outcome.summary import scenario_view
-from caseledger.services import adapters
+from caseledger.services import identity, live
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json, sha256_file
 from tests.conftest import free_port, ref_draft, start_with_fault, stats, tree_digest
@@ -171,16 +171,16 @@ def stats_down(port: int) -> bool:
 
 
 def test_env_is_compared_by_value_hash_on_the_live_process(ws: Workspace) -> None:
-    unit = adapters.units(Case.model_validate(two_routes((1, 2), env={"EXPERTS": "layout-v2"})))[0]
-    want = {"EXPERTS": adapters._value_hash("layout-v2")}
+    unit = identity.units(Case.model_validate(two_routes((1, 2), env={"EXPERTS": "layout-v2"})))[0]
+    want = {"EXPERTS": identity.value_hash("layout-v2")}
     p = subprocess.Popen(["sleep", "30"], env={**os.environ, "EXPERTS": "layout-v1"})
     try:
         time.sleep(0.1)
-        problem = adapters._effective_problem({"env_sha256": want}, unit, p.pid)
-        got = adapters._value_hash("layout-v1")
+        problem = live.effective_problem({"env_sha256": want}, unit, p.pid)
+        got = identity.value_hash("layout-v1")
         assert problem == f"env EXPERTS: intended sha256 {want['EXPERTS']}, pid {p.pid} runs with sha256 {got}"
         assert "layout" not in problem  # values never appear, only their hashes
-        assert adapters._effective_problem({"env_sha256": {"EXPERTS": got}}, unit, p.pid) is None
+        assert live.effective_problem({"env_sha256": {"EXPERTS": got}}, unit, p.pid) is None
     finally:
         p.kill()
         p.wait()

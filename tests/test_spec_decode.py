@@ -19,7 +19,7 @@ from caseledger.case.model import Case
 from caseledger.metrics import NotObserved, Ratio, compute_result, latest_result
 from caseledger.metrics._spec import NO_COUNTS, NO_STEPS, WHOLE_ONLY, WHOLE_ONLY_NO_COUNTS
 from caseledger.services import identity_of, intended_argv
-from caseledger.services.adapters import model_files
+from caseledger.services.identity import model_files
 from caseledger.tools import freeze_case, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port, ref_draft, stats

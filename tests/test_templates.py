@@ -10,7 +10,7 @@ import pytest
 
 from caseledger.case.model import Case
 from caseledger.services import intended_argv
-from caseledger.services.adapters import units
+from caseledger.services.identity import units
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
 from tests.engine import VLLM_TEMPLATE_MODEL, llama_paths, vllm_paths

@@ -1,22 +1,11 @@
-"""Bringing a target's service to the case's identity: adapters (reference, external, command; local or
+"""Bringing a target's service to the case's identity: its intended identity (identity), the recorded service
+and its live process (live), the adapters that start or probe it (reference, external, command; local or
 over SSH) and the SSH transport (remote)."""
 
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
-from caseledger.services.adapters import (
-    case_env,
-    check_live,
-    compare_argv,
-    ensure,
-    health_ok,
-    identity_of,
-    intended_argv,
-    live_service,
-    live_state,
-    mark_warm,
-    served_models,
-    stop,
-    stop_all,
-)
+from caseledger.services.adapters import ensure, served_models
+from caseledger.services.identity import case_env, compare_argv, identity_of, intended_argv
+from caseledger.services.live import check_live, health_ok, live_service, live_state, mark_warm, stop, stop_all
 
 __all__ = [
     "ComponentRecord",
