@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def test_later_turns_on_llama_server_hit_the_history_the_server_counted(llama_ws
         turns = [r for r in recs if r["session"] == s]
         assert [r["turn"] for r in turns] == [0, 1, 2, 3]
         assert turns[0]["prompt_tokens"] == turns[0]["input_tokens_chat"]  # the first turn is planned exactly
-        for prev, cur in zip(turns, turns[1:], strict=False):
+        for prev, cur in itertools.pairwise(turns):
             print(s, cur["turn"], cur["prompt_tokens"], cur["planned_shared_tokens"], cur["cached_tokens"])
             assert cur["send_ns"] >= prev["end_ns"] + 100e6  # after the previous response and the think time
             assert prev["reply"] and prev["completion_tokens"] == 24

@@ -3,6 +3,7 @@ server's replies as history, cached beside the planned history, recomputed by re
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from caseledger.errors import CaseledgerError
 from caseledger.metrics import latest_result
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, start_with_fault, stats
+from tests.conftest import free_port, start_with_fault, stats
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 
@@ -100,7 +101,7 @@ def test_conversations_carry_the_servers_replies_and_later_turns_hit_the_history
     for s in range(6):
         turns = [r for r in recs if r["session"] == s]
         assert [r["turn"] for r in turns] == [0, 1, 2, 3] and {r["turns"] for r in turns} == {4}
-        for prev, cur in zip(turns, turns[1:], strict=False):
+        for prev, cur in itertools.pairwise(turns):
             # sent after the previous turn's response ended and its think time (50 ms) passed
             assert cur["send_ns"] - prev["end_ns"] >= 50e6, (prev, cur)
             # the history is the previous prompt and the reply the server streamed (16 tokens, every word one token)

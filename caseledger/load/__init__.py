@@ -1,7 +1,8 @@
 """The load client: plan the formal requests of a run, send them, record raw per-request data.
 
 `plan` (pure: case + entries + salt -> request specs), `client` (the async engine behind one HTTP
-seam), `sessions` (multi-turn conversations over it), `faults` (test fault hooks), `__main__` (the detached formal load, `python -m caseledger.load RUN`).
+seam), `sessions` (multi-turn conversations over it), `faults` (test fault hooks), `__main__` (the
+detached formal load, `python -m caseledger.load RUN`).
 """
 
 from caseledger.load.client import EventTooLarge, SSEParser, request_one, run_requests

@@ -103,10 +103,10 @@ class RawColumns:
             self.step_accepted,
         ):
             h.update(np.ascontiguousarray(arr).tobytes())
-        for arr in (self.arrival_error_ns, self.trace_row, self.planned_shared_tokens, self.session, self.turn,
+        for opt in (self.arrival_error_ns, self.trace_row, self.planned_shared_tokens, self.session, self.turn,
                     self.turns):
-            if arr is not None and not np.isnan(arr).all():  # records without them keep the digest they had
-                h.update(np.ascontiguousarray(arr).tobytes())
+            if opt is not None and not np.isnan(opt).all():  # records without them keep the digest they had
+                h.update(np.ascontiguousarray(opt).tobytes())
         h.update(orjson.dumps([self.error_class, self.error]))
         return h.hexdigest()
 
