@@ -4,8 +4,8 @@ Turn k of a conversation leaves only after turn k-1's response ended and its thi
 `concurrency` conversations are open at once (a conversation holds its slot from its first turn's send to its last
 turn's end, as a chat user does). Turn k's messages are the earlier turns' user messages, each followed by the reply
 the server gave to it (the content the client streamed: what a real chat sends back and what the server's prefix
-cache holds), then turn k's own user message. At temperature 0 a deterministic engine gives the same replies, so
-the same case sends the same conversations; nothing else about the reply is planned.
+cache holds), then turn k's own user message. Requests ask temperature 0 and the user messages are fixed by the
+dataset, so conversations repeat as far as the engine is deterministic; nothing else about the reply is planned.
 
 A turn that fails ends its conversation: the later turns are never sent (their history would be a failed reply),
 and the result counts the conversation as incomplete. The same holds for a load that is cancelled or killed: a
