@@ -57,6 +57,14 @@ class RawRecord(TypedDict):
     # planned to share (the chat-template head, the first word and salt slot, the blocks seen before)
     trace_row: NotRequired[int]
     planned_shared_tokens: NotRequired[int]
+    # dataset.sessions: turn `turn` (0-based) of conversation `session`, which has `turns` turns; `reply` the
+    # reply's content as streamed (the next turn sends it back as the assistant message). planned_shared_tokens is
+    # then the conversation's history as the server counted it after the previous turn: its prompt_tokens +
+    # completion_tokens (absent for turn 0, or when the server reported no usage)
+    session: NotRequired[int]
+    turn: NotRequired[int]
+    turns: NotRequired[int]
+    reply: NotRequired[str]
 
 
 @dataclass

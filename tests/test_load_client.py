@@ -274,8 +274,9 @@ def test_record_counts_content_chunks_only_and_attributes_continuous_usage_token
     assert (rec["input_tokens_body"], rec["input_tokens_chat"]) == (7, 12)
     assert seen[0].headers[PHASE_HEADER] == "warmup"
     assert seen[0].headers["authorization"] == "Bearer sk-test"
-    # every field, but those of a scheduled send and of a trace row: this request is neither
-    assert set(rec) == set(RawRecord.__annotations__) - {"sched_ns", "trace_row", "planned_shared_tokens"}
+    # every field, but those of a scheduled send, a trace row and a conversation's turn: this request is none
+    assert set(rec) == set(RawRecord.__annotations__) - {"sched_ns", "trace_row", "planned_shared_tokens",
+                                                         "session", "turn", "turns", "reply"}
 
 
 def test_chunk_tokens_are_none_without_continuous_usage_and_cached_tokens_absent_is_none() -> None:

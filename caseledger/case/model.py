@@ -438,6 +438,48 @@ _LengthField = Annotated[
 ]
 
 
+
+MAX_SESSIONS = 100_000  # conversations per dataset
+MAX_TURNS = 1024  # turns per conversation
+MAX_THINK_MS = 3_600_000  # one hour between two turns
+
+
+class Sessions(_Model):
+    """Multi-turn conversations (dataset.sessions, source 'synthetic'): `count` conversations of `turns` turns
+    each. Every turn sends the conversation so far (the earlier user messages and the replies the server gave)
+    plus a new user message of dataset.input_tokens body tokens, and asks dataset.output_tokens; turn k leaves
+    only after turn k-1's response ended and think_time_ms passed. N (load.requests) is the total of turns."""
+
+    count: int = Field(description="Conversations (sessions), 1..100000", ge=1, le=MAX_SESSIONS, strict=True,
+                       examples=[8])
+    turns: Annotated[
+        Annotated[Annotated[int, Field(ge=1, le=MAX_TURNS, strict=True)], Tag("tokens")]
+        | Annotated[LengthDistribution, Tag("distribution")],
+        Discriminator(_length_kind),
+    ] = Field(description="Turns per conversation (1..1024), or a distribution drawn per conversation (seeded by "
+              "dataset.seed, as lengths are)", examples=[4, {"distribution": "uniform", "min": 2, "max": 6}])
+    think_time_ms: Annotated[
+        Annotated[Annotated[int, Field(ge=0, le=MAX_THINK_MS, strict=True)], Tag("tokens")]
+        | Annotated[LengthDistribution, Tag("distribution")],
+        Discriminator(_length_kind),
+    ] = Field(0, description="Wait between a turn's response end and the next turn's send, ms (0..3600000), or a "
+              "distribution drawn per turn", examples=[0, {"distribution": "uniform", "min": 200, "max": 800}])
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Sessions:
+        if isinstance(self.turns, LengthDistribution) and self.turns.longest > MAX_TURNS:
+            raise ValueError(f"dataset.sessions.turns: max {self.turns.longest} is above {MAX_TURNS} turns; set "
+                             f"its max to at most {MAX_TURNS}")
+        if isinstance(self.think_time_ms, LengthDistribution) and self.think_time_ms.longest > MAX_THINK_MS:
+            raise ValueError(f"dataset.sessions.think_time_ms: max {self.think_time_ms.longest} is above "
+                             f"{MAX_THINK_MS} ms; set its max to at most {MAX_THINK_MS}")
+        return self
+
+    def fixed_total(self) -> int | None:
+        """Total turns (N) when turns is an integer; None when each conversation draws its own."""
+        return self.count * self.turns if isinstance(self.turns, int) else None
+
+
 def longest(x: Length) -> int:
     """The largest length a dataset.input_tokens / output_tokens value can give."""
     return x if isinstance(x, int) else x.longest
@@ -496,13 +538,20 @@ class Dataset(_Model):
                                "case id and the dataset id then cover the trace's content)")
     seed: int = Field(0, ge=-MAX_SEED - 1, le=MAX_SEED, strict=True,
                       description="Generator seed (a signed 64-bit integer)")
+    sessions: Sessions | None = Field(
+        None, description="Multi-turn conversations (source 'synthetic', target.api 'chat'): input_tokens is each "
+        "turn's new user message, output_tokens each turn's reply; later turns carry the earlier turns. null: every "
+        "entry is a single-turn request")
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset sha256 is left out of the canonical JSON, so cases frozen before the field existed keep their ids
+        # unset sha256 and sessions are left out of the canonical JSON, so cases frozen before the fields existed
+        # keep their ids
         data: dict[str, Any] = handler(self)
         if self.sha256 is None:
             data.pop("sha256", None)
+        if self.sessions is None:
+            data.pop("sessions", None)
         return data
 
     @model_validator(mode="after")
@@ -512,6 +561,9 @@ class Dataset(_Model):
         if self.source in ("file", "trace") and isinstance(self.input_tokens, LengthDistribution):
             raise ValueError(f"dataset.input_tokens is a distribution but source '{self.source}' takes its lengths "
                              "from the file; give an integer or use source 'synthetic' or 'prefix_cache'")
+        if self.sessions is not None and self.source != "synthetic":
+            raise ValueError(f"dataset.sessions needs source 'synthetic' (it is '{self.source}'): each turn's user "
+                             "message is generated; set source 'synthetic' or remove dataset.sessions")
         if self.source == "trace" and isinstance(self.output_tokens, LengthDistribution):
             raise ValueError("dataset.output_tokens is a distribution but source 'trace' takes output_length from "
                              "each row; give an integer (unused) or leave it out")
@@ -817,6 +869,8 @@ class Case(_Model):
                 url = self.target.endpoints[missing[0]].base_url
                 raise ValueError(f"service.components: route {missing[0]} ({url}) is served by no component; add it "
                                  "to one component's routes")
+        if self.dataset.sessions is not None:
+            self._sessions_consistent(self.dataset.sessions)
         if self.dataset.entries is not None and self.dataset.entries < self.load.requests:
             raise ValueError(
                 f"dataset.entries ({self.dataset.entries}) < load.requests ({self.load.requests}): "
@@ -832,6 +886,24 @@ class Case(_Model):
                 "or dataset.input_tokens"
             )
         return self
+
+    def _sessions_consistent(self, ss: Sessions) -> None:
+        if self.target.api != "chat":
+            raise ValueError("dataset.sessions needs target.api 'chat': a later turn sends the conversation as "
+                             "messages; set target.api 'chat' or remove dataset.sessions")
+        if self.load.rate is not None:
+            raise ValueError(f"dataset.sessions: load.rate must be null (it is {self.load.rate:g}): a conversation's "
+                             "turns follow each other (after think_time_ms), and load.concurrency conversations run "
+                             "at once; set load.rate null")
+        total = ss.fixed_total()
+        if total is not None and total != self.load.requests:
+            raise ValueError(f"dataset.sessions: {ss.count} conversations x {ss.turns} turns = {total} requests, but "
+                             f"load.requests is {self.load.requests}; N is the total of turns: set load.requests to "
+                             f"{total}")
+        if self.dataset.entries is not None and self.dataset.entries != self.load.requests:
+            raise ValueError(f"dataset.sessions: dataset.entries ({self.dataset.entries}) must be null or equal "
+                             f"load.requests ({self.load.requests}): one entry per turn; a subset of turns would "
+                             "cut conversations; remove dataset.entries")
 
     def filled(self) -> Case:
         """Defaults made explicit: the form that is hashed and stored."""

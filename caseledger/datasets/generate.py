@@ -54,6 +54,7 @@ from caseledger.datasets.identity import (
     Lengths,
     RatioStats,
     SaltSlot,
+    SessionsInfo,
     TokenizerInfo,
     TraceInfo,
     salt_text,
@@ -243,7 +244,58 @@ def read_inputs(ws: Workspace, case: Case) -> Inputs:
     for side in ("input_tokens", "output_tokens"):
         if isinstance(d := getattr(ds, side), LengthDistribution):
             _lengths.check(d, f"dataset.{side}")
+    if ds.sessions is not None:
+        session_turns(case)  # a total of turns other than N fails before any tokenizer
     return Inputs(_open_tokenizer(tokenizer_path(ws, ds.tokenizer), chat))
+
+
+def session_turns(case: Case) -> list[int]:
+    """Turns of each conversation (dataset.sessions), drawn once and seeded; their total must be load.requests."""
+    ss = case.dataset.sessions
+    assert ss is not None
+    if isinstance(ss.turns, int):
+        turns = [ss.turns] * ss.count
+    else:
+        _lengths.check(ss.turns, "dataset.sessions.turns")
+        turns = _lengths.sample(ss.turns, ss.count, int(case.dataset.seed), "turns")
+    if sum(turns) != case.load.requests:
+        raise CaseInvalid(
+            f"dataset.sessions draws {sum(turns)} turns in all ({ss.count} conversations, turns "
+            f"{min(turns)}..{max(turns)}) but load.requests is {case.load.requests}; N is the total of turns",
+            f"set load.requests to {sum(turns)} (the draw is fixed by dataset.seed), or give dataset.sessions.turns "
+            "as an integer")
+    return turns
+
+
+def _think_times(ds: Any, n: int) -> list[float]:
+    """The wait before each entry's turn, seconds (the first turn of a conversation waits none)."""
+    think = ds.sessions.think_time_ms
+    if isinstance(think, int):
+        return [think / 1000.0] * n
+    _lengths.check(think, "dataset.sessions.think_time_ms")
+    return [t / 1000.0 for t in _lengths.sample(think, n, int(ds.seed), "think")]
+
+
+def _annotate_sessions(case: Case, path: Path) -> SessionsInfo:
+    """Number the entries as turns of their conversations, in order (conversation 0's turns, then 1's...)."""
+    ds = case.dataset
+    turns = session_turns(case)
+    think = _think_times(ds, sum(turns))
+    where = [(s, k, n) for s, n in enumerate(turns) for k in range(n)]
+    lines = path.read_bytes().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        e = orjson.loads(line)
+        s, k, n = where[i]
+        e.update(session=s, turn=k, turns=n, think_s=0.0 if k == 0 else think[i])
+        out.append(orjson.dumps(e) + b"\n")
+    with path.open("wb") as f:
+        f.write(b"".join(out))
+        f.flush()
+        os.fsync(f.fileno())
+    waits = sum(think[i] for i, (_, k, _) in enumerate(where) if k)
+    return SessionsInfo(count=len(turns), turns=sum(turns), turns_min=min(turns), turns_max=max(turns),
+                        think_s_total=round(waits, 6))
 
 
 def tokenizer_path(ws: Workspace, name: str) -> str:
@@ -853,6 +905,7 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
         res = _generate_trace(inputs.trace, ds, inputs.tok, tokenizer_path(ws, ds.tokenizer), entries_path)
     else:
         res = _generate_constructed(ds, inputs.tok, tokenizer_path(ws, ds.tokenizer), entries_path)
+    sessions = _annotate_sessions(case, entries_path) if ds.sessions is not None else None
     acc = res.acc
     ratios = [c / t if t else 0.0 for c, t in zip(acc.cached, acc.chat, strict=True)]
     target = _target(ds.prefix_ratio)
@@ -883,6 +936,7 @@ def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
         input_lengths=_realized(ds.source, ds.input_tokens, acc.body, "input_length"),
         output_lengths=_realized(ds.source, ds.output_tokens, acc.out, "output_length"),
         trace=_trace_info(inputs.trace, ds, acc, entries_path) if inputs.trace is not None else None,
+        sessions=sessions,
     )
     write_json(tmp / IDENTITY_FILE, identity.model_dump(mode="json"))
     return identity

@@ -39,6 +39,13 @@ class Entry(TypedDict):
     trace_row: NotRequired[int]
     arrival_s: NotRequired[float]
     shared_blocks: NotRequired[int]
+    # dataset.sessions only: the entry is turn `turn` (0-based) of conversation `session`, which has `turns` turns;
+    # think_s is the wait after the previous turn's response ended (0 for turn 0). The entry's prefix/salt/suffix is
+    # the turn's new user message; its chat_tokens count that message alone (the history is the server's replies)
+    session: NotRequired[int]
+    turn: NotRequired[int]
+    turns: NotRequired[int]
+    think_s: NotRequired[float]
 
 
 class _Frozen(BaseModel):
@@ -111,6 +118,16 @@ class TraceInfo(_Frozen):
     span_s: float  # last timestamp - first, seconds as written (before load.time_scale)
 
 
+class SessionsInfo(_Frozen):
+    """What a multi-turn dataset holds (dataset.sessions)."""
+
+    count: int  # conversations
+    turns: int  # turns in all (= entries = N)
+    turns_min: int  # turns of the shortest conversation
+    turns_max: int
+    think_s_total: float  # the planned waits between turns, summed
+
+
 class Counting(_Frozen):
     method: Literal["composed", "full"]  # composed: prefix once + each suffix; full: every entry encoded
     checked: list[int]  # entries re-encoded whole (with the chat template) to check the counts
@@ -146,6 +163,7 @@ class DatasetIdentity(_Frozen):
     input_lengths: Lengths | None = None
     output_lengths: Lengths | None = None
     trace: TraceInfo | None = None  # source 'trace' only
+    sessions: SessionsInfo | None = None  # dataset.sessions only
 
 
 # ---------------------------------------------------------------------------------------------- ids

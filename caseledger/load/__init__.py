@@ -1,7 +1,8 @@
 """The load client: plan the formal requests of a run, send them, record raw per-request data.
 
 `plan` (pure: case + entries + salt -> request specs), `client` (the async engine behind one HTTP
-seam), `__main__` (the detached formal load, `python -m caseledger.load RUN`).
+seam), `sessions` (multi-turn conversations over it), `__main__` (the detached formal load,
+`python -m caseledger.load RUN`).
 """
 
 from caseledger.load.client import EventTooLarge, SSEParser, request_one, run_requests
@@ -14,6 +15,7 @@ from caseledger.load.plan import (
     request_body,
     request_url,
 )
+from caseledger.load.sessions import run_sessions
 from caseledger.load.transport import HttpxStreamer, Streamer, StreamResponse
 
 __all__ = [
@@ -31,4 +33,5 @@ __all__ = [
     "request_one",
     "request_url",
     "run_requests",
+    "run_sessions",
 ]

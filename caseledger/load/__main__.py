@@ -41,6 +41,7 @@ from caseledger.errors import CaseledgerError
 from caseledger.faults import checkpoint
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
+from caseledger.load.sessions import run_sessions
 from caseledger.records import RawRecord
 from caseledger.workspace import RunPaths, Spare, is_disk_full, read_json_or_none, reserve, write_json
 from caseledger.workspace import utc_now as ledger_utc_now
@@ -222,11 +223,15 @@ async def _run(
         tg.start_soon(_stall_loop, paths)
         tg.start_soon(_watch_signals, load_scope, caught)
         with load_scope:
-            await run_requests(
-                plan.specs, plan.concurrency, "load", api_key=api_key, on_record=on_record,
-                on_send=tally.on_send, timeout_s=plan.timeout_s, max_event_bytes=plan.max_event_bytes,
-                scheduled=plan.scheduled,
-            )
+            if plan.sessions is not None:  # conversations: each turn after the previous one's response
+                await run_sessions(plan, "load", api_key=api_key, on_record=on_record, on_send=tally.on_send,
+                                   max_event_bytes=plan.max_event_bytes)
+            else:
+                await run_requests(
+                    plan.specs, plan.concurrency, "load", api_key=api_key, on_record=on_record,
+                    on_send=tally.on_send, timeout_s=plan.timeout_s, max_event_bytes=plan.max_event_bytes,
+                    scheduled=plan.scheduled,
+                )
         tg.cancel_scope.cancel()
     return caught
 

@@ -188,9 +188,11 @@ class ChunkState:
     """What one response stream has shown so far; `feed` is the per-chunk hot path."""
 
     __slots__ = ("accepted", "chunk_ns", "chunk_tokens", "done", "drafted", "finish_reason", "last_completion",
-                 "steps", "usage")
+                 "steps", "text", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, keep_text: bool = False) -> None:
+        # the reply's content pieces, kept only when asked (a conversation's next turn sends the reply back)
+        self.text: list[str] | None = [] if keep_text else None
         self.chunk_ns: list[int] = []
         self.chunk_tokens: list[int | None] = []
         self.usage: dict[str, Any] | None = None
@@ -225,6 +227,8 @@ class ChunkState:
             delta = c.get("delta")
             if delta is not None:
                 text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                if self.text is not None and delta.get("content"):
+                    self.text.append(delta["content"])
             else:
                 text = c.get("text")
             if text:
@@ -300,6 +304,10 @@ def make_record(
         rec["trace_row"] = spec.trace_row
     if spec.planned_shared_tokens is not None:
         rec["planned_shared_tokens"] = spec.planned_shared_tokens
+    if spec.session is not None:
+        rec["session"], rec["turn"], rec["turns"] = spec.session, spec.turn or 0, spec.turns or 1
+    if state.text is not None:
+        rec["reply"] = "".join(state.text)
     return rec
 
 
@@ -345,15 +353,17 @@ async def request_one(
     launched: Launched = None,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     sched_ns: int | None = None,
+    keep_text: bool = False,
 ) -> RawRecord:
     """Send one request and read its stream to the end; never raises except on cancellation.
 
     When cancelled, the request was sent (the server saw it), so `on_cancel` gets its record (what
     arrived so far, error_class 'client') before the cancellation propagates. `launched`: (its send time,
     the request already written by FastStreamer.launch, or None to post it now). An SSE event larger than
-    `max_event_bytes` ends the request as a broken stream (class 'stream').
+    `max_event_bytes` ends the request as a broken stream (class 'stream'). keep_text: the record carries the
+    reply's content as `reply` (a conversation's turn: the next turn sends it back).
     """
-    state = ChunkState()
+    state = ChunkState(keep_text)
     status: int | None = None
     error: str | None = None
     error_class: ErrorClass | None = None
@@ -555,6 +565,15 @@ def _on_asyncio() -> bool:
     return True
 
 
+def open_streamer(transport: httpx2.AsyncBaseTransport | Streamer | None, concurrency: int) -> tuple[Streamer, bool]:
+    """The streamer run_requests sends with, and whether it is ours to close (see run_requests' transport)."""
+    if transport is None and transport_choice() == "fast" and _on_asyncio():
+        return FastStreamer(concurrency), True
+    if transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
+        return HttpxStreamer(concurrency, transport), True
+    return transport, False
+
+
 async def run_requests(
     specs: Iterable[RequestSpec],
     concurrency: int,
@@ -579,13 +598,7 @@ async def run_requests(
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    streamer: Streamer
-    if transport is None and transport_choice() == "fast" and _on_asyncio():
-        streamer, owned = FastStreamer(concurrency), True
-    elif transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
-        streamer, owned = HttpxStreamer(concurrency, transport), True
-    else:
-        streamer, owned = transport, False
+    streamer, owned = open_streamer(transport, concurrency)
     runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send,
                      max_event_bytes, scheduled)
     specs = list(specs)

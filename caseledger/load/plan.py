@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +43,14 @@ class RequestSpec:
     trace_row: int | None = None  # source 'trace': the request's row in the trace file
     planned_shared_tokens: int | None = None  # source 'trace': chat tokens an earlier request planned to share
     max_tokens: int | None = None  # what the body asks for (the context check of preflight)
+    # dataset.sessions: turn `turn` of conversation `session` (of `turns`), sent think_s after the previous turn's
+    # response ended; its body holds the new user message only, the client puts the conversation so far before it.
+    # prompt_bound: the most prompt tokens the turn can carry (its history's messages and replies at max_tokens)
+    session: int | None = None
+    turn: int | None = None
+    turns: int | None = None
+    think_s: float = 0.0
+    prompt_bound: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class LoadPlan:
     rate: float | None
     seed: int  # seed of the arrival process (from dataset.seed and the run salt)
     max_event_bytes: int  # the largest SSE event a response may send (load.max_event_bytes)
+    # dataset.sessions: each conversation's spec indices in turn order (None: independent requests)
+    sessions: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def scheduled(self) -> bool:
@@ -72,6 +82,8 @@ class LoadPlan:
         h = hashlib.sha256()
         for s in self.specs:
             h.update(orjson.dumps([s.i, s.entry, s.route, s.offset_s, s.url]))
+            if s.session is not None:  # independent requests keep the digest they had before sessions
+                h.update(orjson.dumps([s.session, s.turn, s.think_s]))
             h.update(hashlib.sha256(s.body).digest())
         return h.hexdigest()
 
@@ -165,6 +177,10 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         # load.max_tokens, else the entry's own (drawn, or its trace row's output_length)
         max_tokens = load.max_tokens if load.max_tokens is not None else e["output_tokens"]
         trace = "trace_row" in e
+        if "session" in e:
+            specs.append(_turn_spec(i, e, route, urls[route], body=request_body(
+                api, endpoints[route].model, prompt, max_tokens, load.ignore_eos, per_chunk), max_tokens=max_tokens))
+            continue
         specs.append(
             RequestSpec(
                 i=i,
@@ -181,7 +197,8 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
             )
         )
     return LoadPlan(
-        specs=tuple(specs),
+        sessions=_conversations(specs) if case.dataset.sessions is not None else None,
+        specs=tuple(_bounded(specs)) if case.dataset.sessions is not None else tuple(specs),
         concurrency=load.concurrency,
         timeout_s=load.timeout_s,
         api_key_env=case.target.api_key_env,
@@ -190,6 +207,39 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         seed=seed,
         max_event_bytes=load.max_event_bytes,
     )
+
+
+REPLY_SLACK = 8  # tokens a reply may take beyond its max_tokens in the history: end-of-turn markers, re-tokenizing
+
+
+def _turn_spec(i: int, e: Entry, route: int, url: str, *, body: bytes, max_tokens: int) -> RequestSpec:
+    turn = int(e.get("turn", 0))
+    return RequestSpec(i=i, entry=e["i"], route=route, offset_s=0.0, url=url, body=body,
+                       input_tokens_body=e["body_tokens"],
+                       # turn 0 is the message alone; later turns carry the server's replies, counted by the server
+                       input_tokens_chat=e["chat_tokens"] if turn == 0 else None,
+                       max_tokens=max_tokens, session=int(e.get("session", 0)), turn=turn,
+                       turns=int(e.get("turns", 1)), think_s=float(e.get("think_s", 0.0)),
+                       prompt_bound=e["chat_tokens"])
+
+
+def _bounded(specs: list[RequestSpec]) -> list[RequestSpec]:
+    """Each turn's prompt_bound: its own message plus every earlier turn's message and reply (at max_tokens)."""
+    out: list[RequestSpec] = []
+    carried: dict[int, int] = {}
+    for s in specs:
+        before = carried.get(s.session or 0, 0)
+        out.append(replace(s, prompt_bound=before + (s.prompt_bound or 0)))
+        carried[s.session or 0] = before + (s.prompt_bound or 0) + (s.max_tokens or 0) + REPLY_SLACK
+    return out
+
+
+def _conversations(specs: list[RequestSpec]) -> tuple[tuple[int, ...], ...]:
+    """Spec indices of each conversation, in turn order; conversations in the order of their first turn."""
+    by: dict[int, list[int]] = {}
+    for k, s in enumerate(specs):
+        by.setdefault(s.session or 0, []).append(k)
+    return tuple(tuple(sorted(v, key=lambda k: specs[k].turn or 0)) for v in by.values())
 
 
 def plan_from_run_dir(run_dir: Path) -> LoadPlan:

@@ -64,6 +64,10 @@ class RawColumns:
     arrival_error_ns: F64  # per request: send_ns - sched_ns (scheduled loads), NaN where the record has no sched_ns
     trace_row: F64  # per request: its trace row (source 'trace'), NaN elsewhere
     planned_shared_tokens: F64  # per request: chat tokens an earlier request planned to share (trace), NaN elsewhere
+    # dataset.sessions: per request its conversation, turn index and the conversation's planned turns; NaN elsewhere
+    session: F64 | None = None
+    turn: F64 | None = None
+    turns: F64 | None = None
 
     @property
     def n(self) -> int:
@@ -99,9 +103,10 @@ class RawColumns:
             self.step_accepted,
         ):
             h.update(np.ascontiguousarray(arr).tobytes())
-        for arr in (self.arrival_error_ns, self.trace_row, self.planned_shared_tokens):
-            if not np.isnan(arr).all():  # records without them keep the digest they had before the fields
-                h.update(np.ascontiguousarray(arr).tobytes())
+        for opt in (self.arrival_error_ns, self.trace_row, self.planned_shared_tokens, self.session, self.turn,
+                    self.turns):
+            if opt is not None and not np.isnan(opt).all():  # records without them keep the digest they had
+                h.update(np.ascontiguousarray(opt).tobytes())
         h.update(orjson.dumps([self.error_class, self.error]))
         return h.hexdigest()
 
@@ -190,6 +195,7 @@ class _Builder:
             arrival_error_ns=cat("arrival_error_ns"),
             trace_row=cat("trace_row"),
             planned_shared_tokens=cat("planned_shared_tokens"),
+            **{k: np.concatenate([_nan_if_none(getattr(p, k), p.n) for p in ps]) for k in _SESSION_KEYS},
         )
 
 
@@ -230,7 +236,15 @@ def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     # the difference is taken on the integers: monotonic ns past 2**53 would lose their last digits as floats
     late = [d["send_ns"] - d["sched_ns"] if isinstance(d.get("sched_ns"), int) else None for d in docs]
     return {"arrival_error_ns": _floats(late, n),
-            **{name: _floats([d.get(name) for d in docs], n) for name in ("trace_row", "planned_shared_tokens")}}
+            **{name: _floats([d.get(name) for d in docs], n) for name in ("trace_row", "planned_shared_tokens")},
+            **{name: _floats([d.get(name) for d in docs], n) for name in _SESSION_KEYS}}
+
+
+_SESSION_KEYS = ("session", "turn", "turns")
+
+
+def _nan_if_none(arr: F64 | None, n: int) -> F64:
+    return np.full(n, np.nan) if arr is None else arr
 
 
 def _floats(values: Sequence[Any], n: int) -> F64:

@@ -54,6 +54,7 @@ from caseledger.metrics._models import (
     value_in,
 )
 from caseledger.metrics._noise import good_requests, interval
+from caseledger.metrics._sessions import conversations
 from caseledger.metrics._spec import SpecCounters, not_observed_spec, per_request, spec_counters, window_spec
 from caseledger.records import RawRecord
 from caseledger.workspace import canonical_json, sha256_bytes
@@ -865,4 +866,5 @@ def compute_result(
                        if whole_span.start is not None and whole_span.end is not None else []),
         schedule=_schedule(raw),
         trace=_trace(raw),
+        sessions=conversations(c, dv.ttft_ms, _dist),
     )

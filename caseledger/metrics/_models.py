@@ -398,6 +398,49 @@ class TraceReplay(_Model):
     text: str = Field(description="The sums in one line")
 
 
+class TurnFigures(_Model):
+    """One turn index across the conversations (turn 0 = every conversation's first request)."""
+
+    turn: int = Field(description="Turn index, 0-based")
+    requests: int = Field(description="Turns of this index recorded")
+    ok: int = Field(description="Of them, successful")
+    ttft_ms_p50: float | None = Field(description="TTFT p50 of the successful ones, ms (null: none)")
+    ttft_ms_mean: float | None = Field(description="TTFT mean of the successful ones, ms (null: none)")
+    prompt_tokens_mean: float | None = Field(description="usage.prompt_tokens mean (null: not reported)")
+    planned_shared_tokens_mean: float | None = Field(
+        description="planned_shared_tokens mean: the history as the server counted it after the previous turn "
+        "(null for turn 0)")
+    cached_tokens_mean: float | None = Field(description="usage cached_tokens mean (null: not reported)")
+    cached_over_planned: float | None = Field(
+        description="sum cached / sum planned shared tokens of the successful turns reporting both (null: none)")
+
+
+class SessionFigures(_Model):
+    """One conversation: how many of its turns were sent and how long it lasted."""
+
+    session: int = Field(description="Conversation index")
+    turns_planned: int = Field(description="Turns the dataset gave it")
+    turns_recorded: int = Field(description="Turns with a raw record (sent and ended, or cancelled)")
+    turns_ok: int = Field(description="Successful turns")
+    complete: bool = Field(description="Every planned turn succeeded")
+    duration_s: float = Field(description="First turn's send to the last recorded turn's end, s")
+
+
+class Conversations(_Model):
+    """Multi-turn figures (dataset.sessions): by turn index and by conversation."""
+
+    sessions: int = Field(description="Conversations with at least one record")
+    complete: int = Field(description="Conversations whose planned turns all succeeded")
+    incomplete: int = Field(description="Conversations cut short: a turn failed, or the load ended (cancel, kill) "
+                            "before their last turn; their later turns were never sent")
+    turns_recorded: int = Field(description="Turns with a raw record")
+    turns_planned: int = Field(description="Turns the recorded conversations planned")
+    duration_s: Distribution | NotObserved = Field(description="Conversation duration, s")
+    by_turn: list[TurnFigures] = Field(description="Per turn index")
+    per_session: list[SessionFigures] = Field(description=f"Every conversation (the first {10_000:,} only)")
+    text: str = Field(description="The figures in one line")
+
+
 class Windows(_Model):
     whole: WindowResult = Field(description="First send to last end, all requests")
     native: WindowResult = Field(description="Steady state by the rule in params")
@@ -475,6 +518,9 @@ class Result(_Model):
         None, description="Arrival error against the schedule (null: the load had no schedule, rate unlimited)")
     trace: TraceReplay | None = Field(None, description="Replayed trace: planned shared vs cached tokens (null: "
                                       "not a trace dataset)")
+    sessions: Conversations | None = Field(
+        None, description="Multi-turn conversations: figures by turn and by conversation (null: not a sessions "
+        "dataset)")
 
 
 DEFINITIONS: dict[str, str] = {
@@ -497,6 +543,11 @@ DEFINITIONS: dict[str, str] = {
     "planned_shared_tokens": "trace: the chat tokens of a request's prompt that an earlier request of the run "
     "already sent (the chat-template head, the first word and the run's salt slot, the leading hash-id blocks an "
     "earlier row had); compared with usage cached_tokens per request",
+    "sessions": "dataset.sessions: turn k of a conversation is sent after turn k-1's response ended (+ think time) "
+    "and carries the earlier user messages and the replies the server streamed; its planned_shared_tokens = turn "
+    "k-1's usage.prompt_tokens + usage.completion_tokens (the history the server counted), compared with turn k's "
+    "cached_tokens; a conversation is complete when every planned turn succeeded; its duration is its first send to "
+    "its last recorded end",
     "prompt_tokens_for_rates": "server usage.prompt_tokens, falling back to input_tokens_chat where the "
     "server gave none",
     "request_throughput": "successful requests credited to the window / window duration",

@@ -339,6 +339,27 @@ def _workload_section(result: Result) -> list[str]:
                       [[r.i, r.trace_row, r.planned_shared_tokens, r.cached_tokens, r.prompt_tokens, r.ok]
                        for r in tr.per_request])
         out.append("")
+    if result.sessions is not None:
+        out += _sessions_section(result.sessions)
+    return out
+
+
+def _sessions_section(ss: Any) -> list[str]:
+    """Conversations: one line, then one row per turn index (TTFT and cached beside the planned history)."""
+    def num(x: float | None, fmt: str = ".1f") -> str:
+        return "—" if x is None else format(x, fmt)
+
+    out = ["## Conversations", "", ss.text, ""]
+    out += _table(["turn", "ok / recorded", "TTFT p50 ms", "prompt tokens", "planned history", "cached tokens",
+                   "cached / planned"],
+                  [[t.turn, f"{t.ok} / {t.requests}", num(t.ttft_ms_p50, ".2f"), num(t.prompt_tokens_mean),
+                    num(t.planned_shared_tokens_mean), num(t.cached_tokens_mean), num(t.cached_over_planned, ".0%")]
+                   for t in ss.by_turn])
+    cut = [p for p in ss.per_session if not p.complete]
+    if cut:
+        out += ["", "Incomplete: " + ", ".join(f"conversation {p.session} ({p.turns_ok} of {p.turns_planned} turns "
+                                                 "ok)" for p in cut[:20])]
+    out.append("")
     return out
 
 

@@ -108,16 +108,19 @@ def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
     if limit is None:
         return None
     bound, field = limit
-    need = [((s.input_tokens_chat or 0) + (s.max_tokens or 0), s) for s in plan.specs]
+    # a conversation's turn carries its history: its bound counts the earlier messages and replies
+    need = [((s.prompt_bound if s.prompt_bound is not None else s.input_tokens_chat or 0) + (s.max_tokens or 0), s)
+            for s in plan.specs]
     over = [(t, s) for t, s in need if t > bound]
     if over:
         t, s = over[0]
-        where = f"trace row {s.trace_row}" if s.trace_row is not None else f"entry {s.entry}"
+        where = f"trace row {s.trace_row}" if s.trace_row is not None else \
+            f"conversation {s.session} turn {s.turn}, with its history" if s.session is not None else f"entry {s.entry}"
         raise ValueError(
             f"{len(over)} of {len(need)} requests do not fit the context of {bound} tokens ({field}): the first, "
-            f"request {s.i} ({where}), needs {s.input_tokens_chat} prompt + {s.max_tokens} output = {t} tokens; "
+            f"request {s.i} ({where}), needs {t - (s.max_tokens or 0)} prompt + {s.max_tokens} output = {t} tokens; "
             f"lower dataset.input_tokens / output_tokens (their max), use a subset of the trace (dataset.entries), "
-            f"or serve a longer context and raise {field}")
+            f"fewer dataset.sessions.turns, or serve a longer context and raise {field}")
     longest_t = max((t for t, _ in need), default=0)
     return {"limit": bound, "from": field, "longest_request_tokens": longest_t}
 
