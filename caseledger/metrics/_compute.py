@@ -464,182 +464,28 @@ def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:
 def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp: _Inputs) -> WindowResult:
     c, dv, s, case, anchor, spec, ev = inp.c, inp.dv, inp.s, inp.case, inp.anchor, inp.spec, inp.ev
     cards = case.target.cards
-    cache_min = case.cache.min_hit_ratio
     if span.start is None or span.end is None:
-        reason = span.reason or "no window"
-        no = NotObserved(reason=f"no {name} window: {reason}")
-        return WindowResult(
-            name=name,
-            rule=span.rule,
-            params=span.params,
-            found=False,
-            reason=reason,
-            start_s=None,
-            end_s=None,
-            duration_s=None,
-            start_utc=None,
-            requests=0,
-            ok=0,
-            failed=0,
-            failed_by_class={},
-            cards=cards,
-            min_requests=limits.min_requests,
-            min_duration_s=limits.min_duration_s,
-            meets_min_requests=False,
-            meets_min_duration=False,
-            peak_concurrency=0,
-            mean_concurrency=no,
-            latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
-            tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no, prompt_vs_planned=no),
-            throughput=Throughputs(request=no, output=no, input=no, total=no, goodput=no),
-            cache=CacheFigures(
-                denominator=_CACHE_DENOMINATOR,
-                requests_with_cached_tokens=0,
-                cached_tokens=no,
-                hit_ratio=no,
-                min_hit_ratio=cache_min,
-                share_meeting_min=no,
-                nominal_input_throughput=no,
-                uncached_input_throughput=no,
-            ),
-            spec_decode=not_observed_spec(spec.requested, f"no {name} window: {reason}"),
-            notes=list(span.notes),
-            noise=no,
-        )
+        return _no_window(name, span, limits, inp)
     start, end = span.start, span.end
     duration_s = (end - start) / _S
     mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= start) & (c.send_ns <= end)
     okm = mask & c.ok
     n_req, n_ok = int(mask.sum()), int(okm.sum())
     notes = list(span.notes)
-
-    # latency
     nothing = f"no successful request in the {name} window"
-    chunk_ok = okm[dv.req_of_chunk]
-    gaps = dv.gap_ms[chunk_ok]
-    aware_gap = chunk_ok & ~np.isnan(dv.gap_ms) & ~np.isnan(dv.gap_tokens) & (dv.gap_tokens >= 1)
-    reps = dv.gap_tokens[aware_gap].astype(np.int64)
-    aware = np.repeat(dv.gap_ms[aware_gap] / dv.gap_tokens[aware_gap], reps)
-    n_one = int((dv.one_token & okm).sum())
-    n_nochunk = int((dv.no_chunk & okm).sum())
-    n_aware_x = int((dv.aware_excluded & okm).sum())
-    if n_one:
-        notes.append(f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)")
-    if n_nochunk:
-        notes.append(f"{n_nochunk} successful request(s) without a content chunk have no TTFT, TPOT or ITL")
-    if n_aware_x:
-        notes.append(
-            f"{n_aware_x} successful request(s) excluded from token-aware ITL: chunk token counts "
-            "unknown and chunk count != completion_tokens"
-        )
+    latency = _latency(dv, okm, n_ok, nothing, notes)
     if n_req - n_ok:
         notes.append(
             f"{n_req - n_ok} failed request(s) in the window are excluded from latency, token and throughput figures"
         )
-    tpot_reason = nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
-    itl_reason = nothing if not n_ok else "no successful request with >= 2 content chunks"
-    aware_reason = (
-        nothing
-        if not n_ok
-        else (
-            "chunk token counts unknown (no chunk_tokens, and chunk count != usage.completion_tokens)"
-            if gaps.size
-            else itl_reason
-        )
-    )
-    latency = Latency(
-        ttft=_dist(dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"),
-        e2e=_dist(dv.e2e_ms[okm], "ms", nothing),
-        tpot=_dist(dv.tpot_ms[okm], "ms", tpot_reason),
-        itl=_dist(gaps, "ms", itl_reason),
-        itl_token_aware=_dist(aware, "ms", aware_reason),
-    )
-    tokens = Tokens(
-        input_body=_dist(
-            c.input_tokens_body[okm], "tokens", nothing if not n_ok else "no input_tokens_body in records"
-        ),
-        input_chat=_dist(
-            c.input_tokens_chat[okm], "tokens", nothing if not n_ok else "no input_tokens_chat in records"
-        ),
-        prompt=_dist(c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"),
-        output=_dist(
-            c.completion_tokens[okm],
-            "tokens",
-            nothing if not n_ok else "no usage.completion_tokens from the server",
-        ),
-        prompt_vs_planned=_agreement(c.prompt_tokens[okm], c.input_tokens_chat[okm], nothing if not n_ok else ""),
-    )
-
-    # throughput
+    tokens = _tokens(c, okm, n_ok, nothing)
     prompt = dv.prompt_for_rates[okm]
-    in_tok = _sum_known(prompt, "prompt tokens (usage.prompt_tokens and input_tokens_chat)")
-    if span.rule == "sglang":
-        # output credited by chunk timestamps: every successful request's chunks, wherever it started
-        in_span = c.ok[dv.req_of_chunk] & (c.chunk_ns >= start) & (c.chunk_ns <= end)
-        credit = dv.credit_tokens[in_span]
-        missing = int(np.isnan(credit).sum())
-        out_tok: float | str = (
-            (f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, no usage.completion_tokens)")
-            if missing
-            else float(credit.sum())
-        )
-    else:
-        out_tok = _sum_known(c.completion_tokens[okm], "usage.completion_tokens")
-    total: float | str
-    if isinstance(in_tok, str):
-        total = in_tok
-    elif isinstance(out_tok, str):
-        total = out_tok
-    else:
-        total = in_tok + out_tok
-    input_rate = _rate(in_tok, duration_s, cards, "tok/s", "tok")
-    good = good_requests(case.decision, okm, dv.ttft_ms, dv.tpot_ms, dv.e2e_ms, dv.one_token)
-    n_good: float | str = (float(good.sum()) if n_ok else nothing) if case.decision.goodput is not None else (
-        "no per-request limits (case.decision.goodput is null)")
-    throughput = Throughputs(
-        request=_rate(float(n_ok) if n_ok else nothing, duration_s, cards, "req/s", "req"),
-        output=_rate(out_tok, duration_s, cards, "tok/s", "tok"),
-        input=input_rate,
-        total=_rate(total, duration_s, cards, "tok/s", "tok"),
-        goodput=_rate(n_good, duration_s, cards, "req/s", "good req"),
-    )
+    throughput, good = _throughput(span, inp, okm, n_ok, prompt, duration_s, nothing)
     metric = case.decision.primary_metric
     noise = interval(metric, value_in(latency, throughput, METRICS[metric]), {
         "ttft": dv.ttft_ms[okm], "tpot": dv.tpot_ms[okm], "e2e": dv.e2e_ms[okm],
         "output": c.completion_tokens[okm], "good": good[okm].astype(np.float64)})
-
-    # prefix cache
-    cached = c.cached_tokens[okm]
-    has_cached = ~np.isnan(cached)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(prompt > 0, cached / prompt, np.nan)
-    ratio_known = ratio[~np.isnan(ratio)]
-    no_cache = nothing if not n_ok else "no usage.prompt_tokens_details.cached_tokens from the server"
-    share: float | NotObserved
-    if cache_min is None:
-        share = NotObserved(reason="no cache target (case.cache.min_hit_ratio is null)")
-    elif ratio_known.size == 0:
-        share = NotObserved(reason=no_cache)
-    else:
-        share = float((ratio_known >= cache_min).sum() / ratio_known.size)
-    if not n_ok:
-        uncached: float | str = nothing
-    elif not has_cached.any():
-        uncached = no_cache
-    elif not has_cached.all():
-        uncached = f"{int((~has_cached).sum())} of {n_ok} credited successful requests lack cached_tokens"
-    else:
-        uncached = _sum_known(prompt - cached, "prompt tokens")
-    cache = CacheFigures(
-        denominator=_CACHE_DENOMINATOR,
-        requests_with_cached_tokens=int(has_cached.sum()),
-        cached_tokens=_dist(cached, "tokens", no_cache),
-        hit_ratio=_dist(ratio, "ratio", no_cache),
-        min_hit_ratio=cache_min,
-        share_meeting_min=share,
-        nominal_input_throughput=input_rate,
-        uncached_input_throughput=_rate(uncached, duration_s, cards, "tok/s", "tok"),
-    )
+    cache = _cache(c, okm, n_ok, prompt, duration_s, cards, case.cache.min_hit_ratio, throughput.input, nothing)
     peak, mean_c = _window_conc(s, start, end)
     return WindowResult(
         name=name,
@@ -671,6 +517,183 @@ def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp:
         noise=noise,
     )
 
+
+def _no_window(name: Literal["whole", "native"], span: _Span, limits: Window, inp: _Inputs) -> WindowResult:
+    """The result of a window the rule did not find: every figure NOT_OBSERVED with the reason."""
+    cards, cache_min, spec = inp.case.target.cards, inp.case.cache.min_hit_ratio, inp.spec
+    reason = span.reason or "no window"
+    no = NotObserved(reason=f"no {name} window: {reason}")
+    return WindowResult(
+        name=name,
+        rule=span.rule,
+        params=span.params,
+        found=False,
+        reason=reason,
+        start_s=None,
+        end_s=None,
+        duration_s=None,
+        start_utc=None,
+        requests=0,
+        ok=0,
+        failed=0,
+        failed_by_class={},
+        cards=cards,
+        min_requests=limits.min_requests,
+        min_duration_s=limits.min_duration_s,
+        meets_min_requests=False,
+        meets_min_duration=False,
+        peak_concurrency=0,
+        mean_concurrency=no,
+        latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
+        tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no, prompt_vs_planned=no),
+        throughput=Throughputs(request=no, output=no, input=no, total=no, goodput=no),
+        cache=CacheFigures(
+            denominator=_CACHE_DENOMINATOR,
+            requests_with_cached_tokens=0,
+            cached_tokens=no,
+            hit_ratio=no,
+            min_hit_ratio=cache_min,
+            share_meeting_min=no,
+            nominal_input_throughput=no,
+            uncached_input_throughput=no,
+        ),
+        spec_decode=not_observed_spec(spec.requested, f"no {name} window: {reason}"),
+        notes=list(span.notes),
+        noise=no,
+    )
+
+
+def _latency(dv: _Derived, okm: B, n_ok: int, nothing: str, notes: list[str]) -> Latency:
+    """TTFT, E2E, TPOT, ITL and token-aware ITL of the window's successful requests; what they leave out goes
+    to notes."""
+    chunk_ok = okm[dv.req_of_chunk]
+    gaps = dv.gap_ms[chunk_ok]
+    aware_gap = chunk_ok & ~np.isnan(dv.gap_ms) & ~np.isnan(dv.gap_tokens) & (dv.gap_tokens >= 1)
+    reps = dv.gap_tokens[aware_gap].astype(np.int64)
+    aware = np.repeat(dv.gap_ms[aware_gap] / dv.gap_tokens[aware_gap], reps)
+    n_one = int((dv.one_token & okm).sum())
+    n_nochunk = int((dv.no_chunk & okm).sum())
+    n_aware_x = int((dv.aware_excluded & okm).sum())
+    if n_one:
+        notes.append(f"{n_one} successful request(s) with one output token have no TPOT (undefined for 1 token)")
+    if n_nochunk:
+        notes.append(f"{n_nochunk} successful request(s) without a content chunk have no TTFT, TPOT or ITL")
+    if n_aware_x:
+        notes.append(
+            f"{n_aware_x} successful request(s) excluded from token-aware ITL: chunk token counts "
+            "unknown and chunk count != completion_tokens"
+        )
+    tpot_reason = nothing if not n_ok else "no successful request with >= 2 output tokens (usage.completion_tokens)"
+    itl_reason = nothing if not n_ok else "no successful request with >= 2 content chunks"
+    aware_reason = (
+        nothing
+        if not n_ok
+        else (
+            "chunk token counts unknown (no chunk_tokens, and chunk count != usage.completion_tokens)"
+            if gaps.size
+            else itl_reason
+        )
+    )
+    return Latency(
+        ttft=_dist(dv.ttft_ms[okm], "ms", nothing if not n_ok else "no successful request with a content chunk"),
+        e2e=_dist(dv.e2e_ms[okm], "ms", nothing),
+        tpot=_dist(dv.tpot_ms[okm], "ms", tpot_reason),
+        itl=_dist(gaps, "ms", itl_reason),
+        itl_token_aware=_dist(aware, "ms", aware_reason),
+    )
+
+
+def _tokens(c: RawColumns, okm: B, n_ok: int, nothing: str) -> Tokens:
+    return Tokens(
+        input_body=_dist(
+            c.input_tokens_body[okm], "tokens", nothing if not n_ok else "no input_tokens_body in records"
+        ),
+        input_chat=_dist(
+            c.input_tokens_chat[okm], "tokens", nothing if not n_ok else "no input_tokens_chat in records"
+        ),
+        prompt=_dist(c.prompt_tokens[okm], "tokens", nothing if not n_ok else "no usage.prompt_tokens from the server"),
+        output=_dist(
+            c.completion_tokens[okm],
+            "tokens",
+            nothing if not n_ok else "no usage.completion_tokens from the server",
+        ),
+        prompt_vs_planned=_agreement(c.prompt_tokens[okm], c.input_tokens_chat[okm], nothing if not n_ok else ""),
+    )
+
+
+def _throughput(span: _Span, inp: _Inputs, okm: B, n_ok: int, prompt: F64, duration_s: float,
+                nothing: str) -> tuple[Throughputs, B]:
+    """Request, output, input, total and goodput rates over the window; with the good-request mask."""
+    c, dv, case, cards = inp.c, inp.dv, inp.case, inp.case.target.cards
+    start, end = span.start or 0, span.end or 0  # a found window has both
+    in_tok = _sum_known(prompt, "prompt tokens (usage.prompt_tokens and input_tokens_chat)")
+    if span.rule == "sglang":
+        # output credited by chunk timestamps: every successful request's chunks, wherever it started
+        in_span = c.ok[dv.req_of_chunk] & (c.chunk_ns >= start) & (c.chunk_ns <= end)
+        credit = dv.credit_tokens[in_span]
+        missing = int(np.isnan(credit).sum())
+        out_tok: float | str = (
+            (f"{missing} chunk(s) in the span have unknown token counts (no chunk_tokens, no usage.completion_tokens)")
+            if missing
+            else float(credit.sum())
+        )
+    else:
+        out_tok = _sum_known(c.completion_tokens[okm], "usage.completion_tokens")
+    total: float | str
+    if isinstance(in_tok, str):
+        total = in_tok
+    elif isinstance(out_tok, str):
+        total = out_tok
+    else:
+        total = in_tok + out_tok
+    input_rate = _rate(in_tok, duration_s, cards, "tok/s", "tok")
+    good = good_requests(case.decision, okm, dv.ttft_ms, dv.tpot_ms, dv.e2e_ms, dv.one_token)
+    n_good: float | str = (float(good.sum()) if n_ok else nothing) if case.decision.goodput is not None else (
+        "no per-request limits (case.decision.goodput is null)")
+    return Throughputs(
+        request=_rate(float(n_ok) if n_ok else nothing, duration_s, cards, "req/s", "req"),
+        output=_rate(out_tok, duration_s, cards, "tok/s", "tok"),
+        input=input_rate,
+        total=_rate(total, duration_s, cards, "tok/s", "tok"),
+        goodput=_rate(n_good, duration_s, cards, "req/s", "good req"),
+    ), good
+
+
+def _cache(c: RawColumns, okm: B, n_ok: int, prompt: F64, duration_s: float, cards: int, cache_min: float | None,
+           input_rate: Throughput | NotObserved, nothing: str) -> CacheFigures:
+    """Cached tokens and hit ratios against the prompt, the share meeting the case's target, and the input
+    throughput with the cached tokens taken out."""
+    cached = c.cached_tokens[okm]
+    has_cached = ~np.isnan(cached)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(prompt > 0, cached / prompt, np.nan)
+    ratio_known = ratio[~np.isnan(ratio)]
+    no_cache = nothing if not n_ok else "no usage.prompt_tokens_details.cached_tokens from the server"
+    share: float | NotObserved
+    if cache_min is None:
+        share = NotObserved(reason="no cache target (case.cache.min_hit_ratio is null)")
+    elif ratio_known.size == 0:
+        share = NotObserved(reason=no_cache)
+    else:
+        share = float((ratio_known >= cache_min).sum() / ratio_known.size)
+    if not n_ok:
+        uncached: float | str = nothing
+    elif not has_cached.any():
+        uncached = no_cache
+    elif not has_cached.all():
+        uncached = f"{int((~has_cached).sum())} of {n_ok} credited successful requests lack cached_tokens"
+    else:
+        uncached = _sum_known(prompt - cached, "prompt tokens")
+    return CacheFigures(
+        denominator=_CACHE_DENOMINATOR,
+        requests_with_cached_tokens=int(has_cached.sum()),
+        cached_tokens=_dist(cached, "tokens", no_cache),
+        hit_ratio=_dist(ratio, "ratio", no_cache),
+        min_hit_ratio=cache_min,
+        share_meeting_min=share,
+        nominal_input_throughput=input_rate,
+        uncached_input_throughput=_rate(uncached, duration_s, cards, "tok/s", "tok"),
+    )
 
 def _spec_window(
     name: Literal["whole", "native"], spec: SpecCounters, c: RawColumns, okm: B, t0: int, nothing: str
@@ -797,16 +820,7 @@ def compute_result(
         out_sum if isinstance(out_sum, str) else "",
     )
 
-    if c.n:
-        whole_span = _Span("whole", {}, int(c.send_ns.min()), int(c.end_ns.max()), None)
-    else:
-        whole_span = _Span("whole", {}, None, None, "no raw records")
-    if c.n == 0:
-        native_span = _Span(params.native_rule, {}, None, None, "no raw records")
-    elif params.native_rule == "aisbench":
-        native_span = _aisbench_span(s, case.load.concurrency)
-    else:
-        native_span = _sglang_span(s, float(params.native_ratio or 0.0))
+    whole_span, native_span = _spans(c, s, case, params)
     inp = _Inputs(c=c, dv=dv, s=s, case=case, anchor=anchor, spec=spec, ev=ev)
     windows = Windows(
         whole=_window("whole", whole_span, case.measurement.whole, inp),
@@ -814,35 +828,8 @@ def compute_result(
     )
 
     failed_idx = np.flatnonzero(~raw.ok)
-    by_class = Counter(str(c.error_class[i] or "unknown") for i in failed_idx)
-    first_error: dict[str, str] = {}
-    for i in failed_idx:
-        first_error.setdefault(str(c.error_class[i] or "unknown"), str(c.error[i] or ""))
-    failures = Failures(
-        total=int(failed_idx.size),
-        by_class=dict(sorted(by_class.items())),
-        first_error=first_error,
-        note="failed requests (ok=false) are counted by error_class and excluded from latency, token and "
-        "throughput figures; they are included in concurrency",
-    )
-
-    case_sha = sha256_bytes(canonical_json(case.canonical()))
-    records_sha = raw.digest()
-    anchor_clean: dict[str, str | int] | None = None
-    if anchor is not None:
-        anchor_clean = {str(k): v for k, v in anchor.items() if isinstance(v, str | int)}
-    inputs = Inputs(
-        raw_path=src.path,
-        raw_sha256=src.sha256,
-        records_sha256=records_sha,
-        records=c.n,
-        torn_tail=src.torn_tail,
-        bad_lines=src.bad_lines,
-        case_sha256=case_sha,
-        anchor=anchor_clean,
-        metrics_before_sha256=_sha_text(metrics_before),
-        metrics_after_sha256=_sha_text(metrics_after),
-    )
+    failures = _failures(c, failed_idx)
+    inputs = _inputs(case, raw, c.n, src, anchor, metrics_before, metrics_after)
     inputs_key = hashlib.sha256(canonical_json(inputs.model_dump(mode="json"))).hexdigest()[:16]
     return Result(
         processor_version=PROCESSOR_VERSION,
@@ -867,4 +854,48 @@ def compute_result(
         schedule=_schedule(raw),
         trace=_trace(raw),
         sessions=conversations(c, dv.ttft_ms, _dist),
+    )
+
+
+def _spans(c: RawColumns, s: _Steps, case: Case, params: Params) -> tuple[_Span, _Span]:
+    """The whole window (first send to last end) and the native window of the case's rule."""
+    if c.n == 0:
+        return _Span("whole", {}, None, None, "no raw records"), _Span(params.native_rule, {}, None, None,
+                                                                       "no raw records")
+    whole = _Span("whole", {}, int(c.send_ns.min()), int(c.end_ns.max()), None)
+    if params.native_rule == "aisbench":
+        return whole, _aisbench_span(s, case.load.concurrency)
+    return whole, _sglang_span(s, float(params.native_ratio or 0.0))
+
+
+def _failures(c: RawColumns, failed_idx: I64) -> Failures:
+    """Failed requests counted by error class, with the first error text of each class."""
+    by_class = Counter(str(c.error_class[i] or "unknown") for i in failed_idx)
+    first_error: dict[str, str] = {}
+    for i in failed_idx:
+        first_error.setdefault(str(c.error_class[i] or "unknown"), str(c.error[i] or ""))
+    return Failures(
+        total=int(failed_idx.size),
+        by_class=dict(sorted(by_class.items())),
+        first_error=first_error,
+        note="failed requests (ok=false) are counted by error_class and excluded from latency, token and "
+        "throughput figures; they are included in concurrency",
+    )
+
+
+def _inputs(case: Case, raw: RawColumns, n: int, src: RawSource, anchor: dict[str, Any] | None,
+            metrics_before: str | None, metrics_after: str | None) -> Inputs:
+    """What a result was computed from, by hash: the raw file and records, the case, the anchor, the snapshots."""
+    anchor_clean = None if anchor is None else {str(k): v for k, v in anchor.items() if isinstance(v, str | int)}
+    return Inputs(
+        raw_path=src.path,
+        raw_sha256=src.sha256,
+        records_sha256=raw.digest(),
+        records=n,
+        torn_tail=src.torn_tail,
+        bad_lines=src.bad_lines,
+        case_sha256=sha256_bytes(canonical_json(case.canonical())),
+        anchor=anchor_clean,
+        metrics_before_sha256=_sha_text(metrics_before),
+        metrics_after_sha256=_sha_text(metrics_after),
     )
