@@ -124,6 +124,8 @@ def _ratio_row(label: str, r: Ratio | NotObserved) -> list[object]:
 
 
 def _window_section(w: WindowResult) -> list[str]:
+    """A window's section of report.md: its extent, latency, tokens, throughput, prefix cache, speculative
+    decoding, failures and notes."""
     out = [f"### Window `{w.name}`", "", _window_head(w), ""]
     out += _table(
         [
@@ -171,6 +173,22 @@ def _window_section(w: WindowResult) -> list[str]:
         ["metric", "value", "per card", "computation"],
         [_rate_row(label, pick(w)) for pick, label in _RATE_ROWS],
     )
+    out += _cache_section(w)
+    out += _spec_section(w)
+    if w.failed_by_class:
+        out += [
+            "",
+            "Failed requests in this window by class: " + ", ".join(f"{k}={v}" for k, v in w.failed_by_class.items()),
+        ]
+    if w.notes:
+        out += ["", "Notes:", *[f"- {n}" for n in w.notes]]
+    return [*out, ""]
+
+
+
+
+def _cache_section(w: WindowResult) -> list[str]:
+    out: list[str] = []
     cache = w.cache
     out += ["", f"Prefix cache ({w.name} window; denominator: {cache.denominator}):", ""]
     out += _table(
@@ -194,6 +212,11 @@ def _window_section(w: WindowResult) -> list[str]:
             ],
         ),
     ]
+    return out
+
+
+def _spec_section(w: WindowResult) -> list[str]:
+    out: list[str] = []
     spec = w.spec_decode
     per = spec.per_request
     out += [
@@ -233,14 +256,7 @@ def _window_section(w: WindowResult) -> list[str]:
                 [[c.name, c.before, c.after, c.delta] for c in spec.counters],
             ),
         ]
-    if w.failed_by_class:
-        out += [
-            "",
-            "Failed requests in this window by class: " + ", ".join(f"{k}={v}" for k, v in w.failed_by_class.items()),
-        ]
-    if w.notes:
-        out += ["", "Notes:", *[f"- {n}" for n in w.notes]]
-    return [*out, ""]
+    return out
 
 
 def _positions(
@@ -378,6 +394,34 @@ def render_run_md(
         "",
     ]
 
+    out += _decision_section(decision)
+    out += _requests_section(result)
+    out += _evidence_section(result)
+
+    out += _workload_section(result)
+    out += _windows_section(result)
+
+    out += ["## Concurrency", ""]
+    series = result.concurrency
+    out += [
+        f"Peak {series.peak}; {len(series.t_s)} change points"
+        f"{' (bucketed: maximum per bucket)' if series.bucketed else ''}.",
+        "",
+    ]
+
+    out += ["## Time ledger", ""]
+    if time_ledger:
+        header, rows = _ledger_rows(time_ledger)
+        out += _table(header, rows)
+    else:
+        out.append("No time ledger given.")
+    out += ["", "## Definitions", ""]
+    out += _table(["metric", "definition"], sorted(result.definitions.items()))
+    return "\n".join(out) + "\n"
+
+
+def _decision_section(decision: DecisionRecord | None) -> list[str]:
+    out: list[str] = []
     out += ["## Decision", ""]
     if decision is None:
         out += ["No decision recorded.", ""]
@@ -400,7 +444,11 @@ def render_run_md(
         out += ["", decision.reason, ""]
         if decision.missing:
             out += ["Missing evidence:", *[f"- {m}" for m in decision.missing], ""]
+    return out
 
+
+def _requests_section(result: Result) -> list[str]:
+    out: list[str] = []
     out += ["## Requests and failures", ""]
     out += [
         f"{result.requests} requests: {result.ok} ok, {result.failed} failed. {result.failures.note}.",
@@ -414,9 +462,11 @@ def render_run_md(
         out.append("")
     if result.notes:
         out += ["Notes:", *[f"- {n}" for n in result.notes], ""]
-    out += _evidence_section(result)
+    return out
 
-    out += _workload_section(result)
+
+def _windows_section(result: Result) -> list[str]:
+    out: list[str] = []
     out += ["## Windows", ""]
     out += _table(
         [
@@ -452,24 +502,7 @@ def render_run_md(
     out += ["", "Figures below are grouped by window; no figure combines two windows.", ""]
     out += _window_section(result.windows.whole)
     out += _window_section(result.windows.native)
-
-    out += ["## Concurrency", ""]
-    series = result.concurrency
-    out += [
-        f"Peak {series.peak}; {len(series.t_s)} change points"
-        f"{' (bucketed: maximum per bucket)' if series.bucketed else ''}.",
-        "",
-    ]
-
-    out += ["## Time ledger", ""]
-    if time_ledger:
-        header, rows = _ledger_rows(time_ledger)
-        out += _table(header, rows)
-    else:
-        out.append("No time ledger given.")
-    out += ["", "## Definitions", ""]
-    out += _table(["metric", "definition"], sorted(result.definitions.items()))
-    return "\n".join(out) + "\n"
+    return out
 
 
 T = TypeVar("T")
