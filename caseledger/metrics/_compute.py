@@ -20,7 +20,7 @@ import numpy as np
 
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case, Window, max_tokens_bound
-from caseledger.metrics._checks import check_counts
+from caseledger.metrics._checks import Validity, check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
     DEFINITIONS,
@@ -787,22 +787,8 @@ def compute_result(
     src = source or RawSource()
     params = resolve_params(case, rule, ratio)
     s = _steps(raw)  # concurrency counts every request, valid or not
-    notes: list[str] = []
-    if src.torn_tail:
-        notes.append("the raw file's last line was cut mid-write (torn) and was skipped")
-    if src.bad_lines:
-        notes.append(f"{src.bad_lines} unparsable line(s) before the last were skipped")
-    if raw.n == 0:
-        notes.append("no raw records: no figure can be computed")
-
-    # the server's counts checked first: what fails a check is no evidence for any figure
-    pre = spec_counters(params.spec_decode, metrics_before, metrics_after, None, "")
-    drafts = pre.deltas.get("drafts")
-    spec_moved = isinstance(drafts, tuple) and drafts[1] > 0
-    validity = check_counts(raw, max_tokens_bound(case),
-                            spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
-                            case.measurement.evidence.max_invalid_share, metrics_before, metrics_after,
-                            chunks_are_content)
+    notes = _source_notes(src, raw.n)
+    validity = _validity(case, raw, params, metrics_before, metrics_after, chunks_are_content)
     c = dataclasses.replace(raw, ok=raw.ok & ~validity.invalid)
     dv = _derive(c)
     stall_spans = sorted((int(x["start_ns"]), int(x["end_ns"])) for x in stalls)
@@ -810,15 +796,9 @@ def compute_result(
     ev = _Evidence(invalid=validity.invalid, stalls=stall_spans, host=host_samples)
 
     # spec decode: output tokens of the whole window's successful requests
-    out_whole = c.completion_tokens[c.ok]
-    out_sum = _sum_known(out_whole, "usage.completion_tokens")
-    spec = spec_counters(
-        params.spec_decode,
-        metrics_before,
-        metrics_after,
-        None if isinstance(out_sum, str) else out_sum,
-        out_sum if isinstance(out_sum, str) else "",
-    )
+    out_sum = _sum_known(c.completion_tokens[c.ok], "usage.completion_tokens")
+    spec = spec_counters(params.spec_decode, metrics_before, metrics_after,
+                         None if isinstance(out_sum, str) else out_sum, out_sum if isinstance(out_sum, str) else "")
 
     whole_span, native_span = _spans(c, s, case, params)
     inp = _Inputs(c=c, dv=dv, s=s, case=case, anchor=anchor, spec=spec, ev=ev)
@@ -899,3 +879,26 @@ def _inputs(case: Case, raw: RawColumns, n: int, src: RawSource, anchor: dict[st
         metrics_before_sha256=_sha_text(metrics_before),
         metrics_after_sha256=_sha_text(metrics_after),
     )
+
+
+def _source_notes(src: RawSource, n: int) -> list[str]:
+    """What the raw file's reading skipped, or that there was nothing to read."""
+    notes: list[str] = []
+    if src.torn_tail:
+        notes.append("the raw file's last line was cut mid-write (torn) and was skipped")
+    if src.bad_lines:
+        notes.append(f"{src.bad_lines} unparsable line(s) before the last were skipped")
+    if n == 0:
+        notes.append("no raw records: no figure can be computed")
+    return notes
+
+
+def _validity(case: Case, raw: RawColumns, params: Params, metrics_before: str | None, metrics_after: str | None,
+              chunks_are_content: bool) -> Validity:
+    """The server's counts checked before any figure: what fails a check is no evidence for any of them."""
+    pre = spec_counters(params.spec_decode, metrics_before, metrics_after, None, "")
+    drafts = pre.deltas.get("drafts")
+    spec_moved = isinstance(drafts, tuple) and drafts[1] > 0
+    return check_counts(raw, max_tokens_bound(case), spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
+                        case.measurement.evidence.max_invalid_share, metrics_before, metrics_after,
+                        chunks_are_content)
