@@ -34,7 +34,7 @@ from caseledger.ledger.events import append_event
 from caseledger.ledger.leases import host_dir
 from caseledger.ledger.runs import RunMeta, load_run, read_run, scan_runs, write_meta
 from caseledger.server import build_server
-from caseledger.server.app import BearerToken, request_id
+from caseledger.server.guards import BearerToken, request_id
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
 from caseledger.workspace import ENV_LOCK_TIMEOUT, Workspace, atomic_write, canonical_json, check_id, flocked
 from tests.conftest import (

@@ -26,7 +26,8 @@ from mcp.server.transport_security import TransportSecurityMiddleware
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 from starlette.requests import Request
 
-import caseledger.server.app as app
+import caseledger.server.guards as guards
+import caseledger.server.toolset as toolset
 from caseledger import tools
 from caseledger.errors import CaseledgerError, NotAuthorized
 from caseledger.server import build_server, listener, serve
@@ -101,8 +102,9 @@ async def test_tools_list_fits_8_kb_with_described_flat_inputs_and_id_patterns(w
     assert set(props["freeze_case"]) == {"path", "draft", "parent"}
     assert props["summarize"]["run_ids"]["type"] == "array"
     run_pattern = props["resume"]["run_id"]["pattern"]
-    assert props["summarize"]["run_ids"]["items"]["pattern"] == run_pattern == app.RUN_ID_PATTERN
-    assert props["start_run"]["case_id"]["pattern"] == props["freeze_case"]["parent"]["pattern"] == app.CASE_ID_PATTERN
+    assert props["summarize"]["run_ids"]["items"]["pattern"] == run_pattern == toolset.RUN_ID_PATTERN
+    case_pattern = props["freeze_case"]["parent"]["pattern"]
+    assert props["start_run"]["case_id"]["pattern"] == case_pattern == toolset.CASE_ID_PATTERN
     assert "title" not in json.dumps([t.input_schema for t in listed])  # generated titles are noise
     by_name = {t.name: t for t in listed}
     assert "caseledger://schema/case" in (by_name["freeze_case"].description or "")
@@ -217,7 +219,7 @@ async def test_blocking_tool_runs_off_the_event_loop_and_heartbeats_progress(
         return real(*a, **k)
 
     monkeypatch.setattr(tools, "freeze_any", slow_freeze)
-    monkeypatch.setattr(app, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(toolset, "HEARTBEAT_S", 0.05)
     beats: list[tuple[float, str | None]] = []
 
     async def progress(progress: float, total: float | None, message: str | None) -> None:
@@ -245,13 +247,13 @@ async def test_blocking_tool_runs_off_the_event_loop_and_heartbeats_progress(
 
 
 def test_http_binding_rules() -> None:
-    assert app.parse_host_port("127.0.0.1:8765") == ("127.0.0.1", 8765)
-    assert app.parse_host_port("[::1]:8765") == ("::1", 8765)
+    assert guards.parse_host_port("127.0.0.1:8765") == ("127.0.0.1", 8765)
+    assert guards.parse_host_port("[::1]:8765") == ("::1", 8765)
     for bad in ("8765", "host:", "host:99999", ":80"):
         with pytest.raises(CaseledgerError, match="HOST:PORT"):
-            app.parse_host_port(bad)
-    assert app.is_loopback("127.0.0.1") and app.is_loopback("::1") and app.is_loopback("localhost")
-    assert not app.is_loopback("0.0.0.0") and not app.is_loopback("example.org")
+            guards.parse_host_port(bad)
+    assert guards.is_loopback("127.0.0.1") and guards.is_loopback("::1") and guards.is_loopback("localhost")
+    assert not guards.is_loopback("0.0.0.0") and not guards.is_loopback("example.org")
 
 
 def test_serve_refuses_non_loopback_without_a_token(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -395,7 +397,7 @@ async def _checked(bind: str, port: int, host: str, origin: str | None = None) -
     if origin is not None:
         headers.append((b"origin", origin.encode()))
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "query_string": b""}
-    refused = await TransportSecurityMiddleware(app.transport_security(bind, port)).validate_request(
+    refused = await TransportSecurityMiddleware(guards.transport_security(bind, port)).validate_request(
         Request(scope), is_post=True)
     return 200 if refused is None else refused.status_code
 
@@ -545,21 +547,21 @@ async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_serve
 
 def test_too_many_header_fields_get_431_before_the_token_is_checked(tokened: tuple[str, int]) -> None:
     url, _ = tokened
-    fields = [f"X-Field-{i}: 1" for i in range(app.MAX_HEADERS - 2)]  # with Host and Connection: the cap exactly
+    fields = [f"X-Field-{i}: 1" for i in range(guards.MAX_HEADERS - 2)]  # with Host and Connection: the cap exactly
     answer, _ = _exchange(url, _head(url, "Connection: close", *fields))
     assert _status(answer) == 401
     answer, _ = _exchange(url, _head(url, "Connection: close", *fields, "X-One-Too-Many: 1"))
-    assert _status(answer) == 431 and f"at most {app.MAX_HEADERS}".encode() in answer
+    assert _status(answer) == 431 and f"at most {guards.MAX_HEADERS}".encode() in answer
     assert b"www-authenticate" not in answer.lower()
 
 
 def test_a_declared_body_over_the_cap_gets_413_unread(tokened: tuple[str, int]) -> None:
     url, _ = tokened
     json_post = ("Content-Type: application/json", "Accept: application/json, text/event-stream")
-    over = _head(url, *json_post, f"Content-Length: {app.MAX_BODY_BYTES + 1}", method="POST")
+    over = _head(url, *json_post, f"Content-Length: {guards.MAX_BODY_BYTES + 1}", method="POST")
     answer, _ = _exchange(url, over)  # the head only: the answer comes without a byte of the body
-    assert _status(answer) == 413 and f"at most {app.MAX_BODY_BYTES}".encode() in answer
-    at_cap = _head(url, *json_post, f"Content-Length: {app.MAX_BODY_BYTES}", "Connection: close", method="POST")
+    assert _status(answer) == 413 and f"at most {guards.MAX_BODY_BYTES}".encode() in answer
+    at_cap = _head(url, *json_post, f"Content-Length: {guards.MAX_BODY_BYTES}", "Connection: close", method="POST")
     answer, _ = _exchange(url, at_cap)
     assert _status(answer) == 401  # at the cap: past the bounds to the token check, still unread
 

@@ -1,82 +1,48 @@
-"""MCP wiring: the six tools as thin adapters, seven resources, the stdio and streamable HTTP transports.
-
-Nothing here decides anything: every tool calls the plain function in `caseledger.tools` in a worker
-thread (they spawn processes and poll), returns its short `.text()` as the text content (summarize adds its
-PNG as an image block) and the validated model as structured content, and turns a `CaseledgerError` into a
-tool error naming the fix. tools/list is compacted (no pydantic titles, `type: [X, "null"]` instead of anyOf):
-every agent session pays for it in tokens.
+"""MCP assembly: the server over one workspace (six tools, seven resources, compacted tools/list), the stdio
+and streamable HTTP transports. tools/list is compacted (no pydantic titles, `type: [X, "null"]` instead of
+anyOf): every agent session pays for it in tokens.
 """
 
-# No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
-
-import base64
-import hmac
-import inspect
 import io
-import ipaddress
 import logging
 import os
-import re
-import socket
-from collections.abc import AsyncIterator, Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Protocol, TypeVar, cast
+from typing import cast
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server import MCPServer
-from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.server.stdio import stdio_server
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
-from mcp.types import (
-    INVALID_REQUEST,
-    CallToolResult,
-    ErrorData,
-    ImageContent,
-    JSONRPCError,
-    TextContent,
-    ToolAnnotations,
-)
 from mcp.types import Tool as MCPTool
-from pydantic import Field
-from starlette.datastructures import Headers
-from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from caseledger import redact, tools
-from caseledger.case.model import SCENARIO_PATTERN
-from caseledger.case.schema import case_schema
-from caseledger.case.store import remember_secrets
-from caseledger.errors import CaseInvalid, CaseledgerError, NotAuthorized, Unexpected, unexpected
-from caseledger.ledger.runs import check_not_link
-from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
-from caseledger.outcome import handoff, summary
+from caseledger.errors import CaseledgerError, NotAuthorized
 from caseledger.outcome.decide import DECISION_WORDS
-from caseledger.tools import CampaignFrozen, FreezeResult, ReprocessResult, SummaryResult
-from caseledger.tools.phase_status import phases_progress
+from caseledger.server.guards import (
+    MAX_BODY_BYTES,
+    BearerToken,
+    CheckedLines,
+    RequestBounds,
+    is_loopback,
+    parse_host_port,
+    read_token,
+    transport_security,
+)
+from caseledger.server.toolset import (
+    PUBLISHED_OUTPUTS,
+    add_resources,
+    add_result_tools,
+    add_tools,
+    compact_schema,
+    shallow_output,
+)
 from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
 
-
-
-class _Result(Protocol):
-    """What every tools.*Result offers: the short answer and the structured form."""
-
-    def text(self) -> str: ...
-
-    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-HEARTBEAT_S = 2.0  # progress cadence while a blocking tool runs (only sent when the client asked)
-MIN_TOKEN_CHARS = 16
 
 INSTRUCTIONS = f"""\
 caseledger runs LLM-serving performance experiments from frozen cases; every fact is in an on-disk ledger.
@@ -86,82 +52,6 @@ Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run
 verdicts, decision). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
 requests). Every answer ends with 'next: ...' naming the call to make. Case fields: resource \
 caseledger://schema/case. Decisions: {DECISION_WORDS}."""
-
-RUN_ID_PATTERN = r"^[rcg]-[0-9a-f]{6,64}$"  # a run; a case stands for its latest run; a campaign (g-)
-CASE_ID_PATTERN = r"^[cg]-[0-9a-f]{6,64}$"  # a case, or a campaign (g-)
-# The patterns are published for clients; the tool functions check ids themselves (check_id), so a bad id gets
-# their message naming the fix rather than a bare schema error.
-_RUN_ID = Field(description="Run id as returned by start_run, e.g. 'r-1a2b3c4d'",
-                json_schema_extra={"pattern": RUN_ID_PATTERN})
-
-
-def _answer(result: _Result) -> CallToolResult:
-    """Short text for the model, the PNG where the result drew one (summarize); full structured content (the
-    SDK validates it against the outputSchema). The values of the workspace's secrets are masked in both: the
-    last line of defence, for text an older version recorded unmasked."""
-    secrets = redact.current()
-    content: list[TextContent | ImageContent] = [TextContent(type="text", text=secrets.mask(result.text()))]
-    plot = getattr(result, "plot", None)
-    if isinstance(plot, str) and Path(plot).is_file():
-        content.append(ImageContent(type="image", mime_type="image/png",
-                                    data=base64.b64encode(Path(plot).read_bytes()).decode()))
-    return CallToolResult(content=list(content), structured_content=secrets.mask_obj(result.model_dump(mode="json")))
-
-
-def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
-    """The same JSON Schema in fewer bytes: no generated titles, `{"type": [X, "null"]}` for an optional
-    scalar or array instead of anyOf, (output schemas) no defaults."""
-    if isinstance(schema, list):
-        return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
-            out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}
-        elif (key == "title" and isinstance(value, str)) or (key == "default" and drop_defaults) or key == "examples":
-            # examples: every description already shows one ("e.g. ...")
-            continue
-        else:
-            out[key] = compact_schema(value, drop_defaults=drop_defaults)
-    arms = out.get("anyOf")
-    if isinstance(arms, list) and len(arms) == 2 and {"type": "null"} in arms:
-        other = next(a for a in arms if a != {"type": "null"})
-        if isinstance(other, dict) and isinstance(other.get("type"), str) and not set(other) & set(out):
-            del out["anyOf"]
-            out = {**other, **out, "type": [other["type"], "null"]}
-    return out
-
-
-# Tools whose output schema is published in tools/list: summarize's typed rows, with the decision words. The
-# other answers say everything in their short text ('next: ...') and still carry their structured content
-# (validated against their models by the server); listing their ~30 field names and types in every session
-# cost 2.5 KB of tokens for no information the text does not give.
-PUBLISHED_OUTPUTS = ("summarize",)
-
-
-def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:
-    """An output schema one level deep: every top-level field with its type and description, nested models as
-    plain objects (the structured content carries them in full; the server validates it against the model).
-    Keeps tools/list small: the full schemas of nested rows would triple it."""
-
-    def flat(prop: Any) -> Any:
-        if not isinstance(prop, dict):
-            return prop
-        out = {k: v for k, v in prop.items() if k not in ("$ref", "anyOf", "items", "allOf")}
-        if "$ref" in prop or "allOf" in prop:
-            out["type"] = "object"
-        arms = prop.get("anyOf")
-        if isinstance(arms, list):
-            kinds = [a.get("type", "object") if isinstance(a, dict) else "object" for a in arms]
-            out["type"] = [k for k in dict.fromkeys(str(k) for k in kinds)]
-        if isinstance(prop.get("items"), dict):
-            items = prop["items"]
-            out["items"] = {"type": "object"} if "$ref" in items or "anyOf" in items else items
-        return out
-
-    return {k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
-            for k, v in schema.items() if k not in ("$defs", "required")}  # every field is always present
 
 
 class _Server(MCPServer):
@@ -179,86 +69,6 @@ class _Server(MCPServer):
         return self._listed
 
 
-def _bug_logged(what: str, e: Exception) -> CaseledgerError:
-    """errors.unexpected(e); a bug's traceback goes to the log (a refused write is no bug)."""
-    err = unexpected(e)
-    if isinstance(err, Unexpected):
-        log.error("%s failed unexpectedly", what, exc_info=e)
-    return err
-
-
-def _tool_error(e: CaseledgerError) -> ToolError:
-    message, fix = e.shown()
-    return ToolError(f"{message}; fix: {fix or 'phase_status() shows where the latest run stands'}")
-
-
-async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result],
-                    heartbeat_s: float | None = None) -> CallToolResult:
-    """Run a blocking tool function in a worker thread; heartbeat progress while it runs (heartbeat_s 0: none,
-    the function reports its own); map errors; mask the values of the workspace's secrets in the answer."""
-    every = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
-
-    def call() -> _Result:
-        remember_secrets(ws)  # the frozen cases' secret variables, new ones included, before the answer is made
-        return fn()
-
-    async def heartbeat() -> None:
-        t0 = anyio.current_time()
-        while True:
-            await anyio.sleep(every)
-            elapsed = anyio.current_time() - t0
-            try:
-                await ctx.report_progress(elapsed, None, f"{what}: {elapsed:.0f}s")
-            except Exception:  # a lost progress channel must not fail the call itself
-                log.debug("progress notification failed", exc_info=True)
-                return
-
-    outcome: list[_Result | Exception] = []
-    async with anyio.create_task_group() as tg:
-        if every > 0:
-            tg.start_soon(heartbeat)
-        try:
-            outcome.append(await anyio.to_thread.run_sync(call))
-        except Exception as e:  # re-raised below, outside the task group (no exception group)
-            outcome.append(e)
-        finally:
-            tg.cancel_scope.cancel()
-    result = outcome[0]
-    if isinstance(result, CaseledgerError):
-        raise _tool_error(result) from result
-    if isinstance(result, Exception):  # a read-only workspace, or a bug: the agent gets the fix either way
-        raise _tool_error(_bug_logged(what, result)) from result
-    return _answer(result)
-
-
-def _notifier(ctx: Context[Any, Any]) -> Callable[[tools.StatusResult], None]:
-    """A wait's progress callback (it runs in the worker thread): a progress notification each time the run's
-    progress value grows (report_progress sends nothing unless the request carried a progress token)."""
-    last = [-1.0]
-
-    def notify(s: tools.StatusResult) -> None:
-        value, total, message = phases_progress(s)
-        if value <= last[0]:
-            return
-        last[0] = value
-        try:
-            anyio.from_thread.run(ctx.report_progress, value, total, redact.mask(message))
-        except Exception:  # a lost progress channel must not fail the wait itself
-            log.debug("progress notification failed", exc_info=True)
-
-    return notify
-
-
-def _tool(mcp: MCPServer, name: str, annotations: ToolAnnotations) -> Callable[[_F], _F]:
-    """Register an adapter under `name`; its docstring, dedented, is the description agents read."""
-
-    def register(fn: _F) -> _F:
-        mcp.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__ or ""), annotations=annotations)
-        return fn
-
-    return register
-
-
 def build_server(ws: Workspace) -> MCPServer:
     """The caseledger MCP server over one workspace: six tools, the handoff and per-run report resources."""
     try:
@@ -266,372 +76,10 @@ def build_server(ws: Workspace) -> MCPServer:
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         version = "0"
     mcp: MCPServer = _Server("caseledger", version=version, instructions=INSTRUCTIONS)
-
-    @_tool(
-        mcp, "freeze_case",
-        annotations=ToolAnnotations(title="Freeze a case draft", read_only_hint=False, idempotent_hint=True,
-                                    destructive_hint=False, open_world_hint=False),
-    )
-    async def freeze_case(
-        ctx: Context[Any, Any],
-        path: Annotated[str | None, Field(
-            description="Workspace-relative draft file, e.g. 'cases/ref-baseline.json' (path or draft)")] = None,
-        draft: Annotated[dict[str, Any] | None, Field(
-            description="Inline draft: the JSON object a cases/*.json file holds (path or draft)")] = None,
-        parent: Annotated[str | None, Field(
-            description="Parent case id, e.g. 'c-1a2b3c4d5e6f'; overrides the draft's",
-            json_schema_extra={"pattern": CASE_ID_PATTERN})] = None,
-    ) -> CallToolResult:
-        """Validate a case draft (fields: resource caseledger://schema/case), fill defaults, materialize its
-        dataset, store it under its content hash (same content: same case_id). Returns the case_id, the delta
-        against the parent and the plan (phases run, reused or skipped). Next: start_run(case_id). A campaign
-        draft {"campaign": {name, base, axes: [{path, values}], search: {kind: grid|knee, axis, monotone},
-        decision: {primary_metric, limits}, repeats}} freezes every point and returns a g-... id. The decision
-        section is the scenario's, not part of any id: changing a limit re-decides, sending nothing."""
-        if (path is None) == (draft is None):
-            raise _tool_error(CaseInvalid("freeze_case needs exactly one of path or draft",
-                                          "freeze_case(path='cases/x.json') or freeze_case(draft={...})"))
-
-        def call() -> FreezeResult | CampaignFrozen:
-            # resolved against the workspace (never the server's cwd), refused if it escapes it
-            return tools.freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False)
-
-        return await _off_loop(ctx, ws, "freezing the case", call)
-
-    @_tool(
-        mcp, "start_run",
-        # destructive: the service phase may stop a live service caseledger started to switch it to this
-        # case's identity (only under authorization single/auto); not idempotent: each call is a new run.
-        annotations=ToolAnnotations(title="Start a run", read_only_hint=False, idempotent_hint=False,
-                                    destructive_hint=True, open_world_hint=True),
-    )
-    async def start_run(
-        ctx: Context[Any, Any],
-        case_id: Annotated[str, Field(description="Case id from freeze_case, e.g. 'c-1a2b3c4d5e6f', or a campaign "
-                                      "id 'g-...' (runs every point it needs, no further call)",
-                                      json_schema_extra={"pattern": CASE_ID_PATTERN})],
-        preflight_only: Annotated[bool, Field(
-            description="Only check the case in a fresh socket-less process: no run, lease or request")] = False,
-        queue: Annotated[bool, Field(
-            description="Target held by another run: preflight now, start when it frees (authorization auto)"
-        )] = False,
-    ) -> CallToolResult:
-        """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
-        preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
-        return await _off_loop(ctx, ws, "preflight",
-                               lambda: tools.start_any(ws, case_id, preflight_only=preflight_only, queue=queue))
-
-    @_tool(
-        mcp, "phase_status",
-        annotations=ToolAnnotations(title="Where a run stands", read_only_hint=True, open_world_hint=False),
-    )
-    async def phase_status(
-        ctx: Context[Any, Any],
-        run_id: Annotated[str | None, Field(
-            description="Run id, e.g. 'r-1a2b3c4d', or a campaign id 'g-...'; omit for the latest run",
-            json_schema_extra={"pattern": RUN_ID_PATTERN})] = None,
-        wait_s: Annotated[float, Field(
-            ge=0, le=120, description="Wait up to this many seconds for the run's state to change (a phase "
-            "ending, the run settling; a campaign: complete, stopped or waiting) before answering; 0: at once")] = 0.0,
-    ) -> CallToolResult:
-        """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
-        results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
-        when something changes instead of polling with sleep."""
-        # a bounded wait notifies from the state it polls (phases finished, the load's requests done): the
-        # elapsed-time heartbeat would break the rule that a progress value only grows
-        return await _off_loop(ctx, ws, "status",
-                               lambda: tools.status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx)),
-                               heartbeat_s=0 if wait_s > 0 else None)
-
-    @_tool(
-        mcp, "resume",
-        # destructive for the same reason as start_run: its service phase may switch a live service
-        annotations=ToolAnnotations(title="Resume a run at its failed phase", read_only_hint=False,
-                                    idempotent_hint=False, destructive_hint=True, open_world_hint=True),
-    )
-    async def resume(
-        ctx: Context[Any, Any],
-        run_id: Annotated[str, _RUN_ID],
-    ) -> CallToolResult:
-        """Continue the SAME run at its first unfinished phase; finished phases are kept (service, warm
-        caches, an ended load; a live load client is re-attached). Next: phase_status(run_id)."""
-        return await _off_loop(ctx, ws, "resuming", lambda: tools.resume_any(ws, run_id))
-
-    @_tool(
-        mcp, "reprocess_raw",
-        annotations=ToolAnnotations(title="Recompute results from raw data", read_only_hint=False,
-                                    idempotent_hint=True, destructive_hint=False, open_world_hint=False),
-    )
-    async def reprocess_raw(
-        ctx: Context[Any, Any],
-        run_id: Annotated[str, _RUN_ID],
-        rule: Annotated[NativeRule | None, Field(
-            description="Native (steady-state) window rule; omit for the case's")] = None,
-        ratio: Annotated[float | None, Field(
-            gt=RATIO_MIN_EXCLUSIVE, le=RATIO_MAX,
-            description="sglang rule: share of peak concurrency, e.g. 0.9; omit for the case's")] = None,
-    ) -> Annotated[CallToolResult, ReprocessResult]:
-        """Recompute a run's results from its raw records in a fresh process (versioned, nothing
-        overwritten); without rule/ratio also re-decide. Sends no request. Next: summarize."""
-        return await _off_loop(ctx, ws, "reprocessing",
-                               lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
-
-    @_tool(
-        mcp, "summarize",
-        # not read-only: it writes derived, regenerable files (report.md/json, side-by-side table, PNG), the
-        # same bytes again for the same ledger (idempotent); never run state
-        annotations=ToolAnnotations(title="Summarize a scenario or runs", read_only_hint=False,
-                                    idempotent_hint=True, destructive_hint=False, open_world_hint=False),
-    )
-    async def summarize(
-        ctx: Context[Any, Any],
-        run_ids: Annotated[list[str], Field(
-            max_length=16, description="Runs side by side (whole vs whole, native vs native), or one "
-                                       "campaign id (its answer); omit for the scenario view",
-            json_schema_extra={"items": {"pattern": RUN_ID_PATTERN}})
-        ] = [],  # noqa: B006 - the SDK copies arguments per call; never mutated
-        scenario: Annotated[str | None, Field(
-            description="Scenario name; omit (and run_ids) for the latest scenario",
-            json_schema_extra={"pattern": SCENARIO_PATTERN})] = None,
-    ) -> Annotated[CallToolResult, SummaryResult]:
-        """One row per case of a scenario: change vs baseline (e.g. C=8), latest valid run, decision metric,
-        TTFT/TPOT/ITL/E2E p50/p99, limit verdicts, decision, best within limits; or given runs. Adds a PNG;
-        writes report.md per run (resource caseledger://runs/{run_id}/report)."""
-        return await _off_loop(ctx, ws, "summarizing", lambda: tools.summarize(ws, run_ids, scenario=scenario))
-
-    @mcp.resource("caseledger://handoff", name="handoff", mime_type="text/markdown",
-                  description="HANDOFF.md: a few lines for a new session (state, owner, the one next "
-                              "action), regenerated from the ledger on every read")
-    async def handoff_md() -> str:
-        try:
-            return await anyio.to_thread.run_sync(lambda: handoff.refresh(ws, verify=True))
-        except CaseledgerError as e:
-            raise ResourceError(str(_tool_error(e))) from e
-        except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten on every read), or a bug
-            raise ResourceError(str(_tool_error(_bug_logged("handoff", e)))) from e
-
-    @mcp.resource("caseledger://runs/{run_id}/report", name="run_report", mime_type="text/markdown",
-                  description="report.md of one run (written by summarize)")
-    async def run_report(run_id: str) -> str:
-        return await anyio.to_thread.run_sync(_read_report, ws, run_id)
-
-    @mcp.resource("caseledger://schema/case", name="case_schema", mime_type="application/schema+json",
-                  description="JSON Schema of a case draft: every field with its bounds and description")
-    async def case_schema_json() -> str:
-        return case_schema().decode()
-
-    @mcp.resource("caseledger://scenarios/{name}", name="scenario", mime_type="text/plain",
-                  description="The scenario view: one row per case (change, run, metric, percentiles, limit "
-                              "verdicts, decision); reads only")
-    async def scenario_rows(name: str) -> str:
-        return await anyio.to_thread.run_sync(_read_scenario, ws, name)
-
-    @mcp.resource("caseledger://runs/{run_id}/report.html", name="run_report_html", mime_type="text/html",
-                  description="A run's report as one self-contained HTML page (written again on read)")
-    async def run_report_html(run_id: str) -> str:
-        return await anyio.to_thread.run_sync(_read_html, ws, [run_id], None)
-
-    @mcp.resource("caseledger://scenarios/{name}/report.html", name="scenario_report_html", mime_type="text/html",
-                  description="A scenario's report as one self-contained HTML page: rows, decisions, limits, "
-                              "latency CDFs, evidence flags")
-    async def scenario_report_html(name: str) -> str:
-        return await anyio.to_thread.run_sync(_read_html, ws, [], name)
-
-    @mcp.resource("caseledger://campaigns/{campaign_id}/report.html", name="campaign_report_html",
-                  mime_type="text/html", description="A campaign's answer as one self-contained HTML page: points, "
-                  "the Pareto frontier, limits, latency CDFs, evidence flags")
-    async def campaign_report_html(campaign_id: str) -> str:
-        return await anyio.to_thread.run_sync(_read_html, ws, [campaign_id], None)
-
+    add_tools(mcp, ws)
+    add_result_tools(mcp, ws)
+    add_resources(mcp, ws)
     return mcp
-
-
-def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
-    """The HTML page of one run, scenario or campaign, written now (the file a person opens is the same)."""
-    if scenario is not None:
-        _check_scenario_name(scenario)
-    try:
-        remember_secrets(ws)
-        written = tools.html_report(ws, run_ids, scenario=scenario)
-        return redact.mask(Path(written.paths[0]).read_text())
-    except CaseledgerError as e:
-        raise ResourceNotFoundError(str(_tool_error(e))) from e
-    except Exception as e:  # a read-only workspace, or a bug: the reader gets the fix either way
-        raise ResourceError(str(_tool_error(_bug_logged("html report", e)))) from e
-
-
-def _check_scenario_name(name: str) -> None:
-    if not re.fullmatch(SCENARIO_PATTERN, name):
-        raise ResourceNotFoundError(f"'{name[:60]}' is not a scenario name; fix: read caseledger://handoff for "
-                                    "the current scenario")
-
-
-def _read_scenario(ws: Workspace, name: str) -> str:
-    _check_scenario_name(name)
-    try:
-        remember_secrets(ws)
-        view = summary.scenario_view(ws, name)
-    except CaseledgerError as e:
-        raise ResourceNotFoundError(str(_tool_error(e))) from e
-    return redact.mask(view.text() + f"\nnext: {summary.scenario_next(view)}\n")
-
-
-def _read_report(ws: Workspace, run_id: str) -> str:
-    try:
-        paths = check_not_link(ws.run(run_id))  # an id that is no id, a run directory that is a link: refused
-    except CaseledgerError as e:
-        raise ResourceNotFoundError(str(_tool_error(e))) from e
-    if not paths.run_json.exists():
-        raise ResourceNotFoundError(f"run {run_id} is not in the ledger; "
-                                    "fix: phase_status() names the latest run")
-    try:
-        remember_secrets(ws)
-        return redact.mask(paths.report_md.read_text())  # a report an older version wrote unmasked
-    except FileNotFoundError:
-        raise ResourceNotFoundError(f"run {run_id} has no report yet; fix: summarize(run_ids=['{run_id}']) "
-                                    "writes it (phase_status first if results are not extracted)") from None
-
-
-# ------------------------------------------------------------------------------------------------ transports
-
-
-MAX_HEADERS = 100  # header fields in one request (Apache's LimitRequestFields); an MCP client sends about 10
-MAX_BODY_BYTES = 4 * 2**20  # the SDK's default body cap, kept behind the token too; a case draft is a few KB
-
-
-class RequestBounds:
-    """ASGI middleware in front of the bearer check: more than MAX_HEADERS header fields get 431, a declared
-    Content-Length over MAX_BODY_BYTES gets 413 with the body unread; both close the connection.
-
-    The head's size and the time to send it are bounded below this, in the HTTP protocol (server.listener). A
-    body sent without a length is capped by the SDK at the same MAX_BODY_BYTES, behind the token: nothing reads
-    an unauthenticated request's body.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            refused = _out_of_bounds(scope)
-            if refused is not None:
-                await refused(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _out_of_bounds(scope: Scope) -> PlainTextResponse | None:
-    close = {"Connection": "close"}
-    if len(scope["headers"]) > MAX_HEADERS:
-        return PlainTextResponse(f"{len(scope['headers'])} header fields; at most {MAX_HEADERS}\n", status_code=431,
-                                 headers=close)
-    declared = Headers(scope=scope).get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:  # h11 has refused a malformed length already (400)
-        return PlainTextResponse(f"body of {declared} bytes; at most {MAX_BODY_BYTES}\n", status_code=413,
-                                 headers=close)
-    return None
-
-
-class BearerToken:
-    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, else 401.
-
-    Plain shared-secret check (constant-time compare). The SDK's OAuth hooks would also publish
-    protected-resource metadata pointing at an authorization server that does not exist here.
-    """
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._expected = token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            # RFC 7235: the scheme name is case-insensitive ("bearer", "BEARER"); the token is not
-            scheme, _, got = Headers(scope=scope).get("authorization", "").strip().partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self._expected):
-                response = PlainTextResponse("missing or wrong bearer token\n", status_code=401,
-                                             headers={"WWW-Authenticate": 'Bearer realm="caseledger"'})
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def parse_host_port(value: str) -> tuple[str, int]:
-    """'127.0.0.1:8765', 'localhost:8765', '[::1]:8765' -> (host, port)."""
-    host, sep, port_s = value.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-        raise CaseledgerError(f"--http '{value}' is not HOST:PORT", "e.g. --http 127.0.0.1:8765")
-    return host, int(port_s)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost may resolve anywhere
-        return False
-
-
-def read_token(token_env: str) -> str:
-    token = os.environ.get(token_env, "")
-    if len(token) < MIN_TOKEN_CHARS:
-        raise NotAuthorized(f"env var {token_env} must hold the bearer token (at least {MIN_TOKEN_CHARS} "
-                            f"characters; it has {len(token)})",
-                            f"export {token_env}=$(python3 -c "
-                            "'import secrets; print(secrets.token_urlsafe(32))')")
-    return token
-
-
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-def _bracketed(name: str) -> str:
-    return f"[{name}]" if ":" in name else name
-
-
-def _spellings(host: str) -> list[str]:
-    """The bind host as given, and for an IP address its compressed and exploded forms ('[0:0:0:0:0:0:0:1]'
-    binds '::1'); host names lower-cased (the check compares exactly)."""
-    out = [host.lower()]
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return out
-    return [*out, str(ip), ip.exploded]
-
-
-def _own_names() -> list[str]:
-    """This machine's names and their addresses: what a client uses to reach a wildcard (0.0.0.0, ::) bind."""
-    names = [socket.gethostname(), socket.getfqdn()]
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None)
-    except OSError:  # a host name that does not resolve: its names only
-        infos = []
-    return [n.lower() for n in [*names, *(str(info[4][0]) for info in infos)] if n]
-
-
-def transport_security(host: str, port: int) -> TransportSecuritySettings:
-    """DNS-rebinding protection for every bind, built from the bind address itself (the SDK switches its own
-    on only for exactly 127.0.0.1, localhost and ::1, leaving 127.0.0.2 or '[0:0:0:0:0:0:0:1]' open).
-
-    Allowed Host values: every spelling of the bind address with the bound port (for a wildcard bind, this
-    machine's names and addresses); for a loopback bind also localhost, 127.0.0.1 and [::1] on any port (an SSH
-    forward, `ssh -L 9000:127.0.0.1:8765`, arrives with its own port, and a loopback literal can never be a
-    rebinding attacker's name). Allowed Origins: http:// plus an allowed Host. Anything else -- `Host:
-    evil.example` from a page whose name was rebound to this address -- is refused (421 Host, 403 Origin)
-    before any tool runs."""
-    try:
-        wildcard = ipaddress.ip_address(host).is_unspecified  # 0.0.0.0, :: listen on loopback too
-    except ValueError:
-        wildcard = False
-    exact = _spellings(host) + (_own_names() if wildcard else [])
-    hosts = [f"{_bracketed(n)}:{port}" for n in exact]
-    if is_loopback(host) or wildcard:
-        hosts += [f"{_bracketed(n)}:*" for n in _LOOPBACK_NAMES]
-    hosts = list(dict.fromkeys(hosts))
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                     allowed_origins=[f"http://{h}" for h in hosts])
 
 
 def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
@@ -641,86 +89,6 @@ def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
         streamable_http_path="/mcp", host=host, transport_security=transport_security(host, port),
         max_request_body_size=MAX_BODY_BYTES)
     return RequestBounds(BearerToken(app, token) if token is not None else app)
-
-
-MAX_NESTING = 200  # JSON nesting the SDK's parser takes (pydantic stops near 255 and the SDK drops the line)
-
-
-def request_id(line: str) -> int | str | None:
-    """The top-level "id" of a JSON-RPC line that cannot be parsed whole (too deep), by a flat scan: the
-    id comes back in the refusal, so the caller's request ends instead of waiting for ever."""
-    depth, i, n, key = 0, 0, len(line), None
-    while i < n:
-        c = line[i]
-        if c == '"':
-            j = i + 1
-            while j < n and line[j] != '"':
-                j += 2 if line[j] == "\\" else 1
-            text = line[i + 1:j]
-            i = j + 1
-            if depth == 1:
-                rest = line[i:].lstrip()
-                if rest.startswith(":"):
-                    key = text
-                    if key == "id":
-                        value = rest[1:].lstrip()
-                        m = _ID_VALUE.match(value)
-                        if m is None:
-                            return None
-                        return m.group(1) if m.group(1) is not None else int(m.group(2))
-            continue
-        if c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-        i += 1
-    return None
-
-
-_ID_VALUE = re.compile(r'"([^"\\]{0,200})"|(-?\d{1,18})\b')
-
-
-class _CheckedLines:
-    """stdin lines for the SDK; a line nested too deep for its parser is answered here with an error naming
-    the fix (the SDK would drop it and the caller would wait for ever)."""
-
-    def __init__(self, lines: anyio.AsyncFile[str], refused: MemoryObjectSendStream[SessionMessage]) -> None:
-        self._lines = lines
-        self._refused = refused
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._checked()
-
-    async def _checked(self) -> AsyncIterator[str]:
-        async for line in self._lines:
-            if line.count("{") + line.count("[") > MAX_NESTING and _too_deep(line):
-                rid = request_id(line)
-                if rid is not None:
-                    err = ErrorData(code=INVALID_REQUEST, message=(
-                        f"request nested deeper than {MAX_NESTING} levels; fix: send the case as a file "
-                        "(freeze_case(path='cases/x.json')) or flatten the draft"))
-                    await self._refused.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=err)))
-                    continue
-            yield line
-
-
-def _too_deep(line: str) -> bool:
-    depth = top = 0
-    in_str = esc = False
-    for c in line:
-        if in_str:
-            esc = not esc and c == "\\"
-            in_str = esc or c != '"'
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth += 1
-            top = max(top, depth)
-            if top > MAX_NESTING:
-                return True
-        elif c in "}]":
-            depth -= 1
-    return False
 
 
 async def run_stdio(server: MCPServer) -> None:
@@ -734,7 +102,7 @@ async def run_stdio(server: MCPServer) -> None:
                                              errors="replace"))
     refused_send, refused_recv = anyio.create_memory_object_stream[SessionMessage](16)
     try:
-        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", _CheckedLines(stdin, refused_send))) as (
+        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", CheckedLines(stdin, refused_send))) as (
                 read_stream, write_stream):
 
             async def forward() -> None:

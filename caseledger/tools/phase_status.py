@@ -161,8 +161,21 @@ def phases_progress(s: StatusResult) -> tuple[float, float, str]:
                                          f"failed {s.failed}")
 
 
+def _any_run(ws: Workspace) -> bool:
+    try:
+        return any(True for _ in ws.runs_dir.iterdir())
+    except FileNotFoundError:
+        return False
+
+
 def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
     damaged: list[str] = []
+    if (run_id is None or is_id(run_id, "c")) and not _any_run(workspace):
+        # answered from the files: a refused call creates no index in a workspace without runs
+        raise NotFound("no runs in this workspace yet" if run_id is None else
+                       f"case {run_id} has no run yet in {workspace.runs_dir}",
+                       "freeze_case(path=...) then start_run(case_id=...)" if run_id is None else
+                       f"start_run(case_id='{run_id}')")
     if run_id is None or is_id(run_id, "c"):
         with open_index(workspace) as idx:  # the latest run (of the case), without folding every run
             if run_id is None:
