@@ -19,11 +19,11 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx2
 import orjson
+from typing_extensions import TypeIs
 
 from caseledger import redact
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
@@ -39,6 +39,9 @@ from caseledger.load.transport import (
     transport_choice,
 )
 from caseledger.records import PHASE_HEADER, ErrorClass, RawRecord
+
+if TYPE_CHECKING:
+    import httpx2
 
 HTTP_ERROR_BODY_CHARS = 200
 LONG_LINE = 2**16  # a data line held longer than this has its value cut out in place; shorter ones take the loop
@@ -555,6 +558,13 @@ def _on_asyncio() -> bool:
     return True
 
 
+def _is_httpx_transport(transport: httpx2.AsyncBaseTransport | Streamer) -> TypeIs[httpx2.AsyncBaseTransport]:
+    # lazy: httpx2 only when a caller hands a transport (tests); the load client's fast path never imports it
+    import httpx2
+
+    return isinstance(transport, httpx2.AsyncBaseTransport)
+
+
 async def run_requests(
     specs: Iterable[RequestSpec],
     concurrency: int,
@@ -582,7 +592,9 @@ async def run_requests(
     streamer: Streamer
     if transport is None and transport_choice() == "fast" and _on_asyncio():
         streamer, owned = FastStreamer(concurrency), True
-    elif transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
+    elif transport is None:
+        streamer, owned = HttpxStreamer(concurrency), True
+    elif _is_httpx_transport(transport):
         streamer, owned = HttpxStreamer(concurrency, transport), True
     else:
         streamer, owned = transport, False
