@@ -42,7 +42,7 @@ class Entry(TypedDict):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built on first use: most processes read one
 
 
 class TokenizerInfo(_Frozen):
