@@ -128,7 +128,7 @@ def arrival_offsets(
         return [k / rate for k in range(n)]
     # lazy: numpy only for random arrivals; a closed-loop or constant-rate load client never imports it
     import numpy as np
-    from numpy.random import default_rng  # numpy loads its random module lazily: name it
+    from numpy.random import default_rng  # lazy: numpy.random, a submodule numpy loads on first use
 
     rng = default_rng(seed)
     if arrival == "poisson":
