@@ -224,3 +224,25 @@ def test_public_surfaces_are_sorted_and_resolve(pkg: str) -> None:
     assert names == sorted(names, key=lambda n: (not n.isupper(), not n[:1].isupper(), n))
     for n in names:
         assert getattr(m, n) is not None
+
+
+# What each fresh interpreter of a run may not load at start-up: a campaign point pays these processes' imports in
+# series around its formal window (bench/bench_imports.py). The collector computes with numpy; none needs httpx2's
+# async client except the controller, whose health probes use it.
+LIGHT_ENTRIES = {
+    "caseledger.run.controller": {"numpy", "matplotlib", "mcp", "transformers", "tokenizers"},
+    "caseledger.run.preflight": {"numpy", "httpx2", "matplotlib", "mcp", "transformers", "tokenizers"},
+    "caseledger.load.__main__": {"numpy", "httpx2", "matplotlib", "mcp", "transformers", "tokenizers"},
+    "caseledger.metrics.__main__": {"httpx2", "matplotlib", "mcp", "transformers", "tokenizers"},
+}
+
+
+@pytest.mark.parametrize("entry", sorted(LIGHT_ENTRIES))
+def test_a_run_process_imports_only_what_its_phase_uses(entry: str) -> None:
+    import subprocess
+    import sys
+
+    code = f"import sys, {entry}; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         cwd=ROOT.parent).stdout
+    assert sorted(set(out.split()) & LIGHT_ENTRIES[entry]) == []

@@ -49,7 +49,8 @@ class Entry(TypedDict):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # built on first use: most processes that import datasets never validate an identity
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class TokenizerInfo(_Frozen):

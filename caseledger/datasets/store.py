@@ -12,7 +12,6 @@ import orjson
 
 from caseledger.case.model import Case
 from caseledger.datasets import trace as _trace
-from caseledger.datasets.generate import generate_dataset, read_inputs
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.workspace import Workspace, flocked, read_json, sha256_file
@@ -52,6 +51,9 @@ def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
     final = ws.dataset_dir(dataset_id)
     if (final / IDENTITY_FILE).is_file():
         return _reuse(ws, case, dataset_id)
+    # lazy: generation needs numpy (and maybe a tokenizer); a reused dataset, the usual case, needs neither
+    from caseledger.datasets.generate import generate_dataset, read_inputs
+
     inputs = read_inputs(ws, case)  # the prompts file and the tokenizer are checked before anything is written
     ws.datasets_dir.mkdir(parents=True, exist_ok=True)
     # a second caller waits on the lock, then finds the dataset the first one wrote (the holder may be generating

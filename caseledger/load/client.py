@@ -19,11 +19,11 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx2
 import orjson
+from typing_extensions import TypeIs
 
 from caseledger import redact
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
@@ -39,6 +39,9 @@ from caseledger.load.transport import (
     transport_choice,
 )
 from caseledger.records import PHASE_HEADER, ErrorClass, RawRecord
+
+if TYPE_CHECKING:
+    import httpx2
 
 HTTP_ERROR_BODY_CHARS = 200
 LONG_LINE = 2**16  # a data line held longer than this has its value cut out in place; shorter ones take the loop
@@ -565,11 +568,20 @@ def _on_asyncio() -> bool:
     return True
 
 
+def _is_httpx_transport(transport: httpx2.AsyncBaseTransport | Streamer) -> TypeIs[httpx2.AsyncBaseTransport]:
+    # lazy: httpx2 only when a caller hands a transport (tests); the load client's fast path never imports it
+    import httpx2
+
+    return isinstance(transport, httpx2.AsyncBaseTransport)
+
+
 def open_streamer(transport: httpx2.AsyncBaseTransport | Streamer | None, concurrency: int) -> tuple[Streamer, bool]:
     """The streamer run_requests sends with, and whether it is ours to close (see run_requests' transport)."""
     if transport is None and transport_choice() == "fast" and _on_asyncio():
         return FastStreamer(concurrency), True
-    if transport is None or isinstance(transport, httpx2.AsyncBaseTransport):
+    if transport is None:
+        return HttpxStreamer(concurrency), True
+    if _is_httpx_transport(transport):
         return HttpxStreamer(concurrency, transport), True
     return transport, False
 

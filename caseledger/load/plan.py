@@ -15,9 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import orjson
-from numpy.random import default_rng  # at import time: numpy loads its random module lazily
 
 from caseledger.case.model import Case, longest
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
@@ -140,6 +138,10 @@ def arrival_offsets(
         return [0.0] * n
     if arrival == "constant":
         return [k / rate for k in range(n)]
+    # lazy: numpy only for random arrivals; a closed-loop or constant-rate load client never imports it
+    import numpy as np
+    from numpy.random import default_rng  # lazy: numpy.random, a submodule numpy loads on first use
+
     rng = default_rng(seed)
     if arrival == "poisson":
         gaps = rng.exponential(1.0 / rate, n - 1)

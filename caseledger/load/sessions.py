@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx2
 import orjson
 
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
@@ -32,6 +31,9 @@ from caseledger.load.client import open_streamer, request_headers, request_one
 from caseledger.load.plan import LoadPlan, RequestSpec
 from caseledger.load.transport import Streamer
 from caseledger.records import RawRecord
+
+if TYPE_CHECKING:
+    import httpx2
 
 
 def turn_body(spec: RequestSpec, history: list[dict[str, str]]) -> bytes:

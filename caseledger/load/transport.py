@@ -10,9 +10,10 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-import httpx2
+if TYPE_CHECKING:
+    import httpx2
 
 TRANSPORT_ENV = "CASELEDGER_LOAD_TRANSPORT"  # 'fast' (default) or 'httpx': the transport for http:// URLs
 TRANSPORTS = ("fast", "httpx")
@@ -81,6 +82,10 @@ class HttpxStreamer:
     """
 
     def __init__(self, concurrency: int, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+        # lazy: httpx2 (~0.1 CPU-s) only where this seam is used: https, CASELEDGER_LOAD_TRANSPORT=httpx, tests
+        import httpx2
+
+        self._transport_error = httpx2.TransportError
         # no keep-alive: llama-server closes the connection after each streamed response while advertising
         # Keep-Alive, so a reused connection fails at once ('Server disconnected without sending a response')
         limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=0)
@@ -96,7 +101,7 @@ class HttpxStreamer:
             async with self._client.stream("POST", url, content=body, headers=headers) as r:
                 started = True
                 yield _HttpxResponse(r)
-        except httpx2.TransportError as e:  # includes httpx timeouts; ours is the outer fail_after
+        except self._transport_error as e:  # includes httpx timeouts; ours is the outer fail_after
             msg = f"{type(e).__name__}: {e}".rstrip(": ")
             raise (StreamBroken(msg) if started else ConnectFailed(msg)) from e
 

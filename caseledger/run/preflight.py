@@ -20,7 +20,6 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import orjson
 
 from caseledger import datasets, procs
@@ -64,6 +63,9 @@ def run(run_dir: str) -> dict[str, Any]:
     checks["case_reload"] = meta.case_id
     ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
+        # lazy: httpx2 only for this test hook; preflight itself sends nothing
+        import httpx2
+
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
     if not meta.load_reuse:
         checks["dataset_sha256"] = datasets.verify(ws, meta.dataset())
