@@ -83,7 +83,8 @@ class Controller:
         sent = time.monotonic()
         try:
             run_lease.renew(self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me),
-                            extra_procs=extra, timeout_s=max(0.5, self._deadline - sent - STOP_MARGIN_S))
+                            extra_procs=extra,
+                            timeout_s=max(0.5, min(ledger.HEARTBEAT_SECONDS, self._deadline - sent - STOP_MARGIN_S)))
         except FenceRejected as e:
             self.lose_target(e.message)  # a newer owner holds the target: stop loading and writing at once
         self._deadline = run_lease.deadline_after(sent)
@@ -291,7 +292,10 @@ class Controller:
         def event(type_: str, **kw: Any) -> None:
             self.event(type_, **kw)
             if type_ == "load_client_started":
-                self.renew()  # the client's ref into the lease now, not at the next heartbeat
+                # the client's ref into the lease now, not at the next heartbeat (a lease host that does not
+                # answer: the heartbeat retries, and stops the load before the lease would lapse)
+                with contextlib.suppress(RemoteError):
+                    self.renew()
 
         return phases.load(self.run_, attempt, event)
 

@@ -86,11 +86,11 @@ def renew(ws: Workspace, case: Case, key: str, run_id: str, fence: int, owner: d
     if ssh is None:
         return leases.renew(ws, key, run_id, fence, owner=owner, extra_procs=extra_procs)
     from caseledger.services import lease_host as lh
-    from caseledger.services.remote import COMMAND_TIMEOUT_S
+    from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S
 
     want = Lease(key, run_id, owner, fence, 0.0, list(extra_procs or []), workspace=str(ws.root))
     ans = lh.operate(ssh, "renew", key, want, lease_s=LEASE_SECONDS,
-                     timeout_s=COMMAND_TIMEOUT_S if timeout_s is None else timeout_s)
+                     timeout_s=CONNECT_TIMEOUT_S + COMMAND_TIMEOUT_S if timeout_s is None else timeout_s)
     if ans.status != 0 or ans.lease is None:
         if ans.lease is not None:
             ans.lease.lease_host = _where(ssh)

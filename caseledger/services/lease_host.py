@@ -139,16 +139,18 @@ class LeaseLink:
                 await stack.aclose()
 
     def call(self, script: str, stdin: str, timeout_s: float) -> tuple[int, bytes]:
-        """(exit status, output) of one script; a reused connection that broke is retried once on a new one."""
+        """(exit status, output) of one script within timeout_s in all (a connect included); a reused connection
+        that broke is retried once on a new one."""
         import asyncssh
 
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             loop = self._ensure_loop()
             for attempt in (0, 1):
                 reused = self._conn is not None and attempt == 0
                 fut = asyncio.run_coroutine_threadsafe(self._exec(script, stdin, fresh=attempt == 1), loop)
                 try:
-                    return fut.result(timeout=timeout_s + (0 if reused else CONNECT_TIMEOUT_S))
+                    return fut.result(timeout=max(0.0, deadline - time.monotonic()))
                 except concurrent.futures.TimeoutError:
                     fut.cancel()
                     asyncio.run_coroutine_threadsafe(self._close(), loop)
@@ -179,7 +181,7 @@ def lease_dir(ssh: SSH) -> str:
 
 
 def operate(ssh: SSH, op: str, key: str, lease: Lease, *, seen: str = "-", lease_s: float,
-            timeout_s: float = COMMAND_TIMEOUT_S) -> Answer:
+            timeout_s: float = CONNECT_TIMEOUT_S + COMMAND_TIMEOUT_S) -> Answer:
     """Run one lease operation (acquire / renew / release) on the lease host; RemoteError when it cannot."""
     run = lease.run_id or "-"
     if not _KEY.fullmatch(key) or not _RUN.fullmatch(run) or not re.fullmatch(r"[0-9:-]+|-", seen):
