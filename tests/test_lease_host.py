@@ -134,7 +134,7 @@ def test_a_lapsed_lease_on_the_lease_host_is_taken_over_with_a_larger_fence(
     with pytest.raises(TargetHeld, match="held by run r-old"):  # not yet expired
         run_lease.acquire(ws, case, key, "r-new", owner=None)
     path = lease_dir / f"{key}.lease"
-    head, body = path.read_text().split("\n", 1)
+    _, body = path.read_text().split("\n", 1)
     path.write_text(f"{fence} r-old {int(time.time() * 1000) - 1}\n{body}")  # its expiry passes, unrenewed
     took = run_lease.acquire(ws, case, key, "r-new", owner=None)
     assert took.fence == first.fence + 1 and lease_file(lease_dir, key)[:2] == (took.fence, "r-new")
@@ -256,7 +256,8 @@ def slow_run(tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch,
         wait_until(lambda: int(stats(port)["by_phase"].get("load", 0)) >= 2, 60, "the formal load to begin")
     except AssertionError:
         log = ws.run(r.run_id).controller_log
-        raise AssertionError(phase_status(ws, r.run_id).text() + (log.read_text()[-800:] if log.exists() else ""))
+        tail = log.read_text()[-800:] if log.exists() else ""
+        raise AssertionError(phase_status(ws, r.run_id).text() + tail) from None
     return ws, r.run_id, port, target_key(Case.model_validate(draft).canonical())
 
 
