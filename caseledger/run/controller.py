@@ -97,7 +97,7 @@ class Controller:
             self.paths.load_abort.touch()
             ref = read_json_or_none(self.paths.load_pid) or read_json_or_none(self.paths.load_armed)
             if ref and self.case.load.host is not None and procs.elsewhere(ref):
-                from caseledger.services.remote import Remote
+                from caseledger.services.remote import Remote  # lazy: SSH only for a remote load client
 
                 Remote(self.case.load.host).terminate(ref, grace_s=1.0)
             elif ref:

@@ -28,7 +28,7 @@ def lease_host(case: Case) -> SSH | None:
 
 
 def _where(ssh: SSH) -> str:
-    from caseledger.services.remote import where
+    from caseledger.services.remote import where  # lazy: services pulls the adapters; a local lease needs none
 
     return where(ssh)
 
@@ -53,7 +53,7 @@ def acquire(ws: Workspace, case: Case, key: str, run_id: str, owner: dict[str, A
     ssh = lease_host(case)
     if ssh is None:
         return leases.acquire(ws, key, run_id, owner, same_run_ok=same_run_ok)
-    from caseledger.services import lease_host as lh
+    from caseledger.services import lease_host as lh  # lazy: SSH only for a lease host
 
     local = leases.read_lease(ws, key)  # a run of a local-lease case on the same target, on this host
     if local is not None and local.lease_host is None:
@@ -85,8 +85,8 @@ def renew(ws: Workspace, case: Case, key: str, run_id: str, fence: int, owner: d
     ssh = lease_host(case)
     if ssh is None:
         return leases.renew(ws, key, run_id, fence, owner=owner, extra_procs=extra_procs)
-    from caseledger.services import lease_host as lh
-    from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S
+    from caseledger.services import lease_host as lh  # lazy: SSH only for a lease host
+    from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S  # lazy: as above
 
     want = Lease(key, run_id, owner, fence, 0.0, list(extra_procs or []), workspace=str(ws.root))
     ans = lh.operate(ssh, "renew", key, want, lease_s=LEASE_SECONDS,
@@ -110,7 +110,7 @@ def release(ws: Workspace, case: Case, key: str, run_id: str, fence: int) -> Non
     if ssh is None:
         leases.release(ws, key, run_id, fence)
         return
-    from caseledger.services import lease_host as lh
+    from caseledger.services import lease_host as lh  # lazy: SSH only for a lease host
 
     ans = lh.operate(ssh, "release", key, Lease(key, run_id, None, fence, 0.0), lease_s=LEASE_SECONDS)
     if ans.lease is not None:
