@@ -113,13 +113,17 @@ def chromium() -> str:
 def _host_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Target leases are host-wide; the suite keeps its own host directory (shared by every workspace and
     child process of the session, as on a real host), so a rerun never meets a previous run's leases."""
-    old = os.environ.get("CASELEDGER_HOST_DIR")
+    # the same for leases kept on a lease host over SSH (the test sshd's "remote" host is this machine)
+    names = ("CASELEDGER_HOST_DIR", "CASELEDGER_LEASE_HOST_DIR")
+    old = {k: os.environ.get(k) for k in names}
     os.environ["CASELEDGER_HOST_DIR"] = str(tmp_path_factory.mktemp("host"))
+    os.environ["CASELEDGER_LEASE_HOST_DIR"] = str(tmp_path_factory.mktemp("lease-host"))
     yield
-    if old is None:
-        os.environ.pop("CASELEDGER_HOST_DIR", None)
-    else:
-        os.environ["CASELEDGER_HOST_DIR"] = old
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)

@@ -147,8 +147,10 @@ def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
 @pytest.mark.ssh
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", ["missing_key_file", "closed_port", "unauthorized_key", "unknown_host_key"])
-def test_unusable_ssh_login_fails_in_service_naming_host_port_and_fix(
+def test_unusable_ssh_login_refuses_the_start_naming_host_port_and_fix(
         ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, problem: str) -> None:
+    """The target's lease lives on service.ssh's host: a login that cannot be used refuses start_run itself
+    (no run, no lease, nothing sent), naming the login and the fix."""
     ssh_port = sshd.port
     over: dict[str, Any]
     if problem == "missing_key_file":
@@ -165,14 +167,12 @@ def test_unusable_ssh_login_fails_in_service_naming_host_port_and_fix(
         over, says, fix = {"known_hosts": str(other)}, "not verified", "ssh-keyscan"
     case = freeze_case(ws, draft=ssh_draft(free_port(), sshd.ssh(**over)))
     t0 = time.monotonic()
-    r = start_run(ws, case.case_id, wait=True)
-    s = phase_status(ws, r.run_id)
-    assert s.state == "failed" and s.phase == "service" and s.failure_class == "service", s.text()
-    ev = evidence(ws, r.run_id, "service")
-    assert f"127.0.0.1:{ssh_port}" in ev["error"] and says in ev["error"], ev["error"]
-    assert f"127.0.0.1:{ssh_port}" in (s.blocker or "")
-    assert fix in ev["fix"], ev["fix"]
-    assert s.sent == 0 and time.monotonic() - t0 < 30  # a short connect timeout, not a hang
+    with pytest.raises(remote.RemoteError) as e:
+        start_run(ws, case.case_id, wait=True)
+    assert f"127.0.0.1:{ssh_port}" in e.value.message and says in e.value.message, e.value.message
+    assert "service.ssh" in e.value.message and fix in (e.value.fix or ""), e.value.fix
+    assert not ws.runs_dir.exists() or not list(ws.runs_dir.iterdir())  # no run: nothing was sent
+    assert time.monotonic() - t0 < 30  # a short connect timeout, not a hang
 
 
 @pytest.mark.ssh
@@ -196,7 +196,8 @@ def test_private_key_and_env_secrets_never_land_in_the_workspace(
     assert secret.encode() not in Path(f"/proc/{ev['pid']}/cmdline").read_bytes()
     generate_key(tmp_path / "other_key")
     bad = freeze_case(ws, draft=ssh_draft(free_port(), sshd.ssh(key_path=str(tmp_path / "other_key"))))
-    assert start_run(ws, bad.case_id, wait=True).state == "failed"
+    with pytest.raises(remote.RemoteError, match="refused user"):  # the lease on service.ssh's host: no run
+        start_run(ws, bad.case_id, wait=True)
     pid_ref = service_state(ws, r1.run_id)["proc"]
     services.stop_all(ws)
     assert_gone(sshd, pid_ref)

@@ -91,13 +91,22 @@ class Target(_Model):
         description="Context length each request gets on the served model (prompt + max_tokens), e.g. llama.cpp's "
         "-c divided by -np; preflight refuses a dataset with a longer request. null: unknown (the reference target "
         "uses service.reference.max_model_len)", examples=[2048])
+    lease_host: LeaseHost | None = Field(
+        None,
+        description="Keep the target's lease in a directory on this host over SSH, so controllers on different "
+        "hosts see one owner (e.g. the target's own host); null: service.ssh's host when the service runs over "
+        "SSH, else the controller host's lease directory",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset context_tokens is left out of the canonical JSON, so cases frozen before it keep their ids
+        # unset context_tokens and lease_host are left out of the canonical JSON, so cases frozen before them
+        # keep their ids
         data: dict[str, Any] = handler(self)
         if self.context_tokens is None:
             data.pop("context_tokens", None)
+        if self.lease_host is None:
+            data.pop("lease_host", None)
         return data
 
 
@@ -173,6 +182,31 @@ class SSH(_Model):
                              "service.ssh.accept_unknown_host_key: true explicitly (the host key is then not verified)")
         if self.known_hosts is not None and self.accept_unknown_host_key:
             raise ValueError("service.ssh.known_hosts and accept_unknown_host_key: true contradict each other; "
+                             "keep known_hosts (verified) or set it to null (unverified)")
+        return self
+
+
+class LeaseHost(SSH):
+    """The host whose directory holds the target's lease (target.lease_host): an SSH login as in service.ssh
+    (the key referenced by path, never copied) and the directory there. Every controller that may drive the
+    target must name the same host, login user and directory: that is how controllers on different hosts see
+    each other."""
+
+    dir: str | None = Field(
+        None, max_length=MAX_PATH, pattern=r"^/[^\x00\n]*$",
+        description="Absolute directory on the lease host for the lease files (created 0700); null: "
+        "~/.local/state/caseledger/leases of the login user (at most 4096 characters)",
+        examples=["/var/lib/caseledger/leases"],
+    )
+
+    @model_validator(mode="after")
+    def _host_key_policy(self) -> LeaseHost:  # replaces SSH's check: the messages name target.lease_host
+        if self.known_hosts is None and not self.accept_unknown_host_key:
+            raise ValueError("target.lease_host.known_hosts is null: set it to a known_hosts file, or set "
+                             "target.lease_host.accept_unknown_host_key: true explicitly (the host key is then not "
+                             "verified)")
+        if self.known_hosts is not None and self.accept_unknown_host_key:
+            raise ValueError("target.lease_host.known_hosts and accept_unknown_host_key: true contradict each other; "
                              "keep known_hosts (verified) or set it to null (unverified)")
         return self
 

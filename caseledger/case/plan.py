@@ -37,6 +37,7 @@ IMPACT: dict[str, Impact | None] = {
     "target.api_key_env": Impact.LOAD,
     # checked at preflight against every request's prompt + max_tokens: a load-side check, the service is kept
     "target.context_tokens": Impact.LOAD,
+    "target.lease_host": None,  # where the target's one owner is recorded: nothing measured changes with it
     "service": Impact.SERVICE,
     # where the service runs and how it is reached; a changed key or known_hosts re-runs the service phase,
     # which still reuses the live process when its identity (host, port, user, argv, env) is unchanged

@@ -88,18 +88,21 @@ class Lease:
     expires: float  # epoch seconds
     extra_procs: list[dict[str, Any]] = field(default_factory=list)  # e.g. the load client
     workspace: str | None = None  # the workspace of the run that holds it
+    claim: str | None = None  # a token of the acquire that wrote it (an acquire retried on a new link knows it)
+    lease_host: str | None = None  # set on this host's mirror of a lease kept on a lease host (user@host:port)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "target_key": self.target_key, "run_id": self.run_id, "owner": self.owner, "fence": self.fence,
             "expires": self.expires, "expires_utc": utc_from_epoch(self.expires), "extra_procs": self.extra_procs,
-            "workspace": self.workspace,
+            "workspace": self.workspace, "claim": self.claim, "lease_host": self.lease_host,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Lease:
         return cls(d["target_key"], d.get("run_id"), d.get("owner"), int(d.get("fence", 0)),
-                   float(d.get("expires", 0)), list(d.get("extra_procs") or []), d.get("workspace"))
+                   float(d.get("expires", 0)), list(d.get("extra_procs") or []), d.get("workspace"),
+                   d.get("claim"), d.get("lease_host"))
 
     def holds(self, ws: Workspace, run_id: str) -> bool:
         return self.run_id == run_id and self.workspace in (None, str(ws.root))
@@ -109,7 +112,8 @@ class Lease:
         pid = (self.owner or {}).get("pid")
         who = f"controller pid {pid}" if pid else "its controller is starting, or died starting: the lease lapses"
         where = f" in workspace {self.workspace}" if self.workspace and self.workspace != str(ws.root) else ""
-        return f"run {self.run_id}{where} ({who}, lease until {utc_from_epoch(self.expires)})"
+        on = f" on lease host {self.lease_host}" if self.lease_host else ""
+        return f"run {self.run_id}{where} ({who}, lease{on} until {utc_from_epoch(self.expires)})"
 
     def live(self, now: float | None = None) -> bool:
         """Held: a run holds it, and it has not expired or one of its processes still runs. (Not 'owner dead
@@ -123,6 +127,17 @@ class Lease:
         # a load client on another host (load.host) may run on behind a lost link: it keeps the lease until a
         # resume has asked that host over SSH (never a second load on the target meanwhile)
         return any(procs.alive(p) or procs.elsewhere(p) for p in [self.owner, *self.extra_procs] if p)
+
+    def live_shared(self, now: float) -> bool:
+        """live() for a lease on a lease host, judged at the lease host's clock `now`: its owner controller runs
+        on some host and renews while it can (a controller that cannot renew stops before the expiry), so past
+        the expiry only a process this host sees running, or a load client on another host, keeps it."""
+        if self.run_id is None:
+            return False
+        if now < self.expires:
+            return True
+        return any(procs.alive(p) for p in [self.owner, *self.extra_procs] if p) or any(
+            procs.elsewhere(p) for p in self.extra_procs)
 
 
 def _lease_path(key: str) -> Path:
@@ -138,29 +153,43 @@ def read_lease(ws: Workspace, key: str) -> Lease | None:
     return Lease.from_json(d) if d else None
 
 
+def refuse_held(ws: Workspace, cur: Lease | None, run_id: str, *, same_run_ok: bool, live: bool) -> None:
+    """TargetHeld when `cur` (live as judged by the caller) keeps run_id from taking the target."""
+    if cur is None or not live:
+        return
+    if same_run_ok and cur.holds(ws, run_id):
+        if cur.owner is None or procs.alive(cur.owner):  # a second resume arriving together
+            raise TargetHeld(
+                f"run {run_id} is already being continued: its controller "
+                + ("is starting" if cur.owner is None else f"(pid {cur.owner.get('pid')}) is alive"),
+                f"phase_status(run_id='{run_id}'); one resume is enough")
+        return
+    raise TargetHeld(
+        f"target '{cur.target_key}' is held by {cur.held_by(ws)}",
+        f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues "
+        "silently" if cur.workspace in (None, str(ws.root)) else
+        f"wait for that run to end (caseledger -w {cur.workspace} status {cur.run_id}); one target "
+        "has one owner" + ("" if cur.lease_host else " on this host"),
+    )
+
+
 def acquire(ws: Workspace, key: str, run_id: str, owner: dict[str, Any] | None, *, same_run_ok: bool = False) -> Lease:
     """Take the target for run_id with a new, strictly larger fence token; refuse a live holder (from any
     workspace on this host)."""
     with flocked(_lock(key)):
         cur = read_lease(ws, key)
-        if cur is not None and cur.live() and same_run_ok and cur.holds(ws, run_id):
-            if cur.owner is None or procs.alive(cur.owner):  # a second resume arriving together
-                raise TargetHeld(
-                    f"run {run_id} is already being continued: its controller "
-                    + ("is starting" if cur.owner is None else f"(pid {cur.owner.get('pid')}) is alive"),
-                    f"phase_status(run_id='{run_id}'); one resume is enough")
-        elif cur is not None and cur.live():
-            raise TargetHeld(
-                f"target '{key}' is held by {cur.held_by(ws)}",
-                f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues "
-                "silently" if cur.workspace in (None, str(ws.root)) else
-                f"wait for that run to end (caseledger -w {cur.workspace} status {cur.run_id}); one target "
-                "has one owner on this host",
-            )
+        refuse_held(ws, cur, run_id, same_run_ok=same_run_ok, live=cur is not None and cur.live())
         fence = (cur.fence if cur else 0) + 1
         lease = Lease(key, run_id, owner, fence, time.time() + LEASE_SECONDS, workspace=str(ws.root))
         write_json(_lease_path(key), lease.to_json())
         return lease
+
+
+def mirror(lease: Lease) -> None:
+    """Write this host's copy of a lease kept on a lease host: event appends check their fence against it, and
+    status, the handoff and a local-lease case on the same target read it."""
+    with flocked(_lock(lease.target_key)):
+        write_json(_lease_path(lease.target_key), lease.to_json())
 
 
 def renew(ws: Workspace, key: str, run_id: str, fence: int, owner: dict[str, Any] | None = None,

@@ -13,14 +13,23 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from caseledger import ledger, procs, redact, services
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
-from caseledger.errors import CaseInvalid, CaseledgerError, FailureClass, FenceRejected, LockTimeout, PhaseFailed
+from caseledger.errors import (
+    CaseInvalid,
+    CaseledgerError,
+    FailureClass,
+    FenceRejected,
+    LockTimeout,
+    PhaseFailed,
+    RemoteError,
+)
 from caseledger.faults import checkpoint
 from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
@@ -28,12 +37,14 @@ from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, fold
 from caseledger.outcome import handoff
+from caseledger.run import lease as run_lease
 from caseledger.run import phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
 
 PhaseBody = Callable[["Controller", int], dict[str, Any]]
+STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
 
 
 class Controller:
@@ -50,6 +61,7 @@ class Controller:
         self.me = procs.me()
         self.owner = f"controller:{self.me['pid']}"
         self._stop = threading.Event()
+        self._deadline = time.monotonic() + ledger.LEASE_SECONDS  # the lease surely lapses by then unless renewed
 
     # ---- events
     def event(self, type_: str, **kw: Any) -> None:
@@ -61,14 +73,37 @@ class Controller:
                 self.renew()
             except LockTimeout as e:  # a stuck holder of the lease lock: this beat is missed, the next one retries
                 print(f"controller: heartbeat: {e}", file=sys.stderr, flush=True)
+            except RemoteError as e:  # the lease host did not answer: retry, but never load past the expiry
+                print(f"controller: heartbeat: {e}", file=sys.stderr, flush=True)
+                if time.monotonic() + ledger.HEARTBEAT_SECONDS + STOP_MARGIN_S >= self._deadline:
+                    self.lose_target(f"the lease host did not answer for {ledger.LEASE_SECONDS:g}s: {e.message}")
 
     def renew(self) -> None:
         """Extend the lease, naming the load client (it keeps the lease if this controller dies)."""
+        extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+        sent = time.monotonic()
         try:
-            extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
-            ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra)
-        except FenceRejected:
-            os._exit(70)  # a newer owner holds the target: stop writing at once
+            run_lease.renew(self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me),
+                            extra_procs=extra,
+                            timeout_s=max(0.5, min(ledger.HEARTBEAT_SECONDS, self._deadline - sent - STOP_MARGIN_S)))
+        except FenceRejected as e:
+            self.lose_target(e.message)  # a newer owner holds the target: stop loading and writing at once
+        self._deadline = run_lease.deadline_after(sent)
+
+    def lose_target(self, why: str) -> NoReturn:
+        """The lease is lost (fenced by a newer owner) or about to lapse unrenewed: stop this run's load
+        client and exit, so no request of this run reaches the target past the lease."""
+        print(f"controller: lost the target's lease, stopping the load: {why}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):  # best effort: the exit below happens whatever this meets
+            self.paths.load_abort.touch()
+            ref = read_json_or_none(self.paths.load_pid) or read_json_or_none(self.paths.load_armed)
+            if ref and self.case.load.host is not None and procs.elsewhere(ref):
+                from caseledger.services.remote import Remote  # lazy: SSH only for a remote load client
+
+                Remote(self.case.load.host).terminate(ref, grace_s=1.0)
+            elif ref:
+                procs.terminate(ref, grace_s=1.0)
+        os._exit(70)
 
     # ---- main loop
     def run(self) -> int:
@@ -77,8 +112,11 @@ class Controller:
             # the load client at once (a resume's fresh lease names none): a remote one keeps the lease even
             # if this controller gives up on its host before the first heartbeat
             extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
-            ledger.renew(self.ws, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra)
-        except FenceRejected as e:
+            sent = time.monotonic()
+            run_lease.renew(self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me),
+                            extra_procs=extra)
+            self._deadline = run_lease.deadline_after(sent)
+        except (FenceRejected, RemoteError) as e:  # nothing of this run has been sent yet
             print(f"controller: {e}", file=sys.stderr)
             return 70
         threading.Thread(target=self.heartbeat, daemon=True).start()
@@ -118,7 +156,10 @@ class Controller:
             phases.disarm_client(self.paths)
             self._stop.set()
             if not keep_lease:
-                ledger.release(self.ws, self.key, self.paths.run_id, self.fence)
+                try:
+                    run_lease.release(self.ws, self.case, self.key, self.paths.run_id, self.fence)
+                except RemoteError as e:  # the lease lapses at its expiry instead
+                    print(f"controller: release: {e}", file=sys.stderr)
             try:
                 handoff.refresh(self.ws, exiting=self.paths.run_id)
             except OSError as e:  # a derived file: a full disk must not hide the recorded outcome
@@ -251,7 +292,10 @@ class Controller:
         def event(type_: str, **kw: Any) -> None:
             self.event(type_, **kw)
             if type_ == "load_client_started":
-                self.renew()  # the client's ref into the lease now, not at the next heartbeat
+                # the client's ref into the lease now, not at the next heartbeat (a lease host that does not
+                # answer: the heartbeat retries, and stops the load before the lease would lapse)
+                with contextlib.suppress(RemoteError):
+                    self.renew()
 
         return phases.load(self.run_, attempt, event)
 

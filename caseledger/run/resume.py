@@ -14,6 +14,7 @@ from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, fold, next_steps
+from caseledger.run import lease as run_lease
 from caseledger.run.start import Progress, spawn_controller, wait_for
 from caseledger.workspace import Workspace
 
@@ -61,7 +62,7 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     claim = authorization.claim(workspace, run_id) if needs_target else nullcontext(
         authorization.current_mode(workspace))
     with claim as mode:
-        lease = ledger.acquire(workspace, key, run_id, owner=None, same_run_ok=True)  # TargetHeld names the holder
+        lease = run_lease.acquire(workspace, run.case, key, run_id, owner=None, same_run_ok=True)  # TargetHeld: holder
         ledger.append_event(workspace, paths, "resumed", owner="resume", fence=lease.fence, target=key,
                             data={"from_phase": first, "runs": list(steps.run), "redo": list(steps.redo),
                                   "kept": kept, "client_alive": v.client_alive})

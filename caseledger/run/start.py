@@ -17,10 +17,11 @@ from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.events import read_events
-from caseledger.ledger.leases import acquire, release, target_key
+from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
+from caseledger.run import lease as run_lease
 from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead
 from caseledger.workspace import (
     RunPaths,
@@ -138,13 +139,13 @@ def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeo
     ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
     try:
         with authorization.claim(ws, rid) as mode:
-            lease = acquire(ws, key, run_id=rid, owner=None)
+            lease = run_lease.acquire(ws, case, key, run_id=rid, owner=None)
             try:
                 run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
                 hand_over(ahead, run.paths)
                 spawn_controller(run, lease.fence)
             except BaseException:
-                release(ws, key, rid, lease.fence)
+                run_lease.release(ws, case, key, rid, lease.fence)
                 raise
         return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0, progress=progress)
     finally:
