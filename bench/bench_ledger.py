@@ -212,8 +212,8 @@ def call():
         return phase_status(ws)
     if what == "phase_status":
         return phase_status(ws, arg)
-    if what == "summarize_scenario":
-        return summarize(ws, [], scenario=arg)
+    if what == "summarize_scenario":  # the text/JSON answer; its PNG is timed apart (draw_plot, below)
+        return summarize(ws, [], scenario=arg, draw=False)
     if what == "handoff":
         return handoff.refresh(ws)
     if what == "controller_refresh":  # as run/controller.py before each phase: an event, then the refresh
@@ -221,13 +221,20 @@ def call():
         return handoff.refresh(ws)
     raise SystemExit(what)
 
+extra = {}
+if what == "summarize_scenario":  # a view nobody drew yet (as after a new result): its PNG must be drawn
+    for f in (ws.reports_dir).glob(f"scenario-{arg}-*.png"):
+        f.unlink()
 times = []
 for _ in range(2):
     t = time.perf_counter(); out = call(); times.append(time.perf_counter() - t)
+    if what == "summarize_scenario":  # the PNG the MCP answer attaches and the CLI draws after printing
+        from caseledger.tools.summarize import draw_plot
+        t = time.perf_counter(); draw_plot(ws, out); extra.setdefault("plot_s", []).append(time.perf_counter() - t)
 tracemalloc.start(); call(); peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
 text = out if isinstance(out, str) else out.text()
 print(json.dumps({"first_s": times[0], "second_s": times[1], "peak_mb": peak / 2**20,
-                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "text": text}))
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "text": text, **extra}))
 """
 
 READS = ("status", "phase_status", "summarize_scenario", "handoff", "controller_refresh")
@@ -303,7 +310,8 @@ def main() -> int:
                     print(f"{what:<20} error: {r['error']}")
                     continue
                 print(f"{what:<20} {r['first_s']:>8.3f} {r['second_s']:>8.3f} {r['peak_mb']:>8.1f} "
-                      f"{r['maxrss_mb']:>8.1f}")
+                      f"{r['maxrss_mb']:>8.1f}" + (f"  (PNG: drawn {r['plot_s'][0]:.3f} s, then cached {r['plot_s'][1]:.3f} s)"
+                                                   if "plot_s" in r else ""))
                 if args.show:
                     print(r["text"])
             ready = mcp_ready(root)

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,6 +28,9 @@ from caseledger.outcome import handoff
 from caseledger.run.progress import ProgressLine
 from caseledger.workspace import Workspace
 
+if TYPE_CHECKING:
+    from caseledger.tools import SummaryResult
+
 
 def _emit(result: Any, as_json: bool) -> None:
     # the last line of defence: text an older version recorded unmasked is masked as it leaves
@@ -37,6 +40,15 @@ def _emit(result: Any, as_json: bool) -> None:
         sys.stdout.write(body.decode() + "\n")
     else:
         sys.stdout.write(secrets.mask(result.text()) + "\n")
+
+
+def _emit_summary(ws: Workspace, result: SummaryResult, as_json: bool) -> None:
+    """The answer first, then its PNG (drawn once per view): the text never waits on the chart."""
+    from caseledger.tools.summarize import draw_plot  # lazy, as the tools
+
+    _emit(result, as_json)
+    sys.stdout.flush()
+    draw_plot(ws, result)
 
 
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:
@@ -231,14 +243,14 @@ def _dispatch(a: argparse.Namespace) -> int:
     elif a.cmd == "summarize":
         from caseledger.tools import summarize  # lazy: the tools pull numpy (metrics, datasets); --help stays light
 
-        _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+        _emit_summary(ws, summarize(ws, a.run_ids, scenario=a.scenario, draw=False), a.json)
     elif a.cmd == "report":
         from caseledger.tools import html_report, summarize  # lazy: the tools pull numpy; --help stays light
 
         if a.html:
             _emit(html_report(ws, a.run_ids, scenario=a.scenario), a.json)
         else:  # the markdown: what summarize writes and answers
-            _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+            _emit_summary(ws, summarize(ws, a.run_ids, scenario=a.scenario, draw=False), a.json)
     elif a.cmd == "authorize":
 
         mode = authorization.set_mode(ws, a.mode)
