@@ -185,7 +185,8 @@ class Index:
             for (name,) in c.execute("SELECT entry FROM damaged").fetchall():  # fixed by hand? being created?
                 if name not in self.views:
                     self._fold_entry(name, None)
-            stale = c.execute("SELECT run_id, gen FROM runs WHERE live=1 OR gen != folded_gen").fetchall()
+            stale = c.execute("SELECT run_id, gen FROM runs INDEXED BY runs_todo "  # the partial index: no scan
+                              "WHERE live=1 OR gen != folded_gen").fetchall()
             for name, gen in stale:
                 if name not in self.views:  # (a run just listed is folded already)
                     self._fold_entry(name, gen)

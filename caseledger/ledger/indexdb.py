@@ -39,6 +39,7 @@ CREATE INDEX IF NOT EXISTS runs_order ON runs(created_utc, run_id);
 CREATE INDEX IF NOT EXISTS runs_case ON runs(case_id, created_utc);
 CREATE INDEX IF NOT EXISTS runs_scenario ON runs(scenario, created_utc);
 CREATE INDEX IF NOT EXISTS runs_stale ON runs(live, gen, folded_gen);
+CREATE INDEX IF NOT EXISTS runs_todo ON runs(run_id) WHERE live=1 OR gen != folded_gen;
 CREATE INDEX IF NOT EXISTS runs_state ON runs(state);
 CREATE TABLE IF NOT EXISTS damaged(entry TEXT PRIMARY KEY, message TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cases(case_id TEXT PRIMARY KEY, scenario TEXT, sig TEXT NOT NULL);
