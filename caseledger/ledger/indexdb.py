@@ -87,7 +87,7 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection | None:
 
 
 KEEP = 4  # open connections kept per thread (a process reads one workspace, a test process many)
-_FileKey = tuple[int, int, int, int]
+_FileKey = tuple[int, int, int, int, int, int]
 
 
 class _Kept(threading.local):
@@ -102,18 +102,25 @@ _kept = _Kept()
 
 
 def _file_key(path: Path) -> _FileKey | None:
+    """The index file's identity and its WAL's size and mtime: another process's commit changes the WAL, and is
+    a reason to check the file again (connect: its schema, its tables)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    try:
+        wal = os.stat(str(path) + "-wal")
+        w = (wal.st_size, wal.st_mtime_ns)
+    except OSError:
+        w = (-1, -1)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, *w)
 
 
 def shared(path: Path, *, create: bool) -> sqlite3.Connection | None:
     """connect(), kept open for this thread's next call: closing the last connection checkpoints the WAL (a few ms
     with an fsync), which a controller refreshing HANDOFF.md before every phase would pay each time. Kept only
-    while the file is the one it opened (same inode, size and mtime as when last released): a file replaced,
-    removed or written by hand is opened again (and checked again by connect)."""
+    while the file is as this thread left it (same inode, size and mtime, WAL included): a file replaced, removed,
+    written by hand or by another process is opened again (and checked again by connect)."""
     if _kept.pid != os.getpid():  # a forked child: its parent's connections are not its own
         _kept.pid, _kept.conns = os.getpid(), OrderedDict()
     hit = _kept.conns.get(str(path))
