@@ -198,22 +198,26 @@ def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = 
 # ------------------------------------------------------------------------------------------------ the reads
 
 CHILD = r"""
-import json, os, resource, sys, time, tracemalloc
+import json, os, resource, statistics, sys, time, tracemalloc
 sys.path.insert(0, sys.argv[1])
 from caseledger.workspace import Workspace
 ws = Workspace(sys.argv[2]); what = sys.argv[3]; arg = sys.argv[4]
 from caseledger.outcome import handoff
 from caseledger.tools import phase_status, summarize
 from caseledger.ledger.events import append_event
-phases = iter(["preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end"] * 3)
+if what == "controller_refresh":
+    import caseledger.run.controller  # noqa: F401 - what a controller process has imported before its first phase
+PHASES = ["preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
+          "decide"]
+phases = iter(PHASES * 3)
 
 def call():
     if what == "status":
         return phase_status(ws)
     if what == "phase_status":
         return phase_status(ws, arg)
-    if what == "summarize_scenario":
-        return summarize(ws, [], scenario=arg)
+    if what == "summarize_scenario":  # the text/JSON answer; its PNG is timed apart (draw_plot, below)
+        return summarize(ws, [], scenario=arg, draw=False)
     if what == "handoff":
         return handoff.refresh(ws)
     if what == "controller_refresh":  # as run/controller.py before each phase: an event, then the refresh
@@ -221,13 +225,22 @@ def call():
         return handoff.refresh(ws)
     raise SystemExit(what)
 
+extra = {}
+if what == "summarize_scenario":  # a view nobody drew yet (as after a new result): its PNG must be drawn
+    for f in (ws.reports_dir).glob(f"scenario-{arg}-*.png"):
+        f.unlink()
 times = []
-for _ in range(2):
+for _ in range(len(PHASES) if what == "controller_refresh" else 2):  # a controller: one refresh per phase
     t = time.perf_counter(); out = call(); times.append(time.perf_counter() - t)
+    if what == "summarize_scenario":  # the PNG the MCP answer attaches and the CLI draws after printing
+        from caseledger.tools.summarize import draw_plot
+        t = time.perf_counter(); draw_plot(ws, out); extra.setdefault("plot_s", []).append(time.perf_counter() - t)
+if what == "controller_refresh":
+    extra["later_median_s"] = statistics.median(times[1:]); extra["later_max_s"] = max(times[1:])
 tracemalloc.start(); call(); peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
 text = out if isinstance(out, str) else out.text()
 print(json.dumps({"first_s": times[0], "second_s": times[1], "peak_mb": peak / 2**20,
-                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "text": text}))
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "text": text, **extra}))
 """
 
 READS = ("status", "phase_status", "summarize_scenario", "handoff", "controller_refresh")
@@ -268,6 +281,14 @@ def mcp_ready(root: Path) -> float | None:
     return took if b'"result"' in line else None
 
 
+def _extra(r: dict[str, Any]) -> str:
+    if "plot_s" in r:
+        return f"  (PNG: drawn {r['plot_s'][0]:.3f} s, then on disk {r['plot_s'][1]:.3f} s)"
+    if "later_median_s" in r:
+        return f"  (phases 2-9: median {r['later_median_s']:.4f} s, max {r['later_max_s']:.4f} s)"
+    return ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sizes", nargs="*", type=int, default=[1000, 10000])
@@ -303,7 +324,7 @@ def main() -> int:
                     print(f"{what:<20} error: {r['error']}")
                     continue
                 print(f"{what:<20} {r['first_s']:>8.3f} {r['second_s']:>8.3f} {r['peak_mb']:>8.1f} "
-                      f"{r['maxrss_mb']:>8.1f}")
+                      f"{r['maxrss_mb']:>8.1f}{_extra(r)}")
                 if args.show:
                     print(r["text"])
             ready = mcp_ready(root)

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import orjson
 
@@ -28,6 +28,9 @@ from caseledger.outcome import handoff
 from caseledger.run.progress import ProgressLine
 from caseledger.workspace import Workspace
 
+if TYPE_CHECKING:
+    from caseledger.tools import SummaryResult
+
 
 def _emit(result: Any, as_json: bool) -> None:
     # the last line of defence: text an older version recorded unmasked is masked as it leaves
@@ -37,6 +40,15 @@ def _emit(result: Any, as_json: bool) -> None:
         sys.stdout.write(body.decode() + "\n")
     else:
         sys.stdout.write(secrets.mask(result.text()) + "\n")
+
+
+def _emit_summary(ws: Workspace, result: SummaryResult, as_json: bool) -> None:
+    """The answer first, then its PNG (drawn once per view): the text never waits on the chart."""
+    from caseledger.tools.summarize import draw_plot  # lazy, as the tools
+
+    _emit(result, as_json)
+    sys.stdout.flush()
+    draw_plot(ws, result)
 
 
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:
@@ -264,7 +276,7 @@ def _reprocess(ws: Workspace, a: argparse.Namespace) -> int:
 def _summarize(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.tools import summarize  # lazy: see above
 
-    _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+    _emit_summary(ws, summarize(ws, a.run_ids, scenario=a.scenario, draw=False), a.json)
     return 0
 
 
@@ -274,7 +286,7 @@ def _report(ws: Workspace, a: argparse.Namespace) -> int:
     if a.html:
         _emit(html_report(ws, a.run_ids, scenario=a.scenario), a.json)
     else:  # the markdown: what summarize writes and answers
-        _emit(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
+        _emit_summary(ws, summarize(ws, a.run_ids, scenario=a.scenario, draw=False), a.json)
     return 0
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +172,15 @@ _REMEMBERED: dict[str, tuple[int, int]] = {}  # frozen case file -> (mtime_ns, s
 def remember_secrets(ws: Workspace) -> None:
     """Remember (caseledger.redact) the secret variables of every frozen case of the workspace: an answer then
     masks their values in any run's text it shows, also text an older version recorded unmasked. Each file is
-    read once per process (frozen cases do not change; an edited one is read again)."""
+    read once per process (frozen cases do not change; an edited one is read again). A directory whose mtime is
+    the one last seen (and older than a second: a change in the same tick could hide) is not listed again: cases
+    are written by rename (atomic_write), which changes it."""
+    try:
+        mtime = os.stat(ws.frozen_dir).st_mtime_ns
+    except OSError:
+        return
+    if _REMEMBERED.get(str(ws.frozen_dir)) == (mtime, -1):
+        return
     for path in ws.frozen_dir.glob("c-*.json"):
         try:
             st = path.stat()
@@ -182,6 +192,8 @@ def remember_secrets(ws: Workspace) -> None:
             continue  # damaged: the reads that need this case name it
         redact.remember(names)
         _REMEMBERED[str(path)] = seen
+    if time.time_ns() - mtime > 1_000_000_000:
+        _REMEMBERED[str(ws.frozen_dir)] = (mtime, -1)
 
 
 def _lineage_path(ws: Workspace, case_id: str) -> Path:

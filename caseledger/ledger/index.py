@@ -104,17 +104,21 @@ def row_of(v: RunView, sig: str | None = None) -> RunRow:
 class Index:
     """An open index of one workspace, in step with its files as of `sync`. Use as a context manager."""
 
-    def __init__(self, ws: Workspace, conn: sqlite3.Connection, persistent: bool) -> None:
+    def __init__(self, ws: Workspace, conn: sqlite3.Connection, persistent: bool, kept: Path | None = None) -> None:
         self.ws = ws
         self.conn = conn
         self.persistent = persistent
+        self.kept = kept  # the index file whose connection this thread keeps open (indexdb.shared)
         self.views: dict[str, RunView] = {}  # the runs folded by this sync (reads reuse them)
 
     def __enter__(self) -> Index:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.conn.close()
+        if self.kept is not None:
+            indexdb.release(self.kept, self.conn)
+        else:
+            self.conn.close()
 
     # ---------------------------------------------------------------------------------------------- keeping up
     def _meta(self, key: str) -> str | None:
@@ -181,7 +185,8 @@ class Index:
             for (name,) in c.execute("SELECT entry FROM damaged").fetchall():  # fixed by hand? being created?
                 if name not in self.views:
                     self._fold_entry(name, None)
-            stale = c.execute("SELECT run_id, gen FROM runs WHERE live=1 OR gen != folded_gen").fetchall()
+            stale = c.execute("SELECT run_id, gen FROM runs INDEXED BY runs_todo "  # the partial index: no scan
+                              "WHERE live=1 OR gen != folded_gen").fetchall()
             for name, gen in stale:
                 if name not in self.views:  # (a run just listed is folded already)
                     self._fold_entry(name, gen)
@@ -332,6 +337,7 @@ class Index:
 
 def _aside(path: Path) -> None:
     """Move a damaged index out of the way (kept for a look, never read again), with its WAL files."""
+    indexdb.forget(path)
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(str(path) + suffix)
@@ -356,23 +362,23 @@ def open_index(ws: Workspace, *, quick: bool = False, rebuild: bool = False) -> 
     persistent = writable(ws.ledger)
     if persistent:
         try:
-            conn = indexdb.connect(path, create=True)
+            conn = indexdb.shared(path, create=True)
         except sqlite3.DatabaseError as e:
             _aside(path)
             why = f"the index was damaged ({quoted(e, 120)}): moved to {path.name}.damaged and rebuilt"
             with contextlib.suppress(sqlite3.DatabaseError):
-                conn = indexdb.connect(path, create=True)
+                conn = indexdb.shared(path, create=True)
     if conn is None:  # a read-only ledger (or one that cannot hold the file): an index for this call only
         persistent = False
         conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         conn.executescript(indexdb.SCHEMA)
-    idx = Index(ws, conn, persistent)
+    idx = Index(ws, conn, persistent, path if persistent else None)
     try:
         try:
             idx.sync(quick=quick)
         except sqlite3.DatabaseError as e:  # damaged inside (a page, a table): rebuilt from the files
-            conn.close()
             _aside(path)
+            conn.close()
             conn = indexdb.connect(path, create=True) or sqlite3.connect(":memory:", isolation_level=None)
             conn.executescript(indexdb.SCHEMA)
             idx = Index(ws, conn, persistent)
@@ -384,6 +390,8 @@ def open_index(ws: Workspace, *, quick: bool = False, rebuild: bool = False) -> 
             idx.conn.execute("COMMIT")
     except sqlite3.OperationalError:
         # locked past the busy timeout, or read-only after all: this call reads the files into memory
+        if idx.kept is not None:
+            indexdb.forget(idx.kept)
         conn.close()
         mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         mem.executescript(indexdb.SCHEMA)

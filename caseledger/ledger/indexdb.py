@@ -18,7 +18,10 @@ around, never an error of the call. Schema:
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 SCHEMA_VERSION = "1"
@@ -36,6 +39,7 @@ CREATE INDEX IF NOT EXISTS runs_order ON runs(created_utc, run_id);
 CREATE INDEX IF NOT EXISTS runs_case ON runs(case_id, created_utc);
 CREATE INDEX IF NOT EXISTS runs_scenario ON runs(scenario, created_utc);
 CREATE INDEX IF NOT EXISTS runs_stale ON runs(live, gen, folded_gen);
+CREATE INDEX IF NOT EXISTS runs_todo ON runs(run_id) WHERE live=1 OR gen != folded_gen;
 CREATE INDEX IF NOT EXISTS runs_state ON runs(state);
 CREATE TABLE IF NOT EXISTS damaged(entry TEXT PRIMARY KEY, message TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cases(case_id TEXT PRIMARY KEY, scenario TEXT, sig TEXT NOT NULL);
@@ -82,6 +86,80 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection | None:
     return conn
 
 
+KEEP = 4  # open connections kept per thread (a process reads one workspace, a test process many)
+_FileKey = tuple[int, int, int, int, int, int]
+
+
+class _Kept(threading.local):
+    """This thread's open connections, by index path, with the file's identity when last used."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.conns: OrderedDict[str, tuple[_FileKey | None, sqlite3.Connection]] = OrderedDict()
+
+
+_kept = _Kept()
+
+
+def _file_key(path: Path) -> _FileKey | None:
+    """The index file's identity and its WAL's size and mtime: another process's commit changes the WAL, and is
+    a reason to check the file again (connect: its schema, its tables)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    try:
+        wal = os.stat(str(path) + "-wal")
+        w = (wal.st_size, wal.st_mtime_ns)
+    except OSError:
+        w = (-1, -1)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, *w)
+
+
+def shared(path: Path, *, create: bool) -> sqlite3.Connection | None:
+    """connect(), kept open for this thread's next call: closing the last connection checkpoints the WAL (a few ms
+    with an fsync), which a controller refreshing HANDOFF.md before every phase would pay each time. Kept only
+    while the file is as this thread left it (same inode, size and mtime, WAL included): a file replaced, removed,
+    written by hand or by another process is opened again (and checked again by connect)."""
+    if _kept.pid != os.getpid():  # a forked child: its parent's connections are not its own
+        _kept.pid, _kept.conns = os.getpid(), OrderedDict()
+    hit = _kept.conns.get(str(path))
+    if hit is not None:
+        if hit[0] is not None and hit[0] == _file_key(path):
+            _kept.conns.move_to_end(str(path))
+            return hit[1]
+        forget(path)
+    conn = connect(path, create=create)
+    if conn is None:
+        return None
+    _kept.conns[str(path)] = (_file_key(path), conn)
+    while len(_kept.conns) > KEEP:
+        _, (_, old) = _kept.conns.popitem(last=False)
+        old.close()
+    return conn
+
+
+def release(path: Path, conn: sqlite3.Connection) -> None:
+    """Done with a shared connection for now: remember the file as this connection left it (its own writes and
+    checkpoints change the file's mtime; those are no reason to open it again)."""
+    hit = _kept.conns.get(str(path))
+    if hit is not None and hit[1] is conn:
+        if conn.in_transaction:  # an error left a transaction open: never carried into the next call
+            forget(path)
+            return
+        _kept.conns[str(path)] = (_file_key(path), conn)
+    else:
+        conn.close()
+
+
+def forget(path: Path) -> None:
+    """Close and drop this thread's kept connection to `path` (the file is damaged or about to be replaced)."""
+    hit = _kept.conns.pop(str(path), None)
+    if hit is not None:
+        with contextlib.suppress(sqlite3.Error):
+            hit[1].close()
+
+
 def touched(run_root: Path) -> None:
     """A writer changed files of the run in `run_root` (an event appended, run.json written): the run's
     generation goes up, so the next reader folds it again. Only runs under ledger/runs; never creates the index,
@@ -91,10 +169,10 @@ def touched(run_root: Path) -> None:
     path = path_of(run_root.parent.parent)
     if not path.exists():
         return
-    with contextlib.suppress(sqlite3.Error, OSError):
-        conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
-        try:
-            conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+    try:
+        conn = shared(path, create=False)
+        if conn is not None:
             conn.execute("UPDATE runs SET gen = gen + 1 WHERE run_id = ?", (run_root.name,))
-        finally:
-            conn.close()
+            release(path, conn)
+    except (sqlite3.Error, OSError):
+        forget(path)

@@ -40,7 +40,8 @@ def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
     latest: RunView | None = None
     while rows and latest is None:  # the newest run, folded live (the others as the index folded them)
         try:
-            latest = fold(ws, load_run(ws, rows[-1].run_id))
+            rid = rows[-1].run_id  # folded by this sync when it changed or is live; else from its files
+            latest = idx.views.get(rid) or fold(ws, load_run(ws, rid))
         except CaseledgerError as e:  # a damaged case.json or events file: named below, the others shown
             damaged.append(e.message)
             rows.pop()

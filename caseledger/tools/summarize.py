@@ -7,7 +7,11 @@ Writes only derived, regenerable files (reports, the side-by-side table, the PNG
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -18,7 +22,7 @@ from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
-from caseledger.ledger.index import Index, open_index
+from caseledger.ledger.index import open_index
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold
 from caseledger.outcome import report, summary
@@ -64,7 +68,8 @@ class SummaryResult(BaseModel):
                                           "point, the winner or a tie within noise, limits, Pareto frontier")
     runs: list[RunSummary] = Field(description="Runs summarized (run_ids given); [] for the scenario view")
     side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
-    plot: str | None = Field(None, description="Path of the PNG (metric vs swept value, limits, latency CDFs)")
+    plot: str | None = Field(None, description="Path of the PNG (metric vs swept value, limits, latency CDFs); "
+                                                  "a scenario's is named by its view's digest")
     damaged: list[str] = Field(default_factory=list,
                                description="Damaged ledger entries found while looking for the latest run")
     next_call: str = Field(description="The one next call")
@@ -97,13 +102,18 @@ class SummaryResult(BaseModel):
         return "\n".join(lines)
 
 
-def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = None) -> SummaryResult:
-    """The scenario view (no run_ids: the scenario given, else the latest one) or the given runs."""
+def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = None, *,
+              draw: bool = True) -> SummaryResult:
+    """The scenario view (no run_ids: the scenario given, else the latest one) or the given runs. draw=False: a
+    scenario's answer names its PNG without waiting for it (draw_plot draws it, e.g. after the text is out)."""
     if run_ids and scenario:
         raise CaseInvalid("give run_ids or scenario, not both",
                           "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs")
     if not run_ids:
-        return _scenario(workspace, scenario)
+        result = _scenario(workspace, scenario)
+        if draw:
+            draw_plot(workspace, result)
+        return result
     if any(is_id(r, "g") for r in run_ids):
         if len(run_ids) > 1:
             raise CaseInvalid("a campaign id is summarized alone", f"summarize(run_ids=['{run_ids[0]}'])")
@@ -184,7 +194,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             # the latest run's case is not frozen here (an imported or hand-made ledger): that run, as before
             result = summarize(workspace, [latest.run_id])
             return result.model_copy(update={"damaged": damaged})
-        plot = _scenario_plot(workspace, view, idx)
+        plot = scenario_plot_path(workspace, view)
     return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged,
                          next_call=summary.scenario_next(view))
 
@@ -202,21 +212,48 @@ def pareto_points(view: CampaignView) -> list[report.PlotPoint]:
                              breaks=r.meets is False, figures={}) for r in view.rows if r.runs]
 
 
-def _scenario_plot(ws: Workspace, view: ScenarioView, idx: Index) -> str | None:
-    """The scenario's PNG, drawn again only when its view changed (the index remembers which view it shows)."""
-    path = ws.reports_dir / f"scenario-{view.scenario}.png"
-    sig = sha256_bytes(view.model_dump_json().encode())
-    if path.is_file() and idx.derived("scenario_plot", view.scenario, sig) == str(path).encode():
-        return str(path)
-    out = _draw_scenario(ws, view)
-    if out is not None:
-        idx.put_derived("scenario_plot", view.scenario, sig, out.encode())
-    return out
+FIGURE_VERSION = b"decision-figure-1"  # bump when decision_figure draws differently: every cached PNG is redrawn
 
 
-def _draw_scenario(ws: Workspace, view: ScenarioView) -> str | None:
-    fig = scenario_figure(ws, view)
-    return _write_png(ws, f"scenario-{view.scenario}.png", None if fig is None else report.png(fig))
+def scenario_plot_path(ws: Workspace, view: ScenarioView) -> str | None:
+    """Where the scenario's PNG for this view lives: its name carries the view's digest, so the file on disk is the
+    cache (a changed view names a new file; a missing or damaged one is drawn again by draw_plot). None without
+    matplotlib (nothing is drawn)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    digest = sha256_bytes(FIGURE_VERSION + view.model_dump_json().encode())[:16]
+    return str(ws.reports_dir / f"scenario-{view.scenario}-{digest}.png")
+
+
+def draw_plot(ws: Workspace, result: SummaryResult) -> str | None:
+    """Make sure the scenario PNG the answer names exists and is whole: drawn once per view, then read from disk
+    (derived: deleting it loses nothing). The older PNGs of the scenario are removed once the new one is written."""
+    if result.scenario is None or result.plot is None:
+        return result.plot
+    path = Path(result.plot)
+    if _whole_png(path):
+        return result.plot
+    fig = scenario_figure(ws, result.scenario)
+    if fig is None:
+        return None
+    atomic_write(path, report.png(fig))
+    for old in ws.reports_dir.glob(f"scenario-{result.scenario.scenario}-*.png"):
+        if old != path and re.fullmatch(r"[0-9a-f]{16}", old.stem.rsplit("-", 1)[-1]):
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+    return result.plot
+
+
+def _whole_png(path: Path) -> bool:
+    """A complete PNG file (signature first, IEND chunk last): anything else is drawn again."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            f.seek(-12, os.SEEK_END)
+            tail = f.read(12)
+    except OSError:  # missing, or shorter than the two ends
+        return False
+    return head == b"\x89PNG\r\n\x1a\n" and tail == b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 
 def scenario_figure(ws: Workspace, view: ScenarioView) -> Any:

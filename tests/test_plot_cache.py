@@ -1,0 +1,94 @@
+"""The scenario PNG is a derived file named by its view's digest: deleting or damaging it, or the index, changes no
+answer; a new result names a new PNG; summarize(draw=False) answers without drawing; the index connection kept
+open per thread is reopened when the file is replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.bench_ledger import build
+from caseledger.ledger import indexdb
+from caseledger.ledger.events import append_event
+from caseledger.ledger.index import open_index
+from caseledger.tools import summarize
+from caseledger.tools.summarize import draw_plot
+from caseledger.workspace import Workspace
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("plots") / "ws"
+    info = build(root, 30, scenarios=2, cases_per=3, active=1)
+    return Workspace(root), info
+
+
+def _answer(ws: Workspace, name: str) -> tuple[str, bytes]:
+    s = summarize(ws, [], scenario=name)
+    assert s.plot is not None
+    return s.model_dump_json(), Path(s.plot).read_bytes()
+
+
+def test_summarize_without_draw_names_the_png_it_would_draw(ledger: tuple[Workspace, dict[str, Any]]) -> None:
+    ws, info = ledger
+    name = info["inactive"][0]
+    for f in ws.reports_dir.glob(f"scenario-{name}-*.png"):
+        f.unlink()
+    quick = summarize(ws, [], scenario=name, draw=False)
+    assert quick.plot is not None and not Path(quick.plot).exists()  # the answer did not wait on the chart
+    assert draw_plot(ws, quick) == quick.plot and Path(quick.plot).read_bytes().startswith(b"\x89PNG")
+    assert summarize(ws, [], scenario=name).model_dump_json() == quick.model_dump_json()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "garbage", "index deleted"])
+def test_a_missing_or_damaged_png_is_drawn_again_and_the_answer_is_the_same(
+        ledger: tuple[Workspace, dict[str, Any]], damage: str) -> None:
+    ws, info = ledger
+    name = info["inactive"][0]
+    before, png = _answer(ws, name)
+    path = Path(summarize(ws, [], scenario=name, draw=False).plot or "")
+    if damage == "deleted":
+        path.unlink()
+    elif damage == "truncated":
+        path.write_bytes(png[: len(png) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not a png" * 50)
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(indexdb.path_of(ws.ledger)) + suffix).unlink(missing_ok=True)
+    after, png_after = _answer(ws, name)
+    assert after == before
+    assert png_after.startswith(b"\x89PNG") and png_after.endswith(b"IEND\xaeB`\x82")
+    assert len(list(ws.reports_dir.glob(f"scenario-{name}-*.png"))) == 1
+
+
+def test_a_new_result_names_a_new_png_and_the_old_one_goes(ledger: tuple[Workspace, dict[str, Any]]) -> None:
+    ws, info = ledger
+    name = info["scenario"]  # the live run's scenario
+    first = summarize(ws, [], scenario=name).plot
+    assert first is not None and Path(first).exists()
+    run = ws.run(info["latest"])  # the running run ends, failed: its row (state, decision) changes the view
+    append_event(ws, run, "run_ended", owner="bench", data={"outcome": "failed:load"})
+    (run.root / "controller.pid.json").unlink(missing_ok=True)
+    second = summarize(ws, [], scenario=name).plot
+    assert second is not None and second != first
+    assert Path(second).exists() and not Path(first).exists()
+
+
+def test_the_kept_connection_is_reopened_when_the_index_file_is_replaced(
+        ledger: tuple[Workspace, dict[str, Any]]) -> None:
+    ws, _ = ledger
+    path = indexdb.path_of(ws.ledger)
+    with open_index(ws) as idx:
+        first = idx.conn
+        n = idx.count()
+    with open_index(ws) as idx:
+        assert idx.conn is first  # kept: no checkpoint per call
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    with open_index(ws) as idx:
+        assert idx.conn is not first and idx.count() == n and path.exists()
