@@ -44,7 +44,7 @@ def _emit(result: Any, as_json: bool) -> None:
 
 def _emit_summary(ws: Workspace, result: SummaryResult, as_json: bool) -> None:
     """The answer first, then its PNG (drawn once per view): the text never waits on the chart."""
-    from caseledger.tools.summarize import draw_plot  # lazy, as the tools
+    from caseledger.tools.summarize import draw_plot  # lazy: matplotlib and numpy, as the tools
 
     _emit(result, as_json)
     sys.stdout.flush()
