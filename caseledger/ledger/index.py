@@ -377,6 +377,8 @@ def open_index(ws: Workspace, *, quick: bool = False, rebuild: bool = False) -> 
         try:
             idx.sync(quick=quick)
         except sqlite3.DatabaseError as e:  # damaged inside (a page, a table): rebuilt from the files
+            if isinstance(e, sqlite3.OperationalError):
+                raise  # locked, read-only or a full disk: not damage (below)
             _aside(path)
             conn.close()
             conn = indexdb.connect(path, create=True) or sqlite3.connect(":memory:", isolation_level=None)
@@ -388,11 +390,17 @@ def open_index(ws: Workspace, *, quick: bool = False, rebuild: bool = False) -> 
             idx.conn.execute("BEGIN IMMEDIATE")
             idx.note(why)
             idx.conn.execute("COMMIT")
-    except sqlite3.OperationalError:
-        # locked past the busy timeout, or read-only after all: this call reads the files into memory
-        if idx.kept is not None:
+    except sqlite3.OperationalError as e:
+        # locked past the busy timeout, read-only after all, or a full disk: this call reads the files into memory
+        if idx.kept is not None and indexdb.disk_full(e):
+            # kept open, its transaction undone: closing it would delete the WAL and free disk under whoever is
+            # recording why the disk is full
+            with contextlib.suppress(sqlite3.Error):
+                conn.rollback()
+        elif idx.kept is not None:
             indexdb.forget(idx.kept)
-        conn.close()
+        else:
+            conn.close()
         mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         mem.executescript(indexdb.SCHEMA)
         idx = Index(ws, mem, False).sync(quick=True)

@@ -160,6 +160,11 @@ def forget(path: Path) -> None:
             hit[1].close()
 
 
+def disk_full(e: sqlite3.Error) -> bool:
+    """SQLite's 'database or disk is full'."""
+    return getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
 def touched(run_root: Path) -> None:
     """A writer changed files of the run in `run_root` (an event appended, run.json written): the run's
     generation goes up, so the next reader folds it again. Only runs under ledger/runs; never creates the index,
@@ -174,5 +179,10 @@ def touched(run_root: Path) -> None:
         if conn is not None:
             conn.execute("UPDATE runs SET gen = gen + 1 WHERE run_id = ?", (run_root.name,))
             release(path, conn)
+    except sqlite3.OperationalError as e:
+        if not disk_full(e):
+            forget(path)
+        # a full disk: the connection is kept (closing it would delete the WAL and free disk under whoever is
+        # recording why the disk is full); the row's generation is repaired by the next reader, from the files
     except (sqlite3.Error, OSError):
         forget(path)
