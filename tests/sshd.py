@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncssh
+import pytest
 
 from tests.conftest import free_port
 
@@ -121,3 +122,15 @@ def running_sshd(root: Path, startup_timeout_s: float = 15.0, address: str = "12
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def loopback_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A module's sshd on loopback (the body of its `sshd` fixture): skipped without an sshd binary, unless
+    CASELEDGER_REQUIRE_SSH=1 makes that a failure."""
+    if sshd_binary() is None:
+        msg = "sshd not installed (apt-get install -y openssh-server)"
+        if os.environ.get("CASELEDGER_REQUIRE_SSH") == "1":
+            pytest.fail(f"CASELEDGER_REQUIRE_SSH=1 but {msg}")
+        pytest.skip(msg)
+    with running_sshd(tmp_path_factory.mktemp("sshd")) as s:
+        yield s

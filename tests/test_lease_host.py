@@ -33,7 +33,7 @@ from caseledger.services import lease_host
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import free_port, ref_draft, reference_targets, stats
-from tests.sshd import Sshd, running_sshd, sshd_binary
+from tests.sshd import Sshd, loopback_sshd
 
 N = 8
 FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
@@ -43,13 +43,7 @@ TRIALS = 20
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    if sshd_binary() is None:
-        msg = "sshd not installed (apt-get install -y openssh-server)"
-        if os.environ.get("CASELEDGER_REQUIRE_SSH") == "1":
-            pytest.fail(f"CASELEDGER_REQUIRE_SSH=1 but {msg}")
-        pytest.skip(msg)
-    with running_sshd(tmp_path_factory.mktemp("sshd")) as s:
-        yield s
+    yield from loopback_sshd(tmp_path_factory)
 
 
 def workspace(root: Path) -> Workspace:

@@ -26,7 +26,7 @@ from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
-from tests.sshd import Sshd, generate_key, running_sshd, sshd_binary
+from tests.sshd import Sshd, generate_key, loopback_sshd
 
 PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
           "decide")
@@ -34,13 +34,7 @@ PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "lo
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    if sshd_binary() is None:
-        msg = "sshd not installed (apt-get install -y openssh-server)"
-        if os.environ.get("CASELEDGER_REQUIRE_SSH") == "1":
-            pytest.fail(f"CASELEDGER_REQUIRE_SSH=1 but {msg}")
-        pytest.skip(msg)
-    with running_sshd(tmp_path_factory.mktemp("sshd")) as s:
-        yield s
+    yield from loopback_sshd(tmp_path_factory)
 
 
 def ssh_draft(port: int, ssh: dict[str, Any], argv: list[str] | None = None, **over: Any) -> dict[str, Any]:

@@ -290,6 +290,14 @@ def wait_for_go(paths: RunPaths, poll_s: float = 0.01) -> bool:
         time.sleep(poll_s)
 
 
+class _NotStarted(Exception):
+    """The load does not start (nothing was sent): the exit code and the line that says why."""
+
+    def __init__(self, code: int, line: str, *, logged: bool = False) -> None:
+        super().__init__(line)
+        self.code, self.line, self.logged = code, line, logged
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
@@ -304,38 +312,49 @@ def main(argv: list[str] | None = None) -> int:
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until exit: one client per run, ever at once
-    except BlockingIOError:
+        plan, transport, api_key = _admit(paths, fd)
+    except _NotStarted as e:  # the one exit before the load: the raw file's descriptor closed here
         os.close(fd)
-        print(f"load: refused: another load client holds {paths.raw}", file=sys.stderr, flush=True)
-        return EXIT_REFUSED
+        if e.logged:
+            log(e.line)
+        else:
+            print(e.line, file=sys.stderr, flush=True)
+        return e.code
+    return _load(paths, fd, plan, transport, api_key)
+
+
+def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
+    """Everything that must hold before the first formal request: the raw file's lock (one client per run,
+    ever at once), no earlier attempt on record, the plan and its transport, the API key, the controller's go."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until exit
+    except BlockingIOError:
+        raise _NotStarted(EXIT_REFUSED, f"load: refused: another load client holds {paths.raw}") from None
     why = refusal(paths)
     if why is not None:
-        os.close(fd)
-        print(f"load: refused: {why}; formal requests are never sent twice. Read the raw records "
-              "(or confirm_end) instead of starting the load again.", file=sys.stderr, flush=True)
-        return EXIT_REFUSED
+        raise _NotStarted(EXIT_REFUSED, f"load: refused: {why}; formal requests are never sent twice. Read the raw "
+                          "records (or confirm_end) instead of starting the load again.")
     write_json(paths.load_pid, procs.me())
     try:
         plan = plan_from_run_dir(paths.root)
         transport = transport_used(s.url for s in plan.specs)  # an unknown transport refuses before any send
     except (CaseledgerError, ValueError, OSError) as e:
-        os.close(fd)
-        print(f"load: not started, nothing sent: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return EXIT_NOT_STARTED
+        raise _NotStarted(EXIT_NOT_STARTED, f"load: not started, nothing sent: {type(e).__name__}: {e}") from None
     api_key = None
     if plan.api_key_env:
         api_key = os.environ.get(plan.api_key_env)
         if not api_key:
-            os.close(fd)
-            print(f"load: not started, nothing sent: target.api_key_env names {plan.api_key_env}, which is "
-                  "not set in the load client's environment; export it for the controller", file=sys.stderr,
-                  flush=True)
-            return EXIT_NOT_STARTED
+            raise _NotStarted(EXIT_NOT_STARTED, f"load: not started, nothing sent: target.api_key_env names "
+                              f"{plan.api_key_env}, which is not set in the load client's environment; export it "
+                              "for the controller")
     if os.environ.get(ARMED_ENV) and not wait_for_go(paths):
-        os.close(fd)
-        log("not started, nothing sent: the controller aborted (or died) before the load phase")
-        return EXIT_NOT_STARTED
+        raise _NotStarted(EXIT_NOT_STARTED, "not started, nothing sent: the controller aborted (or died) before the "
+                          "load phase", logged=True)
+    return plan, transport, api_key
+
+
+def _load(paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str | None) -> int:
+    """The formal load: send, record every request, then the end file (written even on a full disk)."""
     log(f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
         f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}")
     spare = Spare(paths.load_dir / ".spare")  # freed on a full disk so the end file can still be written
@@ -360,7 +379,24 @@ def main(argv: list[str] | None = None) -> int:
         spare.free()
     with contextlib.suppress(OSError):
         write_json(paths.load_progress, tally.progress())
-    end = {
+    end = _end_record(tally, plan, transport, caught, wall_start, ru0, ru)
+    try:
+        write_json(paths.load_end, end)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        spare.free()
+        write_json(paths.load_end, end)
+    spare.free()
+    log(f"{end['exit']}: sent {tally.sent}, done {tally.done}, ok {tally.ok}, failed {tally.failed}, "
+        f"chunks {tally.chunks}")
+    return EXIT_CANCELLED if caught else EXIT_COMPLETE
+
+
+def _end_record(tally: Tally, plan: LoadPlan, transport: str, caught: list[str], wall_start: str,
+                ru0: resource.struct_rusage, ru: resource.struct_rusage) -> dict[str, Any]:
+    """The end file's content (JSON): counts, clock and CPU of the load, how it ended."""
+    end: dict[str, Any] = {
         **tally.counts(),
         "first_send_ns": tally.first_send_ns, "last_end_ns": tally.last_end_ns,
         "wall_start_utc": wall_start, "wall_end_utc": utc_now(),
@@ -375,17 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         end["reason"] = tally.disk_full
     elif caught:
         end["signal"] = caught[0]
-    try:
-        write_json(paths.load_end, end)
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        spare.free()
-        write_json(paths.load_end, end)
-    spare.free()
-    log(f"{end['exit']}: sent {tally.sent}, done {tally.done}, ok {tally.ok}, failed {tally.failed}, "
-        f"chunks {tally.chunks}")
-    return EXIT_CANCELLED if caught else EXIT_COMPLETE
+    return end
 
 
 if __name__ == "__main__":
