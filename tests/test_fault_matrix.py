@@ -286,7 +286,10 @@ def test_controller_and_client_killed_mid_load(ws: Workspace, stop_services: Non
         s2 = phase_status(ws, r.run_id)
         c.check("state", res.state in ("partial", "succeeded") and s2.state == res.state, s2.text())
         c.check("resend", by_phase(port) == served, f"{served} -> {by_phase(port)}")
-        c.check("count", by_phase(port) == s2.sent, f"target {by_phase(port)}, ledger sent {s2.sent}")
+        # sent is logged before a request's first byte leaves: a SIGKILL between the two leaves one logged request
+        # the target never saw (never one it saw twice, never one it saw unlogged)
+        c.check("count", s2.done <= by_phase(port) <= s2.sent, f"target {by_phase(port)}, ledger sent {s2.sent}, "
+                f"done {s2.done}")
         c.check("raw", raw_lines(paths.raw) == s2.done >= 3, f"raw {raw_lines(paths.raw)}, done {s2.done}")
         c.check("starts", service_state(ws, r.run_id).get("starts") == 1, service_state(ws, r.run_id))
         c.check("once", clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,

@@ -398,7 +398,7 @@ def open_index(ws: Workspace, *, quick: bool = False, rebuild: bool = False) -> 
             with contextlib.suppress(sqlite3.Error):
                 conn.rollback()
         elif idx.kept is not None:
-            indexdb.forget(idx.kept)
+            indexdb.forget(idx.kept, conn)
         else:
             conn.close()
         mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)

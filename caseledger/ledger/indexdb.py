@@ -96,6 +96,7 @@ class _Kept(threading.local):
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.conns: OrderedDict[str, tuple[_FileKey | None, sqlite3.Connection]] = OrderedDict()
+        self.busy: set[str] = set()  # kept connections handed out and not released yet (an open Index)
 
 
 _kept = _Kept()
@@ -122,17 +123,21 @@ def shared(path: Path, *, create: bool) -> sqlite3.Connection | None:
     while the file is as this thread left it (same inode, size and mtime, WAL included): a file replaced, removed,
     written by hand or by another process is opened again (and checked again by connect)."""
     if _kept.pid != os.getpid():  # a forked child: its parent's connections are not its own
-        _kept.pid, _kept.conns = os.getpid(), OrderedDict()
+        _kept.pid, _kept.conns, _kept.busy = os.getpid(), OrderedDict(), set()
+    if str(path) in _kept.busy:  # nested (an Index open in this thread already): a connection of its own
+        return connect(path, create=create)
     hit = _kept.conns.get(str(path))
     if hit is not None:
         if hit[0] is not None and hit[0] == _file_key(path):
             _kept.conns.move_to_end(str(path))
+            _kept.busy.add(str(path))
             return hit[1]
         forget(path)
     conn = connect(path, create=create)
     if conn is None:
         return None
     _kept.conns[str(path)] = (_file_key(path), conn)
+    _kept.busy.add(str(path))
     while len(_kept.conns) > KEEP:
         _, (_, old) = _kept.conns.popitem(last=False)
         old.close()
@@ -144,6 +149,7 @@ def release(path: Path, conn: sqlite3.Connection) -> None:
     checkpoints change the file's mtime; those are no reason to open it again)."""
     hit = _kept.conns.get(str(path))
     if hit is not None and hit[1] is conn:
+        _kept.busy.discard(str(path))
         if conn.in_transaction:  # an error left a transaction open: never carried into the next call
             forget(path)
             return
@@ -152,9 +158,16 @@ def release(path: Path, conn: sqlite3.Connection) -> None:
         conn.close()
 
 
-def forget(path: Path) -> None:
-    """Close and drop this thread's kept connection to `path` (the file is damaged or about to be replaced)."""
+def forget(path: Path, conn: sqlite3.Connection | None = None) -> None:
+    """Close and drop this thread's kept connection to `path` (the file is damaged or about to be replaced); with
+    conn: only when conn is that kept connection (else conn alone is closed: a nested Index's own)."""
+    hit = _kept.conns.get(str(path))
+    if conn is not None and (hit is None or hit[1] is not conn):
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+        return
     hit = _kept.conns.pop(str(path), None)
+    _kept.busy.discard(str(path))
     if hit is not None:
         with contextlib.suppress(sqlite3.Error):
             hit[1].close()
