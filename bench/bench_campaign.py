@@ -32,12 +32,22 @@ LIMIT_MS = 11.0
 
 def draft(port: int) -> dict[str, object]:
     ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
-    base = ref_draft(port, scenario="knee", service={"reference": ref},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-                     load={"requests": 32, "concurrency": 1})
-    return {"campaign": {"name": "knee-c", "base": base, "axes": [{"path": "load.concurrency", "values": VALUES}],
-                         "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
-                         "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": LIMIT_MS}}}}
+    base = ref_draft(
+        port,
+        scenario="knee",
+        service={"reference": ref},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": 32, "concurrency": 1},
+    )
+    return {
+        "campaign": {
+            "name": "knee-c",
+            "base": base,
+            "axes": [{"path": "load.concurrency", "values": VALUES}],
+            "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": LIMIT_MS}},
+        }
+    }
 
 
 def once() -> dict[str, object]:
@@ -60,10 +70,15 @@ def once() -> dict[str, object]:
         summarize(ws, [f.campaign_id])
         calls += 1
         label = {r.case_id: r.label for r in v.rows}
-        return {"where": where_time_went(ws),
-                "answer": label.get(v.winner or "", "tie " + "/".join(label[c] for c in v.tie)),
-                "measured": sum(1 for r in v.rows if r.runs), "runs": v.progress["runs"], "calls": calls,
-                "wall_s": round(time.monotonic() - t0, 1), "formal_share": v.progress["formal_window_share"]}
+        return {
+            "where": where_time_went(ws),
+            "answer": label.get(v.winner or "", "tie " + "/".join(label[c] for c in v.tie)),
+            "measured": sum(1 for r in v.rows if r.runs),
+            "runs": v.progress["runs"],
+            "calls": calls,
+            "wall_s": round(time.monotonic() - t0, 1),
+            "formal_share": v.progress["formal_window_share"],
+        }
     finally:
         services.stop_all(ws)
 
@@ -81,8 +96,9 @@ def where_time_went(ws: Workspace) -> dict[str, float]:
             out["gap_to_next"] += (created - prev_end) / n
         out["before_window"] += tl.get("start_run_to_first_formal_request_s", 0.0) / n
         out["window"] += tl.get("formal_window_s", 0.0) / n
-        out["after_window"] += (tl.get("outside_formal_window_s", 0.0)
-                                - tl.get("start_run_to_first_formal_request_s", 0.0)) / n
+        out["after_window"] += (
+            tl.get("outside_formal_window_s", 0.0) - tl.get("start_run_to_first_formal_request_s", 0.0)
+        ) / n
         prev_end = created + tl.get("run_wall_s", 0.0)
         for ph, x in tl["phases"].items():
             out[ph] = out.get(ph, 0.0) + (x["wall_s"] or 0.0) / n
@@ -95,8 +111,10 @@ def main() -> None:
     for i, r in enumerate(rows, 1):
         print(f"{i}: {r}")
     answers = {str(r["answer"]) for r in rows}
-    print(f"answers: {sorted(answers)} ({'the same every time' if len(answers) == 1 else 'DIFFER'}); "
-          f"exhaustive grid winner under tpot_p99_ms <= {LIMIT_MS:g}: C=4 (TPOT ~ 4 + 1.5 (C - 1) ms)")
+    print(
+        f"answers: {sorted(answers)} ({'the same every time' if len(answers) == 1 else 'DIFFER'}); "
+        f"exhaustive grid winner under tpot_p99_ms <= {LIMIT_MS:g}: C=4 (TPOT ~ 4 + 1.5 (C - 1) ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,13 +37,21 @@ def _cpu_s() -> float:
 
 
 def _case(entries: int, tokens: int, block: int, groups: int, ratio: float) -> Case:
-    return Case.model_validate({
-        "scenario": "bench-dataset",
-        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "bench"}]},
-        "load": {"requests": entries, "concurrency": 64},
-        "dataset": {"source": "prefix_cache", "input_tokens": tokens, "output_tokens": 1024, "prefix_ratio": ratio,
-                    "block_size": block, "prefix_groups": groups},
-    })
+    return Case.model_validate(
+        {
+            "scenario": "bench-dataset",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "bench"}]},
+            "load": {"requests": entries, "concurrency": 64},
+            "dataset": {
+                "source": "prefix_cache",
+                "input_tokens": tokens,
+                "output_tokens": 1024,
+                "prefix_ratio": ratio,
+                "block_size": block,
+                "prefix_groups": groups,
+            },
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,20 +77,28 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         rows.append(("start (imports)", 0.0, _cpu_s(), _peak_mb(), ""))
-        ident = step("materialize (cold)", lambda: datasets.materialize(ws, case),
-                     lambda i: f"{i.dataset_id}, counting {i.counting.method}")
+        ident = step(
+            "materialize (cold)",
+            lambda: datasets.materialize(ws, case),
+            lambda i: f"{i.dataset_id}, counting {i.counting.method}",
+        )
         step("materialize (reuse)", lambda: datasets.materialize(ws, case), lambda i: "no tokenizer loaded")
         step("verify", lambda: datasets.verify(ws, ident.dataset_id), lambda h: f"sha256 {h[:12]}…")
-        entries = step("load_entries", lambda: datasets.load_entries(ws, ident.dataset_id),
-                       lambda e: f"{len(e)} entries")
-        step("render_prompt x N (salted)",
-             lambda: sum(len(datasets.render_prompt(e, "run-salt", ident)) for e in entries),
-             lambda n: f"{n / 1e6:.0f} M chars")
+        entries = step(
+            "load_entries", lambda: datasets.load_entries(ws, ident.dataset_id), lambda e: f"{len(e)} entries"
+        )
+        step(
+            "render_prompt x N (salted)",
+            lambda: sum(len(datasets.render_prompt(e, "run-salt", ident)) for e in entries),
+            lambda n: f"{n / 1e6:.0f} M chars",
+        )
         size = (ws.dataset_dir(ident.dataset_id) / datasets.ENTRIES_FILE).stat().st_size
-        print(f"dataset {ident.dataset_id}: {ident.entries} entries x {ident.body_tokens.max} body tokens, "
-              f"{ident.chat_tokens.max} chat tokens, {ident.expected_cached_tokens.min} cached "
-              f"(ratio {ident.expected_hit_ratio.min:.6f}), below target {ident.below_target.count}, "
-              f"entries.jsonl {size / 2**20:.0f} MiB, transformers imported: {'transformers' in sys.modules}")
+        print(
+            f"dataset {ident.dataset_id}: {ident.entries} entries x {ident.body_tokens.max} body tokens, "
+            f"{ident.chat_tokens.max} chat tokens, {ident.expected_cached_tokens.min} cached "
+            f"(ratio {ident.expected_hit_ratio.min:.6f}), below target {ident.below_target.count}, "
+            f"entries.jsonl {size / 2**20:.0f} MiB, transformers imported: {'transformers' in sys.modules}"
+        )
         print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cpus")
         print(f"{'step':<28} {'wall s':>8} {'cpu s':>8} {'peak RSS MiB':>13}  note")
         for name, wall, cpu, peak, note in rows:

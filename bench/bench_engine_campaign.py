@@ -30,13 +30,26 @@ def main() -> None:
     ws = Workspace(Path(tempfile.mkdtemp()) / "ws")
     (ws.root / "cases").mkdir(parents=True)
     authorization.set_mode(ws, "auto")
-    base = llama_draft(free_port(), server, model, scenario="bench-np-c",
-                       dataset={"source": "synthetic", "input_tokens": 128, "output_tokens": 64, "tokenizer": model},
-                       load={"requests": requests, "concurrency": 1})
-    draft = {"campaign": {
-        "name": "np-by-c", "base": base,
-        "axes": [{"path": "service.argv[-np]", "values": [2, 4]}, {"path": "load.concurrency", "values": [1, 2, 4]}],
-        "decision": {"primary_metric": "output_throughput"}, "repeats": {"runs": 1, "settle_runs": 1, "budget": 0}}}
+    base = llama_draft(
+        free_port(),
+        server,
+        model,
+        scenario="bench-np-c",
+        dataset={"source": "synthetic", "input_tokens": 128, "output_tokens": 64, "tokenizer": model},
+        load={"requests": requests, "concurrency": 1},
+    )
+    draft = {
+        "campaign": {
+            "name": "np-by-c",
+            "base": base,
+            "axes": [
+                {"path": "service.argv[-np]", "values": [2, 4]},
+                {"path": "load.concurrency", "values": [1, 2, 4]},
+            ],
+            "decision": {"primary_metric": "output_throughput"},
+            "repeats": {"runs": 1, "settle_runs": 1, "budget": 0},
+        }
+    }
     t0 = time.monotonic()
     try:
         f = freeze_any(ws, draft=draft)
@@ -48,8 +61,15 @@ def main() -> None:
             if v.complete and not v.driver_alive:
                 break
         print(summarize(ws, [f.campaign_id]).text())
-        print({"wall_s": round(time.monotonic() - t0, 1), **{k: v.progress[k] for k in
-               ("runs", "service_starts", "elapsed_s", "formal_window_s", "formal_window_share")}})
+        print(
+            {
+                "wall_s": round(time.monotonic() - t0, 1),
+                **{
+                    k: v.progress[k]
+                    for k in ("runs", "service_starts", "elapsed_s", "formal_window_s", "formal_window_share")
+                },
+            }
+        )
         print("mean per run:", where_time_went(ws))
     finally:
         services.stop_all(ws)

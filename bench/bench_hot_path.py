@@ -61,21 +61,26 @@ def main(k: int = 5, engine: str = "reference") -> None:
             ev = {(e["type"], e["phase"]): e for e in read_events(ws.run(r.run_id)).events}
             created = _t(ev[("run_created", None)]["utc"])
             anchor = read_json(ws.run(r.run_id).load_anchor)
-            rows.append({
-                "run": r.run_id,
-                "to_first_request": tl["start_run_to_first_formal_request_s"],
-                "controller_up": _t(ev[("controller_started", None)]["utc"]) - created,
-                "preflight": tl["phases"]["preflight"]["wall_s"],
-                "service": tl["phases"]["service"]["wall_s"],
-                "client_start": _t(anchor["wall_utc"]) - _t(ev[("phase_started", "load")]["utc"]),
-            })
+            rows.append(
+                {
+                    "run": r.run_id,
+                    "to_first_request": tl["start_run_to_first_formal_request_s"],
+                    "controller_up": _t(ev[("controller_started", None)]["utc"]) - created,
+                    "preflight": tl["phases"]["preflight"]["wall_s"],
+                    "service": tl["phases"]["service"]["wall_s"],
+                    "client_start": _t(anchor["wall_utc"]) - _t(ev[("phase_started", "load")]["utc"]),
+                }
+            )
         print(f"baseline {r0.run_id}; {k} hot children (only concurrency changes)")
         print(f"{'run':12} {'start->1st req':>14} {'ctl up':>7} {'preflight':>9} {'service':>8} {'client up':>9}")
         for x in rows:
-            print(f"{x['run']:12} {x['to_first_request']:14.3f} {x['controller_up']:7.3f} {x['preflight']:9.3f} "
-                  f"{x['service']:8.3f} {x['client_start']:9.3f}")
-        print(f"median start_run -> first formal request: "
-              f"{statistics.median(x['to_first_request'] for x in rows):.3f} s")
+            print(
+                f"{x['run']:12} {x['to_first_request']:14.3f} {x['controller_up']:7.3f} {x['preflight']:9.3f} "
+                f"{x['service']:8.3f} {x['client_start']:9.3f}"
+            )
+        print(
+            f"median start_run -> first formal request: {statistics.median(x['to_first_request'] for x in rows):.3f} s"
+        )
     finally:
         services.stop_all(ws)
 

@@ -44,8 +44,10 @@ def main() -> None:
     print(f"{'bare interpreter':16s} min {min(bare):.3f}  median {statistics.median(bare):.3f} CPU-s")
     for name, module in ENTRIES.items():
         xs = [cpu_of(f"import {module}") for _ in range(n)]
-        print(f"{name:16s} min {min(xs):.3f}  median {statistics.median(xs):.3f} CPU-s  "
-              f"heavy: {' '.join(heavy_loaded(module)) or '-'}")
+        print(
+            f"{name:16s} min {min(xs):.3f}  median {statistics.median(xs):.3f} CPU-s  "
+            f"heavy: {' '.join(heavy_loaded(module)) or '-'}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,17 @@ import orjson  # noqa: E402
 SCENARIOS = 10  # scenarios in the workspace
 CASES = 10  # cases per scenario (a sweep of load.concurrency)
 ACTIVE = 2  # scenarios with runs in the last hours (both must show in HANDOFF.md)
-PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
-          "decide")
+PHASES = (
+    "preflight",
+    "service",
+    "warmup",
+    "route_verify",
+    "cache_prepare",
+    "load",
+    "confirm_end",
+    "postprocess",
+    "decide",
+)
 T0 = 1_000_000_000_000
 
 
@@ -45,8 +54,15 @@ def _draft(scenario: str, c: int) -> dict[str, Any]:
     return {
         "scenario": scenario,
         "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "ref-model"}]},
-        "service": {"adapter": "reference", "reference": {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002,
-                                                           "decode_step_per_seq_s": 0.0002, "slots": 8}},
+        "service": {
+            "adapter": "reference",
+            "reference": {
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.002,
+                "decode_step_per_seq_s": 0.0002,
+                "slots": 8,
+            },
+        },
         "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 8},
         "load": {"requests": 64, "concurrency": c},
         "measurement": {"whole": {"min_requests": 8}, "native": {"min_requests": 4, "min_duration_s": 0.01}},
@@ -63,10 +79,27 @@ def _records(n: int, c: int, seed: int) -> list[dict[str, Any]]:
         send = T0 + (i // c) * int(20 * step * ms) + (i % c) * 1000
         first = send + int((5 + (i * 7 + seed) % 3) * ms)
         chunks = [first + int(k * step * ms) for k in range(8)]
-        out.append({"i": i, "entry": i, "route": 0, "send_ns": send, "chunk_ns": chunks, "chunk_tokens": [1] * 8,
-                    "end_ns": chunks[-1] + 1000, "status": 200, "ok": True, "error": None, "error_class": None,
-                    "prompt_tokens": 70, "completion_tokens": 8, "cached_tokens": 0, "finish_reason": "length",
-                    "input_tokens_body": 64, "input_tokens_chat": 70})
+        out.append(
+            {
+                "i": i,
+                "entry": i,
+                "route": 0,
+                "send_ns": send,
+                "chunk_ns": chunks,
+                "chunk_tokens": [1] * 8,
+                "end_ns": chunks[-1] + 1000,
+                "status": 200,
+                "ok": True,
+                "error": None,
+                "error_class": None,
+                "prompt_tokens": 70,
+                "completion_tokens": 8,
+                "cached_tokens": 0,
+                "finish_reason": "length",
+                "input_tokens_body": 64,
+                "input_tokens_chat": 70,
+            }
+        )
     return out
 
 
@@ -79,10 +112,25 @@ def _events(run_id: str, created: datetime, end: dict[str, Any], result_path: st
         nonlocal seq, t
         seq += 1
         t += timedelta(milliseconds=200)
-        lines.append(orjson.dumps({
-            "seq": seq, "utc": t.isoformat(timespec="milliseconds").replace("+00:00", "Z"), "mono_ns": seq * 10**8,
-            "run": run_id, "phase": phase, "attempt": 1 if phase else None, "type": type_, "owner": "bench",
-            "fence": 1, "input_hash": None, "outputs": {}, "error": None, "data": data or {}}))
+        lines.append(
+            orjson.dumps(
+                {
+                    "seq": seq,
+                    "utc": t.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    "mono_ns": seq * 10**8,
+                    "run": run_id,
+                    "phase": phase,
+                    "attempt": 1 if phase else None,
+                    "type": type_,
+                    "owner": "bench",
+                    "fence": 1,
+                    "input_hash": None,
+                    "outputs": {},
+                    "error": None,
+                    "data": data or {},
+                }
+            )
+        )
 
     ev("run_created")
     ev("controller_started", data={"pid": 1})
@@ -98,8 +146,15 @@ def _events(run_id: str, created: datetime, end: dict[str, Any], result_path: st
     return b"\n".join(lines) + b"\n"
 
 
-def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = CASES,
-          active: int = ACTIVE, blocked: bool = False, recent: int | None = None) -> dict[str, Any]:
+def build(
+    root: Path,
+    n_runs: int,
+    scenarios: int = SCENARIOS,
+    cases_per: int = CASES,
+    active: int = ACTIVE,
+    blocked: bool = False,
+    recent: int | None = None,
+) -> dict[str, Any]:
     """A workspace of n_runs succeeded runs over scenarios × cases_per frozen cases, the last `active` scenarios
     with runs in the last hours (interleaved, or blocked: all of one scenario's, then the next's), and one run in
     progress (the newest); returns what the reads need.
@@ -147,15 +202,19 @@ def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = 
     old = [cs for cs in cases if int(cs[1][-2:]) < scenarios - active]
     new = [cs for cs in cases if int(cs[1][-2:]) >= scenarios - active]
     n_new = recent if recent is not None else max(len(new), n_runs // 10)  # runs in the last hours
-    order = ([old[i % len(old)] for i in range(n_runs - n_new)] if old else []) + \
-        sorted((new[i % len(new)] for i in range(n_new)), key=lambda cs: cs[1] if blocked else "")
+    order = ([old[i % len(old)] for i in range(n_runs - n_new)] if old else []) + sorted(
+        (new[i % len(new)] for i in range(n_new)), key=lambda cs: cs[1] if blocked else ""
+    )
     runs_dir = ws.runs_dir
     runs_dir.mkdir(parents=True, exist_ok=True)
     ids = []
     for i, (cid, name, t, end) in enumerate(order):
         recent = i >= len(order) - n_new
-        created = (now - timedelta(seconds=(len(order) - i) * 2) if recent
-                   else now - timedelta(days=30) + timedelta(seconds=i * 60))
+        created = (
+            now - timedelta(seconds=(len(order) - i) * 2)
+            if recent
+            else now - timedelta(days=30) + timedelta(seconds=i * 60)
+        )
         rid = f"r-{i:08x}"
         d = runs_dir / rid
         (d / "load").mkdir(parents=True)
@@ -167,11 +226,22 @@ def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = 
         env = (t / end["result_rel"]).parent / "env.json"
         if env.exists():
             os.link(env, (d / end["result_rel"]).parent / "env.json")
-        meta = {"run_id": rid, "case_id": cid, "scenario": name, "parent_case": None, "workspace": str(root),
-                "dataset_id": "d-bench", "salt": None, "planned": 64, "target_key": "bench-target",
-                "created_utc": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                "plan": [{"phase": p, "action": "run", "reason": "bench"} for p in PHASES], "fence": 1,
-                "authorized": "auto", "controller_spawned": True}
+        meta = {
+            "run_id": rid,
+            "case_id": cid,
+            "scenario": name,
+            "parent_case": None,
+            "workspace": str(root),
+            "dataset_id": "d-bench",
+            "salt": None,
+            "planned": 64,
+            "target_key": "bench-target",
+            "created_utc": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "plan": [{"phase": p, "action": "run", "reason": "bench"} for p in PHASES],
+            "fence": 1,
+            "authorized": "auto",
+            "controller_spawned": True,
+        }
         (d / "run.json").write_bytes(orjson.dumps(meta))
         (d / "events.jsonl").write_bytes(_events(rid, created, end, str(d / end["result_rel"])))
         ids.append((rid, name))
@@ -184,15 +254,23 @@ def build(root: Path, n_runs: int, scenarios: int = SCENARIOS, cases_per: int = 
     cid, name, _, _ = new[-1]
     shutil.copy(runs_dir / ids[-1][0] / "case.json", d / "case.json")
     meta = orjson.loads((runs_dir / ids[-1][0] / "run.json").read_bytes())
-    meta.update(run_id=live, case_id=cid, scenario=name, created_utc=now.isoformat(timespec="milliseconds")
-                .replace("+00:00", "Z"))
+    meta.update(
+        run_id=live,
+        case_id=cid,
+        scenario=name,
+        created_utc=now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
     (d / "run.json").write_bytes(orjson.dumps(meta))
     events = [json.loads(x) for x in _events(live, now, {"sent": 0, "done": 0}, "").splitlines()[:2]]
     (d / "events.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (d / "controller.pid.json").write_bytes(orjson.dumps(procs.me()))  # alive while the bench runs (RunPaths)
-    return {"latest": live, "some_run": ids[len(ids) // 2][0], "scenario": ids[-1][1],
-            "active": [f"bench-s{s:02d}" for s in range(scenarios - active, scenarios)],
-            "inactive": [f"bench-s{s:02d}" for s in range(scenarios - active)]}
+    return {
+        "latest": live,
+        "some_run": ids[len(ids) // 2][0],
+        "scenario": ids[-1][1],
+        "active": [f"bench-s{s:02d}" for s in range(scenarios - active, scenarios)],
+        "inactive": [f"bench-s{s:02d}" for s in range(scenarios - active)],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ the reads
@@ -248,8 +326,13 @@ READS = ("status", "phase_status", "summarize_scenario", "handoff", "controller_
 
 def read(root: Path, what: str, arg: str) -> dict[str, Any]:
     env = {**os.environ, "CASELEDGER_HOST_DIR": str(root.parent / "host")}
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(root), what, arg], capture_output=True,
-                       text=True, env=env, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), str(root), what, arg],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if p.returncode != 0:
         return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -261,12 +344,23 @@ def mcp_ready(root: Path) -> float | None:
     exe = Path(sys.executable).parent / "caseledger"
     if not exe.exists():
         return None
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "bench", "version": "0"}}}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "0"},
+        },
+    }
     t = time.perf_counter()
-    p = subprocess.Popen([str(exe), "mcp", "--workspace", str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [str(exe), "mcp", "--workspace", str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdin is not None and p.stdout is not None
     p.stdin.write(json.dumps(init).encode() + b"\n")
     p.stdin.flush()
@@ -317,14 +411,19 @@ def main() -> int:
             (root / "ledger" / "runs" / info["latest"] / "controller.pid.json").write_bytes(orjson.dumps(procs.me()))
             print(f"{'read':<20} {'1st s':>8} {'2nd s':>8} {'peak MB':>8} {'rss MB':>8}")
             for what in args.reads.split(","):
-                arg = {"phase_status": info["some_run"], "summarize_scenario": info["scenario"],
-                       "controller_refresh": info["latest"]}.get(what, "")
+                arg = {
+                    "phase_status": info["some_run"],
+                    "summarize_scenario": info["scenario"],
+                    "controller_refresh": info["latest"],
+                }.get(what, "")
                 r = read(root, what, arg)
                 if "error" in r:
                     print(f"{what:<20} error: {r['error']}")
                     continue
-                print(f"{what:<20} {r['first_s']:>8.3f} {r['second_s']:>8.3f} {r['peak_mb']:>8.1f} "
-                      f"{r['maxrss_mb']:>8.1f}{_extra(r)}")
+                print(
+                    f"{what:<20} {r['first_s']:>8.3f} {r['second_s']:>8.3f} {r['peak_mb']:>8.1f} "
+                    f"{r['maxrss_mb']:>8.1f}{_extra(r)}"
+                )
                 if args.show:
                     print(r["text"])
             ready = mcp_ready(root)

@@ -60,9 +60,25 @@ def proc_cpu_s(pid: int) -> float:
 def start_target(port: int, slots: int, log: Path) -> subprocess.Popen[bytes]:
     config = {"prefill_tokens_per_s": 1e12, "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0, "slots": slots}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--model", "bench", "--config-json", orjson.dumps(config).decode(), "--log-level", "warning"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=pinned(SERVER_CPU),
+        [
+            sys.executable,
+            "-m",
+            "caseledger.target",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            "bench",
+            "--config-json",
+            orjson.dumps(config).decode(),
+            "--log-level",
+            "warning",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=pinned(SERVER_CPU),
     )
     deadline = time.monotonic() + 30
     while True:
@@ -77,25 +93,42 @@ def start_target(port: int, slots: int, log: Path) -> subprocess.Popen[bytes]:
 
 
 def make_run(ws: Workspace, run_id: str, port: int, n: int, tokens: int, c: int) -> RunPaths:
-    case = Case.model_validate({
-        "scenario": "bench-load-client",
-        "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "bench"}]},
-        "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": tokens},
-        "load": {"requests": n, "concurrency": c, "timeout_s": 120},
-    }).filled()
+    case = Case.model_validate(
+        {
+            "scenario": "bench-load-client",
+            "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "bench"}]},
+            "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": tokens},
+            "load": {"requests": n, "concurrency": c, "timeout_s": 120},
+        }
+    ).filled()
     ident = datasets.materialize(ws, case)
     paths = ws.run(run_id)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_json(paths.run_json, {"run_id": run_id, "case_id": case_id_of(case), "workspace": str(ws.root),
-                                "dataset_id": ident.dataset_id, "salt": run_id, "planned": n})
+    write_json(
+        paths.run_json,
+        {
+            "run_id": run_id,
+            "case_id": case_id_of(case),
+            "workspace": str(ws.root),
+            "dataset_id": ident.dataset_id,
+            "salt": run_id,
+            "planned": n,
+        },
+    )
     return paths
 
 
 def row(name: str, chunks: int, reads: int, wall_s: float, cpu_s: float, server_s: float, ok: int) -> dict[str, Any]:
-    return {"client": name, "ok": ok, "chunks": chunks, "chunks_per_s": chunks / wall_s,
-            "us_per_chunk": cpu_s / chunks * 1e6, "chunks_per_read": chunks / max(reads, 1),
-            "server_cpu_pct": 100 * server_s / wall_s}
+    return {
+        "client": name,
+        "ok": ok,
+        "chunks": chunks,
+        "chunks_per_s": chunks / wall_s,
+        "us_per_chunk": cpu_s / chunks * 1e6,
+        "chunks_per_read": chunks / max(reads, 1),
+        "server_cpu_pct": 100 * server_s / wall_s,
+    }
 
 
 TRANSPORT_ROWS = {"httpx": "caseledger.load (httpx2 aiter_raw)", "fast": "caseledger.load (fast: httptools)"}
@@ -104,8 +137,14 @@ TRANSPORT_ROWS = {"httpx": "caseledger.load (httpx2 aiter_raw)", "fast": "casele
 def run_formal(paths: RunPaths, server_pid: int, transport: str) -> dict[str, Any]:
     s0 = proc_cpu_s(server_pid)
     env = {**os.environ, "CASELEDGER_LOAD_TRANSPORT": transport}
-    out = subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True, text=True,
-                         preexec_fn=pinned(CLIENT_CPU), timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "caseledger.load", str(paths.root)],
+        capture_output=True,
+        text=True,
+        preexec_fn=pinned(CLIENT_CPU),
+        timeout=600,
+        env=env,
+    )
     s1 = proc_cpu_s(server_pid)
     if out.returncode != 0:
         raise SystemExit(f"load client failed ({out.returncode}): {out.stderr}")
@@ -124,9 +163,12 @@ def run_formal(paths: RunPaths, server_pid: int, transport: str) -> dict[str, An
 
 async def _baseline_one(host: str, port: int, path: str, body: bytes, counts: list[int]) -> None:
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
-                 b"x-caseledger-phase: bench-baseline\r\ncontent-length: %d\r\n\r\n"
-                 % (path.encode(), host.encode(), port, len(body)) + body)
+    writer.write(
+        b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
+        b"x-caseledger-phase: bench-baseline\r\ncontent-length: %d\r\n\r\n"
+        % (path.encode(), host.encode(), port, len(body))
+        + body
+    )
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head[:80]
     assert b"chunked" in head.lower()
@@ -176,8 +218,13 @@ async def _baseline(run_dir: str, c: int) -> dict[str, Any]:
 
 def run_baseline(paths: RunPaths, c: int, server_pid: int) -> dict[str, Any]:
     s0 = proc_cpu_s(server_pid)
-    out = subprocess.run([sys.executable, __file__, "--baseline-run", str(paths.root), "--concurrency", str(c)],
-                         capture_output=True, text=True, preexec_fn=pinned(CLIENT_CPU), timeout=600)
+    out = subprocess.run(
+        [sys.executable, __file__, "--baseline-run", str(paths.root), "--concurrency", str(c)],
+        capture_output=True,
+        text=True,
+        preexec_fn=pinned(CLIENT_CPU),
+        timeout=600,
+    )
     s1 = proc_cpu_s(server_pid)
     if out.returncode != 0:
         raise SystemExit(f"baseline failed: {out.stderr}")
@@ -206,25 +253,34 @@ def main() -> int:
         try:
             rows: dict[str, list[dict[str, Any]]] = {}
             for k in range(args.repeats):
-                runs = {t: make_run(ws, f"r-{k:06x}{n:06x}", port, args.requests, args.tokens, args.concurrency)
-                        for n, t in enumerate(TRANSPORT_ROWS)}  # a run's formal load is sent once: one each
-                for r in (*(run_formal(p, server.pid, t) for t, p in runs.items()),
-                          run_baseline(runs["httpx"], args.concurrency, server.pid)):
+                runs = {
+                    t: make_run(ws, f"r-{k:06x}{n:06x}", port, args.requests, args.tokens, args.concurrency)
+                    for n, t in enumerate(TRANSPORT_ROWS)
+                }  # a run's formal load is sent once: one each
+                for r in (
+                    *(run_formal(p, server.pid, t) for t, p in runs.items()),
+                    run_baseline(runs["httpx"], args.concurrency, server.pid),
+                ):
                     rows.setdefault(r["client"], []).append(r)
         finally:
             server.terminate()
             server.wait(10)
-    print(f"{args.requests} requests x {args.tokens} tokens, C={args.concurrency}, server on CPU {SERVER_CPU}, "
-          f"client on CPU {CLIENT_CPU}; median of {args.repeats}")
+    print(
+        f"{args.requests} requests x {args.tokens} tokens, C={args.concurrency}, server on CPU {SERVER_CPU}, "
+        f"client on CPU {CLIENT_CPU}; median of {args.repeats}"
+    )
     head = f"{'client':<36} {'chunks/s':>9} {'us/chunk':>9} {'chunks/read':>12} {'server CPU':>11} {'ok':>4}"
     print(head)
     print("-" * len(head))
     for name, rs in rows.items():
+
         def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
             return float(statistics.median(r[key] for r in rs))
 
-        print(f"{name:<36} {med('chunks_per_s'):>9,.0f} {med('us_per_chunk'):>9.1f} {med('chunks_per_read'):>12.2f} "
-              f"{med('server_cpu_pct'):>10.0f}% {int(med('ok')):>4}")
+        print(
+            f"{name:<36} {med('chunks_per_s'):>9,.0f} {med('us_per_chunk'):>9.1f} {med('chunks_per_read'):>12.2f} "
+            f"{med('server_cpu_pct'):>10.0f}% {int(med('ok')):>4}"
+        )
     return 0
 
 

@@ -46,10 +46,10 @@ def event_reads(size: int, read: int) -> list[bytes]:
 
     def piece(a: int, b: int) -> bytes:
         if len(HEAD) <= a and b <= body_end:
-            return xs[:b - a]
+            return xs[: b - a]
         head = HEAD[a:b] if a < len(HEAD) else b""
         text = b"x" * max(0, min(b, body_end) - max(a, len(HEAD)))
-        end = END[max(a - body_end, 0):b - body_end] if b > body_end else b""
+        end = END[max(a - body_end, 0) : b - body_end] if b > body_end else b""
         return head + text + end
 
     return [piece(a, min(a + read, size)) for a in range(0, size, read)]
@@ -73,8 +73,12 @@ def child(size: int, read: int, max_event_bytes: int) -> None:
 
 
 def measure(size: int, read: int, max_event_bytes: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "--child", str(size), str(read), str(max_event_bytes)],
-                         capture_output=True, check=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(size), str(read), str(max_event_bytes)],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
     row: dict[str, float] = orjson.loads(out.stdout)
     return row
 
@@ -122,16 +126,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     read = a.read_kib * 1024
-    print(f"one SSE event per size, fed in {a.read_kib} KiB reads; max_event_bytes {RAISED:,}; "
-          f"best of {a.repeats}, each in a fresh process")
+    print(
+        f"one SSE event per size, fed in {a.read_kib} KiB reads; max_event_bytes {RAISED:,}; "
+        f"best of {a.repeats}, each in a fresh process"
+    )
     print(f"{'size MB':>8} {'reads':>6} {'CPU s':>8} {'ms/MB':>7} {'faults/MB':>9} {'held max':>12}")
     per_mb: list[float] = []
     for size in a.sizes:
         rows = [measure(size, read, RAISED) for _ in range(a.repeats)]
         best = min(rows, key=lambda r: r["cpu_s"])
         per_mb.append(best["cpu_s"] * 1000 / size)
-        print(f"{size:8} {best['reads']:6.0f} {best['cpu_s']:8.3f} {per_mb[-1]:7.2f} {best['faults'] / size:9.0f} "
-              f"{best['held']:12,.0f}")
+        print(
+            f"{size:8} {best['reads']:6.0f} {best['cpu_s']:8.3f} {per_mb[-1]:7.2f} {best['faults'] / size:9.0f} "
+            f"{best['held']:12,.0f}"
+        )
     print(f"ms/MB at {a.sizes[-1]} MB / at {a.sizes[0]} MB: {per_mb[-1] / per_mb[0]:.2f}")
 
     size = a.sizes[-1]
@@ -142,8 +150,10 @@ def main() -> int:
     bad = through_request(parts, DEFAULT_MAX_EVENT_BYTES)
     assert bad["error_class"] == "stream" and f"{DEFAULT_MAX_EVENT_BYTES:,}" in (bad["error"] or ""), bad
     fed, held = held_at_failure(parts, DEFAULT_MAX_EVENT_BYTES)
-    print(f"{size} MB event, max_event_bytes {DEFAULT_MAX_EVENT_BYTES:,} (default): ok={bad['ok']}, "
-          f"error_class={bad['error_class']}, error={bad['error']!r}")
+    print(
+        f"{size} MB event, max_event_bytes {DEFAULT_MAX_EVENT_BYTES:,} (default): ok={bad['ok']}, "
+        f"error_class={bad['error_class']}, error={bad['error']!r}"
+    )
     print(f"  the parser gave up after {fed:,} bytes fed, holding at most {held:,} bytes after a read")
     return 0
 

@@ -48,8 +48,15 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def _run(url: str, c: int, tokens: int, preopen: bool, lags: list[int], fills: list[float]) -> float:
-    body = orjson.dumps({"model": "ref-model", "messages": [{"role": "user", "content": "hi " * 32}],
-                         "max_tokens": tokens, "stream": True, "ignore_eos": True})
+    body = orjson.dumps(
+        {
+            "model": "ref-model",
+            "messages": [{"role": "user", "content": "hi " * 32}],
+            "max_tokens": tokens,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    )
     specs = [RequestSpec(i=i, entry=0, route=0, offset_s=0.0, url=url, body=body) for i in range(c)]
     original = fast._Exchange.aiter_timed
 
@@ -86,11 +93,33 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     port = _port()
-    cfg = {"prefill_tokens_per_s": 1e9, "decode_step_s": a.step_ms / 1000, "decode_step_per_seq_s": 0.0,
-           "slots": a.concurrency}
-    srv = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "caseledger.target", "serve", "--host",
-                            "127.0.0.1", "--port", str(port), "--model", "ref-model", "--config-json",
-                            orjson.dumps(cfg).decode()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cfg = {
+        "prefill_tokens_per_s": 1e9,
+        "decode_step_s": a.step_ms / 1000,
+        "decode_step_per_seq_s": 0.0,
+        "slots": a.concurrency,
+    }
+    srv = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            "-m",
+            "caseledger.target",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            "ref-model",
+            "--config-json",
+            orjson.dumps(cfg).decode(),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(100):
             try:
@@ -109,10 +138,12 @@ def main() -> int:
         for preopen, (spreads, lags, fills) in rows.items():
             us = [x / 1000 for x in lags]
             name = "pre-opened" if preopen else "connect per request"
-            print(f"{name:<20}: launch spread median {statistics.median(spreads):.2f} ms "
-                  f"(min {min(spreads):.2f}, max {max(spreads):.2f}); pool fill median "
-                  f"{statistics.median(fills):.2f} ms; stamp lag p50 {_pct(us, .5):.0f} us, "
-                  f"p99 {_pct(us, .99):.0f} us, max {max(us):.0f} us over {len(us)} chunks")
+            print(
+                f"{name:<20}: launch spread median {statistics.median(spreads):.2f} ms "
+                f"(min {min(spreads):.2f}, max {max(spreads):.2f}); pool fill median "
+                f"{statistics.median(fills):.2f} ms; stamp lag p50 {_pct(us, 0.5):.0f} us, "
+                f"p99 {_pct(us, 0.99):.0f} us, max {max(us):.0f} us over {len(us)} chunks"
+            )
     finally:
         srv.terminate()
         srv.wait()

@@ -68,9 +68,11 @@ def main() -> int:
         return errors[min(len(errors) - 1, round(q * (len(errors) - 1)))]
 
     late = sum(1 for e in errors if e > 1.0)
-    print(f"{'llama-server' if args.engine else 'reference'}: {len(errors)} sends over {args.k} replays: arrival "
-          f"error min {errors[0]:.3f} p50 {pct(0.5):.3f} p99 {pct(0.99):.3f} max {errors[-1]:.3f} ms; {late} "
-          "more than 1 ms late")
+    print(
+        f"{'llama-server' if args.engine else 'reference'}: {len(errors)} sends over {args.k} replays: arrival "
+        f"error min {errors[0]:.3f} p50 {pct(0.5):.3f} p99 {pct(0.99):.3f} max {errors[-1]:.3f} ms; {late} "
+        "more than 1 ms late"
+    )
     return 0
 
 

@@ -74,12 +74,18 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: an option given before the command ("caseledger -w W status") is not reset by the
     # subcommand's own default (the parsers share these actions); main() fills the defaults in
-    common.add_argument("--workspace", "-w", default=argparse.SUPPRESS,
-                        help="workspace directory (env CASELEDGER_WORKSPACE; default: current directory)")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print the structured answer as JSON")
-    p = argparse.ArgumentParser(prog="caseledger", description=__doc__.splitlines()[0] if __doc__ else None,
-                                parents=[common])
+    common.add_argument(
+        "--workspace",
+        "-w",
+        default=argparse.SUPPRESS,
+        help="workspace directory (env CASELEDGER_WORKSPACE; default: current directory)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the structured answer as JSON"
+    )
+    p = argparse.ArgumentParser(
+        prog="caseledger", description=__doc__.splitlines()[0] if __doc__ else None, parents=[common]
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _run_commands(sub, common)
     _read_commands(sub, common)
@@ -99,15 +105,26 @@ def _run_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("run", parents=[common], help="start a run of a frozen case, or a campaign g-... (start_run)")
     s.add_argument("case_id")
     s.add_argument("--wait", action="store_true", help="wait for the whole run, not just preflight")
-    s.add_argument("--preflight-only", action="store_true",
-                   help="check the case in a fresh socket-less process; no run, no lease (allowed while paused)")
-    s.add_argument("--queue", action="store_true",
-                   help="if the target is held: preflight now and start when it frees (authorization auto)")
+    s.add_argument(
+        "--preflight-only",
+        action="store_true",
+        help="check the case in a fresh socket-less process; no run, no lease (allowed while paused)",
+    )
+    s.add_argument(
+        "--queue",
+        action="store_true",
+        help="if the target is held: preflight now and start when it frees (authorization auto)",
+    )
 
     s = sub.add_parser("status", parents=[common], help="where a run or a campaign stands (phase_status)")
     s.add_argument("run_id", nargs="?")
-    s.add_argument("--wait", type=float, default=0.0, metavar="S",
-                   help="answer when the run's state changes, or after S seconds (at most 120)")
+    s.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="answer when the run's state changes, or after S seconds (at most 120)",
+    )
 
     s = sub.add_parser("resume", parents=[common], help="continue a run at its first unfinished phase (resume)")
     s.add_argument("run_id")
@@ -117,8 +134,14 @@ def _run_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("run_id")
     # choices = caseledger.metrics._models.NATIVE_RULES, spelled here rather than imported: `caseledger --help`
     # must not import numpy (tests/test_metrics.py checks the two agree); the ratio is checked by the processor
-    s.add_argument("--window", "--rule", dest="rule", choices=("aisbench", "sglang"), default=None,
-                   help="native window rule (default: the case's)")
+    s.add_argument(
+        "--window",
+        "--rule",
+        dest="rule",
+        choices=("aisbench", "sglang"),
+        default=None,
+        help="native window rule (default: the case's)",
+    )
     s.add_argument("--ratio", type=float, default=None, help="sglang rule: share of peak concurrency")
 
 
@@ -126,19 +149,31 @@ def _read_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     """The commands that read the ledger: summarize, report, handoff, index."""
     s = sub.add_parser("summarize", parents=[common], help="figures and reports of runs (summarize)")
     s.add_argument("run_ids", nargs="*")
-    s.add_argument("--scenario", default=None, help="one row per case of this scenario (default without run ids: "
-                   "the latest scenario)")
+    s.add_argument(
+        "--scenario",
+        default=None,
+        help="one row per case of this scenario (default without run ids: the latest scenario)",
+    )
 
-    s = sub.add_parser("report", parents=[common], help="a run's, a scenario's or a campaign's report (--html: one "
-                       "self-contained page to open in a browser)")
+    s = sub.add_parser(
+        "report",
+        parents=[common],
+        help="a run's, a scenario's or a campaign's report (--html: one self-contained page to open in a browser)",
+    )
     s.add_argument("run_ids", nargs="*", help="runs, or one campaign id g-...; none: the latest scenario or campaign")
     s.add_argument("--scenario", default=None, help="the report of this scenario")
-    s.add_argument("--html", action="store_true", help="write the HTML page (beside report.md; ledger/reports/ for a "
-                   "scenario or a campaign) and print its path")
+    s.add_argument(
+        "--html",
+        action="store_true",
+        help="write the HTML page (beside report.md; ledger/reports/ for a scenario or a campaign) and print its path",
+    )
 
     sub.add_parser("handoff", parents=[common], help="regenerate and print HANDOFF.md")
-    s = sub.add_parser("index", parents=[common], help="the ledger's derived index (ledger/index.sqlite): its runs, "
-                       "the disagreements it repaired")
+    s = sub.add_parser(
+        "index",
+        parents=[common],
+        help="the ledger's derived index (ledger/index.sqlite): its runs, the disagreements it repaired",
+    )
     s.add_argument("--rebuild", action="store_true", help="rebuild it from the files (they stay the truth)")
 
 
@@ -149,19 +184,29 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
 
     s = sub.add_parser("mcp", parents=[common], help="serve the six tools over MCP (stdio by default)")
     s.add_argument("--http", default=None, metavar="HOST:PORT", help="streamable HTTP instead of stdio")
-    s.add_argument("--token-env", default=None,
-                   help="env var holding a bearer token required from HTTP clients (needed off loopback)")
+    s.add_argument(
+        "--token-env",
+        default=None,
+        help="env var holding a bearer token required from HTTP clients (needed off loopback)",
+    )
 
-    s = sub.add_parser("inspect", parents=[common], help="list the MCP tools or call one over real stdio",
-                       description="Talk to `caseledger mcp` over a real stdio session. Verbs: (none) list the "
-                       "tools and their schemas; `resources` list the resources; `read URI` read one (e.g. "
-                       "caseledger://handoff); `call TOOL key=value ...` call a tool (e.g. call phase_status "
-                       "run_id=r-1a2b3c4d).")
+    s = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="list the MCP tools or call one over real stdio",
+        description="Talk to `caseledger mcp` over a real stdio session. Verbs: (none) list the "
+        "tools and their schemas; `resources` list the resources; `read URI` read one (e.g. "
+        "caseledger://handoff); `call TOOL key=value ...` call a tool (e.g. call phase_status "
+        "run_id=r-1a2b3c4d).",
+    )
     s.add_argument("words", nargs="*", help="nothing | resources | read URI | call TOOL key=value ...")
 
     s = sub.add_parser("target", parents=[common], help="the embedded reference target")
-    s.add_argument("action", choices=["serve", "stop"], help="serve: run it in the foreground; stop: stop "
-                   "services caseledger started in this workspace")
+    s.add_argument(
+        "action",
+        choices=["serve", "stop"],
+        help="serve: run it in the foreground; stop: stop services caseledger started in this workspace",
+    )
     s.add_argument("rest", nargs=argparse.REMAINDER)
 
     s = sub.add_parser("import", parents=[common], help="import a peer tool's output as a run")
@@ -307,11 +352,16 @@ def _index(ws: Workspace, a: argparse.Namespace) -> int:
     with open_index(ws, rebuild=a.rebuild) as idx:
         runs, damaged, notes = idx.count(), idx.damaged(), idx.notes()
         where = str(indexdb.path_of(ws.ledger)) if idx.persistent else "memory (the ledger is not writable)"
-    lines = [f"index {where}: {runs} run(s), {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'}"
-             + ("; rebuilt from the files" if a.rebuild else "")]
+    lines = [
+        f"index {where}: {runs} run(s), {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'}"
+        + ("; rebuilt from the files" if a.rebuild else "")
+    ]
     lines += [f"noted {utc}: {text}" for utc, text in notes[-5:]]
-    _print({"path": where, "runs": runs, "damaged": damaged, "notes": [{"utc": u, "text": t} for u, t in notes]},
-           "\n".join(lines), a.json)
+    _print(
+        {"path": where, "runs": runs, "damaged": damaged, "notes": [{"utc": u, "text": t} for u, t in notes]},
+        "\n".join(lines),
+        a.json,
+    )
     return 0
 
 
@@ -336,8 +386,11 @@ def _target(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger import services  # lazy: httpx2 and asyncssh
 
     stopped = services.stop_all(ws)
-    _print({"stopped": stopped, "workspace": str(ws.root)},
-           f"stopped: {', '.join(stopped) or 'nothing was running'} (workspace {ws.root})", a.json)
+    _print(
+        {"stopped": stopped, "workspace": str(ws.root)},
+        f"stopped: {', '.join(stopped) or 'nothing was running'} (workspace {ws.root})",
+        a.json,
+    )
     return 0
 
 
@@ -363,9 +416,22 @@ def _schema(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 _COMMANDS: dict[str, Callable[[Workspace, argparse.Namespace], int]] = {
-    "freeze": _freeze, "run": _run, "status": _status, "resume": _resume, "reprocess": _reprocess,
-    "summarize": _summarize, "report": _report, "authorize": _authorize, "handoff": _handoff, "index": _index,
-    "mcp": _mcp, "inspect": _inspect, "target": _target, "import": _import, "demo": _demo, "schema": _schema,
+    "freeze": _freeze,
+    "run": _run,
+    "status": _status,
+    "resume": _resume,
+    "reprocess": _reprocess,
+    "summarize": _summarize,
+    "report": _report,
+    "authorize": _authorize,
+    "handoff": _handoff,
+    "index": _index,
+    "mcp": _mcp,
+    "inspect": _inspect,
+    "target": _target,
+    "import": _import,
+    "demo": _demo,
+    "schema": _schema,
 }
 
 

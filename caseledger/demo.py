@@ -36,9 +36,15 @@ def drafts(port: int) -> tuple[dict[str, Any], dict[str, Any]]:
         "scenario": "demo-chat-512-64",
         "note": "demo baseline: 96 chat requests, 512 input / 64 output tokens, C=4, unlimited rate",
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}], "cards": 1},
-        "service": {"adapter": "reference",
-                    "reference": {"prefill_tokens_per_s": 60000, "decode_step_s": 0.004,
-                                  "decode_step_per_seq_s": 0.0004, "slots": 16}},
+        "service": {
+            "adapter": "reference",
+            "reference": {
+                "prefill_tokens_per_s": 60000,
+                "decode_step_s": 0.004,
+                "decode_step_per_seq_s": 0.0004,
+                "slots": 16,
+            },
+        },
         "dataset": {"source": "synthetic", "input_tokens": 512, "output_tokens": 64},
         "load": {"requests": 96, "concurrency": 4},
         "measurement": {"whole": {"min_requests": 32}, "native": {"min_requests": 16, "min_duration_s": 1.0}},
@@ -100,8 +106,10 @@ def demo(keep: bool = False, as_json: bool = False) -> int:
         for r in s.runs:
             tl = r.time_ledger or {}
             ph = " ".join(f"{k}={v}" for k, v in tl.get("phases", {}).items())
-            _say(f"{r.run_id}: start_run->first formal request {tl.get('start_run_to_first_formal_request_s')} s, "
-                 f"formal window {tl.get('formal_window_s')} s, outside it {tl.get('outside_formal_window_s')} s")
+            _say(
+                f"{r.run_id}: start_run->first formal request {tl.get('start_run_to_first_formal_request_s')} s, "
+                f"formal window {tl.get('formal_window_s')} s, outside it {tl.get('outside_formal_window_s')} s"
+            )
             _say(f"  phases: {ph}")
         _say("\n$ cat HANDOFF.md")
         _say(ws.handoff.read_text())
@@ -116,9 +124,18 @@ def demo(keep: bool = False, as_json: bool = False) -> int:
             _say(f"workspace kept at {root}")
     _say(f"demo {'passed' if ok and not left else 'FAILED'} in {time.monotonic() - t0:.1f} s")
     if as_json:
-        sys.stdout.write(orjson.dumps({"passed": ok and not left, "seconds": round(time.monotonic() - t0, 1),
-                                       "runs": run_ids, "processes_left": len(left),
-                                       "workspace": str(root) if keep else None}).decode() + "\n")
+        sys.stdout.write(
+            orjson.dumps(
+                {
+                    "passed": ok and not left,
+                    "seconds": round(time.monotonic() - t0, 1),
+                    "runs": run_ids,
+                    "processes_left": len(left),
+                    "workspace": str(root) if keep else None,
+                }
+            ).decode()
+            + "\n"
+        )
     return 0 if ok and not left else 1
 
 

@@ -114,17 +114,22 @@ _REFUSED_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)
 def not_writable(e: BaseException) -> NotWritable | None:
     """NotWritable naming the path when `e` is the filesystem refusing a write, else None. The path named is the
     nearest one that exists: a temp or lock file that could not be created names its directory."""
-    if not isinstance(e, OSError) or e.errno not in _REFUSED_WRITE or not isinstance(e.filename, (str, bytes)) \
-            or not e.filename:
+    if (
+        not isinstance(e, OSError)
+        or e.errno not in _REFUSED_WRITE
+        or not isinstance(e.filename, (str, bytes))
+        or not e.filename
+    ):
         return None
     path = Path(os.fsdecode(e.filename)).absolute()
     while not os.path.lexists(path) and path.parent != path:
         path = path.parent
     if e.errno != errno.EROFS and (os.access(path, os.W_OK) or not os.access(path, os.R_OK)):
         return None  # writable after all, or not even readable: a refused read, a signal, something else
-    return NotWritable(f"not writable: {quoted(path, 200)} ({quoted(e.strerror or errno.errorcode[e.errno], 60)})",
-                       f"make {quoted(path, 200)} writable, or use --workspace on a writable copy of the workspace "
-                       "(cp -a)")
+    return NotWritable(
+        f"not writable: {quoted(path, 200)} ({quoted(e.strerror or errno.errorcode[e.errno], 60)})",
+        f"make {quoted(path, 200)} writable, or use --workspace on a writable copy of the workspace (cp -a)",
+    )
 
 
 def unexpected(e: BaseException) -> CaseledgerError:
@@ -133,8 +138,10 @@ def unexpected(e: BaseException) -> CaseledgerError:
     refused = not_writable(e)
     if refused is not None:
         return refused
-    return Unexpected(f"unexpected {type(e).__name__}: {quoted(e, OUTSIDE_CHARS)}",
-                      "this is a caseledger bug: rerun with CASELEDGER_DEBUG=1 for the traceback and report it")
+    return Unexpected(
+        f"unexpected {type(e).__name__}: {quoted(e, OUTSIDE_CHARS)}",
+        "this is a caseledger bug: rerun with CASELEDGER_DEBUG=1 for the traceback and report it",
+    )
 
 
 class CaseInvalid(CaseledgerError):

@@ -47,8 +47,14 @@ def fault(component: str, action: str, env: Mapping[str, str] | None = None) -> 
     return parse_faults(spec).get((component, action))
 
 
-def checkpoint(component: str, when: Literal["before", "during", "after"], at: str | int, *,
-               run_dir: str | os.PathLike[str] | None = None, delay_s: float = 0.0) -> None:
+def checkpoint(
+    component: str,
+    when: Literal["before", "during", "after"],
+    at: str | int,
+    *,
+    run_dir: str | os.PathLike[str] | None = None,
+    delay_s: float = 0.0,
+) -> None:
     """A fault point: `component:fill_disk_<when>=<at>` fills the filesystem of run_dir, then
     `component:exit_<when>=<at>` exits at once like a kill (after delay_s). Nothing when neither is set."""
     spec = os.environ.get(FAULT_ENV)

@@ -139,8 +139,16 @@ def held_files(pid: int) -> list[HeldFile]:
             if not target.startswith("/") or not stat.S_ISREG(st.st_mode):
                 continue
             path = target.removesuffix(" (deleted)")
-            out.setdefault((st.st_dev, st.st_ino), {"path": path, "dev": st.st_dev, "inode": st.st_ino,
-                                                    "replaced": target.endswith(" (deleted)"), "via": fd.path})
+            out.setdefault(
+                (st.st_dev, st.st_ino),
+                {
+                    "path": path,
+                    "dev": st.st_dev,
+                    "inode": st.st_ino,
+                    "replaced": target.endswith(" (deleted)"),
+                    "via": fd.path,
+                },
+            )
     for f in out.values():  # a path replaced by rename is not "(deleted)" when another name still links it
         with contextlib.suppress(OSError):
             st = os.stat(f["path"])
@@ -158,8 +166,16 @@ def mapped_files(maps: list[str], pid: int) -> dict[tuple[int, int], HeldFile]:
         path, replaced = parts[5].removesuffix(" (deleted)"), parts[5].endswith(" (deleted)")
         major, minor = (int(x, 16) for x in parts[3].split(":"))
         key = (os.makedev(major, minor), int(parts[4]))
-        out.setdefault(key, {"path": path, "dev": key[0], "inode": key[1], "replaced": replaced,
-                             "via": f"/proc/{pid}/map_files/{parts[0]}"})
+        out.setdefault(
+            key,
+            {
+                "path": path,
+                "dev": key[0],
+                "inode": key[1],
+                "replaced": replaced,
+                "via": f"/proc/{pid}/map_files/{parts[0]}",
+            },
+        )
     return out
 
 
@@ -317,5 +333,14 @@ class CpuSampler:
         total = sum(d)
         ours = sum(max(0, j - j0.get(k, 0)) for k, j in jiffies.items())
         client = sum(max(0, j - j0.get(k, 0)) for k, j in jiffies.items() if k[0] == client_pid)
-        return CpuSample(mono_ns=now, dt_ns=now - t0, total=total, busy=total - d[3] - d[4], steal=d[7], ours=ours,
-                         client=client, cores=os.cpu_count() or 1, load1=load1)
+        return CpuSample(
+            mono_ns=now,
+            dt_ns=now - t0,
+            total=total,
+            busy=total - d[3] - d[4],
+            steal=d[7],
+            ours=ours,
+            client=client,
+            cores=os.cpu_count() or 1,
+            load1=load1,
+        )

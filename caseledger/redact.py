@@ -40,9 +40,16 @@ def forms(value: str) -> set[str]:
         if len(v) < MIN_SECRET_CHARS:  # the value's own length counts, not its (longer) escaped spellings
             continue
         js = json.dumps(v)[1:-1]
-        out |= {v, js, js.replace("/", "\\/"), json.dumps(v, ensure_ascii=False)[1:-1],
-                repr(v)[1:-1], repr(v.encode("utf-8", "backslashreplace"))[2:-1],
-                quote(v, safe=""), quote_plus(v)}
+        out |= {
+            v,
+            js,
+            js.replace("/", "\\/"),
+            json.dumps(v, ensure_ascii=False)[1:-1],
+            repr(v)[1:-1],
+            repr(v.encode("utf-8", "backslashreplace"))[2:-1],
+            quote(v, safe=""),
+            quote_plus(v),
+        }
     return out
 
 

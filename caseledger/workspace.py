@@ -175,17 +175,23 @@ def lock_fd(fd: int, path: Path, timeout_s: float | None = None) -> None:
 def _lock_timeout(fd: int, path: Path, waited: float) -> LockTimeout:
     holders = flock_holders(fd)
     if not holders:
-        return LockTimeout(f"waited {waited:g} s for the lock {path}; its holder is not listed in /proc/locks",
-                           f"find the process holding it (fuser -v {path}), stop it if it is stuck, and call again")
+        return LockTimeout(
+            f"waited {waited:g} s for the lock {path}; its holder is not listed in /proc/locks",
+            f"find the process holding it (fuser -v {path}), stop it if it is stuck, and call again",
+        )
     pid = holders[0]
     if pid == os.getpid():
-        return LockTimeout(f"waited {waited:g} s for the lock {path}, held by pid {pid}: another call in this process",
-                           f"call again when that call has finished (${ENV_LOCK_TIMEOUT} sets the wait)")
+        return LockTimeout(
+            f"waited {waited:g} s for the lock {path}, held by pid {pid}: another call in this process",
+            f"call again when that call has finished (${ENV_LOCK_TIMEOUT} sets the wait)",
+        )
     cmd = cmdline(pid)  # its program, not its arguments: they may carry anything
     what = f" ({quoted(' '.join(cmd[:3]), 120)})" if cmd else ""
-    return LockTimeout(f"waited {waited:g} s for the lock {path}, held by pid {pid}{what}",
-                       f"if pid {pid} is stuck, stop it (kill {pid}) and call again; if it is still working, call "
-                       f"again later (${ENV_LOCK_TIMEOUT} sets the wait)")
+    return LockTimeout(
+        f"waited {waited:g} s for the lock {path}, held by pid {pid}{what}",
+        f"if pid {pid} is stuck, stop it (kill {pid}) and call again; if it is still working, call "
+        f"again later (${ENV_LOCK_TIMEOUT} sets the wait)",
+    )
 
 
 @contextmanager
@@ -469,13 +475,17 @@ def resolve_path(base: Path, given: str | os.PathLike[str], field: str) -> Path:
     text = os.fspath(given)
     if "\0" in text or len(text) > MAX_PATH_CHARS:
         problem = "contains a NUL character" if "\0" in text else f"is {len(text)} characters long"
-        raise PathEscapes(f"{field} '{quoted(text)}' {problem}",
-                          f"give a workspace-relative path of at most {MAX_PATH_CHARS} characters")
+        raise PathEscapes(
+            f"{field} '{quoted(text)}' {problem}",
+            f"give a workspace-relative path of at most {MAX_PATH_CHARS} characters",
+        )
     try:
         return (base / text).resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop, a component longer than the filesystem allows
-        raise PathEscapes(f"{field} '{quoted(text)}' cannot be resolved ({quoted(e)})",
-                          "give a plain workspace-relative path to an existing file") from None
+        raise PathEscapes(
+            f"{field} '{quoted(text)}' cannot be resolved ({quoted(e)})",
+            "give a plain workspace-relative path to an existing file",
+        ) from None
 
 
 def exists(path: Path, field: str, given: str | os.PathLike[str]) -> bool:
@@ -484,8 +494,10 @@ def exists(path: Path, field: str, given: str | os.PathLike[str]) -> bool:
     try:
         return path.exists()
     except OSError as e:
-        raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' cannot be used ({quoted(e.strerror or e, 80)})",
-                          "give a plain workspace-relative path (each name at most 255 bytes)") from None
+        raise PathEscapes(
+            f"{field} '{quoted(os.fspath(given))}' cannot be used ({quoted(e.strerror or e, 80)})",
+            "give a plain workspace-relative path (each name at most 255 bytes)",
+        ) from None
 
 
 def read_file_field(path: Path, field: str, given: str | os.PathLike[str]) -> bytes:
@@ -494,9 +506,12 @@ def read_file_field(path: Path, field: str, given: str | os.PathLike[str]) -> by
         if not path.is_file():
             what = "a directory" if path.is_dir() else "not a file"  # (both raise ENAMETOOLONG: caught below)
             where = "" if os.fspath(given) == str(path) else f" ({quoted(path, 200)})"
-            raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' is {what}{where}",
-                              "give the path of a regular file")
+            raise PathEscapes(
+                f"{field} '{quoted(os.fspath(given))}' is {what}{where}", "give the path of a regular file"
+            )
         return path.read_bytes()
     except OSError as e:
-        raise PathEscapes(f"{field} '{quoted(os.fspath(given))}' cannot be read ({quoted(e)})",
-                          "give the path of a readable regular file") from None
+        raise PathEscapes(
+            f"{field} '{quoted(os.fspath(given))}' cannot be read ({quoted(e)})",
+            "give the path of a readable regular file",
+        ) from None

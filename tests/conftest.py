@@ -62,8 +62,15 @@ def ref_draft(port: int, **over: Any) -> dict[str, Any]:
     d: dict[str, Any] = {
         "scenario": "ref-test",
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}]},
-        "service": {"adapter": "reference", "reference": {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002,
-                                                           "decode_step_per_seq_s": 0.0002, "slots": 8}},
+        "service": {
+            "adapter": "reference",
+            "reference": {
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.002,
+                "decode_step_per_seq_s": 0.0002,
+                "slots": 8,
+            },
+        },
         "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 8},
         "load": {"requests": 8, "concurrency": 2},
         "warmup": {"requests": 2, "concurrency": 2, "max_tokens": 2},
@@ -152,8 +159,9 @@ class Served:
 
 
 @contextmanager
-def reference_targets(configs: dict[str, dict[str, Any]], log_dir: Path,
-                      model: str = "ref-model") -> Iterator[dict[str, Served]]:
+def reference_targets(
+    configs: dict[str, dict[str, Any]], log_dir: Path, model: str = "ref-model"
+) -> Iterator[dict[str, Served]]:
     """Start every configuration at once (start-up is mostly imports), wait for each, stop all at the end."""
     out: dict[str, Served] = {}
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -162,9 +170,24 @@ def reference_targets(configs: dict[str, dict[str, Any]], log_dir: Path,
         so, se = log_dir / f"{name}.out", log_dir / f"{name}.err"
         with so.open("wb") as fo, se.open("wb") as fe:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "--model", model, "--config-json", json.dumps(cfg)],
-                stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    "-m",
+                    "caseledger.target",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--model",
+                    model,
+                    "--config-json",
+                    json.dumps(cfg),
+                ],
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+            )
         out[name] = Served(proc, f"http://127.0.0.1:{port}", cfg, so, se)
     try:
         for name, s in out.items():
@@ -222,8 +245,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.write_line("cell".ljust(width) + " | " + " ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     tr.write_line("-" * width + "-+-" + "-".join("-" * w for w in widths))
     for name, checks in FAULT_MATRIX.items():
-        marks = [("-" if c not in checks else "pass" if checks[c] else "FAIL").ljust(w)
-                 for c, w in zip(cols, widths, strict=True)]
+        marks = [
+            ("-" if c not in checks else "pass" if checks[c] else "FAIL").ljust(w)
+            for c, w in zip(cols, widths, strict=True)
+        ]
         tr.write_line(name.ljust(width) + " | " + " ".join(marks))
     failed = sum(not ok for checks in FAULT_MATRIX.values() for ok in checks.values())
     total = sum(len(checks) for checks in FAULT_MATRIX.values())
@@ -234,12 +259,19 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 # 'external'): for answers the reference target never gives (a 4xx with a JSON message, a forged body, 401)
 
 Answer = tuple[int, str, bytes]  # status, content type, body
-ONE_TOKEN_STREAM = b"".join(
-    b"data: " + orjson.dumps(c) + b"\n\n" for c in (
-        {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-         "usage": {"completion_tokens": 1}},  # no prompt_tokens: a canned answer cannot count the prompt
-    )) + b"data: [DONE]\n\n"
+ONE_TOKEN_STREAM = (
+    b"".join(
+        b"data: " + orjson.dumps(c) + b"\n\n"
+        for c in (
+            {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+            {
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                "usage": {"completion_tokens": 1},
+            },  # no prompt_tokens: a canned answer cannot count the prompt
+        )
+    )
+    + b"data: [DONE]\n\n"
+)
 
 
 @contextmanager
@@ -249,8 +281,9 @@ def stub_target(answer: Callable[[dict[str, str], dict[str, Any]], Answer]) -> I
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self._send((200, "application/json",
-                        b'{"data": [{"id": "ref-model"}]}' if "models" in self.path else b"ok"))
+            self._send(
+                (200, "application/json", b'{"data": [{"id": "ref-model"}]}' if "models" in self.path else b"ok")
+            )
 
         def do_POST(self) -> None:
             body = orjson.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
@@ -282,8 +315,7 @@ def external_draft(port: int, **over: Any) -> dict[str, Any]:
     return d
 
 
-def start_with_fault(monkeypatch: pytest.MonkeyPatch, fault: str, ws: Workspace, case_id: str,
-                     **kw: Any) -> Any:
+def start_with_fault(monkeypatch: pytest.MonkeyPatch, fault: str, ws: Workspace, case_id: str, **kw: Any) -> Any:
     """start_run with CASELEDGER_FAULT set for the processes it starts (and unset again after)."""
     from caseledger.tools import start_run  # lazy: the tools pull numpy; conftest stays light
 

@@ -63,8 +63,25 @@ def llama_argv(server: str, model: str) -> list[str]:
     reuses a slot's KV only for an identical prompt, so a shared prefix with a different suffix reports
     cached_tokens = 1 (seen here: 1 of 327 without the flag, 265 of 327 with it).
     """
-    return [server, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "4096", "-np", "4", "-t", "2",
-            "--metrics", "--swa-full", "-a", MODEL_ALIAS]
+    return [
+        server,
+        "-m",
+        model,
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "-c",
+        "4096",
+        "-np",
+        "4",
+        "-t",
+        "2",
+        "--metrics",
+        "--swa-full",
+        "-a",
+        MODEL_ALIAS,
+    ]
 
 
 def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, Any]:
@@ -73,8 +90,7 @@ def llama_draft(port: int, server: str, model: str, **over: Any) -> dict[str, An
         "scenario": "llamacpp-test",
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": MODEL_ALIAS}]},
         "service": {"adapter": "command", "argv": llama_argv(server, model), "health_timeout_s": 120},
-        "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 8,
-                    "tokenizer": model},
+        "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 8, "tokenizer": model},
         "load": {"requests": 4, "concurrency": 2, "timeout_s": 300},
         "warmup": {"requests": 2, "concurrency": 2, "max_tokens": 2},
         "measurement": {"spec_decode": "llamacpp"},
@@ -90,8 +106,11 @@ def llama_spec_draft(port: int, server: str, model: str, draft_max: int = 4, **o
     d = llama_draft(port, server, model, **over)
     argv = llama_argv(server, model)
     spec_args = ["-md", "{draft_model}", "--spec-type", "{spec_type}", "--spec-draft-n-max", "{draft_max}"]
-    d["service"] = {**d["service"], "argv": [*argv[:3], *spec_args, *argv[3:]],
-                    "speculative": {"draft_model": model, "spec_type": "draft-simple", "draft_max": draft_max}}
+    d["service"] = {
+        **d["service"],
+        "argv": [*argv[:3], *spec_args, *argv[3:]],
+        "speculative": {"draft_model": model, "spec_type": "draft-simple", "draft_max": draft_max},
+    }
     return d
 
 
@@ -138,8 +157,12 @@ def work(port: int) -> dict[str, float]:
 # `.ci/install-vllm` writes vllm.env: the python of vLLM's own venv, the bf16 Gemma 3 270M directory (its
 # tokenizer prepends BOS; chat_template.jinja beside it) and the torch.compile cache. Without them the vLLM tests
 # skip, unless CASELEDGER_REQUIRE_VLLM=1 (set by `.ci/run`): then they fail.
-VLLM_ENVS = ("CASELEDGER_VLLM_PYTHON", "CASELEDGER_VLLM_MODEL", "CASELEDGER_VLLM_CHAT_TEMPLATE",
-             "CASELEDGER_VLLM_CACHE_ROOT")
+VLLM_ENVS = (
+    "CASELEDGER_VLLM_PYTHON",
+    "CASELEDGER_VLLM_MODEL",
+    "CASELEDGER_VLLM_CHAT_TEMPLATE",
+    "CASELEDGER_VLLM_CACHE_ROOT",
+)
 VLLM_REQUIRE_ENV = "CASELEDGER_REQUIRE_VLLM"
 
 

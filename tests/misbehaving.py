@@ -39,8 +39,10 @@ def _chunk(obj: dict[str, Any]) -> bytes:
 
 def stream(tokens: int, usage: dict[str, Any] | None) -> bytes:
     """A chat stream of `tokens` one-token content chunks, a finish chunk, a usage chunk (when given), [DONE]."""
-    parts = [_chunk({"choices": [{"index": 0, "delta": {"content": f" t{k}"}, "finish_reason": None}]})
-             for k in range(tokens)]
+    parts = [
+        _chunk({"choices": [{"index": 0, "delta": {"content": f" t{k}"}, "finish_reason": None}]})
+        for k in range(tokens)
+    ]
     parts.append(_chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}))
     if usage is not None:
         parts.append(_chunk({"choices": [], "usage": usage}))
@@ -85,21 +87,43 @@ def _make_handler(target: Target) -> type[BaseHTTPRequestHandler]:
                     usage.update(prompt_tokens=PROMPT_TOKENS, prompt_tokens_details={"cached_tokens": 0})
                 self._send(200, "text/event-stream", stream(n, usage))
             elif mode == "lie":
-                self._send(200, "text/event-stream", stream(n, {
-                    "prompt_tokens": PROMPT_TOKENS, "completion_tokens": 99999,
-                    "prompt_tokens_details": {"cached_tokens": 5 * PROMPT_TOKENS}}))
+                self._send(
+                    200,
+                    "text/event-stream",
+                    stream(
+                        n,
+                        {
+                            "prompt_tokens": PROMPT_TOKENS,
+                            "completion_tokens": 99999,
+                            "prompt_tokens_details": {"cached_tokens": 5 * PROMPT_TOKENS},
+                        },
+                    ),
+                )
             elif mode == "cached":
-                self._send(200, "text/event-stream", stream(n, {
-                    "prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
-                    "prompt_tokens_details": {"cached_tokens": PROMPT_TOKENS + 1}}))
+                self._send(
+                    200,
+                    "text/event-stream",
+                    stream(
+                        n,
+                        {
+                            "prompt_tokens": PROMPT_TOKENS,
+                            "completion_tokens": n,
+                            "prompt_tokens_details": {"cached_tokens": PROMPT_TOKENS + 1},
+                        },
+                    ),
+                )
             elif mode.startswith("http:"):
                 status = int(mode.split(":")[1])
-                self._send(status, "application/json",
-                           orjson.dumps({"error": {"message": f"refused with {status}", "code": status}}))
+                self._send(
+                    status,
+                    "application/json",
+                    orjson.dumps({"error": {"message": f"refused with {status}", "code": status}}),
+                )
             elif mode.startswith("echo:"):
                 got = self.headers.get("authorization", "")
-                self._send(400, "application/json",
-                           orjson.dumps({"error": {"message": f"bad request; got auth {got}"}}))
+                self._send(
+                    400, "application/json", orjson.dumps({"error": {"message": f"bad request; got auth {got}"}})
+                )
             elif mode == "timeout":
                 time.sleep(30)
             elif mode == "reset":
@@ -109,9 +133,11 @@ def _make_handler(target: Target) -> type[BaseHTTPRequestHandler]:
             elif mode == "badjson":
                 self._send(200, "text/event-stream", b"data: {not json\n\ndata: [DONE]\n\n")
             elif mode == "badutf8":
-                self._send(200, "text/event-stream",
-                           b'data: {"choices": [{"index": 0, "delta": {"content": "\xff\xfe"}}]}\n\n'
-                           b"data: [DONE]\n\n")
+                self._send(
+                    200,
+                    "text/event-stream",
+                    b'data: {"choices": [{"index": 0, "delta": {"content": "\xff\xfe"}}]}\n\ndata: [DONE]\n\n',
+                )
             else:
                 raise ValueError(f"unknown mode {mode}")
 

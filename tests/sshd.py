@@ -43,8 +43,14 @@ class Sshd:
 
     def ssh(self, **over: Any) -> dict[str, Any]:
         """The case's service.ssh block for this sshd (fields in `over` replace the defaults)."""
-        return {"host": self.host, "port": self.port, "user": self.user, "key_path": str(self.key_path),
-                "known_hosts": str(self.known_hosts), **over}
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "key_path": str(self.key_path),
+            "known_hosts": str(self.known_hosts),
+            **over,
+        }
 
     def log(self) -> str:
         return (self.root / "sshd.log").read_text(errors="replace")
@@ -63,8 +69,9 @@ def generate_key(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def running_sshd(root: Path, startup_timeout_s: float = 15.0, address: str = "127.0.0.1",
-                 prefix: Sequence[str] = ()) -> Iterator[Sshd]:
+def running_sshd(
+    root: Path, startup_timeout_s: float = 15.0, address: str = "127.0.0.1", prefix: Sequence[str] = ()
+) -> Iterator[Sshd]:
     """sshd listening on `address` (default loopback), started under `prefix` (e.g. `ip netns exec NS`)."""
     binary = sshd_binary()
     if binary is None:
@@ -79,41 +86,53 @@ def running_sshd(root: Path, startup_timeout_s: float = 15.0, address: str = "12
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[{address}]:{port} {host_pub}\n")
     config = root / "sshd_config"
-    config.write_text("\n".join([
-        f"Port {port}",
-        f"ListenAddress {address}",
-        f"HostKey {host_key}",
-        f"PidFile {root / 'sshd.pid'}",
-        f"AuthorizedKeysFile {root / 'authorized_keys'}",
-        f"AllowUsers {user}",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password",
-        "StrictModes no",
-        "UsePAM no",
-        "LogLevel VERBOSE",
-        "",
-    ]))
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                f"ListenAddress {address}",
+                f"HostKey {host_key}",
+                f"PidFile {root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                f"AllowUsers {user}",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "StrictModes no",
+                "UsePAM no",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
     if os.geteuid() == 0:
         # privilege separation directory; packages create it only when the system sshd starts
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     log = (root / "sshd.log").open("ab")
-    proc = subprocess.Popen([*prefix, binary, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=log, start_new_session=True)
+    proc = subprocess.Popen(
+        [*prefix, binary, "-D", "-e", "-f", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + startup_timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"sshd exited with code {proc.returncode}: "
-                                   f"{(root / 'sshd.log').read_text(errors='replace')[-1000:]}")
+                raise RuntimeError(
+                    f"sshd exited with code {proc.returncode}: "
+                    f"{(root / 'sshd.log').read_text(errors='replace')[-1000:]}"
+                )
             with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=0.5):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"sshd did not listen on {address}:{port} within {startup_timeout_s}s")
             time.sleep(0.05)
-        yield Sshd(host=address, port=port, user=user, key_path=user_key, known_hosts=known_hosts, root=root,
-                   pid=proc.pid)
+        yield Sshd(
+            host=address, port=port, user=user, key_path=user_key, known_hosts=known_hosts, root=root, pid=proc.pid
+        )
     finally:
         proc.terminate()
         try:

@@ -44,26 +44,32 @@ DATA = Path(__file__).parent / "data" / "aisbench"
 STATS = {"Average": "mean", "Min": "min", "Max": "max", "Median": "p50", "P75": "p75", "P90": "p90", "P99": "p99"}
 LATENCIES = {"TTFT": "ttft", "E2EL": "e2e", "TPOT": "tpot", "ITL": "itl"}
 TOKENS = {"InputTokens": "prompt", "OutputTokens": "output"}
-RATES = {"Request Throughput": "request", "Input Token Throughput": "input", "Output Token Throughput": "output",
-         "Total Token Throughput": "total"}
+RATES = {
+    "Request Throughput": "request",
+    "Input Token Throughput": "input",
+    "Output Token Throughput": "output",
+    "Total Token Throughput": "total",
+}
 
 
 def the_case() -> Case:
     """The run AISBench made, as a caseledger case (only what the figures depend on)."""
-    return Case.model_validate({
-        "scenario": "aisbench-llamacpp-crosscheck",
-        "target": {"endpoints": [{"base_url": "http://127.0.0.1:8080/v1", "model": "gemma-3-270m"}], "cards": 1},
-        "dataset": {"source": "synthetic", "output_tokens": 8},
-        "load": {"requests": 8, "concurrency": 2},
-        "measurement": {"spec_decode": "none"},
-    }).filled()
+    return Case.model_validate(
+        {
+            "scenario": "aisbench-llamacpp-crosscheck",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:8080/v1", "model": "gemma-3-270m"}], "cards": 1},
+            "dataset": {"source": "synthetic", "output_tokens": 8},
+            "load": {"requests": 8, "concurrency": 2},
+            "measurement": {"spec_decode": "none"},
+        }
+    ).filled()
 
 
 def tolerance(fig: AisbenchFigure) -> float:
     """Half a unit of the last digit AISBench printed."""
     number = fig.text.split()[0]
     decimals = len(number.split(".")[1]) if "." in number else 0
-    return 0.5 * 10.0 ** -decimals + 1e-9
+    return 0.5 * 10.0**-decimals + 1e-9
 
 
 def assert_close(fig: AisbenchFigure, ours: float, what: str) -> None:
@@ -155,8 +161,9 @@ def test_known_differences_are_measured_not_hidden(total: AisbenchImport, result
     # ITL: AISBench pools 10 line gaps per request (3 of them near zero: role->token, token->finish,
     # finish->usage); caseledger pools the 7 token gaps. The same seconds, divided differently:
     assert (theirs.itl.count, ours.itl.count) == (8 * 10, 8 * 7)
-    extra_ms = sum((r["chunk_ns"][1] - r["chunk_ns"][0] + r["chunk_ns"][-1] - r["chunk_ns"][-3]) / 1e6
-                   for r in total.records)
+    extra_ms = sum(
+        (r["chunk_ns"][1] - r["chunk_ns"][0] + r["chunk_ns"][-1] - r["chunk_ns"][-3]) / 1e6 for r in total.records
+    )
     assert theirs.itl.mean * theirs.itl.count == pytest.approx(ours.itl.mean * ours.itl.count + extra_ms)
     assert ours.itl.mean > theirs.itl.mean and theirs.itl.min < 1.0 < ours.itl.min
     # token-aware ITL needs per-chunk token counts, which AISBench does not record

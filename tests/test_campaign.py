@@ -51,7 +51,8 @@ def test_an_old_style_frozen_case_still_resolves(ws: Workspace) -> None:
 
 
 def test_a_measured_case_answers_with_its_runs_and_runs_are_reachable_from_it(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     port = free_port()
     f = freeze_case(ws, draft=ref_draft(port))
     r = start_run(ws, f.case_id, wait=True)
@@ -84,7 +85,8 @@ def test_a_measurement_only_child_says_it_sent_nothing(ws: Workspace, stop_servi
 
 
 def test_resume_says_the_run_is_running_not_the_failure_it_repairs(
-        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()
     f = freeze_case(ws, draft=ref_draft(port))
     r = start_with_fault(monkeypatch, "controller:exit_after=warmup", ws, f.case_id, wait=True)
@@ -111,8 +113,11 @@ def test_handoff_shows_the_scenario_and_only_unsuperseded_problems(ws: Workspace
     with stub_target(strict_answer) as port:
         base = freeze_case(ws, draft=external_draft(port))
         assert start_run(ws, base.case_id, wait=True, timeout_s=120).state == "succeeded"
-        bad = freeze_case(ws, draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 999}),
-                          parent=base.case_id)
+        bad = freeze_case(
+            ws,
+            draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 999}),
+            parent=base.case_id,
+        )
         rb = start_run(ws, bad.case_id, wait=True, timeout_s=120)
         s = phase_status(ws, rb.run_id)
         assert s.failure_class == "hot_entry", s.text()
@@ -121,16 +126,18 @@ def test_handoff_shows_the_scenario_and_only_unsuperseded_problems(ws: Workspace
         assert "scenario ref-test: 2 case(s)" in text and "C=4" in text, text
         # what was rejected and why, the server's own message on one line
         assert "open problems:" in text and "max_tokens 999 exceeds the limit of 100 tokens" in text, text
-        fixed = freeze_case(ws, draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 50}),
-                            parent=bad.case_id)
+        fixed = freeze_case(
+            ws, draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 50}), parent=bad.case_id
+        )
         assert start_run(ws, fixed.case_id, wait=True, timeout_s=120).state == "succeeded"
     text = ws.handoff.read_text()
     assert f"- {rb.run_id}" not in text and "open problems" not in text, text  # superseded by its child
     assert "3 case(s)" in text, text
 
 
-def test_a_copied_workspace_resumes_in_its_new_place(ws: Workspace, tmp_path: Any, stop_services: None,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_copied_workspace_resumes_in_its_new_place(
+    ws: Workspace, tmp_path: Any, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import shutil
     import time
 

@@ -35,17 +35,24 @@ from tests.conftest import free_port, ref_draft, stats
 # ------------------------------------------------------------------------------------------- the planner, pure
 
 
-def _obs(c: int, metric: list[float], tpot: list[float], bound: float, half: float = 0.05,
-         interval: float = 0.01) -> planner.PointObs:
+def _obs(
+    c: int, metric: list[float], tpot: list[float], bound: float, half: float = 0.05, interval: float = 0.01
+) -> planner.PointObs:
     return planner.PointObs(
-        case_id=f"c-{c:012x}", label=f"C={c}", values={"load.concurrency": c}, service_key="s", metric=metric,
+        case_id=f"c-{c:012x}",
+        label=f"C={c}",
+        values={"load.concurrency": c},
+        service_key="s",
+        metric=metric,
         interval_rel=interval if metric else None,
         limits={"tpot_p99_ms": planner.LimitObs(bound=bound, values=tpot, half_width=half if tpot else None)},
-        bad_runs=0)
+        bad_runs=0,
+    )
 
 
-def _simulate(cs: list[int], tpot_of: Any, tok_s_of: Any, bound: float, search: Search, repeats: Repeats,
-              noise: Any = None) -> tuple[planner.Plan, dict[int, int]]:
+def _simulate(
+    cs: list[int], tpot_of: Any, tok_s_of: Any, bound: float, search: Search, repeats: Repeats, noise: Any = None
+) -> tuple[planner.Plan, dict[int, int]]:
     """Run the planner to the end, 'measuring' each next point from the given functions; (last plan, runs per C)."""
     runs: dict[int, list[tuple[float, float]]] = {c: [] for c in cs}
     for _ in range(200):
@@ -88,17 +95,37 @@ def test_the_leader_and_runner_up_are_repeated_until_settled_and_a_close_pair_is
     grid = Search()
     # C=2 and C=4 within 1% of each other, run-to-run noise +-3%: a tie after settle_runs each
     wobble = [0.03, -0.03, 0.02, -0.02, 0.01]
-    pl, runs = _simulate(cs, lambda c: 5.0, lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c], 10.0, grid,
-                         Repeats(runs=1, settle_runs=3, budget=10), noise=lambda c, k: wobble[k % 5])
+    pl, runs = _simulate(
+        cs,
+        lambda c: 5.0,
+        lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c],
+        10.0,
+        grid,
+        Repeats(runs=1, settle_runs=3, budget=10),
+        noise=lambda c, k: wobble[k % 5],
+    )
     assert pl.tie and not pl.settled and {pl.leader, pl.runner_up} == {f"c-{2:012x}", f"c-{4:012x}"}
     assert runs == {1: 1, 2: 3, 4: 3}, runs  # only the pair the answer rests on was repeated
     # far apart: one repeat each measures the run-to-run noise, then the winner is settled
-    pl, runs = _simulate(cs, lambda c: 5.0, lambda c: {1: 50.0, 2: 100.0, 4: 200.0}[c], 10.0, grid,
-                         Repeats(runs=1, settle_runs=3, budget=10), noise=lambda c, k: wobble[k % 5])
+    pl, runs = _simulate(
+        cs,
+        lambda c: 5.0,
+        lambda c: {1: 50.0, 2: 100.0, 4: 200.0}[c],
+        10.0,
+        grid,
+        Repeats(runs=1, settle_runs=3, budget=10),
+        noise=lambda c, k: wobble[k % 5],
+    )
     assert pl.settled and not pl.tie and pl.leader == f"c-{4:012x}" and runs == {1: 1, 2: 2, 4: 2}, runs
     # no budget: no repeat at all, and the answer does not claim to be settled by run-to-run noise it never saw
-    pl, runs = _simulate(cs, lambda c: 5.0, lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c], 10.0, grid,
-                         Repeats(runs=1, settle_runs=3, budget=0))
+    pl, runs = _simulate(
+        cs,
+        lambda c: 5.0,
+        lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c],
+        10.0,
+        grid,
+        Repeats(runs=1, settle_runs=3, budget=0),
+    )
     assert runs == {1: 1, 2: 1, 4: 1} and pl.tie  # 1% apart within a +-1.4% within-run noise
 
 
@@ -107,19 +134,46 @@ def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no
     far = _obs(2, [200.0], [6.0], 10.0)
     pl = planner.plan([far, near], Search(), Repeats(runs=1, settle_runs=3, budget=5), higher=True, live_service="s")
     assert any(cid == near.case_id and "within its noise" in why for cid, why in pl.next), pl.next
-    gone = planner.PointObs(case_id="c-000000000008", label="C=8", values={"load.concurrency": 8}, service_key="s",
-                            metric=[], interval_rel=None, limits={}, bad_runs=3, last_problem="distorted: busy")
+    gone = planner.PointObs(
+        case_id="c-000000000008",
+        label="C=8",
+        values={"load.concurrency": 8},
+        service_key="s",
+        metric=[],
+        interval_rel=None,
+        limits={},
+        bad_runs=3,
+        last_problem="distorted: busy",
+    )
     pl = planner.plan([far, gone], KNEE, Repeats(max_attempts=3), higher=True, live_service="s")
     assert "distorted: busy" in pl.given_up[gone.case_id] and gone.case_id not in pl.skipped
 
 
 def test_points_of_the_live_service_run_first() -> None:
-    a = planner.PointObs(case_id="c-00000000000a", label="np=1", values={"x": 1}, service_key="A", metric=[],
-                         interval_rel=None, limits={}, bad_runs=0)
-    b = planner.PointObs(case_id="c-00000000000b", label="np=2", values={"x": 2}, service_key="B", metric=[],
-                         interval_rel=None, limits={}, bad_runs=0)
-    assert [c for c, _ in planner.plan([a, b], Search(), Repeats(), True, live_service="B").next] == [b.case_id,
-                                                                                                    a.case_id]
+    a = planner.PointObs(
+        case_id="c-00000000000a",
+        label="np=1",
+        values={"x": 1},
+        service_key="A",
+        metric=[],
+        interval_rel=None,
+        limits={},
+        bad_runs=0,
+    )
+    b = planner.PointObs(
+        case_id="c-00000000000b",
+        label="np=2",
+        values={"x": 2},
+        service_key="B",
+        metric=[],
+        interval_rel=None,
+        limits={},
+        bad_runs=0,
+    )
+    assert [c for c, _ in planner.plan([a, b], Search(), Repeats(), True, live_service="B").next] == [
+        b.case_id,
+        a.case_id,
+    ]
 
 
 # ------------------------------------------------------------------------------------------- drafts refused
@@ -127,25 +181,43 @@ def test_points_of_the_live_service_run_first() -> None:
 
 def _campaign(port: int, values: list[int], limit: float = 11.0, **over: Any) -> dict[str, Any]:
     ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
-    base = ref_draft(port, scenario="knee", service={"reference": ref},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-                     load={"requests": 32, "concurrency": 1})
-    body = {"name": "knee-c", "base": base, "axes": [{"path": "load.concurrency", "values": values}],
-            "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
-            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": limit}}, **over}
+    base = ref_draft(
+        port,
+        scenario="knee",
+        service={"reference": ref},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": 32, "concurrency": 1},
+    )
+    body = {
+        "name": "knee-c",
+        "base": base,
+        "axes": [{"path": "load.concurrency", "values": values}],
+        "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+        "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": limit}},
+        **over,
+    }
     return {"campaign": body}
 
 
-@pytest.mark.parametrize(("change", "named"), [
-    ({"search": {"kind": "knee", "axis": "load.concurrency"}}, "declare search.monotone"),
-    ({"axes": [{"path": "load.concurency", "values": [1, 2]}]}, "load.concurency"),
-    ({"axes": [{"path": "load.concurrency", "values": [0, 2]}]}, "load.concurrency"),
-    ({"axes": [{"path": "load.concurrency", "values": list(range(1, 65))},
-               {"path": "load.requests", "values": [8, 16, 32, 64, 128]}]}, "exceed 256"),
-    ({"decision": {"primary_metric": "output_throughput"}}, "set campaign.decision.limits"),
-])
-def test_a_bad_campaign_names_the_field_and_writes_nothing(ws: Workspace, change: dict[str, Any],
-                                                           named: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"search": {"kind": "knee", "axis": "load.concurrency"}}, "declare search.monotone"),
+        ({"axes": [{"path": "load.concurency", "values": [1, 2]}]}, "load.concurency"),
+        ({"axes": [{"path": "load.concurrency", "values": [0, 2]}]}, "load.concurrency"),
+        (
+            {
+                "axes": [
+                    {"path": "load.concurrency", "values": list(range(1, 65))},
+                    {"path": "load.requests", "values": [8, 16, 32, 64, 128]},
+                ]
+            },
+            "exceed 256",
+        ),
+        ({"decision": {"primary_metric": "output_throughput"}}, "set campaign.decision.limits"),
+    ],
+)
+def test_a_bad_campaign_names_the_field_and_writes_nothing(ws: Workspace, change: dict[str, Any], named: str) -> None:
     draft = _campaign(18001, [1, 2, 4])
     draft["campaign"].update(change)
     with pytest.raises(CaseInvalid) as e:
@@ -173,7 +245,8 @@ def _formal(port: int) -> int:
 
 @pytest.mark.slow
 def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_no_request(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     authorization.set_mode(ws, "auto")
     port = free_port()
     values = [1, 2, 4, 8, 16, 32]
@@ -207,8 +280,9 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     assert redecided.answer.startswith(f"leading C=8 ({f.points['C=8']})"), redecided.text()
     # C=8 and C=4 now lead: their run-to-run noise was never measured, so the campaign is not complete until the
     # planner's repeats ran (one start_run: only those)
-    assert not redecided.complete and all(cid in (f.points["C=8"], f.points["C=4"]) for cid in
-                                          (r.case_id for r in redecided.rows if r.status == "queued"))
+    assert not redecided.complete and all(
+        cid in (f.points["C=8"], f.points["C=4"]) for cid in (r.case_id for r in redecided.rows if r.status == "queued")
+    )
     start_any(ws, gid)
     final = _until_complete(ws, gid)
     assert final.winner == f.points["C=8"], final.text()
@@ -225,7 +299,8 @@ def _no() -> Any:
 
 @pytest.mark.slow
 def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     authorization.set_mode(ws, "auto")
     port = free_port()
     draft = _campaign(port, [1, 2, 4, 8])
@@ -237,8 +312,12 @@ def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the first point's load is in flight
         metas = scan_runs(ws).metas
-        if metas and (st := status_any(ws, metas[-1].run_id)) and getattr(st, "phase", None) == "load" \
-                and getattr(st, "done", 0) > 4:
+        if (
+            metas
+            and (st := status_any(ws, metas[-1].run_id))
+            and getattr(st, "phase", None) == "load"
+            and getattr(st, "done", 0) > 4
+        ):
             break
         time.sleep(0.05)
     else:
@@ -305,14 +384,14 @@ def _intervals(ws: Workspace) -> list[tuple[float, float, str]]:
 
 
 @pytest.mark.slow
-def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(
-        ws: Workspace, stop_services: None) -> None:
+def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: Workspace, stop_services: None) -> None:
     authorization.set_mode(ws, "auto")
     port = free_port()
     drafts = []
     for name, values in (("first", [1, 2]), ("second", [4, 8])):
-        d = _campaign(port, values, name=name, search={"kind": "grid"},
-                      repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+        d = _campaign(
+            port, values, name=name, search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
+        )
         d["campaign"]["base"]["scenario"] = name
         drafts.append(d)
     a, b = (freeze_any(ws, draft=d) for d in drafts)
@@ -330,8 +409,9 @@ def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(
     assert _formal(port) == 32 * 4, stats(port)
 
     # a paused authorization: the running point finishes, no new point starts until it is lifted
-    again = _campaign(port, [1, 2, 4], name="third", search={"kind": "grid"},
-                      repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    again = _campaign(
+        port, [1, 2, 4], name="third", search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
+    )
     again["campaign"]["base"]["scenario"] = "third"
     again["campaign"]["base"]["load"]["requests"] = 64
     c = freeze_any(ws, draft=again)

@@ -56,6 +56,7 @@ def test_every_field_has_a_description() -> None:
             for a in typing.get_args(f.annotation) or (f.annotation,):
                 if isinstance(a, type) and issubclass(a, BaseModel):
                     walk(a, f"{prefix}{name}.")
+
     walk(Case)
 
 
@@ -111,8 +112,10 @@ def test_requests_change_keeps_the_hot_path(ws: Workspace) -> None:
 def test_max_event_bytes_at_its_default_keeps_the_case_id_and_a_change_is_the_hot_path(ws: Workspace) -> None:
     base = freeze_case(ws, draft=ref_draft(18001))
     assert "max_event_bytes" not in orjson.loads(Path(base.path).read_bytes())["load"]  # ids frozen before it hold
-    assert freeze_case(ws, draft=ref_draft(18001, load={"max_event_bytes": DEFAULT_MAX_EVENT_BYTES})).case_id == \
-        base.case_id
+    assert (
+        freeze_case(ws, draft=ref_draft(18001, load={"max_event_bytes": DEFAULT_MAX_EVENT_BYTES})).case_id
+        == base.case_id
+    )
     child = freeze_case(ws, draft=ref_draft(18001, load={"max_event_bytes": 2**26}), parent=base.case_id)
     assert child.case_id != base.case_id
     assert [(d.path, d.new, d.impact) for d in child.delta] == [("load.max_event_bytes", 2**26, Impact.LOAD)]
@@ -194,9 +197,22 @@ json_values = st.recursive(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(["load.concurrency", "load.requests", "load.rate", "dataset.input_tokens",
-                             "target.endpoints", "scenario", "service.adapter", "extra", "load.arrival"]),
-       value=json_values)
+@given(
+    path=st.sampled_from(
+        [
+            "load.concurrency",
+            "load.requests",
+            "load.rate",
+            "dataset.input_tokens",
+            "target.endpoints",
+            "scenario",
+            "service.adapter",
+            "extra",
+            "load.arrival",
+        ]
+    ),
+    value=json_values,
+)
 def test_random_drafts_either_freeze_or_fail_cleanly(ws: Workspace, path: str, value: Any) -> None:
     d = ref_draft(18001)
     node = d
@@ -238,29 +254,34 @@ def test_every_number_has_an_upper_bound_and_is_strict() -> None:
                 assert any(getattr(m, "strict", False) for m in f.metadata), f"{prefix}{name} is not strict"
                 if bool not in args:
                     assert kinds & {annotated_types.Le, annotated_types.Lt}, f"{prefix}{name} has no upper bound"
+
     walk(Case)
 
 
-@pytest.mark.parametrize(("path", "value", "says"), [
-    ("load.timeout_s", float("inf"), "finite"),
-    ("load.rate", float("nan"), "finite"),
-    ("service.reference.decode_step_s", float("-inf"), "finite"),
-    ("load.concurrency", True, "not a boolean"),
-    ("warmup.requests", False, "not a boolean"),
-    ("load.ignore_eos", 1, "boolean"),
-    ("load.requests", 10**30, "less than or equal to 1000000"),
-    ("dataset.seed", 2**64, "less than or equal to 9223372036854775807"),
-    ("load.requests", 1e12, "without a decimal point"),
-    ("load.requests", 10**12, "less than or equal to 1000000"),
-    ("load.concurrency", 100_001, "less than or equal to 100000"),
-    ("dataset.input_tokens", 10**12, "less than or equal to 2097152"),
-    ("dataset.output_tokens", 2_097_153, "less than or equal to 2097152"),
-    ("scenario", "s" * 10_000_000, "at most 200 characters"),
-    ("target.endpoints.0.model", "m" * 10_000_000, "at most 500 characters"),
-    ("target.endpoints.0.base_url", "http://127.0.0.1:1/" + "v" * 3000, "at most 2048 characters"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "says"),
+    [
+        ("load.timeout_s", float("inf"), "finite"),
+        ("load.rate", float("nan"), "finite"),
+        ("service.reference.decode_step_s", float("-inf"), "finite"),
+        ("load.concurrency", True, "not a boolean"),
+        ("warmup.requests", False, "not a boolean"),
+        ("load.ignore_eos", 1, "boolean"),
+        ("load.requests", 10**30, "less than or equal to 1000000"),
+        ("dataset.seed", 2**64, "less than or equal to 9223372036854775807"),
+        ("load.requests", 1e12, "without a decimal point"),
+        ("load.requests", 10**12, "less than or equal to 1000000"),
+        ("load.concurrency", 100_001, "less than or equal to 100000"),
+        ("dataset.input_tokens", 10**12, "less than or equal to 2097152"),
+        ("dataset.output_tokens", 2_097_153, "less than or equal to 2097152"),
+        ("scenario", "s" * 10_000_000, "at most 200 characters"),
+        ("target.endpoints.0.model", "m" * 10_000_000, "at most 500 characters"),
+        ("target.endpoints.0.base_url", "http://127.0.0.1:1/" + "v" * 3000, "at most 2048 characters"),
+    ],
+)
 def test_non_finite_boolean_and_out_of_range_values_are_refused_naming_the_field(
-        ws: Workspace, path: str, value: Any, says: str) -> None:
+    ws: Workspace, path: str, value: Any, says: str
+) -> None:
     d = ref_draft(18001)
     _set(d, path, value)
     before = tree_digest(ws.root)
@@ -282,22 +303,29 @@ def test_dataset_too_large_to_materialize_is_refused_naming_both_fields(ws: Work
     assert "dataset.input_tokens" in e.value.message and "load.requests" in e.value.message
     assert tree_digest(ws.root) == before  # ledger/ included: no case, dataset, lock or temp file
     # the seeds' largest campaign (N 640, 131072 input tokens) stays well inside every bound
-    Case.model_validate(ref_draft(18001, load={"requests": 640, "concurrency": 64},
-                                  dataset={"input_tokens": 131072, "output_tokens": 1024}))
+    Case.model_validate(
+        ref_draft(
+            18001, load={"requests": 640, "concurrency": 64}, dataset={"input_tokens": 131072, "output_tokens": 1024}
+        )
+    )
 
 
-@pytest.mark.parametrize(("raw", "path", "says"), [
-    (b'"timeout_s": Infinity', "load.timeout_s", "Infinity is not a JSON number"),
-    (b'"timeout_s": -Infinity', "load.timeout_s", "-Infinity is not a JSON number"),
-    (b'"timeout_s": NaN', "load.timeout_s", "NaN is not a JSON number"),
-    (b'"timeout_s": 1e400', "load.timeout_s", "1e400 is not a finite number"),
-    (b'"requests": 100000000000000000000000000', "load.requests", "beyond 64 bits"),
-    (b'"requests": -9223372036854775809', "load.requests", "beyond 64 bits"),
-    (b'"requests": 1e12', "load.requests", "without a decimal point"),
-    (b'"requests": true', "load.requests", "not a boolean"),
-])
+@pytest.mark.parametrize(
+    ("raw", "path", "says"),
+    [
+        (b'"timeout_s": Infinity', "load.timeout_s", "Infinity is not a JSON number"),
+        (b'"timeout_s": -Infinity', "load.timeout_s", "-Infinity is not a JSON number"),
+        (b'"timeout_s": NaN', "load.timeout_s", "NaN is not a JSON number"),
+        (b'"timeout_s": 1e400', "load.timeout_s", "1e400 is not a finite number"),
+        (b'"requests": 100000000000000000000000000', "load.requests", "beyond 64 bits"),
+        (b'"requests": -9223372036854775809', "load.requests", "beyond 64 bits"),
+        (b'"requests": 1e12', "load.requests", "without a decimal point"),
+        (b'"requests": true', "load.requests", "not a boolean"),
+    ],
+)
 def test_raw_json_literals_no_case_can_hold_are_refused_naming_the_field(
-        ws: Workspace, raw: bytes, path: str, says: str) -> None:
+    ws: Workspace, raw: bytes, path: str, says: str
+) -> None:
     text = orjson.dumps(ref_draft(18001)).replace(b'"requests":8', b'"requests":8,' + raw, 1)
     if b'"requests": ' in raw:  # the bad literal replaces load.requests itself
         text = orjson.dumps(ref_draft(18001)).replace(b'"requests":8,"concurrency"', raw + b',"concurrency"', 1)

@@ -63,8 +63,9 @@ COMMANDS: dict[str, Setup] = {
 
 @pytest.mark.parametrize("where", POSITIONS)
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_workspace_and_json_work_in_any_position(setup: tuple[Workspace, Path], tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str], name: str, where: str) -> None:
+def test_workspace_and_json_work_in_any_position(
+    setup: tuple[Workspace, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, where: str
+) -> None:
     ws, elsewhere = setup
     command, check = COMMANDS[name](ws, capsys, tmp_path)
     argv = place(place(command, ["-w", str(ws.root)], where), ["--json"], "end" if where != "end" else "before")
@@ -77,11 +78,13 @@ def test_workspace_and_json_work_in_any_position(setup: tuple[Workspace, Path], 
     assert list(elsewhere.iterdir()) == [], "the command wrote into the current directory"
 
 
-def test_mcp_and_inspect_take_the_workspace_after_the_command(setup: tuple[Workspace, Path],
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_mcp_and_inspect_take_the_workspace_after_the_command(
+    setup: tuple[Workspace, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     ws, elsewhere = setup
-    rc, out, err = call(["inspect", "call", "freeze_case", "path=cases/a.json", "--workspace", str(ws.root),
-                         "--json"], capsys)
+    rc, out, err = call(
+        ["inspect", "call", "freeze_case", "path=cases/a.json", "--workspace", str(ws.root), "--json"], capsys
+    )
     assert rc == 0, err
     assert "case_id" in out
     assert any(ws.frozen_dir.iterdir()) and list(elsewhere.iterdir()) == []

@@ -25,10 +25,19 @@ REDRAW = re.compile(rb"\r(?!\n)")  # a carriage return that is no line end (the 
 
 def _case(ws: Workspace) -> str:
     # 64 requests of 16 output tokens at C=2: a few seconds of formal load after the service starts
-    draft = ref_draft(free_port(), load={"requests": 64, "concurrency": 2},
-                      dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-                      service={"reference": {"prefill_tokens_per_s": 200000, "decode_step_s": 0.005,
-                                             "decode_step_per_seq_s": 0.0005, "slots": 8}})
+    draft = ref_draft(
+        free_port(),
+        load={"requests": 64, "concurrency": 2},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        service={
+            "reference": {
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.005,
+                "decode_step_per_seq_s": 0.0005,
+                "slots": 8,
+            }
+        },
+    )
     return freeze_case(ws, draft=draft).case_id
 
 
@@ -62,7 +71,8 @@ def _under_pty(argv: list[str], timeout_s: float = 240.0) -> list[tuple[float, b
 
 
 def test_on_a_terminal_one_line_is_redrawn_at_least_once_a_second_and_ends_with_the_answer(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     got = _under_pty(_cli(ws, "run", _case(ws), "--wait"))
     out = b"".join(c for _, c in got)
     stamps = [t for t, c in got for _ in REDRAW.finditer(c)]
@@ -81,8 +91,7 @@ def test_on_a_terminal_one_line_is_redrawn_at_least_once_a_second_and_ends_with_
     assert "state succeeded" in answer[1] and answer[-1].startswith("next: "), answer
 
 
-def test_piped_it_prints_one_line_per_phase_and_with_json_only_the_answer(
-        ws: Workspace, stop_services: None) -> None:
+def test_piped_it_prints_one_line_per_phase_and_with_json_only_the_answer(ws: Workspace, stop_services: None) -> None:
     cid = _case(ws)
     p = subprocess.run(_cli(ws, "run", cid, "--wait"), capture_output=True, timeout=240)
     assert p.returncode == 0, p.stderr.decode()[-2000:]

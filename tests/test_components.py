@@ -35,17 +35,44 @@ TIMEOUT = 420.0
 
 
 def engine_argv(server: str, model: str) -> list[str]:
-    return [server, "-m", model, "--host", "{host}", "--port", "{port}", "-c", "2048", "-np", "2", "-t", "1",
-            "--metrics", "-a", "{model}"]
+    return [
+        server,
+        "-m",
+        model,
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "-c",
+        "2048",
+        "-np",
+        "2",
+        "-t",
+        "1",
+        "--metrics",
+        "-a",
+        "{model}",
+    ]
 
 
 def two_route_draft(ports: tuple[int, int], server: str, model: str, **over: Any) -> dict[str, Any]:
     d: dict[str, Any] = {
         "scenario": "llamacpp-two-routes",
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{p}/v1", "model": MODEL_ALIAS} for p in ports]},
-        "service": {"adapter": "command", "components": [
-            {"name": f"r{k}", "role": "worker", "argv": engine_argv(server, model), "routes": [k],
-             "health_timeout_s": 120, "files": [{"path": model, "held": True}]} for k in range(2)]},
+        "service": {
+            "adapter": "command",
+            "components": [
+                {
+                    "name": f"r{k}",
+                    "role": "worker",
+                    "argv": engine_argv(server, model),
+                    "routes": [k],
+                    "health_timeout_s": 120,
+                    "files": [{"path": model, "held": True}],
+                }
+                for k in range(2)
+            ],
+        },
         "dataset": {"source": "synthetic", "input_tokens": 48, "output_tokens": 4, "tokenizer": model},
         "load": {"requests": 6, "concurrency": 2, "timeout_s": 300},
         "warmup": {"requests": 2, "concurrency": 2, "max_tokens": 2},
@@ -177,8 +204,10 @@ def test_builtin_tokenizer_is_refused_before_the_formal_load(engine: Engine) -> 
     assert s.sent == 0 and (not raw.exists() or records(ws, r.run_id) == [])  # an armed client sent nothing
     # no formal request: the engines did only warmup and the route checks' work (1 output token each)
     after = [work(p) for p in engine.ports]
-    predicted = sum(a["llamacpp:tokens_predicted_total"] - b["llamacpp:tokens_predicted_total"]
-                    for a, b in zip(after, before, strict=True))
+    predicted = sum(
+        a["llamacpp:tokens_predicted_total"] - b["llamacpp:tokens_predicted_total"]
+        for a, b in zip(after, before, strict=True)
+    )
     assert predicted <= 2 * 2 + 2, predicted  # at most warmup (2 x 2 tokens) + one verify token per route
 
 
@@ -191,8 +220,15 @@ def test_process_holding_other_weights_than_declared_is_refused_with_the_diff(en
     port = free_port()
     d: dict[str, Any] = two_route_draft((port, free_port()), engine.server, engine.model, scenario="llamacpp-files")
     d["target"]["endpoints"] = d["target"]["endpoints"][:1]
-    d["service"]["components"] = [{"name": "solo", "argv": engine_argv(engine.server, engine.model), "routes": [0],
-                                   "health_timeout_s": 120, "files": [{"path": str(declared), "held": True}]}]
+    d["service"]["components"] = [
+        {
+            "name": "solo",
+            "argv": engine_argv(engine.server, engine.model),
+            "routes": [0],
+            "health_timeout_s": 120,
+            "files": [{"path": str(declared), "held": True}],
+        }
+    ]
     case = freeze_case(ws, draft=d)
     assert Case.model_validate(d).service.components[0].files[0].held
     r = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)

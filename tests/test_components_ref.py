@@ -27,18 +27,29 @@ from tests.conftest import free_port, ref_draft, start_with_fault, stats, tree_d
 
 
 def target_argv() -> list[str]:
-    return [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}",
-            "--model", "{model}"]
+    return [
+        sys.executable,
+        "-m",
+        "caseledger.target",
+        "serve",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--model",
+        "{model}",
+    ]
 
 
 def two_routes(ports: tuple[int, int], **comp: Any) -> dict[str, Any]:
     d = ref_draft(ports[0])
     d["target"]["endpoints"] = [{"base_url": f"http://127.0.0.1:{p}/v1", "model": "ref-model"} for p in ports]
-    d["service"] = {"adapter": "command", "components": [
-        {"name": f"r{k}", "argv": target_argv(), "routes": [k], **comp} for k in range(2)]}
+    d["service"] = {
+        "adapter": "command",
+        "components": [{"name": f"r{k}", "argv": target_argv(), "routes": [k], **comp} for k in range(2)],
+    }
     d["load"] = {"requests": 8, "concurrency": 2}
     return d
-
 
 
 def service_ev(ws: Workspace, run_id: str) -> dict[str, Any]:
@@ -62,19 +73,24 @@ def ports(ws: Workspace, stop_services: None) -> Iterator[tuple[int, int]]:
 
 
 BAD = {
-    "route out of range": (lambda d: d["service"]["components"][1].update(routes=[2]),
-                           "route 2 does not exist (target.endpoints has 2)"),
-    "route twice": (lambda d: d["service"]["components"][1].update(routes=[0]),
-                    "route 0 is served by two components"),
-    "route unserved": (lambda d: d["service"]["components"][1].update(routes=[], health_url="http://x:1/h",
-                                                                      argv=["sleep", "1"]),
-                       "route 1 (http://127.0.0.1:"),
-    "argv beside components": (lambda d: d["service"].update(argv=["x"]),
-                               "service.argv is set beside service.components"),
-    "placeholder without route": (lambda d: d["service"]["components"][1].update(routes=[]),
-                                  "'r1': argv uses {host} but routes is []"),
-    "same name twice": (lambda d: d["service"]["components"][1].update(name="r0"),
-                        "the name 'r0' is used twice"),
+    "route out of range": (
+        lambda d: d["service"]["components"][1].update(routes=[2]),
+        "route 2 does not exist (target.endpoints has 2)",
+    ),
+    "route twice": (lambda d: d["service"]["components"][1].update(routes=[0]), "route 0 is served by two components"),
+    "route unserved": (
+        lambda d: d["service"]["components"][1].update(routes=[], health_url="http://x:1/h", argv=["sleep", "1"]),
+        "route 1 (http://127.0.0.1:",
+    ),
+    "argv beside components": (
+        lambda d: d["service"].update(argv=["x"]),
+        "service.argv is set beside service.components",
+    ),
+    "placeholder without route": (
+        lambda d: d["service"]["components"][1].update(routes=[]),
+        "'r1': argv uses {host} but routes is []",
+    ),
+    "same name twice": (lambda d: d["service"]["components"][1].update(name="r0"), "the name 'r0' is used twice"),
     "not command": (lambda d: d["service"].update(adapter="reference"), "service.components needs adapter 'command'"),
 }
 
@@ -100,7 +116,8 @@ def test_single_process_cases_keep_their_canonical_form() -> None:
 
 @pytest.mark.slow
 def test_a_dead_component_is_restarted_alone_and_only_its_route_is_warmed(
-        ws: Workspace, ports: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, ports: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     case = freeze_case(ws, draft=two_routes(ports))
     r = start_with_fault(monkeypatch, "controller:exit_before=load", ws, case.case_id, wait=True)
     deadline = time.monotonic() + 60
@@ -135,8 +152,9 @@ def test_a_dead_component_is_restarted_alone_and_only_its_route_is_warmed(
 
 
 @pytest.mark.slow
-def test_declared_held_files_are_checked_in_the_live_process(ws: Workspace, ports: tuple[int, int],
-                                                              tmp_path: Path) -> None:
+def test_declared_held_files_are_checked_in_the_live_process(
+    ws: Workspace, ports: tuple[int, int], tmp_path: Path
+) -> None:
     exe = os.path.realpath(sys.executable)  # the interpreter maps its own binary while it serves
     held = two_routes(ports, files=[{"path": exe, "held": True}])
     r = start_run(ws, freeze_case(ws, draft=held).case_id, wait=True)

@@ -26,8 +26,17 @@ def make_run(ws: Workspace, rid: str = "r-0000beef") -> Path:
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_meta(paths, RunMeta(run_id=rid, case_id=case_id_of(case), workspace=str(ws.root), planned=4,
-                              target_key="t-test", created_utc="2026-01-01T00:00:00.000Z"))
+    write_meta(
+        paths,
+        RunMeta(
+            run_id=rid,
+            case_id=case_id_of(case),
+            workspace=str(ws.root),
+            planned=4,
+            target_key="t-test",
+            created_utc="2026-01-01T00:00:00.000Z",
+        ),
+    )
     return paths.root
 
 
@@ -41,7 +50,8 @@ def test_every_phase_has_exactly_one_body_and_one_failure_class() -> None:
 
 @pytest.mark.parametrize("phase", list(Phase))
 def test_an_unexpected_error_is_internal_never_the_phase_class(
-        ws: Workspace, phase: Phase, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, phase: Phase, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ctl = controller.Controller(make_run(ws), fence=1)
 
     def boom(self: controller.Controller, attempt: int) -> dict[str, Any]:
@@ -61,7 +71,8 @@ def test_an_unexpected_error_is_internal_never_the_phase_class(
 
 
 def test_a_phase_failed_keeps_its_own_class_and_a_success_its_evidence(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ctl = controller.Controller(make_run(ws), fence=1)
 
     def rejected(self: controller.Controller, attempt: int) -> dict[str, Any]:
@@ -75,7 +86,12 @@ def test_a_phase_failed_keeps_its_own_class_and_a_success_its_evidence(
     assert ctl.run_phase(Phase.LOAD, 1) == FailureClass.HOT_ENTRY  # not the table's end_unknown
     assert ctl.run_phase(Phase.WARMUP, 1) is None
     assert read_json(ctl.paths.phase_file(Phase.WARMUP)) == {
-        "phase": "warmup", "attempt": 1, "outcome": "reused", "error": None, "reason": "service reused and warm"}
+        "phase": "warmup",
+        "attempt": 1,
+        "outcome": "reused",
+        "error": None,
+        "reason": "service reused and warm",
+    }
     v = fold(ws, load_run(ws, ctl.paths.run_id))
     assert v.phases[Phase.WARMUP].state == PhaseState.REUSED
     assert v.phases[Phase.LOAD].failure_class == FailureClass.HOT_ENTRY

@@ -24,12 +24,14 @@ CHATML_OVERHEAD = 16  # builtin: <|im_start|>user\n (6 tokens) + <|im_end|>\n<|i
 
 
 def make_case(requests: int = 8, api: str = "chat", **dataset: Any) -> Case:
-    return Case.model_validate({
-        "scenario": "t",
-        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "api": api},
-        "load": {"requests": requests, "concurrency": 2},
-        "dataset": dataset,
-    })
+    return Case.model_validate(
+        {
+            "scenario": "t",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "api": api},
+            "load": {"requests": requests, "concurrency": 2},
+            "dataset": dataset,
+        }
+    )
 
 
 def new_ws(root: Path) -> Workspace:
@@ -55,8 +57,13 @@ def lcp(a: list[int], b: list[int]) -> int:
     return n
 
 
-PREFIX_64: dict[str, Any] = {"source": "prefix_cache", "input_tokens": 8192, "prefix_ratio": 0.9, "block_size": 128,
-             "prefix_groups": 2}
+PREFIX_64: dict[str, Any] = {
+    "source": "prefix_cache",
+    "input_tokens": 8192,
+    "prefix_ratio": 0.9,
+    "block_size": 128,
+    "prefix_groups": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +126,11 @@ def test_seed_figures_and_a_below_target_construction_is_reported_not_rounded() 
     assert f"{117968 / 131076:.2%}" == "90.00%"  # what naive formatting would claim
     assert dsgen._pct_floor(117968, 131076) == "89.99%"
     assert not dsgen._meets(117968, 131076, Fraction(9, 10))
-    below = dsgen._below(dsgen._Acc(body=[131072], chat=[131076], cached=[117968]), Fraction(9, 10),
-                      make_case(1, **{**PREFIX_64, "block_size": 16}).dataset)
+    below = dsgen._below(
+        dsgen._Acc(body=[131072], chat=[131076], cached=[117968]),
+        Fraction(9, 10),
+        make_case(1, **{**PREFIX_64, "block_size": 16}).dataset,
+    )
     assert below.count == 1 and below.first == [0]
     assert below.message is not None and "89.99%" in below.message and "90.00%" not in below.message
 
@@ -261,8 +271,9 @@ def test_completions_and_template_off_count_the_body_chat_counts_the_template(tm
 def test_builtin_fast_path_agrees_with_transformers_chat_template(tmp_path: Path) -> None:
     hf = tk.load("builtin")
     for text in ["kalo mine", " kalo mine", "kalo\n\nmine  ", "x"]:
-        want = hf.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                      add_generation_prompt=True, return_dict=False)
+        want = hf.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False
+        )
         assert chat_ids(text) == list(want)
     # A local copy of the builtin goes through transformers and must give the very same entries.
     local = tmp_path / "ws" / "tok"

@@ -205,8 +205,9 @@ def test_bootstrap_interval_is_seeded_and_repeats_add_their_spread() -> None:
     assert isinstance(iv, Interval) and iv.low <= iv.point <= iv.high and iv.metric == "tpot_p50"
     exact = compute_result(c, run(1.0))  # identical requests: no noise from the requests...
     repeat = compute_result(c, run(1.2))  # ...but a repeat of the baseline's case that differs by 20%
-    d = decide(c, compute_result(c, run(0.95)), exact, "c-000000000001@r-base", load_ended=True,
-               baseline_repeats=[repeat])
+    d = decide(
+        c, compute_result(c, run(0.95)), exact, "c-000000000001@r-base", load_ended=True, baseline_repeats=[repeat]
+    )
     assert d.noise is not None and d.noise.baseline_runs == 2 and d.noise.baseline_spread_rel is not None
     assert abs(d.noise.noise_rel - 0.2 / 2 / 1.1) < 1e-6  # the baseline's spread: (1.2 - 1.0) / 2 / mean
     assert d.outcome == "insufficient" and "within noise" in d.reason  # +5% inside ±9.1%

@@ -41,9 +41,18 @@ def small_ws(tmp_path: Path) -> Iterator[Workspace]:
 
 
 def draft(port: int) -> dict[str, object]:
-    return ref_draft(port, service={"reference": {"prefill_tokens_per_s": 200000, "decode_step_s": 0.01,
-                                                  "decode_step_per_seq_s": 0.0002, "slots": 8}},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16})
+    return ref_draft(
+        port,
+        service={
+            "reference": {
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.01,
+                "decode_step_per_seq_s": 0.0002,
+                "slots": 8,
+            }
+        },
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+    )
 
 
 def formal(port: int) -> int:
@@ -55,7 +64,8 @@ def free_space(ws: Workspace, run_id: str) -> None:
 
 
 def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
-        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     ws, port = small_ws, free_port()
     case = freeze_case(ws, draft=draft(port))
     # the disk fills after the 3rd record; the client's spare, freed as it exits, is filled again before
@@ -82,7 +92,8 @@ def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
 
 
 def test_disk_full_before_the_load_sends_nothing_and_resume_sends_it_once(
-        small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     ws, port = small_ws, free_port()
     case = freeze_case(ws, draft=draft(port))
     r = start_with_fault(monkeypatch, "controller:fill_disk_before=load", ws, case.case_id, wait=True, timeout_s=120)

@@ -29,15 +29,23 @@ def test_a_flag_by_c_campaign_starts_each_service_identity_once(tmp_path: Path) 
     authorization.set_mode(ws, "auto")
     port = free_port()
     base = llama_draft(port, server, model, scenario="llama-np-c", load={"requests": 8, "concurrency": 1})
-    draft = {"campaign": {
-        "name": "np-by-c", "base": base,
-        "axes": [{"path": "service.argv[-np]", "values": [2, 4]}, {"path": "load.concurrency", "values": [1, 2]}],
-        "decision": {"primary_metric": "output_throughput"},
-        "repeats": {"runs": 1, "settle_runs": 2, "budget": 2}}}
+    draft = {
+        "campaign": {
+            "name": "np-by-c",
+            "base": base,
+            "axes": [{"path": "service.argv[-np]", "values": [2, 4]}, {"path": "load.concurrency", "values": [1, 2]}],
+            "decision": {"primary_metric": "output_throughput"},
+            "repeats": {"runs": 1, "settle_runs": 2, "budget": 2},
+        }
+    }
     try:
         f = freeze_any(ws, draft=draft)
-        assert isinstance(f, CampaignFrozen) and set(f.points) == {"-np=2 C=1", "-np=2 C=2", "-np=4 C=1",
-                                                                  "-np=4 C=2"}, f.text()
+        assert isinstance(f, CampaignFrozen) and set(f.points) == {
+            "-np=2 C=1",
+            "-np=2 C=2",
+            "-np=4 C=1",
+            "-np=4 C=2",
+        }, f.text()
         start_any(ws, f.campaign_id)
         deadline = time.monotonic() + 1500
         view = status_any(ws, f.campaign_id)

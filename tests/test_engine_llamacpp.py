@@ -30,8 +30,17 @@ from tests.engine import MODEL_ALIAS, counters, llama_draft, llama_paths, llama_
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 TIMEOUT = 420.0  # per run; a few seconds on an idle machine, minutes when the 2 cores are shared
-ALL_PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end",
-              "postprocess", "decide")
+ALL_PHASES = (
+    "preflight",
+    "service",
+    "warmup",
+    "route_verify",
+    "cache_prepare",
+    "load",
+    "confirm_end",
+    "postprocess",
+    "decide",
+)
 
 
 class Llama:
@@ -122,7 +131,10 @@ def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> N
     assert r2.state == "succeeded", phase_status(ws, r2.run_id).text()
     v2 = fold(ws, r2.run_id)
     assert {p: v2.phases[p].state.value for p in ("service", "warmup", "route_verify")} == {
-        "service": "reused", "warmup": "reused", "route_verify": "reused"}
+        "service": "reused",
+        "warmup": "reused",
+        "route_verify": "reused",
+    }
     ev2 = service_evidence(ws, r2.run_id)
     assert ev2["outcome"] == "reused" and ev2["pid"] == ev1["pid"]  # the same process: not restarted
     assert ev2["starts"] == ev1["starts"] and ev2["effective_argv"] == ev1["effective_argv"]
@@ -137,8 +149,14 @@ def test_prefix_cache_case_passes_its_cache_check(llama: Llama) -> None:
     # lands on another slot misses, which would make the check depend on slot assignment
     draft = llama.draft(
         scenario="llamacpp-prefix",
-        dataset={"source": "prefix_cache", "input_tokens": 160, "output_tokens": 8, "prefix_ratio": 0.8,
-                 "block_size": 16, "prefix_groups": 1},
+        dataset={
+            "source": "prefix_cache",
+            "input_tokens": 160,
+            "output_tokens": 8,
+            "prefix_ratio": 0.8,
+            "block_size": 16,
+            "prefix_groups": 1,
+        },
         load={"requests": 3, "concurrency": 1},
         warmup={"requests": 1, "concurrency": 1},
         cache={"min_hit_ratio": 0.6, "check_requests": 2},
@@ -161,8 +179,7 @@ def test_prefix_cache_case_passes_its_cache_check(llama: Llama) -> None:
     assert cache.uncached_input_throughput.numerator < cache.nominal_input_throughput.numerator  # type: ignore[union-attr]
 
 
-def test_collect_failure_is_repaired_from_raw_without_model_work(
-        llama: Llama, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collect_failure_is_repaired_from_raw_without_model_work(llama: Llama, monkeypatch: pytest.MonkeyPatch) -> None:
     ws = llama.ws
     draft = llama.draft(scenario="llamacpp-collect", load={"requests": 3, "concurrency": 2})
     case = freeze_case(ws, draft=draft)
@@ -200,8 +217,9 @@ SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
 
 def test_speculative_llama_server_per_request_al_equals_the_metrics_delta(llama: Llama) -> None:
     ws = llama.ws
-    draft = llama.spec_draft(scenario="llamacpp-spec", dataset={"output_tokens": 16},
-                             load={"requests": 6, "concurrency": 2})
+    draft = llama.spec_draft(
+        scenario="llamacpp-spec", dataset={"output_tokens": 16}, load={"requests": 6, "concurrency": 2}
+    )
     base = freeze_case(ws, draft=draft)
     r1 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)
     assert r1.state == "succeeded", phase_status(ws, r1.run_id).text()
@@ -245,7 +263,8 @@ def test_speculative_llama_server_per_request_al_equals_the_metrics_delta(llama:
     assert per.acceptance_rate.value == whole.acceptance_rate.value
     assert isinstance(per.by_position, list) and isinstance(whole.by_position_counters, list)
     assert [(p.position, p.accepted) for p in per.by_position] == [
-        (p.position, p.accepted) for p in whole.by_position_counters]
+        (p.position, p.accepted) for p in whole.by_position_counters
+    ]
     # native window: its own requests and interval from per-request counts; counters say why not
     native = result.windows.native
     nper = native.spec_decode.per_request
@@ -266,8 +285,13 @@ def test_speculative_llama_server_per_request_al_equals_the_metrics_delta(llama:
     assert counters(llama.port)[SPEC_DRAFTS] == before[SPEC_DRAFTS]
 
     # a child that changes only the draft length is a service change: restarted with the new argv
-    child = freeze_case(ws, draft=llama.spec_draft(draft_max=2, scenario="llamacpp-spec", dataset={"output_tokens": 16},
-                                                   load={"requests": 6, "concurrency": 2}), parent=base.case_id)
+    child = freeze_case(
+        ws,
+        draft=llama.spec_draft(
+            draft_max=2, scenario="llamacpp-spec", dataset={"output_tokens": 16}, load={"requests": 6, "concurrency": 2}
+        ),
+        parent=base.case_id,
+    )
     assert [(d.path, d.impact) for d in child.delta] == [("service.speculative.draft_max", "service")]
     r2 = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
     assert r2.state == "succeeded", phase_status(ws, r2.run_id).text()

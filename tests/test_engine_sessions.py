@@ -66,8 +66,14 @@ def test_later_turns_on_llama_server_hit_the_history_the_server_counted(llama_ws
     ss = res.sessions
     print(ss.text)
     for t in ss.by_turn:
-        print(t.turn, t.ttft_ms_p50, t.prompt_tokens_mean, t.planned_shared_tokens_mean, t.cached_tokens_mean,
-              t.cached_over_planned)
+        print(
+            t.turn,
+            t.ttft_ms_p50,
+            t.prompt_tokens_mean,
+            t.planned_shared_tokens_mean,
+            t.cached_tokens_mean,
+            t.cached_over_planned,
+        )
     assert (ss.sessions, ss.complete, ss.turns_recorded) == (4, 4, 16)
     assert all(t.cached_over_planned is not None and t.cached_over_planned >= 0.9 for t in ss.by_turn[1:]), ss.text
     snapshot = res.model_dump(mode="json")
@@ -76,4 +82,3 @@ def test_later_turns_on_llama_server_hit_the_history_the_server_counted(llama_ws
     assert again is not None
     assert again.model_dump(mode="json")["sessions"] == snapshot["sessions"]
     assert again.model_dump(mode="json")["windows"] == snapshot["windows"]
-

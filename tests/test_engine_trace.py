@@ -71,5 +71,8 @@ def test_sample_trace_replays_on_llama_server_on_schedule_with_cached_beside_pla
     again = latest_result(rd.root)
     assert again is not None
     after = again.model_dump(mode="json")
-    assert (after["schedule"], after["trace"], after["windows"]) == (before["schedule"], before["trace"],
-                                                                      before["windows"])
+    assert (after["schedule"], after["trace"], after["windows"]) == (
+        before["schedule"],
+        before["trace"],
+        before["windows"],
+    )

@@ -37,8 +37,17 @@ from tests.engine import ENGINE_NOTES, VllmPaths, prometheus_labels, vllm_paths,
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TIMEOUT = 900.0  # per run, a cold start included; minutes when the 2 cores are shared
-ALL_PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end",
-              "postprocess", "decide")
+ALL_PHASES = (
+    "preflight",
+    "service",
+    "warmup",
+    "route_verify",
+    "cache_prepare",
+    "load",
+    "confirm_end",
+    "postprocess",
+    "decide",
+)
 SUCCESS = "vllm:request_success_total"
 GEN = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"
@@ -78,7 +87,7 @@ class MemorySampler(threading.Thread):
                 rss = int((d / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
             except (OSError, ValueError, IndexError):
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             sid = int(fields[3])
             sessions[sid] = sessions.get(sid, 0) + rss
             if b"vllm.entrypoints.openai.api_server" in cmd:
@@ -127,8 +136,10 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
         services.stop_all(ws)
         mem.stop_event.set()
         mem.join()
-        ENGINE_NOTES.append(f"vLLM tests: peak RSS of the vLLM process tree {mem.peak_tree / GIB:.2f} GiB, "
-                            f"host memory in use at most {mem.peak_host / GIB:.2f} GiB")
+        ENGINE_NOTES.append(
+            f"vLLM tests: peak RSS of the vLLM process tree {mem.peak_tree / GIB:.2f} GiB, "
+            f"host memory in use at most {mem.peak_host / GIB:.2f} GiB"
+        )
         assert mem.peak_tree < MAX_TREE_RSS, f"vLLM used {mem.peak_tree / GIB:.2f} GiB: lower VLLM_CPU_KVCACHE_SPACE"
 
 
@@ -197,8 +208,10 @@ def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_and_cache_tr
 
     # no speculative decoding in this template: no AL, and why
     assert isinstance(result.windows.whole.spec_decode.acceptance_length, NotObserved)
-    ENGINE_NOTES.append(f"vLLM template run: {n} requests, prompt tokens {recs[0]['prompt_tokens']}, cached "
-                        f"{sorted({r['cached_tokens'] for r in recs})} (block {block})")
+    ENGINE_NOTES.append(
+        f"vLLM template run: {n} requests, prompt tokens {recs[0]['prompt_tokens']}, cached "
+        f"{sorted({r['cached_tokens'] for r in recs})} (block {block})"
+    )
 
 
 def planned_cached(ws: Workspace, dataset_id: str | None) -> dict[int, int]:
@@ -223,7 +236,10 @@ def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) 
     after = vllm.counters()
     v = fold(ws, r.run_id)
     assert {p: v.phases[p].state.value for p in ("service", "warmup", "route_verify")} == {
-        "service": "reused", "warmup": "reused", "route_verify": "reused"}
+        "service": "reused",
+        "warmup": "reused",
+        "route_verify": "reused",
+    }
     ev = service_evidence(ws, r.run_id)
     assert ev["outcome"] == "reused" and ev["pid"] == ev0["pid"] and ev["starts"] == ev0["starts"]
     # at the engine: the N formal requests plus the cache check's, nothing else (no warmup, no route check)
@@ -276,9 +292,12 @@ def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
     engine's counter deltas, each side's TTFT and TPOT means are within 5% of the engine's own histograms of
     its pass, and the two sides' ratios to the engine within 3% of each other."""
     ws = vllm.ws
-    draft = vllm.template(scenario="vllm-crosscheck", dataset={"source": "synthetic", "input_tokens": 256,
-                                                               "output_tokens": 24, "prefix_ratio": 0.0},
-                          load={"requests": 8, "concurrency": 1}, cache={"min_hit_ratio": None})
+    draft = vllm.template(
+        scenario="vllm-crosscheck",
+        dataset={"source": "synthetic", "input_tokens": 256, "output_tokens": 24, "prefix_ratio": 0.0},
+        load={"requests": 8, "concurrency": 1},
+        cache={"min_hit_ratio": None},
+    )
     case = freeze_case(ws, draft=draft)
     reset_prefix_cache(vllm.port, down_ok=True)  # run alone, this test's own run starts the service
     run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
@@ -310,10 +329,12 @@ def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
     d_ind = {k: after[k] - before.get(k, 0.0) for k in after}
     itl = [1000 * x[ITL + "_sum"] / x[ITL + "_count"] for x in (d, d_ind)]
     first = [1000 * x[TTFT + "_sum"] / x[TTFT + "_count"] for x in (d, d_ind)]
-    ENGINE_NOTES.append(f"vLLM cross-check (8 requests, C=1), means: TTFT caseledger {ours_ttft:.1f} ms, "
-                        f"independent {ttft:.1f} ms (the engine's {first[0]:.1f} / {first[1]:.1f} ms); "
-                        f"TPOT {ours_tpot:.2f} ms vs {tpot:.2f} ms (the engine's inter-token latency "
-                        f"{itl[0]:.2f} / {itl[1]:.2f} ms)")
+    ENGINE_NOTES.append(
+        f"vLLM cross-check (8 requests, C=1), means: TTFT caseledger {ours_ttft:.1f} ms, "
+        f"independent {ttft:.1f} ms (the engine's {first[0]:.1f} / {first[1]:.1f} ms); "
+        f"TPOT {ours_tpot:.2f} ms vs {tpot:.2f} ms (the engine's inter-token latency "
+        f"{itl[0]:.2f} / {itl[1]:.2f} ms)"
+    )
     for what, ours, theirs, engine in (("TTFT", ours_ttft, ttft, first), ("TPOT", ours_tpot, tpot, itl)):
         r_ours, r_theirs = ours / engine[0], theirs / engine[1]
         assert abs(r_ours - 1) <= 0.05 and abs(r_theirs - 1) <= 0.05, (what, ours, theirs, engine)
@@ -339,8 +360,10 @@ async def independent_pass(requests: list[tuple[str, bytes]]) -> list[dict[str, 
         host_port, path = url.split("://", 1)[1].split("/", 1)
         host, port = host_port.split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
-        head = (f"POST /{path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+        head = (
+            f"POST /{path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        ).encode()
         t0 = time.perf_counter()
         writer.write(head + body)
         await writer.drain()
@@ -363,8 +386,14 @@ async def independent_pass(requests: list[tuple[str, bytes]]) -> list[dict[str, 
                     usage = msg["usage"]
         writer.close()
         assert first is not None and last is not None and usage, "no content or no usage in the stream"
-        out.append({"ttft_s": first - t0, "tpot_s": (last - first) / (usage["completion_tokens"] - 1),
-                    "completion_tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]})
+        out.append(
+            {
+                "ttft_s": first - t0,
+                "tpot_s": (last - first) / (usage["completion_tokens"] - 1),
+                "completion_tokens": usage["completion_tokens"],
+                "prompt_tokens": usage["prompt_tokens"],
+            }
+        )
     return out
 
 
@@ -402,7 +431,7 @@ def test_speculative_template_shows_al_from_vllm_counters_with_its_formula(vllm:
     assert all(not isinstance(r["spec_draft_tokens"], int) for r in recs)
     per = sd.per_request.acceptance_length
     assert isinstance(per, NotObserved) and per.reason == NO_COUNTS, per
-    ENGINE_NOTES.append(f"vLLM n-gram spec run: {n} requests, AL {al.text}, acceptance {rate.text}, "
-                        f"cached {sorted({r['cached_tokens'] for r in recs})} of ~{recs[0]['prompt_tokens']}")
-
-
+    ENGINE_NOTES.append(
+        f"vLLM n-gram spec run: {n} requests, AL {al.text}, acceptance {rate.text}, "
+        f"cached {sorted({r['cached_tokens'] for r in recs})} of ~{recs[0]['prompt_tokens']}"
+    )

@@ -53,7 +53,7 @@ def test_moved_errors_keep_their_names_and_old_import_paths() -> None:
 
 def test_failure_classes_are_the_ones_readme_documents_and_lowercase_names() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    para = readme[readme.index("Failure classes:"):readme.index("A formal load with more failed requests")]
+    para = readme[readme.index("Failure classes:") : readme.index("A formal load with more failed requests")]
     documented = set(re.findall(r"`([a-z_]+)`", para)) - {"resume", "reprocess"}
     assert documented == {m.value for m in FailureClass}, documented ^ {m.value for m in FailureClass}
     for m in FailureClass:
@@ -66,8 +66,12 @@ def test_phase_failed_keeps_a_failure_class_and_str_is_unchanged() -> None:
     assert isinstance(e.failure_class, FailureClass) and e.failure_class is FailureClass.SERVICE
     assert e.failure_class == "service"  # compares equal to the string event logs carry
     assert str(e) == "warmup: 0 of 4 requests succeeded; check the service log"
-    assert (e.message, e.fix, e.run_id, e.phase) == ("warmup: 0 of 4 requests succeeded", "check the service log",
-                                                     None, None)
+    assert (e.message, e.fix, e.run_id, e.phase) == (
+        "warmup: 0 of 4 requests succeeded",
+        "check the service log",
+        None,
+        None,
+    )
     assert orjson.loads(orjson.dumps({"failure_class": e.failure_class})) == {"failure_class": "service"}
 
     bare = PhaseFailed("no end file", FailureClass.END_UNKNOWN)

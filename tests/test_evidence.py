@@ -31,26 +31,51 @@ def decision(ws: Workspace, run_id: str) -> dict[str, Any]:
     return dict(read_json(ws.run(run_id).decision))
 
 
-def _rec(i: int, chunks: int, comp: int | None, prompt: int | None = 10, cached: int | None = 0,
-         toks: list[int | None] | None = None, accepted: int | None = None) -> RawRecord:
-    return RawRecord(i=i, entry=i, route=0, send_ns=i * 10**6, chunk_ns=[i * 10**6 + k + 1 for k in range(chunks)],
-                     chunk_tokens=toks if toks is not None else [None] * chunks, end_ns=i * 10**6 + chunks + 2,
-                     status=200, ok=True, error=None, error_class=None, prompt_tokens=prompt, completion_tokens=comp,
-                     cached_tokens=cached, finish_reason="length", input_tokens_body=8, input_tokens_chat=10,
-                     spec_accepted_tokens=accepted)
+def _rec(
+    i: int,
+    chunks: int,
+    comp: int | None,
+    prompt: int | None = 10,
+    cached: int | None = 0,
+    toks: list[int | None] | None = None,
+    accepted: int | None = None,
+) -> RawRecord:
+    return RawRecord(
+        i=i,
+        entry=i,
+        route=0,
+        send_ns=i * 10**6,
+        chunk_ns=[i * 10**6 + k + 1 for k in range(chunks)],
+        chunk_tokens=toks if toks is not None else [None] * chunks,
+        end_ns=i * 10**6 + chunks + 2,
+        status=200,
+        ok=True,
+        error=None,
+        error_class=None,
+        prompt_tokens=prompt,
+        completion_tokens=comp,
+        cached_tokens=cached,
+        finish_reason="length",
+        input_tokens_body=8,
+        input_tokens_chat=10,
+        spec_accepted_tokens=accepted,
+    )
 
 
 # ------------------------------------------------------------------------------------------ the rules, pure
 
 
-@pytest.mark.parametrize(("rec", "reason"), [
-    (_rec(0, 16, 99999), "completion_tokens > max_tokens 16"),
-    (_rec(0, 16, 15), "completion_tokens < content chunks"),
-    (_rec(0, 2, 12), "completion_tokens > 4 x content chunks (+ accepted drafts + 1)"),
-    (_rec(0, 4, 4, prompt=10, cached=11), "cached_tokens > prompt_tokens"),
-    (_rec(0, 4, 4, prompt=0, cached=0), "prompt_tokens <= 0"),
-    (_rec(0, 2, 4, toks=[3, 3]), "completion_tokens < the token counts streamed with its chunks"),
-])
+@pytest.mark.parametrize(
+    ("rec", "reason"),
+    [
+        (_rec(0, 16, 99999), "completion_tokens > max_tokens 16"),
+        (_rec(0, 16, 15), "completion_tokens < content chunks"),
+        (_rec(0, 2, 12), "completion_tokens > 4 x content chunks (+ accepted drafts + 1)"),
+        (_rec(0, 4, 4, prompt=10, cached=11), "cached_tokens > prompt_tokens"),
+        (_rec(0, 4, 4, prompt=0, cached=0), "prompt_tokens <= 0"),
+        (_rec(0, 2, 4, toks=[3, 3]), "completion_tokens < the token counts streamed with its chunks"),
+    ],
+)
 def test_each_count_rule_marks_the_request_invalid_with_its_reason(rec: RawRecord, reason: str) -> None:
     v = check_counts(columns_from_records([rec]), 16, False, 0.0, None, None)
     assert v.invalid.tolist() == [True] and v.reasons == [reason]
@@ -58,13 +83,16 @@ def test_each_count_rule_marks_the_request_invalid_with_its_reason(rec: RawRecor
     assert v.summary.by_reason[reason] == 1 and v.summary.examples[0].startswith(f"request 0: {reason}")
 
 
-@pytest.mark.parametrize("rec", [
-    _rec(0, 16, 16),  # one token per chunk
-    _rec(0, 4, 16, accepted=12),  # speculative decoding: the accepted drafts ride in the chunks
-    _rec(0, 5, 8),  # a few multi-byte characters sent whole
-    _rec(0, 2, 12, toks=[6, 6]),  # continuous usage says so itself
-    _rec(0, 4, 4, prompt=None, cached=None),  # nothing reported is nothing contradicted
-])
+@pytest.mark.parametrize(
+    "rec",
+    [
+        _rec(0, 16, 16),  # one token per chunk
+        _rec(0, 4, 16, accepted=12),  # speculative decoding: the accepted drafts ride in the chunks
+        _rec(0, 5, 8),  # a few multi-byte characters sent whole
+        _rec(0, 2, 12, toks=[6, 6]),  # continuous usage says so itself
+        _rec(0, 4, 4, prompt=None, cached=None),  # nothing reported is nothing contradicted
+    ],
+)
 def test_honest_counts_pass(rec: RawRecord) -> None:
     v = check_counts(columns_from_records([rec]), 16, False, 0.0, None, None)
     assert not v.invalid.any(), v.reasons
@@ -84,8 +112,11 @@ def test_generated_token_counter_disagreement_is_shown() -> None:
 
 def _case(**over: Any) -> Case:
     ep = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
-    d: dict[str, Any] = {"scenario": "s", "target": {"endpoints": [ep]},
-                         "load": {"requests": 4, "concurrency": 2, "max_tokens": 16}}
+    d: dict[str, Any] = {
+        "scenario": "s",
+        "target": {"endpoints": [ep]},
+        "load": {"requests": 4, "concurrency": 2, "max_tokens": 16},
+    }
     d.update(over)
     return Case.model_validate(d)
 
@@ -108,8 +139,19 @@ def test_stalls_and_contention_distort_a_window() -> None:
     stall = [{"start_ns": 1 * 10**6, "end_ns": 1 * 10**6 + 2 * 10**9}]
     r = compute_result(_case(), recs, stalls=stall)
     assert any("load client stalled 2.0 s" in d for d in r.windows.whole.distorted), r.windows.whole.distorted
-    busy = [{"mono_ns": 2 * 10**6, "dt_ns": 10**6, "total": 200, "busy": 190, "steal": 0, "ours": 30, "client": 10,
-             "cores": 2, "load1": 3.0}]
+    busy = [
+        {
+            "mono_ns": 2 * 10**6,
+            "dt_ns": 10**6,
+            "total": 200,
+            "busy": 190,
+            "steal": 0,
+            "ours": 30,
+            "client": 10,
+            "cores": 2,
+            "load1": 3.0,
+        }
+    ]
     r = compute_result(_case(), recs, host=busy)
     assert any("other processes used 80% of the host's 2 core(s)" in d for d in r.windows.whole.distorted)
     clean = compute_result(_case(), recs, host=[{**busy[0], "busy": 40}]).windows.whole
@@ -120,22 +162,36 @@ def test_stalls_and_contention_distort_a_window() -> None:
 
 
 def test_a_lying_server_is_never_a_baseline_and_its_requests_are_named(
-        ws: Workspace, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    ws: Workspace, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     with cell(fault_matrix, "server lies in usage") as c, misbehaving("lie") as (port, target):
         case = freeze_case(ws, draft=external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 16}))
         r = start_run(ws, case.case_id, wait=True, timeout_s=120)
         c.check("count", target.counts["load"] == 8, target.counts)
         d = decision(ws, r.run_id)
         c.check("decide", d["outcome"] == "insufficient" and phase_status(ws, r.run_id).decision == "insufficient", d)
-        c.check("next", any("fail the checks" in m and "completion_tokens > max_tokens 16" in m
-                            for m in d["missing"]), d["missing"])
+        c.check(
+            "next",
+            any("fail the checks" in m and "completion_tokens > max_tokens 16" in m for m in d["missing"]),
+            d["missing"],
+        )
         report = ws.run(r.run_id).report_md.read_text()
-        c.check("report", "8 of 8 successful responses invalid" in report and "completion_tokens > max_tokens 16"
-                in report and "cached_tokens > prompt_tokens" in report, report)
+        c.check(
+            "report",
+            "8 of 8 successful responses invalid" in report
+            and "completion_tokens > max_tokens 16" in report
+            and "cached_tokens > prompt_tokens" in report,
+            report,
+        )
         result = read_json(next(ws.run(r.run_id).root.glob("results/*/*/*/result.json")))
         whole = result["windows"]["whole"]
-        c.check("figures", whole["throughput"]["output"]["value"] == "NOT_OBSERVED" and whole["invalid"] == 8
-                and whole["cache"]["hit_ratio"]["value"] == "NOT_OBSERVED", whole["throughput"]["output"])
+        c.check(
+            "figures",
+            whole["throughput"]["output"]["value"] == "NOT_OBSERVED"
+            and whole["invalid"] == 8
+            and whole["cache"]["hit_ratio"]["value"] == "NOT_OBSERVED",
+            whole["throughput"]["output"],
+        )
 
 
 def test_the_same_server_answering_honestly_is_a_baseline(ws: Workspace) -> None:
@@ -147,19 +203,22 @@ def test_the_same_server_answering_honestly_is_a_baseline(ws: Workspace) -> None
     assert "0 of 8 successful responses invalid" in ws.run(r.run_id).report_md.read_text()
 
 
-@pytest.mark.parametrize(("mode", "cls", "next_words"), [
-    ("http:503", "overload", "wait for the target to drain"),
-    ("http:429", "overload", "lower load.rate or load.concurrency"),
-    ("http:400", "hot_entry", "freeze_case(draft with the rejected parameter fixed"),
-    ("http:500", "service", "resume(run_id="),
-    ("timeout", "service", "resume(run_id="),
-    ("reset", "service", "resume(run_id="),
-    ("badjson", "service", "resume(run_id="),
-    ("badutf8", "service", "resume(run_id="),
-])
-def test_a_load_where_every_request_failed_fails_with_its_class(ws: Workspace, mode: str, cls: str,
-                                                               next_words: str,
-                                                               fault_matrix: dict[str, dict[str, bool]]) -> None:
+@pytest.mark.parametrize(
+    ("mode", "cls", "next_words"),
+    [
+        ("http:503", "overload", "wait for the target to drain"),
+        ("http:429", "overload", "lower load.rate or load.concurrency"),
+        ("http:400", "hot_entry", "freeze_case(draft with the rejected parameter fixed"),
+        ("http:500", "service", "resume(run_id="),
+        ("timeout", "service", "resume(run_id="),
+        ("reset", "service", "resume(run_id="),
+        ("badjson", "service", "resume(run_id="),
+        ("badutf8", "service", "resume(run_id="),
+    ],
+)
+def test_a_load_where_every_request_failed_fails_with_its_class(
+    ws: Workspace, mode: str, cls: str, next_words: str, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     with cell(fault_matrix, f"every request fails: {mode}") as c, misbehaving(mode) as (port, target):
         draft = external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 4, "timeout_s": 1.0})
         case = freeze_case(ws, draft=draft)
@@ -167,8 +226,9 @@ def test_a_load_where_every_request_failed_fails_with_its_class(ws: Workspace, m
         s = phase_status(ws, r.run_id)
         c.check("count", target.counts["load"] == 8, target.counts)
         c.check("class", s.state == "failed" and s.failure_class == cls and s.phase == "load", s.text())
-        c.check("svc", "8 of 8 failed" in (s.blocker or "") and "load.max_failed_share 0" in (s.blocker or ""),
-                s.text())
+        c.check(
+            "svc", "8 of 8 failed" in (s.blocker or "") and "load.max_failed_share 0" in (s.blocker or ""), s.text()
+        )
         c.check("next", next_words in s.next_call and s.next_resends_requests, s.next_call)
 
 
@@ -181,10 +241,20 @@ def test_failures_within_the_declared_share_are_data_not_a_failed_run(ws: Worksp
 
 
 def _slow_ref(port: int, **load: Any) -> dict[str, Any]:
-    return ref_draft(port, service={"adapter": "reference", "reference": {
-        "prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0, "slots": 8}},
+    return ref_draft(
+        port,
+        service={
+            "adapter": "reference",
+            "reference": {
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.05,
+                "decode_step_per_seq_s": 0.0,
+                "slots": 8,
+            },
+        },
         dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-        load={"requests": 40, "concurrency": 4, **load})
+        load={"requests": 40, "concurrency": 4, **load},
+    )
 
 
 def _stopped(pid: int) -> bool:
@@ -197,7 +267,8 @@ def _wait_sent(ws: Workspace, run_id: str, n: int) -> None:
 
 
 def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlog(
-        ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=_slow_ref(port, timeout_s=2.0))
     with cell(fault_matrix, "service SIGSTOPped mid-load") as c:
@@ -209,8 +280,11 @@ def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlo
         wait_until(lambda: _stopped(old), 5, "the kernel to stop the engine")
         try:
             s = phase_status(ws, r.run_id)  # the first status call after the stop
-            c.check("svc", s.service_alive is False and any("stopped" in g for g in s.service_gone)
-                    and "SIGCONT" in s.next_call, s.text())
+            c.check(
+                "svc",
+                s.service_alive is False and any("stopped" in g for g in s.service_gone) and "SIGCONT" in s.next_call,
+                s.text(),
+            )
             s = settled(ws, r.run_id)
             c.check("class", s.state == "failed" and s.failure_class == "service", s.text())
             c.check("plan", s.next_restarts_service and s.resume_runs[:1] == ["service"], s.text())
@@ -226,7 +300,8 @@ def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlo
 
 
 def test_a_stopped_load_client_distorts_the_window_and_the_decision_names_it(
-        ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=_slow_ref(port))
     with cell(fault_matrix, "load client SIGSTOPped 3 s") as c:
@@ -252,7 +327,8 @@ def test_a_stopped_load_client_distorts_the_window_and_the_decision_names_it(
 
 
 def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
-        ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=_slow_ref(port, requests=24))
     with cell(fault_matrix, "CPU hog on the load host") as c:
@@ -296,8 +372,11 @@ def test_a_verdict_is_decided_again_when_the_baseline_is_re_run(ws: Workspace) -
         b2 = start_run(ws, base.case_id, wait=True, timeout_s=120)
     assert b1.state == b2.state == "succeeded"
     assert decision(ws, k.run_id)["outcome"] == "keep"  # what the decide phase recorded then
-    row = next(r for r in summarize(ws, [], scenario="ref-test").scenario.rows  # type: ignore[union-attr]
-               if r.case_id == child.case_id)
+    row = next(
+        r
+        for r in summarize(ws, [], scenario="ref-test").scenario.rows  # type: ignore[union-attr]
+        if r.case_id == child.case_id
+    )
     assert row.decision != "keep", row  # decided now: no longer better than its baseline's latest run
     (again,) = summarize(ws, [k.run_id]).runs
     assert again.decision == row.decision != "keep", again
@@ -317,8 +396,9 @@ def test_repeats_show_mean_spread_and_how_often_each_limit_was_met(ws: Workspace
     from caseledger.tools import summarize  # lazy: only this test reads the scenario view
 
     with misbehaving("honest") as (port, target):
-        draft = external_draft(port, load={"requests": 8, "concurrency": 4, "max_tokens": 4},
-                               decision={"limits": {"e2e_p99_ms": 150}})
+        draft = external_draft(
+            port, load={"requests": 8, "concurrency": 4, "max_tokens": 4}, decision={"limits": {"e2e_p99_ms": 150}}
+        )
         case = freeze_case(ws, draft=draft)
         target.delay_s = 0.0
         assert start_run(ws, case.case_id, wait=True, timeout_s=120).state == "succeeded"
@@ -361,8 +441,12 @@ def test_failure_causes_and_the_share_decide_the_class() -> None:
     check_failures(case, ok)  # nothing failed: nothing to say
     # requests the client was told to stop (SIGTERM) are not the target's failures
     check_failures(case, [*ok, _failed(6, None, "client", "cancelled"), _failed(7, None, "client", "cancelled")])
-    mixed = [*ok, _failed(6, 503, "http", "HTTP 503: busy"), _failed(7, 429, "http", "HTTP 429: slow down"),
-             _failed(8, None, "timeout", "no complete response")]
+    mixed = [
+        *ok,
+        _failed(6, 503, "http", "HTTP 503: busy"),
+        _failed(7, 429, "http", "HTTP 429: slow down"),
+        _failed(8, None, "timeout", "no complete response"),
+    ]
     with pytest.raises(PhaseFailed) as e:
         check_failures(case, mixed)
     assert e.value.failure_class == "overload" and "3 of 9 failed" in e.value.message, e.value.message

@@ -94,7 +94,6 @@ def cell(matrix: dict[str, dict[str, bool]], name: str) -> Iterator[Cell]:
 # --------------------------------------------------------------------------------------------------- helpers
 
 
-
 def by_phase(port: int, phase: str = "load") -> int:
     return int(stats(port)["by_phase"].get(phase, 0))
 
@@ -111,9 +110,11 @@ def wait_until(pred: Callable[[], Any], timeout: float = 60, what: str = "") -> 
 
 def settled(ws: Workspace, run_id: str, timeout: float = 90) -> StatusResult:
     """Status once the run's controller is gone and the run is no longer running."""
+
     def done() -> StatusResult | None:
         s = phase_status(ws, run_id)
         return s if s.state not in ("running", "created") and not s.owner_alive else None
+
     return wait_until(done, timeout, f"run {run_id} to settle")  # type: ignore[no-any-return]
 
 
@@ -129,8 +130,11 @@ def service_pid(ws: Workspace, run_id: str) -> int:
 
 def ended_ok(ws: Workspace, run_id: str) -> Counter[str]:
     """Per phase, how many times it ended done/reused/skipped (what 'ran once' counts)."""
-    return Counter(e["phase"] for e in read_events(ws.run(run_id)).events
-                   if e["type"] == "phase_ended" and e["data"].get("outcome") in ("done", "reused", "skipped"))
+    return Counter(
+        e["phase"]
+        for e in read_events(ws.run(run_id)).events
+        if e["type"] == "phase_ended" and e["data"].get("outcome") in ("done", "reused", "skipped")
+    )
 
 
 def clients(ws: Workspace, run_id: str) -> int:
@@ -155,13 +159,16 @@ def raw_lines(path: Path) -> int:
 
 
 def after(phase: str) -> list[str]:
-    return [p.value for p in PHASES[PHASES.index(Phase(phase)) + 1:]]
+    return [p.value for p in PHASES[PHASES.index(Phase(phase)) + 1 :]]
 
 
 def slow_draft(port: int) -> dict[str, Any]:
     """A formal load of ~2.5 s (8 requests of 24 tokens at 0.02 s a step, C=2): time to kill things in it."""
-    return ref_draft(port, service={"reference": {**FAST, "decode_step_s": 0.02, "decode_step_per_seq_s": 0.0}},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24})
+    return ref_draft(
+        port,
+        service={"reference": {**FAST, "decode_step_s": 0.02, "decode_step_per_seq_s": 0.0}},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24},
+    )
 
 
 def kill(pid: int) -> None:
@@ -191,14 +198,22 @@ def race(*calls: Callable[[], Any]) -> list[Any]:
 # ------------------------------------------------------------------------------- 1. controller SIGKILLed
 
 
-KILLS = [("controller:exit_after=" + p, f"kill controller after {p}")
-         for p in ("preflight", "service", "warmup", "route_verify", "load", "confirm_end", "postprocess")]
+KILLS = [
+    ("controller:exit_after=" + p, f"kill controller after {p}")
+    for p in ("preflight", "service", "warmup", "route_verify", "load", "confirm_end", "postprocess")
+]
 KILLS.append(("controller:exit_during=load", "kill controller during load"))
 
 
 @pytest.mark.parametrize(("fault", "name"), KILLS, ids=[k[0].split(":")[1] for k in KILLS])
-def test_controller_killed_then_resume(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
-                                       fault_matrix: dict[str, dict[str, bool]], fault: str, name: str) -> None:
+def test_controller_killed_then_resume(
+    ws: Workspace,
+    stop_services: None,
+    monkeypatch: pytest.MonkeyPatch,
+    fault_matrix: dict[str, dict[str, bool]],
+    fault: str,
+    name: str,
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     killed = "load" if "exit_during" in fault else fault.split("=")[1]
@@ -207,12 +222,20 @@ def test_controller_killed_then_resume(ws: Workspace, stop_services: None, monke
         assert r.run_id is not None
         s = settled(ws, r.run_id)
         nxt = after(killed)[0]
-        c.check("class", s.state == "end_unknown" and s.phase == nxt
-                and s.failure_class == FAILURE_OF_PHASE[Phase(nxt)], s.text())
+        c.check(
+            "class",
+            s.state == "end_unknown" and s.phase == nxt and s.failure_class == FAILURE_OF_PHASE[Phase(nxt)],
+            s.text(),
+        )
         repair = "reprocess_raw" if s.failure_class == "collect" else "resume"  # collect: repaired from raw data
         c.check("next", f"{repair}(run_id='{r.run_id}')" in s.next_call, s.next_call)
-        c.check("plan", s.resume_runs == after(killed) and not s.next_resends_requests
-                and s.next_restarts_service == (killed == "preflight"), s.text())
+        c.check(
+            "plan",
+            s.resume_runs == after(killed)
+            and not s.next_resends_requests
+            and s.next_restarts_service == (killed == "preflight"),
+            s.text(),
+        )
         before = ended_ok(ws, r.run_id)
         pid_before = service_pid(ws, r.run_id) if killed != "preflight" else None
 
@@ -220,25 +243,38 @@ def test_controller_killed_then_resume(ws: Workspace, stop_services: None, monke
         s2 = phase_status(ws, r.run_id)
         st = stats(port)
         c.check("state", res.state == "succeeded" and s2.state == "succeeded", why(ws, r.run_id))
-        c.check("count", st["by_phase"].get("load") == N == s2.sent == s2.done,
-                f"target {st['by_phase']}, ledger sent {s2.sent} done {s2.done}")
+        c.check(
+            "count",
+            st["by_phase"].get("load") == N == s2.sent == s2.done,
+            f"target {st['by_phase']}, ledger sent {s2.sent} done {s2.done}",
+        )
         c.check("raw", raw_lines(ws.run(r.run_id).raw) == s2.done == N, raw_lines(ws.run(r.run_id).raw))
         svc = service_state(ws, r.run_id)
-        c.check("starts", svc.get("starts") == 1 and st["pid"] == svc["proc"]["pid"]
-                and pid_before in (None, st["pid"]), f"{svc.get('starts')} starts, pid {pid_before} -> {st['pid']}")
+        c.check(
+            "starts",
+            svc.get("starts") == 1 and st["pid"] == svc["proc"]["pid"] and pid_before in (None, st["pid"]),
+            f"{svc.get('starts')} starts, pid {pid_before} -> {st['pid']}",
+        )
         ends = ended_ok(ws, r.run_id)
         # a load whose controller died under it ends by the client's end file (no phase_ended of its own)
-        c.check("once", all(ends[p.value] == 1 for p in PHASES if p != Phase.LOAD or killed != "load")
-                and ends["load"] <= 1 and all(before[p] == 1 for p in before) and clients(ws, r.run_id) == 1
-                and st["by_phase"].get("warmup") == 2 and st["by_phase"].get("route_verify") == 1,
-                f"phase ends {dict(ends)}, {clients(ws, r.run_id)} load clients, target {st['by_phase']}")
+        c.check(
+            "once",
+            all(ends[p.value] == 1 for p in PHASES if p != Phase.LOAD or killed != "load")
+            and ends["load"] <= 1
+            and all(before[p] == 1 for p in before)
+            and clients(ws, r.run_id) == 1
+            and st["by_phase"].get("warmup") == 2
+            and st["by_phase"].get("route_verify") == 1,
+            f"phase ends {dict(ends)}, {clients(ws, r.run_id)} load clients, target {st['by_phase']}",
+        )
 
 
 # --------------------------------------------------------------------------------- 2. load client SIGKILLed
 
 
-def test_load_client_killed_mid_load(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
-                                     fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_load_client_killed_mid_load(
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     with cell(fault_matrix, "kill load client mid-load") as c:
@@ -255,27 +291,36 @@ def test_load_client_killed_mid_load(ws: Workspace, stop_services: None, monkeyp
         c.check("state", res.state == "partial" == s2.state and s2.load_ended == "partial", s2.text())
         c.check("resend", by_phase(port) == served, f"{served} -> {by_phase(port)}")
         c.check("count", by_phase(port) == s2.sent, f"target {by_phase(port)}, ledger sent {s2.sent}")
-        c.check("raw", raw_lines(ws.run(r.run_id).raw) == s2.done == 3, f"raw {raw_lines(ws.run(r.run_id).raw)}, "
-                f"done {s2.done}")
+        c.check(
+            "raw",
+            raw_lines(ws.run(r.run_id).raw) == s2.done == 3,
+            f"raw {raw_lines(ws.run(r.run_id).raw)}, done {s2.done}",
+        )
         c.check("starts", service_state(ws, r.run_id).get("starts") == 1, service_state(ws, r.run_id))
-        c.check("once", clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,
-                f"{clients(ws, r.run_id)} load clients, target {stats(port)['by_phase']}")
+        c.check(
+            "once",
+            clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,
+            f"{clients(ws, r.run_id)} load clients, target {stats(port)['by_phase']}",
+        )
 
 
 # ------------------------------------------------------------------------- 3. controller and client killed
 
 
-def test_controller_and_client_killed_mid_load(ws: Workspace, stop_services: None,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_controller_and_client_killed_mid_load(
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     with cell(fault_matrix, "kill controller and client mid-load") as c:
         r = start_with_fault(monkeypatch, "controller:exit_during=load", ws, case.case_id)
         assert r.run_id is not None
         paths = ws.run(r.run_id)
-        wait_until(lambda: raw_lines(paths.raw) >= 3 and not phase_status(ws, r.run_id).owner_alive, 60,
-                   "3 raw records and the controller gone")
+        wait_until(
+            lambda: raw_lines(paths.raw) >= 3 and not phase_status(ws, r.run_id).owner_alive,
+            60,
+            "3 raw records and the controller gone",
+        )
         kill(int(orjson.loads(paths.load_pid.read_bytes())["pid"]))
         s = settled(ws, r.run_id)
         c.check("class", s.failure_class == "end_unknown" and s.phase == "load", s.text())
@@ -288,12 +333,18 @@ def test_controller_and_client_killed_mid_load(ws: Workspace, stop_services: Non
         c.check("resend", by_phase(port) == served, f"{served} -> {by_phase(port)}")
         # sent is logged before a request's first byte leaves: a SIGKILL between the two leaves one logged request
         # the target never saw (never one it saw twice, never one it saw unlogged)
-        c.check("count", s2.done <= by_phase(port) <= s2.sent, f"target {by_phase(port)}, ledger sent {s2.sent}, "
-                f"done {s2.done}")
+        c.check(
+            "count",
+            s2.done <= by_phase(port) <= s2.sent,
+            f"target {by_phase(port)}, ledger sent {s2.sent}, done {s2.done}",
+        )
         c.check("raw", raw_lines(paths.raw) == s2.done >= 3, f"raw {raw_lines(paths.raw)}, done {s2.done}")
         c.check("starts", service_state(ws, r.run_id).get("starts") == 1, service_state(ws, r.run_id))
-        c.check("once", clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,
-                f"{clients(ws, r.run_id)} load clients, target {stats(port)['by_phase']}")
+        c.check(
+            "once",
+            clients(ws, r.run_id) == 1 and stats(port)["by_phase"].get("warmup") == 2,
+            f"{clients(ws, r.run_id)} load clients, target {stats(port)['by_phase']}",
+        )
 
 
 # ------------------------------------------------------------------------------ 4. MCP server killed mid-call
@@ -316,13 +367,14 @@ def _children(cmd_part: str) -> list[int]:
     return out
 
 
-def test_mcp_server_killed_mid_call(ws: Workspace, stop_services: None,
-                                    fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_mcp_server_killed_mid_call(
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
-    params = StdioServerParameters(command=sys.executable,
-                                    args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)],
-                                   env=dict(os.environ))
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)], env=dict(os.environ)
+    )
     outcome: dict[str, Any] = {}
 
     async def scenario() -> None:
@@ -339,8 +391,10 @@ def test_mcp_server_killed_mid_call(ws: Workspace, stop_services: None,
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call)
                 with anyio.fail_after(30):  # the controller spawned, the call still waiting for preflight
-                    while not any(ws.run(p.name).controller_pid.exists()
-                                  for p in (ws.runs_dir.iterdir() if ws.runs_dir.exists() else [])):
+                    while not any(
+                        ws.run(p.name).controller_pid.exists()
+                        for p in (ws.runs_dir.iterdir() if ws.runs_dir.exists() else [])
+                    ):
                         await anyio.sleep(0.005)
                 outcome["returned_before_kill"] = "result" in outcome
                 for pid in servers:
@@ -352,8 +406,11 @@ def test_mcp_server_killed_mid_call(ws: Workspace, stop_services: None,
 
     with cell(fault_matrix, "kill MCP server mid start_run") as c:
         anyio.run(scenario)
-        c.check("midcall", len(outcome["servers"]) == 1 and not outcome["returned_before_kill"]
-                and "result" not in outcome, outcome)
+        c.check(
+            "midcall",
+            len(outcome["servers"]) == 1 and not outcome["returned_before_kill"] and "result" not in outcome,
+            outcome,
+        )
         runs = sorted(p.name for p in ws.runs_dir.iterdir())
         assert len(runs) == 1, runs
         s = settled(ws, runs[0])
@@ -366,8 +423,9 @@ def test_mcp_server_killed_mid_call(ws: Workspace, stop_services: None,
 # ---------------------------------------------------------------------- 5. service killed after its phase
 
 
-def test_service_killed_after_its_phase(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
-                                        fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_service_killed_after_its_phase(
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     with cell(fault_matrix, "kill service after its phase") as c:
@@ -378,11 +436,20 @@ def test_service_killed_after_its_phase(ws: Workspace, stop_services: None, monk
         kill(old)
         wait_until(lambda: phase_status(ws, r.run_id).service_alive is False, 10, "the service to be seen dead")
         s = phase_status(ws, r.run_id)
-        c.check("svc", s.service_alive is False and "service: the process this run measured on is gone" in s.text(),
-                s.text())
+        c.check(
+            "svc",
+            s.service_alive is False and "service: the process this run measured on is gone" in s.text(),
+            s.text(),
+        )
         c.check("class", s.failure_class == "service", s.text())
-        c.check("plan", s.resume_runs[:1] == ["service"] and s.next_restarts_service and s.next_repeats_warmup
-                and not s.next_resends_requests, s.text())
+        c.check(
+            "plan",
+            s.resume_runs[:1] == ["service"]
+            and s.next_restarts_service
+            and s.next_repeats_warmup
+            and not s.next_resends_requests,
+            s.text(),
+        )
         c.check("next", f"resume(run_id='{r.run_id}') starts again at service" in s.next_call, s.next_call)
 
         res = resume(ws, r.run_id, wait=True)
@@ -390,22 +457,32 @@ def test_service_killed_after_its_phase(ws: Workspace, stop_services: None, monk
         st = stats(port)
         svc = service_state(ws, r.run_id)
         c.check("state", res.state == "succeeded" == s2.state, why(ws, r.run_id))
-        c.check("starts", svc.get("starts") == 2 and svc["proc"]["pid"] == st["pid"] != old,
-                f"starts {svc.get('starts')}, pid {old} -> {st['pid']}")
-        c.check("count", st["by_phase"].get("load") == N == s2.sent == s2.done,
-                f"target {st['by_phase']}, ledger sent {s2.sent}")
+        c.check(
+            "starts",
+            svc.get("starts") == 2 and svc["proc"]["pid"] == st["pid"] != old,
+            f"starts {svc.get('starts')}, pid {old} -> {st['pid']}",
+        )
+        c.check(
+            "count",
+            st["by_phase"].get("load") == N == s2.sent == s2.done,
+            f"target {st['by_phase']}, ledger sent {s2.sent}",
+        )
         c.check("raw", raw_lines(ws.run(r.run_id).raw) == N, raw_lines(ws.run(r.run_id).raw))
         ends = ended_ok(ws, r.run_id)
-        c.check("once", ends["preflight"] == 1 and ends["service"] == 2
-                and all(ends[p.value] == 1 for p in PHASES if p not in (Phase.PREFLIGHT, Phase.SERVICE))
-                and st["by_phase"].get("warmup") == 2, f"phase ends {dict(ends)}, new target {st['by_phase']}")
+        c.check(
+            "once",
+            ends["preflight"] == 1
+            and ends["service"] == 2
+            and all(ends[p.value] == 1 for p in PHASES if p not in (Phase.PREFLIGHT, Phase.SERVICE))
+            and st["by_phase"].get("warmup") == 2,
+            f"phase ends {dict(ends)}, new target {st['by_phase']}",
+        )
 
 
 # --------------------------------------------------------------------------------- 6. service killed mid-load
 
 
-def test_service_killed_mid_load(ws: Workspace, stop_services: None,
-                                 fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_service_killed_mid_load(ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     with cell(fault_matrix, "kill service mid-load") as c:
@@ -418,8 +495,14 @@ def test_service_killed_mid_load(ws: Workspace, stop_services: None,
         s = settled(ws, r.run_id)
         c.check("class", s.state == "failed" and s.failure_class == "service" and s.phase == "load", s.text())
         c.check("svc", s.service_alive is False, s.text())
-        c.check("plan", s.resume_runs[:1] == ["service"] and "load" in s.resume_runs and s.next_resends_requests
-                and s.next_restarts_service, s.text())
+        c.check(
+            "plan",
+            s.resume_runs[:1] == ["service"]
+            and "load" in s.resume_runs
+            and s.next_resends_requests
+            and s.next_restarts_service,
+            s.text(),
+        )
         c.check("next", f"resume(run_id='{r.run_id}')" in s.next_call, s.next_call)
 
         res = resume(ws, r.run_id, wait=True)
@@ -428,20 +511,30 @@ def test_service_killed_mid_load(ws: Workspace, stop_services: None,
         svc = service_state(ws, r.run_id)
         c.check("state", res.state == "succeeded" == s2.state, why(ws, r.run_id))
         marker = paths.load_attempt_dir(1) / "superseded.json"
-        c.check("kept", marker.exists() and raw_lines(paths.load_attempt_dir(1) / "raw.jsonl") > 0,
-                sorted(p.name for p in paths.root.iterdir()))
-        c.check("starts", svc.get("starts") == 2 and svc["proc"]["pid"] == st["pid"] != old,
-                f"starts {svc.get('starts')}, pid {old} -> {st['pid']}")
-        c.check("count", st["by_phase"].get("load") == N == s2.sent == s2.done,
-                f"new target {st['by_phase']}, ledger sent {s2.sent}")
+        c.check(
+            "kept",
+            marker.exists() and raw_lines(paths.load_attempt_dir(1) / "raw.jsonl") > 0,
+            sorted(p.name for p in paths.root.iterdir()),
+        )
+        c.check(
+            "starts",
+            svc.get("starts") == 2 and svc["proc"]["pid"] == st["pid"] != old,
+            f"starts {svc.get('starts')}, pid {old} -> {st['pid']}",
+        )
+        c.check(
+            "count",
+            st["by_phase"].get("load") == N == s2.sent == s2.done,
+            f"new target {st['by_phase']}, ledger sent {s2.sent}",
+        )
         c.check("raw", raw_lines(paths.raw) == N, raw_lines(paths.raw))
 
 
 # --------------------------------------------------------------------------------------- 7. torn events line
 
 
-def test_torn_events_line_after_a_failure(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
-                                          fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_torn_events_line_after_a_failure(
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     with cell(fault_matrix, "torn events line after a failure") as c:
@@ -451,8 +544,13 @@ def test_torn_events_line_after_a_failure(ws: Workspace, stop_services: None, mo
         with ws.run(r.run_id).events.open("ab") as f:
             f.write(b'{"seq": 999, "type": "phase_sta')
         t = phase_status(ws, r.run_id)
-        c.check("class", s.failure_class == t.failure_class == "collect" and t.state == s.state == "failed"
-                and t.phase == "postprocess", t.text())
+        c.check(
+            "class",
+            s.failure_class == t.failure_class == "collect"
+            and t.state == s.state == "failed"
+            and t.phase == "postprocess",
+            t.text(),
+        )
         c.check("next", t.next_call == s.next_call and "reprocess_raw(" in t.next_call, t.next_call)
         c.check("plan", t.resume_runs == ["postprocess", "decide"] and not t.next_resends_requests, t.text())
 
@@ -488,8 +586,11 @@ def test_two_workspaces_race_for_one_target(tmp_path: Path, fault_matrix: dict[s
                 lost = [out[k] for k in range(2) if isinstance(out[k], Exception)]
                 shown = [x if isinstance(x, Exception) else why(wss[k][0], x.run_id) for k, x in enumerate(out)]
                 c.check("one", len(won) == 1 and out[won[0]].state == "succeeded", f"trial {trial}: {shown}")
-                c.check("refused", len(lost) == 1 and isinstance(lost[0], TargetHeld)
-                        and "in workspace" in str(lost[0]), f"trial {trial}: {lost}")
+                c.check(
+                    "refused",
+                    len(lost) == 1 and isinstance(lost[0], TargetHeld) and "in workspace" in str(lost[0]),
+                    f"trial {trial}: {lost}",
+                )
                 runs_after = [runs_of(w) for w, _ in wss]
                 c.check("tree", sum(runs_after) - sum(runs_before) == 1, f"trial {trial}: {runs_before}->{runs_after}")
                 c.check("count", by_phase(port) - count0 == N, f"trial {trial}: {count0} -> {by_phase(port)}")
@@ -498,8 +599,9 @@ def test_two_workspaces_race_for_one_target(tmp_path: Path, fault_matrix: dict[s
 # --------------------------------------------------------------------------------------- 9. concurrent resumes
 
 
-def test_concurrent_resumes(ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch,
-                            fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_concurrent_resumes(
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     with cell(fault_matrix, "two resumes at once") as c:
@@ -511,15 +613,25 @@ def test_concurrent_resumes(ws: Workspace, stop_services: None, monkeypatch: pyt
         won = [x for x in out if not isinstance(x, Exception)]
         lost = [x for x in out if isinstance(x, Exception)]
         c.check("one", len(won) == 1 and won[0].state == "succeeded", out)
-        c.check("refused", len(lost) == 1 and (
-            (isinstance(lost[0], TargetHeld) and "already being continued" in str(lost[0]))
-            or (isinstance(lost[0], NothingToResume) and "live controller" in str(lost[0]))), lost)
+        c.check(
+            "refused",
+            len(lost) == 1
+            and (
+                (isinstance(lost[0], TargetHeld) and "already being continued" in str(lost[0]))
+                or (isinstance(lost[0], NothingToResume) and "live controller" in str(lost[0]))
+            ),
+            lost,
+        )
         s2 = phase_status(ws, run_id)
         st = stats(port)
         ends = ended_ok(ws, run_id)
-        c.check("once", all(ends[p.value] == 1 for p in PHASES) and st["by_phase"].get("warmup") == 2
-                and len([e for e in read_events(ws.run(run_id)).events if e["type"] == "controller_started"]) == 2,
-                f"phase ends {dict(ends)}, target {st['by_phase']}")
+        c.check(
+            "once",
+            all(ends[p.value] == 1 for p in PHASES)
+            and st["by_phase"].get("warmup") == 2
+            and len([e for e in read_events(ws.run(run_id)).events if e["type"] == "controller_started"]) == 2,
+            f"phase ends {dict(ends)}, target {st['by_phase']}",
+        )
         c.check("count", st["by_phase"].get("load") == N == s2.sent, f"target {st['by_phase']}, ledger {s2.sent}")
         c.check("starts", service_state(ws, run_id).get("starts") == 1, service_state(ws, run_id))
 
@@ -545,13 +657,17 @@ def test_single_race(ws: Workspace, stop_services: None, fault_matrix: dict[str,
 
 # ----------------------------------------------------------------------------- 11. damaged authorization file
 
-AUTH_FILES = [(b'{"mo', "truncated authorization.json"), (b'"PAUSED"', 'authorization.json is "PAUSED"'),
-              (b'{"mode": "PAUSED"}', 'authorization mode "PAUSED"')]
+AUTH_FILES = [
+    (b'{"mo', "truncated authorization.json"),
+    (b'"PAUSED"', 'authorization.json is "PAUSED"'),
+    (b'{"mode": "PAUSED"}', 'authorization mode "PAUSED"'),
+]
 
 
 @pytest.mark.parametrize(("content", "name"), AUTH_FILES, ids=["truncated", "bare-PAUSED", "mode-PAUSED"])
-def test_damaged_authorization_refuses(ws: Workspace, stop_services: None,
-                                       fault_matrix: dict[str, dict[str, bool]], content: bytes, name: str) -> None:
+def test_damaged_authorization_refuses(
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]], content: bytes, name: str
+) -> None:
     case = freeze_case(ws, draft=ref_draft(free_port()))
     ws.authorization_file.write_bytes(content)
     with cell(fault_matrix, name + " refuses start") as c:
@@ -568,8 +684,9 @@ def test_damaged_authorization_refuses(ws: Workspace, stop_services: None,
 # ------------------------------------------------------------------------ 12-13. evidence changed or deleted
 
 
-def test_changed_and_deleted_evidence(ws: Workspace, stop_services: None,
-                                      fault_matrix: dict[str, dict[str, bool]]) -> None:
+def test_changed_and_deleted_evidence(
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     r = start_run(ws, case.case_id, wait=True)
@@ -578,7 +695,7 @@ def test_changed_and_deleted_evidence(ws: Workspace, stop_services: None,
     with cell(fault_matrix, "modified raw data refuses reprocess") as c:
         data = paths.raw.read_bytes()
         at = data.index(b'"ok":true') + len(b'"ok":')
-        paths.raw.write_bytes(data[:at] + b"f" + data[at + 1:])  # one byte: true -> frue
+        paths.raw.write_bytes(data[:at] + b"f" + data[at + 1 :])  # one byte: true -> frue
         before = tree_digest(ws.root)
         try:
             reprocess_raw(ws, r.run_id)

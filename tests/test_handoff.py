@@ -28,8 +28,7 @@ def run_failing(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | Non
     return run_failing_on(ws, monkeypatch, fault, **over)[0]
 
 
-def run_failing_on(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | None,
-                   **over: Any) -> tuple[str, int]:
+def run_failing_on(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | None, **over: Any) -> tuple[str, int]:
     """(run id, port of its reference target)."""
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port, **over))
@@ -40,8 +39,9 @@ def run_failing_on(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | 
     return r.run_id, port
 
 
-def test_before_model_failure_points_at_fix_and_resume(ws: Workspace, monkeypatch: pytest.MonkeyPatch,
-                                                        stop_services: None) -> None:
+def test_before_model_failure_points_at_fix_and_resume(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     rid = run_failing(ws, monkeypatch, "preflight:connect")
     nxt = next_line(ws)
     assert f"resume(run_id='{rid}')" in nxt and "0 model requests" in nxt
@@ -49,13 +49,18 @@ def test_before_model_failure_points_at_fix_and_resume(ws: Workspace, monkeypatc
 
 
 def test_requests_over_the_context_are_refused_at_preflight_with_nothing_sent(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     # warmup (2 output tokens) would fit the context limit, the formal load (48) does not: preflight knows the
     # limit (service.reference.max_model_len) and refuses before the service starts or any request is sent
     # (a server's 400 on every formal request, hot_entry, is test_evidence's http:400 cell)
-    rid, port = run_failing_on(ws, monkeypatch, None,
-                               service={"reference": {"max_model_len": 100, "prefill_tokens_per_s": 200000}},
-                               dataset={"source": "synthetic", "input_tokens": 40, "output_tokens": 48})
+    rid, port = run_failing_on(
+        ws,
+        monkeypatch,
+        None,
+        service={"reference": {"max_model_len": 100, "prefill_tokens_per_s": 200000}},
+        dataset={"source": "synthetic", "input_tokens": 40, "output_tokens": 48},
+    )
     s = phase_status(ws, rid)
     assert s.failure_class == "before_model" and s.phase == "preflight" and s.sent == 0, s.text()
     assert "do not fit the context of 100 tokens (service.reference.max_model_len)" in (s.blocker or "")
@@ -66,7 +71,8 @@ def test_requests_over_the_context_are_refused_at_preflight_with_nothing_sent(
 
 
 def test_collect_failure_points_at_reprocess_and_then_summarize(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     rid, port = run_failing_on(ws, monkeypatch, "postprocess:fail=import")
     s = phase_status(ws, rid)
     assert s.failure_class == "collect" and s.load_ended == "yes" and not s.results_extracted
@@ -81,9 +87,14 @@ def test_collect_failure_points_at_reprocess_and_then_summarize(
 
 
 def test_a_dead_client_points_at_a_fresh_run_and_says_what_resume_would_do(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
-    rid = run_failing(ws, monkeypatch, "load:exit_after=3",
-                      service={"reference": {"decode_step_s": 0.01, "prefill_tokens_per_s": 200000}})
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
+    rid = run_failing(
+        ws,
+        monkeypatch,
+        "load:exit_after=3",
+        service={"reference": {"decode_step_s": 0.01, "prefill_tokens_per_s": 200000}},
+    )
     nxt = next_line(ws)
     assert nxt.startswith("next: start_run(case_id=") and "died after 3 of 8 records" in nxt
     assert f"resume(run_id='{rid}') only ends this run as partial (nothing is re-sent)" in nxt

@@ -36,8 +36,12 @@ def _stamp(text: str) -> str:
 
 def answers(ws: Workspace, info: dict[str, Any]) -> dict[str, str]:
     """Every read the index serves, as the agent sees it."""
-    out = {"status": phase_status(ws).text(), "status_run": phase_status(ws, info["some_run"]).text(),
-           "handoff": _stamp(handoff.render(ws)), "handoff_quick": _stamp(handoff.render(ws, verify=False))}
+    out = {
+        "status": phase_status(ws).text(),
+        "status_run": phase_status(ws, info["some_run"]).text(),
+        "handoff": _stamp(handoff.render(ws)),
+        "handoff_quick": _stamp(handoff.render(ws, verify=False)),
+    }
     for name in [*info["active"], *info["inactive"]]:
         view = summarize(ws, [], scenario=name)
         out[f"summarize {name}"] = view.text()
@@ -60,9 +64,12 @@ def test_the_views_show_every_run_with_its_result(ledger: tuple[Workspace, dict[
     view = summarize(ws, [], scenario=info["active"][0]).scenario
     assert view is not None and len(view.rows) == 3
     assert all(r.run_id and r.metric is not None and r.state == "succeeded" for r in view.rows)
-    assert sum(r.runs for r in view.rows) == sum(1 for d in ws.runs_dir.iterdir()
-                                                  if orjson.loads((d / "run.json").read_bytes())["scenario"]
-                                                  == info["active"][0] and (d / "decision.json").exists())
+    assert sum(r.runs for r in view.rows) == sum(
+        1
+        for d in ws.runs_dir.iterdir()
+        if orjson.loads((d / "run.json").read_bytes())["scenario"] == info["active"][0]
+        and (d / "decision.json").exists()
+    )
     with open_index(ws) as idx:
         assert idx.count() == len(list(ws.runs_dir.iterdir()))
 
@@ -76,8 +83,9 @@ def test_deleting_the_index_changes_no_answer(ledger: tuple[Workspace, dict[str,
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "schema", "table"])
-def test_a_damaged_index_is_rebuilt_and_changes_no_answer(ledger: tuple[Workspace, dict[str, Any]],
-                                                          damage: str) -> None:
+def test_a_damaged_index_is_rebuilt_and_changes_no_answer(
+    ledger: tuple[Workspace, dict[str, Any]], damage: str
+) -> None:
     ws, info = ledger
     before = answers(ws, info)
     path = index_path(ws)
@@ -114,8 +122,7 @@ def test_a_file_changed_behind_the_index_is_repaired_and_noted(ledger: tuple[Wor
         paths.events.write_bytes(b"".join(lines[:-2]))
         paths.decision.unlink()
         with open_index(ws) as idx:
-            row = next(r for r in idx.of_case(orjson.loads(paths.run_json.read_bytes())["case_id"])
-                       if r.run_id == rid)
+            row = next(r for r in idx.of_case(orjson.loads(paths.run_json.read_bytes())["case_id"]) if r.run_id == rid)
             assert (row.state, row.decision) != ("succeeded", "baseline")
             assert row.state == phase_status(ws, rid).state  # the files' answer
             assert any(rid in text for _, text in idx.notes())
@@ -130,8 +137,15 @@ def test_an_event_is_seen_by_the_next_quick_read(ledger: tuple[Workspace, dict[s
     ws, info = ledger
     latest = info["latest"]
     handoff.render(ws)
-    append_event(ws, ws.run(latest), "phase_ended", phase="preflight", attempt=1,
-                 data={"outcome": "failed", "failure_class": "before_model"}, error="ImportError in the bench")
+    append_event(
+        ws,
+        ws.run(latest),
+        "phase_ended",
+        phase="preflight",
+        attempt=1,
+        data={"outcome": "failed", "failure_class": "before_model"},
+        error="ImportError in the bench",
+    )
     try:
         with open_index(ws, quick=True) as idx:
             row = next(r for r in idx.recent(1) if r.run_id == latest)
@@ -141,8 +155,9 @@ def test_an_event_is_seen_by_the_next_quick_read(ledger: tuple[Workspace, dict[s
         ws.run(latest).events.write_bytes(b"".join(lines[:-1]))
 
 
-def test_a_new_run_directory_is_listed_and_a_removed_one_forgotten(ledger: tuple[Workspace, dict[str, Any]],
-                                                                   tmp_path: Path) -> None:
+def test_a_new_run_directory_is_listed_and_a_removed_one_forgotten(
+    ledger: tuple[Workspace, dict[str, Any]], tmp_path: Path
+) -> None:
     ws, info = ledger
     with open_index(ws) as idx:
         n = idx.count()
@@ -177,16 +192,21 @@ def test_every_active_scenario_is_named_in_the_handoff(tmp_path: Path) -> None:
 def test_cli_index_rebuild(ledger: tuple[Workspace, dict[str, Any]]) -> None:
     ws, info = ledger
     before = answers(ws, info)
-    p = subprocess.run([sys.executable, "-m", "caseledger", "index", "--rebuild", "--workspace", str(ws.root),
-                        "--json"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "caseledger", "index", "--rebuild", "--workspace", str(ws.root), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     out = orjson.loads(p.stdout)
     assert out["runs"] == len(list(ws.runs_dir.iterdir())) and out["damaged"] == []
     assert answers(ws, info) == before
 
 
-def test_a_ledger_that_cannot_hold_the_index_is_read_through_memory(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ledger_that_cannot_hold_the_index_is_read_through_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     info = build(tmp_path / "ws", 12, scenarios=1, cases_per=2, active=1)
     ws = Workspace(tmp_path / "ws")
     expected = phase_status(ws).text(), phase_status(ws, info["some_run"]).text(), _stamp(handoff.render(ws))
@@ -194,6 +214,5 @@ def test_a_ledger_that_cannot_hold_the_index_is_read_through_memory(tmp_path: Pa
     from caseledger.ledger import index as index_mod
 
     monkeypatch.setattr(index_mod, "writable", lambda ledger: False)  # as a read-only ledger answers (not to root)
-    assert (phase_status(ws).text(), phase_status(ws, info["some_run"]).text(), _stamp(handoff.render(ws))) == \
-        expected
+    assert (phase_status(ws).text(), phase_status(ws, info["some_run"]).text(), _stamp(handoff.render(ws))) == expected
     assert not index_path(ws).exists()

@@ -86,8 +86,18 @@ def fake_run(ws: Workspace, rid: str, created: str) -> None:
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_meta(paths, RunMeta(run_id=rid, case_id=case_id_of(case), scenario="ref-test", workspace=str(ws.root),
-                              planned=8, target_key="t-test", created_utc=created))
+    write_meta(
+        paths,
+        RunMeta(
+            run_id=rid,
+            case_id=case_id_of(case),
+            scenario="ref-test",
+            workspace=str(ws.root),
+            planned=8,
+            target_key="t-test",
+            created_utc=created,
+        ),
+    )
 
 
 # ------------------------------------------------------------------------------- probes: CLI and MCP alike
@@ -113,8 +123,9 @@ def _directory_dataset(ws: Workspace) -> dict[str, Any]:
 
 
 def _naive_deadline(ws: Workspace) -> dict[str, Any]:
-    return {"path": str(write_draft(ws, "naive.json", ref_draft(1, deadline="2026-12-01T10:00:00"))
-                        .relative_to(ws.root))}
+    return {
+        "path": str(write_draft(ws, "naive.json", ref_draft(1, deadline="2026-12-01T10:00:00")).relative_to(ws.root))
+    }
 
 
 def _scenario(name: str) -> Callable[[Workspace], dict[str, Any]]:
@@ -133,8 +144,13 @@ def _huge_env(ws: Workspace) -> dict[str, Any]:
 
 
 def _huge_component_argv(ws: Workspace) -> dict[str, Any]:
-    d = ref_draft(1, service={"adapter": "command", "components": [
-        {"name": "decode", "argv": ["true", *[_VALUE] * 220], "routes": [0]}]})
+    d = ref_draft(
+        1,
+        service={
+            "adapter": "command",
+            "components": [{"name": "decode", "argv": ["true", *[_VALUE] * 220], "routes": [0]}],
+        },
+    )
     return {"path": str(write_draft(ws, "huge-argv.json", d).relative_to(ws.root))}
 
 
@@ -151,8 +167,10 @@ FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str,
     "directory dataset file": (_directory_dataset, ("dataset.path 'cases'",)),
     "naive deadline": (_naive_deadline, ("deadline", "timezone")),
     "10 MB service.env": (_huge_env, ("service.env: argv", "getconf ARG_MAX", "E2BIG", "fix: shrink service.env")),
-    "7 MB component argv": (_huge_component_argv, ("service.components.decode.argv: argv", "ARG_MAX",
-                                                   "fix: shrink service.components.decode.argv")),
+    "7 MB component argv": (
+        _huge_component_argv,
+        ("service.components.decode.argv: argv", "ARG_MAX", "fix: shrink service.components.decode.argv"),
+    ),
     # '.' and '..' are no path segment of caseledger://scenarios/NAME, '-rf' is an option on a command line
     "scenario '.'": (_scenario("."), _SCENARIO_RULE),
     "scenario '..'": (_scenario(".."), _SCENARIO_RULE),
@@ -163,7 +181,8 @@ FREEZE_PROBES: dict[str, tuple[Callable[[Workspace], dict[str, Any]], tuple[str,
 
 @pytest.mark.parametrize("name", list(FREEZE_PROBES))
 def test_bad_freeze_inputs_name_the_field_and_the_fix_and_write_nothing(
-        ws: Workspace, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    ws: Workspace, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
     setup, needles = FREEZE_PROBES[name]
     args = setup(ws)
     before = tree_digest(ws.root)
@@ -178,8 +197,7 @@ def test_bad_freeze_inputs_name_the_field_and_the_fix_and_write_nothing(
     assert tree_digest(ws.root) == before
 
 
-def test_ids_are_matched_whole_and_long_ids_are_not_echoed(ws: Workspace,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_ids_are_matched_whole_and_long_ids_are_not_echoed(ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(PathEscapes):
         check_id("r-1a2b3c4d\n", "run_id", "r")
     huge = "r-" + "a" * 20_000_000
@@ -195,7 +213,8 @@ def test_ids_are_matched_whole_and_long_ids_are_not_echoed(ws: Workspace,
 
 
 def test_damaged_run_records_are_named_and_never_hide_the_other_runs(
-        ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
+    ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
     (ws.runs_dir / "stray.txt").write_text("not a run")
     ws.run("r-000000bb").root.mkdir()
@@ -248,8 +267,7 @@ def test_an_edited_frozen_case_is_refused_and_freezing_the_draft_restores_it(ws:
 def test_a_refused_reprocess_appends_no_event(ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
     fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
     before = tree_digest(ws.root)
-    for extra in (["--ratio", "-1"], ["--ratio", "nan"], ["--window", "sglang", "--ratio", "1.5"],
-                  ["--ratio", "0.5"]):
+    for extra in (["--ratio", "-1"], ["--ratio", "nan"], ["--window", "sglang", "--ratio", "1.5"], ["--ratio", "0.5"]):
         rc, text = cli_call(ws, capsys, "reprocess", "r-000000aa", *extra)
         assert rc == 2
         assert_refused(text, "ratio")
@@ -262,6 +280,8 @@ def test_a_refused_reprocess_appends_no_event(ws: Workspace, capsys: pytest.Capt
 # --------------------------------------------------------------------------- generated drafts, ids, paths
 
 _text = st.text(alphabet=st.characters(codec="utf-8"), max_size=300)
+
+
 def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     # a named function, not a lambda: hypothesis checks by reading the source that `inner` is used
     return st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3)
@@ -269,11 +289,32 @@ def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | _text,
-    _containers, max_leaves=8)
-_paths = st.sampled_from(["scenario", "note", "load.requests", "load.concurrency", "load.timeout_s",
-                          "dataset.input_tokens", "dataset.tokenizer", "dataset.path", "dataset.source",
-                          "target.endpoints", "target.api_key_env", "service.adapter", "service.env",
-                          "deadline", "parent", "warmup.requests", "cache", "measurement", "nonsense"])
+    _containers,
+    max_leaves=8,
+)
+_paths = st.sampled_from(
+    [
+        "scenario",
+        "note",
+        "load.requests",
+        "load.concurrency",
+        "load.timeout_s",
+        "dataset.input_tokens",
+        "dataset.tokenizer",
+        "dataset.path",
+        "dataset.source",
+        "target.endpoints",
+        "target.api_key_env",
+        "service.adapter",
+        "service.env",
+        "deadline",
+        "parent",
+        "warmup.requests",
+        "cache",
+        "measurement",
+        "nonsense",
+    ]
+)
 
 
 def _set(d: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -305,19 +346,34 @@ def test_generated_drafts_over_mcp_freeze_or_refuse_cleanly(ws: Workspace, path:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(word=st.text(max_size=2000), tool=st.sampled_from(["phase_status", "resume", "reprocess_raw",
-                                                           "summarize", "start_run", "freeze_case"]))
+@given(
+    word=st.text(max_size=2000),
+    tool=st.sampled_from(["phase_status", "resume", "reprocess_raw", "summarize", "start_run", "freeze_case"]),
+)
 def test_generated_ids_and_paths_refuse_cleanly_over_cli_and_mcp(
-        ws: Workspace, capsys: pytest.CaptureFixture[str], word: str, tool: str) -> None:
+    ws: Workspace, capsys: pytest.CaptureFixture[str], word: str, tool: str
+) -> None:
     before = tree_digest(ws.root)
-    arg = {"phase_status": "run_id", "resume": "run_id", "reprocess_raw": "run_id", "summarize": "run_ids",
-           "start_run": "case_id", "freeze_case": "path"}[tool]
+    arg = {
+        "phase_status": "run_id",
+        "resume": "run_id",
+        "reprocess_raw": "run_id",
+        "summarize": "run_ids",
+        "start_run": "case_id",
+        "freeze_case": "path",
+    }[tool]
     r = mcp_call(ws, tool, {arg: [word] if arg == "run_ids" else word})
     assert r.is_error, text_of(r)
     assert_refused(text_of(r))
     assert len(text_of(r)) < 2 * ECHO_LIMIT + 400
-    command = {"phase_status": "status", "resume": "resume", "reprocess_raw": "reprocess",
-               "summarize": "summarize", "start_run": "run", "freeze_case": "freeze"}[tool]
+    command = {
+        "phase_status": "status",
+        "resume": "resume",
+        "reprocess_raw": "reprocess",
+        "summarize": "summarize",
+        "start_run": "run",
+        "freeze_case": "freeze",
+    }[tool]
     if "\0" not in word and not word.startswith("-"):
         rc, text = cli_call(ws, capsys, command, word)
         assert rc == 2, text
@@ -369,8 +425,15 @@ def test_bearer_scheme_is_case_insensitive_and_the_token_is_not() -> None:
     async def go() -> list[int]:
         async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=mw), base_url="http://x") as c:
             codes = []
-            for h in (f"Bearer {token}", f"bearer {token}", f"BEARER  {token}", f"Bearer {token.upper()}",
-                      f"Basic {token}", token, ""):
+            for h in (
+                f"Bearer {token}",
+                f"bearer {token}",
+                f"BEARER  {token}",
+                f"Bearer {token.upper()}",
+                f"Basic {token}",
+                token,
+                "",
+            ):
                 codes.append((await c.get("/", headers={"authorization": h} if h else {})).status_code)
             return codes
 
@@ -380,8 +443,12 @@ def test_bearer_scheme_is_case_insensitive_and_the_token_is_not() -> None:
 def test_a_deeply_nested_request_over_stdio_gets_an_answer_naming_the_fix(ws: Workspace) -> None:
     assert request_id('{"jsonrpc":"2.0","params":{"id":5,"s":"}\\""},"id":"abc"}') == "abc"
     before = tree_digest(ws.root)
-    p = subprocess.Popen([sys.executable, "-m", "caseledger", "-w", str(ws.root), "mcp"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "caseledger", "-w", str(ws.root), "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdin is not None and p.stdout is not None
 
     def send(line: str) -> None:
@@ -396,13 +463,27 @@ def test_a_deeply_nested_request_over_stdio_gets_an_answer_naming_the_fix(ws: Wo
         return dict(json.loads(p.stdout.readline()))
 
     try:
-        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
+        send(
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "t", "version": "1"},
+                    },
+                }
+            )
+        )
         assert reply()["id"] == 1
         send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         depth = 100_000
-        send('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"freeze_case","arguments":'
-             '{"draft":' + '{"a":' * depth + "1" + "}" * depth + "}}}")
+        send(
+            '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"freeze_case","arguments":'
+            '{"draft":' + '{"a":' * depth + "1" + "}" * depth + "}}}"
+        )
         answer = reply()
         assert answer["id"] == 2 and "fix:" in answer["error"]["message"]
         send(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))
@@ -450,7 +531,8 @@ def _env_draft(env: dict[str, str], **service: Any) -> dict[str, Any]:
 
 
 def test_a_service_env_the_os_cannot_exec_is_refused_at_freeze_and_one_it_can_freezes(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     refused = {f"V{n}": _VALUE for n in range(330)}
     with pytest.raises(CaseInvalid, match=r"service\.env: .*E2BIG") as e:
         freeze_case(ws, draft=_env_draft(refused))
@@ -465,12 +547,14 @@ def test_a_service_env_the_os_cannot_exec_is_refused_at_freeze_and_one_it_can_fr
     # one variable over MAX_ARG_STRLEN (131072 bytes), by a reference resolved from the caller's environment
     monkeypatch.setenv("BIG_SETTING", "y" * 200_000)
     before = tree_digest(ws.root)
-    with pytest.raises(CaseInvalid, match=r"service\.env\.CFG \(with the value of \$\{BIG_SETTING\} now\) is "
-                                          r"200,005 bytes, over the 131,072 bytes one string may hold"):
+    with pytest.raises(
+        CaseInvalid,
+        match=r"service\.env\.CFG \(with the value of \$\{BIG_SETTING\} now\) is "
+        r"200,005 bytes, over the 131,072 bytes one string may hold",
+    ):
         freeze_case(ws, draft=_env_draft({"CFG": "${BIG_SETTING}"}))
     # a remote service's argv travels as one quoted shell command: 5 x 32000 bytes is one string too many
-    ssh = {"host": "gpu-1", "user": "svc", "key_path": "/nonexistent/id_ed25519",
-           "accept_unknown_host_key": True}
+    ssh = {"host": "gpu-1", "user": "svc", "key_path": "/nonexistent/id_ed25519", "accept_unknown_host_key": True}
     with pytest.raises(CaseInvalid, match=r"service\.argv, quoted into the remote shell command, is"):
         freeze_case(ws, draft=_env_draft({}, argv=["true", *[_VALUE] * 5], ssh=ssh))
     assert tree_digest(ws.root) == before
@@ -480,7 +564,8 @@ def test_a_service_env_the_os_cannot_exec_is_refused_at_freeze_and_one_it_can_fr
 
 
 def test_a_run_directory_that_is_a_symlink_is_not_listed_and_is_refused_over_cli_and_mcp(
-        ws: Workspace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws: Workspace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     outside = Workspace(tmp_path / "outside")
     fake_run(outside, "r-000000ee", "2026-02-01T00:00:00.000Z")  # newer: it would be the latest run if followed
     fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
@@ -494,13 +579,21 @@ def test_a_run_directory_that_is_a_symlink_is_not_listed_and_is_refused_over_cli
     assert rc == 0 and "latest run: r-000000aa" in text, text
     before = tree_digest(ws.root)  # (handoff rewrote HANDOFF.md)
     needles = ("ledger/runs/r-000000ee is a symbolic link", "never followed", "remove the link")
-    for argv in (["status", "r-000000ee"], ["resume", "r-000000ee"], ["reprocess", "r-000000ee"],
-                 ["summarize", "r-000000ee"]):
+    for argv in (
+        ["status", "r-000000ee"],
+        ["resume", "r-000000ee"],
+        ["reprocess", "r-000000ee"],
+        ["summarize", "r-000000ee"],
+    ):
         rc, text = cli_call(ws, capsys, *argv)
         assert rc == 2, (argv, text)
         assert_refused(text, *needles)
-    for tool, args in (("phase_status", {"run_id": "r-000000ee"}), ("resume", {"run_id": "r-000000ee"}),
-                       ("reprocess_raw", {"run_id": "r-000000ee"}), ("summarize", {"run_ids": ["r-000000ee"]})):
+    for tool, args in (
+        ("phase_status", {"run_id": "r-000000ee"}),
+        ("resume", {"run_id": "r-000000ee"}),
+        ("reprocess_raw", {"run_id": "r-000000ee"}),
+        ("summarize", {"run_ids": ["r-000000ee"]}),
+    ):
         r = mcp_call(ws, tool, args)
         assert r.is_error, tool
         assert_refused(text_of(r), *needles)
@@ -512,9 +605,11 @@ def test_a_run_directory_that_is_a_symlink_is_not_listed_and_is_refused_over_cli
 
 @pytest.mark.slow
 def test_a_run_directory_swapped_for_a_symlink_is_refused_and_works_again_once_restored(
-        ws: Workspace, tmp_path: Path, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    r = start_with_fault(monkeypatch, "postprocess:fail=import", ws, freeze_case(ws, draft=ref_draft(free_port())
-                                                                                 ).case_id, wait=True)
+    ws: Workspace, tmp_path: Path, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = start_with_fault(
+        monkeypatch, "postprocess:fail=import", ws, freeze_case(ws, draft=ref_draft(free_port())).case_id, wait=True
+    )
     assert phase_status(ws, r.run_id).failure_class == "collect"
     real = ws.run(r.run_id).root
     moved = tmp_path / "elsewhere" / "ledger" / "runs" / r.run_id
@@ -569,7 +664,8 @@ def read_only(root: Path) -> Iterator[None]:
 
 
 def test_a_read_only_workspace_answers_not_writable_with_the_fix(
-        ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
+    ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
     write_draft(ws, "new.json", ref_draft(1, load={"requests": 8, "concurrency": 4}))
     before = tree_digest(ws.root)
@@ -580,8 +676,11 @@ def test_a_read_only_workspace_answers_not_writable_with_the_fix(
             assert rc == 2, (argv, text)
             assert_refused(text, *needles)
             assert str(ws.root) in text, text  # the path that could not be written
-        for tool, args in (("summarize", {}), ("freeze_case", {"path": "cases/new.json"}),
-                           ("summarize", {"run_ids": ["r-000000aa"]})):
+        for tool, args in (
+            ("summarize", {}),
+            ("freeze_case", {"path": "cases/new.json"}),
+            ("summarize", {"run_ids": ["r-000000aa"]}),
+        ):
             r = mcp_call(ws, tool, args)
             assert r.is_error, tool
             assert_refused(text_of(r), *needles)
@@ -621,8 +720,10 @@ def stuck_holder(path: Path) -> Iterator[int]:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
-    code = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('held', flush=True)\ntime.sleep(600)\n")
+    code = (
+        "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\ntime.sleep(600)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline() == b"held\n"
     try:
@@ -633,7 +734,8 @@ def stuck_holder(path: Path) -> Iterator[int]:
 
 
 def test_a_lock_held_by_a_stuck_process_is_not_waited_on_forever_and_names_its_holder(
-        ws: Workspace, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, "0.2")
     fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
     lease_lock = host_dir() / "t-test.lock"
@@ -642,8 +744,12 @@ def test_a_lock_held_by_a_stuck_process_is_not_waited_on_forever_and_names_its_h
         needles = (f"for the lock {lease_lock}, held by pid {pid}", f"kill {pid}")
         # a real command first, in its own process: before the bound it waited forever (the timeout here only
         # turns such a hang into a failure; it measures nothing)
-        done = subprocess.run([sys.executable, "-m", "caseledger", "-w", str(ws.root), "resume", "r-000000aa"],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "caseledger", "-w", str(ws.root), "resume", "r-000000aa"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2
         assert_refused(done.stderr, *needles)
         with pytest.raises(LockTimeout) as e:
@@ -683,10 +789,13 @@ def test_a_lock_released_while_waiting_is_taken_as_before(ws: Workspace, monkeyp
     fake_run(ws, "r-000000aa", "2026-01-01T00:00:00.000Z")
     paths = ws.run("r-000000aa")
     paths.events_lock.touch()
-    code = ("import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
-            "print('held', flush=True)\nsys.stdin.readline()\n")
-    p = subprocess.Popen([sys.executable, "-c", code, str(paths.events_lock)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE)
+    code = (
+        "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\nsys.stdin.readline()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(paths.events_lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     assert p.stdin is not None and p.stdout is not None and p.stdout.readline() == b"held\n"
     try:
         threading.Timer(0.3, lambda: (p.stdin.write(b"\n"), p.stdin.flush()) if p.stdin else None).start()

@@ -37,8 +37,18 @@ RANK = {name: n for n, names in enumerate(STAGES) for name in names}
 
 # Imports that may stay inside functions: heavy third-party modules (import cost, or only some commands
 # need them), and caseledger modules that pull one of them in at import time.
-HEAVY = {"mcp", "numpy", "transformers", "tokenizers", "matplotlib", "asyncssh", "uvicorn", "starlette", "httpx2",
-         "gguf"}
+HEAVY = {
+    "mcp",
+    "numpy",
+    "transformers",
+    "tokenizers",
+    "matplotlib",
+    "asyncssh",
+    "uvicorn",
+    "starlette",
+    "httpx2",
+    "gguf",
+}
 
 
 @dataclass(frozen=True)
@@ -68,15 +78,23 @@ def _imports() -> Iterator[Import]:
         text = path.read_text()
         lines = text.splitlines()
         tree = ast.parse(text)
-        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                     and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
-        in_fn = {id(n) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(node)}
+        type_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        in_fn = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(node)
+        }
         is_pkg = path.name == "__init__.py"
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in type_only:
                 continue
-            near = " ".join(lines[max(0, node.lineno - 2): node.end_lineno or node.lineno])
+            near = " ".join(lines[max(0, node.lineno - 2) : node.end_lineno or node.lineno])
             m = re.search(r"# lazy: (\S.*)", near)
             reason = m.group(1) if m else None
             targets: list[str] = []
@@ -163,8 +181,9 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def _heavy_modules(edges: dict[str, set[str]]) -> set[str]:
     """caseledger modules that import a heavy module at import time, directly or through another module."""
     direct = {i.source for i in IMPORTS if not i.in_function and i.target in HEAVY}
-    top = {m: {i.target for i in IMPORTS if i.source == m and not i.in_function and i.target in MODULES}
-           for m in MODULES}
+    top = {
+        m: {i.target for i in IMPORTS if i.source == m and not i.in_function and i.target in MODULES} for m in MODULES
+    }
     heavy = set(direct)
     changed = True
     while changed:
@@ -189,8 +208,11 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_lower_stages_never_import_higher_ones() -> None:
-    bad = [f"{i.source}:{i.line} imports {i.target}" for i in IMPORTS
-           if i.target in MODULES and RANK[_stage(i.target)] > RANK[_stage(i.source)]]
+    bad = [
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in IMPORTS
+        if i.target in MODULES and RANK[_stage(i.target)] > RANK[_stage(i.source)]
+    ]
     assert bad == []
 
 
@@ -206,7 +228,7 @@ def test_imports_inside_functions_are_heavy_and_say_why() -> None:
         if not i.in_function:
             continue
         # importing a.b.c runs a.b's __init__ first: a heavy parent package makes the import heavy
-        chain = {i.target} | {i.target.rsplit(".", n)[0] for n in range(1, i.target.count(".") )}
+        chain = {i.target} | {i.target.rsplit(".", n)[0] for n in range(1, i.target.count("."))}
         if i.target not in HEAVY and not chain & heavy:
             bad.append(f"{i.source}:{i.line} imports {i.target} inside a function; import it at the top")
         elif not i.reason:
@@ -243,6 +265,7 @@ def test_a_run_process_imports_only_what_its_phase_uses(entry: str) -> None:
     import sys
 
     code = f"import sys, {entry}; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                         cwd=ROOT.parent).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT.parent
+    ).stdout
     assert sorted(set(out.split()) & LIGHT_ENTRIES[entry]) == []

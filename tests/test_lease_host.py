@@ -76,7 +76,8 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def test_host_dirs_see_each_other_only_when_the_lease_lives_on_the_ssh_host(
-        tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()  # nothing is sent: leases only
     ws_a, ws_b = workspace(tmp_path / "a"), workspace(tmp_path / "b")
     dirs = {"a": tmp_path / "host-a", "b": tmp_path / "host-b"}
@@ -116,7 +117,8 @@ def test_host_dirs_see_each_other_only_when_the_lease_lives_on_the_ssh_host(
 
 
 def test_a_lapsed_lease_on_the_lease_host_is_taken_over_with_a_larger_fence(
-        tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ws = workspace(tmp_path / "w")
     lease_dir = tmp_path / "lease-host"
     case = Case.model_validate(leased_draft(free_port(), sshd, lease_dir))
@@ -139,8 +141,13 @@ def test_an_unreachable_lease_host_refuses_start_naming_it_and_starts_nothing(tm
     (tmp_path / "k").write_text("not a key")
     dead_port = free_port()  # nothing listens there
     d = ref_draft(free_port(), service={"adapter": "external"})
-    d["target"]["lease_host"] = {"host": "127.0.0.1", "port": dead_port, "user": "nobody",
-                                 "key_path": str(tmp_path / "k"), "accept_unknown_host_key": True}
+    d["target"]["lease_host"] = {
+        "host": "127.0.0.1",
+        "port": dead_port,
+        "user": "nobody",
+        "key_path": str(tmp_path / "k"),
+        "accept_unknown_host_key": True,
+    }
     cid = freeze_case(ws, draft=d).case_id
     with pytest.raises(RemoteError) as e:
         start_run(ws, cid)
@@ -151,8 +158,13 @@ def test_an_unreachable_lease_host_refuses_start_naming_it_and_starts_nothing(tm
 
 def test_a_bad_lease_host_is_refused_at_freeze_naming_the_field(tmp_path: Path) -> None:
     d = ref_draft(free_port())
-    d["target"]["lease_host"] = {"host": "h", "user": "u", "key_path": "/k", "dir": "relative/dir",
-                                 "known_hosts": "/kh"}
+    d["target"]["lease_host"] = {
+        "host": "h",
+        "user": "u",
+        "key_path": "/k",
+        "dir": "relative/dir",
+        "known_hosts": "/kh",
+    }
     with pytest.raises(ValueError, match=r"target\.lease_host\.dir"):
         Case.model_validate(d)
     d["target"]["lease_host"] = {"host": "h", "user": "u", "key_path": "/k"}
@@ -165,9 +177,15 @@ class Racer:
 
     def __init__(self, ws: Workspace, case_id: str, host_dir: Path, log: Path) -> None:
         env = {**os.environ, "CASELEDGER_HOST_DIR": str(host_dir)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lease_racer", str(ws.root), case_id],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("ab"),
-                                     env=env, cwd=Path(__file__).parent.parent, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lease_racer", str(ws.root), case_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.open("ab"),
+            env=env,
+            cwd=Path(__file__).parent.parent,
+            text=True,
+        )
         assert self.readline() == "ready"
 
     def readline(self) -> str:
@@ -189,7 +207,8 @@ class Racer:
 
 
 def test_two_controller_hosts_racing_one_target_give_exactly_one_load_in_each_of_20_trials(
-        tmp_path: Path, sshd: Sshd) -> None:
+    tmp_path: Path, sshd: Sshd
+) -> None:
     with reference_targets({"t": FAST}, tmp_path / "targets") as served:
         port = int(served["t"].url.rsplit(":", 1)[1])
         draft = leased_draft(port, sshd, tmp_path / "lease-host")
@@ -197,8 +216,14 @@ def test_two_controller_hosts_racing_one_target_give_exactly_one_load_in_each_of
         try:
             for name in ("a", "b"):
                 w = workspace(tmp_path / name)
-                racers.append(Racer(w, freeze_case(w, draft=draft).case_id, tmp_path / f"host-{name}",
-                                    tmp_path / f"racer-{name}.log"))
+                racers.append(
+                    Racer(
+                        w,
+                        freeze_case(w, draft=draft).case_id,
+                        tmp_path / f"host-{name}",
+                        tmp_path / f"racer-{name}.log",
+                    )
+                )
             fences = []
             for trial in range(TRIALS):
                 before = int(stats(port)["by_phase"].get("load", 0))
@@ -210,8 +235,9 @@ def test_two_controller_hosts_racing_one_target_give_exactly_one_load_in_each_of
                 assert len(won) == 1 and won[0]["state"] == "succeeded", f"trial {trial}: {out}"
                 assert lost[0]["error"] == "TargetHeld" and "in workspace" in lost[0]["message"], f"trial {trial}"
                 assert int(stats(port)["by_phase"].get("load", 0)) - before == N, f"trial {trial}: {out}"
-                fences.append(lease_file(tmp_path / "lease-host", target_key(Case.model_validate(draft)
-                                                                              .canonical()))[0])
+                fences.append(
+                    lease_file(tmp_path / "lease-host", target_key(Case.model_validate(draft).canonical()))[0]
+                )
             assert fences == sorted(set(fences)), fences  # strictly increasing across both hosts
         finally:
             for r in racers:
@@ -226,7 +252,7 @@ def sshd_processes(sshd: Sshd) -> list[int]:
             data = st.read_bytes()
         except OSError:
             continue
-        ppid = int(data[data.rfind(b")") + 2:].split()[1])
+        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
         kids.setdefault(ppid, []).append(int(st.parent.name))
     out, todo = [], [sshd.pid]
     while todo:
@@ -236,14 +262,16 @@ def sshd_processes(sshd: Sshd) -> list[int]:
     return out
 
 
-def slow_run(tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch,
-             served: dict[str, Any]) -> tuple[Workspace, str, int, str]:
+def slow_run(
+    tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch, served: dict[str, Any]
+) -> tuple[Workspace, str, int, str]:
     """A 40-request load (about 8 s) on a target leased on the sshd's host, started and sending."""
     port = int(served["t"].url.rsplit(":", 1)[1])
     monkeypatch.setenv("CASELEDGER_LEASE_S", "6")  # the controller renews every 2 s
     ws = workspace(tmp_path / "w")
-    draft = leased_draft(port, sshd, tmp_path / "lease-host", load={"requests": 40, "concurrency": 2},
-                         warmup={"requests": 0})
+    draft = leased_draft(
+        port, sshd, tmp_path / "lease-host", load={"requests": 40, "concurrency": 2}, warmup={"requests": 0}
+    )
     r = start_run(ws, freeze_case(ws, draft=draft).case_id)
     assert r.run_id is not None
     try:
@@ -269,8 +297,7 @@ def assert_stopped(ws: Workspace, run_id: str, port: int) -> float:
     return gone_at
 
 
-def test_a_fenced_stale_controller_stops_its_load(tmp_path: Path, sshd: Sshd,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fenced_stale_controller_stops_its_load(tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch) -> None:
     with reference_targets({"t": SLOW}, tmp_path / "targets") as served:
         ws, run_id, port, key = slow_run(tmp_path, sshd, monkeypatch, served)
         lease_dir = tmp_path / "lease-host"
@@ -281,8 +308,14 @@ def test_a_fenced_stale_controller_stops_its_load(tmp_path: Path, sshd: Sshd,
         for _ in range(20):
             fence, run, exp = lease_file(lease_dir, key)
             assert run == run_id
-            ans = lease_host.operate(case.target.lease_host, "acquire", key, Lease(key, "r-other", None, 0, 0.0),
-                                     seen=f"{fence}:{exp}", lease_s=60)
+            ans = lease_host.operate(
+                case.target.lease_host,
+                "acquire",
+                key,
+                Lease(key, "r-other", None, 0, 0.0),
+                seen=f"{fence}:{exp}",
+                lease_s=60,
+            )
             if ans.status == 0:
                 break
         assert ans.status == 0 and lease_file(lease_dir, key)[:2] == (fence + 1, "r-other")
@@ -291,7 +324,8 @@ def test_a_fenced_stale_controller_stops_its_load(tmp_path: Path, sshd: Sshd,
 
 
 def test_a_controller_that_cannot_reach_the_lease_host_stops_before_its_lease_expires(
-        tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with reference_targets({"t": SLOW}, tmp_path / "targets") as served:
         ws, run_id, port, key = slow_run(tmp_path, sshd, monkeypatch, served)
         frozen = sshd_processes(sshd)

@@ -40,16 +40,23 @@ URL = "http://target.test/v1/chat/completions"
 
 def spec(i: int = 0, offset_s: float = 0.0, url: str = URL) -> RequestSpec:
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
-    return RequestSpec(i=i, entry=100 + i, route=0, offset_s=offset_s, url=url, body=body,
-                       input_tokens_body=7, input_tokens_chat=12)
+    return RequestSpec(
+        i=i, entry=100 + i, route=0, offset_s=offset_s, url=url, body=body, input_tokens_body=7, input_tokens_chat=12
+    )
 
 
 def sse(*events: Any) -> list[bytes]:
     return [b"data: " + (e if isinstance(e, bytes) else orjson.dumps(e)) + b"\n\n" for e in events]
 
 
-def chat_chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None,
-               completion: int | None = None, prompt: int = 10) -> dict[str, Any]:
+def chat_chunk(
+    content: str | None = None,
+    *,
+    role: str | None = None,
+    finish: str | None = None,
+    completion: int | None = None,
+    prompt: int = 10,
+) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     if role:
         delta["role"] = role
@@ -57,8 +64,7 @@ def chat_chunk(content: str | None = None, *, role: str | None = None, finish: s
         delta["content"] = content
     obj: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     if completion is not None:
-        obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                        "total_tokens": prompt + completion}
+        obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     return obj
 
 
@@ -69,8 +75,13 @@ def final_usage(prompt: int, completion: int, cached: int | None) -> dict[str, A
     return {"choices": [], "usage": usage}
 
 
-def streaming(parts: list[bytes], *, delay_s: float = 0.0, stall_after: int | None = None,
-              seen: list[httpx2.Request] | None = None) -> httpx2.MockTransport:
+def streaming(
+    parts: list[bytes],
+    *,
+    delay_s: float = 0.0,
+    stall_after: int | None = None,
+    seen: list[httpx2.Request] | None = None,
+) -> httpx2.MockTransport:
     async def body() -> AsyncIterator[bytes]:
         for n, part in enumerate(parts):
             if stall_after is not None and n == stall_after:
@@ -87,11 +98,17 @@ def streaming(parts: list[bytes], *, delay_s: float = 0.0, stall_after: int | No
     return httpx2.MockTransport(handler)
 
 
-def run(specs: list[RequestSpec], transport: Any, *, concurrency: int = 4, timeout_s: float = 5.0,
-        phase: str = "test", api_key: str | None = None) -> list[RawRecord]:
+def run(
+    specs: list[RequestSpec],
+    transport: Any,
+    *,
+    concurrency: int = 4,
+    timeout_s: float = 5.0,
+    phase: str = "test",
+    api_key: str | None = None,
+) -> list[RawRecord]:
     async def go() -> list[RawRecord]:
-        return await run_requests(specs, concurrency, phase, transport=transport, api_key=api_key,
-                                  timeout_s=timeout_s)
+        return await run_requests(specs, concurrency, phase, transport=transport, api_key=api_key, timeout_s=timeout_s)
 
     return anyio.run(go)
 
@@ -101,7 +118,7 @@ def run(specs: list[RequestSpec], transport: Any, *, concurrency: int = 4, timeo
 
 def test_sse_parser_joins_split_events_and_ignores_comments_and_crlf() -> None:
     p = SSEParser()
-    assert p.feed(b": keep-alive\r\n\r\ndata: {\"a\"") == []
+    assert p.feed(b': keep-alive\r\n\r\ndata: {"a"') == []
     assert p.feed(b":1}\r\n\r\ndata: x\n") == [b'{"a":1}']
     assert p.feed(b"data: y\n\nevent: e\ndata:[DONE]\n\n") == [b"x\ny", b"[DONE]"]
     assert p.feed(b"data: tail") == []
@@ -178,20 +195,23 @@ def parsed(parts: list[bytes], max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -
 @settings(max_examples=400)  # cheap examples; the edge cases (a \r\n across reads, a field name split) are rare
 @given(sse_streams(), st.lists(st.integers(0, 10_000), max_size=12))
 def test_sse_parser_yields_the_same_events_wherever_the_reads_split_the_stream(
-    stream: Stream, cuts: list[int],
+    stream: Stream,
+    cuts: list[int],
 ) -> None:
     raw, events = stream
     want = payloads(events, DEFAULT_MAX_EVENT_BYTES)
     assert not want[1]
     assert parsed([raw]) == want
     assert parsed(reads_of(raw, cuts)) == want
-    assert parsed([raw[k:k + 1] for k in range(len(raw))]) == want  # one byte per read
+    assert parsed([raw[k : k + 1] for k in range(len(raw))]) == want  # one byte per read
 
 
 @settings(max_examples=400)
 @given(sse_streams(), st.lists(st.integers(0, 10_000), max_size=12), st.data())
 def test_whether_an_event_is_too_large_does_not_depend_on_where_the_reads_split_it(
-    stream: Stream, cuts: list[int], data: st.DataObject,
+    stream: Stream,
+    cuts: list[int],
+    data: st.DataObject,
 ) -> None:
     raw, events = stream
     at_a_peak = st.sampled_from([peak for _, peak in events] or [0]).flatmap(lambda p: st.sampled_from([p - 1, p]))
@@ -201,18 +221,23 @@ def test_whether_an_event_is_too_large_does_not_depend_on_where_the_reads_split_
     assert parsed(reads_of(raw, cuts), max_event_bytes) == want
 
 
-@pytest.mark.parametrize(("raw", "payload", "peak"), [
-    (b"data: xxxxxxxxxx\r\n\r\n", b"x" * 10, 10),  # one read of it takes the fast path
-    (b"data: x\r\n\n", b"x", 1),  # mixed line ends: not the fast path's shape
-    (b"data:  x\n\n", b" x", 2),  # only the first space goes
-    (b"data: aaaa\r\ndata:\r\n\r\n", b"aaaa\n", 5),  # the joining newline counts; 'data' alone may be a value
-    (b"data: aaaa\nid: 7\n\n", b"aaaa", 9),  # a field held while it arrives counts with the data before it
-])
+@pytest.mark.parametrize(
+    ("raw", "payload", "peak"),
+    [
+        (b"data: xxxxxxxxxx\r\n\r\n", b"x" * 10, 10),  # one read of it takes the fast path
+        (b"data: x\r\n\n", b"x", 1),  # mixed line ends: not the fast path's shape
+        (b"data:  x\n\n", b" x", 2),  # only the first space goes
+        (b"data: aaaa\r\ndata:\r\n\r\n", b"aaaa\n", 5),  # the joining newline counts; 'data' alone may be a value
+        (b"data: aaaa\nid: 7\n\n", b"aaaa", 9),  # a field held while it arrives counts with the data before it
+    ],
+)
 def test_small_events_at_and_one_byte_under_the_maximum_fit_or_fail_at_every_split(
-    raw: bytes, payload: bytes, peak: int,
+    raw: bytes,
+    payload: bytes,
+    peak: int,
 ) -> None:
     n = len(raw)
-    splits = [[raw], [raw[k:k + 1] for k in range(n)]]
+    splits = [[raw], [raw[k : k + 1] for k in range(n)]]
     splits += [[raw[:i], raw[i:j], raw[j:]] for i in range(n + 1) for j in range(i, n + 1)]
     for parts in splits:
         assert parsed(parts) == ([payload], False), parts
@@ -223,17 +248,22 @@ def test_small_events_at_and_one_byte_under_the_maximum_fit_or_fail_at_every_spl
 LONG = b"x" * 100_000  # held over several reads, longer than client.LONG_LINE: its value is cut out in place
 
 
-@pytest.mark.parametrize(("raw", "payload", "peak"), [
-    (b"data: a\ndata: " + LONG + b"\n\n", b"a\n" + LONG, len(LONG) + 2),
-    (b"data:" + LONG + b"\r\n\r\n", LONG, len(LONG)),
-    (b"data:  " + LONG + b"\r\n\n", b" " + LONG, len(LONG) + 1),
-    (b": " + LONG + b"\ndata: a\n\n", b"a", len(LONG) + 2),  # a long comment is held too, and counts while it is
-])
+@pytest.mark.parametrize(
+    ("raw", "payload", "peak"),
+    [
+        (b"data: a\ndata: " + LONG + b"\n\n", b"a\n" + LONG, len(LONG) + 2),
+        (b"data:" + LONG + b"\r\n\r\n", LONG, len(LONG)),
+        (b"data:  " + LONG + b"\r\n\n", b" " + LONG, len(LONG) + 1),
+        (b": " + LONG + b"\ndata: a\n\n", b"a", len(LONG) + 2),  # a long comment is held too, and counts while it is
+    ],
+)
 def test_long_lines_held_over_many_reads_fit_or_fail_exactly_at_the_maximum(
-    raw: bytes, payload: bytes, peak: int,
+    raw: bytes,
+    payload: bytes,
+    peak: int,
 ) -> None:
     for read in (4096, 65536, 65537, len(raw)):
-        parts = [raw[k:k + read] for k in range(0, len(raw), read)]
+        parts = [raw[k : k + read] for k in range(0, len(raw), read)]
         assert parsed(parts, peak) == ([payload], False), read
         assert parsed(parts, peak - 1) == ([], True), read
 
@@ -252,6 +282,7 @@ def test_an_endless_event_fails_at_the_read_past_the_maximum_and_the_stream_stay
     for later in (b"\n\ndata: {}\n\n", b"data: {}\n\n"):  # the parser cannot tell where events start again
         with pytest.raises(EventTooLarge):
             p.feed(later)
+
 
 def test_record_counts_content_chunks_only_and_attributes_continuous_usage_tokens() -> None:
     parts = sse(
@@ -275,23 +306,30 @@ def test_record_counts_content_chunks_only_and_attributes_continuous_usage_token
     assert seen[0].headers[PHASE_HEADER] == "warmup"
     assert seen[0].headers["authorization"] == "Bearer sk-test"
     # every field, but those of a scheduled send, a trace row and a conversation's turn: this request is none
-    assert set(rec) == set(RawRecord.__annotations__) - {"sched_ns", "trace_row", "planned_shared_tokens",
-                                                         "session", "turn", "turns", "reply"}
+    assert set(rec) == set(RawRecord.__annotations__) - {
+        "sched_ns",
+        "trace_row",
+        "planned_shared_tokens",
+        "session",
+        "turn",
+        "turns",
+        "reply",
+    }
 
 
 def test_chunk_tokens_are_none_without_continuous_usage_and_cached_tokens_absent_is_none() -> None:
-    parts = sse(chat_chunk("a"), chat_chunk("b"), chat_chunk(None, finish="stop"), final_usage(5, 2, None),
-                b"[DONE]")
+    parts = sse(chat_chunk("a"), chat_chunk("b"), chat_chunk(None, finish="stop"), final_usage(5, 2, None), b"[DONE]")
     (rec,) = run([spec()], streaming(parts))
     assert rec["ok"] and rec["chunk_tokens"] == [None, None]
     assert (rec["completion_tokens"], rec["cached_tokens"], rec["finish_reason"]) == (2, None, "stop")
 
 
 def test_completions_api_text_chunks_are_content() -> None:
-    parts = sse({"choices": [{"text": "x", "finish_reason": None}]},
-                {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"prompt_tokens": 3,
-                                                                                 "completion_tokens": 1}},
-                b"[DONE]")
+    parts = sse(
+        {"choices": [{"text": "x", "finish_reason": None}]},
+        {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+        b"[DONE]",
+    )
     (rec,) = run([spec(url="http://target.test/v1/completions")], streaming(parts))
     assert rec["ok"] and len(rec["chunk_ns"]) == 1 and rec["completion_tokens"] == 1
 
@@ -302,14 +340,15 @@ def _with_large_event(size: int) -> list[bytes]:
     first, big = sse(chat_chunk("a", completion=1))[0], sse(chat_chunk("x" * size, completion=2))[0]
     rest = b"".join(sse(chat_chunk(None, finish="stop", completion=2), b"[DONE]"))
     raw = first + big + rest
-    return [raw[k:k + 65536] for k in range(0, len(raw), 65536)]
+    return [raw[k : k + 65536] for k in range(0, len(raw), 65536)]
 
 
 def test_an_event_over_the_maximum_fails_its_request_as_a_broken_stream_naming_the_size() -> None:
     (rec,) = run([spec()], streaming(_with_large_event(DEFAULT_MAX_EVENT_BYTES + 1)))
     assert (rec["ok"], rec["status"], rec["error_class"]) == (False, 200, "stream")
-    assert rec["error"] == ("SSE event exceeds 8,388,608 bytes (load.max_event_bytes); raise it if the server "
-                            "sends events this large")
+    assert rec["error"] == (
+        "SSE event exceeds 8,388,608 bytes (load.max_event_bytes); raise it if the server sends events this large"
+    )
     assert len(rec["chunk_ns"]) == 1  # the event read with the start of the large one still counts
 
 
@@ -329,8 +368,9 @@ def test_max_event_bytes_reaches_the_parser_of_every_request() -> None:
     assert too_large["error_class"] == "stream" and f"exceeds {size - 1:,} bytes" in (too_large["error"] or "")
 
     async def many() -> list[RawRecord]:
-        return await run_requests([spec(0), spec(1)], 2, "test", transport=streaming(parts), timeout_s=5,
-                                  max_event_bytes=2**17)
+        return await run_requests(
+            [spec(0), spec(1)], 2, "test", transport=streaming(parts), timeout_s=5, max_event_bytes=2**17
+        )
 
     assert [r["error_class"] for r in anyio.run(many)] == ["stream", "stream"]
     assert run([spec()], streaming(parts))[0]["ok"]  # the default maximum is far above 200 kB
@@ -388,8 +428,7 @@ def test_concurrency_limit_and_plan_order_are_kept() -> None:
         state["max"] = max(state["max"], state["now"])
         return httpx2.Response(200, content=body())
 
-    specs = [RequestSpec(i=i, entry=i, route=0, offset_s=0.0, url=URL, body=orjson.dumps({"i": i}))
-             for i in range(12)]
+    specs = [RequestSpec(i=i, entry=i, route=0, offset_s=0.0, url=URL, body=orjson.dumps({"i": i})) for i in range(12)]
     recs = run(specs, httpx2.MockTransport(handler), concurrency=3)
     assert state["max"] == 3
     assert order == list(range(12))
@@ -412,8 +451,14 @@ def test_cancelled_run_records_in_flight_requests_as_client_errors() -> None:
 
     async def go() -> None:
         with anyio.move_on_after(0.2):
-            await run_requests([spec(0), spec(1), spec(2, offset_s=60)], 4, "load",
-                               transport=streaming(parts, stall_after=1), on_record=got.append, timeout_s=30)
+            await run_requests(
+                [spec(0), spec(1), spec(2, offset_s=60)],
+                4,
+                "load",
+                transport=streaming(parts, stall_after=1),
+                on_record=got.append,
+                timeout_s=30,
+            )
 
     anyio.run(go)
     assert sorted(r["i"] for r in got) == [0, 1]  # request 2 was never sent, so it has no record
@@ -444,15 +489,20 @@ FAST_TARGET = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.001, "decode_step
 def test_public_api_all_is_sorted_and_complete() -> None:
     import caseledger.load as pkg
 
-    public = {n for n, v in vars(pkg).items()
-              if not n.startswith("_") and getattr(v, "__module__", "").startswith("caseledger.load")}
+    public = {
+        n
+        for n, v in vars(pkg).items()
+        if not n.startswith("_") and getattr(v, "__module__", "").startswith("caseledger.load")
+    }
     assert pkg.__all__ == sorted(pkg.__all__) and set(pkg.__all__) == public
 
 
 @pytest.mark.slow
 def test_load_client_start_up_imports_neither_mcp_nor_transformers() -> None:
-    code = "import sys, caseledger.load.__main__; print(sorted({m.split('.')[0] for m in sys.modules} & " \
-           "{'mcp', 'transformers', 'torch', 'tokenizers', 'uvicorn', 'starlette'}))"
+    code = (
+        "import sys, caseledger.load.__main__; print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'mcp', 'transformers', 'torch', 'tokenizers', 'uvicorn', 'starlette'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -470,9 +520,22 @@ class Target:
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     port = free_port()
     log = (tmp_path_factory.mktemp("target") / "target.log").open("wb")
-    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--model", "ref-model", "--config-json", orjson.dumps(FAST_TARGET).decode(),
-            "--log-level", "warning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "caseledger.target",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        "ref-model",
+        "--config-json",
+        orjson.dumps(FAST_TARGET).decode(),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(argv, stdout=log, stderr=log)
     t = Target(proc, port)
     deadline = time.monotonic() + 30
@@ -503,8 +566,13 @@ def run_client(
     paths: RunPaths, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True,
-                          text=True, timeout=timeout, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "caseledger.load", str(paths.root)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full,
+    )
 
 
 @pytest.mark.slow
@@ -537,7 +605,12 @@ def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_
     assert end["plan_sha256"] == plan_from_run_dir(paths.root).digest()
     progress = read_json(paths.load_progress)
     assert {k: progress[k] for k in ("planned", "sent", "done", "ok", "failed")} == {
-        "planned": 12, "sent": 12, "done": 12, "ok": 12, "failed": 0}
+        "planned": 12,
+        "sent": 12,
+        "done": 12,
+        "ok": 12,
+        "failed": 0,
+    }
     anchor = read_json(paths.load_anchor)
     assert anchor["mono_ns"] <= end["first_send_ns"] and anchor["wall_utc"].endswith("Z")
     pid = read_json(paths.load_pid)
@@ -567,8 +640,9 @@ def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_e
 def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target, tmp_path: Path) -> None:
     # 4000 tokens at 1 ms per step: each request streams for ~4 s, so SIGTERM lands mid-stream
     paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(target.port, 6, 3, max_tokens=4000))
-    proc = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "caseledger.load", str(paths.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 30
     while not (paths.load_progress.exists() and read_json(paths.load_progress)["sent"] == 3):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -582,9 +656,7 @@ def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target
     assert len(recs) == 3 and all(r["error_class"] == "client" and len(r["chunk_ns"]) > 0 for r in recs)
 
 
-def test_refuses_when_the_load_already_started_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_refuses_when_the_load_already_started_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from caseledger.load.__main__ import main
 
     paths = RunPaths(tmp_path / "r-000000000001")

@@ -48,8 +48,17 @@ slow = pytest.mark.slow
 Kind = Literal["fast", "httpx"]
 KINDS: tuple[Kind, Kind] = ("fast", "httpx")
 # what must match between transports; chunk_ns/send_ns/end_ns are times, so only their count is compared
-SAME = ("i", "ok", "status", "error_class", "prompt_tokens", "completion_tokens", "cached_tokens",
-        "finish_reason", "chunk_tokens")
+SAME = (
+    "i",
+    "ok",
+    "status",
+    "error_class",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "finish_reason",
+    "chunk_tokens",
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +70,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
         yield out
 
 
-def make_spec(i: int, base: str, api: Literal["chat", "completions"] = "chat", max_tokens: int = 8,
-              offset_s: float = 0.0) -> RequestSpec:
+def make_spec(
+    i: int, base: str, api: Literal["chat", "completions"] = "chat", max_tokens: int = 8, offset_s: float = 0.0
+) -> RequestSpec:
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     body = request_body(api, MODEL, f"request {i}: say something about the number {i * 7}", max_tokens, True)
     return RequestSpec(i=i, entry=i, route=0, offset_s=offset_s, url=base + path, body=body)
@@ -155,9 +165,11 @@ def test_a_server_killed_mid_stream_breaks_the_stream_and_then_refuses_on_both_t
     got: dict[str, list[RawRecord]] = {}
     for kind in KINDS:
         s = servers[f"crash-{kind}"]
-        specs = [make_spec(0, s.base, "chat", max_tokens=200),  # #1: streams for ~2 s
-                 make_spec(1, s.base, "completions", max_tokens=2, offset_s=0.1),  # #2: its end kills it
-                 make_spec(2, s.base, "chat", offset_s=0.6)]  # after the crash: nothing listens
+        specs = [
+            make_spec(0, s.base, "chat", max_tokens=200),  # #1: streams for ~2 s
+            make_spec(1, s.base, "completions", max_tokens=2, offset_s=0.1),  # #2: its end kills it
+            make_spec(2, s.base, "chat", offset_s=0.6),
+        ]  # after the crash: nothing listens
         got[kind] = run(kind, specs)
         assert s.proc.wait(5) == 3  # the target's crash exit code
     for kind in KINDS:
@@ -172,15 +184,18 @@ def test_a_server_killed_mid_stream_breaks_the_stream_and_then_refuses_on_both_t
 # ---- framings and failures the reference target does not produce: raw loopback servers ------------------
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-SSE_BODY = (b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
-            b'data: {"choices":[{"index":0,"text":"b","finish_reason":"stop"}],'
-            b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+SSE_BODY = (
+    b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"text":"b","finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n'
+)
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     return head + await reader.readexactly(length)
 
 
@@ -217,12 +232,13 @@ def with_raw_server(handler: Handler, kinds: tuple[Kind, ...] = KINDS) -> dict[s
 
 def test_content_length_and_close_delimited_bodies_split_at_every_byte_parse_alike() -> None:
     for framing in ("content-length", "close"):
+
         async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: str = framing) -> None:
             await read_request(reader)
             length = b"content-length: %d\r\n" % len(SSE_BODY) if framing == "content-length" else b""
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + length + b"\r\n")
             for k in range(len(SSE_BODY)):  # one byte per write: events arrive split anywhere
-                writer.write(SSE_BODY[k:k + 1])
+                writer.write(SSE_BODY[k : k + 1])
                 await writer.drain()
                 if k % 16 == 0:
                     await asyncio.sleep(0)
@@ -277,8 +293,9 @@ def test_an_event_over_the_maximum_is_the_same_stream_error_on_both_transports()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + SSE_BODY[:first] + big
-                     + SSE_BODY[first:])
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + SSE_BODY[:first] + big + SSE_BODY[first:]
+        )
         with contextlib.suppress(ConnectionError):  # the client drops the connection at the large event
             await writer.drain()
 
@@ -318,7 +335,8 @@ def test_only_plain_http_urls_take_the_fast_path() -> None:
 
 @slow
 def test_transport_env_selects_fast_by_default_httpx_on_request_and_refuses_unknown_names(
-    monkeypatch: pytest.MonkeyPatch, servers: dict[str, Served],
+    monkeypatch: pytest.MonkeyPatch,
+    servers: dict[str, Served],
 ) -> None:
     used: list[str] = []
     real_post, real_launch = FastStreamer.post, FastStreamer.launch
@@ -358,13 +376,15 @@ def test_transport_env_selects_fast_by_default_httpx_on_request_and_refuses_unkn
 
 @slow
 def test_the_formal_load_uses_the_fast_transport_by_default_and_says_so_in_end_json(
-    servers: dict[str, Served], tmp_path: Path,
+    servers: dict[str, Served],
+    tmp_path: Path,
 ) -> None:
     port = int(servers["plain"].base.rsplit(":", 1)[1])
     paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(port, 4, 2))
     env = {k: v for k, v in os.environ.items() if k != TRANSPORT_ENV}
-    out = subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True,
-                         text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr
     end = read_json(paths.load_end)
     assert (end["transport"], end["ok"], end["chunks"]) == ("fast", 4, 4 * 8)
@@ -374,8 +394,9 @@ def test_the_formal_load_uses_the_fast_transport_by_default_and_says_so_in_end_j
 def test_unknown_transport_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
     paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(free_port(), 4, 2))
     env = {**os.environ, TRANSPORT_ENV: "carrier-pigeon"}
-    p = subprocess.run([sys.executable, "-m", "caseledger.load", str(paths.root)], env=env, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "caseledger.load", str(paths.root)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 2 and "carrier-pigeon" in p.stderr and "known: " in p.stderr
     assert not paths.load_anchor.exists()  # so a corrected retry is still allowed
 
@@ -511,8 +532,9 @@ def test_a_cancelled_load_records_every_request_of_the_launched_first_wave() -> 
         got: list[RawRecord] = []
         try:
             with anyio.move_on_after(0.3):
-                await run_requests([make_spec(i, base, "completions") for i in range(4)], 4, "test",
-                                   on_record=got.append, timeout_s=30)
+                await run_requests(
+                    [make_spec(i, base, "completions") for i in range(4)], 4, "test", on_record=got.append, timeout_s=30
+                )
         finally:
             srv.close()
             await srv.wait_closed()

@@ -40,15 +40,24 @@ def make_run_dir(ws: Workspace, d: dict[str, Any], run_id: str = RUN_ID) -> RunP
     paths = ws.run(run_id)
     paths.root.mkdir(parents=True)
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_json(paths.run_json, {"run_id": run_id, "case_id": case_id_of(case), "workspace": str(ws.root),
-                                "dataset_id": ident.dataset_id, "salt": run_id if case.load.salt else None,
-                                "planned": case.load.requests})
+    write_json(
+        paths.run_json,
+        {
+            "run_id": run_id,
+            "case_id": case_id_of(case),
+            "workspace": str(ws.root),
+            "dataset_id": ident.dataset_id,
+            "salt": run_id if case.load.salt else None,
+            "planned": case.load.requests,
+        },
+    )
     return paths
 
 
 @pytest.fixture(scope="module")
-def mat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, Case, list[datasets.Entry],
-                                                            datasets.DatasetIdentity]:
+def mat(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Workspace, Case, list[datasets.Entry], datasets.DatasetIdentity]:
     ws = Workspace(tmp_path_factory.mktemp("plan") / "ws")
     case = Case.model_validate(draft()).filled()
     ident = datasets.materialize(ws, case)
@@ -78,9 +87,7 @@ def test_constant_arrival_is_exact_spacing_and_unlimited_rate_sends_all_at_once(
     assert arrival_offsets(4, None, "poisson", 1.0, 0) == [0.0] * 4
 
 
-@pytest.mark.parametrize(
-    ("arrival", "shape", "cv"), [("poisson", 1.0, 1.0), ("gamma", 0.25, 2.0), ("gamma", 4.0, 0.5)]
-)
+@pytest.mark.parametrize(("arrival", "shape", "cv"), [("poisson", 1.0, 1.0), ("gamma", 0.25, 2.0), ("gamma", 4.0, 0.5)])
 def test_random_arrivals_have_mean_gap_one_over_rate_and_the_shape_variability(
     arrival: str, shape: float, cv: float
 ) -> None:
@@ -116,12 +123,20 @@ def test_chat_body_is_a_streaming_request_with_continuous_usage_and_the_rendered
         assert s.url == "http://127.0.0.1:18080/v1/chat/completions"
         prompt = datasets.render_prompt(entries[s.i], "s1", ident)
         assert body == {
-            "model": "m0", "messages": [{"role": "user", "content": prompt}], "max_tokens": 5, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": False,
-            "temperature": 0, "timings_per_token": True,  # the reference target streams draft counts per chunk
+            "model": "m0",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "ignore_eos": False,
+            "temperature": 0,
+            "timings_per_token": True,  # the reference target streams draft counts per chunk
         }
         assert (s.entry, s.input_tokens_body, s.input_tokens_chat) == (
-            entries[s.i]["i"], entries[s.i]["body_tokens"], entries[s.i]["chat_tokens"])
+            entries[s.i]["i"],
+            entries[s.i]["body_tokens"],
+            entries[s.i]["chat_tokens"],
+        )
         assert s.offset_s == 0.0
 
 

@@ -23,10 +23,12 @@ def anyio_backend() -> str:
 
 
 async def test_a_bounded_wait_with_a_progress_token_notifies_phases_and_requests_done(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     cid = _case(ws)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace",
-                                                                 str(ws.root)], env=dict(os.environ))
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)], env=dict(os.environ)
+    )
     calls: list[list[tuple[float, float | None, str | None]]] = []
     async with Client(params) as c:
         started = await c.call_tool("start_run", {"case_id": cid})
@@ -39,8 +41,12 @@ async def test_a_bounded_wait_with_a_progress_token_notifies_phases_and_requests
             while state in ("running", "created"):
                 seen: list[tuple[float, float | None, str | None]] = []
 
-                async def progress(p: float, total: float | None, message: str | None,
-                                   seen: list[tuple[float, float | None, str | None]] = seen) -> None:
+                async def progress(
+                    p: float,
+                    total: float | None,
+                    message: str | None,
+                    seen: list[tuple[float, float | None, str | None]] = seen,
+                ) -> None:
                     seen.append((p, total, message))
 
                 r = await c.call_tool("phase_status", {"run_id": run_id, "wait_s": 60}, progress_callback=progress)

@@ -89,8 +89,9 @@ async def test_tools_list_fits_8_kb_with_described_flat_inputs_and_id_patterns(w
         answer = await c.list_tools()
     listed = answer.tools
     # the result as it goes over the wire (camelCase aliases, no nulls, compact JSON): every session pays it
-    size = len(json.dumps(answer.model_dump(mode="json", by_alias=True, exclude_none=True),
-                          separators=(",", ":")).encode())
+    size = len(
+        json.dumps(answer.model_dump(mode="json", by_alias=True, exclude_none=True), separators=(",", ":")).encode()
+    )
     assert size <= 8 * 1024, f"tools/list is {size} bytes"
     for t in listed:
         schema = json.dumps(t.input_schema)
@@ -110,13 +111,13 @@ async def test_tools_list_fits_8_kb_with_described_flat_inputs_and_id_patterns(w
     assert "caseledger://schema/case" in (by_name["freeze_case"].description or "")
     out = by_name["summarize"].output_schema  # the typed answer, with the decision words where agents read it
     assert out and out["type"] == "object" and "$defs" not in out
-    assert all(w in out["properties"]["scenario"]["description"] for w in ("baseline:", "keep:", "close:",
-                                                                           "insufficient:"))
+    assert all(
+        w in out["properties"]["scenario"]["description"] for w in ("baseline:", "keep:", "close:", "insufficient:")
+    )
     assert set(props["start_run"]) == {"case_id", "preflight_only", "queue"}  # no wait knob over MCP
 
 
-async def test_decision_words_are_in_the_server_instructions_and_the_case_schema_is_a_resource(
-        ws: Workspace) -> None:
+async def test_decision_words_are_in_the_server_instructions_and_the_case_schema_is_a_resource(ws: Workspace) -> None:
     async with Client(build_server(ws)) as c:
         instructions = c.instructions
         schema = await c.read_resource("caseledger://schema/case")
@@ -168,14 +169,18 @@ async def test_malformed_draft_is_a_tool_error_naming_the_field(ws: Workspace) -
     assert not (ws.ledger / "cases").exists() or not any((ws.ledger / "cases").iterdir())
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    ({"path": "../outside.json"}, "outside the workspace"),
-    ({}, "exactly one of path or draft"),
-    ({"path": "cases/draft.json", "draft": {"scenario": "x"}}, "exactly one of path or draft"),
-    ({"path": "cases/missing.json"}, "does not exist"),
-])
-async def test_freeze_case_path_is_workspace_relative_and_exclusive(ws: Workspace, args: dict[str, Any],
-                                                                    expected: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"path": "../outside.json"}, "outside the workspace"),
+        ({}, "exactly one of path or draft"),
+        ({"path": "cases/draft.json", "draft": {"scenario": "x"}}, "exactly one of path or draft"),
+        ({"path": "cases/missing.json"}, "does not exist"),
+    ],
+)
+async def test_freeze_case_path_is_workspace_relative_and_exclusive(
+    ws: Workspace, args: dict[str, Any], expected: str
+) -> None:
     (ws.root.parent / "outside.json").write_text(json.dumps(draft(free_port())))
     async with Client(build_server(ws)) as c:
         r = await c.call_tool("freeze_case", args)
@@ -227,6 +232,7 @@ async def test_blocking_tool_runs_off_the_event_loop_and_heartbeats_progress(
 
     out: list[CallToolResult] = []
     async with Client(build_server(ws)) as c, anyio.create_task_group() as tg:
+
         async def freeze() -> None:
             out.append(await c.call_tool("freeze_case", {"path": "cases/draft.json"}, progress_callback=progress))
 
@@ -267,10 +273,14 @@ def test_serve_refuses_non_loopback_without_a_token(ws: Workspace, monkeypatch: 
 
 
 def test_inspect_arguments_parse_json_else_string() -> None:
-    schema = {"properties": {"run_ids": {"type": "array", "items": {"type": "string"}},
-                             "parent": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                             "ratio": {"anyOf": [{"type": "number"}, {"type": "null"}]},
-                             "draft": {"anyOf": [{"type": "object"}, {"type": "null"}]}}}
+    schema = {
+        "properties": {
+            "run_ids": {"type": "array", "items": {"type": "string"}},
+            "parent": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "ratio": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "draft": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        }
+    }
     got = parse_arguments(["run_ids=r-a,r-b", "parent=1234", "ratio=0.9", 'draft={"a": 1}'], schema)
     assert got == {"run_ids": ["r-a", "r-b"], "parent": "1234", "ratio": 0.9, "draft": {"a": 1}}
     assert parse_arguments(['run_ids=["r-a"]'], schema) == {"run_ids": ["r-a"]}
@@ -282,18 +292,29 @@ def test_inspect_arguments_parse_json_else_string() -> None:
 
 
 def server_params(ws: Workspace) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)],
-                                 env=dict(os.environ))
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)], env=dict(os.environ)
+    )
 
 
 def test_stdio_stdout_carries_only_json_rpc(ws: Workspace) -> None:
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "t", "version": "0"}}}
-    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
-             {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
-    p = subprocess.Popen([sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    lines = [
+        init,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    ]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdin is not None and p.stdout is not None
     try:
         p.stdin.write("".join(json.dumps(m) + "\n" for m in lines).encode())
@@ -329,15 +350,20 @@ def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.C
 
 
 @contextmanager
-def _mcp_http(ws: Workspace, bind: str, env: dict[str, str] | None = None,
-              extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+def _mcp_http(
+    ws: Workspace, bind: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[str, int]]:
     """`caseledger mcp --http BIND:PORT` as a subprocess, waited for until it listens; yields the /mcp URL and
     the server's pid."""
     port = free_port()
-    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}",
-            *extra]
-    p = subprocess.Popen(argv, env=env or dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}", *extra]
+    p = subprocess.Popen(
+        argv,
+        env=env or dict(os.environ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -383,8 +409,10 @@ async def test_streamable_http_token_required(http_server: tuple[str, str | None
             resp = await h.post(url, json=body, headers=headers)
             assert resp.status_code == 401, headers
             assert resp.headers["www-authenticate"].startswith("Bearer")
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h, \
-            Client(streamable_http_client(url, http_client=h)) as c:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h,
+        Client(streamable_http_client(url, http_client=h)) as c,
+    ):
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
 
 
@@ -398,18 +426,22 @@ async def _checked(bind: str, port: int, host: str, origin: str | None = None) -
         headers.append((b"origin", origin.encode()))
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "query_string": b""}
     refused = await TransportSecurityMiddleware(guards.transport_security(bind, port)).validate_request(
-        Request(scope), is_post=True)
+        Request(scope), is_post=True
+    )
     return 200 if refused is None else refused.status_code
 
 
-@pytest.mark.parametrize(("bind", "own"), [
-    ("127.0.0.2", ["127.0.0.2:8765", "localhost:8765", "127.0.0.1:9000"]),  # loopback names on any port: ssh -L
-    ("0:0:0:0:0:0:0:1", ["[0:0:0:0:0:0:0:1]:8765", "[::1]:8765", "localhost:8765"]),
-    ("::1", ["[::1]:8765", "[0000:0000:0000:0000:0000:0000:0000:0001]:8765", "localhost:8765"]),
-    ("127.0.0.1", ["127.0.0.1:8765", "localhost:8765", "[::1]:8765"]),
-    ("localhost", ["localhost:8765", "127.0.0.1:8765"]),
-    ("10.1.2.3", ["10.1.2.3:8765"]),
-])
+@pytest.mark.parametrize(
+    ("bind", "own"),
+    [
+        ("127.0.0.2", ["127.0.0.2:8765", "localhost:8765", "127.0.0.1:9000"]),  # loopback names on any port: ssh -L
+        ("0:0:0:0:0:0:0:1", ["[0:0:0:0:0:0:0:1]:8765", "[::1]:8765", "localhost:8765"]),
+        ("::1", ["[::1]:8765", "[0000:0000:0000:0000:0000:0000:0000:0001]:8765", "localhost:8765"]),
+        ("127.0.0.1", ["127.0.0.1:8765", "localhost:8765", "[::1]:8765"]),
+        ("localhost", ["localhost:8765", "127.0.0.1:8765"]),
+        ("10.1.2.3", ["10.1.2.3:8765"]),
+    ],
+)
 async def test_host_and_origin_are_checked_against_the_bind_address_on_every_bind(bind: str, own: list[str]) -> None:
     for host in own:
         assert await _checked(bind, 8765, host) == 200, host
@@ -434,11 +466,18 @@ def http_server_on(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[st
 async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspace, http_server_on: str) -> None:
     url = http_server_on
     authority = url.split("/")[2]
-    freeze = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-              "params": {"name": "freeze_case", "arguments": {"draft": draft(free_port())}}}
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "t", "version": "0"}}}
+    freeze = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "freeze_case", "arguments": {"draft": draft(free_port())}},
+    }
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
     accept = {"Accept": "application/json, text/event-stream"}
     before = tree_digest(ws.root)
     async with httpx2.AsyncClient() as h:
@@ -529,7 +568,8 @@ def _exchange(url: str, head: bytes, fill: bytes = b"", fill_bytes: int = 0) -> 
 
 
 async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_server_under_10_mb(
-        tokened: tuple[str, int]) -> None:
+    tokened: tuple[str, int],
+) -> None:
     url, pid = tokened
     answer, _ = _exchange(url, _head(url, "Connection: close"))
     assert _status(answer) == 401  # warmed: the token is required, and the server has served a request
@@ -540,8 +580,10 @@ async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_serve
     assert _status(answer) == 431 and b"request head over" in answer
     assert taken < 100 * 2**20  # the server stopped reading and closed
     assert grown < 10 * 1024, f"RSS grew {grown} kB"
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as h, \
-            Client(streamable_http_client(url, http_client=h)) as c:  # and still serves an authorized client
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as h,
+        Client(streamable_http_client(url, http_client=h)) as c,
+    ):  # and still serves an authorized client
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
 
 
@@ -594,7 +636,8 @@ async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
 
 @pytest.mark.slow
 async def test_full_run_over_streamable_http_with_short_answers(
-        ws: Workspace, http_server: tuple[str, str | None]) -> None:
+    ws: Workspace, http_server: tuple[str, str | None]
+) -> None:
     url, _ = http_server
     async with Client(url) as c:
         await _full_run(c, ws)
@@ -632,8 +675,9 @@ async def _full_run(c: Client, ws: Workspace) -> None:
         assert st["sent"] == st["done"] == 8
         summ = short("summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 1000)
         assert summ["runs"][0]["results_extracted"]
-        port = urlsplit(json.loads((ws.root / "cases/draft.json").read_text())["target"]["endpoints"][0]
-                        ["base_url"]).port
+        port = urlsplit(
+            json.loads((ws.root / "cases/draft.json").read_text())["target"]["endpoints"][0]["base_url"]
+        ).port
         assert port is not None
         before = stats(port)["requests_total"]
         rep = short("reprocess_raw", await c.call_tool("reprocess_raw", {"run_id": rid}))

@@ -20,13 +20,15 @@ N, OUT = 64, 32  # requests, output tokens each
 
 
 def _case() -> Case:
-    return Case.model_validate({
-        "scenario": "reg",
-        "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 2},
-        "load": {"requests": N, "concurrency": 8, "max_tokens": OUT},
-        "measurement": {"whole": {"min_requests": 8}},
-        "decision": {"primary_metric": "goodput", "goodput": {"tpot_ms": 1000}},
-    })
+    return Case.model_validate(
+        {
+            "scenario": "reg",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 2},
+            "load": {"requests": N, "concurrency": 8, "max_tokens": OUT},
+            "measurement": {"whole": {"min_requests": 8}},
+            "decision": {"primary_metric": "goodput", "goodput": {"tpot_ms": 1000}},
+        }
+    )
 
 
 def _records() -> list[RawRecord]:
@@ -35,12 +37,27 @@ def _records() -> list[RawRecord]:
     for i in range(N):
         send = (i // 8) * 1000.0
         chunks = [send + 100 + 10 * k for k in range(OUT)]
-        out.append({
-            "i": i, "entry": i, "route": 0, "send_ns": round(send * MS), "chunk_ns": [round(c * MS) for c in chunks],
-            "chunk_tokens": [1] * OUT, "end_ns": round((chunks[-1] + 1) * MS), "status": 200, "ok": True,
-            "error": None, "error_class": None, "prompt_tokens": 128, "completion_tokens": OUT,
-            "cached_tokens": 0, "finish_reason": "length", "input_tokens_body": 128, "input_tokens_chat": 128,
-        })
+        out.append(
+            {
+                "i": i,
+                "entry": i,
+                "route": 0,
+                "send_ns": round(send * MS),
+                "chunk_ns": [round(c * MS) for c in chunks],
+                "chunk_tokens": [1] * OUT,
+                "end_ns": round((chunks[-1] + 1) * MS),
+                "status": 200,
+                "ok": True,
+                "error": None,
+                "error_class": None,
+                "prompt_tokens": 128,
+                "completion_tokens": OUT,
+                "cached_tokens": 0,
+                "finish_reason": "length",
+                "input_tokens_body": 128,
+                "input_tokens_chat": 128,
+            }
+        )
     return out
 
 

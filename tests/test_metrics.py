@@ -388,8 +388,9 @@ def test_a_missing_counter_is_not_observed_with_its_name() -> None:
 def test_spec_decode_sglang_and_absent_snapshots() -> None:
     before = 'sglang:spec_verify_calls_total{model_name="m"} 100\nsglang:spec_verify_calls_total_created 1.7e9\n'
     after = 'sglang:spec_verify_calls_total{model_name="m"} 113563\n'
-    spec = compute_result(make_case(load=SEED_LOAD), seed_run(), metrics_before=before,
-                          metrics_after=after).windows.whole.spec_decode
+    spec = compute_result(
+        make_case(load=SEED_LOAD), seed_run(), metrics_before=before, metrics_after=after
+    ).windows.whole.spec_decode
     assert spec.source == "sglang"
     assert isinstance(spec.acceptance_length, Ratio) and spec.acceptance_length.text == "655360 / 113463 = 5.7760"
     assert isinstance(spec.acceptance_rate, NotObserved)

@@ -46,7 +46,8 @@ def test_summarize_without_draw_names_the_png_it_would_draw(ledger: tuple[Worksp
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "garbage", "index deleted"])
 def test_a_missing_or_damaged_png_is_drawn_again_and_the_answer_is_the_same(
-        ledger: tuple[Workspace, dict[str, Any]], damage: str) -> None:
+    ledger: tuple[Workspace, dict[str, Any]], damage: str
+) -> None:
     ws, info = ledger
     name = info["inactive"][0]
     before, png = _answer(ws, name)
@@ -80,7 +81,8 @@ def test_a_new_result_names_a_new_png_and_the_old_one_goes(ledger: tuple[Workspa
 
 
 def test_the_kept_connection_is_reopened_when_the_index_file_is_replaced(
-        ledger: tuple[Workspace, dict[str, Any]]) -> None:
+    ledger: tuple[Workspace, dict[str, Any]],
+) -> None:
     ws, _ = ledger
     path = indexdb.path_of(ws.ledger)
     with open_index(ws) as idx:

@@ -23,8 +23,11 @@ from tests.conftest import Served, reference_targets
 
 MODEL = "ref-test"
 FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0}
-SPEC_NAMES = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens",
-              "vllm:spec_decode_num_accepted_tokens_total"]
+SPEC_NAMES = [
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total",
+]
 CONFIGS: dict[str, dict[str, Any]] = {
     "plain": {**FAST, "seed": 1},
     "spec": {**FAST, "spec_tokens": 3, "spec_accept": 0.6, "seed": 2},
@@ -49,12 +52,17 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 
 
 def chat_body(content: str, max_tokens: int = 8, stream: bool = False, **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": stream, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        **extra,
+    }
 
 
-def sse(c: httpx2.Client, path: str, body: dict[str, Any],
-        headers: dict[str, str] | None = None) -> list[Any]:
+def sse(c: httpx2.Client, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[Any]:
     """All events of a stream, parsed, with '[DONE]' kept as a string; asserts the SSE framing."""
     events: list[Any] = []
     with c.stream("POST", path, json=body, headers=headers) as r:
@@ -64,7 +72,7 @@ def sse(c: httpx2.Client, path: str, body: dict[str, Any],
             if not line:
                 continue
             assert line.startswith("data: ")
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -115,8 +123,22 @@ def test_prefix_cache_counts_leading_blocks_never_the_whole_prompt_and_evicts_lr
 
 @slow
 def test_cli_rejects_invalid_config_json_on_stderr_before_serving() -> None:
-    r = subprocess.run([sys.executable, "-m", "caseledger.target", "serve", "--port", "0", "--model", "m",
-                        "--config-json", '{"slots": 0}'], capture_output=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "caseledger.target",
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            "m",
+            "--config-json",
+            '{"slots": 0}',
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert r.stdout == b""
     assert b"slots" in r.stderr and b"ReferenceConfig" in r.stderr
@@ -130,7 +152,9 @@ def test_health_models_and_unknown_model_is_404_with_openai_error(servers: dict[
     with servers["plain"].client() as c:
         assert c.get("/health").json() == {"status": "ok"}
         assert c.get("/v1/models").json() == {
-            "object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "caseledger"}]}
+            "object": "list",
+            "data": [{"id": MODEL, "object": "model", "owned_by": "caseledger"}],
+        }
         r = c.post("/v1/chat/completions", json={**chat_body("ka"), "model": "other"})
         assert r.status_code == 404
         assert r.json()["error"]["code"] == 404 and "other" in r.json()["error"]["message"]
@@ -153,8 +177,9 @@ def test_usage_counts_exactly_the_builtin_tokenizer_tokens(servers: dict[str, Se
         two = [{"role": "system", "content": "be brief"}, {"role": "user", "content": content}]
         r = c.post("/v1/chat/completions", json={**chat_body(""), "messages": two}).json()
         assert r["usage"]["prompt_tokens"] == tokens(chat_prompt([("system", "be brief"), ("user", content)]))
-        r = c.post("/v1/completions", json={"model": MODEL, "prompt": content, "max_tokens": 5,
-                                           "ignore_eos": True}).json()
+        r = c.post(
+            "/v1/completions", json={"model": MODEL, "prompt": content, "max_tokens": 5, "ignore_eos": True}
+        ).json()
         assert r["object"] == "text_completion"
         assert r["usage"]["prompt_tokens"] == tokens(content) and r["usage"]["completion_tokens"] == 5
         assert tokens(r["choices"][0]["text"]) == 5
@@ -163,8 +188,11 @@ def test_usage_counts_exactly_the_builtin_tokenizer_tokens(servers: dict[str, Se
 @slow
 def test_chat_stream_is_role_chunk_one_chunk_per_token_finish_usage_done(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
-        ev = sse(c, "/v1/chat/completions", chat_body("ka lo", max_tokens=6, stream=True,
-                                                      stream_options={"include_usage": True}))
+        ev = sse(
+            c,
+            "/v1/chat/completions",
+            chat_body("ka lo", max_tokens=6, stream=True, stream_options={"include_usage": True}),
+        )
     assert ev[-1] == "[DONE]"
     role, *content, finish, usage_chunk, _ = ev
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -181,8 +209,14 @@ def test_chat_stream_is_role_chunk_one_chunk_per_token_finish_usage_done(servers
 
 @slow
 def test_completions_stream_carries_usage_in_the_finish_chunk(servers: dict[str, Served]) -> None:
-    body = {"model": MODEL, "prompt": "ka lo mi", "max_tokens": 4, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "ka lo mi",
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with servers["plain"].client() as c:
         ev = sse(c, "/v1/completions", body)
     *content, finish, done = ev
@@ -196,21 +230,26 @@ def test_completions_stream_carries_usage_in_the_finish_chunk(servers: dict[str,
 @slow
 def test_continuous_usage_stats_put_cumulative_usage_on_every_chunk(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
-        ev = sse(c, "/v1/chat/completions", chat_body("ka", max_tokens=5, stream=True,
-                                                      stream_options={"continuous_usage_stats": True}))
+        ev = sse(
+            c,
+            "/v1/chat/completions",
+            chat_body("ka", max_tokens=5, stream=True, stream_options={"continuous_usage_stats": True}),
+        )
     assert ev[-1] == "[DONE]"
     chunks = ev[:-1]
     assert all("usage" in e for e in chunks)
     assert [e["usage"]["completion_tokens"] for e in chunks] == [0, 1, 2, 3, 4, 5, 5]
-    assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + e["usage"]["completion_tokens"]
-               for e in chunks)
+    assert all(
+        e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + e["usage"]["completion_tokens"] for e in chunks
+    )
 
 
 @slow
 def test_without_ignore_eos_some_requests_stop_early_at_a_seeded_eos(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
-        results = [c.post("/v1/completions", json={"model": MODEL, "prompt": "ka", "max_tokens": 500}).json()
-                   for _ in range(6)]
+        results = [
+            c.post("/v1/completions", json={"model": MODEL, "prompt": "ka", "max_tokens": 500}).json() for _ in range(6)
+        ]
     reasons = {r["choices"][0]["finish_reason"] for r in results}
     assert "stop" in reasons  # (127/128)^500 ≈ 2% per request of reaching the limit
     for r in results:
@@ -227,6 +266,7 @@ def test_same_long_prompt_twice_hits_block_aligned_and_flush_routes_clear(server
     content = " ".join(f"w{i} kalo" for i in range(120))
     bs = 16
     with servers["plain"].client() as c:
+
         def cached() -> tuple[int, int]:
             u = c.post("/v1/chat/completions", json=chat_body(content, max_tokens=2)).json()["usage"]
             return u["prompt_tokens_details"]["cached_tokens"], u["prompt_tokens"]
@@ -248,7 +288,8 @@ def test_same_long_prompt_twice_hits_block_aligned_and_flush_routes_clear(server
         assert cached()[0] == 0
         no_cache = {**chat_body(content, max_tokens=2), "cache_prompt": False}
         assert c.post("/v1/chat/completions", json=no_cache).json()["usage"]["prompt_tokens_details"] == {
-            "cached_tokens": 0}
+            "cached_tokens": 0
+        }
 
 
 # ---- counting, identity -----------------------------------------------------------------------------
@@ -260,8 +301,9 @@ def test_stats_count_completion_requests_by_phase_header(servers: dict[str, Serv
     with s.client() as c:
         before = c.get("/stats").json()
         for phase in ["cache_seed", "cache_seed", "load"]:
-            c.post("/v1/chat/completions", json=chat_body("ka", max_tokens=1),
-                   headers={"x-caseledger-phase": phase}).raise_for_status()
+            c.post(
+                "/v1/chat/completions", json=chat_body("ka", max_tokens=1), headers={"x-caseledger-phase": phase}
+            ).raise_for_status()
         sse(c, "/v1/completions", {"model": MODEL, "prompt": "ka", "max_tokens": 2, "stream": True})
         c.get("/health")
         c.get("/v1/models")
@@ -292,11 +334,17 @@ def test_metrics_use_vllm_names_with_model_label(servers: dict[str, Served]) -> 
     with servers["plain"].client() as c:
         m = metrics(c)
         text = c.get("/metrics").text
-    for name in ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_requests_running",
-                 "vllm:num_requests_waiting", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total",
-                 "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-                 "vllm:spec_decode_num_accepted_tokens_total"]:
+    for name in [
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    ]:
         assert counter(m, name) >= 0
     assert "# TYPE vllm:prompt_tokens counter" in text
     assert f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}}' in m
@@ -313,8 +361,13 @@ def test_spec_decode_chunks_carry_several_tokens_and_counters_add_up(servers: di
         per_chunk: list[int] = []
         completion = 0
         for i in range(n_req):
-            ev = sse(c, "/v1/chat/completions", chat_body(f"ka {i}", max_tokens=max_tokens, stream=True,
-                                                          stream_options={"continuous_usage_stats": True}))
+            ev = sse(
+                c,
+                "/v1/chat/completions",
+                chat_body(
+                    f"ka {i}", max_tokens=max_tokens, stream=True, stream_options={"continuous_usage_stats": True}
+                ),
+            )
             content = [e for e in ev[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
             done = [0] + [e["usage"]["completion_tokens"] for e in content]
             counts = [b - a for a, b in itertools.pairwise(done)]
@@ -345,8 +398,10 @@ def test_spec_decode_chunks_carry_several_tokens_and_counters_add_up(servers: di
 @slow
 def test_error_rate_one_answers_500_and_hidden_counters_are_absent(servers: dict[str, Served]) -> None:
     with servers["faulty"].client() as c:
-        for path, body in [("/v1/chat/completions", chat_body("ka")),
-                           ("/v1/completions", {"model": MODEL, "prompt": "ka", "stream": True})]:
+        for path, body in [
+            ("/v1/chat/completions", chat_body("ka")),
+            ("/v1/completions", {"model": MODEL, "prompt": "ka", "stream": True}),
+        ]:
             r = c.post(path, json=body, headers={"x-caseledger-phase": "load"})
             assert r.status_code == 500
             assert r.json()["error"]["code"] == 500
@@ -363,8 +418,10 @@ def test_stall_after_k_sends_first_chunk_then_nothing_and_frees_the_slot(servers
         for _ in range(2):
             assert sse(c, "/v1/chat/completions", chat_body("ka", stream=True))[-1] == "[DONE]"
         lines: list[str] = []
-        with pytest.raises(httpx2.ReadTimeout), \
-                c.stream("POST", "/v1/chat/completions", json=chat_body("ka", stream=True)) as r:
+        with (
+            pytest.raises(httpx2.ReadTimeout),
+            c.stream("POST", "/v1/chat/completions", json=chat_body("ka", stream=True)) as r,
+        ):
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line:
@@ -401,8 +458,13 @@ def test_queue_prefill_sharing_and_batched_decode_steps_follow_the_model(servers
     url = servers["timed"].url
 
     async def one(ac: httpx2.AsyncClient, i: int) -> tuple[float, float]:
-        body = {"model": MODEL, "prompt": [1000 + 50 * i + k for k in range(40)], "max_tokens": 5,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": [1000 + 50 * i + k for k in range(40)],
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "stream": True,
+        }
         t0 = time.perf_counter()
         ttft = 0.0
         async with ac.stream("POST", "/v1/completions", json=body) as r:

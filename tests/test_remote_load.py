@@ -75,8 +75,7 @@ class LoadHost:
 
     def block(self, **over: Any) -> dict[str, Any]:
         """The case's load.host for this namespace host."""
-        return {**self.sshd.ssh(), "python": sys.executable, "workdir": str(self.workdir), "reconnect_s": 2.0,
-                **over}
+        return {**self.sshd.ssh(), "python": sys.executable, "workdir": str(self.workdir), "reconnect_s": 2.0, **over}
 
     def clients(self) -> list[int]:
         """Load clients of this load host's runs still running (a failed test must not leave one behind)."""
@@ -94,7 +93,7 @@ def _children(pid: int) -> list[int]:
     for d in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
             stat = (d / "stat").read_bytes()
-            if d.name.isdigit() and int(stat[stat.rfind(b")") + 2:].split()[1]) == pid:
+            if d.name.isdigit() and int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
                 out.append(int(d.name))
     return out
 
@@ -113,9 +112,15 @@ def load_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadHost]:
     if sshd_binary() is None:
         _skip("sshd not installed (apt-get install -y openssh-server)")
     root = tmp_path_factory.mktemp("loadhost")
-    why = ("network namespaces need root (ip netns add)" if os.geteuid() != 0
-           else "iproute2 not installed (apt-get install -y iproute2)" if shutil.which("ip") is None
-           else f"{NO_NETNS_ENV}=1" if os.environ.get(NO_NETNS_ENV) == "1" else None)
+    why = (
+        "network namespaces need root (ip netns add)"
+        if os.geteuid() != 0
+        else "iproute2 not installed (apt-get install -y iproute2)"
+        if shutil.which("ip") is None
+        else f"{NO_NETNS_ENV}=1"
+        if os.environ.get(NO_NETNS_ENV) == "1"
+        else None
+    )
     n = os.getpid() % 100_000
     a = 100 + os.getpid() % 100
     ns, ctl, ctl_ns, data, data_ns = f"clns{n}", f"clc{n}", f"clcn{n}", f"cld{n}", f"cldn{n}"
@@ -175,12 +180,19 @@ def services_stopped(ws: Workspace, load_host: LoadHost) -> Iterator[None]:
 
 
 def draft(lh: LoadHost, port: int, n: int, slow: bool = False, **host: Any) -> dict[str, Any]:
-    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.02 if slow else 0.002, "decode_step_per_seq_s": 0.0,
-           "slots": 8}
-    return ref_draft(port, target={"endpoints": [{"base_url": f"http://{lh.here}:{port}/v1", "model": "ref-model"}]},
-                     service={"adapter": "reference", "reference": ref},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16 if slow else 8},
-                     load={"requests": n, "concurrency": 2, "host": lh.block(**host)})
+    ref = {
+        "prefill_tokens_per_s": 200000,
+        "decode_step_s": 0.02 if slow else 0.002,
+        "decode_step_per_seq_s": 0.0,
+        "slots": 8,
+    }
+    return ref_draft(
+        port,
+        target={"endpoints": [{"base_url": f"http://{lh.here}:{port}/v1", "model": "ref-model"}]},
+        service={"adapter": "reference", "reference": ref},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16 if slow else 8},
+        load={"requests": n, "concurrency": 2, "host": lh.block(**host)},
+    )
 
 
 def stats(lh: LoadHost, port: int) -> dict[str, Any]:
@@ -225,7 +237,8 @@ def wait_until(what: str, cond: Any, timeout_s: float = 60.0) -> None:
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_remote_load_completes_with_the_local_shape_and_the_report_states_the_clock_offset(
-        ws: Workspace, load_host: LoadHost, services_stopped: None) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None
+) -> None:
     lh, port, n = load_host, free_port(), 12
     case = freeze_case(ws, draft=draft(lh, port, n))
     r = start_run(ws, case.case_id, wait=True)
@@ -278,7 +291,8 @@ def test_remote_load_completes_with_the_local_shape_and_the_report_states_the_cl
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_cut_link_mid_load_is_end_unknown_with_the_lease_kept_then_resume_recovers_every_record(
-        ws: Workspace, load_host: LoadHost, services_stopped: None) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None
+) -> None:
     lh, port, n = load_host, free_port(), 40
     r, paths = start_slow(ws, lh, port, n)
     lh.cut()
@@ -321,7 +335,8 @@ def test_cut_link_mid_load_is_end_unknown_with_the_lease_kept_then_resume_recove
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_controller_killed_during_a_remote_load_then_resume_reattaches_without_a_second_client(
-        ws: Workspace, load_host: LoadHost, services_stopped: None) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None
+) -> None:
     lh, port, n = load_host, free_port(), 40
     r, paths = start_slow(ws, lh, port, n)
     ctl = orjson.loads(paths.controller_pid.read_bytes())
@@ -342,7 +357,8 @@ def test_controller_killed_during_a_remote_load_then_resume_reattaches_without_a
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_controller_dead_between_the_remote_launch_and_its_pid_then_resume_finds_the_client_by_its_pid_file(
-        ws: Workspace, load_host: LoadHost, services_stopped: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lh, port, n = load_host, free_port(), 20
     case = freeze_case(ws, draft=draft(lh, port, n, slow=True))
     r = start_with_fault(monkeypatch, "controller:exit_during=remote_launch", ws, case.case_id, wait=True)
@@ -372,20 +388,30 @@ def test_load_host_unset_keeps_case_ids_and_a_bad_one_is_refused_naming_the_fiel
         freeze_case(ws, draft={**base, "load": {**base["load"], "host": login}})
     assert "load.host" in str(e.value) and "accept_unknown_host_key" in str(e.value)
     with pytest.raises(CaseInvalid) as e:
-        freeze_case(ws, draft={**base, "load": {**base["load"], "host": {**login, "known_hosts": "/k",
-                                                                         "workdir": "relative/dir"}}})
+        freeze_case(
+            ws,
+            draft={**base, "load": {**base["load"], "host": {**login, "known_hosts": "/k", "workdir": "relative/dir"}}},
+        )
     assert "load.host.workdir" in str(e.value)
     ok = freeze_case(ws, draft={**base, "load": {**base["load"], "host": {**login, "known_hosts": "/k"}}})
     assert ok.case_id != plain.case_id
     stored = orjson.loads(Path(ok.path).read_bytes())["load"]["host"]
-    assert stored == {**login, "port": 22, "known_hosts": "/k", "accept_unknown_host_key": False,
-                      "python": "python3", "workdir": "/tmp/caseledger-load", "reconnect_s": 60.0}
+    assert stored == {
+        **login,
+        "port": 22,
+        "known_hosts": "/k",
+        "accept_unknown_host_key": False,
+        "python": "python3",
+        "workdir": "/tmp/caseledger-load",
+        "reconnect_s": 60.0,
+    }
 
 
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_remote_client_killed_mid_load_ends_partial_on_resume_and_nothing_is_sent_again(
-        ws: Workspace, load_host: LoadHost, services_stopped: None) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None
+) -> None:
     lh, port, n = load_host, free_port(), 40
     r, paths = start_slow(ws, lh, port, n)
     pid = int(orjson.loads(paths.load_pid.read_bytes())["pid"])
@@ -408,7 +434,8 @@ def test_remote_client_killed_mid_load_ends_partial_on_resume_and_nothing_is_sen
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_counters_only_the_load_host_reaches_are_read_there_and_the_report_says_which_host_read_them(
-        ws: Workspace, load_host: LoadHost, services_stopped: None, tmp_path: Path) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None, tmp_path: Path
+) -> None:
     lh = load_host
     if lh.ns is None:
         pytest.skip("needs the namespace: a /metrics only the load host reaches (its own loopback)")
@@ -416,14 +443,38 @@ def test_counters_only_the_load_host_reaches_are_read_there_and_the_report_says_
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "metrics").write_text("# TYPE caseledger_probe counter\ncaseledger_probe_total 7\n")
     url = f"http://127.0.0.1:{mport}/metrics"  # the load host's loopback: nothing listens there on this side
-    srv = subprocess.Popen(["ip", "netns", "exec", lh.ns, sys.executable, "-m", "http.server", str(mport), "--bind",
-                            "127.0.0.1", "--directory", str(tmp_path / "m")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            lh.ns,
+            sys.executable,
+            "-m",
+            "http.server",
+            str(mport),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(tmp_path / "m"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        probe = ["ip", "netns", "exec", lh.ns, sys.executable, "-c",
-                 "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)", url]
-        wait_until("the load host's /metrics answers", lambda: subprocess.run(probe, capture_output=True).returncode
-                   == 0)
+        probe = [
+            "ip",
+            "netns",
+            "exec",
+            lh.ns,
+            sys.executable,
+            "-c",
+            "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)",
+            url,
+        ]
+        wait_until(
+            "the load host's /metrics answers", lambda: subprocess.run(probe, capture_output=True).returncode == 0
+        )
         d = draft(lh, port, 4)
         d["target"]["metrics_url"] = url
         r = start_run(ws, freeze_case(ws, draft=d).case_id, wait=True)
@@ -442,7 +493,8 @@ def test_counters_only_the_load_host_reaches_are_read_there_and_the_report_says_
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_service_killed_under_a_remote_load_sends_it_again_from_a_fresh_remote_directory_after_resume(
-        ws: Workspace, load_host: LoadHost, services_stopped: None) -> None:
+    ws: Workspace, load_host: LoadHost, services_stopped: None
+) -> None:
     lh, port, n = load_host, free_port(), 20
     r, paths = start_slow(ws, lh, port, n, records=2)
     key = fold(ws, r.run_id).meta.target_key

@@ -149,8 +149,23 @@ def test_plots_are_optional(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_decision_png_draws_metric_limits_and_cdfs() -> None:
-    points = [PlotPoint(label=f"C={c}", x=float(c), metric=100.0 * c, figures={"tpot_p99_ms": 4.0 * c},
-                        breaks=4.0 * c > 10, best=c == 2) for c in (1, 2, 4)]
-    png = render_png("scenario s", "output_throughput (whole)", "load.concurrency", points,
-                     {"tpot_p99_ms": 10.0}, {"C=1": {"ttft": [1.0, 2.0], "tpot": [3.0, float("nan")]}})
+    points = [
+        PlotPoint(
+            label=f"C={c}",
+            x=float(c),
+            metric=100.0 * c,
+            figures={"tpot_p99_ms": 4.0 * c},
+            breaks=4.0 * c > 10,
+            best=c == 2,
+        )
+        for c in (1, 2, 4)
+    ]
+    png = render_png(
+        "scenario s",
+        "output_throughput (whole)",
+        "load.concurrency",
+        points,
+        {"tpot_p99_ms": 10.0},
+        {"C=1": {"ttft": [1.0, 2.0], "tpot": [3.0, float("nan")]}},
+    )
     assert png is not None and png.startswith(b"\x89PNG") and len(png) < 200_000

@@ -32,23 +32,52 @@ FETCHES = r"""(src|href)\s*=\s*["']?[^#"'\s]|@import|url\((?!#)"""
 
 def _row(label: str, **over: Any) -> PointRow:
     base: dict[str, Any] = {
-        "label": label, "case_id": "c-0000000000a1", "status": "measured", "runs": 1, "metric_mean": 100.0,
-        "noise_rel": 0.01, "run_to_run": "unknown (1 run)", "limits": {}, "meets": True, "requests": 32,
-        "per_user_tok_s": 50.0, "per_card_tok_s": 100.0, "pareto": True}
+        "label": label,
+        "case_id": "c-0000000000a1",
+        "status": "measured",
+        "runs": 1,
+        "metric_mean": 100.0,
+        "noise_rel": 0.01,
+        "run_to_run": "unknown (1 run)",
+        "limits": {},
+        "meets": True,
+        "requests": 32,
+        "per_user_tok_s": 50.0,
+        "per_card_tok_s": 100.0,
+        "pareto": True,
+    }
     return PointRow(**{**base, **over})
 
 
-def test_every_ledger_text_is_masked_then_escaped_and_the_page_loads_nothing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_ledger_text_is_masked_then_escaped_and_the_page_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CL_TEST_KEY", SECRET)
     redact.remember(["CL_TEST_KEY"])
     view = CampaignView(
-        campaign_id="g-0123456789ab", name="knee", scenario="s", objective="output_throughput on whole",
-        limits=["tpot_p99_ms<=11"], search="grid over 1 points",
+        campaign_id="g-0123456789ab",
+        name="knee",
+        scenario="s",
+        objective="output_throughput on whole",
+        limits=["tpot_p99_ms<=11"],
+        search="grid over 1 points",
         rows=[_row(f"C=1 {HOSTILE}", why=f"refused with key {SECRET} & more")],
-        complete=True, answer=f"winner {HOSTILE} key={SECRET}", winner="c-0000000000a1", pareto=["C=1"],
-        progress={"measured": 1, "running": 0, "queued": 0, "pending": 0, "skipped": 0, "given_up": 0, "runs": 1,
-                  "service_starts": 1, "elapsed_s": 3.0}, driver_alive=False, next_call="nothing")
+        complete=True,
+        answer=f"winner {HOSTILE} key={SECRET}",
+        winner="c-0000000000a1",
+        pareto=["C=1"],
+        progress={
+            "measured": 1,
+            "running": 0,
+            "queued": 0,
+            "pending": 0,
+            "skipped": 0,
+            "given_up": 0,
+            "runs": 1,
+            "service_starts": 1,
+            "elapsed_s": 3.0,
+        },
+        driver_alive=False,
+        next_call="nothing",
+    )
     flags = {"C=1 (r-1)": [Flag(f"server said {HOSTILE} {SECRET}", warn=True, details=(f"<b>{SECRET}</b>",))]}
     page = render_campaign(view, flags, [Chart(f"caption {HOSTILE}", "<svg></svg>")])
     assert SECRET not in page and "***" in page
@@ -66,9 +95,23 @@ def _chromium(binary: str, page: Path, out: Path, *mode: str) -> tuple[str, str]
     """(stdout, stderr) of a headless Chromium opening the page with name resolution switched off, so a page
     that fetched anything would log a failed load."""
     p = subprocess.run(
-        [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-         "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={out / 'profile'}", *mode, page.as_uri()],
-        capture_output=True, text=True, timeout=120, cwd=out)
+        [
+            binary,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={out / 'profile'}",
+            *mode,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=out,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout, p.stderr
 
@@ -92,11 +135,12 @@ def _not_blank(png: Path) -> tuple[int, float]:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_a_campaign_report_opens_in_chromium_with_its_charts_and_pareto_frontier_and_no_console_error(
-        ws: Workspace, stop_services: None, chromium: str, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    ws: Workspace, stop_services: None, chromium: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     authorization.set_mode(ws, "auto")
-    draft = _campaign(free_port(), [1, 4, 8], search={"kind": "grid"},
-                      repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    draft = _campaign(
+        free_port(), [1, 4, 8], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
+    )
     f = freeze_any(ws, draft=draft)
     assert isinstance(f, CampaignFrozen)
     start_any(ws, f.campaign_id)
@@ -121,7 +165,7 @@ def test_a_campaign_report_opens_in_chromium_with_its_charts_and_pareto_frontier
     # both charts parsed into the DOM as SVG with their drawn paths
     svgs = re.findall(r"<svg\b.*?</svg>", dom, flags=re.S)
     assert len(svgs) == 2 and all(s.count("<path") > 20 for s in svgs), [s[:200] for s in svgs]
-    frontier = dom[dom.index("<h2>Pareto frontier</h2>"):]
+    frontier = dom[dom.index("<h2>Pareto frontier</h2>") :]
     assert all(label in frontier.split("</p>")[0] for label in view.pareto), frontier[:400]
     assert dom.count('<tr class="best">') == len(view.pareto)
     assert "C=8" in dom and '<tr class="breaks">' in dom  # the point above the limit is shown, marked
@@ -135,8 +179,9 @@ def test_a_campaign_report_opens_in_chromium_with_its_charts_and_pareto_frontier
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_html_reports_are_mcp_resources_and_a_missing_run_names_the_fix(ws: Workspace,
-                                                                                  anyio_backend: str) -> None:
+async def test_the_html_reports_are_mcp_resources_and_a_missing_run_names_the_fix(
+    ws: Workspace, anyio_backend: str
+) -> None:
     from mcp import Client, MCPError
 
     from caseledger.server import build_server
@@ -147,6 +192,9 @@ async def test_the_html_reports_are_mcp_resources_and_a_missing_run_names_the_fi
             await c.read_resource("caseledger://runs/r-0123abcd/report.html")
         with pytest.raises(MCPError, match="fix:"):
             await c.read_resource("caseledger://campaigns/g-0123456789ab/report.html")
-    for uri in ("caseledger://runs/{run_id}/report.html", "caseledger://scenarios/{name}/report.html",
-                "caseledger://campaigns/{campaign_id}/report.html"):
+    for uri in (
+        "caseledger://runs/{run_id}/report.html",
+        "caseledger://scenarios/{name}/report.html",
+        "caseledger://campaigns/{campaign_id}/report.html",
+    ):
         assert templates.get(uri) == "text/html", templates

@@ -14,10 +14,20 @@ pytestmark = pytest.mark.slow
 
 
 def spec_draft(port: int, hide: list[str]) -> dict[str, object]:
-    return ref_draft(port, service={"reference": {"spec_tokens": 3, "spec_accept": 0.6, "hide_counters": hide,
-                                                  "prefill_tokens_per_s": 200000, "decode_step_s": 0.002}},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 32},
-                     measurement={"spec_decode": "vllm"})
+    return ref_draft(
+        port,
+        service={
+            "reference": {
+                "spec_tokens": 3,
+                "spec_accept": 0.6,
+                "hide_counters": hide,
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.002,
+            }
+        },
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 32},
+        measurement={"spec_decode": "vllm"},
+    )
 
 
 def test_spec_decode_run_reports_al_with_its_formula(ws: Workspace, stop_services: None) -> None:
@@ -45,7 +55,8 @@ def test_hidden_draft_token_counter_gives_not_observed_rate(ws: Workspace, stop_
 
 
 def test_broken_postprocess_is_collect_and_reprocess_sends_nothing(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     r = start_with_fault(monkeypatch, "postprocess:fail=import", ws, case.case_id, wait=True)

@@ -24,7 +24,6 @@ from tests.conftest import free_port, ref_draft, reference_targets, start_with_f
 pytestmark = pytest.mark.slow
 
 
-
 def wait_state(ws: Workspace, run_id: str, pred: Any, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -41,8 +40,17 @@ def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services
     r1 = start_run(ws, base.case_id, wait=True)
     assert r1.preflight == "passed" and r1.state == "succeeded", r1.text()
     events = read_events(ws.run(r1.run_id)).events
-    for phase in ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end",
-                  "postprocess", "decide"):
+    for phase in (
+        "preflight",
+        "service",
+        "warmup",
+        "route_verify",
+        "cache_prepare",
+        "load",
+        "confirm_end",
+        "postprocess",
+        "decide",
+    ):
         started = [e for e in events if e["phase"] == phase and e["type"] == "phase_started"]
         ended = [e for e in events if e["phase"] == phase and e["type"] == "phase_ended"]
         assert len(started) == 1 and len(ended) == 1, phase
@@ -68,8 +76,14 @@ def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services
 def slow_draft(port: int, **over: Any) -> dict[str, Any]:
     """About 5 s of formal load: long enough to kill things in the middle of it."""
     base: dict[str, Any] = {
-        "service": {"reference": {"decode_step_s": 0.02, "decode_step_per_seq_s": 0.0,
-                                  "prefill_tokens_per_s": 200000, "slots": 8}},
+        "service": {
+            "reference": {
+                "decode_step_s": 0.02,
+                "decode_step_per_seq_s": 0.0,
+                "prefill_tokens_per_s": 200000,
+                "slots": 8,
+            }
+        },
         "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 48},
         "load": {"requests": 8, "concurrency": 2},
     }
@@ -79,7 +93,8 @@ def slow_draft(port: int, **over: Any) -> dict[str, Any]:
 
 
 def test_killed_controller_leaves_load_running_and_resume_finishes(
-        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     r = start_with_fault(monkeypatch, "controller:exit_during=load", ws, case.case_id)
@@ -99,7 +114,8 @@ def test_killed_controller_leaves_load_running_and_resume_finishes(
 
 
 def test_killed_load_client_keeps_records_and_never_claims_success(
-        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))
     r = start_with_fault(monkeypatch, "load:exit_after=3", ws, case.case_id, wait=True)
@@ -120,13 +136,15 @@ def test_killed_load_client_keeps_records_and_never_claims_success(
     assert f"start_run(case_id='{case.case_id}')" in s.next_call
 
 
-def test_effective_argv_mismatch_fails_in_service_before_load(ws: Workspace, stop_services: None,
-                                                               tmp_path: Path) -> None:
+def test_effective_argv_mismatch_fails_in_service_before_load(
+    ws: Workspace, stop_services: None, tmp_path: Path
+) -> None:
     port = free_port()
     wrapper = tmp_path / "serve.sh"
     # a launcher that appends an override: the seeds' "DP16 in the script, DP4 at the end" incident
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m caseledger.target serve "$@" --config-json '
-                       "'{\"slots\": 1}'\n")
+    wrapper.write_text(
+        f'#!/bin/sh\nexec {sys.executable} -m caseledger.target serve "$@" --config-json \'{{"slots": 1}}\'\n'
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     argv = [str(wrapper), "--host", "{host}", "--port", "{port}", "--model", "ref-model"]
     case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "command", "argv": argv}))
@@ -156,7 +174,8 @@ def test_second_start_on_a_held_target_fails_at_once(ws: Workspace, stop_service
 
 
 def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     with reference_targets({"plain": {}}, tmp_path) as served:
         port = int(served["plain"].url.rsplit(":", 1)[1])
         case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "external"}))
@@ -209,9 +228,19 @@ def test_prefix_cache_truth_on_a_warm_service(ws: Workspace, stop_services: None
     from caseledger.metrics import latest_result
 
     port = free_port()
-    draft = ref_draft(port, dataset={"source": "prefix_cache", "input_tokens": 1024, "output_tokens": 4,
-                                     "prefix_ratio": 0.9, "block_size": 16, "prefix_groups": 2},
-                      load={"requests": 8, "concurrency": 2}, cache={"min_hit_ratio": 0.9})
+    draft = ref_draft(
+        port,
+        dataset={
+            "source": "prefix_cache",
+            "input_tokens": 1024,
+            "output_tokens": 4,
+            "prefix_ratio": 0.9,
+            "block_size": 16,
+            "prefix_groups": 2,
+        },
+        load={"requests": 8, "concurrency": 2},
+        cache={"min_hit_ratio": 0.9},
+    )
     case = freeze_case(ws, draft=draft)
     ratios = []
     for _ in range(2):
@@ -238,6 +267,7 @@ def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: 
     assert b.case_id in phase_status(ws, r1.run_id).text()  # the queue is visible, nothing waits silently
     assert "queue t-" in ws.handoff.read_text()
     wait_state(ws, r1.run_id, lambda s: s.state == "succeeded", timeout=90)
+
     def run_ids() -> list[str]:
         return [m.run_id for m in scan_runs(ws).metas]
 
@@ -252,7 +282,8 @@ def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: 
 
 
 def test_preflight_runs_in_the_process_spawned_ahead_and_a_resume_runs_a_fresh_one(
-        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port))
     r = start_with_fault(monkeypatch, "controller:exit_before=service", ws, case.case_id, wait=True)

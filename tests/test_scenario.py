@@ -30,10 +30,14 @@ REFERENCE = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_ste
 
 
 def draft(port: int, c: int) -> dict[str, object]:
-    return ref_draft(port, scenario=SCENARIO, service={"reference": REFERENCE},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-                     load={"requests": 16, "concurrency": c},
-                     decision={"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": LIMIT_MS}})
+    return ref_draft(
+        port,
+        scenario=SCENARIO,
+        service={"reference": REFERENCE},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": 16, "concurrency": c},
+        decision={"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": LIMIT_MS}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,8 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Workspace,
 
 
 def test_one_row_per_c_with_tpot_p99_and_its_verdict_and_the_breaker_is_never_best(
-        sweep: tuple[Workspace, dict[int, str], dict[int, str]]) -> None:
+    sweep: tuple[Workspace, dict[int, str], dict[int, str]],
+) -> None:
     ws, cases, runs = sweep
     s = summarize(ws, [], scenario=SCENARIO)
     view = s.scenario
@@ -83,7 +88,8 @@ def test_one_row_per_c_with_tpot_p99_and_its_verdict_and_the_breaker_is_never_be
 
 
 def test_limit_breaker_decision_says_close_with_the_limit(
-        sweep: tuple[Workspace, dict[int, str], dict[int, str]]) -> None:
+    sweep: tuple[Workspace, dict[int, str], dict[int, str]],
+) -> None:
     ws, _, runs = sweep
     (row,) = summarize(ws, [runs[8]]).runs
     assert row.decision == "close"
@@ -91,8 +97,9 @@ def test_limit_breaker_decision_says_close_with_the_limit(
     assert "close (limit tpot_p99_ms" in dec and "whatever its output_throughput" in dec
 
 
-def test_cli_summarize_scenario_prints_the_rows(sweep: tuple[Workspace, dict[int, str], dict[int, str]],
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_summarize_scenario_prints_the_rows(
+    sweep: tuple[Workspace, dict[int, str], dict[int, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
     ws, cases, _ = sweep
     assert cli.main(["summarize", "--scenario", SCENARIO, "-w", str(ws.root)]) == 0
     out = capsys.readouterr().out
@@ -101,7 +108,8 @@ def test_cli_summarize_scenario_prints_the_rows(sweep: tuple[Workspace, dict[int
 
 
 def test_mcp_summarize_returns_rows_and_a_png_and_the_resource_reads_the_same_rows(
-        sweep: tuple[Workspace, dict[int, str], dict[int, str]]) -> None:
+    sweep: tuple[Workspace, dict[int, str], dict[int, str]],
+) -> None:
     ws, cases, _ = sweep
 
     async def go() -> tuple[object, object]:

@@ -44,10 +44,14 @@ SECRET = "sk-test-7f3a9c1e5b2d4f6a8c0e"
 
 @pytest.mark.slow
 def test_api_key_and_service_env_values_never_reach_the_ledger(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     monkeypatch.setenv("CASELEDGER_TEST_API_KEY", SECRET)
-    draft = ref_draft(free_port(), target={"api_key_env": "CASELEDGER_TEST_API_KEY"},
-                      service={"env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_API_KEY}", "LOG_LEVEL": "info"}})
+    draft = ref_draft(
+        free_port(),
+        target={"api_key_env": "CASELEDGER_TEST_API_KEY"},
+        service={"env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_API_KEY}", "LOG_LEVEL": "info"}},
+    )
     case = freeze_case(ws, draft=draft)
     r = start_run(ws, case.case_id, wait=True)
     assert r.state == "succeeded", r.text()
@@ -60,7 +64,8 @@ def test_api_key_and_service_env_values_never_reach_the_ledger(
 
 
 def test_missing_secret_reference_fails_in_service_naming_the_variable(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     monkeypatch.delenv("CASELEDGER_NOT_SET", raising=False)
     draft = ref_draft(free_port(), service={"env": {"TOKEN": "${CASELEDGER_NOT_SET}"}})
     case = freeze_case(ws, draft=draft)
@@ -93,13 +98,26 @@ def _environ(pid: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("adapter", ["command", "reference"])
 def test_launched_service_gets_only_the_basics_and_its_declared_env(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None, adapter: str) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None, adapter: str
+) -> None:
     _plant(monkeypatch)
-    service: dict[str, Any] = {"adapter": adapter,
-                               "env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_DECLARED}", "LOG_LEVEL": "info"}}
+    service: dict[str, Any] = {
+        "adapter": adapter,
+        "env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_DECLARED}", "LOG_LEVEL": "info"},
+    }
     if adapter == "command":
-        service["argv"] = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port",
-                           "{port}", "--model", "ref-model"]
+        service["argv"] = [
+            sys.executable,
+            "-m",
+            "caseledger.target",
+            "serve",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--model",
+            "ref-model",
+        ]
     cid = freeze_case(ws, draft=ref_draft(free_port(), service=service)).case_id
     case = load_case(ws, cid)
     ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=True).evidence()
@@ -116,13 +134,20 @@ def test_launched_service_gets_only_the_basics_and_its_declared_env(
 
 
 def test_identity_command_runs_with_the_same_minimal_env(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     _plant(monkeypatch)
     show = "import os, sys; sys.stdout.write(' '.join(f'{k}={v}' for k, v in sorted(os.environ.items())))"
     with reference_targets({"ext": {}}, tmp_path / "logs") as served:
-        draft = ref_draft(0, target={"endpoints": [{"base_url": served["ext"].url + "/v1", "model": "ref-model"}]},
-                          service={"adapter": "external", "identity_command": [sys.executable, "-c", show],
-                                   "env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_DECLARED}"}})
+        draft = ref_draft(
+            0,
+            target={"endpoints": [{"base_url": served["ext"].url + "/v1", "model": "ref-model"}]},
+            service={
+                "adapter": "external",
+                "identity_command": [sys.executable, "-c", show],
+                "env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_DECLARED}"},
+            },
+        )
         cid = freeze_case(ws, draft=draft).case_id
         case = load_case(ws, cid)
         ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=False).evidence()
@@ -134,7 +159,8 @@ def test_identity_command_runs_with_the_same_minimal_env(
 
 @pytest.mark.slow
 def test_no_process_caseledger_starts_inherits_the_callers_secrets(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
+) -> None:
     """Controller, load client and service: the basics and what the case names (its API key variable), never
     the rest of the agent's shell."""
     from caseledger.workspace import read_json_or_none
@@ -144,16 +170,26 @@ def test_no_process_caseledger_starts_inherits_the_callers_secrets(
     monkeypatch.setenv("OPENAI_API_KEY", UNDECLARED)
     monkeypatch.setenv("CASELEDGER_TEST_KEY", SECRET)  # the key the case names: its load client needs it
     port = free_port()
-    cid = freeze_case(ws, draft=slow_draft(port, target={"endpoints": [
-        {"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}], "api_key_env": "CASELEDGER_TEST_KEY"}
-    )).case_id
+    cid = freeze_case(
+        ws,
+        draft=slow_draft(
+            port,
+            target={
+                "endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}],
+                "api_key_env": "CASELEDGER_TEST_KEY",
+            },
+        ),
+    ).case_id
     r = start_run(ws, cid)
     paths = ws.run(r.run_id)
     wait_state(ws, r.run_id, lambda s: s.sent > 0)
     case = load_case(ws, cid)
     service = read_json_or_none(ws.services_dir / f"{target_key(case.canonical())}.json") or {}
-    pids = {"controller": read_json_or_none(paths.controller_pid), "load client": read_json_or_none(paths.load_pid),
-            "service": service.get("proc")}
+    pids = {
+        "controller": read_json_or_none(paths.controller_pid),
+        "load client": read_json_or_none(paths.load_pid),
+        "service": service.get("proc"),
+    }
     for name, ref in pids.items():
         assert ref is not None, name
         env = _environ(int(ref["pid"]))  # the undeclared secret is absent from the raw environ
@@ -219,7 +255,8 @@ def _files_with_the_key(ws: Workspace) -> list[str]:
 
 @pytest.mark.slow
 def test_a_key_the_server_echoes_is_masked_in_every_file_and_every_answer(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv(ECHO_ENV, ECHOED)
     with stub_target(echo_key) as port:
         cid = freeze_case(ws, draft=external_draft(port, target={"api_key_env": ECHO_ENV})).case_id
@@ -233,9 +270,17 @@ def test_a_key_the_server_echoes_is_masked_in_every_file_and_every_answer(
         answers += [summary.text(), summary.model_dump_json(), handoff.refresh(ws)]
         again = resume(ws, r.run_id, wait=True, timeout_s=120)  # re-sends the rejected load: a second attempt
         answers += [again.text(), again.model_dump_json(), phase_status(ws, r.run_id).text()]
-        answers += [_cli(ws, capsys, *cmd) for cmd in (
-            ["status", r.run_id], ["status", r.run_id, "--json"], ["handoff"], ["handoff", "--json"],
-            ["summarize", r.run_id], ["summarize", r.run_id, "--json"])]
+        answers += [
+            _cli(ws, capsys, *cmd)
+            for cmd in (
+                ["status", r.run_id],
+                ["status", r.run_id, "--json"],
+                ["handoff"],
+                ["handoff", "--json"],
+                ["summarize", r.run_id],
+                ["summarize", r.run_id, "--json"],
+            )
+        ]
         answers += _mcp_answers(ws, r.run_id)
     paths = ws.run(r.run_id)
     recorded = [paths.raw, paths.events, paths.phase_file("load"), ws.handoff]
@@ -250,9 +295,15 @@ def test_a_key_the_server_echoes_is_masked_in_every_file_and_every_answer(
     events = paths.events.read_bytes()
     paths.events.write_bytes(events.replace(b"Bearer ***", b"Bearer " + spellings(ECHOED)[1]))
     assert leaks(paths.events.read_bytes())
-    shown = [subprocess.run([sys.executable, "-m", "caseledger", *cmd, "--workspace", str(ws.root)],
-                            capture_output=True, text=True, timeout=120).stdout
-             for cmd in (["status", r.run_id], ["status", r.run_id, "--json"], ["handoff"])]
+    shown = [
+        subprocess.run(
+            [sys.executable, "-m", "caseledger", *cmd, "--workspace", str(ws.root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        for cmd in (["status", r.run_id], ["status", r.run_id, "--json"], ["handoff"])
+    ]
     shown += _mcp_answers(ws, r.run_id)
     assert [a for a in shown if leaks(a)] == []
     assert all("got auth Bearer ***" in a for a in shown[:3]), shown[:3]
@@ -268,15 +319,23 @@ def _one_request(monkeypatch: pytest.MonkeyPatch, transport: httpx2.MockTranspor
     monkeypatch.setenv("CASELEDGER_TEST_RECORD_KEY", RECORD_KEY)
     redact.remember(["CASELEDGER_TEST_RECORD_KEY"])  # as reading the run's case does
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
-    spec = RequestSpec(i=0, entry=0, route=0, offset_s=0.0, url="http://target.test/v1/chat/completions",
-                       body=body, input_tokens_body=1, input_tokens_chat=1)
-    (rec,) = anyio.run(lambda: run_requests([spec], 1, "load", transport=transport, api_key=RECORD_KEY,
-                                            timeout_s=5.0))
+    spec = RequestSpec(
+        i=0,
+        entry=0,
+        route=0,
+        offset_s=0.0,
+        url="http://target.test/v1/chat/completions",
+        body=body,
+        input_tokens_body=1,
+        input_tokens_chat=1,
+    )
+    (rec,) = anyio.run(lambda: run_requests([spec], 1, "load", transport=transport, api_key=RECORD_KEY, timeout_s=5.0))
     return rec
 
 
 def test_an_http_error_body_quoting_the_key_is_recorded_masked_even_across_the_cut(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def handler(request: httpx2.Request) -> httpx2.Response:
         # the key straddles the 200 characters of the body the record keeps
         return httpx2.Response(400, text="x" * 190 + request.headers["authorization"] + " trailing")
@@ -316,9 +375,11 @@ def test_every_occurrence_becomes_the_mask_and_overlapping_ones_leave_no_piece()
 def test_a_key_is_masked_in_its_json_escaped_repr_and_url_spellings() -> None:
     key = 'sk-"q\\7/é-5b2d4f6a'
     s = Secrets([key])
-    for body in (json.dumps({"error": {"message": f"got auth Bearer {key}"}}),
-                 json.dumps({"error": {"message": f"got auth Bearer {key}"}}, ensure_ascii=False),
-                 json.dumps({"error": {"message": f"got auth Bearer {key}"}}).replace("/", "\\/")):
+    for body in (
+        json.dumps({"error": {"message": f"got auth Bearer {key}"}}),
+        json.dumps({"error": {"message": f"got auth Bearer {key}"}}, ensure_ascii=False),
+        json.dumps({"error": {"message": f"got auth Bearer {key}"}}).replace("/", "\\/"),
+    ):
         masked = s.mask(body)
         assert json.loads(masked) == {"error": {"message": "got auth Bearer ***"}}, masked  # still JSON
     assert s.mask(f"KeyError({key!r})") == "KeyError('***')"
@@ -347,8 +408,12 @@ def test_mask_obj_masks_strings_and_keys_and_keeps_the_structure() -> None:
     key = "sk-obj-" + "c0de" * 4
     s = Secrets([key])
     obj = {"error": f"HTTP 400: {key}", "n": 3, "ok": False, "list": [key, {f"by {key}": (key, 1.5, None)}]}
-    assert s.mask_obj(obj) == {"error": "HTTP 400: ***", "n": 3, "ok": False,
-                               "list": ["***", {"by ***": ("***", 1.5, None)}]}
+    assert s.mask_obj(obj) == {
+        "error": "HTTP 400: ***",
+        "n": 3,
+        "ok": False,
+        "list": ["***", {"by ***": ("***", 1.5, None)}],
+    }
     assert Secrets([]).mask_obj(obj) is obj
     assert s.mask_bytes(b"\xff\xfe " + key.encode() + b" \xff") == b"\xff\xfe *** \xff"  # non-UTF-8 bytes kept
 

@@ -44,8 +44,9 @@ def test_entries_are_numbered_turns_and_a_drawn_turn_count_is_part_of_the_datase
     assert ident.sessions is not None and (ident.sessions.count, ident.sessions.turns) == (6, 24)
     assert {e["body_tokens"] for e in entries} == {48}
     # turns drawn per conversation: seeded, the draw fixes N, another seed another dataset
-    drawn = sessions_draft(free_port(), dataset={"sessions": {"count": 5, "turns": {
-        "distribution": "uniform", "min": 1, "max": 4}}})
+    drawn = sessions_draft(
+        free_port(), dataset={"sessions": {"count": 5, "turns": {"distribution": "uniform", "min": 1, "max": 4}}}
+    )
     with pytest.raises(CaseledgerError) as e:
         freeze_case(ws, draft=drawn)
     want = int(str(e.value.fix).split("set load.requests to ")[1].split(" ")[0])
@@ -56,21 +57,31 @@ def test_entries_are_numbered_turns_and_a_drawn_turn_count_is_part_of_the_datase
     assert freeze_case(ws, draft=drawn).dataset_id == a.dataset_id
 
 
-@pytest.mark.parametrize(("change", "field", "fix"), [
-    ({"load": {"requests": 20}}, "6 conversations x 4 turns = 24", "set load.requests to 24"),
-    ({"load": {"rate": 5.0}}, "load.rate must be null", "set load.rate null"),
-    ({"target": {"api": "completions"}}, "needs target.api 'chat'", "set target.api 'chat'"),
-    ({"dataset": {"source": "prefix_cache", "prefix_ratio": 0.5}}, "needs source 'synthetic'", "set source"),
-    ({"dataset": {"entries": 30}}, "dataset.entries (30) must be null", "remove dataset.entries"),
-    ({"dataset": {"sessions": {"count": 6, "turns": 0}}}, "turns", "greater than or equal to 1"),
-    ({"dataset": {"sessions": {"count": 6, "turns": 4, "think_time_ms": -1}}}, "think_time_ms",
-     "greater than or equal to 0"),
-    ({"dataset": {"sessions": {"count": 6, "turns": {"distribution": "uniform", "min": 2, "max": 5000}}}},
-     "dataset.sessions.turns: max 5000", "at most 1024"),
-    ({"dataset": {"sessions": {"turns": 4}}}, "dataset.sessions.count: required field is missing", "fix"),
-])
+@pytest.mark.parametrize(
+    ("change", "field", "fix"),
+    [
+        ({"load": {"requests": 20}}, "6 conversations x 4 turns = 24", "set load.requests to 24"),
+        ({"load": {"rate": 5.0}}, "load.rate must be null", "set load.rate null"),
+        ({"target": {"api": "completions"}}, "needs target.api 'chat'", "set target.api 'chat'"),
+        ({"dataset": {"source": "prefix_cache", "prefix_ratio": 0.5}}, "needs source 'synthetic'", "set source"),
+        ({"dataset": {"entries": 30}}, "dataset.entries (30) must be null", "remove dataset.entries"),
+        ({"dataset": {"sessions": {"count": 6, "turns": 0}}}, "turns", "greater than or equal to 1"),
+        (
+            {"dataset": {"sessions": {"count": 6, "turns": 4, "think_time_ms": -1}}},
+            "think_time_ms",
+            "greater than or equal to 0",
+        ),
+        (
+            {"dataset": {"sessions": {"count": 6, "turns": {"distribution": "uniform", "min": 2, "max": 5000}}}},
+            "dataset.sessions.turns: max 5000",
+            "at most 1024",
+        ),
+        ({"dataset": {"sessions": {"turns": 4}}}, "dataset.sessions.count: required field is missing", "fix"),
+    ],
+)
 def test_bad_session_declarations_are_refused_naming_the_field_and_the_fix(
-        ws: Workspace, change: dict[str, Any], field: str, fix: str) -> None:
+    ws: Workspace, change: dict[str, Any], field: str, fix: str
+) -> None:
     d = sessions_draft(free_port(), **change)
     with pytest.raises(CaseledgerError) as e:
         freeze_case(ws, draft=d)
@@ -91,7 +102,8 @@ def test_preflight_refuses_a_conversation_that_outgrows_the_context(ws: Workspac
 
 @pytest.mark.slow
 def test_conversations_carry_the_servers_replies_and_later_turns_hit_the_history(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     port = free_port()
     run = start_run(ws, freeze_case(ws, draft=sessions_draft(port)).case_id, wait=True, timeout_s=300)
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
@@ -132,7 +144,8 @@ def test_conversations_carry_the_servers_replies_and_later_turns_hit_the_history
 
 @pytest.mark.slow
 def test_a_killed_load_never_continues_a_conversation_and_the_result_says_which_are_cut(
-        ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()
     # slower decode: turns are in flight when the client dies after its 6th record
     d = sessions_draft(port, service={"reference": {"decode_step_s": 0.01, "block_size": 16}})

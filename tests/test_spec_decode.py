@@ -28,10 +28,21 @@ CASES = Path(__file__).resolve().parent.parent / "cases"
 
 
 def spec_ref_draft(port: int) -> dict[str, Any]:
-    return ref_draft(port, service={"reference": {"spec_tokens": 3, "spec_accept": 0.6, "seed": 5,
-                                                  "prefill_tokens_per_s": 200000, "decode_step_s": 0.002}},
-                     dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24},
-                     load={"requests": 12, "concurrency": 3}, measurement={"spec_decode": "vllm"})
+    return ref_draft(
+        port,
+        service={
+            "reference": {
+                "spec_tokens": 3,
+                "spec_accept": 0.6,
+                "seed": 5,
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.002,
+            }
+        },
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24},
+        load={"requests": 12, "concurrency": 3},
+        measurement={"spec_decode": "vllm"},
+    )
 
 
 def raw(ws: Workspace, run_id: str) -> list[dict[str, Any]]:
@@ -45,7 +56,8 @@ def metrics_texts(ws: Workspace, run_id: str) -> tuple[str, str]:
 
 @pytest.mark.slow
 def test_reference_run_per_request_al_equals_the_counter_delta_and_native_has_its_own(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     port = free_port()
     r = start_run(ws, freeze_case(ws, draft=spec_ref_draft(port)).case_id, wait=True)
     assert r.state == "succeeded", r.text()
@@ -80,7 +92,8 @@ def test_reference_run_per_request_al_equals_the_counter_delta_and_native_has_it
     # acceptance by position: from the recorded steps and from the per-position counter, the same numbers
     assert isinstance(per.by_position, list) and isinstance(whole.by_position_counters, list)
     assert [(p.position, p.accepted, p.verify_steps) for p in per.by_position] == [
-        (p.position, p.accepted, p.verify_steps) for p in whole.by_position_counters]
+        (p.position, p.accepted, p.verify_steps) for p in whole.by_position_counters
+    ]
     first = sum(1 for x in recs for _, a in x["spec_steps"] if a > 0)
     assert per.by_position[0].accepted == first
 
@@ -153,13 +166,20 @@ def test_speculative_fields_fill_their_argv_placeholders() -> None:
     assert not any("{" in a for a in argv), argv
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"speculative": {"draft_model": "d.gguf", "spec_type": "draft-simple", "draft_max": None}},
-     "service.argv uses {draft_max} but service.speculative.draft_max is not set"),
-    ({"argv": ["llama-server", "-m", "m.gguf", "--port", "{port}"]},
-     "service.speculative.draft_model is set but service.argv has no {draft_model}"),
-    ({"adapter": "reference", "argv": []}, "service.speculative is only used by adapter 'command'"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"speculative": {"draft_model": "d.gguf", "spec_type": "draft-simple", "draft_max": None}},
+            "service.argv uses {draft_max} but service.speculative.draft_max is not set",
+        ),
+        (
+            {"argv": ["llama-server", "-m", "m.gguf", "--port", "{port}"]},
+            "service.speculative.draft_model is set but service.argv has no {draft_model}",
+        ),
+        ({"adapter": "reference", "argv": []}, "service.speculative is only used by adapter 'command'"),
+    ],
+)
 def test_speculative_fields_that_would_not_reach_the_engine_are_refused(change: dict[str, Any], message: str) -> None:
     d = spec_template()
     d["service"] = {**d["service"], **change}
@@ -172,7 +192,8 @@ def test_a_child_changing_only_the_draft_length_is_a_service_change() -> None:
     child = Case.model_validate(spec_template(draft_max=2)).filled()
     changes = delta(parent, child)
     assert [(d.path, d.old, d.new, d.impact.value) for d in changes] == [
-        ("service.speculative.draft_max", 4, 2, "service")]
+        ("service.speculative.draft_max", 4, 2, "service")
+    ]
     steps = {s.phase.value: s.action for s in plan(child, changes, has_parent=True)}
     assert steps["service"] == "run" and steps["warmup"] == "run" and steps["load"] == "run"
     assert identity_of(child) != identity_of(parent)

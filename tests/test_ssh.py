@@ -28,8 +28,17 @@ from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
 from tests.sshd import Sshd, generate_key, loopback_sshd
 
-PHASES = ("preflight", "service", "warmup", "route_verify", "cache_prepare", "load", "confirm_end", "postprocess",
-          "decide")
+PHASES = (
+    "preflight",
+    "service",
+    "warmup",
+    "route_verify",
+    "cache_prepare",
+    "load",
+    "confirm_end",
+    "postprocess",
+    "decide",
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +47,20 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 
 
 def ssh_draft(port: int, ssh: dict[str, Any], argv: list[str] | None = None, **over: Any) -> dict[str, Any]:
-    argv = argv or [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}",
-                    "--model", "ref-model"]
+    argv = argv or [
+        sys.executable,
+        "-m",
+        "caseledger.target",
+        "serve",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--model",
+        "ref-model",
+    ]
     service = {"adapter": "command", "argv": argv, "ssh": ssh, **over.pop("service", {})}
     return ref_draft(port, service=service, **over)
-
 
 
 def evidence(ws: Workspace, run_id: str, phase: str) -> dict[str, Any]:
@@ -74,7 +92,8 @@ def stop_remote(ws: Workspace) -> Iterator[None]:
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
-        ws: Workspace, sshd: Sshd, stop_remote: None) -> None:
+    ws: Workspace, sshd: Sshd, stop_remote: None
+) -> None:
     port = free_port()
     base = freeze_case(ws, draft=ssh_draft(port, sshd.ssh()))
     r1 = start_run(ws, base.case_id, wait=True)
@@ -82,8 +101,18 @@ def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
     for phase in PHASES:
         assert evidence(ws, r1.run_id, phase)["outcome"] in ("done", "skipped"), phase
     ev = evidence(ws, r1.run_id, "service")
-    intended = [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port),
-                "--model", "ref-model"]
+    intended = [
+        sys.executable,
+        "-m",
+        "caseledger.target",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        "ref-model",
+    ]
     assert ev["outcome"] == "done" and ev["intended_argv"] == intended and ev["effective_argv"] == intended
     assert ev["host"] == "127.0.0.1" and ev["ssh"]["port"] == sshd.port and ev["ssh"]["user"] == sshd.user
     assert ev["host_key"].startswith("verified against") and "ssh" in ev["verified_by"]
@@ -99,8 +128,9 @@ def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
     assert services.live_service(ws, key) is not None  # ... liveness goes over SSH
     assert Path(remote.log_path(key)).exists() and not (ws.services_dir / f"{key}.log").exists()
 
-    child = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(), load={"requests": 8, "concurrency": 4}),
-                        parent=base.case_id)
+    child = freeze_case(
+        ws, draft=ssh_draft(port, sshd.ssh(), load={"requests": 8, "concurrency": 4}), parent=base.case_id
+    )
     assert [d.path for d in child.delta] == ["load.concurrency"]
     r2 = start_run(ws, child.case_id, wait=True)
     assert r2.state == "succeeded", r2.text()
@@ -120,11 +150,13 @@ def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
-        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path) -> None:
+    ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path
+) -> None:
     port = free_port()
     wrapper = tmp_path / "serve.sh"  # the seeds' "DP16 in the script, DP4 at the end" incident, remotely
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m caseledger.target serve "$@" --config-json '
-                       "'{\"slots\": 1}'\n")
+    wrapper.write_text(
+        f'#!/bin/sh\nexec {sys.executable} -m caseledger.target serve "$@" --config-json \'{{"slots": 1}}\'\n'
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     argv = [str(wrapper), "--host", "{host}", "--port", "{port}", "--model", "ref-model"]
     case = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(), argv=argv))
@@ -142,7 +174,8 @@ def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", ["missing_key_file", "closed_port", "unauthorized_key", "unknown_host_key"])
 def test_unusable_ssh_login_refuses_the_start_naming_host_port_and_fix(
-        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, problem: str) -> None:
+    ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, problem: str
+) -> None:
     """The target's lease lives on service.ssh's host: a login that cannot be used refuses start_run itself
     (no run, no lease, nothing sent), naming the login and the fix."""
     ssh_port = sshd.port
@@ -172,14 +205,21 @@ def test_unusable_ssh_login_refuses_the_start_naming_host_port_and_fix(
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_private_key_and_env_secrets_never_land_in_the_workspace(
-        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a run that succeeds without a known_hosts file (explicitly accepted and recorded), with a secret passed by
     # reference in service.env, and one refused login
     secret = "s3cret-" + os.urandom(8).hex()
     monkeypatch.setenv("CASELEDGER_TEST_TOKEN", secret)
     port = free_port()
-    ok = freeze_case(ws, draft=ssh_draft(port, sshd.ssh(known_hosts=None, accept_unknown_host_key=True),
-                                         service={"env": {"TOKEN": "${CASELEDGER_TEST_TOKEN}", "MODE": "a b"}}))
+    ok = freeze_case(
+        ws,
+        draft=ssh_draft(
+            port,
+            sshd.ssh(known_hosts=None, accept_unknown_host_key=True),
+            service={"env": {"TOKEN": "${CASELEDGER_TEST_TOKEN}", "MODE": "a b"}},
+        ),
+    )
     r1 = start_run(ws, ok.case_id, wait=True)
     assert r1.state == "succeeded", r1.text()
     ev = evidence(ws, r1.run_id, "service")
@@ -213,8 +253,10 @@ def test_ssh_login_without_known_hosts_needs_the_explicit_opt_in(ws: Workspace) 
         freeze_case(ws, draft=ssh_draft(18001, ssh))
     assert "accept_unknown_host_key" in str(e.value)
     with pytest.raises(CaseInvalid) as e:
-        freeze_case(ws, draft=ref_draft(18001, service={"adapter": "reference", "ssh": {**ssh, "port": 2222,
-                                                                                          "known_hosts": "/k"}}))
+        freeze_case(
+            ws,
+            draft=ref_draft(18001, service={"adapter": "reference", "ssh": {**ssh, "port": 2222, "known_hosts": "/k"}}),
+        )
     assert "adapter 'command'" in str(e.value)
     with pytest.raises(CaseInvalid) as e:
         freeze_case(ws, draft=ssh_draft(18001, {**ssh, "known_hosts": "/k", "key_path": "id_ed25519"}))
@@ -227,26 +269,48 @@ def test_ssh_login_without_known_hosts_needs_the_explicit_opt_in(ws: Workspace) 
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_remote_component_files_and_env_are_read_back_over_ssh(
-        ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path) -> None:
+    ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path
+) -> None:
     ports = (free_port(), free_port())
     exe = os.path.realpath(sys.executable)  # the interpreter maps its own binary while it serves
 
     def draft(files: list[dict[str, Any]]) -> dict[str, Any]:
         d = ref_draft(ports[0])
         d["target"]["endpoints"] = [{"base_url": f"http://127.0.0.1:{p}/v1", "model": "ref-model"} for p in ports]
-        argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}",
-                "--model", "{model}"]
-        d["service"] = {"adapter": "command", "components": [
-            {"name": "local", "argv": argv, "routes": [0]},
-            {"name": "far", "argv": argv, "routes": [1], "ssh": sshd.ssh(), "env": {"EXPERT_LAYOUT": "v2"},
-             "files": files}]}
+        argv = [
+            sys.executable,
+            "-m",
+            "caseledger.target",
+            "serve",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--model",
+            "{model}",
+        ]
+        d["service"] = {
+            "adapter": "command",
+            "components": [
+                {"name": "local", "argv": argv, "routes": [0]},
+                {
+                    "name": "far",
+                    "argv": argv,
+                    "routes": [1],
+                    "ssh": sshd.ssh(),
+                    "env": {"EXPERT_LAYOUT": "v2"},
+                    "files": files,
+                },
+            ],
+        }
         return d
 
     r = start_run(ws, freeze_case(ws, draft=draft([{"path": exe, "held": True}])).case_id, wait=True)
     assert r.state == "succeeded", r.text()
     far = next(c for c in evidence(ws, r.run_id, "service")["components"] if c["name"] == "far")
     assert far["host"] == "127.0.0.1" and far["files"] == [
-        {"path": exe, "sha256": sha256_file(Path(exe)), "held": True}]  # hashed over SSH (sha256sum there)
+        {"path": exe, "sha256": sha256_file(Path(exe)), "held": True}
+    ]  # hashed over SSH (sha256sum there)
     assert far["env_sha256"] == {"EXPERT_LAYOUT": sha256_bytes(b"v2")[:12]}
     # the "remote" process is on this machine: its environment really holds the value whose hash was compared
     assert b"EXPERT_LAYOUT=v2" in Path(f"/proc/{far['pid']}/environ").read_bytes().split(b"\0")

@@ -13,9 +13,19 @@ from caseledger.workspace import RunPaths, Workspace, write_json
 def make_run(ws: Workspace, rid: str = "r-0000aaaa", planned: int = 4) -> RunPaths:
     paths = ws.run(rid)
     paths.root.mkdir(parents=True)
-    write_json(paths.run_json, {"run_id": rid, "case_id": "c-000000000000", "scenario": "s", "planned": planned,
-                                "target_key": "t-x", "workspace": str(ws.root), "plan": [],
-                                "controller_spawned": True})
+    write_json(
+        paths.run_json,
+        {
+            "run_id": rid,
+            "case_id": "c-000000000000",
+            "scenario": "s",
+            "planned": planned,
+            "target_key": "t-x",
+            "workspace": str(ws.root),
+            "plan": [],
+            "controller_spawned": True,
+        },
+    )
     # a controller that is certainly gone: pid 1's start time never matches this
     write_json(paths.controller_pid, {"pid": 1, "start_time": 123456789, "host": None})
     return paths
@@ -53,8 +63,15 @@ def test_results_on_disk_outrank_an_old_postprocess_failure(ws: Workspace) -> No
     paths = make_run(ws)
     phases_done(ws, paths, "postprocess")
     ledger.append_event(ws, paths, "phase_started", phase="postprocess", attempt=1)
-    ledger.append_event(ws, paths, "phase_ended", phase="postprocess", attempt=1, error="ImportError: x",
-                        data={"outcome": "failed", "failure_class": "collect"})
+    ledger.append_event(
+        ws,
+        paths,
+        "phase_ended",
+        phase="postprocess",
+        attempt=1,
+        error="ImportError: x",
+        data={"outcome": "failed", "failure_class": "collect"},
+    )
     assert fold(ws, paths.run_id).failure_class == "collect"
     (paths.results / "v1" / "aisbench" / "k").mkdir(parents=True)
     (paths.results / "v1" / "aisbench" / "k" / "result.json").write_text("{}")
@@ -68,8 +85,15 @@ def test_a_later_attempt_supersedes_an_earlier_failure(ws: Workspace) -> None:
     paths = make_run(ws)
     phases_done(ws, paths, "service")
     ledger.append_event(ws, paths, "phase_started", phase="service", attempt=1)
-    ledger.append_event(ws, paths, "phase_ended", phase="service", attempt=1, error="health",
-                        data={"outcome": "failed", "failure_class": "service"})
+    ledger.append_event(
+        ws,
+        paths,
+        "phase_ended",
+        phase="service",
+        attempt=1,
+        error="health",
+        data={"outcome": "failed", "failure_class": "service"},
+    )
     ledger.append_event(ws, paths, "phase_started", phase="service", attempt=2)
     ledger.append_event(ws, paths, "phase_ended", phase="service", attempt=2, data={"outcome": "done"})
     v = fold(ws, paths.run_id)

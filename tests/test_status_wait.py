@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_bounded_wait_answers_at_the_next_change_and_a_settled_run_at_once(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     case = freeze_case(ws, draft=ref_draft(free_port()))
     r = start_run(ws, case.case_id)  # returns after preflight; the run goes on
     assert r.run_id is not None
@@ -25,8 +26,11 @@ def test_a_bounded_wait_answers_at_the_next_change_and_a_settled_run_at_once(
     while seen[-1].state in ("running", "created") and time.monotonic() - t0 < 120:
         seen.append(phase_status(ws, r.run_id, wait_s=60))
         # each answer came because something changed: never the same phases twice in a row
-        assert (seen[-1].phases, seen[-1].state) != (seen[-2].phases, seen[-2].state) or \
-            seen[-1].load_ended != seen[-2].load_ended or seen[-1].owner_alive != seen[-2].owner_alive, seen[-1].text()
+        assert (
+            (seen[-1].phases, seen[-1].state) != (seen[-2].phases, seen[-2].state)
+            or seen[-1].load_ended != seen[-2].load_ended
+            or seen[-1].owner_alive != seen[-2].owner_alive
+        ), seen[-1].text()
     assert seen[-1].state == "succeeded", seen[-1].text()
     assert len(seen) >= 3  # several phase changes were each answered on their own
     t1 = time.monotonic()

@@ -42,8 +42,9 @@ def ks_statistic(xs: list[int], d: LengthDistribution) -> float:
     lo, hi = (0.0, 1.0) if d.distribution == "uniform" else (cont(d.min - 0.5), cont(d.max + 0.5))
     worst = 0.0
     for k in range(d.min, d.max + 1):
-        declared = (k - d.min + 1) / (d.max - d.min + 1) if d.distribution == "uniform" else \
-            (cont(k + 0.5) - lo) / (hi - lo)
+        declared = (
+            (k - d.min + 1) / (d.max - d.min + 1) if d.distribution == "uniform" else (cont(k + 0.5) - lo) / (hi - lo)
+        )
         empirical = np.searchsorted(arr, k, side="right") / arr.size
         worst = max(worst, abs(empirical - declared))
     return worst
@@ -54,18 +55,26 @@ def ks_critical(n: int) -> float:
 
 
 def dist_draft(port: int, inp: dict[str, Any], out: dict[str, Any], n: int) -> dict[str, Any]:
-    return ref_draft(port, dataset={"source": "synthetic", "input_tokens": inp, "output_tokens": out,
-                                    "entries": n, "seed": 11},
-                     load={"requests": 4, "concurrency": 2})
+    return ref_draft(
+        port,
+        dataset={"source": "synthetic", "input_tokens": inp, "output_tokens": out, "entries": n, "seed": 11},
+        load={"requests": 4, "concurrency": 2},
+    )
 
 
-@pytest.mark.parametrize(("inp", "out"), [
-    ({"distribution": "lognormal", "mean": 60, "stdev": 30, "min": 16, "max": 200},
-     {"distribution": "normal", "mean": 24, "stdev": 6, "min": 8, "max": 40}),
-    ({"distribution": "uniform", "min": 20, "max": 90}, {"distribution": "fixed", "value": 12}),
-])
+@pytest.mark.parametrize(
+    ("inp", "out"),
+    [
+        (
+            {"distribution": "lognormal", "mean": 60, "stdev": 30, "min": 16, "max": 200},
+            {"distribution": "normal", "mean": 24, "stdev": 6, "min": 8, "max": 40},
+        ),
+        ({"distribution": "uniform", "min": 20, "max": 90}, {"distribution": "fixed", "value": 12}),
+    ],
+)
 def test_realized_lengths_pass_a_goodness_of_fit_test_against_the_declared_distribution(
-        ws: Workspace, inp: dict[str, Any], out: dict[str, Any]) -> None:
+    ws: Workspace, inp: dict[str, Any], out: dict[str, Any]
+) -> None:
     n = 1500
     frozen = freeze_case(ws, draft=dist_draft(free_port(), inp, out, n))
     entries = datasets.load_entries(ws, frozen.dataset_id)
@@ -85,8 +94,10 @@ def test_realized_lengths_pass_a_goodness_of_fit_test_against_the_declared_distr
     # realized lengths are the identity's and the entries' (exact, chat = body + the template)
     assert ident.input_lengths is not None and ident.output_lengths is not None
     assert (ident.input_lengths.min, ident.input_lengths.max, ident.input_lengths.count) == (min(body), max(body), n)
-    assert sum(ident.input_lengths.histogram.counts) == n and ident.input_lengths.declared["distribution"] == \
-        di.distribution
+    assert (
+        sum(ident.input_lengths.histogram.counts) == n
+        and ident.input_lengths.declared["distribution"] == di.distribution
+    )
     assert {e["chat_tokens"] - e["body_tokens"] for e in entries} == {entries[0]["chat_tokens"] - body[0]}
     # the module's own CDF is the declared one the KS test wrote independently
     if di.distribution != "uniform":
@@ -115,22 +126,39 @@ def test_drawn_lengths_reach_the_requests_and_the_same_seed_draws_the_same(ws: W
     assert case.load.max_tokens is None
 
 
-@pytest.mark.parametrize(("change", "field", "fix"), [
-    ({"dataset": {"input_tokens": {"distribution": "normal", "mean": 50}}}, "mean and stdev", "stdev"),
-    ({"dataset": {"input_tokens": {"distribution": "uniform", "min": 90, "max": 20}}}, "min 90 > max 20", "min <= max"),
-    ({"dataset": {"input_tokens": {"distribution": "fixed"}}}, "'fixed' takes value", "'value': 256"),
-    ({"dataset": {"output_tokens": {"distribution": "uniform", "min": 2, "max": 9}}, "load": {"max_tokens": 4}},
-     "load.max_tokens must be null", "remove load.max_tokens"),
-    ({"dataset": {"input_tokens": {"distribution": "normal", "mean": 5000, "stdev": 10, "min": 10, "max": 100}}},
-     "dataset.input_tokens", "move dataset.input_tokens.mean inside"),
-    ({"dataset": {"source": "trace"}}, "dataset.path is required", "relative to it"),
-    ({"dataset": {"source": "trace", "path": TRACE}, "load": {"arrival": "trace", "rate": 4}},
-     "load.rate must be null", "set rate null"),
-    ({"load": {"time_scale": 0.5}}, "load.time_scale", "set load.arrival 'trace'"),
-    ({"load": {"arrival": "trace"}}, "needs dataset.source 'trace'", "timestamps"),
-])
+@pytest.mark.parametrize(
+    ("change", "field", "fix"),
+    [
+        ({"dataset": {"input_tokens": {"distribution": "normal", "mean": 50}}}, "mean and stdev", "stdev"),
+        (
+            {"dataset": {"input_tokens": {"distribution": "uniform", "min": 90, "max": 20}}},
+            "min 90 > max 20",
+            "min <= max",
+        ),
+        ({"dataset": {"input_tokens": {"distribution": "fixed"}}}, "'fixed' takes value", "'value': 256"),
+        (
+            {"dataset": {"output_tokens": {"distribution": "uniform", "min": 2, "max": 9}}, "load": {"max_tokens": 4}},
+            "load.max_tokens must be null",
+            "remove load.max_tokens",
+        ),
+        (
+            {"dataset": {"input_tokens": {"distribution": "normal", "mean": 5000, "stdev": 10, "min": 10, "max": 100}}},
+            "dataset.input_tokens",
+            "move dataset.input_tokens.mean inside",
+        ),
+        ({"dataset": {"source": "trace"}}, "dataset.path is required", "relative to it"),
+        (
+            {"dataset": {"source": "trace", "path": TRACE}, "load": {"arrival": "trace", "rate": 4}},
+            "load.rate must be null",
+            "set rate null",
+        ),
+        ({"load": {"time_scale": 0.5}}, "load.time_scale", "set load.arrival 'trace'"),
+        ({"load": {"arrival": "trace"}}, "needs dataset.source 'trace'", "timestamps"),
+    ],
+)
 def test_bad_workload_fields_are_refused_naming_the_field_and_the_fix(
-        ws: Workspace, change: dict[str, Any], field: str, fix: str) -> None:
+    ws: Workspace, change: dict[str, Any], field: str, fix: str
+) -> None:
     (ws.root / TRACE).write_bytes(sample_jsonl())
     d = ref_draft(free_port())
     for k, v in change.items():
@@ -212,20 +240,31 @@ def test_trace_id_covers_the_file_and_a_subset_is_its_own_dataset(ws: Workspace)
     assert "restore the trace file" in e.value.fix
 
 
-@pytest.mark.parametrize(("path", "text", "message"), [
-    ("../outside.jsonl", None, "resolves outside the workspace"),
-    ("/etc/passwd", None, "resolves outside the workspace"),
-    (TRACE, b'{"timestamp": 0, "input_length": 100, "output_length": 4}\n', "has no 'hash_ids'"),
-    (TRACE, b'{"timestamp": 5, "input_length": 100, "output_length": 4, "hash_ids": [1]}\n'
-            b'{"timestamp": 2, "input_length": 100, "output_length": 4, "hash_ids": [1]}\n', "sort the trace"),
-    (TRACE, b'{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}\n', "'output_length'"),
-    (TRACE, b'{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": ["a"]}\n', "'hash_ids'"),
-    (TRACE, b'{"timestamp": 0, "input_length": 5, "output_length": 4, "hash_ids": [1]}\n',
-     "'input_length' must be an integer 10.."),
-    (TRACE, b'{"timestamp": 0, "input_length": 50, "output_length": 4, "hash_ids": [1]}\n', "has 1 requests"),
-])
+@pytest.mark.parametrize(
+    ("path", "text", "message"),
+    [
+        ("../outside.jsonl", None, "resolves outside the workspace"),
+        ("/etc/passwd", None, "resolves outside the workspace"),
+        (TRACE, b'{"timestamp": 0, "input_length": 100, "output_length": 4}\n', "has no 'hash_ids'"),
+        (
+            TRACE,
+            b'{"timestamp": 5, "input_length": 100, "output_length": 4, "hash_ids": [1]}\n'
+            b'{"timestamp": 2, "input_length": 100, "output_length": 4, "hash_ids": [1]}\n',
+            "sort the trace",
+        ),
+        (TRACE, b'{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}\n', "'output_length'"),
+        (TRACE, b'{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": ["a"]}\n', "'hash_ids'"),
+        (
+            TRACE,
+            b'{"timestamp": 0, "input_length": 5, "output_length": 4, "hash_ids": [1]}\n',
+            "'input_length' must be an integer 10..",
+        ),
+        (TRACE, b'{"timestamp": 0, "input_length": 50, "output_length": 4, "hash_ids": [1]}\n', "has 1 requests"),
+    ],
+)
 def test_a_bad_trace_is_refused_naming_the_field_and_writing_nothing(
-        ws: Workspace, tmp_path: Path, path: str, text: bytes | None, message: str) -> None:
+    ws: Workspace, tmp_path: Path, path: str, text: bytes | None, message: str
+) -> None:
     if text is not None:
         put_trace(ws, text)
     else:
@@ -254,7 +293,8 @@ def test_preflight_refuses_a_request_longer_than_the_context(ws: Workspace, stop
 
 @pytest.mark.slow
 def test_trace_replays_on_the_reference_target_on_schedule_with_cached_beside_planned(
-        ws: Workspace, stop_services: None) -> None:
+    ws: Workspace, stop_services: None
+) -> None:
     put_trace(ws)
     port = free_port()
     d = trace_draft(port, load={"time_scale": 0.5})

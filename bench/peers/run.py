@@ -90,8 +90,11 @@ PEERS: dict[str, dict[str, Any]] = {
     "aiperf": {"dist": "aiperf", "exe": "aiperf", "steps": [["aiperf"]]},
     "guidellm": {"dist": "guidellm", "exe": "guidellm", "steps": [[*torch_cpu_wheel(), "guidellm"]]},
     # AISBench pins numpy<2, which needs pyarrow<21; torch first (the CPU wheel)
-    "aisbench": {"dist": "ais-bench-benchmark", "exe": "ais_bench",
-                 "steps": [[*torch_cpu_wheel(), "pyarrow<21"], ["ais-bench-benchmark", "pyarrow<21"]]},
+    "aisbench": {
+        "dist": "ais-bench-benchmark",
+        "exe": "ais_bench",
+        "steps": [[*torch_cpu_wheel(), "pyarrow<21"], ["ais-bench-benchmark", "pyarrow<21"]],
+    },
 }
 
 
@@ -114,9 +117,15 @@ def install(peer: str) -> tuple[Path | None, str]:
                     tail = log.read_text().strip().splitlines()[-3:]
                     return None, f"install failed: {shlex.join(cmd)}: {' | '.join(tail)}"
         marker.touch()
-    out = subprocess.run([str(venv / "bin" / "python"), "-c",
-                          f"from importlib.metadata import version; print(version({spec['dist']!r}))"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            f"from importlib.metadata import version; print(version({spec['dist']!r}))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     return venv, out.stdout.strip() or "?"
 
 
@@ -142,8 +151,20 @@ def get_json(url: str) -> Any:
 
 
 def start_server(port: int, step_ms: float, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, str(HERE / "server.py"), "--port", str(port), "--step-ms", str(step_ms),
-                             "--cpu", str(SERVER_CPU)], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "server.py"),
+            "--port",
+            str(port),
+            "--step-ms",
+            str(step_ms),
+            "--cpu",
+            str(SERVER_CPU),
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     for _ in range(200):
         try:
             get_json(f"http://127.0.0.1:{port}/health")
@@ -207,11 +228,19 @@ class TreeCPU:
         return s[0][1] if t_ns < s[0][0] else s[-1][1]
 
 
-def run_pinned(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None,
-               timeout: float = 900) -> tuple[int, TreeCPU]:
+def run_pinned(
+    cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None, timeout: float = 900
+) -> tuple[int, TreeCPU]:
     with log.open("wb") as lf:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=lf, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=lambda: os.sched_setaffinity(0, {CLIENT_CPU}), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, {CLIENT_CPU}),
+            start_new_session=True,
+        )
         cpu = TreeCPU(proc.pid)
         try:
             rc = proc.wait(timeout)
@@ -237,26 +266,55 @@ def tail(log: Path, n: int = 4) -> str:
 def run_caseledger(base: str, sc: Scenario, work: Path, venv: Path | None) -> tuple[ClientRun, TreeCPU]:
     port = int(base.rsplit(":", 1)[1])
     ws = Workspace(work / "ws")
-    paths = make_run(ws, f"r-{time.monotonic_ns() & 0xFFFFFFFFFFFF:012x}", port, sc.requests, sc.tokens,
-                     sc.concurrency)
+    paths = make_run(ws, f"r-{time.monotonic_ns() & 0xFFFFFFFFFFFF:012x}", port, sc.requests, sc.tokens, sc.concurrency)
     rc, cpu = run_pinned([sys.executable, "-m", "caseledger.load", str(paths.root)], work, work / "client.log")
     if rc != 0:
         return ClientRun({}, error=f"exit {rc}: {tail(work / 'client.log')}"), cpu
     recs = read_records(paths.raw).records
     chunks = {int(r["prompt_tokens"] or 0): r["chunk_ns"] for r in recs if r["ok"]}
     end = read_json(paths.load_end)
-    return ClientRun(chunks, error=None if end["ok"] == sc.requests else f"{end['failed']} failed",
-                     sends=[r["send_ns"] for r in recs]), cpu
+    return ClientRun(
+        chunks,
+        error=None if end["ok"] == sc.requests else f"{end['failed']} failed",
+        sends=[r["send_ns"] for r in recs],
+    ), cpu
 
 
 def run_aiperf(base: str, sc: Scenario, work: Path, venv: Path | None) -> tuple[ClientRun, TreeCPU]:
     assert venv is not None
     out = work / "artifacts"
-    cmd = [str(venv / "bin" / "aiperf"), "profile", "--model", "peer-model", "--url", base, "--endpoint-type", "chat",
-           "--streaming", "--concurrency", str(sc.concurrency), "--request-count", str(sc.requests),
-           "--synthetic-input-tokens-mean", str(INPUT_TOKENS), "--synthetic-input-tokens-stddev", "0",
-           "--output-tokens-mean", str(sc.tokens), "--output-tokens-stddev", "0", "--tokenizer", str(TOKENIZER),
-           "--use-server-token-count", "--export-level", "raw", "--artifact-dir", str(out), "--ui-type", "none"]
+    cmd = [
+        str(venv / "bin" / "aiperf"),
+        "profile",
+        "--model",
+        "peer-model",
+        "--url",
+        base,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--concurrency",
+        str(sc.concurrency),
+        "--request-count",
+        str(sc.requests),
+        "--synthetic-input-tokens-mean",
+        str(INPUT_TOKENS),
+        "--synthetic-input-tokens-stddev",
+        "0",
+        "--output-tokens-mean",
+        str(sc.tokens),
+        "--output-tokens-stddev",
+        "0",
+        "--tokenizer",
+        str(TOKENIZER),
+        "--use-server-token-count",
+        "--export-level",
+        "raw",
+        "--artifact-dir",
+        str(out),
+        "--ui-type",
+        "none",
+    ]
     rc, cpu = run_pinned(cmd, work, work / "client.log")
     raw = out / "profile_export_raw.jsonl"
     if rc != 0 or not raw.exists():
@@ -283,12 +341,23 @@ def run_aiperf(base: str, sc: Scenario, work: Path, venv: Path | None) -> tuple[
 def run_guidellm(base: str, sc: Scenario, work: Path, venv: Path | None) -> tuple[ClientRun, TreeCPU]:
     assert venv is not None
     out = work / "benchmarks.json"
-    cmd = [str(venv / "bin" / "guidellm"), "run", "--backend", f"kind=openai_http,target={base}",
-           "--profile", f"kind=concurrent,streams={sc.concurrency}",
-           "--constraint", f"kind=max_requests,count={sc.requests}",
-           "--data", f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={sc.tokens}",
-           "--tokenizer", f"kind=huggingface_auto,model={TOKENIZER}",
-           "--output", f"kind=json,path={out}", "--disable-console-interactive"]
+    cmd = [
+        str(venv / "bin" / "guidellm"),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={base}",
+        "--profile",
+        f"kind=concurrent,streams={sc.concurrency}",
+        "--constraint",
+        f"kind=max_requests,count={sc.requests}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={sc.tokens}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={TOKENIZER}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console-interactive",
+    ]
     mono0, wall0 = time.monotonic_ns(), time.time_ns()
     rc, cpu = run_pinned(cmd, work, work / "client.log")
     mono1, wall1 = time.monotonic_ns(), time.time_ns()
@@ -304,12 +373,14 @@ def run_guidellm(base: str, sc: Scenario, work: Path, venv: Path | None) -> tupl
                 sends.append(round(t["request_start"] * 1e9) - offset)
             rid = str(req.get("response_id") or "")
             if rid.startswith("r-") and t.get("first_token_iteration") and t.get("last_token_iteration"):
-                chunks[int(rid[2:])] = [round(t["first_token_iteration"] * 1e9) - offset,
-                                        round(t["last_token_iteration"] * 1e9) - offset]
+                chunks[int(rid[2:])] = [
+                    round(t["first_token_iteration"] * 1e9) - offset,
+                    round(t["last_token_iteration"] * 1e9) - offset,
+                ]
     return ClientRun(chunks, first_last_only=True, sends=sends), cpu
 
 
-AISBENCH_CONFIG = '''
+AISBENCH_CONFIG = """
 from ais_bench.benchmark.calculators import DefaultPerfMetricCalculator
 from ais_bench.benchmark.datasets import MATHEvaluator, SyntheticDataset, math_postprocess_v2
 from ais_bench.benchmark.models import VLLMCustomAPIChat
@@ -334,28 +405,42 @@ datasets = [dict(
 )]
 summarizer = dict(attr="performance", type=DefaultPerfSummarizer, calculator=dict(
     type=DefaultPerfMetricCalculator, stats_list=["Average", "Median", "P99"]))
-'''
+"""
 
 
 def run_aisbench(base: str, sc: Scenario, work: Path, venv: Path | None) -> tuple[ClientRun, TreeCPU]:
     assert venv is not None
     port = int(base.rsplit(":", 1)[1])
-    (work / "perf_peer.py").write_text(AISBENCH_CONFIG.format(
-        tok=str(TOKENIZER), port=port, tokens=sc.tokens, c=sc.concurrency, n=sc.requests, inp=INPUT_TOKENS))
-    cmd = [str(venv / "bin" / "ais_bench"), "perf_peer.py", "--mode", "perf", "--num-warmups", "0", "-w",
-           str(work / "out")]
+    (work / "perf_peer.py").write_text(
+        AISBENCH_CONFIG.format(
+            tok=str(TOKENIZER), port=port, tokens=sc.tokens, c=sc.concurrency, n=sc.requests, inp=INPUT_TOKENS
+        )
+    )
+    cmd = [
+        str(venv / "bin" / "ais_bench"),
+        "perf_peer.py",
+        "--mode",
+        "perf",
+        "--num-warmups",
+        "0",
+        "-w",
+        str(work / "out"),
+    ]
     rc, cpu = run_pinned(cmd, work, work / "client.log")
     details = sorted((work / "out").glob("**/performances/*/*_details.jsonl"))
     if rc != 0 or not details:
         return ClientRun({}, error=f"exit {rc}: {tail(work / 'client.log')}"), cpu
     imp = read_aisbench(details[0].parent)
     # time points: one per SSE data line after the send stamp; this server sends the content chunks first
-    chunks = {int(r["prompt_tokens"] or 0): r["chunk_ns"][:sc.tokens] for r in imp.records if r["ok"]}
+    chunks = {int(r["prompt_tokens"] or 0): r["chunk_ns"][: sc.tokens] for r in imp.records if r["ok"]}
     return ClientRun(chunks, sends=[r["send_ns"] for r in imp.records]), cpu
 
 
 CLIENTS: dict[str, Callable[[str, Scenario, Path, Path | None], tuple[ClientRun, TreeCPU]]] = {
-    "caseledger": run_caseledger, "aiperf": run_aiperf, "guidellm": run_guidellm, "aisbench": run_aisbench,
+    "caseledger": run_caseledger,
+    "aiperf": run_aiperf,
+    "guidellm": run_guidellm,
+    "aisbench": run_aisbench,
 }
 
 
@@ -371,8 +456,11 @@ def measure(run: ClientRun, cpu: TreeCPU, log: dict[str, Any], sc: Scenario) -> 
         if srv is None or not times:
             continue
         sent = srv["sent_ns"]
-        pairs = [(times[0], sent[0]), (times[-1], sent[-1])] if run.first_last_only else list(
-            zip(times, sent, strict=False))
+        pairs = (
+            [(times[0], sent[0]), (times[-1], sent[-1])]
+            if run.first_last_only
+            else list(zip(times, sent, strict=False))
+        )
         run.errors.extend((t - s) / 1000 for t, s in pairs)
         starts.append(srv["arrive_ns"])
         ends.append(times[-1])
@@ -407,8 +495,11 @@ class Cell:
 
     def us_per_chunk(self) -> float | None:
         ok = self.ok()
-        return statistics.median(r.cpu_s * 1e6 / max(sum(len(v) for v in r.chunks.values()), 1)
-                                 for r in ok) if ok else None
+        return (
+            statistics.median(r.cpu_s * 1e6 / max(sum(len(v) for v in r.chunks.values()), 1) for r in ok)
+            if ok
+            else None
+        )
 
     def errors(self) -> list[float]:
         return [e for r in self.ok() for e in r.errors]
@@ -430,89 +521,140 @@ def fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def write_results(out: Path, cells: dict[tuple[str, str], Cell], clients: list[str], versions: dict[str, str],
-                  failures: dict[str, str], notes: list[str], command: str, repeats: int, started: str,
-                  seconds: float) -> None:
+def write_results(
+    out: Path,
+    cells: dict[tuple[str, str], Cell],
+    clients: list[str],
+    versions: dict[str, str],
+    failures: dict[str, str],
+    notes: list[str],
+    command: str,
+    repeats: int,
+    started: str,
+    seconds: float,
+) -> None:
     peers = [c for c in clients if c != "caseledger"]
-    lines = ["# Load client vs peers: cost per chunk and timestamp error", "",
-             f"Produced by `bench/peers/run.py` ({started}, {seconds / 60:.0f} min). Command:", "",
-             f"    {command}", "",
-             f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python "
-             f"{platform.python_version()}, Linux {platform.release()}; **shared with other jobs during the run**, "
-             "so absolute figures are noisy: the ratios (same run, same server, interleaved) are the result.",
-             f"Server (`bench/peers/server.py`) on CPU {SERVER_CPU}, every client and its child processes on CPU "
-             f"{CLIENT_CPU}; {repeats} interleaved repeats per scenario (client order rotates each repeat); "
-             "medians of the repeats, error percentiles pooled over all chunks of all repeats.", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    lines = [
+        "# Load client vs peers: cost per chunk and timestamp error",
+        "",
+        f"Produced by `bench/peers/run.py` ({started}, {seconds / 60:.0f} min). Command:",
+        "",
+        f"    {command}",
+        "",
+        f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python "
+        f"{platform.python_version()}, Linux {platform.release()}; **shared with other jobs during the run**, "
+        "so absolute figures are noisy: the ratios (same run, same server, interleaved) are the result.",
+        f"Server (`bench/peers/server.py`) on CPU {SERVER_CPU}, every client and its child processes on CPU "
+        f"{CLIENT_CPU}; {repeats} interleaved repeats per scenario (client order rotates each repeat); "
+        "medians of the repeats, error percentiles pooled over all chunks of all repeats.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        "",
+    ]
     if failures:
         lines += ["Not measured:", ""] + [f"- **{k}**: {v}" for k, v in failures.items()] + [""]
     if notes:
         lines += ["Runs measured with a gap (their matched requests are counted):", ""] + [f"- {n}" for n in notes]
         lines += [""]
-    lines += ["Ratios in parentheses are to the best peer (aiperf, guidellm, AISBench) on that column: below 1× "
-              "is better than every peer.", ""]
+    lines += [
+        "Ratios in parentheses are to the best peer (aiperf, guidellm, AISBench) on that column: below 1× "
+        "is better than every peer.",
+        "",
+    ]
     zero = next(s for s in SCENARIOS if s.name == "zero")
-    lines += [f"## Cost: zero-delay server, C={zero.concurrency}, {zero.requests} requests × {zero.tokens} tokens", "",
-              "CPU µs per chunk: CPU of the client's process tree (all its processes, sampled every 20 ms) over "
-              "the load window (first request at the server → last chunk at the client) / content chunks. One-core "
-              "ceiling: content chunks / load window with the client on one core and the server never the "
-              "bottleneck.", "",
-              "| client | CPU µs/chunk | one-core ceiling (chunks/s) | paced C=64 CPU µs/chunk |", "|---|---|---|---|"]
+    lines += [
+        f"## Cost: zero-delay server, C={zero.concurrency}, {zero.requests} requests × {zero.tokens} tokens",
+        "",
+        "CPU µs per chunk: CPU of the client's process tree (all its processes, sampled every 20 ms) over "
+        "the load window (first request at the server → last chunk at the client) / content chunks. One-core "
+        "ceiling: content chunks / load window with the client on one core and the server never the "
+        "bottleneck.",
+        "",
+        "| client | CPU µs/chunk | one-core ceiling (chunks/s) | paced C=64 CPU µs/chunk |",
+        "|---|---|---|---|",
+    ]
     best_us = min((v for p in peers if (v := cells[(p, "zero")].us_per_chunk()) is not None), default=None)
     best_cps = max((v for p in peers if (v := cells[(p, "zero")].chunks_per_s()) is not None), default=None)
     best_p = min((v for p in peers if (v := cells[(p, "paced-c64")].us_per_chunk()) is not None), default=None)
     for c in clients:
-        us, cps, pus = (cells[(c, "zero")].us_per_chunk(), cells[(c, "zero")].chunks_per_s(),
-                        cells[(c, "paced-c64")].us_per_chunk())
+        us, cps, pus = (
+            cells[(c, "zero")].us_per_chunk(),
+            cells[(c, "zero")].chunks_per_s(),
+            cells[(c, "paced-c64")].us_per_chunk(),
+        )
         cps_ratio = "" if cps is None or not best_cps else f" ({cps / best_cps:.2f}×)"
-        lines.append(f"| {c} | {fmt(us, '.1f')}{ratio(us, best_us)} | {fmt(cps, ',.0f')}{cps_ratio} | "
-                     f"{fmt(pus, '.1f')}{ratio(pus, best_p)} |")
-    lines += ["", "## Timestamp error: client receive time − server send time, per content chunk (µs)", "",
-              "The server logs `time.monotonic_ns()` right before writing each chunk; the clients' own stamps "
-              "are CLOCK_MONOTONIC too (caseledger `monotonic_ns`, aiperf `perf_counter_ns`, AISBench "
-              "`perf_counter`), except guidellm (`time.time()`, mapped onto the monotonic clock by one offset "
-              "read around its run). Paced server: one chunk per stream every 10 ms, all streams on the same tick.",
-              ""]
+        lines.append(
+            f"| {c} | {fmt(us, '.1f')}{ratio(us, best_us)} | {fmt(cps, ',.0f')}{cps_ratio} | "
+            f"{fmt(pus, '.1f')}{ratio(pus, best_p)} |"
+        )
+    lines += [
+        "",
+        "## Timestamp error: client receive time − server send time, per content chunk (µs)",
+        "",
+        "The server logs `time.monotonic_ns()` right before writing each chunk; the clients' own stamps "
+        "are CLOCK_MONOTONIC too (caseledger `monotonic_ns`, aiperf `perf_counter_ns`, AISBench "
+        "`perf_counter`), except guidellm (`time.time()`, mapped onto the monotonic clock by one offset "
+        "read around its run). Paced server: one chunk per stream every 10 ms, all streams on the same tick.",
+        "",
+    ]
     for name in ("paced-c1", "paced-c64"):
         sc = next(s for s in SCENARIOS if s.name == name)
-        lines += [f"### C={sc.concurrency}: {sc.requests} requests × {sc.tokens} tokens", "",
-                  "| client | chunks | p50 | p99 | max |", "|---|---|---|---|---|"]
+        lines += [
+            f"### C={sc.concurrency}: {sc.requests} requests × {sc.tokens} tokens",
+            "",
+            "| client | chunks | p50 | p99 | max |",
+            "|---|---|---|---|---|",
+        ]
         stats = {}
         for c in clients:
             e = cells[(c, name)].errors()
-            stats[c] = (pct(e, .5), pct(e, .99), max(e), len(e)) if e else None
-        best = [min((v[k] for p in peers if (v := stats[p]) is not None and not _first_last(cells, p)),
-                    default=None) for k in range(3)]
+            stats[c] = (pct(e, 0.5), pct(e, 0.99), max(e), len(e)) if e else None
+        best = [
+            min((v[k] for p in peers if (v := stats[p]) is not None and not _first_last(cells, p)), default=None)
+            for k in range(3)
+        ]
         for c in clients:
             st = stats[c]
             if st is None:
                 lines.append(f"| {c} | — | — | — | — |")
                 continue
             note = " (first and last chunk only)" if _first_last(cells, c) else ""
-            lines.append(f"| {c}{note} | {st[3]:,} | " + " | ".join(
-                f"{st[k]:,.0f}{ratio(st[k], best[k])}" for k in range(3)) + " |")
+            lines.append(
+                f"| {c}{note} | {st[3]:,} | "
+                + " | ".join(f"{st[k]:,.0f}{ratio(st[k], best[k])}" for k in range(3))
+                + " |"
+            )
         lines.append("")
     c64 = next(s for s in SCENARIOS if s.name == "paced-c64")
-    lines += [f"## Launch spread of the first wave (paced, C={c64.concurrency})", "",
-              f"The {c64.concurrency} requests of the first wave are due at once: max − min of the client's own "
-              f"send times of the first {c64.concurrency} requests (aiperf `start_perf_ns`, AISBench `time_points"
-              "[0]`, guidellm `request_start`, caseledger `send_ns`), median over the repeats.", "",
-              "| client | launch spread (ms) |", "|---|---|"]
+    lines += [
+        f"## Launch spread of the first wave (paced, C={c64.concurrency})",
+        "",
+        f"The {c64.concurrency} requests of the first wave are due at once: max − min of the client's own "
+        f"send times of the first {c64.concurrency} requests (aiperf `start_perf_ns`, AISBench `time_points"
+        "[0]`, guidellm `request_start`, caseledger `send_ns`), median over the repeats.",
+        "",
+        "| client | launch spread (ms) |",
+        "|---|---|",
+    ]
     spreads = {c: cells[(c, "paced-c64")].launch_spread_ms(c64.concurrency) for c in clients}
     best_spread = min((v for p in peers if (v := spreads[p]) is not None), default=None)
     lines += [f"| {c} | {fmt(spreads[c], '.2f')}{ratio(spreads[c], best_spread)} |" for c in clients] + [""]
-    lines += ["guidellm keeps only the first and last token time of each request (`first_token_iteration`, "
-              "`last_token_iteration`), so its row covers those chunks only and is left out of the best-peer "
-              "ratios. AISBench stamps every SSE `data:` line (`time_points`, read from its sqlite store); aiperf "
-              "every SSE event (`profile_export_raw.jsonl`, `responses[].perf_ns`, written with "
-              "`--export-level raw`). Requests are matched to the server's by a serial number the server returns "
-              "as `usage.prompt_tokens` and in the response id.", ""]
+    lines += [
+        "guidellm keeps only the first and last token time of each request (`first_token_iteration`, "
+        "`last_token_iteration`), so its row covers those chunks only and is left out of the best-peer "
+        "ratios. AISBench stamps every SSE `data:` line (`time_points`, read from its sqlite store); aiperf "
+        "every SSE event (`profile_export_raw.jsonl`, `responses[].perf_ns`, written with "
+        "`--export-level raw`). Requests are matched to the server's by a serial number the server returns "
+        "as `usage.prompt_tokens` and in the response id.",
+        "",
+    ]
     out.write_text("\n".join(lines))
 
 
 def _first_last(cells: dict[tuple[str, str], Cell], client: str) -> bool:
-    return any(r.first_last_only for cell in (cells[(client, "paced-c64")], cells[(client, "paced-c1")])
-               for r in cell.runs)
+    return any(
+        r.first_last_only for cell in (cells[(client, "paced-c64")], cells[(client, "paced-c1")]) for r in cell.runs
+    )
 
 
 def main() -> int:
@@ -527,8 +669,12 @@ def main() -> int:
         return 2
     started, t_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.monotonic()
     command = "python bench/peers/run.py " + shlex.join(sys.argv[1:])
-    versions = {"caseledger": subprocess.run([sys.executable, "-c", "import caseledger; print(caseledger.__version__)"],
-                                             capture_output=True, text=True).stdout.strip() or "?"}
+    versions = {
+        "caseledger": subprocess.run(
+            [sys.executable, "-c", "import caseledger; print(caseledger.__version__)"], capture_output=True, text=True
+        ).stdout.strip()
+        or "?"
+    }
     venvs: dict[str, Path | None] = {"caseledger": None}
     failures: dict[str, str] = {}
     notes: list[str] = []
@@ -555,7 +701,7 @@ def main() -> int:
                 for sc in scenarios:
                     port, _ = servers[sc.name]
                     base = f"http://127.0.0.1:{port}"
-                    order = clients[k % len(clients):] + clients[:k % len(clients)]
+                    order = clients[k % len(clients) :] + clients[: k % len(clients)]
                     for c in order:
                         work = Path(tmp) / f"{sc.name}-{k}-{c}"
                         work.mkdir()
@@ -570,16 +716,20 @@ def main() -> int:
                         if run.error:
                             notes.append(f"{c}, {sc.name}, repeat {k}: {run.error}")
                         e = sorted(run.errors)
-                        print(f"  {sc.name} #{k} {c}: {sum(len(v) for v in run.chunks.values())} chunks, "
-                              f"{run.cpu_s * 1e6 / max(sum(len(v) for v in run.chunks.values()), 1):.1f} µs/chunk, "
-                              f"error p50 {pct(e, .5) if e else 0:.0f} p99 {pct(e, .99) if e else 0:.0f} µs"
-                              + (f" [{run.error}]" if run.error else ""), flush=True)
+                        print(
+                            f"  {sc.name} #{k} {c}: {sum(len(v) for v in run.chunks.values())} chunks, "
+                            f"{run.cpu_s * 1e6 / max(sum(len(v) for v in run.chunks.values()), 1):.1f} µs/chunk, "
+                            f"error p50 {pct(e, 0.5) if e else 0:.0f} p99 {pct(e, 0.99) if e else 0:.0f} µs"
+                            + (f" [{run.error}]" if run.error else ""),
+                            flush=True,
+                        )
         finally:
             for _, proc in servers.values():
                 proc.terminate()
                 proc.wait(10)
-    write_results(a.out, cells, clients, versions, failures, notes, command, a.repeats, started,
-                  time.monotonic() - t_start)
+    write_results(
+        a.out, cells, clients, versions, failures, notes, command, a.repeats, started, time.monotonic() - t_start
+    )
     print(f"wrote {a.out}")
     return 0
 

@@ -87,14 +87,22 @@ class Server:
                 else:
                     choice["text"] = f" tok{k}"
                 obj = "chat.completion.chunk" if s.chat else "text_completion"
-                ev = json.dumps({"id": f"r-{s.seq}", "object": obj, "model": MODEL, "choices": [choice]},
-                                separators=(",", ":"))
+                ev = json.dumps(
+                    {"id": f"r-{s.seq}", "object": obj, "model": MODEL, "choices": [choice]}, separators=(",", ":")
+                )
                 data = b"data: " + ev.encode() + b"\n\n"
                 s.sent.append(time.monotonic_ns())
                 s.proto.write_chunk(data)
                 if last:
-                    usage = json.dumps({"id": f"r-{s.seq}", "object": obj, "model": MODEL, "choices": [], "usage": {
-                        "prompt_tokens": s.seq, "completion_tokens": s.n, "total_tokens": s.seq + s.n}})
+                    usage = json.dumps(
+                        {
+                            "id": f"r-{s.seq}",
+                            "object": obj,
+                            "model": MODEL,
+                            "choices": [],
+                            "usage": {"prompt_tokens": s.seq, "completion_tokens": s.n, "total_tokens": s.seq + s.n},
+                        }
+                    )
                     s.proto.write_chunk(b"data: " + usage.encode() + b"\n\n")
                     s.proto.write_chunk(b"data: [DONE]\n\n")
                     s.proto.finish()
@@ -140,8 +148,8 @@ class Conn(asyncio.Protocol):
             length = int(fields.get("content-length", "0"))
             if len(self.buf) < end + 4 + length:
                 return
-            body = self.buf[end + 4:end + 4 + length]
-            self.buf = self.buf[end + 4 + length:]
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
             method, path = head[0].split(" ")[:2]
             self.keep = fields.get("connection", "").lower() != "close"
             self._handle(method, path.split("?")[0], body)
@@ -149,8 +157,10 @@ class Conn(asyncio.Protocol):
     def _reply(self, status: str, body: bytes, ctype: str = "application/json") -> None:
         assert self.transport is not None
         conn = b"keep-alive" if self.keep else b"close"
-        self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\nconnection: %s\r\n\r\n%s"
-                             % (status.encode(), ctype.encode(), len(body), conn, body))
+        self.transport.write(
+            b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\nconnection: %s\r\n\r\n%s"
+            % (status.encode(), ctype.encode(), len(body), conn, body)
+        )
         if not self.keep:
             self.transport.close()
 
@@ -158,8 +168,12 @@ class Conn(asyncio.Protocol):
         if method == "GET" and path == "/health":
             self._reply("200 OK", b'{"status":"ok"}')
         elif method == "GET" and path == "/v1/models":
-            self._reply("200 OK", json.dumps({"object": "list", "data": [
-                {"id": MODEL, "object": "model", "owned_by": "peer-suite"}]}).encode())
+            self._reply(
+                "200 OK",
+                json.dumps(
+                    {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "peer-suite"}]}
+                ).encode(),
+            )
         elif method == "GET" and path == "/_log":
             out = {"streams": self.server.log, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
             self.server.log = {}
@@ -168,9 +182,10 @@ class Conn(asyncio.Protocol):
             req = json.loads(body or b"{}")
             n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
             assert self.transport is not None
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-                                 b"transfer-encoding: chunked\r\nconnection: %s\r\n\r\n"
-                                 % (b"keep-alive" if self.keep else b"close"))
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                b"transfer-encoding: chunked\r\nconnection: %s\r\n\r\n" % (b"keep-alive" if self.keep else b"close")
+            )
             self.busy = True
             self.server.start(self, max(n, 1), path.endswith("chat/completions"))
         else:

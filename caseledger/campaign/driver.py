@@ -130,8 +130,10 @@ def drive(ws: Workspace, gid: str) -> int:
     except BlockingIOError:
         return 0  # another driver of this campaign is at work
     before = read_json_or_none(driver_file(ws, gid)) or {}
-    write_json(driver_file(ws, gid), {**procs.me(), "started_utc": utc_now(),
-                                      "first_started_unix": before.get("first_started_unix", time.time())})
+    write_json(
+        driver_file(ws, gid),
+        {**procs.me(), "started_utc": utc_now(), "first_started_unix": before.get("first_started_unix", time.time())},
+    )
     event(ws, gid, "driver_started", pid=procs.me()["pid"])
     resumed: dict[str, int] = {}
     outcome = "complete"
@@ -161,9 +163,15 @@ def drive(ws: Workspace, gid: str) -> int:
 def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:
     """Start the campaign's detached driver; returns its pid once driver.json names it (or after 10 s)."""
     log = (driver_file(ws, gid).parent / "driver.log").open("ab")
-    p = subprocess.Popen([sys.executable, "-m", "caseledger.campaign.driver", str(ws.root), gid],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=procs.child_env(keep=keep),
-                         start_new_session=True, close_fds=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "caseledger.campaign.driver", str(ws.root), gid],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=procs.child_env(keep=keep),
+        start_new_session=True,
+        close_fds=True,
+    )
     log.close()
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline and p.poll() is None:

@@ -87,8 +87,11 @@ class PointObs:
         return all(lo.verdict == "meets" for lo in self.limits.values())
 
     def broken(self) -> str:
-        return ", ".join(f"{k} {lo.mean:.4g} > {lo.bound:g}" for k, lo in self.limits.items()
-                         if lo.verdict == "breaks" and lo.mean is not None)
+        return ", ".join(
+            f"{k} {lo.mean:.4g} > {lo.bound:g}"
+            for k, lo in self.limits.items()
+            if lo.verdict == "breaks" and lo.mean is not None
+        )
 
 
 @dataclass
@@ -120,8 +123,9 @@ def plan(points: list[PointObs], search: Search, repeats: Repeats, higher: bool,
     usable: list[PointObs] = []
     for p in points:
         if p.runs == 0 and p.bad_runs >= repeats.max_attempts:
-            out.given_up[p.case_id] = (f"{p.bad_runs} run(s) without a valid result"
-                                       + (f" (last: {p.last_problem})" if p.last_problem else ""))
+            out.given_up[p.case_id] = f"{p.bad_runs} run(s) without a valid result" + (
+                f" (last: {p.last_problem})" if p.last_problem else ""
+            )
         else:
             usable.append(p)
     wanted: list[tuple[PointObs, str]] = []
@@ -130,8 +134,11 @@ def plan(points: list[PointObs], search: Search, repeats: Repeats, higher: bool,
     else:
         wanted += [(p, "grid point") for p in usable if p.runs == 0]
     # the first `runs` valid runs of every measured point (a point the knee needs, or any grid point)
-    wanted += [(p, f"repeat {p.runs + 1}/{repeats.runs} of every point") for p in usable
-               if 0 < p.runs < repeats.runs and p.case_id not in out.skipped]
+    wanted += [
+        (p, f"repeat {p.runs + 1}/{repeats.runs} of every point")
+        for p in usable
+        if 0 < p.runs < repeats.runs and p.case_id not in out.skipped
+    ]
     wanted += _settle(usable, repeats, higher, out)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
@@ -158,15 +165,20 @@ def _knee(usable: list[PointObs], axis: str, out: Plan) -> list[tuple[PointObs, 
         for i, p in enumerate(line):
             if verdict[i] is not None:
                 if verdict[i] is True and i > hb:
-                    out.notes.append(f"{p.label} meets every limit although {line[hb].label} breaks one: the "
-                                     "declared monotonicity does not hold here")
+                    out.notes.append(
+                        f"{p.label} meets every limit although {line[hb].label} breaks one: the "
+                        "declared monotonicity does not hold here"
+                    )
                 continue
             if i < lm:
-                out.skipped[p.case_id] = (f"below {line[lm].label}, which meets every limit (limits declared "
-                                          "monotone: it meets them too)")
+                out.skipped[p.case_id] = (
+                    f"below {line[lm].label}, which meets every limit (limits declared monotone: it meets them too)"
+                )
             elif i > hb:
-                out.skipped[p.case_id] = (f"above {line[hb].label}, which breaks {line[hb].broken()} (limits "
-                                          "declared monotone: it breaks too)")
+                out.skipped[p.case_id] = (
+                    f"above {line[hb].label}, which breaks {line[hb].broken()} (limits "
+                    "declared monotone: it breaks too)"
+                )
             else:
                 out.pending[p.case_id] = "inside the knee's bracket: the bisection may still need it"
         if hb - lm > 1:
@@ -192,8 +204,9 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
     for p in eligible[:2]:
         for name, lo in p.limits.items():
             if not lo.settled and p.runs < repeats.settle_runs and budget_left > 0 and not p.active:
-                wanted.append((p, f"repeat: {name} {lo.mean:.4g} is within its noise (±{lo.noise:.2g}) of the "
-                                  f"limit {lo.bound:g}"))
+                wanted.append(
+                    (p, f"repeat: {name} {lo.mean:.4g} is within its noise (±{lo.noise:.2g}) of the limit {lo.bound:g}")
+                )
     if len(eligible) == 1:
         out.settled = True
         return wanted

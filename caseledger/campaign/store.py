@@ -89,10 +89,11 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:
     body = obj.get("campaign")
     extra = sorted(set(obj) - {"campaign", "$schema"})
     if not isinstance(body, dict) or extra:
-        raise CaseInvalid(f"{source} is not a valid campaign: " + (f"unknown top-level field(s) {extra}" if extra
-                          else "'campaign' must be an object"),
-                          "write {\"campaign\": {\"name\", \"base\" or \"base_case\", \"axes\", ...}}; nothing was "
-                          "written")
+        raise CaseInvalid(
+            f"{source} is not a valid campaign: "
+            + (f"unknown top-level field(s) {extra}" if extra else "'campaign' must be an object"),
+            'write {"campaign": {"name", "base" or "base_case", "axes", ...}}; nothing was written',
+        )
     try:
         draft = CampaignDraft.model_validate(body)
     except ValidationError as e:
@@ -107,12 +108,17 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:
             for path, value in values.items():
                 apply_axis(data, path, value)
         except ValueError as e:
-            raise CaseInvalid(f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written") \
-                from None
+            raise CaseInvalid(
+                f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written"
+            ) from None
         label = draft.label(values)
         cases.append((values, label, datasets.pin(ws, validate(data, f"campaign point {label}"))))
-    gid = "g-" + sha256_bytes(canonical_json({"base_case": case_id_of(base), "axes": [
-        a.model_dump(mode="json") for a in draft.axes]}))[:12]
+    gid = (
+        "g-"
+        + sha256_bytes(
+            canonical_json({"base_case": case_id_of(base), "axes": [a.model_dump(mode="json") for a in draft.axes]})
+        )[:12]
+    )
     base_id, _ = store(ws, base, source)
     points = []
     for values, label, case in cases:
@@ -126,8 +132,19 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:
     created = not (d / "campaign.json").is_file()
     if created:
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / "campaign.json", canonical_json({"campaign_id": gid, "base_case": base_id, "axes": [
-            a.model_dump(mode="json") for a in draft.axes], "scenario": base.scenario}) + b"\n", mode=0o444)
+        atomic_write(
+            d / "campaign.json",
+            canonical_json(
+                {
+                    "campaign_id": gid,
+                    "base_case": base_id,
+                    "axes": [a.model_dump(mode="json") for a in draft.axes],
+                    "scenario": base.scenario,
+                }
+            )
+            + b"\n",
+            mode=0o444,
+        )
         write_json(d / "points.json", [{"values": p.values, "label": p.label, "case_id": p.case_id} for p in points])
     policy = draft.policy()
     past = _policies(ws, gid)
@@ -135,8 +152,9 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:
     if changed:
         with (d / "policy.jsonl").open("ab") as f:
             f.write(orjson.dumps({"utc": utc_now(), **policy}) + b"\n")
-    before = (record_decision(ws, base.scenario, draft.decision, f"campaign {gid}") if draft.decision is not None
-              else None)
+    before = (
+        record_decision(ws, base.scenario, draft.decision, f"campaign {gid}") if draft.decision is not None else None
+    )
     return Frozen(campaign=load_campaign(ws, gid), created=created, decision_before=before, policy_changed=changed)
 
 
@@ -151,8 +169,11 @@ def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
 
 
 def _policies(ws: Workspace, gid: str) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k != "utc"} for r in read_jsonl(_dir(ws, gid) / "policy.jsonl").items
-            if isinstance(r, dict)]
+    return [
+        {k: v for k, v in r.items() if k != "utc"}
+        for r in read_jsonl(_dir(ws, gid) / "policy.jsonl").items
+        if isinstance(r, dict)
+    ]
 
 
 def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
@@ -162,14 +183,20 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
     points = read_json_or_none(d / "points.json")
     policies = _policies(ws, campaign_id)
     if not isinstance(ident, dict) or not isinstance(points, list) or not policies:
-        raise NotFound(f"campaign '{campaign_id}' is not frozen in {ws.campaigns_dir}",
-                       "freeze_case(draft={'campaign': {...}}) returns its id")
+        raise NotFound(
+            f"campaign '{campaign_id}' is not frozen in {ws.campaigns_dir}",
+            "freeze_case(draft={'campaign': {...}}) returns its id",
+        )
     policy = policies[-1]
     scenario = str(ident["scenario"])
     return Campaign(
-        campaign_id=campaign_id, name=str(policy["name"]), scenario=scenario, base_case=str(ident["base_case"]),
+        campaign_id=campaign_id,
+        name=str(policy["name"]),
+        scenario=scenario,
+        base_case=str(ident["base_case"]),
         search=Search.model_validate(policy["search"]),
-        repeats=Repeats.model_validate(policy["repeats"]), note=str(policy.get("note", "")),
+        repeats=Repeats.model_validate(policy["repeats"]),
+        note=str(policy.get("note", "")),
         points=[Point(values=dict(p["values"]), label=str(p["label"]), case_id=str(p["case_id"])) for p in points],
         decision=scenario_decision(ws, scenario) or load_case(ws, str(ident["base_case"])).decision,
     )
@@ -219,4 +246,3 @@ def waiting_on(ws: Workspace, campaign_id: str) -> str | None:
         elif e.get("type") in ("point_started", "point_resumed", "driver_started", "driver_ended"):
             why = None
     return why
-

@@ -37,12 +37,15 @@ class PointRow(_Model):
     status: Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"] = Field(
         description="measured: has valid runs; running; queued: the planner runs it next; pending: the search may "
         "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
-        "not_needed: the answer does not depend on it")
+        "not_needed: the answer does not depend on it"
+    )
     why: str | None = Field(None, description="Why it runs next, is skipped or was given up")
     runs: int = Field(description="Valid runs (distorted, invalid or failed runs are repeated, never counted)")
     metric_mean: float | None = Field(description="The objective, mean over its valid runs")
-    noise_rel: float | None = Field(description="Its noise: the larger of the within-run interval and the run-to-run "
-                                    "spread, relative; null: not measured")
+    noise_rel: float | None = Field(
+        description="Its noise: the larger of the within-run interval and the run-to-run "
+        "spread, relative; null: not measured"
+    )
     run_to_run: str = Field(description="'±x% over n runs', or 'unknown (1 run)'")
     limits: dict[str, str] = Field(description="Per limit: 'mean ±noise <= bound meets (met 2/2)' and so on")
     meets: bool | None = Field(description="Every limit met (by the mean over its runs); null: not measured")
@@ -69,33 +72,45 @@ class CampaignView(_Model):
     tie: list[str] = Field(default_factory=list, description="The pair tied within noise (case ids)")
     pareto: list[str] = Field(default_factory=list, description="Labels on the Pareto frontier")
     notes: list[str] = Field(default_factory=list, description="What the answer must add (monotonicity broken...)")
-    progress: dict[str, Any] = Field(description="points measured/running/queued/skipped/given_up, runs, service "
-                                     "starts, elapsed_s, formal_window_share")
+    progress: dict[str, Any] = Field(
+        description="points measured/running/queued/skipped/given_up, runs, service "
+        "starts, elapsed_s, formal_window_share"
+    )
     driver_alive: bool = Field(description="The campaign's driver process is alive (it starts queued points)")
     authorization: str = Field("", description="paused starts no new point")
-    waiting: str | None = Field(None, description="Why the driver waits now (a paused authorization, a target "
-                                "held by another run or campaign); null when it is not waiting")
+    waiting: str | None = Field(
+        None,
+        description="Why the driver waits now (a paused authorization, a target "
+        "held by another run or campaign); null when it is not waiting",
+    )
     next_call: str
 
     def text(self, rows: bool = True) -> str:
         p = self.progress
-        head = (f"campaign {self.campaign_id} {self.name} ({self.scenario}): {self.search}; {self.objective}"
-                + (f"; limits {', '.join(self.limits)}" if self.limits else ""))
+        head = f"campaign {self.campaign_id} {self.name} ({self.scenario}): {self.search}; {self.objective}" + (
+            f"; limits {', '.join(self.limits)}" if self.limits else ""
+        )
         share = p.get("formal_window_share")
-        prog = (f"points {p['measured']} measured, {p['running']} running, {p['queued'] + p['pending']} queued or "
-                f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, "
-                f"{p['service_starts']} service start(s), "
-                f"{p['elapsed_s']:.0f} s" + (f", {share:.0%} in formal windows" if share is not None else "")
-                + f"; driver {'alive' if self.driver_alive else 'stopped'}"
-                + (f"; authorization {self.authorization}" if self.authorization not in ("auto", "") else ""))
+        prog = (
+            f"points {p['measured']} measured, {p['running']} running, {p['queued'] + p['pending']} queued or "
+            f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, "
+            f"{p['service_starts']} service start(s), "
+            f"{p['elapsed_s']:.0f} s"
+            + (f", {share:.0%} in formal windows" if share is not None else "")
+            + f"; driver {'alive' if self.driver_alive else 'stopped'}"
+            + (f"; authorization {self.authorization}" if self.authorization not in ("auto", "") else "")
+        )
         lines = [head, prog]
         if self.waiting and self.driver_alive:
             lines.append(f"driver waiting: {self.waiting}")
         if rows:
             for r in self.rows:
                 lim = "; ".join(f"{k} {v}" for k, v in r.limits.items())
-                fig = (f" {_n(r.metric_mean)} ±{r.noise_rel:.1%} run-to-run {r.run_to_run}" if r.metric_mean is not None
-                       and r.noise_rel is not None else "")
+                fig = (
+                    f" {_n(r.metric_mean)} ±{r.noise_rel:.1%} run-to-run {r.run_to_run}"
+                    if r.metric_mean is not None and r.noise_rel is not None
+                    else ""
+                )
                 n = f" n={r.requests}" if r.requests is not None else ""
                 mark = " *" if r.case_id == self.winner else " =" if r.case_id in self.tie else ""
                 why = f" — {r.why}" if r.why and r.status != "measured" else ""
@@ -128,8 +143,9 @@ def service_key(case: Case) -> str:
     return sha256_bytes(canonical_json({"service": c["service"], "target": c["target"]}))[:12]
 
 
-def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, Any], case: Case, cid: str,
-                   metas: list[RunMeta]) -> tuple[planner.PointObs, _Extra]:
+def _observe_point(
+    ws: Workspace, camp: Campaign, label: str, values: dict[str, Any], case: Case, cid: str, metas: list[RunMeta]
+) -> tuple[planner.PointObs, _Extra]:
     d = camp.decision
     window = d.window
     own = [m for m in metas if m.case_id == cid]
@@ -146,8 +162,11 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
         v = window_stat(r.windows.of(window), d.primary_metric) if r is not None and valid(r, window) else None
         if r is None or v is None:
             bad += 1
-            problem = (f"{view.state.value}" + (f" [{view.failure_class}]" if view.failure_class else "")
-                       if r is None else _why_invalid(r, window))
+            problem = (
+                f"{view.state.value}" + (f" [{view.failure_class}]" if view.failure_class else "")
+                if r is None
+                else _why_invalid(r, window)
+            )
             continue
         metric.append(v)
         w = r.windows.of(window)
@@ -172,14 +191,25 @@ def _observe_point(ws: Workspace, camp: Campaign, label: str, values: dict[str, 
         if d.limits.bounds():
             samples = latency_samples(ws, rid)
     for name, bound in d.limits.bounds().items():
-        limits[name] = planner.LimitObs(bound=bound, values=limit_values[name],
-                                        half_width=_half_width(name, limit_values[name], samples))
-    obs = planner.PointObs(case_id=cid, label=label, values=values, service_key=service_key(case), metric=metric,
-                           interval_rel=interval_rel, limits=limits, bad_runs=bad, active=active,
-                           last_problem=problem)
+        limits[name] = planner.LimitObs(
+            bound=bound, values=limit_values[name], half_width=_half_width(name, limit_values[name], samples)
+        )
+    obs = planner.PointObs(
+        case_id=cid,
+        label=label,
+        values=values,
+        service_key=service_key(case),
+        metric=metric,
+        interval_rel=interval_rel,
+        limits=limits,
+        bad_runs=bad,
+        active=active,
+        last_problem=problem,
+    )
     met = {k: f"{sum(1 for v in vs if v <= d.limits.bounds()[k])}/{len(vs)}" for k, vs in limit_values.items() if vs}
-    return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card,
-                       met=met)
+    return obs, _Extra(
+        run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card, met=met
+    )
 
 
 def _half_width(limit: str, values: list[float], samples: dict[str, Any]) -> float | None:
@@ -229,8 +259,9 @@ def driver_alive(ws: Workspace, campaign_id: str) -> bool:
     return procs.alive(read_json_or_none(driver_file(ws, campaign_id)))
 
 
-def current_plan(ws: Workspace, camp: Campaign) -> tuple[planner.Plan, list[planner.PointObs], dict[str, _Extra],
-                                                          list[RunMeta]]:
+def current_plan(
+    ws: Workspace, camp: Campaign
+) -> tuple[planner.Plan, list[planner.PointObs], dict[str, _Extra], list[RunMeta]]:
     obs, extra, mine = observe(ws, camp)
     live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == m.case_id), None)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
@@ -238,13 +269,17 @@ def current_plan(ws: Workspace, camp: Campaign) -> tuple[planner.Plan, list[plan
 
 
 def _pareto(rows: list[PointRow]) -> set[str]:
-    pts = [(r.case_id, r.per_card_tok_s, r.per_user_tok_s) for r in rows
-           if r.meets and r.per_card_tok_s is not None and r.per_user_tok_s is not None]
+    pts = [
+        (r.case_id, r.per_card_tok_s, r.per_user_tok_s)
+        for r in rows
+        if r.meets and r.per_card_tok_s is not None and r.per_user_tok_s is not None
+    ]
     front = set()
     for cid, a, b in pts:
         assert a is not None and b is not None
-        if not any((a2 >= a and b2 >= b and (a2 > a or b2 > b)) for _, a2, b2 in pts if a2 is not None
-                   and b2 is not None):
+        if not any(
+            (a2 >= a and b2 >= b and (a2 > a or b2 > b)) for _, a2, b2 in pts if a2 is not None and b2 is not None
+        ):
             front.add(cid)
     return front
 
@@ -264,11 +299,18 @@ def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[Ru
         last_end = max(last_end, end or 0.0)
     live = any(r.status == "running" for r in rows) or driver_alive(ws, camp.campaign_id)
     elapsed = ((time.time() if live else last_end) - since) if since else 0.0
-    count = {s: sum(1 for r in rows if r.status == s) for s in ("measured", "running", "queued", "pending", "skipped",
-                                                               "given_up", "not_needed")}
-    return {**count, "runs": runs, "service_starts": starts, "elapsed_s": round(max(elapsed, 0.0), 1),
-            "formal_window_s": round(formal, 1),
-            "formal_window_share": round(formal / elapsed, 3) if elapsed > 0 else None}
+    count = {
+        s: sum(1 for r in rows if r.status == s)
+        for s in ("measured", "running", "queued", "pending", "skipped", "given_up", "not_needed")
+    }
+    return {
+        **count,
+        "runs": runs,
+        "service_starts": starts,
+        "elapsed_s": round(max(elapsed, 0.0), 1),
+        "formal_window_s": round(formal, 1),
+        "formal_window_share": round(formal / elapsed, 3) if elapsed > 0 else None,
+    }
 
 
 def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:
@@ -310,12 +352,29 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
             met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
             settled = "" if lo.settled else ", within noise"
             limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
-        rtr = f"±{o.spread_rel:.1%} over {o.runs} runs" if o.spread_rel is not None else (
-            "unknown (1 run)" if o.runs == 1 else "unknown")
-        rows.append(PointRow(
-            label=o.label, case_id=o.case_id, status=status, why=why, runs=o.runs, metric_mean=o.mean,
-            noise_rel=o.noise_rel if o.runs else None, run_to_run=rtr, limits=limits, meets=o.meets,
-            requests=e.requests, per_user_tok_s=e.per_user, per_card_tok_s=e.per_card, run_ids=e.run_ids))
+        rtr = (
+            f"±{o.spread_rel:.1%} over {o.runs} runs"
+            if o.spread_rel is not None
+            else ("unknown (1 run)" if o.runs == 1 else "unknown")
+        )
+        rows.append(
+            PointRow(
+                label=o.label,
+                case_id=o.case_id,
+                status=status,
+                why=why,
+                runs=o.runs,
+                metric_mean=o.mean,
+                noise_rel=o.noise_rel if o.runs else None,
+                run_to_run=rtr,
+                limits=limits,
+                meets=o.meets,
+                requests=e.requests,
+                per_user_tok_s=e.per_user,
+                per_card_tok_s=e.per_card,
+                run_ids=e.run_ids,
+            )
+        )
     front = _pareto(rows)
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
@@ -323,8 +382,10 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     alive = driver_alive(ws, campaign_id)
     progress = _progress(ws, camp, rows, mine)
     if complete:
-        nxt = ("nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
-               "re-decides it with no request sent")
+        nxt = (
+            "nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
+            "re-decides it with no request sent"
+        )
     elif not alive:
         nxt = f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
     elif auth == "paused":
@@ -332,18 +393,31 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     else:
         nxt = f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
     return CampaignView(
-        campaign_id=campaign_id, name=camp.name, scenario=camp.scenario,
+        campaign_id=campaign_id,
+        name=camp.name,
+        scenario=camp.scenario,
         objective=f"{d.primary_metric} on {d.window} ({'higher' if higher else 'lower'} is better)",
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
         search=(f"knee on {camp.search.axis}" if camp.search.kind == "knee" else "grid")
         + f" over {len(camp.points)} points",
-        rows=rows, complete=complete, answer=answer, winner=winner, tie=tie,
-        pareto=[r.label for r in rows if r.pareto], notes=pl.notes, progress=progress, driver_alive=alive,
-        authorization=auth, waiting=waiting_on(ws, campaign_id) if alive else None, next_call=nxt)
+        rows=rows,
+        complete=complete,
+        answer=answer,
+        winner=winner,
+        tie=tie,
+        pareto=[r.label for r in rows if r.pareto],
+        notes=pl.notes,
+        progress=progress,
+        driver_alive=alive,
+        authorization=auth,
+        waiting=waiting_on(ws, campaign_id) if alive else None,
+        next_call=nxt,
+    )
 
 
-def _answer(pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str,
-            complete: bool) -> tuple[str, str | None, list[str]]:
+def _answer(
+    pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str, complete: bool
+) -> tuple[str, str | None, list[str]]:
     if pl.leader is None:
         if any(o.runs for o in by_id.values()):
             return "no measured point meets every limit", None, []
@@ -351,16 +425,23 @@ def _answer(pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, 
     lead = by_id[pl.leader]
     fig = f"{metric} {_n(lead.mean)} ±{lead.noise_rel:.1%}"
     if pl.runner_up is None:
-        return (f"winner {lead.label} ({lead.case_id}): {fig}, the only measured point within every limit",
-                pl.leader, [])
+        return (
+            f"winner {lead.label} ({lead.case_id}): {fig}, the only measured point within every limit",
+            pl.leader,
+            [],
+        )
     second = by_id[pl.runner_up]
-    vs = (f"runner-up {second.label} {_n(second.mean)} ±{second.noise_rel:.1%}; gap {pl.gap_rel or 0:.1%} vs "
-          f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs)")
+    vs = (
+        f"runner-up {second.label} {_n(second.mean)} ±{second.noise_rel:.1%}; gap {pl.gap_rel or 0:.1%} vs "
+        f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs)"
+    )
     if pl.tie:
         pair = sorted([lead, second], key=lambda o: o.label)
-        return (f"tie within noise: {pair[0].label} and {pair[1].label} ({vs})",
-                None, [pair[0].case_id, pair[1].case_id])
+        return (
+            f"tie within noise: {pair[0].label} and {pair[1].label} ({vs})",
+            None,
+            [pair[0].case_id, pair[1].case_id],
+        )
     if pl.settled:
         return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}", pl.leader, []
     return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet", None, []
-

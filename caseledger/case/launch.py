@@ -42,8 +42,12 @@ class _Launch:
 
 def _launches(case: Case) -> list[_Launch]:
     sv = case.service
-    out = [_Launch(f"service.components.{c.name}.argv", f"service.components.{c.name}.env", c.argv, c.env,
-                   c.ssh is not None) for c in sv.components]
+    out = [
+        _Launch(
+            f"service.components.{c.name}.argv", f"service.components.{c.name}.env", c.argv, c.env, c.ssh is not None
+        )
+        for c in sv.components
+    ]
     if sv.adapter == "command" and not sv.components:
         out.append(_Launch("service.argv", "service.env", sv.argv, sv.env, sv.ssh is not None))
     if sv.identity_command:  # runs locally, with the service's environment
@@ -52,8 +56,10 @@ def _launches(case: Case) -> list[_Launch]:
 
 
 def _fix(field: str) -> str:
-    return (f"shrink {field}: pass large settings in a file the engine reads (a config file named in argv, or an "
-            "env entry naming its path), then freeze again; nothing was written")
+    return (
+        f"shrink {field}: pass large settings in a file the engine reads (a config file named in argv, or an "
+        "env entry naming its path), then freeze again; nothing was written"
+    )
 
 
 def _size(s: str) -> int:
@@ -61,8 +67,10 @@ def _size(s: str) -> int:
 
 
 def _e2big(what: str, size: int) -> str:
-    return (f"{what} is {size:,} bytes, over the {MAX_ARG_STRLEN:,} bytes one string may hold (MAX_ARG_STRLEN): the "
-            "service would never start (E2BIG)")
+    return (
+        f"{what} is {size:,} bytes, over the {MAX_ARG_STRLEN:,} bytes one string may hold (MAX_ARG_STRLEN): the "
+        "service would never start (E2BIG)"
+    )
 
 
 def launch_problem(case: Case, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
@@ -89,7 +97,10 @@ def launch_problem(case: Case, environ: Mapping[str, str] | None = None) -> tupl
         n_env = sum(_size(f"{k}={v}") + POINTER for k, v in full.items()) + POINTER
         if n_argv + n_env > (limit := arg_max()):
             first = ln.env_field if n_env >= n_argv else ln.argv_field
-            return (f"{first}: argv ({n_argv:,} bytes) and environment ({n_env:,} bytes) come to "
-                    f"{n_argv + n_env:,} bytes at launch, over this host's {limit:,} (getconf ARG_MAX): the service "
-                    "would never start (E2BIG)", _fix(first))
+            return (
+                f"{first}: argv ({n_argv:,} bytes) and environment ({n_env:,} bytes) come to "
+                f"{n_argv + n_env:,} bytes at launch, over this host's {limit:,} (getconf ARG_MAX): the service "
+                "would never start (E2BIG)",
+                _fix(first),
+            )
     return None

@@ -22,7 +22,6 @@ class Impact(StrEnum):
     MEASUREMENT = "measurement"  # how raw data becomes figures: no new load needed
 
 
-
 # The impact table. Keys are field paths; the longest matching prefix wins. Every leaf of Case must be
 # covered (tests/test_case.py walks the model). 'parent', 'note' and '$schema' describe the case itself.
 IMPACT: dict[str, Impact | None] = {
@@ -140,16 +139,19 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
         return {prefix: obj}
     names = [x.get("name") for x in obj]
     if all(isinstance(n, str) for n in names) and len(set(names)) == len(names):
-        return flatten({n: {k: v for k, v in x.items() if k != "name"} for n, x in zip(names, obj, strict=True)},
-                       prefix)
+        return flatten(
+            {n: {k: v for k, v in x.items() if k != "name"} for n, x in zip(names, obj, strict=True)}, prefix
+        )
     return {prefix: obj}
 
 
 def argv_options(argv: list[str]) -> list[tuple[str, str | None]]:
     """Option/value pairs after the program part (tokens before the first '-' option are the program, a
     'python -m module' prefix included); a positional argument is ('', value)."""
-    i = next((n for n, a in enumerate(argv) if a.startswith("-") and a not in ("-m",) and n > 0
-              and argv[n - 1] != "-m"), len(argv))
+    i = next(
+        (n for n, a in enumerate(argv) if a.startswith("-") and a not in ("-m",) and n > 0 and argv[n - 1] != "-m"),
+        len(argv),
+    )
     out: list[tuple[str, str | None]] = []
     args = argv[i:]
     n = 0
@@ -230,44 +232,57 @@ def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | No
     steps: list[PlanStep] = [PlanStep(phase=Phase.PREFLIGHT, action="run", reason="always: fresh-process reload")]
     if has_parent and changes and classes <= {Impact.MEASUREMENT}:
         why = "measurement-only delta: no new load, reprocess the parent's raw data"
-        steps += [PlanStep(phase=p, action="reuse", reason=why)
-                  for p in (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY, Phase.CACHE_PREPARE)]
+        steps += [
+            PlanStep(phase=p, action="reuse", reason=why)
+            for p in (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY, Phase.CACHE_PREPARE)
+        ]
         load_action, load_reason = "reuse", why
     else:
         svc: Literal["run", "reuse"]
         warm: Literal["run", "reuse"]
         if live is not None:
             svc = "reuse" if live.service else "run"
-            svc_reason = ("a live service with this case's identity holds the target (verified)" if live.service
-                          else "no live service with this case's identity: start it")
+            svc_reason = (
+                "a live service with this case's identity holds the target (verified)"
+                if live.service
+                else "no live service with this case's identity: start it"
+            )
             warm = "reuse" if live.service and live.warm else "run"
-            warm_reason = ("that service was warmed and its routes verified since it started" if warm == "reuse"
-                           else "the service is new or not yet warmed")
+            warm_reason = (
+                "that service was warmed and its routes verified since it started"
+                if warm == "reuse"
+                else "the service is new or not yet warmed"
+            )
         elif not has_parent:
             svc, warm = "run", "run"
             svc_reason = warm_reason = "no parent: nothing to reuse (an equal live service is still reused)"
         else:
             svc = warm = "run" if Impact.SERVICE in classes else "reuse"
-            svc_reason = warm_reason = ("service fields changed" if svc == "run"
-                                        else "service unchanged: reuse the live service")
+            svc_reason = warm_reason = (
+                "service fields changed" if svc == "run" else "service unchanged: reuse the live service"
+            )
         steps += [
             PlanStep(phase=Phase.SERVICE, action=svc, reason=svc_reason),
-            PlanStep(phase=Phase.WARMUP, action=warm if warmup_needed else "skip",
-                     reason=warm_reason if warmup_needed else "warmup.requests is 0"),
+            PlanStep(
+                phase=Phase.WARMUP,
+                action=warm if warmup_needed else "skip",
+                reason=warm_reason if warmup_needed else "warmup.requests is 0",
+            ),
             PlanStep(phase=Phase.ROUTE_VERIFY, action=warm, reason=warm_reason),
         ]
         if not cache_target:
-            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="skip",
-                             reason="no cache target (cache.min_hit_ratio null)")
+            cache = PlanStep(
+                phase=Phase.CACHE_PREPARE, action="skip", reason="no cache target (cache.min_hit_ratio null)"
+            )
         elif svc == "run" or Impact.DATASET in classes or not has_parent:
-            cache = PlanStep(phase=Phase.CACHE_PREPARE, action="run", reason="new service, new data or no parent: "
-                                                                             "seed and check")
+            cache = PlanStep(
+                phase=Phase.CACHE_PREPARE, action="run", reason="new service, new data or no parent: seed and check"
+            )
         else:
             cache = PlanStep(phase=Phase.CACHE_PREPARE, action="check", reason="hot path: check, not re-seed")
         steps.append(cache)
         load_action = "run"
-        load_reason = ("dataset changed: formal load on the new data" if Impact.DATASET in classes
-                       else "formal load")
+        load_reason = "dataset changed: formal load on the new data" if Impact.DATASET in classes else "formal load"
     steps += [
         PlanStep(phase=Phase.LOAD, action=load_action, reason=load_reason),
         PlanStep(phase=Phase.CONFIRM_END, action="run", reason="always: confirm the client and requests ended"),
@@ -280,6 +295,9 @@ def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | No
 def decision_words(before: Decision, after: Decision) -> str:
     """'limits.tpot_p99_ms none->40, min_effect 0.02->0.05': the decision fields a freeze changed."""
     a, b = flatten(before.model_dump(mode="json")), flatten(after.model_dump(mode="json"))
-    parts = [f"{k} {'none' if a.get(k) is None else a.get(k)}->{'none' if b.get(k) is None else b.get(k)}"
-             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    parts = [
+        f"{k} {'none' if a.get(k) is None else a.get(k)}->{'none' if b.get(k) is None else b.get(k)}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
     return ", ".join(parts) or "unchanged"

@@ -54,8 +54,10 @@ def explain(err: ValidationError, source: str, what: str = "case") -> CaseInvali
         shown = "" if e["type"] in ("missing",) or isinstance(given, dict) else f" (got {given!r})"[:80]
         lines.append(f"{path}: {msg}{shown}")
     more = f" (+{len(err.errors()) - 8} more)" if len(err.errors()) > 8 else ""
-    return CaseInvalid(f"{source} is not a valid {what}: " + "; ".join(lines) + more,
-                       "fix these fields in the draft and freeze again; nothing was written")
+    return CaseInvalid(
+        f"{source} is not a valid {what}: " + "; ".join(lines) + more,
+        "fix these fields in the draft and freeze again; nothing was written",
+    )
 
 
 _INT_RANGE = (-(2**63), 2**64 - 1)  # what orjson reads as an integer; beyond it, silently a float
@@ -95,17 +97,22 @@ def _refuse_literals(data: bytes, source: str) -> None:
     """Raise CaseInvalid naming the field of a NaN/Infinity literal, a float overflowing to infinity (1e400)
     or an integer beyond 64 bits; return when there is none (or the text is not JSON at all)."""
     try:
-        obj = json.loads(data, parse_constant=lambda c: _Refused(c, "is not a JSON number", "write a finite number"),
-                         parse_float=_finite, parse_int=_int64)
+        obj = json.loads(
+            data,
+            parse_constant=lambda c: _Refused(c, "is not a JSON number", "write a finite number"),
+            parse_float=_finite,
+            parse_int=_int64,
+        )
     except (ValueError, RecursionError):
         return
     found = _first_refused(obj, "")
     if found is not None:
         path, bad = found
         shown = bad.literal if len(bad.literal) <= 24 else bad.literal[:20] + "..."
-        raise CaseInvalid(f"{source} is not a valid case: {path}: {shown} {bad.problem}",
-                          f"{bad.fix} for {path} (bounds: schemas/case.schema.json) and freeze again; "
-                          "nothing was written")
+        raise CaseInvalid(
+            f"{source} is not a valid case: {path}: {shown} {bad.problem}",
+            f"{bad.fix} for {path} (bounds: schemas/case.schema.json) and freeze again; nothing was written",
+        )
 
 
 def parse_draft(data: bytes, source: str) -> dict[str, Any]:
@@ -117,8 +124,9 @@ def parse_draft(data: bytes, source: str) -> dict[str, Any]:
     if _LONG_DIGITS.search(data):
         _refuse_literals(data, source)
     if not isinstance(obj, dict):
-        raise CaseInvalid(f"{source} must hold a JSON object (a case), got {type(obj).__name__}",
-                          "write the case as one JSON object")
+        raise CaseInvalid(
+            f"{source} must hold a JSON object (a case), got {type(obj).__name__}", "write the case as one JSON object"
+        )
     return obj
 
 
@@ -211,8 +219,11 @@ def _decision_path(ws: Workspace, scenario: str) -> Path:
 
 def decision_history(ws: Workspace, scenario: str) -> list[dict[str, Any]]:
     """Every decision recorded for a scenario ({"utc", "decision", "source"}), oldest first."""
-    return [r for r in read_jsonl(_decision_path(ws, scenario)).items
-            if isinstance(r, dict) and isinstance(r.get("decision"), dict)]
+    return [
+        r
+        for r in read_jsonl(_decision_path(ws, scenario)).items
+        if isinstance(r, dict) and isinstance(r.get("decision"), dict)
+    ]
 
 
 def scenario_decision(ws: Workspace, scenario: str) -> Decision | None:
@@ -235,8 +246,9 @@ def record_decision(ws: Workspace, scenario: str, decision: Decision, source: st
     path = _decision_path(ws, scenario)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
-        f.write(orjson.dumps({"utc": utc_now(), "decision": decision.model_dump(mode="json"),
-                              "source": source}) + b"\n")
+        f.write(
+            orjson.dumps({"utc": utc_now(), "decision": decision.model_dump(mode="json"), "source": source}) + b"\n"
+        )
     return before if before is not None else Decision()
 
 
@@ -253,14 +265,17 @@ def load_case(ws: Workspace, case_id: str) -> Case:
     the scenario records one)."""
     path = ws.frozen_case(case_id)
     if not path.exists():
-        raise NotFound(f"case_id '{case_id}' is not frozen in {ws.frozen_dir}",
-                       "freeze the draft first: freeze_case(path=...) returns the case_id")
+        raise NotFound(
+            f"case_id '{case_id}' is not frozen in {ws.frozen_dir}",
+            "freeze the draft first: freeze_case(path=...) returns the case_id",
+        )
     case = _frozen_as_stored(path, case_id)
     if case is None:
         raise CaseInvalid(
             f"ledger/cases/{case_id}.json is damaged: its content no longer hashes to {case_id} (edited on disk)",
             "freeze the original draft again (freeze_case) to restore it; a changed case is a new draft "
-            f"with parent '{case_id}'")
+            f"with parent '{case_id}'",
+        )
     last = (lineage(ws, case_id) or [{}])[-1]
     if last:
         case = case.model_copy(update={k: last.get(k, getattr(case, k)) for k in LINEAGE_FIELDS})
@@ -274,8 +289,9 @@ def store(ws: Workspace, case: Case, source: str = "") -> tuple[str, bool]:
     path = ws.frozen_case(cid)
     created = not (path.exists() and _frozen_as_stored(path, cid) is not None)
     if created:
-        atomic_write(path, orjson.dumps(case.measured(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n",
-                     mode=0o444)
+        atomic_write(
+            path, orjson.dumps(case.measured(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n", mode=0o444
+        )
     past = lineage(ws, cid)
     last = past[-1] if past else {}
     # a freeze that names no parent (or no note) is a lookup for that field: it keeps the recorded one

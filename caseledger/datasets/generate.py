@@ -196,8 +196,9 @@ class _HFTok:
             return self.encode_batch(contents)
         template = self._tok.apply_chat_template
         return [
-            list(template([{"role": "user", "content": c}], tokenize=True, add_generation_prompt=True,
-                          return_dict=False))
+            list(
+                template([{"role": "user", "content": c}], tokenize=True, add_generation_prompt=True, return_dict=False)
+            )
             for c in contents
         ]
 
@@ -263,7 +264,8 @@ def session_turns(case: Case) -> list[int]:
             f"dataset.sessions draws {sum(turns)} turns in all ({ss.count} conversations, turns "
             f"{min(turns)}..{max(turns)}) but load.requests is {case.load.requests}; N is the total of turns",
             f"set load.requests to {sum(turns)} (the draw is fixed by dataset.seed), or give dataset.sessions.turns "
-            "as an integer")
+            "as an integer",
+        )
     return turns
 
 
@@ -294,8 +296,9 @@ def _annotate_sessions(case: Case, path: Path) -> SessionsInfo:
         f.flush()
         os.fsync(f.fileno())
     waits = sum(think[i] for i, (_, k, _) in enumerate(where) if k)
-    return SessionsInfo(count=len(turns), turns=sum(turns), turns_min=min(turns), turns_max=max(turns),
-                        think_s_total=round(waits, 6))
+    return SessionsInfo(
+        count=len(turns), turns=sum(turns), turns_min=min(turns), turns_max=max(turns), think_s_total=round(waits, 6)
+    )
 
 
 def tokenizer_path(ws: Workspace, name: str) -> str:
@@ -489,8 +492,16 @@ def _entry(
     i: int, group: int, prefix: str, slot: str, suffix: str, body: int, chat: int, cached: int, out: int
 ) -> Entry:
     return Entry(
-        i=i, group=group, prefix=prefix, salt_slot=slot, suffix=suffix, body_tokens=body, chat_tokens=chat,
-        expected_cached_tokens=cached, expected_hit_ratio=cached / chat if chat else 0.0, output_tokens=out,
+        i=i,
+        group=group,
+        prefix=prefix,
+        salt_slot=slot,
+        suffix=suffix,
+        body_tokens=body,
+        chat_tokens=chat,
+        expected_cached_tokens=cached,
+        expected_hit_ratio=cached / chat if chat else 0.0,
+        output_tokens=out,
     )
 
 
@@ -528,8 +539,7 @@ def _layout(ds: Any, tok: _Tok, table: _Words, key: str, shortest: int) -> _Layo
     head = tok.count_batch([tok.head])[0] if tok.head else 0
     probe = _join(_draw(f"{key}/probe", 64, table, None), False)
     overhead = len(tok.chat_batch([probe])[0]) - tok.count_batch([probe])[0]
-    plan = _plan(shortest, head, overhead, int(ds.block_size), _target(ds.prefix_ratio),
-                 ds.source == "prefix_cache")
+    plan = _plan(shortest, head, overhead, int(ds.block_size), _target(ds.prefix_ratio), ds.source == "prefix_cache")
     # Distinct first words keep the groups' prefixes apart from their first token on.
     bare = table.bare_ones
     start = int(_indices(f"{key}/firsts", 1, len(bare))[0]) if bare else 0
@@ -546,8 +556,9 @@ def _layout(ds: Any, tok: _Tok, table: _Words, key: str, shortest: int) -> _Layo
         # The one tokenization of this prefix (with and without the template head, on two threads).
         alone, shared = tok.encode_batch([_join(words, lead), tok.head + _join(words, lead)])
         if len(alone) != plan.prefix_tokens:
-            words = _fix(words, plan.prefix_tokens, _length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table,
-                         f"prefix {g}")
+            words = _fix(
+                words, plan.prefix_tokens, _length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table, f"prefix {g}"
+            )
             shared = tok.encode_batch([tok.head + _join(words, lead)])[0]
         prefixes.append(_join(words, lead))
         shared_ids.append(shared)
@@ -556,8 +567,7 @@ def _layout(ds: Any, tok: _Tok, table: _Words, key: str, shortest: int) -> _Layo
     return _Layout(plan, overhead, prefixes, shared_ids, slots, salt)
 
 
-def _suffixes(key: str, lo: int, hi: int, tokens: Sequence[int], table: _Words, seen: set[bytes],
-              n: int) -> list[str]:
+def _suffixes(key: str, lo: int, hi: int, tokens: Sequence[int], table: _Words, seen: set[bytes], n: int) -> list[str]:
     """Unique suffixes " w w ..." of tokens[i] tokens (by word costs) for entries lo..hi-1."""
     out = []
     for i in range(lo, hi):
@@ -579,10 +589,16 @@ def _suffixes(key: str, lo: int, hi: int, tokens: Sequence[int], table: _Words, 
 def drawn_lengths(ds: Any) -> tuple[list[int], list[int]]:
     """Each entry's input (body) and output tokens: the fixed values, or drawn from their distributions."""
     n = int(ds.entries)
-    ins = [ds.input_tokens] * n if isinstance(ds.input_tokens, int) else \
-        _lengths.sample(ds.input_tokens, n, int(ds.seed), "input")
-    outs = [ds.output_tokens] * n if isinstance(ds.output_tokens, int) else \
-        _lengths.sample(ds.output_tokens, n, int(ds.seed), "output")
+    ins = (
+        [ds.input_tokens] * n
+        if isinstance(ds.input_tokens, int)
+        else _lengths.sample(ds.input_tokens, n, int(ds.seed), "input")
+    )
+    outs = (
+        [ds.output_tokens] * n
+        if isinstance(ds.output_tokens, int)
+        else _lengths.sample(ds.output_tokens, n, int(ds.seed), "output")
+    )
     return ins, outs
 
 
@@ -606,8 +622,12 @@ def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
         sufs = _suffixes(key, lo, hi, sufn, table, seen, n)
         for i, suf, got in zip(range(lo, hi), sufs, tok.count_batch(sufs), strict=True):
             if got != sufn[i]:
-                suf = _join(_fix(suf.split(" ")[1:], sufn[i], _length_of(tok, "", True),
-                                 f"{key}/fix/{i}", table, f"suffix {i}"), True)
+                suf = _join(
+                    _fix(
+                        suf.split(" ")[1:], sufn[i], _length_of(tok, "", True), f"{key}/fix/{i}", table, f"suffix {i}"
+                    ),
+                    True,
+                )
             if i in sample:
                 kept[i] = suf
             g = i % groups
@@ -627,8 +647,10 @@ def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
         for i, suf in zip(range(lo, hi), sufs, strict=True):
             g = i % groups
             before = lay.prefixes[g] + lay.slots[i]
-            suf = _join(_fix(suf.split(" ")[1:], ins[i], _length_of(tok, before, True),
-                             f"{key}/fix/{i}", table, f"entry {i}"), True)
+            suf = _join(
+                _fix(suf.split(" ")[1:], ins[i], _length_of(tok, before, True), f"{key}/fix/{i}", table, f"entry {i}"),
+                True,
+            )
             chat_ids = tok.chat_batch([before + suf])[0]
             cached = _lcp(chat_ids, lay.shared_ids[g]) // block * block
             w.add(_entry(i, g, lay.prefixes[g], lay.slots[i], suf, ins[i], len(chat_ids), cached, outs[i]))
@@ -677,8 +699,9 @@ def _check_salt(salted: int, body: int, name: str) -> None:
 
 def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
     """file: the first dataset.entries (prompt, output_tokens) of the JSONL, and the file's sha256."""
-    raw = _trace.read_source(ws, ds.path, "put a JSONL file of {\"prompt\": ...} lines inside the workspace and "
-                             "give its relative path")
+    raw = _trace.read_source(
+        ws, ds.path, 'put a JSONL file of {"prompt": ...} lines inside the workspace and give its relative path'
+    )
     rows: list[tuple[str, int]] = []
     for no, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
@@ -694,7 +717,7 @@ def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
         if not (isinstance(prompt, str) and prompt and type(out) is int and out >= 1):
             raise CaseInvalid(
                 f"dataset.path '{ds.path}' line {no}: expected {{\"prompt\": non-empty string, "
-                "\"output_tokens\": optional int >= 1}",
+                '"output_tokens": optional int >= 1}',
                 "fix that line of the file",
             )
         rows.append((prompt, out))
@@ -722,8 +745,9 @@ def _generate_file(rows: list[tuple[str, int]], source_sha256: str, ds: Any, tok
         for j, ((prompt, out), b, c) in enumerate(zip(chunk, bodies, chats, strict=True)):
             w.add(_entry(lo + j, 0, "", "", prompt, b, c, cached, out))
     w.close()
-    return _Result(w.acc, Counting(method="full", checked=list(range(len(rows)))), SaltSlot(words=[], k=0),
-                   source_sha256)
+    return _Result(
+        w.acc, Counting(method="full", checked=list(range(len(rows)))), SaltSlot(words=[], k=0), source_sha256
+    )
 
 
 def _trace_blocks(key: str, ids: set[int], block: int, tok: _Tok, table: _Words) -> dict[int, str]:
@@ -737,8 +761,9 @@ def _trace_blocks(key: str, ids: set[int], block: int, tok: _Tok, table: _Words)
         texts = [_join(w, True) for w in words]
         for h, w, text, got in zip(part, words, texts, tok.count_batch(texts), strict=True):
             if got != block:
-                text = _join(_fix(w, block, _length_of(tok, "", True), f"{key}/block-fix/{h}", table,
-                                  f"block {h}"), True)
+                text = _join(
+                    _fix(w, block, _length_of(tok, "", True), f"{key}/block-fix/{h}", table, f"block {h}"), True
+                )
             out[h] = text
     return out
 
@@ -809,8 +834,17 @@ def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path)
         if e.tail:
             tail = _suffixes(f"{key}/tail", i, i + 1, tails, table, seen_tails, len(lay))[0]
             if tok.count_batch([tail])[0] != e.tail:
-                tail = _join(_fix(tail.split(" ")[1:], e.tail, _length_of(tok, "", True), f"{key}/tail-fix/{i}",
-                                  table, f"tail of row {e.row.row}"), True)
+                tail = _join(
+                    _fix(
+                        tail.split(" ")[1:],
+                        e.tail,
+                        _length_of(tok, "", True),
+                        f"{key}/tail-fix/{i}",
+                        table,
+                        f"tail of row {e.row.row}",
+                    ),
+                    True,
+                )
         bodies.append(("".join(blocks) + tail, "".join(blocks[: e.seen])))
     # composed counts, checked on a sample by whole encodes; a tokenizer whose merges cross the pieces gets
     # every entry encoded whole and its shared prefix from the ids it really shares
@@ -818,7 +852,8 @@ def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path)
     whole = [(lead + bodies[i][0]) for i in sample]
     composed = all(
         len(c) == lay[i].row.input_length + overhead and b == lay[i].row.input_length
-        for i, c, b in zip(sample, tok.chat_batch(whole), tok.count_batch(whole), strict=True))
+        for i, c, b in zip(sample, tok.chat_batch(whole), tok.count_batch(whole), strict=True)
+    )
     w = _Writer(path)
     for i, (e, (suffix, shared_text)) in enumerate(zip(lay, bodies, strict=True)):
         if composed:
@@ -836,8 +871,9 @@ def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path)
         w.add(entry)
     w.close()
     method: Any = "composed" if composed else "full"
-    return _Result(w.acc, Counting(method=method, checked=sample if composed else list(range(len(lay)))), salt,
-                   tr.sha256)
+    return _Result(
+        w.acc, Counting(method=method, checked=sample if composed else list(range(len(lay)))), salt, tr.sha256
+    )
 
 
 def _trace_info(tr: _trace.Trace, ds: Any, acc: _Acc, path: Path) -> TraceInfo:
@@ -848,16 +884,25 @@ def _trace_info(tr: _trace.Trace, ds: Any, acc: _Acc, path: Path) -> TraceInfo:
             shared += int(orjson.loads(line).get("shared_blocks", 0))
     for r in tr.rows:
         ids.update(r.hash_ids)
-    return TraceInfo(rows=len(tr.rows), rows_in_file=tr.rows_in_file, first_row=tr.rows[0].row,
-                     block_size=int(ds.block_size), distinct_blocks=len(ids), shared_blocks=shared,
-                     planned_shared_tokens=sum(acc.cached),
-                     span_s=(tr.rows[-1].timestamp_ms - tr.rows[0].timestamp_ms) / 1000.0)
+    return TraceInfo(
+        rows=len(tr.rows),
+        rows_in_file=tr.rows_in_file,
+        first_row=tr.rows[0].row,
+        block_size=int(ds.block_size),
+        distinct_blocks=len(ids),
+        shared_blocks=shared,
+        planned_shared_tokens=sum(acc.cached),
+        span_s=(tr.rows[-1].timestamp_ms - tr.rows[0].timestamp_ms) / 1000.0,
+    )
 
 
 def _realized(source: str, declared: int | LengthDistribution, lengths: list[int], trace_field: str) -> Lengths:
     """Realized lengths of one side, beside what declared them (a distribution, a value, or the file's rows)."""
-    summary = _lengths.summary(declared if isinstance(declared, LengthDistribution) else None, lengths,
-                               declared if isinstance(declared, int) else None)
+    summary = _lengths.summary(
+        declared if isinstance(declared, LengthDistribution) else None,
+        lengths,
+        declared if isinstance(declared, int) else None,
+    )
     if source == "trace":
         summary["declared"] = {"trace": trace_field}
     elif source == "file":
@@ -875,11 +920,15 @@ def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
         return BelowTarget(count=0, first=[], message=None)
     best = max(idx, key=lambda i: Fraction(acc.cached[i], acc.chat[i]) if acc.chat[i] else Fraction(0))
     if ds.source == "prefix_cache":
-        why = ("whole cache blocks of the shared prefix cannot reach it; raise dataset.input_tokens, or lower "
-               "dataset.block_size or dataset.prefix_ratio")
+        why = (
+            "whole cache blocks of the shared prefix cannot reach it; raise dataset.input_tokens, or lower "
+            "dataset.block_size or dataset.prefix_ratio"
+        )
     else:
-        why = (f"a {ds.source} dataset shares only the chat-template head by construction; use source "
-               "'prefix_cache' for a cache target, or set dataset.prefix_ratio 0")
+        why = (
+            f"a {ds.source} dataset shares only the chat-template head by construction; use source "
+            "'prefix_cache' for a cache target, or set dataset.prefix_ratio 0"
+        )
     return BelowTarget(
         count=len(idx),
         first=idx[:_BELOW_FIRST],
@@ -891,8 +940,9 @@ def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
     )
 
 
-def generate_dataset(ws: Workspace, case: Case, dataset_id: str, tmp: Path,
-                     inputs: Inputs | None = None) -> DatasetIdentity:
+def generate_dataset(
+    ws: Workspace, case: Case, dataset_id: str, tmp: Path, inputs: Inputs | None = None
+) -> DatasetIdentity:
     t0 = time.perf_counter()
     ds = case.dataset
     api = case.target.api

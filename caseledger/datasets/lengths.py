@@ -108,13 +108,18 @@ def summary(d: LengthDistribution | None, lengths: list[int], fixed: int | None 
     lo, hi = int(arr.min()), int(arr.max())
     bins = min(HISTOGRAM_BINS, hi - lo + 1)
     counts, edges = np.histogram(arr, bins=bins, range=(lo, hi + 1))
-    declared = d.model_dump(mode="json", exclude_none=True) if d is not None else {
-        "distribution": "fixed", "value": fixed}
+    declared = (
+        d.model_dump(mode="json", exclude_none=True) if d is not None else {"distribution": "fixed", "value": fixed}
+    )
     return {
         "declared": declared,
         "count": len(lengths),
-        "min": lo, "max": hi, "mean": float(arr.mean()), "stdev": float(arr.std()),
-        "p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)),
+        "min": lo,
+        "max": hi,
+        "mean": float(arr.mean()),
+        "stdev": float(arr.std()),
+        "p50": float(np.percentile(arr, 50)),
+        "p90": float(np.percentile(arr, 90)),
         "p99": float(np.percentile(arr, 99)),
         "histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
         "sha256": hashlib.sha256(",".join(map(str, lengths)).encode()).hexdigest(),

@@ -126,8 +126,7 @@ def verify(ws: Workspace, dataset_id: str) -> str:
             h.update(block)
             lines += block.count(b"\n")
     got = h.hexdigest()
-    fix = (f"the file changed after it was materialized; move {path.parent} out of the ledger and freeze "
-           "the case again")
+    fix = f"the file changed after it was materialized; move {path.parent} out of the ledger and freeze the case again"
     if got != identity.content_sha256:
         raise CaseInvalid(
             f"dataset {dataset_id}: {ENTRIES_FILE} sha256 is {got[:12]}…, identity.content_sha256 is "
@@ -135,6 +134,7 @@ def verify(ws: Workspace, dataset_id: str) -> str:
             fix,
         )
     if lines != identity.entries:
-        raise CaseInvalid(f"dataset {dataset_id}: {ENTRIES_FILE} has {lines} lines, identity.entries is "
-                          f"{identity.entries}", fix)
+        raise CaseInvalid(
+            f"dataset {dataset_id}: {ENTRIES_FILE} has {lines} lines, identity.entries is {identity.entries}", fix
+        )
     return got

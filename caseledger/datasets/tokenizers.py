@@ -35,8 +35,36 @@ def chatml(content: str) -> str:
 def corpus_words(seed: int = 7, n: int = 4000) -> list[str]:
     """A deterministic pseudo-English vocabulary of words (no downloads)."""
     rng = random.Random(seed)
-    syll = ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vo", "pi", "da", "ge", "hu", "zo", "ba", "qi", "ly",
-            "or", "an", "el", "is", "um", "ex", "at", "on", "re", "st", "th", "ch"]
+    syll = [
+        "ka",
+        "lo",
+        "mi",
+        "ne",
+        "ru",
+        "sa",
+        "te",
+        "vo",
+        "pi",
+        "da",
+        "ge",
+        "hu",
+        "zo",
+        "ba",
+        "qi",
+        "ly",
+        "or",
+        "an",
+        "el",
+        "is",
+        "um",
+        "ex",
+        "at",
+        "on",
+        "re",
+        "st",
+        "th",
+        "ch",
+    ]
     words: set[str] = set()
     while len(words) < n:
         words.add("".join(rng.choice(syll) for _ in range(rng.randint(1, 4))))
@@ -55,8 +83,9 @@ def build_builtin(out_dir: Path = BUILTIN_DIR, vocab_size: int = 4096) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(lines, trainer=trainer)
     fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None, unk_token=None, pad_token="<|endoftext|>"
@@ -117,8 +146,10 @@ def gguf_dir(path: Path) -> Path:
     except CaseInvalid:
         raise
     except Exception as e:  # the gguf package or the converter refused the file
-        raise CaseInvalid(f"dataset.tokenizer '{quoted(str(path))}': its tokenizer cannot be read: {quoted(e, 160)}",
-                          "give the model's Hugging Face tokenizer directory instead of the GGUF file") from None
+        raise CaseInvalid(
+            f"dataset.tokenizer '{quoted(str(path))}': its tokenizer cannot be read: {quoted(e, 160)}",
+            "give the model's Hugging Face tokenizer directory instead of the GGUF file",
+        ) from None
     return out
 
 
@@ -135,23 +166,32 @@ def _convert_gguf(path: Path, sha: str, out: Path) -> None:
         from transformers import PreTrainedTokenizerFast  # lazy: ~1 s import, only to convert a GGUF tokenizer
         from transformers.integrations.gguf import gguf_tokenizer_mapping as conv  # lazy: same
     except ImportError as e:
-        raise CaseInvalid(f"dataset.tokenizer is a GGUF file but {e.name or e} is not installed",
-                          "pip install gguf 'transformers>=5.24' (caseledger's dependencies), or give a "
-                          "tokenizer directory") from None
+        raise CaseInvalid(
+            f"dataset.tokenizer is a GGUF file but {e.name or e} is not installed",
+            "pip install gguf 'transformers>=5.24' (caseledger's dependencies), or give a tokenizer directory",
+        ) from None
     reader = gguf.GGUFReader(str(path))
-    meta = {k: f.contents() for k, f in reader.fields.items()
-            if k.startswith("tokenizer.") or k == "general.architecture"}
-    grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
-               for group, renames in conv.GGUF_TOKENIZER_MAPPING.items()}
+    meta = {
+        k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.") or k == "general.architecture"
+    }
+    grouped = {
+        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+        for group, renames in conv.GGUF_TOKENIZER_MAPPING.items()
+    }
     tok_dict, cfg = grouped["tokenizer"], grouped["tokenizer_config"]
     if tok_dict.get("tokenizer_type") == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary by default
         cfg.setdefault("add_bos_token", True)
-    special = {name: tok_dict["tokens"][meta[f"tokenizer.ggml.{key}"]]
-               for name, key in conv._SPECIAL_TOKENS.items() if meta.get(f"tokenizer.ggml.{key}") is not None}
+    special = {
+        name: tok_dict["tokens"][meta[f"tokenizer.ggml.{key}"]]
+        for name, key in conv._SPECIAL_TOKENS.items()
+        if meta.get(f"tokenizer.ggml.{key}") is not None
+    }
     built = conv.select_tokenizer_builder(meta["general.architecture"], tok_dict.get("tokenizer_type"))(tok_dict)
     built = conv.set_split_regex(conv.add_gguf_special_tokens(built, tok_dict), tok_dict)  # type: ignore[no-untyped-call]
-    fast = PreTrainedTokenizerFast(tokenizer_object=built.backend_tokenizer,  # type: ignore[no-untyped-call]
-                                   **special)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=built.backend_tokenizer,  # type: ignore[no-untyped-call]
+        **special,
+    )
     template = cfg.get("chat_template")
     if not template:
         template = ("{{ bos_token }}" if cfg.get("add_bos_token") and "bos_token" in special else "") + CHATML_TEMPLATE
@@ -160,9 +200,16 @@ def _convert_gguf(path: Path, sha: str, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
     try:
         fast.save_pretrained(str(tmp))
-        (tmp / GGUF_SOURCE).write_text(json.dumps({"gguf": str(path.resolve()), "bytes": path.stat().st_size,
-                                                    "sha256": sha, "chat_template": "gguf" if cfg.get(
-                                                        "chat_template") else "chatml (llama.cpp's fallback)"}))
+        (tmp / GGUF_SOURCE).write_text(
+            json.dumps(
+                {
+                    "gguf": str(path.resolve()),
+                    "bytes": path.stat().st_size,
+                    "sha256": sha,
+                    "chat_template": "gguf" if cfg.get("chat_template") else "chatml (llama.cpp's fallback)",
+                }
+            )
+        )
         os.replace(tmp, out)  # another process may have converted it first: keep theirs
     except OSError:
         if not (out / "tokenizer.json").is_file():

@@ -45,8 +45,10 @@ class Trace:
 
 
 def _fix_row(path: str, no: int, what: str) -> CaseInvalid:
-    return CaseInvalid(f"dataset.path '{quoted(path)}' line {no}: {what}",
-                       f"fix that line of the trace; each line is one request, e.g. {EXAMPLE}")
+    return CaseInvalid(
+        f"dataset.path '{quoted(path)}' line {no}: {what}",
+        f"fix that line of the trace; each line is one request, e.g. {EXAMPLE}",
+    )
 
 
 def _int_field(obj: dict[str, Any], name: str, path: str, no: int, lo: int) -> int:
@@ -64,14 +66,20 @@ def _row(obj: Any, k: int, path: str, no: int) -> TraceRow:
         raise _fix_row(path, no, f"has no '{missing[0]}' (a row needs {', '.join(ROW_FIELDS)})")
     ts = obj["timestamp"]
     if type(ts) not in (int, float) or not math.isfinite(ts) or ts < 0:
-        raise _fix_row(path, no, "'timestamp' must be a finite number of milliseconds >= 0, not "
-                       f"{quoted(repr(ts), 40)}")
+        raise _fix_row(
+            path, no, f"'timestamp' must be a finite number of milliseconds >= 0, not {quoted(repr(ts), 40)}"
+        )
     ids = obj["hash_ids"]
     if not isinstance(ids, list) or any(type(h) is not int or not 0 <= h <= MAX_HASH_ID for h in ids):
         raise _fix_row(path, no, "'hash_ids' must be a list of integers >= 0 (the prompt's shared blocks, in order)")
     # every trace prompt leads with a first word and the run's salt slot, then needs one token of its own
-    return TraceRow(row=k, timestamp_ms=float(ts), input_length=_int_field(obj, "input_length", path, no, SALT_K + 2),
-                    output_length=_int_field(obj, "output_length", path, no, 1), hash_ids=tuple(ids))
+    return TraceRow(
+        row=k,
+        timestamp_ms=float(ts),
+        input_length=_int_field(obj, "input_length", path, no, SALT_K + 2),
+        output_length=_int_field(obj, "output_length", path, no, 1),
+        hash_ids=tuple(ids),
+    )
 
 
 def read_source(ws: Workspace, path: str, fix: str) -> bytes:
@@ -85,8 +93,11 @@ def read_source(ws: Workspace, path: str, fix: str) -> bytes:
 def file_sha256(ws: Workspace, case: Case) -> tuple[bytes, str]:
     """The trace file's bytes and sha256; the path must be a file inside the workspace."""
     assert case.dataset.path is not None
-    raw = read_source(ws, case.dataset.path, "put the trace (one JSON request per line) inside the workspace and "
-                      "give its path relative to it")
+    raw = read_source(
+        ws,
+        case.dataset.path,
+        "put the trace (one JSON request per line) inside the workspace and give its path relative to it",
+    )
     return raw, sha256_bytes(raw)
 
 
@@ -135,9 +146,13 @@ def read(ws: Workspace, case: Case) -> Trace:
             raise _fix_row(path, no, f"is not JSON ({exc})") from exc
         row = _row(obj, len(rows), path, no)
         if rows and row.timestamp_ms < rows[-1].timestamp_ms:
-            raise _fix_row(path, no, f"'timestamp' {row.timestamp_ms:g} is before the previous row's "
-                           f"{rows[-1].timestamp_ms:g}: rows are replayed in file order, so sort the trace by "
-                           "timestamp")
+            raise _fix_row(
+                path,
+                no,
+                f"'timestamp' {row.timestamp_ms:g} is before the previous row's "
+                f"{rows[-1].timestamp_ms:g}: rows are replayed in file order, so sort the trace by "
+                "timestamp",
+            )
         rows.append(row)
     if len(rows) < want:
         raise CaseInvalid(
@@ -175,8 +190,14 @@ def sample_rows(n: int = 24, seed: int = 7, block: int = 32) -> list[dict[str, A
         own = list(range(next_id, next_id + rng.randint(1, 3)))
         next_id += len(own)
         ids = base + own
-        rows.append({"timestamp": round(t), "input_length": len(ids) * block - rng.randint(0, 23),
-                     "output_length": rng.randint(8, 16), "hash_ids": ids})
+        rows.append(
+            {
+                "timestamp": round(t),
+                "input_length": len(ids) * block - rng.randint(0, 23),
+                "output_length": rng.randint(8, 16),
+                "hash_ids": ids,
+            }
+        )
         history.append(ids[:-1])  # the last block is partial: a follow-up shares the whole blocks only
     return rows
 

@@ -24,8 +24,9 @@ from caseledger.workspace import Workspace, atomic_write, canonical_json, utc_no
 
 
 def _peak_concurrency(records: list[Any]) -> int:
-    events = sorted([(r["send_ns"], 1) for r in records] + [(r["end_ns"], -1) for r in records],
-                    key=lambda x: (x[0], x[1]))
+    events = sorted(
+        [(r["send_ns"], 1) for r in records] + [(r["end_ns"], -1) for r in records], key=lambda x: (x[0], x[1])
+    )
     c = peak = 0
     for _, d in events:
         c += d
@@ -44,8 +45,10 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     try:
         imp = read_aisbench(src)
     except AisbenchImportError as e:
-        raise CaseInvalid(f"'{path}' is not a readable AISBench perf output: {e}",
-                          "point at the folder holding *_details.jsonl and db_data/") from None
+        raise CaseInvalid(
+            f"'{path}' is not a readable AISBench perf output: {e}",
+            "point at the folder holding *_details.jsonl and db_data/",
+        ) from None
     recs = sorted(imp.records, key=lambda r: r["send_ns"])
     if not recs:
         raise CaseInvalid(f"no request records in {imp.details_file}", "check the AISBench run finished")
@@ -67,25 +70,60 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
     key = ledger.target_key(case.canonical())
     skip = PHASES[: PHASES.index(Phase.POSTPROCESS)]
-    write_meta(paths, RunMeta(
-        run_id=rid, case_id=cid, scenario=case.scenario, workspace=str(ws.root), planned=n, target_key=key,
-        created_utc=utc_now(), load_reused=True,
-        plan=[PlanStep(phase=p, action="skip" if p in skip else "run",
-                       reason="imported" if p in skip else "from raw data") for p in PHASES],
-        imported=Imported(tool="aisbench", path=str(src), dataset=imp.dataset, skipped=list(imp.skipped[:20]),
-                          differences=list(imp.differences),
-                          aisbench_summary=orjson.loads(orjson.dumps(imp.summary, default=_plain))),
-    ))
+    write_meta(
+        paths,
+        RunMeta(
+            run_id=rid,
+            case_id=cid,
+            scenario=case.scenario,
+            workspace=str(ws.root),
+            planned=n,
+            target_key=key,
+            created_utc=utc_now(),
+            load_reused=True,
+            plan=[
+                PlanStep(
+                    phase=p, action="skip" if p in skip else "run", reason="imported" if p in skip else "from raw data"
+                )
+                for p in PHASES
+            ],
+            imported=Imported(
+                tool="aisbench",
+                path=str(src),
+                dataset=imp.dataset,
+                skipped=list(imp.skipped[:20]),
+                differences=list(imp.differences),
+                aisbench_summary=orjson.loads(orjson.dumps(imp.summary, default=_plain)),
+            ),
+        ),
+    )
     paths.load_dir.mkdir(parents=True)
     atomic_write(paths.raw, b"".join(orjson.dumps(r) + b"\n" for r in recs))
     ok = sum(1 for r in recs if r["ok"])
-    write_json(paths.load_end, {"planned": n, "sent": n, "done": n, "ok": ok, "failed": n - ok,
-                                "first_send_ns": recs[0]["send_ns"], "last_end_ns": max(r["end_ns"] for r in recs),
-                                "exit": "imported"})
+    write_json(
+        paths.load_end,
+        {
+            "planned": n,
+            "sent": n,
+            "done": n,
+            "ok": ok,
+            "failed": n - ok,
+            "first_send_ns": recs[0]["send_ns"],
+            "last_end_ns": max(r["end_ns"] for r in recs),
+            "exit": "imported",
+        },
+    )
     ledger.append_event(ws, paths, "run_created", owner="import", data={"case_id": cid, "imported_from": str(src)})
     for p in skip:
-        ledger.append_event(ws, paths, "phase_ended", phase=p, attempt=1, owner="import",
-                            data={"outcome": "skipped", "reason": "imported: not executed by caseledger"})
+        ledger.append_event(
+            ws,
+            paths,
+            "phase_ended",
+            phase=p,
+            attempt=1,
+            owner="import",
+            data={"outcome": "skipped", "reason": "imported: not executed by caseledger"},
+        )
 
     reprocess_raw(ws, rid)
     return rid
@@ -93,10 +131,7 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
 
 def _plain(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
-
         return asdict(obj)
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError
-
-

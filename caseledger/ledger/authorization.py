@@ -47,8 +47,10 @@ def current_mode(ws: Workspace) -> Mode:
 
 def set_mode(ws: Workspace, mode: str, why: str = "set by caseledger authorize") -> Mode:
     if mode not in MODES:
-        raise CaseInvalid(f"unknown authorization mode '{quoted(mode)}'; known: {', '.join(MODES)}",
-                          "caseledger authorize paused|single|auto")
+        raise CaseInvalid(
+            f"unknown authorization mode '{quoted(mode)}'; known: {', '.join(MODES)}",
+            "caseledger authorize paused|single|auto",
+        )
     write_json(ws.authorization_file, {"mode": mode, "since_utc": utc_now(), "why": why})
     return current_mode(ws)
 
@@ -60,7 +62,8 @@ def check_start(ws: Workspace) -> Mode:
         raise NotAuthorized(f"{problem}: treated as 'paused' (no service change, no formal load)", _FIX)
     if mode == "paused":
         raise NotAuthorized(
-            "authorization is 'paused': freeze and preflight are allowed, no service change and no formal load", _FIX)
+            "authorization is 'paused': freeze and preflight are allowed, no service change and no formal load", _FIX
+        )
     return mode
 
 

@@ -64,12 +64,21 @@ def append_event(
         log = read_events(paths)
         seq = (log.events[-1]["seq"] + 1) if log.events else 1
         ev: dict[str, Any] = {
-            "seq": seq, "utc": utc_now(), "mono_ns": time.monotonic_ns(), "run": paths.run_id, "phase": phase,
-            "attempt": attempt, "type": type_, "owner": owner, "fence": fence, "input_hash": input_hash,
+            "seq": seq,
+            "utc": utc_now(),
+            "mono_ns": time.monotonic_ns(),
+            "run": paths.run_id,
+            "phase": phase,
+            "attempt": attempt,
+            "type": type_,
+            "owner": owner,
+            "fence": fence,
+            "input_hash": input_hash,
             "outputs": {k: sha256_bytes(p.read_bytes()) for k, p in (outputs or {}).items() if p.exists()},
             # the values of the run's secrets masked in what came from outside (before the cut: a cut key keeps
             # its first characters), whoever appends
-            "error": (redact.cut(error, 500) if error else None), "data": redact.mask_obj(data or {}),
+            "error": (redact.cut(error, 500) if error else None),
+            "data": redact.mask_obj(data or {}),
         }
         line = orjson.dumps(ev) + b"\n"
         with paths.events.open("ab") as f:

@@ -60,8 +60,10 @@ class RunRow:
     sig: str | None  # events.jsonl size:mtime and the run directory's mtime when it was folded
 
 
-_COLS = ("run_id, case_id, scenario, parent_case, target_key, created_utc, state, failure_class, current, "
-         "decision, blocker, next_call, last_done, live, sig")
+_COLS = (
+    "run_id, case_id, scenario, parent_case, target_key, created_utc, state, failure_class, current, "
+    "decision, blocker, next_call, last_done, live, sig"
+)
 
 
 def _row(t: tuple[object, ...]) -> RunRow:
@@ -93,12 +95,23 @@ def row_of(v: RunView, sig: str | None = None) -> RunRow:
     """The index's row of a folded run."""
     done = [p for p, ph in v.phases.items() if ph.state.value == "done"]
     m = v.meta
-    return RunRow(run_id=v.run_id, case_id=m.case_id, scenario=m.scenario, parent_case=m.parent_case,
-                  target_key=m.target_key, created_utc=m.created_utc, state=v.state.value,
-                  failure_class=v.failure_class.value if v.failure_class else None,
-                  current=v.current.value if v.current else None, decision=v.decision.outcome if v.decision else None,
-                  blocker=v.blocker, next_call=v.next_call, last_done=done[-1].value if done else None,
-                  live=is_live(v), sig=sig)
+    return RunRow(
+        run_id=v.run_id,
+        case_id=m.case_id,
+        scenario=m.scenario,
+        parent_case=m.parent_case,
+        target_key=m.target_key,
+        created_utc=m.created_utc,
+        state=v.state.value,
+        failure_class=v.failure_class.value if v.failure_class else None,
+        current=v.current.value if v.current else None,
+        decision=v.decision.outcome if v.decision else None,
+        blocker=v.blocker,
+        next_call=v.next_call,
+        last_done=done[-1].value if done else None,
+        live=is_live(v),
+        sig=sig,
+    )
 
 
 class Index:
@@ -126,8 +139,9 @@ class Index:
         return str(r[0]) if r else None
 
     def _set_meta(self, key: str, value: str) -> None:
-        self.conn.execute("INSERT INTO meta VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                          (key, value))
+        self.conn.execute(
+            "INSERT INTO meta VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value)
+        )
 
     def note(self, text: str) -> None:
         self.conn.execute("INSERT INTO notes(utc, text) VALUES(?, ?)", (utc_now(), text))
@@ -138,8 +152,11 @@ class Index:
         root = self.ws.runs_dir / name
         self.conn.execute("DELETE FROM damaged WHERE entry=?", (name,))
         if root.is_symlink() or not root.is_dir() or not is_id(name, "r"):
-            what = ("is a symbolic link, not a run directory (not followed)" if root.is_symlink()
-                    else "is not a run directory")
+            what = (
+                "is a symbolic link, not a run directory (not followed)"
+                if root.is_symlink()
+                else "is not a run directory"
+            )
             self._forget(name)
             self.conn.execute("INSERT INTO damaged VALUES(?, ?)", (name, f"ledger/runs/{quoted(name, 40)} {what}"))
             return
@@ -154,8 +171,9 @@ class Index:
         except NotFound:
             self._forget(name)
             young = time.time() - root.stat().st_mtime <= CREATING_S  # create_run is writing run.json
-            self.conn.execute("INSERT INTO damaged VALUES(?, ?)", (name, "" if young else
-                                                                   f"ledger/runs/{name} has no run.json"))
+            self.conn.execute(
+                "INSERT INTO damaged VALUES(?, ?)", (name, "" if young else f"ledger/runs/{name} has no run.json")
+            )
             return
         except CaseledgerError as e:  # any other problem of its files: named, the other runs shown
             self._forget(name)
@@ -168,9 +186,26 @@ class Index:
         self.conn.execute(
             f"INSERT INTO runs({_COLS}, gen, folded_gen) VALUES({','.join('?' * 17)}) ON CONFLICT(run_id) DO UPDATE "
             "SET " + ", ".join(f"{c}=excluded.{c}" for c in _COLS.split(", ")[1:]) + ", folded_gen=excluded.folded_gen",
-            (r.run_id, r.case_id, r.scenario, r.parent_case, r.target_key, r.created_utc, r.state, r.failure_class,
-             r.current, r.decision, r.blocker, r.next_call, r.last_done, int(r.live or changed), r.sig, g,
-             g - 1 if changed else g))
+            (
+                r.run_id,
+                r.case_id,
+                r.scenario,
+                r.parent_case,
+                r.target_key,
+                r.created_utc,
+                r.state,
+                r.failure_class,
+                r.current,
+                r.decision,
+                r.blocker,
+                r.next_call,
+                r.last_done,
+                int(r.live or changed),
+                r.sig,
+                g,
+                g - 1 if changed else g,
+            ),
+        )
 
     def _forget(self, name: str) -> None:
         self.conn.execute("DELETE FROM runs WHERE run_id=?", (name,))
@@ -185,8 +220,10 @@ class Index:
             for (name,) in c.execute("SELECT entry FROM damaged").fetchall():  # fixed by hand? being created?
                 if name not in self.views:
                     self._fold_entry(name, None)
-            stale = c.execute("SELECT run_id, gen FROM runs INDEXED BY runs_todo "  # the partial index: no scan
-                              "WHERE live=1 OR gen != folded_gen").fetchall()
+            stale = c.execute(
+                "SELECT run_id, gen FROM runs INDEXED BY runs_todo "  # the partial index: no scan
+                "WHERE live=1 OR gen != folded_gen"
+            ).fetchall()
             for name, gen in stale:
                 if name not in self.views:  # (a run just listed is folded already)
                     self._fold_entry(name, gen)
@@ -222,19 +259,23 @@ class Index:
         """Compare the next SWEEP_ROWS settled rows with their files; a difference nobody announced (a hand edit,
         a writer that crashed between its file and the index, an older caseledger) is repaired and noted."""
         at = self._meta("sweep_at") or ""
-        rows = self.conn.execute("SELECT run_id, sig, gen FROM runs WHERE run_id > ? ORDER BY run_id LIMIT ?",
-                                 (at, SWEEP_ROWS)).fetchall()
+        rows = self.conn.execute(
+            "SELECT run_id, sig, gen FROM runs WHERE run_id > ? ORDER BY run_id LIMIT ?", (at, SWEEP_ROWS)
+        ).fetchall()
         for name, sig, gen in rows:
             now = signature(self.ws.runs_dir / name)
             if now != sig:
-                self.note(f"ledger/runs/{name} changed without the index knowing (its files say otherwise): "
-                          "repaired from the files")
+                self.note(
+                    f"ledger/runs/{name} changed without the index knowing (its files say otherwise): "
+                    "repaired from the files"
+                )
                 self._fold_entry(name, gen)
         self._set_meta("sweep_at", rows[-1][0] if len(rows) == SWEEP_ROWS else "")
 
     # -------------------------------------------------------------------------------------------------- reads
-    def _select(self, where: str = "", args: tuple[object, ...] = (), order: str = "ASC",
-                limit: int | None = None) -> list[RunRow]:
+    def _select(
+        self, where: str = "", args: tuple[object, ...] = (), order: str = "ASC", limit: int | None = None
+    ) -> list[RunRow]:
         q = f"SELECT {_COLS} FROM runs {where} ORDER BY created_utc {order}, run_id {order}"
         if limit is not None:
             q += f" LIMIT {int(limit)}"
@@ -263,8 +304,10 @@ class Index:
         if not case_ids:
             return []
         marks = ",".join("?" * len(case_ids))
-        q = (f"SELECT run_id, state, decision, sig, live FROM runs WHERE case_id IN ({marks}) "
-             "ORDER BY created_utc, run_id")
+        q = (
+            f"SELECT run_id, state, decision, sig, live FROM runs WHERE case_id IN ({marks}) "
+            "ORDER BY created_utc, run_id"
+        )
         return [(str(a), b, c, d, bool(e)) for a, b, c, d, e in self.conn.execute(q, tuple(case_ids))]
 
     def rows(self, run_ids: list[str]) -> list[RunRow]:
@@ -280,9 +323,14 @@ class Index:
     def active(self, since_utc: str) -> list[RunRow]:
         """Per scenario its newest run, for the scenarios with a run created since `since_utc` or one whose state
         is running or created; newest first."""
-        names = [s for (s,) in self.conn.execute(  # a range on runs_order, then the few unfinished runs
-            "SELECT scenario FROM runs WHERE created_utc >= ? UNION SELECT scenario FROM runs WHERE state IN "
-            "('running', 'created')", (since_utc,))]
+        names = [
+            s
+            for (s,) in self.conn.execute(  # a range on runs_order, then the few unfinished runs
+                "SELECT scenario FROM runs WHERE created_utc >= ? UNION SELECT scenario FROM runs WHERE state IN "
+                "('running', 'created')",
+                (since_utc,),
+            )
+        ]
         newest = (self._select("WHERE scenario=?", (s,), order="DESC", limit=1) for s in names)
         return sorted((rows[0] for rows in newest if rows), key=lambda r: (r.created_utc, r.run_id), reverse=True)
 
@@ -303,8 +351,11 @@ class Index:
 
     def put_derived(self, kind: str, key: str, sig: str, body: bytes) -> None:
         with contextlib.suppress(sqlite3.OperationalError):  # busy or read-only: computed again next time
-            self.conn.execute("INSERT INTO derived VALUES(?,?,?,?) ON CONFLICT(kind, key) DO UPDATE SET "
-                              "sig=excluded.sig, body=excluded.body", (kind, key, sig, body))
+            self.conn.execute(
+                "INSERT INTO derived VALUES(?,?,?,?) ON CONFLICT(kind, key) DO UPDATE SET "
+                "sig=excluded.sig, body=excluded.body",
+                (kind, key, sig, body),
+            )
 
     def cases(self) -> dict[str, str | None]:
         """case id -> scenario of every frozen case (ledger/cases/c-*.json), kept in step by file size and mtime."""
@@ -327,8 +378,11 @@ class Index:
                 scenario = None  # damaged: the reads that load it name it
             out[cid] = scenario if isinstance(scenario, str) else None
             with contextlib.suppress(sqlite3.OperationalError):
-                self.conn.execute("INSERT INTO cases VALUES(?,?,?) ON CONFLICT(case_id) DO UPDATE SET "
-                                  "scenario=excluded.scenario, sig=excluded.sig", (cid, out[cid], sig))
+                self.conn.execute(
+                    "INSERT INTO cases VALUES(?,?,?) ON CONFLICT(case_id) DO UPDATE SET "
+                    "scenario=excluded.scenario, sig=excluded.sig",
+                    (cid, out[cid], sig),
+                )
         for cid in set(known) - set(found):
             with contextlib.suppress(sqlite3.OperationalError):
                 self.conn.execute("DELETE FROM cases WHERE case_id=?", (cid,))

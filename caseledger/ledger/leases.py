@@ -62,8 +62,12 @@ def host_dir() -> Path:
 def target_key(case_canonical: dict[str, Any]) -> str:
     """The lease key of a target: the set of addresses (host:port) its endpoints reach, order-independent;
     every loopback spelling (localhost, 127.x.y.z, ::1) is one host, and the URL path is not part of it."""
-    return "t-" + sha256_bytes(canonical_json(sorted({address(e["base_url"])
-                                                      for e in case_canonical["target"]["endpoints"]})))[:10]
+    return (
+        "t-"
+        + sha256_bytes(canonical_json(sorted({address(e["base_url"]) for e in case_canonical["target"]["endpoints"]})))[
+            :10
+        ]
+    )
 
 
 def address(base_url: str) -> str:
@@ -93,16 +97,31 @@ class Lease:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "target_key": self.target_key, "run_id": self.run_id, "owner": self.owner, "fence": self.fence,
-            "expires": self.expires, "expires_utc": utc_from_epoch(self.expires), "extra_procs": self.extra_procs,
-            "workspace": self.workspace, "claim": self.claim, "lease_host": self.lease_host,
+            "target_key": self.target_key,
+            "run_id": self.run_id,
+            "owner": self.owner,
+            "fence": self.fence,
+            "expires": self.expires,
+            "expires_utc": utc_from_epoch(self.expires),
+            "extra_procs": self.extra_procs,
+            "workspace": self.workspace,
+            "claim": self.claim,
+            "lease_host": self.lease_host,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Lease:
-        return cls(d["target_key"], d.get("run_id"), d.get("owner"), int(d.get("fence", 0)),
-                   float(d.get("expires", 0)), list(d.get("extra_procs") or []), d.get("workspace"),
-                   d.get("claim"), d.get("lease_host"))
+        return cls(
+            d["target_key"],
+            d.get("run_id"),
+            d.get("owner"),
+            int(d.get("fence", 0)),
+            float(d.get("expires", 0)),
+            list(d.get("extra_procs") or []),
+            d.get("workspace"),
+            d.get("claim"),
+            d.get("lease_host"),
+        )
 
     def holds(self, ws: Workspace, run_id: str) -> bool:
         return self.run_id == run_id and self.workspace in (None, str(ws.root))
@@ -137,7 +156,8 @@ class Lease:
         if now < self.expires:
             return True
         return any(procs.alive(p) for p in [self.owner, *self.extra_procs] if p) or any(
-            procs.elsewhere(p) for p in self.extra_procs)
+            procs.elsewhere(p) for p in self.extra_procs
+        )
 
 
 def _lease_path(key: str) -> Path:
@@ -162,13 +182,14 @@ def refuse_held(ws: Workspace, cur: Lease | None, run_id: str, *, same_run_ok: b
             raise TargetHeld(
                 f"run {run_id} is already being continued: its controller "
                 + ("is starting" if cur.owner is None else f"(pid {cur.owner.get('pid')}) is alive"),
-                f"phase_status(run_id='{run_id}'); one resume is enough")
+                f"phase_status(run_id='{run_id}'); one resume is enough",
+            )
         return
     raise TargetHeld(
         f"target '{cur.target_key}' is held by {cur.held_by(ws)}",
-        f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues "
-        "silently" if cur.workspace in (None, str(ws.root)) else
-        f"wait for that run to end (caseledger -w {cur.workspace} status {cur.run_id}); one target "
+        f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues silently"
+        if cur.workspace in (None, str(ws.root))
+        else f"wait for that run to end (caseledger -w {cur.workspace} status {cur.run_id}); one target "
         "has one owner" + ("" if cur.lease_host else " on this host"),
     )
 
@@ -192,8 +213,14 @@ def mirror(lease: Lease) -> None:
         write_json(_lease_path(lease.target_key), lease.to_json())
 
 
-def renew(ws: Workspace, key: str, run_id: str, fence: int, owner: dict[str, Any] | None = None,
-          extra_procs: list[dict[str, Any]] | None = None) -> Lease:
+def renew(
+    ws: Workspace,
+    key: str,
+    run_id: str,
+    fence: int,
+    owner: dict[str, Any] | None = None,
+    extra_procs: list[dict[str, Any]] | None = None,
+) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over."""
     with flocked(_lock(key)):
         cur = read_lease(ws, key)

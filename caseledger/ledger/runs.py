@@ -64,8 +64,10 @@ class RunMeta(BaseModel):
     def dataset(self) -> str:
         """The run's dataset id; CaseInvalid for a run record that names none (edited or truncated)."""
         if self.dataset_id is None:
-            raise CaseInvalid(f"run {self.run_id} names no dataset_id in its run.json",
-                              "the ledger was edited by hand: start a new run of the case (start_run)")
+            raise CaseInvalid(
+                f"run {self.run_id} names no dataset_id in its run.json",
+                "the ledger was edited by hand: start a new run of the case (start_run)",
+            )
         return self.dataset_id
 
     def action(self, phase: Phase) -> str:
@@ -94,14 +96,20 @@ class Run:
         try:
             case = Case.model_validate(orjson.loads(self.paths.case.read_bytes()))
         except FileNotFoundError:
-            raise NotFound(f"run '{self.paths.run_id}' has no case.json at {self.paths.case}",
-                           "pass the run directory the controller created (ledger/runs/<run_id>)") from None
+            raise NotFound(
+                f"run '{self.paths.run_id}' has no case.json at {self.paths.case}",
+                "pass the run directory the controller created (ledger/runs/<run_id>)",
+            ) from None
         except (OSError, orjson.JSONDecodeError, ValidationError) as e:
-            raise CaseInvalid(f"{rel} is damaged: {first_problem(e)}",
-                              "the ledger was edited by hand: restore case.json, or start a new run") from None
+            raise CaseInvalid(
+                f"{rel} is damaged: {first_problem(e)}",
+                "the ledger was edited by hand: restore case.json, or start a new run",
+            ) from None
         if not is_case_id_of(case, self.meta.case_id):
-            raise CaseInvalid(f"{rel} is damaged: its content no longer hashes to {self.meta.case_id}",
-                              "the ledger was edited by hand: restore case.json, or start a new run")
+            raise CaseInvalid(
+                f"{rel} is damaged: its content no longer hashes to {self.meta.case_id}",
+                "the ledger was edited by hand: restore case.json, or start a new run",
+            )
         # every process of the run reads its case here (controller, load client, preflight): from now on it masks
         # the values of the case's secrets in the text it records and shows
         redact.remember(case.env_names())
@@ -113,6 +121,8 @@ class Run:
 
 
 CREATING_S = 60.0  # a run directory without run.json younger than this is being created
+
+
 def first_problem(e: Exception) -> str:
     """The first thing wrong with a file's content, one short line (a field and its problem where known)."""
     if isinstance(e, ValidationError) and e.errors():
@@ -131,9 +141,10 @@ def read_meta(paths: RunPaths) -> RunMeta:
     try:
         data = paths.run_json.read_bytes()
     except FileNotFoundError:
-        raise NotFound(f"run '{paths.run_id}' has no run.json at {paths.run_json}",
-                       "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)"
-                       ) from None
+        raise NotFound(
+            f"run '{paths.run_id}' has no run.json at {paths.run_json}",
+            "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)",
+        ) from None
     except OSError as e:
         raise CaseInvalid(f"{rel} is damaged: {quoted(e)}", DAMAGED_FIX) from None
     try:
@@ -150,8 +161,10 @@ def write_meta(paths: RunPaths, meta: RunMeta) -> None:
     indexdb.touched(paths.root)  # the index reads run.json again at its next read
 
 
-LINK_FIX = ("a run directory is a real directory in the ledger: remove the link, or move the directory it points "
-            "to into its place (mv), then call again")
+LINK_FIX = (
+    "a run directory is a real directory in the ledger: remove the link, or move the directory it points "
+    "to into its place (mv), then call again"
+)
 
 
 def check_not_link(paths: RunPaths) -> RunPaths:
@@ -163,8 +176,11 @@ def check_not_link(paths: RunPaths) -> RunPaths:
             target = f" (to {quoted(os.readlink(paths.root), 200)})"
         except OSError:
             target = ""
-        raise PathEscapes(f"{where} is a symbolic link{target}, not a run directory; it is never followed",
-                          LINK_FIX, run_id=paths.run_id)
+        raise PathEscapes(
+            f"{where} is a symbolic link{target}, not a run directory; it is never followed",
+            LINK_FIX,
+            run_id=paths.run_id,
+        )
     return paths
 
 
@@ -187,8 +203,10 @@ def load_run(ws: Workspace, run_id: str) -> Run:
         run_id = latest
     paths = check_not_link(ws.run(check_id(run_id, "run_id", "r")))
     if not paths.run_json.exists():
-        raise NotFound(f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
-                       "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)")
+        raise NotFound(
+            f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
+            "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)",
+        )
     return read_run(paths.root, ws)
 
 
@@ -239,8 +257,9 @@ def _metas(ws: Workspace) -> list[RunMeta]:
     return scan_runs(ws).metas
 
 
-def latest_run_of_case(ws: Workspace, case_id: str, *, with_load_end: bool = False,
-                       with_results: bool = False) -> str | None:
+def latest_run_of_case(
+    ws: Workspace, case_id: str, *, with_load_end: bool = False, with_results: bool = False
+) -> str | None:
     for meta in reversed(_metas(ws)):
         if meta.case_id != case_id:
             continue

@@ -130,7 +130,8 @@ def next_steps(v: RunView) -> NextSteps:
     meta, ph = v.meta, v.phases
     lv = ph[Phase.LOAD]
     load_sends = not meta.load_reuse and (
-        lv.state == PhaseState.PENDING or (lv.state == PhaseState.FAILED and lv.failure_class in RESEND_CLASSES))
+        lv.state == PhaseState.PENDING or (lv.state == PhaseState.FAILED and lv.failure_class in RESEND_CLASSES)
+    )
     redo: tuple[Phase, ...] = ()
     # the service is gone or stopped, or answered no health before the formal load: it is started again
     unhealthy = lv.state == PhaseState.FAILED and bool(lv.data.get("service_problem"))
@@ -138,12 +139,21 @@ def next_steps(v: RunView) -> NextSteps:
         redo = tuple(p for p in _SERVICE_CHAIN if ph[p].state in _FINISHED)
     run = tuple(p for p in PHASES if ph[p].state not in _FINISHED or p in redo)
     # not yet run in this run (a preflight failure): the plan's live check at start_run says whether it is reused
-    planned_reuse = v.service_alive is None and ph[Phase.SERVICE].state == PhaseState.PENDING and \
-        meta.action(Phase.SERVICE) == "reuse"
-    restarts = Phase.SERVICE in run and not meta.load_reuse and (v.service_alive is not True or unhealthy) \
+    planned_reuse = (
+        v.service_alive is None
+        and ph[Phase.SERVICE].state == PhaseState.PENDING
+        and meta.action(Phase.SERVICE) == "reuse"
+    )
+    restarts = (
+        Phase.SERVICE in run
+        and not meta.load_reuse
+        and (v.service_alive is not True or unhealthy)
         and not planned_reuse
+    )
     return NextSteps(
-        run=run, redo=redo, restarts_service=restarts,
+        run=run,
+        redo=redo,
+        restarts_service=restarts,
         repeats_warmup=Phase.WARMUP in run and not meta.load_reuse and meta.action(Phase.WARMUP) != "skip",
         resends_requests=Phase.LOAD in run and lv.state == PhaseState.FAILED and lv.failure_class in RESEND_CLASSES,
     )
@@ -203,8 +213,9 @@ def load_counts(paths: RunPaths, planned: int) -> Counts:
     (sent from the intent log, done and ok from the raw records; progress.json is only a fallback)."""
     end = read_json_or_none(paths.load_end)
     if end:
-        return Counts(planned, int(end.get("sent", 0)), int(end.get("done", 0)), int(end.get("ok", 0)),
-                      int(end.get("failed", 0)))
+        return Counts(
+            planned, int(end.get("sent", 0)), int(end.get("done", 0)), int(end.get("ok", 0)), int(end.get("failed", 0))
+        )
     prog = read_json_or_none(paths.load_progress) or {}
     n, ok = count_raw(paths.raw)
     sent = max(count_sent(paths) or int(prog.get("sent", 0)), n)
@@ -246,8 +257,15 @@ def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:
     return phases
 
 
-def _check_evidence(phases: dict[Phase, PhaseView], *, end: bool, controller_alive: bool, client_alive: bool,
-                    results_extracted: bool, decided: bool) -> None:
+def _check_evidence(
+    phases: dict[Phase, PhaseView],
+    *,
+    end: bool,
+    controller_alive: bool,
+    client_alive: bool,
+    results_extracted: bool,
+    decided: bool,
+) -> None:
     """Evidence outranks status strings: an end file beats a stale 'started', results on disk beat a stale
     postprocess failure, a decision file ends decide, and an open phase of a dead owner is unknown."""
     lv = phases[Phase.LOAD]
@@ -265,8 +283,15 @@ def _check_evidence(phases: dict[Phase, PhaseView], *, end: bool, controller_ali
         dv.state, dv.failure_class = PhaseState.DONE, None
 
 
-def _load_ended(paths: RunPaths, meta: RunMeta, lv: PhaseView, end: dict[str, Any] | None, *,
-                client_alive: bool, remote_followed: bool) -> str:
+def _load_ended(
+    paths: RunPaths,
+    meta: RunMeta,
+    lv: PhaseView,
+    end: dict[str, Any] | None,
+    *,
+    client_alive: bool,
+    remote_followed: bool,
+) -> str:
     """yes | no | unknown | partial, from the end file, the partial marker and the load's state."""
     if end:
         return "yes" if int(end.get("done", 0)) >= meta.planned else "partial"
@@ -279,9 +304,11 @@ def _load_ended(paths: RunPaths, meta: RunMeta, lv: PhaseView, end: dict[str, An
     return "unknown"
 
 
-def _overall(phases: dict[Phase, PhaseView], meta: RunMeta, load_ended: str, *, controller_alive: bool,
-             client_alive: bool) -> tuple[RunState, Phase | None, FailureClass | None]:
+def _overall(
+    phases: dict[Phase, PhaseView], meta: RunMeta, load_ended: str, *, controller_alive: bool, client_alive: bool
+) -> tuple[RunState, Phase | None, FailureClass | None]:
     """The run's state, the phase it is at, and its failure class."""
+
     def first(state: PhaseState) -> PhaseView | None:
         return next((v for v in phases.values() if v.state == state), None)
 
@@ -316,23 +343,53 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
     end = read_json_or_none(paths.load_end)
     results_extracted = has_results(paths)
     decision = read_json_or_none(paths.decision)
-    _check_evidence(phases, end=bool(end), controller_alive=controller_alive, client_alive=client_alive,
-                    results_extracted=results_extracted, decided=bool(decision))
-    load_ended = _load_ended(paths, meta, phases[Phase.LOAD], end, client_alive=client_alive,
-                             remote_followed=bool(client_host) and controller_alive)
-    state, current, failure_class = _overall(phases, meta, load_ended, controller_alive=controller_alive,
-                                             client_alive=client_alive)
+    _check_evidence(
+        phases,
+        end=bool(end),
+        controller_alive=controller_alive,
+        client_alive=client_alive,
+        results_extracted=results_extracted,
+        decided=bool(decision),
+    )
+    load_ended = _load_ended(
+        paths,
+        meta,
+        phases[Phase.LOAD],
+        end,
+        client_alive=client_alive,
+        remote_followed=bool(client_host) and controller_alive,
+    )
+    state, current, failure_class = _overall(
+        phases, meta, load_ended, controller_alive=controller_alive, client_alive=client_alive
+    )
     service = _service_alive(ws, meta, phases[Phase.SERVICE])
     view = RunView(
-        run_id=run.run_id, case_id=meta.case_id, scenario=meta.scenario, meta=meta, phases=phases,
-        state=state, failure_class=failure_class, current=current, controller_alive=controller_alive,
-        client_alive=client_alive, counts=load_counts(paths, meta.planned), load_ended=load_ended,
+        run_id=run.run_id,
+        case_id=meta.case_id,
+        scenario=meta.scenario,
+        meta=meta,
+        phases=phases,
+        state=state,
+        failure_class=failure_class,
+        current=current,
+        controller_alive=controller_alive,
+        client_alive=client_alive,
+        counts=load_counts(paths, meta.planned),
+        load_ended=load_ended,
         results_extracted=results_extracted,
-        decision=RecordedDecision.model_validate(decision) if decision else None, torn_events=log.torn_tail,
-        blocker=None, next_call="", next_restarts_service=False, next_repeats_warmup=False,
-        next_resends_requests=False, service_alive=service[0], service_gone=service[1],
-        missing_evidence=_missing_evidence(paths, phases, meta), client_host=client_host,
-        client_stopped=procs.stopped(client_ref), controller_stopped=procs.stopped(ctl),
+        decision=RecordedDecision.model_validate(decision) if decision else None,
+        torn_events=log.torn_tail,
+        blocker=None,
+        next_call="",
+        next_restarts_service=False,
+        next_repeats_warmup=False,
+        next_resends_requests=False,
+        service_alive=service[0],
+        service_gone=service[1],
+        missing_evidence=_missing_evidence(paths, phases, meta),
+        client_host=client_host,
+        client_stopped=procs.stopped(client_ref),
+        controller_stopped=procs.stopped(ctl),
     )
     view.steps = steps = next_steps(view)
     if state != RunState.RUNNING and steps.redo and view.failure_class is None:
@@ -349,8 +406,11 @@ def _missing_evidence(paths: RunPaths, phases: dict[Phase, PhaseView], meta: Run
     """Evidence a finished phase recorded that is no longer on disk (workspace-relative names)."""
     if meta.imported is not None:
         return []
-    gone = [f"phases/{p.value}.json" for p, v in phases.items()
-            if v.state in _FINISHED and v.evidence and not paths.phase_file(p).exists()]
+    gone = [
+        f"phases/{p.value}.json"
+        for p, v in phases.items()
+        if v.state in _FINISHED and v.evidence and not paths.phase_file(p).exists()
+    ]
     if phases[Phase.LOAD].state == PhaseState.DONE and not meta.load_reused and not paths.raw.exists():
         gone.append("load/raw.jsonl")
     return gone
@@ -386,18 +446,26 @@ def _advise_live(v: RunView) -> bool:
         v.next_call = f"summarize(run_ids=['{rid}'])"
     elif v.state == RunState.PARTIAL:
         v.blocker = f"partial load: {v.counts.done} of {v.counts.planned} requests recorded (client died)"
-        v.next_call = (f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
-                       f"(summarize(run_ids=['{rid}']) shows them)")
+        v.next_call = (
+            f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
+            f"(summarize(run_ids=['{rid}']) shows them)"
+        )
     elif v.state == RunState.RUNNING and not v.controller_alive:
         v.blocker = "controller gone; the load client is still running"
         v.next_call = f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)"
     elif v.state == RunState.RUNNING and (v.client_stopped or v.controller_stopped or v.service_gone):
-        who = ", ".join([*(["load client"] if v.client_stopped else []),
-                         *(["controller"] if v.controller_stopped else []),
-                         *[f"service {g}" for g in v.service_gone]])
+        who = ", ".join(
+            [
+                *(["load client"] if v.client_stopped else []),
+                *(["controller"] if v.controller_stopped else []),
+                *[f"service {g}" for g in v.service_gone],
+            ]
+        )
         v.blocker = f"{who} stopped or gone while the run is at {v.current}: no progress; figures would be distorted"
-        v.next_call = (f"send SIGCONT to what was stopped (or let the run fail and resume(run_id='{rid}')); "
-                       f"phase_status(run_id='{rid}') shows it")
+        v.next_call = (
+            f"send SIGCONT to what was stopped (or let the run fail and resume(run_id='{rid}')); "
+            f"phase_status(run_id='{rid}') shows it"
+        )
     elif v.state in (RunState.RUNNING, RunState.CREATED):
         v.next_call = f"phase_status(run_id='{rid}') later; the run continues in its controller"
     else:
@@ -406,9 +474,11 @@ def _advise_live(v: RunView) -> bool:
 
 
 def _after_before_model(v: RunView, ph: PhaseView | None) -> str:
-    return (f"fix the cause and check it with start_run(case_id='{v.case_id}', preflight_only=True) (no run, no "
-            f"lease), then resume(run_id='{v.run_id}') (re-runs preflight; 0 model requests sent); a case error "
-            "needs freeze_case of a corrected draft")
+    return (
+        f"fix the cause and check it with start_run(case_id='{v.case_id}', preflight_only=True) (no run, no "
+        f"lease), then resume(run_id='{v.run_id}') (re-runs preflight; 0 model requests sent); a case error "
+        "needs freeze_case of a corrected draft"
+    )
 
 
 def _after_collect(v: RunView, ph: PhaseView | None) -> str:
@@ -416,67 +486,95 @@ def _after_collect(v: RunView, ph: PhaseView | None) -> str:
 
 
 def _after_hot_entry(v: RunView, ph: PhaseView | None) -> str:
-    return (f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run (reuses the "
-            f"warm service); or after a client fix resume(run_id='{v.run_id}')")
+    return (
+        f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run (reuses the "
+        f"warm service); or after a client fix resume(run_id='{v.run_id}')"
+    )
 
 
 def _after_service(v: RunView, ph: PhaseView | None) -> str:
     if ph is not None and ph.attempt >= REPEATS_BEFORE_BY_HAND:
-        return (f"by hand: {ph.attempt} attempts of {v.current} failed the same way ({v.failure_class}); read the "
-                "service log (ledger/services/*.log) and fix the engine or its case (freeze_case a corrected "
-                "draft); `caseledger target stop` stops what caseledger started")
+        return (
+            f"by hand: {ph.attempt} attempts of {v.current} failed the same way ({v.failure_class}); read the "
+            "service log (ledger/services/*.log) and fix the engine or its case (freeze_case a corrected "
+            "draft); `caseledger target stop` stops what caseledger started"
+        )
     first = v.steps.first if v.steps else v.current
-    return (f"resume(run_id='{v.run_id}') starts again at {first}"
-            + (" (starts the service once, then warmup and what follows)" if v.next_restarts_service
-               else " (keeps the live service)"))
+    return f"resume(run_id='{v.run_id}') starts again at {first}" + (
+        " (starts the service once, then warmup and what follows)"
+        if v.next_restarts_service
+        else " (keeps the live service)"
+    )
 
 
 def _after_overload(v: RunView, ph: PhaseView | None) -> str:
-    return (f"wait for the target to drain, then resume(run_id='{v.run_id}') (sends the load again as a new "
-            f"attempt; this one's raw data is kept aside), or freeze_case a child with a lower load.rate "
-            f"or load.concurrency (parent='{v.case_id}'): the target is rate-limited or saturated, the "
-            "case is not wrong")
+    return (
+        f"wait for the target to drain, then resume(run_id='{v.run_id}') (sends the load again as a new "
+        f"attempt; this one's raw data is kept aside), or freeze_case a child with a lower load.rate "
+        f"or load.concurrency (parent='{v.case_id}'): the target is rate-limited or saturated, the "
+        "case is not wrong"
+    )
 
 
 def _after_internal(v: RunView, ph: PhaseView | None) -> str:
-    return (f"a caseledger bug at {v.current}: report it with ledger/runs/{v.run_id}/controller.log; the raw "
-            f"data is kept; resuming would meet the same bug (after a fix: resume(run_id='{v.run_id}'))")
+    return (
+        f"a caseledger bug at {v.current}: report it with ledger/runs/{v.run_id}/controller.log; the raw "
+        f"data is kept; resuming would meet the same bug (after a fix: resume(run_id='{v.run_id}'))"
+    )
 
 
 def _after_auth(v: RunView, ph: PhaseView | None) -> str:
-    return (f"set the key named by target.api_key_env in the environment that runs caseledger, then "
-            f"resume(run_id='{v.run_id}') — keeps the service, repeats the refused phase")
+    return (
+        f"set the key named by target.api_key_env in the environment that runs caseledger, then "
+        f"resume(run_id='{v.run_id}') — keeps the service, repeats the refused phase"
+    )
 
 
 def _after_dataset(v: RunView, ph: PhaseView | None) -> str:
-    return (f"freeze_case(draft with the fix the blocker names, parent='{v.case_id}') then start_run "
-            "(keeps the live service); resuming this run would fail the same way")
+    return (
+        f"freeze_case(draft with the fix the blocker names, parent='{v.case_id}') then start_run "
+        "(keeps the live service); resuming this run would fail the same way"
+    )
 
 
 def _after_disk(v: RunView, ph: PhaseView | None) -> str:
-    return (f"free disk space on the workspace's filesystem, then resume(run_id='{v.run_id}') — goes on at "
-            f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent")
+    return (
+        f"free disk space on the workspace's filesystem, then resume(run_id='{v.run_id}') — goes on at "
+        f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent"
+    )
 
 
 def _after_end_unknown(v: RunView, ph: PhaseView | None) -> str:
     rid, c = v.run_id, v.counts
     at_load = v.current == Phase.LOAD and v.load_ended != "yes"
     if at_load and v.client_host:
-        return (f"resume(run_id='{rid}') once {v.client_host} is reachable — re-attaches over SSH to the load "
-                f"client there (pid and start time), copies the raw records still missing ({c.done} of "
-                f"{c.planned} here); never starts a second client, sends nothing again; the lease is kept meanwhile")
+        return (
+            f"resume(run_id='{rid}') once {v.client_host} is reachable — re-attaches over SSH to the load "
+            f"client there (pid and start time), copies the raw records still missing ({c.done} of "
+            f"{c.planned} here); never starts a second client, sends nothing again; the lease is kept meanwhile"
+        )
     if at_load and not v.client_alive and c.done < c.planned and c.sent:
-        return (f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "
-                f"{c.done} of {c.planned} records ({c.planned - c.sent} never sent); resume(run_id='{rid}') only "
-                "ends this run as partial (nothing is re-sent)")
-    return (f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
-            "sends no formal request again")
+        return (
+            f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "
+            f"{c.done} of {c.planned} records ({c.planned - c.sent} never sent); resume(run_id='{rid}') only "
+            "ends this run as partial (nothing is re-sent)"
+        )
+    return (
+        f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
+        "sends no formal request again"
+    )
 
 
 _NEXT_AFTER: dict[FailureClass, Callable[[RunView, PhaseView | None], str]] = {
-    FailureClass.BEFORE_MODEL: _after_before_model, FailureClass.COLLECT: _after_collect,
-    FailureClass.HOT_ENTRY: _after_hot_entry, FailureClass.SERVICE: _after_service,
-    FailureClass.OVERLOAD: _after_overload, FailureClass.INTERNAL: _after_internal, FailureClass.AUTH: _after_auth,
-    FailureClass.DATASET: _after_dataset, FailureClass.DISK: _after_disk, FailureClass.END_UNKNOWN: _after_end_unknown,
+    FailureClass.BEFORE_MODEL: _after_before_model,
+    FailureClass.COLLECT: _after_collect,
+    FailureClass.HOT_ENTRY: _after_hot_entry,
+    FailureClass.SERVICE: _after_service,
+    FailureClass.OVERLOAD: _after_overload,
+    FailureClass.INTERNAL: _after_internal,
+    FailureClass.AUTH: _after_auth,
+    FailureClass.DATASET: _after_dataset,
+    FailureClass.DISK: _after_disk,
+    FailureClass.END_UNKNOWN: _after_end_unknown,
 }
 """The one next call after a failure of each class (any other class: resume)."""

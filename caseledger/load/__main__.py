@@ -134,8 +134,11 @@ class Tally:
 
     def counts(self) -> dict[str, Any]:
         return {
-            "planned": self.planned, "sent": self.sent, "done": self.done,
-            "ok": self.ok, "failed": self.failed,
+            "planned": self.planned,
+            "sent": self.sent,
+            "done": self.done,
+            "ok": self.ok,
+            "failed": self.failed,
         }
 
 
@@ -198,7 +201,11 @@ async def _watch_signals(scope: anyio.CancelScope, caught: list[str]) -> None:
 
 
 async def _run(
-    paths: RunPaths, plan: LoadPlan, api_key: str | None, writer: RawWriter, tally: Tally,
+    paths: RunPaths,
+    plan: LoadPlan,
+    api_key: str | None,
+    writer: RawWriter,
+    tally: Tally,
 ) -> list[str]:
     def on_record(rec: RawRecord) -> None:
         if tally.disk_full:
@@ -224,12 +231,24 @@ async def _run(
         tg.start_soon(_watch_signals, load_scope, caught)
         with load_scope:
             if plan.sessions is not None:  # conversations: each turn after the previous one's response
-                await run_sessions(plan, "load", api_key=api_key, on_record=on_record, on_send=tally.on_send,
-                                   max_event_bytes=plan.max_event_bytes)
+                await run_sessions(
+                    plan,
+                    "load",
+                    api_key=api_key,
+                    on_record=on_record,
+                    on_send=tally.on_send,
+                    max_event_bytes=plan.max_event_bytes,
+                )
             else:
                 await run_requests(
-                    plan.specs, plan.concurrency, "load", api_key=api_key, on_record=on_record,
-                    on_send=tally.on_send, timeout_s=plan.timeout_s, max_event_bytes=plan.max_event_bytes,
+                    plan.specs,
+                    plan.concurrency,
+                    "load",
+                    api_key=api_key,
+                    on_record=on_record,
+                    on_send=tally.on_send,
+                    timeout_s=plan.timeout_s,
+                    max_event_bytes=plan.max_event_bytes,
                     scheduled=plan.scheduled,
                 )
         tg.cancel_scope.cancel()
@@ -272,9 +291,12 @@ def clock_anchor() -> dict[str, Any]:
     assert best is not None
     m1, wall, m2 = best
     mono = (m1 + m2) // 2
-    return {"wall_utc": datetime.fromtimestamp(wall / 1e9, UTC).isoformat(timespec="microseconds").replace(
-                "+00:00", "Z"),
-            "wall_ns": wall, "mono_ns": mono, "uncertainty_ns": (m2 - m1 + 1) // 2}
+    return {
+        "wall_utc": datetime.fromtimestamp(wall / 1e9, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        "wall_ns": wall,
+        "mono_ns": mono,
+        "uncertainty_ns": (m2 - m1 + 1) // 2,
+    }
 
 
 def wait_for_go(paths: RunPaths, poll_s: float = 0.01) -> bool:
@@ -301,8 +323,10 @@ class _NotStarted(Exception):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m caseledger.load RUN_DIR  (everything else is read from the run directory)",
-              file=sys.stderr)
+        print(
+            "usage: python -m caseledger.load RUN_DIR  (everything else is read from the run directory)",
+            file=sys.stderr,
+        )
         return EXIT_NOT_STARTED
     paths = RunPaths(Path(os.path.abspath(args[0])))
     if paths.root.is_symlink() or not paths.root.is_dir():  # a link may point anywhere: never written through
@@ -332,8 +356,11 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
         raise _NotStarted(EXIT_REFUSED, f"load: refused: another load client holds {paths.raw}") from None
     why = refusal(paths)
     if why is not None:
-        raise _NotStarted(EXIT_REFUSED, f"load: refused: {why}; formal requests are never sent twice. Read the raw "
-                          "records (or confirm_end) instead of starting the load again.")
+        raise _NotStarted(
+            EXIT_REFUSED,
+            f"load: refused: {why}; formal requests are never sent twice. Read the raw "
+            "records (or confirm_end) instead of starting the load again.",
+        )
     write_json(paths.load_pid, procs.me())
     try:
         plan = plan_from_run_dir(paths.root)
@@ -344,19 +371,27 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
     if plan.api_key_env:
         api_key = os.environ.get(plan.api_key_env)
         if not api_key:
-            raise _NotStarted(EXIT_NOT_STARTED, f"load: not started, nothing sent: target.api_key_env names "
-                              f"{plan.api_key_env}, which is not set in the load client's environment; export it "
-                              "for the controller")
+            raise _NotStarted(
+                EXIT_NOT_STARTED,
+                f"load: not started, nothing sent: target.api_key_env names "
+                f"{plan.api_key_env}, which is not set in the load client's environment; export it "
+                "for the controller",
+            )
     if os.environ.get(ARMED_ENV) and not wait_for_go(paths):
-        raise _NotStarted(EXIT_NOT_STARTED, "not started, nothing sent: the controller aborted (or died) before the "
-                          "load phase", logged=True)
+        raise _NotStarted(
+            EXIT_NOT_STARTED,
+            "not started, nothing sent: the controller aborted (or died) before the load phase",
+            logged=True,
+        )
     return plan, transport, api_key
 
 
 def _load(paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str | None) -> int:
     """The formal load: send, record every request, then the end file (written even on a full disk)."""
-    log(f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
-        f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}")
+    log(
+        f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
+        f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}"
+    )
     spare = Spare(paths.load_dir / ".spare")  # freed on a full disk so the end file can still be written
     sent_fd = os.open(paths.load_sent, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     reserve(sent_fd, 12 * plan.planned)
@@ -388,22 +423,37 @@ def _load(paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str
         spare.free()
         write_json(paths.load_end, end)
     spare.free()
-    log(f"{end['exit']}: sent {tally.sent}, done {tally.done}, ok {tally.ok}, failed {tally.failed}, "
-        f"chunks {tally.chunks}")
+    log(
+        f"{end['exit']}: sent {tally.sent}, done {tally.done}, ok {tally.ok}, failed {tally.failed}, "
+        f"chunks {tally.chunks}"
+    )
     return EXIT_CANCELLED if caught else EXIT_COMPLETE
 
 
-def _end_record(tally: Tally, plan: LoadPlan, transport: str, caught: list[str], wall_start: str,
-                ru0: resource.struct_rusage, ru: resource.struct_rusage) -> dict[str, Any]:
+def _end_record(
+    tally: Tally,
+    plan: LoadPlan,
+    transport: str,
+    caught: list[str],
+    wall_start: str,
+    ru0: resource.struct_rusage,
+    ru: resource.struct_rusage,
+) -> dict[str, Any]:
     """The end file's content (JSON): counts, clock and CPU of the load, how it ended."""
     end: dict[str, Any] = {
         **tally.counts(),
-        "first_send_ns": tally.first_send_ns, "last_end_ns": tally.last_end_ns,
-        "wall_start_utc": wall_start, "wall_end_utc": utc_now(),
-        "cpu_user_s": ru.ru_utime, "cpu_sys_s": ru.ru_stime,
+        "first_send_ns": tally.first_send_ns,
+        "last_end_ns": tally.last_end_ns,
+        "wall_start_utc": wall_start,
+        "wall_end_utc": utc_now(),
+        "cpu_user_s": ru.ru_utime,
+        "cpu_sys_s": ru.ru_stime,
         # CPU of the load itself (anchor to end): what per-chunk client cost is computed from
-        "cpu_load_user_s": ru.ru_utime - ru0.ru_utime, "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
-        "chunks": tally.chunks, "plan_sha256": plan.digest(), "transport": transport,
+        "cpu_load_user_s": ru.ru_utime - ru0.ru_utime,
+        "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
+        "chunks": tally.chunks,
+        "plan_sha256": plan.digest(),
+        "transport": transport,
         "nice": os.getpriority(os.PRIO_PROCESS, 0),  # LOAD_NICE when the host allowed it, else what it inherited
         "exit": "disk_full" if tally.disk_full else "cancelled" if caught else "complete",
     }

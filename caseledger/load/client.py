@@ -91,8 +91,15 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         # fast path, the usual read: exactly one complete 'data: ...\n\n' event (not '\r\n\n'), nothing pending
-        if (not self._line and not self._data and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n")
-                and chunk.startswith(b"data: ") and chunk[-3] != 13 and len(chunk) <= self._fast_max):
+        if (
+            not self._line
+            and not self._data
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk.endswith(b"\n\n")
+            and chunk.startswith(b"data: ")
+            and chunk[-3] != 13
+            and len(chunk) <= self._fast_max
+        ):
             return [chunk[6:-2]]
         if self._failed is not None:
             raise EventTooLarge(self._failed, [])
@@ -150,7 +157,7 @@ class SSEParser:
         feed's loop, but cut out of the buffer in place (one copy of it, not two)."""
         if held.endswith(b"\r"):
             del held[-1]
-        del held[:6 if held.startswith(b" ", 5) else 5]  # deleting a bytearray's head is O(1)
+        del held[: 6 if held.startswith(b" ", 5) else 5]  # deleting a bytearray's head is O(1)
         self._size += len(held) + (1 if self._data else 0)
         if self._size > self.max_event_bytes:
             self._fail([])
@@ -172,8 +179,10 @@ class SSEParser:
     def _fail(self, out: list[bytes]) -> None:
         self._line, self._fast_max = b"", -1
         self._data, self._size = [], 0
-        self._failed = (f"SSE event exceeds {self.max_event_bytes:,} bytes (load.max_event_bytes); raise it if "
-                        "the server sends events this large")
+        self._failed = (
+            f"SSE event exceeds {self.max_event_bytes:,} bytes (load.max_event_bytes); raise it if "
+            "the server sends events this large"
+        )
         raise EventTooLarge(self._failed, out)
 
     def close(self) -> list[bytes]:
@@ -190,8 +199,18 @@ class ServerStreamError(Exception):
 class ChunkState:
     """What one response stream has shown so far; `feed` is the per-chunk hot path."""
 
-    __slots__ = ("accepted", "chunk_ns", "chunk_tokens", "done", "drafted", "finish_reason", "last_completion",
-                 "steps", "text", "usage")
+    __slots__ = (
+        "accepted",
+        "chunk_ns",
+        "chunk_tokens",
+        "done",
+        "drafted",
+        "finish_reason",
+        "last_completion",
+        "steps",
+        "text",
+        "usage",
+    )
 
     def __init__(self, keep_text: bool = False) -> None:
         # the reply's content pieces, kept only when asked (a conversation's next turn sends the reply back)
@@ -327,8 +346,12 @@ def auth_header(api_key: str | None) -> dict[str, str]:
 
 
 def request_headers(phase: str, api_key: str | None) -> dict[str, str]:
-    return {"content-type": "application/json", "accept": "text/event-stream", PHASE_HEADER: phase,
-            **auth_header(api_key)}
+    return {
+        "content-type": "application/json",
+        "accept": "text/event-stream",
+        PHASE_HEADER: phase,
+        **auth_header(api_key),
+    }
 
 
 AUTH_STATUSES = (401, 403)
@@ -344,7 +367,8 @@ def refuse_auth(case: Case, where: str, statuses: list[int | None]) -> None:
     raise PhaseFailed(
         f"{where}: the target refused the credentials (HTTP {statuses[0]} on {len(statuses)} of {len(statuses)})",
         FailureClass.AUTH,
-        f"check {key}: it must hold the key the server expects; then resume (the service is kept)")
+        f"check {key}: it must hold the key the server expects; then resume (the service is kept)",
+    )
 
 
 async def request_one(
@@ -406,8 +430,7 @@ async def request_one(
         error, error_class = f"{type(e).__name__}: {e}", "stream"
     except anyio.get_cancelled_exc_class():
         if on_cancel is not None:
-            on_cancel(make_record(spec, send_ns, time.monotonic_ns(), state, status, "cancelled", "client",
-                                  sched_ns))
+            on_cancel(make_record(spec, send_ns, time.monotonic_ns(), state, status, "cancelled", "client", sched_ns))
         raise
     except Exception as e:  # a bug of ours must still end as a record, not as a lost request
         error, error_class = f"{type(e).__name__}: {e}", "client"
@@ -456,8 +479,18 @@ class _Runner:
             if launched is None and self.on_send is not None:
                 self.on_send(spec)
             sched = self.due_ns(spec) if self.scheduled else None
-            self.finish(await request_one(spec, self.streamer, self.headers, self.timeout_s, self.finish, launched,
-                                          self.max_event_bytes, sched))
+            self.finish(
+                await request_one(
+                    spec,
+                    self.streamer,
+                    self.headers,
+                    self.timeout_s,
+                    self.finish,
+                    launched,
+                    self.max_event_bytes,
+                    sched,
+                )
+            )
         finally:
             self.slots.release()
 
@@ -545,11 +578,20 @@ def client_timing(
     unc = anchor.get("uncertainty_ns") if anchor else None
     sends = sorted(r["send_ns"] for r in records if r["i"] < concurrency) if burst else []
     spread = round((sends[-1] - sends[0]) / 1e3, 1) if sends else None
-    wave = (f"first wave of {len(sends)} sent within {spread / 1e3:.2f} ms" if spread is not None else
-            "no first wave (requests leave on the rate schedule)" if not burst else "no request recorded")
+    wave = (
+        f"first wave of {len(sends)} sent within {spread / 1e3:.2f} ms"
+        if spread is not None
+        else "no first wave (requests leave on the rate schedule)"
+        if not burst
+        else "no request recorded"
+    )
     anchor_text = f"wall-clock anchor ± {unc / 1e3:.1f} µs" if isinstance(unc, int) else "no clock anchor"
-    return {"first_wave": len(sends), "launch_spread_us": spread, "anchor_uncertainty_ns": unc,
-            "line": f"{wave}; {anchor_text}"}
+    return {
+        "first_wave": len(sends),
+        "launch_spread_us": spread,
+        "anchor_uncertainty_ns": unc,
+        "line": f"{wave}; {anchor_text}",
+    }
 
 
 def transport_used(urls: Iterable[str]) -> str:
@@ -611,8 +653,16 @@ async def run_requests(
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     streamer, owned = open_streamer(transport, concurrency)
-    runner = _Runner(streamer, concurrency, request_headers(phase, api_key), timeout_s, on_record, on_send,
-                     max_event_bytes, scheduled)
+    runner = _Runner(
+        streamer,
+        concurrency,
+        request_headers(phase, api_key),
+        timeout_s,
+        on_record,
+        on_send,
+        max_event_bytes,
+        scheduled,
+    )
     specs = list(specs)
     try:
         if isinstance(streamer, FastStreamer):

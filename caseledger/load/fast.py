@@ -55,8 +55,10 @@ def fast_target(url: str) -> _Target | None:
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
         host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
         authority = host if port == 80 else f"{host}:{port}"
-        head = (f"POST {target} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n"
-                "accept-encoding: identity\r\nuser-agent: caseledger-load\r\n").encode("ascii")
+        head = (
+            f"POST {target} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n"
+            "accept-encoding: identity\r\nuser-agent: caseledger-load\r\n"
+        ).encode("ascii")
     except (ValueError, UnicodeEncodeError):
         return None
     return _Target(u.hostname, port, head)
@@ -140,11 +142,15 @@ class _Exchange(asyncio.Protocol):
             elif not self._framed:
                 self.complete = True  # neither length nor chunked: the body is delimited by the close
             elif self._length is not None:
-                self.error = (f"RemoteProtocolError: peer closed connection without sending complete message "
-                              f"body (received {self._received} bytes, expected {self._length})")
+                self.error = (
+                    f"RemoteProtocolError: peer closed connection without sending complete message "
+                    f"body (received {self._received} bytes, expected {self._length})"
+                )
             else:
-                self.error = ("RemoteProtocolError: peer closed connection without sending complete message "
-                              "body (incomplete chunked read)")
+                self.error = (
+                    "RemoteProtocolError: peer closed connection without sending complete message "
+                    "body (incomplete chunked read)"
+                )
         self._wake()
 
     # ---- httptools callbacks ----------------------------------------------------------------------
@@ -277,15 +283,13 @@ class _Pool:
             return
         loop = asyncio.get_running_loop()
         try:
-            family, _, proto, _, addr = (await loop.getaddrinfo(target.host, target.port,
-                                                                type=socket.SOCK_STREAM))[0]
+            family, _, proto, _, addr = (await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))[0]
         except OSError:
             return
         await asyncio.gather(*(self._open(loop, family, proto, addr, idle) for _ in range(need)))
 
     @staticmethod
-    async def _open(loop: asyncio.AbstractEventLoop, family: int, proto: int, addr: Any,
-                    idle: list[_Exchange]) -> None:
+    async def _open(loop: asyncio.AbstractEventLoop, family: int, proto: int, addr: Any, idle: list[_Exchange]) -> None:
         sock = socket.socket(family, socket.SOCK_STREAM, proto)
         sock.setblocking(False)
         ex = _Exchange(loop, sock)
@@ -333,8 +337,9 @@ class _Post:
 
     __slots__ = ("_body", "_exchange", "_headers", "_pool", "_target")
 
-    def __init__(self, target: _Target, body: bytes, headers: Mapping[str, str], pool: _Pool,
-                 sent: _Exchange | None = None) -> None:
+    def __init__(
+        self, target: _Target, body: bytes, headers: Mapping[str, str], pool: _Pool, sent: _Exchange | None = None
+    ) -> None:
         self._target, self._body, self._headers, self._pool = target, body, headers, pool
         self._exchange = sent  # given: the request is already written on it (FastStreamer.launch)
 
@@ -418,9 +423,7 @@ class FastStreamer:
         ex = _send_pooled(self._pool, target, request)
         return None if ex is None else _Post(target, body, headers, self._pool, ex)
 
-    def post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
-    ) -> AbstractAsyncContextManager[StreamResponse]:
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AbstractAsyncContextManager[StreamResponse]:
         target = self._target(url)
         if target is not None:
             return _Post(target, body, headers, self._pool)

@@ -97,8 +97,9 @@ def draft_counts_per_chunk(case: Case) -> bool:
     return case.measurement.spec_decode == "llamacpp" or case.service.adapter == "reference"
 
 
-def request_body(api: Api, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
-                 timings_per_token: bool = False) -> bytes:
+def request_body(
+    api: Api, model: str, prompt: str, max_tokens: int, ignore_eos: bool, timings_per_token: bool = False
+) -> bytes:
     """The streaming request body (OpenAI-compatible); usage in every chunk where the server supports it."""
     body: dict[str, Any] = {"model": model}
     if api == "chat":
@@ -123,17 +124,17 @@ def arrival_seed(dataset_seed: int, salt: str | None) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def arrival_offsets(
-    n: int, rate: float | None, arrival: str, burstiness: float, seed: int
-) -> list[float]:
+def arrival_offsets(n: int, rate: float | None, arrival: str, burstiness: float, seed: int) -> list[float]:
     """Scheduled send offsets in seconds; the first request goes at 0.
 
     constant: i / r. poisson: exponential gaps with mean 1/r. gamma: gaps with shape = burstiness and
     mean 1/r (shape 1 is poisson; lower is burstier). rate None: all 0, concurrency alone limits.
     """
     if arrival == "trace":
-        raise CaseInvalid("load.arrival 'trace' takes its offsets from the dataset's trace rows",
-                          "build the plan with build_plan, which reads them from the entries")
+        raise CaseInvalid(
+            "load.arrival 'trace' takes its offsets from the dataset's trace rows",
+            "build the plan with build_plan, which reads them from the entries",
+        )
     if rate is None:
         return [0.0] * n
     if arrival == "constant":
@@ -180,8 +181,16 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         max_tokens = load.max_tokens if load.max_tokens is not None else e["output_tokens"]
         trace = "trace_row" in e
         if "session" in e:
-            specs.append(_turn_spec(i, e, route, urls[route], body=request_body(
-                api, endpoints[route].model, prompt, max_tokens, load.ignore_eos, per_chunk), max_tokens=max_tokens))
+            specs.append(
+                _turn_spec(
+                    i,
+                    e,
+                    route,
+                    urls[route],
+                    body=request_body(api, endpoints[route].model, prompt, max_tokens, load.ignore_eos, per_chunk),
+                    max_tokens=max_tokens,
+                )
+            )
             continue
         specs.append(
             RequestSpec(
@@ -216,13 +225,23 @@ REPLY_SLACK = 8  # tokens a reply may take beyond its max_tokens in the history:
 
 def _turn_spec(i: int, e: Entry, route: int, url: str, *, body: bytes, max_tokens: int) -> RequestSpec:
     turn = int(e.get("turn", 0))
-    return RequestSpec(i=i, entry=e["i"], route=route, offset_s=0.0, url=url, body=body,
-                       input_tokens_body=e["body_tokens"],
-                       # turn 0 is the message alone; later turns carry the server's replies, counted by the server
-                       input_tokens_chat=e["chat_tokens"] if turn == 0 else None,
-                       max_tokens=max_tokens, session=int(e.get("session", 0)), turn=turn,
-                       turns=int(e.get("turns", 1)), think_s=float(e.get("think_s", 0.0)),
-                       prompt_bound=e["chat_tokens"])
+    return RequestSpec(
+        i=i,
+        entry=e["i"],
+        route=route,
+        offset_s=0.0,
+        url=url,
+        body=body,
+        input_tokens_body=e["body_tokens"],
+        # turn 0 is the message alone; later turns carry the server's replies, counted by the server
+        input_tokens_chat=e["chat_tokens"] if turn == 0 else None,
+        max_tokens=max_tokens,
+        session=int(e.get("session", 0)),
+        turn=turn,
+        turns=int(e.get("turns", 1)),
+        think_s=float(e.get("think_s", 0.0)),
+        prompt_bound=e["chat_tokens"],
+    )
 
 
 def _bounded(specs: list[RequestSpec]) -> list[RequestSpec]:

@@ -52,9 +52,15 @@ def history_tokens(rec: RawRecord) -> int | None:
 
 
 class _Conversations:
-    def __init__(self, plan: LoadPlan, streamer: Streamer, headers: Mapping[str, str],
-                 on_record: Callable[[RawRecord], None] | None, on_send: Callable[[RequestSpec], None] | None,
-                 max_event_bytes: int) -> None:
+    def __init__(
+        self,
+        plan: LoadPlan,
+        streamer: Streamer,
+        headers: Mapping[str, str],
+        on_record: Callable[[RawRecord], None] | None,
+        on_send: Callable[[RequestSpec], None] | None,
+        max_event_bytes: int,
+    ) -> None:
         self.plan, self.streamer, self.headers = plan, streamer, headers
         self.on_record, self.on_send = on_record, on_send
         self.max_event_bytes = max_event_bytes
@@ -77,8 +83,15 @@ class _Conversations:
                 sent = replace(spec, body=turn_body(spec, history), planned_shared_tokens=shared)
                 if self.on_send is not None:
                     self.on_send(sent)  # the intent line before the first byte
-                rec = await request_one(sent, self.streamer, self.headers, self.plan.timeout_s, self.finish,
-                                        max_event_bytes=self.max_event_bytes, keep_text=True)
+                rec = await request_one(
+                    sent,
+                    self.streamer,
+                    self.headers,
+                    self.plan.timeout_s,
+                    self.finish,
+                    max_event_bytes=self.max_event_bytes,
+                    keep_text=True,
+                )
                 self.finish(rec)
                 if not rec["ok"]:
                     return  # a failed turn ends the conversation: its later turns are never sent

@@ -90,7 +90,11 @@ class HttpxStreamer:
         # Keep-Alive, so a reused connection fails at once ('Server disconnected without sending a response')
         limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=0)
         self._client = httpx2.AsyncClient(
-            transport=transport, limits=limits, timeout=None, http2=False, trust_env=False,
+            transport=transport,
+            limits=limits,
+            timeout=None,
+            http2=False,
+            trust_env=False,
             follow_redirects=False,
         )
 

@@ -23,8 +23,11 @@ TOKENS_PER_CHUNK_MAX = 4
 EXAMPLES = 5  # invalid requests named in the result, first by plan index
 
 # Generated-token counters of each engine family (Δ over the formal load vs the per-request sum)
-GENERATION_COUNTERS = ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
-                       "sglang:generation_tokens_total")
+GENERATION_COUNTERS = (
+    "vllm:generation_tokens_total",
+    "llamacpp:tokens_predicted_total",
+    "sglang:generation_tokens_total",
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,15 @@ def _first(reasons: list[str | None], i: int, text: str) -> None:
         reasons[i] = text
 
 
-def check_counts(c: RawColumns, max_tokens: int | None, spec_without_counts: bool, max_invalid_share: float,
-                 metrics_before: str | None, metrics_after: str | None, chunks_are_content: bool = True) -> Validity:
+def check_counts(
+    c: RawColumns,
+    max_tokens: int | None,
+    spec_without_counts: bool,
+    max_invalid_share: float,
+    metrics_before: str | None,
+    metrics_after: str | None,
+    chunks_are_content: bool = True,
+) -> Validity:
     """Every successful request's usage checked against max_tokens, its streamed chunks and its prompt.
 
     spec_without_counts: the server decodes speculatively (its counters moved) but reports no per-request draft
@@ -67,12 +77,17 @@ def check_counts(c: RawColumns, max_tokens: int | None, spec_without_counts: boo
             unknown = np.bincount(req, weights=np.isnan(c.chunk_tokens).astype(np.float64), minlength=n)
             streamed = np.bincount(req, weights=np.nan_to_num(c.chunk_tokens, nan=0.0), minlength=n)
             known = (c.n_chunks > 0) & (unknown == 0)
-            rules.append(("completion_tokens < the token counts streamed with its chunks",
-                          has_out & known & (out < streamed)))
+            rules.append(
+                ("completion_tokens < the token counts streamed with its chunks", has_out & known & (out < streamed))
+            )
             if not spec_without_counts:
                 bound = c.n_chunks * TOKENS_PER_CHUNK_MAX + accepted + 1
-                rules.append((f"completion_tokens > {TOKENS_PER_CHUNK_MAX} x content chunks (+ accepted drafts + 1)",
-                              has_out & (c.n_chunks > 0) & ~known & (out > bound)))
+                rules.append(
+                    (
+                        f"completion_tokens > {TOKENS_PER_CHUNK_MAX} x content chunks (+ accepted drafts + 1)",
+                        has_out & (c.n_chunks > 0) & ~known & (out > bound),
+                    )
+                )
         has_prompt = c.ok & ~np.isnan(prompt)
         rules.append(("prompt_tokens <= 0", has_prompt & (prompt <= 0)))
         has_cached = c.ok & ~np.isnan(cached)
@@ -88,9 +103,13 @@ def check_counts(c: RawColumns, max_tokens: int | None, spec_without_counts: boo
         invalid |= hit
     examples = [f"request {i}: {reasons[i]} ({_counts(c, int(i))})" for i in np.flatnonzero(invalid)[:EXAMPLES]]
     summary = RequestChecks(
-        checked=int(c.ok.sum()), invalid=int(invalid.sum()), by_reason=dict(sorted(by_reason.items())),
-        examples=examples, max_invalid_share=max_invalid_share,
-        counters=_counter_checks(c, metrics_before, metrics_after))
+        checked=int(c.ok.sum()),
+        invalid=int(invalid.sum()),
+        by_reason=dict(sorted(by_reason.items())),
+        examples=examples,
+        max_invalid_share=max_invalid_share,
+        counters=_counter_checks(c, metrics_before, metrics_after),
+    )
     return Validity(invalid=invalid, reasons=reasons, summary=summary)
 
 
@@ -98,8 +117,10 @@ def _counts(c: RawColumns, i: int) -> str:
     def num(x: float) -> str:
         return "null" if np.isnan(x) else str(int(x))
 
-    return (f"completion {num(float(c.completion_tokens[i]))}, chunks {int(c.n_chunks[i])}, prompt "
-            f"{num(float(c.prompt_tokens[i]))}, cached {num(float(c.cached_tokens[i]))}")
+    return (
+        f"completion {num(float(c.completion_tokens[i]))}, chunks {int(c.n_chunks[i])}, prompt "
+        f"{num(float(c.prompt_tokens[i]))}, cached {num(float(c.cached_tokens[i]))}"
+    )
 
 
 def _counter_checks(c: RawColumns, before: str | None, after: str | None) -> list[CounterCheck]:
@@ -115,7 +136,8 @@ def _counter_checks(c: RawColumns, before: str | None, after: str | None) -> lis
         if name in a and name in b:
             delta = a[name] - b[name]
             agrees = delta == total
-            text = (f"Δ {name} = {delta:g}, sum of usage.completion_tokens = {total:g}"
-                    + ("" if agrees else f": they differ by {delta - total:+g}"))
+            text = f"Δ {name} = {delta:g}, sum of usage.completion_tokens = {total:g}" + (
+                "" if agrees else f": they differ by {delta - total:+g}"
+            )
             out.append(CounterCheck(counter=name, delta=delta, per_request_sum=total, agrees=agrees, text=text))
     return out

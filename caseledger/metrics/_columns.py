@@ -103,8 +103,14 @@ class RawColumns:
             self.step_accepted,
         ):
             h.update(np.ascontiguousarray(arr).tobytes())
-        for opt in (self.arrival_error_ns, self.trace_row, self.planned_shared_tokens, self.session, self.turn,
-                    self.turns):
+        for opt in (
+            self.arrival_error_ns,
+            self.trace_row,
+            self.planned_shared_tokens,
+            self.session,
+            self.turn,
+            self.turns,
+        ):
             if opt is not None and not np.isnan(opt).all():  # records without them keep the digest they had
                 h.update(np.ascontiguousarray(opt).tobytes())
         h.update(orjson.dumps([self.error_class, self.error]))
@@ -235,9 +241,11 @@ def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(docs)
     # the difference is taken on the integers: monotonic ns past 2**53 would lose their last digits as floats
     late = [d["send_ns"] - d["sched_ns"] if isinstance(d.get("sched_ns"), int) else None for d in docs]
-    return {"arrival_error_ns": _floats(late, n),
-            **{name: _floats([d.get(name) for d in docs], n) for name in ("trace_row", "planned_shared_tokens")},
-            **{name: _floats([d.get(name) for d in docs], n) for name in _SESSION_KEYS}}
+    return {
+        "arrival_error_ns": _floats(late, n),
+        **{name: _floats([d.get(name) for d in docs], n) for name in ("trace_row", "planned_shared_tokens")},
+        **{name: _floats([d.get(name) for d in docs], n) for name in _SESSION_KEYS},
+    }
 
 
 _SESSION_KEYS = ("session", "turn", "turns")

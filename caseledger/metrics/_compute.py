@@ -80,8 +80,10 @@ def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
     if eff_rule == "sglang":
         eff_ratio = float(ratio if ratio is not None else case.measurement.native.ratio)
         if not RATIO_MIN_EXCLUSIVE < eff_ratio <= RATIO_MAX:
-            raise ValueError(f"native ratio {eff_ratio} is outside ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}]; "
-                             "e.g. 0.9 = 90% of peak concurrency")
+            raise ValueError(
+                f"native ratio {eff_ratio} is outside ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}]; "
+                "e.g. 0.9 = 90% of peak concurrency"
+            )
     return Params(native_rule=eff_rule, native_ratio=eff_ratio, spec_decode=case.measurement.spec_decode)
 
 
@@ -98,8 +100,12 @@ def _agreement(server: F64, planned: F64, nothing: str) -> TokenAgreement | NotO
     if not both.any():
         return NotObserved(reason=nothing or "no request with both usage.prompt_tokens and input_tokens_chat")
     diff = server[both] - planned[both]
-    return TokenAgreement(compared=int(both.sum()), equal=int((diff == 0).sum()),
-                          max_abs_diff=int(np.abs(diff).max()), mean_diff=round(float(diff.mean()), 3))
+    return TokenAgreement(
+        compared=int(both.sum()),
+        equal=int((diff == 0).sum()),
+        max_abs_diff=int(np.abs(diff).max()),
+        mean_diff=round(float(diff.mean()), 3),
+    )
 
 
 def _dist(x: F64, unit: str, empty_reason: str) -> Distribution | NotObserved:
@@ -398,24 +404,41 @@ def _window(name: Literal["whole", "native"], span: _Span, limits: Window, inp: 
     w = _figures(name, span, limits, inp)
     if span.start is None or span.end is None:
         return w
-    mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= span.start) & (
-        c.send_ns <= span.end)
+    mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= span.start) & (c.send_ns <= span.end)
     n_invalid = int((mask & ev.invalid).sum())
     distorted = _distortion(case, span.start, span.end, ev, dv.t0)
     share = n_invalid / (w.ok + n_invalid) if w.ok + n_invalid else 0.0
     limit = case.measurement.evidence.max_invalid_share
     if n_invalid and share > limit:
-        reason = (f"{n_invalid} of {w.ok + n_invalid} successful responses in the {name} window have server counts "
-                  f"that fail the checks ({share:.0%} > measurement.evidence.max_invalid_share {limit:g}): no figure "
-                  "is computed from them")
+        reason = (
+            f"{n_invalid} of {w.ok + n_invalid} successful responses in the {name} window have server counts "
+            f"that fail the checks ({share:.0%} > measurement.evidence.max_invalid_share {limit:g}): no figure "
+            "is computed from them"
+        )
         empty = _figures(name, _Span(span.rule, span.params, None, None, reason, span.notes), limits, inp)
-        return empty.model_copy(update={
-            "found": w.found, "reason": reason, "start_s": w.start_s, "end_s": w.end_s, "duration_s": w.duration_s,
-            "start_utc": w.start_utc, "requests": w.requests, "ok": w.ok, "failed": w.failed,
-            "failed_by_class": w.failed_by_class, "peak_concurrency": w.peak_concurrency,
-            "invalid": n_invalid, "distorted": distorted, "notes": [*w.notes, reason]})
-    notes = w.notes + ([f"{n_invalid} successful response(s) with invalid server counts are excluded from every "
-                        "figure"] if n_invalid else [])
+        return empty.model_copy(
+            update={
+                "found": w.found,
+                "reason": reason,
+                "start_s": w.start_s,
+                "end_s": w.end_s,
+                "duration_s": w.duration_s,
+                "start_utc": w.start_utc,
+                "requests": w.requests,
+                "ok": w.ok,
+                "failed": w.failed,
+                "failed_by_class": w.failed_by_class,
+                "peak_concurrency": w.peak_concurrency,
+                "invalid": n_invalid,
+                "distorted": distorted,
+                "notes": [*w.notes, reason],
+            }
+        )
+    notes = w.notes + (
+        [f"{n_invalid} successful response(s) with invalid server counts are excluded from every figure"]
+        if n_invalid
+        else []
+    )
     return w.model_copy(update={"invalid": n_invalid, "distorted": distorted, "notes": notes})
 
 
@@ -427,13 +450,17 @@ def _distortion(case: Case, start: int, end: int, ev: _Evidence, t0: int) -> lis
     stalled = sum(b - a for a, b in inside) / _S
     if inside and stalled >= th.max_stall_s:
         a, b = max(inside, key=lambda x: x[1] - x[0])
-        out.append(f"load client stalled {stalled:.1f} s in all ({len(inside)} stall(s), longest {(b - a) / _S:.1f} s "
-                   f"from {(a - t0) / _S:.1f} s): its timestamps are late; repeat the run")
+        out.append(
+            f"load client stalled {stalled:.1f} s in all ({len(inside)} stall(s), longest {(b - a) / _S:.1f} s "
+            f"from {(a - t0) / _S:.1f} s): its timestamps are late; repeat the run"
+        )
     host = host_load(_samples_in(ev.host, start, end))
     if isinstance(host, HostLoad) and host.other_share > th.max_other_cpu_share:
-        out.append(f"other processes used {host.other_share:.0%} of the host's {host.cores} core(s) during the "
-                   f"window (> measurement.evidence.max_other_cpu_share {th.max_other_cpu_share:g}): a contended "
-                   "host; repeat on a quiet host")
+        out.append(
+            f"other processes used {host.other_share:.0%} of the host's {host.cores} core(s) during the "
+            f"window (> measurement.evidence.max_other_cpu_share {th.max_other_cpu_share:g}): a contended "
+            "host; repeat on a quiet host"
+        )
     return out
 
 
@@ -454,11 +481,22 @@ def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:
     client = sum(x["client"] for x in samples) / total * cores
     steal = sum(x.get("steal", 0) for x in samples) / total
     load1 = max(float(x.get("load1", 0.0)) for x in samples)
-    text = (f"other processes {other:.0%} of {cores} core(s), caseledger + service {ours / total:.0%}, load client "
-            f"{client:.0%} of one core, steal {steal:.0%}, load average up to {load1:.2f} ({len(samples)} samples "
-            f"over {span_s:.1f} s)")
-    return HostLoad(samples=len(samples), cores=cores, span_s=span_s, other_share=other, ours_share=ours / total,
-                    client_share=client, steal_share=steal, load1_max=load1, text=text)
+    text = (
+        f"other processes {other:.0%} of {cores} core(s), caseledger + service {ours / total:.0%}, load client "
+        f"{client:.0%} of one core, steal {steal:.0%}, load average up to {load1:.2f} ({len(samples)} samples "
+        f"over {span_s:.1f} s)"
+    )
+    return HostLoad(
+        samples=len(samples),
+        cores=cores,
+        span_s=span_s,
+        other_share=other,
+        ours_share=ours / total,
+        client_share=client,
+        steal_share=steal,
+        load1_max=load1,
+        text=text,
+    )
 
 
 def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp: _Inputs) -> WindowResult:
@@ -482,9 +520,17 @@ def _figures(name: Literal["whole", "native"], span: _Span, limits: Window, inp:
     prompt = dv.prompt_for_rates[okm]
     throughput, good = _throughput(span, inp, okm, n_ok, prompt, duration_s, nothing)
     metric = case.decision.primary_metric
-    noise = interval(metric, value_in(latency, throughput, METRICS[metric]), {
-        "ttft": dv.ttft_ms[okm], "tpot": dv.tpot_ms[okm], "e2e": dv.e2e_ms[okm],
-        "output": c.completion_tokens[okm], "good": good[okm].astype(np.float64)})
+    noise = interval(
+        metric,
+        value_in(latency, throughput, METRICS[metric]),
+        {
+            "ttft": dv.ttft_ms[okm],
+            "tpot": dv.tpot_ms[okm],
+            "e2e": dv.e2e_ms[okm],
+            "output": c.completion_tokens[okm],
+            "good": good[okm].astype(np.float64),
+        },
+    )
     cache = _cache(c, okm, n_ok, prompt, duration_s, cards, case.cache.min_hit_ratio, throughput.input, nothing)
     peak, mean_c = _window_conc(s, start, end)
     return WindowResult(
@@ -621,8 +667,9 @@ def _tokens(c: RawColumns, okm: B, n_ok: int, nothing: str) -> Tokens:
     )
 
 
-def _throughput(span: _Span, inp: _Inputs, okm: B, n_ok: int, prompt: F64, duration_s: float,
-                nothing: str) -> tuple[Throughputs, B]:
+def _throughput(
+    span: _Span, inp: _Inputs, okm: B, n_ok: int, prompt: F64, duration_s: float, nothing: str
+) -> tuple[Throughputs, B]:
     """Request, output, input, total and goodput rates over the window; with the good-request mask."""
     c, dv, case, cards = inp.c, inp.dv, inp.case, inp.case.target.cards
     start, end = span.start or 0, span.end or 0  # a found window has both
@@ -648,8 +695,11 @@ def _throughput(span: _Span, inp: _Inputs, okm: B, n_ok: int, prompt: F64, durat
         total = in_tok + out_tok
     input_rate = _rate(in_tok, duration_s, cards, "tok/s", "tok")
     good = good_requests(case.decision, okm, dv.ttft_ms, dv.tpot_ms, dv.e2e_ms, dv.one_token)
-    n_good: float | str = (float(good.sum()) if n_ok else nothing) if case.decision.goodput is not None else (
-        "no per-request limits (case.decision.goodput is null)")
+    n_good: float | str = (
+        (float(good.sum()) if n_ok else nothing)
+        if case.decision.goodput is not None
+        else ("no per-request limits (case.decision.goodput is null)")
+    )
     return Throughputs(
         request=_rate(float(n_ok) if n_ok else nothing, duration_s, cards, "req/s", "req"),
         output=_rate(out_tok, duration_s, cards, "tok/s", "tok"),
@@ -659,8 +709,17 @@ def _throughput(span: _Span, inp: _Inputs, okm: B, n_ok: int, prompt: F64, durat
     ), good
 
 
-def _cache(c: RawColumns, okm: B, n_ok: int, prompt: F64, duration_s: float, cards: int, cache_min: float | None,
-           input_rate: Throughput | NotObserved, nothing: str) -> CacheFigures:
+def _cache(
+    c: RawColumns,
+    okm: B,
+    n_ok: int,
+    prompt: F64,
+    duration_s: float,
+    cards: int,
+    cache_min: float | None,
+    input_rate: Throughput | NotObserved,
+    nothing: str,
+) -> CacheFigures:
     """Cached tokens and hit ratios against the prompt, the share meeting the case's target, and the input
     throughput with the cached tokens taken out."""
     cached = c.cached_tokens[okm]
@@ -694,6 +753,7 @@ def _cache(c: RawColumns, okm: B, n_ok: int, prompt: F64, duration_s: float, car
         nominal_input_throughput=input_rate,
         uncached_input_throughput=_rate(uncached, duration_s, cards, "tok/s", "tok"),
     )
+
 
 def _spec_window(
     name: Literal["whole", "native"], spec: SpecCounters, c: RawColumns, okm: B, t0: int, nothing: str
@@ -731,8 +791,10 @@ def _schedule(c: RawColumns) -> Schedule | None:
     ms = err[known] / 1e6
     dist = _dist(ms, "ms", "no request carried its due time")
     late = int((ms > 1.0).sum())
-    text = (f"arrival error over {n} requests: p50 {np.percentile(ms, 50):.3f} ms, p99 {np.percentile(ms, 99):.3f} "
-            f"ms, max {ms.max():.3f} ms; {late} sent more than 1 ms late")
+    text = (
+        f"arrival error over {n} requests: p50 {np.percentile(ms, 50):.3f} ms, p99 {np.percentile(ms, 99):.3f} "
+        f"ms, max {ms.max():.3f} ms; {late} sent more than 1 ms late"
+    )
     return Schedule(requests=n, arrival_error=dist, late_over_1ms=late, text=text)
 
 
@@ -748,18 +810,36 @@ def _trace(c: RawColumns) -> TraceReplay | None:
     def opt(x: float) -> int | None:
         return None if np.isnan(x) else int(x)
 
-    per = [TraceRequest(i=int(k), trace_row=int(rows[k]), planned_shared_tokens=int(planned[k]),
-                        cached_tokens=opt(float(c.cached_tokens[k])), prompt_tokens=opt(float(c.prompt_tokens[k])),
-                        ok=bool(c.ok[k])) for k in idx[:TRACE_ROWS_LISTED].tolist()]
+    per = [
+        TraceRequest(
+            i=int(k),
+            trace_row=int(rows[k]),
+            planned_shared_tokens=int(planned[k]),
+            cached_tokens=opt(float(c.cached_tokens[k])),
+            prompt_tokens=opt(float(c.prompt_tokens[k])),
+            ok=bool(c.ok[k]),
+        )
+        for k in idx[:TRACE_ROWS_LISTED].tolist()
+    ]
     p_sum, c_sum = int(planned[has].sum()), int(c.cached_tokens[has].sum())
     reach = int((has & (c.cached_tokens >= planned)).sum())
     below = int(has.sum()) - reach
-    text = (f"{int(has.sum())} of {idx.size} trace requests report cached tokens: {c_sum} cached of {p_sum} planned "
-            f"shared ({c_sum / p_sum:.1%}); {reach} reach their plan, {below} fall below" if p_sum else
-            f"{int(has.sum())} of {idx.size} trace requests report cached tokens; none planned any shared tokens")
-    return TraceReplay(requests=int(idx.size), with_cached_tokens=int(has.sum()), planned_shared_tokens=p_sum,
-                       cached_tokens=c_sum, cached_at_least_planned=reach, cached_below_planned=below,
-                       per_request=per, text=text)
+    text = (
+        f"{int(has.sum())} of {idx.size} trace requests report cached tokens: {c_sum} cached of {p_sum} planned "
+        f"shared ({c_sum / p_sum:.1%}); {reach} reach their plan, {below} fall below"
+        if p_sum
+        else f"{int(has.sum())} of {idx.size} trace requests report cached tokens; none planned any shared tokens"
+    )
+    return TraceReplay(
+        requests=int(idx.size),
+        with_cached_tokens=int(has.sum()),
+        planned_shared_tokens=p_sum,
+        cached_tokens=c_sum,
+        cached_at_least_planned=reach,
+        cached_below_planned=below,
+        per_request=per,
+        text=text,
+    )
 
 
 def compute_result(
@@ -797,8 +877,13 @@ def compute_result(
 
     # spec decode: output tokens of the whole window's successful requests
     out_sum = _sum_known(c.completion_tokens[c.ok], "usage.completion_tokens")
-    spec = spec_counters(params.spec_decode, metrics_before, metrics_after,
-                         None if isinstance(out_sum, str) else out_sum, out_sum if isinstance(out_sum, str) else "")
+    spec = spec_counters(
+        params.spec_decode,
+        metrics_before,
+        metrics_after,
+        None if isinstance(out_sum, str) else out_sum,
+        out_sum if isinstance(out_sum, str) else "",
+    )
 
     whole_span, native_span = _spans(c, s, case, params)
     inp = _Inputs(c=c, dv=dv, s=s, case=case, anchor=anchor, spec=spec, ev=ev)
@@ -829,8 +914,11 @@ def compute_result(
         windows=windows,
         checks=validity.summary,
         stalls=[Stall(start_s=(a - dv.t0) / _S, duration_s=(b - a) / _S) for a, b in stall_spans],
-        host=host_load(_samples_in(host_samples, whole_span.start, whole_span.end)
-                       if whole_span.start is not None and whole_span.end is not None else []),
+        host=host_load(
+            _samples_in(host_samples, whole_span.start, whole_span.end)
+            if whole_span.start is not None and whole_span.end is not None
+            else []
+        ),
         schedule=_schedule(raw),
         trace=_trace(raw),
         sessions=conversations(c, dv.ttft_ms, _dist),
@@ -840,8 +928,9 @@ def compute_result(
 def _spans(c: RawColumns, s: _Steps, case: Case, params: Params) -> tuple[_Span, _Span]:
     """The whole window (first send to last end) and the native window of the case's rule."""
     if c.n == 0:
-        return _Span("whole", {}, None, None, "no raw records"), _Span(params.native_rule, {}, None, None,
-                                                                       "no raw records")
+        return _Span("whole", {}, None, None, "no raw records"), _Span(
+            params.native_rule, {}, None, None, "no raw records"
+        )
     whole = _Span("whole", {}, int(c.send_ns.min()), int(c.end_ns.max()), None)
     if params.native_rule == "aisbench":
         return whole, _aisbench_span(s, case.load.concurrency)
@@ -863,8 +952,15 @@ def _failures(c: RawColumns, failed_idx: I64) -> Failures:
     )
 
 
-def _inputs(case: Case, raw: RawColumns, n: int, src: RawSource, anchor: dict[str, Any] | None,
-            metrics_before: str | None, metrics_after: str | None) -> Inputs:
+def _inputs(
+    case: Case,
+    raw: RawColumns,
+    n: int,
+    src: RawSource,
+    anchor: dict[str, Any] | None,
+    metrics_before: str | None,
+    metrics_after: str | None,
+) -> Inputs:
     """What a result was computed from, by hash: the raw file and records, the case, the anchor, the snapshots."""
     anchor_clean = None if anchor is None else {str(k): v for k, v in anchor.items() if isinstance(v, str | int)}
     return Inputs(
@@ -893,12 +989,24 @@ def _source_notes(src: RawSource, n: int) -> list[str]:
     return notes
 
 
-def _validity(case: Case, raw: RawColumns, params: Params, metrics_before: str | None, metrics_after: str | None,
-              chunks_are_content: bool) -> Validity:
+def _validity(
+    case: Case,
+    raw: RawColumns,
+    params: Params,
+    metrics_before: str | None,
+    metrics_after: str | None,
+    chunks_are_content: bool,
+) -> Validity:
     """The server's counts checked before any figure: what fails a check is no evidence for any of them."""
     pre = spec_counters(params.spec_decode, metrics_before, metrics_after, None, "")
     drafts = pre.deltas.get("drafts")
     spec_moved = isinstance(drafts, tuple) and drafts[1] > 0
-    return check_counts(raw, max_tokens_bound(case), spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
-                        case.measurement.evidence.max_invalid_share, metrics_before, metrics_after,
-                        chunks_are_content)
+    return check_counts(
+        raw,
+        max_tokens_bound(case),
+        spec_moved and bool(np.isnan(raw.spec_accepted_tokens).all()),
+        case.measurement.evidence.max_invalid_share,
+        metrics_before,
+        metrics_after,
+        chunks_are_content,
+    )

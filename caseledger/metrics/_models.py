@@ -123,7 +123,8 @@ class Tokens(_Model):
     output: Distribution | NotObserved = Field(description="Server usage.completion_tokens")
     prompt_vs_planned: TokenAgreement | NotObserved = Field(
         default_factory=lambda: NotObserved(reason="not computed (results written before this figure existed)"),
-        description="Server usage.prompt_tokens against the dataset's planned chat tokens, per request")
+        description="Server usage.prompt_tokens against the dataset's planned chat tokens, per request",
+    )
 
 
 class Throughputs(_Model):
@@ -260,7 +261,8 @@ class Interval(_Model):
     high: float = Field(description="Upper bound of the interval")
     level: float = Field(description="Confidence level, e.g. 0.95")
     half_width_rel: float | None = Field(
-        description="(high - low) / 2 / point: the relative noise of the figure; null when point is 0")
+        description="(high - low) / 2 / point: the relative noise of the figure; null when point is 0"
+    )
     resamples: int = Field(description="Bootstrap resamples")
     seed: int = Field(description="Seed of the resampling")
     requests: int = Field(description="Requests resampled (successful requests of the window)")
@@ -299,12 +301,16 @@ class WindowResult(_Model):
         default_factory=lambda: NotObserved(reason="computed by an older processor"),
         description="Bootstrap confidence interval of case.decision.primary_metric on this window",
     )
-    invalid: int = Field(0, description="Successful requests in the window whose server counts failed a check "
-                         "(excluded from every figure, like failed ones)")
+    invalid: int = Field(
+        0,
+        description="Successful requests in the window whose server counts failed a check "
+        "(excluded from every figure, like failed ones)",
+    )
     distorted: list[str] = Field(
         default_factory=list,
         description="Why the window's figures are not a clean measurement (a stalled load client, a contended "
-        "host); empty: none seen. A distorted window is never decided on: repeat the run")
+        "host); empty: none seen. A distorted window is never decided on: repeat the run",
+    )
 
     def value(self, m: Metric) -> float | NotObserved:
         """A registered metric's value on this window (caseledger.case.metrics)."""
@@ -351,8 +357,10 @@ class HostLoad(_Model):
     samples: int = Field(description="Samples inside the span")
     cores: int = Field(description="CPUs of the host")
     span_s: float = Field(description="Seconds the samples cover")
-    other_share: float = Field(description="CPU used by processes other than the load client, the service and "
-                               "caseledger's own, as a share of all cores")
+    other_share: float = Field(
+        description="CPU used by processes other than the load client, the service and "
+        "caseledger's own, as a share of all cores"
+    )
     ours_share: float = Field(description="CPU of the load client, the service and caseledger, share of all cores")
     client_share: float = Field(description="CPU of the load client alone, share of one core")
     steal_share: float = Field(description="CPU stolen by the hypervisor, share of all cores")
@@ -366,7 +374,8 @@ class Schedule(_Model):
 
     requests: int = Field(description="Requests whose record carries its due time (sched_ns)")
     arrival_error: Distribution | NotObserved = Field(
-        description="send_ns - sched_ns per request, ms (positive: sent late)")
+        description="send_ns - sched_ns per request, ms (positive: sent late)"
+    )
     late_over_1ms: int = Field(description="Requests sent more than 1 ms after they were due")
     text: str = Field(description="The figures in one line")
 
@@ -377,7 +386,8 @@ class TraceRequest(_Model):
     i: int = Field(description="Formal request index")
     trace_row: int = Field(description="Row of the trace file (0-based request line)")
     planned_shared_tokens: int = Field(
-        description="Chat tokens of its prompt an earlier request planned to share (0 for the first)")
+        description="Chat tokens of its prompt an earlier request planned to share (0 for the first)"
+    )
     cached_tokens: int | None = Field(description="usage.prompt_tokens_details.cached_tokens (null: not reported)")
     prompt_tokens: int | None = Field(description="usage.prompt_tokens (null: not reported)")
     ok: bool = Field(description="The request succeeded")
@@ -393,7 +403,8 @@ class TraceReplay(_Model):
     cached_at_least_planned: int = Field(description="Requests whose cached tokens reach their planned share")
     cached_below_planned: int = Field(
         description="Requests cached below their plan (evicted, another slot, or the earlier request not yet "
-        "prefilled when this one arrived)")
+        "prefilled when this one arrived)"
+    )
     per_request: list[TraceRequest] = Field(description=f"Every request, in order (the first {10_000:,} only)")
     text: str = Field(description="The sums in one line")
 
@@ -409,10 +420,12 @@ class TurnFigures(_Model):
     prompt_tokens_mean: float | None = Field(description="usage.prompt_tokens mean (null: not reported)")
     planned_shared_tokens_mean: float | None = Field(
         description="planned_shared_tokens mean: the history as the server counted it after the previous turn "
-        "(null for turn 0)")
+        "(null for turn 0)"
+    )
     cached_tokens_mean: float | None = Field(description="usage cached_tokens mean (null: not reported)")
     cached_over_planned: float | None = Field(
-        description="sum cached / sum planned shared tokens of the successful turns reporting both (null: none)")
+        description="sum cached / sum planned shared tokens of the successful turns reporting both (null: none)"
+    )
 
 
 class SessionFigures(_Model):
@@ -431,8 +444,10 @@ class Conversations(_Model):
 
     sessions: int = Field(description="Conversations with at least one record")
     complete: int = Field(description="Conversations whose planned turns all succeeded")
-    incomplete: int = Field(description="Conversations cut short: a turn failed, or the load ended (cancel, kill) "
-                            "before their last turn; their later turns were never sent")
+    incomplete: int = Field(
+        description="Conversations cut short: a turn failed, or the load ended (cancel, kill) "
+        "before their last turn; their later turns were never sent"
+    )
     turns_recorded: int = Field(description="Turns with a raw record")
     turns_planned: int = Field(description="Turns the recorded conversations planned")
     duration_s: Distribution | NotObserved = Field(description="Conversation duration, s")
@@ -513,14 +528,17 @@ class Result(_Model):
     stalls: list[Stall] = Field(default_factory=list, description="Load client stalls (load/stalls.jsonl)")
     host: HostLoad | NotObserved = Field(
         default_factory=lambda: NotObserved(reason="not sampled"),
-        description="CPU of the load client's host over the whole window (load/host.jsonl)")
+        description="CPU of the load client's host over the whole window (load/host.jsonl)",
+    )
     schedule: Schedule | None = Field(
-        None, description="Arrival error against the schedule (null: the load had no schedule, rate unlimited)")
-    trace: TraceReplay | None = Field(None, description="Replayed trace: planned shared vs cached tokens (null: "
-                                      "not a trace dataset)")
+        None, description="Arrival error against the schedule (null: the load had no schedule, rate unlimited)"
+    )
+    trace: TraceReplay | None = Field(
+        None, description="Replayed trace: planned shared vs cached tokens (null: not a trace dataset)"
+    )
     sessions: Conversations | None = Field(
-        None, description="Multi-turn conversations: figures by turn and by conversation (null: not a sessions "
-        "dataset)")
+        None, description="Multi-turn conversations: figures by turn and by conversation (null: not a sessions dataset)"
+    )
 
 
 DEFINITIONS: dict[str, str] = {

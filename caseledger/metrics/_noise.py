@@ -18,8 +18,12 @@ _WORK = 4_000_000  # resampled values per block (memory: 32 MB of int64 indices)
 
 # decision metric -> percentile (None: a rate whose numerator is a per-request sum)
 _PERCENTILE: dict[str, tuple[str, float]] = {
-    "ttft_p50": ("ttft", 50.0), "ttft_p99": ("ttft", 99.0), "tpot_p50": ("tpot", 50.0),
-    "tpot_p99": ("tpot", 99.0), "e2e_p50": ("e2e", 50.0), "e2e_p99": ("e2e", 99.0),
+    "ttft_p50": ("ttft", 50.0),
+    "ttft_p99": ("ttft", 99.0),
+    "tpot_p50": ("tpot", 50.0),
+    "tpot_p99": ("tpot", 99.0),
+    "e2e_p50": ("e2e", 50.0),
+    "e2e_p99": ("e2e", 99.0),
 }
 
 
@@ -47,8 +51,17 @@ def resamples(n: int) -> int:
 def _quantiles(stats: F64, point: float, metric: str, n: int, b: int) -> Interval:
     low, high = (float(x) for x in np.quantile(stats, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]))
     half = (high - low) / 2 / abs(point) if point else None
-    return Interval(metric=metric, point=point, low=min(low, point), high=max(high, point), level=LEVEL,
-                    half_width_rel=half, resamples=b, seed=SEED, requests=n)
+    return Interval(
+        metric=metric,
+        point=point,
+        low=min(low, point),
+        high=max(high, point),
+        level=LEVEL,
+        half_width_rel=half,
+        resamples=b,
+        seed=SEED,
+        requests=n,
+    )
 
 
 def interval(metric: str, point: float | NotObserved, per_request: dict[str, F64]) -> Interval | NotObserved:
@@ -66,11 +79,11 @@ def interval(metric: str, point: float | NotObserved, per_request: dict[str, F64
         if x.size < 2:
             return NotObserved(reason=f"{x.size} value(s) of {name}: too few to resample")
         b = resamples(x.size)
-        stats = np.concatenate([np.percentile(x[rng.integers(0, x.size, (k, x.size))], q, axis=1)
-                                for k in _blocks(b, x.size)])
+        stats = np.concatenate(
+            [np.percentile(x[rng.integers(0, x.size, (k, x.size))], q, axis=1) for k in _blocks(b, x.size)]
+        )
         return _quantiles(stats, point, metric, int(x.size), b)
-    weights = {"output_throughput": "output", "output_throughput_per_card": "output",
-               "goodput": "good"}.get(metric)
+    weights = {"output_throughput": "output", "output_throughput_per_card": "output", "goodput": "good"}.get(metric)
     w = per_request[weights] if weights else np.ones_like(per_request["e2e"])
     d = per_request["e2e"]
     if w.size < 2 or np.isnan(w).any() or np.isnan(d).any():

@@ -235,9 +235,7 @@ def spec_counters(
     source = _resolve(requested, before, after)
     if source is None:
         known = ", ".join(sorted(n for f in FAMILIES.values() for n in f.drafts))
-        return counters_not_observed(
-            requested, f"no speculative-decoding counters in /metrics (looked for {known})"
-        )
+        return counters_not_observed(requested, f"no speculative-decoding counters in /metrics (looked for {known})")
     fam = FAMILIES[source]
     counters: list[CounterDelta] = []
     deltas: dict[str, tuple[str, float] | str] = {}
@@ -345,8 +343,11 @@ def per_request(c: RawColumns, okm: B, t0: int, nothing: str) -> SpecPerRequest:
             if bad
             else NO_STEPS
         )
-    out_why = None if n == 0 or not np.isnan(out).any() else (
-        f"{int(np.isnan(out).sum())} of {n} requests lack usage.completion_tokens")
+    out_why = (
+        None
+        if n == 0 or not np.isnan(out).any()
+        else (f"{int(np.isnan(out).sum())} of {n} requests lack usage.completion_tokens")
+    )
 
     tag = f"per-request counts, {n} request{'s' if n != 1 else ''}"
     d_sum = float(drafted.sum()) if counts_why is None else None

@@ -36,6 +36,7 @@ DECISION_WORDS = "; ".join(f"{k}: {v}" for k, v in OUTCOMES.items())
 
 REPEATS_TO_SETTLE = 3  # runs of a case after which one more repeat no longer narrows the spread much
 
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,7 +76,8 @@ class Noise(_Model):
     candidate_runs: int = Field(description="Valid runs of the candidate's case (this one included)")
     baseline_runs: int = Field(description="Valid runs of the baseline's case")
     candidate_spread_rel: float | None = Field(
-        description="Run-to-run spread of the candidate's case, (max - min) / 2 / mean; null: one run")
+        description="Run-to-run spread of the candidate's case, (max - min) / 2 / mean; null: one run"
+    )
     baseline_spread_rel: float | None = Field(description="Run-to-run spread of the baseline's case; null: one run")
     noise_rel: float = Field(description="Combined relative noise of the change: a change within ± this is noise")
 
@@ -132,8 +134,10 @@ def _evidence(who: str, rd: Reading, r: Result, metric: str) -> list[str]:
     if w.invalid:
         checks = r.checks
         why = "; ".join(checks.examples[:2]) if checks is not None else ""
-        out.append(f"{who}: {w.invalid} response(s) in the {rd.window} window with server counts that fail the "
-                   f"checks ({why}): the server's usage is not evidence; check the engine's usage reporting")
+        out.append(
+            f"{who}: {w.invalid} response(s) in the {rd.window} window with server counts that fail the "
+            f"checks ({why}): the server's usage is not evidence; check the engine's usage reporting"
+        )
     out += [f"{who}: {rd.window} window distorted: {d}" for d in w.distorted]
     if not rd.meets_min_requests:
         out.append(f"{who}: {rd.window} window has {rd.ok} successful requests, below min_requests {w.min_requests}")
@@ -159,7 +163,8 @@ def limit_verdicts(case: Case, result: Result | None) -> list[LimitVerdict]:
     for name, bound in case.decision.limits.bounds().items():
         value = w.number(LIMITS[name])
         verdict: Literal["meets", "breaks", "not_observed"] = (
-            "not_observed" if value is None else "meets" if value <= bound else "breaks")
+            "not_observed" if value is None else "meets" if value <= bound else "breaks"
+        )
         out.append(LimitVerdict(limit=name, bound=bound, value=value, verdict=verdict))
     return out
 
@@ -190,12 +195,23 @@ def _side(interval: float | None, spread: float | None) -> float:
 
 def _values(results: Sequence[Result | float], window: Literal["whole", "native"], metric: str) -> list[float]:
     """The metric's values of results (a float: a value already read, e.g. from the ledger's index)."""
-    return [v for r in results for v in [r if isinstance(r, float) else _reading(r, window, metric).value]
-            if isinstance(v, float)]
+    return [
+        v
+        for r in results
+        for v in [r if isinstance(r, float) else _reading(r, window, metric).value]
+        if isinstance(v, float)
+    ]
 
 
-def _candidate_missing(candidate: Result | None, cand: Reading | None, verdicts: list[LimitVerdict],
-                       metric: str, window: str, *, load_ended: bool) -> list[str]:
+def _candidate_missing(
+    candidate: Result | None,
+    cand: Reading | None,
+    verdicts: list[LimitVerdict],
+    metric: str,
+    window: str,
+    *,
+    load_ended: bool,
+) -> list[str]:
     """What the candidate's side lacks to be decided."""
     missing: list[str] = []
     if not load_ended:
@@ -206,19 +222,30 @@ def _candidate_missing(candidate: Result | None, cand: Reading | None, verdicts:
     if candidate.requests <= 0:
         missing.append("candidate: no raw records were processed")
     missing += _evidence("candidate", cand, candidate, metric)
-    missing += [f"candidate: {v.limit} NOT_OBSERVED on the {window} window: the limit cannot be checked"
-                for v in verdicts if v.verdict == "not_observed"]
+    missing += [
+        f"candidate: {v.limit} NOT_OBSERVED on the {window} window: the limit cannot be checked"
+        for v in verdicts
+        if v.verdict == "not_observed"
+    ]
     return missing
 
 
-def _baseline_missing(candidate: Result | None, baseline: Result | None, base: Reading | None,
-                      baseline_ref: str | None, metric: str, window: str) -> list[str]:
+def _baseline_missing(
+    candidate: Result | None,
+    baseline: Result | None,
+    base: Reading | None,
+    baseline_ref: str | None,
+    metric: str,
+    window: str,
+) -> list[str]:
     """What the baseline's side lacks (nothing for the scenario's first case: it has nothing to compare with)."""
     if baseline is None and baseline_ref is None:
         return []
     if baseline is None or base is None:
-        return [f"no baseline result ({'baseline ' + baseline_ref if baseline_ref else 'no baseline named'}); "
-                "postprocess the baseline run or name one in case.decision.baseline"]
+        return [
+            f"no baseline result ({'baseline ' + baseline_ref if baseline_ref else 'no baseline named'}); "
+            "postprocess the baseline run or name one in case.decision.baseline"
+        ]
     missing = _evidence("baseline", base, baseline, metric)
     if candidate is not None and baseline.processor_version != candidate.processor_version:
         missing.append(
@@ -234,8 +261,13 @@ def _baseline_missing(candidate: Result | None, baseline: Result | None, base: R
     return missing
 
 
-def _improvement(cv: float | NotObserved | None, bv: float | NotObserved | None, direction: Direction,
-                 metric: str, missing: list[str]) -> float | None:
+def _improvement(
+    cv: float | NotObserved | None,
+    bv: float | NotObserved | None,
+    direction: Direction,
+    metric: str,
+    missing: list[str],
+) -> float | None:
     """(cand - base) / base, signed so that positive is better; None (with the reason appended to missing
     for a zero baseline) when it cannot be computed."""
     if not isinstance(cv, float) or not isinstance(bv, float):
@@ -246,15 +278,27 @@ def _improvement(cv: float | NotObserved | None, bv: float | NotObserved | None,
     return (cv - bv) / bv if direction == "higher_is_better" else (bv - cv) / bv
 
 
-def _noise(candidate: Result | None, baseline: Result | None, repeats: Sequence[Result | float],
-           baseline_repeats: Sequence[Result | float], window: Literal["whole", "native"], metric: str) -> Noise:
+def _noise(
+    candidate: Result | None,
+    baseline: Result | None,
+    repeats: Sequence[Result | float],
+    baseline_repeats: Sequence[Result | float],
+    window: Literal["whole", "native"],
+    metric: str,
+) -> Noise:
     c_runs = _values([*([candidate] if candidate else []), *repeats], window, metric)
     b_runs = _values([*([baseline] if baseline else []), *baseline_repeats], window, metric)
     ci, bi = _interval_rel(candidate, window, metric), _interval_rel(baseline, window, metric)
     cs, bs = _spread(c_runs), _spread(b_runs)
-    return Noise(candidate_interval_rel=ci, baseline_interval_rel=bi, candidate_runs=len(c_runs),
-                 baseline_runs=len(b_runs), candidate_spread_rel=cs, baseline_spread_rel=bs,
-                 noise_rel=math.hypot(_side(ci, cs), _side(bi, bs)))
+    return Noise(
+        candidate_interval_rel=ci,
+        baseline_interval_rel=bi,
+        candidate_runs=len(c_runs),
+        baseline_runs=len(b_runs),
+        candidate_spread_rel=cs,
+        baseline_spread_rel=bs,
+        noise_rel=math.hypot(_side(ci, cs), _side(bi, bs)),
+    )
 
 
 class _Verdict(_Model):
@@ -263,40 +307,73 @@ class _Verdict(_Model):
     settle: str | None = None
 
 
-def _verdict(*, breaks: str, missing: list[str], first_of_scenario: bool, cv: float | NotObserved | None,
-             bv: float | NotObserved | None, improvement: float | None, noise: Noise | None, base_broken: str,
-             where: str, min_effect: float, candidate_case: str | None, baseline_ref: str | None) -> _Verdict:
+def _verdict(
+    *,
+    breaks: str,
+    missing: list[str],
+    first_of_scenario: bool,
+    cv: float | NotObserved | None,
+    bv: float | NotObserved | None,
+    improvement: float | None,
+    noise: Noise | None,
+    base_broken: str,
+    where: str,
+    min_effect: float,
+    candidate_case: str | None,
+    baseline_ref: str | None,
+) -> _Verdict:
     """The outcome and its one-sentence reason, in the order the rules rank: a broken limit closes, the first
     case is the baseline, missing evidence leaves it undecided, then the change against limits, noise and
     min_effect."""
     if breaks and not missing:
-        return _Verdict(outcome="close", reason=f"close (limit {breaks}): above case.decision.limits whatever its "
-                        f"{where}")
+        return _Verdict(
+            outcome="close", reason=f"close (limit {breaks}): above case.decision.limits whatever its {where}"
+        )
     if first_of_scenario and not missing and isinstance(cv, float):
-        return _Verdict(outcome="baseline", reason="no parent and no case.decision.baseline: this run is the "
-                        f"scenario's reference; {where} = {cv:.4f}")
+        return _Verdict(
+            outcome="baseline",
+            reason=f"no parent and no case.decision.baseline: this run is the scenario's reference; {where} = {cv:.4f}",
+        )
     if missing or improvement is None or noise is None or not isinstance(cv, float) or not isinstance(bv, float):
-        return _Verdict(outcome="insufficient",
-                        reason=f"{len(missing)} piece(s) of evidence missing: " + "; ".join(missing))
+        return _Verdict(
+            outcome="insufficient", reason=f"{len(missing)} piece(s) of evidence missing: " + "; ".join(missing)
+        )
     versus = f"{cv:.4f} vs {bv:.4f}"
     if base_broken:
-        return _Verdict(outcome="keep", reason=f"within every limit, while the baseline breaks {base_broken}; "
-                        f"{where} changes by {improvement:+.2%}: {versus}")
+        return _Verdict(
+            outcome="keep",
+            reason=f"within every limit, while the baseline breaks {base_broken}; "
+            f"{where} changes by {improvement:+.2%}: {versus}",
+        )
     if noise.noise_rel > 0 and abs(improvement) <= noise.noise_rel:
         settle = _settle(noise, candidate_case, baseline_ref)
-        return _Verdict(outcome="insufficient", settle=settle,
-                        reason=f"insufficient (within noise ±{noise.noise_rel:.1%}): {where} changes by "
-                        f"{improvement:+.2%}, {versus}; {noise_words(noise)}; settle: {settle}")
+        return _Verdict(
+            outcome="insufficient",
+            settle=settle,
+            reason=f"insufficient (within noise ±{noise.noise_rel:.1%}): {where} changes by "
+            f"{improvement:+.2%}, {versus}; {noise_words(noise)}; settle: {settle}",
+        )
     if improvement >= min_effect:
-        return _Verdict(outcome="keep", reason=f"{where} improves by {improvement:+.2%} (>= min_effect "
-                        f"{min_effect:.2%}; {noise_words(noise)}): {versus}")
-    return _Verdict(outcome="close", reason=f"{where} changes by {improvement:+.2%} (< min_effect "
-                    f"{min_effect:.2%}; {noise_words(noise)}): {versus}")
+        return _Verdict(
+            outcome="keep",
+            reason=f"{where} improves by {improvement:+.2%} (>= min_effect "
+            f"{min_effect:.2%}; {noise_words(noise)}): {versus}",
+        )
+    return _Verdict(
+        outcome="close",
+        reason=f"{where} changes by {improvement:+.2%} (< min_effect {min_effect:.2%}; {noise_words(noise)}): {versus}",
+    )
 
 
 def decide(
-    case: Case, candidate: Result | None, baseline: Result | None, baseline_ref: str | None, *, load_ended: bool,
-    candidate_case: str | None = None, repeats: Sequence[Result | float] = (),
+    case: Case,
+    candidate: Result | None,
+    baseline: Result | None,
+    baseline_ref: str | None,
+    *,
+    load_ended: bool,
+    candidate_case: str | None = None,
+    repeats: Sequence[Result | float] = (),
     baseline_repeats: Sequence[Result | float] = (),
     baseline_case: Case | None = None,
 ) -> DecisionRecord:
@@ -320,20 +397,40 @@ def decide(
     cv = cand.value if cand is not None else None
     bv = base.value if base is not None else None
     improvement = _improvement(cv, bv, direction, metric, missing)
-    noise = _noise(candidate, baseline, repeats, baseline_repeats, window, metric) if improvement is not None \
-        else None
+    noise = _noise(candidate, baseline, repeats, baseline_repeats, window, metric) if improvement is not None else None
     # a baseline above a limit is no reference for a candidate within every limit
     base_broken = broken(limit_verdicts(baseline_case or case, baseline)) if baseline is not None else ""
-    v = _verdict(breaks=broken(verdicts), missing=missing, first_of_scenario=baseline is None and baseline_ref is None,
-                 cv=cv, bv=bv, improvement=improvement, noise=noise, base_broken=base_broken,
-                 where=f"{metric} on {window}", min_effect=d.min_effect, candidate_case=candidate_case,
-                 baseline_ref=baseline_ref)
+    v = _verdict(
+        breaks=broken(verdicts),
+        missing=missing,
+        first_of_scenario=baseline is None and baseline_ref is None,
+        cv=cv,
+        bv=bv,
+        improvement=improvement,
+        noise=noise,
+        base_broken=base_broken,
+        where=f"{metric} on {window}",
+        min_effect=d.min_effect,
+        candidate_case=candidate_case,
+        baseline_ref=baseline_ref,
+    )
     return DecisionRecord(
-        outcome=v.outcome, primary_metric=metric, window=window, direction=direction, min_effect=d.min_effect,
-        candidate=cand, baseline=base, baseline_ref=baseline_ref, relative_improvement=improvement,
-        missing=missing, load_ended=load_ended,
+        outcome=v.outcome,
+        primary_metric=metric,
+        window=window,
+        direction=direction,
+        min_effect=d.min_effect,
+        candidate=cand,
+        baseline=base,
+        baseline_ref=baseline_ref,
+        relative_improvement=improvement,
+        missing=missing,
+        load_ended=load_ended,
         results_extracted=candidate is not None and candidate.requests > 0,
-        enough_to_decide=v.outcome != "insufficient", reason=v.reason, limits=verdicts, noise=noise,
+        enough_to_decide=v.outcome != "insufficient",
+        reason=v.reason,
+        limits=verdicts,
+        noise=noise,
         settle=v.settle,
     )
 
@@ -344,8 +441,11 @@ def noise_words(n: Noise) -> str:
     within = max(n.candidate_interval_rel or 0.0, n.baseline_interval_rel or 0.0)
     spreads = [x for x in (n.candidate_spread_rel, n.baseline_spread_rel) if x is not None]
     parts = [f"within run ±{within:.1%}" if within > 0 else "within run unknown (no spread over the requests)"]
-    parts.append(f"run to run ±{max(spreads):.1%} ({n.candidate_runs} and {n.baseline_runs} runs)" if spreads
-                 else "run to run unknown (1 run each)")
+    parts.append(
+        f"run to run ±{max(spreads):.1%} ({n.candidate_runs} and {n.baseline_runs} runs)"
+        if spreads
+        else "run to run unknown (1 run each)"
+    )
     head = f"noise ±{n.noise_rel:.1%}" if n.noise_rel > 0 else "noise unknown"
     return f"{head}: {', '.join(parts)}"
 

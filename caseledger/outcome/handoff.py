@@ -45,9 +45,11 @@ def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
         except CaseledgerError as e:  # a damaged case.json or events file: named below, the others shown
             damaged.append(e.message)
             rows.pop()
-    lines = [f"# HANDOFF — written {utc_now()[:19]}Z from ledger/; may be stale (a process that died wrote "
-             "nothing since): read caseledger://handoff or run `caseledger handoff` for a fresh one",
-             f"authorization: {authorization.current_mode(ws)}"]
+    lines = [
+        f"# HANDOFF — written {utc_now()[:19]}Z from ledger/; may be stale (a process that died wrote "
+        "nothing since): read caseledger://handoff or run `caseledger handoff` for a fresh one",
+        f"authorization: {authorization.current_mode(ws)}",
+    ]
     if damaged:
         lines.append(quoted(damaged_line(damaged), 300))
     if latest is None:
@@ -83,11 +85,21 @@ def _view(ws: Workspace, idx: Index, name: str) -> ScenarioView | str:
         return name
 
 
-def _compose(head: list[str], view: ScenarioView | str, tail: list[str], n_rows: int,
-             others: list[tuple[str, str]], camps: list[tuple[str, str, bool]], compact: bool) -> str:
+def _compose(
+    head: list[str],
+    view: ScenarioView | str,
+    tail: list[str],
+    n_rows: int,
+    others: list[tuple[str, str]],
+    camps: list[tuple[str, str, bool]],
+    compact: bool,
+) -> str:
     if compact:  # every active campaign and scenario still named, on one line each
-        camp_lines = ([f"campaigns active: {', '.join(g + (' (driver alive)' if up else '') for _, g, up in camps)}"]
-                      if camps else [])
+        camp_lines = (
+            [f"campaigns active: {', '.join(g + (' (driver alive)' if up else '') for _, g, up in camps)}"]
+            if camps
+            else []
+        )
         other_lines = [f"also active: {'; '.join(short for _, short in others)}"] if others else []
     else:
         camp_lines, other_lines = [line for line, _, _ in camps], [line for line, _ in others]
@@ -114,20 +126,25 @@ def _tail(ws: Workspace, latest: RunView, rows: list[RunRow], camps: list[tuple[
             where = f"remote pid {proc.get('pid')} on {st['ssh'].get('host')} (liveness: phase_status/service)"
         else:
             where = f"alive pid {proc.get('pid')}" if procs.alive(proc) else "stopped"
-        lines.append(f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} "
-                     f"(from case {st.get('case_id')})")
+        lines.append(
+            f"service {f.stem}: {st.get('adapter')} {st.get('identity')} {where} (from case {st.get('case_id')})"
+        )
 
     for key, ids in queue.all_queues(ws).items():
         lines.append(f"queue {key}: {', '.join(ids[:4])}" + (f" (+{len(ids) - 4})" if len(ids) > 4 else ""))
     lease = ledger.read_lease(ws, latest.meta.target_key) if latest.meta.target_key else None
     held = f"held by {lease.run_id}" if lease and lease.live() else "free"
-    lines.append(f"owner: target {latest.meta.target_key} {held}; controller of {latest.run_id} "
-                 f"{'alive' if latest.controller_alive else 'gone'}")
+    lines.append(
+        f"owner: target {latest.meta.target_key} {held}; controller of {latest.run_id} "
+        f"{'alive' if latest.controller_alive else 'gone'}"
+    )
     done = [p for p, ph in latest.phases.items() if ph.state.value == "done"]  # ran: reused and skipped did not
     last_done = done[-1] if done else "none"
-    lines.append(f"latest run: {latest.run_id} case {latest.case_id}: {latest.state.value}"
-                 + (f" [{latest.failure_class}]" if latest.failure_class else "")
-                 + f"; last completed phase {last_done}")
+    lines.append(
+        f"latest run: {latest.run_id} case {latest.case_id}: {latest.state.value}"
+        + (f" [{latest.failure_class}]" if latest.failure_class else "")
+        + f"; last completed phase {last_done}"
+    )
     problems = _problems(rows, latest)
     if problems:
         lines.append("open problems:")
@@ -152,16 +169,25 @@ def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str,
         seen.add(r.scenario)
         fc = f" [{r.failure_class}]" if r.failure_class else ""
         dec = f" -> {r.decision}" if r.decision else ""
-        out.append((f"also active: scenario {r.scenario}: latest {r.run_id} {r.state}{fc}{dec}; "
-                    f"summarize(scenario='{r.scenario}')", f"{r.scenario} ({r.run_id} {r.state}{dec})"))
+        out.append(
+            (
+                f"also active: scenario {r.scenario}: latest {r.run_id} {r.state}{fc}{dec}; "
+                f"summarize(scenario='{r.scenario}')",
+                f"{r.scenario} ({r.run_id} {r.state}{dec})",
+            )
+        )
     scenario_of = idx.cases() if queue.all_queues(ws) else {}
     for key, ids in queue.all_queues(ws).items():
         for cid in ids:
             name = scenario_of.get(cid)
             if name and name not in seen:
                 seen.add(name)
-                out.append((f"also active: scenario {name}: {cid} queued on {key}; summarize(scenario='{name}')",
-                            f"{name} ({cid} queued)"))
+                out.append(
+                    (
+                        f"also active: scenario {name}: {cid} queued on {key}; summarize(scenario='{name}')",
+                        f"{name} ({cid} queued)",
+                    )
+                )
     return out
 
 
@@ -174,8 +200,10 @@ def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[s
     if isinstance(view, str):
         return [f"scenario: {view}"]
     name = view.scenario
-    out = [f"scenario {name}: {len(view.rows)} case(s), {view.primary_metric} on {view.window}"
-           + (f", limits {', '.join(view.limits)}" if view.limits else "")]
+    out = [
+        f"scenario {name}: {len(view.rows)} case(s), {view.primary_metric} on {view.window}"
+        + (f", limits {', '.join(view.limits)}" if view.limits else "")
+    ]
     for r in view.rows[:max_rows]:
         verdict = r.decision or r.state
         if r.limits and (br := broken(r.limits)):
@@ -199,8 +227,11 @@ def _problems(rows: list[RunRow], latest: RunView) -> list[str]:
     out = []
     for r in latest_per_case.values():
         if r.state in (RunState.FAILED, RunState.END_UNKNOWN) and r.case_id not in children:
-            then = "" if r.run_id == latest.run_id else \
-                f" -> {quoted((r.next_call or '').split(' — ')[0].split('; ')[0], 90)}"
+            then = (
+                ""
+                if r.run_id == latest.run_id
+                else f" -> {quoted((r.next_call or '').split(' — ')[0].split('; ')[0], 90)}"
+            )
             out.append(f"{r.run_id}: {quoted(r.blocker or r.state or '', 200)}{then}")  # latest: see next
     return out
 
@@ -247,8 +278,10 @@ def _campaigns(ws: Workspace) -> list[tuple[str, str, bool]]:
 def _next(v: RunView) -> str:
     if v.state == RunState.SUCCEEDED:
         dec = v.decision.outcome if v.decision else None
-        return (f"summarize(run_ids=['{v.run_id}']) then freeze the next candidate with parent "
-                f"{v.case_id if dec != 'close' else (v.meta.parent_case or v.case_id)}")
+        return (
+            f"summarize(run_ids=['{v.run_id}']) then freeze the next candidate with parent "
+            f"{v.case_id if dec != 'close' else (v.meta.parent_case or v.case_id)}"
+        )
     return v.next_call
 
 
@@ -260,5 +293,3 @@ def refresh(ws: Workspace, exiting: str | None = None, *, verify: bool = False) 
     text = redact.mask(render(ws, exiting, verify=verify))
     atomic_write(ws.handoff, text)
     return text
-
-

@@ -65,9 +65,14 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], classes: Sequ
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        cells = "".join(f'<td class="n">{e(c)}</td>' if isinstance(c, int | float) and not isinstance(c, bool)
-                        else f'<td class="id">{e(c)}</td>' if isinstance(c, str) and _ID.fullmatch(c)
-                        else f"<td>{e(c)}</td>" for c in row)
+        cells = "".join(
+            f'<td class="n">{e(c)}</td>'
+            if isinstance(c, int | float) and not isinstance(c, bool)
+            else f'<td class="id">{e(c)}</td>'
+            if isinstance(c, str) and _ID.fullmatch(c)
+            else f"<td>{e(c)}</td>"
+            for c in row
+        )
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -75,32 +80,35 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], classes: Sequ
 def flag_list(flags: Sequence[Flag]) -> str:
     items = []
     for f in flags:
-        details = "".join(f"<li class=\"{'warn' if f.warn else 'ok'}\">{e(d)}</li>" for d in f.details)
-        sub = f"<ul class=\"flags\">{details}</ul>" if details else ""
-        items.append(f"<li class=\"{'warn' if f.warn else 'ok'}\">{e(f.text)}{sub}</li>")
-    return f"<ul class=\"flags\">{''.join(items)}</ul>"
+        details = "".join(f'<li class="{"warn" if f.warn else "ok"}">{e(d)}</li>' for d in f.details)
+        sub = f'<ul class="flags">{details}</ul>' if details else ""
+        items.append(f'<li class="{"warn" if f.warn else "ok"}">{e(f.text)}{sub}</li>')
+    return f'<ul class="flags">{"".join(items)}</ul>'
 
 
 def charts(figures: Sequence[Chart]) -> str:
     if not figures:
-        return "<p class=\"muted\">No chart: matplotlib is not importable, or nothing was measured yet.</p>"
+        return '<p class="muted">No chart: matplotlib is not importable, or nothing was measured yet.</p>'
     # the SVG comes from matplotlib (it escapes the labels it was given, which were masked by the caller)
     return "".join(f"<figure>{c.svg}<figcaption>{e(c.caption)}</figcaption></figure>" for c in figures)
 
 
 def page(title: str, body: list[str]) -> str:
-    doc = (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-           f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-           f"<title>{e(title)}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body) +
-           "\n<p class=\"muted\">Written by caseledger from the ledger; regenerate with "
-           "<code>caseledger report --html</code>. Self-contained: no script, no network.</p>\n</body></html>\n")
+    doc = (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{e(title)}</title><style>{STYLE}</style></head><body>\n"
+        + "\n".join(body)
+        + '\n<p class="muted">Written by caseledger from the ledger; regenerate with '
+        "<code>caseledger report --html</code>. Self-contained: no script, no network.</p>\n</body></html>\n"
+    )
     return redact.mask(doc)
 
 
 def evidence(by_subject: dict[str, list[Flag]]) -> list[str]:
     out = ["<h2>Evidence</h2>"]
     if not by_subject:
-        out.append("<p class=\"muted\">No result yet: nothing to check.</p>")
+        out.append('<p class="muted">No result yet: nothing to check.</p>')
     for subject, flags in by_subject.items():
         warn = sum(f.warn for f in flags)
         out.append(f"<h3>{e(subject)}{' — ' + e(f'{warn} flag(s)') if warn else ''}</h3>{flag_list(flags)}")
@@ -108,28 +116,54 @@ def evidence(by_subject: dict[str, list[Flag]]) -> list[str]:
 
 
 _HEAD_COLS: tuple[tuple[str, str], ...] = (
-    ("window", "window"), ("rule", "rule"), ("requests", "requests"), ("ok", "ok"), ("duration s", "duration_s"),
-    ("meets minimums", "meets_minimums"), ("output tok/s", "output_tok_s"), ("tok/s/card", "output_tok_s_per_card"),
-    ("TTFT p50 ms", "ttft_p50_ms"), ("TTFT p99 ms", "ttft_p99_ms"), ("TPOT p50 ms", "tpot_p50_ms"),
-    ("TPOT p99 ms", "tpot_p99_ms"), ("E2E p99 ms", "e2e_p99_ms"), ("AL", "al"),
+    ("window", "window"),
+    ("rule", "rule"),
+    ("requests", "requests"),
+    ("ok", "ok"),
+    ("duration s", "duration_s"),
+    ("meets minimums", "meets_minimums"),
+    ("output tok/s", "output_tok_s"),
+    ("tok/s/card", "output_tok_s_per_card"),
+    ("TTFT p50 ms", "ttft_p50_ms"),
+    ("TTFT p99 ms", "ttft_p99_ms"),
+    ("TPOT p50 ms", "tpot_p50_ms"),
+    ("TPOT p99 ms", "tpot_p99_ms"),
+    ("E2E p99 ms", "e2e_p99_ms"),
+    ("AL", "al"),
 )
 
 
-def render_run(run_id: str, meta: dict[str, object], headlines: Sequence[Headline], decision: DecisionRecord | None,
-               failures: dict[str, int], flags: list[Flag], figures: Sequence[Chart], report_md: str) -> str:
+def render_run(
+    run_id: str,
+    meta: dict[str, object],
+    headlines: Sequence[Headline],
+    decision: DecisionRecord | None,
+    failures: dict[str, int],
+    flags: list[Flag],
+    figures: Sequence[Chart],
+    report_md: str,
+) -> str:
     """A run: its header, decision and reason, figures of both windows, failures, evidence and latency CDFs."""
     body = [f"<h1>Run {e(run_id)}</h1>", table(["field", "value"], [[k, v] for k, v in meta.items()])]
     body.append("<h2>Decision</h2>")
     if decision is None:
         body.append("<p>No decision recorded.</p>")
     else:
-        body.append(f"<div class=\"answer\">{e(decision.outcome)}: {e(decision.reason)}</div>")
-        body.append(table(["fact", "value"], [
-            ["metric", f"{decision.primary_metric} on {decision.window} ({decision.direction})"],
-            ["candidate", decision.candidate.value if decision.candidate else None],
-            ["baseline", decision.baseline_ref], ["relative improvement", decision.relative_improvement],
-            ["enough to decide", decision.enough_to_decide], *[["missing", m] for m in decision.missing],
-            *[[f"limit {v.limit}", f"{fmt(v.value)} <= {v.bound:g}: {v.verdict}"] for v in decision.limits]]))
+        body.append(f'<div class="answer">{e(decision.outcome)}: {e(decision.reason)}</div>')
+        body.append(
+            table(
+                ["fact", "value"],
+                [
+                    ["metric", f"{decision.primary_metric} on {decision.window} ({decision.direction})"],
+                    ["candidate", decision.candidate.value if decision.candidate else None],
+                    ["baseline", decision.baseline_ref],
+                    ["relative improvement", decision.relative_improvement],
+                    ["enough to decide", decision.enough_to_decide],
+                    *[["missing", m] for m in decision.missing],
+                    *[[f"limit {v.limit}", f"{fmt(v.value)} <= {v.bound:g}: {v.verdict}"] for v in decision.limits],
+                ],
+            )
+        )
     body.append("<h2>Figures</h2>")
     rows = [h.model_dump() for h in headlines]
     body.append(table([c for c, _ in _HEAD_COLS], [[d[f] for _, f in _HEAD_COLS] for d in rows]))
@@ -137,29 +171,57 @@ def render_run(run_id: str, meta: dict[str, object], headlines: Sequence[Headlin
         body.append(table(["failed requests by class", "requests"], sorted(failures.items())))
     body += evidence({run_id: flags} if flags else {})
     body += ["<h2>Charts</h2>", charts(figures)]
-    body.append(f"<p class=\"muted\">Every figure by window, with its definition: {e(report_md)}</p>")
+    body.append(f'<p class="muted">Every figure by window, with its definition: {e(report_md)}</p>')
     return page(f"caseledger run {run_id}", body)
 
 
 def render_scenario(view: ScenarioView, flags: dict[str, list[Flag]], figures: Sequence[Chart]) -> str:
     """A scenario: one row per case with the limit verdicts and the decision, the best case, evidence, charts."""
     best = next((r for r in view.rows if r.best), None)
-    body = [f"<h1>Scenario {e(view.scenario)}</h1>",
-            f"<p>{e(len(view.rows))} case(s); decision metric {e(view.primary_metric)} on the {e(view.window)} window "
-            f"({e(view.direction.replace('_', ' '))}); limits {e(', '.join(view.limits) or 'none')}; swept "
-            f"{e(view.swept or 'several fields')}</p>",
-            "<div class=\"answer\">" + (f"best within limits: {e(best.change)} ({e(best.case_id)})" if best
-                                        else "best within limits: none yet") + "</div>"]
-    header = ["change", "case", "run", "runs", "state", "decision", "metric", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
-              "E2E p50/p99 ms", "limits", "settle"]
+    body = [
+        f"<h1>Scenario {e(view.scenario)}</h1>",
+        f"<p>{e(len(view.rows))} case(s); decision metric {e(view.primary_metric)} on the {e(view.window)} window "
+        f"({e(view.direction.replace('_', ' '))}); limits {e(', '.join(view.limits) or 'none')}; swept "
+        f"{e(view.swept or 'several fields')}</p>",
+        '<div class="answer">'
+        + (f"best within limits: {e(best.change)} ({e(best.case_id)})" if best else "best within limits: none yet")
+        + "</div>",
+    ]
+    header = [
+        "change",
+        "case",
+        "run",
+        "runs",
+        "state",
+        "decision",
+        "metric",
+        "TTFT p50/p99 ms",
+        "TPOT p50/p99 ms",
+        "E2E p50/p99 ms",
+        "limits",
+        "settle",
+    ]
     rows, classes = [], []
     for r in view.rows:
         lim = "; ".join(f"{v.limit} {fmt(v.value)} <= {v.bound:g}: {v.verdict}" for v in r.limits) or "—"
-        rows.append([r.change, r.case_id, r.run_id, r.runs, r.state, r.decision, r.metric,
-                     f"{fmt(r.ttft_p50_ms)}/{fmt(r.ttft_p99_ms)}", f"{fmt(r.tpot_p50_ms)}/{fmt(r.tpot_p99_ms)}",
-                     f"{fmt(r.e2e_p50_ms)}/{fmt(r.e2e_p99_ms)}", lim, r.settle])
+        rows.append(
+            [
+                r.change,
+                r.case_id,
+                r.run_id,
+                r.runs,
+                r.state,
+                r.decision,
+                r.metric,
+                f"{fmt(r.ttft_p50_ms)}/{fmt(r.ttft_p99_ms)}",
+                f"{fmt(r.tpot_p50_ms)}/{fmt(r.tpot_p99_ms)}",
+                f"{fmt(r.e2e_p50_ms)}/{fmt(r.e2e_p99_ms)}",
+                lim,
+                r.settle,
+            ]
+        )
         classes.append("best" if r.best else "breaks" if any(v.verdict == "breaks" for v in r.limits) else "")
-    body += ["<h2>Cases</h2>", table(header, rows, classes), f"<p class=\"muted\">{e(view.decisions)}</p>"]
+    body += ["<h2>Cases</h2>", table(header, rows, classes), f'<p class="muted">{e(view.decisions)}</p>']
     body += evidence(flags)
     body += ["<h2>Charts</h2>", charts(figures)]
     return page(f"caseledger scenario {view.scenario}", body)

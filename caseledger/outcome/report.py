@@ -61,10 +61,12 @@ def _agreement_line(a: TokenAgreement | NotObserved) -> str:
         return f"Server prompt tokens vs planned chat tokens: {_no(a)}"
     if a.equal == a.compared:
         return f"Server prompt tokens = planned chat tokens on {a.equal} of {a.compared} requests."
-    return (f"WARNING: server prompt tokens ≠ planned chat tokens on {a.compared - a.equal} of {a.compared} requests "
-            f"(mean server − planned {_f(a.mean_diff, 1)}, max |diff| {a.max_abs_diff}): the dataset's tokenizer is "
-            "not the server's, so the input length measured is not the case's; set dataset.tokenizer to the model's "
-            "tokenizer (its directory or GGUF file).")
+    return (
+        f"WARNING: server prompt tokens ≠ planned chat tokens on {a.compared - a.equal} of {a.compared} requests "
+        f"(mean server − planned {_f(a.mean_diff, 1)}, max |diff| {a.max_abs_diff}): the dataset's tokenizer is "
+        "not the server's, so the input length measured is not the case's; set dataset.tokenizer to the model's "
+        "tokenizer (its directory or GGUF file)."
+    )
 
 
 def _no(x: NotObserved) -> str:
@@ -185,8 +187,6 @@ def _window_section(w: WindowResult) -> list[str]:
     return [*out, ""]
 
 
-
-
 def _cache_section(w: WindowResult) -> list[str]:
     out: list[str] = []
     cache = w.cache
@@ -235,8 +235,11 @@ def _spec_section(w: WindowResult) -> list[str]:
             _ratio_row("strict acceptance rate, counters", spec.acceptance_rate),
         ],
     )
-    span = ("—" if per.start_s is None or per.end_s is None
-            else f"{_f(per.start_s)} s to {_f(per.end_s)} s after the first send")
+    span = (
+        "—"
+        if per.start_s is None or per.end_s is None
+        else f"{_f(per.start_s)} s to {_f(per.end_s)} s after the first send"
+    )
     out += [
         "",
         f"Per-request counts cover {per.requests} successful request(s) of this window ({per.requests_with_counts} "
@@ -317,14 +320,17 @@ def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any
     for when, label in (("before", "clock offset"), ("after", "clock offset after load")):
         c = clock.get(when)
         if isinstance(c, dict):
-            rows[label] = (f"{c['offset_ns'] / 1e6:+.3f} ms ± {ms(c['uncertainty_ns'])} (load host − controller; "
-                           f"{c['rounds']} SSH round trips, shortest {ms(c['rtt_min_ns'])})")
+            rows[label] = (
+                f"{c['offset_ns'] / 1e6:+.3f} ms ± {ms(c['uncertainty_ns'])} (load host − controller; "
+                f"{c['rounds']} SSH round trips, shortest {ms(c['rtt_min_ns'])})"
+            )
     if isinstance(clock.get("drift_ns"), int):
         rows["clock drift during load"] = f"{clock['drift_ns'] / 1e6:+.3f} ms"
     by = counters_read_by or {}
     for when in ("before", "after"):
-        rows[f"/metrics counters {when} the load read by"] = (by.get(f"metrics_{when}")
-                                                              or "nobody (load/metrics_*.missing says why)")
+        rows[f"/metrics counters {when} the load read by"] = (
+            by.get(f"metrics_{when}") or "nobody (load/metrics_*.missing says why)"
+        )
     return rows
 
 
@@ -338,8 +344,10 @@ def lengths_rows(identity: Any) -> dict[str, str]:
         declared = ", ".join(f"{k} {v}" for k, v in ln.declared.items())
         edges, counts = ln.histogram.edges, ln.histogram.counts
         bins = " ".join(f"{int(edges[k])}-{int(edges[k + 1]) - 1}:{c}" for k, c in enumerate(counts))
-        rows[f"{side} lengths"] = (f"declared {declared}; realized min {ln.min} / mean {ln.mean:.1f} / max {ln.max}, "
-                                   f"stdev {ln.stdev:.1f}, p50 {ln.p50:g} p99 {ln.p99:g}; histogram {bins}")
+        rows[f"{side} lengths"] = (
+            f"declared {declared}; realized min {ln.min} / mean {ln.mean:.1f} / max {ln.max}, "
+            f"stdev {ln.stdev:.1f}, p50 {ln.p50:g} p99 {ln.p99:g}; histogram {bins}"
+        )
     return rows
 
 
@@ -351,9 +359,13 @@ def _workload_section(result: Result) -> list[str]:
     tr = result.trace
     if tr is not None:
         out += ["## Trace replay", "", tr.text, ""]
-        out += _table(["request", "trace row", "planned shared tokens", "cached tokens", "prompt tokens", "ok"],
-                      [[r.i, r.trace_row, r.planned_shared_tokens, r.cached_tokens, r.prompt_tokens, r.ok]
-                       for r in tr.per_request])
+        out += _table(
+            ["request", "trace row", "planned shared tokens", "cached tokens", "prompt tokens", "ok"],
+            [
+                [r.i, r.trace_row, r.planned_shared_tokens, r.cached_tokens, r.prompt_tokens, r.ok]
+                for r in tr.per_request
+            ],
+        )
         out.append("")
     if result.sessions is not None:
         out += _sessions_section(result.sessions)
@@ -362,19 +374,41 @@ def _workload_section(result: Result) -> list[str]:
 
 def _sessions_section(ss: Any) -> list[str]:
     """Conversations: one line, then one row per turn index (TTFT and cached beside the planned history)."""
+
     def num(x: float | None, fmt: str = ".1f") -> str:
         return "—" if x is None else format(x, fmt)
 
     out = ["## Conversations", "", ss.text, ""]
-    out += _table(["turn", "ok / recorded", "TTFT p50 ms", "prompt tokens", "planned history", "cached tokens",
-                   "cached / planned"],
-                  [[t.turn, f"{t.ok} / {t.requests}", num(t.ttft_ms_p50, ".2f"), num(t.prompt_tokens_mean),
-                    num(t.planned_shared_tokens_mean), num(t.cached_tokens_mean), num(t.cached_over_planned, ".0%")]
-                   for t in ss.by_turn])
+    out += _table(
+        [
+            "turn",
+            "ok / recorded",
+            "TTFT p50 ms",
+            "prompt tokens",
+            "planned history",
+            "cached tokens",
+            "cached / planned",
+        ],
+        [
+            [
+                t.turn,
+                f"{t.ok} / {t.requests}",
+                num(t.ttft_ms_p50, ".2f"),
+                num(t.prompt_tokens_mean),
+                num(t.planned_shared_tokens_mean),
+                num(t.cached_tokens_mean),
+                num(t.cached_over_planned, ".0%"),
+            ]
+            for t in ss.by_turn
+        ],
+    )
     cut = [p for p in ss.per_session if not p.complete]
     if cut:
-        out += ["", "Incomplete: " + ", ".join(f"conversation {p.session} ({p.turns_ok} of {p.turns_planned} turns "
-                                                 "ok)" for p in cut[:20])]
+        out += [
+            "",
+            "Incomplete: "
+            + ", ".join(f"conversation {p.session} ({p.turns_ok} of {p.turns_planned} turns ok)" for p in cut[:20]),
+        ]
     out.append("")
     return out
 
@@ -514,11 +548,13 @@ def _of(fig: T | NotObserved, pick: Callable[[T], object]) -> object:
 
 def _in_window(pick: Callable[[WindowResult], object]) -> Callable[[WindowResult], object]:
     """A figure row: 'no window' when the rule found none, 'NOT_OBSERVED' for a figure without a value."""
+
     def read(w: WindowResult) -> object:
         if not w.found:
             return "no window"
         v = pick(w)
         return "NOT_OBSERVED" if isinstance(v, NotObserved) else v
+
     return read
 
 
@@ -615,7 +651,7 @@ def svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # without the XML declaration and DOCTYPE: an element inside HTML
+    return text[text.index("<svg") :]  # without the XML declaration and DOCTYPE: an element inside HTML
 
 
 @dataclass(frozen=True)
@@ -630,8 +666,14 @@ class PlotPoint:
     best: bool  # the scenario's best within every limit
 
 
-def render_png(title: str, metric: str, x_label: str, points: Sequence[PlotPoint], bounds: dict[str, float],
-               cdfs: dict[str, dict[str, Sequence[float]]]) -> bytes | None:
+def render_png(
+    title: str,
+    metric: str,
+    x_label: str,
+    points: Sequence[PlotPoint],
+    bounds: dict[str, float],
+    cdfs: dict[str, dict[str, Sequence[float]]],
+) -> bytes | None:
     """A PNG of decision_figure(); None when matplotlib is not importable."""
     fig = decision_figure(title, metric, x_label, points, bounds, cdfs)
     return None if fig is None else png(fig)
@@ -643,8 +685,14 @@ def render_pareto(title: str, points: Sequence[PlotPoint]) -> bytes | None:
     return None if fig is None else png(fig)
 
 
-def decision_figure(title: str, metric: str, x_label: str, points: Sequence[PlotPoint], bounds: dict[str, float],
-                    cdfs: dict[str, dict[str, Sequence[float]]]) -> Any:
+def decision_figure(
+    title: str,
+    metric: str,
+    x_label: str,
+    points: Sequence[PlotPoint],
+    bounds: dict[str, float],
+    cdfs: dict[str, dict[str, Sequence[float]]],
+) -> Any:
     """The decision metric against the swept value (limit-breakers marked), each limited figure with its bound
     drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""
     figure = _figure()
@@ -732,17 +780,31 @@ def evidence_flags(result: Result) -> list[Flag]:
     out: list[Flag] = []
     ck = result.checks
     if ck is None:
-        out.append(Flag("server counts: not checked (computed by an older processor; reprocess_raw checks them)",
-                        warn=False))
+        out.append(
+            Flag("server counts: not checked (computed by an older processor; reprocess_raw checks them)", warn=False)
+        )
     else:
-        out.append(Flag(f"server counts: {ck.invalid} of {ck.checked} successful responses invalid (excluded from "
-                        f"every figure; max_invalid_share {ck.max_invalid_share:g})", warn=ck.invalid > 0,
-                        details=(*[f"{rule}: {n}" for rule, n in ck.by_reason.items()], *ck.examples,
-                                 *[f"counter: {c.text}" for c in ck.counters])))
+        out.append(
+            Flag(
+                f"server counts: {ck.invalid} of {ck.checked} successful responses invalid (excluded from "
+                f"every figure; max_invalid_share {ck.max_invalid_share:g})",
+                warn=ck.invalid > 0,
+                details=(
+                    *[f"{rule}: {n}" for rule, n in ck.by_reason.items()],
+                    *ck.examples,
+                    *[f"counter: {c.text}" for c in ck.counters],
+                ),
+            )
+        )
     if result.stalls:
         longest = max(result.stalls, key=lambda x: x.duration_s)
-        out.append(Flag(f"load client stalls: {len(result.stalls)}, {sum(x.duration_s for x in result.stalls):.2f} s "
-                        f"in all, longest {longest.duration_s:.2f} s from {longest.start_s:.2f} s", warn=True))
+        out.append(
+            Flag(
+                f"load client stalls: {len(result.stalls)}, {sum(x.duration_s for x in result.stalls):.2f} s "
+                f"in all, longest {longest.duration_s:.2f} s from {longest.start_s:.2f} s",
+                warn=True,
+            )
+        )
     else:
         out.append(Flag("load client stalls: none recorded", warn=False))
     host = result.host

@@ -68,8 +68,14 @@ def valid(result: Result | None, window: str) -> bool:
     if result is None:
         return False
     w = result.windows.of(window)
-    return (w.found and w.meets_min_requests and w.meets_min_duration and not result.failed and not w.invalid
-            and not w.distorted)
+    return (
+        w.found
+        and w.meets_min_requests
+        and w.meets_min_duration
+        and not result.failed
+        and not w.invalid
+        and not w.distorted
+    )
 
 
 def _decision_of(ws: Workspace, run_id: str) -> DecisionRecord | None:
@@ -206,14 +212,26 @@ def current_decision(run: Run, result: Result | None, reader: Reader | None = No
     window, metric = case.decision.window, case.decision.primary_metric
     rows = reader.idx.runs(case_ids=[run.meta.case_id, *([ref_case] if ref_case else [])])
     # the repeats by their metric's value alone (the index's figures: no result is parsed for them)
-    repeats = reader.values([rid for rid in reader.valid_ids(rows, run.meta.case_id, window) if rid != run.run_id],
-                            rows, window, metric)
-    base_repeats = (reader.values([rid for rid in reader.valid_ids(rows, ref_case, window) if rid != ref_run],
-                                  rows, window, metric) if ref_case and ref_run else [])
+    repeats = reader.values(
+        [rid for rid in reader.valid_ids(rows, run.meta.case_id, window) if rid != run.run_id], rows, window, metric
+    )
+    base_repeats = (
+        reader.values([rid for rid in reader.valid_ids(rows, ref_case, window) if rid != ref_run], rows, window, metric)
+        if ref_case and ref_run
+        else []
+    )
     base_case = with_current_decision(ws, load_run(ws, ref_run).case) if ref_run else None
-    return decide(case, result, baseline, f"{ref_case}@{ref_run}" if ref_run else ref_case,
-                  load_ended=load_ended, candidate_case=run.meta.case_id, repeats=repeats,
-                  baseline_repeats=base_repeats, baseline_case=base_case)
+    return decide(
+        case,
+        result,
+        baseline,
+        f"{ref_case}@{ref_run}" if ref_run else ref_case,
+        load_ended=load_ended,
+        candidate_case=run.meta.case_id,
+        repeats=repeats,
+        baseline_repeats=base_repeats,
+        baseline_case=base_case,
+    )
 
 
 def _ts(utc: str | None) -> float | None:
@@ -228,8 +246,11 @@ def time_ledger(run: Run) -> dict[str, Any]:
     phases: dict[str, Any] = {}
     for name, ph in v.phases.items():
         a, b = _ts(ph.started_utc), _ts(ph.ended_utc)
-        phases[name.value] = {"state": ph.state.value, "attempt": ph.attempt,
-                        "wall_s": round(b - a, 3) if a is not None and b is not None else None}
+        phases[name.value] = {
+            "state": ph.state.value,
+            "attempt": ph.attempt,
+            "wall_s": round(b - a, 3) if a is not None and b is not None else None,
+        }
     paths = run.paths
     anchor = read_json_or_none(paths.load_anchor)
     end = read_json_or_none(paths.load_end)
@@ -249,8 +270,11 @@ def time_ledger(run: Run) -> dict[str, Any]:
     cp = read_json_or_none(paths.phase_file(Phase.CACHE_PREPARE)) or {}
     for part in ("seed", "check"):
         if part in cp:
-            out[f"cache_{part}"] = {"requests": cp[part]["requests"], "wall_s": cp[part]["wall_s"],
-                                    "latency_sum_s": cp[part]["latency_sum_s"]}
+            out[f"cache_{part}"] = {
+                "requests": cp[part]["requests"],
+                "wall_s": cp[part]["wall_s"],
+                "latency_sum_s": cp[part]["latency_sum_s"],
+            }
     return out
 
 
@@ -298,22 +322,42 @@ def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     """A few figures of one window for short answers (None where NOT_OBSERVED)."""
     w = result.windows.of(window)
     return Headline(
-        window=window, rule=w.rule, requests=w.requests, ok=w.ok, duration_s=_sig(w.duration_s),
+        window=window,
+        rule=w.rule,
+        requests=w.requests,
+        ok=w.ok,
+        duration_s=_sig(w.duration_s),
         meets_minimums=bool(w.meets_min_requests and w.meets_min_duration),
         output_tok_s=window_stat(w, "output_throughput"),
         output_tok_s_per_card=window_stat(w, "output_throughput_per_card"),
-        ttft_p50_ms=window_stat(w, "ttft_p50"), ttft_p99_ms=window_stat(w, "ttft_p99"),
-        tpot_p50_ms=window_stat(w, "tpot_p50"), tpot_p99_ms=window_stat(w, "tpot_p99"),
+        ttft_p50_ms=window_stat(w, "ttft_p50"),
+        ttft_p99_ms=window_stat(w, "ttft_p99"),
+        tpot_p50_ms=window_stat(w, "tpot_p50"),
+        tpot_p99_ms=window_stat(w, "tpot_p99"),
         e2e_p99_ms=window_stat(w, "e2e_p99"),
-        al=_figure(w.spec_decode.per_request.acceptance_length.value
-                   if not isinstance(w.spec_decode.per_request.acceptance_length, NotObserved) else None),
+        al=_figure(
+            w.spec_decode.per_request.acceptance_length.value
+            if not isinstance(w.spec_decode.per_request.acceptance_length, NotObserved)
+            else None
+        ),
     )
 
 
 def report_meta(meta: RunMeta) -> dict[str, Any]:
     """The header rows a reader of report.md needs from run.json (the rest is bookkeeping)."""
-    keep = ("run_id", "case_id", "scenario", "parent_case", "dataset_id", "salt", "planned", "target_key",
-            "created_utc", "authorized", "load_reuse")
+    keep = (
+        "run_id",
+        "case_id",
+        "scenario",
+        "parent_case",
+        "dataset_id",
+        "salt",
+        "planned",
+        "target_key",
+        "created_utc",
+        "authorized",
+        "load_reuse",
+    )
     rows: dict[str, Any] = {k: getattr(meta, k) for k in keep if getattr(meta, k) is not None}
     if meta.plan:
         rows["plan"] = " ".join(f"{s.phase}={s.action}" for s in meta.plan)
@@ -362,8 +406,10 @@ class ScenarioRow(_Model):
     """One case of a scenario: what it changes, its latest valid run, the figures and the verdicts."""
 
     case_id: str = Field(description="Case id (start_run(case_id) repeats it)")
-    change: str = Field(description="What it changes against the scenario's baseline, e.g. 'C=8'; 'baseline' "
-                        "for the baseline itself; '(same)' when nothing measured differs")
+    change: str = Field(
+        description="What it changes against the scenario's baseline, e.g. 'C=8'; 'baseline' "
+        "for the baseline itself; '(same)' when nothing measured differs"
+    )
     swept: float | None = Field(description="Value of the swept field (the one field the cases vary), if numeric")
     run_id: str | None = Field(description="Its latest valid run (else its latest run; null: never run)")
     runs: int = Field(description="Valid runs of the case (repeats narrow the noise)")
@@ -380,20 +426,30 @@ class ScenarioRow(_Model):
     limits: list[LimitVerdict] = Field(description="Each of case.decision.limits checked on this run")
     metric_mean: float | None = Field(None, description="Mean of the decision metric over the case's valid runs")
     metric_spread_rel: float | None = Field(
-        None, description="Run-to-run spread of the metric, (max - min) / 2 / mean; null: fewer than 2 runs")
+        None, description="Run-to-run spread of the metric, (max - min) / 2 / mean; null: fewer than 2 runs"
+    )
     limits_met: dict[str, str] = Field(
-        default_factory=dict, description="Per limit, in how many of the case's valid runs it was met, e.g. "
-        "{'tpot_p99_ms': '2/3'}: a limit met in some repeats and broken in others is not settled")
-    requests: int | None = Field(None, description="Successful requests the row's percentiles rest on (a p99 of "
-                                 "fewer than 100 requests is within the slowest one or two)")
+        default_factory=dict,
+        description="Per limit, in how many of the case's valid runs it was met, e.g. "
+        "{'tpot_p99_ms': '2/3'}: a limit met in some repeats and broken in others is not settled",
+    )
+    requests: int | None = Field(
+        None,
+        description="Successful requests the row's percentiles rest on (a p99 of "
+        "fewer than 100 requests is within the slowest one or two)",
+    )
     decision: Outcome | None = Field(description="Decision recorded for the run (null: undecided)")
     settle: str | None = Field(description="For a change within the noise: the call that would settle it")
     best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
 
     def percentiles(self) -> list[tuple[float | None, float | None]]:
         """(p50, p99) of TTFT, TPOT, ITL and E2E, the order the scenario table prints them."""
-        return [(self.ttft_p50_ms, self.ttft_p99_ms), (self.tpot_p50_ms, self.tpot_p99_ms),
-                (self.itl_p50_ms, self.itl_p99_ms), (self.e2e_p50_ms, self.e2e_p99_ms)]
+        return [
+            (self.ttft_p50_ms, self.ttft_p99_ms),
+            (self.tpot_p50_ms, self.tpot_p99_ms),
+            (self.itl_p50_ms, self.itl_p99_ms),
+            (self.e2e_p50_ms, self.e2e_p99_ms),
+        ]
 
 
 class ScenarioView(_Model):
@@ -411,8 +467,10 @@ class ScenarioView(_Model):
     decisions: str = Field(description=DECISION_WORDS)
 
     def text(self) -> str:
-        head = (f"scenario {self.scenario}: {len(self.rows)} case(s); {self.primary_metric} on {self.window}"
-                f"{'; limits ' + ', '.join(self.limits) if self.limits else ''}")
+        head = (
+            f"scenario {self.scenario}: {len(self.rows)} case(s); {self.primary_metric} on {self.window}"
+            f"{'; limits ' + ', '.join(self.limits) if self.limits else ''}"
+        )
         lines = [head, "change case run decision metric | TTFT TPOT ITL E2E p50/p99 ms | limits"]
         for r in self.rows:
             pct = " ".join(f"{_n(p50)}/{_n(p99)}" for p50, p99 in r.percentiles())
@@ -421,15 +479,21 @@ class ScenarioView(_Model):
                 lim += " (met " + ", ".join(f"{k} {v}" for k, v in r.limits_met.items()) + " runs)"
             run = r.run_id or "-"
             dec = r.decision or r.state
-            reps = (f" [mean {_n(r.metric_mean)} ±{r.metric_spread_rel:.0%} over {r.runs} runs]"
-                    if r.runs > 1 and r.metric_spread_rel is not None else "")
+            reps = (
+                f" [mean {_n(r.metric_mean)} ±{r.metric_spread_rel:.0%} over {r.runs} runs]"
+                if r.runs > 1 and r.metric_spread_rel is not None
+                else ""
+            )
             n = f" n={r.requests}" if r.requests is not None else ""
-            lines.append(f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)}{reps}{n} | "
-                         f"{pct} | {lim}")
+            lines.append(
+                f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)}{reps}{n} | {pct} | {lim}"
+            )
         best = next((r for r in self.rows if r.best), None)
         lines.append(f"* best within limits: {best.change} {best.case_id}" if best else "best within limits: none yet")
-        lines.append("decisions: keep = better beyond noise, within limits; close = breaks a limit or not better; "
-                     "insufficient = evidence missing or within noise (settle names the call)")
+        lines.append(
+            "decisions: keep = better beyond noise, within limits; close = breaks a limit or not better; "
+            "insufficient = evidence missing or within noise (settle names the call)"
+        )
         return "\n".join(lines)
 
 
@@ -465,8 +529,9 @@ def latest_scenario(ws: Workspace) -> str:
 
 
 def _label(path: str, value: Any, old: Any = None) -> str:
-    name = _LABELS.get(path, ".".join(path.split(".")[2:]) if path.startswith("service.components.")
-                       else path.rsplit(".", 1)[-1])  # a component's field: its name, e.g. decode.argv
+    name = _LABELS.get(
+        path, ".".join(path.split(".")[2:]) if path.startswith("service.components.") else path.rsplit(".", 1)[-1]
+    )  # a component's field: its name, e.g. decode.argv
     flags = argv_change(old, value)
     if flags is not None:  # an argv by the flags that changed ('-np 4→2'), never the whole command line
         return f"{name.removesuffix('argv').rstrip('.') + ' ' if name != 'argv' else ''}{flags}"
@@ -479,8 +544,11 @@ def _changes(base: Case | None, case: Case) -> list[tuple[str, Any, Any]]:
     if base is None:
         return []
     new = flatten(case.canonical())
-    return [(d.path, d.new, d.old) for d in delta(base, case)
-            if not (d.path in _FOLLOWS and new.get(d.path) == new.get(_FOLLOWS[d.path]))]
+    return [
+        (d.path, d.new, d.old)
+        for d in delta(base, case)
+        if not (d.path in _FOLLOWS and new.get(d.path) == new.get(_FOLLOWS[d.path]))
+    ]
 
 
 def _stat_sig(path: Path) -> str:
@@ -500,19 +568,25 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
             return scenario_view(ws, name, own)
     ids = [cid for cid, sc in idx.cases().items() if sc == name]
     if not ids:
-        raise NotFound(f"scenario '{name[:200]}' has no frozen case",
-                       "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
+        raise NotFound(
+            f"scenario '{name[:200]}' has no frozen case",
+            "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case",
+        )
     rd = Reader(ws, idx)
     digest = idx.digest(ids)
     by_id = {r.run_id: r for r in idx.rows([rid for rid, _, _, sig, live in digest if live or not sig])}
     parts = [PROCESSOR_VERSION, name, _stat_sig(ws.scenarios_dir / name / "decision.jsonl")]
-    parts += [f"{cid}={_stat_sig(ws.frozen_case(cid))}/{_stat_sig(ws.frozen_dir / f'{cid}.lineage.jsonl')}"
-              for cid in sorted(ids)]
+    parts += [
+        f"{cid}={_stat_sig(ws.frozen_case(cid))}/{_stat_sig(ws.frozen_dir / f'{cid}.lineage.jsonl')}"
+        for cid in sorted(ids)
+    ]
     # a run the index folded at rest adds its files' signature (its figures are kept under that same signature,
     # see Reader.figures); a live one the hash of its figures, read now
-    parts += [f"{rid}:{state}:{dec}:" + (rsig if rsig and not live else
-                                          sha256_bytes(orjson.dumps(rd.figures(by_id[rid])))[:16])
-              for rid, state, dec, rsig, live in digest]
+    parts += [
+        f"{rid}:{state}:{dec}:"
+        + (rsig if rsig and not live else sha256_bytes(orjson.dumps(rd.figures(by_id[rid])))[:16])
+        for rid, state, dec, rsig, live in digest
+    ]
     sig = sha256_bytes("\n".join(parts).encode())
     body = idx.derived("scenario_view", name, sig)
     if body is not None:
@@ -527,16 +601,28 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
 
 def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list[RunRow], rd: Reader) -> ScenarioView:
     if not cases:
-        raise NotFound(f"scenario '{name[:200]}' has no readable frozen case",
-                       "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case")
+        raise NotFound(
+            f"scenario '{name[:200]}' has no readable frozen case",
+            "summarize() without arguments shows the latest scenario; freeze_case(...) adds a case",
+        )
     metas = [m for m in metas if m.case_id in cases]
     first_run = {m.case_id: i for i, m in reversed(list(enumerate(metas)))}
-    base_id = next((m.case_id for m in reversed(metas) if m.decision == "baseline"
-                    and (dec := _decision_of(ws, m.run_id)) is not None and dec.outcome == "baseline"), None)
+    base_id = next(
+        (
+            m.case_id
+            for m in reversed(metas)
+            if m.decision == "baseline"
+            and (dec := _decision_of(ws, m.run_id)) is not None
+            and dec.outcome == "baseline"
+        ),
+        None,
+    )
     if base_id is None:
         named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
-        roots = sorted((cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
-                       key=lambda cid: first_run.get(cid, len(metas)))
+        roots = sorted(
+            (cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
+            key=lambda cid: first_run.get(cid, len(metas)),
+        )
         base_id = named[0] if named else (roots[0] if roots else min(cases, key=lambda cid: first_run.get(cid, 0)))
     base = cases[base_id]
     d = base.decision
@@ -559,25 +645,47 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         pcts = {name: window_stat(w, name) if w is not None else None for name in LIMITS}  # ScenarioRow's fields
         shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
         rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
-        rows.append(ScenarioRow(
-            **rep, requests=w.ok if w is not None and w.found else None,
-            case_id=cid, change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if cid == base_id
-            else shown or "(same)",
-            swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
-            run_id=rid, runs=len(good), state=state,
-            metric=window_stat(w, metric) if w is not None else None, **pcts,
-            limits=limit_verdicts(case, result), decision=dec.outcome if dec else None,
-            settle=dec.settle if dec else None, best=False))
+        rows.append(
+            ScenarioRow(
+                **rep,
+                requests=w.ok if w is not None and w.found else None,
+                case_id=cid,
+                change=(f"{_label(swept, value)} (baseline)" if swept else "baseline")
+                if cid == base_id
+                else shown or "(same)",
+                swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
+                run_id=rid,
+                runs=len(good),
+                state=state,
+                metric=window_stat(w, metric) if w is not None else None,
+                **pcts,
+                limits=limit_verdicts(case, result),
+                decision=dec.outcome if dec else None,
+                settle=dec.settle if dec else None,
+                best=False,
+            )
+        )
     higher = METRICS[metric].higher_is_better
-    eligible = [r for r in rows if r.decision in ("keep", "baseline") and r.metric is not None
-                and all(v.verdict == "meets" for v in r.limits)]
+    eligible = [
+        r
+        for r in rows
+        if r.decision in ("keep", "baseline") and r.metric is not None and all(v.verdict == "meets" for v in r.limits)
+    ]
     best = max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
     rows = [r.model_copy(update={"best": best is not None and r.case_id == best.case_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
-        scenario=name, baseline_case=base_id, primary_metric=metric, window=window, direction=METRICS[metric].direction,
-        limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()], swept=swept, rows=rows,
-        best_case=best.case_id if best else None, decisions=DECISION_WORDS)
+        scenario=name,
+        baseline_case=base_id,
+        primary_metric=metric,
+        window=window,
+        direction=METRICS[metric].direction,
+        limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
+        swept=swept,
+        rows=rows,
+        best_case=best.case_id if best else None,
+        decisions=DECISION_WORDS,
+    )
 
 
 def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> dict[str, Any]:
@@ -591,8 +699,11 @@ def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str
         for limit, bound in case.decision.limits.bounds().items():
             value = f[window]["limits"].get(limit)
             met.setdefault(limit, []).append(value is not None and value <= bound)
-    return {"metric_mean": mean, "metric_spread_rel": spread,
-            "limits_met": {k: f"{sum(x)}/{len(x)}" for k, x in met.items()}}
+    return {
+        "metric_mean": mean,
+        "metric_spread_rel": spread,
+        "limits_met": {k: f"{sum(x)}/{len(x)}" for k, x in met.items()},
+    }
 
 
 def scenario_next(view: ScenarioView) -> str:

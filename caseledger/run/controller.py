@@ -83,9 +83,16 @@ class Controller:
         extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
         sent = time.monotonic()
         try:
-            run_lease.renew(self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me),
-                            extra_procs=extra,
-                            timeout_s=max(0.5, min(ledger.HEARTBEAT_SECONDS, self._deadline - sent - STOP_MARGIN_S)))
+            run_lease.renew(
+                self.ws,
+                self.case,
+                self.key,
+                self.paths.run_id,
+                self.fence,
+                owner=dict(self.me),
+                extra_procs=extra,
+                timeout_s=max(0.5, min(ledger.HEARTBEAT_SECONDS, self._deadline - sent - STOP_MARGIN_S)),
+            )
         except FenceRejected as e:
             self.lose_target(e.message)  # a newer owner holds the target: stop loading and writing at once
         self._deadline = run_lease.deadline_after(sent)
@@ -113,8 +120,9 @@ class Controller:
             # if this controller gives up on its host before the first heartbeat
             extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
             sent = time.monotonic()
-            run_lease.renew(self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me),
-                            extra_procs=extra)
+            run_lease.renew(
+                self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra
+            )
             self._deadline = run_lease.deadline_after(sent)
         except (FenceRejected, RemoteError) as e:  # nothing of this run has been sent yet
             print(f"controller: {e}", file=sys.stderr)
@@ -168,8 +176,9 @@ class Controller:
             if not keep_lease and not outcome.endswith(FailureClass.DISK):
                 nxt = start_next(self.ws, self.key)  # an explicitly queued, preflighted case
                 if nxt:  # our fence is stale now (the next run holds the target): record without it
-                    ledger.append_event(self.ws, self.paths, "started_queued_run", owner=self.owner,
-                                        data={"run_id": nxt})
+                    ledger.append_event(
+                        self.ws, self.paths, "started_queued_run", owner=self.owner, data={"run_id": nxt}
+                    )
         return 0 if outcome == "succeeded" else 1
 
     def _disk_full(self, e: OSError, phase: Phase | None) -> None:
@@ -179,9 +188,13 @@ class Controller:
         msg = f"disk full (ENOSPC) writing {where}"
         with contextlib.suppress(OSError):
             at = phase or Phase.PREFLIGHT
-            self.event("phase_ended", phase=at, attempt=fold(self.ws, self.run_).phases[at].attempt, error=msg,
-                       data={"outcome": "failed", "failure_class": FailureClass.DISK,
-                             "fix": "free disk space, then resume"})
+            self.event(
+                "phase_ended",
+                phase=at,
+                attempt=fold(self.ws, self.run_).phases[at].attempt,
+                error=msg,
+                data={"outcome": "failed", "failure_class": FailureClass.DISK, "fix": "free disk space, then resume"},
+            )
             self.event("run_ended", data={"outcome": f"failed:{FailureClass.DISK}"})
 
     def run_phase(self, phase: Phase, attempt: int) -> FailureClass | None:
@@ -195,16 +208,28 @@ class Controller:
             self._end(phase, attempt, "failed", {"failure_class": cls}, error=f"{type(e).__name__}: {e}")
             return cls
         except PhaseFailed as e:
-            self._end(phase, attempt, "failed", {**e.evidence, "failure_class": e.failure_class, "fix": e.fix},
-                      error=e.message)
+            self._end(
+                phase,
+                attempt,
+                "failed",
+                {**e.evidence, "failure_class": e.failure_class, "fix": e.fix},
+                error=e.message,
+            )
             return e.failure_class
         except Exception as e:  # a bug of ours, never the phase's own class: resuming would meet the same bug
             cls = FailureClass.INTERNAL
             print(f"controller: {phase}: internal error", file=sys.stderr)
             traceback.print_exc()
-            self._end(phase, attempt, "failed",
-                      {"failure_class": cls, "fix": "report it with the controller log (ledger/runs/<run>/"
-                       "controller.log); the raw data is kept"}, error=f"{type(e).__name__}: {e}")
+            self._end(
+                phase,
+                attempt,
+                "failed",
+                {
+                    "failure_class": cls,
+                    "fix": "report it with the controller log (ledger/runs/<run>/controller.log); the raw data is kept",
+                },
+                error=f"{type(e).__name__}: {e}",
+            )
             return cls
         self._end(phase, attempt, data.pop("outcome", "done"), data)
         return None
@@ -216,8 +241,14 @@ class Controller:
         error, data = (secrets.mask(error) if error else error), secrets.mask_obj(data)
         ev = self.paths.phase_file(phase)
         write_json(ev, {"phase": phase, "attempt": attempt, "outcome": outcome, "error": error, **data})
-        self.event("phase_ended", phase=phase, attempt=attempt, outputs={"evidence": ev}, error=error,
-                   data={"outcome": outcome, **data})
+        self.event(
+            "phase_ended",
+            phase=phase,
+            attempt=attempt,
+            outputs={"evidence": ev},
+            error=error,
+            data={"outcome": outcome, **data},
+        )
 
     def action(self, phase: Phase) -> str:
         return self.meta.action(phase)
@@ -234,8 +265,11 @@ class Controller:
         # the process start_run spawned ahead and handed this run (a resume runs a fresh one)
         res = (ahead_result(self.paths) if attempt == 1 else None) or run_fresh(self.paths.root)
         if not res.get("ok"):
-            raise PhaseFailed(redact.cut(f"preflight: {res.get('error')}", 300), FailureClass.BEFORE_MODEL,
-                              "fix the cause and resume; 0 model requests were sent")
+            raise PhaseFailed(
+                redact.cut(f"preflight: {res.get('error')}", 300),
+                FailureClass.BEFORE_MODEL,
+                "fix the cause and resume; 0 model requests were sent",
+            )
         checks = res["checks"]
         if self.case.load.host is not None and not self.meta.load_reuse:
             # the load host too: same caseledger, the run and its dataset copied and hash-verified there, the
@@ -273,8 +307,11 @@ class Controller:
         """With components, the routes whose processes the service phase (re)started (the others kept their pids
         and warm caches, so warmup and route verification skip them); None: every route."""
         rec = self._service_record()
-        return list(rec.changed_routes) if rec is not None and rec.changed_routes is not None and rec.partly_reused \
+        return (
+            list(rec.changed_routes)
+            if rec is not None and rec.changed_routes is not None and rec.partly_reused
             else None
+        )
 
     def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
         act = self.action(Phase.CACHE_PREPARE)
@@ -289,6 +326,7 @@ class Controller:
     def phase_load(self, attempt: int) -> dict[str, Any]:
         if self.meta.load_reuse:
             return phases.reuse_parent_load(self.run_)
+
         def event(type_: str, **kw: Any) -> None:
             self.event(type_, **kw)
             if type_ == "load_client_started":

@@ -43,11 +43,13 @@ def _unreachable(case: Case, key: str, e: RemoteError) -> RemoteError:
     return RemoteError(
         f"the lease of target '{key}' is kept on {_where(ssh)} ({_field(case)}), which did not answer: {e.message}",
         f"{e.fix}; or point {_field(case)} at a reachable host (freeze a new case). Nothing was started: no "
-        "lease, no load")
+        "lease, no load",
+    )
 
 
-def acquire(ws: Workspace, case: Case, key: str, run_id: str, owner: dict[str, Any] | None, *,
-            same_run_ok: bool = False) -> Lease:
+def acquire(
+    ws: Workspace, case: Case, key: str, run_id: str, owner: dict[str, Any] | None, *, same_run_ok: bool = False
+) -> Lease:
     """Take the target for run_id with a new, strictly larger fence; TargetHeld names a live holder. One SSH
     exec when the lease is free; two when a lapsed lease must be judged here first."""
     ssh = lease_host(case)
@@ -74,12 +76,22 @@ def acquire(ws: Workspace, case: Case, key: str, run_id: str, owner: dict[str, A
             seen = ans.seen()  # lapsed (or our own run's, taken over by resume): take exactly that one
     except RemoteError as e:
         raise _unreachable(case, key, e) from None
-    raise TargetHeld(f"target '{key}' changed owner three times while it was being taken",
-                     "call start_run again; another controller is taking it right now")
+    raise TargetHeld(
+        f"target '{key}' changed owner three times while it was being taken",
+        "call start_run again; another controller is taking it right now",
+    )
 
 
-def renew(ws: Workspace, case: Case, key: str, run_id: str, fence: int, owner: dict[str, Any] | None = None,
-          extra_procs: list[dict[str, Any]] | None = None, timeout_s: float | None = None) -> Lease:
+def renew(
+    ws: Workspace,
+    case: Case,
+    key: str,
+    run_id: str,
+    fence: int,
+    owner: dict[str, Any] | None = None,
+    extra_procs: list[dict[str, Any]] | None = None,
+    timeout_s: float | None = None,
+) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over; RemoteError when the lease host
     cannot be asked (the caller stops its load before the lease it last renewed expires)."""
     ssh = lease_host(case)
@@ -89,15 +101,22 @@ def renew(ws: Workspace, case: Case, key: str, run_id: str, fence: int, owner: d
     from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S  # lazy: as above
 
     want = Lease(key, run_id, owner, fence, 0.0, list(extra_procs or []), workspace=str(ws.root))
-    ans = lh.operate(ssh, "renew", key, want, lease_s=LEASE_SECONDS,
-                     timeout_s=CONNECT_TIMEOUT_S + COMMAND_TIMEOUT_S if timeout_s is None else timeout_s)
+    ans = lh.operate(
+        ssh,
+        "renew",
+        key,
+        want,
+        lease_s=LEASE_SECONDS,
+        timeout_s=CONNECT_TIMEOUT_S + COMMAND_TIMEOUT_S if timeout_s is None else timeout_s,
+    )
     if ans.status != 0 or ans.lease is None:
         if ans.lease is not None:
             ans.lease.lease_host = _where(ssh)
             leases.mirror(ans.lease)  # this host's appends are checked against the new owner's fence
         raise FenceRejected(
             f"lease of target '{key}' on {_where(ssh)} is no longer held by run {run_id} with fence {fence}",
-            "this owner must stop; the current holder is in the lease file on the lease host")
+            "this owner must stop; the current holder is in the lease file on the lease host",
+        )
     ans.lease.lease_host = _where(ssh)
     leases.mirror(ans.lease)
     return ans.lease

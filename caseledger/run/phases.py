@@ -43,19 +43,36 @@ def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list
     for n, (route, e, salt) in enumerate(picks):
         ep = case.target.endpoints[route]
         entry = entries[e % len(entries)]
-        body = request_body(case.target.api, ep.model, datasets.render_prompt(entry, salt, ident), max_tokens,
-                            case.load.ignore_eos)
-        out.append(RequestSpec(i=n, entry=entry["i"], route=route, offset_s=0.0,
-                               url=request_url(ep.base_url, case.target.api), body=body,
-                               input_tokens_body=entry["body_tokens"], input_tokens_chat=entry["chat_tokens"]))
+        body = request_body(
+            case.target.api, ep.model, datasets.render_prompt(entry, salt, ident), max_tokens, case.load.ignore_eos
+        )
+        out.append(
+            RequestSpec(
+                i=n,
+                entry=entry["i"],
+                route=route,
+                offset_s=0.0,
+                url=request_url(ep.base_url, case.target.api),
+                body=body,
+                input_tokens_body=entry["body_tokens"],
+                input_tokens_chat=entry["chat_tokens"],
+            )
+        )
     return out
 
 
 def _send(case: Case, specs: list[RequestSpec], concurrency: int, phase: str) -> tuple[list[RawRecord], float]:
     t0 = time.monotonic()
-    recs = anyio.run(lambda: run_requests(specs, concurrency, phase, api_key=api_key_of(case),
-                                          timeout_s=case.load.timeout_s,
-                                          max_event_bytes=case.load.max_event_bytes))
+    recs = anyio.run(
+        lambda: run_requests(
+            specs,
+            concurrency,
+            phase,
+            api_key=api_key_of(case),
+            timeout_s=case.load.timeout_s,
+            max_event_bytes=case.load.max_event_bytes,
+        )
+    )
     return recs, time.monotonic() - t0
 
 
@@ -76,18 +93,28 @@ def warmup(run: Run, routes: list[int] | None = None) -> dict[str, Any]:
     if ok == 0:
         refuse_auth(case, "warmup", [r["status"] for r in recs])
         err = next((r["error"] for r in recs if r["error"]), "no response")
-        raise PhaseFailed(f"warmup: 0 of {n} requests succeeded ({err})", FailureClass.SERVICE,
-                          "check the service log; resume retries warmup without restarting a healthy service")
-    return {"requests": n, "ok": ok, "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3),
-            **({"routes": rs} if routes is not None else {})}
+        raise PhaseFailed(
+            f"warmup: 0 of {n} requests succeeded ({err})",
+            FailureClass.SERVICE,
+            "check the service log; resume retries warmup without restarting a healthy service",
+        )
+    return {
+        "requests": n,
+        "ok": ok,
+        "wall_s": round(wall, 3),
+        "latency_sum_s": round(_lat_sum(recs), 3),
+        **({"routes": rs} if routes is not None else {}),
+    }
 
 
 def route_verify(run: Run, only: list[int] | None = None) -> dict[str, Any]:
     """/models and one request per route (`only`: those routes), its prompt tokens checked against the plan."""
     case = run.case
     ks = only if only is not None else list(range(len(case.target.endpoints)))
-    routes = {k: {"route": k, "base_url": case.target.endpoints[k].base_url,
-                  "models": services.served_models(case, k)} for k in ks}
+    routes = {
+        k: {"route": k, "base_url": case.target.endpoints[k].base_url, "models": services.served_models(case, k)}
+        for k in ks
+    }
     picks = [(k, k, f"route-{run.run_id}-{k}") for k in ks]
     recs, wall = _send(case, _specs(run, picks, 1), max(1, len(picks)), "route_verify")
     counted = datasets.load_identity(run.workspace, run.meta.dataset()).chat_template_counted
@@ -95,11 +122,17 @@ def route_verify(run: Run, only: list[int] | None = None) -> dict[str, Any]:
         routes[rec["route"]]["ok"] = rec["ok"]
         if not rec["ok"]:
             refuse_auth(case, f"route {rec['route']}", [rec["status"]])
-            raise PhaseFailed(f"route {rec['route']} did not answer a request: {rec['error']}", FailureClass.SERVICE,
-                              "check that route's service")
+            raise PhaseFailed(
+                f"route {rec['route']} did not answer a request: {rec['error']}",
+                FailureClass.SERVICE,
+                "check that route's service",
+            )
         routes[rec["route"]]["tokens"] = _token_truth(case, rec, counted)
-    return {"routes": list(routes.values()), "wall_s": round(wall, 3),
-            **({"only_changed_routes": ks} if only is not None else {})}
+    return {
+        "routes": list(routes.values()),
+        "wall_s": round(wall, 3),
+        **({"only_changed_routes": ks} if only is not None else {}),
+    }
 
 
 def _token_truth(case: Case, rec: RawRecord, counted: bool) -> dict[str, Any]:
@@ -109,15 +142,20 @@ def _token_truth(case: Case, rec: RawRecord, counted: bool) -> dict[str, Any]:
     planned, server = rec["input_tokens_chat"], rec["prompt_tokens"]
     out: dict[str, Any] = {"planned_chat": planned, "server_prompt": server}
     if not counted:
-        out["compared"] = "no: the dataset counts the body only (target.api completions or dataset.chat_template " \
-                          "false), the server adds its template"
+        out["compared"] = (
+            "no: the dataset counts the body only (target.api completions or dataset.chat_template "
+            "false), the server adds its template"
+        )
     elif server is None:
         out["compared"] = "no: the server sent no usage.prompt_tokens"
     elif server != planned:
-        raise PhaseFailed(f"dataset tokenizer ≠ server tokenizer on route {rec['route']}: planned {planned} chat "
-                          f"tokens, server counted {server}", FailureClass.DATASET,
-                          "freeze a case with dataset.tokenizer = the served model's tokenizer (its Hugging Face "
-                          "directory or its GGUF file)")
+        raise PhaseFailed(
+            f"dataset tokenizer ≠ server tokenizer on route {rec['route']}: planned {planned} chat "
+            f"tokens, server counted {server}",
+            FailureClass.DATASET,
+            "freeze a case with dataset.tokenizer = the served model's tokenizer (its Hugging Face "
+            "directory or its GGUF file)",
+        )
     else:
         out["compared"] = "equal"
     return out
@@ -132,29 +170,41 @@ def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"target_ratio": target, "mode": "seed+check" if seed else "check"}
     if seed:
         picks = [(r, g, f"seed-{run.run_id}") for r in range(routes) for g in range(groups)]
-        recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)),
-                           "cache_seed")
-        out["seed"] = {"requests": len(recs), "ok": sum(r["ok"] for r in recs), "wall_s": round(wall, 3),
-                       "latency_sum_s": round(_lat_sum(recs), 3)}
-    picks = [(r, (r * case.cache.check_requests + k) % groups + groups * (k + 1), f"check-{run.run_id}-{k}")
-             for r in range(routes) for k in range(case.cache.check_requests)]
-    recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)),
-                       "cache_check")
+        recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)), "cache_seed")
+        out["seed"] = {
+            "requests": len(recs),
+            "ok": sum(r["ok"] for r in recs),
+            "wall_s": round(wall, 3),
+            "latency_sum_s": round(_lat_sum(recs), 3),
+        }
+    picks = [
+        (r, (r * case.cache.check_requests + k) % groups + groups * (k + 1), f"check-{run.run_id}-{k}")
+        for r in range(routes)
+        for k in range(case.cache.check_requests)
+    ]
+    recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)), "cache_check")
     ratios = []
     for r in recs:
         if r["ok"] and r["prompt_tokens"] and r["cached_tokens"] is not None:
             ratios.append(r["cached_tokens"] / r["prompt_tokens"])
         else:
             ratios.append(0.0)
-    out["check"] = {"requests": len(recs), "wall_s": round(wall, 3), "latency_sum_s": round(_lat_sum(recs), 3),
-                    "hit_ratios": [round(x, 4) for x in ratios],
-                    "cached_tokens": [r["cached_tokens"] for r in recs],
-                    "prompt_tokens": [r["prompt_tokens"] for r in recs],
-                    "denominator": "server prompt_tokens (chat-template tokens)"}
+    out["check"] = {
+        "requests": len(recs),
+        "wall_s": round(wall, 3),
+        "latency_sum_s": round(_lat_sum(recs), 3),
+        "hit_ratios": [round(x, 4) for x in ratios],
+        "cached_tokens": [r["cached_tokens"] for r in recs],
+        "prompt_tokens": [r["prompt_tokens"] for r in recs],
+        "denominator": "server prompt_tokens (chat-template tokens)",
+    }
     low = [x for x in ratios if x < target]
     if low:
-        raise PhaseFailed(f"cache check: {len(low)}/{len(ratios)} requests below {target} (min {min(ratios):.4f})",
-                          FailureClass.SERVICE, "seed again (resume) or check the engine's prefix caching flags")
+        raise PhaseFailed(
+            f"cache check: {len(low)}/{len(ratios)} requests below {target} (min {min(ratios):.4f})",
+            FailureClass.SERVICE,
+            "seed again (resume) or check the engine's prefix caching flags",
+        )
     return out
 
 
@@ -169,11 +219,16 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     if end is not None and prev.get("failure_class") in RESEND_CLASSES:
         # the formal entry rejected every request, or the service died under it: keep that attempt's raw
         # data aside (marked) and send the load again
-        old = paths.load_attempt_dir(int(prev.get('attempt', attempt - 1)))
+        old = paths.load_attempt_dir(int(prev.get("attempt", attempt - 1)))
         paths.load_dir.rename(old)
-        write_json(old / "superseded.json", {"failure_class": prev.get("failure_class"),
-                                             "error": redact.mask_obj(prev.get("error")),
-                                             "superseded_by_attempt": attempt})
+        write_json(
+            old / "superseded.json",
+            {
+                "failure_class": prev.get("failure_class"),
+                "error": redact.mask_obj(prev.get("error")),
+                "superseded_by_attempt": attempt,
+            },
+        )
         paths.load_dir.mkdir()
         end = None
     if case.load.host is not None:
@@ -191,12 +246,17 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         if n_raw or (paths.raw.exists() and paths.raw.stat().st_size):
             raise PhaseFailed(
                 f"load client is gone without an end file after {n_raw} of {planned} records",
-                FailureClass.END_UNKNOWN, "formal requests are never re-sent automatically; the raw records are kept")
+                FailureClass.END_UNKNOWN,
+                "formal requests are never re-sent automatically; the raw records are kept",
+            )
         problem = services.check_live(run.workspace, case, run.meta.target_key or "")
         if problem is not None:  # re-verified right before the first formal request
-            raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
-                              "resume starts the service once, then warmup and the load (nothing was sent)",
-                              evidence={"service_problem": problem})
+            raise PhaseFailed(
+                f"before the formal load: {problem}",
+                FailureClass.SERVICE,
+                "resume starts the service once, then warmup and the load (nothing was sent)",
+                evidence={"service_problem": problem},
+            )
         if prev.get("failure_class") in RESEND_CLASSES:
             _wait_idle(case)  # what the abandoned attempt left queued at the engine must not overlap this load
         _reserve_raw(paths, case)
@@ -207,8 +267,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         else:
             pid = spawn_client(paths, armed=False, case=case)
         go.touch()
-        event("load_client_started", phase="load", attempt=attempt,
-                  data={"pid": pid["pid"], "armed": pid is armed})
+        event("load_client_started", phase="load", attempt=attempt, data={"pid": pid["pid"], "armed": pid is armed})
         checkpoint("controller", "during", "load", delay_s=0.5)
     watch = _LoadWatch(run, pid, event)
     while end is None:
@@ -222,8 +281,11 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
                 end = read_json_or_none(paths.load_end)
             if end is None:
                 n = len(read_records(paths.raw).records)
-                raise PhaseFailed(f"load client exited without an end file: {n} of {planned} requests done",
-                                  FailureClass.END_UNKNOWN, "raw records are kept; resume confirms the evidence")
+                raise PhaseFailed(
+                    f"load client exited without an end file: {n} of {planned} requests done",
+                    FailureClass.END_UNKNOWN,
+                    "raw records are kept; resume confirms the evidence",
+                )
             break
         time.sleep(0.1)
         end = read_json_or_none(paths.load_end)
@@ -231,8 +293,9 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     return _load_ended(run, end, prev, {"reattached": reattached, **watch.evidence()})
 
 
-def _load_remote(run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any],
-                 end: dict[str, Any] | None) -> dict[str, Any]:
+def _load_remote(
+    run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any], end: dict[str, Any] | None
+) -> dict[str, Any]:
     """The load client on load.host (run/remote_load.py): started once per run, followed, its raw data copied
     back and sealed; a lost link is end_unknown (the client keeps running, resume re-attaches)."""
     paths, case, planned = run.paths, run.case, run.meta.planned
@@ -241,9 +304,12 @@ def _load_remote(run: Run, attempt: int, event: Callable[..., None], prev: dict[
         if remote_load.launched(paths) is None:
             problem = services.check_live(run.workspace, case, run.meta.target_key or "")
             if problem is not None:  # re-verified right before the first formal request
-                raise PhaseFailed(f"before the formal load: {problem}", FailureClass.SERVICE,
-                                  "resume starts the service once, then warmup and the load (nothing was sent)",
-                                  evidence={"service_problem": problem})
+                raise PhaseFailed(
+                    f"before the formal load: {problem}",
+                    FailureClass.SERVICE,
+                    "resume starts the service once, then warmup and the load (nothing was sent)",
+                    evidence={"service_problem": problem},
+                )
             if prev.get("failure_class") in RESEND_CLASSES:
                 _wait_idle(case)
             _counters(run, paths.metrics_before)
@@ -258,7 +324,9 @@ def _load_remote(run: Run, attempt: int, event: Callable[..., None], prev: dict[
                 return {**accept_partial(paths, planned, n_raw), **extra}
             raise PhaseFailed(
                 f"load client on {extra['host']} exited without an end file after {n_raw} of {planned} records",
-                FailureClass.END_UNKNOWN, "formal requests are never re-sent automatically; the raw records are kept")
+                FailureClass.END_UNKNOWN,
+                "formal requests are never re-sent automatically; the raw records are kept",
+            )
     return _load_ended(run, end, prev, {"reattached": bool(extra.get("reattached")), **extra})
 
 
@@ -267,25 +335,38 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
     paths, case, planned = run.paths, run.case, run.meta.planned
     read_by = _counters(run, paths.metrics_after)
     if end.get("exit") == "disk_full" and prev.get("failure_class") != FailureClass.DISK:
-        raise PhaseFailed(f"{end.get('reason')}: {end['done']} of {planned} requests recorded, "
-                          f"{planned - end['sent']} never sent", FailureClass.DISK,
-                          "free disk space, then resume: the recorded requests are kept and nothing is re-sent "
-                          "(the run ends partial)")
+        raise PhaseFailed(
+            f"{end.get('reason')}: {end['done']} of {planned} requests recorded, {planned - end['sent']} never sent",
+            FailureClass.DISK,
+            "free disk space, then resume: the recorded requests are kept and nothing is re-sent "
+            "(the run ends partial)",
+        )
     recs = read_records(paths.raw).records  # once: the failure check and the client timing both read them
     if end.get("failed", 0):
         problem = services.check_live(run.workspace, case, run.meta.target_key or "")
         if problem is not None:
             raise PhaseFailed(
                 f"the service failed during the formal load: {problem}; {end['failed']} of {end['done']} requests "
-                "failed", FailureClass.SERVICE,
+                "failed",
+                FailureClass.SERVICE,
                 "resume starts the service once and sends the load again as a new attempt (this attempt's raw "
-                "data is kept aside, marked superseded)", evidence={"service_problem": problem})
+                "data is kept aside, marked superseded)",
+                evidence={"service_problem": problem},
+            )
         check_failures(case, recs)
-    return {**extra, "planned": end["planned"], "sent": end["sent"], "done": end["done"],
-            "ok": end["ok"], "failed": end["failed"], "metrics_read_by": read_by,
-            "client_timing": client_timing(recs, case.load.concurrency,
-                                           case.load.rate is None, read_json_or_none(paths.load_anchor)),
-            "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None}
+    return {
+        **extra,
+        "planned": end["planned"],
+        "sent": end["sent"],
+        "done": end["done"],
+        "ok": end["ok"],
+        "failed": end["failed"],
+        "metrics_read_by": read_by,
+        "client_timing": client_timing(
+            recs, case.load.concurrency, case.load.rate is None, read_json_or_none(paths.load_anchor)
+        ),
+        "raw_sha256": sha256_file(paths.raw) if paths.raw.exists() else None,
+    }
 
 
 def _reserve_raw(paths: RunPaths, case: Case) -> None:
@@ -301,8 +382,10 @@ def _reserve_raw(paths: RunPaths, case: Case) -> None:
         free = shutil.disk_usage(paths.load_dir).free
         raise PhaseFailed(
             f"disk full: cannot reserve {need / 1e6:.1f} MB for load/raw.jsonl ({free / 1e6:.1f} MB free in "
-            f"{paths.load_dir}); no formal request was sent", FailureClass.DISK,
-            "free disk space, then resume: the load starts from its first request")
+            f"{paths.load_dir}); no formal request was sent",
+            FailureClass.DISK,
+            "free disk space, then resume: the load starts from its first request",
+        )
 
 
 def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:
@@ -315,9 +398,14 @@ def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:
     sent = max(counts.sent, done)
     # sent: recorded before each request's first byte left, so the target counted at most this many (a kill
     # between the record and the send is the only difference, microseconds wide)
-    partial = {"planned": planned, "done": done, "sent": sent, "in_flight_lost": sent - done,
-               "never_sent": planned - sent, "reason": "load client died without an end file; "
-               "formal requests are never re-sent"}
+    partial = {
+        "planned": planned,
+        "done": done,
+        "sent": sent,
+        "in_flight_lost": sent - done,
+        "never_sent": planned - sent,
+        "reason": "load client died without an end file; formal requests are never re-sent",
+    }
     write_json(paths.load_partial, partial)
     return {"outcome": "done", "partial": True, **partial}
 
@@ -329,8 +417,15 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
     if armed:
         env["CASELEDGER_LOAD_ARMED"] = "1"
     with paths.load_log.open("ab") as lf:
-        p = subprocess.Popen([sys.executable, "-m", "caseledger.load", str(paths.root)], stdin=subprocess.DEVNULL,
-                             stdout=lf, stderr=lf, env=env, start_new_session=True, close_fds=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "caseledger.load", str(paths.root)],
+            stdin=subprocess.DEVNULL,
+            stdout=lf,
+            stderr=lf,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
     pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
     write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
     if armed:
@@ -377,8 +472,13 @@ def rejection(error: str) -> str:
 
 OVERLOAD_STATUSES = (429, 503)  # rate-limited (429) or saturated (503): the target's state, not the case's
 # when failed requests have several causes, the class named first wins a tie
-_CAUSE_ORDER = (FailureClass.AUTH, FailureClass.OVERLOAD, FailureClass.HOT_ENTRY, FailureClass.SERVICE,
-                FailureClass.INTERNAL)
+_CAUSE_ORDER = (
+    FailureClass.AUTH,
+    FailureClass.OVERLOAD,
+    FailureClass.HOT_ENTRY,
+    FailureClass.SERVICE,
+    FailureClass.INTERNAL,
+)
 
 
 def failure_cause(rec: RawRecord) -> FailureClass:
@@ -425,16 +525,22 @@ def check_failures(case: Case, recs: list[RawRecord]) -> None:
     over = f"{kinds}; {share:.0%} > load.max_failed_share {limit:g}"
     if cls == FailureClass.AUTH:
         refuse_auth(case, "formal load", [r["status"] for r in failed])
-        raise PhaseFailed(f"formal load: the target refused the credentials ({counts}: {over})", cls,
-                          "check the variable target.api_key_env names: it must hold the key the server expects; "
-                          "then resume (the service is kept)")
-    what = {FailureClass.OVERLOAD: "the target is overloaded or rate-limited",
-            FailureClass.HOT_ENTRY: "the formal entry rejected the requests",
-            FailureClass.SERVICE: "the service did not serve the requests",
-            FailureClass.INTERNAL: "the load client failed"}[cls]
+        raise PhaseFailed(
+            f"formal load: the target refused the credentials ({counts}: {over})",
+            cls,
+            "check the variable target.api_key_env names: it must hold the key the server expects; "
+            "then resume (the service is kept)",
+        )
+    what = {
+        FailureClass.OVERLOAD: "the target is overloaded or rate-limited",
+        FailureClass.HOT_ENTRY: "the formal entry rejected the requests",
+        FailureClass.SERVICE: "the service did not serve the requests",
+        FailureClass.INTERNAL: "the load client failed",
+    }[cls]
     # the server's own words first: they survive any cut of the message
-    raise PhaseFailed(f"formal load: {what} ({counts}): {rejection(first['error'] or '')} ({over})", cls,
-                      _CAUSE_FIX[cls])
+    raise PhaseFailed(
+        f"formal load: {what} ({counts}): {rejection(first['error'] or '')} ({over})", cls, _CAUSE_FIX[cls]
+    )
 
 
 def _kind(rec: RawRecord) -> str:
@@ -442,8 +548,14 @@ def _kind(rec: RawRecord) -> str:
 
 
 # /metrics gauges of requests an engine holds (running or queued), per engine family
-IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "llamacpp:requests_processing",
-                    "llamacpp:requests_deferred", "sglang:num_running_reqs", "sglang:num_queue_reqs")
+IN_FLIGHT_GAUGES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+)
 IDLE_WAIT_S = 60.0  # how long a resend waits for an engine to finish what an abandoned attempt left
 
 
@@ -474,9 +586,11 @@ def _wait_idle(case: Case) -> None:
     if busy:
         raise PhaseFailed(
             f"before the formal load: the engine still holds {busy:g} request(s) {IDLE_WAIT_S:g} s later (its "
-            "/metrics in-flight gauges): a new load would overlap that backlog", FailureClass.SERVICE,
+            "/metrics in-flight gauges): a new load would overlap that backlog",
+            FailureClass.SERVICE,
             "resume restarts the service (nothing was sent); or wait until the engine is idle",
-            evidence={"service_problem": f"engine busy with {busy:g} abandoned request(s)"})
+            evidence={"service_problem": f"engine busy with {busy:g} abandoned request(s)"},
+        )
 
 
 STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (status shows it at once)
@@ -569,8 +683,11 @@ def _counters(run: Run, dest: Path) -> str | None:
 def reuse_parent_load(run: Run) -> dict[str, Any]:
     paths, source = run.paths, run.meta.load_reuse
     if source is None:
-        raise PhaseFailed(f"run {run.run_id} reuses no parent load", FailureClass.BEFORE_MODEL,
-                          "start a new run of the case (start_run)")
+        raise PhaseFailed(
+            f"run {run.run_id} reuses no parent load",
+            FailureClass.BEFORE_MODEL,
+            "start a new run of the case (start_run)",
+        )
     src = run.workspace.run(source).load_dir
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
@@ -587,14 +704,24 @@ def confirm_end(run: Run) -> dict[str, Any]:
         n = len(read_records(paths.raw).records)
         if procs.alive(read_json_or_none(paths.load_pid)):
             raise PhaseFailed("load client alive again", FailureClass.END_UNKNOWN, "resume waits for it")
-        return {"client_gone": True, "end_file": False, "records": n, "planned": partial["planned"],
-                "partial": partial, "all_accounted": False, "raw_sha256": sha256_file(paths.raw)}
+        return {
+            "client_gone": True,
+            "end_file": False,
+            "records": n,
+            "planned": partial["planned"],
+            "partial": partial,
+            "all_accounted": False,
+            "raw_sha256": sha256_file(paths.raw),
+        }
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
     pid = read_json_or_none(paths.load_pid)
     if not reused and run.case.load.host is not None and not remote_load.confirm_gone(run):
-        raise PhaseFailed(f"load client on {remote_load.where(run.case.load.host)} still alive after its end file",
-                          FailureClass.END_UNKNOWN, "resume waits for it")
+        raise PhaseFailed(
+            f"load client on {remote_load.where(run.case.load.host)} still alive after its end file",
+            FailureClass.END_UNKNOWN,
+            "resume waits for it",
+        )
     deadline = time.monotonic() + 30
     while not reused and procs.alive(pid) and time.monotonic() < deadline:
         # the client is our child when we started it: reap it so it does not linger as a zombie
@@ -602,14 +729,25 @@ def confirm_end(run: Run) -> dict[str, Any]:
             os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
         time.sleep(0.05)  # it wrote its end file and is exiting
     if not reused and procs.alive(pid):
-        raise PhaseFailed("load client still alive 30 s after its end file", FailureClass.END_UNKNOWN,
-                          "resume waits for it")
+        raise PhaseFailed(
+            "load client still alive 30 s after its end file", FailureClass.END_UNKNOWN, "resume waits for it"
+        )
     n = len(read_records(paths.raw).records)
     if n != end["done"]:
-        raise PhaseFailed(f"raw records {n} != end file done {end['done']}", FailureClass.END_UNKNOWN,
-                          "resume re-checks; nothing is re-sent")
-    return {"client_gone": True, "end_file": True, "records": n, "planned": end["planned"], "sent": end["sent"],
-            "all_accounted": n == end["sent"] == end["planned"], "raw_sha256": sha256_file(paths.raw)}
+        raise PhaseFailed(
+            f"raw records {n} != end file done {end['done']}",
+            FailureClass.END_UNKNOWN,
+            "resume re-checks; nothing is re-sent",
+        )
+    return {
+        "client_gone": True,
+        "end_file": True,
+        "records": n,
+        "planned": end["planned"],
+        "sent": end["sent"],
+        "all_accounted": n == end["sent"] == end["planned"],
+        "raw_sha256": sha256_file(paths.raw),
+    }
 
 
 def postprocess_env() -> tuple[list[str], dict[str, str]]:
@@ -632,7 +770,10 @@ def check_raw(paths: RunPaths, sealed: str | None) -> None:
             f"ledger/runs/{paths.run_id}/load/raw.jsonl changed after the load ended "
             f"(sha256 {now[:12]}… now, {sealed[:12]}… sealed at confirm_end); nothing was recomputed",
             "restore raw.jsonl from a backup (its sha256 is in the confirm_end event); a new measurement "
-            "needs start_run", run_id=paths.run_id, phase=Phase.POSTPROCESS)
+            "needs start_run",
+            run_id=paths.run_id,
+            phase=Phase.POSTPROCESS,
+        )
 
 
 def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str | None = None) -> dict[str, Any]:
@@ -640,17 +781,25 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
     `sealed`: the raw data's sha256 recorded at confirm_end, checked first."""
     check_raw(paths, sealed)
     argv, env = postprocess_env()
-    p = subprocess.run([*argv, str(paths.root), *(extra or [])], capture_output=True, env=env, timeout=600,
-                       stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [*argv, str(paths.root), *(extra or [])], capture_output=True, env=env, timeout=600, stdin=subprocess.DEVNULL
+    )
     recorded_env = {"interpreter": argv[0], "argv": argv[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}
     if p.returncode != 0:
         err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise PhaseFailed(redact.cut(f"postprocess: {err}", 400), FailureClass.COLLECT,
-                          f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent")
+        raise PhaseFailed(
+            redact.cut(f"postprocess: {err}", 400),
+            FailureClass.COLLECT,
+            f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent",
+        )
 
     out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])
-    return {"result": out.get("result"), "raw_sha256": out.get("raw_sha256"), "env": recorded_env,
-            "requests": out.get("requests")}
+    return {
+        "result": out.get("result"),
+        "raw_sha256": out.get("raw_sha256"),
+        "env": recorded_env,
+        "requests": out.get("requests"),
+    }
 
 
 def decide(run: Run) -> dict[str, Any]:

@@ -34,10 +34,16 @@ from caseledger.workspace import RunPaths, read_json_or_none, write_json
 Path_ = PathLike[str]
 
 _BLOCKED = {
-    "socket.connect": "outgoing connection", "socket.sendto": "UDP send", "socket.sendmsg": "socket send",
-    "socket.getaddrinfo": "name lookup", "socket.gethostbyname": "name lookup",
-    "subprocess.Popen": "child process", "os.system": "child process", "os.exec": "exec",
-    "os.posix_spawn": "child process", "os.fork": "fork",
+    "socket.connect": "outgoing connection",
+    "socket.sendto": "UDP send",
+    "socket.sendmsg": "socket send",
+    "socket.getaddrinfo": "name lookup",
+    "socket.gethostbyname": "name lookup",
+    "subprocess.Popen": "child process",
+    "os.system": "child process",
+    "os.exec": "exec",
+    "os.posix_spawn": "child process",
+    "os.fork": "fork",
 }
 
 
@@ -52,14 +58,13 @@ def install_guard() -> None:
 
 def run(run_dir: str) -> dict[str, Any]:
 
-
-
     run = read_run(Path(run_dir))
     paths, meta, case = run.paths, run.meta, run.case
     checks: dict[str, Any] = {}
     if not is_case_id_of(case, meta.case_id):
-        raise ValueError(f"case.json hashes to {case_id_of(case)}, the run says {meta.case_id}: the frozen case "
-                         "changed")
+        raise ValueError(
+            f"case.json hashes to {case_id_of(case)}, the run says {meta.case_id}: the frozen case changed"
+        )
     checks["case_reload"] = meta.case_id
     ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
@@ -111,18 +116,26 @@ def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
         return None
     bound, field = limit
     # a conversation's turn carries its history: its bound counts the earlier messages and replies
-    need = [((s.prompt_bound if s.prompt_bound is not None else s.input_tokens_chat or 0) + (s.max_tokens or 0), s)
-            for s in plan.specs]
+    need = [
+        ((s.prompt_bound if s.prompt_bound is not None else s.input_tokens_chat or 0) + (s.max_tokens or 0), s)
+        for s in plan.specs
+    ]
     over = [(t, s) for t, s in need if t > bound]
     if over:
         t, s = over[0]
-        where = f"trace row {s.trace_row}" if s.trace_row is not None else \
-            f"conversation {s.session} turn {s.turn}, with its history" if s.session is not None else f"entry {s.entry}"
+        where = (
+            f"trace row {s.trace_row}"
+            if s.trace_row is not None
+            else f"conversation {s.session} turn {s.turn}, with its history"
+            if s.session is not None
+            else f"entry {s.entry}"
+        )
         raise ValueError(
             f"{len(over)} of {len(need)} requests do not fit the context of {bound} tokens ({field}): the first, "
             f"request {s.i} ({where}), needs {t - (s.max_tokens or 0)} prompt + {s.max_tokens} output = {t} tokens; "
             f"lower dataset.input_tokens / output_tokens (their max), use a subset of the trace (dataset.entries), "
-            f"fewer dataset.sessions.turns, or serve a longer context and raise {field}")
+            f"fewer dataset.sessions.turns, or serve a longer context and raise {field}"
+        )
     longest_t = max((t for t, _ in need), default=0)
     return {"limit": bound, "from": field, "longest_request_tokens": longest_t}
 
@@ -130,10 +143,13 @@ def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
 def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
     """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; {"ok": bool, "checks"|"error": ...}."""
 
-
-
-    p = subprocess.run([sys.executable, "-m", "caseledger.run.preflight", str(run_dir)], capture_output=True,
-                       env=child_env(), timeout=timeout_s, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "caseledger.run.preflight", str(run_dir)],
+        capture_output=True,
+        env=child_env(),
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
     lines = p.stdout.decode(errors="replace").strip().splitlines()
     try:
         res: dict[str, Any] = orjson.loads(lines[-1]) if lines else {}
@@ -154,15 +170,22 @@ def spawn_ahead(keep: Iterable[str] = ()) -> subprocess.Popen[bytes]:
     while start_run takes the lease and writes the run, then gets the run directory on stdin and checks it
     exactly as `python -m caseledger.run.preflight RUN_DIR` would: a clean process, sockets forbidden, the
     case reloaded from disk. Its result lands in the run's preflight.ahead.json for the controller."""
-    return subprocess.Popen([sys.executable, "-m", "caseledger.run.preflight", AHEAD], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(keep=keep),
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "caseledger.run.preflight", AHEAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=child_env(keep=keep),
+        start_new_session=True,
+    )
 
 
 def hand_over(p: subprocess.Popen[bytes], paths: RunPaths) -> None:
     """Give the waiting preflight process its run (its pid is recorded first, for the controller)."""
-    write_json(paths.preflight_ahead_pid, {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0,
-                                           "host": procs.me()["host"]})
+    write_json(
+        paths.preflight_ahead_pid,
+        {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]},
+    )
     assert p.stdin is not None
     with contextlib.suppress(OSError):  # it died already: the controller runs preflight itself
         p.stdin.write(str(paths.root).encode() + b"\n")

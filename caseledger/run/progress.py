@@ -50,10 +50,17 @@ def progress_line(view: RunView, elapsed_s: float, points: tuple[int, int] | Non
     c = view.counts
     head = f"points {points[0]}/{points[1]} · " if points else ""
     rest = load_rest_s(view)
-    est = (f"~{_s(rest)} of load left" if rest is not None
-           else "load ended" if view.load_ended == "yes" else "rest unknown until requests end")
-    return (f"{head}{view.run_id} {phase_of(view)} · formal sent {c.sent}/{c.planned} done {c.done} "
-            f"failed {c.failed} · {_s(elapsed_s)} elapsed, {est}")
+    est = (
+        f"~{_s(rest)} of load left"
+        if rest is not None
+        else "load ended"
+        if view.load_ended == "yes"
+        else "rest unknown until requests end"
+    )
+    return (
+        f"{head}{view.run_id} {phase_of(view)} · formal sent {c.sent}/{c.planned} done {c.done} "
+        f"failed {c.failed} · {_s(elapsed_s)} elapsed, {est}"
+    )
 
 
 class ProgressLine:

@@ -62,14 +62,20 @@ END_EXIT_WAIT_S = 30.0  # the client wrote its end file and is exiting
 PREFLIGHT_TIMEOUT_S = 300.0
 COPIED = ("raw.jsonl", "sent.log")  # appended line by line as they grow
 
-_CLOCK_PY = ("import sys, time\nout = sys.stdout\nout.write('clock-ready\\n'); out.flush()\n"
-             "for _ in iter(sys.stdin.buffer.readline, b''):\n    out.write('%d\\n' % time.time_ns()); out.flush()\n")
-_DIGEST_PY = ("import importlib.metadata as m\nfrom caseledger.run.remote_load import package_digest\n"
-              "print(m.version('caseledger'), package_digest())\n")
+_CLOCK_PY = (
+    "import sys, time\nout = sys.stdout\nout.write('clock-ready\\n'); out.flush()\n"
+    "for _ in iter(sys.stdin.buffer.readline, b''):\n    out.write('%d\\n' % time.time_ns()); out.flush()\n"
+)
+_DIGEST_PY = (
+    "import importlib.metadata as m\nfrom caseledger.run.remote_load import package_digest\n"
+    "print(m.version('caseledger'), package_digest())\n"
+)
 
 
-_FETCH_PY = ("import sys, urllib.request\nwith urllib.request.urlopen(sys.argv[1], timeout=5) as r:\n"
-             "    sys.stdout.write(r.read().decode())\n")
+_FETCH_PY = (
+    "import sys, urllib.request\nwith urllib.request.urlopen(sys.argv[1], timeout=5) as r:\n"
+    "    sys.stdout.write(r.read().decode())\n"
+)
 
 
 class LinkLost(Exception):
@@ -151,8 +157,9 @@ class Link:
             with anyio.move_on_after(1, shield=True):
                 await stack.aclose()
 
-    async def call(self, fn: Callable[[asyncssh.SSHClientConnection], Awaitable[T]],
-                   timeout_s: float = POLL_TIMEOUT_S) -> T:
+    async def call(
+        self, fn: Callable[[asyncssh.SSHClientConnection], Awaitable[T]], timeout_s: float = POLL_TIMEOUT_S
+    ) -> T:
         import asyncssh  # lazy: a local-only run never pays for SSH (~0.2 s)
 
         n, lost_since = 0, None
@@ -166,8 +173,7 @@ class Link:
                     with anyio.fail_after(timeout_s):
                         out = await fn(conn)
                 except (TimeoutError, asyncssh.Error, OSError) as e:  # the link, not the command's answer
-                    raise _Retry(f"{type(e).__name__}: {e}" if str(e) else f"no answer within {timeout_s:g}s"
-                                 ) from None
+                    raise _Retry(f"{type(e).__name__}: {e}" if str(e) else f"no answer within {timeout_s:g}s") from None
                 return out
             except _Retry as e:
                 self.last_error = str(e)
@@ -190,8 +196,10 @@ async def _put(conn: asyncssh.SSHClientConnection, src: Path, dest: str) -> None
     """Copy a local file to dest on the host atomically (temp file + rename), private to the login user; streamed
     in blocks (a dataset can be large)."""
     tmp = f"{dest}.tmp{os.getpid()}"
-    script = (f"umask 077 && mkdir -p {shlex.quote(str(Path(dest).parent))} && cat > {shlex.quote(tmp)} && "
-              f"mv -f {shlex.quote(tmp)} {shlex.quote(dest)}")
+    script = (
+        f"umask 077 && mkdir -p {shlex.quote(str(Path(dest).parent))} && cat > {shlex.quote(tmp)} && "
+        f"mv -f {shlex.quote(tmp)} {shlex.quote(dest)}"
+    )
     async with conn.create_process(script, encoding=None) as proc:
         with src.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -200,8 +208,10 @@ async def _put(conn: asyncssh.SSHClientConnection, src: Path, dest: str) -> None
         proc.stdin.write_eof()
         res = await proc.wait(check=False)
     if res.exit_status != 0:
-        raise RemoteError(f"cannot write {dest} on the load host (exit {res.exit_status})",
-                          "check load.host.workdir: it must be writable by load.host.user")
+        raise RemoteError(
+            f"cannot write {dest} on the load host (exit {res.exit_status})",
+            "check load.host.workdir: it must be writable by load.host.user",
+        )
 
 
 async def _sha256s(conn: asyncssh.SSHClientConnection, files: list[str]) -> dict[str, str | None]:
@@ -215,8 +225,12 @@ def _local_files(run: Run, host: LoadHost) -> dict[str, Path]:
     """remote path -> local file: the run's copy of its case and the dataset it names."""
     ws, rdir, ddir = run.workspace, remote_run_dir(run, host), remote_dataset_dir(run, host)
     local_ds = ws.dataset_dir(run.meta.dataset())
-    return {f"{rdir}/run.json": run.paths.run_json, f"{rdir}/case.json": run.paths.case,
-            f"{ddir}/identity.json": local_ds / "identity.json", f"{ddir}/entries.jsonl": local_ds / "entries.jsonl"}
+    return {
+        f"{rdir}/run.json": run.paths.run_json,
+        f"{rdir}/case.json": run.paths.case,
+        f"{ddir}/identity.json": local_ds / "identity.json",
+        f"{ddir}/entries.jsonl": local_ds / "entries.jsonl",
+    }
 
 
 async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> dict[str, Any]:
@@ -233,8 +247,10 @@ async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: Loa
         have = await _sha256s(conn, list(files))
     bad = [Path(r).name for r in files if have.get(r) != want[r]]
     if bad:
-        raise RemoteError(f"copied {', '.join(bad)} to the load host, but its sha256 there differs",
-                          "check the load host's disk (load.host.workdir), then resume")
+        raise RemoteError(
+            f"copied {', '.join(bad)} to the load host, but its sha256 there differs",
+            "check the load host's disk (load.host.workdir), then resume",
+        )
     return {"copied": copied, "sha256": {Path(r).name: want[r][:16] for r in files}}
 
 
@@ -242,17 +258,19 @@ async def _version(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[s
     status, out = await _script(conn, f"cd / && {shlex.quote(host.python)} -c {shlex.quote(_DIGEST_PY)} 2>&1")
     words = out.decode(errors="replace").split()
     if status != 0 or len(words) != 2:
-        raise RemoteError(f"{host.python} on the load host cannot import caseledger (exit {status}: "
-                          f"{' '.join(words)[-160:]})",
-                          "install this caseledger there, or point load.host.python at an interpreter that has it")
+        raise RemoteError(
+            f"{host.python} on the load host cannot import caseledger (exit {status}: {' '.join(words)[-160:]})",
+            "install this caseledger there, or point load.host.python at an interpreter that has it",
+        )
     return {"version": words[0], "digest": words[1]}
 
 
 async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> dict[str, Any]:
     """The real preflight entry point, fresh, on the load host (sockets forbidden there as here)."""
     rdir = remote_run_dir(run, host)
-    status, out = await _script(conn, f"cd / && {shlex.quote(host.python)} -m caseledger.run.preflight "
-                                      f"{shlex.quote(rdir)} 2>/dev/null")
+    status, out = await _script(
+        conn, f"cd / && {shlex.quote(host.python)} -m caseledger.run.preflight {shlex.quote(rdir)} 2>/dev/null"
+    )
     lines = out.decode(errors="replace").strip().splitlines()
     try:
         res = orjson.loads(lines[-1]) if lines else {}
@@ -260,9 +278,10 @@ async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHos
         res = {}
     if status != 0 or not isinstance(res, dict) or not res.get("ok"):
         err = res.get("error") if isinstance(res, dict) else None
-        raise RemoteError(redact.cut(f"preflight on the load host failed: {err or (lines[-1:] or ['no output'])[0]}",
-                                     300),
-                          "fix the cause on the load host, then resume; nothing was sent")
+        raise RemoteError(
+            redact.cut(f"preflight on the load host failed: {err or (lines[-1:] or ['no output'])[0]}", 300),
+            "fix the cause on the load host, then resume; nothing was sent",
+        )
     checks: dict[str, Any] = res.get("checks") or {}
     return checks
 
@@ -276,8 +295,7 @@ async def _clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[str
         while True:
             line = await proc.stdout.readline()
             if not line:
-                raise RemoteError(f"the clock reader on the load host ({host.python}) exited",
-                                  "check load.host.python")
+                raise RemoteError(f"the clock reader on the load host ({host.python}) exited", "check load.host.python")
             if line.strip() == b"clock-ready":
                 break
         for _ in range(CLOCK_ROUNDS):
@@ -289,11 +307,17 @@ async def _clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[str
         proc.stdin.write_eof()
     t0, r, t1 = min(samples, key=lambda s: s[2] - s[0])
     rtts = [s[2] - s[0] for s in samples]
-    return {"offset_ns": r - (t0 + t1) // 2, "uncertainty_ns": (t1 - t0 + 1) // 2, "rtt_min_ns": t1 - t0,
-            "rtt_median_ns": int(statistics.median(rtts)), "rounds": len(samples), "measured_utc": utc_now(),
-            "method": "SSH round trips to a reader on the load host; offset = remote wall - midpoint of the "
-                      "shortest round trip, uncertainty = half of it",
-            "maps": "controller wall ns = load-host wall ns - offset_ns (± uncertainty_ns)"}
+    return {
+        "offset_ns": r - (t0 + t1) // 2,
+        "uncertainty_ns": (t1 - t0 + 1) // 2,
+        "rtt_min_ns": t1 - t0,
+        "rtt_median_ns": int(statistics.median(rtts)),
+        "rounds": len(samples),
+        "measured_utc": utc_now(),
+        "method": "SSH round trips to a reader on the load host; offset = remote wall - midpoint of the "
+        "shortest round trip, uncertainty = half of it",
+        "maps": "controller wall ns = load-host wall ns - offset_ns (± uncertainty_ns)",
+    }
 
 
 # ------------------------------------------------------------------------------------------------ sync faces
@@ -314,25 +338,33 @@ def preflight(run: Run) -> dict[str, Any]:
             version = await link.call(lambda c: _version(c, host), timeout_s=60)
             mine = package_digest()
             if version["digest"] != mine:
-                raise RemoteError(f"the load host runs another caseledger ({version['version']}, source digest "
-                                  f"{version['digest'][:12]}…; here {mine[:12]}…)",
-                                  "install this caseledger there, or point load.host.python at an interpreter "
-                                  "that imports it")
+                raise RemoteError(
+                    f"the load host runs another caseledger ({version['version']}, source digest "
+                    f"{version['digest'][:12]}…; here {mine[:12]}…)",
+                    "install this caseledger there, or point load.host.python at an interpreter that imports it",
+                )
             files = await link.call(lambda c: _copy_verified(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
             checks = await link.call(lambda c: _preflight(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
             clock = await link.call(lambda c: _clock(c, host), timeout_s=30)
         finally:
             await link.drop()
-        return {"host": where(host), "run_dir": remote_run_dir(run, host), "caseledger": version, "files": files,
-                "preflight": checks, "clock": clock}
+        return {
+            "host": where(host),
+            "run_dir": remote_run_dir(run, host),
+            "caseledger": version,
+            "files": files,
+            "preflight": checks,
+            "clock": clock,
+        }
 
     try:
         return _anyio_run(main)
     except (RemoteError, LinkLost) as e:
         msg = e.message if isinstance(e, RemoteError) else f"load host {where(host)} unreachable: {e}"
         fix = e.fix if isinstance(e, RemoteError) else "check the link to load.host, then resume"
-        raise PhaseFailed(f"load host {where(host)}: {msg}"[:400], FailureClass.BEFORE_MODEL,
-                          f"{fix}; 0 model requests were sent") from None
+        raise PhaseFailed(
+            f"load host {where(host)}: {msg}"[:400], FailureClass.BEFORE_MODEL, f"{fix}; 0 model requests were sent"
+        ) from None
 
 
 class Follower:
@@ -356,8 +388,17 @@ class Follower:
         await self.link.call(self._set_aside)
         clock = await self.link.call(lambda c: _clock(c, host), timeout_s=30)
         _clock_record(paths, host, clock, None)  # kept for a resume, whatever happens to this controller
-        write_json(record_path(paths), {"host": host.host, "port": host.port, "user": host.user,
-                                        "run_dir": self.rdir, "state": "launching", "utc": utc_now()})
+        write_json(
+            record_path(paths),
+            {
+                "host": host.host,
+                "port": host.port,
+                "user": host.user,
+                "run_dir": self.rdir,
+                "state": "launching",
+                "utc": utc_now(),
+            },
+        )
         # a ref on that host before its pid is known: the lease names it from the next heartbeat on (leases.py)
         write_json(paths.load_pid, {"pid": 0, "start_time": 0, "host": host.host})
         argv = [host.python, "-m", "caseledger.load", self.rdir]
@@ -369,11 +410,16 @@ class Follower:
         except RemoteError as e:  # the launch script refused (no setsid, log not writable): nothing started
             record_path(paths).unlink(missing_ok=True)
             named = _named(e)
-            raise PhaseFailed(f"load host {where(host)}: {named.message}", FailureClass.BEFORE_MODEL,
-                              f"{named.fix}; then resume (nothing was sent)") from None
+            raise PhaseFailed(
+                f"load host {where(host)}: {named.message}",
+                FailureClass.BEFORE_MODEL,
+                f"{named.fix}; then resume (nothing was sent)",
+            ) from None
         except Exception as e:  # asyncssh.Error, OSError, TimeoutError: the answer was lost; the client may run
-            raise RemoteError(f"the launch on the load host got no answer ({type(e).__name__})",
-                              "resume finds the client by its pid file") from None
+            raise RemoteError(
+                f"the launch on the load host got no answer ({type(e).__name__})",
+                "resume finds the client by its pid file",
+            ) from None
         checkpoint("controller", "during", "remote_launch")  # dies between the launch and recording its pid
         ref = {"pid": pid, "start_time": started, "host": host.host}
         write_json(record_path(paths), {**read_json_or_none(record_path(paths)), **ref, "state": "launched"})
@@ -384,20 +430,29 @@ class Follower:
         """A remote load directory no launch here knows of is a superseded attempt's (its local copy was set
         aside, e.g. after hot_entry): move it aside there too, once it has ended; never under a live client."""
         d, q = self.rload, shlex.quote(self.rload)
-        status, out = await _script(conn, "\n".join([
-            f"if [ -d {q} ] && [ -n \"$(ls -A {q})\" ]; then",
-            f"  [ -f {q}/end.json ] || {{ echo unended; exit 0; }}",
-            f"  mv {q} {shlex.quote(d + '.superseded-' + str(time.time_ns()))} || exit 1",
-            "fi",
-            f"umask 077; mkdir -p {q}",
-        ]))
+        status, out = await _script(
+            conn,
+            "\n".join(
+                [
+                    f'if [ -d {q} ] && [ -n "$(ls -A {q})" ]; then',
+                    f"  [ -f {q}/end.json ] || {{ echo unended; exit 0; }}",
+                    f"  mv {q} {shlex.quote(d + '.superseded-' + str(time.time_ns()))} || exit 1",
+                    "fi",
+                    f"umask 077; mkdir -p {q}",
+                ]
+            ),
+        )
         if status != 0 or out.strip() == b"unended":
-            raise RemoteError(f"{d} on the load host holds a load client's files without an end file, and this run "
-                              "has no record of starting it", "check that directory on the load host (a client may "
-                              "still run there); move it away once no client runs, then resume")
+            raise RemoteError(
+                f"{d} on the load host holds a load client's files without an end file, and this run "
+                "has no record of starting it",
+                "check that directory on the load host (a client may "
+                "still run there); move it away once no client runs, then resume",
+            )
 
     async def find_pid(self) -> dict[str, Any] | None:
         """The client's pid from the remote pid.json (a launch whose answer was lost), or None."""
+
         async def read(conn: asyncssh.SSHClientConnection) -> bytes:
             _, out = await _script(conn, f"cat {shlex.quote(self.rload + '/pid.json')} 2>/dev/null")
             return out
@@ -413,15 +468,17 @@ class Follower:
     async def _status(self, conn: asyncssh.SSHClientConnection, ref: dict[str, Any]) -> dict[str, Any]:
         d = shlex.quote(self.rload)
         # the end file first: when it is there (or the process is gone) the sizes read after it are final
-        script = "\n".join([
-            f"d={d}; p={int(ref.get('pid') or 0)}; want={int(ref.get('start_time') or 0)}",
-            'printf "end\\n"; cat "$d/end.json" 2>/dev/null; printf "\\n--\\n"',
-            'printf "progress\\n"; cat "$d/progress.json" 2>/dev/null; printf "\\n--\\n"',
-            's=$(sed "s/.*) //" /proc/$p/stat 2>/dev/null) && set -- $s && [ "$1" != Z ] && '
-            '{ [ "$want" = 0 ] || [ "${20}" = "$want" ]; } && echo alive || echo gone',
-            *[f'stat -c %s "$d/{f}" 2>/dev/null || echo -1' for f in COPIED],
-            'test -f "$d/anchor.json" && echo anchor || echo none',
-        ])
+        script = "\n".join(
+            [
+                f"d={d}; p={int(ref.get('pid') or 0)}; want={int(ref.get('start_time') or 0)}",
+                'printf "end\\n"; cat "$d/end.json" 2>/dev/null; printf "\\n--\\n"',
+                'printf "progress\\n"; cat "$d/progress.json" 2>/dev/null; printf "\\n--\\n"',
+                's=$(sed "s/.*) //" /proc/$p/stat 2>/dev/null) && set -- $s && [ "$1" != Z ] && '
+                '{ [ "$want" = 0 ] || [ "${20}" = "$want" ]; } && echo alive || echo gone',
+                *[f'stat -c %s "$d/{f}" 2>/dev/null || echo -1' for f in COPIED],
+                'test -f "$d/anchor.json" && echo anchor || echo none',
+            ]
+        )
         status, out = await _script(conn, script)
         if status != 0:
             raise RemoteError(f"reading {self.rload} on the load host failed (exit {status})", "resume")
@@ -436,14 +493,19 @@ class Follower:
                 return None  # being replaced (atomic rename makes this rare): read it at the next poll
             return got if isinstance(got, dict) else None
 
-        return {"end": obj(end_s), "progress": obj(prog_s), "alive": words[:1] == [b"alive"],
-                "sizes": {f: int(w) for f, w in zip(COPIED, words[1:3], strict=False)},
-                "anchor": words[3:4] == [b"anchor"]}
+        return {
+            "end": obj(end_s),
+            "progress": obj(prog_s),
+            "alive": words[:1] == [b"alive"],
+            "sizes": {f: int(w) for f, w in zip(COPIED, words[1:3], strict=False)},
+            "anchor": words[3:4] == [b"anchor"],
+        }
 
     async def _fetch(self, conn: asyncssh.SSHClientConnection, name: str, offset: int, size: int) -> bytes:
         n = min(size - offset, CHUNK_BYTES)
-        status, out = await _script(conn, f"tail -c +{offset + 1} -- {shlex.quote(self.rload + '/' + name)} | "
-                                          f"head -c {n}")
+        status, out = await _script(
+            conn, f"tail -c +{offset + 1} -- {shlex.quote(self.rload + '/' + name)} | head -c {n}"
+        )
         if status != 0:
             raise RemoteError(f"copying {name} from the load host failed (exit {status})", "resume")
         return out
@@ -455,8 +517,10 @@ class Follower:
             have = local.stat().st_size if local.exists() else 0
             while sizes.get(name, -1) > have:
                 want = min(sizes[name] - have, CHUNK_BYTES)
-                data = await self.link.call(partial(self._fetch, name=name, offset=have, size=sizes[name]),
-                                            timeout_s=POLL_TIMEOUT_S + want / LINK_FLOOR_BPS)
+                data = await self.link.call(
+                    partial(self._fetch, name=name, offset=have, size=sizes[name]),
+                    timeout_s=POLL_TIMEOUT_S + want / LINK_FLOOR_BPS,
+                )
                 cut = data.rfind(b"\n") + 1  # whole lines only: the client may be mid-write on the last one
                 if cut == 0:
                     break
@@ -511,8 +575,10 @@ class Follower:
             if st["end"] is not None:  # it wrote its end file and is exiting
                 gone_since = gone_since or time.monotonic()
                 if time.monotonic() - gone_since > END_EXIT_WAIT_S:
-                    raise RemoteError(f"the load client (pid {ref.get('pid')}) is alive {END_EXIT_WAIT_S:g}s after "
-                                      "its end file", "resume waits for it")
+                    raise RemoteError(
+                        f"the load client (pid {ref.get('pid')}) is alive {END_EXIT_WAIT_S:g}s after its end file",
+                        "resume waits for it",
+                    )
             await anyio.sleep(POLL_S if st["end"] is None else 0.05)
 
     async def seal(self) -> dict[str, str]:
@@ -520,8 +586,12 @@ class Follower:
         names = [f"{self.rload}/{f}" for f in COPIED]
         for again in (False, True):
             theirs = await self.link.call(lambda c: _sha256s(c, names), timeout_s=60)
-            ours = {n: sha256_file(self.paths.load_dir / Path(n).name)
-                    if (self.paths.load_dir / Path(n).name).exists() else None for n in names}
+            ours = {
+                n: sha256_file(self.paths.load_dir / Path(n).name)
+                if (self.paths.load_dir / Path(n).name).exists()
+                else None
+                for n in names
+            }
             if all(theirs[n] == ours[n] for n in names if theirs[n] is not None):
                 return {Path(n).name: ours[n] or "" for n in names}
             if again:
@@ -530,8 +600,10 @@ class Follower:
                 whole = await self._copy_whole(Path(n).name)
                 if whole is not None:
                     atomic_write(self.paths.load_dir / Path(n).name, whole)
-        raise RemoteError("the raw records copied from the load host differ from the remote file (sha256)",
-                          "resume copies them again; nothing is re-sent")
+        raise RemoteError(
+            "the raw records copied from the load host differ from the remote file (sha256)",
+            "resume copies them again; nothing is re-sent",
+        )
 
     async def finish(self, end: dict[str, Any] | None) -> dict[str, Any]:
         """Seal the copies, then copy client.log, stalls.jsonl and the end file (last: it marks the load done here)."""
@@ -554,11 +626,15 @@ class Follower:
         return not st["alive"]
 
 
-def _clock_record(paths: RunPaths, host: LoadHost, before: dict[str, Any] | None,
-                  after: dict[str, Any] | None) -> dict[str, Any]:
+def _clock_record(
+    paths: RunPaths, host: LoadHost, before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> dict[str, Any]:
     old = read_json_or_none(paths.load_clock) or {}
-    rec: dict[str, Any] = {"host": where(host), "before": before or old.get("before"),
-                           "after": after or old.get("after")}
+    rec: dict[str, Any] = {
+        "host": where(host),
+        "before": before or old.get("before"),
+        "after": after or old.get("after"),
+    }
     b, a = rec["before"], rec["after"]
     if b and a:
         rec["drift_ns"] = a["offset_ns"] - b["offset_ns"]
@@ -583,8 +659,12 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
             if rec is None:
                 state["clock_before"] = await fol.launch(env)
                 ref = read_json_or_none(paths.load_pid) or {}
-                event("load_client_started", phase="load", attempt=attempt,
-                      data={"pid": ref.get("pid"), "host": where(host), "run_dir": fol.rdir})
+                event(
+                    "load_client_started",
+                    phase="load",
+                    attempt=attempt,
+                    data={"pid": ref.get("pid"), "host": where(host), "run_dir": fol.rdir},
+                )
             else:
                 state["reattached"] = True
                 ref = {k: rec[k] for k in ("pid", "start_time", "host") if k in rec}
@@ -609,21 +689,34 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
         out = _anyio_run(main)
     except (LinkLost, RemoteError) as e:
         if launched(paths) is None:  # nothing was started on the load host
-            raise PhaseFailed(f"load host {where(host)} before the load: {e}", FailureClass.BEFORE_MODEL,
-                              "check the link to load.host and the fix above, then resume; nothing was sent") from None
-        done = (paths.raw.read_bytes().count(b"\n") if paths.raw.exists() else 0)
-        what = (f"lost the link to load host {where(host)} ({e})" if isinstance(e, LinkLost)
-                else f"load host {where(host)}: {e.message}")
+            raise PhaseFailed(
+                f"load host {where(host)} before the load: {e}",
+                FailureClass.BEFORE_MODEL,
+                "check the link to load.host and the fix above, then resume; nothing was sent",
+            ) from None
+        done = paths.raw.read_bytes().count(b"\n") if paths.raw.exists() else 0
+        what = (
+            f"lost the link to load host {where(host)} ({e})"
+            if isinstance(e, LinkLost)
+            else f"load host {where(host)}: {e.message}"
+        )
         raise PhaseFailed(
             f"{what} after {done} of {run.meta.planned} records were copied; the remote client keeps running",
             FailureClass.END_UNKNOWN,
             f"resume(run_id='{run.run_id}') once the link is back: it re-attaches over SSH (pid and start time), "
-            "copies what is missing; nothing is re-sent and no second client is started") from None
+            "copies what is missing; nothing is re-sent and no second client is started",
+        ) from None
     clock = _clock_record(paths, host, state["clock_before"], out["fin"]["clock_after"])
-    return {"end": out["end"], "reattached": state["reattached"], "host": where(host), "remote": out["ref"],
-            "remote_run_dir": fol.rdir, "clock": clock, "sealed_sha256": out["fin"]["sealed"],
-            "link": {"reconnects": fol.link.reconnects, "failures": fol.link.failures,
-                     "copied_bytes": fol.copied_bytes}}
+    return {
+        "end": out["end"],
+        "reattached": state["reattached"],
+        "host": where(host),
+        "remote": out["ref"],
+        "remote_run_dir": fol.rdir,
+        "clock": clock,
+        "sealed_sha256": out["fin"]["sealed"],
+        "link": {"reconnects": fol.link.reconnects, "failures": fol.link.failures, "copied_bytes": fol.copied_bytes},
+    }
 
 
 def confirm_gone(run: Run) -> bool:
@@ -643,8 +736,11 @@ def confirm_gone(run: Run) -> bool:
     try:
         return _anyio_run(main)
     except (LinkLost, RemoteError) as e:
-        raise PhaseFailed(f"cannot reach load host {where(host)} to confirm the client ended: {e}",
-                          FailureClass.END_UNKNOWN, f"resume(run_id='{run.run_id}') once the link is back") from None
+        raise PhaseFailed(
+            f"cannot reach load host {where(host)} to confirm the client ended: {e}",
+            FailureClass.END_UNKNOWN,
+            f"resume(run_id='{run.run_id}') once the link is back",
+        ) from None
 
 
 def snapshot_metrics(run: Run, dest: Path) -> str | None:
@@ -657,8 +753,10 @@ def snapshot_metrics(run: Run, dest: Path) -> str | None:
     async def main() -> tuple[int, bytes]:
         link = Link(host, budget_s=min(host.reconnect_s, 5.0))
         try:
-            return await link.call(lambda c: _script(c, f"{shlex.quote(host.python)} -c {shlex.quote(_FETCH_PY)} "
-                                                         f"{shlex.quote(url)} 2>&1"), timeout_s=15)
+            return await link.call(
+                lambda c: _script(c, f"{shlex.quote(host.python)} -c {shlex.quote(_FETCH_PY)} {shlex.quote(url)} 2>&1"),
+                timeout_s=15,
+            )
         finally:
             await link.drop()
 

@@ -25,8 +25,9 @@ class ResumeResult(BaseModel):
     run_id: str
     from_phase: str = Field(description="First phase that will run again (a new attempt)")
     kept: list[str] = Field(description="Phases whose recorded success is kept (never repeated)")
-    redo: list[str] = Field(default_factory=list,
-                            description="Finished phases run again because the service they verified is gone")
+    redo: list[str] = Field(
+        default_factory=list, description="Finished phases run again because the service they verified is gone"
+    )
     state: str
     reattached: bool = Field(description="A live load client was found and is waited for, not restarted")
     next_call: str
@@ -35,21 +36,32 @@ class ResumeResult(BaseModel):
         kept = ", ".join(self.kept) or "none"
         how = " (re-attached to the live load client)" if self.reattached else ""
         redo = f"; again (service gone): {', '.join(self.redo)}" if self.redo else ""
-        return (f"resumed {self.run_id} at {self.from_phase}{how}; kept: {kept}{redo}; state {self.state}\n"
-                f"next: {self.next_call}")
+        return (
+            f"resumed {self.run_id} at {self.from_phase}{how}; kept: {kept}{redo}; state {self.state}\n"
+            f"next: {self.next_call}"
+        )
 
 
-def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: float = 3600.0,
-           progress: Progress | None = None) -> ResumeResult:
+def resume(
+    workspace: Workspace,
+    run_id: str,
+    *,
+    wait: bool = False,
+    timeout_s: float = 3600.0,
+    progress: Progress | None = None,
+) -> ResumeResult:
     run = load_run(workspace, run_id)
     run_id = run.run_id  # a case id given: its latest run
     v = fold(workspace, run)
     if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
-        raise NothingToResume(f"run {run_id} is {v.state.value}; every phase is done",
-                              f"summarize(run_ids=['{run_id}']) or freeze the next candidate")
+        raise NothingToResume(
+            f"run {run_id} is {v.state.value}; every phase is done",
+            f"summarize(run_ids=['{run_id}']) or freeze the next candidate",
+        )
     if v.controller_alive:
-        raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})",
-                              f"phase_status(run_id='{run_id}') later")
+        raise NothingToResume(
+            f"run {run_id} still has a live controller (phase {v.current})", f"phase_status(run_id='{run_id}') later"
+        )
     if v.meta.target_key is None:
         raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
     steps = v.steps or next_steps(v)  # the steps phase_status announced, computed by the same function
@@ -59,13 +71,26 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
     needs_target = any(p not in (Phase.POSTPROCESS, Phase.DECIDE) for p in steps.run)
     key = v.meta.target_key
     paths = run.paths
-    claim = authorization.claim(workspace, run_id) if needs_target else nullcontext(
-        authorization.current_mode(workspace))
+    claim = (
+        authorization.claim(workspace, run_id) if needs_target else nullcontext(authorization.current_mode(workspace))
+    )
     with claim as mode:
         lease = run_lease.acquire(workspace, run.case, key, run_id, owner=None, same_run_ok=True)  # TargetHeld: holder
-        ledger.append_event(workspace, paths, "resumed", owner="resume", fence=lease.fence, target=key,
-                            data={"from_phase": first, "runs": list(steps.run), "redo": list(steps.redo),
-                                  "kept": kept, "client_alive": v.client_alive})
+        ledger.append_event(
+            workspace,
+            paths,
+            "resumed",
+            owner="resume",
+            fence=lease.fence,
+            target=key,
+            data={
+                "from_phase": first,
+                "runs": list(steps.run),
+                "redo": list(steps.redo),
+                "kept": kept,
+                "client_alive": v.client_alive,
+            },
+        )
         resumed = replace(run, meta=run.meta.model_copy(update={"authorized": mode}))
         write_meta(paths, resumed.meta)  # before the spawn: the controller reads the mode that let it resume
         before = len(read_events(paths).events)
@@ -81,11 +106,22 @@ def resume(workspace: Workspace, run_id: str, *, wait: bool = False, timeout_s: 
         elif started or view.controller_alive:
             state, nxt = "running", f"phase_status(run_id='{run_id}') until it says done"
         else:
-            log = paths.controller_log.read_text(errors="replace").strip().splitlines()[-1:] if \
-                paths.controller_log.exists() else []
+            log = (
+                paths.controller_log.read_text(errors="replace").strip().splitlines()[-1:]
+                if paths.controller_log.exists()
+                else []
+            )
             raise NothingToResume(
                 f"the resumed controller of {run_id} exited at once: {quoted(log[0] if log else 'no log', 200)}",
                 f"phase_status(run_id='{run_id}'); if the run cannot go on, start_run(case_id='{v.case_id}') "
-                "measures it afresh")
-    return ResumeResult(run_id=run_id, from_phase=first, kept=kept, redo=list(steps.redo), state=state,
-                        reattached=v.client_alive, next_call=nxt)
+                "measures it afresh",
+            )
+    return ResumeResult(
+        run_id=run_id,
+        from_phase=first,
+        kept=kept,
+        redo=list(steps.redo),
+        state=state,
+        reattached=v.client_alive,
+        next_call=nxt,
+    )

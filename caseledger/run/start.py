@@ -54,17 +54,38 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
     if steps[PHASES.index(Phase.LOAD)].action == "reuse":
         src = latest_run_of_case(ws, case.parent or "", with_load_end=True)
         if src is None:
-            raise NotFound(f"measurement-only case {case_id} needs a finished load of its parent {case.parent}",
-                           f"run the parent first: start_run(case_id='{case.parent}')")
+            raise NotFound(
+                f"measurement-only case {case_id} needs a finished load of its parent {case.parent}",
+                f"run the parent first: start_run(case_id='{case.parent}')",
+            )
     meta = RunMeta(
-        run_id=rid, case_id=case_id, scenario=case.scenario, parent_case=case.parent, workspace=str(ws.root),
-        dataset_id=datasets.dataset_id_for(case), salt=rid if case.load.salt else None,
-        planned=case.load.requests, target_key=key, created_utc=utc_now(), created_mono_ns=time.monotonic_ns(),
-        plan=steps, fence=fence, authorized=authorized, load_reuse=src, load_reused=src is not None,
+        run_id=rid,
+        case_id=case_id,
+        scenario=case.scenario,
+        parent_case=case.parent,
+        workspace=str(ws.root),
+        dataset_id=datasets.dataset_id_for(case),
+        salt=rid if case.load.salt else None,
+        planned=case.load.requests,
+        target_key=key,
+        created_utc=utc_now(),
+        created_mono_ns=time.monotonic_ns(),
+        plan=steps,
+        fence=fence,
+        authorized=authorized,
+        load_reuse=src,
+        load_reused=src is not None,
     )
     write_meta(paths, meta)
-    ledger.append_event(ws, paths, "run_created", owner="start_run", fence=fence, target=key,
-                        data={"case_id": case_id, "plan": {s.phase.value: s.action for s in steps}})
+    ledger.append_event(
+        ws,
+        paths,
+        "run_created",
+        owner="start_run",
+        fence=fence,
+        target=key,
+        data={"case_id": case_id, "plan": {s.phase.value: s.action for s in steps}},
+    )
     return Run(paths=paths, meta=meta, workspace=ws)
 
 
@@ -77,11 +98,20 @@ def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:
     paths = RunPaths(root)
 
     atomic_write(paths.case, canonical_json(case.canonical()) + b"\n", mode=0o444)
-    write_meta(paths, RunMeta(
-        run_id=pid_, case_id=case_id, scenario=case.scenario, workspace=str(ws.root),
-        dataset_id=datasets.dataset_id_for(case), salt=pid_ if case.load.salt else None,
-        planned=case.load.requests, created_utc=utc_now(), preflight_only=True,
-    ))
+    write_meta(
+        paths,
+        RunMeta(
+            run_id=pid_,
+            case_id=case_id,
+            scenario=case.scenario,
+            workspace=str(ws.root),
+            dataset_id=datasets.dataset_id_for(case),
+            salt=pid_ if case.load.salt else None,
+            planned=case.load.requests,
+            created_utc=utc_now(),
+            preflight_only=True,
+        ),
+    )
 
     res = run_fresh(root)
     write_json(paths.preflight_json, res)
@@ -92,22 +122,31 @@ def spawn_controller(run: Run, fence: int) -> int:
     """Start the run's detached controller (it reads run.json as written by then), then mark it spawned."""
     paths = run.paths
     log = paths.controller_log.open("ab")
-    p = subprocess.Popen([sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(keep=run.case.env_names()),
-                         start_new_session=True, close_fds=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=child_env(keep=run.case.env_names()),
+        start_new_session=True,
+        close_fds=True,
+    )
     log.close()
     write_meta(paths, run.meta.model_copy(update={"controller_spawned": True}))
     # the controller writes its own pid file; write one now so a reader never sees a gap
-    write_json(paths.controller_pid, {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0,
-                                      "host": procs.me()["host"], "fence": fence})
+    write_json(
+        paths.controller_pid,
+        {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"], "fence": fence},
+    )
     return p.pid
 
 
 Progress = Callable[[RunView], None]  # called with each state a wait reads (every poll, about 20 times a second)
 
 
-def wait_for(ws: Workspace, run_id: str, until: str, timeout: float, since: int = 0,
-             progress: Progress | None = None) -> RunView:
+def wait_for(
+    ws: Workspace, run_id: str, until: str, timeout: float, since: int = 0, progress: Progress | None = None
+) -> RunView:
     """Poll the folded state until `until` ('preflight' ended, 'started': a controller_started event after
     the first `since` events, or 'end' of the run) or the owner died. `progress` sees every state read."""
     deadline = time.monotonic() + timeout
@@ -129,8 +168,15 @@ def wait_for(ws: Workspace, run_id: str, until: str, timeout: float, since: int 
         time.sleep(0.05)
 
 
-def launch(ws: Workspace, case_id: str, case: Case, *, wait: bool = False, timeout_s: float = 3600.0,
-           progress: Progress | None = None) -> RunView:
+def launch(
+    ws: Workspace,
+    case_id: str,
+    case: Case,
+    *,
+    wait: bool = False,
+    timeout_s: float = 3600.0,
+    progress: Progress | None = None,
+) -> RunView:
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
     wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""

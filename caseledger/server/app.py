@@ -61,11 +61,19 @@ class _Server(MCPServer):
 
     async def list_tools(self) -> list[MCPTool]:
         if self._listed is None:
-            self._listed = [t.model_copy(update={
-                "input_schema": compact_schema(t.input_schema),
-                "output_schema": (shallow_output(compact_schema(t.output_schema, drop_defaults=True))
-                                  if t.output_schema and t.name in PUBLISHED_OUTPUTS else None),
-            }) for t in await super().list_tools()]
+            self._listed = [
+                t.model_copy(
+                    update={
+                        "input_schema": compact_schema(t.input_schema),
+                        "output_schema": (
+                            shallow_output(compact_schema(t.output_schema, drop_defaults=True))
+                            if t.output_schema and t.name in PUBLISHED_OUTPUTS
+                            else None
+                        ),
+                    }
+                )
+                for t in await super().list_tools()
+            ]
         return self._listed
 
 
@@ -86,8 +94,11 @@ def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
     """The streamable HTTP ASGI app at /mcp: Host/Origin checked against the bind address (every bind), behind
     the bearer check when a token is given, and the request bounds in front of both."""
     app: ASGIApp = build_server(ws).streamable_http_app(
-        streamable_http_path="/mcp", host=host, transport_security=transport_security(host, port),
-        max_request_body_size=MAX_BODY_BYTES)
+        streamable_http_path="/mcp",
+        host=host,
+        transport_security=transport_security(host, port),
+        max_request_body_size=MAX_BODY_BYTES,
+    )
     return RequestBounds(BearerToken(app, token) if token is not None else app)
 
 
@@ -98,12 +109,13 @@ async def run_stdio(server: MCPServer) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    stdin = anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire, "rb", closefd=False), encoding="utf-8",
-                                             errors="replace"))
+    stdin = anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire, "rb", closefd=False), encoding="utf-8", errors="replace"))
     refused_send, refused_recv = anyio.create_memory_object_stream[SessionMessage](16)
     try:
         async with stdio_server(stdin=cast("anyio.AsyncFile[str]", CheckedLines(stdin, refused_send))) as (
-                read_stream, write_stream):
+            read_stream,
+            write_stream,
+        ):
 
             async def forward() -> None:
                 async for message in refused_recv:
@@ -124,8 +136,7 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     on stdio, stdout is the wire; logs go to stderr."""
     if http is None:
         if token_env is not None:
-            raise CaseledgerError("--token-env only applies to --http",
-                                  "drop --token-env, or add --http HOST:PORT")
+            raise CaseledgerError("--token-env only applies to --http", "drop --token-env, or add --http HOST:PORT")
         anyio.run(run_stdio, build_server(ws))
         return
     from caseledger.server import listener  # lazy: it imports uvicorn, which only the HTTP transport needs
@@ -133,9 +144,16 @@ def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) 
     host, port = parse_host_port(http)
     token = read_token(token_env) if token_env is not None else None
     if token is None and not is_loopback(host):
-        raise NotAuthorized(f"binding {host} (not loopback) without a bearer token would open the workspace "
-                            "to the network", "add --token-env NAME with the token in $NAME, or bind 127.0.0.1")
+        raise NotAuthorized(
+            f"binding {host} (not loopback) without a bearer token would open the workspace to the network",
+            "add --token-env NAME with the token in $NAME, or bind 127.0.0.1",
+        )
     asgi = http_app(ws, host, port, token)  # builds the server, which configures logging (stderr)
-    log.info("caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)", host, port,
-             Path(ws.root), "required" if token else "off")
+    log.info(
+        "caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)",
+        host,
+        port,
+        Path(ws.root),
+        "required" if token else "off",
+    )
     listener.run(asgi, host, port)

@@ -62,12 +62,14 @@ class RequestBounds:
 def _out_of_bounds(scope: Scope) -> PlainTextResponse | None:
     close = {"Connection": "close"}
     if len(scope["headers"]) > MAX_HEADERS:
-        return PlainTextResponse(f"{len(scope['headers'])} header fields; at most {MAX_HEADERS}\n", status_code=431,
-                                 headers=close)
+        return PlainTextResponse(
+            f"{len(scope['headers'])} header fields; at most {MAX_HEADERS}\n", status_code=431, headers=close
+        )
     declared = Headers(scope=scope).get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:  # h11 has refused a malformed length already (400)
-        return PlainTextResponse(f"body of {declared} bytes; at most {MAX_BODY_BYTES}\n", status_code=413,
-                                 headers=close)
+        return PlainTextResponse(
+            f"body of {declared} bytes; at most {MAX_BODY_BYTES}\n", status_code=413, headers=close
+        )
     return None
 
 
@@ -87,8 +89,11 @@ class BearerToken:
             # RFC 7235: the scheme name is case-insensitive ("bearer", "BEARER"); the token is not
             scheme, _, got = Headers(scope=scope).get("authorization", "").strip().partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self._expected):
-                response = PlainTextResponse("missing or wrong bearer token\n", status_code=401,
-                                             headers={"WWW-Authenticate": 'Bearer realm="caseledger"'})
+                response = PlainTextResponse(
+                    "missing or wrong bearer token\n",
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="caseledger"'},
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -118,10 +123,11 @@ MIN_TOKEN_CHARS = 16
 def read_token(token_env: str) -> str:
     token = os.environ.get(token_env, "")
     if len(token) < MIN_TOKEN_CHARS:
-        raise NotAuthorized(f"env var {token_env} must hold the bearer token (at least {MIN_TOKEN_CHARS} "
-                            f"characters; it has {len(token)})",
-                            f"export {token_env}=$(python3 -c "
-                            "'import secrets; print(secrets.token_urlsafe(32))')")
+        raise NotAuthorized(
+            f"env var {token_env} must hold the bearer token (at least {MIN_TOKEN_CHARS} "
+            f"characters; it has {len(token)})",
+            f"export {token_env}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
+        )
     return token
 
 
@@ -172,8 +178,9 @@ def transport_security(host: str, port: int) -> TransportSecuritySettings:
     if is_loopback(host) or wildcard:
         hosts += [f"{_bracketed(n)}:*" for n in _LOOPBACK_NAMES]
     hosts = list(dict.fromkeys(hosts))
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                     allowed_origins=[f"http://{h}" for h in hosts])
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[f"http://{h}" for h in hosts]
+    )
 
 
 MAX_NESTING = 200  # JSON nesting the SDK's parser takes (pydantic stops near 255 and the SDK drops the line)
@@ -189,7 +196,7 @@ def request_id(line: str) -> int | str | None:
             j = i + 1
             while j < n and line[j] != '"':
                 j += 2 if line[j] == "\\" else 1
-            text = line[i + 1:j]
+            text = line[i + 1 : j]
             i = j + 1
             if depth == 1:
                 rest = line[i:].lstrip()
@@ -229,9 +236,13 @@ class CheckedLines:
             if line.count("{") + line.count("[") > MAX_NESTING and _too_deep(line):
                 rid = request_id(line)
                 if rid is not None:
-                    err = ErrorData(code=INVALID_REQUEST, message=(
-                        f"request nested deeper than {MAX_NESTING} levels; fix: send the case as a file "
-                        "(freeze_case(path='cases/x.json')) or flatten the draft"))
+                    err = ErrorData(
+                        code=INVALID_REQUEST,
+                        message=(
+                            f"request nested deeper than {MAX_NESTING} levels; fix: send the case as a file "
+                            "(freeze_case(path='cases/x.json')) or flatten the draft"
+                        ),
+                    )
                     await self._refused.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=err)))
                     continue
             yield line

@@ -33,8 +33,12 @@ USAGE = "usage: caseledger inspect [call TOOL key=value ... | resources | read U
 def inspect_main(ws: Workspace, words: list[str], *, as_json: bool = False) -> int:
     """List the tools (no words), call one ('call TOOL k=v ...'), list the resources ('resources') or read one
     ('read URI'); returns the process exit code."""
-    ok = (not words or (words[0] == "call" and len(words) >= 2) or words == ["resources"]
-          or (words[0] == "read" and len(words) == 2))
+    ok = (
+        not words
+        or (words[0] == "call" and len(words) >= 2)
+        or words == ["resources"]
+        or (words[0] == "read" and len(words) == 2)
+    )
     if not ok:
         sys.stderr.write(f"{USAGE}\n")
         return 2
@@ -46,16 +50,18 @@ def inspect_main(ws: Workspace, words: list[str], *, as_json: bool = False) -> i
         except Exception as e:  # show why the server did not answer, with its stderr tail
             errlog.seek(0)
             tail = errlog.read()[-2000:]
-            sys.stderr.write(f"error: MCP session with `caseledger mcp` failed: {type(e).__name__}: {e}\n"
-                             f"server stderr (tail):\n{tail}\n")
+            sys.stderr.write(
+                f"error: MCP session with `caseledger mcp` failed: {type(e).__name__}: {e}\n"
+                f"server stderr (tail):\n{tail}\n"
+            )
             return 1
 
 
 def server_params(ws: Workspace) -> StdioServerParameters:
     """How a client starts the server: this interpreter, `-m caseledger mcp`, the caller's environment."""
-    return StdioServerParameters(command=sys.executable,
-                                 args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)],
-                                 env=dict(os.environ))
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)], env=dict(os.environ)
+    )
 
 
 async def _session(ws: Workspace, call: list[str] | None, as_json: bool, errlog: TextIO) -> int:
@@ -82,10 +88,14 @@ async def _session(ws: Workspace, call: list[str] | None, as_json: bool, errlog:
 async def _resources(ws: Workspace, uri: str | None, as_json: bool, errlog: TextIO) -> int:
     async with Client(stdio_client(server_params(ws), errlog=errlog)) as client:
         if uri is None:
-            listed = [{"uri": str(r.uri), "name": r.name, "description": r.description}
-                      for r in (await client.list_resources()).resources]
-            listed += [{"uri": t.uri_template, "name": t.name, "description": t.description}
-                       for t in (await client.list_resource_templates()).resource_templates]
+            listed = [
+                {"uri": str(r.uri), "name": r.name, "description": r.description}
+                for r in (await client.list_resources()).resources
+            ]
+            listed += [
+                {"uri": t.uri_template, "name": t.name, "description": t.description}
+                for t in (await client.list_resource_templates()).resource_templates
+            ]
             if as_json:
                 sys.stdout.write(orjson.dumps(listed, option=orjson.OPT_INDENT_2).decode() + "\n")
             else:
@@ -157,8 +167,12 @@ def _print_result(result: CallToolResult, as_json: bool) -> None:
     if images and not as_json:
         text += "".join(f"\n[image: {i}]" for i in images)
     if as_json:
-        doc = {"is_error": result.is_error, "text": text, "images": images,
-               "structured_content": result.structured_content}
+        doc = {
+            "is_error": result.is_error,
+            "text": text,
+            "images": images,
+            "structured_content": result.structured_content,
+        }
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         (sys.stderr if result.is_error else sys.stdout).write(text + "\n")
@@ -166,9 +180,16 @@ def _print_result(result: CallToolResult, as_json: bool) -> None:
 
 def _print_tools(listed: list[Tool], as_json: bool) -> None:
     if as_json:
-        doc = [{"name": t.name, "description": t.description,
+        doc = [
+            {
+                "name": t.name,
+                "description": t.description,
                 "annotations": t.annotations.model_dump(exclude_none=True) if t.annotations else None,
-                "input_schema": t.input_schema, "output_schema": t.output_schema} for t in listed]
+                "input_schema": t.input_schema,
+                "output_schema": t.output_schema,
+            }
+            for t in listed
+        ]
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
     for t in listed:

@@ -62,8 +62,9 @@ class BoundedH11Protocol(H11Protocol):
 
     def _watch(self) -> None:
         state = self.conn.their_state
-        waiting = state is h11.IDLE or (state is h11.SEND_BODY and self.cycle is not None
-                                        and self.cycle.response_complete)
+        waiting = state is h11.IDLE or (
+            state is h11.SEND_BODY and self.cycle is not None and self.cycle.response_complete
+        )
         if waiting and self._deadline is None and not self.transport.is_closing():
             self._deadline = self.loop.call_later(HEAD_TIMEOUT_S, self._deadline_passed)
         elif not waiting:
@@ -87,8 +88,12 @@ class BoundedH11Protocol(H11Protocol):
         """Answer `status` with Connection: close and close, as uvicorn's own 400 does (written directly: h11
         may hold the client in an error state)."""
         body = text.encode()
-        headers = [*self.server_state.default_headers, (b"content-type", b"text/plain; charset=utf-8"),
-                   (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
+        headers = [
+            *self.server_state.default_headers,
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),
+        ]
         head = b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())
         self.transport.write(head + b"".join(b"%s: %s\r\n" % h for h in headers) + b"\r\n" + body)
         self.transport.close()
@@ -98,5 +103,13 @@ def run(app: ASGIApp, host: str, port: int) -> None:
     """Serve `app` on host:port until interrupted: uvicorn with `BoundedH11Protocol` chosen explicitly (auto
     would pick httptools, which has no head limit) and no WebSocket protocol (MCP does not use one)."""
     # log_config=None: uvicorn's own config sends access logs to stdout; keep every log on stderr
-    uvicorn.run(app, host=host, port=port, http=BoundedH11Protocol, ws="none",
-                h11_max_incomplete_event_size=MAX_HEAD_BYTES, log_config=None, log_level="info")
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        http=BoundedH11Protocol,
+        ws="none",
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        log_config=None,
+        log_level="info",
+    )

@@ -69,8 +69,9 @@ CASE_ID_PATTERN = r"^[cg]-[0-9a-f]{6,64}$"  # a case, or a campaign (g-)
 
 # The patterns are published for clients; the tool functions check ids themselves (check_id), so a bad id gets
 # their message naming the fix rather than a bare schema error.
-_RUN_ID = Field(description="Run id as returned by start_run, e.g. 'r-1a2b3c4d'",
-                json_schema_extra={"pattern": RUN_ID_PATTERN})
+_RUN_ID = Field(
+    description="Run id as returned by start_run, e.g. 'r-1a2b3c4d'", json_schema_extra={"pattern": RUN_ID_PATTERN}
+)
 
 
 def _answer(result: _Result) -> CallToolResult:
@@ -81,8 +82,9 @@ def _answer(result: _Result) -> CallToolResult:
     content: list[TextContent | ImageContent] = [TextContent(type="text", text=secrets.mask(result.text()))]
     plot = getattr(result, "plot", None)
     if isinstance(plot, str) and Path(plot).is_file():
-        content.append(ImageContent(type="image", mime_type="image/png",
-                                    data=base64.b64encode(Path(plot).read_bytes()).decode()))
+        content.append(
+            ImageContent(type="image", mime_type="image/png", data=base64.b64encode(Path(plot).read_bytes()).decode())
+        )
     return CallToolResult(content=list(content), structured_content=secrets.mask_obj(result.model_dump(mode="json")))
 
 
@@ -138,8 +140,11 @@ def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:
             out["items"] = {"type": "object"} if "$ref" in items or "anyOf" in items else items
         return out
 
-    return {k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
-            for k, v in schema.items() if k not in ("$defs", "required")}  # every field is always present
+    return {
+        k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
+        for k, v in schema.items()
+        if k not in ("$defs", "required")
+    }  # every field is always present
 
 
 def bug_logged(what: str, e: Exception) -> CaseledgerError:
@@ -155,8 +160,9 @@ def tool_error(e: CaseledgerError) -> ToolError:
     return ToolError(f"{message}; fix: {fix or 'phase_status() shows where the latest run stands'}")
 
 
-async def _off_loop(ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result],
-                    heartbeat_s: float | None = None) -> CallToolResult:
+async def _off_loop(
+    ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result], heartbeat_s: float | None = None
+) -> CallToolResult:
     """Run a blocking tool function in a worker thread; heartbeat progress while it runs (heartbeat_s 0: none,
     the function reports its own); map errors; mask the values of the workspace's secrets in the answer."""
     every = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
@@ -224,20 +230,35 @@ def _tool(mcp: MCPServer, name: str, annotations: ToolAnnotations) -> Callable[[
 
 def add_tools(mcp: MCPServer, ws: Workspace) -> None:
     """The run tools: freeze_case, start_run, phase_status."""
+
     @_tool(
-        mcp, "freeze_case",
-        annotations=ToolAnnotations(title="Freeze a case draft", read_only_hint=False, idempotent_hint=True,
-                                    destructive_hint=False, open_world_hint=False),
+        mcp,
+        "freeze_case",
+        annotations=ToolAnnotations(
+            title="Freeze a case draft",
+            read_only_hint=False,
+            idempotent_hint=True,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
     )
     async def freeze_case(
         ctx: Context[Any, Any],
-        path: Annotated[str | None, Field(
-            description="Workspace-relative draft file, e.g. 'cases/ref-baseline.json' (path or draft)")] = None,
-        draft: Annotated[dict[str, Any] | None, Field(
-            description="Inline draft: the JSON object a cases/*.json file holds (path or draft)")] = None,
-        parent: Annotated[str | None, Field(
-            description="Parent case id, e.g. 'c-1a2b3c4d5e6f'; overrides the draft's",
-            json_schema_extra={"pattern": CASE_ID_PATTERN})] = None,
+        path: Annotated[
+            str | None,
+            Field(description="Workspace-relative draft file, e.g. 'cases/ref-baseline.json' (path or draft)"),
+        ] = None,
+        draft: Annotated[
+            dict[str, Any] | None,
+            Field(description="Inline draft: the JSON object a cases/*.json file holds (path or draft)"),
+        ] = None,
+        parent: Annotated[
+            str | None,
+            Field(
+                description="Parent case id, e.g. 'c-1a2b3c4d5e6f'; overrides the draft's",
+                json_schema_extra={"pattern": CASE_ID_PATTERN},
+            ),
+        ] = None,
     ) -> CallToolResult:
         """Validate a case draft (fields: resource caseledger://schema/case), fill defaults, materialize its
         dataset, store it under its content hash (same content: same case_id). Returns the case_id, the delta
@@ -246,8 +267,12 @@ def add_tools(mcp: MCPServer, ws: Workspace) -> None:
         decision: {primary_metric, limits}, repeats}} freezes every point and returns a g-... id. The decision
         section is the scenario's, not part of any id: changing a limit re-decides, sending nothing."""
         if (path is None) == (draft is None):
-            raise tool_error(CaseInvalid("freeze_case needs exactly one of path or draft",
-                                          "freeze_case(path='cases/x.json') or freeze_case(draft={...})"))
+            raise tool_error(
+                CaseInvalid(
+                    "freeze_case needs exactly one of path or draft",
+                    "freeze_case(path='cases/x.json') or freeze_case(draft={...})",
+                )
+            )
 
         def call() -> FreezeResult | CampaignFrozen:
             # resolved against the workspace (never the server's cwd), refused if it escapes it
@@ -256,59 +281,94 @@ def add_tools(mcp: MCPServer, ws: Workspace) -> None:
         return await _off_loop(ctx, ws, "freezing the case", call)
 
     @_tool(
-        mcp, "start_run",
+        mcp,
+        "start_run",
         # destructive: the service phase may stop a live service caseledger started to switch it to this
         # case's identity (only under authorization single/auto); not idempotent: each call is a new run.
-        annotations=ToolAnnotations(title="Start a run", read_only_hint=False, idempotent_hint=False,
-                                    destructive_hint=True, open_world_hint=True),
+        annotations=ToolAnnotations(
+            title="Start a run",
+            read_only_hint=False,
+            idempotent_hint=False,
+            destructive_hint=True,
+            open_world_hint=True,
+        ),
     )
     async def start_run(
         ctx: Context[Any, Any],
-        case_id: Annotated[str, Field(description="Case id from freeze_case, e.g. 'c-1a2b3c4d5e6f', or a campaign "
-                                      "id 'g-...' (runs every point it needs, no further call)",
-                                      json_schema_extra={"pattern": CASE_ID_PATTERN})],
-        preflight_only: Annotated[bool, Field(
-            description="Only check the case in a fresh socket-less process: no run, lease or request")] = False,
-        queue: Annotated[bool, Field(
-            description="Target held by another run: preflight now, start when it frees (authorization auto)"
-        )] = False,
+        case_id: Annotated[
+            str,
+            Field(
+                description="Case id from freeze_case, e.g. 'c-1a2b3c4d5e6f', or a campaign "
+                "id 'g-...' (runs every point it needs, no further call)",
+                json_schema_extra={"pattern": CASE_ID_PATTERN},
+            ),
+        ],
+        preflight_only: Annotated[
+            bool, Field(description="Only check the case in a fresh socket-less process: no run, lease or request")
+        ] = False,
+        queue: Annotated[
+            bool,
+            Field(description="Target held by another run: preflight now, start when it frees (authorization auto)"),
+        ] = False,
     ) -> CallToolResult:
         """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
         preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
-        return await _off_loop(ctx, ws, "preflight",
-                               lambda: tools.start_any(ws, case_id, preflight_only=preflight_only, queue=queue))
+        return await _off_loop(
+            ctx, ws, "preflight", lambda: tools.start_any(ws, case_id, preflight_only=preflight_only, queue=queue)
+        )
 
     @_tool(
-        mcp, "phase_status",
+        mcp,
+        "phase_status",
         annotations=ToolAnnotations(title="Where a run stands", read_only_hint=True, open_world_hint=False),
     )
     async def phase_status(
         ctx: Context[Any, Any],
-        run_id: Annotated[str | None, Field(
-            description="Run id, e.g. 'r-1a2b3c4d', or a campaign id 'g-...'; omit for the latest run",
-            json_schema_extra={"pattern": RUN_ID_PATTERN})] = None,
-        wait_s: Annotated[float, Field(
-            ge=0, le=120, description="Wait up to this many seconds for the run's state to change (a phase "
-            "ending, the run settling; a campaign: complete, stopped or waiting) before answering; 0: at once")] = 0.0,
+        run_id: Annotated[
+            str | None,
+            Field(
+                description="Run id, e.g. 'r-1a2b3c4d', or a campaign id 'g-...'; omit for the latest run",
+                json_schema_extra={"pattern": RUN_ID_PATTERN},
+            ),
+        ] = None,
+        wait_s: Annotated[
+            float,
+            Field(
+                ge=0,
+                le=120,
+                description="Wait up to this many seconds for the run's state to change (a phase "
+                "ending, the run settling; a campaign: complete, stopped or waiting) before answering; 0: at once",
+            ),
+        ] = 0.0,
     ) -> CallToolResult:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
         when something changes instead of polling with sleep."""
         # a bounded wait notifies from the state it polls (phases finished, the load's requests done): the
         # elapsed-time heartbeat would break the rule that a progress value only grows
-        return await _off_loop(ctx, ws, "status",
-                               lambda: tools.status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx)),
-                               heartbeat_s=0 if wait_s > 0 else None)
-
+        return await _off_loop(
+            ctx,
+            ws,
+            "status",
+            lambda: tools.status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx)),
+            heartbeat_s=0 if wait_s > 0 else None,
+        )
 
 
 def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
     """The tools that continue or read runs: resume, reprocess_raw, summarize."""
+
     @_tool(
-        mcp, "resume",
+        mcp,
+        "resume",
         # destructive for the same reason as start_run: its service phase may switch a live service
-        annotations=ToolAnnotations(title="Resume a run at its failed phase", read_only_hint=False,
-                                    idempotent_hint=False, destructive_hint=True, open_world_hint=True),
+        annotations=ToolAnnotations(
+            title="Resume a run at its failed phase",
+            read_only_hint=False,
+            idempotent_hint=False,
+            destructive_hint=True,
+            open_world_hint=True,
+        ),
     )
     async def resume(
         ctx: Context[Any, Any],
@@ -319,41 +379,66 @@ def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
         return await _off_loop(ctx, ws, "resuming", lambda: tools.resume_any(ws, run_id))
 
     @_tool(
-        mcp, "reprocess_raw",
-        annotations=ToolAnnotations(title="Recompute results from raw data", read_only_hint=False,
-                                    idempotent_hint=True, destructive_hint=False, open_world_hint=False),
+        mcp,
+        "reprocess_raw",
+        annotations=ToolAnnotations(
+            title="Recompute results from raw data",
+            read_only_hint=False,
+            idempotent_hint=True,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
     )
     async def reprocess_raw(
         ctx: Context[Any, Any],
         run_id: Annotated[str, _RUN_ID],
-        rule: Annotated[NativeRule | None, Field(
-            description="Native (steady-state) window rule; omit for the case's")] = None,
-        ratio: Annotated[float | None, Field(
-            gt=RATIO_MIN_EXCLUSIVE, le=RATIO_MAX,
-            description="sglang rule: share of peak concurrency, e.g. 0.9; omit for the case's")] = None,
+        rule: Annotated[
+            NativeRule | None, Field(description="Native (steady-state) window rule; omit for the case's")
+        ] = None,
+        ratio: Annotated[
+            float | None,
+            Field(
+                gt=RATIO_MIN_EXCLUSIVE,
+                le=RATIO_MAX,
+                description="sglang rule: share of peak concurrency, e.g. 0.9; omit for the case's",
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, ReprocessResult]:
         """Recompute a run's results from its raw records in a fresh process (versioned, nothing
         overwritten); without rule/ratio also re-decide. Sends no request. Next: summarize."""
-        return await _off_loop(ctx, ws, "reprocessing",
-                               lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
+        return await _off_loop(ctx, ws, "reprocessing", lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
 
     @_tool(
-        mcp, "summarize",
+        mcp,
+        "summarize",
         # not read-only: it writes derived, regenerable files (report.md/json, side-by-side table, PNG), the
         # same bytes again for the same ledger (idempotent); never run state
-        annotations=ToolAnnotations(title="Summarize a scenario or runs", read_only_hint=False,
-                                    idempotent_hint=True, destructive_hint=False, open_world_hint=False),
+        annotations=ToolAnnotations(
+            title="Summarize a scenario or runs",
+            read_only_hint=False,
+            idempotent_hint=True,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
     )
     async def summarize(
         ctx: Context[Any, Any],
-        run_ids: Annotated[list[str], Field(
-            max_length=16, description="Runs side by side (whole vs whole, native vs native), or one "
-                                       "campaign id (its answer); omit for the scenario view",
-            json_schema_extra={"items": {"pattern": RUN_ID_PATTERN}})
+        run_ids: Annotated[
+            list[str],
+            Field(
+                max_length=16,
+                description="Runs side by side (whole vs whole, native vs native), or one "
+                "campaign id (its answer); omit for the scenario view",
+                json_schema_extra={"items": {"pattern": RUN_ID_PATTERN}},
+            ),
         ] = [],  # noqa: B006 - the SDK copies arguments per call; never mutated
-        scenario: Annotated[str | None, Field(
-            description="Scenario name; omit (and run_ids) for the latest scenario",
-            json_schema_extra={"pattern": SCENARIO_PATTERN})] = None,
+        scenario: Annotated[
+            str | None,
+            Field(
+                description="Scenario name; omit (and run_ids) for the latest scenario",
+                json_schema_extra={"pattern": SCENARIO_PATTERN},
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, SummaryResult]:
         """One row per case of a scenario: change vs baseline (e.g. C=8), latest valid run, decision metric,
         TTFT/TPOT/ITL/E2E p50/p99, limit verdicts, decision, best within limits; or given runs. Adds a PNG;
@@ -361,12 +446,16 @@ def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
         return await _off_loop(ctx, ws, "summarizing", lambda: tools.summarize(ws, run_ids, scenario=scenario))
 
 
-
 def add_resources(mcp: MCPServer, ws: Workspace) -> None:
     """HANDOFF.md, reports (markdown and HTML), the case schema and the scenario view."""
-    @mcp.resource("caseledger://handoff", name="handoff", mime_type="text/markdown",
-                  description="HANDOFF.md: a few lines for a new session (state, owner, the one next "
-                              "action), regenerated from the ledger on every read")
+
+    @mcp.resource(
+        "caseledger://handoff",
+        name="handoff",
+        mime_type="text/markdown",
+        description="HANDOFF.md: a few lines for a new session (state, owner, the one next "
+        "action), regenerated from the ledger on every read",
+    )
     async def handoff_md() -> str:
         try:
             return await anyio.to_thread.run_sync(lambda: handoff.refresh(ws, verify=True))
@@ -375,36 +464,60 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
         except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten on every read), or a bug
             raise ResourceError(str(tool_error(bug_logged("handoff", e)))) from e
 
-    @mcp.resource("caseledger://runs/{run_id}/report", name="run_report", mime_type="text/markdown",
-                  description="report.md of one run (written by summarize)")
+    @mcp.resource(
+        "caseledger://runs/{run_id}/report",
+        name="run_report",
+        mime_type="text/markdown",
+        description="report.md of one run (written by summarize)",
+    )
     async def run_report(run_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_report, ws, run_id)
 
-    @mcp.resource("caseledger://schema/case", name="case_schema", mime_type="application/schema+json",
-                  description="JSON Schema of a case draft: every field with its bounds and description")
+    @mcp.resource(
+        "caseledger://schema/case",
+        name="case_schema",
+        mime_type="application/schema+json",
+        description="JSON Schema of a case draft: every field with its bounds and description",
+    )
     async def case_schema_json() -> str:
         return case_schema().decode()
 
-    @mcp.resource("caseledger://scenarios/{name}", name="scenario", mime_type="text/plain",
-                  description="The scenario view: one row per case (change, run, metric, percentiles, limit "
-                              "verdicts, decision); reads only")
+    @mcp.resource(
+        "caseledger://scenarios/{name}",
+        name="scenario",
+        mime_type="text/plain",
+        description="The scenario view: one row per case (change, run, metric, percentiles, limit "
+        "verdicts, decision); reads only",
+    )
     async def scenario_rows(name: str) -> str:
         return await anyio.to_thread.run_sync(_read_scenario, ws, name)
 
-    @mcp.resource("caseledger://runs/{run_id}/report.html", name="run_report_html", mime_type="text/html",
-                  description="A run's report as one self-contained HTML page (written again on read)")
+    @mcp.resource(
+        "caseledger://runs/{run_id}/report.html",
+        name="run_report_html",
+        mime_type="text/html",
+        description="A run's report as one self-contained HTML page (written again on read)",
+    )
     async def run_report_html(run_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_html, ws, [run_id], None)
 
-    @mcp.resource("caseledger://scenarios/{name}/report.html", name="scenario_report_html", mime_type="text/html",
-                  description="A scenario's report as one self-contained HTML page: rows, decisions, limits, "
-                              "latency CDFs, evidence flags")
+    @mcp.resource(
+        "caseledger://scenarios/{name}/report.html",
+        name="scenario_report_html",
+        mime_type="text/html",
+        description="A scenario's report as one self-contained HTML page: rows, decisions, limits, "
+        "latency CDFs, evidence flags",
+    )
     async def scenario_report_html(name: str) -> str:
         return await anyio.to_thread.run_sync(_read_html, ws, [], name)
 
-    @mcp.resource("caseledger://campaigns/{campaign_id}/report.html", name="campaign_report_html",
-                  mime_type="text/html", description="A campaign's answer as one self-contained HTML page: points, "
-                  "the Pareto frontier, limits, latency CDFs, evidence flags")
+    @mcp.resource(
+        "caseledger://campaigns/{campaign_id}/report.html",
+        name="campaign_report_html",
+        mime_type="text/html",
+        description="A campaign's answer as one self-contained HTML page: points, "
+        "the Pareto frontier, limits, latency CDFs, evidence flags",
+    )
     async def campaign_report_html(campaign_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_html, ws, [campaign_id], None)
 
@@ -425,8 +538,9 @@ def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
 
 def _check_scenario_name(name: str) -> None:
     if not re.fullmatch(SCENARIO_PATTERN, name):
-        raise ResourceNotFoundError(f"'{name[:60]}' is not a scenario name; fix: read caseledger://handoff for "
-                                    "the current scenario")
+        raise ResourceNotFoundError(
+            f"'{name[:60]}' is not a scenario name; fix: read caseledger://handoff for the current scenario"
+        )
 
 
 def _read_scenario(ws: Workspace, name: str) -> str:
@@ -445,11 +559,12 @@ def _read_report(ws: Workspace, run_id: str) -> str:
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(tool_error(e))) from e
     if not paths.run_json.exists():
-        raise ResourceNotFoundError(f"run {run_id} is not in the ledger; "
-                                    "fix: phase_status() names the latest run")
+        raise ResourceNotFoundError(f"run {run_id} is not in the ledger; fix: phase_status() names the latest run")
     try:
         remember_secrets(ws)
         return redact.mask(paths.report_md.read_text())  # a report an older version wrote unmasked
     except FileNotFoundError:
-        raise ResourceNotFoundError(f"run {run_id} has no report yet; fix: summarize(run_ids=['{run_id}']) "
-                                    "writes it (phase_status first if results are not extracted)") from None
+        raise ResourceNotFoundError(
+            f"run {run_id} has no report yet; fix: summarize(run_ids=['{run_id}']) "
+            "writes it (phase_status first if results are not extracted)"
+        ) from None

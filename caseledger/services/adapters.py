@@ -77,16 +77,23 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     comps = []
     for u in us:  # in list order, each healthy before the next (a router after its workers)
         ev = _ensure_unit(ws, case, u, u.key(key), case_id, allow_start)
-        comps.append(ComponentRecord(name=u.name, role=u.role, key=u.key(key), routes=list(u.routes),
-                                     **ev.model_dump(exclude_unset=True)))
+        comps.append(
+            ComponentRecord(
+                name=u.name, role=u.role, key=u.key(key), routes=list(u.routes), **ev.model_dump(exclude_unset=True)
+            )
+        )
     restarted = [c.name for c in comps if c.outcome != "reused"]
     every = range(len(case.target.endpoints))
     changed = sorted({r for c in comps if c.outcome != "reused" for r in (c.routes or every)})
-    return ServiceRecord(outcome="reused" if not restarted else "done",
-                         identity="s-" + sha256_bytes(canonical_json([c.identity for c in comps]))[:12],
-                         components=comps, restarted=restarted,
-                         reused=[c.name for c in comps if c.outcome == "reused"], changed_routes=changed,
-                         verified_by="each component: live process cmdline, held files, env + health")
+    return ServiceRecord(
+        outcome="reused" if not restarted else "done",
+        identity="s-" + sha256_bytes(canonical_json([c.identity for c in comps]))[:12],
+        components=comps,
+        restarted=restarted,
+        reused=[c.name for c in comps if c.outcome == "reused"],
+        changed_routes=changed,
+        verified_by="each component: live process cmdline, held files, env + health",
+    )
 
 
 def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, allow_start: bool) -> ServiceRecord:
@@ -94,30 +101,47 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     defines = defining_files(ws, u)
     bad = next((f for f in defines if "disk_sha256" in f), None)
     if bad is not None:
-        raise PhaseFailed(f"{u.label}: files {quoted(bad['path'])} hashes to {bad['disk_sha256'][:16]}… on disk, the "
-                          f"case pins {bad['sha256'][:16]}…", FailureClass.SERVICE,
-                          "put the pinned file in place, or freeze a case pinning the file on disk")
+        raise PhaseFailed(
+            f"{u.label}: files {quoted(bad['path'])} hashes to {bad['disk_sha256'][:16]}… on disk, the "
+            f"case pins {bad['sha256'][:16]}…",
+            FailureClass.SERVICE,
+            "put the pinned file in place, or freeze a case pinning the file on disk",
+        )
     want = identity_of(case, files, u, defines)
     live = live_service(ws, key)
     intended = intended_argv(case, u)
     if live and live.get("identity") == want:
         problem, eff = verify(live, case, u)
         if problem is None:
-            return ServiceRecord(outcome="reused", identity=want, intended_argv=intended, effective_argv=eff,
-                                 model_files=files, pid=live["proc"]["pid"], starts=live.get("starts", 1),
-                                 **_effective_evidence(live), verified_by="live process cmdline + health",
-                                 **_where(live))
+            return ServiceRecord(
+                outcome="reused",
+                identity=want,
+                intended_argv=intended,
+                effective_argv=eff,
+                model_files=files,
+                pid=live["proc"]["pid"],
+                starts=live.get("starts", 1),
+                **_effective_evidence(live),
+                verified_by="live process cmdline + health",
+                **_where(live),
+            )
     if not allow_start:
-        raise PhaseFailed(f"no live process with {u.label}'s identity and authorization forbids a service change",
-                          FailureClass.SERVICE, "caseledger authorize single (or auto), then resume")
+        raise PhaseFailed(
+            f"no live process with {u.label}'s identity and authorization forbids a service change",
+            FailureClass.SERVICE,
+            "caseledger authorize single (or auto), then resume",
+        )
     if live:
         try:
             terminate(live)
         except remote.RemoteError as e:
             raise PhaseFailed(f"cannot stop the previous service: {e.message}", FailureClass.SERVICE, e.fix) from None
     if health_ok(u.health_url, timeout=0.5):
-        raise PhaseFailed(f"{u.health_url} already answers health but is not a service caseledger started",
-                          FailureClass.SERVICE, "stop that process or use adapter 'external' for it")
+        raise PhaseFailed(
+            f"{u.health_url} already answers health but is not a service caseledger started",
+            FailureClass.SERVICE,
+            "stop that process or use adapter 'external' for it",
+        )
     if u.ssh is not None:
         try:
             return _start_remote(ws, case, u, u.ssh, key, case_id, want, intended, defines)
@@ -128,15 +152,38 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as lf:
         try:
-            p = subprocess.Popen(intended, stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, env=env, cwd=ws.root,
-                                 start_new_session=True, close_fds=True)
+            p = subprocess.Popen(
+                intended,
+                stdin=subprocess.DEVNULL,
+                stdout=lf,
+                stderr=lf,
+                env=env,
+                cwd=ws.root,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as e:
-            raise PhaseFailed(f"cannot start {u.label}: argv[0] {intended[0]!r}: {e}", FailureClass.SERVICE,
-                              "fix service.argv in a new case") from None
+            raise PhaseFailed(
+                f"cannot start {u.label}: argv[0] {intended[0]!r}: {e}",
+                FailureClass.SERVICE,
+                "fix service.argv in a new case",
+            ) from None
     ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
-    state = _record_start(ws, key, case, case_id, ref, want, intended, shown_env, str(log),
-                          model_files=files, files=defines, cwd=str(ws.root),
-                          env_sha256={k: value_hash(v) for k, v in env.items() if k in u.env})
+    state = _record_start(
+        ws,
+        key,
+        case,
+        case_id,
+        ref,
+        want,
+        intended,
+        shown_env,
+        str(log),
+        model_files=files,
+        files=defines,
+        cwd=str(ws.root),
+        env_sha256={k: value_hash(v) for k, v in env.items() if k in u.env},
+    )
     deadline = time.monotonic() + u.health_timeout_s
     healthy = False
     with HealthWait(u.health_url) as health:
@@ -144,28 +191,45 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
             if p.poll() is not None:
                 tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
                 # the engine's own log line: outside text, the values of the case's secrets masked
-                raise PhaseFailed(f"{u.label} exited with code {p.returncode} before health: "
-                                  f"{redact.mask(tail[0])}", FailureClass.SERVICE,
-                                  f"read {log}; fix the case's service and resume")
+                raise PhaseFailed(
+                    f"{u.label} exited with code {p.returncode} before health: {redact.mask(tail[0])}",
+                    FailureClass.SERVICE,
+                    f"read {log}; fix the case's service and resume",
+                )
             if health.ok():
                 healthy = True
                 break
             health.pause()
     if not healthy:
         procs.terminate(ref)
-        raise PhaseFailed(f"{u.label} not healthy at {u.health_url} after {u.health_timeout_s}s",
-                          FailureClass.SERVICE, "raise the health timeout or check the service log")
+        raise PhaseFailed(
+            f"{u.label} not healthy at {u.health_url} after {u.health_timeout_s}s",
+            FailureClass.SERVICE,
+            "raise the health timeout or check the service log",
+        )
     problem = owner_problem(case, u, p.pid)
     if problem is not None:  # health answered, but from someone else's process: ours lost the port
         procs.terminate(ref)
-        raise PhaseFailed(problem, FailureClass.SERVICE,
-                          "another process serves this port: stop it, or give this case another port; "
-                          "caseledger never measures a process it did not start")
+        raise PhaseFailed(
+            problem,
+            FailureClass.SERVICE,
+            "another process serves this port: stop it, or give this case another port; "
+            "caseledger never measures a process it did not start",
+        )
     eff = _confirm_argv(ws, key, state, procs.cmdline(p.pid) or [], lambda: procs.terminate(ref), "")
     _confirm_effective(ws, key, state, u, p.pid, local_view(p.pid), lambda: procs.terminate(ref), "")
-    return ServiceRecord(outcome="done", identity=want, intended_argv=intended, effective_argv=eff,
-                         model_files=files, pid=p.pid, starts=state["starts"], **_effective_evidence(state),
-                         verified_by="live process cmdline + health", env=shown_env)
+    return ServiceRecord(
+        outcome="done",
+        identity=want,
+        intended_argv=intended,
+        effective_argv=eff,
+        model_files=files,
+        pid=p.pid,
+        starts=state["starts"],
+        **_effective_evidence(state),
+        verified_by="live process cmdline + health",
+        env=shown_env,
+    )
 
 
 def _effective_evidence(st: dict[str, Any]) -> dict[str, Any]:
@@ -181,41 +245,73 @@ def _effective_evidence(st: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _record_start(ws: Workspace, key: str, case: Case, case_id: str, ref: dict[str, Any], want: str,
-                  intended: list[str], shown_env: dict[str, str], log: str, **extra: Any) -> dict[str, Any]:
+def _record_start(
+    ws: Workspace,
+    key: str,
+    case: Case,
+    case_id: str,
+    ref: dict[str, Any],
+    want: str,
+    intended: list[str],
+    shown_env: dict[str, str],
+    log: str,
+    **extra: Any,
+) -> dict[str, Any]:
     """Record a service caseledger just started on the target (local or remote), counting starts."""
     prev = read_json_or_none(state_path(ws, key)) or {}
     state: dict[str, Any] = {
-        "adapter": case.service.adapter, "proc": ref, **extra, "identity": want, "intended_argv": intended,
-        "env": shown_env, "case_id": case_id, "started_utc": utc_now(), "starts": int(prev.get("starts", 0)) + 1,
-        "log": log}
+        "adapter": case.service.adapter,
+        "proc": ref,
+        **extra,
+        "identity": want,
+        "intended_argv": intended,
+        "env": shown_env,
+        "case_id": case_id,
+        "started_utc": utc_now(),
+        "starts": int(prev.get("starts", 0)) + 1,
+        "log": log,
+    }
     write_json(state_path(ws, key), state)
     return state
 
 
-def _confirm_argv(ws: Workspace, key: str, state: dict[str, Any], eff: list[str], stop: Callable[[], object],
-                  where: str) -> list[str]:
+def _confirm_argv(
+    ws: Workspace, key: str, state: dict[str, Any], eff: list[str], stop: Callable[[], object], where: str
+) -> list[str]:
     """Record the effective argv read back from the live process; stop it and fail when it differs."""
     state["effective_argv"] = eff
     write_json(state_path(ws, key), state)
     diff = compare_argv(state["intended_argv"], eff)
     if diff is not None:
         stop()
-        raise PhaseFailed(f"effective service argv{where} differs from the intended one: {diff}", FailureClass.SERVICE,
-                          "fix the launcher so the live process runs the case's argv (no appended overrides)")
+        raise PhaseFailed(
+            f"effective service argv{where} differs from the intended one: {diff}",
+            FailureClass.SERVICE,
+            "fix the launcher so the live process runs the case's argv (no appended overrides)",
+        )
     return eff
 
 
-def _confirm_effective(ws: Workspace, key: str, state: dict[str, Any], u: Unit, pid: int, view: ProcView,
-                       stop: Callable[[], object], where: str) -> None:
+def _confirm_effective(
+    ws: Workspace,
+    key: str,
+    state: dict[str, Any],
+    u: Unit,
+    pid: int,
+    view: ProcView,
+    stop: Callable[[], object],
+    where: str,
+) -> None:
     """Check the files and environment a just-started process really runs with (see effective_problem); stop it
     and fail when they differ; record the engine's version."""
     problem = effective_problem(state, u, pid, view)
     if problem is not None:  # it runs, but not with the files or environment the case says
         stop()
-        raise PhaseFailed(f"{u.label} (pid {pid}{where}) differs from its intended identity: {problem}",
-                          FailureClass.SERVICE, "fix the launcher or the case's files so the process loads what "
-                          "the case declares; the process was stopped")
+        raise PhaseFailed(
+            f"{u.label} (pid {pid}{where}) differs from its intended identity: {problem}",
+            FailureClass.SERVICE,
+            "fix the launcher or the case's files so the process loads what the case declares; the process was stopped",
+        )
     state["engine_version"] = engine_version(u)
     write_json(state_path(ws, key), state)
 
@@ -225,18 +321,34 @@ def _where(st: dict[str, Any]) -> dict[str, Any]:
     if not st.get("ssh"):
         return {}
     ssh = SSH.model_validate(st["ssh"])
-    return {"host": ssh.host, "ssh": ssh.model_dump(mode="json"),
-            "host_key": f"verified against {ssh.known_hosts}" if ssh.known_hosts
-            else "NOT verified (service.ssh.accept_unknown_host_key: true)"}
+    return {
+        "host": ssh.host,
+        "ssh": ssh.model_dump(mode="json"),
+        "host_key": f"verified against {ssh.known_hosts}"
+        if ssh.known_hosts
+        else "NOT verified (service.ssh.accept_unknown_host_key: true)",
+    }
 
 
-def _start_remote(ws: Workspace, case: Case, u: Unit, ssh: SSH, key: str, case_id: str, want: str,
-                  intended: list[str], defines: list[dict[str, Any]]) -> ServiceRecord:
+def _start_remote(
+    ws: Workspace,
+    case: Case,
+    u: Unit,
+    ssh: SSH,
+    key: str,
+    case_id: str,
+    want: str,
+    intended: list[str],
+    defines: list[dict[str, Any]],
+) -> ServiceRecord:
     """Launch a command-adapter process on ssh.host, wait for health, compare the effective argv."""
     key_file = Path(ssh.key_path).expanduser().resolve()
     if key_file.is_relative_to(ws.root.resolve()):
-        raise PhaseFailed(f"service.ssh.key_path {ssh.key_path} lies inside the workspace", FailureClass.SERVICE,
-                          "move the private key out of the workspace and point service.ssh.key_path at it")
+        raise PhaseFailed(
+            f"service.ssh.key_path {ssh.key_path} lies inside the workspace",
+            FailureClass.SERVICE,
+            "move the private key out of the workspace and point service.ssh.key_path at it",
+        )
     rem = remote.Remote(ssh)
     env, shown_env = case_env(case, u)
     log = remote.log_path(key)
@@ -245,9 +357,20 @@ def _start_remote(ws: Workspace, case: Case, u: Unit, ssh: SSH, key: str, case_i
     except remote.RemoteError as e:
         raise PhaseFailed(f"cannot start the service: {e.message}", FailureClass.SERVICE, e.fix) from None
     ref = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
-    state = _record_start(ws, key, case, case_id, ref, want, intended, shown_env, f"{ssh.user}@{ssh.host}:{log}",
-                          ssh=ssh.model_dump(mode="json"), files=defines,
-                          env_sha256={k: value_hash(v) for k, v in env.items()})
+    state = _record_start(
+        ws,
+        key,
+        case,
+        case_id,
+        ref,
+        want,
+        intended,
+        shown_env,
+        f"{ssh.user}@{ssh.host}:{log}",
+        ssh=ssh.model_dump(mode="json"),
+        files=defines,
+        env_sha256={k: value_hash(v) for k, v in env.items()},
+    )
     deadline = time.monotonic() + u.health_timeout_s
     next_probe = time.monotonic() + 0.5
     healthy = False
@@ -259,22 +382,43 @@ def _start_remote(ws: Workspace, case: Case, u: Unit, ssh: SSH, key: str, case_i
             if time.monotonic() >= next_probe:  # each probe is a remote exec: about once a second
                 if not rem.alive(ref):
                     tail = rem.tail(log).strip().splitlines()[-1:] or [""]
-                    raise PhaseFailed(f"service on {ssh.host} exited before health: {redact.mask(tail[0])}",
-                                      FailureClass.SERVICE,
-                                      f"read {state['log']}; fix the case's service and resume")
+                    raise PhaseFailed(
+                        f"service on {ssh.host} exited before health: {redact.mask(tail[0])}",
+                        FailureClass.SERVICE,
+                        f"read {state['log']}; fix the case's service and resume",
+                    )
                 next_probe = time.monotonic() + 1.0
             health.pause()
     if not healthy:
         rem.terminate(ref)
-        raise PhaseFailed(f"service on {ssh.host} not healthy at {u.health_url} after "
-                          f"{u.health_timeout_s}s", FailureClass.SERVICE,
-                          f"raise the health timeout or read {state['log']}")
+        raise PhaseFailed(
+            f"service on {ssh.host} not healthy at {u.health_url} after {u.health_timeout_s}s",
+            FailureClass.SERVICE,
+            f"raise the health timeout or read {state['log']}",
+        )
     eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
-    _confirm_effective(ws, key, state, u, pid, remote_view(rem, pid, [f["real_path"] for f in defines]),
-                       lambda: rem.terminate(ref), f" on {ssh.host}")
-    return ServiceRecord(outcome="done", identity=want, intended_argv=intended, effective_argv=eff, pid=pid,
-                         starts=state["starts"], verified_by="remote /proc cmdline over ssh + health", env=shown_env,
-                         **_effective_evidence(state), **_where(state))
+    _confirm_effective(
+        ws,
+        key,
+        state,
+        u,
+        pid,
+        remote_view(rem, pid, [f["real_path"] for f in defines]),
+        lambda: rem.terminate(ref),
+        f" on {ssh.host}",
+    )
+    return ServiceRecord(
+        outcome="done",
+        identity=want,
+        intended_argv=intended,
+        effective_argv=eff,
+        pid=pid,
+        starts=state["starts"],
+        verified_by="remote /proc cmdline over ssh + health",
+        env=shown_env,
+        **_effective_evidence(state),
+        **_where(state),
+    )
 
 
 def served_models(case: Case, k: int) -> list[str]:
@@ -287,11 +431,17 @@ def served_models(case: Case, k: int) -> list[str]:
         r.raise_for_status()
         ids = [m.get("id") for m in r.json().get("data", [])]
     except (httpx.HTTPError, ValueError) as e:
-        raise PhaseFailed(f"route {k} ({ep.base_url}) does not answer /models: {quoted(e)}", FailureClass.SERVICE,
-                          "start the service or fix target.endpoints") from None
+        raise PhaseFailed(
+            f"route {k} ({ep.base_url}) does not answer /models: {quoted(e)}",
+            FailureClass.SERVICE,
+            "start the service or fix target.endpoints",
+        ) from None
     if ep.model not in ids:
-        raise PhaseFailed(f"route {k} ({ep.base_url}) serves {quoted(ids)}, not '{ep.model}'", FailureClass.SERVICE,
-                          "fix target.endpoints[].model or the routing")
+        raise PhaseFailed(
+            f"route {k} ({ep.base_url}) serves {quoted(ids)}, not '{ep.model}'",
+            FailureClass.SERVICE,
+            "fix target.endpoints[].model or the routing",
+        )
     return ids
 
 
@@ -301,12 +451,23 @@ def _external(case: Case, want: str) -> ServiceRecord:
     if case.service.identity_command:
         env, _ = resolve_env(case)  # the same minimal environment as a launched service
         try:
-            ident_out = redact.cut(subprocess.run(case.service.identity_command, capture_output=True, timeout=30,
-                                                  env=env, check=True).stdout.decode(errors="replace"), 2000)
+            ident_out = redact.cut(
+                subprocess.run(
+                    case.service.identity_command, capture_output=True, timeout=30, env=env, check=True
+                ).stdout.decode(errors="replace"),
+                2000,
+            )
         except (OSError, subprocess.SubprocessError) as e:
-            raise PhaseFailed(f"identity_command failed: {e}", FailureClass.SERVICE,
-                              "fix service.identity_command") from None
+            raise PhaseFailed(
+                f"identity_command failed: {e}", FailureClass.SERVICE, "fix service.identity_command"
+            ) from None
     # over the masked output: a secret it printed is neither recorded nor hashed
     live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
-    return ServiceRecord(outcome="done", identity=want, live_identity=live, endpoints=seen, identity_output=ident_out,
-                         verified_by="/v1/models probe" + (" + identity_command" if ident_out else ""))
+    return ServiceRecord(
+        outcome="done",
+        identity=want,
+        live_identity=live,
+        endpoints=seen,
+        identity_output=ident_out,
+        verified_by="/v1/models probe" + (" + identity_command" if ident_out else ""),
+    )

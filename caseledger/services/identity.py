@@ -65,11 +65,32 @@ def units(case: Case) -> list[Unit]:
     eps = case.target.endpoints
     sv = case.service
     if not sv.components:
-        return [Unit("", "service", tuple(sv.argv), sv.env, sv.ssh, (0,),
-                     sv.health_url or health_url_of(eps[0].base_url), sv.health_timeout_s)]
-    return [Unit(c.name, c.role, tuple(c.argv), c.env, c.ssh, tuple(c.routes),
-                 c.health_url or health_url_of(eps[c.routes[0]].base_url), c.health_timeout_s, tuple(c.files))
-            for c in sv.components]
+        return [
+            Unit(
+                "",
+                "service",
+                tuple(sv.argv),
+                sv.env,
+                sv.ssh,
+                (0,),
+                sv.health_url or health_url_of(eps[0].base_url),
+                sv.health_timeout_s,
+            )
+        ]
+    return [
+        Unit(
+            c.name,
+            c.role,
+            tuple(c.argv),
+            c.env,
+            c.ssh,
+            tuple(c.routes),
+            c.health_url or health_url_of(eps[c.routes[0]].base_url),
+            c.health_timeout_s,
+            tuple(c.files),
+        )
+        for c in sv.components
+    ]
 
 
 def intended_argv(case: Case, unit: Unit | None = None) -> list[str]:
@@ -78,8 +99,20 @@ def intended_argv(case: Case, unit: Unit | None = None) -> list[str]:
     if case.service.adapter == "reference":
         host, port = host_port(case.target.endpoints[0].base_url)
         cfg = canonical_json(case.service.reference.model_dump(mode="json")).decode()
-        return [sys.executable, "-m", "caseledger.target", "serve", "--host", host, "--port", str(port),
-                "--model", case.target.endpoints[0].model, "--config-json", cfg]
+        return [
+            sys.executable,
+            "-m",
+            "caseledger.target",
+            "serve",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--model",
+            case.target.endpoints[0].model,
+            "--config-json",
+            cfg,
+        ]
     if case.service.adapter == "command":
         fill: dict[str, str] = {}
         if route is not None:
@@ -126,8 +159,11 @@ def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[dic
             if path.is_file():
                 named = [(value, path)]
             elif path.is_dir():
-                named = [(f"{value.rstrip('/')}/{p.name}", p) for p in sorted(path.iterdir())
-                         if p.is_file() and not p.name.startswith(".")]
+                named = [
+                    (f"{value.rstrip('/')}/{p.name}", p)
+                    for p in sorted(path.iterdir())
+                    if p.is_file() and not p.name.startswith(".")
+                ]
             out += [{"option": opt, "path": v, "bytes": p.stat().st_size, "sha256": cache.sha256(p)} for v, p in named]
     return out
 
@@ -145,8 +181,11 @@ def defining_files(ws: Workspace, unit: Unit) -> list[dict[str, Any]]:
             if unit.ssh is None:
                 path = ws.root / f.path if not Path(f.path).is_absolute() else Path(f.path)
                 if not path.is_file():
-                    raise PhaseFailed(f"{unit.label}: files path {quoted(f.path)} is not a file on this host",
-                                      FailureClass.SERVICE, "fix service.components[].files in a new case")
+                    raise PhaseFailed(
+                        f"{unit.label}: files path {quoted(f.path)} is not a file on this host",
+                        FailureClass.SERVICE,
+                        "fix service.components[].files in a new case",
+                    )
                 disk = cache.sha256(path)
                 row["real_path"] = str(path.resolve())
                 if f.sha256 is None:
@@ -171,14 +210,18 @@ def _remote_defining_files(ws: Workspace, unit: Unit, ssh: SSH) -> list[dict[str
                 cache.put(keys[p], stats[p], digest)
             hashes = {p: cache.get(keys[p], stats.get(p)) for p in paths}
     except remote.RemoteError as e:
-        raise PhaseFailed(f"{unit.label}: cannot read its files on {ssh.host}: {e.message}", FailureClass.SERVICE,
-                          e.fix) from None
+        raise PhaseFailed(
+            f"{unit.label}: cannot read its files on {ssh.host}: {e.message}", FailureClass.SERVICE, e.fix
+        ) from None
     out: list[dict[str, Any]] = []
     for f in unit.files:
         disk = hashes.get(f.path)
         if disk is None:
-            raise PhaseFailed(f"{unit.label}: files path {quoted(f.path)} is not a readable file on {ssh.host}",
-                              FailureClass.SERVICE, "fix service.components[].files in a new case")
+            raise PhaseFailed(
+                f"{unit.label}: files path {quoted(f.path)} is not a readable file on {ssh.host}",
+                FailureClass.SERVICE,
+                "fix service.components[].files in a new case",
+            )
         row: dict[str, Any] = {"path": f.path, "sha256": f.sha256 or disk, "held": f.held, "real_path": f.path}
         if f.sha256 is not None and disk != f.sha256:
             row["disk_sha256"] = disk
@@ -247,8 +290,11 @@ def case_env(case: Case, unit: Unit | None = None) -> tuple[dict[str, str], dict
         m = ENV_REF.fullmatch(v)
         if m:
             if m.group(1) not in os.environ:
-                raise PhaseFailed(f"service.env.{k} references ${{{m.group(1)}}}, which is not set",
-                                  FailureClass.SERVICE, f"export {m.group(1)} in the environment that starts the run")
+                raise PhaseFailed(
+                    f"service.env.{k} references ${{{m.group(1)}}}, which is not set",
+                    FailureClass.SERVICE,
+                    f"export {m.group(1)} in the environment that starts the run",
+                )
             env[k] = os.environ[m.group(1)]
         else:
             env[k] = v
@@ -305,15 +351,21 @@ def engine_version(unit: Unit) -> str | None:
     return None
 
 
-def identity_of(case: Case, files: list[dict[str, Any]] | None = None, unit: Unit | None = None,
-                defines: list[dict[str, Any]] | None = None) -> str:
+def identity_of(
+    case: Case,
+    files: list[dict[str, Any]] | None = None,
+    unit: Unit | None = None,
+    defines: list[dict[str, Any]] | None = None,
+) -> str:
     """The intended identity of one process; `files` (model_files) adds each model file's option and sha256,
     `defines` (defining_files) each declared file's path and sha256."""
     u = unit or units(case)[0]
     body: dict[str, Any] = {
         "adapter": case.service.adapter,
         "argv": intended_argv(case, u)[1:] if case.service.adapter == "reference" else intended_argv(case, u),
-        "env": dict(u.env), "endpoints": [e.model_dump() for e in case.target.endpoints]}
+        "env": dict(u.env),
+        "endpoints": [e.model_dump() for e in case.target.endpoints],
+    }
     if files:  # the same argv over other weights is another service
         body["files"] = [{"option": f["option"], "sha256": f["sha256"]} for f in files]
     if u.ssh is not None:  # the same argv on another host is another service (local identities are unchanged)

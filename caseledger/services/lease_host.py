@@ -85,8 +85,10 @@ def _parse(key: str, status: int, out: bytes) -> Answer:
     try:
         now = int(lines[0]) / 1000.0
     except (IndexError, ValueError):
-        raise RemoteError(f"the lease script printed no clock (exit {status})",
-                          "the lease host needs a POSIX login shell and GNU date") from None
+        raise RemoteError(
+            f"the lease script printed no clock (exit {status})",
+            "the lease host needs a POSIX login shell and GNU date",
+        ) from None
     if len(lines) < 2 or not lines[1].strip():
         return Answer(status, now, None, "")
     head = lines[1].split()
@@ -94,10 +96,13 @@ def _parse(key: str, status: int, out: bytes) -> Answer:
         body = orjson.loads(lines[2]) if len(lines) > 2 and lines[2].strip() else {"target_key": key}
         fence, run, exp = int(head[0]), head[1], int(head[2]) / 1000.0
     except (IndexError, ValueError, orjson.JSONDecodeError):
-        raise RemoteError(f"lease file of '{key}' on the lease host is unreadable ({lines[1][:80]!r})",
-                          "remove it only when no controller holds that target") from None
-    lease = Lease.from_json({**body, "target_key": key, "fence": fence, "expires": exp,
-                             "run_id": None if run == "-" else run})
+        raise RemoteError(
+            f"lease file of '{key}' on the lease host is unreadable ({lines[1][:80]!r})",
+            "remove it only when no controller holds that target",
+        ) from None
+    lease = Lease.from_json(
+        {**body, "target_key": key, "fence": fence, "expires": exp, "run_id": None if run == "-" else run}
+    )
     return Answer(status, now, lease, lines[1])
 
 
@@ -154,12 +159,16 @@ class LeaseLink:
                 except concurrent.futures.TimeoutError:
                     fut.cancel()
                     asyncio.run_coroutine_threadsafe(self._close(), loop)
-                    raise RemoteError(f"no answer from lease host {where(self.ssh)} within {timeout_s:g}s",
-                                      "check that host and its sshd") from None
+                    raise RemoteError(
+                        f"no answer from lease host {where(self.ssh)} within {timeout_s:g}s",
+                        "check that host and its sshd",
+                    ) from None
                 except (asyncssh.Error, OSError) as e:
                     if not reused:
-                        raise RemoteError(f"ssh to lease host {where(self.ssh)} broke: {type(e).__name__}: {e}",
-                                          "check the host and its sshd") from None
+                        raise RemoteError(
+                            f"ssh to lease host {where(self.ssh)} broke: {type(e).__name__}: {e}",
+                            "check the host and its sshd",
+                        ) from None
             raise AssertionError("unreachable")
 
 
@@ -180,24 +189,39 @@ def lease_dir(ssh: SSH) -> str:
     return shlex.quote(d) if d else DEFAULT_DIR
 
 
-def operate(ssh: SSH, op: str, key: str, lease: Lease, *, seen: str = "-", lease_s: float,
-            timeout_s: float = CONNECT_TIMEOUT_S + COMMAND_TIMEOUT_S) -> Answer:
+def operate(
+    ssh: SSH,
+    op: str,
+    key: str,
+    lease: Lease,
+    *,
+    seen: str = "-",
+    lease_s: float,
+    timeout_s: float = CONNECT_TIMEOUT_S + COMMAND_TIMEOUT_S,
+) -> Answer:
     """Run one lease operation (acquire / renew / release) on the lease host; RemoteError when it cannot."""
     run = lease.run_id or "-"
     if not _KEY.fullmatch(key) or not _RUN.fullmatch(run) or not re.fullmatch(r"[0-9:-]+|-", seen):
-        raise RemoteError(f"lease key {key!r} or run id {run!r} is not of the expected form",
-                          "report it: caseledger builds both")
+        raise RemoteError(
+            f"lease key {key!r} or run id {run!r} is not of the expected form", "report it: caseledger builds both"
+        )
     script = f"d={lease_dir(ssh)}\n" + _SCRIPT.format(
-        key=key, op=op, run=shlex.quote(run), fence=int(lease.fence), seen=shlex.quote(seen),
-        ms=int(lease_s * 1000))
+        key=key, op=op, run=shlex.quote(run), fence=int(lease.fence), seen=shlex.quote(seen), ms=int(lease_s * 1000)
+    )
     body = orjson.dumps({**lease.to_json(), "expires_utc": None}).decode() + "\n"
     t0 = time.monotonic()
     status, out = link(ssh).call(script, body, timeout_s)
     if status in (94, 95, 96, 98):
-        why = {98: "flock (util-linux) is not installed", 96: f"cannot write the lease directory {lease_dir(ssh)}",
-               95: "its lease lock was held over 10 s", 94: "its date cannot print milliseconds (GNU date)"}
-        raise RemoteError(f"lease host {where(ssh)}: {why[status]}",
-                          "fix that on the lease host, or point target.lease_host.dir elsewhere")
+        why = {
+            98: "flock (util-linux) is not installed",
+            96: f"cannot write the lease directory {lease_dir(ssh)}",
+            95: "its lease lock was held over 10 s",
+            94: "its date cannot print milliseconds (GNU date)",
+        }
+        raise RemoteError(
+            f"lease host {where(ssh)}: {why[status]}",
+            "fix that on the lease host, or point target.lease_host.dir elsewhere",
+        )
     ans = _parse(key, status, out)
     ans.rtt = time.monotonic() - t0
     return ans

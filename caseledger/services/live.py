@@ -191,20 +191,27 @@ def effective_problem(st: dict[str, Any], unit: Unit, pid: int, view: ProcView |
             continue
         same_name = [h for h in held if real and h["path"] == real]
         if same_name:  # held, but the path now names another file: it loaded the old one
-            out.append(f"files {f['path']}: intended sha256 {f['sha256'][:16]}…, pid {pid} holds the file that path "
-                       f"named when it loaded, sha256 {v.sha256(same_name[0]['via'])[:16]}… (replaced on disk since)")
+            out.append(
+                f"files {f['path']}: intended sha256 {f['sha256'][:16]}…, pid {pid} holds the file that path "
+                f"named when it loaded, sha256 {v.sha256(same_name[0]['via'])[:16]}… (replaced on disk since)"
+            )
         elif f.get("held"):
             ext = Path(real or f["path"]).suffix
             others = [h for h in held if ext and h["path"].endswith(ext)]
-            what = ", it holds " + ", ".join(f"{h['path']} (sha256 {v.sha256(h['via'])[:16]}…)" for h in others[:3]) \
-                if others else f", it holds no {ext or 'such'} file"
+            what = (
+                ", it holds " + ", ".join(f"{h['path']} (sha256 {v.sha256(h['via'])[:16]}…)" for h in others[:3])
+                if others
+                else f", it holds no {ext or 'such'} file"
+            )
             out.append(f"files {f['path']}: intended sha256 {f['sha256'][:16]}…, not open or mapped by pid {pid}{what}")
     for f in st.get("model_files") or []:
         real = str((Path(st.get("cwd") or "/") / f["path"]).resolve())
         stale = [h for h in held if h["path"] == real and h["replaced"]]
         if stale:
-            out.append(f"{f['option']} {f['path']}: intended sha256 {f['sha256'][:16]}…, pid {pid} maps the file that "
-                       f"path named when it loaded, sha256 {v.sha256(stale[0]['via'])[:16]}… (replaced on disk since)")
+            out.append(
+                f"{f['option']} {f['path']}: intended sha256 {f['sha256'][:16]}…, pid {pid} maps the file that "
+                f"path named when it loaded, sha256 {v.sha256(stale[0]['via'])[:16]}… (replaced on disk since)"
+            )
     want = st.get("env_sha256") or {}
     if want:
         have = v.environ
@@ -212,8 +219,9 @@ def effective_problem(st: dict[str, Any], unit: Unit, pid: int, view: ProcView |
             for k, h in want.items():
                 got = value_hash(have[k]) if k in have else None
                 if got != h:
-                    out.append(f"env {k}: intended sha256 {h}, pid {pid} runs with "
-                               + (f"sha256 {got}" if got else "it unset"))
+                    out.append(
+                        f"env {k}: intended sha256 {h}, pid {pid} runs with " + (f"sha256 {got}" if got else "it unset")
+                    )
     return "; ".join(out) or None
 
 

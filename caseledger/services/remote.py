@@ -50,8 +50,10 @@ def log_path(target_key: str) -> str:
 def _existing(path: str, what: str, ssh: SSH, field: str) -> str:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise RemoteError(f"ssh {what} {path} for {where(ssh)} does not exist or is not a file",
-                          f"point service.ssh.{field} at the {what} on the controller's host (freeze a new case)")
+        raise RemoteError(
+            f"ssh {what} {path} for {where(ssh)} does not exist or is not a file",
+            f"point service.ssh.{field} at the {what} on the controller's host (freeze a new case)",
+        )
     return str(p)
 
 
@@ -66,29 +68,49 @@ async def connect(ssh: SSH) -> AsyncIterator[asyncssh.SSHClientConnection]:
     try:
         # config=None and agent_path=None: the case is the only source of the login (no ~/.ssh/config, no agent)
         conn = await asyncssh.connect(
-            ssh.host, ssh.port, username=ssh.user, client_keys=[key], known_hosts=known, config=None,
-            agent_path=None, preferred_auth="publickey", connect_timeout=CONNECT_TIMEOUT_S)
+            ssh.host,
+            ssh.port,
+            username=ssh.user,
+            client_keys=[key],
+            known_hosts=known,
+            config=None,
+            agent_path=None,
+            preferred_auth="publickey",
+            connect_timeout=CONNECT_TIMEOUT_S,
+        )
     except asyncssh.HostKeyNotVerifiable as e:
-        raise RemoteError(f"host key of {ssh.host}:{ssh.port} is not verified by {ssh.known_hosts} ({e.reason})",
-                          f"check the host's fingerprint, then add it (ssh-keyscan -p {ssh.port} {ssh.host} >> "
-                          f"{ssh.known_hosts}) or fix service.ssh.known_hosts") from None
+        raise RemoteError(
+            f"host key of {ssh.host}:{ssh.port} is not verified by {ssh.known_hosts} ({e.reason})",
+            f"check the host's fingerprint, then add it (ssh-keyscan -p {ssh.port} {ssh.host} >> "
+            f"{ssh.known_hosts}) or fix service.ssh.known_hosts",
+        ) from None
     except asyncssh.PermissionDenied:
-        raise RemoteError(f"sshd at {ssh.host}:{ssh.port} refused user {ssh.user} with key {ssh.key_path}",
-                          f"authorize the key's public half for {ssh.user} on {ssh.host}, or fix "
-                          "service.ssh.user/key_path") from None
+        raise RemoteError(
+            f"sshd at {ssh.host}:{ssh.port} refused user {ssh.user} with key {ssh.key_path}",
+            f"authorize the key's public half for {ssh.user} on {ssh.host}, or fix service.ssh.user/key_path",
+        ) from None
     except asyncssh.KeyImportError as e:
-        raise RemoteError(f"cannot load private key {ssh.key_path} for {at}: {e}",
-                          "use an unencrypted private key file in OpenSSH or PEM format") from None
+        raise RemoteError(
+            f"cannot load private key {ssh.key_path} for {at}: {e}",
+            "use an unencrypted private key file in OpenSSH or PEM format",
+        ) from None
     except (TimeoutError, asyncssh.ConnectionLost) as e:
-        raise RemoteError(f"no SSH answer from {at} within {CONNECT_TIMEOUT_S:g}s ({type(e).__name__})",
-                          "check that sshd runs there and the network allows it, or fix "
-                          "service.ssh.host/port") from None
+        raise RemoteError(
+            f"no SSH answer from {at} within {CONNECT_TIMEOUT_S:g}s ({type(e).__name__})",
+            "check that sshd runs there and the network allows it, or fix service.ssh.host/port",
+        ) from None
     except OSError as e:
-        why = ("connection refused (nothing listens there)" if isinstance(e, ConnectionRefusedError)
-               else f"unknown host ({e})" if isinstance(e, socket.gaierror) else str(e))
-        raise RemoteError(f"cannot reach sshd at {at}: {why}",
-                          "start sshd on that host and port, or fix service.ssh.host/port (freeze a new case)"
-                          ) from None
+        why = (
+            "connection refused (nothing listens there)"
+            if isinstance(e, ConnectionRefusedError)
+            else f"unknown host ({e})"
+            if isinstance(e, socket.gaierror)
+            else str(e)
+        )
+        raise RemoteError(
+            f"cannot reach sshd at {at}: {why}",
+            "start sshd on that host and port, or fix service.ssh.host/port (freeze a new case)",
+        ) from None
     except asyncssh.Error as e:
         raise RemoteError(f"ssh to {at} failed: {e.reason}", "check sshd's log on that host") from None
     try:
@@ -100,8 +122,12 @@ async def connect(ssh: SSH) -> AsyncIterator[asyncssh.SSHClientConnection]:
 
 async def _run(conn: asyncssh.SSHClientConnection, script: str, stdin: str | None = None) -> tuple[int, bytes]:
     """(exit status, stdout after the mark) of a script run by the remote login shell."""
-    res = await conn.run(f"printf '%s\\n' {_MARK}\n{script}", input=stdin.encode() if stdin is not None else None,
-                         encoding=None, check=False)
+    res = await conn.run(
+        f"printf '%s\\n' {_MARK}\n{script}",
+        input=stdin.encode() if stdin is not None else None,
+        encoding=None,
+        check=False,
+    )
     out = res.stdout if isinstance(res.stdout, bytes) else b""
     _, sep, after = out.partition(_MARK.encode() + b"\n")
     status = res.exit_status if res.exit_status is not None else 255
@@ -110,7 +136,7 @@ async def _run(conn: asyncssh.SSHClientConnection, script: str, stdin: str | Non
 
 def _parse_stat(data: bytes) -> tuple[str, int] | None:
     """(state, start time in clock ticks since boot) from /proc/PID/stat (split after the last ')')."""
-    fields = data[data.rfind(b")") + 2:].split()
+    fields = data[data.rfind(b")") + 2 :].split()
     try:
         return fields[0].decode(), int(fields[19])
     except (IndexError, ValueError):
@@ -128,22 +154,27 @@ def _alive_from(stat: tuple[str, int] | None, ref: dict[str, Any]) -> bool:
     return ref.get("start_time") in (None, 0, stat[1])
 
 
-async def launch_async(conn: asyncssh.SSHClientConnection, argv: list[str], env: dict[str, str],
-                       log: str) -> tuple[int, int]:
+async def launch_async(
+    conn: asyncssh.SSHClientConnection, argv: list[str], env: dict[str, str], log: str
+) -> tuple[int, int]:
     """Start argv detached (own session, stdin /dev/null, output appended to log); (pid, start time)."""
     for k, v in env.items():
         if not _ENV_NAME.fullmatch(k) or "\n" in v or "\0" in v:
-            raise RemoteError(f"service.env.{k}: a remote environment needs a plain name and a one-line value",
-                              "fix service.env in a new case")
+            raise RemoteError(
+                f"service.env.{k}: a remote environment needs a plain name and a one-line value",
+                "fix service.env in a new case",
+            )
     # $! is the service itself: without job control the background child is no group leader, so setsid
     # makes it a session leader in place (no fork) and every later exec keeps the pid.
-    script = "\n".join([
-        "command -v setsid >/dev/null 2>&1 || exit 98",
-        f"( umask 077 && : >> {shlex.quote(log)} ) || exit 96",
-        'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv" || exit 97; done',
-        f"setsid {shlex.join(argv)} </dev/null >> {shlex.quote(log)} 2>&1 &",
-        'p=$!; echo "$p"; cat /proc/"$p"/stat 2>/dev/null; exit 0',
-    ])
+    script = "\n".join(
+        [
+            "command -v setsid >/dev/null 2>&1 || exit 98",
+            f"( umask 077 && : >> {shlex.quote(log)} ) || exit 96",
+            'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv" || exit 97; done',
+            f"setsid {shlex.join(argv)} </dev/null >> {shlex.quote(log)} 2>&1 &",
+            'p=$!; echo "$p"; cat /proc/"$p"/stat 2>/dev/null; exit 0',
+        ]
+    )
     # an empty line ends the variables: asyncssh sends no EOF for empty input, so stdin is never left open
     status, out = await _run(conn, script, stdin="".join(f"{k}={v}\n" for k, v in env.items()) + "\n")
     if status == 98:
@@ -154,8 +185,9 @@ async def launch_async(conn: asyncssh.SSHClientConnection, argv: list[str], env:
         raise RemoteError("the remote shell refused an environment variable", "fix service.env in a new case")
     first, _, rest = out.partition(b"\n")
     if status != 0 or not first.strip().isdigit():
-        raise RemoteError(f"remote launch printed no pid (exit {status})",
-                          "the login shell must be POSIX (sh, bash, dash, zsh)")
+        raise RemoteError(
+            f"remote launch printed no pid (exit {status})", "the login shell must be POSIX (sh, bash, dash, zsh)"
+        )
     parsed = _parse_stat(rest)
     return int(first), parsed[1] if parsed else 0
 
@@ -172,18 +204,20 @@ async def terminate_async(conn: asyncssh.SSHClientConnection, ref: dict[str, Any
     polls = max(1, int(grace_s * 10))
     want = int(ref.get("start_time") or 0)
     # the same rule as procs.alive: same pid AND same start time, a zombie is not alive
-    script = "\n".join([
-        f"p={int(ref['pid'])}; want={want}",
-        "alive() { s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null) || return 1; set -- $s; "
-        '[ "$1" != Z ] && { [ "$want" = 0 ] || [ "${20}" = "$want" ]; }; }',
-        "alive || { echo gone; exit 0; }",
-        "for sig in TERM KILL; do",
-        "  kill -s $sig -- -$p 2>/dev/null || kill -s $sig $p 2>/dev/null",
-        f"  i=0; while alive && [ $i -lt {polls} ]; do sleep 0.1; i=$((i+1)); done",
-        "  alive || { echo stopped; exit 0; }",
-        "done",
-        "echo alive",
-    ])
+    script = "\n".join(
+        [
+            f"p={int(ref['pid'])}; want={want}",
+            "alive() { s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null) || return 1; set -- $s; "
+            '[ "$1" != Z ] && { [ "$want" = 0 ] || [ "${20}" = "$want" ]; }; }',
+            "alive || { echo gone; exit 0; }",
+            "for sig in TERM KILL; do",
+            "  kill -s $sig -- -$p 2>/dev/null || kill -s $sig $p 2>/dev/null",
+            f"  i=0; while alive && [ $i -lt {polls} ]; do sleep 0.1; i=$((i+1)); done",
+            "  alive || { echo stopped; exit 0; }",
+            "done",
+            "echo alive",
+        ]
+    )
     _, out = await _run(conn, script)
     return out.strip() == b"stopped"
 
@@ -192,15 +226,18 @@ async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[
     """What pid on the host maps and holds open, the (dev, inode) of each path, and its environment: one script.
     See parse_probe; environment values are returned to the caller to hash, never logged."""
     quoted_paths = " ".join(shlex.quote(x) for x in paths)
-    script = "\n".join([
-        f"p={int(pid)}",
-        "echo '#maps'; cat /proc/$p/maps 2>/dev/null",
-        "echo '#fd'; for f in /proc/$p/fd/*; do t=$(readlink \"$f\" 2>/dev/null) || continue; case \"$t\" in /*) "
-        "s=$(stat -L -c '%d %i %F' \"$f\" 2>/dev/null) && printf '%s\\t%s\\t%s\\n' \"$s\" \"$f\" \"$t\";; esac; done",
-        f"echo '#stat'; for q in {quoted_paths}; do stat -L -c '%d %i %s %Y' -- \"$q\" 2>/dev/null || echo -; done"
-        if paths else "echo '#stat'",
-        "echo '#env'; tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null",
-    ])
+    script = "\n".join(
+        [
+            f"p={int(pid)}",
+            "echo '#maps'; cat /proc/$p/maps 2>/dev/null",
+            'echo \'#fd\'; for f in /proc/$p/fd/*; do t=$(readlink "$f" 2>/dev/null) || continue; case "$t" in /*) '
+            's=$(stat -L -c \'%d %i %F\' "$f" 2>/dev/null) && printf \'%s\\t%s\\t%s\\n\' "$s" "$f" "$t";; esac; done',
+            f"echo '#stat'; for q in {quoted_paths}; do stat -L -c '%d %i %s %Y' -- \"$q\" 2>/dev/null || echo -; done"
+            if paths
+            else "echo '#stat'",
+            "echo '#env'; tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null",
+        ]
+    )
     _, out = await _run(conn, script)
     return parse_probe(out.decode(errors="replace"), pid, paths)
 
@@ -221,8 +258,16 @@ def parse_probe(text: str, pid: int, paths: list[str]) -> dict[str, Any]:
         if len(bits) < 3 or bits[2] not in ("regular file", "regular empty file"):
             continue
         key = (int(bits[0]), int(bits[1]))
-        held.setdefault(key, {"path": target.removesuffix(" (deleted)"), "dev": key[0], "inode": key[1],
-                              "replaced": target.endswith(" (deleted)"), "via": fd})
+        held.setdefault(
+            key,
+            {
+                "path": target.removesuffix(" (deleted)"),
+                "dev": key[0],
+                "inode": key[1],
+                "replaced": target.endswith(" (deleted)"),
+                "via": fd,
+            },
+        )
     stats: dict[str, list[int] | None] = {}
     for path, line in zip(paths, part["stat"], strict=False):
         bits = line.split()
@@ -239,8 +284,12 @@ async def sha256_async(conn: asyncssh.SSHClientConnection, paths: list[str]) -> 
     """sha256 of files on the host (sha256sum), path -> hex; missing or unreadable ones are left out."""
     if not paths:
         return {}
-    status, out = await _run(conn, "command -v sha256sum >/dev/null || exit 98\nsha256sum -- "
-                             + " ".join(shlex.quote(x) for x in paths) + " 2>/dev/null")
+    status, out = await _run(
+        conn,
+        "command -v sha256sum >/dev/null || exit 98\nsha256sum -- "
+        + " ".join(shlex.quote(x) for x in paths)
+        + " 2>/dev/null",
+    )
     if status == 98:
         raise RemoteError("sha256sum is not installed on the host", "install coreutils there")
     got: dict[str, str] = {}
@@ -257,8 +306,9 @@ class Remote:
     def __init__(self, ssh: SSH) -> None:
         self.ssh = ssh
 
-    def _call(self, fn: Callable[[asyncssh.SSHClientConnection], Awaitable[T]],
-              timeout_s: float = COMMAND_TIMEOUT_S) -> T:
+    def _call(
+        self, fn: Callable[[asyncssh.SSHClientConnection], Awaitable[T]], timeout_s: float = COMMAND_TIMEOUT_S
+    ) -> T:
         import asyncssh  # lazy: a local-only run never pays for SSH (~0.2 s)
 
         async def main() -> T:
@@ -270,11 +320,14 @@ class Remote:
                         except RemoteError as e:  # connect's own errors already name the login
                             raise RemoteError(f"{where(self.ssh)}: {e.message}", e.fix) from None
             except TimeoutError:
-                raise RemoteError(f"a remote command on {where(self.ssh)} took over {timeout_s:g}s",
-                                  "check the host's load and sshd") from None
+                raise RemoteError(
+                    f"a remote command on {where(self.ssh)} took over {timeout_s:g}s", "check the host's load and sshd"
+                ) from None
             except (asyncssh.Error, OSError) as e:
-                raise RemoteError(f"ssh to {where(self.ssh)} broke: {type(e).__name__}: {e}",
-                                  "check the host and its sshd, then resume") from None
+                raise RemoteError(
+                    f"ssh to {where(self.ssh)} broke: {type(e).__name__}: {e}",
+                    "check the host and its sshd, then resume",
+                ) from None
 
         return anyio.run(main)
 

@@ -279,7 +279,8 @@ class ReferenceEngine:
         size = tok.get_vocab_size()
         texts = [tok.decode([i]) for i in range(size)]
         safe = [
-            i for i, t in enumerate(texts)
+            i
+            for i, t in enumerate(texts)
             if len(t) > 1 and t[0] == " " and t[1:].isascii() and t[1:].isalpha() and tok.encode(t).ids == [i]
         ]
         if not safe:
@@ -328,8 +329,9 @@ class ReferenceEngine:
 
     # ---- submission -------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = True,
-               cache_prompt: bool = True) -> Sequence:
+    def submit(
+        self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = True, cache_prompt: bool = True
+    ) -> Sequence:
         """Queue a sequence; its output appears on the returned object."""
         if not prompt_ids:
             raise ValueError("empty prompt")
@@ -550,27 +552,52 @@ class ReferenceEngine:
         c = self.counters
         label = 'model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"'
         families: list[tuple[str, str, str, list[tuple[str, float]]]] = [
-            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-             [("", self.running)]),
-            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-             [("", self.waiting)]),
+            (
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                [("", self.running)],
+            ),
+            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [("", self.waiting)]),
             ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", [("", c.prompt_tokens)]),
-            ("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
-             [("", c.generation_tokens)]),
-            ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in queried tokens.",
-             [("", c.prefix_queries)]),
-            ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-             [("", c.prefix_hits)]),
-            ("vllm:request_success", "counter", "Count of successfully processed requests.",
-             [(f'finished_reason="{k}",', float(v)) for k, v in sorted(c.success.items())]),
-            ("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.",
-             [("", c.spec_drafts)]),
-            ("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.",
-             [("", c.spec_draft_tokens)]),
-            ("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
-             [("", c.spec_accepted_tokens)]),
-            ("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
-             [(f'position="{k}",', v) for k, v in enumerate(c.spec_accepted_per_pos)]),
+            (
+                "vllm:generation_tokens",
+                "counter",
+                "Number of generation tokens processed.",
+                [("", c.generation_tokens)],
+            ),
+            (
+                "vllm:prefix_cache_queries",
+                "counter",
+                "Prefix cache queries, in queried tokens.",
+                [("", c.prefix_queries)],
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                [("", c.prefix_hits)],
+            ),
+            (
+                "vllm:request_success",
+                "counter",
+                "Count of successfully processed requests.",
+                [(f'finished_reason="{k}",', float(v)) for k, v in sorted(c.success.items())],
+            ),
+            ("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.", [("", c.spec_drafts)]),
+            ("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.", [("", c.spec_draft_tokens)]),
+            (
+                "vllm:spec_decode_num_accepted_tokens",
+                "counter",
+                "Number of accepted tokens.",
+                [("", c.spec_accepted_tokens)],
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "counter",
+                "Accepted tokens per draft position.",
+                [(f'position="{k}",', v) for k, v in enumerate(c.spec_accepted_per_pos)],
+            ),
         ]
         hidden = set(self.config.hide_counters)
         lines: list[str] = []

@@ -53,8 +53,7 @@ CRASH_EXIT_CODE = 3
 _THREAD_TOKENIZE_CHARS = 32_000  # longer prompts are tokenized off the event loop
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _DONE = b"data: [DONE]\n\n"
-_USAGE = (b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,'
-          b'"prompt_tokens_details":{"cached_tokens":%d}}')
+_USAGE = b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}'
 
 
 class BadRequest(Exception):
@@ -67,8 +66,7 @@ class BadRequest(Exception):
 
 
 def _json(obj: Any, status: int = 200, background: BackgroundTask | None = None) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json",
-                    background=background)
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json", background=background)
 
 
 def _error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -107,10 +105,8 @@ def _content_text(content: Any, i: int) -> str:
     if isinstance(content, list):
         parts: list[str] = []
         for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise BadRequest(f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}",
-                                 "messages")
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise BadRequest(f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}", "messages")
             parts.append(part["text"])
         return "".join(parts)
     raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", "messages")
@@ -155,8 +151,7 @@ def parse_request(raw: bytes, chat: bool) -> Parsed:
         elif isinstance(p, list) and (ids := _token_ids(p)) is not None:
             prompt = ids
         else:
-            raise BadRequest("'prompt' must be a string, a list of token ids, or a batch of one of them",
-                             "prompt")
+            raise BadRequest("'prompt' must be a string, a list of token ids, or a batch of one of them", "prompt")
         if not prompt:
             raise BadRequest("'prompt' is empty", "prompt")
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
@@ -210,7 +205,11 @@ class _Reply(Response):
             obj = b"text_completion"
         self.created = created
         self.head = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":[' % (
-            self.rid.encode(), obj, created, target.model_json)
+            self.rid.encode(),
+            obj,
+            created,
+            target.model_json,
+        )
 
     def _usage(self, completion: int) -> bytes:
         s = self.seq
@@ -250,9 +249,12 @@ class _Reply(Response):
             if first and items:
                 first = False
                 if chat:
-                    parts.append(head + b'{"index":0,"delta":{"role":"assistant","content":""},'
-                                 b'"logprobs":null,"finish_reason":null}]'
-                                 + (b',"usage":' + self._usage(0) if cont else b"") + b"}\n\n")
+                    parts.append(
+                        head + b'{"index":0,"delta":{"role":"assistant","content":""},'
+                        b'"logprobs":null,"finish_reason":null}]'
+                        + (b',"usage":' + self._usage(0) if cont else b"")
+                        + b"}\n\n"
+                    )
             per_chunk = self.spec and self.p.timings_per_token
             for text, done, drafted, accepted in items:
                 usage = b',"usage":' + self._usage(done) if cont else b""
@@ -260,11 +262,21 @@ class _Reply(Response):
                     usage += self._timings(done, drafted, accepted)
                 usage += b"}\n\n"
                 if chat:
-                    parts.append(head + b'{"index":0,"delta":{"content":' + orjson.dumps(text)
-                                 + b'},"logprobs":null,"finish_reason":null}]' + usage)
+                    parts.append(
+                        head
+                        + b'{"index":0,"delta":{"content":'
+                        + orjson.dumps(text)
+                        + b'},"logprobs":null,"finish_reason":null}]'
+                        + usage
+                    )
                 else:
-                    parts.append(head + b'{"index":0,"text":' + orjson.dumps(text)
-                                 + b',"logprobs":null,"finish_reason":null}]' + usage)
+                    parts.append(
+                        head
+                        + b'{"index":0,"text":'
+                        + orjson.dumps(text)
+                        + b',"logprobs":null,"finish_reason":null}]'
+                        + usage
+                    )
             if self.stall and parts:
                 # fault: the first chunk goes out, then nothing until the client gives up
                 await send({"type": "http.response.body", "body": parts[0], "more_body": True})
@@ -320,17 +332,30 @@ class _Reply(Response):
         usage = orjson.loads(self._usage(seq.completion_tokens))
         choice: dict[str, Any]
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": seq.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": seq.finish_reason,
+            }
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": seq.finish_reason}
             obj = "text_completion"
-        reply: dict[str, Any] = {"id": self.rid, "object": obj, "created": self.created,
-                                 "model": self.target.model, "choices": [choice], "usage": usage}
+        reply: dict[str, Any] = {
+            "id": self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.target.model,
+            "choices": [choice],
+            "usage": usage,
+        }
         if self.spec:
-            reply["timings"] = {"predicted_n": seq.completion_tokens, "draft_n": seq.drafted,
-                                "draft_n_accepted": seq.accepted}
+            reply["timings"] = {
+                "predicted_n": seq.completion_tokens,
+                "draft_n": seq.drafted,
+                "draft_n_accepted": seq.accepted,
+            }
         body = orjson.dumps(reply)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -373,11 +398,19 @@ class ReferenceTarget:
         except BadRequest as e:
             return _json(_error_body(e.message, "BadRequestError", 400, e.param), 400, self._after(ticket))
         if p.model is not None and p.model != self.model:
-            return _json(_error_body(f"The model `{p.model}` does not exist; served: {self.model}",
-                                     "NotFoundError", 404, "model"), 404, self._after(ticket))
+            return _json(
+                _error_body(
+                    f"The model `{p.model}` does not exist; served: {self.model}", "NotFoundError", 404, "model"
+                ),
+                404,
+                self._after(ticket),
+            )
         if ticket.fault == "error":
-            return _json(_error_body(f"injected fault (error_rate={engine.config.error_rate})",
-                                     "InternalServerError", 500), 500, self._after(ticket))
+            return _json(
+                _error_body(f"injected fault (error_rate={engine.config.error_rate})", "InternalServerError", 500),
+                500,
+                self._after(ticket),
+            )
         if isinstance(p.prompt, str):
             if len(p.prompt) > _THREAD_TOKENIZE_CHARS:
                 ids = await asyncio.to_thread(engine.encode, p.prompt)
@@ -386,14 +419,22 @@ class ReferenceTarget:
         else:
             ids = p.prompt
         if not ids:
-            return _json(_error_body("the prompt has no tokens", "BadRequestError", 400, "prompt"), 400,
-                         self._after(ticket))
+            return _json(
+                _error_body("the prompt has no tokens", "BadRequestError", 400, "prompt"), 400, self._after(ticket)
+            )
         limit = engine.config.max_model_len
         if limit is not None and len(ids) + p.max_tokens > limit:  # vLLM's wording and status
-            return _json(_error_body(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(ids) + p.max_tokens} tokens ({len(ids)} in the messages, {p.max_tokens} in the completion).",
-                "BadRequestError", 400, "max_tokens"), 400, self._after(ticket))
+            return _json(
+                _error_body(
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{len(ids) + p.max_tokens} tokens ({len(ids)} in the messages, {p.max_tokens} in the completion).",
+                    "BadRequestError",
+                    400,
+                    "max_tokens",
+                ),
+                400,
+                self._after(ticket),
+            )
         max_tokens = 1 if ticket.fault == "stall" else p.max_tokens  # a stalled request holds no slot
         seq = engine.submit(ids, max_tokens, ignore_eos=p.ignore_eos, cache_prompt=p.cache_prompt)
         return _Reply(self, seq, ticket, p, chat)
@@ -413,8 +454,16 @@ class ReferenceTarget:
 
     async def props(self, request: Request) -> Response:
         e = self.engine
-        return _json({"model": self.model, "argv": sys.argv, "orig_argv": sys.orig_argv, "pid": e.pid,
-                      "config_sha256": e.config_sha256, "tokenizer": e.tokenizer_name})
+        return _json(
+            {
+                "model": self.model,
+                "argv": sys.argv,
+                "orig_argv": sys.orig_argv,
+                "pid": e.pid,
+                "config_sha256": e.config_sha256,
+                "tokenizer": e.tokenizer_name,
+            }
+        )
 
     async def reset_cache(self, request: Request) -> Response:
         n = self.engine.reset_prefix_cache()
@@ -456,8 +505,9 @@ def build_app(model: str, config: ReferenceConfig | None = None, *, tokenizer: s
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m caseledger.target serve ...`: run the reference target until SIGINT/SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m caseledger.target",
-                                     description="The embedded reference target (OpenAI-compatible).")
+    parser = argparse.ArgumentParser(
+        prog="python -m caseledger.target", description="The embedded reference target (OpenAI-compatible)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the reference target over HTTP")
     serve.add_argument("--host", default="127.0.0.1")
@@ -468,13 +518,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
 
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = ReferenceConfig.model_validate_json(args.config_json)
     except ValidationError as e:
-        log.error("--config-json is not a valid ReferenceConfig (fields: %s): %s",
-                  ", ".join(ReferenceConfig.model_fields), e)
+        log.error(
+            "--config-json is not a valid ReferenceConfig (fields: %s): %s", ", ".join(ReferenceConfig.model_fields), e
+        )
         return 2
     try:
         app = build_app(args.model, config, tokenizer=args.tokenizer)
@@ -484,17 +536,33 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn  # lazy: only serving needs it; importing the package stays light
 
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level,
-                               access_log=False, loop="asyncio", http="h11", ws="none", lifespan="on",
-                               timeout_graceful_shutdown=3)
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        log_level=args.log_level,
+        access_log=False,
+        loop="asyncio",
+        http="h11",
+        ws="none",
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+    )
     try:
         sock = uv_config.bind_socket()
     except SystemExit:  # uvicorn exits on bind errors after logging them
         return 2
     host, port = sock.getsockname()[:2]
     engine: ReferenceEngine = app.state.engine
-    log.info("reference target pid=%d model=%s on http://%s:%d config_sha256=%s",
-             engine.pid, args.model, host, port, engine.config_sha256)
+    log.info(
+        "reference target pid=%d model=%s on http://%s:%d config_sha256=%s",
+        engine.pid,
+        args.model,
+        host,
+        port,
+        engine.config_sha256,
+    )
     server = uvicorn.Server(uv_config)
     server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -41,12 +41,15 @@ class CampaignFrozen(BaseModel):
     def text(self) -> str:
         pts = ", ".join(f"{k} {v}" for k, v in list(self.points.items())[:8])
         more = f" (+{len(self.points) - 8})" if len(self.points) > 8 else ""
-        lines = [f"campaign {self.campaign_id} ({'new' if self.created else 'already frozen'}) {self.name}, "
-                 f"scenario {self.scenario}, base {self.base_case}: {self.search}",
-                 f"points: {pts}{more}"]
+        lines = [
+            f"campaign {self.campaign_id} ({'new' if self.created else 'already frozen'}) {self.name}, "
+            f"scenario {self.scenario}, base {self.base_case}: {self.search}",
+            f"points: {pts}{more}",
+        ]
         if self.decision_change:
-            lines.append(f"scenario decision: {self.decision_change}; every point re-decided from its results, "
-                         "0 requests sent")
+            lines.append(
+                f"scenario decision: {self.decision_change}; every point re-decided from its results, 0 requests sent"
+            )
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
@@ -56,14 +59,25 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:
     c = f.campaign
     change = decision_words(f.decision_before, c.decision) if f.decision_before is not None else None
     r = c.repeats
-    search = (f"knee on {c.search.axis} (monotone)" if c.search.kind == "knee" else "grid") + \
-        f" over {len(c.points)} points; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
+    search = (
+        f"knee on {c.search.axis} (monotone)" if c.search.kind == "knee" else "grid"
+    ) + f" over {len(c.points)} points; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
     return CampaignFrozen(
-        campaign_id=c.campaign_id, created=f.created, name=c.name, scenario=c.scenario, base_case=c.base_case,
-        points={p.label: p.case_id for p in c.points}, search=search,
-        decision_change=change if change != "unchanged" else None, policy_changed=f.policy_changed,
-        next_call=(f"summarize(run_ids=['{c.campaign_id}']) shows it re-decided" if change and not f.created
-                   else f"start_run(case_id='{c.campaign_id}') runs it to the end (one call; then phase_status)"))
+        campaign_id=c.campaign_id,
+        created=f.created,
+        name=c.name,
+        scenario=c.scenario,
+        base_case=c.base_case,
+        points={p.label: p.case_id for p in c.points},
+        search=search,
+        decision_change=change if change != "unchanged" else None,
+        policy_changed=f.policy_changed,
+        next_call=(
+            f"summarize(run_ids=['{c.campaign_id}']) shows it re-decided"
+            if change and not f.created
+            else f"start_run(case_id='{c.campaign_id}') runs it to the end (one call; then phase_status)"
+        ),
+    )
 
 
 VIEW_EVERY_S = 2.0  # a waiting start reads the campaign's view this often, its running point's state every poll
@@ -119,8 +133,9 @@ def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignV
     return start_run(ws, case_id, **kw)
 
 
-def status_any(ws: Workspace, run_id: str | None, wait_s: float = 0.0,
-               progress: Callable[[StatusResult], None] | None = None) -> StatusResult | CampaignView:
+def status_any(
+    ws: Workspace, run_id: str | None, wait_s: float = 0.0, progress: Callable[[StatusResult], None] | None = None
+) -> StatusResult | CampaignView:
     """The phase_status tool: a run (or a case's latest run), or a campaign's progress. progress: a run's
     bounded wait hands it every status it reads."""
     if run_id is not None and is_id(run_id, "g"):

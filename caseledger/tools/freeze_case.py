@@ -33,13 +33,16 @@ class FreezeResult(BaseModel):
     latest_run_state: str | None = Field(None, description="State of the latest run of this case, if any")
     next_call: str = Field("", description="The one next call")
     decision_change: str | None = Field(
-        None, description="What this freeze changed in the scenario's decision (objective, limits, min_effect): "
-        "every case of the scenario is re-decided from its results, no request sent; null: unchanged")
+        None,
+        description="What this freeze changed in the scenario's decision (objective, limits, min_effect): "
+        "every case of the scenario is re-decided from its results, no request sent; null: unchanged",
+    )
 
     def text(self) -> str:
         if self.delta:
-            d = ", ".join(f"{x.path} {argv_change(x.old, x.new) or f'{x.old}->{x.new}'} [{x.impact}]"
-                          for x in self.delta[:4])
+            d = ", ".join(
+                f"{x.path} {argv_change(x.old, x.new) or f'{x.old}->{x.new}'} [{x.impact}]" for x in self.delta[:4]
+            )
             d += f" (+{len(self.delta) - 4})" if len(self.delta) > 4 else ""
         elif self.parent == self.case_id:
             d = "none: the same measurement as its parent (one case; parent and note do not change the id)"
@@ -48,21 +51,30 @@ class FreezeResult(BaseModel):
         else:
             d = "none (no parent)"
         p = " ".join(f"{s.phase}={s.action}" for s in self.plan)
-        lines = [f"case {self.case_id} ({'new' if self.created else 'already frozen'}), scenario {self.scenario}, "
-                 f"dataset {self.dataset_id}", f"delta: {d}", f"plan: {p}"]
+        lines = [
+            f"case {self.case_id} ({'new' if self.created else 'already frozen'}), scenario {self.scenario}, "
+            f"dataset {self.dataset_id}",
+            f"delta: {d}",
+            f"plan: {p}",
+        ]
         if self.runs:
             more = f" (+{len(self.runs) - 1} earlier)" if len(self.runs) > 1 else ""
             lines.append(f"measured: {self.runs[-1]} {self.latest_run_state}{more}")
         if self.decision_change:
-            lines.append(f"scenario decision: {self.decision_change}; every case re-decided from its results, "
-                         "0 requests sent")
+            lines.append(
+                f"scenario decision: {self.decision_change}; every case re-decided from its results, 0 requests sent"
+            )
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
 
 def freeze_case(
-    workspace: Workspace, path: str | Path | None = None, *, draft: dict[str, Any] | None = None,
-    parent: str | None = None, cwd_first: bool = True,
+    workspace: Workspace,
+    path: str | Path | None = None,
+    *,
+    draft: dict[str, Any] | None = None,
+    parent: str | None = None,
+    cwd_first: bool = True,
 ) -> FreezeResult:
     """Freeze a case draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
     cwd_first: a relative path is looked up in the current directory before the workspace (the CLI)."""
@@ -72,8 +84,10 @@ def freeze_case(
 
 def _freeze(workspace: Workspace, obj: dict[str, Any], source: str, parent: str | None) -> FreezeResult:
     if is_campaign_draft(obj):
-        raise CaseInvalid(f"{source} is a campaign draft, not a case", "freeze it with the freeze_case tool or "
-                          "`caseledger freeze` (tools.freeze_any takes both)")
+        raise CaseInvalid(
+            f"{source} is a campaign draft, not a case",
+            "freeze it with the freeze_case tool or `caseledger freeze` (tools.freeze_any takes both)",
+        )
     if parent is not None:
         obj["parent"] = parent
     case = datasets.pin(workspace, validate(obj, source))  # a trace's sha256 joins the case (and dataset) id
@@ -95,17 +109,26 @@ def _freeze(workspace: Workspace, obj: dict[str, Any], source: str, parent: str 
     else:
         nxt = state.next_call
     return FreezeResult(
-        case_id=cid, created=created, scenario=case.scenario, parent=case.parent, dataset_id=dataset_id,
-        delta=(changes := delta(parent_case, case)), plan=_preview(workspace, case, changes, parent_case is not None),
-        path=str(workspace.frozen_case(cid)), runs=runs, latest_run_state=state.state.value if state else None,
-        next_call=nxt, decision_change=(words if before is not None and (words := decision_words(before, case.decision))
-                                       != "unchanged" else None),
+        case_id=cid,
+        created=created,
+        scenario=case.scenario,
+        parent=case.parent,
+        dataset_id=dataset_id,
+        delta=(changes := delta(parent_case, case)),
+        plan=_preview(workspace, case, changes, parent_case is not None),
+        path=str(workspace.frozen_case(cid)),
+        runs=runs,
+        latest_run_state=state.state.value if state else None,
+        next_call=nxt,
+        decision_change=(
+            words if before is not None and (words := decision_words(before, case.decision)) != "unchanged" else None
+        ),
     )
 
 
-
-def _read(ws: Workspace, path: str | Path | None, draft: dict[str, Any] | None,
-          cwd_first: bool) -> tuple[dict[str, Any], str]:
+def _read(
+    ws: Workspace, path: str | Path | None, draft: dict[str, Any] | None, cwd_first: bool
+) -> tuple[dict[str, Any], str]:
     if draft is not None:
         return dict(draft), "inline draft"
     if path is None:
@@ -114,8 +137,12 @@ def _read(ws: Workspace, path: str | Path | None, draft: dict[str, Any] | None,
 
 
 def freeze_any(
-    workspace: Workspace, path: str | Path | None = None, *, draft: dict[str, Any] | None = None,
-    parent: str | None = None, cwd_first: bool = True,
+    workspace: Workspace,
+    path: str | Path | None = None,
+    *,
+    draft: dict[str, Any] | None = None,
+    parent: str | None = None,
+    cwd_first: bool = True,
 ) -> FreezeResult | campaigns.CampaignFrozen:
     """The freeze_case tool: a case draft, or a campaign draft ({"campaign": {...}}), which freezes the campaign
     and every point as cases."""
@@ -123,8 +150,10 @@ def freeze_any(
     if not is_campaign_draft(obj):
         return _freeze(workspace, obj, source, parent)  # the draft read once
     if parent is not None:
-        raise CaseInvalid("parent is not a field of a campaign",
-                          "name the base with campaign.base_case (a frozen case id) instead; nothing was written")
+        raise CaseInvalid(
+            "parent is not a field of a campaign",
+            "name the base with campaign.base_case (a frozen case id) instead; nothing was written",
+        )
     return campaigns.freeze(workspace, obj, source)
 
 

@@ -32,8 +32,9 @@ class StatusResult(BaseModel):
     results_extracted: bool
     enough_to_decide: bool | None = Field(description="null until decided")
     decision: str | None
-    decision_reason: str | None = Field(None, description="Why the decision: a broken limit, the change and its "
-                                                          "noise, missing evidence")
+    decision_reason: str | None = Field(
+        None, description="Why the decision: a broken limit, the change and its noise, missing evidence"
+    )
     owner_alive: bool = Field(description="The controller process is alive")
     client_alive: bool = Field(description="The load client process is alive")
     blocker: str | None
@@ -42,20 +43,29 @@ class StatusResult(BaseModel):
     next_resends_requests: bool
     authorization: str
     queued: list[str] = Field(default_factory=list, description="Cases queued to start when this target frees")
-    load_reused_from: str | None = Field(None, description="Measurement-only run: the run whose raw data it "
-                                                            "reprocesses (this run sent no formal request)")
-    service_alive: bool | None = Field(None, description="The service this run started or verified is still "
-                                                          "alive (null: not ours to check: external, remote)")
+    load_reused_from: str | None = Field(
+        None,
+        description="Measurement-only run: the run whose raw data it reprocesses (this run sent no formal request)",
+    )
+    service_alive: bool | None = Field(
+        None,
+        description="The service this run started or verified is still "
+        "alive (null: not ours to check: external, remote)",
+    )
     client_stopped: bool = Field(False, description="The load client process is alive but stopped (SIGSTOP)")
     owner_stopped: bool = Field(False, description="The controller process is alive but stopped (SIGSTOP)")
-    service_gone: list[str] = Field(default_factory=list,
-                                    description="The service's processes that are gone or stopped ('pid 12 stopped')")
-    missing_evidence: list[str] = Field(default_factory=list, description="Evidence files a finished phase "
-                                                                          "recorded that are gone from disk")
-    resume_runs: list[str] = Field(default_factory=list,
-                                   description="The phases resume would run, in order (the same computation)")
-    damaged: list[str] = Field(default_factory=list,
-                               description="Damaged ledger entries found while looking for the latest run")
+    service_gone: list[str] = Field(
+        default_factory=list, description="The service's processes that are gone or stopped ('pid 12 stopped')"
+    )
+    missing_evidence: list[str] = Field(
+        default_factory=list, description="Evidence files a finished phase recorded that are gone from disk"
+    )
+    resume_runs: list[str] = Field(
+        default_factory=list, description="The phases resume would run, in order (the same computation)"
+    )
+    damaged: list[str] = Field(
+        default_factory=list, description="Damaged ledger entries found while looking for the latest run"
+    )
     next_call: str
 
     def _client(self) -> str:
@@ -70,9 +80,11 @@ class StatusResult(BaseModel):
         ph = f"{self.phase} {self.phase_state}" if self.phase else "all phases done"
         fc = f" [{self.failure_class}]" if self.failure_class else ""
         dec = "unknown" if self.enough_to_decide is None else ("yes" if self.enough_to_decide else "no")
-        formal = (f"formal: reused {self.load_reused_from}'s raw data ({self.done} records), 0 sent by this run"
-                  if self.load_reused_from else
-                  f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}")
+        formal = (
+            f"formal: reused {self.load_reused_from}'s raw data ({self.done} records), 0 sent by this run"
+            if self.load_reused_from
+            else f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}"
+        )
         lines = [
             f"{self.run_id} {self.case_id} {self.scenario}: {self.state}{fc}, {ph}",
             f"{formal}; load ended "
@@ -89,16 +101,24 @@ class StatusResult(BaseModel):
         if self.queued:
             lines.append(f"queued on this target: {', '.join(self.queued[:3])}")
         if self.service_alive is False:
-            lines.append("service: the process this run measured on is gone or stopped"
-                         + (f" ({', '.join(self.service_gone)})" if self.service_gone else ""))
+            lines.append(
+                "service: the process this run measured on is gone or stopped"
+                + (f" ({', '.join(self.service_gone)})" if self.service_gone else "")
+            )
         if self.missing_evidence:
-            lines.append(f"missing evidence: {', '.join(self.missing_evidence[:4])}"
-                         + (f" (+{len(self.missing_evidence) - 4})" if len(self.missing_evidence) > 4 else ""))
+            lines.append(
+                f"missing evidence: {', '.join(self.missing_evidence[:4])}"
+                + (f" (+{len(self.missing_evidence) - 4})" if len(self.missing_evidence) > 4 else "")
+            )
         if self.state not in ("succeeded", "running", "created"):
-            lines.append(f"resume runs: {', '.join(self.resume_runs) or 'nothing'}; restarts service: "
-                         + ("yes" if self.next_restarts_service else "no")
-                         + ", repeats warmup: " + ("yes" if self.next_repeats_warmup else "no")
-                         + ", re-sends requests: " + ("yes" if self.next_resends_requests else "no"))
+            lines.append(
+                f"resume runs: {', '.join(self.resume_runs) or 'nothing'}; restarts service: "
+                + ("yes" if self.next_restarts_service else "no")
+                + ", repeats warmup: "
+                + ("yes" if self.next_repeats_warmup else "no")
+                + ", re-sends requests: "
+                + ("yes" if self.next_resends_requests else "no")
+            )
         if self.damaged:
             lines.append(damaged_line(self.damaged))
         lines.append(f"next: {self.next_call}")
@@ -112,19 +132,36 @@ WAIT_POLL_S = 0.25
 def _signature(s: StatusResult) -> tuple[object, ...]:
     """What a waiting caller is waiting for: a phase starting or ending, the load ending, a decision, a process
     stopping or going (request counts alone are progress, not a change)."""
-    return (s.state, s.phase, s.phase_state, tuple(sorted(s.phases.items())), s.load_ended, s.results_extracted,
-            s.decision, s.owner_alive, s.client_alive, s.client_stopped, tuple(s.service_gone), s.blocker)
+    return (
+        s.state,
+        s.phase,
+        s.phase_state,
+        tuple(sorted(s.phases.items())),
+        s.load_ended,
+        s.results_extracted,
+        s.decision,
+        s.owner_alive,
+        s.client_alive,
+        s.client_stopped,
+        tuple(s.service_gone),
+        s.blocker,
+    )
 
 
 def check_wait(wait_s: float) -> None:
     """A bounded wait (runs and campaigns alike): CaseInvalid naming the bound."""
     if not 0 <= wait_s <= MAX_WAIT_S:
-        raise CaseInvalid(f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}",
-                          "give wait_s between 0 (answer at once) and 120 seconds")
+        raise CaseInvalid(
+            f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}", "give wait_s between 0 (answer at once) and 120 seconds"
+        )
 
 
-def phase_status(workspace: Workspace, run_id: str | None = None, wait_s: float = 0.0,
-                 progress: Callable[[StatusResult], None] | None = None) -> StatusResult:
+def phase_status(
+    workspace: Workspace,
+    run_id: str | None = None,
+    wait_s: float = 0.0,
+    progress: Callable[[StatusResult], None] | None = None,
+) -> StatusResult:
     """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 120): return as soon as
     the run's state changes (a phase starts or ends, the load ends, the run settles, a process stops) or
     when wait_s has passed, instead of being polled with sleep. progress: sees every status the wait reads
@@ -157,8 +194,11 @@ def phases_progress(s: StatusResult) -> tuple[float, float, str]:
     if s.phases.get("load") == "running" and s.planned:
         value += min(s.done, s.planned) / s.planned
     where = f"{s.phase} {s.phase_state}" if s.phase else s.state
-    return value, float(len(s.phases)), (f"{s.run_id} {where}: formal sent {s.sent}/{s.planned} done {s.done} "
-                                         f"failed {s.failed}")
+    return (
+        value,
+        float(len(s.phases)),
+        (f"{s.run_id} {where}: formal sent {s.sent}/{s.planned} done {s.done} failed {s.failed}"),
+    )
 
 
 def _any_run(ws: Workspace) -> bool:
@@ -172,10 +212,12 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
     damaged: list[str] = []
     if (run_id is None or is_id(run_id, "c")) and not _any_run(workspace):
         # answered from the files: a refused call creates no index in a workspace without runs
-        raise NotFound("no runs in this workspace yet" if run_id is None else
-                       f"case {run_id} has no run yet in {workspace.runs_dir}",
-                       "freeze_case(path=...) then start_run(case_id=...)" if run_id is None else
-                       f"start_run(case_id='{run_id}')")
+        raise NotFound(
+            "no runs in this workspace yet"
+            if run_id is None
+            else f"case {run_id} has no run yet in {workspace.runs_dir}",
+            "freeze_case(path=...) then start_run(case_id=...)" if run_id is None else f"start_run(case_id='{run_id}')",
+        )
     if run_id is None or is_id(run_id, "c"):
         with open_index(workspace) as idx:  # the latest run (of the case), without folding every run
             if run_id is None:
@@ -183,31 +225,52 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
                 damaged = idx.damaged()
                 if latest is None:
                     found = f" ({damaged_line(damaged)})" if damaged else ""
-                    raise NotFound(f"no runs in this workspace yet{found}",
-                                   "freeze_case(path=...) then start_run(case_id=...)")
+                    raise NotFound(
+                        f"no runs in this workspace yet{found}", "freeze_case(path=...) then start_run(case_id=...)"
+                    )
             else:
                 latest = next(idx.of_case(run_id), None)
                 if latest is None:
-                    raise NotFound(f"case {run_id} has no run yet in {workspace.runs_dir}",
-                                   f"start_run(case_id='{run_id}')")
+                    raise NotFound(
+                        f"case {run_id} has no run yet in {workspace.runs_dir}", f"start_run(case_id='{run_id}')"
+                    )
         run_id = latest.run_id
     v = fold(workspace, load_run(workspace, run_id))  # folded live: the one run asked about
     cur = v.phases[v.current] if v.current else None
     dec = v.decision
     return StatusResult(
-        run_id=v.run_id, case_id=v.case_id, scenario=v.scenario, state=v.state.value, phase=v.current,
-        phase_state=cur.state.value if cur else None, phases={k: p.state.value for k, p in v.phases.items()},
-        failure_class=v.failure_class, planned=v.counts.planned, sent=0 if v.meta.load_reuse else v.counts.sent,
+        run_id=v.run_id,
+        case_id=v.case_id,
+        scenario=v.scenario,
+        state=v.state.value,
+        phase=v.current,
+        phase_state=cur.state.value if cur else None,
+        phases={k: p.state.value for k, p in v.phases.items()},
+        failure_class=v.failure_class,
+        planned=v.counts.planned,
+        sent=0 if v.meta.load_reuse else v.counts.sent,
         done=v.counts.done,
-        failed=v.counts.failed, load_ended=v.load_ended, results_extracted=v.results_extracted,
-        enough_to_decide=dec.enough_to_decide if dec else None, decision=dec.outcome if dec else None,
+        failed=v.counts.failed,
+        load_ended=v.load_ended,
+        results_extracted=v.results_extracted,
+        enough_to_decide=dec.enough_to_decide if dec else None,
+        decision=dec.outcome if dec else None,
         decision_reason=dec.reason if dec else None,
-        owner_alive=v.controller_alive, client_alive=v.client_alive, blocker=v.blocker,
-        next_restarts_service=v.next_restarts_service, next_repeats_warmup=v.next_repeats_warmup,
-        next_resends_requests=v.next_resends_requests, authorization=authorization.current_mode(workspace),
+        owner_alive=v.controller_alive,
+        client_alive=v.client_alive,
+        blocker=v.blocker,
+        next_restarts_service=v.next_restarts_service,
+        next_repeats_warmup=v.next_repeats_warmup,
+        next_resends_requests=v.next_resends_requests,
+        authorization=authorization.current_mode(workspace),
         queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
-        service_alive=v.service_alive, missing_evidence=v.missing_evidence, load_reused_from=v.meta.load_reuse,
-        client_stopped=v.client_stopped, owner_stopped=v.controller_stopped, service_gone=v.service_gone,
+        service_alive=v.service_alive,
+        missing_evidence=v.missing_evidence,
+        load_reused_from=v.meta.load_reuse,
+        client_stopped=v.client_stopped,
+        owner_stopped=v.controller_stopped,
+        service_gone=v.service_gone,
         resume_runs=[p.value for p in v.steps.run] if v.steps else [],
-        damaged=damaged, next_call=v.next_call,
+        damaged=damaged,
+        next_call=v.next_call,
     )

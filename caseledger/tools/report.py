@@ -37,10 +37,13 @@ class ReportResult(BaseModel):
     next_call: str
 
     def text(self) -> str:
-        lines = [f"{self.kind} {self.subject}: {len(self.paths)} HTML page(s), {self.charts} chart(s), "
-                 f"{self.flags} evidence flag(s)", *[f"html: {p}" for p in self.paths],
-                 "open it in a browser (one self-contained file: no script, no network)",
-                 f"next: {self.next_call}"]
+        lines = [
+            f"{self.kind} {self.subject}: {len(self.paths)} HTML page(s), {self.charts} chart(s), "
+            f"{self.flags} evidence flag(s)",
+            *[f"html: {p}" for p in self.paths],
+            "open it in a browser (one self-contained file: no script, no network)",
+            f"next: {self.next_call}",
+        ]
         return "\n".join(lines)
 
 
@@ -53,8 +56,9 @@ def run_flags(result: Result) -> list[Flag]:
     out: list[Flag] = []
     if result.failed:
         by = ", ".join(f"{k}={v}" for k, v in result.failures.by_class.items())
-        out.append(Flag(f"failed requests: {result.failed} of {result.requests}" + (f" ({by})" if by else ""),
-                        warn=True))
+        out.append(
+            Flag(f"failed requests: {result.failed} of {result.requests}" + (f" ({by})" if by else ""), warn=True)
+        )
     return out + evidence_flags(result)
 
 
@@ -76,8 +80,9 @@ def html_report(ws: Workspace, run_ids: list[str], scenario: str | None = None) 
         charts += n
         flags += f
     ids = [r.run_id for r in s.runs]
-    return ReportResult(kind="runs", subject=", ".join(ids), paths=paths, charts=charts, flags=flags,
-                        next_call=s.next_call)
+    return ReportResult(
+        kind="runs", subject=", ".join(ids), paths=paths, charts=charts, flags=flags, next_call=s.next_call
+    )
 
 
 def _run(ws: Workspace, r: RunSummary) -> tuple[str, int, int]:
@@ -86,22 +91,41 @@ def _run(ws: Workspace, r: RunSummary) -> tuple[str, int, int]:
     decision = summary.decision_now(run, result)  # as summarize shows it
     flags = run_flags(result) if result is not None else []
     charts = _chart(f"{r.run_id}: decision metric, limited figures, TTFT and TPOT CDFs", runs_figure(ws, [r.run_id]))
-    page = html.render_run(r.run_id, summary.report_meta(run.meta), [h for h in (r.whole, r.native) if h],
-                           decision, dict(result.failures.by_class) if result is not None else {}, flags, charts,
-                           str(run.paths.report_md))
+    page = html.render_run(
+        r.run_id,
+        summary.report_meta(run.meta),
+        [h for h in (r.whole, r.native) if h],
+        decision,
+        dict(result.failures.by_class) if result is not None else {},
+        flags,
+        charts,
+        str(run.paths.report_md),
+    )
     atomic_write(run.paths.report_html, page)
     return str(run.paths.report_html), len(charts), sum(f.warn for f in flags)
 
 
 def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
-    flags = {f"{r.change} ({r.run_id})": run_flags(res) for r in view.rows
-             if r.run_id and (res := latest_result(ws.run(r.run_id).root)) is not None}
-    charts = _chart(f"scenario {view.scenario}: {view.primary_metric} against {view.swept or 'the case'} with the "
-                    "limits drawn; TTFT and TPOT CDFs per case", scenario_figure(ws, view))
+    flags = {
+        f"{r.change} ({r.run_id})": run_flags(res)
+        for r in view.rows
+        if r.run_id and (res := latest_result(ws.run(r.run_id).root)) is not None
+    }
+    charts = _chart(
+        f"scenario {view.scenario}: {view.primary_metric} against {view.swept or 'the case'} with the "
+        "limits drawn; TTFT and TPOT CDFs per case",
+        scenario_figure(ws, view),
+    )
     path = ws.reports_dir / f"scenario-{view.scenario}.html"
     atomic_write(path, html.render_scenario(view, flags, charts))
-    return ReportResult(kind="scenario", subject=view.scenario, paths=[str(path)], charts=len(charts),
-                        flags=_warned(flags), next_call=summary.scenario_next(view))
+    return ReportResult(
+        kind="scenario",
+        subject=view.scenario,
+        paths=[str(path)],
+        charts=len(charts),
+        flags=_warned(flags),
+        next_call=summary.scenario_next(view),
+    )
 
 
 def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
@@ -125,20 +149,45 @@ def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
         rid, res = latest
         w = res.windows.of(window)
         x = values[r.case_id].get(axis) if axis else None
-        points.append(report.PlotPoint(
-            label=redact.mask(r.label), x=float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None,
-            metric=r.metric_mean, best=r.case_id == view.winner, breaks=r.meets is False,
-            figures={name: summary.window_stat(w, name) for name in LIMITS if name in camp.decision.limits.bounds()}))
+        points.append(
+            report.PlotPoint(
+                label=redact.mask(r.label),
+                x=float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None,
+                metric=r.metric_mean,
+                best=r.case_id == view.winner,
+                breaks=r.meets is False,
+                figures={
+                    name: summary.window_stat(w, name) for name in LIMITS if name in camp.decision.limits.bounds()
+                },
+            )
+        )
         cdfs[redact.mask(r.label)] = summary.latency_samples(ws, rid)
     title = f"campaign {redact.mask(view.name)} ({view.campaign_id})"
     pareto = [replace(p, label=redact.mask(p.label)) for p in pareto_points(view)]
-    charts = _chart("Pareto frontier: output tok/s per card against tok/s per user (1000 / TPOT p50); * on the "
-                    "frontier within every limit, x above a limit", report.pareto_figure(title, pareto))
-    charts += _chart(f"{camp.decision.primary_metric} (mean over valid runs) against {axis or 'the point'} with the "
-                     "limits drawn; TTFT and TPOT CDFs of each point's latest valid run",
-                     report.decision_figure(title, f"{camp.decision.primary_metric} ({window})", axis or "point",
-                                            points, camp.decision.limits.bounds(), cdfs))
+    charts = _chart(
+        "Pareto frontier: output tok/s per card against tok/s per user (1000 / TPOT p50); * on the "
+        "frontier within every limit, x above a limit",
+        report.pareto_figure(title, pareto),
+    )
+    charts += _chart(
+        f"{camp.decision.primary_metric} (mean over valid runs) against {axis or 'the point'} with the "
+        "limits drawn; TTFT and TPOT CDFs of each point's latest valid run",
+        report.decision_figure(
+            title,
+            f"{camp.decision.primary_metric} ({window})",
+            axis or "point",
+            points,
+            camp.decision.limits.bounds(),
+            cdfs,
+        ),
+    )
     path = ws.reports_dir / f"campaign-{view.campaign_id}.html"
     atomic_write(path, render_campaign(view, flags, charts))
-    return ReportResult(kind="campaign", subject=view.campaign_id, paths=[str(path)], charts=len(charts),
-                        flags=_warned(flags), next_call=view.next_call)
+    return ReportResult(
+        kind="campaign",
+        subject=view.campaign_id,
+        paths=[str(path)],
+        charts=len(charts),
+        flags=_warned(flags),
+        next_call=view.next_call,
+    )

@@ -29,26 +29,33 @@ class ReprocessResult(BaseModel):
     next_call: str
 
     def text(self) -> str:
-        return (f"reprocessed {self.run_id} from raw ({self.requests} records, sha256 {str(self.raw_sha256)[:12]}); "
-                f"0 requests sent; decision {self.decision or 'not re-decided (window rule override)'}\n"
-                f"result: {self.result}\nnext: {self.next_call}")
+        return (
+            f"reprocessed {self.run_id} from raw ({self.requests} records, sha256 {str(self.raw_sha256)[:12]}); "
+            f"0 requests sent; decision {self.decision or 'not re-decided (window rule override)'}\n"
+            f"result: {self.result}\nnext: {self.next_call}"
+        )
 
 
 def _check_rule(rule: str | None, ratio: float | None) -> None:
     """The window-rule override, checked before anything is written."""
     if rule not in (None, *NATIVE_RULES):
-        raise CaseInvalid(f"rule '{quoted(rule)}' is not a native window rule",
-                          f"give one of {', '.join(NATIVE_RULES)}, or none for the case's own rule")
+        raise CaseInvalid(
+            f"rule '{quoted(rule)}' is not a native window rule",
+            f"give one of {', '.join(NATIVE_RULES)}, or none for the case's own rule",
+        )
     if ratio is not None and not (math.isfinite(ratio) and RATIO_MIN_EXCLUSIVE < ratio <= RATIO_MAX):
-        raise CaseInvalid(f"ratio {quoted(ratio)} is out of range",
-                          f"give a share of peak concurrency in ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}], "
-                          "e.g. 0.9, with rule 'sglang'")
+        raise CaseInvalid(
+            f"ratio {quoted(ratio)} is out of range",
+            f"give a share of peak concurrency in ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}], "
+            "e.g. 0.9, with rule 'sglang'",
+        )
     if ratio is not None and rule != "sglang":
         raise CaseInvalid("ratio applies to the 'sglang' window rule only", "add rule='sglang', or drop ratio")
 
 
-def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None,
-                  ratio: float | None = None) -> ReprocessResult:
+def reprocess_raw(
+    workspace: Workspace, run_id: str, *, rule: Literal["aisbench", "sglang"] | None = None, ratio: float | None = None
+) -> ReprocessResult:
     """Run the postprocessor again on the run's raw data (fresh subprocess), then decide and report."""
     _check_rule(rule, ratio)
     run = load_run(workspace, run_id)
@@ -56,34 +63,66 @@ def reprocess_raw(workspace: Workspace, run_id: str, *, rule: Literal["aisbench"
     v = fold(workspace, run)
     paths = run.paths
     if v.load_ended not in ("yes", "partial") or not paths.raw.exists():
-        raise NothingToResume(f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
-                              f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished")
+        raise NothingToResume(
+            f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
+            f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished",
+        )
     check_raw(paths, sealed_raw_sha256(v))  # before any event: a refused reprocess writes nothing
     attempt = v.phases[Phase.POSTPROCESS].attempt + 1
-    ledger.append_event(workspace, paths, "phase_started", phase=Phase.POSTPROCESS, attempt=attempt,
-                        owner="reprocess_raw")
+    ledger.append_event(
+        workspace, paths, "phase_started", phase=Phase.POSTPROCESS, attempt=attempt, owner="reprocess_raw"
+    )
     extra = (["--rule", rule] if rule else []) + (["--ratio", str(ratio)] if ratio is not None else [])
     try:
         out = postprocess(paths, extra)
     except PhaseFailed as e:
-        ledger.append_event(workspace, paths, "phase_ended", phase=Phase.POSTPROCESS, attempt=attempt,
-                            owner="reprocess_raw", error=e.message,
-                            data={"outcome": "failed", "failure_class": FailureClass.COLLECT})
-        raise PhaseFailed(f"reprocess failed: {e.message}"[:300], FailureClass.COLLECT,
-                          "fix the processor environment and call again") from None
-    ledger.append_event(workspace, paths, "phase_ended", phase=Phase.POSTPROCESS, attempt=attempt,
-                        owner="reprocess_raw", data={"outcome": "done", **out, "requests_sent": 0})
+        ledger.append_event(
+            workspace,
+            paths,
+            "phase_ended",
+            phase=Phase.POSTPROCESS,
+            attempt=attempt,
+            owner="reprocess_raw",
+            error=e.message,
+            data={"outcome": "failed", "failure_class": FailureClass.COLLECT},
+        )
+        raise PhaseFailed(
+            f"reprocess failed: {e.message}"[:300], FailureClass.COLLECT, "fix the processor environment and call again"
+        ) from None
+    ledger.append_event(
+        workspace,
+        paths,
+        "phase_ended",
+        phase=Phase.POSTPROCESS,
+        attempt=attempt,
+        owner="reprocess_raw",
+        data={"outcome": "done", **out, "requests_sent": 0},
+    )
     decision = None
     if rule is None and ratio is None:
         dattempt = v.phases[Phase.DECIDE].attempt + 1
-        ledger.append_event(workspace, paths, "phase_started", phase=Phase.DECIDE, attempt=dattempt,
-                            owner="reprocess_raw")
+        ledger.append_event(
+            workspace, paths, "phase_started", phase=Phase.DECIDE, attempt=dattempt, owner="reprocess_raw"
+        )
         rec = summary.decide_run(run)
         decision = rec.get("outcome")
-        ledger.append_event(workspace, paths, "phase_ended", phase=Phase.DECIDE, attempt=dattempt,
-                            owner="reprocess_raw", data={"outcome": "done", "decision": decision})
+        ledger.append_event(
+            workspace,
+            paths,
+            "phase_ended",
+            phase=Phase.DECIDE,
+            attempt=dattempt,
+            owner="reprocess_raw",
+            data={"outcome": "done", "decision": decision},
+        )
 
     handoff.refresh(workspace)
-    return ReprocessResult(run_id=run_id, result=str(out.get("result")), raw_sha256=out.get("raw_sha256"),
-                           requests=out.get("requests"), rule=rule, decision=decision,
-                           next_call=f"summarize(run_ids=['{run_id}'])")
+    return ReprocessResult(
+        run_id=run_id,
+        result=str(out.get("result")),
+        raw_sha256=out.get("raw_sha256"),
+        requests=out.get("requests"),
+        rule=rule,
+        decision=decision,
+        next_call=f"summarize(run_ids=['{run_id}'])",
+    )

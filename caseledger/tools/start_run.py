@@ -30,8 +30,10 @@ class StartResult(BaseModel):
 
     def text(self) -> str:
         if self.state == "queued":
-            return (f"case {self.case_id} ({self.scenario}): preflight passed; queued #{self.queue_position} on a "
-                    f"held target\nnext: {self.next_call}")
+            return (
+                f"case {self.case_id} ({self.scenario}): preflight passed; queued #{self.queue_position} on a "
+                f"held target\nnext: {self.next_call}"
+            )
         if self.state in ("preflight_only", "not_queued"):
             first = f"preflight {self.run_id} of case {self.case_id} ({self.scenario}): {self.preflight}"
             if self.preflight_error:
@@ -45,8 +47,16 @@ class StartResult(BaseModel):
         return f"{first}; state {self.state}; {reuse}\nnext: {self.next_call}"
 
 
-def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout_s: float = 3600.0,
-              preflight_only: bool = False, queue: bool = False, progress: Progress | None = None) -> StartResult:
+def start_run(
+    workspace: Workspace,
+    case_id: str,
+    *,
+    wait: bool = False,
+    timeout_s: float = 3600.0,
+    preflight_only: bool = False,
+    queue: bool = False,
+    progress: Progress | None = None,
+) -> StartResult:
     """Start a run and return once preflight has passed or failed (or the whole run, with wait=True).
 
     preflight_only: reload and check the case in a fresh, socket-less process without creating a run,
@@ -60,12 +70,19 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
         res = preflight_case(workspace, case_id, case)
         ok = bool(res.get("ok"))
         return StartResult(
-            run_id=res["id"], case_id=case_id, scenario=case.scenario, preflight="passed" if ok else "failed",
-            preflight_error=res.get("error"), state="preflight_only", plan={},
+            run_id=res["id"],
+            case_id=case_id,
+            scenario=case.scenario,
+            preflight="passed" if ok else "failed",
+            preflight_error=res.get("error"),
+            state="preflight_only",
+            plan={},
             authorization=authorization.current_mode(workspace),
-            next_call=(f"start_run(case_id='{case_id}') when the target is free and authorization allows" if ok
-                       else "fix the cause (a case error needs freeze_case of a corrected draft), "
-                       "then preflight again"),
+            next_call=(
+                f"start_run(case_id='{case_id}') when the target is free and authorization allows"
+                if ok
+                else "fix the cause (a case error needs freeze_case of a corrected draft), then preflight again"
+            ),
         )
     try:
         view = launch(workspace, case_id, case, wait=wait, timeout_s=timeout_s, progress=progress)
@@ -77,28 +94,52 @@ def start_run(workspace: Workspace, case_id: str, *, wait: bool = False, timeout
     pf = view.phases[Phase.PREFLIGHT]
     pf_s = {"done": "passed", "failed": "failed", "unknown": "failed"}.get(pf.state.value, "pending")
     return StartResult(
-        run_id=view.run_id, case_id=case_id, scenario=case.scenario, preflight=pf_s, preflight_error=pf.error,
-        state=view.state.value, plan={s.phase.value: s.action for s in view.meta.plan},
-        authorization=authorization.current_mode(workspace), next_call=view.next_call,
+        run_id=view.run_id,
+        case_id=case_id,
+        scenario=case.scenario,
+        preflight=pf_s,
+        preflight_error=pf.error,
+        state=view.state.value,
+        plan={s.phase.value: s.action for s in view.meta.plan},
+        authorization=authorization.current_mode(workspace),
+        next_call=view.next_call,
     )
 
 
 def _enqueue(ws: Workspace, case_id: str, case: Case, key: str, mode: str, held: TargetHeld) -> StartResult:
     scenario = case.scenario
     if mode != "auto":
-        raise NotAuthorized(f"queueing needs authorization 'auto' (it is '{mode}'); {held.message}",
-                            "caseledger authorize auto, or wait and start_run again")
+        raise NotAuthorized(
+            f"queueing needs authorization 'auto' (it is '{mode}'); {held.message}",
+            "caseledger authorize auto, or wait and start_run again",
+        )
     res = preflight_case(ws, case_id, case)
     if not res.get("ok"):
-        return StartResult(run_id=res["id"], case_id=case_id, scenario=scenario, preflight="failed",
-                           preflight_error=res.get("error"), state="not_queued", plan={}, authorization=mode,
-                           next_call="fix the case (freeze_case a corrected draft); a failing case is never queued")
+        return StartResult(
+            run_id=res["id"],
+            case_id=case_id,
+            scenario=scenario,
+            preflight="failed",
+            preflight_error=res.get("error"),
+            state="not_queued",
+            plan={},
+            authorization=mode,
+            next_call="fix the case (freeze_case a corrected draft); a failing case is never queued",
+        )
     cur = ledger.read_lease(ws, key)
     if cur is not None and cur.workspace not in (None, str(ws.root)):
         raise held  # the holder's controller starts only its own workspace's queue
     pos = target_queue.push(ws, key, case_id, cur.run_id if cur else None)
     handoff.refresh(ws)
-    return StartResult(run_id=None, case_id=case_id, scenario=scenario, preflight="passed", state="queued",
-                       plan={}, authorization=mode, queue_position=pos,
-                       next_call=f"phase_status(run_id='{case_id}') shows this case's run once it starts (when "
-                                 f"{cur.run_id if cur else 'the holder'} releases the target)")
+    return StartResult(
+        run_id=None,
+        case_id=case_id,
+        scenario=scenario,
+        preflight="passed",
+        state="queued",
+        plan={},
+        authorization=mode,
+        queue_position=pos,
+        next_call=f"phase_status(run_id='{case_id}') shows this case's run once it starts (when "
+        f"{cur.run_id if cur else 'the holder'} releases the target)",
+    )

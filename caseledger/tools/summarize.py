@@ -44,9 +44,12 @@ class RunSummary(BaseModel):
     missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
     whole: Headline | None = Field(description="Headline figures of the whole window")
     native: Headline | None = Field(description="Headline figures of the native window (the rule computed last)")
-    time_ledger: dict[str, Any] | None = Field(None, description="Seconds: start_run to the first formal request, "
-                                               "the formal window, the run, outside the window; phases: each phase "
-                                               "that ran, its wall time (the run's report has the full time ledger)")
+    time_ledger: dict[str, Any] | None = Field(
+        None,
+        description="Seconds: start_run to the first formal request, "
+        "the formal window, the run, outside the window; phases: each phase "
+        "that ran, its wall time (the run's report has the full time ledger)",
+    )
     report: str | None = Field(description="Path of report.md")
 
 
@@ -54,24 +57,36 @@ def _compact(tl: dict[str, Any] | None) -> dict[str, Any] | None:
     """The time ledger a reader of many runs needs: the totals and each phase that ran, by its wall time."""
     if tl is None:
         return None
-    phases = {k: v["wall_s"] for k, v in (tl.get("phases") or {}).items() if v.get("wall_s") is not None
-              and v.get("state") not in ("skipped", "reused")}
+    phases = {
+        k: v["wall_s"]
+        for k, v in (tl.get("phases") or {}).items()
+        if v.get("wall_s") is not None and v.get("state") not in ("skipped", "reused")
+    }
     return {**{k: v for k, v in tl.items() if k != "phases" and not k.startswith("cache_")}, "phases": phases}
 
 
 class SummaryResult(BaseModel):
     """A scenario's rows (scenario view) or runs side by side, and the next call."""
 
-    scenario: ScenarioView | None = Field(None, description="The scenario view (null when run_ids were given): "
-                                          "rows[].decision is one of " + DECISION_WORDS)
-    campaign: CampaignView | None = Field(None, description="A campaign's answer (run_ids=[its g-... id]): every "
-                                          "point, the winner or a tie within noise, limits, Pareto frontier")
+    scenario: ScenarioView | None = Field(
+        None,
+        description="The scenario view (null when run_ids were given): rows[].decision is one of " + DECISION_WORDS,
+    )
+    campaign: CampaignView | None = Field(
+        None,
+        description="A campaign's answer (run_ids=[its g-... id]): every "
+        "point, the winner or a tie within noise, limits, Pareto frontier",
+    )
     runs: list[RunSummary] = Field(description="Runs summarized (run_ids given); [] for the scenario view")
     side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
-    plot: str | None = Field(None, description="Path of the PNG (metric vs swept value, limits, latency CDFs); "
-                                                  "a scenario's is named by its view's digest")
-    damaged: list[str] = Field(default_factory=list,
-                               description="Damaged ledger entries found while looking for the latest run")
+    plot: str | None = Field(
+        None,
+        description="Path of the PNG (metric vs swept value, limits, latency CDFs); "
+        "a scenario's is named by its view's digest",
+    )
+    damaged: list[str] = Field(
+        default_factory=list, description="Damaged ledger entries found while looking for the latest run"
+    )
     next_call: str = Field(description="The one next call")
 
     def text(self) -> str:
@@ -79,12 +94,16 @@ class SummaryResult(BaseModel):
             return self.campaign.text() + (f"\nplot: {self.plot}" if self.plot else "")
         lines = [self.scenario.text()] if self.scenario else []
         for r in self.runs:
+
             def f(w: Headline | None) -> str:
                 if not w:
                     return "n/a"
                 mark = "" if w.meets_minimums else " (below minimums)"
-                return (f"{w.output_tok_s_per_card} tok/s/card, TTFT p50/p99 {w.ttft_p50_ms}/{w.ttft_p99_ms}, "
-                        f"TPOT p50/p99 {w.tpot_p50_ms}/{w.tpot_p99_ms} ms, n={w.ok}{mark}")
+                return (
+                    f"{w.output_tok_s_per_card} tok/s/card, TTFT p50/p99 {w.ttft_p50_ms}/{w.ttft_p99_ms}, "
+                    f"TPOT p50/p99 {w.tpot_p50_ms}/{w.tpot_p99_ms} ms, n={w.ok}{mark}"
+                )
+
             dec = r.decision or "undecided"
             if r.missing:
                 dec += f" (missing: {quoted('; '.join(r.missing), 100)})"
@@ -102,13 +121,16 @@ class SummaryResult(BaseModel):
         return "\n".join(lines)
 
 
-def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = None, *,
-              draw: bool = True) -> SummaryResult:
+def summarize(
+    workspace: Workspace, run_ids: list[str], scenario: str | None = None, *, draw: bool = True
+) -> SummaryResult:
     """The scenario view (no run_ids: the scenario given, else the latest one) or the given runs. draw=False: a
     scenario's answer names its PNG without waiting for it (draw_plot draws it, e.g. after the text is out)."""
     if run_ids and scenario:
-        raise CaseInvalid("give run_ids or scenario, not both",
-                          "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs")
+        raise CaseInvalid(
+            "give run_ids or scenario, not both",
+            "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs",
+        )
     if not run_ids:
         result = _scenario(workspace, scenario)
         if draw:
@@ -131,15 +153,22 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
             rows.append((rid, v.case_id, last))
         now = summary.decision_now(run, result)
         dec = now.model_dump(mode="json") if now is not None else {}
-        out.append(RunSummary(
-            run_id=rid, case_id=v.case_id, scenario=v.scenario, results_extracted=result is not None,
-            decision=dec.get("outcome"), missing=list(dec.get("missing", [])),
-            decision_reason=dec.get("reason"), decision_window=dec.get("window"),
-            whole=summary.headline(last, "whole") if last else None,
-            native=summary.headline(last, "native") if last else None,
-            time_ledger=_compact(body["time_ledger"] if body else summary.time_ledger(run)),
-            report=str(paths.report_md) if paths.report_md.exists() else None,
-        ))
+        out.append(
+            RunSummary(
+                run_id=rid,
+                case_id=v.case_id,
+                scenario=v.scenario,
+                results_extracted=result is not None,
+                decision=dec.get("outcome"),
+                missing=list(dec.get("missing", [])),
+                decision_reason=dec.get("reason"),
+                decision_window=dec.get("window"),
+                whole=summary.headline(last, "whole") if last else None,
+                native=summary.headline(last, "native") if last else None,
+                time_ledger=_compact(body["time_ledger"] if body else summary.time_ledger(run)),
+                report=str(paths.report_md) if paths.report_md.exists() else None,
+            )
+        )
     side = None
     if len(rows) > 1:
         side_path = workspace.reports_dir / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
@@ -156,11 +185,15 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
         parent = load_case(workspace, last_run.case_id).parent or last_run.case_id
         nxt = f"freeze_case(next candidate, parent='{parent}') — {last_run.case_id} was closed"
     elif any(" distorted: " in m for m in last_run.missing):
-        nxt = (f"start_run(case_id='{last_run.case_id}') again on a quiet host: a distorted window (a stalled "
-               "client, a contended host) is repeated, never decided on")
+        nxt = (
+            f"start_run(case_id='{last_run.case_id}') again on a quiet host: a distorted window (a stalled "
+            "client, a contended host) is repeated, never decided on"
+        )
     elif any("fail the checks" in m for m in last_run.missing):
-        nxt = (f"check the engine's usage reporting (the invalid requests are named in {last_run.run_id}'s report); "
-               "its counts are not evidence")
+        nxt = (
+            f"check the engine's usage reporting (the invalid requests are named in {last_run.run_id}'s report); "
+            "its counts are not evidence"
+        )
     elif last_run.missing:
         nxt = f"supply the missing evidence for {last_run.run_id}: {last_run.missing[0]}"
     else:
@@ -170,9 +203,10 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
 
 def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
     if name is not None and not re.fullmatch(SCENARIO_PATTERN, name):
-        raise CaseInvalid(f"scenario '{quoted(name, 60)}' is not a scenario name: it "
-                          f"{PATTERN_RULES[SCENARIO_PATTERN]}",
-                          "summarize() without arguments shows the latest scenario")
+        raise CaseInvalid(
+            f"scenario '{quoted(name, 60)}' is not a scenario name: it {PATTERN_RULES[SCENARIO_PATTERN]}",
+            "summarize() without arguments shows the latest scenario",
+        )
     given = name is not None
     with open_index(workspace) as idx:  # the latest run and the scenario's runs, without folding every run
         latest, damaged = idx.latest(), idx.damaged()
@@ -184,8 +218,10 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             name = name or summary.latest_scenario(workspace)
         except NotFound:
             found = f" ({damaged_line(damaged)})" if damaged else ""
-            raise NotFound(f"no runs and no frozen case in this workspace yet{found}",
-                           "freeze_case(path='cases/x.json') then start_run(case_id=...)") from None
+            raise NotFound(
+                f"no runs and no frozen case in this workspace yet{found}",
+                "freeze_case(path='cases/x.json') then start_run(case_id=...)",
+            ) from None
         try:
             view = summary.scenario_view(workspace, name, idx)
         except NotFound:
@@ -195,21 +231,37 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             result = summarize(workspace, [latest.run_id])
             return result.model_copy(update={"damaged": damaged})
         plot = scenario_plot_path(workspace, view)
-    return SummaryResult(scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged,
-                         next_call=summary.scenario_next(view))
+    return SummaryResult(
+        scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged, next_call=summary.scenario_next(view)
+    )
 
 
 def _campaign(ws: Workspace, gid: str) -> SummaryResult:
     view = campaign_view(ws, gid)
     png = report.render_pareto(f"campaign {view.name} ({gid})", pareto_points(view))
-    return SummaryResult(campaign=view, runs=[], side_by_side=None, plot=_write_png(ws, f"campaign-{gid}.png", png),
-                         next_call=view.next_call)
+    return SummaryResult(
+        campaign=view,
+        runs=[],
+        side_by_side=None,
+        plot=_write_png(ws, f"campaign-{gid}.png", png),
+        next_call=view.next_call,
+    )
 
 
 def pareto_points(view: CampaignView) -> list[report.PlotPoint]:
     """A campaign's measured points for its Pareto plot: tok/s per card against tok/s per user."""
-    return [report.PlotPoint(label=r.label, x=r.per_user_tok_s, metric=r.per_card_tok_s, best=r.pareto,
-                             breaks=r.meets is False, figures={}) for r in view.rows if r.runs]
+    return [
+        report.PlotPoint(
+            label=r.label,
+            x=r.per_user_tok_s,
+            metric=r.per_card_tok_s,
+            best=r.pareto,
+            breaks=r.meets is False,
+            figures={},
+        )
+        for r in view.rows
+        if r.runs
+    ]
 
 
 FIGURE_VERSION = b"decision-figure-1"  # bump when decision_figure draws differently: every cached PNG is redrawn
@@ -258,14 +310,27 @@ def _whole_png(path: Path) -> bool:
 
 def scenario_figure(ws: Workspace, view: ScenarioView) -> Any:
     """The scenario's decision figure (report.decision_figure): one point per case; None without matplotlib."""
-    points = [report.PlotPoint(
-        label=redact.mask(r.change), x=r.swept, metric=r.metric, best=r.best, breaks=bool(broken(r.limits)),
-        figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.tpot_p99_ms})
-        for r in view.rows]
+    points = [
+        report.PlotPoint(
+            label=redact.mask(r.change),
+            x=r.swept,
+            metric=r.metric,
+            best=r.best,
+            breaks=bool(broken(r.limits)),
+            figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.tpot_p99_ms},
+        )
+        for r in view.rows
+    ]
     cdfs = {redact.mask(r.change): summary.latency_samples(ws, r.run_id) for r in view.rows if r.run_id}
     bounds = {v.limit: v.bound for r in view.rows[:1] for v in r.limits}
-    return report.decision_figure(f"scenario {view.scenario}", f"{view.primary_metric} ({view.window})",
-                                  view.swept or "case", points, bounds, cdfs)
+    return report.decision_figure(
+        f"scenario {view.scenario}",
+        f"{view.primary_metric} ({view.window})",
+        view.swept or "case",
+        points,
+        bounds,
+        cdfs,
+    )
 
 
 def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
@@ -284,13 +349,22 @@ def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
         verdicts = limit_verdicts(case, result)
         w = result.windows.of(d.window) if result is not None else None
         metric = summary.window_stat(w, d.primary_metric) if w is not None else None
-        points.append(report.PlotPoint(label=rid, x=None, metric=metric, best=False, breaks=bool(broken(verdicts)),
-                                       figures={v.limit: v.value for v in verdicts}))
+        points.append(
+            report.PlotPoint(
+                label=rid,
+                x=None,
+                metric=metric,
+                best=False,
+                breaks=bool(broken(verdicts)),
+                figures={v.limit: v.value for v in verdicts},
+            )
+        )
         bounds.update(d.limits.bounds())
         cdfs[rid] = summary.latency_samples(ws, rid)
     first = with_current_decision(ws, load_run(ws, run_ids[0]).case).decision
-    return report.decision_figure(" vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run",
-                                  points, bounds, cdfs)
+    return report.decision_figure(
+        " vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run", points, bounds, cdfs
+    )
 
 
 def _write_png(ws: Workspace, name: str, png: bytes | None) -> str | None:
