@@ -26,10 +26,12 @@ def test_public_all_is_sorted_and_resolves() -> None:
 
 
 def test_cli_help_does_not_import_heavy_modules() -> None:
-    code = ("import sys, caseledger.cli as c\n"
-            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "bad = [m for m in ('transformers', 'mcp', 'numpy', 'httpx2') if m in sys.modules]\n"
-            "print('HEAVY:' + ','.join(bad))")
+    code = (
+        "import sys, caseledger.cli as c\n"
+        "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "bad = [m for m in ('transformers', 'mcp', 'numpy', 'httpx2') if m in sys.modules]\n"
+        "print('HEAVY:' + ','.join(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "HEAVY:"
 
@@ -39,6 +41,8 @@ def test_ruff_is_clean() -> None:
     exe = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     r = subprocess.run([exe, "check", "."], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]
+    fmt = subprocess.run([exe, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert fmt.returncode == 0, "run `ruff format .`:\n" + fmt.stdout[-3000:]
 
 
 @pytest.mark.slow
@@ -52,7 +56,9 @@ def test_every_environment_variable_the_code_reads_is_in_readme() -> None:
     readme = (root / "README.md").read_text()
     used = {m for p in (root / "caseledger").rglob("*.py") for m in re.findall(r"CASELEDGER_[A-Z_]+", p.read_text())}
     # and what the test harness reads to find the engine and sshd (the tests' own names are fixtures)
-    used |= {m for name in ("conftest.py", "engine.py", "sshd.py")
-             for m in re.findall(r"CASELEDGER_[A-Z_]+", (root / "tests" / name).read_text())}
+    used |= {
+        m
+        for name in ("conftest.py", "engine.py", "sshd.py")
+        for m in re.findall(r"CASELEDGER_[A-Z_]+", (root / "tests" / name).read_text())
+    }
     assert used and not {v for v in used if f"`{v}`" not in readme}, sorted(v for v in used if f"`{v}`" not in readme)
-
