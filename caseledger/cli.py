@@ -201,11 +201,12 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     )
     s.add_argument("words", nargs="*", help="nothing | resources | read URI | call TOOL key=value ...")
 
-    s = sub.add_parser("target", parents=[common], help="the embedded reference target")
+    s = sub.add_parser("target", parents=[common], help="the embedded reference target; stop what runs here")
     s.add_argument(
         "action",
         choices=["serve", "stop"],
-        help="serve: run it in the foreground; stop: stop services caseledger started in this workspace",
+        help="serve: run it in the foreground; stop: stop this workspace's campaign drivers, then the services "
+        "caseledger started in it",
     )
     s.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -384,11 +385,14 @@ def _target(ws: Workspace, a: argparse.Namespace) -> int:
 
         return target_main(["serve", *a.rest])
     from caseledger import services  # lazy: httpx2 and asyncssh
+    from caseledger.campaign.driver import stop_drivers
 
+    drivers = stop_drivers(ws)  # first: a live driver would start the next point's service again
     stopped = services.stop_all(ws)
+    names = [f"campaign driver {g}" for g in drivers] + stopped
     _print(
-        {"stopped": stopped, "workspace": str(ws.root)},
-        f"stopped: {', '.join(stopped) or 'nothing was running'} (workspace {ws.root})",
+        {"stopped": stopped, "drivers": drivers, "workspace": str(ws.root)},
+        f"stopped: {', '.join(names) or 'nothing was running'} (workspace {ws.root})",
         a.json,
     )
     return 0

@@ -92,14 +92,11 @@ def write_draft(ws: Workspace, name: str, draft: dict[str, Any]) -> Path:
 @pytest.fixture
 def stop_services(ws: Workspace) -> Iterator[None]:
     yield
-    from caseledger import procs, services
-    from caseledger.workspace import read_json_or_none
+    from caseledger import services
+    from caseledger.campaign.driver import stop_drivers
 
     # a failed campaign test must not leave its driver starting points (or waiting on a pause) for ever
-    for driver in ws.campaigns_dir.glob("g-*/driver.json") if ws.campaigns_dir.is_dir() else []:
-        ref = read_json_or_none(driver)
-        if procs.alive(ref):
-            procs.terminate(ref, grace_s=5.0)
+    stop_drivers(ws)
     services.stop_all(ws)
 
 

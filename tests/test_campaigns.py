@@ -11,9 +11,12 @@ import itertools
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from caseledger import services
@@ -431,3 +434,29 @@ def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: W
     done = _until_complete(ws, c.campaign_id)
     assert all(r.runs == 1 for r in done.rows) and len(scan_runs(ws).metas) == 7, done.text()
     assert _formal(port) == 32 * 4 + 64 * 3, stats(port)
+
+
+def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace, stop_services: None) -> None:
+    """A live driver would start the next point's service again: `caseledger target stop` stops it first, and
+    its end is in the ledger (driver.json, a driver_ended event), so the view says how to continue."""
+    authorization.set_mode(ws, "paused")
+    f = freeze_any(ws, draft=_campaign(free_port(), [1, 2], search={"kind": "grid"}))
+    assert isinstance(f, CampaignFrozen)
+    start_any(ws, f.campaign_id)  # paused: the driver starts and waits, no point starts
+    deadline = time.monotonic() + 30
+    while not any(e["type"] == "waiting" for e in driver_events(ws, f.campaign_id)):
+        assert time.monotonic() < deadline, driver_events(ws, f.campaign_id)
+        time.sleep(0.05)
+    assert campaign_view(ws, f.campaign_id).driver_alive
+    out = subprocess.run(
+        [sys.executable, "-m", "caseledger", "target", "stop", "--workspace", str(ws.root), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert orjson.loads(out.stdout)["drivers"] == [f.campaign_id], out.stdout
+    view = campaign_view(ws, f.campaign_id)
+    assert not view.driver_alive and not scan_runs(ws).metas, view.text()
+    ended = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "driver_ended"]
+    assert len(ended) == 1 and ended[0]["outcome"].startswith("stopped (SIGTERM)"), ended
+    assert (read_json_or_none(ws.campaigns_dir / f.campaign_id / "driver.json") or {})["outcome"] == ended[0]["outcome"]

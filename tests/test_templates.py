@@ -9,9 +9,12 @@ import orjson
 import pytest
 
 from caseledger.case.model import Case
+from caseledger.case.store import load_case
 from caseledger.services import intended_argv
 from caseledger.services.identity import units
-from caseledger.tools import freeze_case
+from caseledger.tools import freeze_any
+from caseledger.tools.campaigns import CampaignFrozen
+from caseledger.tools.freeze_case import FreezeResult
 from caseledger.workspace import Workspace
 from tests.engine import VLLM_TEMPLATE_MODEL, llama_paths, vllm_paths
 
@@ -105,24 +108,42 @@ def test_there_is_a_template_per_engine() -> None:
     assert {t[0] for t in ENGINES.values()} <= set(ALL)
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_every_case_file_freezes(name: str, tmp_ws: Workspace) -> None:
-    d = draft(name)
+def _fill(ws: Workspace, d: dict[str, Any]) -> None:
+    """A template's case draft made to freeze here: the model files it names linked into the workspace."""
     tok = d["dataset"].get("tokenizer", "builtin")
     if tok.endswith(".gguf"):  # the served model's own file, relative to the workspace: the engine tests' GGUF
         _, model = llama_paths()
-        (tmp_ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_ws.root / tok).symlink_to(model)
+        if not (ws.root / tok).exists():
+            (ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
+            (ws.root / tok).symlink_to(model)
     elif tok == VLLM_TEMPLATE_MODEL:  # the served model's directory: the vLLM tests' bf16 Gemma
-        (tmp_ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_ws.root / tok).symlink_to(vllm_paths().model)
+        (ws.root / tok).parent.mkdir(parents=True, exist_ok=True)
+        (ws.root / tok).symlink_to(vllm_paths().model)
     elif tok != "builtin" and not Path(tok).exists():  # a model of an engine that cannot run here: its tokenizer
         d["dataset"]["tokenizer"] = "builtin"  # is absent, the rest of the template must still freeze
     if d["dataset"].get("path"):  # a prompts file or trace the template names, relative to the workspace
-        (tmp_ws.root / d["dataset"]["path"]).write_bytes((CASES.parent / d["dataset"]["path"]).read_bytes())
+        (ws.root / d["dataset"]["path"]).write_bytes((CASES.parent / d["dataset"]["path"]).read_bytes())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_case_file_freezes(name: str, tmp_ws: Workspace) -> None:
+    d = draft(name)
+    if "campaign" in d:  # a campaign template: its base is a case draft, every point a frozen case
+        _fill(tmp_ws, d["campaign"]["base"])
+    else:
+        _fill(tmp_ws, d)
     (tmp_ws.cases_dir / name).write_bytes(orjson.dumps(d))
-    first = freeze_case(tmp_ws, tmp_ws.cases_dir / name)  # the filled copy, not the project's cases/ (the cwd)
-    again = freeze_case(tmp_ws, tmp_ws.cases_dir / name)
+    first = freeze_any(tmp_ws, tmp_ws.cases_dir / name)  # the filled copy, not the project's cases/ (the cwd)
+    again = freeze_any(tmp_ws, tmp_ws.cases_dir / name)
+    if isinstance(first, CampaignFrozen):
+        assert isinstance(again, CampaignFrozen) and again.campaign_id == first.campaign_id
+        assert first.created and not again.created and again.points == first.points
+        points = len(d["campaign"]["axes"][0]["values"]) * (
+            len(d["campaign"]["axes"][1]["values"]) if len(d["campaign"]["axes"]) > 1 else 1
+        )
+        assert len(first.points) == points and all(load_case(tmp_ws, c) for c in first.points.values())
+        return
+    assert isinstance(again, FreezeResult) and isinstance(first, FreezeResult)
     assert first.created and not again.created and again.case_id == first.case_id
     assert first.dataset_id and Path(first.path).is_file()
     assert draft(name)["$schema"] == "../schemas/case.schema.json"
@@ -143,6 +164,7 @@ def test_real_engine_templates_count_tokens_with_the_served_model(name: str) -> 
     """A builtin tokenizer plans other token counts than a real model serves (route_verify stops the run): every
     real-engine template points dataset.tokenizer at the model its engine loads, or names where it is."""
     d = draft(name)
+    d = d["campaign"]["base"] if "campaign" in d else d
     tok = d["dataset"]["tokenizer"]
     assert tok != "builtin"
     served = served_models(d)

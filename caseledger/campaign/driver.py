@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +24,14 @@ from typing import Any
 import orjson
 
 from caseledger import procs
-from caseledger.campaign.store import driver_events, driver_file, driver_lock, events_file, load_campaign
+from caseledger.campaign.store import (
+    all_campaigns,
+    driver_events,
+    driver_file,
+    driver_lock,
+    events_file,
+    load_campaign,
+)
 from caseledger.campaign.view import current_plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
@@ -135,6 +143,7 @@ def drive(ws: Workspace, gid: str) -> int:
         {**procs.me(), "started_utc": utc_now(), "first_started_unix": before.get("first_started_unix", time.time())},
     )
     event(ws, gid, "driver_started", pid=procs.me()["pid"])
+    signal.signal(signal.SIGTERM, _stopped)  # `caseledger target stop`: end through `finally`, recorded
     resumed: dict[str, int] = {}
     outcome = "complete"
     try:
@@ -148,6 +157,8 @@ def drive(ws: Workspace, gid: str) -> int:
                 break
             if step == "wait":
                 time.sleep(WAIT_S)
+    except _Stop:
+        outcome = "stopped (SIGTERM): start_run or resume of the campaign starts a new driver"
     except Exception as e:  # a bug here must not lose the ledger's facts: say so and stop
         outcome = f"driver error: {type(e).__name__}: {e}"
         raise
@@ -158,6 +169,26 @@ def drive(ws: Workspace, gid: str) -> int:
         with contextlib.suppress(OSError, CaseledgerError):
             handoff.refresh(ws)
     return 0
+
+
+class _Stop(BaseException):
+    """SIGTERM to the driver: it starts no further point (a running point's run goes on, in its own process)."""
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def stop_drivers(ws: Workspace) -> list[str]:
+    """Stop every live campaign driver of this workspace (before its services, which it would start again);
+    returns the campaign ids whose driver was stopped."""
+    stopped = []
+    for gid in all_campaigns(ws):
+        ref = read_json_or_none(driver_file(ws, gid))
+        if ref is not None and procs.alive(ref):
+            procs.terminate(ref, grace_s=5.0)
+            stopped.append(gid)
+    return stopped
 
 
 def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:
