@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 
-from caseledger import services
-from caseledger.ledger import authorization
 from caseledger.metrics import latest_result, parse_prometheus
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
@@ -22,20 +18,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 TIMEOUT = 600.0
 
 
-@pytest.fixture
-def llama_ws(tmp_path: Path) -> Iterator[Workspace]:
-    ws = Workspace(tmp_path / "ws")
-    (ws.root / "cases").mkdir(parents=True)
-    authorization.set_mode(ws, "auto")
-    try:
-        yield ws
-    finally:
-        services.stop_all(ws)
-
-
-def test_later_turns_on_llama_server_hit_the_history_the_server_counted(llama_ws: Workspace) -> None:
+def test_later_turns_on_llama_server_hit_the_history_the_server_counted(ws: Workspace, stop_services: None) -> None:
     server, model = llama_paths()
-    ws = llama_ws
     port = free_port()
     d = llama_template("llamacpp-sessions.json", port, server, model)
     run = start_run(ws, freeze_case(ws, draft=d).case_id, wait=True, timeout_s=TIMEOUT)

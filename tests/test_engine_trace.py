@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from caseledger import services
-from caseledger.ledger import authorization
 from caseledger.metrics import Distribution, latest_result
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace, read_json
@@ -22,21 +19,11 @@ TIMEOUT = 600.0
 TRACE = "cases/trace-sample.jsonl"
 
 
-@pytest.fixture
-def llama_ws(tmp_path: Path) -> Iterator[Workspace]:
-    ws = Workspace(tmp_path / "ws")
-    (ws.root / "cases").mkdir(parents=True)
-    (ws.root / TRACE).write_bytes((Path(__file__).resolve().parent.parent / TRACE).read_bytes())
-    authorization.set_mode(ws, "auto")
-    try:
-        yield ws
-    finally:
-        services.stop_all(ws)
-
-
-def test_sample_trace_replays_on_llama_server_on_schedule_with_cached_beside_planned(llama_ws: Workspace) -> None:
+def test_sample_trace_replays_on_llama_server_on_schedule_with_cached_beside_planned(
+    ws: Workspace, stop_services: None
+) -> None:
     server, model = llama_paths()
-    ws = llama_ws
+    (ws.root / TRACE).write_bytes((Path(__file__).resolve().parent.parent / TRACE).read_bytes())
     d = llama_template("llamacpp-trace.json", free_port(), server, model)
     run = start_run(ws, freeze_case(ws, draft=d).case_id, wait=True, timeout_s=TIMEOUT)
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
