@@ -343,6 +343,11 @@ def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.C
     assert inspect_main(ws, []) == 0
     listing = capsys.readouterr().out
     assert all(f"{name}  [" in listing for name in SIX)
+    # every description whole: none cut at a length or at an "e.g." taken for the end of a sentence
+    assert inspect_main(ws, [], as_json=True) == 0
+    tools = json.loads(capsys.readouterr().out)
+    listed = " ".join(listing.split())
+    assert len(tools) == 6 and all(" ".join(t["description"].split()) in listed for t in tools), listing
     assert "in:  path?: string|null, draft?: object|null, parent?: string|null" in listing
     assert inspect_main(ws, ["call", "phase_status", "run_id=r-0123abcd"], as_json=True) == 1
     doc = json.loads(capsys.readouterr().out)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import textwrap
 from typing import Any, TextIO
 
 import anyio
@@ -27,6 +28,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent, TextResourceCon
 from caseledger.errors import quoted
 from caseledger.workspace import Workspace
 
+DESCRIPTION_CHARS = 4000  # a tool description is ours and short (tools/list <= 8 KB); the bound is for safety
 USAGE = "usage: caseledger inspect [call TOOL key=value ... | resources | read URI] [--json]"
 
 
@@ -195,8 +197,10 @@ def _print_tools(listed: list[Tool], as_json: bool) -> None:
     for t in listed:
         hints = t.annotations.model_dump(exclude_none=True) if t.annotations else {}
         flags = [k.removesuffix("_hint").replace("_", "-") for k, v in hints.items() if v is True]
-        first = quoted(" ".join((t.description or "").split()).split(". ")[0], 160)
-        sys.stdout.write(f"{t.name}  [{', '.join(flags) or 'no hints'}]  {first}\n")
+        sys.stdout.write(f"{t.name}  [{', '.join(flags) or 'no hints'}]\n")
+        # the whole description, wrapped: a first sentence cut at "e.g." or at 160 characters hid what the tool takes
+        desc = quoted(" ".join((t.description or "").split()), DESCRIPTION_CHARS)
+        sys.stdout.writelines(f"  {line}\n" for line in textwrap.wrap(desc, 110))
         sys.stdout.write(f"  in:  {_compact(t.input_schema)}\n")
         sys.stdout.write(f"  out: {_compact(t.output_schema) if t.output_schema else 'none'}\n")
 
