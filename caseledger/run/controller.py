@@ -35,7 +35,7 @@ from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import read_run
-from caseledger.ledger.state import PhaseState, fold
+from caseledger.ledger.state import PhaseState, client_refs, fold
 from caseledger.outcome import handoff
 from caseledger.run import lease as run_lease
 from caseledger.run import phases, remote_load
@@ -80,7 +80,7 @@ class Controller:
 
     def renew(self) -> None:
         """Extend the lease, naming the load client (it keeps the lease if this controller dies)."""
-        extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+        extra = client_refs(self.paths)
         sent = time.monotonic()
         try:
             run_lease.renew(
@@ -110,6 +110,8 @@ class Controller:
                 Remote(self.case.load.host).terminate(ref, grace_s=1.0)
             elif ref:
                 procs.terminate(ref, grace_s=1.0)
+            for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
+                procs.terminate(part, grace_s=1.0)
         os._exit(70)
 
     # ---- main loop
@@ -118,7 +120,7 @@ class Controller:
         try:
             # the load client at once (a resume's fresh lease names none): a remote one keeps the lease even
             # if this controller gives up on its host before the first heartbeat
-            extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+            extra = client_refs(self.paths)
             sent = time.monotonic()
             run_lease.renew(
                 self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra
