@@ -38,7 +38,7 @@ from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, client_refs, fold
 from caseledger.outcome import handoff
 from caseledger.run import lease as run_lease
-from caseledger.run import phases, remote_load
+from caseledger.run import load_parts, phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
@@ -337,9 +337,13 @@ class Controller:
                 with contextlib.suppress(RemoteError):
                     self.renew()
 
+        if self.case.load.processes > 1:  # several client processes: their own start, wait and merge
+            return load_parts.load(self.run_, attempt, event)
         return phases.load(self.run_, attempt, event)
 
     def phase_confirm_end(self, attempt: int) -> dict[str, Any]:
+        if self.case.load.processes > 1:
+            return load_parts.confirm_end(self.run_)
         return phases.confirm_end(self.run_)
 
     def phase_postprocess(self, attempt: int) -> dict[str, Any]:

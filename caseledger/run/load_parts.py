@@ -39,11 +39,11 @@ def _started(run: Run, parts: list[PartPaths]) -> bool:
     )
 
 
-def load(run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any]) -> dict[str, Any]:
+def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence."""
     paths, case = run.paths, run.case
     parts = [paths.load_part(k) for k in range(case.load.processes)]
-    end = read_json_or_none(paths.load_end)
+    end, prev = phases.set_aside(run, attempt)
     if end is not None:  # merged by a controller that died before it recorded the phase
         return phases._load_ended(run, end, prev, {"reattached": True, "processes": len(parts)})
     reattached = _started(run, parts)
@@ -174,8 +174,11 @@ def _wait_all(
 
 
 def confirm_end(run: Run) -> dict[str, Any]:
-    """Every process gone; each one's raw records equal its end file's count; the merged stream equals the sum."""
+    """Every process gone; each one's raw records equal its end file's count; the merged stream equals the sum.
+    (A load reused from a parent run has no processes here: the one-process check.)"""
     paths = run.paths
+    if run.meta.load_reuse:
+        return phases.confirm_end(run)
     parts = paths.load_parts()
     refs = [read_json_or_none(p.load_pid) for p in parts]
     deadline = time.monotonic() + EXIT_WAIT_S

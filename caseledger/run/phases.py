@@ -208,17 +208,15 @@ def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
     return out
 
 
-def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
-    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data.
-
-    event(type, **fields) appends an event of this run under its owner's fence."""
-    paths, case, planned = run.paths, run.case, run.meta.planned
+def set_aside(run: Run, attempt: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(the end file, the previous load attempt's record); a load whose previous attempt failed in a resend class
+    (the formal entry rejected every request, or the service died under it) is kept aside, marked, and the
+    load/ directory starts empty: the load is sent again."""
+    paths = run.paths
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     end = read_json_or_none(paths.load_end)
     prev = read_json_or_none(paths.phase_file("load")) or {}
     if end is not None and prev.get("failure_class") in RESEND_CLASSES:
-        # the formal entry rejected every request, or the service died under it: keep that attempt's raw
-        # data aside (marked) and send the load again
         old = paths.load_attempt_dir(int(prev.get("attempt", attempt - 1)))
         paths.load_dir.rename(old)
         write_json(
@@ -231,10 +229,16 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         )
         paths.load_dir.mkdir()
         end = None
-    if case.load.processes > 1:
-        from caseledger.run import load_parts  # lazy: it builds on this module's helpers
+    return end, prev
 
-        return load_parts.load(run, attempt, event, prev)
+
+def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
+    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data.
+    (load.processes > 1: run/load_parts.py, which the controller calls instead.)
+
+    event(type, **fields) appends an event of this run under its owner's fence."""
+    paths, case, planned = run.paths, run.case, run.meta.planned
+    end, prev = set_aside(run, attempt)
     if case.load.host is not None:
         return _load_remote(run, attempt, event, prev, end)
     pid = read_json_or_none(paths.load_pid)
@@ -719,10 +723,6 @@ def reuse_parent_load(run: Run) -> dict[str, Any]:
 
 def confirm_end(run: Run) -> dict[str, Any]:
     paths, reused = run.paths, bool(run.meta.load_reuse)
-    if run.case.load.processes > 1 and not reused:
-        from caseledger.run import load_parts  # lazy: it builds on this module's helpers
-
-        return load_parts.confirm_end(run)
     end = read_json_or_none(paths.load_end)
     partial = read_json_or_none(paths.load_partial)
     if end is None and partial is not None:
