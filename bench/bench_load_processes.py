@@ -9,15 +9,17 @@ Two scenarios, each run with load.processes 1 and P (interleaved, the order rota
   paced C=64, 128 requests x 128 tokens, one chunk per stream every 10 ms: the timestamp error of the merged
       stream, per content chunk client receive time - server send time (same host, same CLOCK_MONOTONIC;
       the server logs each send right before its write), p50 / p99
-Nothing is pinned: the server and the P clients share the two cores as the scheduler places them (pinning
-two clients to two cores would leave the server no core of its own). The P clients are started as the
-controller starts them: armed, each with its share, one go naming the common start (caseledger/run/load_parts.py),
-then merged by caseledger.load.parts.merge, the controller's own merge.
+Default: nothing is pinned, the server and the P clients share the two cores as the scheduler places them, and
+the server runs at the load client's nice (LOAD_NICE, -5 where allowed), so two clients do not starve it; --pin:
+the server on CPU 0, client k on CPU (1 + k) mod 2 (one client: CPU 1; two: one of them beside the server).
+The P clients are started as the controller starts them: armed, each with its share, one go naming the common
+start (caseledger/run/load_parts.py), then merged by caseledger.load.parts.merge, the controller's own merge.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -33,6 +35,7 @@ from typing import Any
 from caseledger import datasets
 from caseledger.case.model import Case
 from caseledger.case.store import case_id_of
+from caseledger.load.__main__ import LOAD_NICE
 from caseledger.load.parts import go_record, merge
 from caseledger.load.plan import plan_from_run_dir
 from caseledger.records import read_records
@@ -53,9 +56,23 @@ def get_json(url: str) -> Any:
         return json.load(r)
 
 
-def start_server(port: int, step_ms: float, log: Path) -> subprocess.Popen[bytes]:
+def placed(cpu: int | None) -> Any:
+    """A child's start: at the load client's nice (where allowed), on one CPU when given."""
+
+    def setup() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, LOAD_NICE)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+
+    return setup
+
+
+def start_server(port: int, step_ms: float, log: Path, pin: bool) -> subprocess.Popen[bytes]:
     argv = [sys.executable, str(HERE / "peers" / "server.py"), "--port", str(port), "--step-ms", str(step_ms)]
-    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=placed(0 if pin else None)
+    )
     for _ in range(200):
         try:
             get_json(f"http://127.0.0.1:{port}/health")
@@ -86,12 +103,11 @@ def make_run(ws: Workspace, port: int, n: int, tokens: int, c: int, processes: i
     return paths
 
 
-def run_load(paths: RunPaths, processes: int) -> dict[str, Any]:
+def run_load(paths: RunPaths, processes: int, pin: bool) -> dict[str, Any]:
     """The formal load with `processes` clients, as the controller runs it; the merged end file."""
     if processes == 1:
-        out = subprocess.run(
-            [sys.executable, "-m", "caseledger.load", str(paths.root)], capture_output=True, timeout=600
-        )
+        argv = [sys.executable, "-m", "caseledger.load", str(paths.root)]
+        out = subprocess.run(argv, capture_output=True, timeout=600, preexec_fn=placed(1 if pin else None))
         if out.returncode != 0:
             raise SystemExit(f"load client failed ({out.returncode}): {out.stderr.decode()[-400:]}")
         end: dict[str, Any] = read_json(paths.load_end)
@@ -102,7 +118,9 @@ def run_load(paths: RunPaths, processes: int) -> dict[str, Any]:
     for k, part in enumerate(parts):
         part.load_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "caseledger.load", str(paths.root), str(k)]
-        procs.append(subprocess.Popen(argv, stdout=part.load_log.open("wb"), stderr=subprocess.STDOUT, env=env))
+        log = part.load_log.open("wb")
+        cpu = (1 + k) % 2 if pin else None
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=placed(cpu)))
     while not all(p.load_ready.exists() for p in parts):
         if any(p.poll() is not None for p in procs):
             raise SystemExit(f"a load client exited before the go; see {paths.load_dir}/p*/client.log")
@@ -121,13 +139,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
 
 
-def one(work: Path, scenario: str, processes: int) -> dict[str, Any]:
+def one(work: Path, scenario: str, processes: int, pin: bool) -> dict[str, Any]:
     step_ms, c, n, tokens = SCENARIOS[scenario]
     port = free_port()
-    server = start_server(port, step_ms, work / f"server-{port}.log")
+    server = start_server(port, step_ms, work / f"server-{port}.log", pin)
     try:
         paths = make_run(Workspace(work / "ws"), port, n, tokens, c, processes)
-        end = run_load(paths, processes)
+        end = run_load(paths, processes, pin)
         log = get_json(f"http://127.0.0.1:{port}/_log")
     finally:
         server.terminate()
@@ -153,6 +171,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--pin", action="store_true", help="server on CPU 0, client k on CPU (1 + k) mod 2")
     args = ap.parse_args()
     counts = [1, args.processes]
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -163,7 +182,7 @@ def main() -> int:
                 for p in order:
                     work = Path(tmp) / f"{rep}-{p}-{scenario.split()[0]}"
                     work.mkdir()
-                    got = one(work, scenario, p)
+                    got = one(work, scenario, p, args.pin)
                     rows.setdefault((scenario, p), []).append(got)
                     print(f"repeat {rep} {scenario} processes={p}: {got}", file=sys.stderr, flush=True)
     print("| scenario | load.processes | chunks/s | client µs/chunk | ts error p50 µs | ts error p99 µs | ok |")
