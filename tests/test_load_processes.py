@@ -182,3 +182,31 @@ def test_one_of_two_processes_killed_mid_load_then_resume_merges(ws: Workspace, 
     assert s2.done <= served <= s2.sent
     started = [e for e in read_events(paths).events if e["type"] == "load_client_started"]
     assert len(started) == 1
+
+
+def _rec(i: int, send: int) -> dict[str, Any]:
+    return {"i": i, "send_ns": send, "chunk_ns": [send + 10, send + 20], "end_ns": send + 30, "ok": True}
+
+
+def test_merge_puts_every_process_on_process_0s_clock(tmp_path: Any) -> None:
+    from caseledger.load.parts import merge
+    from caseledger.workspace import RunPaths, write_json
+
+    paths = RunPaths(tmp_path / "r-00000001")
+    parts = [paths.load_part(k) for k in range(2)]
+    anchors = [
+        {"wall_ns": 1_000_000, "mono_ns": 500, "boot_id": "a"},  # process 0: wall = mono + 999,500
+        {"wall_ns": 1_000_000, "mono_ns": 100, "boot_id": "b"},  # another boot: wall = mono + 999,900
+    ]
+    for part, anchor, recs in zip(parts, anchors, [[_rec(0, 1000), _rec(2, 3000)], [_rec(1, 1500)]], strict=True):
+        part.load_dir.mkdir(parents=True)
+        write_json(part.load_anchor, anchor)
+        part.raw.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b'{"torn')  # a killed writer's tail
+        part.load_sent.write_bytes(b"".join(b"%d\n" % r["i"] for r in recs))
+    got = merge(paths, parts, "digest")
+    recs = read_records(paths.raw).records
+    assert [(r["i"], r["send_ns"]) for r in recs] == [(0, 1000), (1, 1900), (2, 3000)]  # send order, one clock
+    assert recs[1]["chunk_ns"] == [1910, 1920] and recs[1]["end_ns"] == 1930
+    assert got.records == 3 and [p["shift_ns"] for p in got.per_part] == [0, 400]
+    assert paths.load_sent.read_bytes().count(b"\n") == 3
+    assert not paths.load_end.exists()  # no end file of either process: the merged load has none either
