@@ -315,6 +315,11 @@ class RunPaths:
         return self.load_dir / "clock.json"
 
     @property
+    def load_ready(self) -> Path:
+        """A client of a several-process load built its plan and waits for load/go (see PartPaths)."""
+        return self.load_dir / "ready"
+
+    @property
     def load_stalls(self) -> Path:
         """The load client's stalls: one {start_ns, end_ns} line per span its event loop did not run."""
         return self.load_dir / "stalls.jsonl"
@@ -332,6 +337,18 @@ class RunPaths:
     def load_attempt_dir(self, attempt: int) -> Path:
         """Where a rejected formal load (hot_entry) is kept when the load is sent again."""
         return self.root / f"load.attempt-{attempt}"
+
+    def load_part(self, k: int) -> PartPaths:
+        """The files of client process k of a load with load.processes > 1 (load/p<k>/)."""
+        return PartPaths(self.root, k)
+
+    def load_parts(self) -> list[PartPaths]:
+        """The client processes' directories that exist (load/p0, load/p1, ...): empty for a one-process load."""
+        out, k = [], 0
+        while (self.load_dir / f"p{k}").is_dir():
+            out.append(self.load_part(k))
+            k += 1
+        return out
 
     @property
     def preflight_json(self) -> Path:
@@ -374,6 +391,27 @@ class RunPaths:
     @property
     def report_html(self) -> Path:
         return self.root / "report.html"
+
+
+@dataclass(frozen=True)
+class PartPaths(RunPaths):
+    """The files of one client process of a load shared by load.processes > 1 processes: the same names as a
+    one-process load, under load/p<k>/ (its own pid, anchor, raw records, intent log, stalls, end file), while
+    the go and abort signals stay the run's (one go starts every process at one instant)."""
+
+    part: int = 0
+
+    @property
+    def load_dir(self) -> Path:
+        return self.root / "load" / f"p{self.part}"
+
+    @property
+    def load_go(self) -> Path:
+        return self.root / "load" / "go"
+
+    @property
+    def load_abort(self) -> Path:
+        return self.root / "load" / "abort"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
 MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
 MAX_CONCURRENCY = 100_000  # C
+MAX_LOAD_PROCESSES = 64  # load.processes: client processes of one formal load
 MAX_TOKENS = 2_097_152  # tokens per prompt or per output (2 Mi: 16x the seeds' 131072-token inputs)
 MAX_DATASET_TOKENS = 1_073_741_824  # entries x input_tokens materialized at freeze (2**30, ~15 min to generate)
 MAX_TIMEOUT_S = 86_400.0  # one day: per-request timeout, health wait
@@ -915,6 +916,15 @@ class Load(_Model):
         description="Largest SSE event the load client accepts, in bytes (65536..1073741824; default 8 MiB): a "
         "longer one fails its request as a broken stream (class stream) and is not buffered further",
     )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=MAX_LOAD_PROCESSES,
+        strict=True,
+        description="Load client processes sharing the formal load (1..64; default 1): request i goes to the "
+        "process that owns slot i mod C of the C slots (dealt in contiguous blocks, C split as evenly as it goes); "
+        "a conversation stays in one process; C and the arrival schedule stay global",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -929,10 +939,22 @@ class Load(_Model):
             data.pop("max_event_bytes", None)
         if self.time_scale == 1.0:
             data.pop("time_scale", None)
+        if self.processes == 1:
+            data.pop("processes", None)
         return data
 
     @model_validator(mode="after")
     def _trace_schedule(self) -> Load:
+        if self.processes > self.concurrency:
+            raise ValueError(
+                f"load.processes {self.processes} > load.concurrency {self.concurrency}: each client process "
+                "needs at least one of the C slots; lower load.processes or raise load.concurrency"
+            )
+        if self.processes > 1 and self.host is not None:
+            raise ValueError(
+                f"load.processes {self.processes} with load.host: several client processes run on the "
+                "controller's host only (a remote load host runs one); set load.processes 1 or load.host null"
+            )
         if self.arrival == "trace" and self.rate is not None:
             raise ValueError(
                 f"load.arrival 'trace' replays the trace's timestamps, so load.rate must be null (it is "

@@ -56,6 +56,8 @@ IMPACT: dict[str, Impact | None] = {
     "load.ignore_eos": Impact.LOAD,
     "load.salt": Impact.LOAD,
     "load.max_event_bytes": Impact.LOAD,
+    # how many client processes share the formal load: where the client runs, not what the target serves
+    "load.processes": Impact.LOAD,
     # where the load client runs (another host over SSH): a new load from there, the service is reused
     "load.host": Impact.LOAD,
     # whether the load phase fails on failed requests: decided at the end of a load, so a new load

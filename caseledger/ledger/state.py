@@ -216,10 +216,21 @@ def load_counts(paths: RunPaths, planned: int) -> Counts:
         return Counts(
             planned, int(end.get("sent", 0)), int(end.get("done", 0)), int(end.get("ok", 0)), int(end.get("failed", 0))
         )
+    parts = paths.load_parts()
+    if parts:  # load.processes > 1, not merged yet: the sum of every process's own count
+        each = [load_counts(p, 0) for p in parts]
+        n, ok = sum(c.done for c in each), sum(c.ok for c in each)
+        return Counts(planned, sum(c.sent for c in each), n, ok, n - ok)
     prog = read_json_or_none(paths.load_progress) or {}
     n, ok = count_raw(paths.raw)
     sent = max(count_sent(paths) or int(prog.get("sent", 0)), n)
     return Counts(planned, sent, n, ok, n - ok)
+
+
+def client_refs(paths: RunPaths) -> list[dict[str, Any]]:
+    """The load client's process reference, or every process's of a load shared by load.processes > 1."""
+    refs = [read_json_or_none(paths.load_pid)] + [read_json_or_none(p.load_pid) for p in paths.load_parts()]
+    return [r for r in refs if isinstance(r, dict)]
 
 
 class RecordedDecision(BaseModel):
@@ -337,7 +348,8 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
     paths, meta = run.paths, run.meta
     log = read_events(paths)
     phases = _fold_events(log.events)
-    ctl, client_ref = read_json_or_none(paths.controller_pid), read_json_or_none(paths.load_pid)
+    ctl, clients = read_json_or_none(paths.controller_pid), client_refs(paths)
+    client_ref = next((c for c in clients if procs.alive(c)), clients[0] if clients else None)
     controller_alive, client_alive = procs.alive(ctl), procs.alive(client_ref)
     client_host = procs.elsewhere(client_ref)
     end = read_json_or_none(paths.load_end)

@@ -4,12 +4,17 @@ Everything comes from the run directory (case.json, run.json, the dataset they n
 only says where it is. Files written under RUN_DIR/load/ (see RunPaths):
 
     pid.json       {"pid", "start_time", "host"}, at start (start_time: /proc/self/stat field 22)
-    anchor.json    {"wall_utc", "mono_ns"}, just before the first request is sent
+    anchor.json    {"wall_utc", "wall_ns", "mono_ns", "uncertainty_ns", "boot_id"}, before the first send
     raw.jsonl      one RawRecord per finished request, written as it ends (a kill loses only in-flight ones)
     progress.json  {"planned", "sent", "done", "ok", "failed", "updated_utc"}, every <= 0.5 s and at the end
     sent.log       one line (the request index) per formal request, written before its first byte leaves
     stalls.jsonl   one {"start_ns", "end_ns"} line per span of >= 0.2 s in which this process's event loop did not run
     end.json       counts, first_send_ns/last_end_ns, wall and CPU times, chunks, "exit", when the load ended
+
+`python -m caseledger.load RUN_DIR K` is process K of a load shared by load.processes = P > 1 processes
+(load/parts.py): the same files under RUN_DIR/load/pK/, its share of the plan (its requests and its share of C),
+load/pK/ready once it waits for the go, and a schedule that starts at the instant load/go names (one for all P);
+it refuses as below when its own files or the merged load/ show an earlier start.
 
 Exit codes: 0 load complete (failed requests are data, not a client failure); 1 cancelled by SIGTERM/SIGINT
 (end.json says "cancelled", in-flight requests are recorded as error_class 'client'); 2 the load could
@@ -40,10 +45,11 @@ from caseledger import procs
 from caseledger.errors import CaseledgerError
 from caseledger.faults import checkpoint
 from caseledger.load.client import run_requests, transport_used
+from caseledger.load.parts import boot_id, part_plan, start_of
 from caseledger.load.plan import LoadPlan, RequestSpec, plan_from_run_dir
 from caseledger.load.sessions import run_sessions
 from caseledger.records import RawRecord
-from caseledger.workspace import RunPaths, Spare, is_disk_full, read_json_or_none, reserve, write_json
+from caseledger.workspace import PartPaths, RunPaths, Spare, is_disk_full, read_json_or_none, reserve, write_json
 from caseledger.workspace import utc_now as ledger_utc_now
 
 PROGRESS_INTERVAL_S = 0.5
@@ -206,6 +212,7 @@ async def _run(
     api_key: str | None,
     writer: RawWriter,
     tally: Tally,
+    start_ns: int | None = None,
 ) -> list[str]:
     def on_record(rec: RawRecord) -> None:
         if tally.disk_full:
@@ -238,6 +245,7 @@ async def _run(
                     on_record=on_record,
                     on_send=tally.on_send,
                     max_event_bytes=plan.max_event_bytes,
+                    start_ns=start_ns,
                 )
             else:
                 await run_requests(
@@ -250,6 +258,7 @@ async def _run(
                     timeout_s=plan.timeout_s,
                     max_event_bytes=plan.max_event_bytes,
                     scheduled=plan.scheduled,
+                    start_ns=start_ns,
                 )
         tg.cancel_scope.cancel()
     return caught
@@ -296,6 +305,7 @@ def clock_anchor() -> dict[str, Any]:
         "wall_ns": wall,
         "mono_ns": mono,
         "uncertainty_ns": (m2 - m1 + 1) // 2,
+        "boot_id": boot_id(),  # same boot, same monotonic clock: several processes merge without a shift
     }
 
 
@@ -322,13 +332,15 @@ class _NotStarted(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
+    if not 1 <= len(args) <= 2 or args[0].startswith("-") or (len(args) == 2 and not args[1].isdigit()):
         print(
-            "usage: python -m caseledger.load RUN_DIR  (everything else is read from the run directory)",
+            "usage: python -m caseledger.load RUN_DIR [PROCESS]  (everything else is read from the run directory; "
+            "PROCESS: this client's index 0..load.processes-1 when load.processes > 1)",
             file=sys.stderr,
         )
         return EXIT_NOT_STARTED
-    paths = RunPaths(Path(os.path.abspath(args[0])))
+    root = Path(os.path.abspath(args[0]))
+    paths = RunPaths(root) if len(args) == 1 else PartPaths(root, int(args[1]))
     if paths.root.is_symlink() or not paths.root.is_dir():  # a link may point anywhere: never written through
         problem = "is a symbolic link (never followed)" if paths.root.is_symlink() else "does not exist"
         print(f"load: run directory {paths.root} {problem}", file=sys.stderr)
@@ -337,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         plan, transport, api_key = _admit(paths, fd)
+        start_ns = start_of(paths.load_go) if isinstance(paths, PartPaths) else None
     except _NotStarted as e:  # the one exit before the load: the raw file's descriptor closed here
         os.close(fd)
         if e.logged:
@@ -344,7 +357,27 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(e.line, file=sys.stderr, flush=True)
         return e.code
-    return _load(paths, fd, plan, transport, api_key)
+    return _load(paths, fd, plan, transport, api_key, start_ns)
+
+
+def _refusal(paths: RunPaths) -> str | None:
+    """refusal() of this client's files and, for one process of several, of the merged load (load/)."""
+    if isinstance(paths, PartPaths):
+        return refusal(paths) or refusal(RunPaths(paths.root))
+    return refusal(paths)
+
+
+def _plan(paths: RunPaths) -> LoadPlan:
+    """The plan this client sends: the run's, or for process k of load.processes its share (load/parts.py)."""
+    plan = plan_from_run_dir(paths.root)
+    if isinstance(paths, PartPaths):
+        return part_plan(plan, paths.part)
+    if plan.processes > 1:
+        raise ValueError(
+            f"load.processes is {plan.processes}: start each client with its index, "
+            "python -m caseledger.load RUN_DIR PROCESS (the controller does)"
+        )
+    return plan
 
 
 def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
@@ -354,7 +387,7 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until exit
     except BlockingIOError:
         raise _NotStarted(EXIT_REFUSED, f"load: refused: another load client holds {paths.raw}") from None
-    why = refusal(paths)
+    why = _refusal(paths)
     if why is not None:
         raise _NotStarted(
             EXIT_REFUSED,
@@ -363,7 +396,7 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
         )
     write_json(paths.load_pid, procs.me())
     try:
-        plan = plan_from_run_dir(paths.root)
+        plan = _plan(paths)
         transport = transport_used(s.url for s in plan.specs)  # an unknown transport refuses before any send
     except (CaseledgerError, ValueError, OSError) as e:
         raise _NotStarted(EXIT_NOT_STARTED, f"load: not started, nothing sent: {type(e).__name__}: {e}") from None
@@ -377,6 +410,8 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
                 f"{plan.api_key_env}, which is not set in the load client's environment; export it "
                 "for the controller",
             )
+    if isinstance(paths, PartPaths):
+        paths.load_ready.touch()  # the controller gives one go once every process is here
     if os.environ.get(ARMED_ENV) and not wait_for_go(paths):
         raise _NotStarted(
             EXIT_NOT_STARTED,
@@ -386,10 +421,14 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
     return plan, transport, api_key
 
 
-def _load(paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str | None) -> int:
-    """The formal load: send, record every request, then the end file (written even on a full disk)."""
+def _load(
+    paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str | None, start_ns: int | None = None
+) -> int:
+    """The formal load: send, record every request, then the end file (written even on a full disk).
+    start_ns: the monotonic instant the schedule starts at (one go for several processes); None: at once."""
+    part = f" (process {paths.part} of {plan.processes})" if isinstance(paths, PartPaths) else ""
     log(
-        f"run {paths.run_id}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
+        f"run {paths.run_id}{part}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
         f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}"
     )
     spare = Spare(paths.load_dir / ".spare")  # freed on a full disk so the end file can still be written
@@ -403,7 +442,7 @@ def _load(paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str
     write_json(paths.load_anchor, clock_anchor())
     quiet_runtime()
     try:
-        caught = anyio.run(_run, paths, plan, api_key, writer, tally)
+        caught = anyio.run(_run, paths, plan, api_key, writer, tally, start_ns)
     finally:
         writer.close()
         if tally.sent_fd is not None:

@@ -506,9 +506,11 @@ class _Runner:
             self.launch = None  # none left (or this one was stale): this request and later ones connect
         return send_ns, sent
 
-    async def run(self, specs: Iterable[RequestSpec]) -> None:
+    async def run(self, specs: Iterable[RequestSpec], start_ns: int | None = None) -> None:
+        if start_ns is not None:  # one instant for every process of a shared load: one schedule
+            await sleep_until(start_ns)
         async with anyio.create_task_group() as tg:
-            self.t0_ns = time.monotonic_ns()
+            self.t0_ns = start_ns if start_ns is not None else time.monotonic_ns()
             # launched requests whose tasks are not started yet: a task start costs more than a write, so the
             # writes of the first wave go first, back to back, and the tasks start before the next wait
             wave: list[tuple[RequestSpec, Launched]] = []
@@ -640,6 +642,7 @@ async def run_requests(
     timeout_s: float,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     scheduled: bool = False,
+    start_ns: int | None = None,
 ) -> list[RawRecord]:
     """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
 
@@ -649,6 +652,7 @@ async def run_requests(
     short). A cancelled run records its in-flight requests with error_class 'client' before unwinding.
     max_event_bytes: the largest SSE event a response may send (load.max_event_bytes).
     scheduled: the specs' offsets are a schedule (a rate or a trace): each record carries its due time.
+    start_ns: the monotonic instant offset 0 stands for (several processes share one); None: when sending starts.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -668,7 +672,7 @@ async def run_requests(
         if isinstance(streamer, FastStreamer):
             # the first wave's connections before its first send: those requests then only write
             await streamer.preconnect(s.url for s in first_wave(specs, concurrency))
-        await runner.run(specs)
+        await runner.run(specs, start_ns)
     finally:
         if owned:
             with anyio.CancelScope(shield=True):

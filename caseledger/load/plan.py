@@ -65,6 +65,7 @@ class LoadPlan:
     max_event_bytes: int  # the largest SSE event a response may send (load.max_event_bytes)
     # dataset.sessions: each conversation's spec indices in turn order (None: independent requests)
     sessions: tuple[tuple[int, ...], ...] | None = None
+    processes: int = 1  # load.processes: client processes the formal load is dealt to (load/parts.py)
 
     @property
     def scheduled(self) -> bool:
@@ -217,6 +218,7 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         rate=load.rate,
         seed=seed,
         max_event_bytes=load.max_event_bytes,
+        processes=load.processes,
     )
 
 

@@ -27,7 +27,7 @@ import anyio
 import orjson
 
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
-from caseledger.load.client import open_streamer, request_headers, request_one
+from caseledger.load.client import open_streamer, request_headers, request_one, sleep_until
 from caseledger.load.plan import LoadPlan, RequestSpec
 from caseledger.load.transport import Streamer
 from caseledger.records import RawRecord
@@ -117,6 +117,7 @@ async def run_sessions(
     on_record: Callable[[RawRecord], None] | None = None,
     on_send: Callable[[RequestSpec], None] | None = None,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    start_ns: int | None = None,
 ) -> list[RawRecord]:
     """Send a plan's conversations (plan.sessions), at most plan.concurrency at once; records sorted by i.
 
@@ -128,6 +129,8 @@ async def run_sessions(
     streamer, owned = open_streamer(transport, plan.concurrency)
     runner = _Conversations(plan, streamer, request_headers(phase, api_key), on_record, on_send, max_event_bytes)
     try:
+        if start_ns is not None:
+            await sleep_until(start_ns)
         await runner.run()
     finally:
         if owned:

@@ -35,10 +35,10 @@ from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import read_run
-from caseledger.ledger.state import PhaseState, fold
+from caseledger.ledger.state import PhaseState, client_refs, fold
 from caseledger.outcome import handoff
 from caseledger.run import lease as run_lease
-from caseledger.run import phases, remote_load
+from caseledger.run import load_parts, phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
@@ -80,7 +80,7 @@ class Controller:
 
     def renew(self) -> None:
         """Extend the lease, naming the load client (it keeps the lease if this controller dies)."""
-        extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+        extra = client_refs(self.paths)
         sent = time.monotonic()
         try:
             run_lease.renew(
@@ -110,6 +110,8 @@ class Controller:
                 Remote(self.case.load.host).terminate(ref, grace_s=1.0)
             elif ref:
                 procs.terminate(ref, grace_s=1.0)
+            for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
+                procs.terminate(part, grace_s=1.0)
         os._exit(70)
 
     # ---- main loop
@@ -118,7 +120,7 @@ class Controller:
         try:
             # the load client at once (a resume's fresh lease names none): a remote one keeps the lease even
             # if this controller gives up on its host before the first heartbeat
-            extra = [p for p in [read_json_or_none(self.paths.load_pid)] if p]
+            extra = client_refs(self.paths)
             sent = time.monotonic()
             run_lease.renew(
                 self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra
@@ -335,9 +337,13 @@ class Controller:
                 with contextlib.suppress(RemoteError):
                     self.renew()
 
+        if self.case.load.processes > 1:  # several client processes: their own start, wait and merge
+            return load_parts.load(self.run_, attempt, event)
         return phases.load(self.run_, attempt, event)
 
     def phase_confirm_end(self, attempt: int) -> dict[str, Any]:
+        if self.case.load.processes > 1:
+            return load_parts.confirm_end(self.run_)
         return phases.confirm_end(self.run_)
 
     def phase_postprocess(self, attempt: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, re
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
 from caseledger.run import remote_load
-from caseledger.workspace import RunPaths, read_json_or_none, reserve, sha256_file, write_json
+from caseledger.workspace import PartPaths, RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
 
 def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list[RequestSpec]:
@@ -208,17 +208,15 @@ def cache_prepare(run: Run, seed: bool) -> dict[str, Any]:
     return out
 
 
-def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
-    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data.
-
-    event(type, **fields) appends an event of this run under its owner's fence."""
-    paths, case, planned = run.paths, run.case, run.meta.planned
+def set_aside(run: Run, attempt: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(the end file, the previous load attempt's record); a load whose previous attempt failed in a resend class
+    (the formal entry rejected every request, or the service died under it) is kept aside, marked, and the
+    load/ directory starts empty: the load is sent again."""
+    paths = run.paths
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     end = read_json_or_none(paths.load_end)
     prev = read_json_or_none(paths.phase_file("load")) or {}
     if end is not None and prev.get("failure_class") in RESEND_CLASSES:
-        # the formal entry rejected every request, or the service died under it: keep that attempt's raw
-        # data aside (marked) and send the load again
         old = paths.load_attempt_dir(int(prev.get("attempt", attempt - 1)))
         paths.load_dir.rename(old)
         write_json(
@@ -231,6 +229,16 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         )
         paths.load_dir.mkdir()
         end = None
+    return end, prev
+
+
+def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
+    """Start (or re-attach to) the load client and wait for it; never start a second client over raw data.
+    (load.processes > 1: run/load_parts.py, which the controller calls instead.)
+
+    event(type, **fields) appends an event of this run under its owner's fence."""
+    paths, case, planned = run.paths, run.case, run.meta.planned
+    end, prev = set_aside(run, attempt)
     if case.load.host is not None:
         return _load_remote(run, attempt, event, prev, end)
     pid = read_json_or_none(paths.load_pid)
@@ -369,10 +377,11 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
     }
 
 
-def _reserve_raw(paths: RunPaths, case: Case) -> None:
+def _reserve_raw(paths: RunPaths, case: Case, need: int | None = None) -> None:
     """Allocate the disk the raw records will need before the first formal request is sent: a full disk
-    then refuses the load with nothing sent, instead of losing the records of requests that were served."""
-    need = raw_bytes_needed(case)
+    then refuses the load with nothing sent, instead of losing the records of requests that were served.
+    need: bytes for this raw file (one process's share of a shared load); None: the whole load's."""
+    need = raw_bytes_needed(case) if need is None else need
     fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         ok = reserve(fd, need)
@@ -381,7 +390,8 @@ def _reserve_raw(paths: RunPaths, case: Case) -> None:
     if not ok:
         free = shutil.disk_usage(paths.load_dir).free
         raise PhaseFailed(
-            f"disk full: cannot reserve {need / 1e6:.1f} MB for load/raw.jsonl ({free / 1e6:.1f} MB free in "
+            f"disk full: cannot reserve {need / 1e6:.1f} MB for {paths.raw.relative_to(paths.root)} "
+            f"({free / 1e6:.1f} MB free in "
             f"{paths.load_dir}); no formal request was sent",
             FailureClass.DISK,
             "free disk space, then resume: the load starts from its first request",
@@ -416,9 +426,10 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
     env = child_env(keep=case.env_names())  # its API key variable, nothing else of the caller's
     if armed:
         env["CASELEDGER_LOAD_ARMED"] = "1"
+    part = [str(paths.part)] if isinstance(paths, PartPaths) else []  # process k of load.processes
     with paths.load_log.open("ab") as lf:
         p = subprocess.Popen(
-            [sys.executable, "-m", "caseledger.load", str(paths.root)],
+            [sys.executable, "-m", "caseledger.load", str(paths.root), *part],
             stdin=subprocess.DEVNULL,
             stdout=lf,
             stderr=lf,
@@ -438,6 +449,8 @@ def arm_client(run: Run) -> dict[str, Any] | None:
     paths = run.paths
     if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host is not None:
         return None  # (a remote client is started in the load phase, after its inputs are copied there)
+    if run.case.load.processes > 1:
+        return None  # several processes are spawned armed by the load phase, which gives them one go
     if paths.load_end.exists() or paths.load_anchor.exists() or (paths.raw.exists() and paths.raw.stat().st_size):
         return None
     if procs.alive(read_json_or_none(paths.load_pid)):
@@ -451,6 +464,11 @@ def disarm_client(paths: RunPaths) -> None:
     if armed and not paths.load_anchor.exists() and not paths.load_go.exists():
         paths.load_abort.touch()
         procs.terminate(armed, grace_s=2.0)
+    for part in paths.load_parts():  # the processes of a shared load, spawned armed by the load phase
+        ref = read_json_or_none(part.load_armed)
+        if ref and not paths.load_go.exists():
+            paths.load_abort.touch()
+            procs.terminate(ref, grace_s=2.0)
 
 
 def rejection(error: str) -> str:
@@ -601,10 +619,17 @@ class _LoadWatch:
     """What the controller sees while the local load client runs: the host's CPU every 0.5 s (load/host.jsonl:
     other processes' share, the client's own, steal, load average) and a client whose process is stopped."""
 
-    def __init__(self, run: Run, client: dict[str, Any] | None, event: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        run: Run,
+        client: dict[str, Any] | None,
+        event: Callable[..., None],
+        more: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.paths, self.client, self.event = run.paths, client, event
+        self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
         self.sampler = procs.CpuSampler()
-        self.sessions = _our_sessions(run, client)
+        self.sessions = _our_sessions(run, client, self.more)
         self.next_sample = 0.0
         self.stopped_since: float | None = None  # when the client was first seen stopped (this stop)
         self.recorded = False  # this stop was recorded as an event
@@ -619,7 +644,7 @@ class _LoadWatch:
             if sample is not None:
                 with contextlib.suppress(OSError):  # evidence about the host, never a reason to stop the load
                     os.write(self.fd, orjson.dumps(sample) + b"\n")
-        if procs.stopped(self.client):
+        if procs.stopped(self.client) or any(procs.stopped(c) for c in self.more):
             self.stopped_since = now if self.stopped_since is None else self.stopped_since
             if not self.recorded and now - self.stopped_since >= STALL_EVENT_S:
                 self.recorded = True
@@ -640,10 +665,10 @@ class _LoadWatch:
         return out
 
 
-def _our_sessions(run: Run, client: dict[str, Any] | None) -> set[int]:
-    """Sessions whose CPU is the measurement's own: the load client's, the service processes' and this
+def _our_sessions(run: Run, client: dict[str, Any] | None, more: list[dict[str, Any]] | None = None) -> set[int]:
+    """Sessions whose CPU is the measurement's own: the load clients', the service processes' and this
     controller's (each is started in a session of its own, so an engine's workers count with it)."""
-    pids = [os.getpid(), *([int(client["pid"])] if client else [])]
+    pids = [os.getpid(), *([int(client["pid"])] if client else []), *(int(c["pid"]) for c in more or [])]
     rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
     pids += [c.pid for c in rec.processes if c.pid is not None] if rec is not None else []
     out = set()

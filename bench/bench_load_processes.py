@@ -1,0 +1,204 @@
+"""One against two load client processes (load.processes) on this machine, against bench/peers' servers.
+
+    python bench/bench_load_processes.py [--repeats 3] [--processes 2]
+
+Two scenarios, each run with load.processes 1 and P (interleaved, the order rotating each repeat):
+  zero-delay C=32, 256 requests x 256 tokens: the server writes the next chunk of every open stream on every
+      loop pass, so the clients set the pace; aggregate chunks/s = content chunks / (last end - first send) of
+      the merged stream (the end file's span), and the clients' CPU per chunk (end files, summed)
+  paced C=64, 128 requests x 128 tokens, one chunk per stream every 10 ms: the timestamp error of the merged
+      stream, per content chunk client receive time - server send time (same host, same CLOCK_MONOTONIC;
+      the server logs each send right before its write), p50 / p99
+Default: nothing is pinned, the server and the P clients share the two cores as the scheduler places them, and
+the server runs at the load client's nice (LOAD_NICE, -5 where allowed), so two clients do not starve it; --pin:
+the server on CPU 0, client k on CPU (1 + k) mod 2 (one client: CPU 1; two: one of them beside the server).
+The P clients are started as the controller starts them: armed, each with its share, one go naming the common
+start (caseledger/run/load_parts.py), then merged by caseledger.load.parts.merge, the controller's own merge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from caseledger import datasets
+from caseledger.case.model import Case
+from caseledger.case.store import case_id_of
+from caseledger.load.__main__ import LOAD_NICE
+from caseledger.load.parts import go_record, merge
+from caseledger.load.plan import plan_from_run_dir
+from caseledger.records import read_records
+from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, read_json, write_json
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = {"zero-delay C=32": (0.0, 32, 256, 256), "paced C=64": (10.0, 64, 128, 128)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.load(r)
+
+
+def placed(cpu: int | None) -> Any:
+    """A child's start: at the load client's nice (where allowed), on one CPU when given."""
+
+    def setup() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, LOAD_NICE)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+
+    return setup
+
+
+def start_server(port: int, step_ms: float, log: Path, pin: bool) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, str(HERE / "peers" / "server.py"), "--port", str(port), "--step-ms", str(step_ms)]
+    proc = subprocess.Popen(
+        argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=placed(0 if pin else None)
+    )
+    for _ in range(200):
+        try:
+            get_json(f"http://127.0.0.1:{port}/health")
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    raise SystemExit(f"peer server on port {port} did not start; see {log}")
+
+
+def make_run(ws: Workspace, port: int, n: int, tokens: int, c: int, processes: int) -> RunPaths:
+    case = Case.model_validate(
+        {
+            "scenario": "bench-load-processes",
+            "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "peer-model"}]},
+            "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": tokens},
+            "load": {"requests": n, "concurrency": c, "timeout_s": 120, "processes": processes},
+        }
+    ).filled()
+    ident = datasets.materialize(ws, case)
+    run_id = f"r-{time.monotonic_ns() & 0xFFFFFFFF:08x}"
+    paths = ws.run(run_id)
+    paths.root.mkdir(parents=True)
+    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
+    meta = {"run_id": run_id, "case_id": case_id_of(case), "workspace": str(ws.root)}
+    write_json(paths.run_json, {**meta, "dataset_id": ident.dataset_id, "salt": run_id, "planned": n})
+    return paths
+
+
+def run_load(paths: RunPaths, processes: int, pin: bool) -> dict[str, Any]:
+    """The formal load with `processes` clients, as the controller runs it; the merged end file."""
+    if processes == 1:
+        argv = [sys.executable, "-m", "caseledger.load", str(paths.root)]
+        out = subprocess.run(argv, capture_output=True, timeout=600, preexec_fn=placed(1 if pin else None))
+        if out.returncode != 0:
+            raise SystemExit(f"load client failed ({out.returncode}): {out.stderr.decode()[-400:]}")
+        end: dict[str, Any] = read_json(paths.load_end)
+        return end
+    parts = [paths.load_part(k) for k in range(processes)]
+    env = {**os.environ, "CASELEDGER_LOAD_ARMED": "1"}
+    procs = []
+    for k, part in enumerate(parts):
+        part.load_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "caseledger.load", str(paths.root), str(k)]
+        log = part.load_log.open("wb")
+        cpu = (1 + k) % 2 if pin else None
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=placed(cpu)))
+    while not all(p.load_ready.exists() for p in parts):
+        if any(p.poll() is not None for p in procs):
+            raise SystemExit(f"a load client exited before the go; see {paths.load_dir}/p*/client.log")
+        time.sleep(0.01)
+    write_json(paths.load_go, go_record())
+    for p in procs:
+        if p.wait(600) != 0:
+            raise SystemExit(f"a load client failed ({p.returncode}); see {paths.load_dir}/p*/client.log")
+    merge(paths, parts, plan_from_run_dir(paths.root).digest())
+    end = read_json(paths.load_end)
+    return end
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def one(work: Path, scenario: str, processes: int, pin: bool) -> dict[str, Any]:
+    step_ms, c, n, tokens = SCENARIOS[scenario]
+    port = free_port()
+    server = start_server(port, step_ms, work / f"server-{port}.log", pin)
+    try:
+        paths = make_run(Workspace(work / "ws"), port, n, tokens, c, processes)
+        end = run_load(paths, processes, pin)
+        log = get_json(f"http://127.0.0.1:{port}/_log")
+    finally:
+        server.terminate()
+        server.wait(10)
+    streams = {int(k): v for k, v in log["streams"].items()}
+    errors: list[float] = []
+    for rec in read_records(paths.raw).records:
+        srv = streams.get(int(rec["prompt_tokens"] or -1))
+        if srv is not None and rec["ok"]:
+            errors += [(t - s) / 1e3 for t, s in zip(rec["chunk_ns"], srv["sent_ns"], strict=False)]
+    wall = (end["last_end_ns"] - end["first_send_ns"]) / 1e9
+    return {
+        "ok": end["ok"],
+        "chunks_per_s": end["chunks"] / wall,
+        "us_per_chunk": (end["cpu_load_user_s"] + end["cpu_load_sys_s"]) / end["chunks"] * 1e6,
+        "err_p50_us": pct(errors, 50),
+        "err_p99_us": pct(errors, 99),
+        "matched_chunks": len(errors),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--pin", action="store_true", help="server on CPU 0, client k on CPU (1 + k) mod 2")
+    args = ap.parse_args()
+    counts = [1, args.processes]
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-procs-") as tmp:
+        for rep in range(args.repeats):
+            order = counts if rep % 2 == 0 else counts[::-1]
+            for scenario in SCENARIOS:
+                for p in order:
+                    work = Path(tmp) / f"{rep}-{p}-{scenario.split()[0]}"
+                    work.mkdir()
+                    got = one(work, scenario, p, args.pin)
+                    rows.setdefault((scenario, p), []).append(got)
+                    print(f"repeat {rep} {scenario} processes={p}: {got}", file=sys.stderr, flush=True)
+    print("| scenario | load.processes | chunks/s | client µs/chunk | ts error p50 µs | ts error p99 µs | ok |")
+    print("|---|---|---|---|---|---|---|")
+    med: dict[tuple[str, int], dict[str, float]] = {}
+    for (scenario, p), rs in rows.items():
+        med[(scenario, p)] = m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(
+            f"| {scenario} | {p} | {m['chunks_per_s']:,.0f} | {m['us_per_chunk']:.1f} | {m['err_p50_us']:.0f} | "
+            f"{m['err_p99_us']:.0f} | {min(r['ok'] for r in rs)} |"
+        )
+    z = "zero-delay C=32"
+    ratio = med[(z, args.processes)]["chunks_per_s"] / med[(z, 1)]["chunks_per_s"]
+    print(f"\naggregate chunks/s, {args.processes} processes / 1 (zero-delay, median of {args.repeats}): {ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The load and confirm_end phases of a formal load shared by load.processes = P > 1 client processes.
+
+The controller spawns P armed clients (`python -m caseledger.load RUN k`, files under load/p<k>/), reserves each
+one's share of the raw disk, waits until every one has built its plan (load/p<k>/ready), then writes one go
+(load/go, naming the monotonic instant every schedule starts at). From the go on no client of the run is ever
+spawned again: a resume re-attaches to the live ones and takes the others' files as they are, so a killed
+process's sent-but-unrecorded requests are never re-sent (its sent.log says how many). When every process has
+ended or is gone, load/parts.py merges their files into load/ and the one-process checks follow (_load_ended).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from caseledger import procs, services
+from caseledger.errors import FailureClass, PhaseFailed
+from caseledger.faults import checkpoint
+from caseledger.ledger.runs import Run
+from caseledger.ledger.state import RESEND_CLASSES
+from caseledger.load.parts import go_record, merge, split_concurrency
+from caseledger.load.plan import plan_of, raw_bytes_needed
+from caseledger.records import read_records
+from caseledger.run import phases
+from caseledger.workspace import PartPaths, read_json_or_none, sha256_file, write_json
+
+READY_TIMEOUT_S = 120.0  # every process has imported and built its plan within this, or nothing is sent
+EXIT_WAIT_S = 30.0
+
+
+def _started(run: Run, parts: list[PartPaths]) -> bool:
+    """The go was given, or some process left evidence of sending: from here on nothing is spawned again."""
+    return run.paths.load_go.exists() or any(
+        p.load_anchor.exists() or (p.raw.exists() and p.raw.stat().st_size > 0) for p in parts
+    )
+
+
+def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
+    """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence."""
+    paths, case = run.paths, run.case
+    parts = [paths.load_part(k) for k in range(case.load.processes)]
+    end, prev = phases.set_aside(run, attempt)
+    if end is not None:  # merged by a controller that died before it recorded the phase
+        return phases._load_ended(run, end, prev, {"reattached": True, "processes": len(parts)})
+    reattached = _started(run, parts)
+    if reattached:
+        refs = [read_json_or_none(p.load_pid) for p in parts]
+    else:
+        refs = _start(run, parts, event, prev, attempt)
+        checkpoint("controller", "during", "load", delay_s=0.5)
+    ends = _wait_all(run, parts, refs, event)
+    merged = merge(paths, parts, plan_of(run).digest())
+    info: dict[str, Any] = {"reattached": reattached, "processes": merged.per_part}
+    gone = [k for k, e in enumerate(ends) if e is None]
+    if gone:
+        if attempt > 1:
+            return {**phases.accept_partial(paths, run.meta.planned, merged.records), **info}
+        raise PhaseFailed(
+            f"load client process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {len(parts)} "
+            f"exited without an end file: {merged.records} of {run.meta.planned} requests recorded",
+            FailureClass.END_UNKNOWN,
+            "formal requests are never re-sent automatically; the raw records of every process are kept (resume "
+            "finishes on them)",
+        )
+    end = read_json_or_none(paths.load_end)
+    assert end is not None
+    return phases._load_ended(run, end, prev, info)
+
+
+def _start(
+    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: dict[str, Any], attempt: int
+) -> list[dict[str, Any] | None]:
+    """The checks before the first formal request, the P armed clients, their disk, one go."""
+    paths, case = run.paths, run.case
+    problem = services.check_live(run.workspace, case, run.meta.target_key or "")
+    if problem is not None:  # re-verified right before the first formal request
+        raise PhaseFailed(
+            f"before the formal load: {problem}",
+            FailureClass.SERVICE,
+            "resume starts the service once, then warmup and the load (nothing was sent)",
+            evidence={"service_problem": problem},
+        )
+    if prev.get("failure_class") in RESEND_CLASSES:
+        phases._wait_idle(case)
+    need, shares = raw_bytes_needed(case), split_concurrency(case.load.concurrency, len(parts))
+    for part, c in zip(parts, shares, strict=True):
+        part.load_dir.mkdir(parents=True, exist_ok=True)
+        part.load_ready.unlink(missing_ok=True)  # a ready of an earlier controller's clients is not theirs
+        phases._reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
+    paths.load_abort.unlink(missing_ok=True)  # an abort left by an earlier attempt would stop the new clients
+    phases._snapshot(case, paths.metrics_before)
+    refs: list[dict[str, Any] | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]
+    _wait_ready(run, parts, refs)
+    write_json(paths.load_go, go_record())
+    event(
+        "load_client_started",
+        phase="load",
+        attempt=attempt,
+        data={"pids": [(r or {}).get("pid") for r in refs], "processes": len(parts), "armed": True},
+    )
+    return refs
+
+
+def _wait_ready(run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | None]) -> None:
+    """Every process has built its plan and waits for the go; one that exits first stops them all (nothing sent)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not all(p.load_ready.exists() for p in parts):
+        dead = [k for k, r in enumerate(refs) if not procs.alive(r) and not parts[k].load_ready.exists()]
+        if dead or time.monotonic() > deadline:
+            _abort(run, refs)
+            k = dead[0] if dead else next(k for k, p in enumerate(parts) if not p.load_ready.exists())
+            why = _last_line(parts[k]) if dead else f"not ready within {READY_TIMEOUT_S:g} s"
+            raise PhaseFailed(
+                f"load client process {k} of {len(parts)} did not start: {why}; no formal request was sent",
+                FailureClass.BEFORE_MODEL,
+                f"read ledger/runs/{run.run_id}/load/p{k}/client.log, fix the cause, then resume (the load "
+                "starts from its first request)",
+            )
+        time.sleep(0.02)
+
+
+def _abort(run: Run, refs: list[dict[str, Any] | None]) -> None:
+    run.paths.load_abort.touch()
+    for ref in refs:
+        if ref is not None and procs.alive(ref):
+            procs.terminate(ref, grace_s=2.0)
+        _reap(ref)
+
+
+def _last_line(part: PartPaths) -> str:
+    try:
+        lines = part.load_log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1][-300:] if lines else "it exited without a word"
+
+
+def _reap(ref: dict[str, Any] | None) -> None:
+    with contextlib.suppress(ChildProcessError, TypeError, KeyError, ValueError):
+        os.waitpid(int((ref or {})["pid"]), os.WNOHANG)  # our child when we started it: no zombie
+
+
+def _wait_all(
+    run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | None], event: Callable[..., None]
+) -> list[dict[str, Any] | None]:
+    """Wait until every process has written its end file or is gone; the end files (None: gone without one)."""
+    live = [r for r in refs if r is not None]
+    watch = phases._LoadWatch(run, live[0] if live else None, event, live[1:])
+    ends: list[dict[str, Any] | None] = [read_json_or_none(p.load_end) for p in parts]
+    try:
+        while True:
+            watch.tick()
+            waiting = False
+            for k, part in enumerate(parts):
+                if ends[k] is None:
+                    ends[k] = read_json_or_none(part.load_end)
+                if ends[k] is None and procs.alive(refs[k]):
+                    waiting = True
+                else:
+                    _reap(refs[k])
+            if not waiting:
+                break
+            time.sleep(0.1)
+    finally:
+        watch.close()
+    if any(e is None for e in ends):  # an end file written just before the exit
+        time.sleep(0.2)
+        ends = [e if e is not None else read_json_or_none(p.load_end) for e, p in zip(ends, parts, strict=True)]
+    return ends
+
+
+def confirm_end(run: Run) -> dict[str, Any]:
+    """Every process gone; each one's raw records equal its end file's count; the merged stream equals the sum.
+    (A load reused from a parent run has no processes here: the one-process check.)"""
+    paths = run.paths
+    if run.meta.load_reuse:
+        return phases.confirm_end(run)
+    parts = paths.load_parts()
+    refs = [read_json_or_none(p.load_pid) for p in parts]
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while any(procs.alive(r) for r in refs) and time.monotonic() < deadline:
+        for r in refs:
+            _reap(r)
+        time.sleep(0.05)
+    alive = [k for k, r in enumerate(refs) if procs.alive(r)]
+    if alive:
+        raise PhaseFailed(
+            f"load client process {alive[0]} of {len(parts)} still alive", FailureClass.END_UNKNOWN, "resume waits"
+        )
+    end, partial = read_json_or_none(paths.load_end), read_json_or_none(paths.load_partial)
+    n = len(read_records(paths.raw).records)
+    if end is None and partial is not None:
+        return {
+            "client_gone": True,
+            "end_file": False,
+            "records": n,
+            "planned": partial["planned"],
+            "partial": partial,
+            "all_accounted": False,
+            "processes": len(parts),
+            "raw_sha256": sha256_file(paths.raw),
+        }
+    if end is None:
+        raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client processes and raw records")
+    for k, part in enumerate(parts):
+        own, mine = read_json_or_none(part.load_end) or {}, len(read_records(part.raw).records)
+        if mine != own.get("done"):
+            raise PhaseFailed(
+                f"process {k}: raw records {mine} != its end file's done {own.get('done')}",
+                FailureClass.END_UNKNOWN,
+                "resume re-checks; nothing is re-sent",
+            )
+    if n != end["done"]:
+        raise PhaseFailed(
+            f"merged raw records {n} != end file done {end['done']}",
+            FailureClass.END_UNKNOWN,
+            "resume merges again; nothing is re-sent",
+        )
+    return {
+        "client_gone": True,
+        "end_file": True,
+        "records": n,
+        "planned": end["planned"],
+        "sent": end["sent"],
+        "all_accounted": n == end["sent"] == end["planned"],
+        "processes": len(parts),
+        "raw_sha256": sha256_file(paths.raw),
+    }

@@ -1,0 +1,212 @@
+"""load.processes > 1 (issue 27): a formal load dealt to several client processes, each with its own files under
+load/p<k>/, merged into one raw stream; counts at the reference target; one process SIGKILLed mid-load."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from caseledger.case.model import Case
+from caseledger.errors import CaseInvalid
+from caseledger.ledger.events import read_events
+from caseledger.load.parts import part_plan, slot_owners, split_concurrency
+from caseledger.load.plan import LoadPlan, RequestSpec
+from caseledger.metrics import latest_result
+from caseledger.records import read_records
+from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
+from caseledger.workspace import Workspace
+from tests.conftest import free_port, ref_draft, stats
+
+FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
+
+
+def _spec(i: int, session: int | None = None, turn: int | None = None) -> RequestSpec:
+    return RequestSpec(
+        i=i, entry=i, route=0, offset_s=i / 10, url="http://x/v1", body=b"{}", session=session, turn=turn
+    )
+
+
+def _plan(n: int, c: int, p: int, sessions: tuple[tuple[int, ...], ...] | None = None) -> LoadPlan:
+    specs = tuple(_spec(i, *((s, t) if sessions else (None, None))) for i, (s, t) in enumerate(_turns(n, sessions)))
+    return LoadPlan(specs, c, 10.0, None, "poisson", 10.0, 0, 1 << 20, sessions=sessions, processes=p)
+
+
+def _turns(n: int, sessions: tuple[tuple[int, ...], ...] | None) -> list[tuple[int | None, int | None]]:
+    if sessions is None:
+        return [(None, None)] * n
+    at = {k: (j, t) for j, turns in enumerate(sessions) for t, k in enumerate(turns)}
+    return [at[k] for k in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------ dealing
+
+
+def test_concurrency_is_split_as_evenly_as_it_goes() -> None:
+    assert split_concurrency(5, 2) == [3, 2]
+    assert split_concurrency(64, 2) == [32, 32]
+    assert slot_owners(5, 2) == [0, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match=r"load\.processes 3 .*load\.concurrency \(2\)"):
+        split_concurrency(2, 3)
+
+
+def test_every_request_goes_to_exactly_one_process_with_its_schedule() -> None:
+    plan = _plan(23, 5, 2)
+    parts = [part_plan(plan, k) for k in range(2)]
+    assert [p.concurrency for p in parts] == [3, 2]
+    dealt = sorted(s.i for p in parts for s in p.specs)
+    assert dealt == list(range(23))
+    for p in parts:  # plan order and the one schedule's offsets are kept in each share
+        assert [s.i for s in p.specs] == sorted(s.i for s in p.specs)
+        assert all(s.offset_s == plan.specs[s.i].offset_s for s in p.specs)
+    assert len(parts[0].specs) == 15 and len(parts[1].specs) == 8  # in proportion to the slots: 3/5 and 2/5
+
+
+def test_a_conversation_stays_in_one_process() -> None:
+    sessions = ((0, 2, 4), (1, 3), (5,), (6, 7))
+    plan = _plan(8, 2, 2, sessions)
+    parts = [part_plan(plan, k) for k in range(2)]
+    for p in parts:
+        assert p.sessions is not None
+        for turns in p.sessions:
+            assert len({p.specs[k].session for k in turns}) == 1
+            assert [p.specs[k].turn for k in turns] == sorted(p.specs[k].turn or 0 for k in turns)
+    owner = {p.specs[k].session: n for n, p in enumerate(parts) for turns in p.sessions or () for k in turns}
+    assert owner == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert sorted(s.i for p in parts for s in p.specs) == list(range(8))
+
+
+def test_processes_one_keeps_the_case_id_and_fewer_slots_than_processes_is_refused(ws: Workspace) -> None:
+    port = free_port()
+    plain = freeze_case(ws, draft=ref_draft(port))
+    explicit = freeze_case(ws, draft=ref_draft(port, load={"requests": 8, "concurrency": 2, "processes": 1}))
+    assert plain.case_id == explicit.case_id
+    two = freeze_case(ws, draft=ref_draft(port, load={"requests": 8, "concurrency": 2, "processes": 2}))
+    assert two.case_id != plain.case_id
+    assert "processes" not in Case.model_validate(ref_draft(port)).model_dump()["load"]
+    before = sorted(p.name for p in ws.root.rglob("*"))
+    with pytest.raises(CaseInvalid) as e:
+        freeze_case(ws, draft=ref_draft(port, load={"requests": 8, "concurrency": 2, "processes": 3}))
+    assert "load.processes 3 > load.concurrency 2" in str(e.value)
+    assert sorted(p.name for p in ws.root.rglob("*")) == before  # a refused freeze writes nothing
+
+
+# ------------------------------------------------------------------------------------------- real processes
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _load_at_target(port: int) -> int:
+    return int(stats(port)["by_phase"].get("load", 0))
+
+
+def test_two_processes_run_one_merged_load(ws: Workspace, stop_services: None) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=ref_draft(port, load={"requests": 24, "concurrency": 5, "processes": 2, "rate": 200}))
+    r = start_run(ws, case.case_id, wait=True)
+    assert r.run_id is not None
+    s = phase_status(ws, r.run_id)
+    assert s.state == "succeeded", s.text()
+    assert _load_at_target(port) == 24 == s.sent == s.done
+    paths = ws.run(r.run_id)
+    recs = read_records(paths.raw).records
+    assert sorted(x["i"] for x in recs) == list(range(24))
+    assert [x["send_ns"] for x in recs] == sorted(x["send_ns"] for x in recs)  # one stream, in send order
+    end = orjson.loads(paths.load_end.read_bytes())
+    assert (end["planned"], end["sent"], end["done"], len(end["processes"])) == (24, 24, 24, 2)
+    shares = [len(read_records(p.raw).records) for p in paths.load_parts()]
+    assert shares == [15, 9]  # C=5 split 3 + 2: requests dealt in proportion
+    # the rate's one schedule on one clock: every record's due time is the common start plus its offset
+    scheds = sorted(x["sched_ns"] for x in recs)
+    assert scheds[-1] - scheds[0] > 0.05e9
+    started = [e for e in read_events(paths).events if e["type"] == "load_client_started"]
+    assert len(started) == 1 and len(started[0]["data"]["pids"]) == 2
+    first = latest_result(paths.root)
+    assert first is not None
+    again = reprocess_raw(ws, r.run_id)
+    assert again.requests == 24 and _load_at_target(port) == 24
+    second = latest_result(paths.root)
+    assert second is not None and second.windows.whole == first.windows.whole
+
+
+def slow_draft(port: int) -> dict[str, Any]:
+    """~2 s of formal load (8 requests of 24 tokens at 0.02 s a step), C=2 over two processes."""
+    return ref_draft(
+        port,
+        service={"reference": {**FAST, "decode_step_s": 0.02, "decode_step_per_seq_s": 0.0}},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24},
+        load={"requests": 8, "concurrency": 2, "processes": 2},
+    )
+
+
+def test_one_of_two_processes_killed_mid_load_then_resume_merges(ws: Workspace, stop_services: None) -> None:
+    port = free_port()
+    case = freeze_case(ws, draft=slow_draft(port))
+    r = start_run(ws, case.case_id)
+    assert r.run_id is not None
+    paths = ws.run(r.run_id)
+    p1 = paths.load_part(1)
+    wait_until(lambda: p1.raw.exists() and len(read_records(p1.raw).records) >= 1, 60, "a record of process 1")
+    os.kill(int(orjson.loads(p1.load_pid.read_bytes())["pid"]), signal.SIGKILL)
+
+    def settled() -> Any:
+        st = phase_status(ws, r.run_id or "")
+        return st if st.state not in ("running", "created") and not st.owner_alive else None
+
+    s = wait_until(settled, 90, "the run to settle")
+    assert s.failure_class == "end_unknown" and s.phase == "load", s.text()
+    assert not s.next_resends_requests
+    served = _load_at_target(port)
+    assert s.done <= served <= s.sent < 8, (served, s.sent, s.done)
+    assert len(read_records(paths.load_part(0).raw).records) == 4  # the other process finished its share
+
+    res = resume(ws, r.run_id, wait=True)
+    s2 = phase_status(ws, r.run_id)
+    assert res.state == "partial" == s2.state and s2.load_ended == "partial", s2.text()
+    assert _load_at_target(port) == served  # nothing re-sent
+    recs = read_records(paths.raw).records
+    assert len(recs) == s2.done == len({x["i"] for x in recs})  # merged, nothing duplicated
+    assert s2.done <= served <= s2.sent
+    started = [e for e in read_events(paths).events if e["type"] == "load_client_started"]
+    assert len(started) == 1
+
+
+def _rec(i: int, send: int) -> dict[str, Any]:
+    return {"i": i, "send_ns": send, "chunk_ns": [send + 10, send + 20], "end_ns": send + 30, "ok": True}
+
+
+def test_merge_puts_every_process_on_process_0s_clock(tmp_path: Any) -> None:
+    from caseledger.load.parts import merge
+    from caseledger.workspace import RunPaths, write_json
+
+    paths = RunPaths(tmp_path / "r-00000001")
+    parts = [paths.load_part(k) for k in range(2)]
+    anchors = [
+        {"wall_ns": 1_000_000, "mono_ns": 500, "boot_id": "a"},  # process 0: wall = mono + 999,500
+        {"wall_ns": 1_000_000, "mono_ns": 100, "boot_id": "b"},  # another boot: wall = mono + 999,900
+    ]
+    for part, anchor, recs in zip(parts, anchors, [[_rec(0, 1000), _rec(2, 3000)], [_rec(1, 1500)]], strict=True):
+        part.load_dir.mkdir(parents=True)
+        write_json(part.load_anchor, anchor)
+        part.raw.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b'{"torn')  # a killed writer's tail
+        part.load_sent.write_bytes(b"".join(b"%d\n" % r["i"] for r in recs))
+    got = merge(paths, parts, "digest")
+    recs = read_records(paths.raw).records
+    assert [(r["i"], r["send_ns"]) for r in recs] == [(0, 1000), (1, 1900), (2, 3000)]  # send order, one clock
+    assert recs[1]["chunk_ns"] == [1910, 1920] and recs[1]["end_ns"] == 1930
+    assert got.records == 3 and [p["shift_ns"] for p in got.per_part] == [0, 400]
+    assert paths.load_sent.read_bytes().count(b"\n") == 3
+    assert not paths.load_end.exists()  # no end file of either process: the merged load has none either
