@@ -29,12 +29,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+PointStatus = Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
+
+
 class PointRow(_Model):
     """One point of a campaign: what it measured over its valid runs."""
 
     label: str = Field(description="Its axis values, e.g. 'C=8' or '-np=2 C=8'")
     case_id: str = Field(description="The point's frozen case")
-    status: Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"] = Field(
+    status: PointStatus = Field(
         description="measured: has valid runs; running; queued: the planner runs it next; pending: the search may "
         "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
         "not_needed: the answer does not depend on it"
@@ -325,73 +328,13 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     pl, obs, extra, mine = current_plan(ws, camp)
     d = camp.decision
     higher = METRICS[d.primary_metric].higher_is_better
-    queued = dict(pl.next)
     complete = not pl.next and not any(o.active for o in obs)
-    rows: list[PointRow] = []
-    for o in obs:
-        e = extra[o.case_id]
-        status: Any
-        if o.active:
-            status, why = "running", None
-        elif o.case_id in queued:
-            status, why = "queued", queued[o.case_id]
-        elif o.case_id in pl.given_up:
-            status, why = "given_up", pl.given_up[o.case_id]
-        elif o.runs:
-            status, why = "measured", None
-        elif o.case_id in pl.skipped:
-            status, why = "skipped", pl.skipped[o.case_id]
-        elif o.case_id in pl.pending and not complete:
-            status, why = "pending", pl.pending[o.case_id]
-        else:
-            status, why = "not_needed", "the answer does not depend on it"
-        limits = {}
-        for name, lo in o.limits.items():
-            if lo.mean is None:
-                continue
-            met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
-            settled = "" if lo.settled else ", within noise"
-            limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
-        rtr = (
-            f"±{o.spread_rel:.1%} over {o.runs} runs"
-            if o.spread_rel is not None
-            else ("unknown (1 run)" if o.runs == 1 else "unknown")
-        )
-        rows.append(
-            PointRow(
-                label=o.label,
-                case_id=o.case_id,
-                status=status,
-                why=why,
-                runs=o.runs,
-                metric_mean=o.mean,
-                noise_rel=o.noise_rel if o.runs else None,
-                run_to_run=rtr,
-                limits=limits,
-                meets=o.meets,
-                requests=e.requests,
-                per_user_tok_s=e.per_user,
-                per_card_tok_s=e.per_card,
-                run_ids=e.run_ids,
-            )
-        )
+    rows = [_row(o, extra[o.case_id], *_status(o, pl, complete)) for o in obs]
     front = _pareto(rows)
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
     alive = driver_alive(ws, campaign_id)
-    progress = _progress(ws, camp, rows, mine)
-    if complete:
-        nxt = (
-            "nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
-            "re-decides it with no request sent"
-        )
-    elif not alive:
-        nxt = f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
-    elif auth == "paused":
-        nxt = "caseledger authorize auto: while paused no new point starts"
-    else:
-        nxt = f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
     return CampaignView(
         campaign_id=campaign_id,
         name=camp.name,
@@ -407,12 +350,74 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         tie=tie,
         pareto=[r.label for r in rows if r.pareto],
         notes=pl.notes,
-        progress=progress,
+        progress=_progress(ws, camp, rows, mine),
         driver_alive=alive,
         authorization=auth,
         waiting=waiting_on(ws, campaign_id) if alive else None,
-        next_call=nxt,
+        next_call=_next_call(campaign_id, pl, complete, alive, auth),
     )
+
+
+def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[PointStatus, str | None]:
+    """A point's status and why, in the order that wins: running, queued, given up, measured, skipped, pending."""
+    queued = dict(pl.next)
+    if o.active:
+        return "running", None
+    if o.case_id in queued:
+        return "queued", queued[o.case_id]
+    if o.case_id in pl.given_up:
+        return "given_up", pl.given_up[o.case_id]
+    if o.runs:
+        return "measured", None
+    if o.case_id in pl.skipped:
+        return "skipped", pl.skipped[o.case_id]
+    if o.case_id in pl.pending and not complete:
+        return "pending", pl.pending[o.case_id]
+    return "not_needed", "the answer does not depend on it"
+
+
+def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -> PointRow:
+    limits = {}
+    for name, lo in o.limits.items():
+        if lo.mean is None:
+            continue
+        met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
+        settled = "" if lo.settled else ", within noise"
+        limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
+    rtr = (
+        f"±{o.spread_rel:.1%} over {o.runs} runs"
+        if o.spread_rel is not None
+        else ("unknown (1 run)" if o.runs == 1 else "unknown")
+    )
+    return PointRow(
+        label=o.label,
+        case_id=o.case_id,
+        status=status,
+        why=why,
+        runs=o.runs,
+        metric_mean=o.mean,
+        noise_rel=o.noise_rel if o.runs else None,
+        run_to_run=rtr,
+        limits=limits,
+        meets=o.meets,
+        requests=e.requests,
+        per_user_tok_s=e.per_user,
+        per_card_tok_s=e.per_card,
+        run_ids=e.run_ids,
+    )
+
+
+def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, auth: str) -> str:
+    if complete:
+        return (
+            "nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
+            "re-decides it with no request sent"
+        )
+    if not alive:
+        return f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
+    if auth == "paused":
+        return "caseledger authorize auto: while paused no new point starts"
+    return f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
 
 
 def _answer(
