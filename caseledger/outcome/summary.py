@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger import datasets, redact
 from caseledger.case.metrics import LIMITS, METRICS
-from caseledger.case.model import Case
+from caseledger.case.model import Case, Decision
 from caseledger.case.plan import Phase, argv_change, delta, flatten
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseledgerError, NotFound
@@ -607,71 +607,18 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         )
     metas = [m for m in metas if m.case_id in cases]
     first_run = {m.case_id: i for i, m in reversed(list(enumerate(metas)))}
-    base_id = next(
-        (
-            m.case_id
-            for m in reversed(metas)
-            if m.decision == "baseline"
-            and (dec := _decision_of(ws, m.run_id)) is not None
-            and dec.outcome == "baseline"
-        ),
-        None,
-    )
-    if base_id is None:
-        named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
-        roots = sorted(
-            (cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
-            key=lambda cid: first_run.get(cid, len(metas)),
-        )
-        base_id = named[0] if named else (roots[0] if roots else min(cases, key=lambda cid: first_run.get(cid, 0)))
+    base_id = _baseline_id(ws, cases, metas, first_run)
     base = cases[base_id]
     d = base.decision
     window, metric = d.window, d.primary_metric
     changes = {cid: _changes(base, c) for cid, c in cases.items()}
     paths = {p for cid, ch in changes.items() if cid != base_id for p, _, _ in ch}
     swept = next(iter(paths)) if len(paths) == 1 else None
-    rows: list[ScenarioRow] = []
-    for cid, case in cases.items():
-        own = [m for m in metas if m.case_id == cid]
-        good = rd.valid_ids(own, cid, window)
-        rid = good[0] if good else (own[-1].run_id if own else None)
-        result = rd.result(rid) if rid else None
-        state = (own[-1].state or "unknown") if own else "not run"  # the index folds live runs at every read
-        dec = _decision_of(ws, rid) if rid else None
-        if rid and result is not None and dec is not None and dec.outcome != "baseline":
-            dec = current_decision(load_run(ws, rid), result, rd)  # against the baseline's results now, never stale
-        value = flatten(case.canonical()).get(swept) if swept else None
-        w = result.windows.of(window) if result is not None else None
-        pcts = {name: window_stat(w, name) if w is not None else None for name in LIMITS}  # ScenarioRow's fields
-        shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
-        rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
-        rows.append(
-            ScenarioRow(
-                **rep,
-                requests=w.ok if w is not None and w.found else None,
-                case_id=cid,
-                change=(f"{_label(swept, value)} (baseline)" if swept else "baseline")
-                if cid == base_id
-                else shown or "(same)",
-                swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
-                run_id=rid,
-                runs=len(good),
-                state=state,
-                metric=window_stat(w, metric) if w is not None else None,
-                **pcts,
-                limits=limit_verdicts(case, result),
-                decision=dec.outcome if dec else None,
-                settle=dec.settle if dec else None,
-                best=False,
-            )
-        )
-    higher = METRICS[metric].higher_is_better
-    eligible = [
-        r
-        for r in rows
-        if r.decision in ("keep", "baseline") and r.metric is not None and all(v.verdict == "meets" for v in r.limits)
+    rows = [
+        _scenario_row(ws, rd, cid, case, [m for m in metas if m.case_id == cid], changes[cid], cid == base_id, swept, d)
+        for cid, case in cases.items()
     ]
-    best = max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
+    best = _best(rows, metric)
     rows = [r.model_copy(update={"best": best is not None and r.case_id == best.case_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
@@ -686,6 +633,84 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         best_case=best.case_id if best else None,
         decisions=DECISION_WORDS,
     )
+
+
+def _baseline_id(ws: Workspace, cases: dict[str, Case], metas: list[RunRow], first_run: dict[str, int]) -> str:
+    """The scenario's baseline: the case of the latest run decided as baseline; else the case the decisions name;
+    else the first-run root of the lineage."""
+    base_id = next(
+        (
+            m.case_id
+            for m in reversed(metas)
+            if m.decision == "baseline"
+            and (dec := _decision_of(ws, m.run_id)) is not None
+            and dec.outcome == "baseline"
+        ),
+        None,
+    )
+    if base_id is not None:
+        return base_id
+    named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
+    roots = sorted(
+        (cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
+        key=lambda cid: first_run.get(cid, len(metas)),
+    )
+    return named[0] if named else (roots[0] if roots else min(cases, key=lambda cid: first_run.get(cid, 0)))
+
+
+def _scenario_row(
+    ws: Workspace,
+    rd: Reader,
+    cid: str,
+    case: Case,
+    own: list[RunRow],
+    changes: list[tuple[str, Any, Any]],
+    is_base: bool,
+    swept: str | None,
+    d: Decision,
+) -> ScenarioRow:
+    """One case's row: its latest valid run (else its latest run), figures on the baseline's decision window and
+    metric (d), the decision against the baseline's results now."""
+    window, metric = d.window, d.primary_metric
+    good = rd.valid_ids(own, cid, window)
+    rid = good[0] if good else (own[-1].run_id if own else None)
+    result = rd.result(rid) if rid else None
+    state = (own[-1].state or "unknown") if own else "not run"  # the index folds live runs at every read
+    dec = _decision_of(ws, rid) if rid else None
+    if rid and result is not None and dec is not None and dec.outcome != "baseline":
+        dec = current_decision(load_run(ws, rid), result, rd)  # against the baseline's results now, never stale
+    value = flatten(case.canonical()).get(swept) if swept else None
+    w = result.windows.of(window) if result is not None else None
+    pcts = {name: window_stat(w, name) if w is not None else None for name in LIMITS}  # ScenarioRow's fields
+    shown = ",".join(_label(p, v, old) for p, v, old in changes)
+    rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
+    return ScenarioRow(
+        **rep,
+        requests=w.ok if w is not None and w.found else None,
+        case_id=cid,
+        change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if is_base else shown or "(same)",
+        swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
+        run_id=rid,
+        runs=len(good),
+        state=state,
+        metric=window_stat(w, metric) if w is not None else None,
+        **pcts,
+        limits=limit_verdicts(case, result),
+        decision=dec.outcome if dec else None,
+        settle=dec.settle if dec else None,
+        best=False,
+    )
+
+
+def _best(rows: list[ScenarioRow], metric: str) -> ScenarioRow | None:
+    """The best kept (or baseline) row that meets every limit, by the metric in its direction."""
+    higher = METRICS[metric].higher_is_better
+    eligible = [
+        r
+        for r in rows
+        if r.decision in ("keep", "baseline") and r.metric is not None and all(v.verdict == "meets" for v in r.limits)
+    ]
+    return max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
 
 
 def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> dict[str, Any]:
