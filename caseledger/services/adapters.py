@@ -30,6 +30,8 @@ from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.services import remote
 from caseledger.services.identity import (
+    DeclaredFile,
+    ModelFile,
     Unit,
     case_env,
     compare_argv,
@@ -45,11 +47,13 @@ from caseledger.services.identity import (
 from caseledger.services.live import (
     HealthWait,
     ProcView,
+    ServiceState,
     effective_problem,
     health_ok,
     live_service,
     local_view,
     owner_problem,
+    read_state,
     remote_view,
     state_path,
     terminate,
@@ -58,7 +62,6 @@ from caseledger.services.live import (
 from caseledger.workspace import (
     Workspace,
     canonical_json,
-    read_json_or_none,
     sha256_bytes,
     utc_now,
     write_json,
@@ -122,7 +125,7 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     return _start_local(ws, case, u, key, case_id, want, intended, files, defines)
 
 
-def _refuse_changed_files(u: Unit, defines: list[dict[str, Any]]) -> None:
+def _refuse_changed_files(u: Unit, defines: list[DeclaredFile]) -> None:
     """Fail before any start when a declared file's bytes on disk are not the ones the case pins."""
     bad = next((f for f in defines if "disk_sha256" in f), None)
     if bad is not None:
@@ -135,7 +138,7 @@ def _refuse_changed_files(u: Unit, defines: list[dict[str, Any]]) -> None:
 
 
 def _reuse(
-    live: dict[str, Any], case: Case, u: Unit, want: str, intended: list[str], files: list[dict[str, Any]]
+    live: ServiceState, case: Case, u: Unit, want: str, intended: list[str], files: list[ModelFile]
 ) -> ServiceRecord | None:
     """The evidence of keeping a live process that has the wanted identity, or None when it no longer verifies."""
     problem, eff = verify(live, case, u)
@@ -146,8 +149,8 @@ def _reuse(
         identity=want,
         intended_argv=intended,
         effective_argv=eff,
-        model_files=files,
-        pid=live["proc"]["pid"],
+        model_files=[dict(f) for f in files],
+        pid=(live.get("proc") or {})["pid"],  # a live service: its proc is recorded
         starts=live.get("starts", 1),
         **_effective_evidence(live),
         verified_by="live process cmdline + health",
@@ -155,7 +158,7 @@ def _reuse(
     )
 
 
-def _clear_target(live: dict[str, Any] | None, u: Unit) -> None:
+def _clear_target(live: ServiceState | None, u: Unit) -> None:
     """Stop the previous service caseledger started here; refuse when a process it did not start answers health."""
     if live:
         try:
@@ -178,14 +181,14 @@ def _start_local(
     case_id: str,
     want: str,
     intended: list[str],
-    files: list[dict[str, Any]],
-    defines: list[dict[str, Any]],
+    files: list[ModelFile],
+    defines: list[DeclaredFile],
 ) -> ServiceRecord:
     """Launch a process on this host, wait for its health, then check it is ours and runs the case's identity."""
     env, shown_env = resolve_env(case, u)
     log = ws.services_dir / f"{key}.log"
     p = _popen(ws, u, intended, env, log)
-    ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+    ref: procs.ProcRef = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
     state = _record_start(
         ws,
         key,
@@ -196,10 +199,12 @@ def _start_local(
         intended,
         shown_env,
         str(log),
-        model_files=files,
-        files=defines,
-        cwd=str(ws.root),
-        env_sha256={k: value_hash(v) for k, v in env.items() if k in u.env},
+        {
+            "model_files": files,
+            "files": defines,
+            "cwd": str(ws.root),
+            "env_sha256": {k: value_hash(v) for k, v in env.items() if k in u.env},
+        },
     )
     _wait_local_health(p, u, log, ref)
     problem = owner_problem(case, u, p.pid)
@@ -218,7 +223,7 @@ def _start_local(
         identity=want,
         intended_argv=intended,
         effective_argv=eff,
-        model_files=files,
+        model_files=[dict(f) for f in files],
         pid=p.pid,
         starts=state["starts"],
         **_effective_evidence(state),
@@ -250,7 +255,7 @@ def _popen(ws: Workspace, u: Unit, intended: list[str], env: dict[str, str], log
             ) from None
 
 
-def _wait_local_health(p: subprocess.Popen[bytes], u: Unit, log: Path, ref: dict[str, Any]) -> None:
+def _wait_local_health(p: subprocess.Popen[bytes], u: Unit, log: Path, ref: procs.ProcRef) -> None:
     """Wait until health answers; fail (with the log's last line) when the process exits first or time runs out."""
     deadline = time.monotonic() + u.health_timeout_s
     with HealthWait(u.health_url) as health:
@@ -274,7 +279,7 @@ def _wait_local_health(p: subprocess.Popen[bytes], u: Unit, log: Path, ref: dict
     )
 
 
-def _effective_evidence(st: dict[str, Any]) -> dict[str, Any]:
+def _effective_evidence(st: ServiceState) -> dict[str, Any]:  # keyword arguments of a ServiceRecord
     """The effective identity a component's evidence shows besides its argv: declared files (hash, held), env
     value hashes, engine version. Nothing for the single-process form without declared files."""
     out: dict[str, Any] = {}
@@ -292,19 +297,20 @@ def _record_start(
     key: str,
     case: Case,
     case_id: str,
-    ref: dict[str, Any],
+    ref: procs.ProcRef,
     want: str,
     intended: list[str],
     shown_env: dict[str, str],
     log: str,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Record a service caseledger just started on the target (local or remote), counting starts."""
-    prev = read_json_or_none(state_path(ws, key)) or {}
-    state: dict[str, Any] = {
-        "adapter": case.service.adapter,
-        "proc": ref,
+    extra: ServiceState,
+) -> ServiceState:
+    """Record a service caseledger just started on the target (local or remote), counting starts; `extra` holds
+    what the form adds (files, env hashes, its working directory or SSH login)."""
+    prev = read_state(ws, key)
+    state: ServiceState = {
         **extra,
+        "adapter": case.service.adapter,
+        "proc": dict(ref),
         "identity": want,
         "intended_argv": intended,
         "env": shown_env,
@@ -318,7 +324,7 @@ def _record_start(
 
 
 def _confirm_argv(
-    ws: Workspace, key: str, state: dict[str, Any], eff: list[str], stop: Callable[[], object], where: str
+    ws: Workspace, key: str, state: ServiceState, eff: list[str], stop: Callable[[], object], where: str
 ) -> list[str]:
     """Record the effective argv read back from the live process; stop it and fail when it differs."""
     state["effective_argv"] = eff
@@ -337,7 +343,7 @@ def _confirm_argv(
 def _confirm_effective(
     ws: Workspace,
     key: str,
-    state: dict[str, Any],
+    state: ServiceState,
     u: Unit,
     pid: int,
     view: ProcView,
@@ -358,7 +364,7 @@ def _confirm_effective(
     write_json(state_path(ws, key), state)
 
 
-def _where(st: dict[str, Any]) -> dict[str, Any]:
+def _where(st: ServiceState) -> dict[str, Any]:  # keyword arguments of a ServiceRecord
     """Evidence of where a recorded service runs: nothing extra locally; host, login and host-key policy remotely."""
     if not st.get("ssh"):
         return {}
@@ -381,7 +387,7 @@ def _start_remote(
     case_id: str,
     want: str,
     intended: list[str],
-    defines: list[dict[str, Any]],
+    defines: list[DeclaredFile],
 ) -> ServiceRecord:
     """Launch a command-adapter process on ssh.host, wait for health, compare the effective argv."""
     _refuse_key_in_workspace(ws, ssh)
@@ -392,7 +398,7 @@ def _start_remote(
         pid, started = rem.launch(intended, env, log)
     except remote.RemoteError as e:
         raise PhaseFailed(f"cannot start the service: {e.message}", FailureClass.SERVICE, e.fix) from None
-    ref = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
+    ref: procs.ProcRef = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
     state = _record_start(
         ws,
         key,
@@ -403,9 +409,11 @@ def _start_remote(
         intended,
         shown_env,
         f"{ssh.user}@{ssh.host}:{log}",
-        ssh=ssh.model_dump(mode="json"),
-        files=defines,
-        env_sha256={k: value_hash(v) for k, v in env.items()},
+        {
+            "ssh": ssh.model_dump(mode="json"),
+            "files": defines,
+            "env_sha256": {k: value_hash(v) for k, v in env.items()},
+        },
     )
     _wait_remote_health(rem, ref, u, ssh, log, state["log"])
     eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
@@ -444,7 +452,7 @@ def _refuse_key_in_workspace(ws: Workspace, ssh: SSH) -> None:
         )
 
 
-def _wait_remote_health(rem: remote.Remote, ref: dict[str, Any], u: Unit, ssh: SSH, log: str, shown_log: str) -> None:
+def _wait_remote_health(rem: remote.Remote, ref: procs.ProcRef, u: Unit, ssh: SSH, log: str, shown_log: str) -> None:
     """Wait until health answers; fail when the remote process exits first (probed about once a second, each
     probe a remote exec) or time runs out, stopping it then."""
     deadline = time.monotonic() + u.health_timeout_s

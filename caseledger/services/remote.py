@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -148,7 +148,7 @@ async def _stat(conn: asyncssh.SSHClientConnection, pid: int) -> tuple[str, int]
     return _parse_stat(out) if status == 0 else None
 
 
-def _alive_from(stat: tuple[str, int] | None, ref: dict[str, Any]) -> bool:
+def _alive_from(stat: tuple[str, int] | None, ref: Mapping[str, Any]) -> bool:
     if stat is None or stat[0] == "Z":
         return False
     return ref.get("start_time") in (None, 0, stat[1])
@@ -199,7 +199,7 @@ async def cmdline_async(conn: asyncssh.SSHClientConnection, pid: int) -> list[st
     return [a.decode(errors="replace") for a in out.split(b"\0") if a]
 
 
-async def terminate_async(conn: asyncssh.SSHClientConnection, ref: dict[str, Any], grace_s: float) -> bool:
+async def terminate_async(conn: asyncssh.SSHClientConnection, ref: Mapping[str, Any], grace_s: float) -> bool:
     """TERM the process group (or the process), KILL after grace_s; one remote script, checked by start time."""
     polls = max(1, int(grace_s * 10))
     want = int(ref.get("start_time") or 0)
@@ -347,13 +347,13 @@ class Remote:
         stat = self._call(lambda conn: _stat(conn, pid))
         return stat[1] if stat else None
 
-    def alive(self, ref: dict[str, Any] | None) -> bool:
+    def alive(self, ref: Mapping[str, Any] | None) -> bool:
         """True when the referenced process runs on this host (same pid AND start time, not a zombie)."""
         if not ref or "pid" not in ref or ref.get("host") not in (None, self.ssh.host):
             return False
         return _alive_from(self._call(lambda conn: _stat(conn, int(ref["pid"]))), ref)
 
-    def terminate(self, ref: dict[str, Any], grace_s: float = 5.0) -> bool:
+    def terminate(self, ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
         """TERM then KILL; True when this call stopped it, False when it was already gone (or would not die)."""
         return self._call(lambda conn: terminate_async(conn, ref, grace_s), timeout_s=2 * grace_s + COMMAND_TIMEOUT_S)
 
