@@ -18,7 +18,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import anyio
 
@@ -222,7 +222,7 @@ async def terminate_async(conn: asyncssh.SSHClientConnection, ref: Mapping[str, 
     return out.strip() == b"stopped"
 
 
-async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[str]) -> dict[str, Any]:
+async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[str]) -> Probe:
     """What pid on the host maps and holds open, the (dev, inode) of each path, and its environment: one script.
     See parse_probe; environment values are returned to the caller to hash, never logged."""
     quoted_paths = " ".join(shlex.quote(x) for x in paths)
@@ -242,8 +242,16 @@ async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[
     return parse_probe(out.decode(errors="replace"), pid, paths)
 
 
-def parse_probe(text: str, pid: int, paths: list[str]) -> dict[str, Any]:
-    """{'held': [HeldFile...], 'stat': {path: [dev, inode, size, mtime] | None}, 'environ': {name: value}}."""
+class Probe(TypedDict):
+    """What one probe script read on the host about a process and some paths."""
+
+    held: list[procs.HeldFile]  # files it maps or holds open
+    stat: dict[str, list[int] | None]  # path -> [dev, inode, size, mtime], None when it cannot be read
+    environ: dict[str, str]  # its environment, for the caller to hash (never logged)
+
+
+def parse_probe(text: str, pid: int, paths: list[str]) -> Probe:
+    """The probe script's output, section by section (#maps, #fd, #stat, #env)."""
     part: dict[str, list[str]] = {"maps": [], "fd": [], "stat": [], "env": []}
     cur = None
     for line in text.split("\n"):
@@ -357,7 +365,7 @@ class Remote:
         """TERM then KILL; True when this call stopped it, False when it was already gone (or would not die)."""
         return self._call(lambda conn: terminate_async(conn, ref, grace_s), timeout_s=2 * grace_s + COMMAND_TIMEOUT_S)
 
-    def probe(self, pid: int, paths: list[str]) -> dict[str, Any]:
+    def probe(self, pid: int, paths: list[str]) -> Probe:
         """The held files, the paths' (dev, inode, size, mtime) and the environment of pid on the host."""
         return self._call(lambda conn: probe_async(conn, pid, paths))
 
