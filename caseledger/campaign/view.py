@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
+from caseledger.campaign.model import Scalar
 from caseledger.campaign.store import Campaign, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
@@ -23,6 +24,9 @@ from caseledger.ledger.state import RunState, fold
 from caseledger.metrics import Interval, Result, interval, latest_result
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
+
+if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
+    from caseledger.metrics._columns import F64
 
 
 class _Model(BaseModel):
@@ -147,7 +151,7 @@ def service_key(case: Case) -> str:
 
 
 def _observe_point(
-    ws: Workspace, camp: Campaign, label: str, values: dict[str, Any], case: Case, cid: str, metas: list[RunMeta]
+    ws: Workspace, camp: Campaign, label: str, values: dict[str, Scalar], case: Case, cid: str, metas: list[RunMeta]
 ) -> tuple[planner.PointObs, _Extra]:
     d = camp.decision
     window = d.window
@@ -181,7 +185,7 @@ def _observe_point(
     interval_rel: float | None = None
     limits: dict[str, planner.LimitObs] = {}
     requests = per_user = per_card = None
-    samples: dict[str, Any] = {}
+    samples: dict[str, F64] = {}
     if latest_valid is not None:
         rid, r = latest_valid
         w = r.windows.of(window)
@@ -215,7 +219,7 @@ def _observe_point(
     )
 
 
-def _half_width(limit: str, values: list[float], samples: dict[str, Any]) -> float | None:
+def _half_width(limit: str, values: list[float], samples: dict[str, F64]) -> float | None:
     """The bootstrap 95% half-width (ms) of a limited percentile over the latest valid run's requests: the same
     seeded bootstrap the decision metric's interval uses (metrics.interval); None for ITL (no per-request
     samples) or too few requests."""
@@ -287,6 +291,7 @@ def _pareto(rows: list[PointRow]) -> set[str]:
     return front
 
 
+# dict[str, Any]: CampaignView.progress, a JSON answer
 def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[RunMeta]) -> dict[str, Any]:
     since = started_at(ws, camp.campaign_id)
     starts, formal, last_end = 0, 0.0, since or 0.0
@@ -316,7 +321,7 @@ def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[Ru
     }
 
 
-def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:
+def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # the time ledger's JSON
     created = datetime.fromisoformat(m.created_utc.replace("Z", "+00:00")).timestamp() if m.created_utc else None
     wall = tl.get("run_wall_s")
     return created + float(wall) if created is not None and isinstance(wall, int | float) else None

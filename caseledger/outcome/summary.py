@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -42,6 +42,9 @@ from caseledger.outcome.decide import (
     limit_verdicts,
 )
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, sha256_bytes, write_json
+
+if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
+    from caseledger.metrics._columns import F64
 
 
 def load_result(run: Run) -> Any:
@@ -86,7 +89,7 @@ def _decision_of(ws: Workspace, run_id: str) -> DecisionRecord | None:
         return None
 
 
-def _figures_of(result: Result | None) -> dict[str, Any]:
+def _figures_of(result: Result | None) -> dict[str, Any]:  # the JSON kept in the index beside the run
     """What the lists read of a run's latest result without parsing it: per window whether it is valid, the
     decision metrics' values and the limits' figures (unrounded; None where NOT_OBSERVED)."""
     out: dict[str, Any] = {"has": result is not None}
@@ -109,14 +112,14 @@ class Reader:
         self.ws = ws
         self.idx = idx
         self._results: dict[str, Result | None] = {}
-        self._figures: dict[str, dict[str, Any]] = {}
+        self._figures: dict[str, dict[str, Any]] = {}  # run id -> its figures' JSON
 
     def result(self, run_id: str) -> Result | None:
         if run_id not in self._results:
             self._results[run_id] = latest_result(self.ws.run(run_id).root)
         return self._results[run_id]
 
-    def figures(self, row: RunRow) -> dict[str, Any]:
+    def figures(self, row: RunRow) -> dict[str, Any]:  # JSON from the index
         if row.run_id in self._figures:
             return self._figures[row.run_id]
         sig = f"{PROCESSOR_VERSION}:{row.sig}"
@@ -172,7 +175,7 @@ def baseline_of(run: Run, case: Case | None = None, reader: Reader | None = None
     return ref, None
 
 
-def decide_run(run: Run) -> dict[str, Any]:
+def decide_run(run: Run) -> dict[str, Any]:  # decision.json's body
     """The decide phase: the run's decision now, written with its reports (the evidence that decide is done)."""
     result = load_result(run)
     out: dict[str, Any] = current_decision(run, result).model_dump(mode="json")
@@ -240,7 +243,7 @@ def _ts(utc: str | None) -> float | None:
     return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
 
 
-def time_ledger(run: Run) -> dict[str, Any]:
+def time_ledger(run: Run) -> dict[str, Any]:  # a JSON section of report.json
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
     v = fold(run.workspace, run)
     phases: dict[str, Any] = {}
@@ -343,7 +346,7 @@ def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     )
 
 
-def report_meta(meta: RunMeta) -> dict[str, Any]:
+def report_meta(meta: RunMeta) -> dict[str, Any]:  # rows of the report's JSON
     """The header rows a reader of report.md needs from run.json (the rest is bookkeeping)."""
     keep = (
         "run_id",
@@ -713,6 +716,7 @@ def _best(rows: list[ScenarioRow], metric: str) -> ScenarioRow | None:
     return max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
 
 
+# dict[str, Any]: figures' JSON in; ScenarioRow kwargs out
 def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> dict[str, Any]:
     """A case's repeats (their figures in the index): the metric's mean and spread over its valid runs, and how
     often each limit was met."""
@@ -744,7 +748,7 @@ def scenario_next(view: ScenarioView) -> str:
     return "start_run(case_id=...) for a case without a run"
 
 
-def latency_samples(ws: Workspace, run_id: str) -> dict[str, Any]:
+def latency_samples(ws: Workspace, run_id: str) -> dict[str, F64]:
     """Per-request TTFT / TPOT / E2E (ms) of a run's successful requests, from its raw data ({} without)."""
     raw = ws.run(run_id).raw
     if not raw.is_file():
