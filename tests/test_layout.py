@@ -272,7 +272,8 @@ def test_public_surfaces_are_sorted_complete_and_resolve(pkg: str) -> None:
 
 
 # Functions a screen long: no function or method in caseledger/ over this many lines (decorators excluded, the
-# docstring included). Exceptions name file:function and say why; none is permanent.
+# docstring included). Exceptions name file:function and say why; none is permanent: drop an entry once its
+# function is split (a stale entry is not an error, so branches that split them merge in any order).
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS_ALLOWED = {
     "server/toolset.py:add_tools": "being split on another branch",
@@ -297,8 +298,6 @@ def test_no_function_is_over_eighty_lines() -> None:
     long = _long_functions(ROOT, MAX_FUNCTION_LINES)
     bad = [f for f in long if f.split(" ")[0] not in LONG_FUNCTIONS_ALLOWED]
     assert bad == [], f"split these along their seams (over {MAX_FUNCTION_LINES} lines): {bad}"
-    stale = sorted(set(LONG_FUNCTIONS_ALLOWED) - {f.split(" ")[0] for f in long})
-    assert stale == [], f"no longer over {MAX_FUNCTION_LINES} lines: drop them from LONG_FUNCTIONS_ALLOWED: {stale}"
 
 
 def test_the_long_function_finder_names_a_long_function(tmp_path: Path) -> None:
