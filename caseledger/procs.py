@@ -8,7 +8,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -50,7 +50,7 @@ def is_zombie(pid: int) -> bool:
 STOPPED_STATES = (b"T", b"t")  # stopped by a signal (SIGSTOP, SIGTSTP) or by a tracer
 
 
-def stopped(ref: dict[str, Any] | None) -> bool:
+def stopped(ref: Mapping[str, Any] | None) -> bool:
     """True when the referenced local process exists but is stopped: it holds its pid, ports and lease, and does
     no work at all. Alive is not the same as working."""
     if not alive(ref) or ref is None:
@@ -64,7 +64,7 @@ def me() -> ProcRef:
     return {"pid": pid, "start_time": start_time(pid) or 0, "host": socket.gethostname()}
 
 
-def alive(ref: dict[str, Any] | None) -> bool:
+def alive(ref: Mapping[str, Any] | None) -> bool:
     """True when the referenced process still runs (same pid AND same start time, not a zombie)."""
     if not ref or "pid" not in ref:
         return False
@@ -76,7 +76,7 @@ def alive(ref: dict[str, Any] | None) -> bool:
     return ref.get("start_time") in (None, 0, st)
 
 
-def elsewhere(ref: dict[str, Any] | None) -> str | None:
+def elsewhere(ref: Mapping[str, Any] | None) -> str | None:
     """The other host a process ref names (only a question over SSH there can tell whether it runs), or None;
     None too once it was seen gone there ('gone_utc')."""
     if not ref or "pid" not in ref or ref.get("host") in (None, socket.gethostname()) or "gone_utc" in ref:
@@ -230,7 +230,7 @@ def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
     return False, {p for p in _pids() if _holds(p, inodes)}
 
 
-def terminate(ref: dict[str, Any], grace_s: float = 5.0) -> bool:
+def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
     """SIGTERM the process group (or the process), then SIGKILL after the grace period."""
     if not alive(ref):
         return False

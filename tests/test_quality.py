@@ -15,10 +15,17 @@ import caseledger
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_public_all_is_sorted_and_resolves() -> None:
+def test_public_all_is_sorted_complete_and_resolves() -> None:
+    import importlib
+
     assert caseledger.__all__ == sorted(caseledger.__all__)
-    for name in caseledger.__all__:
-        assert getattr(caseledger, name) is not None
+    lazy = caseledger._LAZY  # the names the package resolves on first use
+    assert set(caseledger.__all__) == set(lazy) | {"__version__"}, set(caseledger.__all__) ^ (
+        set(lazy) | {"__version__"}
+    )
+    for name, home in lazy.items():  # each is the very object of the module it names
+        assert getattr(caseledger, name) is getattr(importlib.import_module(home), name), name
+    assert isinstance(caseledger.__version__, str) and caseledger.__version__
     import caseledger.tools as tools
 
     assert tools.__all__ == sorted(tools.__all__)

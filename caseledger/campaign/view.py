@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
+from caseledger.campaign.model import Scalar
 from caseledger.campaign.store import Campaign, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
@@ -24,9 +25,15 @@ from caseledger.metrics import Interval, Result, interval, latest_result
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
 
+if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
+    from caseledger.metrics._columns import F64
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+PointStatus = Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
 
 
 class PointRow(_Model):
@@ -34,7 +41,7 @@ class PointRow(_Model):
 
     label: str = Field(description="Its axis values, e.g. 'C=8' or '-np=2 C=8'")
     case_id: str = Field(description="The point's frozen case")
-    status: Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"] = Field(
+    status: PointStatus = Field(
         description="measured: has valid runs; running; queued: the planner runs it next; pending: the search may "
         "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
         "not_needed: the answer does not depend on it"
@@ -144,7 +151,7 @@ def service_key(case: Case) -> str:
 
 
 def _observe_point(
-    ws: Workspace, camp: Campaign, label: str, values: dict[str, Any], case: Case, cid: str, metas: list[RunMeta]
+    ws: Workspace, camp: Campaign, label: str, values: dict[str, Scalar], case: Case, cid: str, metas: list[RunMeta]
 ) -> tuple[planner.PointObs, _Extra]:
     d = camp.decision
     window = d.window
@@ -178,7 +185,7 @@ def _observe_point(
     interval_rel: float | None = None
     limits: dict[str, planner.LimitObs] = {}
     requests = per_user = per_card = None
-    samples: dict[str, Any] = {}
+    samples: dict[str, F64] = {}
     if latest_valid is not None:
         rid, r = latest_valid
         w = r.windows.of(window)
@@ -212,7 +219,7 @@ def _observe_point(
     )
 
 
-def _half_width(limit: str, values: list[float], samples: dict[str, Any]) -> float | None:
+def _half_width(limit: str, values: list[float], samples: dict[str, F64]) -> float | None:
     """The bootstrap 95% half-width (ms) of a limited percentile over the latest valid run's requests: the same
     seeded bootstrap the decision metric's interval uses (metrics.interval); None for ITL (no per-request
     samples) or too few requests."""
@@ -284,6 +291,7 @@ def _pareto(rows: list[PointRow]) -> set[str]:
     return front
 
 
+# dict[str, Any]: CampaignView.progress, a JSON answer
 def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[RunMeta]) -> dict[str, Any]:
     since = started_at(ws, camp.campaign_id)
     starts, formal, last_end = 0, 0.0, since or 0.0
@@ -313,7 +321,7 @@ def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[Ru
     }
 
 
-def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:
+def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # the time ledger's JSON
     created = datetime.fromisoformat(m.created_utc.replace("Z", "+00:00")).timestamp() if m.created_utc else None
     wall = tl.get("run_wall_s")
     return created + float(wall) if created is not None and isinstance(wall, int | float) else None
@@ -325,73 +333,13 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     pl, obs, extra, mine = current_plan(ws, camp)
     d = camp.decision
     higher = METRICS[d.primary_metric].higher_is_better
-    queued = dict(pl.next)
     complete = not pl.next and not any(o.active for o in obs)
-    rows: list[PointRow] = []
-    for o in obs:
-        e = extra[o.case_id]
-        status: Any
-        if o.active:
-            status, why = "running", None
-        elif o.case_id in queued:
-            status, why = "queued", queued[o.case_id]
-        elif o.case_id in pl.given_up:
-            status, why = "given_up", pl.given_up[o.case_id]
-        elif o.runs:
-            status, why = "measured", None
-        elif o.case_id in pl.skipped:
-            status, why = "skipped", pl.skipped[o.case_id]
-        elif o.case_id in pl.pending and not complete:
-            status, why = "pending", pl.pending[o.case_id]
-        else:
-            status, why = "not_needed", "the answer does not depend on it"
-        limits = {}
-        for name, lo in o.limits.items():
-            if lo.mean is None:
-                continue
-            met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
-            settled = "" if lo.settled else ", within noise"
-            limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
-        rtr = (
-            f"±{o.spread_rel:.1%} over {o.runs} runs"
-            if o.spread_rel is not None
-            else ("unknown (1 run)" if o.runs == 1 else "unknown")
-        )
-        rows.append(
-            PointRow(
-                label=o.label,
-                case_id=o.case_id,
-                status=status,
-                why=why,
-                runs=o.runs,
-                metric_mean=o.mean,
-                noise_rel=o.noise_rel if o.runs else None,
-                run_to_run=rtr,
-                limits=limits,
-                meets=o.meets,
-                requests=e.requests,
-                per_user_tok_s=e.per_user,
-                per_card_tok_s=e.per_card,
-                run_ids=e.run_ids,
-            )
-        )
+    rows = [_row(o, extra[o.case_id], *_status(o, pl, complete)) for o in obs]
     front = _pareto(rows)
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
     alive = driver_alive(ws, campaign_id)
-    progress = _progress(ws, camp, rows, mine)
-    if complete:
-        nxt = (
-            "nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
-            "re-decides it with no request sent"
-        )
-    elif not alive:
-        nxt = f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
-    elif auth == "paused":
-        nxt = "caseledger authorize auto: while paused no new point starts"
-    else:
-        nxt = f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
     return CampaignView(
         campaign_id=campaign_id,
         name=camp.name,
@@ -407,12 +355,74 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         tie=tie,
         pareto=[r.label for r in rows if r.pareto],
         notes=pl.notes,
-        progress=progress,
+        progress=_progress(ws, camp, rows, mine),
         driver_alive=alive,
         authorization=auth,
         waiting=waiting_on(ws, campaign_id) if alive else None,
-        next_call=nxt,
+        next_call=_next_call(campaign_id, pl, complete, alive, auth),
     )
+
+
+def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[PointStatus, str | None]:
+    """A point's status and why, in the order that wins: running, queued, given up, measured, skipped, pending."""
+    queued = dict(pl.next)
+    if o.active:
+        return "running", None
+    if o.case_id in queued:
+        return "queued", queued[o.case_id]
+    if o.case_id in pl.given_up:
+        return "given_up", pl.given_up[o.case_id]
+    if o.runs:
+        return "measured", None
+    if o.case_id in pl.skipped:
+        return "skipped", pl.skipped[o.case_id]
+    if o.case_id in pl.pending and not complete:
+        return "pending", pl.pending[o.case_id]
+    return "not_needed", "the answer does not depend on it"
+
+
+def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -> PointRow:
+    limits = {}
+    for name, lo in o.limits.items():
+        if lo.mean is None:
+            continue
+        met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
+        settled = "" if lo.settled else ", within noise"
+        limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
+    rtr = (
+        f"±{o.spread_rel:.1%} over {o.runs} runs"
+        if o.spread_rel is not None
+        else ("unknown (1 run)" if o.runs == 1 else "unknown")
+    )
+    return PointRow(
+        label=o.label,
+        case_id=o.case_id,
+        status=status,
+        why=why,
+        runs=o.runs,
+        metric_mean=o.mean,
+        noise_rel=o.noise_rel if o.runs else None,
+        run_to_run=rtr,
+        limits=limits,
+        meets=o.meets,
+        requests=e.requests,
+        per_user_tok_s=e.per_user,
+        per_card_tok_s=e.per_card,
+        run_ids=e.run_ids,
+    )
+
+
+def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, auth: str) -> str:
+    if complete:
+        return (
+            "nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
+            "re-decides it with no request sent"
+        )
+    if not alive:
+        return f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
+    if auth == "paused":
+        return "caseledger authorize auto: while paused no new point starts"
+    return f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
 
 
 def _answer(

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
-from caseledger.case.model import Case, LengthDistribution
+from caseledger.case.model import Case, Dataset, LengthDistribution
 from caseledger.datasets import lengths as _lengths
 from caseledger.datasets import tokenizers as _tokenizer
 from caseledger.datasets import trace as _trace
@@ -269,13 +269,13 @@ def session_turns(case: Case) -> list[int]:
     return turns
 
 
-def _think_times(ds: Any, n: int) -> list[float]:
+def _think_times(ds: Dataset, n: int) -> list[float]:
     """The wait before each entry's turn, seconds (the first turn of a conversation waits none)."""
-    think = ds.sessions.think_time_ms
+    think = _required(ds.sessions, "dataset.sessions").think_time_ms
     if isinstance(think, int):
         return [think / 1000.0] * n
     _lengths.check(think, "dataset.sessions.think_time_ms")
-    return [t / 1000.0 for t in _lengths.sample(think, n, int(ds.seed), "think")]
+    return [t / 1000.0 for t in _lengths.sample(think, n, ds.seed, "think")]
 
 
 def _annotate_sessions(case: Case, path: Path) -> SessionsInfo:
@@ -532,10 +532,25 @@ class _Layout:
     salt: SaltSlot
 
 
-def _layout(ds: Any, tok: _Tok, table: _Words, key: str, shortest: int) -> _Layout:
+_T = TypeVar("_T")
+
+
+def _required(value: _T | None, field: str) -> _T:
+    """A field the case validators guarantee for this source; a clear error if a caller skipped them."""
+    if value is None:
+        raise CaseInvalid(f"{field} is not set", f"give {field} in the case, then freeze_case it again")
+    return value
+
+
+def _entries(ds: Dataset) -> int:
+    """dataset.entries of a frozen case (freezing fills a null one from load.requests)."""
+    return _required(ds.entries, "dataset.entries")
+
+
+def _layout(ds: Dataset, tok: _Tok, table: _Words, key: str, shortest: int) -> _Layout:
     """shortest: the shortest entry's input tokens (the prefix must fit every entry: with drawn lengths the
     prefix is sized on the shortest, and longer entries expect a lower hit ratio, reported as below target)."""
-    n, groups = int(ds.entries), int(ds.prefix_groups) if ds.source == "prefix_cache" else 1
+    n, groups = _entries(ds), int(ds.prefix_groups) if ds.source == "prefix_cache" else 1
     head = tok.count_batch([tok.head])[0] if tok.head else 0
     probe = _join(_draw(f"{key}/probe", 64, table, None), False)
     overhead = len(tok.chat_batch([probe])[0]) - tok.count_batch([probe])[0]
@@ -586,32 +601,32 @@ def _suffixes(key: str, lo: int, hi: int, tokens: Sequence[int], table: _Words, 
     return out
 
 
-def drawn_lengths(ds: Any) -> tuple[list[int], list[int]]:
+def drawn_lengths(ds: Dataset) -> tuple[list[int], list[int]]:
     """Each entry's input (body) and output tokens: the fixed values, or drawn from their distributions."""
-    n = int(ds.entries)
+    n = _entries(ds)
     ins = (
         [ds.input_tokens] * n
         if isinstance(ds.input_tokens, int)
-        else _lengths.sample(ds.input_tokens, n, int(ds.seed), "input")
+        else _lengths.sample(ds.input_tokens, n, ds.seed, "input")
     )
     outs = (
         [ds.output_tokens] * n
         if isinstance(ds.output_tokens, int)
-        else _lengths.sample(ds.output_tokens, n, int(ds.seed), "output")
+        else _lengths.sample(ds.output_tokens, n, ds.seed, "output")
     )
     return ins, outs
 
 
-def _generate_constructed(ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
+def _generate_constructed(ds: Dataset, tok: _Tok, name: str, path: Path) -> _Result:
     """synthetic and prefix_cache: shared prefix per group + salt slot + unique suffix, exact lengths."""
-    n, block = int(ds.entries), int(ds.block_size)
+    n, block = _entries(ds), int(ds.block_size)
     ins, outs = drawn_lengths(ds)
     key = f"caseledger/{GENERATOR_VERSION}/{ds.seed}"
     table = _words_for(tok, name)
     lay = _layout(ds, tok, table, key, min(ins))
     plan, groups = lay.plan, len(lay.prefixes)
     sufn = [L - plan.prefix_tokens - plan.salt_k for L in ins]  # unique tokens per entry (plan.suffix_tokens: shortest)
-    sample = _sample(n, groups, int(ds.seed))
+    sample = _sample(n, groups, ds.seed)
     kept: dict[int, str] = {}  # suffixes of the sampled entries, for the boundary check
 
     # Composed pass: the prefix was tokenized once; each suffix is tokenized alone (and fixed if needed).
@@ -697,10 +712,12 @@ def _check_salt(salted: int, body: int, name: str) -> None:
         )
 
 
-def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
+def _read_prompts(ws: Workspace, ds: Dataset) -> tuple[list[tuple[str, int]], str]:
     """file: the first dataset.entries (prompt, output_tokens) of the JSONL, and the file's sha256."""
     raw = _trace.read_source(
-        ws, ds.path, 'put a JSONL file of {"prompt": ...} lines inside the workspace and give its relative path'
+        ws,
+        _required(ds.path, "dataset.path"),
+        'put a JSONL file of {"prompt": ...} lines inside the workspace and give its relative path',
     )
     rows: list[tuple[str, int]] = []
     for no, line in enumerate(raw.splitlines(), 1):
@@ -721,9 +738,9 @@ def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
                 "fix that line of the file",
             )
         rows.append((prompt, out))
-        if len(rows) == ds.entries:
+        if len(rows) == _entries(ds):
             break
-    if len(rows) < ds.entries:
+    if len(rows) < _entries(ds):
         raise CaseInvalid(
             f"dataset.path '{ds.path}' has {len(rows)} prompts but dataset.entries is {ds.entries} "
             "(one entry per formal request)",
@@ -732,7 +749,7 @@ def _read_prompts(ws: Workspace, ds: Any) -> tuple[list[tuple[str, int]], str]:
     return rows, sha256_bytes(raw)
 
 
-def _generate_file(rows: list[tuple[str, int]], source_sha256: str, ds: Any, tok: _Tok, path: Path) -> _Result:
+def _generate_file(rows: list[tuple[str, int]], source_sha256: str, ds: Dataset, tok: _Tok, path: Path) -> _Result:
     """file: the prompts as is, each encoded whole (alone and with the chat template); no salt slot."""
     head = len(tok.encode_batch([tok.head])[0]) if tok.head else 0
     cached = head // ds.block_size * ds.block_size
@@ -803,7 +820,7 @@ def _trace_layout(rows: list[_trace.TraceRow], block: int, fixed: int, path: str
     return out
 
 
-def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path) -> _Result:
+def _generate_trace(tr: _trace.Trace, ds: Dataset, tok: _Tok, name: str, path: Path) -> _Result:
     """trace: first word + salt slot (one per run) + the row's hash-id blocks + a unique tail, exact lengths.
 
     The first word and the slot lead every prompt, so the run's salt keeps one run's prompts apart from the
@@ -848,7 +865,7 @@ def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path)
         bodies.append(("".join(blocks) + tail, "".join(blocks[: e.seen])))
     # composed counts, checked on a sample by whole encodes; a tokenizer whose merges cross the pieces gets
     # every entry encoded whole and its shared prefix from the ids it really shares
-    sample = _sample(len(lay), 1, int(ds.seed))
+    sample = _sample(len(lay), 1, ds.seed)
     whole = [(lead + bodies[i][0]) for i in sample]
     composed = all(
         len(c) == lay[i].row.input_length + overhead and b == lay[i].row.input_length
@@ -870,13 +887,13 @@ def _generate_trace(tr: _trace.Trace, ds: Any, tok: _Tok, name: str, path: Path)
         entry["shared_blocks"] = e.seen
         w.add(entry)
     w.close()
-    method: Any = "composed" if composed else "full"
+    method: Literal["composed", "full"] = "composed" if composed else "full"
     return _Result(
         w.acc, Counting(method=method, checked=sample if composed else list(range(len(lay)))), salt, tr.sha256
     )
 
 
-def _trace_info(tr: _trace.Trace, ds: Any, acc: _Acc, path: Path) -> TraceInfo:
+def _trace_info(tr: _trace.Trace, ds: Dataset, acc: _Acc, path: Path) -> TraceInfo:
     shared = 0
     ids: set[int] = set()
     with path.open("rb") as f:
@@ -914,7 +931,7 @@ def _int_stats(xs: list[int]) -> IntStats:
     return IntStats(min=min(xs), max=max(xs), mean=sum(xs) / len(xs))
 
 
-def _below(acc: _Acc, target: Fraction, ds: Any) -> BelowTarget:
+def _below(acc: _Acc, target: Fraction, ds: Dataset) -> BelowTarget:
     idx = [i for i, (c, t) in enumerate(zip(acc.cached, acc.chat, strict=True)) if not _meets(c, t, target)]
     if not idx or target == 0:
         return BelowTarget(count=0, first=[], message=None)

@@ -41,7 +41,7 @@ class ServiceRecord(BaseModel):
     plan: str | None = Field(None, description="What the run's plan said for the service phase")
     intended_argv: list[str] | None = None
     effective_argv: list[str] | None = Field(None, description="The argv read back from the live process")
-    model_files: list[dict[str, Any]] | None = None
+    model_files: list[dict[str, Any]] | None = None  # services.identity.ModelFile rows, as JSON
     pid: int | None = None
     starts: int | None = Field(None, description="Processes started on this target key so far")
     files: list[FileEvidence] | None = None
@@ -50,17 +50,17 @@ class ServiceRecord(BaseModel):
     env: dict[str, str] | None = Field(None, description="The environment shown (secrets masked)")
     verified_by: str | None = None
     host: str | None = Field(None, description="The remote host (unset: this host)")
-    ssh: dict[str, Any] | None = None
+    ssh: dict[str, Any] | None = None  # the SSH login as JSON (read back from any version's record)
     host_key: str | None = None
     live_identity: str | None = Field(None, description="External: hash of what the endpoints answer")
-    endpoints: list[dict[str, Any]] | None = None
+    endpoints: list[dict[str, Any]] | None = None  # external: {base_url, models} as the endpoints answered
     identity_output: str | None = None
     components: list[ComponentRecord] | None = None
     restarted: list[str] | None = Field(None, description="Components (re)started by this phase")
     reused: list[str] | None = Field(None, description="Components kept with their warm caches")
     changed_routes: list[int] | None = Field(None, description="Routes whose processes changed")
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> dict[str, Any]:  # JSON: the phase file and its end event
         """The JSON evidence: the fields this form set, nothing else."""
         return self.model_dump(mode="json", exclude_unset=True)
 
@@ -81,7 +81,7 @@ class ServiceRecord(BaseModel):
         return cls.of(data) if data else None
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> ServiceRecord | None:
+    def of(cls, data: dict[str, Any]) -> ServiceRecord | None:  # a phase's evidence as read from JSON
         """The record in a phase's evidence dict, or None when it is none (e.g. a failed phase's data)."""
         return cls.model_validate(data) if data.get("outcome") in ("done", "reused", "skipped") else None
 

@@ -55,7 +55,7 @@ class PhaseView:
     ended_mono: int | None = None
     failure_class: FailureClass | None = None
     error: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # its end event's data, JSON as any version wrote it
     evidence: str | None = None  # the file its end event names (the controller's phases/<phase>.json)
 
 
@@ -242,7 +242,7 @@ class RecordedDecision(BaseModel):
     enough_to_decide: bool | None = None
 
 
-def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:
+def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:  # events.jsonl lines as parsed
     """Each phase's last attempt, from its started and ended events."""
     phases = {p: PhaseView(p) for p in PHASES}
     for ev in events:
@@ -298,7 +298,7 @@ def _load_ended(
     paths: RunPaths,
     meta: RunMeta,
     lv: PhaseView,
-    end: dict[str, Any] | None,
+    end: dict[str, Any] | None,  # load/end.json as the load client wrote it
     *,
     client_alive: bool,
     remote_followed: bool,

@@ -875,16 +875,7 @@ def compute_result(
     host_samples = list(host)
     ev = _Evidence(invalid=validity.invalid, stalls=stall_spans, host=host_samples)
 
-    # spec decode: output tokens of the whole window's successful requests
-    out_sum = _sum_known(c.completion_tokens[c.ok], "usage.completion_tokens")
-    spec = spec_counters(
-        params.spec_decode,
-        metrics_before,
-        metrics_after,
-        None if isinstance(out_sum, str) else out_sum,
-        out_sum if isinstance(out_sum, str) else "",
-    )
-
+    spec = _spec_of(c, params, metrics_before, metrics_after)
     whole_span, native_span = _spans(c, s, case, params)
     inp = _Inputs(c=c, dv=dv, s=s, case=case, anchor=anchor, spec=spec, ev=ev)
     windows = Windows(
@@ -922,6 +913,19 @@ def compute_result(
         schedule=_schedule(raw),
         trace=_trace(raw),
         sessions=conversations(c, dv.ttft_ms, _dist),
+    )
+
+
+def _spec_of(c: RawColumns, params: Params, metrics_before: str | None, metrics_after: str | None) -> SpecCounters:
+    """Speculative decoding from the server's counters, over the output tokens of the whole window's successful
+    requests."""
+    out_sum = _sum_known(c.completion_tokens[c.ok], "usage.completion_tokens")
+    return spec_counters(
+        params.spec_decode,
+        metrics_before,
+        metrics_after,
+        None if isinstance(out_sum, str) else out_sum,
+        out_sum if isinstance(out_sum, str) else "",
     )
 
 

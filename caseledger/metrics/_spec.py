@@ -318,12 +318,7 @@ def per_request(c: RawColumns, okm: B, t0: int, nothing: str) -> SpecPerRequest:
     drafted, accepted = c.spec_draft_tokens[idx], c.spec_accepted_tokens[idx]
     has = ~np.isnan(drafted) & ~np.isnan(accepted)
     k = int(has.sum())
-    # per-request sums of the recorded steps; a request whose steps do not add up to its totals has none
-    req_of_step = np.repeat(np.arange(c.n, dtype=np.int64), c.n_steps)
-    sum_d = np.bincount(req_of_step, weights=c.step_drafted.astype(np.float64), minlength=c.n)
-    sum_a = np.bincount(req_of_step, weights=c.step_accepted.astype(np.float64), minlength=c.n)
-    no_draft = (c.spec_draft_tokens == 0) & (c.spec_accepted_tokens == 0)  # nothing drafted: 0 steps
-    adds_up = c.steps_known & (sum_d == c.spec_draft_tokens) & (sum_a == c.spec_accepted_tokens)
+    adds_up, no_draft = _steps_add_up(c)
     steps_ok = (adds_up | no_draft)[idx] & has
     n_steps = np.where(adds_up, c.n_steps, 0)[idx]
     out = c.completion_tokens[idx]
@@ -360,20 +355,6 @@ def per_request(c: RawColumns, okm: B, t0: int, nothing: str) -> SpecPerRequest:
 
     steps_v = val(v_sum, "verify steps", steps_why)
     acc_v = val(a_sum, "accepted tokens", counts_why)
-    by_pos: list[PositionAcceptance] | NotObserved
-    if steps_why is not None:
-        by_pos = NotObserved(reason=steps_why)
-    elif not v_sum:
-        by_pos = NotObserved(reason="verify steps is 0 in the window: no speculative step counted")
-    else:
-        sel = np.repeat(okm & adds_up, c.n_steps)
-        acc_steps = c.step_accepted[sel]
-        width = int(c.step_drafted[sel].max()) if acc_steps.size else 0
-        by_pos = [
-            PositionAcceptance(position=p, accepted=a, verify_steps=v_sum, rate=a / v_sum)
-            for p in range(width)
-            for a in [float((acc_steps > p).sum())]
-        ]
     return SpecPerRequest(
         requests=n,
         requests_with_counts=k,
@@ -391,8 +372,37 @@ def per_request(c: RawColumns, okm: B, t0: int, nothing: str) -> SpecPerRequest:
         acceptance_rate=_ratio(
             acc_v, val(d_sum, "draft tokens", counts_why), f"accepted tokens / draft tokens ({tag})"
         ),
-        by_position=by_pos,
+        by_position=_by_position(c, okm & adds_up, v_sum, steps_why),
     )
+
+
+def _steps_add_up(c: RawColumns) -> tuple[B, B]:
+    """Per request: do its recorded steps add up to its final draft/accepted totals (a request whose steps do not
+    has none), and did it draft nothing (0 steps, consistently)."""
+    req_of_step = np.repeat(np.arange(c.n, dtype=np.int64), c.n_steps)
+    sum_d = np.bincount(req_of_step, weights=c.step_drafted.astype(np.float64), minlength=c.n)
+    sum_a = np.bincount(req_of_step, weights=c.step_accepted.astype(np.float64), minlength=c.n)
+    no_draft = (c.spec_draft_tokens == 0) & (c.spec_accepted_tokens == 0)
+    adds_up = c.steps_known & (sum_d == c.spec_draft_tokens) & (sum_a == c.spec_accepted_tokens)
+    return adds_up, no_draft
+
+
+def _by_position(
+    c: RawColumns, counted: B, v_sum: float | None, steps_why: str | None
+) -> list[PositionAcceptance] | NotObserved:
+    """Acceptance by draft position over the verify steps of the `counted` requests."""
+    if steps_why is not None:
+        return NotObserved(reason=steps_why)
+    if not v_sum:
+        return NotObserved(reason="verify steps is 0 in the window: no speculative step counted")
+    sel = np.repeat(counted, c.n_steps)
+    acc_steps = c.step_accepted[sel]
+    width = int(c.step_drafted[sel].max()) if acc_steps.size else 0
+    return [
+        PositionAcceptance(position=p, accepted=a, verify_steps=v_sum, rate=a / v_sum)
+        for p in range(width)
+        for a in [float((acc_steps > p).sum())]
+    ]
 
 
 def per_request_not_observed(reason: str) -> SpecPerRequest:

@@ -8,7 +8,7 @@ where a plot is drawn); the markdown report is complete without them.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -289,7 +289,7 @@ def _pct(d: Distribution | NotObserved) -> str:
     return f"{_f(d.p50)} / {_f(d.p90)} / {_f(d.p99)}"
 
 
-def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:
+def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:  # report.json's time ledger
     # per-phase entries ({"phases": {name: {...}}}) become one row per phase
     if isinstance(time_ledger.get("phases"), dict):
         flat: dict[str, Any] = {f"phase {k}": v for k, v in time_ledger["phases"].items()}
@@ -307,7 +307,7 @@ def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[obje
     return ["step", *cols], rows
 
 
-def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, Any]:
+def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, Any]:  # JSON
     """Header rows of a load client that ran on another host (load.host): where, and how precisely its time
     points map onto the controller's clock (offset and uncertainty from SSH round trips, before and after)."""
     if not clock:
@@ -672,7 +672,7 @@ def render_png(
     x_label: str,
     points: Sequence[PlotPoint],
     bounds: dict[str, float],
-    cdfs: dict[str, dict[str, Sequence[float]]],
+    cdfs: Mapping[str, Mapping[str, Iterable[float]]],  # label -> figure -> per-request values (ms)
 ) -> bytes | None:
     """A PNG of decision_figure(); None when matplotlib is not importable."""
     fig = decision_figure(title, metric, x_label, points, bounds, cdfs)
@@ -691,7 +691,7 @@ def decision_figure(
     x_label: str,
     points: Sequence[PlotPoint],
     bounds: dict[str, float],
-    cdfs: dict[str, dict[str, Sequence[float]]],
+    cdfs: Mapping[str, Mapping[str, Iterable[float]]],  # label -> figure -> per-request values (ms)
 ) -> Any:
     """The decision metric against the swept value (limit-breakers marked), each limited figure with its bound
     drawn, and the TTFT and TPOT CDFs per case. None when matplotlib is not importable."""

@@ -8,14 +8,14 @@ from __future__ import annotations
 import contextlib
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger import datasets, redact
 from caseledger.case.metrics import LIMITS, METRICS
-from caseledger.case.model import Case
+from caseledger.case.model import Case, Decision
 from caseledger.case.plan import Phase, argv_change, delta, flatten
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseledgerError, NotFound
@@ -42,6 +42,9 @@ from caseledger.outcome.decide import (
     limit_verdicts,
 )
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, sha256_bytes, write_json
+
+if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
+    from caseledger.metrics._columns import F64
 
 
 def load_result(run: Run) -> Any:
@@ -86,7 +89,7 @@ def _decision_of(ws: Workspace, run_id: str) -> DecisionRecord | None:
         return None
 
 
-def _figures_of(result: Result | None) -> dict[str, Any]:
+def _figures_of(result: Result | None) -> dict[str, Any]:  # the JSON kept in the index beside the run
     """What the lists read of a run's latest result without parsing it: per window whether it is valid, the
     decision metrics' values and the limits' figures (unrounded; None where NOT_OBSERVED)."""
     out: dict[str, Any] = {"has": result is not None}
@@ -109,14 +112,14 @@ class Reader:
         self.ws = ws
         self.idx = idx
         self._results: dict[str, Result | None] = {}
-        self._figures: dict[str, dict[str, Any]] = {}
+        self._figures: dict[str, dict[str, Any]] = {}  # run id -> its figures' JSON
 
     def result(self, run_id: str) -> Result | None:
         if run_id not in self._results:
             self._results[run_id] = latest_result(self.ws.run(run_id).root)
         return self._results[run_id]
 
-    def figures(self, row: RunRow) -> dict[str, Any]:
+    def figures(self, row: RunRow) -> dict[str, Any]:  # JSON from the index
         if row.run_id in self._figures:
             return self._figures[row.run_id]
         sig = f"{PROCESSOR_VERSION}:{row.sig}"
@@ -172,7 +175,7 @@ def baseline_of(run: Run, case: Case | None = None, reader: Reader | None = None
     return ref, None
 
 
-def decide_run(run: Run) -> dict[str, Any]:
+def decide_run(run: Run) -> dict[str, Any]:  # decision.json's body
     """The decide phase: the run's decision now, written with its reports (the evidence that decide is done)."""
     result = load_result(run)
     out: dict[str, Any] = current_decision(run, result).model_dump(mode="json")
@@ -240,7 +243,7 @@ def _ts(utc: str | None) -> float | None:
     return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
 
 
-def time_ledger(run: Run) -> dict[str, Any]:
+def time_ledger(run: Run) -> dict[str, Any]:  # a JSON section of report.json
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
     v = fold(run.workspace, run)
     phases: dict[str, Any] = {}
@@ -343,7 +346,7 @@ def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     )
 
 
-def report_meta(meta: RunMeta) -> dict[str, Any]:
+def report_meta(meta: RunMeta) -> dict[str, Any]:  # rows of the report's JSON
     """The header rows a reader of report.md needs from run.json (the rest is bookkeeping)."""
     keep = (
         "run_id",
@@ -607,71 +610,18 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         )
     metas = [m for m in metas if m.case_id in cases]
     first_run = {m.case_id: i for i, m in reversed(list(enumerate(metas)))}
-    base_id = next(
-        (
-            m.case_id
-            for m in reversed(metas)
-            if m.decision == "baseline"
-            and (dec := _decision_of(ws, m.run_id)) is not None
-            and dec.outcome == "baseline"
-        ),
-        None,
-    )
-    if base_id is None:
-        named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
-        roots = sorted(
-            (cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
-            key=lambda cid: first_run.get(cid, len(metas)),
-        )
-        base_id = named[0] if named else (roots[0] if roots else min(cases, key=lambda cid: first_run.get(cid, 0)))
+    base_id = _baseline_id(ws, cases, metas, first_run)
     base = cases[base_id]
     d = base.decision
     window, metric = d.window, d.primary_metric
     changes = {cid: _changes(base, c) for cid, c in cases.items()}
     paths = {p for cid, ch in changes.items() if cid != base_id for p, _, _ in ch}
     swept = next(iter(paths)) if len(paths) == 1 else None
-    rows: list[ScenarioRow] = []
-    for cid, case in cases.items():
-        own = [m for m in metas if m.case_id == cid]
-        good = rd.valid_ids(own, cid, window)
-        rid = good[0] if good else (own[-1].run_id if own else None)
-        result = rd.result(rid) if rid else None
-        state = (own[-1].state or "unknown") if own else "not run"  # the index folds live runs at every read
-        dec = _decision_of(ws, rid) if rid else None
-        if rid and result is not None and dec is not None and dec.outcome != "baseline":
-            dec = current_decision(load_run(ws, rid), result, rd)  # against the baseline's results now, never stale
-        value = flatten(case.canonical()).get(swept) if swept else None
-        w = result.windows.of(window) if result is not None else None
-        pcts = {name: window_stat(w, name) if w is not None else None for name in LIMITS}  # ScenarioRow's fields
-        shown = ",".join(_label(p, v, old) for p, v, old in changes[cid])
-        rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
-        rows.append(
-            ScenarioRow(
-                **rep,
-                requests=w.ok if w is not None and w.found else None,
-                case_id=cid,
-                change=(f"{_label(swept, value)} (baseline)" if swept else "baseline")
-                if cid == base_id
-                else shown or "(same)",
-                swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
-                run_id=rid,
-                runs=len(good),
-                state=state,
-                metric=window_stat(w, metric) if w is not None else None,
-                **pcts,
-                limits=limit_verdicts(case, result),
-                decision=dec.outcome if dec else None,
-                settle=dec.settle if dec else None,
-                best=False,
-            )
-        )
-    higher = METRICS[metric].higher_is_better
-    eligible = [
-        r
-        for r in rows
-        if r.decision in ("keep", "baseline") and r.metric is not None and all(v.verdict == "meets" for v in r.limits)
+    rows = [
+        _scenario_row(ws, rd, cid, case, [m for m in metas if m.case_id == cid], changes[cid], cid == base_id, swept, d)
+        for cid, case in cases.items()
     ]
-    best = max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
+    best = _best(rows, metric)
     rows = [r.model_copy(update={"best": best is not None and r.case_id == best.case_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
@@ -688,6 +638,85 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
     )
 
 
+def _baseline_id(ws: Workspace, cases: dict[str, Case], metas: list[RunRow], first_run: dict[str, int]) -> str:
+    """The scenario's baseline: the case of the latest run decided as baseline; else the case the decisions name;
+    else the first-run root of the lineage."""
+    base_id = next(
+        (
+            m.case_id
+            for m in reversed(metas)
+            if m.decision == "baseline"
+            and (dec := _decision_of(ws, m.run_id)) is not None
+            and dec.outcome == "baseline"
+        ),
+        None,
+    )
+    if base_id is not None:
+        return base_id
+    named = [c.decision.baseline for c in cases.values() if c.decision.baseline in cases]
+    roots = sorted(
+        (cid for cid, c in cases.items() if c.parent is None or c.parent not in cases),
+        key=lambda cid: first_run.get(cid, len(metas)),
+    )
+    return named[0] if named else (roots[0] if roots else min(cases, key=lambda cid: first_run.get(cid, 0)))
+
+
+def _scenario_row(
+    ws: Workspace,
+    rd: Reader,
+    cid: str,
+    case: Case,
+    own: list[RunRow],
+    changes: list[tuple[str, Any, Any]],
+    is_base: bool,
+    swept: str | None,
+    d: Decision,
+) -> ScenarioRow:
+    """One case's row: its latest valid run (else its latest run), figures on the baseline's decision window and
+    metric (d), the decision against the baseline's results now."""
+    window, metric = d.window, d.primary_metric
+    good = rd.valid_ids(own, cid, window)
+    rid = good[0] if good else (own[-1].run_id if own else None)
+    result = rd.result(rid) if rid else None
+    state = (own[-1].state or "unknown") if own else "not run"  # the index folds live runs at every read
+    dec = _decision_of(ws, rid) if rid else None
+    if rid and result is not None and dec is not None and dec.outcome != "baseline":
+        dec = current_decision(load_run(ws, rid), result, rd)  # against the baseline's results now, never stale
+    value = flatten(case.canonical()).get(swept) if swept else None
+    w = result.windows.of(window) if result is not None else None
+    pcts = {name: window_stat(w, name) if w is not None else None for name in LIMITS}  # ScenarioRow's fields
+    shown = ",".join(_label(p, v, old) for p, v, old in changes)
+    rep = _repeats(case, [rd.figures(m) for m in own if m.run_id in good], window, metric)
+    return ScenarioRow(
+        **rep,
+        requests=w.ok if w is not None and w.found else None,
+        case_id=cid,
+        change=(f"{_label(swept, value)} (baseline)" if swept else "baseline") if is_base else shown or "(same)",
+        swept=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
+        run_id=rid,
+        runs=len(good),
+        state=state,
+        metric=window_stat(w, metric) if w is not None else None,
+        **pcts,
+        limits=limit_verdicts(case, result),
+        decision=dec.outcome if dec else None,
+        settle=dec.settle if dec else None,
+        best=False,
+    )
+
+
+def _best(rows: list[ScenarioRow], metric: str) -> ScenarioRow | None:
+    """The best kept (or baseline) row that meets every limit, by the metric in its direction."""
+    higher = METRICS[metric].higher_is_better
+    eligible = [
+        r
+        for r in rows
+        if r.decision in ("keep", "baseline") and r.metric is not None and all(v.verdict == "meets" for v in r.limits)
+    ]
+    return max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
+
+
+# dict[str, Any]: figures' JSON in; ScenarioRow kwargs out
 def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> dict[str, Any]:
     """A case's repeats (their figures in the index): the metric's mean and spread over its valid runs, and how
     often each limit was met."""
@@ -719,7 +748,7 @@ def scenario_next(view: ScenarioView) -> str:
     return "start_run(case_id=...) for a case without a run"
 
 
-def latency_samples(ws: Workspace, run_id: str) -> dict[str, Any]:
+def latency_samples(ws: Workspace, run_id: str) -> dict[str, F64]:
     """Per-request TTFT / TPOT / E2E (ms) of a run's successful requests, from its raw data ({} without)."""
     raw = ws.run(run_id).raw
     if not raw.is_file():

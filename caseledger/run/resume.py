@@ -13,10 +13,10 @@ from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
-from caseledger.ledger.state import RunState, fold, next_steps
+from caseledger.ledger.state import RunState, RunView, fold, next_steps
 from caseledger.run import lease as run_lease
 from caseledger.run.start import Progress, spawn_controller, wait_for
-from caseledger.workspace import Workspace
+from caseledger.workspace import RunPaths, Workspace
 
 STARTED_TIMEOUT_S = 10.0  # how long resume waits for its controller to adopt the run
 
@@ -53,23 +53,12 @@ def resume(
     run = load_run(workspace, run_id)
     run_id = run.run_id  # a case id given: its latest run
     v = fold(workspace, run)
-    if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
-        raise NothingToResume(
-            f"run {run_id} is {v.state.value}; every phase is done",
-            f"summarize(run_ids=['{run_id}']) or freeze the next candidate",
-        )
-    if v.controller_alive:
-        raise NothingToResume(
-            f"run {run_id} still has a live controller (phase {v.current})", f"phase_status(run_id='{run_id}') later"
-        )
-    if v.meta.target_key is None:
-        raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
+    key = _resumable_target(v, run_id)
     steps = v.steps or next_steps(v)  # the steps phase_status announced, computed by the same function
     kept = [p for p in v.phases if p not in steps.run]
     first = steps.first or Phase.DECIDE
     # repairing postprocess/decide touches no target: allowed while paused, and it uses up no 'single'
     needs_target = any(p not in (Phase.POSTPROCESS, Phase.DECIDE) for p in steps.run)
-    key = v.meta.target_key
     paths = run.paths
     claim = (
         authorization.claim(workspace, run_id) if needs_target else nullcontext(authorization.current_mode(workspace))
@@ -95,27 +84,7 @@ def resume(
         write_meta(paths, resumed.meta)  # before the spawn: the controller reads the mode that let it resume
         before = len(read_events(paths).events)
         spawn_controller(resumed, lease.fence)
-    if wait:
-        view = wait_for(workspace, run_id, "end", timeout_s, progress=progress)
-        state, nxt = view.state.value, view.next_call
-    else:  # once its controller has adopted the run: say so, not the failure it is about to repair
-        view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S, since=before)
-        started = any(e["type"] == "controller_started" for e in read_events(paths).events[before:])
-        if started and view.state.value not in ("running", "created"):
-            state, nxt = view.state.value, view.next_call  # it already finished what was left
-        elif started or view.controller_alive:
-            state, nxt = "running", f"phase_status(run_id='{run_id}') until it says done"
-        else:
-            log = (
-                paths.controller_log.read_text(errors="replace").strip().splitlines()[-1:]
-                if paths.controller_log.exists()
-                else []
-            )
-            raise NothingToResume(
-                f"the resumed controller of {run_id} exited at once: {quoted(log[0] if log else 'no log', 200)}",
-                f"phase_status(run_id='{run_id}'); if the run cannot go on, start_run(case_id='{v.case_id}') "
-                "measures it afresh",
-            )
+    state, nxt = _adopted(workspace, paths, v, before, wait, timeout_s, progress)
     return ResumeResult(
         run_id=run_id,
         from_phase=first,
@@ -124,4 +93,55 @@ def resume(
         state=state,
         reattached=v.client_alive,
         next_call=nxt,
+    )
+
+
+def _resumable_target(v: RunView, run_id: str) -> str:
+    """The run's target key; NothingToResume when every phase is done, a controller still runs it, or it names
+    no target."""
+    if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
+        raise NothingToResume(
+            f"run {run_id} is {v.state.value}; every phase is done",
+            f"summarize(run_ids=['{run_id}']) or freeze the next candidate",
+        )
+    if v.controller_alive:
+        raise NothingToResume(
+            f"run {run_id} still has a live controller (phase {v.current})", f"phase_status(run_id='{run_id}') later"
+        )
+    if v.meta.target_key is None:
+        raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
+    return v.meta.target_key
+
+
+def _adopted(
+    workspace: Workspace,
+    paths: RunPaths,
+    v: RunView,
+    before: int,
+    wait: bool,
+    timeout_s: float,
+    progress: Progress | None,
+) -> tuple[str, str]:
+    """The state and next call once the spawned controller has adopted the run (or ended it, with wait);
+    NothingToResume when it exited at once."""
+    run_id = v.run_id
+    if wait:
+        view = wait_for(workspace, run_id, "end", timeout_s, progress=progress)
+        return view.state.value, view.next_call
+    # once its controller has adopted the run: say so, not the failure it is about to repair
+    view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S, since=before)
+    started = any(e["type"] == "controller_started" for e in read_events(paths).events[before:])
+    if started and view.state.value not in ("running", "created"):
+        return view.state.value, view.next_call  # it already finished what was left
+    if started or view.controller_alive:
+        return "running", f"phase_status(run_id='{run_id}') until it says done"
+    log = (
+        paths.controller_log.read_text(errors="replace").strip().splitlines()[-1:]
+        if paths.controller_log.exists()
+        else []
+    )
+    raise NothingToResume(
+        f"the resumed controller of {run_id} exited at once: {quoted(log[0] if log else 'no log', 200)}",
+        f"phase_status(run_id='{run_id}'); if the run cannot go on, start_run(case_id='{v.case_id}') "
+        "measures it afresh",
     )

@@ -30,6 +30,8 @@ from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.services import remote
 from caseledger.services.identity import (
+    DeclaredFile,
+    ModelFile,
     Unit,
     case_env,
     compare_argv,
@@ -45,11 +47,13 @@ from caseledger.services.identity import (
 from caseledger.services.live import (
     HealthWait,
     ProcView,
+    ServiceState,
     effective_problem,
     health_ok,
     live_service,
     local_view,
     owner_problem,
+    read_state,
     remote_view,
     state_path,
     terminate,
@@ -58,7 +62,6 @@ from caseledger.services.live import (
 from caseledger.workspace import (
     Workspace,
     canonical_json,
-    read_json_or_none,
     sha256_bytes,
     utc_now,
     write_json,
@@ -99,6 +102,31 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
 def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, allow_start: bool) -> ServiceRecord:
     files = model_files(ws, case, u)
     defines = defining_files(ws, u)
+    _refuse_changed_files(u, defines)
+    want = identity_of(case, files, u, defines)
+    live = live_service(ws, key)
+    intended = intended_argv(case, u)
+    if live and live.get("identity") == want:
+        kept = _reuse(live, case, u, want, intended, files)
+        if kept is not None:
+            return kept
+    if not allow_start:
+        raise PhaseFailed(
+            f"no live process with {u.label}'s identity and authorization forbids a service change",
+            FailureClass.SERVICE,
+            "caseledger authorize single (or auto), then resume",
+        )
+    _clear_target(live, u)
+    if u.ssh is not None:
+        try:
+            return _start_remote(ws, case, u, u.ssh, key, case_id, want, intended, defines)
+        except remote.RemoteError as e:
+            raise PhaseFailed(e.message, FailureClass.SERVICE, e.fix) from None
+    return _start_local(ws, case, u, key, case_id, want, intended, files, defines)
+
+
+def _refuse_changed_files(u: Unit, defines: list[DeclaredFile]) -> None:
+    """Fail before any start when a declared file's bytes on disk are not the ones the case pins."""
     bad = next((f for f in defines if "disk_sha256" in f), None)
     if bad is not None:
         raise PhaseFailed(
@@ -107,30 +135,31 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
             FailureClass.SERVICE,
             "put the pinned file in place, or freeze a case pinning the file on disk",
         )
-    want = identity_of(case, files, u, defines)
-    live = live_service(ws, key)
-    intended = intended_argv(case, u)
-    if live and live.get("identity") == want:
-        problem, eff = verify(live, case, u)
-        if problem is None:
-            return ServiceRecord(
-                outcome="reused",
-                identity=want,
-                intended_argv=intended,
-                effective_argv=eff,
-                model_files=files,
-                pid=live["proc"]["pid"],
-                starts=live.get("starts", 1),
-                **_effective_evidence(live),
-                verified_by="live process cmdline + health",
-                **_where(live),
-            )
-    if not allow_start:
-        raise PhaseFailed(
-            f"no live process with {u.label}'s identity and authorization forbids a service change",
-            FailureClass.SERVICE,
-            "caseledger authorize single (or auto), then resume",
-        )
+
+
+def _reuse(
+    live: ServiceState, case: Case, u: Unit, want: str, intended: list[str], files: list[ModelFile]
+) -> ServiceRecord | None:
+    """The evidence of keeping a live process that has the wanted identity, or None when it no longer verifies."""
+    problem, eff = verify(live, case, u)
+    if problem is not None:
+        return None
+    return ServiceRecord(
+        outcome="reused",
+        identity=want,
+        intended_argv=intended,
+        effective_argv=eff,
+        model_files=[dict(f) for f in files],
+        pid=(live.get("proc") or {})["pid"],  # a live service: its proc is recorded
+        starts=live.get("starts", 1),
+        **_effective_evidence(live),
+        verified_by="live process cmdline + health",
+        **_where(live),
+    )
+
+
+def _clear_target(live: ServiceState | None, u: Unit) -> None:
+    """Stop the previous service caseledger started here; refuse when a process it did not start answers health."""
     if live:
         try:
             terminate(live)
@@ -142,33 +171,24 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
             FailureClass.SERVICE,
             "stop that process or use adapter 'external' for it",
         )
-    if u.ssh is not None:
-        try:
-            return _start_remote(ws, case, u, u.ssh, key, case_id, want, intended, defines)
-        except remote.RemoteError as e:
-            raise PhaseFailed(e.message, FailureClass.SERVICE, e.fix) from None
+
+
+def _start_local(
+    ws: Workspace,
+    case: Case,
+    u: Unit,
+    key: str,
+    case_id: str,
+    want: str,
+    intended: list[str],
+    files: list[ModelFile],
+    defines: list[DeclaredFile],
+) -> ServiceRecord:
+    """Launch a process on this host, wait for its health, then check it is ours and runs the case's identity."""
     env, shown_env = resolve_env(case, u)
     log = ws.services_dir / f"{key}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as lf:
-        try:
-            p = subprocess.Popen(
-                intended,
-                stdin=subprocess.DEVNULL,
-                stdout=lf,
-                stderr=lf,
-                env=env,
-                cwd=ws.root,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as e:
-            raise PhaseFailed(
-                f"cannot start {u.label}: argv[0] {intended[0]!r}: {e}",
-                FailureClass.SERVICE,
-                "fix service.argv in a new case",
-            ) from None
-    ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+    p = _popen(ws, u, intended, env, log)
+    ref: procs.ProcRef = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
     state = _record_start(
         ws,
         key,
@@ -179,34 +199,14 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
         intended,
         shown_env,
         str(log),
-        model_files=files,
-        files=defines,
-        cwd=str(ws.root),
-        env_sha256={k: value_hash(v) for k, v in env.items() if k in u.env},
+        {
+            "model_files": files,
+            "files": defines,
+            "cwd": str(ws.root),
+            "env_sha256": {k: value_hash(v) for k, v in env.items() if k in u.env},
+        },
     )
-    deadline = time.monotonic() + u.health_timeout_s
-    healthy = False
-    with HealthWait(u.health_url) as health:
-        while time.monotonic() < deadline:
-            if p.poll() is not None:
-                tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
-                # the engine's own log line: outside text, the values of the case's secrets masked
-                raise PhaseFailed(
-                    f"{u.label} exited with code {p.returncode} before health: {redact.mask(tail[0])}",
-                    FailureClass.SERVICE,
-                    f"read {log}; fix the case's service and resume",
-                )
-            if health.ok():
-                healthy = True
-                break
-            health.pause()
-    if not healthy:
-        procs.terminate(ref)
-        raise PhaseFailed(
-            f"{u.label} not healthy at {u.health_url} after {u.health_timeout_s}s",
-            FailureClass.SERVICE,
-            "raise the health timeout or check the service log",
-        )
+    _wait_local_health(p, u, log, ref)
     problem = owner_problem(case, u, p.pid)
     if problem is not None:  # health answered, but from someone else's process: ours lost the port
         procs.terminate(ref)
@@ -223,7 +223,7 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
         identity=want,
         intended_argv=intended,
         effective_argv=eff,
-        model_files=files,
+        model_files=[dict(f) for f in files],
         pid=p.pid,
         starts=state["starts"],
         **_effective_evidence(state),
@@ -232,7 +232,54 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     )
 
 
-def _effective_evidence(st: dict[str, Any]) -> dict[str, Any]:
+def _popen(ws: Workspace, u: Unit, intended: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start the argv detached in its own session, its output appended to the service log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as lf:
+        try:
+            return subprocess.Popen(
+                intended,
+                stdin=subprocess.DEVNULL,
+                stdout=lf,
+                stderr=lf,
+                env=env,
+                cwd=ws.root,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as e:
+            raise PhaseFailed(
+                f"cannot start {u.label}: argv[0] {intended[0]!r}: {e}",
+                FailureClass.SERVICE,
+                "fix service.argv in a new case",
+            ) from None
+
+
+def _wait_local_health(p: subprocess.Popen[bytes], u: Unit, log: Path, ref: procs.ProcRef) -> None:
+    """Wait until health answers; fail (with the log's last line) when the process exits first or time runs out."""
+    deadline = time.monotonic() + u.health_timeout_s
+    with HealthWait(u.health_url) as health:
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
+                # the engine's own log line: outside text, the values of the case's secrets masked
+                raise PhaseFailed(
+                    f"{u.label} exited with code {p.returncode} before health: {redact.mask(tail[0])}",
+                    FailureClass.SERVICE,
+                    f"read {log}; fix the case's service and resume",
+                )
+            if health.ok():
+                return
+            health.pause()
+    procs.terminate(ref)
+    raise PhaseFailed(
+        f"{u.label} not healthy at {u.health_url} after {u.health_timeout_s}s",
+        FailureClass.SERVICE,
+        "raise the health timeout or check the service log",
+    )
+
+
+def _effective_evidence(st: ServiceState) -> dict[str, Any]:  # keyword arguments of a ServiceRecord
     """The effective identity a component's evidence shows besides its argv: declared files (hash, held), env
     value hashes, engine version. Nothing for the single-process form without declared files."""
     out: dict[str, Any] = {}
@@ -250,19 +297,20 @@ def _record_start(
     key: str,
     case: Case,
     case_id: str,
-    ref: dict[str, Any],
+    ref: procs.ProcRef,
     want: str,
     intended: list[str],
     shown_env: dict[str, str],
     log: str,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Record a service caseledger just started on the target (local or remote), counting starts."""
-    prev = read_json_or_none(state_path(ws, key)) or {}
-    state: dict[str, Any] = {
-        "adapter": case.service.adapter,
-        "proc": ref,
+    extra: ServiceState,
+) -> ServiceState:
+    """Record a service caseledger just started on the target (local or remote), counting starts; `extra` holds
+    what the form adds (files, env hashes, its working directory or SSH login)."""
+    prev = read_state(ws, key)
+    state: ServiceState = {
         **extra,
+        "adapter": case.service.adapter,
+        "proc": dict(ref),
         "identity": want,
         "intended_argv": intended,
         "env": shown_env,
@@ -276,7 +324,7 @@ def _record_start(
 
 
 def _confirm_argv(
-    ws: Workspace, key: str, state: dict[str, Any], eff: list[str], stop: Callable[[], object], where: str
+    ws: Workspace, key: str, state: ServiceState, eff: list[str], stop: Callable[[], object], where: str
 ) -> list[str]:
     """Record the effective argv read back from the live process; stop it and fail when it differs."""
     state["effective_argv"] = eff
@@ -295,7 +343,7 @@ def _confirm_argv(
 def _confirm_effective(
     ws: Workspace,
     key: str,
-    state: dict[str, Any],
+    state: ServiceState,
     u: Unit,
     pid: int,
     view: ProcView,
@@ -316,7 +364,7 @@ def _confirm_effective(
     write_json(state_path(ws, key), state)
 
 
-def _where(st: dict[str, Any]) -> dict[str, Any]:
+def _where(st: ServiceState) -> dict[str, Any]:  # keyword arguments of a ServiceRecord
     """Evidence of where a recorded service runs: nothing extra locally; host, login and host-key policy remotely."""
     if not st.get("ssh"):
         return {}
@@ -339,16 +387,10 @@ def _start_remote(
     case_id: str,
     want: str,
     intended: list[str],
-    defines: list[dict[str, Any]],
+    defines: list[DeclaredFile],
 ) -> ServiceRecord:
     """Launch a command-adapter process on ssh.host, wait for health, compare the effective argv."""
-    key_file = Path(ssh.key_path).expanduser().resolve()
-    if key_file.is_relative_to(ws.root.resolve()):
-        raise PhaseFailed(
-            f"service.ssh.key_path {ssh.key_path} lies inside the workspace",
-            FailureClass.SERVICE,
-            "move the private key out of the workspace and point service.ssh.key_path at it",
-        )
+    _refuse_key_in_workspace(ws, ssh)
     rem = remote.Remote(ssh)
     env, shown_env = case_env(case, u)
     log = remote.log_path(key)
@@ -356,7 +398,7 @@ def _start_remote(
         pid, started = rem.launch(intended, env, log)
     except remote.RemoteError as e:
         raise PhaseFailed(f"cannot start the service: {e.message}", FailureClass.SERVICE, e.fix) from None
-    ref = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
+    ref: procs.ProcRef = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
     state = _record_start(
         ws,
         key,
@@ -367,35 +409,13 @@ def _start_remote(
         intended,
         shown_env,
         f"{ssh.user}@{ssh.host}:{log}",
-        ssh=ssh.model_dump(mode="json"),
-        files=defines,
-        env_sha256={k: value_hash(v) for k, v in env.items()},
+        {
+            "ssh": ssh.model_dump(mode="json"),
+            "files": defines,
+            "env_sha256": {k: value_hash(v) for k, v in env.items()},
+        },
     )
-    deadline = time.monotonic() + u.health_timeout_s
-    next_probe = time.monotonic() + 0.5
-    healthy = False
-    with HealthWait(u.health_url) as health:
-        while time.monotonic() < deadline:
-            if health.ok():
-                healthy = True
-                break
-            if time.monotonic() >= next_probe:  # each probe is a remote exec: about once a second
-                if not rem.alive(ref):
-                    tail = rem.tail(log).strip().splitlines()[-1:] or [""]
-                    raise PhaseFailed(
-                        f"service on {ssh.host} exited before health: {redact.mask(tail[0])}",
-                        FailureClass.SERVICE,
-                        f"read {state['log']}; fix the case's service and resume",
-                    )
-                next_probe = time.monotonic() + 1.0
-            health.pause()
-    if not healthy:
-        rem.terminate(ref)
-        raise PhaseFailed(
-            f"service on {ssh.host} not healthy at {u.health_url} after {u.health_timeout_s}s",
-            FailureClass.SERVICE,
-            f"raise the health timeout or read {state['log']}",
-        )
+    _wait_remote_health(rem, ref, u, ssh, log, state["log"])
     eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
     _confirm_effective(
         ws,
@@ -418,6 +438,44 @@ def _start_remote(
         env=shown_env,
         **_effective_evidence(state),
         **_where(state),
+    )
+
+
+def _refuse_key_in_workspace(ws: Workspace, ssh: SSH) -> None:
+    """A private key inside the workspace would travel with it (copies, archives): refuse it before any login."""
+    key_file = Path(ssh.key_path).expanduser().resolve()
+    if key_file.is_relative_to(ws.root.resolve()):
+        raise PhaseFailed(
+            f"service.ssh.key_path {ssh.key_path} lies inside the workspace",
+            FailureClass.SERVICE,
+            "move the private key out of the workspace and point service.ssh.key_path at it",
+        )
+
+
+def _wait_remote_health(rem: remote.Remote, ref: procs.ProcRef, u: Unit, ssh: SSH, log: str, shown_log: str) -> None:
+    """Wait until health answers; fail when the remote process exits first (probed about once a second, each
+    probe a remote exec) or time runs out, stopping it then."""
+    deadline = time.monotonic() + u.health_timeout_s
+    next_probe = time.monotonic() + 0.5
+    with HealthWait(u.health_url) as health:
+        while time.monotonic() < deadline:
+            if health.ok():
+                return
+            if time.monotonic() >= next_probe:
+                if not rem.alive(ref):
+                    tail = rem.tail(log).strip().splitlines()[-1:] or [""]
+                    raise PhaseFailed(
+                        f"service on {ssh.host} exited before health: {redact.mask(tail[0])}",
+                        FailureClass.SERVICE,
+                        f"read {shown_log}; fix the case's service and resume",
+                    )
+                next_probe = time.monotonic() + 1.0
+            health.pause()
+    rem.terminate(ref)
+    raise PhaseFailed(
+        f"service on {ssh.host} not healthy at {u.health_url} after {u.health_timeout_s}s",
+        FailureClass.SERVICE,
+        f"raise the health timeout or read {shown_log}",
     )
 
 

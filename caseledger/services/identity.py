@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
 import httpx2 as httpx
@@ -29,6 +29,25 @@ from caseledger.workspace import (
     sha256_file,
     write_json,
 )
+
+
+class ModelFile(TypedDict):
+    """A model file named in a local command's argv (MODEL_FILE_OPTIONS), as its state file and evidence hold it."""
+
+    option: str
+    path: str
+    bytes: int
+    sha256: str
+
+
+class DeclaredFile(TypedDict):
+    """A component's declared file (service.components[].files) with the hash its identity uses."""
+
+    path: str
+    sha256: str  # the pinned hash, else the hash on disk
+    held: bool  # the live process must hold it open or mapped
+    real_path: NotRequired[str]  # the resolved path on the host that runs it
+    disk_sha256: NotRequired[str]  # set when the file on disk is not the pinned one: the start is refused
 
 
 def host_port(base_url: str) -> tuple[str, int]:
@@ -139,7 +158,7 @@ MODEL_FILE_OPTIONS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-mod
 _HASHES_FILE = "file-hashes.json"
 
 
-def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[dict[str, Any]]:
+def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[ModelFile]:
     """Model files named in a local command adapter's argv (MODEL_FILE_OPTIONS), with their sha256; an option
     naming a directory (vLLM's --model DIR) stands for every regular file directly in it (weights, config,
     tokenizer, chat template), each listed as DIR/NAME.
@@ -149,7 +168,7 @@ def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[dic
     u = unit or units(case)[0]
     if case.service.adapter != "command" or u.ssh is not None:
         return []
-    out: list[dict[str, Any]] = []
+    out: list[ModelFile] = []
     with _HashCache(ws) as cache:
         for opt, value in itertools.pairwise(intended_argv(case, u)):
             if opt not in MODEL_FILE_OPTIONS:
@@ -168,35 +187,36 @@ def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[dic
     return out
 
 
-def defining_files(ws: Workspace, unit: Unit) -> list[dict[str, Any]]:
+def defining_files(ws: Workspace, unit: Unit) -> list[DeclaredFile]:
     """A component's declared files (weights, layout, config): the pinned hash, or the file's hash on disk
     (local components; relative paths are in the workspace). A pinned hash the file on disk does not have is
     marked 'disk_sha256', and the service phase refuses it before any start."""
-    out: list[dict[str, Any]] = []
+    out: list[DeclaredFile] = []
     if unit.ssh is not None and unit.files:
         return _remote_defining_files(ws, unit, unit.ssh)
     with _HashCache(ws) as cache:
-        for f in unit.files:
-            row: dict[str, Any] = {"path": f.path, "sha256": f.sha256, "held": f.held}
-            if unit.ssh is None:
-                path = ws.root / f.path if not Path(f.path).is_absolute() else Path(f.path)
-                if not path.is_file():
-                    raise PhaseFailed(
-                        f"{unit.label}: files path {quoted(f.path)} is not a file on this host",
-                        FailureClass.SERVICE,
-                        "fix service.components[].files in a new case",
-                    )
-                disk = cache.sha256(path)
-                row["real_path"] = str(path.resolve())
-                if f.sha256 is None:
-                    row["sha256"] = disk
-                elif disk != f.sha256:
-                    row["disk_sha256"] = disk
+        for f in unit.files:  # a local component here: a remote one with files returned above
+            path = ws.root / f.path if not Path(f.path).is_absolute() else Path(f.path)
+            if not path.is_file():
+                raise PhaseFailed(
+                    f"{unit.label}: files path {quoted(f.path)} is not a file on this host",
+                    FailureClass.SERVICE,
+                    "fix service.components[].files in a new case",
+                )
+            disk = cache.sha256(path)
+            row: DeclaredFile = {
+                "path": f.path,
+                "sha256": f.sha256 or disk,
+                "held": f.held,
+                "real_path": str(path.resolve()),
+            }
+            if f.sha256 is not None and disk != f.sha256:
+                row["disk_sha256"] = disk
             out.append(row)
     return out
 
 
-def _remote_defining_files(ws: Workspace, unit: Unit, ssh: SSH) -> list[dict[str, Any]]:
+def _remote_defining_files(ws: Workspace, unit: Unit, ssh: SSH) -> list[DeclaredFile]:
     """defining_files for a component on another host: stat there, sha256sum there for files whose stat the
     cache has not seen (a multi-GB weights file is hashed once, not at every run)."""
     rem = remote.Remote(ssh)
@@ -213,7 +233,7 @@ def _remote_defining_files(ws: Workspace, unit: Unit, ssh: SSH) -> list[dict[str
         raise PhaseFailed(
             f"{unit.label}: cannot read its files on {ssh.host}: {e.message}", FailureClass.SERVICE, e.fix
         ) from None
-    out: list[dict[str, Any]] = []
+    out: list[DeclaredFile] = []
     for f in unit.files:
         disk = hashes.get(f.path)
         if disk is None:
@@ -222,7 +242,7 @@ def _remote_defining_files(ws: Workspace, unit: Unit, ssh: SSH) -> list[dict[str
                 FailureClass.SERVICE,
                 "fix service.components[].files in a new case",
             )
-        row: dict[str, Any] = {"path": f.path, "sha256": f.sha256 or disk, "held": f.held, "real_path": f.path}
+        row: DeclaredFile = {"path": f.path, "sha256": f.sha256 or disk, "held": f.held, "real_path": f.path}
         if f.sha256 is not None and disk != f.sha256:
             row["disk_sha256"] = disk
         out.append(row)
@@ -234,7 +254,7 @@ class _HashCache:
 
     def __init__(self, ws: Workspace) -> None:
         self.path = ws.services_dir / _HASHES_FILE
-        self.data: dict[str, Any] = {}
+        self.data: dict[str, Any] = {}  # the JSON file: name -> {stat, sha256}, any version's entries kept
         self.changed = False
 
     def __enter__(self) -> _HashCache:
@@ -353,14 +373,14 @@ def engine_version(unit: Unit) -> str | None:
 
 def identity_of(
     case: Case,
-    files: list[dict[str, Any]] | None = None,
+    files: list[ModelFile] | None = None,
     unit: Unit | None = None,
-    defines: list[dict[str, Any]] | None = None,
+    defines: list[DeclaredFile] | None = None,
 ) -> str:
     """The intended identity of one process; `files` (model_files) adds each model file's option and sha256,
     `defines` (defining_files) each declared file's path and sha256."""
     u = unit or units(case)[0]
-    body: dict[str, Any] = {
+    body: dict[str, Any] = {  # canonical JSON, hashed: its keys are the identity's definition
         "adapter": case.service.adapter,
         "argv": intended_argv(case, u)[1:] if case.service.adapter == "reference" else intended_argv(case, u),
         "env": dict(u.env),

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import httpx2 as httpx
 
@@ -19,6 +19,8 @@ from caseledger.errors import PhaseFailed
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services import remote
 from caseledger.services.identity import (
+    DeclaredFile,
+    ModelFile,
     Unit,
     compare_argv,
     host_port,
@@ -40,12 +42,42 @@ def state_path(ws: Workspace, key: str) -> Path:
     return ws.services_dir / f"{key}.json"
 
 
-def remote_of(st: dict[str, Any]) -> remote.Remote | None:
+class ServiceState(TypedDict, total=False):
+    """ledger/services/<target_key>.json: the service caseledger started on a target, as written by
+    adapters._record_start and updated by the read-back checks, mark_warm and stop (JSON on disk)."""
+
+    adapter: str
+    proc: dict[str, Any] | None  # a procs ref {pid, start_time, host} as JSON; None once stopped
+    identity: str  # the intended identity it was started with
+    intended_argv: list[str]
+    effective_argv: list[str]  # read back from the live process
+    env: dict[str, str]  # the environment shown (secrets masked)
+    env_sha256: dict[str, str]  # declared env keys, value hashes only
+    case_id: str
+    started_utc: str
+    starts: int  # processes started on this target key so far
+    log: str
+    model_files: list[ModelFile]
+    files: list[DeclaredFile]
+    cwd: str
+    ssh: dict[str, Any]  # the SSH login (SSH model as JSON) of a remote service
+    engine_version: str | None
+    warmed_by: str  # the run that warmed it and verified its routes since it started
+    stopped_utc: str
+    stop_error: str
+
+
+def read_state(ws: Workspace, key: str) -> ServiceState:
+    """The recorded service on a target key; empty when none was recorded (or the file is unreadable)."""
+    return cast(ServiceState, read_json_or_none(state_path(ws, key)) or {})
+
+
+def remote_of(st: ServiceState) -> remote.Remote | None:
     """The SSH login of a recorded service, or None for a local one."""
     return remote.Remote(SSH.model_validate(st["ssh"])) if st.get("ssh") else None
 
 
-def proc_alive(st: dict[str, Any]) -> bool:
+def proc_alive(st: ServiceState) -> bool:
     rem = remote_of(st)
     if rem is None:
         return procs.alive(st["proc"])
@@ -55,10 +87,10 @@ def proc_alive(st: dict[str, Any]) -> bool:
         return False  # unreachable counts as not live here; a start then fails on the same connection, named
 
 
-def live_service(ws: Workspace, key: str) -> dict[str, Any] | None:
-    st = read_json_or_none(state_path(ws, key))
+def live_service(ws: Workspace, key: str) -> ServiceState | None:
+    st = read_state(ws, key)
     if st and st.get("proc") and proc_alive(st):
-        return dict(st)
+        return st
     return None
 
 
@@ -70,7 +102,7 @@ def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool]:
         return False, False
     warm = True
     for u in units(case):
-        st = read_json_or_none(state_path(ws, u.key(key))) or {}
+        st = read_state(ws, u.key(key))
         try:
             want = intended_identity(ws, case, u)
         except PhaseFailed:  # a declared file is missing: the service phase names it
@@ -86,7 +118,7 @@ def mark_warm(ws: Workspace, key: str, evidence: ServiceRecord, run_id: str) -> 
     their routes (a restart forgets it)."""
     for comp in evidence.processes:
         path = state_path(ws, comp.key if isinstance(comp, ComponentRecord) else key)
-        st = read_json_or_none(path) or {}
+        st = cast(ServiceState, read_json_or_none(path) or {})
         if comp.pid is not None and (st.get("proc") or {}).get("pid") == comp.pid:
             st["warmed_by"] = run_id
             write_json(path, st)
@@ -98,13 +130,13 @@ def check_live(ws: Workspace, case: Case, key: str) -> str | None:
     if case.service.adapter == "external":
         return None
     for u in units(case):
-        problem = verify(read_json_or_none(state_path(ws, u.key(key))) or {}, case, u)[0]
+        problem = verify(read_state(ws, u.key(key)), case, u)[0]
         if problem is not None:
             return f"{u.name}: {problem}" if u.name else problem
     return None
 
 
-def verify(st: dict[str, Any], case: Case, unit: Unit) -> tuple[str | None, list[str]]:
+def verify(st: ServiceState, case: Case, unit: Unit) -> tuple[str | None, list[str]]:
     """(problem or None, effective argv) of a recorded process: pid and start time alive, the argv read back
     unchanged, health answering, (locally) the routes' ports held by it, and the files and environment it
     really runs with as recorded at its start (see effective_problem). The one check behind reuse, the plan's
@@ -173,7 +205,7 @@ def remote_view(rem: remote.Remote, pid: int, paths: list[str]) -> ProcView:
     return ProcView(got["held"], got["environ"], stat, sha)
 
 
-def effective_problem(st: dict[str, Any], unit: Unit, pid: int, view: ProcView | None = None) -> str | None:
+def effective_problem(st: ServiceState, unit: Unit, pid: int, view: ProcView | None = None) -> str | None:
     """What the live local process holds and runs with, against its intended identity, field by field: every
     declared file with `held` must be open or mapped by it as this very file (same inode, not replaced since),
     every model file of its argv it holds must not have been replaced on disk since it loaded, and each
@@ -204,12 +236,12 @@ def effective_problem(st: dict[str, Any], unit: Unit, pid: int, view: ProcView |
                 else f", it holds no {ext or 'such'} file"
             )
             out.append(f"files {f['path']}: intended sha256 {f['sha256'][:16]}…, not open or mapped by pid {pid}{what}")
-    for f in st.get("model_files") or []:
-        real = str((Path(st.get("cwd") or "/") / f["path"]).resolve())
+    for m in st.get("model_files") or []:
+        real = str((Path(st.get("cwd") or "/") / m["path"]).resolve())
         stale = [h for h in held if h["path"] == real and h["replaced"]]
         if stale:
             out.append(
-                f"{f['option']} {f['path']}: intended sha256 {f['sha256'][:16]}…, pid {pid} maps the file that "
+                f"{m['option']} {m['path']}: intended sha256 {m['sha256'][:16]}…, pid {pid} maps the file that "
                 f"path named when it loaded, sha256 {v.sha256(stale[0]['via'])[:16]}… (replaced on disk since)"
             )
     want = st.get("env_sha256") or {}
@@ -225,9 +257,9 @@ def effective_problem(st: dict[str, Any], unit: Unit, pid: int, view: ProcView |
     return "; ".join(out) or None
 
 
-def _cmdline(st: dict[str, Any]) -> list[str] | None:
+def _cmdline(st: ServiceState) -> list[str] | None:
     rem = remote_of(st)
-    pid = int(st["proc"]["pid"])
+    pid = int((st.get("proc") or {})["pid"])  # verify calls it on a recorded live process
     if rem is None:
         return procs.cmdline(pid)
     try:
@@ -236,9 +268,13 @@ def _cmdline(st: dict[str, Any]) -> list[str] | None:
         return None
 
 
-def terminate(st: dict[str, Any]) -> bool:
+def terminate(st: ServiceState) -> bool:
+    """Stop the recorded process (locally or over SSH); False when none is recorded or it was already gone."""
+    proc = st.get("proc")
+    if not proc:
+        return False
     rem = remote_of(st)
-    return procs.terminate(st["proc"]) if rem is None else rem.terminate(st["proc"])
+    return procs.terminate(proc) if rem is None else rem.terminate(proc)
 
 
 def owner_problem(case: Case, unit: Unit, pid: int) -> str | None:
@@ -284,7 +320,7 @@ class HealthWait:
 
 
 def stop(ws: Workspace, key: str) -> bool:
-    st = read_json_or_none(state_path(ws, key))
+    st = read_state(ws, key)
     if not st or not st.get("proc"):
         return False
     try:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 import shlex
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import anyio
 
@@ -148,7 +148,7 @@ async def _stat(conn: asyncssh.SSHClientConnection, pid: int) -> tuple[str, int]
     return _parse_stat(out) if status == 0 else None
 
 
-def _alive_from(stat: tuple[str, int] | None, ref: dict[str, Any]) -> bool:
+def _alive_from(stat: tuple[str, int] | None, ref: Mapping[str, Any]) -> bool:
     if stat is None or stat[0] == "Z":
         return False
     return ref.get("start_time") in (None, 0, stat[1])
@@ -199,7 +199,7 @@ async def cmdline_async(conn: asyncssh.SSHClientConnection, pid: int) -> list[st
     return [a.decode(errors="replace") for a in out.split(b"\0") if a]
 
 
-async def terminate_async(conn: asyncssh.SSHClientConnection, ref: dict[str, Any], grace_s: float) -> bool:
+async def terminate_async(conn: asyncssh.SSHClientConnection, ref: Mapping[str, Any], grace_s: float) -> bool:
     """TERM the process group (or the process), KILL after grace_s; one remote script, checked by start time."""
     polls = max(1, int(grace_s * 10))
     want = int(ref.get("start_time") or 0)
@@ -222,7 +222,7 @@ async def terminate_async(conn: asyncssh.SSHClientConnection, ref: dict[str, Any
     return out.strip() == b"stopped"
 
 
-async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[str]) -> dict[str, Any]:
+async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[str]) -> Probe:
     """What pid on the host maps and holds open, the (dev, inode) of each path, and its environment: one script.
     See parse_probe; environment values are returned to the caller to hash, never logged."""
     quoted_paths = " ".join(shlex.quote(x) for x in paths)
@@ -242,8 +242,16 @@ async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[
     return parse_probe(out.decode(errors="replace"), pid, paths)
 
 
-def parse_probe(text: str, pid: int, paths: list[str]) -> dict[str, Any]:
-    """{'held': [HeldFile...], 'stat': {path: [dev, inode, size, mtime] | None}, 'environ': {name: value}}."""
+class Probe(TypedDict):
+    """What one probe script read on the host about a process and some paths."""
+
+    held: list[procs.HeldFile]  # files it maps or holds open
+    stat: dict[str, list[int] | None]  # path -> [dev, inode, size, mtime], None when it cannot be read
+    environ: dict[str, str]  # its environment, for the caller to hash (never logged)
+
+
+def parse_probe(text: str, pid: int, paths: list[str]) -> Probe:
+    """The probe script's output, section by section (#maps, #fd, #stat, #env)."""
     part: dict[str, list[str]] = {"maps": [], "fd": [], "stat": [], "env": []}
     cur = None
     for line in text.split("\n"):
@@ -347,17 +355,17 @@ class Remote:
         stat = self._call(lambda conn: _stat(conn, pid))
         return stat[1] if stat else None
 
-    def alive(self, ref: dict[str, Any] | None) -> bool:
+    def alive(self, ref: Mapping[str, Any] | None) -> bool:
         """True when the referenced process runs on this host (same pid AND start time, not a zombie)."""
         if not ref or "pid" not in ref or ref.get("host") not in (None, self.ssh.host):
             return False
         return _alive_from(self._call(lambda conn: _stat(conn, int(ref["pid"]))), ref)
 
-    def terminate(self, ref: dict[str, Any], grace_s: float = 5.0) -> bool:
+    def terminate(self, ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
         """TERM then KILL; True when this call stopped it, False when it was already gone (or would not die)."""
         return self._call(lambda conn: terminate_async(conn, ref, grace_s), timeout_s=2 * grace_s + COMMAND_TIMEOUT_S)
 
-    def probe(self, pid: int, paths: list[str]) -> dict[str, Any]:
+    def probe(self, pid: int, paths: list[str]) -> Probe:
         """The held files, the paths' (dev, inode, size, mtime) and the environment of pid on the host."""
         return self._call(lambda conn: probe_async(conn, pid, paths))
 
