@@ -271,6 +271,11 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     runs = [m for m in scan_runs(ws).metas]
     assert _formal(port) == 32 * len(runs), stats(port)  # every run measured once, none re-sent
     assert view.progress["service_starts"] == 1, view.progress  # load-only points ran hot on one service
+    # every point's preflight is a fresh process handed its run (from the second on, spawned by the driver while
+    # the previous point post-processed), sockets forbidden
+    pre = [read_json_or_none(ws.run(m.run_id).phase_file("preflight")) or {} for m in runs]
+    assert all(p["checks"]["process"] == "spawned ahead, handed the run" for p in pre), pre
+    assert all(p["checks"]["sockets"] == "forbidden (audit hook)" for p in pre), pre
     assert f"campaign {gid}" in ws.handoff.read_text()
 
     # the person's limit changes: the same points are re-decided, no request is sent

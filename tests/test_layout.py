@@ -73,6 +73,26 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _lazy_names() -> dict[str, dict[str, str]]:
+    """Per package whose `__init__` resolves names lazily (PEP 562, a `_LAZY = {name: module}` literal): where
+    each name lives. `from pkg import name` then imports that module, not the whole package."""
+    out: dict[str, dict[str, str]] = {}
+    for mod, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+            if isinstance(target, ast.Name) and target.id == "_LAZY" and isinstance(node.value, ast.Dict):
+                out[mod] = {
+                    ast.literal_eval(k): ast.literal_eval(v)
+                    for k, v in zip(node.value.keys, node.value.values, strict=True)
+                }
+    return out
+
+
+LAZY = _lazy_names()
+
+
 def _imports() -> Iterator[Import]:
     for mod, path in MODULES.items():
         text = path.read_text()
@@ -106,7 +126,10 @@ def _imports() -> Iterator[Import]:
                     pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
                     pkg = pkg[: len(pkg) - node.level + 1]
                     base = ".".join(pkg) + (f".{node.module}" if node.module else "")
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else LAZY.get(base, {}).get(a.name, base)
+                    for a in node.names
+                ]
             for t in dict.fromkeys(targets):
                 if t.split(".")[0] == "caseledger":
                     while t not in MODULES and "." in t:

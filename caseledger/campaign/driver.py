@@ -33,12 +33,15 @@ from caseledger.campaign.store import (
     load_campaign,
 )
 from caseledger.campaign.view import current_plan
+from caseledger.case.model import Case
+from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
 from caseledger.ledger import authorization
 from caseledger.ledger.runs import load_run
-from caseledger.ledger.state import RunState, fold
+from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.outcome import handoff
+from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
 from caseledger.run.start import launch, wait_for
 from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
@@ -108,8 +111,9 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         pause = min(DISTORTED_PAUSE_MAX_S, DISTORTED_PAUSE_S * o.bad_runs)
         _note_wait(ws, gid, f"{o.label}: last run distorted ({o.last_problem}); {pause:.0f} s before repeating it")
         time.sleep(pause)
+    case = load_case(ws, cid)
     try:
-        view = launch(ws, cid, load_case(ws, cid))
+        view = launch(ws, cid, case, ahead=_take_ahead(gid, case))
     except (NotAuthorized, TargetHeld) as e:
         _note_wait(ws, gid, e.message)
         return "wait"
@@ -117,9 +121,44 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         event(ws, gid, "point_refused", case_id=cid, error=e.message)
         return "wait"
     event(ws, gid, "point_started", case_id=cid, run_id=view.run_id, label=point.label if point else cid, why=why)
-    end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S)
+    end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S, progress=lambda v: _after_window(gid, v, case))
     event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
     return "went"
+
+
+# The next point's preflight process, spawned once this point's formal window has closed: its imports (the
+# load plan, the collector's numpy and models; most of a preflight's CPU) then overlap this point's collector,
+# which runs on one core, instead of the next point's start, where the controller and the load client import.
+# It still gets its run only at launch and checks it from disk, sockets forbidden, like any preflight.
+_AHEAD: dict[str, tuple[subprocess.Popen[bytes], frozenset[str]]] = {}
+_WINDOW_CLOSED = (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED, PhaseState.FAILED, PhaseState.UNKNOWN)
+
+
+def _after_window(gid: str, view: RunView, case: Case) -> None:
+    if gid not in _AHEAD and view.phases[Phase.LOAD].state in _WINDOW_CLOSED:
+        keep = frozenset(case.env_names())
+        _AHEAD[gid] = (spawn_ahead(keep), keep)
+
+
+def _take_ahead(gid: str, case: Case) -> subprocess.Popen[bytes] | None:
+    """The waiting preflight process, if it was spawned with every variable this case names (else it is
+    stopped, and launch spawns one with the right environment)."""
+    got = _AHEAD.pop(gid, None)
+    if got is None:
+        return None
+    proc, keep = got
+    if case.env_names() <= keep:
+        return proc
+    _drop(proc)
+    return None
+
+
+def _drop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a preflight process that was never handed a run (it only waits on its stdin) and reap it."""
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
 
 
 _LAST_WAIT: dict[str, str] = {}
@@ -166,6 +205,8 @@ def drive(ws: Workspace, gid: str) -> int:
         info = read_json_or_none(driver_file(ws, gid)) or {}
         write_json(driver_file(ws, gid), {**info, "ended_utc": utc_now(), "outcome": outcome})
         event(ws, gid, "driver_ended", outcome=outcome)
+        if gid in _AHEAD:  # the campaign ended (or the driver failed) before the next point: nothing to check
+            _drop(_AHEAD.pop(gid)[0])
         with contextlib.suppress(OSError, CaseledgerError):
             handoff.refresh(ws)
     return 0

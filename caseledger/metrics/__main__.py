@@ -10,6 +10,7 @@ on stderr. It imports no network or model library (mcp, httpx, transformers).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import traceback
 from pathlib import Path
@@ -126,4 +127,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # no final collection over every imported model at exit: ~0.15 s of teardown
+    sys.exit(code)

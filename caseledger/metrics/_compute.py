@@ -24,10 +24,7 @@ from caseledger.metrics._checks import Validity, check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (
     DEFINITIONS,
-    NATIVE_RULES,
     PROCESSOR_VERSION,
-    RATIO_MAX,
-    RATIO_MIN_EXCLUSIVE,
     CacheFigures,
     ConcurrencySeries,
     Distribution,
@@ -35,7 +32,6 @@ from caseledger.metrics._models import (
     HostLoad,
     Inputs,
     Latency,
-    NativeRule,
     NotObserved,
     Params,
     Result,
@@ -54,6 +50,7 @@ from caseledger.metrics._models import (
     value_in,
 )
 from caseledger.metrics._noise import good_requests, interval
+from caseledger.metrics._params import params_key, resolve_params
 from caseledger.metrics._sessions import conversations
 from caseledger.metrics._spec import SpecCounters, not_observed_spec, per_request, spec_counters, window_spec
 from caseledger.records import RawRecord
@@ -63,28 +60,6 @@ _MS = 1e6  # ns per ms
 _S = 1e9  # ns per s
 _SERIES_EXACT_MAX = 4096  # change points kept exactly; beyond this the series is bucketed
 _SERIES_BUCKETS = 2048
-
-
-def params_key(rule: str, ratio: float | None) -> str:
-    """Directory key of the processing parameters: 'aisbench' or 'sglang-r0.9'."""
-    return rule if rule != "sglang" else f"sglang-r{ratio:g}"
-
-
-def resolve_params(case: Case, rule: str | None, ratio: float | None) -> Params:
-    """Parameters as applied: CLI/API overrides over the case's measurement.native."""
-    chosen = rule or case.measurement.native.rule
-    if chosen not in NATIVE_RULES:
-        raise ValueError(f"unknown native rule '{chosen}'; known: {', '.join(NATIVE_RULES)}")
-    eff_rule: NativeRule = "sglang" if chosen == "sglang" else "aisbench"
-    eff_ratio: float | None = None
-    if eff_rule == "sglang":
-        eff_ratio = float(ratio if ratio is not None else case.measurement.native.ratio)
-        if not RATIO_MIN_EXCLUSIVE < eff_ratio <= RATIO_MAX:
-            raise ValueError(
-                f"native ratio {eff_ratio} is outside ({RATIO_MIN_EXCLUSIVE:g}, {RATIO_MAX:g}]; "
-                "e.g. 0.9 = 90% of peak concurrency"
-            )
-    return Params(native_rule=eff_rule, native_ratio=eff_ratio, spec_decode=case.measurement.spec_decode)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -7,7 +7,6 @@ pasted; deleting the file loses nothing (`caseledger handoff` and every state ch
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from caseledger import ledger, procs, redact
 from caseledger.case.store import remember_secrets
@@ -16,11 +15,10 @@ from caseledger.ledger import authorization, queue
 from caseledger.ledger.index import Index, RunRow, open_index, row_of
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold
+from caseledger.outcome.decide import broken
+from caseledger.outcome.summary import ScenarioView, scenario_view
 from caseledger.records import read_jsonl
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
-
-if TYPE_CHECKING:
-    from caseledger.outcome.summary import ScenarioView
 
 MAX_BYTES = 1024
 MAX_LINES = 25
@@ -76,9 +74,6 @@ RECENT = 40  # runs whose problems the handoff lists
 
 def _view(ws: Workspace, idx: Index, name: str) -> ScenarioView | str:
     """The scenario's view (as summarize(scenario=...) answers), or its bare name when it has none here."""
-    # the controller refreshes HANDOFF.md before the first formal request: these stay off its hot path
-    from caseledger.outcome.summary import scenario_view  # lazy: pulls metrics and numpy (~40 ms)
-
     try:
         return scenario_view(ws, name, idx)
     except CaseledgerError:  # runs of cases not frozen here (imported): no scenario rows
@@ -194,9 +189,6 @@ def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str,
 def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[str]:
     """The scenario in a few lines, from the same view summarize(scenario=...) answers with: per case its
     change against the baseline, latest valid run, decision metric and verdict; the best within limits."""
-    # the controller refreshes HANDOFF.md before the first formal request: these stay off its hot path
-    from caseledger.outcome.decide import broken  # lazy: pulls metrics and numpy (~40 ms)
-
     if isinstance(view, str):
         return [f"scenario: {view}"]
     name = view.scenario

@@ -28,8 +28,6 @@ from caseledger.metrics import (
     Result,
     WindowResult,
     latest_result,
-    per_request_ms,
-    read_raw,
 )
 from caseledger.outcome import report
 from caseledger.outcome.decide import (
@@ -753,5 +751,9 @@ def latency_samples(ws: Workspace, run_id: str) -> dict[str, F64]:
     raw = ws.run(run_id).raw
     if not raw.is_file():
         return {}
+    # lazy: numpy, only where per-request samples are read (decide, the campaign view), never in a refresh
+    from caseledger.metrics._columns import read_raw
+    from caseledger.metrics._compute import per_request_ms  # lazy: numpy, as above
+
     columns, _ = read_raw(raw)
     return per_request_ms(columns)

@@ -10,6 +10,7 @@ controller stops at once.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -379,4 +380,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    gc.freeze()  # no final collection over every imported model at exit: ~0.15 s of teardown (the driver waits for it)
+    raise SystemExit(code)

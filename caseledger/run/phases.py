@@ -28,6 +28,7 @@ from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import AUTH_STATUSES, api_key_of, client_timing, refuse_auth, run_requests
 from caseledger.load.plan import RequestSpec, raw_bytes_needed, request_body, request_url
+from caseledger.outcome import summary
 from caseledger.procs import child_env
 from caseledger.records import RawRecord, read_records
 from caseledger.run import remote_load
@@ -828,8 +829,5 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
 
 
 def decide(run: Run) -> dict[str, Any]:
-    # lazy: summary pulls metrics and report (~40 ms), needed only here, not before the first formal request
-    from caseledger.outcome import summary
-
     rec = summary.decide_run(run)
     return {"decision": rec.get("outcome"), "missing": rec.get("missing", []), "baseline": rec.get("baseline_ref")}

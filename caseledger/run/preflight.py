@@ -10,6 +10,7 @@ the deadline and free disk. It prints one JSON line and exits 0, or prints the e
 from __future__ import annotations
 
 import contextlib
+import gc
 import shutil
 import subprocess
 import sys
@@ -242,4 +243,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    gc.freeze()  # no final collection over every imported model at exit: ~0.15 s of teardown
+    raise SystemExit(code)

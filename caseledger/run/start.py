@@ -176,13 +176,17 @@ def launch(
     wait: bool = False,
     timeout_s: float = 3600.0,
     progress: Progress | None = None,
+    ahead: subprocess.Popen[bytes] | None = None,
 ) -> RunView:
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
-    wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy."""
+    wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy.
+    `ahead`: a preflight process spawned earlier with spawn_ahead (a campaign's driver starts the next point's
+    while the previous point post-processes); it is handed this run, or killed if it is not used."""
     key = target_key(case.canonical())
     rid = new_run_id(ws)
-    ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
+    if ahead is None or ahead.poll() is not None:
+        ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
     try:
         with authorization.claim(ws, rid) as mode:
             lease = run_lease.acquire(ws, case, key, run_id=rid, owner=None)
