@@ -98,6 +98,63 @@ def _row(label: str, tries: list[tuple[float, float, int]]) -> str:
     )
 
 
+def summarize_call(argv: list[str], scenario: str) -> tuple[float, bool]:
+    """(s from the tools/call request to its answer, whether it attached a PNG) of a fresh server's first call."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        _send(p, INIT)
+        _answer(p, 1)
+        call = {"name": "summarize", "arguments": {"scenario": scenario}}
+        t = time.perf_counter()
+        _send(p, LIST[0], {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        got = _answer(p, 3)["result"]
+        took = time.perf_counter() - t
+        return took, any(c.get("type") == "image" for c in got.get("content", []))
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(30)
+
+
+def summarize_after_run(servers: dict[str, list[str]], n: int) -> None:
+    """The first MCP summarize of a scenario right after a fresh run (reference target, 8 requests), n runs: by
+    this tree's server as this tree's controller leaves the workspace (the chart drawn at the end of the run), then
+    with the chart deleted, as a controller that does not draw leaves it, by every caseledger server."""
+    sys.path.insert(0, str(ROOT))
+    from caseledger import procs, services
+    from caseledger.ledger import authorization
+    from caseledger.tools import freeze_case, start_run
+    from caseledger.workspace import Workspace, read_json_or_none
+    from tests.conftest import free_port, ref_draft
+
+    ws = Workspace(Path(tempfile.mkdtemp(prefix="bench-summarize-")))
+    (ws.root / "cases").mkdir()
+    authorization.set_mode(ws, "auto")
+    mine = next(k for k in servers if "this tree" in k)
+    times: dict[str, list[float]] = {}
+    port = free_port()
+    try:
+        for i in range(n):
+            case = ref_draft(port, scenario="bench-first", load={"requests": 8, "concurrency": i + 1})
+            r = start_run(ws, freeze_case(ws, draft=case).case_id, wait=True)
+            ctl = read_json_or_none(ws.run(str(r.run_id)).controller_pid)
+            while procs.alive(ctl):  # this tree's controller draws after the run's outcome
+                time.sleep(0.05)
+            runs = [(f"{mine}, chart drawn by the controller", servers[mine])]
+            runs += [(f"{k}, chart not on disk", v) for k, v in servers.items() if k.startswith("caseledger")]
+            for label, argv in runs:
+                if "not on disk" in label:
+                    for f in ws.reports_dir.glob("scenario-bench-first-*.png"):
+                        f.unlink()
+                took, png = summarize_call([*argv[:-1], str(ws.root)], "bench-first")
+                times.setdefault(label + ("" if png else " (no PNG!)"), []).append(took)
+    finally:
+        services.stop_all(ws)
+    print(f"first MCP summarize of a scenario after a fresh run ({n} runs; tools/call to answer):")
+    for label, xs in times.items():
+        print(f"  {label:<64} median {statistics.median(xs):.3f} s  ({', '.join(f'{x:.3f}' for x in xs)})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", nargs="?", type=int, default=7, help="tries per server")
@@ -123,9 +180,7 @@ def main() -> int:
             _row(label, got) + ("" if "floor" in label else f"  (+{statistics.median(x[0] for x in got) - floor:.3f})")
         )
     if args.summarize:
-        from bench_summarize_first import summarize_after_run
-
-        summarize_after_run(args.n)
+        summarize_after_run(servers, max(1, args.n // 2))
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import subprocess
 import sys
 import time
@@ -157,7 +158,23 @@ def drive(ws: Workspace, gid: str) -> int:
         event(ws, gid, "driver_ended", outcome=outcome)
         with contextlib.suppress(OSError, CaseledgerError):
             handoff.refresh(ws)
+        _draw_charts(ws, gid)
     return 0
+
+
+def _draw_charts(ws: Workspace, gid: str) -> None:
+    """The campaign's scenario chart, drawn once the driver ends so the next summarize finds it on disk (not
+    between points: the drawing would share the cores with the next point's formal window; the controllers of
+    driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's log."""
+    try:
+        os.nice(19)
+        from caseledger.tools.summarize import draw_scenario  # lazy: matplotlib
+
+        _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
+        for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):
+            draw_scenario(ws, scenario)
+    except Exception as e:  # a derived file: the campaign's facts stand whatever fails here
+        print(f"driver: scenario chart not drawn: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:

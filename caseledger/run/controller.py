@@ -41,10 +41,29 @@ from caseledger.run import lease as run_lease
 from caseledger.run import phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
-from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
+from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, write_json
 
 PhaseBody = Callable[["Controller", int], dict[str, Any]]
 STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
+
+
+def draw_chart(ws: Workspace, case_id: str, scenario: str) -> None:
+    """Draw the scenario's chart for the result this run added, so the next summarize (MCP or CLI) finds it on disk
+    instead of paying matplotlib and the drawing (~1.7 s) in the call. Last and at the lowest CPU priority: after
+    the outcome is recorded and the lease released, so a run starting meanwhile keeps the cores. Skipped for the
+    point of a driven campaign (its driver draws once when it ends, not between points). Derived only: a failure
+    is noted in the controller's log and never changes the run's outcome."""
+    try:
+        os.nice(19)
+        from caseledger.campaign.store import campaign_of  # lazy: numpy, matplotlib (a controller starts light)
+        from caseledger.campaign.view import driver_alive
+        from caseledger.tools.summarize import draw_scenario
+
+        gid = campaign_of(ws, case_id)
+        if gid is None or not driver_alive(ws, gid):
+            draw_scenario(ws, scenario)
+    except Exception as e:  # a derived file: whatever fails here, the run's facts stand
+        print(f"controller: scenario chart not drawn: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 class Controller:
@@ -179,6 +198,8 @@ class Controller:
                     ledger.append_event(
                         self.ws, self.paths, "started_queued_run", owner=self.owner, data={"run_id": nxt}
                     )
+                elif outcome == "succeeded":
+                    draw_chart(self.ws, self.case.case_id, self.case.scenario)
         return 0 if outcome == "succeeded" else 1
 
     def _disk_full(self, e: OSError, phase: Phase | None) -> None:

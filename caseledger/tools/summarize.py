@@ -277,6 +277,12 @@ def scenario_plot_path(ws: Workspace, view: ScenarioView) -> str | None:
     return str(ws.reports_dir / f"scenario-{view.scenario}-{digest}.png")
 
 
+def draw_scenario(ws: Workspace, scenario: str) -> str | None:
+    """The scenario's PNG for its current view, drawn now unless it is on disk already: the end of a run (the data
+    changed) calls this so that the next summarize of the scenario attaches the file instead of drawing it."""
+    return draw_plot(ws, _scenario(ws, scenario))
+
+
 def draw_plot(ws: Workspace, result: SummaryResult) -> str | None:
     """Make sure the scenario PNG the answer names exists and is whole: drawn once per view, then read from disk
     (derived: deleting it loses nothing). The older PNGs of the scenario are removed once the new one is written."""
