@@ -20,6 +20,7 @@ import orjson
 
 from caseledger import redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
+from caseledger.ledger import authorization, indexdb
 from caseledger.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def _live(a: argparse.Namespace) -> Iterator[ProgressLine | None]:
     if not getattr(a, "wait", False) or a.json:
         yield None
         return
-    from caseledger.run.progress import ProgressLine  # lazy: see _dispatch
+    from caseledger.run.progress import ProgressLine  # lazy: the case models, see _dispatch
 
     line = ProgressLine(sys.stdout, tty=sys.stdout.isatty())
     try:
@@ -336,8 +337,7 @@ def _report(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _authorize(ws: Workspace, a: argparse.Namespace) -> int:
-    from caseledger.ledger import authorization  # lazy: see _dispatch
-    from caseledger.outcome import handoff
+    from caseledger.outcome import handoff  # lazy: see _dispatch
 
     mode = authorization.set_mode(ws, a.mode)
     handoff.refresh(ws)
@@ -354,8 +354,7 @@ def _handoff(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _index(ws: Workspace, a: argparse.Namespace) -> int:
-    from caseledger.ledger import indexdb  # lazy: see _dispatch
-    from caseledger.ledger.index import open_index
+    from caseledger.ledger.index import open_index  # lazy: see _dispatch
 
     with open_index(ws, rebuild=a.rebuild) as idx:
         runs, damaged, notes = idx.count(), idx.damaged(), idx.notes()
@@ -419,7 +418,7 @@ def _demo(ws: Workspace, a: argparse.Namespace) -> int:
 
 def _schema(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.case.schema import write_schemas  # lazy: see _dispatch
-    from caseledger.server.published import write_published
+    from caseledger.server.published import write_published  # lazy: mcp, the tools
 
     paths = [str(p) for p in [*write_schemas(), write_published()]]
     _print({"written": paths}, "\n".join(paths), a.json)

@@ -34,7 +34,6 @@ HEAVY = (
     "numpy",
     "matplotlib",
     "transformers",
-    "sqlite3",
 )
 
 
@@ -136,14 +135,26 @@ def test_stdio_caseledger_mcp_lists_the_recorded_tools(tmp_path: Path) -> None:
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ]
-    p = subprocess.run(
+    p = subprocess.Popen(
         [str(exe), "mcp", "--workspace", str(tmp_path)],
-        input="".join(json.dumps(m) + "\n" for m in msgs),
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
-        timeout=120,
     )
-    answers = {m.get("id"): m for m in map(json.loads, p.stdout.splitlines())}
+    assert p.stdin is not None and p.stdout is not None
+    answers: dict[int, Any] = {}
+    try:
+        p.stdin.write("".join(json.dumps(m) + "\n" for m in msgs))
+        p.stdin.flush()  # stdin stays open until both answers are in: EOF ends the session
+        while len(answers) < 2:
+            line = p.stdout.readline()
+            assert line, "the server closed stdout before answering"
+            m = json.loads(line)
+            answers[m["id"]] = m
+    finally:
+        p.stdin.close()
+        p.wait(30)
     recorded = json.loads(SURFACE.read_text())
     assert answers[2]["result"]["tools"] == recorded["tools/list"]["tools"]
     assert answers[1]["result"]["instructions"] == recorded["instructions"]

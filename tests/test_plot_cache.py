@@ -154,7 +154,7 @@ def test_a_chart_that_cannot_be_drawn_is_noted_and_never_fails_the_caller(tmp_pa
     (tmp_path / "cases").mkdir()
     code = (
         "import sys; from caseledger.run.controller import draw_chart; from caseledger.workspace import Workspace; "
-        "draw_chart(Workspace(sys.argv[1]), 'c-0123456789ab', 'no-such-scenario'); print('returned')"
+        "draw_chart(Workspace(sys.argv[1]), 'no-such-scenario'); print('returned')"
     )
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "returned", p.stderr[-2000:]

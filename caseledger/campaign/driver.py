@@ -32,6 +32,7 @@ from caseledger.ledger import authorization
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import RunState, fold
 from caseledger.outcome import handoff
+from caseledger.run.controller import DRIVEN_BY
 from caseledger.run.resume import resume
 from caseledger.run.start import launch, wait_for
 from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
@@ -136,6 +137,7 @@ def drive(ws: Workspace, gid: str) -> int:
         {**procs.me(), "started_utc": utc_now(), "first_started_unix": before.get("first_started_unix", time.time())},
     )
     event(ws, gid, "driver_started", pid=procs.me()["pid"])
+    os.environ[DRIVEN_BY] = gid  # the controllers of its points leave the chart to it (run/controller.py)
     resumed: dict[str, int] = {}
     outcome = "complete"
     try:
@@ -168,7 +170,7 @@ def _draw_charts(ws: Workspace, gid: str) -> None:
     driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's log."""
     try:
         os.nice(19)
-        from caseledger.tools.summarize import draw_scenario  # lazy: matplotlib
+        from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib, only now
 
         _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
         for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):

@@ -30,8 +30,8 @@ from caseledger.server.guards import (
     read_token,
     transport_security,
 )
-from caseledger.server.published import published
-from caseledger.server.toolset import add_resources, add_result_tools, add_tools, compact_schema
+from caseledger.server.published import compact_schema, published
+from caseledger.server.toolset import add_resources, add_result_tools, add_tools
 from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")

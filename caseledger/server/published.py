@@ -48,14 +48,65 @@ def published() -> Published:
     return Published.model_validate_json(PUBLISHED_FILE.read_bytes())
 
 
+def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
+    """The same JSON Schema in fewer bytes: no generated titles, `{"type": [X, "null"]}` for an optional
+    scalar or array instead of anyOf, (output schemas) no defaults."""
+    if isinstance(schema, list):
+        return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
+            out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}
+        elif (key == "title" and isinstance(value, str)) or (key == "default" and drop_defaults) or key == "examples":
+            # examples: every description already shows one ("e.g. ...")
+            continue
+        else:
+            out[key] = compact_schema(value, drop_defaults=drop_defaults)
+    arms = out.get("anyOf")
+    if isinstance(arms, list) and len(arms) == 2 and {"type": "null"} in arms:
+        other = next(a for a in arms if a != {"type": "null"})
+        if isinstance(other, dict) and isinstance(other.get("type"), str) and not set(other) & set(out):
+            del out["anyOf"]
+            out = {**other, **out, "type": [other["type"], "null"]}
+    return out
+
+
+def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:
+    """An output schema one level deep: every top-level field with its type and description, nested models as
+    plain objects (the structured content carries them in full; the server validates it against the model).
+    Keeps tools/list small: the full schemas of nested rows would triple it."""
+
+    def flat(prop: Any) -> Any:
+        if not isinstance(prop, dict):
+            return prop
+        out = {k: v for k, v in prop.items() if k not in ("$ref", "anyOf", "items", "allOf")}
+        if "$ref" in prop or "allOf" in prop:
+            out["type"] = "object"
+        arms = prop.get("anyOf")
+        if isinstance(arms, list):
+            kinds = [a.get("type", "object") if isinstance(a, dict) else "object" for a in arms]
+            out["type"] = [k for k in dict.fromkeys(str(k) for k in kinds)]
+        if isinstance(prop.get("items"), dict):
+            items = prop["items"]
+            out["items"] = {"type": "object"} if "$ref" in items or "anyOf" in items else items
+        return out
+
+    return {
+        k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
+        for k, v in schema.items()
+        if k not in ("$defs", "required")
+    }  # every field is always present
+
+
 def generate() -> Published:
     """The generated part computed from its sources now (imports the tools: for the test and the regeneration).
     An output schema is derived as the SDK derives it from a tool's return annotation, then compacted as tools/list
     shows it."""
-    from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+    from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata  # lazy: only to generate
 
-    from caseledger.outcome.decide import DECISION_WORDS
-    from caseledger.server.toolset import compact_schema, shallow_output
+    from caseledger.outcome.decide import DECISION_WORDS  # lazy: numpy, the result models (see the docstring)
     from caseledger.tools import SummaryResult
 
     models = {"summarize": SummaryResult}

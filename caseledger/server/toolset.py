@@ -93,58 +93,6 @@ def _answer(result: _Result, what: str, checked: bool) -> CallToolResult:
     return CallToolResult(content=list(content), structured_content=structured)
 
 
-def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
-    """The same JSON Schema in fewer bytes: no generated titles, `{"type": [X, "null"]}` for an optional
-    scalar or array instead of anyOf, (output schemas) no defaults."""
-    if isinstance(schema, list):
-        return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
-            out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}
-        elif (key == "title" and isinstance(value, str)) or (key == "default" and drop_defaults) or key == "examples":
-            # examples: every description already shows one ("e.g. ...")
-            continue
-        else:
-            out[key] = compact_schema(value, drop_defaults=drop_defaults)
-    arms = out.get("anyOf")
-    if isinstance(arms, list) and len(arms) == 2 and {"type": "null"} in arms:
-        other = next(a for a in arms if a != {"type": "null"})
-        if isinstance(other, dict) and isinstance(other.get("type"), str) and not set(other) & set(out):
-            del out["anyOf"]
-            out = {**other, **out, "type": [other["type"], "null"]}
-    return out
-
-
-def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:
-    """An output schema one level deep: every top-level field with its type and description, nested models as
-    plain objects (the structured content carries them in full; the server validates it against the model).
-    Keeps tools/list small: the full schemas of nested rows would triple it."""
-
-    def flat(prop: Any) -> Any:
-        if not isinstance(prop, dict):
-            return prop
-        out = {k: v for k, v in prop.items() if k not in ("$ref", "anyOf", "items", "allOf")}
-        if "$ref" in prop or "allOf" in prop:
-            out["type"] = "object"
-        arms = prop.get("anyOf")
-        if isinstance(arms, list):
-            kinds = [a.get("type", "object") if isinstance(a, dict) else "object" for a in arms]
-            out["type"] = [k for k in dict.fromkeys(str(k) for k in kinds)]
-        if isinstance(prop.get("items"), dict):
-            items = prop["items"]
-            out["items"] = {"type": "object"} if "$ref" in items or "anyOf" in items else items
-        return out
-
-    return {
-        k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
-        for k, v in schema.items()
-        if k not in ("$defs", "required")
-    }  # every field is always present
-
-
 def bug_logged(what: str, e: Exception) -> CaseledgerError:
     """errors.unexpected(e); a bug's traceback goes to the log (a refused write is no bug)."""
     err = unexpected(e)
@@ -212,7 +160,7 @@ def _notifier(ctx: Context[Any, Any]) -> Callable[["StatusResult"], None]:
     last = [-1.0]
 
     def notify(s: "StatusResult") -> None:
-        from caseledger.tools.phase_status import phases_progress  # loaded already: the wait calls this
+        from caseledger.tools.phase_status import phases_progress  # lazy: loaded by the wait that calls this
 
         value, total, message = phases_progress(s)
         if value <= last[0]:
@@ -297,7 +245,7 @@ def _freeze_case(mcp: MCPServer, ws: Workspace) -> None:
             )
 
         def call() -> _Result:
-            from caseledger.tools import freeze_any  # lazy
+            from caseledger.tools import freeze_any  # lazy: see the module's docstring
 
             # resolved against the workspace (never the server's cwd), refused if it escapes it
             return freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False)
@@ -341,7 +289,7 @@ def _start_run(mcp: MCPServer, ws: Workspace) -> None:
         preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
 
         def call() -> _Result:
-            from caseledger.tools import start_any  # lazy
+            from caseledger.tools import start_any  # lazy: see the module's docstring
 
             return start_any(ws, case_id, preflight_only=preflight_only, queue=queue)
 
@@ -378,7 +326,7 @@ def _phase_status(mcp: MCPServer, ws: Workspace) -> None:
         when something changes instead of polling with sleep."""
 
         def call() -> _Result:
-            from caseledger.tools import status_any  # lazy
+            from caseledger.tools import status_any  # lazy: see the module's docstring
 
             return status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx))
 
@@ -408,7 +356,7 @@ def _resume(mcp: MCPServer, ws: Workspace) -> None:
         caches, an ended load; a live load client is re-attached). Next: phase_status(run_id)."""
 
         def call() -> _Result:
-            from caseledger.tools import resume_any  # lazy
+            from caseledger.tools import resume_any  # lazy: see the module's docstring
 
             return resume_any(ws, run_id)
 
@@ -446,7 +394,7 @@ def _reprocess_raw(mcp: MCPServer, ws: Workspace) -> None:
         overwritten); without rule/ratio also re-decide. Sends no request. Next: summarize."""
 
         def call() -> _Result:
-            from caseledger.tools import reprocess_raw  # lazy
+            from caseledger.tools import reprocess_raw  # lazy: see the module's docstring
 
             return reprocess_raw(ws, run_id, rule=rule, ratio=ratio)
 
@@ -491,7 +439,7 @@ def _summarize(mcp: MCPServer, ws: Workspace) -> None:
         writes report.md per run (resource caseledger://runs/{run_id}/report)."""
 
         def call() -> _Result:
-            from caseledger.tools import summarize  # lazy
+            from caseledger.tools import summarize  # lazy: see the module's docstring
 
             return summarize(ws, run_ids, scenario=scenario)
 
