@@ -146,6 +146,9 @@ def _events(run_id: str, created: datetime, end: dict[str, Any], result_path: st
     return b"\n".join(lines) + b"\n"
 
 
+_Template = tuple[str, str, Path, dict[str, Any]]  # (case id, scenario, template dir, end + result path)
+
+
 def build(
     root: Path,
     n_runs: int,
@@ -159,19 +162,43 @@ def build(
     with runs in the last hours (interleaved, or blocked: all of one scenario's, then the next's), and one run in
     progress (the newest); returns what the reads need.
     tests/test_index.py builds its ledgers here too."""
-    from caseledger import procs
-    from caseledger.case.store import load_case
     from caseledger.ledger import authorization
-    from caseledger.metrics import columns_from_records, compute_result, write_result
-    from caseledger.outcome.decide import decide
-    from caseledger.tools import freeze_case
-    from caseledger.workspace import Workspace, canonical_json
+    from caseledger.workspace import Workspace
 
     ws = Workspace(root)
     (root / "cases").mkdir(parents=True, exist_ok=True)
     authorization.set_mode(ws, "auto")
     templates = root / ".bench-templates"
-    cases: list[tuple[str, str, Path, dict[str, Any]]] = []  # (case id, scenario, template dir, end)
+    cases = _templates(ws, templates, scenarios, cases_per)
+    # the runs: the oldest scenarios first, the last ACTIVE scenarios interleaved in the last hours
+    old = [cs for cs in cases if int(cs[1][-2:]) < scenarios - active]
+    new = [cs for cs in cases if int(cs[1][-2:]) >= scenarios - active]
+    n_new = recent if recent is not None else max(len(new), n_runs // 10)  # runs in the last hours
+    order = ([old[i % len(old)] for i in range(n_runs - n_new)] if old else []) + sorted(
+        (new[i % len(new)] for i in range(n_new)), key=lambda cs: cs[1] if blocked else ""
+    )
+    ids = _runs(ws, order, n_new)
+    shutil.rmtree(templates)
+    live = _live_run(ws, f"r-{len(order):08x}", new[-1], ids[-1][0])
+    return {
+        "latest": live,
+        "some_run": ids[len(ids) // 2][0],
+        "scenario": ids[-1][1],
+        "active": [f"bench-s{s:02d}" for s in range(scenarios - active, scenarios)],
+        "inactive": [f"bench-s{s:02d}" for s in range(scenarios - active)],
+    }
+
+
+def _templates(ws: Any, templates: Path, scenarios: int, cases_per: int) -> list[_Template]:
+    """Every case frozen by freeze_case, with the files its runs share: case.json, 64 raw records, the result the
+    real processor computes from them, the decision against the scenario's first case, the end file."""
+    from caseledger.case.store import load_case
+    from caseledger.metrics import columns_from_records, compute_result, write_result
+    from caseledger.outcome.decide import decide
+    from caseledger.tools import freeze_case
+    from caseledger.workspace import canonical_json
+
+    cases: list[_Template] = []
     base_result = {}
     for s in range(scenarios):
         name = f"bench-s{s:02d}"
@@ -197,14 +224,13 @@ def build(
             end = {"planned": 64, "sent": 64, "done": 64, "ok": 64, "failed": 0}
             (t / "load" / "end.json").write_bytes(orjson.dumps(end))
             cases.append((cid, name, t, {**end, "result_rel": str(path.relative_to(t))}))
-    # the runs: the oldest scenarios first, the last ACTIVE scenarios interleaved in the last hours
+    return cases
+
+
+def _runs(ws: Any, order: list[_Template], n_new: int) -> list[tuple[str, str]]:
+    """One run directory per entry of `order`, hard-linking its case's files; the last n_new in the last hours,
+    the others a month ago, a minute apart. Returns (run id, scenario) in order."""
     now = datetime.now(UTC)
-    old = [cs for cs in cases if int(cs[1][-2:]) < scenarios - active]
-    new = [cs for cs in cases if int(cs[1][-2:]) >= scenarios - active]
-    n_new = recent if recent is not None else max(len(new), n_runs // 10)  # runs in the last hours
-    order = ([old[i % len(old)] for i in range(n_runs - n_new)] if old else []) + sorted(
-        (new[i % len(new)] for i in range(n_new)), key=lambda cs: cs[1] if blocked else ""
-    )
     runs_dir = ws.runs_dir
     runs_dir.mkdir(parents=True, exist_ok=True)
     ids = []
@@ -226,34 +252,43 @@ def build(
         env = (t / end["result_rel"]).parent / "env.json"
         if env.exists():
             os.link(env, (d / end["result_rel"]).parent / "env.json")
-        meta = {
-            "run_id": rid,
-            "case_id": cid,
-            "scenario": name,
-            "parent_case": None,
-            "workspace": str(root),
-            "dataset_id": "d-bench",
-            "salt": None,
-            "planned": 64,
-            "target_key": "bench-target",
-            "created_utc": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "plan": [{"phase": p, "action": "run", "reason": "bench"} for p in PHASES],
-            "fence": 1,
-            "authorized": "auto",
-            "controller_spawned": True,
-        }
-        (d / "run.json").write_bytes(orjson.dumps(meta))
+        (d / "run.json").write_bytes(orjson.dumps(_meta(rid, cid, name, str(ws.root), created)))
         (d / "events.jsonl").write_bytes(_events(rid, created, end, str(d / end["result_rel"])))
         ids.append((rid, name))
-    shutil.rmtree(templates)
-    # one run in progress (the controller's refresh appends to it): its controller "alive" (the bench's own
-    # process stands in: the reads see a live process)
-    live = f"r-{len(order):08x}"
+    return ids
+
+
+def _meta(rid: str, cid: str, scenario: str, root: str, created: datetime) -> dict[str, Any]:
+    return {
+        "run_id": rid,
+        "case_id": cid,
+        "scenario": scenario,
+        "parent_case": None,
+        "workspace": root,
+        "dataset_id": "d-bench",
+        "salt": None,
+        "planned": 64,
+        "target_key": "bench-target",
+        "created_utc": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "plan": [{"phase": p, "action": "run", "reason": "bench"} for p in PHASES],
+        "fence": 1,
+        "authorized": "auto",
+        "controller_spawned": True,
+    }
+
+
+def _live_run(ws: Any, live: str, case: _Template, newest: str) -> str:
+    """One run in progress (the controller's refresh appends to it): its controller "alive" (the bench's own
+    process stands in: the reads see a live process)."""
+    from caseledger import procs
+
+    runs_dir = ws.runs_dir
     d = runs_dir / live
     (d / "load").mkdir(parents=True)
-    cid, name, _, _ = new[-1]
-    shutil.copy(runs_dir / ids[-1][0] / "case.json", d / "case.json")
-    meta = orjson.loads((runs_dir / ids[-1][0] / "run.json").read_bytes())
+    cid, name, _, _ = case
+    now = datetime.now(UTC)
+    shutil.copy(runs_dir / newest / "case.json", d / "case.json")
+    meta = orjson.loads((runs_dir / newest / "run.json").read_bytes())
     meta.update(
         run_id=live,
         case_id=cid,
@@ -264,13 +299,33 @@ def build(
     events = [json.loads(x) for x in _events(live, now, {"sent": 0, "done": 0}, "").splitlines()[:2]]
     (d / "events.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     (d / "controller.pid.json").write_bytes(orjson.dumps(procs.me()))  # alive while the bench runs (RunPaths)
-    return {
-        "latest": live,
-        "some_run": ids[len(ids) // 2][0],
-        "scenario": ids[-1][1],
-        "active": [f"bench-s{s:02d}" for s in range(scenarios - active, scenarios)],
-        "inactive": [f"bench-s{s:02d}" for s in range(scenarios - active)],
-    }
+    return live
+
+
+REBUILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from caseledger.ledger.index import open_index
+from caseledger.workspace import Workspace
+t = time.perf_counter()
+with open_index(Workspace(sys.argv[2]), rebuild=True) as idx:
+    n = idx.count()
+print(json.dumps({"s": time.perf_counter() - t, "runs": n,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def rebuild_index(root: Path) -> dict[str, Any]:
+    """The index built from the files once, in a fresh interpreter (`caseledger index --rebuild` does the same): the
+    builder writes the files only, as an index lost or damaged would leave them. Not a read: the reads below then
+    find the index the ledger's writers keep in step."""
+    p = subprocess.run(
+        [sys.executable, "-c", REBUILD, str(ROOT), str(root)], capture_output=True, text=True, timeout=1800
+    )
+    if p.returncode != 0:
+        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the reads
@@ -406,6 +461,8 @@ def main() -> int:
                 info = build(root, n)
                 info_file.write_text(json.dumps(info))
                 print(f"\n{n} runs: built in {time.perf_counter() - t:.1f} s")
+                idx = rebuild_index(root)
+                print(f"index rebuilt from the files (once): {idx}")
             from caseledger import procs  # the live run's controller: this process, alive while it reads
 
             (root / "ledger" / "runs" / info["latest"] / "controller.pid.json").write_bytes(orjson.dumps(procs.me()))

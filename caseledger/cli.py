@@ -19,16 +19,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import orjson
 
 from caseledger import redact
-from caseledger.case.schema import write_schemas
-from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
-from caseledger.ledger.index import open_index
-from caseledger.outcome import handoff
-from caseledger.run.progress import ProgressLine
 from caseledger.workspace import Workspace
 
 if TYPE_CHECKING:
+    from caseledger.run.progress import ProgressLine
     from caseledger.tools import SummaryResult
 
 
@@ -63,6 +59,8 @@ def _live(a: argparse.Namespace) -> Iterator[ProgressLine | None]:
     if not getattr(a, "wait", False) or a.json:
         yield None
         return
+    from caseledger.run.progress import ProgressLine  # lazy: the case models, see _dispatch
+
     line = ProgressLine(sys.stdout, tty=sys.stdout.isatty())
     try:
         yield line
@@ -273,7 +271,10 @@ def _refuse(e: CaseledgerError) -> int:
 
 def _dispatch(a: argparse.Namespace) -> int:
     ws = Workspace.open(a.workspace)
-    remember_secrets(ws)  # answers mask the values of every frozen case's secrets, whichever run they show
+    if a.cmd != "mcp":  # the server remembers them before every answer, and starts without reading the cases
+        from caseledger.case.store import remember_secrets  # lazy: the case models (~0.2 s) `mcp` starts without
+
+        remember_secrets(ws)  # answers mask the values of every frozen case's secrets, whichever run they show
     return _COMMANDS[a.cmd](ws, a)
 
 
@@ -337,6 +338,8 @@ def _report(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _authorize(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.outcome import handoff  # lazy: see _dispatch
+
     mode = authorization.set_mode(ws, a.mode)
     handoff.refresh(ws)
     _print({"authorization": mode}, f"authorization: {mode}", a.json)
@@ -344,12 +347,16 @@ def _authorize(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _handoff(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.outcome import handoff  # lazy: see _dispatch
+
     text = handoff.refresh(ws, verify=True)
     _print({"handoff": text, "path": str(ws.handoff)}, text.rstrip("\n"), a.json)
     return 0
 
 
 def _index(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.ledger.index import open_index  # lazy: see _dispatch
+
     with open_index(ws, rebuild=a.rebuild) as idx:
         runs, damaged, notes = idx.count(), idx.damaged(), idx.notes()
         where = str(indexdb.path_of(ws.ledger)) if idx.persistent else "memory (the ledger is not writable)"
@@ -414,7 +421,10 @@ def _demo(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _schema(ws: Workspace, a: argparse.Namespace) -> int:
-    paths = [str(p) for p in write_schemas()]
+    from caseledger.case.schema import write_schemas  # lazy: see _dispatch
+    from caseledger.server.published import write_published  # lazy: mcp, the tools
+
+    paths = [str(p) for p in [*write_schemas(), write_published()]]
     _print({"written": paths}, "\n".join(paths), a.json)
     return 0
 

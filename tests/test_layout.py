@@ -50,6 +50,11 @@ HEAVY = {
     "gguf",
 }
 
+# caseledger modules slow to import on their own, as heavy as the modules above for this rule: the case models
+# (~0.1-0.2 s of pydantic model building, and everything that reads a case imports them), which `caseledger mcp`
+# starts without (tests/test_mcp_start.py).
+SLOW = {"caseledger.case.model"}
+
 
 @dataclass(frozen=True)
 class Import:
@@ -203,7 +208,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def _heavy_modules(edges: dict[str, set[str]]) -> set[str]:
     """caseledger modules that import a heavy module at import time, directly or through another module."""
-    direct = {i.source for i in IMPORTS if not i.in_function and i.target in HEAVY}
+    direct = {i.source for i in IMPORTS if not i.in_function and i.target in HEAVY} | SLOW
     top = {
         m: {i.target for i in IMPORTS if i.source == m and not i.in_function and i.target in MODULES} for m in MODULES
     }
@@ -298,11 +303,7 @@ def test_public_surfaces_are_sorted_complete_and_resolve(pkg: str) -> None:
 # docstring included). Exceptions name file:function and say why; none is permanent: drop an entry once its
 # function is split (a stale entry is not an error, so branches that split them merge in any order).
 MAX_FUNCTION_LINES = 80
-LONG_FUNCTIONS_ALLOWED = {
-    "server/toolset.py:add_tools": "being split on another branch",
-    "server/toolset.py:add_result_tools": "being split on another branch",
-    "run/phases.py:load": "being split on another branch",
-}
+LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}  # 'module.py:function' -> why it stays longer (none now)
 
 
 def _long_functions(root: Path, limit: int) -> list[str]:

@@ -4,6 +4,7 @@ open per thread is reopened when the file is replaced."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,68 @@ def test_the_kept_connection_is_reopened_when_the_index_file_is_replaced(
         Path(str(path) + suffix).unlink(missing_ok=True)
     with open_index(ws) as idx:
         assert idx.conn is not first and idx.count() == n and path.exists()
+
+
+SUMMARIZE_CHILD = """
+import json, sys, anyio
+from mcp import Client
+from caseledger.server import build_server
+from caseledger.workspace import Workspace
+async def main():
+    async with Client(build_server(Workspace(sys.argv[1]))) as c:
+        r = await c.call_tool("summarize", {"scenario": sys.argv[2]})
+    print(json.dumps({"error": r.is_error, "images": [b.type for b in r.content if b.type == "image"],
+                      "matplotlib": any(m.startswith("matplotlib") for m in sys.modules)}))
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_only_reads_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from caseledger import procs, services
+    from caseledger.ledger import authorization
+    from caseledger.tools import freeze_case, start_run
+    from caseledger.workspace import read_json_or_none
+    from tests.conftest import free_port, ref_draft
+
+    ws = Workspace(tmp_path / "ws")
+    (ws.root / "cases").mkdir(parents=True)
+    authorization.set_mode(ws, "auto")
+    try:
+        cid = freeze_case(ws, draft=ref_draft(free_port(), scenario="ref-drawn")).case_id
+        r = start_run(ws, cid, wait=True)
+        assert r.state == "succeeded", r.text()
+        controller = read_json_or_none(ws.run(str(r.run_id)).controller_pid)
+        deadline = time.monotonic() + 60
+        while procs.alive(controller) and time.monotonic() < deadline:  # it draws after the run's outcome
+            time.sleep(0.1)
+        assert not procs.alive(controller)
+        quick = summarize(ws, [], scenario="ref-drawn", draw=False)
+        assert quick.plot is not None and Path(quick.plot).read_bytes().startswith(b"\x89PNG")  # this view's chart
+        p = subprocess.run(
+            [sys.executable, "-c", SUMMARIZE_CHILD, str(ws.root), "ref-drawn"], capture_output=True, text=True
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        assert out == {"error": False, "images": ["image"], "matplotlib": False}  # attached, never drawn in the call
+    finally:
+        services.stop_all(ws)
+
+
+def test_a_chart_that_cannot_be_drawn_is_noted_and_never_fails_the_caller(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "cases").mkdir()
+    code = (
+        "import sys; from caseledger.run.controller import draw_chart; from caseledger.workspace import Workspace; "
+        "draw_chart(Workspace(sys.argv[1]), 'no-such-scenario'); print('returned')"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "returned", p.stderr[-2000:]
+    assert "controller: scenario chart not drawn: " in p.stderr
+    assert not (tmp_path / "ledger" / "reports").exists() or not list((tmp_path / "ledger" / "reports").iterdir())

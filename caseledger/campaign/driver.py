@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from caseledger.ledger import authorization
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.outcome import handoff
+from caseledger.run.controller import DRIVEN_BY
 from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
 from caseledger.run.start import launch, wait_for
@@ -183,6 +185,7 @@ def drive(ws: Workspace, gid: str) -> int:
     )
     event(ws, gid, "driver_started", pid=procs.me()["pid"])
     signal.signal(signal.SIGTERM, _stopped)  # `caseledger target stop`: end through `finally`, recorded
+    os.environ[DRIVEN_BY] = gid  # the controllers of its points leave the chart to it (run/controller.py)
     resumed: dict[str, int] = {}
     outcome = "complete"
     try:
@@ -209,6 +212,7 @@ def drive(ws: Workspace, gid: str) -> int:
             _drop(_AHEAD.pop(gid)[0])
         with contextlib.suppress(OSError, CaseledgerError):
             handoff.refresh(ws)
+        _draw_charts(ws, gid)
     return 0
 
 
@@ -230,6 +234,21 @@ def stop_drivers(ws: Workspace) -> list[str]:
             procs.terminate(ref, grace_s=5.0)
             stopped.append(gid)
     return stopped
+
+
+def _draw_charts(ws: Workspace, gid: str) -> None:
+    """The campaign's scenario chart, drawn once the driver ends so the next summarize finds it on disk (not
+    between points: the drawing would share the cores with the next point's formal window; the controllers of
+    driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's log."""
+    try:
+        os.nice(19)
+        from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib, only now
+
+        _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
+        for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):
+            draw_scenario(ws, scenario)
+    except Exception as e:  # a derived file: the campaign's facts stand whatever fails here
+        print(f"driver: scenario chart not drawn: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:

@@ -42,10 +42,33 @@ from caseledger.run import lease as run_lease
 from caseledger.run import load_parts, phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
-from caseledger.workspace import Spare, is_disk_full, read_json_or_none, write_json
+from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, write_json
 
 PhaseBody = Callable[["Controller", int], dict[str, Any]]
 STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
+
+
+# Set by a campaign driver in its own environment, so the controllers it starts inherit it: the driver draws the
+# scenario's chart once when it ends, not each point's controller between points (the drawing would share the
+# cores with the next point's formal window).
+DRIVEN_BY = "CASELEDGER_CAMPAIGN_DRIVER"
+
+
+def draw_chart(ws: Workspace, scenario: str) -> None:
+    """Draw the scenario's chart for the result this run added, so the next summarize (MCP or CLI) finds it on disk
+    instead of paying matplotlib and the drawing (~1.7 s) in the call. Last and at the lowest CPU priority: after
+    the outcome is recorded and the lease released, so a run starting meanwhile keeps the cores. Skipped for the
+    point of a driven campaign (its driver draws once when it ends, not between points). Derived only: a failure
+    is noted in the controller's log and never changes the run's outcome."""
+    if os.environ.get(DRIVEN_BY):
+        return
+    try:
+        os.nice(19)
+        from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib (a controller starts light)
+
+        draw_scenario(ws, scenario)
+    except Exception as e:  # a derived file: whatever fails here, the run's facts stand
+        print(f"controller: scenario chart not drawn: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 class Controller:
@@ -182,6 +205,8 @@ class Controller:
                     ledger.append_event(
                         self.ws, self.paths, "started_queued_run", owner=self.owner, data={"run_id": nxt}
                     )
+                elif outcome == "succeeded":
+                    draw_chart(self.ws, self.case.scenario)
         return 0 if outcome == "succeeded" else 1
 
     def _disk_full(self, e: OSError, phase: Phase | None) -> None:

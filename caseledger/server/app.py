@@ -20,7 +20,6 @@ from mcp.types import Tool as MCPTool
 from starlette.types import ASGIApp
 
 from caseledger.errors import CaseledgerError, NotAuthorized
-from caseledger.outcome.decide import DECISION_WORDS
 from caseledger.server.guards import (
     MAX_BODY_BYTES,
     BearerToken,
@@ -31,31 +30,28 @@ from caseledger.server.guards import (
     read_token,
     transport_security,
 )
-from caseledger.server.toolset import (
-    PUBLISHED_OUTPUTS,
-    add_resources,
-    add_result_tools,
-    add_tools,
-    compact_schema,
-    shallow_output,
-)
+from caseledger.server.published import compact_schema, published
+from caseledger.server.toolset import add_resources, add_result_tools, add_tools
 from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
 
 
-INSTRUCTIONS = f"""\
+def instructions() -> str:
+    """What a new session reads first (the decision words from caseledger.server.published)."""
+    return f"""\
 caseledger runs LLM-serving performance experiments from frozen cases; every fact is in an on-disk ledger.
 New session: read the resource caseledger://handoff first (a few lines: state and the one next action).
 Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run_id) until it says done \
 -> summarize() (one row per case of the scenario: change, run, metric, TTFT/TPOT/ITL/E2E p50/p99, limit \
 verdicts, decision). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
 requests). Every answer ends with 'next: ...' naming the call to make. Case fields: resource \
-caseledger://schema/case. Decisions: {DECISION_WORDS}."""
+caseledger://schema/case. Decisions: {published().decision_words}."""
 
 
 class _Server(MCPServer):
-    """MCPServer whose tools/list carries compacted schemas (computed once: tools never change)."""
+    """MCPServer whose tools/list carries compacted schemas (computed once: tools never change), and summarize's
+    output schema as published (caseledger.server.published: the adapters do not import the result models)."""
 
     _listed: list[MCPTool] | None = None
 
@@ -65,11 +61,7 @@ class _Server(MCPServer):
                 t.model_copy(
                     update={
                         "input_schema": compact_schema(t.input_schema),
-                        "output_schema": (
-                            shallow_output(compact_schema(t.output_schema, drop_defaults=True))
-                            if t.output_schema and t.name in PUBLISHED_OUTPUTS
-                            else None
-                        ),
+                        "output_schema": published().outputs.get(t.name),
                     }
                 )
                 for t in await super().list_tools()
@@ -83,7 +75,7 @@ def build_server(ws: Workspace) -> MCPServer:
         version = metadata.version("caseledger")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         version = "0"
-    mcp: MCPServer = _Server("caseledger", version=version, instructions=INSTRUCTIONS)
+    mcp: MCPServer = _Server("caseledger", version=version, instructions=instructions())
     add_tools(mcp, ws)
     add_result_tools(mcp, ws)
     add_resources(mcp, ws)

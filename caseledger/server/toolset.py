@@ -3,10 +3,12 @@
 Nothing here decides anything: every tool calls the plain function in a worker thread (they spawn processes
 and poll), returns its short `.text()` as the text content (summarize adds its PNG as an image block) and
 the validated model as structured content, and turns a `CaseledgerError` into a tool error naming the fix.
+
+Light on purpose: `caseledger.tools` and whatever reads the ledger (the index, the result models, numpy) are
+imported in the worker thread of the first call that needs them, never at registration, so a session answers
+`initialize` and `tools/list` without paying about a second of imports (tests/test_mcp_start.py). The adapters'
+signatures take their constants from caseledger.server.published for the same reason.
 """
-
-# No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
-
 
 # No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
 
@@ -16,7 +18,7 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -30,19 +32,15 @@ from mcp.types import (
     TextContent,
     ToolAnnotations,
 )
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 
-from caseledger import redact, tools
-from caseledger.case.model import SCENARIO_PATTERN
-from caseledger.case.schema import case_schema
-from caseledger.case.store import remember_secrets
+from caseledger import redact
 from caseledger.errors import CaseInvalid, CaseledgerError, Unexpected, unexpected
-from caseledger.ledger.runs import check_not_link
-from caseledger.metrics import RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
-from caseledger.outcome import handoff, summary
-from caseledger.tools import CampaignFrozen, FreezeResult, ReprocessResult, SummaryResult
-from caseledger.tools.phase_status import phases_progress
+from caseledger.server.published import RATIO_MAX, RATIO_MIN_EXCLUSIVE, SCENARIO_PATTERN, NativeRule
 from caseledger.workspace import Workspace
+
+if TYPE_CHECKING:
+    from caseledger.tools import StatusResult
 
 log = logging.getLogger("caseledger.server")
 
@@ -74,10 +72,11 @@ _RUN_ID = Field(
 )
 
 
-def _answer(result: _Result) -> CallToolResult:
-    """Short text for the model, the PNG where the result drew one (summarize); full structured content (the
-    SDK validates it against the outputSchema). The values of the workspace's secrets are masked in both: the
-    last line of defence, for text an older version recorded unmasked."""
+def _answer(result: _Result, what: str, checked: bool) -> CallToolResult:
+    """Short text for the model, the PNG where the result drew one (summarize); full structured content, checked
+    against the result's model where `checked` (reprocess_raw, summarize: as the SDK checks a tool's declared output
+    model, which these adapters cannot declare without importing the tools). The values of the workspace's secrets
+    are masked in both: the last line of defence, for text an older version recorded unmasked."""
     secrets = redact.current()
     content: list[TextContent | ImageContent] = [TextContent(type="text", text=secrets.mask(result.text()))]
     plot = getattr(result, "plot", None)
@@ -85,66 +84,13 @@ def _answer(result: _Result) -> CallToolResult:
         content.append(
             ImageContent(type="image", mime_type="image/png", data=base64.b64encode(Path(plot).read_bytes()).decode())
         )
-    return CallToolResult(content=list(content), structured_content=secrets.mask_obj(result.model_dump(mode="json")))
-
-
-def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
-    """The same JSON Schema in fewer bytes: no generated titles, `{"type": [X, "null"]}` for an optional
-    scalar or array instead of anyOf, (output schemas) no defaults."""
-    if isinstance(schema, list):
-        return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
-            out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}
-        elif (key == "title" and isinstance(value, str)) or (key == "default" and drop_defaults) or key == "examples":
-            # examples: every description already shows one ("e.g. ...")
-            continue
-        else:
-            out[key] = compact_schema(value, drop_defaults=drop_defaults)
-    arms = out.get("anyOf")
-    if isinstance(arms, list) and len(arms) == 2 and {"type": "null"} in arms:
-        other = next(a for a in arms if a != {"type": "null"})
-        if isinstance(other, dict) and isinstance(other.get("type"), str) and not set(other) & set(out):
-            del out["anyOf"]
-            out = {**other, **out, "type": [other["type"], "null"]}
-    return out
-
-
-# Tools whose output schema is published in tools/list: summarize's typed rows, with the decision words. The
-# other answers say everything in their short text ('next: ...') and still carry their structured content
-# (validated against their models by the server); listing their ~30 field names and types in every session
-# cost 2.5 KB of tokens for no information the text does not give.
-PUBLISHED_OUTPUTS = ("summarize",)
-
-
-def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:
-    """An output schema one level deep: every top-level field with its type and description, nested models as
-    plain objects (the structured content carries them in full; the server validates it against the model).
-    Keeps tools/list small: the full schemas of nested rows would triple it."""
-
-    def flat(prop: Any) -> Any:
-        if not isinstance(prop, dict):
-            return prop
-        out = {k: v for k, v in prop.items() if k not in ("$ref", "anyOf", "items", "allOf")}
-        if "$ref" in prop or "allOf" in prop:
-            out["type"] = "object"
-        arms = prop.get("anyOf")
-        if isinstance(arms, list):
-            kinds = [a.get("type", "object") if isinstance(a, dict) else "object" for a in arms]
-            out["type"] = [k for k in dict.fromkeys(str(k) for k in kinds)]
-        if isinstance(prop.get("items"), dict):
-            items = prop["items"]
-            out["items"] = {"type": "object"} if "$ref" in items or "anyOf" in items else items
-        return out
-
-    return {
-        k: ({n: flat(v) for n, v in schema["properties"].items()} if k == "properties" else v)
-        for k, v in schema.items()
-        if k not in ("$defs", "required")
-    }  # every field is always present
+    structured = secrets.mask_obj(result.model_dump(mode="json"))
+    if checked and isinstance(result, BaseModel):
+        try:
+            type(result).model_validate(structured)
+        except ValidationError as e:
+            raise tool_error(bug_logged(what, e)) from e
+    return CallToolResult(content=list(content), structured_content=structured)
 
 
 def bug_logged(what: str, e: Exception) -> CaseledgerError:
@@ -161,13 +107,21 @@ def tool_error(e: CaseledgerError) -> ToolError:
 
 
 async def _off_loop(
-    ctx: Context[Any, Any], ws: Workspace, what: str, fn: Callable[[], _Result], heartbeat_s: float | None = None
+    ctx: Context[Any, Any],
+    ws: Workspace,
+    what: str,
+    fn: Callable[[], _Result],
+    heartbeat_s: float | None = None,
+    checked: bool = False,
 ) -> CallToolResult:
     """Run a blocking tool function in a worker thread; heartbeat progress while it runs (heartbeat_s 0: none,
-    the function reports its own); map errors; mask the values of the workspace's secrets in the answer."""
+    the function reports its own); map errors; mask the values of the workspace's secrets in the answer (checked:
+    the structured content against the result's model)."""
     every = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
 
     def call() -> _Result:
+        from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
+
         remember_secrets(ws)  # the frozen cases' secret variables, new ones included, before the answer is made
         return fn()
 
@@ -197,15 +151,17 @@ async def _off_loop(
         raise tool_error(result) from result
     if isinstance(result, Exception):  # a read-only workspace, or a bug: the agent gets the fix either way
         raise tool_error(bug_logged(what, result)) from result
-    return _answer(result)
+    return _answer(result, what, checked)
 
 
-def _notifier(ctx: Context[Any, Any]) -> Callable[[tools.StatusResult], None]:
+def _notifier(ctx: Context[Any, Any]) -> Callable[["StatusResult"], None]:
     """A wait's progress callback (it runs in the worker thread): a progress notification each time the run's
     progress value grows (report_progress sends nothing unless the request carried a progress token)."""
     last = [-1.0]
 
-    def notify(s: tools.StatusResult) -> None:
+    def notify(s: "StatusResult") -> None:
+        from caseledger.tools.phase_status import phases_progress  # lazy: loaded by the wait that calls this
+
         value, total, message = phases_progress(s)
         if value <= last[0]:
             return
@@ -229,8 +185,22 @@ def _tool(mcp: MCPServer, name: str, annotations: ToolAnnotations) -> Callable[[
 
 
 def add_tools(mcp: MCPServer, ws: Workspace) -> None:
-    """The run tools: freeze_case, start_run, phase_status."""
+    """The run tools: freeze_case, start_run, phase_status (registered in this order: tools/list keeps it)."""
+    for register in (_freeze_case, _start_run, _phase_status):
+        register(mcp, ws)
 
+
+def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
+    """The tools that continue or read runs: resume, reprocess_raw, summarize."""
+    for register in (_resume, _reprocess_raw, _summarize):
+        register(mcp, ws)
+
+
+# Each function below registers one tool. The plain functions are imported inside the worker thread's call
+# (`lazy`): see the module's docstring.
+
+
+def _freeze_case(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "freeze_case",
@@ -274,12 +244,16 @@ def add_tools(mcp: MCPServer, ws: Workspace) -> None:
                 )
             )
 
-        def call() -> FreezeResult | CampaignFrozen:
+        def call() -> _Result:
+            from caseledger.tools import freeze_any  # lazy: see the module's docstring
+
             # resolved against the workspace (never the server's cwd), refused if it escapes it
-            return tools.freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False)
+            return freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False)
 
         return await _off_loop(ctx, ws, "freezing the case", call)
 
+
+def _start_run(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "start_run",
@@ -313,10 +287,16 @@ def add_tools(mcp: MCPServer, ws: Workspace) -> None:
     ) -> CallToolResult:
         """Start a run of a frozen case: take the target's lease, spawn the detached controller, return once
         preflight passed or failed; the run goes on in its controller. Next: phase_status(run_id)."""
-        return await _off_loop(
-            ctx, ws, "preflight", lambda: tools.start_any(ws, case_id, preflight_only=preflight_only, queue=queue)
-        )
 
+        def call() -> _Result:
+            from caseledger.tools import start_any  # lazy: see the module's docstring
+
+            return start_any(ws, case_id, preflight_only=preflight_only, queue=queue)
+
+        return await _off_loop(ctx, ws, "preflight", call)
+
+
+def _phase_status(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "phase_status",
@@ -344,20 +324,18 @@ def add_tools(mcp: MCPServer, ws: Workspace) -> None:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
         when something changes instead of polling with sleep."""
+
+        def call() -> _Result:
+            from caseledger.tools import status_any  # lazy: see the module's docstring
+
+            return status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx))
+
         # a bounded wait notifies from the state it polls (phases finished, the load's requests done): the
         # elapsed-time heartbeat would break the rule that a progress value only grows
-        return await _off_loop(
-            ctx,
-            ws,
-            "status",
-            lambda: tools.status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx)),
-            heartbeat_s=0 if wait_s > 0 else None,
-        )
+        return await _off_loop(ctx, ws, "status", call, heartbeat_s=0 if wait_s > 0 else None)
 
 
-def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
-    """The tools that continue or read runs: resume, reprocess_raw, summarize."""
-
+def _resume(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "resume",
@@ -376,8 +354,16 @@ def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
     ) -> CallToolResult:
         """Continue the SAME run at its first unfinished phase; finished phases are kept (service, warm
         caches, an ended load; a live load client is re-attached). Next: phase_status(run_id)."""
-        return await _off_loop(ctx, ws, "resuming", lambda: tools.resume_any(ws, run_id))
 
+        def call() -> _Result:
+            from caseledger.tools import resume_any  # lazy: see the module's docstring
+
+            return resume_any(ws, run_id)
+
+        return await _off_loop(ctx, ws, "resuming", call)
+
+
+def _reprocess_raw(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "reprocess_raw",
@@ -403,11 +389,19 @@ def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
                 description="sglang rule: share of peak concurrency, e.g. 0.9; omit for the case's",
             ),
         ] = None,
-    ) -> Annotated[CallToolResult, ReprocessResult]:
+    ) -> CallToolResult:
         """Recompute a run's results from its raw records in a fresh process (versioned, nothing
         overwritten); without rule/ratio also re-decide. Sends no request. Next: summarize."""
-        return await _off_loop(ctx, ws, "reprocessing", lambda: tools.reprocess_raw(ws, run_id, rule=rule, ratio=ratio))
 
+        def call() -> _Result:
+            from caseledger.tools import reprocess_raw  # lazy: see the module's docstring
+
+            return reprocess_raw(ws, run_id, rule=rule, ratio=ratio)
+
+        return await _off_loop(ctx, ws, "reprocessing", call, checked=True)
+
+
+def _summarize(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "summarize",
@@ -439,11 +433,17 @@ def add_result_tools(mcp: MCPServer, ws: Workspace) -> None:
                 json_schema_extra={"pattern": SCENARIO_PATTERN},
             ),
         ] = None,
-    ) -> Annotated[CallToolResult, SummaryResult]:
+    ) -> CallToolResult:
         """One row per case of a scenario: change vs baseline (e.g. C=8), latest valid run, decision metric,
         TTFT/TPOT/ITL/E2E p50/p99, limit verdicts, decision, best within limits; or given runs. Adds a PNG;
         writes report.md per run (resource caseledger://runs/{run_id}/report)."""
-        return await _off_loop(ctx, ws, "summarizing", lambda: tools.summarize(ws, run_ids, scenario=scenario))
+
+        def call() -> _Result:
+            from caseledger.tools import summarize  # lazy: see the module's docstring
+
+            return summarize(ws, run_ids, scenario=scenario)
+
+        return await _off_loop(ctx, ws, "summarizing", call, checked=True)
 
 
 def add_resources(mcp: MCPServer, ws: Workspace) -> None:
@@ -458,7 +458,7 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
     )
     async def handoff_md() -> str:
         try:
-            return await anyio.to_thread.run_sync(lambda: handoff.refresh(ws, verify=True))
+            return await anyio.to_thread.run_sync(_read_handoff, ws)
         except CaseledgerError as e:
             raise ResourceError(str(tool_error(e))) from e
         except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten on every read), or a bug
@@ -480,6 +480,8 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
         description="JSON Schema of a case draft: every field with its bounds and description",
     )
     async def case_schema_json() -> str:
+        from caseledger.case.schema import case_schema  # lazy: the case models
+
         return case_schema().decode()
 
     @mcp.resource(
@@ -526,9 +528,12 @@ def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
     """The HTML page of one run, scenario or campaign, written now (the file a person opens is the same)."""
     if scenario is not None:
         _check_scenario_name(scenario)
+    from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
+    from caseledger.tools import html_report
+
     try:
         remember_secrets(ws)
-        written = tools.html_report(ws, run_ids, scenario=scenario)
+        written = html_report(ws, run_ids, scenario=scenario)
         return redact.mask(Path(written.paths[0]).read_text())
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(tool_error(e))) from e
@@ -545,6 +550,9 @@ def _check_scenario_name(name: str) -> None:
 
 def _read_scenario(ws: Workspace, name: str) -> str:
     _check_scenario_name(name)
+    from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
+    from caseledger.outcome import summary
+
     try:
         remember_secrets(ws)
         view = summary.scenario_view(ws, name)
@@ -553,7 +561,16 @@ def _read_scenario(ws: Workspace, name: str) -> str:
     return redact.mask(view.text() + f"\nnext: {summary.scenario_next(view)}\n")
 
 
+def _read_handoff(ws: Workspace) -> str:
+    from caseledger.outcome import handoff  # lazy: see the module's docstring
+
+    return handoff.refresh(ws, verify=True)
+
+
 def _read_report(ws: Workspace, run_id: str) -> str:
+    from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
+    from caseledger.ledger.runs import check_not_link
+
     try:
         paths = check_not_link(ws.run(run_id))  # an id that is no id, a run directory that is a link: refused
     except CaseledgerError as e:

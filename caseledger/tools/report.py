@@ -20,9 +20,10 @@ from caseledger.case.metrics import LIMITS
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import Result, latest_result
 from caseledger.outcome import html, report, summary
+from caseledger.outcome.chart import scenario_figure
 from caseledger.outcome.report import Flag, evidence_flags
 from caseledger.outcome.summary import ScenarioView
-from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, scenario_figure, summarize
+from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, summarize
 from caseledger.workspace import Workspace, atomic_write
 
 
