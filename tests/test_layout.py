@@ -265,9 +265,24 @@ def test_imports_inside_functions_are_heavy_and_say_why() -> None:
 
 
 def _bound_names(init: Path) -> set[str]:
-    """The public names a package's __init__ binds at its top level (imports, defs, assignments)."""
+    """The public names a package's __init__ binds at its top level (imports, defs, assignments). A lazy package
+    (PEP 562: a `_LAZY` table, its imports under `if TYPE_CHECKING:` for the type checker) binds the names of
+    that block, which must be the table's."""
     out: set[str] = set()
-    for n in ast.parse(init.read_text()).body:
+    body = ast.parse(init.read_text()).body
+    typing_only = [n for n in body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    if typing_only:
+        lazy = next(
+            n.value
+            for n in body
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in n.targets)
+        )
+        assert isinstance(lazy, ast.Dict)
+        table = {k.value for k in lazy.keys if isinstance(k, ast.Constant)}
+        body = [x for n in typing_only for x in n.body]
+        typed = {a.asname or a.name for x in body if isinstance(x, ast.ImportFrom) for a in x.names}
+        assert typed == table, f"{init}: _LAZY and the TYPE_CHECKING imports differ: {sorted(typed ^ table)}"
+    for n in body:
         if isinstance(n, ast.ImportFrom):
             out |= {a.asname or a.name for a in n.names}
         elif isinstance(n, ast.Import):
