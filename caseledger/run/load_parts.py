@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from caseledger import procs, services
+from caseledger import procs
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
 from caseledger.ledger.runs import Run
-from caseledger.ledger.state import RESEND_CLASSES
 from caseledger.load.parts import go_record, merge, split_concurrency
 from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.records import read_records
@@ -76,16 +75,7 @@ def _start(
 ) -> list[dict[str, Any] | None]:
     """The checks before the first formal request, the P armed clients, their disk, one go."""
     paths, case = run.paths, run.case
-    problem = services.check_live(run.workspace, case, run.meta.target_key or "")
-    if problem is not None:  # re-verified right before the first formal request
-        raise PhaseFailed(
-            f"before the formal load: {problem}",
-            FailureClass.SERVICE,
-            "resume starts the service once, then warmup and the load (nothing was sent)",
-            evidence={"service_problem": problem},
-        )
-    if prev.get("failure_class") in RESEND_CLASSES:
-        phases._wait_idle(case)
+    phases.before_formal_load(run, prev)
     need, shares = raw_bytes_needed(case), split_concurrency(case.load.concurrency, len(parts))
     for part, c in zip(parts, shares, strict=True):
         part.load_dir.mkdir(parents=True, exist_ok=True)

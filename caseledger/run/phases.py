@@ -258,16 +258,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
                 FailureClass.END_UNKNOWN,
                 "formal requests are never re-sent automatically; the raw records are kept",
             )
-        problem = services.check_live(run.workspace, case, run.meta.target_key or "")
-        if problem is not None:  # re-verified right before the first formal request
-            raise PhaseFailed(
-                f"before the formal load: {problem}",
-                FailureClass.SERVICE,
-                "resume starts the service once, then warmup and the load (nothing was sent)",
-                evidence={"service_problem": problem},
-            )
-        if prev.get("failure_class") in RESEND_CLASSES:
-            _wait_idle(case)  # what the abandoned attempt left queued at the engine must not overlap this load
+        before_formal_load(run, prev)
         _reserve_raw(paths, case)
         _snapshot(case, paths.metrics_before)
         armed = read_json_or_none(paths.load_armed)
@@ -300,6 +291,21 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
         end = read_json_or_none(paths.load_end)
     watch.close()
     return _load_ended(run, end, prev, {"reattached": reattached, **watch.evidence()})
+
+
+def before_formal_load(run: Run, prev: dict[str, Any]) -> None:
+    """Right before the first formal request (one client process or several): the service re-verified, and what
+    an abandoned attempt left queued at the engine drained, so it cannot overlap this load."""
+    problem = services.check_live(run.workspace, run.case, run.meta.target_key or "")
+    if problem is not None:
+        raise PhaseFailed(
+            f"before the formal load: {problem}",
+            FailureClass.SERVICE,
+            "resume starts the service once, then warmup and the load (nothing was sent)",
+            evidence={"service_problem": problem},
+        )
+    if prev.get("failure_class") in RESEND_CLASSES:
+        _wait_idle(run.case)
 
 
 def _load_remote(
