@@ -14,13 +14,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 import orjson
 
 from caseledger import redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
+from caseledger.records import NativeRule
 from caseledger.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def _run_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
         "--window",
         "--rule",
         dest="rule",
-        choices=("aisbench", "sglang"),
+        choices=get_args(NativeRule),
         default=None,
         help="native window rule (default: the case's)",
     )

@@ -18,6 +18,19 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
+# Names and bounds every layer spells the same (the case schema, the metrics, the CLI's choices, the MCP server's
+# published schemas), here because this module is light enough for any process to import.
+# A scenario name is a path segment (caseledger://scenarios/NAME, file names) and a command-line word: it starts
+# with a letter or digit, so '.', '..' and option-like '-rf' are never names
+SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+NativeRule = Literal["aisbench", "sglang"]
+"""A rule that selects the native (steady-state) window."""
+RATIO_MIN_EXCLUSIVE = 0.0
+"""The sglang rule's ratio (share of peak concurrency) is > this ..."""
+RATIO_MAX = 1.0
+"""... and <= this: RATIO_MIN_EXCLUSIVE < ratio <= RATIO_MAX."""
+
 PHASE_HEADER = "x-caseledger-phase"  # every request caseledger sends names its phase (load, warmup, ...)
 
 ErrorClass = Literal["http", "timeout", "connection", "stream", "incomplete", "client"]

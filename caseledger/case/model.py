@@ -26,6 +26,8 @@ from pydantic import (
 
 from caseledger.case.metrics import PrimaryMetric
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
+from caseledger.records import SCENARIO_PATTERN as SCENARIO_PATTERN  # re-exported: the case's names
+from caseledger.records import NativeRule
 
 MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
 MAX_CONCURRENCY = 100_000  # C
@@ -43,9 +45,6 @@ MAX_ARGS = 1024  # argv elements, env entries
 DEFAULT_MAX_EVENT_BYTES = 8 * 2**20
 MIN_EVENT_BYTES, MAX_EVENT_BYTES = 2**16, 2**30  # under 64 KiB a chunk with logprobs may not fit; over 1 GiB: a typo
 
-# A scenario name is a path segment (caseledger://scenarios/NAME, file names) and a command-line word: it starts
-# with a letter or digit, so '.', '..' and option-like '-rf' are never names
-SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 # what a pattern means, in words, for the answer to a draft that breaks it (case/store.py explain)
 PATTERN_RULES = {
     SCENARIO_PATTERN: "must start with a letter or digit, followed by letters, digits, '.', '_' or '-' "
@@ -1009,7 +1008,7 @@ class Window(_Model):
 
 
 class NativeWindow(Window):
-    rule: Literal["aisbench", "sglang"] = Field(
+    rule: NativeRule = Field(
         "aisbench",
         description="aisbench: from the second request reaching peak concurrency to the last moment at peak; "
         "sglang: longest span with concurrency >= ratio * peak",

@@ -12,25 +12,19 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from caseledger.case.metrics import Figure, Metric
+from caseledger.records import RATIO_MAX as RATIO_MAX  # re-exported: the metrics' names
+from caseledger.records import RATIO_MIN_EXCLUSIVE as RATIO_MIN_EXCLUSIVE
+from caseledger.records import NativeRule as NativeRule
 
 # v5: arrival error against the schedule, trace replay planned vs cached; v4: server counts checked, stalls and
 # host CPU flag distorted windows, rate noise in time
 PROCESSOR_VERSION = "v5"
 """Version of the code that turns raw records into results; results are stored per version."""
 
-# The one spelling of the native (steady-state) window rules and of the sglang rule's ratio bounds.
-# Also spelled, unable to import this module: caseledger.case.model (a lower stage) and caseledger.cli
-# (`caseledger --help` must not import numpy, which caseledger.metrics does).
-NativeRule = Literal["aisbench", "sglang"]
-"""A rule that selects the native window."""
 WindowRule = Literal["whole", NativeRule]
 """The rule that selected a window: 'whole' for the whole window, else the native rule."""
 NATIVE_RULES: tuple[NativeRule, ...] = get_args(NativeRule)
 """The native rules ('aisbench', 'sglang'), in the order they are listed to users."""
-RATIO_MIN_EXCLUSIVE = 0.0
-"""The sglang rule's ratio (share of peak concurrency) is > this ..."""
-RATIO_MAX = 1.0
-"""... and <= this: RATIO_MIN_EXCLUSIVE < ratio <= RATIO_MAX."""
 
 
 class _Model(BaseModel):

@@ -3,28 +3,27 @@
 A session's `initialize` and `tools/list` need the decision words, the id and name patterns, the native window
 rules and summarize's output schema; their sources (caseledger.tools, .metrics, .outcome, .case.model) pull numpy,
 the index and every result model: about a second of imports no session start should pay. So the server reads them
-from here: the constants are spelled again below, and the generated parts (decision words, output schemas) are in
-caseledger/data/mcp_published.json. tests/test_mcp_start.py fails when either differs from its source; regenerate
-the file with `caseledger schema`.
+from here: the names and bounds come from caseledger.records (light, their one source), and the generated parts
+(decision words, output schemas) are in caseledger/data/mcp_published.json. tests/test_mcp_start.py fails when the
+file differs from its source; regenerate it with `caseledger schema`.
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from caseledger.records import RATIO_MAX as RATIO_MAX  # re-exported: one light source
+from caseledger.records import RATIO_MIN_EXCLUSIVE as RATIO_MIN_EXCLUSIVE
+from caseledger.records import SCENARIO_PATTERN as SCENARIO_PATTERN
+from caseledger.records import NativeRule as NativeRule
+
 PUBLISHED_FILE = Path(__file__).resolve().parent.parent / "data" / "mcp_published.json"
 
-# Spelled again from their sources (the test compares): caseledger.case.model.SCENARIO_PATTERN,
-# caseledger.metrics NativeRule, RATIO_MIN_EXCLUSIVE, RATIO_MAX.
-SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-NativeRule = Literal["aisbench", "sglang"]
-RATIO_MIN_EXCLUSIVE = 0.0
-RATIO_MAX = 1.0
 
 # Tools whose output schema is published in tools/list: summarize's typed rows, with the decision words. The
 # other answers say everything in their short text ('next: ...') and still carry their structured content
