@@ -59,4 +59,4 @@ def test_preflight_only_works_while_paused_and_creates_no_run(ws: Workspace) -> 
     assert ledger.read_lease(ws, key) is None  # no lease taken (leases are host-wide)
     late = freeze_case(ws, draft=ref_draft(port, deadline="2020-01-01T00:00:00Z"))
     bad = start_run(ws, late.case_id, preflight_only=True)
-    assert bad.preflight == "failed" and "deadline" in (bad.preflight_error or "")
+    assert bad.preflight == "failed" and (bad.preflight_error or "").startswith("deadline 2020-01-01")

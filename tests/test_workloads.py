@@ -289,6 +289,7 @@ def test_preflight_refuses_a_request_longer_than_the_context(ws: Workspace, stop
     st = phase_status(ws, run.run_id)
     assert st.state == "failed" and st.failure_class == "before_model", st.text()
     assert "context of 300 tokens (target.context_tokens)" in (st.blocker or "") and "trace row" in (st.blocker or "")
+    assert "ValueError" not in (st.blocker or "")  # a refusal reads as its sentence, not as an exception's type
 
 
 @pytest.mark.slow

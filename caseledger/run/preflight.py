@@ -26,6 +26,7 @@ import orjson
 from caseledger import datasets, procs
 from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, is_case_id_of
+from caseledger.errors import CaseledgerError
 from caseledger.faults import fault
 from caseledger.ledger.runs import read_run
 from caseledger.load.plan import LoadPlan, plan_of, raw_bytes_needed
@@ -53,6 +54,16 @@ def _guard(event: str, args: tuple[Any, ...]) -> None:
         raise PermissionError(f"preflight forbids {_BLOCKED[event]} ({event})")
 
 
+class Refused(ValueError):
+    """A check of this phase said no (the case, the plan, the disk, the deadline): its text is the answer."""
+
+
+def error_text(e: BaseException) -> str:
+    """A refusal (this phase's or a ledger check's) reads as its own sentence with its fix; anything else keeps
+    its type name, since it is unexpected."""
+    return str(e) if isinstance(e, Refused | CaseledgerError) else f"{type(e).__name__}: {e}"
+
+
 def install_guard() -> None:
     sys.addaudithook(_guard)
 
@@ -63,9 +74,7 @@ def run(run_dir: str) -> dict[str, Any]:
     paths, meta, case = run.paths, run.meta, run.case
     checks: dict[str, Any] = {}
     if not is_case_id_of(case, meta.case_id):
-        raise ValueError(
-            f"case.json hashes to {case_id_of(case)}, the run says {meta.case_id}: the frozen case changed"
-        )
+        raise Refused(f"case.json hashes to {case_id_of(case)}, the run says {meta.case_id}: the frozen case changed")
     checks["case_reload"] = meta.case_id
     ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
@@ -78,7 +87,7 @@ def run(run_dir: str) -> dict[str, Any]:
         plan = plan_of(run)  # the load client's own plan function, on the run read above
         n = plan.planned
         if n != case.load.requests:
-            raise ValueError(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
+            raise Refused(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
         checks["load_plan_requests"] = n
         context = context_check(case, plan)
         if context is not None:
@@ -89,11 +98,11 @@ def run(run_dir: str) -> dict[str, Any]:
     res = compute_result(case, [])
     checks["collector"] = type(res).__name__
     if case.deadline is not None and case.deadline <= datetime.now(UTC):
-        raise ValueError(f"deadline {case.deadline.isoformat()} has passed; freeze a case with a later deadline")
+        raise Refused(f"deadline {case.deadline.isoformat()} has passed; freeze a case with a later deadline")
     need = 2 * raw_bytes_needed(case) + (8 << 20)  # the raw records, their results, events and reports
     free = shutil.disk_usage(paths.root).free
     if free < need:
-        raise ValueError(f"free disk {free >> 20} MiB < {need >> 20} MiB needed for raw records and results")
+        raise Refused(f"free disk {free >> 20} MiB < {need >> 20} MiB needed for raw records and results")
     checks["disk_free_mib"] = free >> 20
     checks["sockets"] = "forbidden (audit hook)"
     return checks
@@ -131,7 +140,7 @@ def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
             if s.session is not None
             else f"entry {s.entry}"
         )
-        raise ValueError(
+        raise Refused(
             f"{len(over)} of {len(need)} requests do not fit the context of {bound} tokens ({field}): the first, "
             f"request {s.i} ({where}), needs {t - (s.max_tokens or 0)} prompt + {s.max_tokens} output = {t} tokens; "
             f"lower dataset.input_tokens / output_tokens (their max), use a subset of the trace (dataset.entries), "
@@ -222,7 +231,7 @@ def _ahead() -> int:
     try:
         out: dict[str, Any] = {"ok": True, "checks": {**run(line), "process": "spawned ahead, handed the run"}}
     except Exception as e:
-        out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        out = {"ok": False, "error": error_text(e)}
     write_json(RunPaths(Path(line)).preflight_ahead, out)
     return 0 if out["ok"] else 1
 
@@ -236,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         checks = run(args[0])
     except Exception as e:
-        sys.stdout.write(orjson.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}).decode() + "\n")
+        sys.stdout.write(orjson.dumps({"ok": False, "error": error_text(e)}).decode() + "\n")
         return 1
     sys.stdout.write(orjson.dumps({"ok": True, "checks": checks}).decode() + "\n")
     return 0
