@@ -11,10 +11,12 @@ import orjson
 import pytest
 
 from caseledger import datasets
-from caseledger.case.model import LengthDistribution
+from caseledger.case.model import Dataset, LengthDistribution
 from caseledger.datasets import lengths
 from caseledger.datasets.trace import sample_jsonl
 from caseledger.errors import CaseledgerError
+from caseledger.ledger.runs import read_run
+from caseledger.load.plan import RECORD_BYTES, TOKEN_BYTES, raw_bytes_needed
 from caseledger.metrics import Distribution, latest_result
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
@@ -304,6 +306,10 @@ def test_trace_replays_on_the_reference_target_on_schedule_with_cached_beside_pl
     rd = ws.run(run.run_id)
     recs = [orjson.loads(x) for x in rd.raw.read_bytes().splitlines()]
     rows = [orjson.loads(x) for x in sample_jsonl().splitlines()]
+    # the raw disk reserved before the first send covers each row's own output length, not dataset.output_tokens
+    longest_row = max(x["output_length"] for x in rows)
+    assert longest_row != Dataset.model_fields["output_tokens"].default  # the rows' own lengths, not the default
+    assert raw_bytes_needed(read_run(rd.root)) == 24 * (RECORD_BYTES + TOKEN_BYTES * longest_row)
     recs.sort(key=lambda r: r["i"])
     assert [r["trace_row"] for r in recs] == list(range(24))
     # the schedule: send times follow the trace's timestamps x 0.5 from the first send

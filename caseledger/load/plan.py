@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
-from caseledger.case.model import Case, longest
+from caseledger.case.model import Case
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.runs import Run, read_run
@@ -287,7 +287,10 @@ RECORD_BYTES, TOKEN_BYTES = 2048, 48  # room one raw record takes: fields and er
 MAX_RESERVED_TOKENS = 32768  # longer answers reserve this much; past it a full disk stops the load cleanly
 
 
-def raw_bytes_needed(case: Case) -> int:
-    """Disk the formal load's raw records need (reserved before the first send; checked at preflight)."""
-    tokens = min(case.load.max_tokens or longest(case.dataset.output_tokens), MAX_RESERVED_TOKENS)
-    return case.load.requests * (RECORD_BYTES + TOKEN_BYTES * tokens)
+def raw_bytes_needed(run: Run) -> int:
+    """Disk the formal load's raw records need (reserved before the first send; checked at preflight). Without
+    load.max_tokens each request asks for its own length (drawn, a file line's or a trace row's): the
+    dataset's identity holds the longest."""
+    case = run.case
+    asked = case.load.max_tokens or load_identity(run.workspace, run.meta.dataset()).output_tokens
+    return case.load.requests * (RECORD_BYTES + TOKEN_BYTES * min(asked, MAX_RESERVED_TOKENS))

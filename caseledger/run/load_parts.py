@@ -76,7 +76,7 @@ def _start(
     """The checks before the first formal request, the P armed clients, their disk, one go."""
     paths, case = run.paths, run.case
     phases.before_formal_load(run, prev)
-    need, shares = raw_bytes_needed(case), split_concurrency(case.load.concurrency, len(parts))
+    need, shares = raw_bytes_needed(run), split_concurrency(case.load.concurrency, len(parts))
     for part, c in zip(parts, shares, strict=True):
         part.load_dir.mkdir(parents=True, exist_ok=True)
         part.load_ready.unlink(missing_ok=True)  # a ready of an earlier controller's clients is not theirs

@@ -259,7 +259,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
                 "formal requests are never re-sent automatically; the raw records are kept",
             )
         before_formal_load(run, prev)
-        _reserve_raw(paths, case)
+        _reserve_raw(paths, case, raw_bytes_needed(run))
         _snapshot(case, paths.metrics_before)
         armed = read_json_or_none(paths.load_armed)
         if armed and procs.alive(armed) and not paths.load_anchor.exists():
@@ -384,11 +384,10 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
     }
 
 
-def _reserve_raw(paths: RunPaths, case: Case, need: int | None = None) -> None:
+def _reserve_raw(paths: RunPaths, case: Case, need: int) -> None:
     """Allocate the disk the raw records will need before the first formal request is sent: a full disk
     then refuses the load with nothing sent, instead of losing the records of requests that were served.
-    need: bytes for this raw file (one process's share of a shared load); None: the whole load's."""
-    need = raw_bytes_needed(case) if need is None else need
+    need: bytes for this raw file (the whole load's, or one process's share of a shared load)."""
     fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         ok = reserve(fd, need)

@@ -99,7 +99,7 @@ def run(run_dir: str) -> dict[str, Any]:
     checks["collector"] = type(res).__name__
     if case.deadline is not None and case.deadline <= datetime.now(UTC):
         raise Refused(f"deadline {case.deadline.isoformat()} has passed; freeze a case with a later deadline")
-    need = 2 * raw_bytes_needed(case) + (8 << 20)  # the raw records, their results, events and reports
+    need = 2 * raw_bytes_needed(run) + (8 << 20)  # the raw records, their results, events and reports
     free = shutil.disk_usage(paths.root).free
     if free < need:
         raise Refused(f"free disk {free >> 20} MiB < {need >> 20} MiB needed for raw records and results")
