@@ -691,3 +691,29 @@ async def _full_run(c: Client, ws: Workspace) -> None:
         assert isinstance(report.contents[0], TextResourceContents) and rid in report.contents[0].text
     finally:
         services.stop_all(ws)
+
+
+def test_lowlevel_shim_reaches_the_sdk_server_that_runs_stdio(ws: Workspace) -> None:
+    """The stdio transport drives the SDK's private low-level server (MCPServer.run_stdio_async takes no streams).
+    This fails when an mcp release renames, retypes or stops using `_lowlevel_server`."""
+    from mcp.server.lowlevel.server import Server as LowlevelServer
+
+    from caseledger.server.app import lowlevel_server
+
+    server = build_server(ws)
+    lowlevel = lowlevel_server(server)
+    assert isinstance(lowlevel, LowlevelServer)
+    assert lowlevel.name == server.name
+    options = lowlevel.create_initialization_options()
+    assert options.server_name == server.name
+    assert options.capabilities.tools is not None
+
+
+def test_lowlevel_shim_refuses_a_changed_sdk(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renamed or retyped attribute gives an error naming the SDK version, not a late AttributeError."""
+    from caseledger.server.app import lowlevel_server
+
+    server = build_server(ws)
+    monkeypatch.setattr(server, "_lowlevel_server", object())
+    with pytest.raises(TypeError, match="_lowlevel_server is no longer"):
+        lowlevel_server(server)

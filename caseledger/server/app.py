@@ -8,12 +8,13 @@ import logging
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server import MCPServer
+from mcp.server.lowlevel.server import Server as LowlevelServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp.types import Tool as MCPTool
@@ -47,6 +48,17 @@ Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run
 verdicts, decision). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
 requests). Every answer ends with 'next: ...' naming the call to make. Case fields: resource \
 caseledger://schema/case. Decisions: {published().decision_words}."""
+
+
+def lowlevel_server(server: MCPServer) -> "LowlevelServer[Any]":
+    """The SDK's private low-level server behind an MCPServer: the one reach into SDK internals. Needed because
+    MCPServer.run_stdio_async takes no streams, and our stdio wire is filtered (CheckedLines) before the SDK
+    reads it; the SDK's own run_stdio_async and in-memory client read the same attribute. A test
+    (test_mcp_server) fails when an SDK release renames or retypes it."""
+    lowlevel = server._lowlevel_server
+    if not isinstance(lowlevel, LowlevelServer):
+        raise TypeError(f"mcp {metadata.version('mcp')}: MCPServer._lowlevel_server is no longer a low-level Server")
+    return lowlevel
 
 
 class _Server(MCPServer):
@@ -115,7 +127,7 @@ async def run_stdio(server: MCPServer) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(forward)
-                lowlevel = server._lowlevel_server  # the SDK's own run_stdio_async does exactly this
+                lowlevel = lowlevel_server(server)
                 await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
                 tg.cancel_scope.cancel()
     finally:
