@@ -44,6 +44,7 @@ from caseledger.services.identity import (
     units,
     value_hash,
 )
+from caseledger.services.kinds import adapter_of
 from caseledger.services.live import (
     HealthWait,
     ProcView,
@@ -72,7 +73,7 @@ def ensure(ws: Workspace, case: Case, key: str, case_id: str, allow_start: bool)
     """Bring the target to the case's service identity, process by process: a live process with its identity
     is kept (its warm caches with it), any other is (re)started. Returns the evidence (outcome reused|done);
     with components, one record per component and the routes whose processes changed."""
-    if case.service.adapter == "external":
+    if not adapter_of(case).launched:
         return _external(case, identity_of(case))
     us = units(case)
     if not us[0].name:

@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
-from urllib.parse import urlsplit
 
 import httpx2 as httpx
 
-from caseledger import procs
 from caseledger.case.model import ENV_REF, SSH, Case, FileRef, health_url_of, origin
 from caseledger.case.plan import argv_options
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote
+from caseledger.services.kinds import adapter_of
 from caseledger.workspace import (
     Workspace,
     canonical_json,
@@ -48,11 +46,6 @@ class DeclaredFile(TypedDict):
     held: bool  # the live process must hold it open or mapped
     real_path: NotRequired[str]  # the resolved path on the host that runs it
     disk_sha256: NotRequired[str]  # set when the file on disk is not the pinned one: the start is refused
-
-
-def host_port(base_url: str) -> tuple[str, int]:
-    u = urlsplit(base_url)
-    return u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
 
 
 @dataclass(frozen=True)
@@ -113,41 +106,10 @@ def units(case: Case) -> list[Unit]:
 
 
 def intended_argv(case: Case, unit: Unit | None = None) -> list[str]:
+    """The argv the unit's process is started with (the case's adapter fills it in)."""
     u = unit or units(case)[0]
     route = case.target.endpoints[u.routes[0]] if u.routes else None
-    if case.service.adapter == "reference":
-        host, port = host_port(case.target.endpoints[0].base_url)
-        cfg = canonical_json(case.service.reference.model_dump(mode="json")).decode()
-        return [
-            sys.executable,
-            "-m",
-            "caseledger.target",
-            "serve",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--model",
-            case.target.endpoints[0].model,
-            "--config-json",
-            cfg,
-        ]
-    if case.service.adapter == "command":
-        fill: dict[str, str] = {}
-        if route is not None:
-            host, port = host_port(route.base_url)
-            fill = {"{host}": host, "{port}": str(port), "{model}": route.model}
-        spec = case.service.speculative
-        if spec is not None:  # {draft_model}, {spec_type}, {draft_max}: the case validates each is set where used
-            fill.update({"{" + k + "}": str(v) for k, v in spec.model_dump().items() if v is not None})
-        out = []
-        for arg in u.argv:
-            filled = arg
-            for k, v in fill.items():
-                filled = filled.replace(k, v)
-            out.append(filled)
-        return out
-    return []
+    return adapter_of(case).argv(case, u.argv, route)
 
 
 # Options naming a model file or directory, whose content hash joins the service identity (llama.cpp: target and
@@ -166,7 +128,7 @@ def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[Mod
     Hashes are cached under ledger/services by path, size, mtime and inode, so a 250 MB model is read once,
     not at every run. A remote process's files are not read (empty list)."""
     u = unit or units(case)[0]
-    if case.service.adapter != "command" or u.ssh is not None:
+    if not adapter_of(case).reads_model_files(u.ssh is not None):
         return []
     out: list[ModelFile] = []
     with _HashCache(ws) as cache:
@@ -296,10 +258,7 @@ def resolve_env(case: Case, unit: Unit | None = None) -> tuple[dict[str, str], d
     pointing at this package, so `python -m caseledger.target` imports this checkout (it is caseledger's
     own code, not the caller's setting)."""
     own, shown = case_env(case, unit)
-    env = base_env()
-    if case.service.adapter == "reference":
-        env["PYTHONPATH"] = procs.PKG_PARENT
-    return {**env, **own}, shown
+    return {**base_env(), **adapter_of(case).child_env(), **own}, shown
 
 
 def case_env(case: Case, unit: Unit | None = None) -> tuple[dict[str, str], dict[str, str]]:
@@ -382,7 +341,7 @@ def identity_of(
     u = unit or units(case)[0]
     body: dict[str, Any] = {  # canonical JSON, hashed: its keys are the identity's definition
         "adapter": case.service.adapter,
-        "argv": intended_argv(case, u)[1:] if case.service.adapter == "reference" else intended_argv(case, u),
+        "argv": adapter_of(case).identity_argv(intended_argv(case, u)),
         "env": dict(u.env),
         "endpoints": [e.model_dump() for e in case.target.endpoints],
     }

@@ -18,18 +18,19 @@ from caseledger.case.model import SSH, Case
 from caseledger.errors import PhaseFailed
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services import remote
+from caseledger.services.adapter import host_port
 from caseledger.services.identity import (
     DeclaredFile,
     ModelFile,
     Unit,
     compare_argv,
-    host_port,
     intended_argv,
     intended_identity,
     sha_of,
     units,
     value_hash,
 )
+from caseledger.services.kinds import adapter_of
 from caseledger.workspace import (
     Workspace,
     read_json_or_none,
@@ -98,7 +99,7 @@ def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool]:
     """(this case's service is live on the target, it was warmed and its routes verified since it started):
     what a run's plan is derived from at start_run, by the same check the service phase reuses it on
     (identity, then verify), for every component; no request is sent."""
-    if case.service.adapter == "external":
+    if not adapter_of(case).launched:
         return False, False
     warm = True
     for u in units(case):
@@ -127,7 +128,7 @@ def mark_warm(ws: Workspace, key: str, evidence: ServiceRecord, run_id: str) -> 
 def check_live(ws: Workspace, case: Case, key: str) -> str | None:
     """None when every process recorded for this target is still the case's (see verify); else what is
     wrong. External endpoints are not ours to check beyond their health (route verification covers them)."""
-    if case.service.adapter == "external":
+    if not adapter_of(case).launched:
         return None
     for u in units(case):
         problem = verify(read_state(ws, u.key(key)), case, u)[0]

@@ -1,0 +1,27 @@
+"""Adapter 'external': an already-running endpoint; probed (/models, identity_command), never started, verified
+as a process or stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from caseledger.case.model import Case, Endpoint
+from caseledger.services.adapter import AdapterKind
+
+
+class External:
+    kind: ClassVar[AdapterKind] = "external"
+    launched: ClassVar[bool] = False
+
+    def argv(self, case: Case, unit_argv: Sequence[str], route: Endpoint | None) -> list[str]:
+        return []
+
+    def identity_argv(self, argv: list[str]) -> list[str]:
+        return argv
+
+    def child_env(self) -> dict[str, str]:
+        return {}
+
+    def reads_model_files(self, remote: bool) -> bool:
+        return False
