@@ -18,7 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx2 as httpx
 import orjson
@@ -26,7 +26,7 @@ import orjson
 from caseledger import procs, redact
 from caseledger.case.model import SSH, Case
 from caseledger.errors import FailureClass, PhaseFailed, quoted
-from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
+from caseledger.ledger.evidence import ComponentRecord, FileEvidence, ServiceRecord
 from caseledger.load.client import api_key_of, auth_header, refuse_auth
 from caseledger.services import remote
 from caseledger.services.identity import (
@@ -280,12 +280,20 @@ def _wait_local_health(p: subprocess.Popen[bytes], u: Unit, log: Path, ref: proc
     )
 
 
-def _effective_evidence(st: ServiceState) -> dict[str, Any]:  # keyword arguments of a ServiceRecord
+class _Effective(TypedDict, total=False):
+    """Keyword arguments of a ServiceRecord: the effective identity besides the argv."""
+
+    files: list[FileEvidence]
+    env_sha256: dict[str, str]
+    engine_version: str | None
+
+
+def _effective_evidence(st: ServiceState) -> _Effective:
     """The effective identity a component's evidence shows besides its argv: declared files (hash, held), env
     value hashes, engine version. Nothing for the single-process form without declared files."""
-    out: dict[str, Any] = {}
+    out: _Effective = {}
     if st.get("files"):
-        out["files"] = [{k: f[k] for k in ("path", "sha256", "held")} for f in st["files"]]
+        out["files"] = [FileEvidence(path=f["path"], sha256=f["sha256"], held=f["held"]) for f in st["files"]]
     if st.get("env_sha256"):
         out["env_sha256"] = st["env_sha256"]
     if st.get("engine_version"):
@@ -365,7 +373,15 @@ def _confirm_effective(
     write_json(state_path(ws, key), state)
 
 
-def _where(st: ServiceState) -> dict[str, Any]:  # keyword arguments of a ServiceRecord
+class _Where(TypedDict, total=False):
+    """Keyword arguments of a ServiceRecord: where a remote service runs."""
+
+    host: str
+    ssh: dict[str, Any]  # the SSH model as JSON, as the evidence records it
+    host_key: str
+
+
+def _where(st: ServiceState) -> _Where:
     """Evidence of where a recorded service runs: nothing extra locally; host, login and host-key policy remotely."""
     if not st.get("ssh"):
         return {}
