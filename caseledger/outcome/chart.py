@@ -15,7 +15,7 @@ from caseledger import redact
 from caseledger.ledger.index import open_index
 from caseledger.outcome import plots, summary
 from caseledger.outcome.decide import broken
-from caseledger.outcome.summary import ScenarioView
+from caseledger.outcome.scenario import ScenarioView, scenario_view
 from caseledger.workspace import Workspace, atomic_write, sha256_bytes
 
 FIGURE_VERSION = b"decision-figure-1"  # bump when decision_figure draws differently: every cached PNG is redrawn
@@ -35,7 +35,7 @@ def draw_scenario(ws: Workspace, scenario: str) -> str | None:
     """The scenario's PNG for its current view (the view summarize shows), drawn now unless it is on disk already:
     the end of a run calls this so that the next summarize of the scenario attaches the file."""
     with open_index(ws) as idx:
-        view = summary.scenario_view(ws, scenario, idx)
+        view = scenario_view(ws, scenario, idx)
     return draw_view(ws, view)
 
 

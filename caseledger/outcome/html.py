@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from caseledger import redact
 from caseledger.outcome.decide import DecisionRecord
 from caseledger.outcome.flags import Flag
-from caseledger.outcome.summary import Headline, ScenarioView
+from caseledger.outcome.scenario import ScenarioView
+from caseledger.outcome.summary import Headline
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1400px;color:#1b1f24;

@@ -22,7 +22,7 @@ from caseledger.metrics import Result, latest_result
 from caseledger.outcome import html, plots, summary
 from caseledger.outcome.chart import scenario_figure
 from caseledger.outcome.flags import Flag, evidence_flags
-from caseledger.outcome.summary import ScenarioView
+from caseledger.outcome.scenario import ScenarioView, scenario_next
 from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, summarize
 from caseledger.workspace import Workspace, atomic_write
 
@@ -125,7 +125,7 @@ def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
         paths=[str(path)],
         charts=len(charts),
         flags=_warned(flags),
-        next_call=summary.scenario_next(view),
+        next_call=scenario_next(view),
     )
 
 

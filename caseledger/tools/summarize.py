@@ -24,7 +24,8 @@ from caseledger.ledger.state import fold
 from caseledger.outcome import plots, report, summary
 from caseledger.outcome.chart import draw_view, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
-from caseledger.outcome.summary import Headline, ScenarioView
+from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
+from caseledger.outcome.summary import Headline
 from caseledger.workspace import Workspace, atomic_write, is_id
 
 
@@ -212,7 +213,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             if gid is not None:
                 return _campaign(workspace, gid)
         try:
-            name = name or summary.latest_scenario(workspace)
+            name = name or latest_scenario(workspace)
         except NotFound:
             found = f" ({damaged_line(damaged)})" if damaged else ""
             raise NotFound(
@@ -220,7 +221,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
                 "freeze_case(path='cases/x.json') then start_run(case_id=...)",
             ) from None
         try:
-            view = summary.scenario_view(workspace, name, idx)
+            view = scenario_view(workspace, name, idx)
         except NotFound:
             if given or latest is None:
                 raise
@@ -229,7 +230,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             return result.model_copy(update={"damaged": damaged})
         plot = scenario_plot_path(workspace, view)
     return SummaryResult(
-        scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged, next_call=summary.scenario_next(view)
+        scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged, next_call=scenario_next(view)
     )
 
 
