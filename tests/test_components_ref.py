@@ -19,7 +19,7 @@ import pytest
 from caseledger import services
 from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
-from caseledger.outcome.summary import scenario_view
+from caseledger.outcome.scenario import scenario_view
 from caseledger.services import identity, live
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json, sha256_file

@@ -12,7 +12,7 @@ from caseledger.case.metrics import LIMITS, METRICS, LimitName, PrimaryMetric
 from caseledger.case.model import Case, Decision, Limits
 from caseledger.case.schema import case_schema
 from caseledger.metrics import NotObserved, Result, compute_result
-from caseledger.outcome.summary import ScenarioRow
+from caseledger.outcome.scenario import ScenarioRow
 from caseledger.records import RawRecord
 
 MS = 1_000_000

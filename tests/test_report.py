@@ -13,10 +13,8 @@ from caseledger.case.model import Case
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import Result, compute_result
 from caseledger.outcome.decide import decide
+from caseledger.outcome.plots import PlotPoint, render_pareto, render_png
 from caseledger.outcome.report import (
-    PlotPoint,
-    render_pareto,
-    render_png,
     render_run_md,
     render_side_by_side,
     report_json,

@@ -15,8 +15,8 @@ from caseledger import cli, redact
 from caseledger.campaign.html import render_campaign
 from caseledger.campaign.view import CampaignView, PointRow
 from caseledger.ledger import authorization
+from caseledger.outcome.flags import Flag
 from caseledger.outcome.html import Chart
-from caseledger.outcome.report import Flag
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace

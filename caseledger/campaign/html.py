@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from caseledger.campaign.view import CampaignView
+from caseledger.outcome.flags import Flag
 from caseledger.outcome.html import Chart, charts, e, evidence, page, table
-from caseledger.outcome.report import Flag
 
 
 def render_campaign(view: CampaignView, flags: dict[str, list[Flag]], figures: Sequence[Chart]) -> str:

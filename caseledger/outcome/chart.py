@@ -13,9 +13,9 @@ from typing import Any
 
 from caseledger import redact
 from caseledger.ledger.index import open_index
-from caseledger.outcome import report, summary
+from caseledger.outcome import plots, summary
 from caseledger.outcome.decide import broken
-from caseledger.outcome.summary import ScenarioView
+from caseledger.outcome.scenario import ScenarioView, scenario_view
 from caseledger.workspace import Workspace, atomic_write, sha256_bytes
 
 FIGURE_VERSION = b"decision-figure-1"  # bump when decision_figure draws differently: every cached PNG is redrawn
@@ -35,7 +35,7 @@ def draw_scenario(ws: Workspace, scenario: str) -> str | None:
     """The scenario's PNG for its current view (the view summarize shows), drawn now unless it is on disk already:
     the end of a run calls this so that the next summarize of the scenario attaches the file."""
     with open_index(ws) as idx:
-        view = summary.scenario_view(ws, scenario, idx)
+        view = scenario_view(ws, scenario, idx)
     return draw_view(ws, view)
 
 
@@ -52,7 +52,7 @@ def draw_view(ws: Workspace, view: ScenarioView) -> str | None:
     fig = scenario_figure(ws, view)
     if fig is None:
         return None
-    atomic_write(path, report.png(fig))
+    atomic_write(path, plots.png(fig))
     for old in ws.reports_dir.glob(f"scenario-{view.scenario}-*.png"):
         if old != path and re.fullmatch(r"[0-9a-f]{16}", old.stem.rsplit("-", 1)[-1]):
             with contextlib.suppress(FileNotFoundError):
@@ -73,9 +73,9 @@ def _whole_png(path: Path) -> bool:
 
 
 def scenario_figure(ws: Workspace, view: ScenarioView) -> Any:
-    """The scenario's decision figure (report.decision_figure): one point per case; None without matplotlib."""
+    """The scenario's decision figure (plots.decision_figure): one point per case; None without matplotlib."""
     points = [
-        report.PlotPoint(
+        plots.PlotPoint(
             label=redact.mask(r.change),
             x=r.swept,
             metric=r.metric,
@@ -87,7 +87,7 @@ def scenario_figure(ws: Workspace, view: ScenarioView) -> Any:
     ]
     cdfs = {redact.mask(r.change): summary.latency_samples(ws, r.run_id) for r in view.rows if r.run_id}
     bounds = {v.limit: v.bound for r in view.rows[:1] for v in r.limits}
-    return report.decision_figure(
+    return plots.decision_figure(
         f"scenario {view.scenario}",
         f"{view.primary_metric} ({view.window})",
         view.swept or "case",

@@ -16,7 +16,7 @@ from caseledger.ledger.index import Index, RunRow, open_index, row_of
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold
 from caseledger.outcome.decide import broken
-from caseledger.outcome.summary import ScenarioView, scenario_view
+from caseledger.outcome.scenario import ScenarioView, scenario_view
 from caseledger.records import read_jsonl
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
 

@@ -1,7 +1,7 @@
 """Self-contained HTML reports of a run, a scenario and a campaign: one file a person opens in a browser.
 
 No network at view time and no script: the style is inline, the charts are matplotlib figures inlined as SVG
-(report.svg: text drawn as paths, so no font is fetched). Every text that comes from the ledger is masked
+(plots.svg: text drawn as paths, so no font is fetched). Every text that comes from the ledger is masked
 (caseledger.redact, the same masking the markdown and text answers get) and then HTML-escaped; the finished
 page is masked once more as the last line of defence. Rendering is pure: callers read the ledger and hand the
 models and figures in.
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from caseledger import redact
 from caseledger.outcome.decide import DecisionRecord
-from caseledger.outcome.report import Flag
-from caseledger.outcome.summary import Headline, ScenarioView
+from caseledger.outcome.flags import Flag
+from caseledger.outcome.scenario import ScenarioView
+from caseledger.outcome.summary import Headline
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1400px;color:#1b1f24;
@@ -54,7 +55,7 @@ _ID = re.compile(r"[rcgp]-[0-9a-f]{6,64}")  # a run, case or campaign id: kept o
 
 @dataclass(frozen=True)
 class Chart:
-    """A figure rendered to an <svg> element (report.svg) with its caption."""
+    """A figure rendered to an <svg> element (plots.svg) with its caption."""
 
     caption: str
     svg: str

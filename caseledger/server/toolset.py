@@ -551,14 +551,14 @@ def _check_scenario_name(name: str) -> None:
 def _read_scenario(ws: Workspace, name: str) -> str:
     _check_scenario_name(name)
     from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
-    from caseledger.outcome import summary
+    from caseledger.outcome.scenario import scenario_next, scenario_view  # lazy: see the module's docstring
 
     try:
         remember_secrets(ws)
-        view = summary.scenario_view(ws, name)
+        view = scenario_view(ws, name)
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(tool_error(e))) from e
-    return redact.mask(view.text() + f"\nnext: {summary.scenario_next(view)}\n")
+    return redact.mask(view.text() + f"\nnext: {scenario_next(view)}\n")
 
 
 def _read_handoff(ws: Workspace) -> str:

@@ -19,10 +19,10 @@ from caseledger.campaign.view import CampaignView
 from caseledger.case.metrics import LIMITS
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import Result, latest_result
-from caseledger.outcome import html, report, summary
+from caseledger.outcome import html, plots, summary
 from caseledger.outcome.chart import scenario_figure
-from caseledger.outcome.report import Flag, evidence_flags
-from caseledger.outcome.summary import ScenarioView
+from caseledger.outcome.flags import Flag, evidence_flags
+from caseledger.outcome.scenario import ScenarioView, scenario_next
 from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, summarize
 from caseledger.workspace import Workspace, atomic_write
 
@@ -49,7 +49,7 @@ class ReportResult(BaseModel):
 
 
 def _chart(caption: str, fig: Any) -> list[html.Chart]:
-    return [] if fig is None else [html.Chart(caption, report.svg(fig))]
+    return [] if fig is None else [html.Chart(caption, plots.svg(fig))]
 
 
 def run_flags(result: Result) -> list[Flag]:
@@ -125,7 +125,7 @@ def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
         paths=[str(path)],
         charts=len(charts),
         flags=_warned(flags),
-        next_call=summary.scenario_next(view),
+        next_call=scenario_next(view),
     )
 
 
@@ -151,7 +151,7 @@ def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
         w = res.windows.of(window)
         x = values[r.case_id].get(axis) if axis else None
         points.append(
-            report.PlotPoint(
+            plots.PlotPoint(
                 label=redact.mask(r.label),
                 x=float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None,
                 metric=r.metric_mean,
@@ -168,12 +168,12 @@ def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
     charts = _chart(
         "Pareto frontier: output tok/s per card against tok/s per user (1000 / TPOT p50); * on the "
         "frontier within every limit, x above a limit",
-        report.pareto_figure(title, pareto),
+        plots.pareto_figure(title, pareto),
     )
     charts += _chart(
         f"{camp.decision.primary_metric} (mean over valid runs) against {axis or 'the point'} with the "
         "limits drawn; TTFT and TPOT CDFs of each point's latest valid run",
-        report.decision_figure(
+        plots.decision_figure(
             title,
             f"{camp.decision.primary_metric} ({window})",
             axis or "point",

@@ -21,10 +21,11 @@ from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.index import open_index
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold
-from caseledger.outcome import report, summary
+from caseledger.outcome import plots, report, summary
 from caseledger.outcome.chart import draw_view, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
-from caseledger.outcome.summary import Headline, ScenarioView
+from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
+from caseledger.outcome.summary import Headline
 from caseledger.workspace import Workspace, atomic_write, is_id
 
 
@@ -212,7 +213,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             if gid is not None:
                 return _campaign(workspace, gid)
         try:
-            name = name or summary.latest_scenario(workspace)
+            name = name or latest_scenario(workspace)
         except NotFound:
             found = f" ({damaged_line(damaged)})" if damaged else ""
             raise NotFound(
@@ -220,7 +221,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
                 "freeze_case(path='cases/x.json') then start_run(case_id=...)",
             ) from None
         try:
-            view = summary.scenario_view(workspace, name, idx)
+            view = scenario_view(workspace, name, idx)
         except NotFound:
             if given or latest is None:
                 raise
@@ -229,13 +230,13 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             return result.model_copy(update={"damaged": damaged})
         plot = scenario_plot_path(workspace, view)
     return SummaryResult(
-        scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged, next_call=summary.scenario_next(view)
+        scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged, next_call=scenario_next(view)
     )
 
 
 def _campaign(ws: Workspace, gid: str) -> SummaryResult:
     view = campaign_view(ws, gid)
-    png = report.render_pareto(f"campaign {view.name} ({gid})", pareto_points(view))
+    png = plots.render_pareto(f"campaign {view.name} ({gid})", pareto_points(view))
     return SummaryResult(
         campaign=view,
         runs=[],
@@ -245,10 +246,10 @@ def _campaign(ws: Workspace, gid: str) -> SummaryResult:
     )
 
 
-def pareto_points(view: CampaignView) -> list[report.PlotPoint]:
+def pareto_points(view: CampaignView) -> list[plots.PlotPoint]:
     """A campaign's measured points for its Pareto plot: tok/s per card against tok/s per user."""
     return [
-        report.PlotPoint(
+        plots.PlotPoint(
             label=r.label,
             x=r.per_user_tok_s,
             metric=r.per_card_tok_s,
@@ -271,11 +272,11 @@ def draw_plot(ws: Workspace, result: SummaryResult) -> str | None:
 
 def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
     fig = runs_figure(ws, run_ids)
-    return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", None if fig is None else report.png(fig))
+    return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", None if fig is None else plots.png(fig))
 
 
 def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
-    """Runs' decision figure (report.decision_figure): one point per run; None without matplotlib."""
+    """Runs' decision figure (plots.decision_figure): one point per run; None without matplotlib."""
     points, cdfs, bounds = [], {}, {}
     for rid in run_ids:
         run = load_run(ws, rid)
@@ -286,7 +287,7 @@ def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
         w = result.windows.of(d.window) if result is not None else None
         metric = summary.window_stat(w, d.primary_metric) if w is not None else None
         points.append(
-            report.PlotPoint(
+            plots.PlotPoint(
                 label=rid,
                 x=None,
                 metric=metric,
@@ -298,7 +299,7 @@ def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
         bounds.update(d.limits.bounds())
         cdfs[rid] = summary.latency_samples(ws, rid)
     first = with_current_decision(ws, load_run(ws, run_ids[0]).case).decision
-    return report.decision_figure(
+    return plots.decision_figure(
         " vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run", points, bounds, cdfs
     )
 
