@@ -419,8 +419,11 @@ class Component(_Model):
         return self
 
 
+AdapterKind = Literal["reference", "external", "command"]  # one adapter module each (caseledger.services.kinds)
+
+
 class Service(_Model):
-    adapter: Literal["reference", "external", "command"] = Field(
+    adapter: AdapterKind = Field(
         "reference",
         description="reference: the embedded reference target; external: an already-running endpoint; "
         "command: caseledger starts argv (locally, or on service.ssh.host) and reads its effective argv back",

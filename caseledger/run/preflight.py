@@ -54,14 +54,14 @@ def _guard(event: str, args: tuple[Any, ...]) -> None:
         raise PermissionError(f"preflight forbids {_BLOCKED[event]} ({event})")
 
 
-class Refused(ValueError):
+class Refused(CaseledgerError):
     """A check of this phase said no (the case, the plan, the disk, the deadline): its text is the answer."""
 
 
 def error_text(e: BaseException) -> str:
     """A refusal (this phase's or a ledger check's) reads as its own sentence with its fix; anything else keeps
     its type name, since it is unexpected."""
-    return str(e) if isinstance(e, Refused | CaseledgerError) else f"{type(e).__name__}: {e}"
+    return str(e) if isinstance(e, CaseledgerError) else f"{type(e).__name__}: {e}"
 
 
 def install_guard() -> None:

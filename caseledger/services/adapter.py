@@ -5,12 +5,12 @@ runs. Each kind is one module (services.reference, services.external, services.c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Protocol
 from urllib.parse import urlsplit
 
-from caseledger.case.model import Case, Endpoint
+from caseledger.case.model import AdapterKind, Case, Endpoint
 
-AdapterKind = Literal["reference", "external", "command"]
+__all__ = ["Adapter", "AdapterKind", "host_port"]
 
 
 def host_port(base_url: str) -> tuple[str, int]:
