@@ -54,6 +54,9 @@ class RawRecord(TypedDict):
     finish_reason: str | None
     input_tokens_body: int | None  # from the dataset identity (what we built)
     input_tokens_chat: int | None  # chat-template tokens from the dataset identity
+    # what the request's body asked for (max_tokens): its completion_tokens is checked against it. Absent from
+    # records written before it was kept and from imported ones (the case's bound is used there)
+    max_tokens: NotRequired[int]
     # Speculative decoding as the engine reported it for this request (absent or None: not reported).
     # llama.cpp (and the reference target) put cumulative `timings.draft_n` / `timings.draft_n_accepted`
     # in the last chunk beside usage, and on every chunk when the request asks `timings_per_token`.

@@ -456,3 +456,15 @@ def test_failure_causes_and_the_share_decide_the_class() -> None:
     with pytest.raises(PhaseFailed) as e:
         check_failures(case, [*ok, _failed(6, None, "client", "TypeError: a bug")])
     assert e.value.failure_class == "internal"
+
+
+def test_each_request_is_checked_against_the_max_tokens_it_asked() -> None:
+    """A file line or trace row asks its own length: the record keeps it and the check uses it, where the case
+    has no single bound (None) or a looser one; records without it fall back to the case's bound."""
+    own = [_rec(0, 6, 6), _rec(1, 3, 3), _rec(2, 16, 16)]
+    own[0]["max_tokens"], own[1]["max_tokens"] = 4, 3
+    v = check_counts(columns_from_records(own), None, False, 0.0, None, None)
+    assert v.reasons == ["completion_tokens > max_tokens 4", None, None]
+    v = check_counts(columns_from_records(own), 5, False, 0.0, None, None)  # the record's own 4 wins over 5
+    assert v.reasons == ["completion_tokens > max_tokens 4", None, "completion_tokens > max_tokens 5"]
+    assert v.summary.by_reason == {"completion_tokens > max_tokens 4": 1, "completion_tokens > max_tokens 5": 1}

@@ -340,3 +340,30 @@ def test_trace_replays_on_the_reference_target_on_schedule_with_cached_beside_pl
     assert after["windows"] == before["windows"]
     report = rd.report_md.read_text()
     assert "## Trace replay" in report and "## Schedule" in report and "input lengths" in report
+
+
+def test_a_file_line_asks_its_own_output_tokens_and_its_count_is_checked_against_it(
+    ws: Workspace, stop_services: None
+) -> None:
+    rows: list[dict[str, Any]] = [
+        {"prompt": "one line that asks five", "output_tokens": 5},
+        {"prompt": "a line that takes the dataset's default"},
+        {"prompt": "a line that asks twenty", "output_tokens": 20},
+        {"prompt": "and one that asks three", "output_tokens": 3},
+    ]
+    (ws.root / "prompts.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    d = ref_draft(free_port(), dataset={"source": "file", "path": "prompts.jsonl"}, load={"requests": 4})
+    frozen = freeze_case(ws, draft=d)
+    from caseledger.case.store import load_case
+
+    assert load_case(ws, frozen.case_id).load.max_tokens is None  # each line asks its own
+    run = start_run(ws, frozen.case_id, wait=True, timeout_s=300)
+    assert run.state == "succeeded", phase_status(ws, run.run_id).text()
+    rd = ws.run(run.run_id)
+    recs = sorted((orjson.loads(x) for x in rd.raw.read_bytes().splitlines()), key=lambda r: r["i"])
+    asked = [5, ref_draft(0)["dataset"]["output_tokens"], 20, 3]
+    # ignore_eos: the reference target answers exactly what was asked, so the counts show what each request asked
+    assert [r["completion_tokens"] for r in recs] == asked
+    assert [r["max_tokens"] for r in recs] == asked
+    res = latest_result(rd.root)
+    assert res is not None and res.checks is not None and res.checks.invalid == 0 and res.checks.checked == 4

@@ -689,10 +689,11 @@ def longest(x: Length) -> int:
 
 
 def max_tokens_bound(case: Case) -> int | None:
-    """The most output tokens any request of the case asks for; None when each trace row sets its own."""
+    """The most output tokens any request of the case asks for; None when each trace row or file line may set
+    its own (each raw record then carries what its request asked)."""
     if case.load.max_tokens is not None:
         return case.load.max_tokens
-    if case.dataset.source == "trace":
+    if case.dataset.source in ("trace", "file"):
         return None
     return longest(case.dataset.output_tokens)
 
@@ -1291,8 +1292,8 @@ class Case(_Model):
         if (
             data["load"]["max_tokens"] is None
             and isinstance(data["dataset"]["output_tokens"], int)
-            and data["dataset"]["source"] != "trace"
-        ):  # drawn or per-row lengths: each request asks its own
+            and data["dataset"]["source"] not in ("trace", "file")
+        ):  # drawn or per-row lengths (a trace row's, a file line's): each request asks its own
             data["load"]["max_tokens"] = data["dataset"]["output_tokens"]
         if data["target"]["metrics_url"] is None:
             data["target"]["metrics_url"] = origin(data["target"]["endpoints"][0]["base_url"]) + "/metrics"

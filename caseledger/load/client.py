@@ -320,6 +320,8 @@ def make_record(
         spec_accepted_tokens=state.accepted,
         spec_steps=state.steps,
     )
+    if spec.max_tokens is not None:
+        rec["max_tokens"] = spec.max_tokens
     if sched_ns is not None:
         rec["sched_ns"] = sched_ns
     if spec.trace_row is not None:

@@ -69,8 +69,7 @@ def check_counts(
     rules: list[tuple[str, B]] = []
     with np.errstate(invalid="ignore"):
         rules.append(("completion_tokens < 0", has_out & (out < 0)))
-        if max_tokens is not None:
-            rules.append((f"completion_tokens > max_tokens {max_tokens}", has_out & (out > max_tokens)))
+        rules.extend(_over_asked(c, max_tokens, has_out))
         if chunks_are_content:
             rules.append(("completion_tokens < content chunks", has_out & (out < c.n_chunks)))
             req = np.repeat(np.arange(n), c.n_chunks)
@@ -111,6 +110,17 @@ def check_counts(
         counters=_counter_checks(c, metrics_before, metrics_after),
     )
     return Validity(invalid=invalid, reasons=reasons, summary=summary)
+
+
+def _over_asked(c: RawColumns, bound: int | None, has_out: B) -> list[tuple[str, B]]:
+    """completion_tokens above what the request asked: its record's own max_tokens, else the case's bound (records
+    written before it was kept, imported ones). One rule per asked value, so the reason names the number."""
+    n = c.n
+    asked = np.full(n, np.nan) if c.max_tokens is None else c.max_tokens
+    if bound is not None:
+        asked = np.where(np.isnan(asked), float(bound), asked)
+    over = has_out & ~np.isnan(asked) & (c.completion_tokens > asked)
+    return [(f"completion_tokens > max_tokens {int(v)}", over & (asked == v)) for v in np.unique(asked[over])]
 
 
 def _counts(c: RawColumns, i: int) -> str:

@@ -68,6 +68,7 @@ class RawColumns:
     session: F64 | None = None
     turn: F64 | None = None
     turns: F64 | None = None
+    max_tokens: F64 | None = None  # per request: the max_tokens its body asked for, NaN where the record does not say
 
     @property
     def n(self) -> int:
@@ -110,6 +111,7 @@ class RawColumns:
             self.session,
             self.turn,
             self.turns,
+            self.max_tokens,
         ):
             if opt is not None and not np.isnan(opt).all():  # records without them keep the digest they had
                 h.update(np.ascontiguousarray(opt).tobytes())
@@ -201,7 +203,7 @@ class _Builder:
             arrival_error_ns=cat("arrival_error_ns"),
             trace_row=cat("trace_row"),
             planned_shared_tokens=cat("planned_shared_tokens"),
-            **{k: np.concatenate([_nan_if_none(getattr(p, k), p.n) for p in ps]) for k in _SESSION_KEYS},
+            **{k: np.concatenate([_nan_if_none(getattr(p, k), p.n) for p in ps]) for k in _OPTIONAL_KEYS},
         )
 
 
@@ -244,11 +246,11 @@ def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "arrival_error_ns": _floats(late, n),
         **{name: _floats([d.get(name) for d in docs], n) for name in ("trace_row", "planned_shared_tokens")},
-        **{name: _floats([d.get(name) for d in docs], n) for name in _SESSION_KEYS},
+        **{name: _floats([d.get(name) for d in docs], n) for name in _OPTIONAL_KEYS},
     }
 
 
-_SESSION_KEYS = ("session", "turn", "turns")
+_OPTIONAL_KEYS = ("session", "turn", "turns", "max_tokens")  # per-request columns older records lack
 
 
 def _nan_if_none(arr: F64 | None, n: int) -> F64:
