@@ -51,9 +51,9 @@ HEAVY = {
 }
 
 # caseledger modules slow to import on their own, as heavy as the modules above for this rule: the case models
-# (~0.1-0.2 s of pydantic model building, and everything that reads a case imports them), which `caseledger mcp`
-# starts without (tests/test_mcp_start.py).
-SLOW = {"caseledger.case.model"}
+# (case.model and its sections; ~0.1-0.2 s of pydantic model building, and everything that reads a case imports
+# them), which `caseledger mcp` starts without (tests/test_mcp_start.py).
+SLOW = {f"caseledger.case.{m}" for m in ("model", "target", "service", "dataset", "measurement", "decision")}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from caseledger.case.model import SCENARIO_PATTERN, Decision
+from caseledger.case.decision import Decision
+from caseledger.case.model import SCENARIO_PATTERN
 
 MAX_AXES = 4
 MAX_VALUES = 64

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from caseledger import datasets
 from caseledger.campaign.model import CampaignDraft, Repeats, Scalar, Search, apply_axis
-from caseledger.case.model import LINEAGE_FIELDS, Case, Decision
+from caseledger.case.decision import Decision
+from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.case.store import (
     case_id_of,
     explain,

@@ -12,7 +12,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from caseledger.case.model import ENV_REF, Case
+from caseledger.case.model import Case
+from caseledger.case.service import ENV_REF
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
 MAX_ARG_STRLEN = 32 * 4096  # Linux: one argv element or NAME=value, its NUL included

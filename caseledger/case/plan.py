@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from caseledger.case.model import Case, Decision, _Model
+from caseledger.case.bounds import _Model
+from caseledger.case.decision import Decision
+from caseledger.case.model import Case
 from caseledger.errors import FailureClass
 
 

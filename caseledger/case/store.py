@@ -14,8 +14,11 @@ import orjson
 from pydantic import ValidationError
 
 from caseledger import redact
+from caseledger.case.bounds import PATTERN_RULES
+from caseledger.case.dataset import LENGTH_TAGS
+from caseledger.case.decision import Decision
 from caseledger.case.launch import launch_problem
-from caseledger.case.model import LENGTH_TAGS, LINEAGE_FIELDS, PATTERN_RULES, Case, Decision
+from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.records import read_jsonl
 from caseledger.workspace import (

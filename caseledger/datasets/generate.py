@@ -34,7 +34,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from caseledger.case.model import Case, Dataset, LengthDistribution
+from caseledger.case.dataset import Dataset, LengthDistribution
+from caseledger.case.model import Case
 from caseledger.datasets import lengths as _lengths
 from caseledger.datasets import tokenizers as _tokenizer
 from caseledger.datasets import trace as _trace

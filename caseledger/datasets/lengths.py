@@ -1,6 +1,6 @@
 """Length distributions: a dataset's input and output lengths drawn once, seeded, stable across versions.
 
-A declared distribution (case.model.LengthDistribution) is sampled by inverse transform: uniforms from
+A declared distribution (case.dataset.LengthDistribution) is sampled by inverse transform: uniforms from
 SHAKE-256 of (seed, side, index) — the same bytes on every Python and numpy — mapped through the CDF of
 the distribution truncated to [min - 0.5, max + 0.5) and rounded, so every length is an integer in
 [min, max] and P(length = k) is exactly the declared mass of [k - 0.5, k + 0.5) renormalised. `cdf` gives
@@ -15,7 +15,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from caseledger.case.model import LengthDistribution
+from caseledger.case.dataset import LengthDistribution
 from caseledger.errors import CaseInvalid
 
 MIN_MASS = 1e-9  # a distribution with less of its mass inside [min, max] is a typo (mean far outside the bounds)

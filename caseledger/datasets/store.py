@@ -41,7 +41,7 @@ def _reuse(ws: Workspace, case: Case, dataset_id: str) -> DatasetIdentity:
     return identity
 
 
-GENERATION_WAIT_S = 3600.0  # case.model.MAX_DATASET_TOKENS take about 15 minutes to generate
+GENERATION_WAIT_S = 3600.0  # case.bounds.MAX_DATASET_TOKENS take about 15 minutes to generate
 
 
 def materialize(ws: Workspace, case: Case) -> DatasetIdentity:

@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from caseledger.case.model import MAX_TOKENS, Case
+from caseledger.case.bounds import MAX_TOKENS
+from caseledger.case.model import Case
 from caseledger.datasets.identity import SALT_K
 from caseledger.errors import CaseInvalid, quoted
 from caseledger.workspace import Workspace, exists, read_file_field, sha256_bytes

@@ -26,7 +26,8 @@ import orjson
 from typing_extensions import TypeIs
 
 from caseledger import redact
-from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
+from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
+from caseledger.case.model import Case
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec

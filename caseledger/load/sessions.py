@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import orjson
 
-from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
+from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.client import open_streamer, request_headers, request_one, sleep_until
 from caseledger.load.plan import LoadPlan, RequestSpec
 from caseledger.load.transport import Streamer

@@ -18,8 +18,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from caseledger.case.measurement import Window
 from caseledger.case.metrics import METRICS
-from caseledger.case.model import Case, Window, max_tokens_bound
+from caseledger.case.model import Case, max_tokens_bound
 from caseledger.metrics._checks import Validity, check_counts
 from caseledger.metrics._columns import F64, I64, B, RawColumns, RawSource, columns_from_records
 from caseledger.metrics._models import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from caseledger.case.model import Decision
+from caseledger.case.decision import Decision
 from caseledger.metrics._columns import F64, B
 from caseledger.metrics._models import Interval, NotObserved
 

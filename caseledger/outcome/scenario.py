@@ -9,8 +9,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import Field, ValidationError
 
+from caseledger.case.decision import Decision
 from caseledger.case.metrics import LIMITS, METRICS
-from caseledger.case.model import Case, Decision
+from caseledger.case.model import Case
 from caseledger.case.plan import argv_change, delta, flatten
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound

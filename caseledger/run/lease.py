@@ -15,7 +15,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from caseledger.case.model import SSH, Case
+from caseledger.case.model import Case
+from caseledger.case.service import SSH
 from caseledger.errors import FenceRejected, RemoteError, TargetHeld
 from caseledger.ledger import leases
 from caseledger.ledger.leases import LEASE_SECONDS, Lease

@@ -19,8 +19,9 @@ import httpx2 as httpx
 import orjson
 
 from caseledger import datasets, procs, redact, services
-from caseledger.case.model import Case, origin
+from caseledger.case.model import Case
 from caseledger.case.plan import Phase
+from caseledger.case.target import origin
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.faults import checkpoint, fault
 from caseledger.ledger.evidence import ServiceRecord

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import ClassVar, Protocol
 from urllib.parse import urlsplit
 
-from caseledger.case.model import AdapterKind, Case, Endpoint
+from caseledger.case.model import Case
+from caseledger.case.service import AdapterKind
+from caseledger.case.target import Endpoint
 
 __all__ = ["Adapter", "AdapterKind", "host_port"]
 

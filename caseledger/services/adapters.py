@@ -24,7 +24,8 @@ import httpx2 as httpx
 import orjson
 
 from caseledger import procs, redact
-from caseledger.case.model import SSH, Case
+from caseledger.case.model import Case
+from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.ledger.evidence import ComponentRecord, FileEvidence, ServiceRecord
 from caseledger.load.client import api_key_of, auth_header, refuse_auth

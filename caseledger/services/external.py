@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from caseledger.case.model import Case, Endpoint
+from caseledger.case.model import Case
+from caseledger.case.target import Endpoint
 from caseledger.services.adapter import AdapterKind
 
 

@@ -13,8 +13,10 @@ from typing import Any, NotRequired, TypedDict
 
 import httpx2 as httpx
 
-from caseledger.case.model import ENV_REF, SSH, Case, FileRef, health_url_of, origin
+from caseledger.case.model import Case
 from caseledger.case.plan import argv_options
+from caseledger.case.service import ENV_REF, SSH, FileRef
+from caseledger.case.target import health_url_of, origin
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 from caseledger.services import remote

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from caseledger.case.model import SSH
+from caseledger.case.service import SSH
 from caseledger.errors import RemoteError
 from caseledger.ledger.leases import Lease
 from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S, _run, connect, where

@@ -14,7 +14,8 @@ from typing import Any, TypedDict, cast
 import httpx2 as httpx
 
 from caseledger import procs
-from caseledger.case.model import SSH, Case
+from caseledger.case.model import Case
+from caseledger.case.service import SSH
 from caseledger.errors import PhaseFailed
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services import remote

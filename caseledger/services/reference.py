@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from caseledger import procs
-from caseledger.case.model import Case, Endpoint
+from caseledger.case.model import Case
+from caseledger.case.target import Endpoint
 from caseledger.services.adapter import AdapterKind, host_port
 from caseledger.workspace import canonical_json
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 import anyio
 
 from caseledger import procs
-from caseledger.case.model import SSH
+from caseledger.case.service import SSH
 from caseledger.errors import RemoteError as RemoteError  # defined in errors; callers use remote.RemoteError
 
 if TYPE_CHECKING:

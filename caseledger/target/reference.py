@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
-from caseledger.case.model import ReferenceConfig
+from caseledger.case.service import ReferenceConfig
 from caseledger.datasets.tokenizers import load_fast
 from caseledger.workspace import canonical_json, sha256_bytes
 

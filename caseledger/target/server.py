@@ -40,7 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from caseledger.case.model import ReferenceConfig
+from caseledger.case.service import ReferenceConfig
 from caseledger.errors import CaseledgerError
 from caseledger.records import PHASE_HEADER  # the header the load client sends
 from caseledger.target.reference import ReferenceEngine, Sequence, Ticket, chat_prompt

@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 from caseledger import redact
 from caseledger.campaign.store import campaign_of
 from caseledger.campaign.view import CampaignView, campaign_view
-from caseledger.case.model import PATTERN_RULES, SCENARIO_PATTERN
+from caseledger.case.bounds import PATTERN_RULES
+from caseledger.case.model import SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.index import open_index

@@ -1,0 +1,42 @@
+"""The input boundary of a case: every number and string has a documented bound, far above what a real campaign
+needs (the seeds: N 640, C 64, 131072 input tokens) and low enough that a typo (1e12) is refused at freeze instead
+of hanging it, exhausting memory or flooding HANDOFF.md. Integers and booleans are strict (`true` is no 1, 5.0 is
+no 5) and floats must be finite (NaN/Infinity would be stored as null): the base model of every case section says
+so once."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from caseledger.records import SCENARIO_PATTERN
+
+MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
+MAX_CONCURRENCY = 100_000  # C
+MAX_LOAD_PROCESSES = 64  # load.processes: client processes of one formal load
+MAX_TOKENS = 2_097_152  # tokens per prompt or per output (2 Mi: 16x the seeds' 131072-token inputs)
+MAX_DATASET_TOKENS = 1_073_741_824  # entries x input_tokens materialized at freeze (2**30, ~15 min to generate)
+MAX_TIMEOUT_S = 86_400.0  # one day: per-request timeout, health wait
+MAX_SEED = 2**63 - 1  # seeds fit a signed 64-bit integer (the canonical JSON encoder's limit)
+MAX_URL = 2048
+MAX_PATH = 4096  # PATH_MAX
+MAX_ARG = 32_768  # one argv element or env value
+MAX_ARGS = 1024  # argv elements, env entries
+MAX_SESSIONS = 100_000  # conversations per dataset
+MAX_TURNS = 1024  # turns per conversation
+MAX_THINK_MS = 3_600_000  # one hour between two turns
+# one SSE event the load client holds while it arrives: streamed chunks are a few KB (usage, timings,
+# logprobs), so 8 MiB is a thousand times that, and 64 streams at once still hold at most 512 MiB
+DEFAULT_MAX_EVENT_BYTES = 8 * 2**20
+MIN_EVENT_BYTES, MAX_EVENT_BYTES = 2**16, 2**30  # under 64 KiB a chunk with logprobs may not fit; over 1 GiB: a typo
+
+# what a pattern means, in words, for the answer to a draft that breaks it (case/store.py explain)
+PATTERN_RULES = {
+    SCENARIO_PATTERN: "must start with a letter or digit, followed by letters, digits, '.', '_' or '-' "
+    "(at most 200 characters), e.g. 'copy-128k-1k-prefix90'"
+}
+
+
+class _Model(BaseModel):
+    """The base of every case section: frozen, no unknown fields, finite floats; built on first use."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
