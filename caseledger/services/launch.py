@@ -32,8 +32,8 @@ class Launcher(Protocol):
 
     where: str  # "" on this host, " on HOST" over SSH: follows the process's name in messages
     shown_log: str  # the service log as an agent can read it (a path here, user@host:path over SSH)
-    probe_after_s: float  # wait_health asks whether the process runs first this long after it starts waiting,
-    probe_every_s: float  # then at most this often (0: on every pass)
+    probe_after_s: float  # wait_health's first liveness probe, this long after the wait starts
+    probe_every_s: float  # the time between probes after that (0: on every pass)
 
     @property
     def ref(self) -> procs.ProcRef:
