@@ -10,10 +10,14 @@ import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
+
+from typing_extensions import TypedDict  # pydantic validates it (services' state model) on Python 3.11
 
 
 class ProcRef(TypedDict):
+    """A process as caseledger records it: a pid is only the same process with the same start time, on its host."""
+
     pid: int
     start_time: int
     host: str

@@ -1,6 +1,6 @@
 """Bringing a target's service to the case's identity: its intended identity (identity), the recorded service
-and its live process (live), the adapters that start or probe it (reference, external, command; local or
-over SSH) and the SSH transport (remote)."""
+and its live process (live), the adapters that start or probe it (reference, external, command), the launchers that
+start its processes locally or over SSH (launch) and the SSH transport (remote)."""
 
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services.adapters import ensure, served_models

@@ -1,8 +1,9 @@
 """Service adapters: bring the target to the case's identity and read back what actually runs.
 
 reference: the embedded reference target (`python -m caseledger.target serve`), started detached.
-command:   an argv from the case, started locally or, with service.ssh, on another host over SSH (remote.py);
-           the effective argv is read back from /proc (on the host that runs it) and compared.
+command:   an argv from the case, started locally or, with service.ssh, on another host over SSH (remote.py),
+           both through one launcher seam (launch.py); the effective argv is read back from /proc (on the
+           host that runs it) and compared.
 external:  an already-running endpoint; probed, never started or stopped.
 
 Every launch is an argv list, never a shell string: case fields must not become shell syntax.
@@ -15,15 +16,13 @@ through remote.py for it (procs.alive answers False for another host).
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
 import httpx2 as httpx
 import orjson
 
-from caseledger import procs, redact
+from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed, quoted
@@ -46,17 +45,14 @@ from caseledger.services.identity import (
     value_hash,
 )
 from caseledger.services.kinds import adapter_of
+from caseledger.services.launch import Launcher, LocalLauncher, SshLauncher, wait_health
 from caseledger.services.live import (
-    HealthWait,
-    ProcView,
     ServiceState,
     effective_problem,
     health_ok,
     live_service,
-    local_view,
     owner_problem,
     read_state,
-    remote_view,
     state_path,
     terminate,
     verify,
@@ -144,7 +140,8 @@ def _reuse(
 ) -> ServiceRecord | None:
     """The evidence of keeping a live process that has the wanted identity, or None when it no longer verifies."""
     problem, eff = verify(live, case, u)
-    if problem is not None:
+    proc = live.get("proc")
+    if problem is not None or proc is None:  # verify finds no problem only in a recorded live process
         return None
     return ServiceRecord(
         outcome="reused",
@@ -152,7 +149,7 @@ def _reuse(
         intended_argv=intended,
         effective_argv=eff,
         model_files=[dict(f) for f in files],
-        pid=(live.get("proc") or {})["pid"],  # a live service: its proc is recorded
+        pid=proc["pid"],
         starts=live.get("starts", 1),
         **_effective_evidence(live),
         verified_by="live process cmdline + health",
@@ -188,96 +185,36 @@ def _start_local(
 ) -> ServiceRecord:
     """Launch a process on this host, wait for its health, then check it is ours and runs the case's identity."""
     env, shown_env = resolve_env(case, u)
-    log = ws.services_dir / f"{key}.log"
-    p = _popen(ws, u, intended, env, log)
-    ref: procs.ProcRef = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
-    state = _record_start(
-        ws,
-        key,
-        case,
-        case_id,
-        ref,
-        want,
-        intended,
-        shown_env,
-        str(log),
-        {
-            "model_files": files,
-            "files": defines,
-            "cwd": str(ws.root),
-            "env_sha256": {k: value_hash(v) for k, v in env.items() if k in u.env},
-        },
-    )
-    _wait_local_health(p, u, log, ref)
-    problem = owner_problem(case, u, p.pid)
+    launcher = LocalLauncher(ws.root, u.label, ws.services_dir / f"{key}.log")
+    extra: ServiceState = {
+        "model_files": files,
+        "files": defines,
+        "cwd": str(ws.root),
+        "env_sha256": {k: value_hash(v) for k, v in env.items() if k in u.env},
+    }
+    state = _launch(ws, key, case, case_id, u, launcher, want, intended, env, shown_env, extra)
+    pid = launcher.ref["pid"]
+    problem = owner_problem(case, u, pid)
     if problem is not None:  # health answered, but from someone else's process: ours lost the port
-        procs.terminate(ref)
+        launcher.kill()
         raise PhaseFailed(
             problem,
             FailureClass.SERVICE,
             "another process serves this port: stop it, or give this case another port; "
             "caseledger never measures a process it did not start",
         )
-    eff = _confirm_argv(ws, key, state, procs.cmdline(p.pid) or [], lambda: procs.terminate(ref), "")
-    _confirm_effective(ws, key, state, u, p.pid, local_view(p.pid), lambda: procs.terminate(ref), "")
+    eff = _confirm(ws, key, state, u, launcher)
     return ServiceRecord(
         outcome="done",
         identity=want,
         intended_argv=intended,
         effective_argv=eff,
         model_files=[dict(f) for f in files],
-        pid=p.pid,
+        pid=pid,
         starts=state["starts"],
         **_effective_evidence(state),
         verified_by="live process cmdline + health",
         env=shown_env,
-    )
-
-
-def _popen(ws: Workspace, u: Unit, intended: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start the argv detached in its own session, its output appended to the service log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as lf:
-        try:
-            return subprocess.Popen(
-                intended,
-                stdin=subprocess.DEVNULL,
-                stdout=lf,
-                stderr=lf,
-                env=env,
-                cwd=ws.root,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as e:
-            raise PhaseFailed(
-                f"cannot start {u.label}: argv[0] {intended[0]!r}: {e}",
-                FailureClass.SERVICE,
-                "fix service.argv in a new case",
-            ) from None
-
-
-def _wait_local_health(p: subprocess.Popen[bytes], u: Unit, log: Path, ref: procs.ProcRef) -> None:
-    """Wait until health answers; fail (with the log's last line) when the process exits first or time runs out."""
-    deadline = time.monotonic() + u.health_timeout_s
-    with HealthWait(u.health_url) as health:
-        while time.monotonic() < deadline:
-            if p.poll() is not None:
-                tail = log.read_bytes()[-400:].decode(errors="replace").strip().splitlines()[-1:] or [""]
-                # the engine's own log line: outside text, the values of the case's secrets masked
-                raise PhaseFailed(
-                    f"{u.label} exited with code {p.returncode} before health: {redact.mask(tail[0])}",
-                    FailureClass.SERVICE,
-                    f"read {log}; fix the case's service and resume",
-                )
-            if health.ok():
-                return
-            health.pause()
-    procs.terminate(ref)
-    raise PhaseFailed(
-        f"{u.label} not healthy at {u.health_url} after {u.health_timeout_s}s",
-        FailureClass.SERVICE,
-        "raise the health timeout or check the service log",
     )
 
 
@@ -302,69 +239,59 @@ def _effective_evidence(st: ServiceState) -> _Effective:
     return out
 
 
-def _record_start(
+def _launch(
     ws: Workspace,
     key: str,
     case: Case,
     case_id: str,
-    ref: procs.ProcRef,
+    u: Unit,
+    launcher: Launcher,
     want: str,
     intended: list[str],
+    env: dict[str, str],
     shown_env: dict[str, str],
-    log: str,
     extra: ServiceState,
 ) -> ServiceState:
-    """Record a service caseledger just started on the target (local or remote), counting starts; `extra` holds
-    what the form adds (files, env hashes, its working directory or SSH login)."""
+    """Spawn the process, record it on the target (counting starts; `extra` holds what the form adds: files, env
+    hashes, its working directory or SSH login), then wait for its health."""
+    ref = launcher.spawn(intended, env)
     prev = read_state(ws, key)
     state: ServiceState = {
         **extra,
         "adapter": case.service.adapter,
-        "proc": dict(ref),
+        "proc": ref,
         "identity": want,
         "intended_argv": intended,
         "env": shown_env,
         "case_id": case_id,
         "started_utc": utc_now(),
         "starts": int(prev.get("starts", 0)) + 1,
-        "log": log,
+        "log": launcher.shown_log,
     }
     write_json(state_path(ws, key), state)
+    wait_health(launcher, u)
     return state
 
 
-def _confirm_argv(
-    ws: Workspace, key: str, state: ServiceState, eff: list[str], stop: Callable[[], object], where: str
-) -> list[str]:
-    """Record the effective argv read back from the live process; stop it and fail when it differs."""
+def _confirm(ws: Workspace, key: str, state: ServiceState, u: Unit, launcher: Launcher) -> list[str]:
+    """Read a just-started process back on its host: record its effective argv, check the files and environment
+    it really runs with (see effective_problem), record the engine's version; the effective argv. At the first
+    difference the process is stopped and the start fails, naming it."""
+    pid, where = launcher.ref["pid"], launcher.where
+    eff = launcher.cmdline() or []
     state["effective_argv"] = eff
     write_json(state_path(ws, key), state)
     diff = compare_argv(state["intended_argv"], eff)
     if diff is not None:
-        stop()
+        launcher.kill()
         raise PhaseFailed(
             f"effective service argv{where} differs from the intended one: {diff}",
             FailureClass.SERVICE,
             "fix the launcher so the live process runs the case's argv (no appended overrides)",
         )
-    return eff
-
-
-def _confirm_effective(
-    ws: Workspace,
-    key: str,
-    state: ServiceState,
-    u: Unit,
-    pid: int,
-    view: ProcView,
-    stop: Callable[[], object],
-    where: str,
-) -> None:
-    """Check the files and environment a just-started process really runs with (see effective_problem); stop it
-    and fail when they differ; record the engine's version."""
-    problem = effective_problem(state, u, pid, view)
+    problem = effective_problem(state, u, pid, launcher.view([f["real_path"] for f in state.get("files") or []]))
     if problem is not None:  # it runs, but not with the files or environment the case says
-        stop()
+        launcher.kill()
         raise PhaseFailed(
             f"{u.label} (pid {pid}{where}) differs from its intended identity: {problem}",
             FailureClass.SERVICE,
@@ -372,6 +299,7 @@ def _confirm_effective(
         )
     state["engine_version"] = engine_version(u)
     write_json(state_path(ws, key), state)
+    return eff
 
 
 class _Where(TypedDict, total=False):
@@ -409,48 +337,21 @@ def _start_remote(
 ) -> ServiceRecord:
     """Launch a command-adapter process on ssh.host, wait for health, compare the effective argv."""
     _refuse_key_in_workspace(ws, ssh)
-    rem = remote.Remote(ssh)
     env, shown_env = case_env(case, u)
-    log = remote.log_path(key)
-    try:
-        pid, started = rem.launch(intended, env, log)
-    except remote.RemoteError as e:
-        raise PhaseFailed(f"cannot start the service: {e.message}", FailureClass.SERVICE, e.fix) from None
-    ref: procs.ProcRef = {"pid": pid, "start_time": started, "host": ssh.host}  # another host: procs.alive says False
-    state = _record_start(
-        ws,
-        key,
-        case,
-        case_id,
-        ref,
-        want,
-        intended,
-        shown_env,
-        f"{ssh.user}@{ssh.host}:{log}",
-        {
-            "ssh": ssh.model_dump(mode="json"),
-            "files": defines,
-            "env_sha256": {k: value_hash(v) for k, v in env.items()},
-        },
-    )
-    _wait_remote_health(rem, ref, u, ssh, log, state["log"])
-    eff = _confirm_argv(ws, key, state, rem.cmdline(pid) or [], lambda: rem.terminate(ref), f" on {ssh.host}")
-    _confirm_effective(
-        ws,
-        key,
-        state,
-        u,
-        pid,
-        remote_view(rem, pid, [f["real_path"] for f in defines]),
-        lambda: rem.terminate(ref),
-        f" on {ssh.host}",
-    )
+    launcher = SshLauncher(ssh, remote.log_path(key))
+    extra: ServiceState = {
+        "ssh": ssh.model_dump(mode="json"),
+        "files": defines,
+        "env_sha256": {k: value_hash(v) for k, v in env.items()},
+    }
+    state = _launch(ws, key, case, case_id, u, launcher, want, intended, env, shown_env, extra)
+    eff = _confirm(ws, key, state, u, launcher)
     return ServiceRecord(
         outcome="done",
         identity=want,
         intended_argv=intended,
         effective_argv=eff,
-        pid=pid,
+        pid=launcher.ref["pid"],
         starts=state["starts"],
         verified_by="remote /proc cmdline over ssh + health",
         env=shown_env,
@@ -468,33 +369,6 @@ def _refuse_key_in_workspace(ws: Workspace, ssh: SSH) -> None:
             FailureClass.SERVICE,
             "move the private key out of the workspace and point service.ssh.key_path at it",
         )
-
-
-def _wait_remote_health(rem: remote.Remote, ref: procs.ProcRef, u: Unit, ssh: SSH, log: str, shown_log: str) -> None:
-    """Wait until health answers; fail when the remote process exits first (probed about once a second, each
-    probe a remote exec) or time runs out, stopping it then."""
-    deadline = time.monotonic() + u.health_timeout_s
-    next_probe = time.monotonic() + 0.5
-    with HealthWait(u.health_url) as health:
-        while time.monotonic() < deadline:
-            if health.ok():
-                return
-            if time.monotonic() >= next_probe:
-                if not rem.alive(ref):
-                    tail = rem.tail(log).strip().splitlines()[-1:] or [""]
-                    raise PhaseFailed(
-                        f"service on {ssh.host} exited before health: {redact.mask(tail[0])}",
-                        FailureClass.SERVICE,
-                        f"read {shown_log}; fix the case's service and resume",
-                    )
-                next_probe = time.monotonic() + 1.0
-            health.pause()
-    rem.terminate(ref)
-    raise PhaseFailed(
-        f"service on {ssh.host} not healthy at {u.health_url} after {u.health_timeout_s}s",
-        FailureClass.SERVICE,
-        f"raise the health timeout or read {shown_log}",
-    )
 
 
 def served_models(case: Case, k: int) -> list[str]:

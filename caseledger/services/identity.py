@@ -9,9 +9,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired
 
 import httpx2 as httpx
+from typing_extensions import TypedDict  # pydantic validates these (live.ServiceState) on Python 3.11
 
 from caseledger.case.model import Case
 from caseledger.case.plan import argv_options

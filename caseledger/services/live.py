@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any
 
 import httpx2 as httpx
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11
 
 from caseledger import procs
 from caseledger.case.model import Case
@@ -44,12 +46,13 @@ def state_path(ws: Workspace, key: str) -> Path:
     return ws.services_dir / f"{key}.json"
 
 
+@with_config(ConfigDict(extra="allow"))  # a key this model does not know is kept, never dropped on rewrite
 class ServiceState(TypedDict, total=False):
     """ledger/services/<target_key>.json: the service caseledger started on a target, as written by
     adapters._record_start and updated by the read-back checks, mark_warm and stop (JSON on disk)."""
 
     adapter: str
-    proc: dict[str, Any] | None  # a procs ref {pid, start_time, host} as JSON; None once stopped
+    proc: procs.ProcRef | None  # {pid, start_time, host}: host is the SSH host of a remote one; None once stopped
     identity: str  # the intended identity it was started with
     intended_argv: list[str]
     effective_argv: list[str]  # read back from the live process
@@ -69,9 +72,19 @@ class ServiceState(TypedDict, total=False):
     stop_error: str
 
 
+_STATE = TypeAdapter(ServiceState)
+
+
 def read_state(ws: Workspace, key: str) -> ServiceState:
-    """The recorded service on a target key; empty when none was recorded (or the file is unreadable)."""
-    return cast(ServiceState, read_json_or_none(state_path(ws, key)) or {})
+    """The recorded service on a target key, validated against the state model; empty when none was recorded
+    (or the file is unreadable, or holds no service state)."""
+    raw = read_json_or_none(state_path(ws, key))
+    if not raw:
+        return {}
+    try:
+        return _STATE.validate_python(raw)
+    except ValidationError:
+        return {}  # as an unreadable file: a start then finds the port held and names it (adapters._clear_target)
 
 
 def remote_of(st: ServiceState) -> remote.Remote | None:
@@ -119,11 +132,12 @@ def mark_warm(ws: Workspace, key: str, evidence: ServiceRecord, run_id: str) -> 
     """Record that run_id warmed the service instances of this service evidence (every component) and verified
     their routes (a restart forgets it)."""
     for comp in evidence.processes:
-        path = state_path(ws, comp.key if isinstance(comp, ComponentRecord) else key)
-        st = cast(ServiceState, read_json_or_none(path) or {})
-        if comp.pid is not None and (st.get("proc") or {}).get("pid") == comp.pid:
+        k = comp.key if isinstance(comp, ComponentRecord) else key
+        st = read_state(ws, k)
+        proc = st.get("proc")
+        if comp.pid is not None and proc is not None and proc["pid"] == comp.pid:
             st["warmed_by"] = run_id
-            write_json(path, st)
+            write_json(state_path(ws, k), st)
 
 
 def check_live(ws: Workspace, case: Case, key: str) -> str | None:
@@ -151,7 +165,7 @@ def verify(st: ServiceState, case: Case, unit: Unit) -> tuple[str | None, list[s
         return f"the service (pid {pid}) is gone", []
     if remote_of(st) is None and procs.stopped(st["proc"]):
         return f"the service (pid {pid}) is stopped (SIGSTOP): alive but doing no work", []
-    eff = _cmdline(st) or []
+    eff = _cmdline(st, pid) or []
     diff = compare_argv(intended_argv(case, unit), eff)
     if diff is not None:
         return f"the service (pid {pid}) runs another argv: {diff}", eff
@@ -259,9 +273,8 @@ def effective_problem(st: ServiceState, unit: Unit, pid: int, view: ProcView | N
     return "; ".join(out) or None
 
 
-def _cmdline(st: ServiceState) -> list[str] | None:
+def _cmdline(st: ServiceState, pid: int) -> list[str] | None:
     rem = remote_of(st)
-    pid = int((st.get("proc") or {})["pid"])  # verify calls it on a recorded live process
     if rem is None:
         return procs.cmdline(pid)
     try:
