@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from caseledger import procs, redact
-from caseledger.case.model import SSH
+from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.services import remote
 from caseledger.services.identity import Unit
