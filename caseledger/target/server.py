@@ -43,7 +43,8 @@ from starlette.types import Receive, Scope, Send
 from caseledger.case.model import ReferenceConfig
 from caseledger.errors import CaseledgerError
 from caseledger.records import PHASE_HEADER  # the header the load client sends
-from caseledger.target.reference import ReferenceEngine, Sequence, Ticket, chat_prompt
+from caseledger.target.parts import Sequence, Ticket, chat_prompt
+from caseledger.target.reference import ReferenceEngine
 
 log = logging.getLogger("caseledger.target")
 
