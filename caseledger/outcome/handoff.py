@@ -6,6 +6,7 @@ pasted; deleting the file loses nothing (`caseledger handoff` and every state ch
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from caseledger import ledger, procs, redact
@@ -53,8 +54,8 @@ def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
     if latest is None:
         lines += ["no runs yet", "next: freeze_case(path='cases/<draft>.json'), then start_run(case_id=...)"]
         return "\n".join(lines) + "\n"
-    if latest.run_id == exiting:
-        latest.controller_alive = False
+    if latest.run_id == exiting:  # its controller is writing this as it exits: shown as gone (the view is shared)
+        latest = replace(latest, controller_alive=False)
     rows[-1] = row_of(latest)
     view = _view(ws, idx, latest.scenario)
     others = _other_scenarios(ws, idx, latest.scenario)

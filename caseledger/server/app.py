@@ -32,7 +32,8 @@ from caseledger.server.guards import (
     transport_security,
 )
 from caseledger.server.published import compact_schema, published
-from caseledger.server.toolset import add_resources, add_result_tools, add_tools
+from caseledger.server.resources import add_resources
+from caseledger.server.toolset import add_result_tools, add_tools
 from caseledger.workspace import Workspace
 
 log = logging.getLogger("caseledger.server")
