@@ -51,7 +51,7 @@ _LAZY = {
     "Windows": "caseledger.metrics._models",
     "columns_from_records": "caseledger.metrics._columns",
     "compute_result": "caseledger.metrics._compute",
-    "host_load": "caseledger.metrics._compute",
+    "host_load": "caseledger.metrics._evidence",
     "interval": "caseledger.metrics._noise",
     "latest_result": "caseledger.metrics._store",
     "params_key": "caseledger.metrics._params",
@@ -65,7 +65,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from caseledger.errors import ResultConflict
     from caseledger.metrics._columns import RawColumns, RawSource, columns_from_records, read_raw
-    from caseledger.metrics._compute import compute_result, host_load, per_request_ms
+    from caseledger.metrics._compute import compute_result, per_request_ms
+    from caseledger.metrics._evidence import host_load
     from caseledger.metrics._models import (
         DEFINITIONS,
         NATIVE_RULES,
