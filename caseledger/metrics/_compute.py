@@ -21,11 +21,12 @@ import numpy as np
 from caseledger.case.model import Case, max_tokens_bound
 from caseledger.metrics._checks import Validity, check_counts
 from caseledger.metrics._columns import F64, I64, RawColumns, RawSource, columns_from_records
+from caseledger.metrics._definitions import DEFINITIONS
 from caseledger.metrics._derive import derive
 from caseledger.metrics._evidence import Evidence, host_load, samples_in
-from caseledger.metrics._models import (
-    DEFINITIONS,
-    PROCESSOR_VERSION,
+from caseledger.metrics._models import PROCESSOR_VERSION
+from caseledger.metrics._params import params_key, resolve_params
+from caseledger.metrics._result import (
     Failures,
     Inputs,
     Params,
@@ -36,7 +37,6 @@ from caseledger.metrics._models import (
     TraceRequest,
     Windows,
 )
-from caseledger.metrics._params import params_key, resolve_params
 from caseledger.metrics._sessions import conversations
 from caseledger.metrics._spans import concurrency_series, concurrency_steps, window_spans
 from caseledger.metrics._spec import SpecCounters, spec_counters

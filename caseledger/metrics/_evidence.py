@@ -7,7 +7,8 @@ from typing import Any
 
 from caseledger.case.model import Case
 from caseledger.metrics._columns import B
-from caseledger.metrics._models import HostLoad, NotObserved
+from caseledger.metrics._models import NotObserved
+from caseledger.metrics._result import HostLoad
 
 _S = 1e9  # ns per s
 

@@ -9,7 +9,8 @@ import numpy as np
 
 from caseledger.case.model import Case
 from caseledger.metrics._columns import I64, RawColumns
-from caseledger.metrics._models import ConcurrencySeries, NotObserved, Params, WindowRule
+from caseledger.metrics._models import NotObserved, WindowRule
+from caseledger.metrics._result import ConcurrencySeries, Params
 
 _S = 1e9  # ns per s
 _SERIES_EXACT_MAX = 4096  # change points kept exactly; beyond this the series is bucketed
