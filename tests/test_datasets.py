@@ -15,8 +15,10 @@ import pytest
 
 from caseledger import datasets as ds
 from caseledger.case.model import Case
+from caseledger.datasets import constructed as dscon
 from caseledger.datasets import generate as dsgen
 from caseledger.datasets import tokenizers as tk
+from caseledger.datasets.entries import Acc
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes
 from caseledger.workspace import Workspace, sha256_file
 
@@ -117,17 +119,17 @@ def test_shared_chat_prefix_is_exactly_the_expected_cached_blocks_even_across_sa
 
 def test_seed_figures_and_a_below_target_construction_is_reported_not_rounded() -> None:
     # Seeds: 131072 body tokens, 131076 chat tokens (4 template tokens), block 128, target 0.9.
-    plan = dsgen._plan(131072, head=3, overhead=4, block=128, target=Fraction(9, 10), shared=True)
+    plan = dscon.plan_prefix(131072, head=3, overhead=4, block=128, target=Fraction(9, 10), shared=True)
     cached = plan.prefix_tokens + 3
     assert cached == 922 * 128 and Fraction(cached, 131076) >= Fraction(9, 10)
     assert plan.prefix_tokens + plan.salt_k + plan.suffix_tokens == 131072
-    assert dsgen._pct_floor(118784, 131076) == "90.62%"  # the seeds' 928 blocks
+    assert dscon.pct_floor(118784, 131076) == "90.62%"  # the seeds' 928 blocks
     # 7373 blocks of 16 = 117968 tokens is 89.9997%: below 90%, and never shown as 90.00%.
     assert f"{117968 / 131076:.2%}" == "90.00%"  # what naive formatting would claim
-    assert dsgen._pct_floor(117968, 131076) == "89.99%"
-    assert not dsgen._meets(117968, 131076, Fraction(9, 10))
+    assert dscon.pct_floor(117968, 131076) == "89.99%"
+    assert not dscon.meets(117968, 131076, Fraction(9, 10))
     below = dsgen._below(
-        dsgen._Acc(body=[131072], chat=[131076], cached=[117968]),
+        Acc(body=[131072], chat=[131076], cached=[117968]),
         Fraction(9, 10),
         make_case(1, **{**PREFIX_64, "block_size": 16}).dataset,
     )
@@ -292,7 +294,7 @@ def test_builtin_fast_path_agrees_with_transformers_chat_template(tmp_path: Path
 def test_full_counting_fallback_gives_the_same_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     case = make_case(6, source="prefix_cache", input_tokens=1024, prefix_ratio=0.9, block_size=32, prefix_groups=2)
     composed = ds.materialize(new_ws(tmp_path / "a"), case)
-    monkeypatch.setattr(dsgen, "_sample_agrees", lambda *a: False)  # as if a merge crossed a boundary
+    monkeypatch.setattr(dscon, "_sample_agrees", lambda *a: False)  # as if a merge crossed a boundary
     full = ds.materialize(new_ws(tmp_path / "b"), case)
     assert (composed.counting.method, full.counting.method) == ("composed", "full")
     assert full.content_sha256 == composed.content_sha256

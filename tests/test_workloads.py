@@ -13,6 +13,7 @@ import pytest
 from caseledger import datasets
 from caseledger.case.model import Dataset, LengthDistribution
 from caseledger.datasets import lengths
+from caseledger.datasets.counting import open_tokenizer
 from caseledger.datasets.trace import sample_jsonl
 from caseledger.errors import CaseledgerError
 from caseledger.ledger.runs import read_run
@@ -200,7 +201,7 @@ def test_trace_blocks_are_shared_by_id_and_each_request_plans_what_earlier_rows_
     block = 32
     # every prompt: one first word + the salt slot (the same for every request of a run) + blocks + a tail
     assert len({e["prefix"] + e["salt_slot"] for e in entries}) == 1
-    tok = datasets.generate._open_tokenizer("builtin", True)
+    tok = open_tokenizer("builtin", True)
     # the planned share: what an earlier row had as a prefix of whole blocks (recomputed here independently)
     seen: set[tuple[int, ...]] = set()
     head = 6  # '<|im_start|>user\n' under ChatML with the builtin tokenizer

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
@@ -22,6 +22,7 @@ from caseledger.ledger import authorization
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
 from caseledger.metrics import Interval, Result, interval, latest_result
+from caseledger.metrics._models import FrozenModel  # the results' base: frozen, unknown keys refused
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
 
@@ -29,14 +30,10 @@ if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
     from caseledger.metrics._columns import F64
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 PointStatus = Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
 
 
-class PointRow(_Model):
+class PointRow(FrozenModel):
     """One point of a campaign: what it measured over its valid runs."""
 
     label: str = Field(description="Its axis values, e.g. 'C=8' or '-np=2 C=8'")
@@ -63,7 +60,7 @@ class PointRow(_Model):
     run_ids: list[str] = Field(default_factory=list, description="Its runs, oldest first")
 
 
-class CampaignView(_Model):
+class CampaignView(FrozenModel):
     """A campaign: progress, every point, and its one answer."""
 
     campaign_id: str

@@ -7,7 +7,8 @@ The id comes from the dataset spec alone (`dataset_id_for`): the same spec is re
 tokenizer, and a subset (fewer entries) is its own dataset. Generation happens in a temp directory that
 is renamed into place, under a lock, so concurrent callers never see or leave a half-written dataset.
 
-How the bodies of the synthetic and prefix_cache sources are built: datasets/generate.py.
+How the bodies of the synthetic and prefix_cache sources are built: datasets/constructed.py (generation starts
+in datasets/generate.py).
 """
 
 from caseledger.datasets.identity import (

@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import math
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
 from caseledger.case.dataset import LengthDistribution
+from caseledger.datasets.identity import LengthHistogram, Lengths
 from caseledger.errors import CaseInvalid
 
 MIN_MASS = 1e-9  # a distribution with less of its mass inside [min, max] is a typo (mean far outside the bounds)
@@ -102,25 +104,31 @@ def sample(d: LengthDistribution, n: int, seed: int, side: str) -> list[int]:
     return out
 
 
-def summary(d: LengthDistribution | None, lengths: list[int], fixed: int | None = None) -> dict[str, object]:
+def summary(
+    d: LengthDistribution | None,
+    lengths: list[int],
+    fixed: int | None = None,
+    declared: dict[str, Any] | None = None,  # JSON: the source's own words when no distribution declared them
+) -> Lengths:
     """What was declared and what was realized: stats, percentiles, a histogram and the lengths' sha256."""
     arr = np.asarray(lengths, dtype=np.float64)
     lo, hi = int(arr.min()), int(arr.max())
     bins = min(HISTOGRAM_BINS, hi - lo + 1)
     counts, edges = np.histogram(arr, bins=bins, range=(lo, hi + 1))
-    declared = (
-        d.model_dump(mode="json", exclude_none=True) if d is not None else {"distribution": "fixed", "value": fixed}
+    if declared is None:
+        declared = (
+            d.model_dump(mode="json", exclude_none=True) if d is not None else {"distribution": "fixed", "value": fixed}
+        )
+    return Lengths(
+        declared=declared,
+        count=len(lengths),
+        min=lo,
+        max=hi,
+        mean=float(arr.mean()),
+        stdev=float(arr.std()),
+        p50=float(np.percentile(arr, 50)),
+        p90=float(np.percentile(arr, 90)),
+        p99=float(np.percentile(arr, 99)),
+        histogram=LengthHistogram(edges=[float(e) for e in edges], counts=[int(c) for c in counts]),
+        sha256=hashlib.sha256(",".join(map(str, lengths)).encode()).hexdigest(),
     )
-    return {
-        "declared": declared,
-        "count": len(lengths),
-        "min": lo,
-        "max": hi,
-        "mean": float(arr.mean()),
-        "stdev": float(arr.std()),
-        "p50": float(np.percentile(arr, 50)),
-        "p90": float(np.percentile(arr, 90)),
-        "p99": float(np.percentile(arr, 99)),
-        "histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
-        "sha256": hashlib.sha256(",".join(map(str, lengths)).encode()).hexdigest(),
-    }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from caseledger.metrics._columns import B, RawColumns
-from caseledger.metrics._models import CounterCheck, RequestChecks
+from caseledger.metrics._result import CounterCheck, RequestChecks
 from caseledger.metrics._spec import parse_prometheus
 
 # Content chunks carry at least one token each. Without speculative decoding a chunk carries one token, or a

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from caseledger.case.model import Case
-from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule, Params
+from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE, NativeRule
+from caseledger.metrics._result import Params
 
 
 def params_key(rule: str, ratio: float | None) -> str:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import numpy as np
 
 from caseledger.metrics._columns import F64, RawColumns
-from caseledger.metrics._models import Conversations, Distribution, NotObserved, SessionFigures, TurnFigures
+from caseledger.metrics._models import Distribution, NotObserved
+from caseledger.metrics._result import Conversations, SessionFigures, TurnFigures
 
 SESSIONS_LISTED = 10_000
 _S = 1e9

@@ -19,8 +19,9 @@ from pydantic import ValidationError
 
 from caseledger.case.model import Case
 from caseledger.errors import ResultConflict
-from caseledger.metrics._models import PROCESSOR_VERSION, Result
+from caseledger.metrics._models import PROCESSOR_VERSION
 from caseledger.metrics._params import params_key, resolve_params
+from caseledger.metrics._result import Result
 from caseledger.workspace import RESULT_FILE, RunPaths, atomic_write, read_json_or_none, write_json
 
 ENV_FILE = "env.json"

@@ -14,11 +14,12 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
 from caseledger.metrics import Interval, NotObserved, Result
+from caseledger.metrics._models import FrozenModel  # the results' base: frozen, unknown keys refused
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]
 
@@ -37,11 +38,7 @@ DECISION_WORDS = "; ".join(f"{k}: {v}" for k, v in OUTCOMES.items())
 REPEATS_TO_SETTLE = 3  # runs of a case after which one more repeat no longer narrows the spread much
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Reading(_Model):
+class Reading(FrozenModel):
     """The primary metric as read from one result, with the window it came from."""
 
     value: float | NotObserved = Field(description="The metric on the decision window")
@@ -58,7 +55,7 @@ class Reading(_Model):
     raw_sha256: str | None = Field(description="sha256 of the raw file the result was computed from")
 
 
-class LimitVerdict(_Model):
+class LimitVerdict(FrozenModel):
     """One of case.decision.limits checked on the candidate's decision window."""
 
     limit: str = Field(description="Limit name, e.g. 'tpot_p99_ms'")
@@ -67,7 +64,7 @@ class LimitVerdict(_Model):
     verdict: Literal["meets", "breaks", "not_observed"] = Field(description="value <= bound, above it, or unknown")
 
 
-class Noise(_Model):
+class Noise(FrozenModel):
     """How much the decision metric moves by chance: per side the larger of the bootstrap half-width and the
     run-to-run spread, the two sides combined in quadrature."""
 
@@ -82,7 +79,7 @@ class Noise(_Model):
     noise_rel: float = Field(description="Combined relative noise of the change: a change within ± this is noise")
 
 
-class DecisionRecord(_Model):
+class DecisionRecord(FrozenModel):
     """The decision and the evidence it rests on."""
 
     outcome: Outcome = Field(description=DECISION_WORDS)
@@ -301,7 +298,7 @@ def _noise(
     )
 
 
-class _Verdict(_Model):
+class _Verdict(FrozenModel):
     outcome: Outcome
     reason: str
     settle: str | None = None
