@@ -1,6 +1,6 @@
-"""The case's service (how the serving target is brought up): the adapter kind, argv and environment, the SSH
-login of a remote service, speculative decoding, the components of a multi-process service and the files that
-define them, and the embedded reference target's performance model."""
+"""The case's service (how the serving target is brought up): the adapter kind and what each kind is (its
+traits), argv and environment, the SSH login of a remote service, speculative decoding, the components of a
+multi-process service and the files that define them, and the embedded reference target's performance model."""
 
 from __future__ import annotations
 
