@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from caseledger.case.model import Case, Service
+from caseledger.case.service import KIND_TRAITS, AdapterKind
 from caseledger.services import identity_of, intended_argv
 from caseledger.services.identity import model_files, resolve_env
 from caseledger.services.kinds import ADAPTERS, adapter_of
@@ -24,6 +25,21 @@ def test_every_kind_the_case_allows_is_registered() -> None:
     allowed = set(typing.get_args(Service.model_fields["adapter"].annotation))
     assert set(ADAPTERS) == allowed
     assert all(a.kind == k for k, a in ADAPTERS.items())
+
+
+def test_every_kind_has_its_traits_and_the_adapters_read_them() -> None:
+    allowed = set(typing.get_args(Service.model_fields["adapter"].annotation))
+    assert set(KIND_TRAITS) == allowed
+    assert all(a.launched is KIND_TRAITS[k].launched for k, a in ADAPTERS.items())
+    traits = {
+        k: Service.model_validate({"adapter": k, "argv": ["srv"]} if k == "command" else {"adapter": k}).traits
+        for k in allowed
+    }
+    # what the case layer and the adapters ask: launched, the case's argv, service.reference, timings_per_token
+    assert {k for k, tr in traits.items() if tr.launched} == {"reference", "command"}
+    assert {k for k, tr in traits.items() if tr.runs_case_argv} == {"command"}
+    assert {k for k, tr in traits.items() if tr.reference_config} == {"reference"}
+    assert {k for k, tr in traits.items() if tr.timings_per_token} == {"reference"}
 
 
 def test_reference_argv_runs_this_target_and_its_identity_ignores_the_interpreter() -> None:
@@ -56,12 +72,56 @@ def test_external_is_probed_not_launched(ws: Workspace) -> None:
     assert identity_of(case).startswith("s-")
 
 
-@pytest.mark.parametrize("pkg", ["services", "server"])
+KIND_NAMES = frozenset(typing.get_args(AdapterKind))
+
+
+def _kind_comparisons(source: str) -> list[int]:
+    """Lines that compare a service kind by name: anything compared with an `.adapter` attribute, or an
+    attribute or name compared with a kind's name ('reference', 'external', 'command', alone or in a tuple, list
+    or set)."""
+
+    def names(n: ast.expr) -> set[str]:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return {n.value}
+        if isinstance(n, ast.Tuple | ast.List | ast.Set):
+            return {x.value for x in n.elts if isinstance(x, ast.Constant) and isinstance(x.value, str)}
+        return set()
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        adapter = any(isinstance(s, ast.Attribute) and s.attr == "adapter" for s in sides)
+        named = any(names(s) & KIND_NAMES for s in sides) and any(
+            isinstance(s, ast.Attribute | ast.Name) for s in sides
+        )
+        if adapter or named:
+            out.append(node.lineno)
+    return out
+
+
+def test_the_kind_comparison_finder_finds_each_spelling() -> None:
+    src = (
+        'if case.service.adapter == "command":\n    pass\n'
+        'if "reference" != sv.adapter:\n    pass\n'
+        'if kind in ("external", "command"):\n    pass\n'
+        'if adapter_of(case).kind == "reference":\n    pass\n'
+        'if case.service.traits.runs_case_argv and args.command == "serve":\n    pass\n'
+        'TRAITS = {"command": 1}\n'
+    )
+    assert _kind_comparisons(src) == [1, 3, 5, 7]
+
+
+PACKAGES = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("pkg", [*PACKAGES, "top-level modules"])
 def test_adapter_kind_is_compared_only_in_the_registry(pkg: str) -> None:
-    """No `….adapter == "…"` outside services.kinds: a new kind is one module and one registry line."""
-    found = []
-    for path in sorted((ROOT / pkg).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "adapter":
-                found.append(f"{path.name}:{node.lineno}")
+    """No `….adapter == "…"` anywhere in caseledger/: a kind's name is looked up only in the registry
+    (services.kinds) and its traits only in case.service.KIND_TRAITS, whose keys are no comparison; code asks
+    `case.service.traits`. A new kind is one module, one registry line and one row of traits."""
+    paths = sorted(ROOT.glob("*.py")) if pkg == "top-level modules" else sorted((ROOT / pkg).rglob("*.py"))
+    assert paths
+    found = [f"{path.relative_to(ROOT)}:{line}" for path in paths for line in _kind_comparisons(path.read_text())]
     assert found == []

@@ -49,7 +49,7 @@ def _launches(case: Case) -> list[_Launch]:
         )
         for c in sv.components
     ]
-    if sv.adapter == "command" and not sv.components:
+    if sv.traits.runs_case_argv and not sv.components:
         out.append(_Launch("service.argv", "service.env", sv.argv, sv.env, sv.ssh is not None))
     if sv.identity_command:  # runs locally, with the service's environment
         out.append(_Launch("service.identity_command", "service.env", sv.identity_command, sv.env, False))

@@ -293,7 +293,7 @@ class Case(_Model):
             )
         if self.dataset.source == "prefix_cache" and self.dataset.prefix_ratio <= 0:
             raise ValueError("dataset.prefix_ratio must be > 0 when dataset.source is 'prefix_cache'")
-        if self.service.adapter == "command" and not self.service.argv and not self.service.components:
+        if self.service.traits.runs_case_argv and not self.service.argv and not self.service.components:
             raise ValueError("service.argv (or service.components) is required when service.adapter is 'command'")
         if self.service.components:
             served = [r for c in self.service.components for r in c.routes]

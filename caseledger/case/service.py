@@ -1,10 +1,13 @@
-"""The case's service (how the serving target is brought up): the adapter kind, argv and environment, the SSH
-login of a remote service, speculative decoding, the components of a multi-process service and the files that
-define them, and the embedded reference target's performance model."""
+"""The case's service (how the serving target is brought up): the adapter kind and what each kind is (its
+traits), argv and environment, the SSH login of a remote service, speculative decoding, the components of a
+multi-process service and the files that define them, and the embedded reference target's performance model."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer, model_validator
@@ -287,6 +290,27 @@ class Component(_Model):
 AdapterKind = Literal["reference", "external", "command"]  # one adapter module each (caseledger.services.kinds)
 
 
+@dataclass(frozen=True)
+class KindTraits:
+    """What the rest of caseledger asks of a service kind, answered once per kind in KIND_TRAITS; code asks the
+    trait (`case.service.traits`), never the kind's name."""
+
+    launched: bool  # caseledger starts, records, verifies and stops its processes (else it only probes them)
+    runs_case_argv: bool  # its processes run the case's own argv (service.argv or service.components; then
+    # service.speculative and service.ssh apply), locally or over SSH
+    reference_config: bool  # service.reference configures the server (its max_model_len is the context)
+    timings_per_token: bool  # the server is known to honour `timings_per_token` whatever the engine
+
+
+KIND_TRAITS: Mapping[AdapterKind, KindTraits] = MappingProxyType(
+    {
+        "reference": KindTraits(launched=True, runs_case_argv=False, reference_config=True, timings_per_token=True),
+        "external": KindTraits(launched=False, runs_case_argv=False, reference_config=False, timings_per_token=False),
+        "command": KindTraits(launched=True, runs_case_argv=True, reference_config=False, timings_per_token=False),
+    }
+)
+
+
 class Service(_Model):
     adapter: AdapterKind = Field(
         "reference",
@@ -360,11 +384,16 @@ class Service(_Model):
             data.pop("components", None)
         return data
 
+    @property
+    def traits(self) -> KindTraits:
+        """What this service's kind is (launched, runs the case's argv, ...): the question code asks."""
+        return KIND_TRAITS[self.adapter]
+
     @model_validator(mode="after")
     def _components_alone(self) -> Service:
         if not self.components:
             return self
-        if self.adapter != "command":
+        if not self.traits.runs_case_argv:
             raise ValueError(f"service.components needs adapter 'command', not '{self.adapter}'")
         clash = [f for f in ("argv", "env", "ssh", "speculative", "health_url") if getattr(self, f)]
         if clash:
@@ -381,7 +410,7 @@ class Service(_Model):
     @model_validator(mode="after")
     def _speculative_in_argv(self) -> Service:
         values = self.speculative.model_dump() if self.speculative is not None else {}
-        if self.speculative is not None and self.adapter != "command":
+        if self.speculative is not None and not self.traits.runs_case_argv:
             raise ValueError(
                 f"service.speculative is only used by adapter 'command', not '{self.adapter}' (the "
                 "reference target drafts with service.reference.spec_tokens)"
@@ -401,7 +430,7 @@ class Service(_Model):
 
     @model_validator(mode="after")
     def _ssh_needs_command(self) -> Service:
-        if self.ssh is not None and self.adapter != "command":
+        if self.ssh is not None and not self.traits.runs_case_argv:
             raise ValueError(
                 f"service.ssh is only used by adapter 'command', not '{self.adapter}'; "
                 "set service.ssh to null or use adapter 'command'"

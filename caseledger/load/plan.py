@@ -95,7 +95,7 @@ def draft_counts_per_chunk(case: Case) -> bool:
     """Ask for llama.cpp's `timings_per_token` (cumulative draft counts on every chunk, from which the load
     client counts each request's verify steps): only where the server is known to honour it, llama.cpp
     (measurement.spec_decode 'llamacpp') and the reference target; other engines get no unknown field."""
-    return case.measurement.spec_decode == "llamacpp" or case.service.adapter == "reference"
+    return case.measurement.spec_decode == "llamacpp" or case.service.traits.timings_per_token
 
 
 def request_body(

@@ -113,7 +113,7 @@ def context_limit(case: Case) -> tuple[int, str] | None:
     if case.target.context_tokens is not None:
         return case.target.context_tokens, "target.context_tokens"
     ref = case.service.reference.max_model_len
-    if case.service.adapter == "reference" and ref is not None:
+    if case.service.traits.reference_config and ref is not None:
         return ref, "service.reference.max_model_len"
     return None
 

@@ -23,7 +23,7 @@ def host_port(base_url: str) -> tuple[str, int]:
 
 class Adapter(Protocol):
     """One service kind. `launched`: caseledger starts, records, verifies and stops its processes (an external
-    endpoint is only probed)."""
+    endpoint is only probed), read from the kind's traits (case.service.KIND_TRAITS) as the case layer reads it."""
 
     kind: ClassVar[AdapterKind]
     launched: ClassVar[bool]

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from caseledger.case.model import Case
+from caseledger.case.service import KIND_TRAITS
 from caseledger.case.target import Endpoint
 from caseledger.services.adapter import AdapterKind
 
 
 class External:
     kind: ClassVar[AdapterKind] = "external"
-    launched: ClassVar[bool] = False
+    launched: ClassVar[bool] = KIND_TRAITS[kind].launched
 
     def argv(self, case: Case, unit_argv: Sequence[str], route: Endpoint | None) -> list[str]:
         return []

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from caseledger import procs
 from caseledger.case.model import Case
+from caseledger.case.service import KIND_TRAITS
 from caseledger.case.target import Endpoint
 from caseledger.services.adapter import AdapterKind, host_port
 from caseledger.workspace import canonical_json
@@ -16,7 +17,7 @@ from caseledger.workspace import canonical_json
 
 class Reference:
     kind: ClassVar[AdapterKind] = "reference"
-    launched: ClassVar[bool] = True
+    launched: ClassVar[bool] = KIND_TRAITS[kind].launched
 
     def argv(self, case: Case, unit_argv: Sequence[str], route: Endpoint | None) -> list[str]:
         host, port = host_port(case.target.endpoints[0].base_url)
