@@ -27,9 +27,9 @@ class LoadWatch:
     def __init__(
         self,
         run: Run,
-        client: dict[str, Any] | None,
+        client: dict[str, Any] | None,  # JSON: a process reference {pid, start_time, host}, as procs reads it
         event: Callable[..., None],
-        more: list[dict[str, Any]] | None = None,
+        more: list[dict[str, Any]] | None = None,  # JSON: the same, for each other process
     ) -> None:
         self.paths, self.client, self.event = run.paths, client, event
         self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
@@ -64,6 +64,7 @@ class LoadWatch:
         os.close(self.fd)
 
 
+# JSON: client and more are process references {pid, start_time, host}, as procs reads them
 def _our_sessions(run: Run, client: dict[str, Any] | None, more: list[dict[str, Any]] | None = None) -> set[int]:
     """Sessions whose CPU is the measurement's own: the load clients', the service processes' and this
     controller's (each is started in a session of its own, so an engine's workers count with it)."""

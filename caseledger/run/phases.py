@@ -145,9 +145,10 @@ def before_formal_load(run: Run, prev: dict[str, Any]) -> None:  # JSON: prev as
         wait_idle(run.case)
 
 
+# JSON: prev and end as set_aside read them
 def _load_remote(
     run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any], end: dict[str, Any] | None
-) -> LoadEvidence:  # JSON: prev and end as set_aside read them
+) -> LoadEvidence:
     """The load client on load.host (run/remote_load.py): started once per run, followed, its raw data copied
     back and sealed; a lost link is end_unknown (the client keeps running, resume re-attaches)."""
     paths, case, planned = run.paths, run.case, run.meta.planned
@@ -187,6 +188,7 @@ def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict
     return load_ended(run, end, prev, LoadEvidence.model_validate(extra)).evidence()
 
 
+# JSON: end and prev as set_aside read them
 def load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: LoadEvidence) -> LoadEvidence:
     """The checks after the load client's end file (JSON, local or remote); the load evidence: `extra` (how the
     load was followed) with the end file's counts."""
@@ -274,6 +276,7 @@ def partial_load(paths: RunPaths, planned: int, done: int) -> LoadEvidence:
     return LoadEvidence(outcome="done", partial=True, **partial.model_dump())
 
 
+# JSON: the process reference {pid, start_time, host} written to load/pid.json, as procs and leases read it
 def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
     """Start the load client detached. Armed: it loads everything, then waits for load/go (or abort)."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +301,7 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
     return pid
 
 
-def arm_client(run: Run) -> dict[str, Any] | None:
+def arm_client(run: Run) -> dict[str, Any] | None:  # JSON: spawn_client's process reference
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
     paths = run.paths
     if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host is not None:
