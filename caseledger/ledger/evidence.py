@@ -236,7 +236,9 @@ class LoadEvidence(Evidence):
     remote: dict[str, Any] | None = None  # JSON: the remote client's pid reference
     remote_run_dir: str | None = None
     clock: dict[str, Any] | None = None  # JSON: run/remote_load.py's clock offset record
-    sealed_sha256: str | None = None
+    sealed_sha256: dict[str, str] | None = Field(
+        None, description="Each copied file's sha256, sealed equal to the remote one"
+    )
     link: dict[str, Any] | None = None  # JSON: run/remote_load.py's link counters
     planned: int | None = None
     sent: int | None = None
