@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,6 +12,7 @@ from caseledger.case.store import case_id_of
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.events import read_events
+from caseledger.ledger.evidence import NotRun, PhaseEvidence
 from caseledger.ledger.runs import RunMeta, load_run, write_meta
 from caseledger.ledger.state import PhaseState, fold
 from caseledger.run import controller
@@ -54,7 +54,7 @@ def test_an_unexpected_error_is_internal_never_the_phase_class(
 ) -> None:
     ctl = controller.Controller(make_run(ws), fence=1)
 
-    def boom(self: controller.Controller, attempt: int) -> dict[str, Any]:
+    def boom(self: controller.Controller, attempt: int) -> PhaseEvidence:
         raise RuntimeError("disk on fire")
 
     monkeypatch.setitem(controller.PHASE_BODIES, phase, boom)
@@ -75,11 +75,11 @@ def test_a_phase_failed_keeps_its_own_class_and_a_success_its_evidence(
 ) -> None:
     ctl = controller.Controller(make_run(ws), fence=1)
 
-    def rejected(self: controller.Controller, attempt: int) -> dict[str, Any]:
+    def rejected(self: controller.Controller, attempt: int) -> PhaseEvidence:
         raise PhaseFailed("formal entry rejected all requests", "hot_entry", "freeze a corrected child")
 
-    def fine(self: controller.Controller, attempt: int) -> dict[str, Any]:
-        return {"outcome": "reused", "reason": "service reused and warm"}
+    def fine(self: controller.Controller, attempt: int) -> PhaseEvidence:
+        return NotRun(outcome="reused", reason="service reused and warm")
 
     monkeypatch.setitem(controller.PHASE_BODIES, Phase.LOAD, rejected)
     monkeypatch.setitem(controller.PHASE_BODIES, Phase.WARMUP, fine)

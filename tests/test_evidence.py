@@ -434,7 +434,7 @@ def _failed(i: int, status: int | None, kind: str, error: str) -> RawRecord:
 
 def test_failure_causes_and_the_share_decide_the_class() -> None:
     from caseledger.errors import PhaseFailed
-    from caseledger.run.phases import check_failures  # lazy: the run stage, for this pure check only
+    from caseledger.run.load_failures import check_failures  # lazy: the run stage, for this pure check only
 
     ok = [_rec(i, 4, 4) for i in range(6)]
     case = _case()

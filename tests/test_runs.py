@@ -297,3 +297,76 @@ def test_preflight_runs_in_the_process_spawned_ahead_and_a_resume_runs_a_fresh_o
     res = resume(ws, r.run_id, wait=True)
     assert res.state == "succeeded", res.text()
     assert stats(port)["by_phase"]["load"] == 8
+
+
+# The keys each phase's evidence had when the phases built plain dicts (a real run of this draft, recorded
+# before the evidence became models): stored ledgers and their readers depend on them. Dotted: nested keys;
+# `[]`: the keys of a list's items.
+OLD_EVIDENCE_KEYS = {
+    "preflight": ["checks", "checks.case_reload", "checks.collector", "checks.dataset_sha256", "checks.disk_free_mib",
+                  "checks.load_plan_requests", "checks.process", "checks.sockets", "outcome", "requests_sent"],
+    "service": ["effective_argv", "env", "identity", "intended_argv", "model_files", "outcome", "pid", "plan",
+                "starts", "verified_by"],
+    "warmup": ["latency_sum_s", "ok", "outcome", "requests", "wall_s"],
+    "route_verify": ["outcome", "routes", "routes[].base_url", "routes[].models", "routes[].ok", "routes[].route",
+                     "routes[].tokens", "routes[].tokens.compared", "routes[].tokens.planned_chat",
+                     "routes[].tokens.server_prompt", "wall_s"],
+    "cache_prepare": ["check", "check.cached_tokens", "check.denominator", "check.hit_ratios", "check.latency_sum_s",
+                      "check.prompt_tokens", "check.requests", "check.wall_s", "mode", "outcome", "seed",
+                      "seed.latency_sum_s", "seed.ok", "seed.requests", "seed.wall_s", "target_ratio"],
+    "load": ["client_timing", "client_timing.anchor_uncertainty_ns", "client_timing.first_wave",
+             "client_timing.launch_spread_us", "client_timing.line", "done", "failed", "metrics_read_by", "ok",
+             "outcome", "planned", "raw_sha256", "reattached", "sent"],
+    "confirm_end": ["all_accounted", "client_gone", "end_file", "outcome", "planned", "raw_sha256", "records", "sent"],
+    "postprocess": ["env", "outcome", "raw_sha256", "requests", "result"],
+    "decide": ["baseline", "decision", "missing", "outcome"],
+}  # fmt: skip
+
+
+def _key_paths(v: Any, pre: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(v, dict):
+        for k, x in v.items():
+            out.append(pre + k)
+            if pre + k != "env":  # the environment shown: its variables are the host's, not the shape's
+                out += _key_paths(x, f"{pre}{k}.")
+    elif isinstance(v, list) and v and isinstance(v[0], dict):
+        out += _key_paths(v[0], pre[:-1] + "[].")
+    return out
+
+
+def test_phase_evidence_round_trips_through_its_model_with_the_keys_it_always_had(
+    ws: Workspace, stop_services: None
+) -> None:
+    from caseledger.ledger import evidence as ev
+
+    models: dict[str, type[ev.Evidence] | type[ev.ServiceRecord]] = {
+        "preflight": ev.PreflightEvidence,
+        "service": ev.ServiceRecord,
+        "warmup": ev.WarmupEvidence,
+        "route_verify": ev.RouteVerifyEvidence,
+        "cache_prepare": ev.CachePrepareEvidence,
+        "load": ev.LoadEvidence,
+        "confirm_end": ev.ConfirmEndEvidence,
+        "postprocess": ev.PostprocessEvidence,
+        "decide": ev.DecideEvidence,
+    }
+    port = free_port()
+    draft = ref_draft(
+        port,
+        dataset={"source": "prefix_cache", "input_tokens": 1024, "output_tokens": 4, "prefix_ratio": 0.9,
+                 "block_size": 16, "prefix_groups": 2},
+        cache={"min_hit_ratio": 0.9},
+    )  # fmt: skip
+    r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True)
+    assert r.state == "succeeded", r.text()
+    ended = {e["phase"]: e["data"] for e in read_events(ws.run(r.run_id)).events if e["type"] == "phase_ended"}
+    assert list(ended) == list(models)
+    for phase, model in models.items():
+        file = orjson.loads(ws.run(r.run_id).phase_file(phase).read_bytes())
+        assert file["phase"] == phase and file["error"] is None and file["outcome"] == "done", file
+        data = {k: v for k, v in file.items() if k not in ("phase", "attempt", "error")}
+        assert data == ended[phase], phase  # the file and the end event carry the same evidence
+        assert sorted(_key_paths(data)) == OLD_EVIDENCE_KEYS[phase], phase
+        body = data if "outcome" in model.model_fields else {k: v for k, v in data.items() if k != "outcome"}
+        assert model.model_validate(body).evidence() == body, phase  # read back and written again: unchanged

@@ -11,7 +11,7 @@ back, files, env hashes, pid, starts), a remote one (host, login, host-key polic
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,3 +96,193 @@ class ComponentRecord(ServiceRecord):
 
 
 ServiceRecord.model_rebuild()
+
+
+class Evidence(BaseModel):
+    """The evidence of one phase (or a part of it), built once by the phase and written as JSON to
+    phases/<phase>.json and its end event. As with `ServiceRecord`, fields a form does not have stay unset and
+    are left out of the JSON; a field set to None is written as null."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def evidence(self) -> dict[str, Any]:  # JSON: the phase file and its end event
+        """The JSON evidence: the fields this form set, nothing else."""
+        return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
+
+    def merged(self, other: Self) -> Self:
+        """This evidence with the fields `other` set (where both set one: other's)."""
+        return self.model_copy(update={k: getattr(other, k) for k in other.model_fields_set})
+
+
+PhaseEvidence = Evidence | ServiceRecord
+"""What a phase body returns: the service phase's record, or any other phase's evidence."""
+
+
+class NotRun(Evidence):
+    """A phase the plan reused or skipped: nothing was sent, the reason says why."""
+
+    outcome: Literal["reused", "skipped"]
+    reason: str
+
+
+class ContextCheck(Evidence):
+    """Every formal request's prompt and max_tokens against the model's context."""
+
+    limit: int
+    from_: str = Field(alias="from", description="The case field the limit comes from")
+    longest_request_tokens: int
+
+
+class PreflightChecks(Evidence):
+    """What preflight checked in its fresh, socket-less process (and on the load host, with load.host)."""
+
+    case_reload: str = Field(description="The case id the frozen case.json hashes to")
+    dataset_sha256: str | None = None
+    load_plan_requests: int | None = None
+    context: ContextCheck | None = None
+    collector: str
+    disk_free_mib: int
+    sockets: str
+    process: str | None = Field(None, description="Set when the process spawned ahead ran it")
+    load_host: dict[str, Any] | None = None  # JSON: run/remote_load.py's preflight record of the load host
+
+
+class PreflightResult(Evidence):
+    """The one JSON line (or preflight.ahead.json) a preflight process answers with."""
+
+    ok: bool
+    checks: PreflightChecks | None = None
+    error: str | None = None
+
+
+class PreflightEvidence(Evidence):
+    checks: PreflightChecks
+    requests_sent: int
+
+
+class Sent(Evidence):
+    """A group of requests a phase sent: how many, how many answered, the wall time and the latencies' sum."""
+
+    requests: int
+    ok: int
+    wall_s: float
+    latency_sum_s: float
+
+
+class WarmupEvidence(Sent):
+    routes: list[int] | None = Field(None, description="The routes warmed (unset: every route)")
+
+
+class TokenTruth(Evidence):
+    """The chat tokens the dataset planned against the prompt tokens the server counted, on one route."""
+
+    planned_chat: int | None
+    server_prompt: int | None
+    compared: str
+
+
+class RouteCheck(Evidence):
+    route: int
+    base_url: str
+    models: list[str]
+    ok: bool
+    tokens: TokenTruth
+
+
+class RouteVerifyEvidence(Evidence):
+    routes: list[RouteCheck]
+    wall_s: float
+    only_changed_routes: list[int] | None = Field(None, description="The routes checked (unset: every route)")
+
+
+class CacheCheck(Evidence):
+    requests: int
+    wall_s: float
+    latency_sum_s: float
+    hit_ratios: list[float]
+    cached_tokens: list[int | None]
+    prompt_tokens: list[int | None]
+    denominator: str
+
+
+class CachePrepareEvidence(Evidence):
+    target_ratio: float
+    mode: Literal["seed+check", "check"]
+    seed: Sent | None = None
+    check: CacheCheck
+
+
+class PartialLoad(Evidence):
+    """load/partial.json: a load whose client died without an end file, finished on what it recorded."""
+
+    planned: int
+    done: int
+    sent: int
+    in_flight_lost: int
+    never_sent: int
+    reason: str
+
+
+class LoadEvidence(Evidence):
+    """The load phase: the end file's counts and the checks after it; or a partial load (`partial`); or a load
+    reused from a parent run (`source_run`)."""
+
+    outcome: Literal["done", "reused"] | None = None
+    reattached: bool | None = None
+    processes: int | list[dict[str, Any]] | None = None  # JSON: load/parts.py's per-process rows
+    client_stopped_s: list[float] | None = None
+    # with load.host: the remote client's record, as run/remote_load.py returns it
+    host: str | None = None
+    remote: dict[str, Any] | None = None  # JSON: the remote client's pid reference
+    remote_run_dir: str | None = None
+    clock: dict[str, Any] | None = None  # JSON: run/remote_load.py's clock offset record
+    sealed_sha256: dict[str, str] | None = Field(
+        None, description="Each copied file's sha256, sealed equal to the remote one"
+    )
+    link: dict[str, Any] | None = None  # JSON: run/remote_load.py's link counters
+    planned: int | None = None
+    sent: int | None = None
+    done: int | None = None
+    ok: int | None = None
+    failed: int | None = None
+    metrics_read_by: str | None = None
+    client_timing: dict[str, Any] | None = None  # JSON: load.client.client_timing's record
+    raw_sha256: str | None = None
+    partial: bool | None = None
+    in_flight_lost: int | None = None
+    never_sent: int | None = None
+    reason: str | None = None
+    source_run: str | None = None
+
+
+class ConfirmEndEvidence(Evidence):
+    client_gone: bool
+    end_file: bool
+    records: int
+    planned: int
+    sent: int | None = None
+    partial: PartialLoad | None = None
+    all_accounted: bool
+    processes: int | None = None
+    raw_sha256: str
+
+
+class PostprocessEnv(Evidence):
+    """The collector's recorded environment: interpreter, its argv, PYTHONPATH."""
+
+    interpreter: str
+    argv: list[str]
+    PYTHONPATH: str
+
+
+class PostprocessEvidence(Evidence):
+    result: str | None
+    raw_sha256: str | None
+    env: PostprocessEnv
+    requests: int | None
+
+
+class DecideEvidence(Evidence):
+    decision: str | None
+    missing: list[str]
+    baseline: str | None

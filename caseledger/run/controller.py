@@ -34,17 +34,29 @@ from caseledger.errors import (
 from caseledger.faults import checkpoint
 from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
-from caseledger.ledger.evidence import ServiceRecord
+from caseledger.ledger.evidence import (
+    CachePrepareEvidence,
+    ConfirmEndEvidence,
+    DecideEvidence,
+    LoadEvidence,
+    NotRun,
+    PhaseEvidence,
+    PostprocessEvidence,
+    PreflightEvidence,
+    RouteVerifyEvidence,
+    ServiceRecord,
+    WarmupEvidence,
+)
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, client_refs, fold
 from caseledger.outcome import handoff
+from caseledger.run import after_load, load_parts, phases, prepare, remote_load
 from caseledger.run import lease as run_lease
-from caseledger.run import load_parts, phases, remote_load
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, write_json
 
-PhaseBody = Callable[["Controller", int], dict[str, Any]]
+PhaseBody = Callable[["Controller", int], PhaseEvidence]
 STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
 
 
@@ -228,7 +240,7 @@ class Controller:
     def run_phase(self, phase: Phase, attempt: int) -> FailureClass | None:
         """Run one phase body from the dispatch table and record its end; the failure class if it failed."""
         try:
-            data = PHASE_BODIES[phase](self, attempt)
+            data = PHASE_BODIES[phase](self, attempt).evidence()  # the model as JSON, where it is written
         except OSError as e:
             if is_disk_full(e):
                 raise  # run() records it with the spare's room: nothing more can be written here
@@ -262,6 +274,7 @@ class Controller:
         self._end(phase, attempt, data.pop("outcome", "done"), data)
         return None
 
+    # data: JSON, the evidence as written (a model's dump, or a failure's class, fix and PhaseFailed.evidence)
     def _end(self, phase: Phase, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:
         # the phase's error and evidence carry outside text (a server's answer, a log line, an SSH error, an
         # exception): the values of the case's secrets are masked before either is written
@@ -289,43 +302,43 @@ class Controller:
         return ServiceRecord.read(self.paths.phase_file(Phase.SERVICE))
 
     # ---- phase bodies: each returns its evidence or raises PhaseFailed
-    def phase_preflight(self, attempt: int) -> dict[str, Any]:
+    def phase_preflight(self, attempt: int) -> PreflightEvidence:
         # the process start_run spawned ahead and handed this run (a resume runs a fresh one)
         res = (ahead_result(self.paths) if attempt == 1 else None) or run_fresh(self.paths.root)
-        if not res.get("ok"):
+        if not res.ok or res.checks is None:
             raise PhaseFailed(
-                redact.cut(f"preflight: {res.get('error')}", 300),
+                redact.cut(f"preflight: {res.error}", 300),
                 FailureClass.BEFORE_MODEL,
                 "fix the cause and resume; 0 model requests were sent",
             )
-        checks = res["checks"]
+        checks = res.checks
         if self.case.load.host is not None and not self.meta.load_reuse:
             # the load host too: same caseledger, the run and its dataset copied and hash-verified there, the
             # same preflight entry point run fresh there (sockets forbidden), the clock offset
-            checks["load_host"] = remote_load.preflight(self.run_)
-        return {"checks": checks, "requests_sent": 0}
+            checks = checks.model_copy(update={"load_host": remote_load.preflight(self.run_)})
+        return PreflightEvidence(checks=checks, requests_sent=0)
 
-    def phase_service(self, attempt: int) -> dict[str, Any]:
+    def phase_service(self, attempt: int) -> ServiceRecord:
         if self.action(Phase.SERVICE) == "reuse" and self.meta.load_reuse:
-            return {"outcome": "reused", "reason": "measurement-only: the target is not contacted"}
+            return ServiceRecord(outcome="reused", reason="measurement-only: the target is not contacted")
         allow_start = (self.meta.authorized or current_mode(self.ws)) != "paused"
         rec = services.ensure(self.ws, self.case, self.key, self.meta.case_id, allow_start=allow_start)
         rec.plan = self.action(Phase.SERVICE)
-        return rec.evidence()
+        return rec
 
-    def phase_warmup(self, attempt: int) -> dict[str, Any]:
+    def phase_warmup(self, attempt: int) -> WarmupEvidence | NotRun:
         if self.case.warmup.requests == 0:
-            return {"outcome": "skipped", "reason": "warmup.requests is 0"}
+            return NotRun(outcome="skipped", reason="warmup.requests is 0")
         if self._service_reused() and self.action(Phase.WARMUP) == "reuse":
-            return {"outcome": "reused", "reason": "service reused and warm"}
+            return NotRun(outcome="reused", reason="service reused and warm")
         if self.meta.load_reuse:
-            return {"outcome": "reused", "reason": "measurement-only"}
-        return phases.warmup(self.run_, self._changed_routes())
+            return NotRun(outcome="reused", reason="measurement-only")
+        return prepare.warmup(self.run_, self._changed_routes())
 
-    def phase_route_verify(self, attempt: int) -> dict[str, Any]:
+    def phase_route_verify(self, attempt: int) -> RouteVerifyEvidence | NotRun:
         if self.meta.load_reuse or (self._service_reused() and self.action(Phase.ROUTE_VERIFY) == "reuse"):
-            return {"outcome": "reused", "reason": "service reused: warmed and routes verified since it started"}
-        out = phases.route_verify(self.run_, self._changed_routes())
+            return NotRun(outcome="reused", reason="service reused: warmed and routes verified since it started")
+        out = prepare.route_verify(self.run_, self._changed_routes())
         rec = self._service_record()
         if rec is not None:  # these instances are warm now: the next run's plan reuses warmup and routes
             services.mark_warm(self.ws, self.key, rec, self.paths.run_id)
@@ -341,17 +354,17 @@ class Controller:
             else None
         )
 
-    def phase_cache_prepare(self, attempt: int) -> dict[str, Any]:
+    def phase_cache_prepare(self, attempt: int) -> CachePrepareEvidence | NotRun:
         act = self.action(Phase.CACHE_PREPARE)
         step = self.meta.plan_step(Phase.CACHE_PREPARE)
         reason = step.reason if step else ""
         if act == "skip":
-            return {"outcome": "skipped", "reason": reason}
+            return NotRun(outcome="skipped", reason=reason)
         if act == "reuse":
-            return {"outcome": "reused", "reason": reason}
-        return phases.cache_prepare(self.run_, seed=act == "run" or not self._service_reused())
+            return NotRun(outcome="reused", reason=reason)
+        return prepare.cache_prepare(self.run_, seed=act == "run" or not self._service_reused())
 
-    def phase_load(self, attempt: int) -> dict[str, Any]:
+    def phase_load(self, attempt: int) -> LoadEvidence:
         if self.meta.load_reuse:
             return phases.reuse_parent_load(self.run_)
 
@@ -364,19 +377,20 @@ class Controller:
                     self.renew()
 
         if self.case.load.processes > 1:  # several client processes: their own start, wait and merge
-            return load_parts.load(self.run_, attempt, event)
+            # run/load_parts.py answers with the evidence as a JSON dict
+            return LoadEvidence.model_validate(load_parts.load(self.run_, attempt, event))
         return phases.load(self.run_, attempt, event)
 
-    def phase_confirm_end(self, attempt: int) -> dict[str, Any]:
-        if self.case.load.processes > 1:
-            return load_parts.confirm_end(self.run_)
-        return phases.confirm_end(self.run_)
+    def phase_confirm_end(self, attempt: int) -> ConfirmEndEvidence:
+        if self.case.load.processes > 1:  # run/load_parts.py answers with the evidence as a JSON dict
+            return ConfirmEndEvidence.model_validate(load_parts.confirm_end(self.run_))
+        return after_load.confirm_end(self.run_)
 
-    def phase_postprocess(self, attempt: int) -> dict[str, Any]:
-        return phases.postprocess(self.paths, sealed=state.sealed_raw_sha256(state.fold(self.ws, self.run_)))
+    def phase_postprocess(self, attempt: int) -> PostprocessEvidence:
+        return after_load.postprocess(self.paths, sealed=state.sealed_raw_sha256(state.fold(self.ws, self.run_)))
 
-    def phase_decide(self, attempt: int) -> dict[str, Any]:
-        return phases.decide(self.run_)
+    def phase_decide(self, attempt: int) -> DecideEvidence:
+        return after_load.decide(self.run_)
 
 
 # The one dispatch table: every phase has exactly one body (a test checks it covers Phase).

@@ -28,7 +28,8 @@ from caseledger.case.model import Case
 from caseledger.case.store import case_id_of, is_case_id_of
 from caseledger.errors import CaseledgerError
 from caseledger.faults import fault
-from caseledger.ledger.runs import read_run
+from caseledger.ledger.evidence import ContextCheck, PreflightChecks, PreflightResult
+from caseledger.ledger.runs import Run, read_run
 from caseledger.load.plan import LoadPlan, plan_of, raw_bytes_needed
 from caseledger.procs import child_env
 from caseledger.workspace import RunPaths, read_json_or_none, write_json
@@ -68,44 +69,51 @@ def install_guard() -> None:
     sys.addaudithook(_guard)
 
 
-def run(run_dir: str) -> dict[str, Any]:
-
+def run(run_dir: str) -> PreflightChecks:
+    """Every check of the phase, on the run read back from disk; Refused (or a ledger error) at the first no."""
     run = read_run(Path(run_dir))
     paths, meta, case = run.paths, run.meta, run.case
-    checks: dict[str, Any] = {}
     if not is_case_id_of(case, meta.case_id):
         raise Refused(f"case.json hashes to {case_id_of(case)}, the run says {meta.case_id}: the frozen case changed")
-    checks["case_reload"] = meta.case_id
-    ws = run.workspace
     if fault("preflight", "connect") is not None:  # test hook: prove the guard holds
         # lazy: httpx2 only for this test hook; preflight itself sends nothing
         import httpx2
 
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
-    if not meta.load_reuse:
-        checks["dataset_sha256"] = datasets.verify(ws, meta.dataset())
-        plan = plan_of(run)  # the load client's own plan function, on the run read above
-        n = plan.planned
-        if n != case.load.requests:
-            raise Refused(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
-        checks["load_plan_requests"] = n
-        context = context_check(case, plan)
-        if context is not None:
-            checks["context"] = context
+    planned = None if meta.load_reuse else _plan_checks(run)
     # lazy: metrics (result models, ~30 ms) is needed in this child only; run_fresh's callers stay light
     from caseledger.metrics import compute_result
 
     res = compute_result(case, [])
-    checks["collector"] = type(res).__name__
     if case.deadline is not None and case.deadline <= datetime.now(UTC):
         raise Refused(f"deadline {case.deadline.isoformat()} has passed; freeze a case with a later deadline")
     need = 2 * raw_bytes_needed(run) + (8 << 20)  # the raw records, their results, events and reports
     free = shutil.disk_usage(paths.root).free
     if free < need:
         raise Refused(f"free disk {free >> 20} MiB < {need >> 20} MiB needed for raw records and results")
-    checks["disk_free_mib"] = free >> 20
-    checks["sockets"] = "forbidden (audit hook)"
-    return checks
+    checks = PreflightChecks(
+        case_reload=meta.case_id,
+        collector=type(res).__name__,
+        disk_free_mib=free >> 20,
+        sockets="forbidden (audit hook)",
+    )
+    if planned is None:  # a measurement-only run sends no load: those checks stay unset
+        return checks
+    sha, n, context = planned
+    checks = checks.model_copy(update={"dataset_sha256": sha, "load_plan_requests": n})
+    return checks if context is None else checks.model_copy(update={"context": context})  # unset: context unknown
+
+
+def _plan_checks(run: Run) -> tuple[str, int, ContextCheck | None]:
+    """For a run that sends a load: the dataset's verified hash, the load plan's size, its requests against the
+    model's context."""
+    case = run.case
+    sha = datasets.verify(run.workspace, run.meta.dataset())
+    plan = plan_of(run)  # the load client's own plan function, on the run read above
+    n = plan.planned
+    if n != case.load.requests:
+        raise Refused(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
+    return sha, n, context_check(case, plan)
 
 
 def context_limit(case: Case) -> tuple[int, str] | None:
@@ -118,7 +126,7 @@ def context_limit(case: Case) -> tuple[int, str] | None:
     return None
 
 
-def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
+def context_check(case: Case, plan: LoadPlan) -> ContextCheck | None:
     """Every formal request's chat prompt + max_tokens against the model's context; the first too long refuses
     the run before any request is sent (the engine would answer HTTP 400, or cut the prompt)."""
     limit = context_limit(case)
@@ -147,11 +155,11 @@ def context_check(case: Case, plan: LoadPlan) -> dict[str, Any] | None:
             f"fewer dataset.sessions.turns, or serve a longer context and raise {field}"
         )
     longest_t = max((t for t, _ in need), default=0)
-    return {"limit": bound, "from": field, "longest_request_tokens": longest_t}
+    return ContextCheck(limit=bound, from_=field, longest_request_tokens=longest_t)
 
 
-def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; {"ok": bool, "checks"|"error": ...}."""
+def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> PreflightResult:
+    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; its answer (checks, or the error)."""
 
     p = subprocess.run(
         [sys.executable, "-m", "caseledger.run.preflight", str(run_dir)],
@@ -162,13 +170,13 @@ def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> dict[str, Any]:
     )
     lines = p.stdout.decode(errors="replace").strip().splitlines()
     try:
-        res: dict[str, Any] = orjson.loads(lines[-1]) if lines else {}
+        res: dict[str, Any] = orjson.loads(lines[-1]) if lines else {}  # JSON: the child's one answer line
     except orjson.JSONDecodeError:
         res = {}
     if p.returncode != 0 or not res.get("ok"):
         err = res.get("error") or (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "error": err}
-    return res
+        return PreflightResult(ok=False, error=err)
+    return PreflightResult.model_validate(res)
 
 
 AHEAD = "--ahead"
@@ -202,7 +210,7 @@ def hand_over(p: subprocess.Popen[bytes], paths: RunPaths) -> None:
         p.stdin.close()
 
 
-def ahead_result(paths: RunPaths, timeout_s: float = AHEAD_WAIT_S) -> dict[str, Any] | None:
+def ahead_result(paths: RunPaths, timeout_s: float = AHEAD_WAIT_S) -> PreflightResult | None:
     """The handed-over preflight's result, waiting for it while it runs; None when there was none (a resume,
     a process that died): the caller then runs preflight in a fresh process itself."""
     ref = read_json_or_none(paths.preflight_ahead_pid)
@@ -212,10 +220,10 @@ def ahead_result(paths: RunPaths, timeout_s: float = AHEAD_WAIT_S) -> dict[str, 
     while time.monotonic() < deadline:
         res = read_json_or_none(paths.preflight_ahead)
         if isinstance(res, dict):
-            return res
+            return PreflightResult.model_validate(res)
         if not procs.alive(ref):
             res = read_json_or_none(paths.preflight_ahead)
-            return res if isinstance(res, dict) else None
+            return PreflightResult.model_validate(res) if isinstance(res, dict) else None
         time.sleep(0.005)
     return None
 
@@ -229,11 +237,12 @@ def _ahead() -> int:
     if not line:
         return 0  # start_run gave up (e.g. the target was held): nothing to check
     try:
-        out: dict[str, Any] = {"ok": True, "checks": {**run(line), "process": "spawned ahead, handed the run"}}
+        checks = run(line).model_copy(update={"process": "spawned ahead, handed the run"})
+        out = PreflightResult(ok=True, checks=checks)
     except Exception as e:
-        out = {"ok": False, "error": error_text(e)}
-    write_json(RunPaths(Path(line)).preflight_ahead, out)
-    return 0 if out["ok"] else 1
+        out = PreflightResult(ok=False, error=error_text(e))
+    write_json(RunPaths(Path(line)).preflight_ahead, out.evidence())
+    return 0 if out.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,12 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     install_guard()
 
     try:
-        checks = run(args[0])
+        out = PreflightResult(ok=True, checks=run(args[0]))
     except Exception as e:
-        sys.stdout.write(orjson.dumps({"ok": False, "error": error_text(e)}).decode() + "\n")
-        return 1
-    sys.stdout.write(orjson.dumps({"ok": True, "checks": checks}).decode() + "\n")
-    return 0
+        out = PreflightResult(ok=False, error=error_text(e))
+    sys.stdout.write(orjson.dumps(out.evidence()).decode() + "\n")  # the one JSON line run_fresh reads
+    return 0 if out.ok else 1
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:
         ),
     )
 
-    res = run_fresh(root)
+    res = run_fresh(root).evidence()  # JSON: preflight.json and the answer, as before
     write_json(paths.preflight_json, res)
     return {"id": pid_, **res}
 

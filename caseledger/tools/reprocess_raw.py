@@ -14,7 +14,7 @@ from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256
 from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # no numpy import
 from caseledger.outcome import handoff, summary
-from caseledger.run.phases import check_raw, postprocess
+from caseledger.run.after_load import check_raw, postprocess
 from caseledger.workspace import Workspace
 
 
@@ -96,7 +96,7 @@ def reprocess_raw(
         phase=Phase.POSTPROCESS,
         attempt=attempt,
         owner="reprocess_raw",
-        data={"outcome": "done", **out, "requests_sent": 0},
+        data={"outcome": "done", **out.evidence(), "requests_sent": 0},
     )
     decision = None
     if rule is None and ratio is None:
@@ -119,9 +119,9 @@ def reprocess_raw(
     handoff.refresh(workspace)
     return ReprocessResult(
         run_id=run_id,
-        result=str(out.get("result")),
-        raw_sha256=out.get("raw_sha256"),
-        requests=out.get("requests"),
+        result=str(out.result),
+        raw_sha256=out.raw_sha256,
+        requests=out.requests,
         rule=rule,
         decision=decision,
         next_call=f"summarize(run_ids=['{run_id}'])",

@@ -1,0 +1,143 @@
+"""The phases after the formal load: confirm_end (the client gone, its records counted and sealed),
+postprocess (the collector in a fresh process), decide. Each returns its evidence model (ledger/evidence.py)
+or raises PhaseFailed with a failure class."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import orjson
+
+from caseledger import procs, redact
+from caseledger.case.plan import Phase
+from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
+from caseledger.faults import fault
+from caseledger.ledger.evidence import (
+    ConfirmEndEvidence,
+    DecideEvidence,
+    PartialLoad,
+    PostprocessEnv,
+    PostprocessEvidence,
+)
+from caseledger.ledger.runs import Run
+from caseledger.outcome import summary
+from caseledger.procs import child_env
+from caseledger.records import read_records
+from caseledger.run import remote_load
+from caseledger.workspace import RunPaths, read_json_or_none, sha256_file
+
+
+def confirm_end(run: Run) -> ConfirmEndEvidence:
+    """The load client gone, its raw records counted against its end file (or a partial load's record) and
+    sealed with their sha256; PhaseFailed end_unknown while that cannot be confirmed."""
+    paths, reused = run.paths, bool(run.meta.load_reuse)
+    end = read_json_or_none(paths.load_end)
+    partial = read_json_or_none(paths.load_partial)
+    if end is None and partial is not None:
+        n = len(read_records(paths.raw).records)
+        if procs.alive(read_json_or_none(paths.load_pid)):
+            raise PhaseFailed("load client alive again", FailureClass.END_UNKNOWN, "resume waits for it")
+        kept = PartialLoad.model_validate(partial)
+        return ConfirmEndEvidence(
+            client_gone=True,
+            end_file=False,
+            records=n,
+            planned=kept.planned,
+            partial=kept,
+            all_accounted=False,
+            raw_sha256=sha256_file(paths.raw),
+        )
+    if end is None:
+        raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
+    pid = read_json_or_none(paths.load_pid)
+    if not reused and run.case.load.host is not None and not remote_load.confirm_gone(run):
+        raise PhaseFailed(
+            f"load client on {remote_load.where(run.case.load.host)} still alive after its end file",
+            FailureClass.END_UNKNOWN,
+            "resume waits for it",
+        )
+    deadline = time.monotonic() + 30
+    while not reused and procs.alive(pid) and time.monotonic() < deadline:
+        # the client is our child when we started it: reap it so it does not linger as a zombie
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
+        time.sleep(0.05)  # it wrote its end file and is exiting
+    if not reused and procs.alive(pid):
+        raise PhaseFailed(
+            "load client still alive 30 s after its end file", FailureClass.END_UNKNOWN, "resume waits for it"
+        )
+    n = len(read_records(paths.raw).records)
+    if n != end["done"]:
+        raise PhaseFailed(
+            f"raw records {n} != end file done {end['done']}",
+            FailureClass.END_UNKNOWN,
+            "resume re-checks; nothing is re-sent",
+        )
+    return ConfirmEndEvidence(
+        client_gone=True,
+        end_file=True,
+        records=n,
+        planned=end["planned"],
+        sent=end["sent"],
+        all_accounted=n == end["sent"] == end["planned"],
+        raw_sha256=sha256_file(paths.raw),
+    )
+
+
+def postprocess_env() -> tuple[list[str], dict[str, str]]:
+
+    env = child_env()
+    argv = [sys.executable, "-m", "caseledger.metrics"]
+    if fault("postprocess", "fail") == "import":
+        # test hook: the seeds' incident, a collector whose environment lacks a module (no site-packages)
+        argv = [sys.executable, "-S", "-m", "caseledger.metrics"]
+    return argv, env
+
+
+def check_raw(paths: RunPaths, sealed: str | None) -> None:
+    """Refuse raw data whose sha256 differs from the one sealed when the load's end was confirmed."""
+    if sealed is None:
+        return
+    now = sha256_file(paths.raw) if paths.raw.is_file() else "missing"
+    if now != sealed:
+        raise EvidenceChanged(
+            f"ledger/runs/{paths.run_id}/load/raw.jsonl changed after the load ended "
+            f"(sha256 {now[:12]}… now, {sealed[:12]}… sealed at confirm_end); nothing was recomputed",
+            "restore raw.jsonl from a backup (its sha256 is in the confirm_end event); a new measurement "
+            "needs start_run",
+            run_id=paths.run_id,
+            phase=Phase.POSTPROCESS,
+        )
+
+
+def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str | None = None) -> PostprocessEvidence:
+    """The processor in a fresh subprocess with an explicit, recorded environment; the original error is kept.
+    `sealed`: the raw data's sha256 recorded at confirm_end, checked first."""
+    check_raw(paths, sealed)
+    argv, env = postprocess_env()
+    p = subprocess.run(
+        [*argv, str(paths.root), *(extra or [])], capture_output=True, env=env, timeout=600, stdin=subprocess.DEVNULL
+    )
+    recorded_env = PostprocessEnv(interpreter=argv[0], argv=argv[1:], PYTHONPATH=env.get("PYTHONPATH", ""))
+    if p.returncode != 0:
+        err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise PhaseFailed(
+            redact.cut(f"postprocess: {err}", 400),
+            FailureClass.COLLECT,
+            f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent",
+        )
+
+    out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])  # the collector's one JSON line
+    return PostprocessEvidence(
+        result=out.get("result"), raw_sha256=out.get("raw_sha256"), env=recorded_env, requests=out.get("requests")
+    )
+
+
+def decide(run: Run) -> DecideEvidence:
+    """The run's decision, written with its reports (outcome/summary.py); its evidence names the outcome."""
+    rec = summary.decide_run(run)  # decision.json's body, as JSON
+    return DecideEvidence(decision=rec.get("outcome"), missing=rec.get("missing", []), baseline=rec.get("baseline_ref"))

@@ -1,0 +1,78 @@
+"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, and a
+client whose process is stopped (recorded as events, and as the load evidence's client_stopped_s)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from caseledger import procs
+from caseledger.case.plan import Phase
+from caseledger.ledger.evidence import ServiceRecord
+from caseledger.ledger.runs import Run
+
+STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (status shows it at once)
+HOST_SAMPLE_S = 0.5
+
+
+class LoadWatch:
+    """What the controller sees while the local load client runs: the host's CPU every 0.5 s (load/host.jsonl:
+    other processes' share, the client's own, steal, load average) and a client whose process is stopped."""
+
+    def __init__(
+        self,
+        run: Run,
+        client: dict[str, Any] | None,  # JSON: a process reference {pid, start_time, host}, as procs reads it
+        event: Callable[..., None],
+        more: list[dict[str, Any]] | None = None,  # JSON: the same, for each other process
+    ) -> None:
+        self.paths, self.client, self.event = run.paths, client, event
+        self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
+        self.sampler = procs.CpuSampler()
+        self.sessions = _our_sessions(run, client, self.more)
+        self.next_sample = 0.0
+        self.stopped_since: float | None = None  # when the client was first seen stopped (this stop)
+        self.recorded = False  # this stop was recorded as an event
+        self.stops: list[float] = []  # seconds of each recorded stop (the load evidence's client_stopped_s)
+        self.fd = os.open(self.paths.load_host, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_sample:
+            self.next_sample = now + HOST_SAMPLE_S
+            sample = self.sampler.sample(self.sessions, int(self.client["pid"]) if self.client else None)
+            if sample is not None:
+                with contextlib.suppress(OSError):  # evidence about the host, never a reason to stop the load
+                    os.write(self.fd, orjson.dumps(sample) + b"\n")
+        if procs.stopped(self.client) or any(procs.stopped(c) for c in self.more):
+            self.stopped_since = now if self.stopped_since is None else self.stopped_since
+            if not self.recorded and now - self.stopped_since >= STALL_EVENT_S:
+                self.recorded = True
+                self.event("load_client_stopped", phase="load", data={"pid": (self.client or {}).get("pid")})
+        elif self.stopped_since is not None:
+            if self.recorded:
+                self.stops.append(round(now - self.stopped_since, 3))
+                self.event("load_client_continued", phase="load", data={"stopped_s": self.stops[-1]})
+            self.stopped_since, self.recorded = None, False
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# JSON: client and more are process references {pid, start_time, host}, as procs reads them
+def _our_sessions(run: Run, client: dict[str, Any] | None, more: list[dict[str, Any]] | None = None) -> set[int]:
+    """Sessions whose CPU is the measurement's own: the load clients', the service processes' and this
+    controller's (each is started in a session of its own, so an engine's workers count with it)."""
+    pids = [os.getpid(), *([int(client["pid"])] if client else []), *(int(c["pid"]) for c in more or [])]
+    rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
+    pids += [c.pid for c in rec.processes if c.pid is not None] if rec is not None else []
+    out = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out.add(os.getsid(pid))
+    return out
