@@ -744,3 +744,29 @@ def test_one_of_two_processes_killed_on_a_load_host_then_resume_merges_nothing_t
     part = orjson.loads(paths.load_partial.read_bytes())
     assert part["done"] + part["in_flight_lost"] + part["never_sent"] == n  # every request accounted for
     assert part_starts(lh, r.run_id, 0) == 1 and part_starts(lh, r.run_id, 1) == 1
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_controller_killed_under_two_processes_on_a_load_host_then_resume_reattaches_to_both(
+    ws: Workspace, load_host: LoadHost, services_stopped: None
+) -> None:
+    lh, port, n = load_host, free_port(), 24
+    r = start_run(ws, freeze_case(ws, draft=shared_draft(lh, port, n, slow=True, processes=2)).case_id)
+    paths = ws.run(r.run_id)
+    wait_until("records of both processes arrive", lambda: all(raw_lines(paths.load_part(k).raw) for k in (0, 1)))
+    os.kill(int(orjson.loads(paths.controller_pid.read_bytes())["pid"]), signal.SIGKILL)
+    wait_until("the controller is gone", lambda: not fold(ws, r.run_id).controller_alive)
+    s = phase_status(ws, r.run_id)
+    assert s.failure_class == "end_unknown" and s.phase == "load" and not s.next_resends_requests, s.text()
+    assert not paths.load_end.exists()
+    res = resume(ws, r.run_id, wait=True)
+    assert res.state == "succeeded", res.text()
+    ev = evidence(ws, r.run_id, "load")
+    assert ev["reattached"] is True and ev["done"] == ev["ok"] == n
+    recs = read_records(paths.raw).records
+    assert sorted(x["i"] for x in recs) == list(range(n)) and stats(lh, port)["by_phase"]["load"] == n
+    assert part_starts(lh, r.run_id, 0) == 1 and part_starts(lh, r.run_id, 1) == 1
+    for k in (0, 1):  # each local copy equals its process's file there (re-attach checked the prefix)
+        there = remote_load_dir(lh, r.run_id) / f"p{k}" / "raw.jsonl"
+        assert paths.load_part(k).raw.read_bytes() == there.read_bytes()
