@@ -18,6 +18,15 @@ The clock relation between the hosts is measured by several round trips to a sma
 its uncertainty, half the shortest round trip) before the load and again after it, and recorded in
 load/clock.json and the load evidence: controller wall time = remote wall time - offset_ns (± uncertainty_ns).
 
+Several processes (load.processes > 1 with load.host, or load.hosts: each host with its processes; run_parts, called
+by run/load_parts.py): per host one SSH link, the inputs copied once, the clock measured once (recorded in each of
+its processes' load/p<k>/clock.json); every process `python -m caseledger.load RUN_DIR k` started armed (its files
+under <remote run>/load/p<k>/, remote.json and pid.json under load/p<k>/ here); once every process of every host is
+ready the controller writes load/go here (from then on nothing is started again) naming one instant on its wall
+clock, and each host gets it as its own monotonic instant (load/parts.write_go_at, through the host's offset). Each
+process is then followed, copied and sealed as one client is; a host whose link stays lost is recorded while the
+others are followed to their end, then the phase fails end_unknown; load/parts.py merges what came back.
+
 Security: the SSH layer is services/remote.py (host-key policy, key by path only). Remote command lines are
 constant script text, integers and `shlex.quote`d paths; the API key travels on the channel's stdin.
 """
