@@ -210,3 +210,32 @@ def test_merge_puts_every_process_on_process_0s_clock(tmp_path: Any) -> None:
     assert got.records == 3 and [p["shift_ns"] for p in got.per_part] == [0, 400]
     assert paths.load_sent.read_bytes().count(b"\n") == 3
     assert not paths.load_end.exists()  # no end file of either process: the merged load has none either
+
+
+def test_merge_maps_a_load_hosts_clock_through_its_measured_offset(tmp_path: Any) -> None:
+    from caseledger.load.parts import merge
+    from caseledger.workspace import RunPaths, write_json
+
+    paths = RunPaths(tmp_path / "r-00000002")
+    parts = [paths.load_part(k) for k in range(2)]
+    anchors = [
+        {"wall_ns": 1_000_000, "mono_ns": 500, "boot_id": "a"},  # host A: wall = mono + 999,500
+        {"wall_ns": 1_000_000, "mono_ns": 100, "boot_id": "b"},  # host B: wall = mono + 999,900
+    ]
+    # host B's wall clock runs 300 ns ahead of the controller's, host A's 50 ns behind
+    offsets = [-50, 300]
+    for part, anchor, off, recs in zip(parts, anchors, offsets, [[_rec(0, 1000)], [_rec(1, 1500)]], strict=True):
+        part.load_dir.mkdir(parents=True)
+        write_json(part.load_anchor, anchor)
+        write_json(part.load_clock, {"host": "h", "before": {"offset_ns": off}, "after": {"offset_ns": off + 7}})
+        part.raw.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+        end = {"planned": 1, "sent": 1, "done": 1, "ok": 1, "failed": 0, "first_send_ns": recs[0]["send_ns"]}
+        write_json(part.load_end, {**end, "last_end_ns": recs[0]["end_ns"], "wall_start_utc": "a", "wall_end_utc": "b"})
+    got = merge(paths, parts, "digest")
+    # B's send at mono 1500 is controller wall 1500 + 999,900 - 300; on A's clock: that - 999,500 - 50 = 1550
+    recs = read_records(paths.raw).records
+    assert [(r["i"], r["send_ns"]) for r in recs] == [(0, 1000), (1, 1550)]
+    assert [p["shift_ns"] for p in got.per_part] == [0, 50]
+    assert [p["offset_ns"] for p in got.per_part] == [-50, 300]  # the one measured before the load
+    end = orjson.loads(paths.load_end.read_bytes())
+    assert end["done"] == 2 and end["last_end_ns"] == 1580

@@ -96,6 +96,34 @@ class LoadHost(SSH):
         return self
 
 
+class LoadHostShare(LoadHost):
+    """One entry of load.hosts: a load host (the login, interpreter and directory of load.host) and how many of
+    the formal load's client processes run there."""
+
+    processes: int = Field(
+        1,
+        ge=1,
+        le=MAX_LOAD_PROCESSES,
+        strict=True,
+        description="Load client processes on this host (1..64; default 1); the processes of all hosts, in list "
+        "order, share the formal load as load.processes does on one host",
+    )
+
+    @model_validator(mode="after")
+    def _host_key_policy(self) -> LoadHostShare:  # replaces LoadHost's check: the messages name load.hosts
+        if self.known_hosts is None and not self.accept_unknown_host_key:
+            raise ValueError(
+                "load.hosts[].known_hosts is null: set it to a known_hosts file, or set "
+                "accept_unknown_host_key: true explicitly in that entry (the host key is then not verified)"
+            )
+        if self.known_hosts is not None and self.accept_unknown_host_key:
+            raise ValueError(
+                "load.hosts[].known_hosts and accept_unknown_host_key: true contradict each other; "
+                "keep known_hosts (verified) or set it to null (unverified)"
+            )
+        return self
+
+
 class Load(_Model):
     requests: int = Field(
         description="Formal requests N (1..1000000)", ge=1, le=MAX_REQUESTS, strict=True, examples=[640]
@@ -149,6 +177,13 @@ class Load(_Model):
         description="Run the load client on another host over SSH (the same login form as service.ssh, plus the "
         "interpreter and directory there); null: on the controller's host",
     )
+    hosts: list[LoadHostShare] | None = Field(
+        None,
+        max_length=MAX_LOAD_PROCESSES,
+        description="Several load hosts, each with its client processes (at least 2 entries; one host is "
+        "load.host): the formal load is dealt over the processes of all hosts in list order; null: load.host "
+        "or the controller's host",
+    )
     max_failed_share: float = Field(
         0.0,
         ge=0,
@@ -182,6 +217,8 @@ class Load(_Model):
         data: dict[str, Any] = handler(self)
         if self.host is None:
             data.pop("host", None)
+        if self.hosts is None:
+            data.pop("hosts", None)
         if self.max_failed_share == 0.0:
             data.pop("max_failed_share", None)
         if self.max_event_bytes == DEFAULT_MAX_EVENT_BYTES:
@@ -192,17 +229,61 @@ class Load(_Model):
             data.pop("processes", None)
         return data
 
+    @property
+    def total_processes(self) -> int:
+        """The client processes of the formal load: load.processes, or the sum over load.hosts."""
+        return sum(h.processes for h in self.hosts) if self.hosts else self.processes
+
+    def host_shares(self) -> list[tuple[LoadHost, range]]:
+        """Each load host with the indices (0..P-1, over all hosts in list order) of the client processes it
+        runs; [] when the load runs on the controller's host."""
+        if self.host is not None:
+            return [(self.host, range(self.processes))]
+        out: list[tuple[LoadHost, range]] = []
+        k = 0
+        for h in self.hosts or []:
+            out.append((h, range(k, k + h.processes)))
+            k += h.processes
+        return out
+
+    def _check_hosts(self) -> None:
+        if self.hosts is None:
+            return
+        if self.host is not None:
+            raise ValueError(
+                "load.host and load.hosts are both set: one load host is load.host (with load.processes), "
+                "several are load.hosts (each with its processes); remove one of them"
+            )
+        if len(self.hosts) < 2:
+            raise ValueError(
+                f"load.hosts has {len(self.hosts)} entr{'y' if self.hosts else 'ies'}: one load host is "
+                "written load.host (its processes as load.processes), so that one load has one spelling and one "
+                "case id; use load.host"
+            )
+        if self.processes != 1:
+            raise ValueError(
+                f"load.processes {self.processes} with load.hosts: each entry's processes says how many run "
+                f"on that host (the total is their sum, {self.total_processes}); remove load.processes"
+            )
+        seen: dict[tuple[str, int, str], int] = {}
+        for i, h in enumerate(self.hosts):
+            at = (h.host, h.port, h.workdir.rstrip("/"))
+            if at in seen:
+                raise ValueError(
+                    f"load.hosts[{i}] repeats load.hosts[{seen[at]}] ({h.host}:{h.port}, workdir {h.workdir}): "
+                    "both would write one remote run directory; merge them into one entry with processes "
+                    f"{self.hosts[seen[at]].processes + h.processes}, or give each its own workdir"
+                )
+            seen[at] = i
+
     @model_validator(mode="after")
     def _trace_schedule(self) -> Load:
-        if self.processes > self.concurrency:
+        self._check_hosts()
+        if self.total_processes > self.concurrency:
+            what = "the processes of load.hosts" if self.hosts else "load.processes"
             raise ValueError(
-                f"load.processes {self.processes} > load.concurrency {self.concurrency}: each client process "
-                "needs at least one of the C slots; lower load.processes or raise load.concurrency"
-            )
-        if self.processes > 1 and self.host is not None:
-            raise ValueError(
-                f"load.processes {self.processes} with load.host: several client processes run on the "
-                "controller's host only (a remote load host runs one); set load.processes 1 or load.host null"
+                f"{what} {self.total_processes} > load.concurrency {self.concurrency}: each client process "
+                f"needs at least one of the C slots; lower {what} or raise load.concurrency"
             )
         if self.arrival == "trace" and self.rate is not None:
             raise ValueError(

@@ -62,6 +62,7 @@ IMPACT: dict[str, Impact | None] = {
     "load.processes": Impact.LOAD,
     # where the load client runs (another host over SSH): a new load from there, the service is reused
     "load.host": Impact.LOAD,
+    "load.hosts": Impact.LOAD,  # several load hosts, each with its client processes: likewise
     # whether the load phase fails on failed requests: decided at the end of a load, so a new load
     "load.max_failed_share": Impact.LOAD,
     "warmup": Impact.SERVICE,

@@ -264,7 +264,8 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
     paths, meta = run.paths, run.meta
     log = read_events(paths)
     ctl, clients = read_json_or_none(paths.controller_pid), client_refs(paths)
-    client_ref = next((c for c in clients if procs.alive(c)), clients[0] if clients else None)
+    # a process on a load host not yet seen gone there (only SSH can tell) outranks one seen gone
+    client_ref = next((c for c in clients if procs.alive(c) or procs.elsewhere(c)), clients[0] if clients else None)
     controller_alive, client_alive = procs.alive(ctl), procs.alive(client_ref)
     client_host = procs.elsewhere(client_ref)
     end = read_json_or_none(paths.load_end)

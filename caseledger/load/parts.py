@@ -9,7 +9,8 @@ declared one; every process starts its schedule at the one instant load/go names
 
 Each process writes the one-process files under load/p<k>/ (workspace.PartPaths). When every process has ended
 (or is gone), the controller merges them into the files a one-process load leaves at load/: raw.jsonl in send
-order on one time base (process 0's monotonic clock; a process on another boot maps through its anchor), sent.log,
+order on one time base (process 0's monotonic clock; a process on another boot maps through its anchor and, on a
+load host, its host's measured clock offset, load/p<k>/clock.json), sent.log,
 stalls.jsonl, anchor.json (process 0's) and, when every process wrote its end file, end.json with the summed
 counts. Everything downstream (confirm_end, metrics, reprocess_raw, the report) reads those merged files.
 """
@@ -88,6 +89,14 @@ def go_record(lead_s: float = GO_LEAD_S) -> dict[str, Any]:
     return {"start_mono_ns": time.monotonic_ns() + int(lead_s * 1e9), "boot_id": boot_id()}
 
 
+def write_go_at(go: Path, wall_ns: int) -> None:
+    """load/go on a load host: the controller's one start instant (given on this host's wall clock) as this boot's
+    monotonic instant. Never replaced once written: a resume that writes it again changes no schedule."""
+    if go.exists():
+        return
+    write_json(go, {"start_mono_ns": time.monotonic_ns() + wall_ns - time.time_ns(), "boot_id": boot_id()})
+
+
 def start_of(go: Path) -> int | None:
     """The common start load/go names, when it is on this boot's clock; None: start at once (a one-process go)."""
     rec = read_json_or_none(go)
@@ -106,12 +115,23 @@ class Merged:
     ends: list[dict[str, Any] | None]
 
 
-def _shift(anchor: dict[str, Any] | None, base: dict[str, Any] | None) -> int:
+def offset_of(clock: dict[str, Any] | None) -> int:
+    """A load host's wall clock ahead of the controller's (load/p<k>/clock.json, remote processes only), in ns:
+    measured before the load, else after it; 0 on the controller's host."""
+    for when in ("before", "after"):
+        got = (clock or {}).get(when)
+        if isinstance(got, dict) and isinstance(got.get("offset_ns"), int):
+            return int(got["offset_ns"])
+    return 0
+
+
+def _shift(anchor: dict[str, Any] | None, base: dict[str, Any] | None, offset: int = 0, base_offset: int = 0) -> int:
     """ns to add to a process's monotonic times to put them on process 0's clock: 0 on the same boot (one
-    clock), else through both anchors' wall times (their uncertainty adds)."""
+    clock), else through both anchors' wall times, each mapped onto the controller's wall clock by its host's
+    measured offset (their uncertainties add)."""
     if anchor is None or base is None or anchor.get("boot_id") == base.get("boot_id"):
         return 0
-    return int(anchor["wall_ns"] - anchor["mono_ns"]) - int(base["wall_ns"] - base["mono_ns"])
+    return int(anchor["wall_ns"] - offset - anchor["mono_ns"]) - int(base["wall_ns"] - base_offset - base["mono_ns"])
 
 
 def _shifted(rec: RawRecord, ns: int) -> RawRecord:
@@ -149,14 +169,15 @@ def merge(paths: RunPaths, parts: list[PartPaths], plan_sha256: str) -> Merged:
     """Merge the processes' files into load/ (see the module). Deterministic: merging again writes the same
     bytes, so a controller killed mid-merge merges again on resume. end.json only when every process ended."""
     anchors = [read_json_or_none(p.load_anchor) for p in parts]
+    offsets = [offset_of(read_json_or_none(p.load_clock)) for p in parts]
     base = anchors[0] if anchors else None
-    shifts = [_shift(a, base) for a in anchors]
+    shifts = [_shift(a, base, off, offsets[0]) for a, off in zip(anchors, offsets, strict=True)]
     recs: list[RawRecord] = []
     per_part: list[dict[str, Any]] = []
     for k, (part, ns) in enumerate(zip(parts, shifts, strict=True)):
         mine = read_records(part.raw).records
         recs += [_shifted(r, ns) for r in mine]
-        per_part.append({"process": k, "records": len(mine), "shift_ns": ns})
+        per_part.append({"process": k, "records": len(mine), "shift_ns": ns, "offset_ns": offsets[k]})
     recs.sort(key=lambda r: (r["send_ns"], r["i"]))
     atomic_write(paths.raw, b"".join(orjson.dumps(r) + b"\n" for r in recs))
     atomic_write(paths.load_sent, b"".join(ln for p in parts for ln in _lines(p.load_sent)))

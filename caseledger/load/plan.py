@@ -218,7 +218,7 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
         rate=load.rate,
         seed=seed,
         max_event_bytes=load.max_event_bytes,
-        processes=load.processes,
+        processes=load.total_processes,
     )
 
 

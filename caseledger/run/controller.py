@@ -148,6 +148,8 @@ class Controller:
                 procs.terminate(ref, grace_s=1.0)
             for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
                 procs.terminate(part, grace_s=1.0)
+            parts = [read_json_or_none(p.load_pid) or {} for p in self.paths.load_parts()]
+            remote_load.terminate_elsewhere(self.case, parts)  # the processes of a shared load on load hosts
         os._exit(70)
 
     # ---- main loop
@@ -312,7 +314,7 @@ class Controller:
                 "fix the cause and resume; 0 model requests were sent",
             )
         checks = res.checks
-        if self.case.load.host is not None and not self.meta.load_reuse:
+        if self.case.load.host_shares() and not self.meta.load_reuse:
             # the load host too: same caseledger, the run and its dataset copied and hash-verified there, the
             # same preflight entry point run fresh there (sockets forbidden), the clock offset
             checks = checks.model_copy(update={"load_host": remote_load.preflight(self.run_)})
@@ -376,13 +378,13 @@ class Controller:
                 with contextlib.suppress(RemoteError):
                     self.renew()
 
-        if self.case.load.processes > 1:  # several client processes: their own start, wait and merge
+        if self.case.load.total_processes > 1:  # several client processes: their own start, wait and merge
             # run/load_parts.py answers with the evidence as a JSON dict
             return LoadEvidence.model_validate(load_parts.load(self.run_, attempt, event))
         return phases.load(self.run_, attempt, event)
 
     def phase_confirm_end(self, attempt: int) -> ConfirmEndEvidence:
-        if self.case.load.processes > 1:  # run/load_parts.py answers with the evidence as a JSON dict
+        if self.case.load.total_processes > 1:  # run/load_parts.py answers with the evidence as a JSON dict
             return ConfirmEndEvidence.model_validate(load_parts.confirm_end(self.run_))
         return after_load.confirm_end(self.run_)
 

@@ -6,6 +6,9 @@ one's share of the raw disk, waits until every one has built its plan (load/p<k>
 spawned again: a resume re-attaches to the live ones and takes the others' files as they are, so a killed
 process's sent-but-unrecorded requests are never re-sent (its sent.log says how many). When every process has
 ended or is gone, load/parts.py merges their files into load/ and the one-process checks follow (_load_ended).
+On load hosts (load.host with load.processes, or load.hosts) the processes run there (run/remote_load.py: started
+armed, one go for every host, followed and copied back per process into load/p<k>/, sealed); the merge, the
+counts and the checks here are the same, each host's clock offset applied by the merge.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from caseledger.ledger.runs import Run
 from caseledger.load.parts import go_record, merge, split_concurrency
 from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.records import read_records
-from caseledger.run import phases
+from caseledger.run import phases, remote_load
 from caseledger.workspace import PartPaths, read_json_or_none, sha256_file, write_json
 
 READY_TIMEOUT_S = 120.0  # every process has imported and built its plan within this, or nothing is sent
@@ -39,21 +42,25 @@ def _started(run: Run, parts: list[PartPaths]) -> bool:
 
 
 def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
-    """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence."""
+    """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence. On load hosts
+    (load.host, load.hosts) run/remote_load.py starts, follows and copies them; the merge is the same."""
     paths, case = run.paths, run.case
-    parts = [paths.load_part(k) for k in range(case.load.processes)]
+    parts = [paths.load_part(k) for k in range(case.load.total_processes)]
     end, prev = phases.set_aside(run, attempt)
     if end is not None:  # merged by a controller that died before it recorded the phase
         return phases._load_ended(run, end, prev, {"reattached": True, "processes": len(parts)})
-    reattached = _started(run, parts)
-    if reattached:
-        refs = [read_json_or_none(p.load_pid) for p in parts]
+    if case.load.host_shares():
+        ends, info = _remote(run, parts, event, prev, attempt)
     else:
-        refs = _start(run, parts, event, prev, attempt)
-        checkpoint("controller", "during", "load", delay_s=0.5)
-    ends = _wait_all(run, parts, refs, event)
+        reattached = _started(run, parts)
+        if reattached:
+            refs = [read_json_or_none(p.load_pid) for p in parts]
+        else:
+            refs = _start(run, parts, event, prev, attempt)
+            checkpoint("controller", "during", "load", delay_s=0.5)
+        ends, info = _wait_all(run, parts, refs, event), {"reattached": reattached}
     merged = merge(paths, parts, plan_of(run).digest())
-    info: dict[str, Any] = {"reattached": reattached, "processes": merged.per_part}
+    info["processes"] = merged.per_part
     gone = [k for k, e in enumerate(ends) if e is None]
     if gone:
         if attempt > 1:
@@ -68,6 +75,22 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     end = read_json_or_none(paths.load_end)
     assert end is not None
     return phases._load_ended(run, end, prev, info)
+
+
+def _remote(
+    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: dict[str, Any], attempt: int
+) -> tuple[list[dict[str, Any] | None], dict[str, Any]]:
+    """The processes on the load hosts: the checks before the first formal request (once), then run_parts."""
+    if not run.paths.load_go.exists():
+        phases.before_formal_load(run, prev)
+        for part in parts:
+            part.load_dir.mkdir(parents=True, exist_ok=True)
+        run.paths.load_abort.unlink(missing_ok=True)
+        phases._counters(run, run.paths.metrics_before)
+    key_env = run.case.target.api_key_env  # the clients' only variable from here: the API key, on the channel
+    env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
+    got = remote_load.run_parts(run, parts, env, event, attempt)
+    return got.pop("ends"), got
 
 
 def _start(
@@ -170,6 +193,14 @@ def confirm_end(run: Run) -> dict[str, Any]:
     if run.meta.load_reuse:
         return phases.confirm_end(run)
     parts = paths.load_parts()
+    if run.case.load.host_shares():  # on load hosts: asked there over SSH
+        there = remote_load.parts_alive(run, parts)
+        if there:
+            raise PhaseFailed(
+                f"load client process {there[0]} of {len(parts)} still alive on its load host",
+                FailureClass.END_UNKNOWN,
+                "resume waits",
+            )
     refs = [read_json_or_none(p.load_pid) for p in parts]
     deadline = time.monotonic() + EXIT_WAIT_S
     while any(procs.alive(r) for r in refs) and time.monotonic() < deadline:

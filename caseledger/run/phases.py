@@ -305,9 +305,9 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
 def arm_client(run: Run) -> dict[str, Any] | None:  # JSON: spawn_client's process reference
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
     paths = run.paths
-    if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host is not None:
+    if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host_shares():
         return None  # (a remote client is started in the load phase, after its inputs are copied there)
-    if run.case.load.processes > 1:
+    if run.case.load.total_processes > 1:
         return None  # several processes are spawned armed by the load phase, which gives them one go
     if paths.load_end.exists() or paths.load_anchor.exists() or (paths.raw.exists() and paths.raw.stat().st_size):
         return None
@@ -348,7 +348,7 @@ def _counters(run: Run, dest: Path) -> str | None:
     """The counters snapshot from the host that can reach /metrics: the controller, else the load host (load.host,
     over SSH). Which host read them, or None (the .missing file says why)."""
     by = _snapshot(run.case, dest)
-    if by is None and run.case.load.host is not None:
+    if by is None and run.case.load.host_shares():
         by = remote_load.snapshot_metrics(run, dest)
     with contextlib.suppress(OSError):
         old = read_json_or_none(run.paths.load_dir / "metrics_read_by.json") or {}
