@@ -240,6 +240,7 @@ class LoadEvidence(Evidence):
         None, description="Each copied file's sha256, sealed equal to the remote one"
     )
     link: dict[str, Any] | None = None  # JSON: run/remote_load.py's link counters
+    hosts: list[dict[str, Any]] | None = None  # JSON: run/remote_load.py's record of each load host's processes
     planned: int | None = None
     sent: int | None = None
     done: int | None = None
