@@ -3,6 +3,7 @@ process end to end (files, server-side request counts) and after a kill."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -294,8 +295,10 @@ def test_record_counts_content_chunks_only_and_attributes_continuous_usage_token
     parts += [split[:15], split[15:]]  # one event across two reads
     parts += [b"".join(sse(chat_chunk("", finish="length", completion=4), final_usage(10, 4, 8), b"[DONE]"))]
     seen: list[httpx2.Request] = []
-    (rec,) = run([spec()], streaming(parts, seen=seen), phase="warmup", api_key="sk-test")
+    asked = dataclasses.replace(spec(), max_tokens=4)
+    (rec,) = run([asked], streaming(parts, seen=seen), phase="warmup", api_key="sk-test")
     assert rec["ok"] and rec["error"] is None and rec["error_class"] is None and rec["status"] == 200
+    assert rec["max_tokens"] == 4  # what the body asked: its completion_tokens is checked against it
     assert len(rec["chunk_ns"]) == 3
     assert rec["chunk_tokens"] == [1, 2, 1]
     assert rec["send_ns"] <= rec["chunk_ns"][0] <= rec["chunk_ns"][1] <= rec["chunk_ns"][2] <= rec["end_ns"]
