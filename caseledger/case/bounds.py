@@ -6,7 +6,9 @@ so once."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from caseledger.records import SCENARIO_PATTERN
 
@@ -40,3 +42,19 @@ class _Model(BaseModel):
     """The base of every case section: frozen, no unknown fields, finite floats; built on first use."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
+
+
+class _OmitAtDefault(_Model):
+    """A case section with fields added after cases were frozen: each named in `omit_at_default` is left out of
+    the canonical JSON while it holds its default, so the cases frozen before it existed keep their ids."""
+
+    omit_at_default: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)  # JSON: the section as pydantic dumps it
+        fields = type(self).model_fields
+        for name in self.omit_at_default:
+            if getattr(self, name) == fields[name].get_default(call_default_factory=True):
+                data.pop(name, None)
+        return data

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, SerializerFunctionWrapHandler, Tag, model_serializer, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from caseledger.case.bounds import (
     MAX_PATH,
@@ -16,6 +16,7 @@ from caseledger.case.bounds import (
     MAX_TOKENS,
     MAX_TURNS,
     _Model,
+    _OmitAtDefault,
 )
 
 
@@ -158,7 +159,8 @@ def longest(x: Length) -> int:
     return x if isinstance(x, int) else x.longest
 
 
-class Dataset(_Model):
+class Dataset(_OmitAtDefault):
+    omit_at_default = ("sha256", "sessions")  # added after cases were frozen: out of the canonical JSON at default
     source: Literal["synthetic", "prefix_cache", "file", "trace"] = Field(
         "synthetic",
         description="synthetic: exact token lengths; prefix_cache: shared prefix per group + unique suffix; "
@@ -232,17 +234,6 @@ class Dataset(_Model):
         "turn's new user message, output_tokens each turn's reply; later turns carry the earlier turns. null: every "
         "entry is a single-turn request",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # unset sha256 and sessions are left out of the canonical JSON, so cases frozen before the fields existed
-        # keep their ids
-        data: dict[str, Any] = handler(self)
-        if self.sha256 is None:
-            data.pop("sha256", None)
-        if self.sessions is None:
-            data.pop("sessions", None)
-        return data
 
     @model_validator(mode="after")
     def _source_fields(self) -> Dataset:

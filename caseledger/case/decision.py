@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from caseledger.case.bounds import MAX_TIMEOUT_S, _Model
+from caseledger.case.bounds import MAX_TIMEOUT_S, _Model, _OmitAtDefault
 from caseledger.case.metrics import PrimaryMetric
 
 _MAX_LIMIT_MS = MAX_TIMEOUT_S * 1000  # a latency limit above one day is a typo
@@ -67,7 +67,8 @@ class Goodput(_Model):
         return self
 
 
-class Decision(_Model):
+class Decision(_OmitAtDefault):
+    omit_at_default = ("limits", "goodput")  # added after cases were frozen: out of the canonical JSON at default
     primary_metric: PrimaryMetric = Field(
         "output_throughput_per_card", description="Metric the decision compares; 'goodput' needs decision.goodput"
     )
@@ -86,17 +87,6 @@ class Decision(_Model):
         "{'tpot_p99_ms': 10}; a run above one is closed and never the scenario's best",
     )
     goodput: Goodput | None = Field(None, description="Per-request limits for the goodput metric; null: no goodput")
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # unset limits and goodput are left out of the canonical JSON, so cases frozen before the fields existed
-        # keep their case ids
-        data: dict[str, Any] = handler(self)
-        if not self.limits.bounds():
-            data.pop("limits", None)
-        if self.goodput is None:
-            data.pop("goodput", None)
-        return data
 
     @model_validator(mode="after")
     def _goodput_needs_limits(self) -> Decision:

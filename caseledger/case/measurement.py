@@ -3,11 +3,11 @@ trusted."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
-from caseledger.case.bounds import MAX_REQUESTS, MAX_TIMEOUT_S, _Model
+from caseledger.case.bounds import MAX_REQUESTS, MAX_TIMEOUT_S, _Model, _OmitAtDefault
 from caseledger.records import NativeRule
 
 
@@ -62,7 +62,8 @@ class Evidence(_Model):
     )
 
 
-class Measurement(_Model):
+class Measurement(_OmitAtDefault):
+    omit_at_default = ("evidence",)  # added after cases were frozen: out of the canonical JSON at default
     whole: Window = Field(default_factory=Window, description="Whole window: first send to last end")
     native: NativeWindow = Field(default_factory=NativeWindow, description="Native (steady-state) window")
     spec_decode: Literal["auto", "vllm", "sglang", "llamacpp", "none"] = Field(
@@ -71,11 +72,3 @@ class Measurement(_Model):
     evidence: Evidence = Field(
         default_factory=Evidence, description="Thresholds past which a window's evidence is not trusted"
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_default_evidence(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # default thresholds are left out of the canonical JSON, so cases frozen before them keep their ids
-        data: dict[str, Any] = handler(self)
-        if self.evidence == Evidence():
-            data.pop("evidence", None)
-        return data

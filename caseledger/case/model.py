@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 # the sections of a case live in their own modules; the names other modules and tests read from here are re-exported
 from caseledger.case.bounds import (
@@ -27,6 +27,7 @@ from caseledger.case.bounds import (
     MAX_URL,
     MIN_EVENT_BYTES,
     _Model,
+    _OmitAtDefault,
 )
 from caseledger.case.dataset import Dataset as Dataset
 from caseledger.case.dataset import LengthDistribution as LengthDistribution
@@ -124,7 +125,15 @@ class LoadHostShare(LoadHost):
         return self
 
 
-class Load(_Model):
+class Load(_OmitAtDefault):
+    omit_at_default = (
+        "host",
+        "hosts",
+        "max_failed_share",
+        "max_event_bytes",
+        "time_scale",
+        "processes",
+    )  # added after cases were frozen: out of the canonical JSON at default
     requests: int = Field(
         description="Formal requests N (1..1000000)", ge=1, le=MAX_REQUESTS, strict=True, examples=[640]
     )
@@ -209,25 +218,6 @@ class Load(_Model):
         "process that owns slot i mod C of the C slots (dealt in contiguous blocks, C split as evenly as it goes); "
         "a conversation stays in one process; C and the arrival schedule stay global",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset host and the defaults of fields added later are left out of the canonical JSON, so cases
-        # frozen before the fields existed keep their ids
-        data: dict[str, Any] = handler(self)
-        if self.host is None:
-            data.pop("host", None)
-        if self.hosts is None:
-            data.pop("hosts", None)
-        if self.max_failed_share == 0.0:
-            data.pop("max_failed_share", None)
-        if self.max_event_bytes == DEFAULT_MAX_EVENT_BYTES:
-            data.pop("max_event_bytes", None)
-        if self.time_scale == 1.0:
-            data.pop("time_scale", None)
-        if self.processes == 1:
-            data.pop("processes", None)
-        return data
 
     @property
     def total_processes(self) -> int:

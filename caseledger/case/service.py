@@ -8,9 +8,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from caseledger.case.bounds import (
     MAX_ARG,
@@ -21,6 +21,7 @@ from caseledger.case.bounds import (
     MAX_TIMEOUT_S,
     MAX_URL,
     _Model,
+    _OmitAtDefault,
 )
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
@@ -311,7 +312,11 @@ KIND_TRAITS: Mapping[AdapterKind, KindTraits] = MappingProxyType(
 )
 
 
-class Service(_Model):
+class Service(_OmitAtDefault):
+    omit_at_default = (
+        "speculative",
+        "components",
+    )  # added after cases were frozen: out of the canonical JSON at default
     adapter: AdapterKind = Field(
         "reference",
         description="reference: the embedded reference target; external: an already-running endpoint; "
@@ -372,17 +377,6 @@ class Service(_Model):
         "one engine per route; each started, verified, reused and repaired on its own. [] : the single process "
         "of service.argv",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_unset_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # unset speculative and components are left out of the canonical JSON, so cases frozen before the fields
-        # existed keep their case ids
-        data: dict[str, Any] = handler(self)
-        if self.speculative is None:
-            data.pop("speculative", None)
-        if not self.components:
-            data.pop("components", None)
-        return data
 
     @property
     def traits(self) -> KindTraits:

@@ -3,11 +3,11 @@ that derive an endpoint's origin and health URL."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from caseledger.case.bounds import MAX_PATH, MAX_URL, _Model
+from caseledger.case.bounds import MAX_PATH, MAX_URL, _Model, _OmitAtDefault
 from caseledger.case.service import SSH
 
 
@@ -26,7 +26,11 @@ class Endpoint(_Model):
     )
 
 
-class Target(_Model):
+class Target(_OmitAtDefault):
+    omit_at_default = (
+        "context_tokens",
+        "lease_host",
+    )  # added after cases were frozen: out of the canonical JSON at default
     endpoints: list[Endpoint] = Field(
         min_length=1,
         max_length=256,
@@ -68,17 +72,6 @@ class Target(_Model):
         "hosts see one owner (e.g. the target's own host); null: service.ssh's host when the service runs over "
         "SSH, else the controller host's lease directory",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # unset context_tokens and lease_host are left out of the canonical JSON, so cases frozen before them
-        # keep their ids
-        data: dict[str, Any] = handler(self)
-        if self.context_tokens is None:
-            data.pop("context_tokens", None)
-        if self.lease_host is None:
-            data.pop("lease_host", None)
-        return data
 
 
 class LeaseHost(SSH):
