@@ -27,7 +27,8 @@ import anyio
 import orjson
 
 from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
-from caseledger.load.client import open_streamer, request_headers, request_one, sleep_until
+from caseledger.load.auth import request_headers
+from caseledger.load.client import open_streamer, request_one, sleep_until
 from caseledger.load.plan import LoadPlan, RequestSpec
 from caseledger.load.transport import Streamer
 from caseledger.records import RawRecord
