@@ -234,10 +234,10 @@ class Dataset(_Model):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON: a pydantic dump
         # unset sha256 and sessions are left out of the canonical JSON, so cases frozen before the fields existed
         # keep their ids
-        data: dict[str, Any] = handler(self)
+        data: dict[str, Any] = handler(self)  # JSON: a pydantic dump
         if self.sha256 is None:
             data.pop("sha256", None)
         if self.sessions is None:

@@ -88,10 +88,10 @@ class Decision(_Model):
     goodput: Goodput | None = Field(None, description="Per-request limits for the goodput metric; null: no goodput")
 
     @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON: a pydantic dump
         # unset limits and goodput are left out of the canonical JSON, so cases frozen before the fields existed
         # keep their case ids
-        data: dict[str, Any] = handler(self)
+        data: dict[str, Any] = handler(self)  # JSON: a pydantic dump
         if not self.limits.bounds():
             data.pop("limits", None)
         if self.goodput is None:

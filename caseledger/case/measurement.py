@@ -73,9 +73,9 @@ class Measurement(_Model):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_default_evidence(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_default_evidence(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON: a pydantic dump
         # default thresholds are left out of the canonical JSON, so cases frozen before them keep their ids
-        data: dict[str, Any] = handler(self)
+        data: dict[str, Any] = handler(self)  # JSON: a pydantic dump
         if self.evidence == Evidence():
             data.pop("evidence", None)
         return data

@@ -374,10 +374,10 @@ class Service(_Model):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_unset_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_unset_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON: a model dump
         # unset speculative and components are left out of the canonical JSON, so cases frozen before the fields
         # existed keep their case ids
-        data: dict[str, Any] = handler(self)
+        data: dict[str, Any] = handler(self)  # JSON: a pydantic dump
         if self.speculative is None:
             data.pop("speculative", None)
         if not self.components:

@@ -70,10 +70,10 @@ class Target(_Model):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON: a pydantic dump
         # unset context_tokens and lease_host are left out of the canonical JSON, so cases frozen before them
         # keep their ids
-        data: dict[str, Any] = handler(self)
+        data: dict[str, Any] = handler(self)  # JSON: a pydantic dump
         if self.context_tokens is None:
             data.pop("context_tokens", None)
         if self.lease_host is None:

@@ -322,9 +322,9 @@ def _end_record(
     wall_start: str,
     ru0: resource.struct_rusage,
     ru: resource.struct_rusage,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # JSON: load/end.json
     """The end file's content (JSON): counts, clock and CPU of the load, how it ended."""
-    end: dict[str, Any] = {
+    end: dict[str, Any] = {  # JSON: load/end.json
         **tally.counts(),
         "first_send_ns": tally.first_send_ns,
         "last_end_ns": tally.last_end_ns,

@@ -43,7 +43,7 @@ class ChunkState:
         self.text: list[str] | None = [] if keep_text else None
         self.chunk_ns: list[int] = []
         self.chunk_tokens: list[int | None] = []
-        self.usage: dict[str, Any] | None = None
+        self.usage: dict[str, Any] | None = None  # JSON: the stream's usage object
         self.finish_reason: str | None = None
         self.last_completion = 0
         self.done = False

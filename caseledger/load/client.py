@@ -251,7 +251,7 @@ def first_wave(specs: list[RequestSpec], concurrency: int) -> list[RequestSpec]:
 
 def client_timing(
     records: Iterable[RawRecord], concurrency: int, burst: bool, anchor: Mapping[str, Any] | None
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # JSON: load evidence
     """The load client's own timing uncertainty, for the load evidence and the report: how far apart the
     first wave's C requests left (they are due at once when the load has no rate), and the bracket of the
     clock anchor that maps its monotonic times onto wall time (load/anchor.json, half its width)."""

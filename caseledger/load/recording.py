@@ -101,10 +101,10 @@ class Tally:
             self.last_end_ns = rec["end_ns"]
         self.version += 1
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> dict[str, Any]:  # JSON: progress.json
         return {**self.counts(), "updated_utc": utc_now()}
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, Any]:  # JSON: progress.json and end.json
         return {
             "planned": self.planned,
             "sent": self.sent,
@@ -155,7 +155,7 @@ async def stall_loop(paths: RunPaths) -> None:
 ANCHOR_READS = 7
 
 
-def clock_anchor() -> dict[str, Any]:
+def clock_anchor() -> dict[str, Any]:  # JSON: load/anchor.json
     """The wall time of a monotonic instant: a wall read bracketed by two monotonic reads, the tightest of
     several tries; in integer ns, with its uncertainty (half the bracket). Raw times are monotonic ns; this
     maps them onto the wall clock (the old form read wall then monotonic: off by their gap, in µs)."""

@@ -41,7 +41,7 @@ def turn_body(spec: RequestSpec, history: list[dict[str, str]]) -> bytes:
     """The turn's body: the conversation so far, then the turn's own user message (the plan's body holds it)."""
     if not history:
         return spec.body
-    body: dict[str, Any] = orjson.loads(spec.body)
+    body: dict[str, Any] = orjson.loads(spec.body)  # JSON: the request body
     body["messages"] = [*history, *body["messages"]]
     return orjson.dumps(body)
 
