@@ -29,8 +29,9 @@ import httpx2
 import orjson
 
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
-from caseledger.load.client import EventTooLarge, SSEParser, request_one
+from caseledger.load.client import request_one
 from caseledger.load.plan import RequestSpec
+from caseledger.load.sse import EventTooLarge, SSEParser
 from caseledger.load.transport import HttpxStreamer
 from caseledger.records import RawRecord
 

@@ -48,7 +48,7 @@ def _emit_summary(ws: Workspace, result: SummaryResult, as_json: bool) -> None:
     draw_plot(ws, result)
 
 
-def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:
+def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:  # JSON: a tool's answer, printed
     secrets = redact.current()
     sys.stdout.write((orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(text)) + "\n")
 

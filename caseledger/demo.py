@@ -30,8 +30,8 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def drafts(port: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    base: dict[str, Any] = {
+def drafts(port: int) -> tuple[dict[str, Any], dict[str, Any]]:  # JSON: case drafts
+    base: dict[str, Any] = {  # JSON: a case draft
         "$schema": "../schemas/case.schema.json",
         "scenario": "demo-chat-512-64",
         "note": "demo baseline: 96 chat requests, 512 input / 64 output tokens, C=4, unlimited rate",

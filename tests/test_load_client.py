@@ -30,8 +30,9 @@ from caseledger.load import (
     request_one,
     run_requests,
 )
-from caseledger.load.client import PHASE_HEADER, ChunkState, client_timing, make_record
-from caseledger.records import RawRecord, read_records
+from caseledger.load.chunks import ChunkState, make_record
+from caseledger.load.client import client_timing
+from caseledger.records import PHASE_HEADER, RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
 from tests.conftest import free_port
 from tests.test_load_plan import make_run_dir

@@ -108,7 +108,9 @@ class CampaignDraft(_Model):
         max_length=200,
         examples=["ref-c-knee"],
     )
-    base: dict[str, Any] | None = Field(None, description="The base case draft (as in cases/*.json); or base_case")
+    base: dict[str, Any] | None = Field(  # JSON: a case draft
+        None, description="The base case draft (as in cases/*.json); or base_case"
+    )
     base_case: str | None = Field(
         None, pattern=r"^c-[0-9a-f]{12}$", description="A frozen case id to start from (instead of base)"
     )

@@ -76,7 +76,7 @@ class CampaignView(FrozenModel):
     tie: list[str] = Field(default_factory=list, description="The pair tied within noise (case ids)")
     pareto: list[str] = Field(default_factory=list, description="Labels on the Pareto frontier")
     notes: list[str] = Field(default_factory=list, description="What the answer must add (monotonicity broken...)")
-    progress: dict[str, Any] = Field(
+    progress: dict[str, Any] = Field(  # JSON: progress figures
         description="points measured/running/queued/skipped/given_up, runs, service "
         "starts, elapsed_s, formal_window_share"
     )
@@ -288,8 +288,12 @@ def _pareto(rows: list[PointRow]) -> set[str]:
     return front
 
 
-# dict[str, Any]: CampaignView.progress, a JSON answer
-def _progress(ws: Workspace, camp: Campaign, rows: list[PointRow], mine: list[RunMeta]) -> dict[str, Any]:
+def _progress(
+    ws: Workspace,
+    camp: Campaign,
+    rows: list[PointRow],
+    mine: list[RunMeta],
+) -> dict[str, Any]:  # JSON: CampaignView.progress
     since = started_at(ws, camp.campaign_id)
     starts, formal, last_end = 0, 0.0, since or 0.0
     runs = 0

@@ -51,7 +51,7 @@ class _OmitAtDefault(_Model):
     omit_at_default: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
-    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON: a pydantic dump
         data: dict[str, Any] = handler(self)  # JSON: the section as pydantic dumps it
         fields = type(self).model_fields
         for name in self.omit_at_default:

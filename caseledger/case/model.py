@@ -450,7 +450,7 @@ class Case(_Model):
             data["service"]["health_url"] = health_url_of(data["target"]["endpoints"][0]["base_url"])
         return Case.model_validate(data)
 
-    def canonical(self) -> dict[str, Any]:
+    def canonical(self) -> dict[str, Any]:  # JSON: a pydantic dump
         return self.model_dump(mode="json", exclude={"schema_"})
 
     def env_names(self) -> set[str]:
@@ -460,7 +460,7 @@ class Case(_Model):
         names = {m.group(1) for env in envs for v in env.values() if (m := ENV_REF.fullmatch(v))}
         return names | ({self.target.api_key_env} if self.target.api_key_env else set())
 
-    def measured(self) -> dict[str, Any]:
+    def measured(self) -> dict[str, Any]:  # JSON: a pydantic dump
         """What is measured: the canonical form without lineage (parent, note) and the decision. The case id
         hashes this, so the same measurement frozen under another parent, note, limit or objective is the same
         case (the decision lives with the scenario: case/store.py scenario_decision)."""

@@ -131,12 +131,12 @@ class DeltaItem(_Model):
     impact: Impact
 
 
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:  # JSON: leaves of a case dump
     """Leaf paths of a JSON value; lists are leaves (an argv is one value), except a list of objects each with
     its own unique "name" (service.components), whose items are keyed by name: a child changing decode's argv
     shows as service.components.decode.argv."""
     if isinstance(obj, dict):
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {}  # JSON: leaves of a case dump
         for k, v in obj.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
         return out

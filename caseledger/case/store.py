@@ -118,7 +118,7 @@ def _refuse_literals(data: bytes, source: str) -> None:
         )
 
 
-def parse_draft(data: bytes, source: str) -> dict[str, Any]:
+def parse_draft(data: bytes, source: str) -> dict[str, Any]:  # JSON: a case draft
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
@@ -133,7 +133,7 @@ def parse_draft(data: bytes, source: str) -> dict[str, Any]:
     return obj
 
 
-def validate(obj: dict[str, Any], source: str) -> Case:
+def validate(obj: dict[str, Any], source: str) -> Case:  # JSON: a case draft
     """The draft as a filled case; CaseInvalid naming the field and the fix, also for a service the OS could not
     start (argv and environment over execve's limits: case/launch.py)."""
     try:
@@ -211,7 +211,7 @@ def _lineage_path(ws: Workspace, case_id: str) -> Path:
     return ws.frozen_dir / f"{case_id}.lineage.jsonl"
 
 
-def lineage(ws: Workspace, case_id: str) -> list[dict[str, Any]]:
+def lineage(ws: Workspace, case_id: str) -> list[dict[str, Any]]:  # JSON: lineage.jsonl
     """Every freeze of a case: {"utc", "parent", "note", "source"}, oldest first."""
     return [r for r in read_jsonl(_lineage_path(ws, case_id)).items if isinstance(r, dict)]
 
@@ -220,7 +220,7 @@ def _decision_path(ws: Workspace, scenario: str) -> Path:
     return ws.scenarios_dir / scenario / "decision.jsonl"
 
 
-def decision_history(ws: Workspace, scenario: str) -> list[dict[str, Any]]:
+def decision_history(ws: Workspace, scenario: str) -> list[dict[str, Any]]:  # JSON: decision.jsonl
     """Every decision recorded for a scenario ({"utc", "decision", "source"}), oldest first."""
     return [
         r
@@ -305,7 +305,12 @@ def store(ws: Workspace, case: Case, source: str = "") -> tuple[str, bool]:
     return cid, created
 
 
-def read_draft(ws: Workspace, path: str | Path, *, cwd_first: bool = True) -> tuple[dict[str, Any], str]:
+def read_draft(
+    ws: Workspace,
+    path: str | Path,
+    *,
+    cwd_first: bool = True,
+) -> tuple[dict[str, Any], str]:  # JSON: a case draft
     """A draft file: relative to the current directory when it exists there (cwd_first), else to the
     workspace; refused when it leaves the workspace (MCP: cwd_first=False, the server's cwd means nothing)."""
     here = resolve_path(Path.cwd(), path, "path") if cwd_first else None

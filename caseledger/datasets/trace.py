@@ -182,7 +182,7 @@ def sample_rows(n: int = 24, seed: int = 7, block: int = 32) -> list[dict[str, A
     rng = random.Random(seed)
     roots = [list(range(0, 4)), list(range(100, 106)), list(range(200, 202))]
     history: list[list[int]] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []  # JSON: trace rows to write
     t, next_id = 0.0, 1000
     for k in range(n):
         if k:

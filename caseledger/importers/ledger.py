@@ -81,7 +81,12 @@ def _read(src: Path, path: str | Path) -> AisbenchImport:
         ) from None
 
 
-def _draft(imp: AisbenchImport, src: Path, scenario: str | None, recs: list[RawRecord]) -> dict[str, Any]:
+def _draft(
+    imp: AisbenchImport,
+    src: Path,
+    scenario: str | None,
+    recs: list[RawRecord],
+) -> dict[str, Any]:  # JSON: a case draft
     """The imported case's draft (a JSON document, validated like any draft): N and C as the records show."""
     outs = [int(r["completion_tokens"] or 0) for r in recs if r.get("completion_tokens")]
     return {

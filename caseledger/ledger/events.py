@@ -26,7 +26,7 @@ from caseledger.workspace import RunPaths, Workspace, flocked, sha256_bytes, utc
 
 @dataclass
 class EventLog:
-    events: list[dict[str, Any]]
+    events: list[dict[str, Any]]  # JSON: events.jsonl
     torn_tail: bool = False
     bad_lines: int = 0
 
@@ -50,8 +50,8 @@ def append_event(
     input_hash: str | None = None,
     outputs: dict[str, Path] | None = None,
     error: str | None = None,
-    data: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    data: dict[str, Any] | None = None,  # JSON: the event's data
+) -> dict[str, Any]:  # JSON: an event
     """Append one event under the run's lock; refuse a fence older than the target's current one."""
     with flocked(paths.events_lock):
         if fence is not None and target is not None:
@@ -63,7 +63,7 @@ def append_event(
                 )
         log = read_events(paths)
         seq = (log.events[-1]["seq"] + 1) if log.events else 1
-        ev: dict[str, Any] = {
+        ev: dict[str, Any] = {  # JSON: an event
             "seq": seq,
             "utc": utc_now(),
             "mono_ns": time.monotonic_ns(),

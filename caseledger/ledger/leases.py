@@ -59,7 +59,7 @@ def host_dir() -> Path:
     return d
 
 
-def target_key(case_canonical: dict[str, Any]) -> str:
+def target_key(case_canonical: dict[str, Any]) -> str:  # JSON: Case.canonical()
     """The lease key of a target: the set of addresses (host:port) its endpoints reach, order-independent;
     every loopback spelling (localhost, 127.x.y.z, ::1) is one host, and the URL path is not part of it."""
     return (
@@ -95,7 +95,7 @@ class Lease:
     claim: str | None = None  # a token of the acquire that wrote it (an acquire retried on a new link knows it)
     lease_host: str | None = None  # set on this host's mirror of a lease kept on a lease host (user@host:port)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # JSON: the lease file
         return {
             "target_key": self.target_key,
             "run_id": self.run_id,
@@ -110,7 +110,7 @@ class Lease:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Lease:
+    def from_json(cls, d: dict[str, Any]) -> Lease:  # JSON: the lease file
         return cls(
             d["target_key"],
             d.get("run_id"),
@@ -194,7 +194,14 @@ def refuse_held(ws: Workspace, cur: Lease | None, run_id: str, *, same_run_ok: b
     )
 
 
-def acquire(ws: Workspace, key: str, run_id: str, owner: dict[str, Any] | None, *, same_run_ok: bool = False) -> Lease:
+def acquire(
+    ws: Workspace,
+    key: str,
+    run_id: str,
+    owner: dict[str, Any] | None,  # JSON: owner
+    *,
+    same_run_ok: bool = False,
+) -> Lease:
     """Take the target for run_id with a new, strictly larger fence token; refuse a live holder (from any
     workspace on this host)."""
     with flocked(_lock(key)):
@@ -218,8 +225,8 @@ def renew(
     key: str,
     run_id: str,
     fence: int,
-    owner: dict[str, Any] | None = None,
-    extra_procs: list[dict[str, Any]] | None = None,
+    owner: dict[str, Any] | None = None,  # JSON: the lease's owner
+    extra_procs: list[dict[str, Any]] | None = None,  # JSON: process refs
 ) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over."""
     with flocked(_lock(key)):

@@ -16,7 +16,7 @@ def _path(ws: Workspace, key: str) -> Any:
     return ws.queue_dir / f"{key}.json"
 
 
-def entries(ws: Workspace, key: str) -> list[dict[str, Any]]:
+def entries(ws: Workspace, key: str) -> list[dict[str, Any]]:  # JSON: queue entries
     return list((read_json_or_none(_path(ws, key)) or {}).get("entries", []))
 
 
@@ -30,7 +30,7 @@ def push(ws: Workspace, key: str, case_id: str, behind: str | None) -> int:
         return next(n for n, e in enumerate(items, 1) if e["case_id"] == case_id)
 
 
-def pop(ws: Workspace, key: str) -> dict[str, Any] | None:
+def pop(ws: Workspace, key: str) -> dict[str, Any] | None:  # JSON: a queue entry
     with flocked(ws.queue_dir / f"{key}.lock"):
         items = entries(ws, key)
         if not items:

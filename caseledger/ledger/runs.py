@@ -33,7 +33,7 @@ class Imported(BaseModel):
     skipped: list[str] = Field(default_factory=list)
     differences: list[str] = Field(default_factory=list)
     # the foreign tool's own summary, kept verbatim as evidence for the cross-check (not run metadata)
-    aisbench_summary: dict[str, Any] = Field(default_factory=dict)
+    aisbench_summary: dict[str, Any] = Field(default_factory=dict)  # JSON: AISBench's own
 
 
 class RunMeta(BaseModel):

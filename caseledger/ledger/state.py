@@ -138,7 +138,7 @@ def load_counts(paths: RunPaths, planned: int) -> Counts:
     return Counts(planned, sent, n, ok, n - ok)
 
 
-def client_refs(paths: RunPaths) -> list[dict[str, Any]]:
+def client_refs(paths: RunPaths) -> list[dict[str, Any]]:  # JSON: pid.json
     """The load client's process reference, or every process's of a load shared by load.processes > 1."""
     refs = [read_json_or_none(paths.load_pid)] + [read_json_or_none(p.load_pid) for p in paths.load_parts()]
     return [r for r in refs if isinstance(r, dict)]

@@ -1,11 +1,13 @@
 """The load client: plan the formal requests of a run, send them, record raw per-request data.
 
 `plan` (pure: case + entries + salt -> request specs), `client` (the async engine behind one HTTP
-seam), `sessions` (multi-turn conversations over it), `__main__` (the detached formal load,
-`python -m caseledger.load RUN`).
+seam: `transport`, `fast`), `sse` and `chunks` (a response's bytes -> events -> its record), `auth`
+(headers, the API key), `sessions` (multi-turn conversations over it), `__main__` (the detached formal
+load, `python -m caseledger.load RUN`; what it writes as it runs: `recording`), `parts` (one load over
+several processes).
 """
 
-from caseledger.load.client import EventTooLarge, SSEParser, request_one, run_requests
+from caseledger.load.client import request_one, run_requests
 from caseledger.load.plan import (
     LoadPlan,
     RequestSpec,
@@ -16,6 +18,7 @@ from caseledger.load.plan import (
     request_url,
 )
 from caseledger.load.sessions import run_sessions
+from caseledger.load.sse import EventTooLarge, SSEParser
 from caseledger.load.transport import HttpxStreamer, Streamer, StreamResponse
 
 __all__ = [

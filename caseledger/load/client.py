@@ -7,15 +7,14 @@ route_verify and cache_prepare phases; only the phase header differs. Every requ
 The HTTP transport sits behind one seam, `Streamer` (POST a body, get the status and the raw response
 bytes as they arrive). Two implement it: `FastStreamer` (caseledger.load.fast: an asyncio Protocol with
 httptools, for http:// URLs; the default) and `HttpxStreamer` (httpx2, HTTP/1.1, `aiter_raw`; https, and
-everything when CASELEDGER_LOAD_TRANSPORT=httpx). SSE splitting, chunk parsing, timing and error classes
-live here, above the seam, so both give the same records. Chunk times are taken when the raw bytes
-arrive, before parsing.
+everything when CASELEDGER_LOAD_TRANSPORT=httpx). SSE splitting (load/sse.py), chunk parsing and the record
+(load/chunks.py), timing and error classes (here) live above the seam, so both give the same records. Chunk
+times are taken when the raw bytes arrive, before parsing. The headers and credentials are load/auth.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -27,10 +26,11 @@ from typing_extensions import TypeIs
 
 from caseledger import redact
 from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
-from caseledger.case.model import Case
-from caseledger.errors import FailureClass, PhaseFailed
+from caseledger.load.auth import request_headers
+from caseledger.load.chunks import HTTP_ERROR_BODY_CHARS, ChunkState, ServerStreamError, make_record
 from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec
+from caseledger.load.sse import EventTooLarge, SSEParser
 from caseledger.load.transport import (
     ConnectFailed,
     HttpxStreamer,
@@ -39,339 +39,14 @@ from caseledger.load.transport import (
     StreamResponse,
     transport_choice,
 )
-from caseledger.records import PHASE_HEADER, ErrorClass, RawRecord
+from caseledger.records import ErrorClass, RawRecord
 
 if TYPE_CHECKING:
     import httpx2
 
-HTTP_ERROR_BODY_CHARS = 200
-LONG_LINE = 2**16  # a data line held longer than this has its value cut out in place; shorter ones take the loop
 # a request written ahead of its task (FastStreamer.launch): its send time and the sent request (None: not
 # written, its task posts it); None: nothing done ahead
 Launched = tuple[int, AbstractAsyncContextManager[StreamResponse] | None] | None
-
-
-# ---- SSE and chunk parsing (pure) --------------------------------------------------------------------
-
-
-class EventTooLarge(Exception):
-    """One SSE event grew past max_event_bytes: its request fails as a broken stream (class 'stream').
-
-    `events`: the complete events ahead of it in the same read, which count as they would in any split.
-    """
-
-    def __init__(self, message: str, events: list[bytes]) -> None:
-        super().__init__(message)
-        self.events = events
-
-
-class SSEParser:
-    """Incremental SSE splitter: feed raw bytes, get the data payload of every complete event.
-
-    Linear in the bytes fed: what is held is the unfinished line, with no newline in it (so the scan of each
-    read starts at the read, never again at held bytes), and the data values of the pending event. The line
-    is the rest of the last read as it came or, once it spans reads, a bytearray it grows in place.
-
-    The size of a pending event is its payload so far (data values joined by newlines) plus the unfinished
-    line (less a 'data:' field name and a trailing carriage return); past `max_event_bytes` the parser
-    raises EventTooLarge and drops what it held, so it never holds more than the maximum (and a field name)
-    plus one read. That size only grows with the position in the stream, so whether an event is too large
-    does not depend on where the reads split it. After EventTooLarge the stream cannot be resynchronised:
-    every later feed raises it.
-    """
-
-    __slots__ = ("_data", "_failed", "_fast_max", "_line", "_size", "max_event_bytes")
-
-    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
-        self.max_event_bytes = max_event_bytes
-        self._line: bytes | bytearray = b""  # the unfinished line
-        self._data: list[bytes] = []  # data values of the pending event
-        self._size = 0  # its payload's bytes: the values and the newlines that will join them
-        self._failed: str | None = None  # set once an event was too large: the rest of the stream is lost
-        self._fast_max = max_event_bytes + len(b"data: \n\n")  # the longest read the fast path takes; -1: lost
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        # fast path, the usual read: exactly one complete 'data: ...\n\n' event (not '\r\n\n'), nothing pending
-        if (
-            not self._line
-            and not self._data
-            and chunk.find(b"\n") == len(chunk) - 2
-            and chunk.endswith(b"\n\n")
-            and chunk.startswith(b"data: ")
-            and chunk[-3] != 13
-            and len(chunk) <= self._fast_max
-        ):
-            return [chunk[6:-2]]
-        if self._failed is not None:
-            raise EventTooLarge(self._failed, [])
-        lines = chunk.split(b"\n")
-        tail = lines.pop()
-        held = self._line
-        if held:
-            if not lines:  # still no end of line: it grows in place, only this read is scanned
-                if isinstance(held, bytes):
-                    held = self._line = bytearray(held)
-                held += tail
-                if self._size + len(held) > self.max_event_bytes:  # near the maximum: measure it exactly
-                    self._check_held([])
-                return []
-            if isinstance(held, bytearray) and len(held) > LONG_LINE and held.startswith(b"data:"):
-                held += lines[0]
-                self._held_data(held)
-                del lines[0]
-            else:  # the rest of one read, or a short line: joined as it is
-                lines[0] = (held if isinstance(held, bytes) else bytes(held)) + lines[0]
-            self._line = b""
-        out: list[bytes] = []
-        data, size, limit = self._data, self._size, self.max_event_bytes
-        for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:  # blank line: dispatch the event
-                if data:
-                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
-                    data = self._data = []
-                size = 0
-            elif line.startswith(b"data:"):
-                value = line[6:] if line.startswith(b" ", 5) else line[5:]
-                size += len(value) + (1 if data else 0)
-                if size > limit:
-                    self._fail(out)
-                data.append(value)
-            elif size + len(line) > limit:  # checked as while it was held, so splits cannot matter
-                self._fail(out)
-            # event:, id:, retry: and ':' comments carry nothing we record
-        self._size = size
-        if tail:
-            self._line = tail
-            if size + len(tail) > limit:
-                self._check_held(out)
-        return out
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes held between reads: the unfinished line and the pending event's data values."""
-        return len(self._line) + self._size
-
-    def _held_data(self, held: bytearray) -> None:
-        """The unfinished line, now complete, is a long data line: its value joins the pending event, as in
-        feed's loop, but cut out of the buffer in place (one copy of it, not two)."""
-        if held.endswith(b"\r"):
-            del held[-1]
-        del held[: 6 if held.startswith(b" ", 5) else 5]  # deleting a bytearray's head is O(1)
-        self._size += len(held) + (1 if self._data else 0)
-        if self._size > self.max_event_bytes:
-            self._fail([])
-        self._data.append(bytes(held))
-
-    def _check_held(self, out: list[bytes]) -> None:
-        """Fail when the pending event with the unfinished line is already too large; the line is measured as
-        it will count once complete, never more, so a split cannot fail an event that fits whole (feed calls
-        this only when the line's whole length would pass the maximum: that bounds the exact measure)."""
-        held = self._line
-        n = len(held) - (held[-1] == 13)  # a trailing \r may be the first byte of the line's \r\n
-        if held.startswith(b"data:"):  # its value, and the newline joining it to the event's data
-            n += (1 if self._data else 0) - (6 if held.startswith(b"data: ") else 5)
-        elif b"data:".startswith(held):  # may become a data line: its field name will not count
-            n = 0
-        if self._size + n > self.max_event_bytes:
-            self._fail(out)
-
-    def _fail(self, out: list[bytes]) -> None:
-        self._line, self._fast_max = b"", -1
-        self._data, self._size = [], 0
-        self._failed = (
-            f"SSE event exceeds {self.max_event_bytes:,} bytes (load.max_event_bytes); raise it if "
-            "the server sends events this large"
-        )
-        raise EventTooLarge(self._failed, out)
-
-    def close(self) -> list[bytes]:
-        """Events left when the body ends without a final blank line."""
-        out = self.feed(b"\n\n") if self._line or self._data else []
-        self._line = b""
-        return out
-
-
-class ServerStreamError(Exception):
-    """The server reported an error inside the stream (`data: {"error": ...}`)."""
-
-
-class ChunkState:
-    """What one response stream has shown so far; `feed` is the per-chunk hot path."""
-
-    __slots__ = (
-        "accepted",
-        "chunk_ns",
-        "chunk_tokens",
-        "done",
-        "drafted",
-        "finish_reason",
-        "last_completion",
-        "steps",
-        "text",
-        "usage",
-    )
-
-    def __init__(self, keep_text: bool = False) -> None:
-        # the reply's content pieces, kept only when asked (a conversation's next turn sends the reply back)
-        self.text: list[str] | None = [] if keep_text else None
-        self.chunk_ns: list[int] = []
-        self.chunk_tokens: list[int | None] = []
-        self.usage: dict[str, Any] | None = None
-        self.finish_reason: str | None = None
-        self.last_completion = 0
-        self.done = False
-        self.drafted: int | None = None  # cumulative timings.draft_n, latest seen
-        self.accepted: int | None = None  # cumulative timings.draft_n_accepted, latest seen
-        self.steps: list[list[int]] | None = None  # [drafted, accepted] per verify step, from content chunks
-
-    def feed(self, payload: bytes, now_ns: int) -> None:
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        obj = orjson.loads(payload)
-        if not isinstance(obj, dict):
-            raise ServerStreamError(f"chunk is not a JSON object: {payload[:80]!r}")
-        if "error" in obj:
-            err = obj["error"]
-            msg = err.get("message", err) if isinstance(err, dict) else err
-            # masked before the cut: a cut would keep the first characters of a key the server echoed
-            raise ServerStreamError(f"server error in stream: {redact.cut(str(msg), HTTP_ERROR_BODY_CHARS)}")
-        usage = obj.get("usage")
-        completion: int | None = None
-        if usage:
-            self.usage = usage
-            completion = usage.get("completion_tokens")
-        choices = obj.get("choices")
-        text = None
-        if choices:
-            c = choices[0]
-            delta = c.get("delta")
-            if delta is not None:
-                text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                if self.text is not None and delta.get("content"):
-                    self.text.append(delta["content"])
-            else:
-                text = c.get("text")
-            if text:
-                self.chunk_ns.append(now_ns)
-                self.chunk_tokens.append(None if completion is None else completion - self.last_completion)
-            if c.get("finish_reason"):
-                self.finish_reason = c["finish_reason"]
-        timings = obj.get("timings")
-        if timings:
-            self._draft_counts(timings, bool(text))
-        if completion is not None:
-            self.last_completion = completion
-
-    def _draft_counts(self, timings: Any, content: bool) -> None:
-        """Cumulative draft counts (llama.cpp's timings): the latest are the request's totals; on a content
-        chunk (timings_per_token) a rise of draft_n starts a verify step, its accepted rise is that step's."""
-        if not isinstance(timings, dict):
-            return
-        drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
-        if not isinstance(drafted, int) or not isinstance(accepted, int):
-            return
-        if content:
-            steps = self.steps if self.steps is not None else []
-            before_d, before_a = self.drafted or 0, self.accepted or 0
-            if drafted > before_d:
-                steps.append([drafted - before_d, accepted - before_a])
-            self.steps = steps
-        self.drafted, self.accepted = drafted, accepted
-
-
-def make_record(
-    spec: RequestSpec,
-    send_ns: int,
-    end_ns: int,
-    state: ChunkState,
-    status: int | None,
-    error: str | None,
-    error_class: ErrorClass | None,
-    sched_ns: int | None = None,
-) -> RawRecord:
-    if error_class is None and state.finish_reason is None:
-        error_class = "incomplete"
-        error = "stream ended without a finish_reason" + ("" if state.done else " and without [DONE]")
-    usage = state.usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    rec = RawRecord(
-        i=spec.i,
-        entry=spec.entry,
-        route=spec.route,
-        send_ns=send_ns,
-        chunk_ns=state.chunk_ns,
-        chunk_tokens=state.chunk_tokens,
-        end_ns=end_ns,
-        status=status,
-        ok=error_class is None,
-        # outside text (a server's body, a transport error) with the values of the case's secrets masked, before
-        # it reaches raw.jsonl; only failed requests pay for it, never a chunk
-        error=redact.mask(error) if error else error,
-        error_class=error_class,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
-        finish_reason=state.finish_reason,
-        input_tokens_body=spec.input_tokens_body,
-        input_tokens_chat=spec.input_tokens_chat,
-        spec_draft_tokens=state.drafted,
-        spec_accepted_tokens=state.accepted,
-        spec_steps=state.steps,
-    )
-    if spec.max_tokens is not None:
-        rec["max_tokens"] = spec.max_tokens
-    if sched_ns is not None:
-        rec["sched_ns"] = sched_ns
-    if spec.trace_row is not None:
-        rec["trace_row"] = spec.trace_row
-    if spec.planned_shared_tokens is not None:
-        rec["planned_shared_tokens"] = spec.planned_shared_tokens
-    if spec.session is not None:
-        rec["session"], rec["turn"], rec["turns"] = spec.session, spec.turn or 0, spec.turns or 1
-    if state.text is not None:
-        rec["reply"] = "".join(state.text)
-    return rec
-
-
-# ---- the engine --------------------------------------------------------------------------------------
-
-
-def api_key_of(case: Case) -> str | None:
-    """The case's API key, read from the variable target.api_key_env names (never stored)."""
-    return os.environ.get(case.target.api_key_env) if case.target.api_key_env else None
-
-
-def auth_header(api_key: str | None) -> dict[str, str]:
-    return {"authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def request_headers(phase: str, api_key: str | None) -> dict[str, str]:
-    return {
-        "content-type": "application/json",
-        "accept": "text/event-stream",
-        PHASE_HEADER: phase,
-        **auth_header(api_key),
-    }
-
-
-AUTH_STATUSES = (401, 403)
-
-
-def refuse_auth(case: Case, where: str, statuses: list[int | None]) -> None:
-    """A target that refused the credentials on every request: an authentication failure (class auth),
-    not a service fault: the service is healthy and kept; the fix is the key."""
-    if not statuses or not all(st in AUTH_STATUSES for st in statuses):
-        return
-    env = case.target.api_key_env
-    key = f"the variable {env} (target.api_key_env)" if env else "target.api_key_env (none is set)"
-    raise PhaseFailed(
-        f"{where}: the target refused the credentials (HTTP {statuses[0]} on {len(statuses)} of {len(statuses)})",
-        FailureClass.AUTH,
-        f"check {key}: it must hold the key the server expects; then resume (the service is kept)",
-    )
 
 
 async def request_one(
@@ -576,7 +251,7 @@ def first_wave(specs: list[RequestSpec], concurrency: int) -> list[RequestSpec]:
 
 def client_timing(
     records: Iterable[RawRecord], concurrency: int, burst: bool, anchor: Mapping[str, Any] | None
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # JSON: load evidence
     """The load client's own timing uncertainty, for the load evidence and the report: how far apart the
     first wave's C requests left (they are due at once when the load has no rate), and the bracket of the
     clock anchor that maps its monotonic times onto wall time (load/anchor.json, half its width)."""

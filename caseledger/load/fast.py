@@ -12,7 +12,7 @@ whose first write failed (nothing was sent) likewise. A request already written 
 
 httptools parses the status line, the headers and the body framing (chunked, Content-Length, or until
 close); body bytes reach `aiter_raw` as one piece per socket read, and SSE splitting stays above the seam
-(client.SSEParser). Failures are mapped like HttpxStreamer's: ConnectFailed before the response headers,
+(sse.SSEParser). Failures are mapped like HttpxStreamer's: ConnectFailed before the response headers,
 StreamBroken after, with httpx's error names in the message; timeouts stay with the caller
 (`anyio.fail_after` around the whole request).
 """

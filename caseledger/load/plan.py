@@ -102,7 +102,7 @@ def request_body(
     api: Api, model: str, prompt: str, max_tokens: int, ignore_eos: bool, timings_per_token: bool = False
 ) -> bytes:
     """The streaming request body (OpenAI-compatible); usage in every chunk where the server supports it."""
-    body: dict[str, Any] = {"model": model}
+    body: dict[str, Any] = {"model": model}  # JSON: the request body
     if api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:

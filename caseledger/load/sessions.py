@@ -27,7 +27,8 @@ import anyio
 import orjson
 
 from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
-from caseledger.load.client import open_streamer, request_headers, request_one, sleep_until
+from caseledger.load.auth import request_headers
+from caseledger.load.client import open_streamer, request_one, sleep_until
 from caseledger.load.plan import LoadPlan, RequestSpec
 from caseledger.load.transport import Streamer
 from caseledger.records import RawRecord
@@ -40,7 +41,7 @@ def turn_body(spec: RequestSpec, history: list[dict[str, str]]) -> bytes:
     """The turn's body: the conversation so far, then the turn's own user message (the plan's body holds it)."""
     if not history:
         return spec.body
-    body: dict[str, Any] = orjson.loads(spec.body)
+    body: dict[str, Any] = orjson.loads(spec.body)  # JSON: the request body
     body["messages"] = [*history, *body["messages"]]
     return orjson.dumps(body)
 

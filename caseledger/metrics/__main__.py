@@ -57,7 +57,7 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _read_anchor(path: Path) -> dict[str, Any] | None:
+def _read_anchor(path: Path) -> dict[str, Any] | None:  # JSON: load/anchor.json
     try:
         data = orjson.loads(path.read_bytes())
     except FileNotFoundError:
@@ -65,7 +65,12 @@ def _read_anchor(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def run(run_dir: Path, rule: str | None, ratio: float | None, argv: list[str]) -> dict[str, Any]:
+def run(
+    run_dir: Path,
+    rule: str | None,
+    ratio: float | None,
+    argv: list[str],
+) -> dict[str, Any]:  # JSON: the summary line
     """Postprocess one run directory; returns the one-line summary."""
     paths = RunPaths(run_dir)
     if not paths.case.is_file():

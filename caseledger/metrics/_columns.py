@@ -125,7 +125,7 @@ class _Builder:
     def __init__(self) -> None:
         self.parts: list[RawColumns] = []
 
-    def add_batch(self, docs: list[dict[str, Any]]) -> None:
+    def add_batch(self, docs: list[dict[str, Any]]) -> None:  # JSON: raw.jsonl lines
         if not docs:
             return
         n = len(docs)
@@ -222,7 +222,7 @@ _KEYS = (
 _FIELDS = itemgetter(*_KEYS)
 
 
-def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
+def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:  # JSON in; RawColumns arrays by field name out
     """The optional speculative-decoding fields (records written before they existed lack them)."""
     n = len(docs)
     steps = [d.get("spec_steps") for d in docs]
@@ -238,7 +238,7 @@ def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
+def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:  # JSON in; RawColumns arrays by field name out
     """The optional schedule and trace fields (absent from unscheduled loads and older records)."""
     n = len(docs)
     # the difference is taken on the integers: monotonic ns past 2**53 would lose their last digits as floats
@@ -304,7 +304,7 @@ def columns_from_records(records: Iterable[RawRecord]) -> RawColumns:
 
 def _from_records(records: Iterable[RawRecord]) -> RawColumns:
     b = _Builder()
-    batch: list[dict[str, Any]] = []
+    batch: list[dict[str, Any]] = []  # JSON: raw records as dicts
     for r in records:
         batch.append(dict(r))
         if len(batch) >= _BATCH:
@@ -314,15 +314,15 @@ def _from_records(records: Iterable[RawRecord]) -> RawColumns:
     return b.build()
 
 
-def _parse_lines(lines: list[bytes]) -> tuple[list[dict[str, Any]], int]:
+def _parse_lines(lines: list[bytes]) -> tuple[list[dict[str, Any]], int]:  # JSON: raw.jsonl lines
     """Parse complete lines; one orjson call per batch, per line only when the batch has a bad line."""
     lines = [ln for ln in lines if ln.strip()]
     try:
-        docs: list[dict[str, Any]] = orjson.loads(b"[" + b",".join(lines) + b"]")
+        docs: list[dict[str, Any]] = orjson.loads(b"[" + b",".join(lines) + b"]")  # JSON: raw.jsonl lines
         return docs, 0
     except orjson.JSONDecodeError:
         pass
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []  # JSON: raw.jsonl lines
     bad = 0
     for ln in lines:
         try:

@@ -52,7 +52,7 @@ def write_result(run_dir: Path, result: Result) -> Path:
     return path
 
 
-def env_info(argv: list[str]) -> dict[str, Any]:
+def env_info(argv: list[str]) -> dict[str, Any]:  # JSON: the result's env section
     """The interpreter and environment that produced a result (the seeds' collector failed on sys.path)."""
     try:
         version = metadata.version("caseledger")

@@ -22,7 +22,7 @@ from caseledger.outcome.markdown import table, window_section
 def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:  # report.json's time ledger
     # per-phase entries ({"phases": {name: {...}}}) become one row per phase
     if isinstance(time_ledger.get("phases"), dict):
-        flat: dict[str, Any] = {f"phase {k}": v for k, v in time_ledger["phases"].items()}
+        flat: dict[str, Any] = {f"phase {k}": v for k, v in time_ledger["phases"].items()}  # JSON: the time ledger
         flat.update({k: v for k, v in time_ledger.items() if k != "phases"})
         time_ledger = flat
     cols: list[str] = []
@@ -37,12 +37,12 @@ def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[obje
     return ["step", *cols], rows
 
 
-def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, Any]:  # JSON
+def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, object]:  # JSON
     """Header rows of a load client that ran on another host (load.host): where, and how precisely its time
     points map onto the controller's clock (offset and uncertainty from SSH round trips, before and after)."""
     if not clock:
         return {}
-    rows: dict[str, Any] = {"load host": clock.get("host")}
+    rows: dict[str, object] = {"load host": clock.get("host")}
 
     def ms(ns: int) -> str:
         return f"{ns / 1e6:.3f} ms"
@@ -144,7 +144,10 @@ def _sessions_section(ss: Any) -> list[str]:
 
 
 def render_run_md(
-    meta: dict[str, Any], result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
+    meta: dict[str, object],  # the header rows (summary.report_meta and more)
+    result: Result,
+    decision: DecisionRecord | None,
+    time_ledger: dict[str, Any] | None,  # JSON: the time ledger
 ) -> str:
     """A complete markdown report of one run from its saved result."""
     title = meta.get("run_id") or "run"
@@ -342,10 +345,13 @@ def render_side_by_side(rows: list[tuple[str, str, Result]]) -> str:
 
 
 def report_json(
-    meta: RunMeta, result: Result, decision: DecisionRecord | None, time_ledger: dict[str, Any] | None
-) -> dict[str, Any]:
+    meta: RunMeta,
+    result: Result,
+    decision: DecisionRecord | None,
+    time_ledger: dict[str, Any] | None,  # JSON: the time ledger
+) -> dict[str, Any]:  # JSON: report.json
     """The report as JSON: meta, a per-window headline, the full result, the decision and the time ledger."""
-    headline: dict[str, dict[str, Any]] = {}
+    headline: dict[str, dict[str, Any]] = {}  # JSON: report.json's headline
     for name in ("whole", "native"):
         w = result.windows.of(name)
         headline[name] = {label: read(w) for label, read in _SIDE_ROWS}

@@ -4,7 +4,7 @@ figures, the verdicts and the scenario's best; and the next call an agent makes 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import orjson
 from pydantic import Field, ValidationError
@@ -347,8 +347,15 @@ def _best(rows: list[ScenarioRow], metric: str) -> ScenarioRow | None:
     return max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
 
 
-# dict[str, Any]: figures' JSON in; ScenarioRow kwargs out
-def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> dict[str, Any]:
+class _Repeats(TypedDict):
+    """ScenarioRow's fields that a case's repeats give."""
+
+    metric_mean: float | None
+    metric_spread_rel: float | None
+    limits_met: dict[str, str]
+
+
+def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str) -> _Repeats:  # JSON: index figures
     """A case's repeats (their figures in the index): the metric's mean and spread over its valid runs, and how
     often each limit was met."""
     values = [v for f in figures if (v := four_digits(f[window]["metrics"].get(metric))) is not None]

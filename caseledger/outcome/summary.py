@@ -87,7 +87,7 @@ def saved_decision(ws: Workspace, run_id: str) -> DecisionRecord | None:
 def _figures_of(result: Result | None) -> dict[str, Any]:  # the JSON kept in the index beside the run
     """What the lists read of a run's latest result without parsing it: per window whether it is valid, the
     decision metrics' values and the limits' figures (unrounded; None where NOT_OBSERVED)."""
-    out: dict[str, Any] = {"has": result is not None}
+    out: dict[str, Any] = {"has": result is not None}  # JSON: index figures
     for window in ("whole", "native"):
         if result is None:
             out[window] = {"valid": False, "metrics": {}, "limits": {}}
@@ -120,7 +120,7 @@ class Reader:
         sig = f"{PROCESSOR_VERSION}:{row.sig}"
         body = self.idx.derived("result", row.run_id, sig)
         if body is not None:
-            fig: dict[str, Any] = orjson.loads(body)
+            fig: dict[str, Any] = orjson.loads(body)  # JSON: index figures
         else:
             fig = _figures_of(self.result(row.run_id))
             self.idx.put_derived("result", row.run_id, sig, orjson.dumps(fig))
@@ -173,7 +173,7 @@ def baseline_of(run: Run, case: Case | None = None, reader: Reader | None = None
 def decide_run(run: Run) -> dict[str, Any]:  # decision.json's body
     """The decide phase: the run's decision now, written with its reports (the evidence that decide is done)."""
     result = load_result(run)
-    out: dict[str, Any] = current_decision(run, result).model_dump(mode="json")
+    out: dict[str, Any] = current_decision(run, result).model_dump(mode="json")  # JSON: decision.json
     write_reports(run, result, decision=out)
     write_json(run.paths.decision, out)  # last: the decision file is the evidence that decide is done
     return out
@@ -241,7 +241,7 @@ def _ts(utc: str | None) -> float | None:
 def time_ledger(run: Run) -> dict[str, Any]:  # a JSON section of report.json
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
     v = fold(run.workspace, run)
-    phases: dict[str, Any] = {}
+    phases: dict[str, Any] = {}  # JSON: the time ledger
     for name, ph in v.phases.items():
         a, b = _ts(ph.started_utc), _ts(ph.ended_utc)
         phases[name.value] = {
@@ -253,7 +253,7 @@ def time_ledger(run: Run) -> dict[str, Any]:  # a JSON section of report.json
     anchor = read_json_or_none(paths.load_anchor)
     end = read_json_or_none(paths.load_end)
     created = _ts(v.meta.created_utc)
-    out: dict[str, Any] = {"phases": phases}
+    out: dict[str, Any] = {"phases": phases}  # JSON: the time ledger
     if anchor and end and created is not None and end.get("first_send_ns") is not None:
         first_send = _ts(anchor["wall_utc"])
         if first_send is not None:
@@ -345,7 +345,7 @@ def headline(result: Result, window: Literal["whole", "native"]) -> Headline:
     )
 
 
-def report_meta(meta: RunMeta) -> dict[str, Any]:  # rows of the report's JSON
+def report_meta(meta: RunMeta) -> dict[str, object]:
     """The header rows a reader of report.md needs from run.json (the rest is bookkeeping)."""
     keep = (
         "run_id",
@@ -360,7 +360,7 @@ def report_meta(meta: RunMeta) -> dict[str, Any]:  # rows of the report's JSON
         "authorized",
         "load_reuse",
     )
-    rows: dict[str, Any] = {k: getattr(meta, k) for k in keep if getattr(meta, k) is not None}
+    rows: dict[str, object] = {k: getattr(meta, k) for k in keep if getattr(meta, k) is not None}
     if meta.plan:
         rows["plan"] = " ".join(f"{s.phase}={s.action}" for s in meta.plan)
     if meta.imported is not None:
@@ -368,7 +368,11 @@ def report_meta(meta: RunMeta) -> dict[str, Any]:  # rows of the report's JSON
     return rows
 
 
-def write_reports(run: Run, result: Any, decision: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_reports(
+    run: Run,
+    result: Any,
+    decision: dict[str, Any] | None = None,  # JSON: decision.json
+) -> dict[str, Any]:  # JSON: report.json
     """report.md and report.json of a run from its result (as loaded by the caller); {} without a result."""
     paths = run.paths
     if result is None:

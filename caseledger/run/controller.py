@@ -277,7 +277,14 @@ class Controller:
         return None
 
     # data: JSON, the evidence as written (a model's dump, or a failure's class, fix and PhaseFailed.evidence)
-    def _end(self, phase: Phase, attempt: int, outcome: str, data: dict[str, Any], error: str | None = None) -> None:
+    def _end(
+        self,
+        phase: Phase,
+        attempt: int,
+        outcome: str,
+        data: dict[str, Any],  # JSON: evidence
+        error: str | None = None,
+    ) -> None:
         # the phase's error and evidence carry outside text (a server's answer, a log line, an SSH error, an
         # exception): the values of the case's secrets are masked before either is written
         secrets = redact.current()

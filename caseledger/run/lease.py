@@ -49,7 +49,13 @@ def _unreachable(case: Case, key: str, e: RemoteError) -> RemoteError:
 
 
 def acquire(
-    ws: Workspace, case: Case, key: str, run_id: str, owner: dict[str, Any] | None, *, same_run_ok: bool = False
+    ws: Workspace,
+    case: Case,
+    key: str,
+    run_id: str,
+    owner: dict[str, Any] | None,  # JSON: owner
+    *,
+    same_run_ok: bool = False,
 ) -> Lease:
     """Take the target for run_id with a new, strictly larger fence; TargetHeld names a live holder. One SSH
     exec when the lease is free; two when a lapsed lease must be judged here first."""
@@ -89,8 +95,8 @@ def renew(
     key: str,
     run_id: str,
     fence: int,
-    owner: dict[str, Any] | None = None,
-    extra_procs: list[dict[str, Any]] | None = None,
+    owner: dict[str, Any] | None = None,  # JSON: the lease's owner
+    extra_procs: list[dict[str, Any]] | None = None,  # JSON: process refs
     timeout_s: float | None = None,
 ) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over; RemoteError when the lease host

@@ -12,7 +12,7 @@ import orjson
 from caseledger.case.model import Case
 from caseledger.case.target import origin
 from caseledger.errors import FailureClass, PhaseFailed
-from caseledger.load.client import AUTH_STATUSES, refuse_auth
+from caseledger.load.auth import AUTH_STATUSES, refuse_auth
 from caseledger.records import RawRecord
 
 

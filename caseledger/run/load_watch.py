@@ -65,7 +65,11 @@ class LoadWatch:
 
 
 # JSON: client and more are process references {pid, start_time, host}, as procs reads them
-def _our_sessions(run: Run, client: dict[str, Any] | None, more: list[dict[str, Any]] | None = None) -> set[int]:
+def _our_sessions(
+    run: Run,
+    client: dict[str, Any] | None,  # JSON: process refs
+    more: list[dict[str, Any]] | None = None,  # JSON: process refs
+) -> set[int]:
     """Sessions whose CPU is the measurement's own: the load clients', the service processes' and this
     controller's (each is started in a session of its own, so an engine's workers count with it)."""
     pids = [os.getpid(), *([int(client["pid"])] if client else []), *(int(c["pid"]) for c in more or [])]

@@ -89,7 +89,7 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
     return Run(paths=paths, meta=meta, workspace=ws)
 
 
-def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:
+def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:  # JSON: the answer
     """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
     paused and while another run holds the target (prepare the next candidate while the target is busy)."""
     pid_ = "p-" + secrets.token_hex(4)

@@ -27,7 +27,7 @@ from caseledger.case.model import Case
 from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.ledger.evidence import ComponentRecord, FileEvidence, ServiceRecord
-from caseledger.load.client import api_key_of, auth_header, refuse_auth
+from caseledger.load.auth import api_key_of, auth_header, refuse_auth
 from caseledger.services import remote
 from caseledger.services.identity import (
     DeclaredFile,

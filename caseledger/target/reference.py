@@ -144,7 +144,7 @@ class ReferenceEngine:
         """True when this finished request is the `crash_after`-th one."""
         return self.config.crash_after is not None and ticket.ordinal == self.config.crash_after
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:  # JSON: the /stats body
         return {
             "pid": self.pid,
             "started_at": self.started_at,

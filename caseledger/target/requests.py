@@ -37,7 +37,7 @@ class Parsed:
     model: str | None
 
 
-def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+def _bool(body: dict[str, Any], key: str, default: bool) -> bool:  # JSON: a request body
     value = body.get(key, default)
     if value is None:
         return default

@@ -61,7 +61,12 @@ def _json(obj: Any, status: int = 200, background: BackgroundTask | None = None)
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json", background=background)
 
 
-def _error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
+def _error_body(
+    message: str,
+    kind: str,
+    code: int,
+    param: str | None = None,
+) -> dict[str, Any]:  # JSON: an HTTP error body
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -216,7 +221,7 @@ class _Reply(Response):
             return
         text = "".join(texts)
         usage = orjson.loads(self._usage(seq.completion_tokens))
-        choice: dict[str, Any]
+        choice: dict[str, Any]  # JSON: a chunk's choice
         if self.chat:
             choice = {
                 "index": 0,
@@ -228,7 +233,7 @@ class _Reply(Response):
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": seq.finish_reason}
             obj = "text_completion"
-        reply: dict[str, Any] = {
+        reply: dict[str, Any] = {  # JSON: the response body
             "id": self.rid,
             "object": obj,
             "created": self.created,

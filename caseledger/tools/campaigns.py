@@ -54,7 +54,7 @@ class CampaignFrozen(BaseModel):
         return "\n".join(lines)
 
 
-def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:
+def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  # JSON: a campaign draft
     f = freeze_campaign(ws, obj, source)
     c = f.campaign
     change = decision_words(f.decision_before, c.decision) if f.decision_before is not None else None

@@ -72,7 +72,7 @@ def freeze_case(
     workspace: Workspace,
     path: str | Path | None = None,
     *,
-    draft: dict[str, Any] | None = None,
+    draft: dict[str, Any] | None = None,  # JSON: a case draft
     parent: str | None = None,
     cwd_first: bool = True,
 ) -> FreezeResult:
@@ -82,7 +82,12 @@ def freeze_case(
     return _freeze(workspace, obj, source, parent)
 
 
-def _freeze(workspace: Workspace, obj: dict[str, Any], source: str, parent: str | None) -> FreezeResult:
+def _freeze(
+    workspace: Workspace,
+    obj: dict[str, Any],  # JSON: a case draft
+    source: str,
+    parent: str | None,
+) -> FreezeResult:
     if is_campaign_draft(obj):
         raise CaseInvalid(
             f"{source} is a campaign draft, not a case",
@@ -127,8 +132,11 @@ def _freeze(workspace: Workspace, obj: dict[str, Any], source: str, parent: str 
 
 
 def _read(
-    ws: Workspace, path: str | Path | None, draft: dict[str, Any] | None, cwd_first: bool
-) -> tuple[dict[str, Any], str]:
+    ws: Workspace,
+    path: str | Path | None,
+    draft: dict[str, Any] | None,  # JSON: a case draft
+    cwd_first: bool,
+) -> tuple[dict[str, Any], str]:  # JSON: a case draft
     if draft is not None:
         return dict(draft), "inline draft"
     if path is None:
@@ -140,7 +148,7 @@ def freeze_any(
     workspace: Workspace,
     path: str | Path | None = None,
     *,
-    draft: dict[str, Any] | None = None,
+    draft: dict[str, Any] | None = None,  # JSON: a case draft
     parent: str | None = None,
     cwd_first: bool = True,
 ) -> FreezeResult | campaigns.CampaignFrozen:

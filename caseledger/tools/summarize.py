@@ -43,7 +43,7 @@ class RunSummary(BaseModel):
     missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
     whole: Headline | None = Field(description="Headline figures of the whole window")
     native: Headline | None = Field(description="Headline figures of the native window (the rule computed last)")
-    time_ledger: dict[str, Any] | None = Field(
+    time_ledger: dict[str, Any] | None = Field(  # JSON: the time ledger
         None,
         description="Seconds: start_run to the first formal request, "
         "the formal window, the run, outside the window; phases: each phase "
@@ -52,7 +52,7 @@ class RunSummary(BaseModel):
     report: str | None = Field(description="Path of report.md")
 
 
-def _compact(tl: dict[str, Any] | None) -> dict[str, Any] | None:
+def _compact(tl: dict[str, Any] | None) -> dict[str, Any] | None:  # JSON: the time ledger
     """The time ledger a reader of many runs needs: the totals and each phase that ran, by its wall time."""
     if tl is None:
         return None
