@@ -11,7 +11,7 @@ import shlex
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import anyio
 import orjson
@@ -21,8 +21,10 @@ from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
 from caseledger.ledger.runs import Run
+from caseledger.procs import ProcRef
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
+    Clock,
     Link,
     LinkLost,
     _clock,
@@ -47,6 +49,32 @@ END_EXIT_WAIT_S = 30.0  # the client wrote its end file and is exiting
 COPIED = ("raw.jsonl", "sent.log")  # appended line by line as they grow
 
 
+class Status(TypedDict):
+    """One read of the remote client's directory (Follower._status)."""
+
+    end: dict[str, Any] | None  # JSON: the client's end.json there
+    progress: dict[str, Any] | None  # JSON: the client's progress.json there
+    alive: bool
+    sizes: dict[str, int]  # COPIED file -> its size there (-1: missing)
+    anchor: bool
+
+
+class Finish(TypedDict):
+    """Follower.finish: the sealed copies' sha256 and the clock measured after the load (None: not reached)."""
+
+    sealed: dict[str, str]
+    clock_after: Clock | None
+
+
+class ClockRecord(TypedDict):
+    """load/clock.json: the clock offset measured before and after the load, and their difference."""
+
+    host: str
+    before: Clock | None
+    after: Clock | None
+    drift_ns: NotRequired[int]
+
+
 class Follower:
     """The controller's side of one remote load client: start it once, follow it, copy its files, seal them.
     paths: the run's (one client, load/) or one process's of several (load/p<k>/, the same names under
@@ -68,23 +96,23 @@ class Follower:
         self._end_since: float | None = None
 
     # ---- launch
-    async def launch(self, env: dict[str, str]) -> dict[str, Any]:
+    async def launch(self, env: dict[str, str]) -> Clock:
         """Copy/verify the inputs, measure the clock, then start the client (remote.json first: from here on
         no second launch). Returns the clock measured before the load."""
         clock = await self.prepare()
         await self.start(env, clock)
         return clock
 
-    async def prepare(self) -> dict[str, Any]:
+    async def prepare(self) -> Clock:
         """Once per host: the inputs copied and verified, an earlier attempt's remote load directory set aside,
         the clock measured (returned)."""
         host = self.host
         await self.link.call(lambda c: _copy_verified(c, self.run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
         await self.link.call(self._set_aside)
-        clock: dict[str, Any] = await self.link.call(lambda c: _clock(c, host), timeout_s=30)
+        clock: Clock = await self.link.call(lambda c: _clock(c, host), timeout_s=30)
         return clock
 
-    async def start(self, env: dict[str, str], clock: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, env: dict[str, str], clock: Clock) -> ProcRef:
         """Start this client (remote.json first: from here on no second launch); its ref."""
         host, paths = self.host, self.paths
         paths.load_dir.mkdir(parents=True, exist_ok=True)
@@ -123,7 +151,7 @@ class Follower:
                 "resume finds the client by its pid file",
             ) from None
         checkpoint("controller", "during", "remote_launch")  # dies between the launch and recording its pid
-        ref = {"pid": pid, "start_time": started, "host": host.host}
+        ref: ProcRef = {"pid": pid, "start_time": started, "host": host.host}
         write_json(record_path(paths), {**read_json_or_none(record_path(paths)), **ref, "state": "launched"})
         write_json(paths.load_pid, ref)  # another host: procs.alive says False; the lease keeps it (leases.py)
         return ref
@@ -160,6 +188,7 @@ class Follower:
                 "still run there); move it away once no client runs, then resume",
             )
 
+    # JSON: the ref as the remote pid.json gives it; callers write it to load/pid.json
     async def find_pid(self) -> dict[str, Any] | None:
         """The client's pid from the remote pid.json (a launch whose answer was lost), or None."""
 
@@ -175,7 +204,8 @@ class Follower:
         return None
 
     # ---- follow
-    async def _status(self, conn: asyncssh.SSHClientConnection, ref: dict[str, Any]) -> dict[str, Any]:
+    # JSON: ref as load/pid.json holds it ({} when unknown)
+    async def _status(self, conn: asyncssh.SSHClientConnection, ref: dict[str, Any]) -> Status:
         d = shlex.quote(self.rload)
         # the end file first: when it is there (or the process is gone) the sizes read after it are final
         script = "\n".join(
@@ -195,7 +225,7 @@ class Follower:
         end_s, prog_s, rest = [*out.split(b"\n--\n"), b"", b"", b""][:3]
         words = rest.split()
 
-        def obj(section: bytes) -> dict[str, Any] | None:
+        def obj(section: bytes) -> dict[str, Any] | None:  # JSON: a file the client wrote there
             body = section.partition(b"\n")[2].strip()
             try:
                 got = orjson.loads(body) if body else None
@@ -263,7 +293,8 @@ class Follower:
             if await self.link.call(head_sha) != hashlib.sha256(local.read_bytes()).hexdigest():
                 local.write_bytes(b"")
 
-    async def follow(self, ref: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    # JSON: ref as load/pid.json holds it; the end as the client's end.json
+    async def follow(self, ref: dict[str, Any]) -> tuple[dict[str, Any] | None, Status]:
         """Until the client has ended (end file) or is gone: copy as it grows. (end or None, last status)."""
         await self._check_prefix()
         while True:
@@ -272,7 +303,8 @@ class Follower:
                 return got
             await anyio.sleep(wait_s)
 
-    async def step(self, ref: dict[str, Any]) -> tuple[tuple[dict[str, Any] | None, dict[str, Any]] | None, float]:
+    # JSON: ref as load/pid.json holds it; the end as the client's end.json
+    async def step(self, ref: dict[str, Any]) -> tuple[tuple[dict[str, Any] | None, Status] | None, float]:
         """One poll: copy what is new; ((end or None, status), _) once the client is gone, else (None, seconds
         until the next poll)."""
         st = await self.link.call(lambda c: self._status(c, ref))
@@ -321,7 +353,7 @@ class Follower:
             "resume copies them again; nothing is re-sent",
         )
 
-    async def finish(self, end: dict[str, Any] | None) -> dict[str, Any]:
+    async def finish(self, end: dict[str, Any] | None) -> Finish:  # JSON: end as the client's end.json
         """Seal the copies, then copy client.log, stalls.jsonl and the end file (last: it marks the load done here)."""
         sealed = await self.seal()
         for name in ("client.log", "stalls.jsonl"):
@@ -337,16 +369,14 @@ class Follower:
             write_json(self.paths.load_end, end)
         return {"sealed": sealed, "clock_after": clock}
 
-    async def gone(self, ref: dict[str, Any]) -> bool:
+    async def gone(self, ref: dict[str, Any]) -> bool:  # JSON: ref as load/pid.json holds it
         st = await self.link.call(lambda c: self._status(c, ref))
         return not st["alive"]
 
 
-def _clock_record(
-    paths: RunPaths, host: LoadHost, before: dict[str, Any] | None, after: dict[str, Any] | None
-) -> dict[str, Any]:
+def _clock_record(paths: RunPaths, host: LoadHost, before: Clock | None, after: Clock | None) -> ClockRecord:
     old = read_json_or_none(paths.load_clock) or {}
-    rec: dict[str, Any] = {
+    rec: ClockRecord = {
         "host": where(host),
         "before": before or old.get("before"),
         "after": after or old.get("after"),

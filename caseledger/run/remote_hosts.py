@@ -44,7 +44,7 @@ _GO_PY = (
 )
 
 
-def _alive_sh(ref: dict[str, Any]) -> str:
+def _alive_sh(ref: dict[str, Any]) -> str:  # JSON: ref as load/p<k>/pid.json holds it
     """A shell test: the referenced process runs (same pid and start time, not a zombie), as procs.alive."""
     p, want = int(ref.get("pid") or 0), int(ref.get("start_time") or 0)
     return (
@@ -62,10 +62,10 @@ class HostLoad:
         self.link = Link(host, budget_s=host.reconnect_s)
         self.fols = [Follower(run, host, p, self.link) for p in parts]
         self.rload = f"{remote_run_dir(run, host)}/load"
-        self.ends: dict[int, dict[str, Any] | None] = {}
+        self.ends: dict[int, dict[str, Any] | None] = {}  # JSON: each process's end.json as copied
         self.lost: str | None = None
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> dict[str, Any]:  # JSON: a row of the load evidence's hosts (LoadEvidence.hosts)
         return {
             "host": where(self.host),
             "processes": [f.k for f in self.fols],
@@ -79,10 +79,10 @@ class HostLoad:
             },
         }
 
-    async def _ref(self, fol: Follower) -> dict[str, Any]:
+    async def _ref(self, fol: Follower) -> dict[str, Any]:  # JSON: as load/p<k>/remote.json and pid.json hold it
         """The process's ref from its launch record, or its remote pid file (a launch whose answer was lost)."""
         rec = launched(fol.paths) or {}
-        ref: dict[str, Any] = {k: rec[k] for k in ("pid", "start_time", "host") if k in rec}
+        ref: dict[str, Any] = {k: rec[k] for k in ("pid", "start_time", "host") if k in rec}  # JSON: from remote.json
         if ref.get("pid"):
             return ref
         found = await fol.find_pid()
@@ -142,7 +142,7 @@ class HostLoad:
             go = shlex.quote(f"{self.rload}/go")
             py = f"cd / && {shlex.quote(self.host.python)} -c {shlex.quote(_GO_PY)} {go} {at_ns + offset}"
             await self.link.call(lambda c: _script(c, py), timeout_s=30)
-            live: list[tuple[Follower, dict[str, Any]]] = []
+            live: list[tuple[Follower, dict[str, Any]]] = []  # JSON: each with its ref, as pid.json holds it
             for fol in self.fols:
                 end = read_json_or_none(fol.paths.load_end)
                 if end is not None:  # copied and sealed already (the end file is copied last)
@@ -156,7 +156,7 @@ class HostLoad:
         except (LinkLost, RemoteError) as e:
             self.lost = e.message if isinstance(e, RemoteError) else str(e)
 
-    async def _poll(self, live: list[tuple[Follower, dict[str, Any]]]) -> None:
+    async def _poll(self, live: list[tuple[Follower, dict[str, Any]]]) -> None:  # JSON: refs as in pid.json
         wait = POLL_S
         for fol, ref in list(live):
             got, w = await fol.step(ref)
@@ -241,7 +241,7 @@ async def _start_all(
 
 def run_parts(
     run: Run, parts: list[PartPaths], env: dict[str, str], event: Callable[..., None], attempt: int
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # JSON: run/load_parts.py's seam: spread into the load evidence
     """The processes of a shared load on load hosts: started once (one go for all hosts), or re-attached; each
     followed, copied and sealed into load/p<k>/ here. {"ends": per process (None: gone without one), "hosts",
     "reattached"}. PhaseFailed before_model when the start failed (nothing was sent), end_unknown when a host's
@@ -316,6 +316,7 @@ def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
         ) from None
 
 
+# JSON: refs as the lease holds them (ledger/leases.py)
 def terminate_elsewhere(case: Case, refs: list[dict[str, Any]], grace_s: float = 1.0) -> None:
     """Stop the load clients these refs name on the case's load hosts (the lease was lost); best effort."""
     logins = {h.host: h for h, _ in case.load.host_shares()}

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import anyio
 
@@ -37,6 +37,20 @@ _CLOCK_PY = (
     "import sys, time\nout = sys.stdout\nout.write('clock-ready\\n'); out.flush()\n"
     "for _ in iter(sys.stdin.buffer.readline, b''):\n    out.write('%d\\n' % time.time_ns()); out.flush()\n"
 )
+
+
+class Clock(TypedDict):
+    """One clock measurement against a load host (_clock); load/clock.json keeps one from before the load and
+    one from after it."""
+
+    offset_ns: int
+    uncertainty_ns: int
+    rtt_min_ns: int
+    rtt_median_ns: int
+    rounds: int
+    measured_utc: str
+    method: str
+    maps: str
 
 
 class LinkLost(Exception):
@@ -63,7 +77,7 @@ def record_path(paths: RunPaths) -> Path:
     return paths.load_remote
 
 
-def launched(paths: RunPaths) -> dict[str, Any] | None:
+def launched(paths: RunPaths) -> dict[str, Any] | None:  # JSON: load/remote.json as read
     """load/remote.json: a launch was attempted (its pid once known). Its presence forbids a second launch."""
     rec = read_json_or_none(record_path(paths))
     return rec if isinstance(rec, dict) else None
@@ -172,7 +186,7 @@ async def _sha256s(conn: asyncssh.SSHClientConnection, files: list[str]) -> dict
     return got
 
 
-async def _clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[str, Any]:
+async def _clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> Clock:
     """Offset of the load host's wall clock from the controller's: CLOCK_ROUNDS round trips to a reader there;
     the shortest one bounds the error (the remote read happened between send and receive)."""
     cmd = f"{shlex.quote(host.python)} -c {shlex.quote(_CLOCK_PY)}"

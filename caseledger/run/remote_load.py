@@ -41,13 +41,13 @@ import contextlib
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger.runs import Run
-from caseledger.run.remote_follow import Follower, _clock_record
+from caseledger.run.remote_follow import Finish, Follower, Status, _clock_record
 from caseledger.run.remote_hosts import parts_alive, run_parts, terminate_elsewhere
-from caseledger.run.remote_link import Link, LinkLost, _anyio_run, _script, launched, record_path, where
+from caseledger.run.remote_link import Clock, Link, LinkLost, _anyio_run, _script, launched, record_path, where
 from caseledger.run.remote_preflight import package_digest, preflight
 from caseledger.workspace import atomic_write, read_json_or_none, utc_now, write_json
 
@@ -70,6 +70,23 @@ _FETCH_PY = (
 )
 
 
+class _State(TypedDict):
+    """What run_load learns on the way: whether it re-attached, the clock measured before a launch."""
+
+    reattached: bool
+    clock_before: Clock | None
+
+
+class _Followed(TypedDict):
+    """run_load's client followed to its end: its end file, its ref, the sealing, the last status."""
+
+    end: dict[str, Any] | None  # JSON: the client's end.json
+    ref: dict[str, Any]  # JSON: as load/pid.json holds it
+    fin: Finish
+    st: Status
+
+
+# JSON: phases.py validates the answer into LoadEvidence (its clock, link and remote fields are JSON there)
 def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt: int) -> dict[str, Any]:
     """Start the remote client (once per run, ever) or re-attach to it, follow it to its end and seal the copies.
 
@@ -79,9 +96,9 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
     paths, host = run.paths, run.case.load.host
     assert host is not None
     fol = Follower(run)
-    state: dict[str, Any] = {"reattached": False, "clock_before": None}
+    state: _State = {"reattached": False, "clock_before": None}
 
-    async def main() -> dict[str, Any]:
+    async def main() -> _Followed:
         rec = launched(paths)
         try:
             if rec is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 
@@ -16,6 +16,7 @@ from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger.runs import Run
 from caseledger.run.remote_link import (
+    Clock,
     Link,
     LinkLost,
     _anyio_run,
@@ -42,6 +43,30 @@ _DIGEST_PY = (
 )
 
 
+class CopiedFiles(TypedDict):
+    """What _copy_verified did: the files it copied (names), each input's sha256 there (first 16 hex digits)."""
+
+    copied: list[str]
+    sha256: dict[str, str]
+
+
+class HostPreflight(TypedDict):
+    """One load host's preflight record (the evidence's load_host, or one of its "hosts")."""
+
+    host: str
+    run_dir: str
+    caseledger: dict[str, str]
+    files: CopiedFiles
+    preflight: dict[str, Any]  # JSON: the remote preflight's checks, as it printed them
+    clock: Clock
+
+
+class PreflightHosts(TypedDict):
+    """The preflight record with load.hosts: one HostPreflight per host."""
+
+    hosts: list[HostPreflight]
+
+
 def package_digest() -> str:
     """sha256 over this caseledger's source files (relative path and content): equal on both hosts means the
     load host runs the same client code."""
@@ -64,7 +89,7 @@ def _local_files(run: Run, host: LoadHost) -> dict[str, Path]:
     }
 
 
-async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> dict[str, Any]:
+async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> CopiedFiles:
     """Copy the run and its dataset to the load host where missing or different; every file hash-checked there."""
     files = _local_files(run, host)
     want = {r: sha256_file(p) for r, p in files.items()}
@@ -96,6 +121,7 @@ async def _version(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[s
     return {"version": words[0], "digest": words[1]}
 
 
+# JSON: the remote preflight's checks, parsed from its last output line
 async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> dict[str, Any]:
     """The real preflight entry point, fresh, on the load host (sockets forbidden there as here)."""
     rdir = remote_run_dir(run, host)
@@ -113,11 +139,11 @@ async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHos
             redact.cut(f"preflight on the load host failed: {err or (lines[-1:] or ['no output'])[0]}", 300),
             "fix the cause on the load host, then resume; nothing was sent",
         )
-    checks: dict[str, Any] = res.get("checks") or {}
+    checks: dict[str, Any] = res.get("checks") or {}  # JSON: the remote preflight's answer
     return checks
 
 
-def preflight(run: Run) -> dict[str, Any]:
+def preflight(run: Run) -> HostPreflight | PreflightHosts:
     """Preflight on the load host (load.host; with load.hosts on each, {"hosts": [...]}): the same caseledger
     there (source digest), the run and its dataset copied and hash-verified, the real preflight entry point run
     fresh there, and the clock offset. PhaseFailed (before_model) names the host and the fix."""
@@ -128,8 +154,8 @@ def preflight(run: Run) -> dict[str, Any]:
     return _preflight_host(run, host)
 
 
-def _preflight_host(run: Run, host: LoadHost) -> dict[str, Any]:
-    async def main() -> dict[str, Any]:
+def _preflight_host(run: Run, host: LoadHost) -> HostPreflight:
+    async def main() -> HostPreflight:
         link = Link(host, budget_s=min(host.reconnect_s, 30.0))
         try:
             version = await link.call(lambda c: _version(c, host), timeout_s=60)
