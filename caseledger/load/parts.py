@@ -21,7 +21,7 @@ import contextlib
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
@@ -84,7 +84,7 @@ def boot_id() -> str | None:
         return None
 
 
-def go_record(lead_s: float = GO_LEAD_S) -> dict[str, Any]:
+def go_record(lead_s: float = GO_LEAD_S) -> dict[str, Any]:  # JSON: load/go, as written
     """The content of load/go for several processes: the one monotonic instant their schedules start at."""
     return {"start_mono_ns": time.monotonic_ns() + int(lead_s * 1e9), "boot_id": boot_id()}
 
@@ -106,16 +106,27 @@ def start_of(go: Path) -> int | None:
     return start
 
 
+class PartRow(TypedDict):
+    """One process's row of the merge (end.json's processes, the load evidence's processes)."""
+
+    process: int
+    records: int
+    shift_ns: int
+    offset_ns: int
+    pid: NotRequired[int | None]  # from load/p<k>/pid.json, once the end files are read
+    exit: NotRequired[str]  # its end file's exit, or "no end file"
+
+
 @dataclass(frozen=True)
 class Merged:
     """What the merge found: the records per process, the shift applied to each, the end files."""
 
     records: int
-    per_part: list[dict[str, Any]]
-    ends: list[dict[str, Any] | None]
+    per_part: list[PartRow]
+    ends: list[dict[str, Any] | None]  # JSON: each process's end.json (None: none)
 
 
-def offset_of(clock: dict[str, Any] | None) -> int:
+def offset_of(clock: dict[str, Any] | None) -> int:  # JSON: load/p<k>/clock.json as read
     """A load host's wall clock ahead of the controller's (load/p<k>/clock.json, remote processes only), in ns:
     measured before the load, else after it; 0 on the controller's host."""
     for when in ("before", "after"):
@@ -125,6 +136,7 @@ def offset_of(clock: dict[str, Any] | None) -> int:
     return 0
 
 
+# JSON: anchor and base as the processes' anchor.json files hold them
 def _shift(anchor: dict[str, Any] | None, base: dict[str, Any] | None, offset: int = 0, base_offset: int = 0) -> int:
     """ns to add to a process's monotonic times to put them on process 0's clock: 0 on the same boot (one
     clock), else through both anchors' wall times, each mapped onto the controller's wall clock by its host's
@@ -137,7 +149,7 @@ def _shift(anchor: dict[str, Any] | None, base: dict[str, Any] | None, offset: i
 def _shifted(rec: RawRecord, ns: int) -> RawRecord:
     if ns == 0:
         return rec
-    out: dict[str, Any] = dict(rec)
+    out: dict[str, Any] = dict(rec)  # JSON: a raw.jsonl line, its time keys shifted by name
     for key in TIMED:
         if isinstance(out.get(key), int):
             out[key] += ns
@@ -173,7 +185,7 @@ def merge(paths: RunPaths, parts: list[PartPaths], plan_sha256: str) -> Merged:
     base = anchors[0] if anchors else None
     shifts = [_shift(a, base, off, offsets[0]) for a, off in zip(anchors, offsets, strict=True)]
     recs: list[RawRecord] = []
-    per_part: list[dict[str, Any]] = []
+    per_part: list[PartRow] = []
     for k, (part, ns) in enumerate(zip(parts, shifts, strict=True)):
         mine = read_records(part.raw).records
         recs += [_shifted(r, ns) for r in mine]
@@ -186,7 +198,7 @@ def merge(paths: RunPaths, parts: list[PartPaths], plan_sha256: str) -> Merged:
         write_json(paths.load_anchor, {**base, "processes": len(parts), "time_base": "process 0's clock"})
     ends = [read_json_or_none(p.load_end) for p in parts]
     for info, end, pid in zip(per_part, ends, [read_json_or_none(p.load_pid) for p in parts], strict=True):
-        info.update(pid=(pid or {}).get("pid"), exit=(end or {}).get("exit", "no end file"))
+        info["pid"], info["exit"] = (pid or {}).get("pid"), (end or {}).get("exit", "no end file")
     if all(e is not None for e in ends):
         write_json(paths.load_end, merged_end([e for e in ends if e is not None], shifts, plan_sha256, per_part))
     return Merged(len(recs), per_part, ends)
@@ -196,9 +208,10 @@ SUMMED = ("planned", "sent", "done", "ok", "failed", "chunks", "cpu_user_s", "cp
 SUMMED_CPU = ("cpu_load_user_s", "cpu_load_sys_s")
 
 
-def merged_end(ends: list[dict[str, Any]], shifts: list[int], plan_sha256: str, per_part: list[dict[str, Any]]) -> Any:
+# JSON: the processes' end.json files in, the merged end.json out
+def merged_end(ends: list[dict[str, Any]], shifts: list[int], plan_sha256: str, per_part: list[PartRow]) -> Any:
     """One end file for the whole load: counts and CPU summed, the span on process 0's clock, the worst exit."""
-    out: dict[str, Any] = {k: sum(e.get(k) or 0 for e in ends) for k in (*SUMMED, *SUMMED_CPU)}
+    out: dict[str, Any] = {k: sum(e.get(k) or 0 for e in ends) for k in (*SUMMED, *SUMMED_CPU)}  # JSON: end.json
     firsts = [e["first_send_ns"] + ns for e, ns in zip(ends, shifts, strict=True) if e.get("first_send_ns") is not None]
     lasts = [e["last_end_ns"] + ns for e, ns in zip(ends, shifts, strict=True) if e.get("last_end_ns") is not None]
     exits = [e.get("exit", "complete") for e in ends]

@@ -41,7 +41,7 @@ def _started(run: Run, parts: list[PartPaths]) -> bool:
     )
 
 
-def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
+def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:  # JSON: phases/load.json's evidence
     """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence. On load hosts
     (load.host, load.hosts) run/remote_load.py starts, follows and copies them; the merge is the same."""
     paths, case = run.paths, run.case
@@ -77,6 +77,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:
     return phases._load_ended(run, end, prev, info)
 
 
+# JSON: prev as phases.set_aside read it; the end files; run_parts's answer, spread into the load evidence
 def _remote(
     run: Run, parts: list[PartPaths], event: Callable[..., None], prev: dict[str, Any], attempt: int
 ) -> tuple[list[dict[str, Any] | None], dict[str, Any]]:
@@ -93,6 +94,7 @@ def _remote(
     return got.pop("ends"), got
 
 
+# JSON: prev as phases.set_aside read it; the refs spawn_client wrote to load/p<k>/pid.json
 def _start(
     run: Run, parts: list[PartPaths], event: Callable[..., None], prev: dict[str, Any], attempt: int
 ) -> list[dict[str, Any] | None]:
@@ -106,7 +108,7 @@ def _start(
         phases._reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
     paths.load_abort.unlink(missing_ok=True)  # an abort left by an earlier attempt would stop the new clients
     phases._snapshot(case, paths.metrics_before)
-    refs: list[dict[str, Any] | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]
+    refs: list[dict[str, Any] | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]  # JSON: pid.json
     _wait_ready(run, parts, refs)
     write_json(paths.load_go, go_record())
     event(
@@ -118,6 +120,7 @@ def _start(
     return refs
 
 
+# JSON: refs as load/p<k>/pid.json holds them
 def _wait_ready(run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | None]) -> None:
     """Every process has built its plan and waits for the go; one that exits first stops them all (nothing sent)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -136,7 +139,7 @@ def _wait_ready(run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | No
         time.sleep(0.02)
 
 
-def _abort(run: Run, refs: list[dict[str, Any] | None]) -> None:
+def _abort(run: Run, refs: list[dict[str, Any] | None]) -> None:  # JSON: refs as in load/p<k>/pid.json
     run.paths.load_abort.touch()
     for ref in refs:
         if ref is not None and procs.alive(ref):
@@ -152,18 +155,19 @@ def _last_line(part: PartPaths) -> str:
     return lines[-1][-300:] if lines else "it exited without a word"
 
 
-def _reap(ref: dict[str, Any] | None) -> None:
+def _reap(ref: dict[str, Any] | None) -> None:  # JSON: a ref as load/p<k>/pid.json holds it
     with contextlib.suppress(ChildProcessError, TypeError, KeyError, ValueError):
         os.waitpid(int((ref or {})["pid"]), os.WNOHANG)  # our child when we started it: no zombie
 
 
+# JSON: refs as load/p<k>/pid.json holds them; the end files as the processes wrote them
 def _wait_all(
     run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | None], event: Callable[..., None]
 ) -> list[dict[str, Any] | None]:
     """Wait until every process has written its end file or is gone; the end files (None: gone without one)."""
     live = [r for r in refs if r is not None]
     watch = phases._LoadWatch(run, live[0] if live else None, event, live[1:])
-    ends: list[dict[str, Any] | None] = [read_json_or_none(p.load_end) for p in parts]
+    ends: list[dict[str, Any] | None] = [read_json_or_none(p.load_end) for p in parts]  # JSON: end.json files
     try:
         while True:
             watch.tick()
@@ -186,7 +190,7 @@ def _wait_all(
     return ends
 
 
-def confirm_end(run: Run) -> dict[str, Any]:
+def confirm_end(run: Run) -> dict[str, Any]:  # JSON: phases/confirm_end.json's evidence
     """Every process gone; each one's raw records equal its end file's count; the merged stream equals the sum.
     (A load reused from a parent run has no processes here: the one-process check.)"""
     paths = run.paths

@@ -1,0 +1,327 @@
+"""Several load client processes on one or more load hosts (run/remote_load.py): per host one link, the inputs
+copied once, every process started armed, one go for all, each followed and sealed (run_parts, called by
+run/load_parts.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import anyio
+
+from caseledger import procs
+from caseledger.case.model import Case, LoadHost
+from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.ledger.runs import Run
+from caseledger.load.parts import offset_of
+from caseledger.run.remote_follow import POLL_S, Follower, _clock_record
+from caseledger.run.remote_link import (
+    POLL_TIMEOUT_S,
+    Link,
+    LinkLost,
+    _anyio_run,
+    _script,
+    launched,
+    record_path,
+    remote_run_dir,
+    where,
+)
+from caseledger.services import remote
+from caseledger.workspace import PartPaths, read_json_or_none, utc_now, write_json
+
+READY_TIMEOUT_S = 120.0  # every remote process has imported and built its plan within this, or nothing is sent
+REMOTE_GO_LEAD_S = 1.5  # the go names a start this far ahead: it reaches every load host before it comes
+ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # the client waits for load/go (or load/abort) before sending
+
+_GO_PY = (
+    "import sys\nfrom pathlib import Path\nfrom caseledger.load.parts import write_go_at\n"
+    "write_go_at(Path(sys.argv[1]), int(sys.argv[2]))\n"
+)
+
+
+def _alive_sh(ref: dict[str, Any]) -> str:  # JSON: ref as load/p<k>/pid.json holds it
+    """A shell test: the referenced process runs (same pid and start time, not a zombie), as procs.alive."""
+    p, want = int(ref.get("pid") or 0), int(ref.get("start_time") or 0)
+    return (
+        f's=$(sed "s/.*) //" /proc/{p}/stat 2>/dev/null) && set -- $s && [ "$1" != Z ] && '
+        f'{{ [ {want} = 0 ] || [ "${{20}}" = {want} ]; }}'
+    )
+
+
+class HostLoad:
+    """The client processes of one load host (load.host with load.processes, or one entry of load.hosts): one
+    SSH link shared by a Follower per process, what each ended with, and whether the link was lost."""
+
+    def __init__(self, run: Run, host: LoadHost, parts: list[PartPaths]) -> None:
+        self.run, self.host = run, host
+        self.link = Link(host, budget_s=host.reconnect_s)
+        self.fols = [Follower(run, host, p, self.link) for p in parts]
+        self.rload = f"{remote_run_dir(run, host)}/load"
+        self.ends: dict[int, dict[str, Any] | None] = {}  # JSON: each process's end.json as copied
+        self.lost: str | None = None
+
+    def evidence(self) -> dict[str, Any]:  # JSON: a row of the load evidence's hosts (LoadEvidence.hosts)
+        return {
+            "host": where(self.host),
+            "processes": [f.k for f in self.fols],
+            "remote_run_dir": remote_run_dir(self.run, self.host),
+            "clock": read_json_or_none(self.fols[0].paths.load_clock),
+            "link": {
+                "reconnects": self.link.reconnects,
+                "failures": self.link.failures,
+                "copied_bytes": sum(f.copied_bytes for f in self.fols),
+                "lost": self.lost,
+            },
+        }
+
+    async def _ref(self, fol: Follower) -> dict[str, Any]:  # JSON: as load/p<k>/remote.json and pid.json hold it
+        """The process's ref from its launch record, or its remote pid file (a launch whose answer was lost)."""
+        rec = launched(fol.paths) or {}
+        ref: dict[str, Any] = {k: rec[k] for k in ("pid", "start_time", "host") if k in rec}  # JSON: from remote.json
+        if ref.get("pid"):
+            return ref
+        found = await fol.find_pid()
+        if found:
+            write_json(record_path(fol.paths), {**rec, **found, "state": "launched"})
+            write_json(fol.paths.load_pid, found)
+        return found or {}
+
+    async def stop_armed(self) -> None:
+        """Processes a start that never gave its go left waiting (armed: nothing sent): aborted, then stopped, so
+        the remote load directory can be set aside and the processes started afresh."""
+        known = [f for f in self.fols if launched(f.paths) is not None]
+        if not known:
+            return
+        q = shlex.quote(self.rload)
+        await self.link.call(lambda c: _script(c, f"[ -d {q} ] && touch {q}/abort; true"))
+        for fol in known:
+            ref = await self._ref(fol)
+            if ref.get("pid"):
+                await self.link.call(
+                    partial(remote.terminate_async, ref=ref, grace_s=2.0), timeout_s=POLL_TIMEOUT_S + 5
+                )
+
+    async def start(self, env: dict[str, str]) -> None:
+        """Inputs copied and verified, the clock measured, every process of this host started armed."""
+        await self.stop_armed()
+        clock = await self.fols[0].prepare()
+        dirs = " ".join(shlex.quote(f.rload) for f in self.fols)
+        await self.link.call(lambda c: _script(c, f"umask 077; mkdir -p {dirs}"))  # each process's log goes there
+        for fol in self.fols:
+            await fol.start({**env, ARMED_ENV: "1"}, clock)
+
+    async def ready(self) -> list[tuple[int, str]]:
+        """(process, 'ready' | 'wait' | 'dead') for each process of this host."""
+        refs = [read_json_or_none(f.paths.load_pid) or {} for f in self.fols]
+        lines = [
+            f"if [ -f {shlex.quote(f.rload + '/ready')} ]; then echo ready; elif {_alive_sh(r)}; then echo wait; "
+            "else echo dead; fi"
+            for f, r in zip(self.fols, refs, strict=True)
+        ]
+        _, out = await self.link.call(lambda c: _script(c, "\n".join(lines)))
+        words = out.decode(errors="replace").split()
+        return [(f.k, w) for f, w in zip(self.fols, words, strict=False)]
+
+    async def abort(self) -> None:
+        """Every armed process of this host exits without sending (best effort: the link may be gone)."""
+        q = shlex.quote(self.rload)
+        with contextlib.suppress(LinkLost, RemoteError):
+            await self.link.call(lambda c: _script(c, f"[ -d {q} ] && touch {q}/abort; true"))
+
+    async def follow(self, at_ns: int) -> None:
+        """Give this host its go (once; at_ns on the controller's wall clock, mapped by the host's offset), then
+        follow each process to its end, sealing its copies. A lost link is recorded, not raised: the other
+        hosts are followed on."""
+        try:
+            offset = offset_of(read_json_or_none(self.fols[0].paths.load_clock))
+            go = shlex.quote(f"{self.rload}/go")
+            py = f"cd / && {shlex.quote(self.host.python)} -c {shlex.quote(_GO_PY)} {go} {at_ns + offset}"
+            await self.link.call(lambda c: _script(c, py), timeout_s=30)
+            live: list[tuple[Follower, dict[str, Any]]] = []  # JSON: each with its ref, as pid.json holds it
+            for fol in self.fols:
+                end = read_json_or_none(fol.paths.load_end)
+                if end is not None:  # copied and sealed already (the end file is copied last)
+                    self.ends[fol.k] = end
+                    continue
+                ref = await self._ref(fol)
+                await fol._check_prefix()
+                live.append((fol, ref))
+            while live:
+                await self._poll(live)
+        except (LinkLost, RemoteError) as e:
+            self.lost = e.message if isinstance(e, RemoteError) else str(e)
+
+    async def _poll(self, live: list[tuple[Follower, dict[str, Any]]]) -> None:  # JSON: refs as in pid.json
+        wait = POLL_S
+        for fol, ref in list(live):
+            got, w = await fol.step(ref)
+            if got is None:
+                wait = min(wait, w)
+                continue
+            end = got[0]
+            fin = await fol.finish(end)
+            _clock_record(fol.paths, self.host, None, fin["clock_after"])
+            if ref:  # asked over SSH: gone (status, the lease and the other hosts' wait stop counting it)
+                write_json(fol.paths.load_pid, {**ref, "gone_utc": utc_now()})
+            self.ends[fol.k] = end
+            live.remove((fol, ref))
+        if live:
+            await anyio.sleep(wait)
+
+
+def host_loads(run: Run, parts: list[PartPaths]) -> list[HostLoad]:
+    return [HostLoad(run, host, [parts[k] for k in ks]) for host, ks in run.case.load.host_shares()]
+
+
+async def _wait_ready(hosts: list[HostLoad]) -> None:
+    """Every process of every host has built its plan and waits for the go; RemoteError names one that did not."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        waiting: list[tuple[HostLoad, int]] = []
+        for h in hosts:
+            for k, state in await h.ready():
+                if state == "dead":
+                    raise RemoteError(
+                        f"load client process {k} on {where(h.host)} exited before it was ready",
+                        f"read {h.rload}/p{k}/client.log on that host, fix the cause, then resume",
+                    )
+                if state != "ready":
+                    waiting.append((h, k))
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            h, k = waiting[0]
+            raise RemoteError(
+                f"load client process {k} on {where(h.host)} was not ready within {READY_TIMEOUT_S:g} s",
+                f"read {h.rload}/p{k}/client.log on that host (a slow start or a stuck import), then resume",
+            )
+        await anyio.sleep(0.1)
+
+
+async def _start_all(
+    run: Run, hosts: list[HostLoad], env: dict[str, str], event: Callable[..., None], attempt: int
+) -> None:
+    """Every host prepared and its processes started armed, all ready; then load/go here (from here on nothing is
+    started again, ever), naming the one start instant on the controller's wall clock."""
+    try:
+        for h in hosts:
+            await h.start(env)
+        await _wait_ready(hosts)
+    except BaseException:
+        with anyio.move_on_after(15, shield=True):
+            for h in hosts:
+                await h.abort()
+        raise
+    write_json(
+        run.paths.load_go,
+        {
+            "wall_ns": time.time_ns() + int(REMOTE_GO_LEAD_S * 1e9),
+            "time_base": "controller wall clock; each load host starts at this + its offset_ns",
+            "hosts": [where(h.host) for h in hosts],
+        },
+    )
+    refs = [read_json_or_none(f.paths.load_pid) or {} for h in hosts for f in h.fols]
+    event(
+        "load_client_started",
+        phase="load",
+        attempt=attempt,
+        data={
+            "pids": [r.get("pid") for r in refs],
+            "processes": len(refs),
+            "armed": True,
+            "hosts": [{"host": where(h.host), "processes": [f.k for f in h.fols]} for h in hosts],
+        },
+    )
+
+
+def run_parts(
+    run: Run, parts: list[PartPaths], env: dict[str, str], event: Callable[..., None], attempt: int
+) -> dict[str, Any]:  # JSON: run/load_parts.py's seam: spread into the load evidence
+    """The processes of a shared load on load hosts: started once (one go for all hosts), or re-attached; each
+    followed, copied and sealed into load/p<k>/ here. {"ends": per process (None: gone without one), "hosts",
+    "reattached"}. PhaseFailed before_model when the start failed (nothing was sent), end_unknown when a host's
+    link stayed lost (its clients keep running; the other hosts were followed to their end; resume re-attaches)."""
+    paths = run.paths
+    hosts = host_loads(run, parts)
+    reattached = paths.load_go.exists()
+
+    async def main() -> None:
+        try:
+            if not reattached:
+                await _start_all(run, hosts, env, event, attempt)
+            at = int((read_json_or_none(paths.load_go) or {}).get("wall_ns") or time.time_ns())
+            async with anyio.create_task_group() as tg:
+                for h in hosts:
+                    tg.start_soon(h.follow, at)
+        finally:
+            for h in hosts:
+                await h.link.drop()
+
+    try:
+        _anyio_run(main)
+    except (LinkLost, RemoteError) as e:  # before the go: every started process was aborted
+        msg = e.message if isinstance(e, RemoteError) else f"a load host is unreachable: {e}"
+        raise PhaseFailed(
+            f"starting the load clients on the load hosts: {msg}"[:400],
+            FailureClass.BEFORE_MODEL,
+            (e.fix if isinstance(e, RemoteError) else "check the links to the load hosts, then resume")
+            + "; nothing was sent",
+        ) from None
+    info = {"reattached": reattached, "hosts": [h.evidence() for h in hosts]}
+    lost = [h for h in hosts if h.lost is not None]
+    if lost:
+        done = sum(p.raw.read_bytes().count(b"\n") for p in parts if p.raw.exists())
+        names = ", ".join(f"{where(h.host)} ({h.lost})" for h in lost)
+        raise PhaseFailed(
+            f"lost the link to load host{'s' if len(lost) > 1 else ''} {names} after {done} of {run.meta.planned} "
+            "records were copied; the remote clients keep running",
+            FailureClass.END_UNKNOWN,
+            f"resume(run_id='{run.run_id}') once the link is back: it re-attaches over SSH (pid and start time), "
+            "copies what is missing and merges; nothing is re-sent and no second client is started",
+            evidence=info,
+        )
+    ends = {k: e for h in hosts for k, e in h.ends.items()}
+    return {"ends": [ends.get(p.part) for p in parts], **info}
+
+
+def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
+    """The processes (of a shared load on load hosts) still running there, asked over SSH; PhaseFailed end_unknown
+    when a host cannot be asked."""
+    hosts = host_loads(run, parts)
+
+    async def main() -> list[int]:
+        out: list[int] = []
+        for h in hosts:
+            try:
+                for fol in h.fols:
+                    ref = read_json_or_none(fol.paths.load_pid) or {}
+                    if ref.get("pid") and "gone_utc" not in ref and not await fol.gone(ref):
+                        out.append(fol.k)
+            finally:
+                await h.link.drop()
+        return out
+
+    try:
+        return _anyio_run(main)
+    except (LinkLost, RemoteError) as e:
+        raise PhaseFailed(
+            f"cannot reach a load host to confirm its clients ended: {e}",
+            FailureClass.END_UNKNOWN,
+            f"resume(run_id='{run.run_id}') once the link is back",
+        ) from None
+
+
+# JSON: refs as the lease holds them (ledger/leases.py)
+def terminate_elsewhere(case: Case, refs: list[dict[str, Any]], grace_s: float = 1.0) -> None:
+    """Stop the load clients these refs name on the case's load hosts (the lease was lost); best effort."""
+    logins = {h.host: h for h, _ in case.load.host_shares()}
+    for ref in refs:
+        login = logins.get(str(procs.elsewhere(ref)))
+        if login is not None:
+            with contextlib.suppress(RemoteError):
+                remote.Remote(login).terminate(ref, grace_s=grace_s)

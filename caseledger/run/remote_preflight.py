@@ -1,0 +1,190 @@
+"""The load host's preflight (run/remote_load.py): the same caseledger there (source digest), the run and its
+dataset copied up and hash-verified, the real preflight entry point run fresh there, the clock offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import orjson
+
+from caseledger import redact
+from caseledger.case.model import LoadHost
+from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.ledger.runs import Run
+from caseledger.run.remote_link import (
+    Clock,
+    Link,
+    LinkLost,
+    _anyio_run,
+    _clock,
+    _put,
+    _script,
+    _sha256s,
+    remote_dataset_dir,
+    remote_run_dir,
+    where,
+)
+from caseledger.workspace import sha256_file
+
+if TYPE_CHECKING:
+    import asyncssh  # imported where used (services/remote.py): a local-only run never pays for it
+
+PREFLIGHT_TIMEOUT_S = 300.0
+
+# the remote side imports package_digest through run/remote_load.py (which re-exports it), where earlier versions
+# define it: a load host with an older caseledger answers with its digest (a clear mismatch), not an import error
+_DIGEST_PY = (
+    "import importlib.metadata as m\nfrom caseledger.run.remote_load import package_digest\n"
+    "print(m.version('caseledger'), package_digest())\n"
+)
+
+
+class CopiedFiles(TypedDict):
+    """What _copy_verified did: the files it copied (names), each input's sha256 there (first 16 hex digits)."""
+
+    copied: list[str]
+    sha256: dict[str, str]
+
+
+class HostPreflight(TypedDict):
+    """One load host's preflight record (the evidence's load_host, or one of its "hosts")."""
+
+    host: str
+    run_dir: str
+    caseledger: dict[str, str]
+    files: CopiedFiles
+    preflight: dict[str, Any]  # JSON: the remote preflight's checks, as it printed them
+    clock: Clock
+
+
+class PreflightHosts(TypedDict):
+    """The preflight record with load.hosts: one HostPreflight per host."""
+
+    hosts: list[HostPreflight]
+
+
+def package_digest() -> str:
+    """sha256 over this caseledger's source files (relative path and content): equal on both hosts means the
+    load host runs the same client code."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _local_files(run: Run, host: LoadHost) -> dict[str, Path]:
+    """remote path -> local file: the run's copy of its case and the dataset it names."""
+    ws, rdir, ddir = run.workspace, remote_run_dir(run, host), remote_dataset_dir(run, host)
+    local_ds = ws.dataset_dir(run.meta.dataset())
+    return {
+        f"{rdir}/run.json": run.paths.run_json,
+        f"{rdir}/case.json": run.paths.case,
+        f"{ddir}/identity.json": local_ds / "identity.json",
+        f"{ddir}/entries.jsonl": local_ds / "entries.jsonl",
+    }
+
+
+async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> CopiedFiles:
+    """Copy the run and its dataset to the load host where missing or different; every file hash-checked there."""
+    files = _local_files(run, host)
+    want = {r: sha256_file(p) for r, p in files.items()}
+    have = await _sha256s(conn, list(files))
+    copied = []
+    for r, p in files.items():
+        if have.get(r) != want[r]:
+            await _put(conn, p, r)
+            copied.append(Path(r).name)
+    if copied:
+        have = await _sha256s(conn, list(files))
+    bad = [Path(r).name for r in files if have.get(r) != want[r]]
+    if bad:
+        raise RemoteError(
+            f"copied {', '.join(bad)} to the load host, but its sha256 there differs",
+            "check the load host's disk (load.host.workdir), then resume",
+        )
+    return {"copied": copied, "sha256": {Path(r).name: want[r][:16] for r in files}}
+
+
+async def _version(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[str, str]:
+    status, out = await _script(conn, f"cd / && {shlex.quote(host.python)} -c {shlex.quote(_DIGEST_PY)} 2>&1")
+    words = out.decode(errors="replace").split()
+    if status != 0 or len(words) != 2:
+        raise RemoteError(
+            f"{host.python} on the load host cannot import caseledger (exit {status}: {' '.join(words)[-160:]})",
+            "install this caseledger there, or point load.host.python at an interpreter that has it",
+        )
+    return {"version": words[0], "digest": words[1]}
+
+
+# JSON: the remote preflight's checks, parsed from its last output line
+async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> dict[str, Any]:
+    """The real preflight entry point, fresh, on the load host (sockets forbidden there as here)."""
+    rdir = remote_run_dir(run, host)
+    status, out = await _script(
+        conn, f"cd / && {shlex.quote(host.python)} -m caseledger.run.preflight {shlex.quote(rdir)} 2>/dev/null"
+    )
+    lines = out.decode(errors="replace").strip().splitlines()
+    try:
+        res = orjson.loads(lines[-1]) if lines else {}
+    except orjson.JSONDecodeError:
+        res = {}
+    if status != 0 or not isinstance(res, dict) or not res.get("ok"):
+        err = res.get("error") if isinstance(res, dict) else None
+        raise RemoteError(
+            redact.cut(f"preflight on the load host failed: {err or (lines[-1:] or ['no output'])[0]}", 300),
+            "fix the cause on the load host, then resume; nothing was sent",
+        )
+    checks: dict[str, Any] = res.get("checks") or {}  # JSON: the remote preflight's answer
+    return checks
+
+
+def preflight(run: Run) -> HostPreflight | PreflightHosts:
+    """Preflight on the load host (load.host; with load.hosts on each, {"hosts": [...]}): the same caseledger
+    there (source digest), the run and its dataset copied and hash-verified, the real preflight entry point run
+    fresh there, and the clock offset. PhaseFailed (before_model) names the host and the fix."""
+    if run.case.load.hosts:
+        return {"hosts": [_preflight_host(run, host) for host, _ in run.case.load.host_shares()]}
+    host = run.case.load.host
+    assert host is not None
+    return _preflight_host(run, host)
+
+
+def _preflight_host(run: Run, host: LoadHost) -> HostPreflight:
+    async def main() -> HostPreflight:
+        link = Link(host, budget_s=min(host.reconnect_s, 30.0))
+        try:
+            version = await link.call(lambda c: _version(c, host), timeout_s=60)
+            mine = package_digest()
+            if version["digest"] != mine:
+                raise RemoteError(
+                    f"the load host runs another caseledger ({version['version']}, source digest "
+                    f"{version['digest'][:12]}…; here {mine[:12]}…)",
+                    "install this caseledger there, or point load.host.python at an interpreter that imports it",
+                )
+            files = await link.call(lambda c: _copy_verified(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
+            checks = await link.call(lambda c: _preflight(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
+            clock = await link.call(lambda c: _clock(c, host), timeout_s=30)
+        finally:
+            await link.drop()
+        return {
+            "host": where(host),
+            "run_dir": remote_run_dir(run, host),
+            "caseledger": version,
+            "files": files,
+            "preflight": checks,
+            "clock": clock,
+        }
+
+    try:
+        return _anyio_run(main)
+    except (RemoteError, LinkLost) as e:
+        msg = e.message if isinstance(e, RemoteError) else f"load host {where(host)} unreachable: {e}"
+        fix = e.fix if isinstance(e, RemoteError) else "check the link to load.host, then resume"
+        raise PhaseFailed(
+            f"load host {where(host)}: {msg}"[:400], FailureClass.BEFORE_MODEL, f"{fix}; 0 model requests were sent"
+        ) from None
