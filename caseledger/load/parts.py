@@ -33,6 +33,9 @@ GO_LEAD_S = 0.05  # load/go names a start this far ahead: every waiting process 
 TIMED = ("send_ns", "end_ns", "sched_ns")
 
 
+READY_TIMEOUT_S = 120.0  # every client process, here or on a load host, is armed within this, or nothing is sent
+
+
 def split_concurrency(concurrency: int, processes: int) -> list[int]:
     """Each process's share of C: C // P, and one more for the first C mod P processes (C=5, P=2: [3, 2])."""
     if processes < 1 or concurrency < processes:

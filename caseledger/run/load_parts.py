@@ -24,13 +24,12 @@ from caseledger import procs
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
 from caseledger.ledger.runs import Run
-from caseledger.load.parts import go_record, merge, split_concurrency
+from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concurrency
 from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.records import read_records
 from caseledger.run import phases, remote_load
 from caseledger.workspace import PartPaths, read_json_or_none, sha256_file, write_json
 
-READY_TIMEOUT_S = 120.0  # every process has imported and built its plan within this, or nothing is sent
 EXIT_WAIT_S = 30.0
 
 

@@ -18,7 +18,7 @@ from caseledger import procs
 from caseledger.case.model import Case, LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger.runs import Run
-from caseledger.load.parts import offset_of
+from caseledger.load.parts import READY_TIMEOUT_S, offset_of
 from caseledger.run.remote_follow import POLL_S, Follower, _clock_record
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
@@ -34,7 +34,6 @@ from caseledger.run.remote_link import (
 from caseledger.services import remote
 from caseledger.workspace import PartPaths, read_json_or_none, utc_now, write_json
 
-READY_TIMEOUT_S = 120.0  # every remote process has imported and built its plan within this, or nothing is sent
 REMOTE_GO_LEAD_S = 1.5  # the go names a start this far ahead: it reaches every load host before it comes
 ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # the client waits for load/go (or load/abort) before sending
 
