@@ -6,6 +6,9 @@ Two scenarios, each run with load.processes 1 and P (interleaved, the order rota
   zero-delay C=32, 256 requests x 256 tokens: the server writes the next chunk of every open stream on every
       loop pass, so the clients set the pace; aggregate chunks/s = content chunks / (last end - first send) of
       the merged stream (the end file's span), and the clients' CPU per chunk (end files, summed)
+  zero-delay burst 16 C=32: the same, the server writing 16 chunks of a stream per write, so its CPU per chunk
+      falls well below the clients' and, on two cores it shares with them, it stops being what limits two
+      clients (the server's own CPU per chunk and its share of a core are in the table for every scenario)
   paced C=64, 128 requests x 128 tokens, one chunk per stream every 10 ms: the timestamp error of the merged
       stream, per content chunk client receive time - server send time (same host, same CLOCK_MONOTONIC;
       the server logs each send right before its write), p50 / p99
@@ -42,7 +45,12 @@ from caseledger.records import read_records
 from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, read_json, write_json
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = {"zero-delay C=32": (0.0, 32, 256, 256), "paced C=64": (10.0, 64, 128, 128)}
+# step ms, C, requests, tokens, chunks per server write
+SCENARIOS = {
+    "zero-delay C=32": (0.0, 32, 256, 256, 1),
+    "zero-delay burst 16 C=32": (0.0, 32, 256, 256, 16),
+    "paced C=64": (10.0, 64, 128, 128, 1),
+}
 
 
 def free_port() -> int:
@@ -68,8 +76,9 @@ def placed(cpu: int | None) -> Any:
     return setup
 
 
-def start_server(port: int, step_ms: float, log: Path, pin: bool) -> subprocess.Popen[bytes]:
+def start_server(port: int, step_ms: float, burst: int, log: Path, pin: bool) -> subprocess.Popen[bytes]:
     argv = [sys.executable, str(HERE / "peers" / "server.py"), "--port", str(port), "--step-ms", str(step_ms)]
+    argv += ["--burst", str(burst)]
     proc = subprocess.Popen(
         argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=placed(0 if pin else None)
     )
@@ -134,18 +143,26 @@ def run_load(paths: RunPaths, processes: int, pin: bool) -> dict[str, Any]:
     return end
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
 
 
 def one(work: Path, scenario: str, processes: int, pin: bool) -> dict[str, Any]:
-    step_ms, c, n, tokens = SCENARIOS[scenario]
+    step_ms, c, n, tokens, burst = SCENARIOS[scenario]
     port = free_port()
-    server = start_server(port, step_ms, work / f"server-{port}.log", pin)
+    server = start_server(port, step_ms, burst, work / f"server-{port}.log", pin)
     try:
         paths = make_run(Workspace(work / "ws"), port, n, tokens, c, processes)
+        cpu0 = cpu_s(server.pid)
         end = run_load(paths, processes, pin)
+        server_cpu = cpu_s(server.pid) - cpu0
         log = get_json(f"http://127.0.0.1:{port}/_log")
     finally:
         server.terminate()
@@ -161,6 +178,9 @@ def one(work: Path, scenario: str, processes: int, pin: bool) -> dict[str, Any]:
         "ok": end["ok"],
         "chunks_per_s": end["chunks"] / wall,
         "us_per_chunk": (end["cpu_load_user_s"] + end["cpu_load_sys_s"]) / end["chunks"] * 1e6,
+        # the server's CPU over the whole load (its start-up excluded), per chunk and as a share of one core
+        "server_us_per_chunk": server_cpu / end["chunks"] * 1e6,
+        "server_core_share": server_cpu / wall,
         "err_p50_us": pct(errors, 50),
         "err_p99_us": pct(errors, 99),
         "matched_chunks": len(errors),
@@ -172,31 +192,36 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--pin", action="store_true", help="server on CPU 0, client k on CPU (1 + k) mod 2")
+    ap.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
     args = ap.parse_args()
     counts = [1, args.processes]
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-procs-") as tmp:
         for rep in range(args.repeats):
             order = counts if rep % 2 == 0 else counts[::-1]
-            for scenario in SCENARIOS:
+            for scenario in args.scenarios:
                 for p in order:
                     work = Path(tmp) / f"{rep}-{p}-{scenario.split()[0]}"
                     work.mkdir()
                     got = one(work, scenario, p, args.pin)
                     rows.setdefault((scenario, p), []).append(got)
                     print(f"repeat {rep} {scenario} processes={p}: {got}", file=sys.stderr, flush=True)
-    print("| scenario | load.processes | chunks/s | client µs/chunk | ts error p50 µs | ts error p99 µs | ok |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| scenario | load.processes | chunks/s | client µs/chunk | server µs/chunk | server cores | "
+        "ts error p50 µs | ts error p99 µs | ok |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     med: dict[tuple[str, int], dict[str, float]] = {}
     for (scenario, p), rs in rows.items():
         med[(scenario, p)] = m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(
-            f"| {scenario} | {p} | {m['chunks_per_s']:,.0f} | {m['us_per_chunk']:.1f} | {m['err_p50_us']:.0f} | "
+            f"| {scenario} | {p} | {m['chunks_per_s']:,.0f} | {m['us_per_chunk']:.1f} | "
+            f"{m['server_us_per_chunk']:.1f} | {m['server_core_share']:.2f} | {m['err_p50_us']:.0f} | "
             f"{m['err_p99_us']:.0f} | {min(r['ok'] for r in rs)} |"
         )
-    z = "zero-delay C=32"
-    ratio = med[(z, args.processes)]["chunks_per_s"] / med[(z, 1)]["chunks_per_s"]
-    print(f"\naggregate chunks/s, {args.processes} processes / 1 (zero-delay, median of {args.repeats}): {ratio:.2f}x")
+    for z in (k for k in args.scenarios if k.startswith("zero-delay")):
+        ratio = med[(z, args.processes)]["chunks_per_s"] / med[(z, 1)]["chunks_per_s"]
+        print(f"aggregate chunks/s, {args.processes} processes / 1 ({z}, median of {args.repeats}): {ratio:.2f}x")
     return 0
 
 
