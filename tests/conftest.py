@@ -155,42 +155,37 @@ class Served:
         return httpx2.Client(base_url=self.url, timeout=timeout)
 
 
+def _spawn_target(name: str, cfg: dict[str, Any], log_dir: Path, model: str) -> Served:
+    port = free_port()
+    so, se = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--model", model, "--config-json", json.dumps(cfg)]
+    with so.open("wb") as fo, se.open("wb") as fe:
+        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+    return Served(proc, f"http://127.0.0.1:{port}", cfg, so, se)
+
+
+PORT_TAKEN = "address already in use"  # free_port's port was taken before the server bound it: pick another
+
+
 @contextmanager
 def reference_targets(
     configs: dict[str, dict[str, Any]], log_dir: Path, model: str = "ref-model"
 ) -> Iterator[dict[str, Served]]:
-    """Start every configuration at once (start-up is mostly imports), wait for each, stop all at the end."""
-    out: dict[str, Served] = {}
+    """Start every configuration at once (start-up is mostly imports), wait for each, stop all at the end. A
+    server that lost its port to another process between free_port and its bind is started again on a new one."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    for name, cfg in configs.items():
-        port = free_port()
-        so, se = log_dir / f"{name}.out", log_dir / f"{name}.err"
-        with so.open("wb") as fo, se.open("wb") as fe:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "caseledger.target",
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--model",
-                    model,
-                    "--config-json",
-                    json.dumps(cfg),
-                ],
-                stdout=fo,
-                stderr=fe,
-                stdin=subprocess.DEVNULL,
-            )
-        out[name] = Served(proc, f"http://127.0.0.1:{port}", cfg, so, se)
+    out = {name: _spawn_target(name, cfg, log_dir, model) for name, cfg in configs.items()}
     try:
-        for name, s in out.items():
-            deadline = time.monotonic() + 30
+        for name in out:
+            deadline, respawns = time.monotonic() + 30, 0
             while True:
-                assert s.proc.poll() is None, f"reference target {name} exited: {s.stderr.read_text()[-500:]}"
+                s = out[name]
+                if s.proc.poll() is not None:
+                    err = s.stderr.read_text()
+                    assert PORT_TAKEN in err.lower() and respawns < 3, f"reference target {name} exited: {err[-500:]}"
+                    out[name], respawns = _spawn_target(name, s.config, log_dir, model), respawns + 1
+                    continue
                 try:
                     if httpx2.get(s.url + "/health", timeout=1).status_code == 200:
                         break
