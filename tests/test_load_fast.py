@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -26,6 +27,7 @@ from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.fast import FastStreamer, _Pool, fast_target
 from caseledger.load.plan import RequestSpec, request_body
+from caseledger.load.stamped import SO_TIMESTAMPNS, StampedTransport
 from caseledger.load.transport import TRANSPORT_ENV, HttpxStreamer, Streamer
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import Workspace, read_json
@@ -543,3 +545,94 @@ def test_a_cancelled_load_records_every_request_of_the_launched_first_wave() -> 
     got = anyio.run(go)
     assert sorted(r["i"] for r in got) == [0, 1, 2, 3] and len(seen) == 4
     assert all(r["error_class"] == "client" and r["error"] == "cancelled" for r in got)
+
+
+def test_a_read_is_timed_when_its_bytes_reached_the_host_not_when_a_busy_loop_got_to_them() -> None:
+    """The second event arrives while the client's event loop is blocked (as it is when it is busy with other
+    streams): its time point is the kernel's receive time (load/stamped.py), about when the server wrote it,
+    not the moment the loop read it 0.3 s after the first event."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    first, second = SSE_BODY.split(b"\n\n", 1)
+    sent: dict[str, int] = {}
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += conn.recv(65536)
+            head, body = got.split(b"\r\n\r\n", 1)
+            length = int(re.findall(rb"content-length: (\d+)", head.lower())[0])
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            conn.sendall(b"%x\r\n%s\r\n" % (len(first) + 2, first + b"\n\n"))
+            time.sleep(0.1)
+            sent["second"] = time.monotonic_ns()
+            conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(second), second))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def go() -> list[tuple[int, int]]:
+        s = FastStreamer(1)
+        times: list[tuple[int, int]] = []  # (time point, when the loop got the piece)
+        try:
+            spec = make_spec(0, f"http://127.0.0.1:{port}", "completions")
+            async with s.post(spec.url, spec.body, {}) as resp:
+                async for t, _ in resp.aiter_timed():
+                    times.append((t, time.monotonic_ns()))
+                    if len(times) == 1:
+                        time.sleep(0.3)  # the loop is blocked: the second event arrives meanwhile
+        finally:
+            await s.aclose()
+        return times
+
+    try:
+        times = asyncio.run(go())
+    finally:
+        thread.join(5)
+        srv.close()
+    assert len(times) == 2, times
+    (t2, read2) = times[1]
+    assert read2 - sent["second"] > 150e6, (read2 - sent["second"]) / 1e6  # the loop did get to it late
+    assert 0 <= t2 - sent["second"] < 20e6, (t2 - sent["second"]) / 1e6  # but it is timed at its arrival
+
+
+def test_a_kernel_stamp_is_kept_only_when_it_is_plausible() -> None:
+    """From the future, earlier than the connection's previous stamp, or older than a minute (a clock step),
+    a read falls back to its own monotonic time; a plausible one is moved onto CLOCK_MONOTONIC."""
+
+    class Quiet:
+        def connection_made(self, transport: StampedTransport) -> None: ...
+        def stamped_data(self, data: bytes, rx_ns: int) -> None: ...
+        def eof_received(self) -> bool | None:
+            return None
+
+        def connection_lost(self, exc: Exception | None) -> None: ...
+
+    def cmsg(wall_ns: int) -> list[tuple[int, int, bytes]]:
+        return [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", *divmod(wall_ns, 1_000_000_000)))]
+
+    async def go() -> None:
+        a, b = socket.socketpair()
+        t = StampedTransport(asyncio.get_running_loop(), a, Quiet())
+        try:
+            wall, mono = time.time_ns(), time.monotonic_ns()
+            kept = t._stamp(cmsg(wall - 5_000_000))  # arrived 5 ms ago
+            assert abs(kept - (mono - 5_000_000)) < 2_000_000, (kept - mono) / 1e6
+            before = time.monotonic_ns()
+            assert t._stamp(cmsg(time.time_ns() + 10**9)) >= before  # a second in the future
+            before = time.monotonic_ns()
+            assert t._stamp(cmsg(wall - 5_000_000)) >= before  # earlier than the previous read's
+            before = time.monotonic_ns()
+            assert t._stamp(cmsg(time.time_ns() - 120 * 10**9)) >= before  # two minutes old
+            before = time.monotonic_ns()
+            assert t._stamp([]) >= before  # no stamp at all
+        finally:
+            t.abort()
+            b.close()
+            await asyncio.sleep(0)
+
+    asyncio.run(go())

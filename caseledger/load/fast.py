@@ -10,9 +10,10 @@ one connect per request (~47 µs of loop time each) had spread the 64 first send
 seen, or pending on the socket) is never written to: the request opens a fresh connection instead; one
 whose first write failed (nothing was sent) likewise. A request already written is never sent again.
 
-httptools parses the status line, the headers and the body framing (chunked, Content-Length, or until
-close); body bytes reach `aiter_raw` as one piece per socket read, and SSE splitting stays above the seam
-(sse.SSEParser). Failures are mapped like HttpxStreamer's: ConnectFailed before the response headers,
+Each connection's socket is read by stamped.StampedTransport, so a read's time point is the kernel's receive
+time of its bytes, not the moment the loop got to them. httptools parses the status line, the headers and the
+body framing (chunked, Content-Length, or until close); body bytes reach `aiter_raw` as one piece per socket
+read, and SSE splitting stays above the seam (sse.SSEParser). Failures are mapped like HttpxStreamer's: ConnectFailed before the response headers,
 StreamBroken after, with httpx's error names in the message; timeouts stay with the caller
 (`anyio.fail_after` around the whole request).
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from caseledger.load.stamped import StampedTransport, connect
 from caseledger.load.transport import ConnectFailed, HttpxStreamer, StreamBroken, StreamResponse
 
 READ_HIGH_WATER = 1 << 20  # unread body bytes at which the socket stops being read (an error body, say)
@@ -83,10 +84,10 @@ class _Exchange(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket | None = None) -> None:
         self._loop = loop
         self._parser = httptools.HttpResponseParser(self)
-        self._transport: asyncio.Transport | None = None
+        self._transport: StampedTransport | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._body: list[bytes] = []
-        self._rx: list[int] = []  # arrival (monotonic ns) of each piece of _body: its data_received call
+        self._rx: list[int] = []  # arrival (monotonic ns) of each piece of _body: its read's kernel stamp
         self._rx_ns = 0
         self._buffered = 0
         self._paused = False
@@ -104,14 +105,13 @@ class _Exchange(asyncio.Protocol):
         self.complete = False
         self.error: str | None = None  # why the connection failed before the message was complete
 
-    # ---- asyncio.Protocol -------------------------------------------------------------------------
+    # ---- stamped.Receiver -------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: StampedTransport) -> None:
         self._transport = transport
 
-    def data_received(self, data: bytes) -> None:
-        self._rx_ns = time.monotonic_ns()  # the time point: the bytes' arrival, before any parsing
+    def stamped_data(self, data: bytes, rx_ns: int) -> None:
+        self._rx_ns = rx_ns  # the time point: the bytes' arrival at this host (stamped.py), before any parsing
         if not self.sent:  # an idle pre-opened connection: no response is due (a 408 before closing, say)
             self.stale = True
             return
@@ -243,7 +243,7 @@ class _Exchange(asyncio.Protocol):
             yield data
 
     async def aiter_timed(self) -> AsyncIterator[tuple[int, bytes]]:
-        """Body bytes with their arrival time: pieces of one data_received call together, each call apart."""
+        """Body bytes with their arrival time: pieces of one read together, each read apart."""
         body, rx = self._body, self._rx
         while True:
             if body:
@@ -295,7 +295,7 @@ class _Pool:
         ex = _Exchange(loop, sock)
         try:
             await loop.sock_connect(sock, addr)
-            await loop.create_connection(lambda: ex, sock=sock)
+            StampedTransport(loop, sock, ex)
         except OSError:
             sock.close()  # refused, say: the request connects itself and records the error
             return
@@ -364,7 +364,7 @@ class _Post:
 
     async def _connect(self, ex: _Exchange) -> None:
         try:
-            await asyncio.get_running_loop().create_connection(lambda: ex, self._target.host, self._target.port)
+            await connect(asyncio.get_running_loop(), self._target.host, self._target.port, ex)
         except OSError as e:  # refused, unreachable, name not resolved
             ex.close()
             raise ConnectFailed(f"ConnectError: {e}") from e
