@@ -201,7 +201,7 @@ def main() -> int:
             order = counts if rep % 2 == 0 else counts[::-1]
             for scenario in args.scenarios:
                 for p in order:
-                    work = Path(tmp) / f"{rep}-{p}-{scenario.split()[0]}"
+                    work = Path(tmp) / f"{rep}-{p}-{list(SCENARIOS).index(scenario)}"
                     work.mkdir()
                     got = one(work, scenario, p, args.pin)
                     rows.setdefault((scenario, p), []).append(got)

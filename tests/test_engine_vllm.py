@@ -256,21 +256,28 @@ def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) 
 
 def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_engine(vllm: Vllm) -> None:
     ws = vllm.ws
-    case = freeze_case(ws, draft=vllm.template(scenario="vllm-kill"))
+    # C=2: four waves of two, so after the first record three waves (seconds on this CPU) are still to come; at C=4
+    # the second wave could end while a status call was still reading the ledger, and the kill then met no load
+    case = freeze_case(ws, draft=vllm.template(scenario="vllm-kill", load={"concurrency": 2}))
     r = start_run(ws, case.case_id)
     assert r.run_id is not None
     paths = ws.run(r.run_id)
     deadline = time.monotonic() + TIMEOUT
-    while not (paths.raw.exists() and paths.raw.stat().st_size > 0):  # some requests done, others in flight
+    while not paths.phase_file("service").exists():  # the service phase is over: its evidence names the pid
         s = phase_status(ws, r.run_id)
         assert time.monotonic() < deadline and s.state not in ("failed", "succeeded"), s.text()
-        time.sleep(0.05)
+        time.sleep(0.2)
     ev = service_evidence(ws, r.run_id)
     old = int(ev["pid"])
+    while not (paths.raw.exists() and paths.raw.stat().st_size > 0):  # some requests done, others in flight
+        assert time.monotonic() < deadline, phase_status(ws, r.run_id).text()
+        time.sleep(0.01)  # only a stat: nothing between the first record and the kill but this loop
     os.killpg(old, signal.SIGKILL)  # the API server, its engine core and its worker: the whole session
+    killed_at = len(records(ws, r.run_id))
     while (s := phase_status(ws, r.run_id)).state not in ("failed", "succeeded") or s.owner_alive:
         assert time.monotonic() < deadline, s.text()  # settled: failed, and its controller gone
         time.sleep(0.2)
+    assert 0 < killed_at < N, killed_at  # the kill met a load in progress
     assert s.state == "failed" and s.phase == "load" and s.failure_class == "service", s.text()
     assert s.resume_runs[:1] == ["service"] and s.next_restarts_service, s.text()
 
