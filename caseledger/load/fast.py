@@ -14,8 +14,8 @@ Each connection's socket is read by stamped.StampedTransport, so a read's time p
 time of its bytes, not the moment the loop got to them. httptools parses the status line, the headers and the
 body framing (chunked, Content-Length, or until close); body bytes reach `aiter_raw` as one piece per socket
 read, and SSE splitting stays above the seam (sse.SSEParser). Failures are mapped like HttpxStreamer's:
-ConnectFailed before the response headers, StreamBroken after, with httpx's error names in the message; timeouts stay with the caller
-(`anyio.fail_after` around the whole request).
+ConnectFailed before the response headers, StreamBroken after, with httpx's error names in the message; timeouts stay
+with the caller (`anyio.fail_after` around the whole request).
 """
 
 from __future__ import annotations
