@@ -10,6 +10,7 @@
     ├── NothingToResume             the run has no phase left to repair
     ├── PhaseFailed                 a phase ended in failure (.failure_class: FailureClass, short error)
     ├── EvidenceChanged             raw data or another sealed file differs from its recorded sha256
+    ├── EvidenceInvalid             a phase file does not read as its phase's evidence model (file, fields named)
     ├── ResultConflict              a result directory already holds a different result (no version bump)
     ├── RemoteError                 an SSH connection or remote command failed (user@host:port named)
     ├── AisbenchImportError         a directory is not a readable AISBench perf output (also a ValueError)
@@ -192,6 +193,11 @@ class PhaseFailed(CaseledgerError):
 
 class EvidenceChanged(CaseledgerError):
     """Evidence on disk (raw records) no longer matches the sha256 recorded when it was sealed."""
+
+
+class EvidenceInvalid(CaseledgerError):
+    """A phase file (phases/<phase>.json) does not read as its phase's evidence model: edited since, or written by
+    another version. The message names the file and each field that failed."""
 
 
 class ResultConflict(CaseledgerError):

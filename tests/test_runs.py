@@ -370,3 +370,58 @@ def test_phase_evidence_round_trips_through_its_model_with_the_keys_it_always_ha
         assert sorted(_key_paths(data)) == OLD_EVIDENCE_KEYS[phase], phase
         body = data if "outcome" in model.model_fields else {k: v for k, v in data.items() if k != "outcome"}
         assert model.model_validate(body).evidence() == body, phase  # read back and written again: unchanged
+
+
+def test_the_summary_reads_phase_files_through_their_models_and_names_the_file_and_field_it_cannot_read(
+    ws: Workspace, stop_services: None
+) -> None:
+    from caseledger.errors import EvidenceInvalid
+    from caseledger.ledger.evidence import CachePrepareEvidence, LoadEvidence, read_evidence
+    from caseledger.tools import summarize
+
+    draft = ref_draft(
+        free_port(),
+        dataset={"source": "prefix_cache", "input_tokens": 1024, "output_tokens": 4, "prefix_ratio": 0.9,
+                 "block_size": 16, "prefix_groups": 2},
+        cache={"min_hit_ratio": 0.9},
+    )  # fmt: skip
+    r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True)
+    assert r.state == "succeeded", r.text()
+    paths = ws.run(r.run_id)
+    cp, load = read_evidence(paths, "cache_prepare"), read_evidence(paths, "load")
+    assert isinstance(cp, CachePrepareEvidence) and cp.seed is not None
+    assert isinstance(load, LoadEvidence) and load.client_timing
+    # what the report shows of them is the models' values
+    assert summarize(ws, run_ids=[r.run_id]).runs[0].results_extracted
+    tl = orjson.loads(paths.report_json.read_bytes())["time_ledger"]
+    assert tl["cache_check"] == {"requests": cp.check.requests, "wall_s": cp.check.wall_s,
+                                 "latency_sum_s": cp.check.latency_sum_s}  # fmt: skip
+    assert tl["cache_seed"]["requests"] == cp.seed.requests
+    assert load.client_timing["line"] in paths.report_md.read_text()
+
+    def write(phase: str, body: dict[str, Any]) -> None:
+        paths.phase_file(phase).write_bytes(orjson.dumps(body))
+
+    good = {p: orjson.loads(paths.phase_file(p).read_bytes()) for p in ("load", "cache_prepare")}
+    # an unknown key (a dict reader would have read no client timing, silently)
+    write("load", {("client_timings" if k == "client_timing" else k): v for k, v in good["load"].items()})
+    with pytest.raises(EvidenceInvalid) as e:
+        summarize(ws, run_ids=[r.run_id])
+    assert f"ledger/runs/{r.run_id}/phases/load.json does not read as LoadEvidence: " in e.value.message
+    assert "client_timings: Extra inputs are not permitted" in e.value.message
+    assert (e.value.run_id, e.value.phase) == (r.run_id, "load") and "events.jsonl" in e.value.fix
+    write("load", good["load"])
+    # a wrong type in a nested field
+    write("cache_prepare", {**good["cache_prepare"], "check": {**good["cache_prepare"]["check"], "requests": "eight"}})
+    with pytest.raises(EvidenceInvalid) as e:
+        summarize(ws, run_ids=[r.run_id])
+    assert (
+        f"ledger/runs/{r.run_id}/phases/cache_prepare.json does not read as CachePrepareEvidence: " in e.value.message
+    )
+    assert "check.requests: Input should be a valid integer" in e.value.message
+    # the fix holds: restored from its phase_ended event, the file reads again and the report is unchanged
+    ended = [e for e in read_events(paths).events if e["type"] == "phase_ended" and e["phase"] == "cache_prepare"]
+    write("cache_prepare", {"phase": "cache_prepare", "attempt": ended[-1]["attempt"], "error": None,
+                            **ended[-1]["data"]})  # fmt: skip
+    assert summarize(ws, run_ids=[r.run_id]).runs[0].results_extracted
+    assert orjson.loads(paths.report_json.read_bytes())["time_ledger"] == tl

@@ -17,8 +17,10 @@ from caseledger.campaign.model import Scalar
 from caseledger.campaign.store import Campaign, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
+from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.ledger import authorization
+from caseledger.ledger.evidence import ServiceRecord, read_evidence
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
 from caseledger.metrics import Interval, Result, interval, latest_result
@@ -301,8 +303,8 @@ def _progress(
         tl = time_ledger(load_run(ws, m.run_id))
         runs += 1
         formal += float(tl.get("formal_window_s") or 0.0)
-        svc = read_json_or_none(ws.run(m.run_id).phase_file("service")) or {}
-        if svc.get("outcome") == "done":
+        svc = read_evidence(ws.run(m.run_id), Phase.SERVICE)
+        if isinstance(svc, ServiceRecord) and svc.outcome == "done":  # started by this run (not reused)
             starts += 1
         end = _end_of(tl, m)
         last_end = max(last_end, end or 0.0)

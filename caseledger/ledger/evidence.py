@@ -6,6 +6,9 @@ components, one `ComponentRecord` per component inside it. Fields a form does no
 left out of the JSON, so each form's evidence reads as before: a launched process (argv intended and read
 back, files, env hashes, pid, starts), a remote one (host, login, host-key policy), an external endpoint
 (the models it serves, its identity command's output).
+
+Readers outside run/ (the time ledger, the report, the campaign view) read a phase file back through
+`read_evidence`: the phase's model, never a dict.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caseledger.workspace import read_json_or_none
+from caseledger.errors import EvidenceInvalid
+from caseledger.workspace import RunPaths, read_json_or_none
 
 ServiceOutcome = Literal["done", "reused", "skipped"]
 """done: started (or, external, probed) by this phase; reused: a live process with the case's identity kept
@@ -287,3 +291,53 @@ class DecideEvidence(Evidence):
     decision: str | None
     missing: list[str]
     baseline: str | None
+
+
+EVIDENCE_OF_PHASE: dict[str, type[Evidence]] = {
+    "preflight": PreflightEvidence,
+    "warmup": WarmupEvidence,
+    "route_verify": RouteVerifyEvidence,
+    "cache_prepare": CachePrepareEvidence,
+    "load": LoadEvidence,
+    "confirm_end": ConfirmEndEvidence,
+    "postprocess": PostprocessEvidence,
+    "decide": DecideEvidence,
+}
+"""The model of each phase's evidence when the phase did its work (the service phase's is `ServiceRecord`)."""
+
+_ENVELOPE = ("phase", "attempt", "error")  # what the controller writes around the evidence in a phase file
+
+
+def read_evidence(paths: RunPaths, phase: str) -> PhaseEvidence | None:
+    """The evidence a finished phase wrote to phases/<phase>.json, read through its model: `ServiceRecord` for the
+    service phase, `NotRun` for a phase the plan reused or skipped, else `EVIDENCE_OF_PHASE[phase]`. None: no
+    evidence (the phase has not ended, its file is torn, or it failed: a failed phase's file holds its failure).
+    A file that does not read as its model raises EvidenceInvalid naming the file and each field."""
+    path = paths.phase_file(phase)
+    data = read_json_or_none(path)
+    if not isinstance(data, dict):
+        return None
+    body = {k: v for k, v in data.items() if k not in _ENVELOPE}
+    outcome = body.pop("outcome", None)
+    if outcome == "failed":
+        return None
+    if phase == "service":
+        model: type[Evidence] | type[ServiceRecord] = ServiceRecord
+    elif outcome == "done" or "outcome" in EVIDENCE_OF_PHASE[phase].model_fields:  # the load's: done or reused
+        model = EVIDENCE_OF_PHASE[phase]
+    else:
+        model = NotRun  # reused or skipped (any other outcome fails on NotRun's outcome field)
+    if "outcome" in model.model_fields:
+        body["outcome"] = outcome
+    try:
+        return ServiceRecord.of(body) if model is ServiceRecord else model.model_validate(body)
+    except ValidationError as e:
+        where = "/".join(path.parts[-5:])  # ledger/runs/<run>/phases/<phase>.json
+        fields = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(the file)'}: {err['msg']}" for err in e.errors())
+        raise EvidenceInvalid(
+            f"{where} does not read as {model.__name__}: {fields}",
+            "the phase's phase_ended event in events.jsonl carries the same evidence: restore the file from it "
+            "(if this version wrote it, report it as a caseledger bug)",
+            run_id=paths.run_id,
+            phase=phase,
+        ) from None

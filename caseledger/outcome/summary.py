@@ -19,6 +19,7 @@ from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import with_current_decision
 from caseledger.errors import CaseledgerError
+from caseledger.ledger.evidence import CachePrepareEvidence, LoadEvidence, read_evidence
 from caseledger.ledger.index import Index, RunRow, open_index
 from caseledger.ledger.runs import Run, RunMeta, load_run
 from caseledger.ledger.state import fold
@@ -265,14 +266,15 @@ def time_ledger(run: Run) -> dict[str, Any]:  # a JSON section of report.json
             if ended:
                 out["run_wall_s"] = round(ended - created, 3)
                 out["outside_formal_window_s"] = round(ended - created - (last_end - first_send), 3)
-    cp = read_json_or_none(paths.phase_file(Phase.CACHE_PREPARE)) or {}
-    for part in ("seed", "check"):
-        if part in cp:
-            out[f"cache_{part}"] = {
-                "requests": cp[part]["requests"],
-                "wall_s": cp[part]["wall_s"],
-                "latency_sum_s": cp[part]["latency_sum_s"],
-            }
+    cp = read_evidence(paths, Phase.CACHE_PREPARE)
+    if isinstance(cp, CachePrepareEvidence):  # seeded and checked (not reused or skipped)
+        for part, sent in (("seed", cp.seed), ("check", cp.check)):
+            if sent is not None:
+                out[f"cache_{part}"] = {
+                    "requests": sent.requests,
+                    "wall_s": sent.wall_s,
+                    "latency_sum_s": sent.latency_sum_s,
+                }
     return out
 
 
@@ -384,7 +386,8 @@ def write_reports(
     clock = read_json_or_none(paths.load_clock)  # a load client on another host (load.host): the clock relation
     read_by = read_json_or_none(paths.load_dir / "metrics_read_by.json")  # {metrics_before, metrics_after}
     rows.update(report.load_host_rows(clock, read_by))
-    timing = ((read_json_or_none(paths.phase_file("load")) or {}).get("client_timing") or {}).get("line")
+    load = read_evidence(paths, Phase.LOAD)
+    timing = load.client_timing.get("line") if isinstance(load, LoadEvidence) and load.client_timing else None
     rows.update({"client timing": timing} if timing else {})  # the load client's own timing uncertainty
     with contextlib.suppress(CaseledgerError):  # the dataset's realized lengths, where its identity is at hand
         rows.update(report.lengths_rows(datasets.load_identity(run.workspace, run.meta.dataset())))
