@@ -32,8 +32,12 @@ import errno
 import os
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from caseledger.redact import cut as mask_and_cut
+
+if TYPE_CHECKING:
+    from caseledger.ledger.evidence import FailureEvidence  # a type only: the ledger's model of the phase file
 
 ECHO_CHARS = 80  # echoed input (an id, a path, a value) is cut to this many characters
 MESSAGE_CHARS = 1200  # a whole error message or fix as shown
@@ -184,11 +188,13 @@ class PhaseFailed(CaseledgerError):
         *,
         run_id: str | None = None,
         phase: str | None = None,
-        evidence: dict[str, object] | None = None,
+        evidence: FailureEvidence | None = None,
     ) -> None:
         super().__init__(message, fix, run_id=run_id, phase=phase)
         self.failure_class = FailureClass(failure_class)
-        self.evidence = evidence or {}  # recorded with the failed phase (e.g. service_problem: resume restarts it)
+        self.evidence: FailureEvidence = (
+            evidence or {}
+        )  # recorded with the failed phase (e.g. service_problem: resume restarts it)
 
 
 class EvidenceChanged(CaseledgerError):

@@ -23,6 +23,13 @@ class ProcRef(TypedDict):
     host: str
 
 
+class LoadRef(ProcRef, total=False):
+    """A load client's process reference (load/pid.json, load/p<k>/pid.json): on a load host, `gone_utc` once it
+    was seen gone there (`elsewhere` then asks no more)."""
+
+    gone_utc: str
+
+
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat (clock ticks since boot), or None when the process is gone."""
     try:

@@ -368,3 +368,75 @@ def test_a_run_process_imports_only_what_its_phase_uses(entry: str) -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT.parent
     ).stdout
     assert sorted(set(out.split()) & LIGHT_ENTRIES[entry]) == []
+
+
+def _private_reaches(modules: dict[str, Path]) -> list[str]:
+    """Where a module of caseledger/ reaches into another one's private name: `from caseledger.x import _y`, or
+    `x._y` with `x` bound to an imported caseledger module. A private module (a package's `_store.py`) is a
+    module, not a name, and an alias (`import lengths as _lengths`) names a module: neither is a reach."""
+    out = []
+    for mod, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(), str(path))
+        is_pkg = path.name == "__init__.py"
+        bound: dict[str, str] = {}  # local name -> the caseledger module it holds
+
+        def private(name: str, home: str) -> bool:
+            return name.startswith("_") and not name.endswith("__") and f"{home}.{name}" not in modules
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:  # `import a.b.c` binds a; `import a.b.c as x` binds x to a.b.c
+                    if a.name in modules:
+                        bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - node.level + 1]
+                    base = ".".join(pkg) + (f".{node.module}" if node.module else "")
+                if base.split(".")[0] != "caseledger":
+                    continue
+                for a in node.names:
+                    if f"{base}.{a.name}" in modules:
+                        bound[a.asname or a.name] = f"{base}.{a.name}"
+                    elif private(a.name, base):
+                        out.append(f"{mod}:{node.lineno} imports {base}.{a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and private(node.attr, "?"):
+                dotted = ast.unparse(node.value)
+                head, _, rest = dotted.partition(".")
+                home = bound.get(head)
+                target = f"{home}.{rest}" if home and rest else home
+                if target in modules and target != mod and private(node.attr, target):
+                    out.append(f"{mod}:{node.lineno} uses {target}.{node.attr}")
+    return out
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    bad = _private_reaches(MODULES)
+    assert bad == [], "make each name public (drop the underscore) or keep it inside its module:\n" + "\n".join(bad)
+
+
+def test_the_private_reach_finder_names_each_kind_of_reach(tmp_path: Path) -> None:
+    pkg = tmp_path / "caseledger"
+    (pkg / "run").mkdir(parents=True)
+    (pkg / "run" / "a.py").write_text("_x = 1\n_T = 2\n__all__ = ['y']\n")
+    (pkg / "run" / "_store.py").write_text("")
+    (pkg / "run" / "b.py").write_text(
+        "from caseledger.run.a import _x\n"
+        "from caseledger.run import a, _store\n"
+        "from caseledger.run import a as _a\n"
+        "import caseledger.run.a\n"
+        "print(a._T, _a._x, a.__all__, _store, caseledger.run.a._x, _a.y, self._z)\n"
+    )
+    mods = {
+        "caseledger.run.a": pkg / "run" / "a.py",
+        "caseledger.run._store": pkg / "run" / "_store.py",
+        "caseledger.run.b": pkg / "run" / "b.py",
+    }
+    assert _private_reaches(mods) == [
+        "caseledger.run.b:1 imports caseledger.run.a._x",
+        "caseledger.run.b:5 uses caseledger.run.a._T",
+        "caseledger.run.b:5 uses caseledger.run.a._x",
+        "caseledger.run.b:5 uses caseledger.run.a._x",
+    ]

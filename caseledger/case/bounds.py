@@ -38,13 +38,13 @@ PATTERN_RULES = {
 }
 
 
-class _Model(BaseModel):
+class SectionModel(BaseModel):
     """The base of every case section: frozen, no unknown fields, finite floats; built on first use."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
-class _OmitAtDefault(_Model):
+class OmitAtDefault(SectionModel):
     """A case section with fields added after cases were frozen: each named in `omit_at_default` is left out of
     the canonical JSON while it holds its default, so the cases frozen before it existed keep their ids."""
 

@@ -15,12 +15,12 @@ from caseledger.case.bounds import (
     MAX_THINK_MS,
     MAX_TOKENS,
     MAX_TURNS,
-    _Model,
-    _OmitAtDefault,
+    OmitAtDefault,
+    SectionModel,
 )
 
 
-class LengthDistribution(_Model):
+class LengthDistribution(SectionModel):
     """A length drawn per entry (dataset.input_tokens or dataset.output_tokens as an object), seeded by
     dataset.seed: fixed, uniform on [min, max], or normal / lognormal truncated to [min, max] and rounded."""
 
@@ -106,7 +106,7 @@ _LengthField = Annotated[
 ]
 
 
-class Sessions(_Model):
+class Sessions(SectionModel):
     """Multi-turn conversations (dataset.sessions, source 'synthetic'): `count` conversations of `turns` turns
     each. Every turn sends the conversation so far (the earlier user messages and the replies the server gave)
     plus a new user message of dataset.input_tokens body tokens, and asks dataset.output_tokens; turn k leaves
@@ -159,7 +159,7 @@ def longest(x: Length) -> int:
     return x if isinstance(x, int) else x.longest
 
 
-class Dataset(_OmitAtDefault):
+class Dataset(OmitAtDefault):
     omit_at_default = ("sha256", "sessions")  # added after cases were frozen: out of the canonical JSON at default
     source: Literal["synthetic", "prefix_cache", "file", "trace"] = Field(
         "synthetic",

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from caseledger.case.bounds import MAX_TIMEOUT_S, _Model, _OmitAtDefault
+from caseledger.case.bounds import MAX_TIMEOUT_S, OmitAtDefault, SectionModel
 from caseledger.case.metrics import PrimaryMetric
 
 _MAX_LIMIT_MS = MAX_TIMEOUT_S * 1000  # a latency limit above one day is a typo
@@ -23,7 +23,7 @@ def _limit(what: str) -> Any:
     )
 
 
-class Limits(_Model):
+class Limits(SectionModel):
     """Upper bounds on window latency percentiles: a run above one is 'close (limit ...)' whatever its
     throughput, and never the scenario's best."""
 
@@ -52,7 +52,7 @@ def _slo(what: str) -> Any:
     )
 
 
-class Goodput(_Model):
+class Goodput(SectionModel):
     """Per-request limits of goodput (as vLLM's --goodput and AIPerf's define it): good requests per second are
     successful requests whose own TTFT, TPOT and E2E are each at most the limits set here."""
 
@@ -67,7 +67,7 @@ class Goodput(_Model):
         return self
 
 
-class Decision(_OmitAtDefault):
+class Decision(OmitAtDefault):
     omit_at_default = ("limits", "goodput")  # added after cases were frozen: out of the canonical JSON at default
     primary_metric: PrimaryMetric = Field(
         "output_throughput_per_card", description="Metric the decision compares; 'goodput' needs decision.goodput"

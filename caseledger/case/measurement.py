@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from caseledger.case.bounds import MAX_REQUESTS, MAX_TIMEOUT_S, _Model, _OmitAtDefault
+from caseledger.case.bounds import MAX_REQUESTS, MAX_TIMEOUT_S, OmitAtDefault, SectionModel
 from caseledger.records import NativeRule
 
 
-class Window(_Model):
+class Window(SectionModel):
     min_requests: int = Field(
         1, ge=1, le=MAX_REQUESTS, strict=True, description="Fewest requests for the window to count (1..1000000)"
     )
@@ -33,7 +33,7 @@ class NativeWindow(Window):
     ratio: float = Field(0.9, gt=0, le=1, strict=True, description="sglang rule: share of the peak concurrency")
 
 
-class Evidence(_Model):
+class Evidence(SectionModel):
     """When a window's evidence is not trusted: its figures are then NOT_OBSERVED or flagged as distorted, and the
     decision is 'insufficient' naming why."""
 
@@ -62,7 +62,7 @@ class Evidence(_Model):
     )
 
 
-class Measurement(_OmitAtDefault):
+class Measurement(OmitAtDefault):
     omit_at_default = ("evidence",)  # added after cases were frozen: out of the canonical JSON at default
     whole: Window = Field(default_factory=Window, description="Whole window: first send to last end")
     native: NativeWindow = Field(default_factory=NativeWindow, description="Native (steady-state) window")

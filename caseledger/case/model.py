@@ -26,8 +26,8 @@ from caseledger.case.bounds import (
     MAX_TOKENS,
     MAX_URL,
     MIN_EVENT_BYTES,
-    _Model,
-    _OmitAtDefault,
+    OmitAtDefault,
+    SectionModel,
 )
 from caseledger.case.dataset import Dataset as Dataset
 from caseledger.case.dataset import LengthDistribution as LengthDistribution
@@ -125,7 +125,7 @@ class LoadHostShare(LoadHost):
         return self
 
 
-class Load(_OmitAtDefault):
+class Load(OmitAtDefault):
     omit_at_default = (
         "host",
         "hosts",
@@ -289,7 +289,7 @@ class Load(_OmitAtDefault):
         return self
 
 
-class Warmup(_Model):
+class Warmup(SectionModel):
     requests: int = Field(
         4,
         ge=0,
@@ -303,7 +303,7 @@ class Warmup(_Model):
     )
 
 
-class Cache(_Model):
+class Cache(SectionModel):
     min_hit_ratio: float | None = Field(
         None,
         ge=0,
@@ -315,7 +315,7 @@ class Cache(_Model):
     check_requests: int = Field(2, ge=1, le=10_000, strict=True, description="Check requests per route (1..10000)")
 
 
-class Case(_Model):
+class Case(SectionModel):
     """A case: what to measure. Frozen under the hash of its canonical JSON."""
 
     schema_: str | None = Field(

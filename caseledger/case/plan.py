@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from caseledger.case.bounds import _Model
+from caseledger.case.bounds import SectionModel
 from caseledger.case.decision import Decision
 from caseledger.case.model import Case
 from caseledger.errors import FailureClass
@@ -118,13 +118,13 @@ FAILURE_OF_PHASE: dict[Phase, FailureClass] = {
 }
 
 
-class PlanStep(_Model):
+class PlanStep(SectionModel):
     phase: Phase
     action: Literal["run", "reuse", "check", "skip"]
     reason: str
 
 
-class DeltaItem(_Model):
+class DeltaItem(SectionModel):
     path: str
     old: Any
     new: Any

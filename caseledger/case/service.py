@@ -20,8 +20,8 @@ from caseledger.case.bounds import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_URL,
-    _Model,
-    _OmitAtDefault,
+    OmitAtDefault,
+    SectionModel,
 )
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
@@ -29,7 +29,7 @@ _Arg = Annotated[str, StringConstraints(max_length=MAX_ARG)]
 _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
-class ReferenceConfig(_Model):
+class ReferenceConfig(SectionModel):
     """Performance model of the embedded reference target (adapter 'reference')."""
 
     prefill_tokens_per_s: float = Field(
@@ -92,7 +92,7 @@ class ReferenceConfig(_Model):
     )
 
 
-class SSH(_Model):
+class SSH(SectionModel):
     """An SSH login on the host that runs the service (adapter 'command'). Only paths are stored: the key file
     is referenced, never read into the ledger, events or reports."""
 
@@ -150,7 +150,7 @@ class SSH(_Model):
 _LLAMA_FLAG = {"draft_model": "-md", "spec_type": "--spec-type", "draft_max": "--spec-draft-n-max"}
 
 
-class Speculative(_Model):
+class Speculative(SectionModel):
     """Speculative decoding of a command-adapter service. Each field fills its placeholder in service.argv
     ({draft_model}, {spec_type}, {draft_max}), so changing one is a service change: a restart with the new argv."""
 
@@ -183,7 +183,7 @@ SPECULATIVE_PLACEHOLDERS = tuple("{" + name + "}" for name in Speculative.model_
 """The argv placeholders filled from service.speculative: {draft_model}, {spec_type}, {draft_max}."""
 
 
-class FileRef(_Model):
+class FileRef(SectionModel):
     """A file that defines a component (weights, expert layout, config): its content hash joins the component's
     identity, and `held` files are checked in the live process's open and mapped files."""
 
@@ -210,7 +210,7 @@ class FileRef(_Model):
 _PLACEHOLDERS = ("{host}", "{port}", "{model}")
 
 
-class Component(_Model):
+class Component(SectionModel):
     """One process of a multi-process service (prefill, decode, router, a DP route...). Each is started,
     verified, reused and repaired on its own: a child changing only one component's argv restarts that one."""
 
@@ -312,7 +312,7 @@ KIND_TRAITS: Mapping[AdapterKind, KindTraits] = MappingProxyType(
 )
 
 
-class Service(_OmitAtDefault):
+class Service(OmitAtDefault):
     omit_at_default = (
         "speculative",
         "components",

@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from caseledger.case.bounds import MAX_PATH, MAX_URL, _Model, _OmitAtDefault
+from caseledger.case.bounds import MAX_PATH, MAX_URL, OmitAtDefault, SectionModel
 from caseledger.case.service import SSH
 
 
-class Endpoint(_Model):
+class Endpoint(SectionModel):
     base_url: str = Field(
         description="OpenAI-compatible base URL including /v1, e.g. http://127.0.0.1:18080/v1 (at most 2048 "
         "characters)",
@@ -26,7 +26,7 @@ class Endpoint(_Model):
     )
 
 
-class Target(_OmitAtDefault):
+class Target(OmitAtDefault):
     omit_at_default = (
         "context_tokens",
         "lease_host",

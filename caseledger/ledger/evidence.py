@@ -14,7 +14,7 @@ Readers outside run/ (the time ledger, the report, the campaign view) read a pha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Required, Self, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -225,6 +225,57 @@ class PartialLoad(Evidence):
     in_flight_lost: int
     never_sent: int
     reason: str
+
+
+class LoadEnd(TypedDict, total=False):
+    """load/end.json as a load client wrote it (or load/parts.py merged the processes' ones), read by the load and
+    confirm_end phases: the counts are always there, the rest as the client that wrote it had it."""
+
+    planned: Required[int]
+    sent: Required[int]
+    done: Required[int]
+    ok: Required[int]
+    failed: Required[int]
+    chunks: int
+    first_send_ns: int | None
+    last_end_ns: int | None
+    wall_start_utc: str
+    wall_end_utc: str
+    cpu_user_s: float
+    cpu_sys_s: float
+    cpu_load_user_s: float
+    cpu_load_sys_s: float
+    plan_sha256: str
+    transport: str
+    nice: int
+    exit: str  # complete | cancelled | disk_full
+    reason: str  # disk_full: what the disk refused
+    signal: str  # cancelled: the signal that stopped the load
+    processes: list[dict[str, Any]]  # JSON: load/parts.py's merge, one row per process
+
+
+class FailureEvidence(TypedDict, total=False):
+    """What a failed phase records beside its failure class and fix (phases/<phase>.json and its end
+    event): PhaseFailed.evidence."""
+
+    service_problem: str  # the service was found unfit: resume starts it once before the phase again
+    reattached: bool  # a load on load hosts whose link was lost: it had re-attached to running clients
+    hosts: list[dict[str, Any]]  # JSON: run/remote_hosts.py's row of each load host (LoadEvidence.hosts)
+
+
+class PhaseAttempt(BaseModel):
+    """What the next attempt reads back of phases/<phase>.json as any attempt wrote it (failed too): which attempt
+    it was, its failure class and its error. Empty when no attempt wrote the file."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")  # the rest of the file is that attempt's evidence
+    attempt: int | None = None
+    failure_class: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def read(cls, path: Path) -> PhaseAttempt:
+        data = read_json_or_none(path)
+        return cls.model_validate(data) if isinstance(data, dict) else cls()
 
 
 class LoadEvidence(Evidence):

@@ -19,13 +19,14 @@ from caseledger.faults import fault
 from caseledger.ledger.evidence import (
     ConfirmEndEvidence,
     DecideEvidence,
+    LoadEnd,
     PartialLoad,
     PostprocessEnv,
     PostprocessEvidence,
 )
 from caseledger.ledger.runs import Run
 from caseledger.outcome import summary
-from caseledger.procs import child_env
+from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
 from caseledger.run import remote_load
 from caseledger.workspace import RunPaths, read_json_or_none, sha256_file
@@ -35,8 +36,8 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
     """The load client gone, its raw records counted against its end file (or a partial load's record) and
     sealed with their sha256; PhaseFailed end_unknown while that cannot be confirmed."""
     paths, reused = run.paths, bool(run.meta.load_reuse)
-    end = read_json_or_none(paths.load_end)
-    partial = read_json_or_none(paths.load_partial)
+    end: LoadEnd | None = read_json_or_none(paths.load_end)  # JSON: load/end.json as the load client wrote it
+    partial = read_json_or_none(paths.load_partial)  # JSON: load/partial.json, as PartialLoad wrote it
     if end is None and partial is not None:
         n = len(read_records(paths.raw).records)
         if procs.alive(read_json_or_none(paths.load_pid)):
@@ -53,7 +54,7 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
         )
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
-    pid = read_json_or_none(paths.load_pid)
+    pid: LoadRef | None = read_json_or_none(paths.load_pid)  # JSON: load/pid.json
     if not reused and run.case.load.host is not None and not remote_load.confirm_gone(run):
         raise PhaseFailed(
             f"load client on {remote_load.where(run.case.load.host)} still alive after its end file",
@@ -61,10 +62,10 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
             "resume waits for it",
         )
     deadline = time.monotonic() + 30
-    while not reused and procs.alive(pid) and time.monotonic() < deadline:
+    while not reused and pid is not None and procs.alive(pid) and time.monotonic() < deadline:
         # the client is our child when we started it: reap it so it does not linger as a zombie
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
+            os.waitpid(int(pid["pid"]), os.WNOHANG)
         time.sleep(0.05)  # it wrote its end file and is exiting
     if not reused and procs.alive(pid):
         raise PhaseFailed(

@@ -386,13 +386,12 @@ class Controller:
                     self.renew()
 
         if self.case.load.total_processes > 1:  # several client processes: their own start, wait and merge
-            # run/load_parts.py answers with the evidence as a JSON dict
-            return LoadEvidence.model_validate(load_parts.load(self.run_, attempt, event))
+            return load_parts.load(self.run_, attempt, event)
         return phases.load(self.run_, attempt, event)
 
     def phase_confirm_end(self, attempt: int) -> ConfirmEndEvidence:
-        if self.case.load.total_processes > 1:  # run/load_parts.py answers with the evidence as a JSON dict
-            return ConfirmEndEvidence.model_validate(load_parts.confirm_end(self.run_))
+        if self.case.load.total_processes > 1:  # several client processes: each one's records and end file
+            return load_parts.confirm_end(self.run_)
         return after_load.confirm_end(self.run_)
 
     def phase_postprocess(self, attempt: int) -> PostprocessEvidence:

@@ -5,10 +5,12 @@ one's share of the raw disk, waits until every one has built its plan (load/p<k>
 (load/go, naming the monotonic instant every schedule starts at). From the go on no client of the run is ever
 spawned again: a resume re-attaches to the live ones and takes the others' files as they are, so a killed
 process's sent-but-unrecorded requests are never re-sent (its sent.log says how many). When every process has
-ended or is gone, load/parts.py merges their files into load/ and the one-process checks follow (_load_ended).
+ended or is gone, load/parts.py merges their files into load/ and the one-process checks follow (load_ended).
 On load hosts (load.host with load.processes, or load.hosts) the processes run there (run/remote_load.py: started
 armed, one go for every host, followed and copied back per process into load/p<k>/, sealed); the merge, the
-counts and the checks here are the same, each host's clock offset applied by the merge.
+counts and the checks here are the same, each host's clock offset applied by the merge. Between here and
+run/phases.py the values are typed: end files (LoadEnd), the previous attempt (PhaseAttempt), process references
+(procs.LoadRef), the evidence (LoadEvidence, ConfirmEndEvidence).
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 from caseledger import procs
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
+from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PartialLoad, PhaseAttempt
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concurrency
 from caseledger.load.plan import plan_of, raw_bytes_needed
+from caseledger.procs import LoadRef
 from caseledger.records import read_records
-from caseledger.run import phases, remote_load
+from caseledger.run import after_load, phases, remote_load
+from caseledger.run.load_watch import LoadWatch
 from caseledger.workspace import PartPaths, read_json_or_none, sha256_file, write_json
 
 EXIT_WAIT_S = 30.0
@@ -40,30 +44,30 @@ def _started(run: Run, parts: list[PartPaths]) -> bool:
     )
 
 
-def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]:  # JSON: phases/load.json's evidence
+def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence. On load hosts
     (load.host, load.hosts) run/remote_load.py starts, follows and copies them; the merge is the same."""
     paths, case = run.paths, run.case
     parts = [paths.load_part(k) for k in range(case.load.total_processes)]
     end, prev = phases.set_aside(run, attempt)
     if end is not None:  # merged by a controller that died before it recorded the phase
-        return phases._load_ended(run, end, prev, {"reattached": True, "processes": len(parts)})
+        return phases.load_ended(run, end, prev, LoadEvidence(reattached=True, processes=len(parts)))
     if case.load.host_shares():
         ends, info = _remote(run, parts, event, prev, attempt)
     else:
         reattached = _started(run, parts)
         if reattached:
-            refs = [read_json_or_none(p.load_pid) for p in parts]
+            refs: list[LoadRef | None] = [read_json_or_none(p.load_pid) for p in parts]  # JSON: load/p<k>/pid.json
         else:
             refs = _start(run, parts, event, prev, attempt)
             checkpoint("controller", "during", "load", delay_s=0.5)
-        ends, info = _wait_all(run, parts, refs, event), {"reattached": reattached}
+        ends, info = _wait_all(run, parts, refs, event), LoadEvidence(reattached=reattached)
     merged = merge(paths, parts, plan_of(run).digest())
-    info["processes"] = merged.per_part
+    info = info.merged(LoadEvidence(processes=merged.per_part))
     gone = [k for k, e in enumerate(ends) if e is None]
     if gone:
         if attempt > 1:
-            return {**phases.accept_partial(paths, run.meta.planned, merged.records), **info}
+            return phases.partial_load(paths, run.meta.planned, merged.records).merged(info)
         raise PhaseFailed(
             f"load client process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {len(parts)} "
             f"exited without an end file: {merged.records} of {run.meta.planned} requests recorded",
@@ -71,32 +75,31 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> dict[str, Any]: 
             "formal requests are never re-sent automatically; the raw records of every process are kept (resume "
             "finishes on them)",
         )
-    end = read_json_or_none(paths.load_end)
+    end = read_json_or_none(paths.load_end)  # JSON: load/end.json as merge wrote it
     assert end is not None
-    return phases._load_ended(run, end, prev, info)
+    return phases.load_ended(run, end, prev, info)
 
 
-# JSON: prev as phases.set_aside read it; the end files; run_parts's answer, spread into the load evidence
 def _remote(
-    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: dict[str, Any], attempt: int
-) -> tuple[list[dict[str, Any] | None], dict[str, Any]]:
+    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: PhaseAttempt, attempt: int
+) -> tuple[list[LoadEnd | None], LoadEvidence]:
     """The processes on the load hosts: the checks before the first formal request (once), then run_parts."""
     if not run.paths.load_go.exists():
         phases.before_formal_load(run, prev)
         for part in parts:
             part.load_dir.mkdir(parents=True, exist_ok=True)
         run.paths.load_abort.unlink(missing_ok=True)
-        phases._counters(run, run.paths.metrics_before)
+        phases.read_counters(run, run.paths.metrics_before)
     key_env = run.case.target.api_key_env  # the clients' only variable from here: the API key, on the channel
     env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
-    got = remote_load.run_parts(run, parts, env, event, attempt)
-    return got.pop("ends"), got
+    got = remote_load.run_parts(run, parts, env, event, attempt)  # JSON: run/remote_hosts.py answers with a dict
+    ends: list[LoadEnd | None] = got.pop("ends")  # JSON: the end files as copied back from the load hosts
+    return ends, LoadEvidence.model_validate(got)
 
 
-# JSON: prev as phases.set_aside read it; the refs spawn_client wrote to load/p<k>/pid.json
 def _start(
-    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: dict[str, Any], attempt: int
-) -> list[dict[str, Any] | None]:
+    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: PhaseAttempt, attempt: int
+) -> list[LoadRef | None]:
     """The checks before the first formal request, the P armed clients, their disk, one go."""
     paths, case = run.paths, run.case
     phases.before_formal_load(run, prev)
@@ -104,23 +107,22 @@ def _start(
     for part, c in zip(parts, shares, strict=True):
         part.load_dir.mkdir(parents=True, exist_ok=True)
         part.load_ready.unlink(missing_ok=True)  # a ready of an earlier controller's clients is not theirs
-        phases._reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
+        phases.reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
     paths.load_abort.unlink(missing_ok=True)  # an abort left by an earlier attempt would stop the new clients
-    phases._snapshot(case, paths.metrics_before)
-    refs: list[dict[str, Any] | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]  # JSON: pid.json
+    phases.snapshot_counters(case, paths.metrics_before)
+    refs: list[LoadRef | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]
     _wait_ready(run, parts, refs)
     write_json(paths.load_go, go_record())
     event(
         "load_client_started",
         phase="load",
         attempt=attempt,
-        data={"pids": [(r or {}).get("pid") for r in refs], "processes": len(parts), "armed": True},
+        data={"pids": [r["pid"] if r else None for r in refs], "processes": len(parts), "armed": True},
     )
     return refs
 
 
-# JSON: refs as load/p<k>/pid.json holds them
-def _wait_ready(run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | None]) -> None:
+def _wait_ready(run: Run, parts: list[PartPaths], refs: list[LoadRef | None]) -> None:
     """Every process has built its plan and waits for the go; one that exits first stops them all (nothing sent)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not all(p.load_ready.exists() for p in parts):
@@ -138,7 +140,7 @@ def _wait_ready(run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | No
         time.sleep(0.02)
 
 
-def _abort(run: Run, refs: list[dict[str, Any] | None]) -> None:  # JSON: refs as in load/p<k>/pid.json
+def _abort(run: Run, refs: list[LoadRef | None]) -> None:
     run.paths.load_abort.touch()
     for ref in refs:
         if ref is not None and procs.alive(ref):
@@ -154,19 +156,20 @@ def _last_line(part: PartPaths) -> str:
     return lines[-1][-300:] if lines else "it exited without a word"
 
 
-def _reap(ref: dict[str, Any] | None) -> None:  # JSON: a ref as load/p<k>/pid.json holds it
-    with contextlib.suppress(ChildProcessError, TypeError, KeyError, ValueError):
-        os.waitpid(int((ref or {})["pid"]), os.WNOHANG)  # our child when we started it: no zombie
+def _reap(ref: LoadRef | None) -> None:
+    if ref is None:
+        return
+    with contextlib.suppress(ChildProcessError, TypeError, KeyError, ValueError):  # a pid.json of another form
+        os.waitpid(int(ref["pid"]), os.WNOHANG)  # our child when we started it: no zombie
 
 
-# JSON: refs as load/p<k>/pid.json holds them; the end files as the processes wrote them
 def _wait_all(
-    run: Run, parts: list[PartPaths], refs: list[dict[str, Any] | None], event: Callable[..., None]
-) -> list[dict[str, Any] | None]:
+    run: Run, parts: list[PartPaths], refs: list[LoadRef | None], event: Callable[..., None]
+) -> list[LoadEnd | None]:
     """Wait until every process has written its end file or is gone; the end files (None: gone without one)."""
     live = [r for r in refs if r is not None]
-    watch = phases._LoadWatch(run, live[0] if live else None, event, live[1:])
-    ends: list[dict[str, Any] | None] = [read_json_or_none(p.load_end) for p in parts]  # JSON: end.json files
+    watch = LoadWatch(run, live[0] if live else None, event, live[1:])
+    ends: list[LoadEnd | None] = [read_json_or_none(p.load_end) for p in parts]  # JSON: the end.json files
     try:
         while True:
             watch.tick()
@@ -189,12 +192,12 @@ def _wait_all(
     return ends
 
 
-def confirm_end(run: Run) -> dict[str, Any]:  # JSON: phases/confirm_end.json's evidence
+def confirm_end(run: Run) -> ConfirmEndEvidence:
     """Every process gone; each one's raw records equal its end file's count; the merged stream equals the sum.
     (A load reused from a parent run has no processes here: the one-process check.)"""
     paths = run.paths
     if run.meta.load_reuse:
-        return phases.confirm_end(run)
+        return after_load.confirm_end(run)
     parts = paths.load_parts()
     if run.case.load.host_shares():  # on load hosts: asked there over SSH
         there = remote_load.parts_alive(run, parts)
@@ -204,7 +207,7 @@ def confirm_end(run: Run) -> dict[str, Any]:  # JSON: phases/confirm_end.json's 
                 FailureClass.END_UNKNOWN,
                 "resume waits",
             )
-    refs = [read_json_or_none(p.load_pid) for p in parts]
+    refs: list[LoadRef | None] = [read_json_or_none(p.load_pid) for p in parts]  # JSON: load/p<k>/pid.json
     deadline = time.monotonic() + EXIT_WAIT_S
     while any(procs.alive(r) for r in refs) and time.monotonic() < deadline:
         for r in refs:
@@ -215,26 +218,29 @@ def confirm_end(run: Run) -> dict[str, Any]:  # JSON: phases/confirm_end.json's 
         raise PhaseFailed(
             f"load client process {alive[0]} of {len(parts)} still alive", FailureClass.END_UNKNOWN, "resume waits"
         )
-    end, partial = read_json_or_none(paths.load_end), read_json_or_none(paths.load_partial)
+    end: LoadEnd | None = read_json_or_none(paths.load_end)  # JSON: load/end.json as merge wrote it
+    partial = read_json_or_none(paths.load_partial)  # JSON: load/partial.json, as PartialLoad wrote it
     n = len(read_records(paths.raw).records)
     if end is None and partial is not None:
-        return {
-            "client_gone": True,
-            "end_file": False,
-            "records": n,
-            "planned": partial["planned"],
-            "partial": partial,
-            "all_accounted": False,
-            "processes": len(parts),
-            "raw_sha256": sha256_file(paths.raw),
-        }
+        kept = PartialLoad.model_validate(partial)
+        return ConfirmEndEvidence(
+            client_gone=True,
+            end_file=False,
+            records=n,
+            planned=kept.planned,
+            partial=kept,
+            all_accounted=False,
+            processes=len(parts),
+            raw_sha256=sha256_file(paths.raw),
+        )
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client processes and raw records")
     for k, part in enumerate(parts):
-        own, mine = read_json_or_none(part.load_end) or {}, len(read_records(part.raw).records)
-        if mine != own.get("done"):
+        own: LoadEnd | None = read_json_or_none(part.load_end)  # JSON: load/p<k>/end.json
+        theirs, mine = own.get("done") if own else None, len(read_records(part.raw).records)
+        if mine != theirs:
             raise PhaseFailed(
-                f"process {k}: raw records {mine} != its end file's done {own.get('done')}",
+                f"process {k}: raw records {mine} != its end file's done {theirs}",
                 FailureClass.END_UNKNOWN,
                 "resume re-checks; nothing is re-sent",
             )
@@ -244,13 +250,13 @@ def confirm_end(run: Run) -> dict[str, Any]:  # JSON: phases/confirm_end.json's 
             FailureClass.END_UNKNOWN,
             "resume merges again; nothing is re-sent",
         )
-    return {
-        "client_gone": True,
-        "end_file": True,
-        "records": n,
-        "planned": end["planned"],
-        "sent": end["sent"],
-        "all_accounted": n == end["sent"] == end["planned"],
-        "processes": len(parts),
-        "raw_sha256": sha256_file(paths.raw),
-    }
+    return ConfirmEndEvidence(
+        client_gone=True,
+        end_file=True,
+        records=n,
+        planned=end["planned"],
+        sent=end["sent"],
+        all_accounted=n == end["sent"] == end["planned"],
+        processes=len(parts),
+        raw_sha256=sha256_file(paths.raw),
+    )

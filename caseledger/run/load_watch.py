@@ -7,7 +7,6 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import orjson
 
@@ -15,6 +14,7 @@ from caseledger import procs
 from caseledger.case.plan import Phase
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
+from caseledger.procs import LoadRef
 
 STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (status shows it at once)
 HOST_SAMPLE_S = 0.5
@@ -27,9 +27,9 @@ class LoadWatch:
     def __init__(
         self,
         run: Run,
-        client: dict[str, Any] | None,  # JSON: a process reference {pid, start_time, host}, as procs reads it
+        client: LoadRef | None,
         event: Callable[..., None],
-        more: list[dict[str, Any]] | None = None,  # JSON: the same, for each other process
+        more: list[LoadRef] | None = None,  # the other client processes of a shared load
     ) -> None:
         self.paths, self.client, self.event = run.paths, client, event
         self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
@@ -53,7 +53,9 @@ class LoadWatch:
             self.stopped_since = now if self.stopped_since is None else self.stopped_since
             if not self.recorded and now - self.stopped_since >= STALL_EVENT_S:
                 self.recorded = True
-                self.event("load_client_stopped", phase="load", data={"pid": (self.client or {}).get("pid")})
+                self.event(
+                    "load_client_stopped", phase="load", data={"pid": self.client["pid"] if self.client else None}
+                )
         elif self.stopped_since is not None:
             if self.recorded:
                 self.stops.append(round(now - self.stopped_since, 3))
@@ -64,12 +66,7 @@ class LoadWatch:
         os.close(self.fd)
 
 
-# JSON: client and more are process references {pid, start_time, host}, as procs reads them
-def _our_sessions(
-    run: Run,
-    client: dict[str, Any] | None,  # JSON: process refs
-    more: list[dict[str, Any]] | None = None,  # JSON: process refs
-) -> set[int]:
+def _our_sessions(run: Run, client: LoadRef | None, more: list[LoadRef] | None = None) -> set[int]:
     """Sessions whose CPU is the measurement's own: the load clients', the service processes' and this
     controller's (each is started in a session of its own, so an engine's workers count with it)."""
     pids = [os.getpid(), *([int(client["pid"])] if client else []), *(int(c["pid"]) for c in more or [])]

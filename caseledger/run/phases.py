@@ -4,8 +4,9 @@ file, its failures classed; a load reused from a parent run. Its evidence is a `
 
 The other phases' bodies: run/prepare.py (warmup, route_verify, cache_prepare), run/after_load.py
 (confirm_end, postprocess, decide); the load's watch and failure classes: run/load_watch.py,
-run/load_failures.py. run/load_parts.py (load.processes > 1) calls this module's names with JSON dicts:
-those seams keep their dict signatures and convert at the boundary.
+run/load_failures.py. run/load_parts.py (load.processes > 1) calls this module's names with the same typed
+values: the end file (LoadEnd), the previous attempt (PhaseAttempt), process references (procs.LoadRef) and the
+load evidence (LoadEvidence); JSON dicts only where a file is read or written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx2 as httpx
 
@@ -28,38 +28,35 @@ from caseledger.case.plan import Phase
 from caseledger.case.target import origin
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
-from caseledger.ledger.evidence import LoadEvidence, PartialLoad
+from caseledger.ledger.evidence import LoadEnd, LoadEvidence, PartialLoad, PhaseAttempt
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import client_timing
 from caseledger.load.plan import raw_bytes_needed
-from caseledger.procs import child_env
+from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
-from caseledger.run import after_load, remote_load
+from caseledger.run import remote_load
 from caseledger.run.load_failures import check_failures, wait_idle
 from caseledger.run.load_watch import LoadWatch
 from caseledger.workspace import PartPaths, RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
-_LoadWatch = LoadWatch  # the name run/load_parts.py uses
 
-
-# JSON: load/end.json as the load client wrote it, and phases/load.json as any attempt (failed too) wrote it
-def set_aside(run: Run, attempt: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def set_aside(run: Run, attempt: int) -> tuple[LoadEnd | None, PhaseAttempt]:
     """(the end file, the previous load attempt's record); a load whose previous attempt failed in a resend class
     (the formal entry rejected every request, or the service died under it) is kept aside, marked, and the
     load/ directory starts empty: the load is sent again."""
     paths = run.paths
     paths.load_dir.mkdir(parents=True, exist_ok=True)
-    end = read_json_or_none(paths.load_end)
-    prev = read_json_or_none(paths.phase_file("load")) or {}
-    if end is not None and prev.get("failure_class") in RESEND_CLASSES:
-        old = paths.load_attempt_dir(int(prev.get("attempt", attempt - 1)))
+    end: LoadEnd | None = read_json_or_none(paths.load_end)  # JSON: load/end.json as the load client wrote it
+    prev = PhaseAttempt.read(paths.phase_file("load"))
+    if end is not None and prev.failure_class in RESEND_CLASSES:
+        old = paths.load_attempt_dir(prev.attempt if prev.attempt is not None else attempt - 1)
         paths.load_dir.rename(old)
         write_json(
             old / "superseded.json",
             {
-                "failure_class": prev.get("failure_class"),
-                "error": redact.mask_obj(prev.get("error")),
+                "failure_class": prev.failure_class,
+                "error": redact.mask_obj(prev.error),
                 "superseded_by_attempt": attempt,
             },
         )
@@ -77,7 +74,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     end, prev = set_aside(run, attempt)
     if case.load.host is not None:
         return _load_remote(run, attempt, event, prev, end)
-    pid = read_json_or_none(paths.load_pid)
+    pid: LoadRef | None = read_json_or_none(paths.load_pid)  # JSON: load/pid.json as spawn_client wrote it
     reattached = False
     go = paths.load_go
     if end is None and procs.alive(pid) and go.exists():
@@ -94,9 +91,9 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
                 "formal requests are never re-sent automatically; the raw records are kept",
             )
         before_formal_load(run, prev)
-        _reserve_raw(paths, case, raw_bytes_needed(run))
-        _snapshot(case, paths.metrics_before)
-        armed = read_json_or_none(paths.load_armed)
+        reserve_raw(paths, case, raw_bytes_needed(run))
+        snapshot_counters(case, paths.metrics_before)
+        armed: LoadRef | None = read_json_or_none(paths.load_armed)  # JSON: load/armed.json (spawn_client's)
         if armed and procs.alive(armed) and not paths.load_anchor.exists():
             pid = armed  # spawned while preflight ran: it has imported and built its plan already
         else:
@@ -108,8 +105,9 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     while end is None:
         watch.tick()
         if not procs.alive(pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(int((pid or {})["pid"]), os.WNOHANG)
+            if pid is not None:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(pid["pid"]), os.WNOHANG)
             end = read_json_or_none(paths.load_end)
             if end is None:
                 time.sleep(0.2)
@@ -131,7 +129,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     return load_ended(run, end, prev, seen)
 
 
-def before_formal_load(run: Run, prev: dict[str, Any]) -> None:  # JSON: prev as set_aside read it
+def before_formal_load(run: Run, prev: PhaseAttempt) -> None:
     """Right before the first formal request (one client process or several): the service re-verified, and what
     an abandoned attempt left queued at the engine drained, so it cannot overlap this load."""
     problem = services.check_live(run.workspace, run.case, run.meta.target_key or "")
@@ -142,13 +140,12 @@ def before_formal_load(run: Run, prev: dict[str, Any]) -> None:  # JSON: prev as
             "resume starts the service once, then warmup and the load (nothing was sent)",
             evidence={"service_problem": problem},
         )
-    if prev.get("failure_class") in RESEND_CLASSES:
+    if prev.failure_class in RESEND_CLASSES:
         wait_idle(run.case)
 
 
-# JSON: prev and end as set_aside read them
 def _load_remote(
-    run: Run, attempt: int, event: Callable[..., None], prev: dict[str, Any], end: dict[str, Any] | None
+    run: Run, attempt: int, event: Callable[..., None], prev: PhaseAttempt, end: LoadEnd | None
 ) -> LoadEvidence:
     """The load client on load.host (run/remote_load.py): started once per run, followed, its raw data copied
     back and sealed; a lost link is end_unknown (the client keeps running, resume re-attaches)."""
@@ -164,13 +161,13 @@ def _load_remote(
                     "resume starts the service once, then warmup and the load (nothing was sent)",
                     evidence={"service_problem": problem},
                 )
-            if prev.get("failure_class") in RESEND_CLASSES:
+            if prev.failure_class in RESEND_CLASSES:
                 wait_idle(case)
-            _counters(run, paths.metrics_before)
+            read_counters(run, paths.metrics_before)
         key_env = case.target.api_key_env  # the client's only variable from here: the API key, on the channel
         env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
         got = remote_load.run_load(run, env, event, attempt)
-        end = got.pop("end")
+        end = got.pop("end")  # JSON: load/end.json as copied back from the load host
         extra = LoadEvidence.model_validate(got)  # run/remote_load.py answers with a JSON dict
         if end is None:
             n_raw = len(read_records(paths.raw).records)
@@ -184,18 +181,12 @@ def _load_remote(
     return load_ended(run, end, prev, extra)
 
 
-# JSON: run/load_parts.py's seam: it passes its evidence as a dict and spreads the answer into its own
-def _load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    return load_ended(run, end, prev, LoadEvidence.model_validate(extra)).evidence()
-
-
-# JSON: end and prev as set_aside read them
-def load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: LoadEvidence) -> LoadEvidence:
-    """The checks after the load client's end file (JSON, local or remote); the load evidence: `extra` (how the
-    load was followed) with the end file's counts."""
+def load_ended(run: Run, end: LoadEnd, prev: PhaseAttempt, extra: LoadEvidence) -> LoadEvidence:
+    """The checks after the load client's end file (local or remote, or the merge of several processes'); the
+    load evidence: `extra` (how the load was followed) with the end file's counts."""
     paths, case, planned = run.paths, run.case, run.meta.planned
-    read_by = _counters(run, paths.metrics_after)
-    if end.get("exit") == "disk_full" and prev.get("failure_class") != FailureClass.DISK:
+    read_by = read_counters(run, paths.metrics_after)
+    if end.get("exit") == "disk_full" and prev.failure_class != FailureClass.DISK:
         raise PhaseFailed(
             f"{end.get('reason')}: {end['done']} of {planned} requests recorded, {planned - end['sent']} never sent",
             FailureClass.DISK,
@@ -230,7 +221,7 @@ def load_ended(run: Run, end: dict[str, Any], prev: dict[str, Any], extra: LoadE
     return extra.merged(ended)
 
 
-def _reserve_raw(paths: RunPaths, case: Case, need: int) -> None:
+def reserve_raw(paths: RunPaths, case: Case, need: int) -> None:
     """Allocate the disk the raw records will need before the first formal request is sent: a full disk
     then refuses the load with nothing sent, instead of losing the records of requests that were served.
     need: bytes for this raw file (the whole load's, or one process's share of a shared load)."""
@@ -248,11 +239,6 @@ def _reserve_raw(paths: RunPaths, case: Case, need: int) -> None:
             FailureClass.DISK,
             "free disk space, then resume: the load starts from its first request",
         )
-
-
-# JSON: run/load_parts.py's seam: it spreads the answer into its own dict
-def accept_partial(paths: RunPaths, planned: int, done: int) -> dict[str, Any]:
-    return partial_load(paths, planned, done).evidence()
 
 
 def partial_load(paths: RunPaths, planned: int, done: int) -> LoadEvidence:
@@ -277,9 +263,9 @@ def partial_load(paths: RunPaths, planned: int, done: int) -> LoadEvidence:
     return LoadEvidence(outcome="done", partial=True, **partial.model_dump())
 
 
-# JSON: the process reference {pid, start_time, host} written to load/pid.json, as procs and leases read it
-def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
-    """Start the load client detached. Armed: it loads everything, then waits for load/go (or abort)."""
+def spawn_client(paths: RunPaths, armed: bool, case: Case) -> LoadRef:
+    """Start the load client detached; its process reference, written to load/pid.json (and load/armed.json) as
+    procs and leases read it. Armed: it loads everything, then waits for load/go (or abort)."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(keep=case.env_names())  # its API key variable, nothing else of the caller's
     if armed:
@@ -295,14 +281,14 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> dict[str, Any]:
             start_new_session=True,
             close_fds=True,
         )
-    pid = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+    pid: LoadRef = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
     write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
     if armed:
         write_json(paths.load_armed, pid)
     return pid
 
 
-def arm_client(run: Run) -> dict[str, Any] | None:  # JSON: spawn_client's process reference
+def arm_client(run: Run) -> LoadRef | None:
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
     paths = run.paths
     if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host_shares():
@@ -318,18 +304,18 @@ def arm_client(run: Run) -> dict[str, Any] | None:  # JSON: spawn_client's proce
 
 def disarm_client(paths: RunPaths) -> None:
     """An earlier phase failed: the armed client must exit without sending anything."""
-    armed = read_json_or_none(paths.load_armed)
+    armed: LoadRef | None = read_json_or_none(paths.load_armed)  # JSON: load/armed.json (spawn_client's)
     if armed and not paths.load_anchor.exists() and not paths.load_go.exists():
         paths.load_abort.touch()
         procs.terminate(armed, grace_s=2.0)
     for part in paths.load_parts():  # the processes of a shared load, spawned armed by the load phase
-        ref = read_json_or_none(part.load_armed)
+        ref: LoadRef | None = read_json_or_none(part.load_armed)  # JSON: load/p<k>/armed.json
         if ref and not paths.load_go.exists():
             paths.load_abort.touch()
             procs.terminate(ref, grace_s=2.0)
 
 
-def _snapshot(case: Case, dest: Path) -> str | None:
+def snapshot_counters(case: Case, dest: Path) -> str | None:
     """Prometheus counters before/after the formal load (spec decode); absence is recorded, not fatal. Who read
     them (this host), or None."""
     url = case.target.metrics_url or origin(case.target.endpoints[0].base_url) + "/metrics"
@@ -344,10 +330,10 @@ def _snapshot(case: Case, dest: Path) -> str | None:
     return None
 
 
-def _counters(run: Run, dest: Path) -> str | None:
+def read_counters(run: Run, dest: Path) -> str | None:
     """The counters snapshot from the host that can reach /metrics: the controller, else the load host (load.host,
     over SSH). Which host read them, or None (the .missing file says why)."""
-    by = _snapshot(run.case, dest)
+    by = snapshot_counters(run.case, dest)
     if by is None and run.case.load.host_shares():
         by = remote_load.snapshot_metrics(run, dest)
     with contextlib.suppress(OSError):
@@ -371,8 +357,3 @@ def reuse_parent_load(run: Run) -> LoadEvidence:
         if f.is_file() and f.name != "pid.json":
             shutil.copy2(f, paths.load_dir / f.name)
     return LoadEvidence(outcome="reused", source_run=source, raw_sha256=sha256_file(paths.raw))
-
-
-# JSON: run/load_parts.py's seam (a reused load's confirm_end; it answers in dicts)
-def confirm_end(run: Run) -> dict[str, Any]:
-    return after_load.confirm_end(run).evidence()

@@ -27,15 +27,15 @@ from caseledger.run.remote_link import (
     Clock,
     Link,
     LinkLost,
-    _clock,
-    _named,
-    _script,
-    _sha256s,
+    load_host_error,
+    read_clock,
     record_path,
     remote_run_dir,
+    run_script,
+    sha256s,
     where,
 )
-from caseledger.run.remote_preflight import PREFLIGHT_TIMEOUT_S, _copy_verified
+from caseledger.run.remote_preflight import PREFLIGHT_TIMEOUT_S, copy_verified
 from caseledger.services import remote
 from caseledger.workspace import PartPaths, RunPaths, atomic_write, read_json_or_none, sha256_file, utc_now, write_json
 
@@ -107,16 +107,16 @@ class Follower:
         """Once per host: the inputs copied and verified, an earlier attempt's remote load directory set aside,
         the clock measured (returned)."""
         host = self.host
-        await self.link.call(lambda c: _copy_verified(c, self.run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
+        await self.link.call(lambda c: copy_verified(c, self.run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
         await self.link.call(self._set_aside)
-        clock: Clock = await self.link.call(lambda c: _clock(c, host), timeout_s=30)
+        clock: Clock = await self.link.call(lambda c: read_clock(c, host), timeout_s=30)
         return clock
 
     async def start(self, env: dict[str, str], clock: Clock) -> ProcRef:
         """Start this client (remote.json first: from here on no second launch); its ref."""
         host, paths = self.host, self.paths
         paths.load_dir.mkdir(parents=True, exist_ok=True)
-        _clock_record(paths, host, clock, None)  # kept for a resume, whatever happens to this controller
+        clock_record(paths, host, clock, None)  # kept for a resume, whatever happens to this controller
         write_json(
             record_path(paths),
             {
@@ -139,7 +139,7 @@ class Follower:
                 pid, started = await remote.launch_async(conn, argv, env, f"{self.rload}/client.log")
         except RemoteError as e:  # the launch script refused (no setsid, log not writable): nothing started
             record_path(paths).unlink(missing_ok=True)
-            named = _named(e)
+            named = load_host_error(e)
             raise PhaseFailed(
                 f"load host {where(host)}: {named.message}",
                 FailureClass.BEFORE_MODEL,
@@ -162,7 +162,7 @@ class Follower:
         Ended: its end file, or every process's of several, or aborted before any process sent (no anchor)."""
         d = f"{self.rdir}/load"
         q = shlex.quote(d)
-        status, out = await _script(
+        status, out = await run_script(
             conn,
             "\n".join(
                 [
@@ -193,7 +193,7 @@ class Follower:
         """The client's pid from the remote pid.json (a launch whose answer was lost), or None."""
 
         async def read(conn: asyncssh.SSHClientConnection) -> bytes:
-            _, out = await _script(conn, f"cat {shlex.quote(self.rload + '/pid.json')} 2>/dev/null")
+            _, out = await run_script(conn, f"cat {shlex.quote(self.rload + '/pid.json')} 2>/dev/null")
             return out
 
         data = await self.link.call(read)
@@ -219,7 +219,7 @@ class Follower:
                 'test -f "$d/anchor.json" && echo anchor || echo none',
             ]
         )
-        status, out = await _script(conn, script)
+        status, out = await run_script(conn, script)
         if status != 0:
             raise RemoteError(f"reading {self.rload} on the load host failed (exit {status})", "resume")
         end_s, prog_s, rest = [*out.split(b"\n--\n"), b"", b"", b""][:3]
@@ -243,7 +243,7 @@ class Follower:
 
     async def _fetch(self, conn: asyncssh.SSHClientConnection, name: str, offset: int, size: int) -> bytes:
         n = min(size - offset, CHUNK_BYTES)
-        status, out = await _script(
+        status, out = await run_script(
             conn, f"tail -c +{offset + 1} -- {shlex.quote(self.rload + '/' + name)} | head -c {n}"
         )
         if status != 0:
@@ -273,7 +273,7 @@ class Follower:
 
     async def _copy_whole(self, name: str) -> bytes | None:
         async def read(conn: asyncssh.SSHClientConnection) -> tuple[int, bytes]:
-            return await _script(conn, f"cat -- {shlex.quote(self.rload + '/' + name)}")
+            return await run_script(conn, f"cat -- {shlex.quote(self.rload + '/' + name)}")
 
         status, out = await self.link.call(read)
         return out if status == 0 else None
@@ -287,7 +287,7 @@ class Follower:
                 continue
 
             async def head_sha(conn: asyncssh.SSHClientConnection, nm: str = name, k: int = n) -> str:
-                _, out = await _script(conn, f"head -c {k} -- {shlex.quote(self.rload + '/' + nm)} | sha256sum")
+                _, out = await run_script(conn, f"head -c {k} -- {shlex.quote(self.rload + '/' + nm)} | sha256sum")
                 return out.decode(errors="replace").split(" ")[0]
 
             if await self.link.call(head_sha) != hashlib.sha256(local.read_bytes()).hexdigest():
@@ -333,7 +333,7 @@ class Follower:
         """The local copies' sha256 must equal the remote files' (one full re-copy on a mismatch)."""
         names = [f"{self.rload}/{f}" for f in COPIED]
         for again in (False, True):
-            theirs = await self.link.call(lambda c: _sha256s(c, names), timeout_s=60)
+            theirs = await self.link.call(lambda c: sha256s(c, names), timeout_s=60)
             ours = {
                 n: sha256_file(self.paths.load_dir / Path(n).name)
                 if (self.paths.load_dir / Path(n).name).exists()
@@ -364,7 +364,7 @@ class Follower:
                     atomic_write(self.paths.load_dir / name, redact.mask_bytes(body) if name == "client.log" else body)
         clock = None
         with contextlib.suppress(RemoteError, LinkLost):
-            clock = await self.link.call(lambda c: _clock(c, self.host), timeout_s=30)
+            clock = await self.link.call(lambda c: read_clock(c, self.host), timeout_s=30)
         if end is not None:
             write_json(self.paths.load_end, end)
         return {"sealed": sealed, "clock_after": clock}
@@ -374,7 +374,7 @@ class Follower:
         return not st["alive"]
 
 
-def _clock_record(paths: RunPaths, host: LoadHost, before: Clock | None, after: Clock | None) -> ClockRecord:
+def clock_record(paths: RunPaths, host: LoadHost, before: Clock | None, after: Clock | None) -> ClockRecord:
     old = read_json_or_none(paths.load_clock) or {}
     rec: ClockRecord = {
         "host": where(host),

@@ -17,18 +17,19 @@ import anyio
 from caseledger import procs
 from caseledger.case.model import Case, LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.ledger.evidence import FailureEvidence
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import READY_TIMEOUT_S, offset_of
-from caseledger.run.remote_follow import POLL_S, Follower, _clock_record
+from caseledger.run.remote_follow import POLL_S, Follower, clock_record
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
     Link,
     LinkLost,
-    _anyio_run,
-    _script,
+    anyio_run,
     launched,
     record_path,
     remote_run_dir,
+    run_script,
     where,
 )
 from caseledger.services import remote
@@ -97,7 +98,7 @@ class HostLoad:
         if not known:
             return
         q = shlex.quote(self.rload)
-        await self.link.call(lambda c: _script(c, f"[ -d {q} ] && touch {q}/abort; true"))
+        await self.link.call(lambda c: run_script(c, f"[ -d {q} ] && touch {q}/abort; true"))
         for fol in known:
             ref = await self._ref(fol)
             if ref.get("pid"):
@@ -110,7 +111,7 @@ class HostLoad:
         await self.stop_armed()
         clock = await self.fols[0].prepare()
         dirs = " ".join(shlex.quote(f.rload) for f in self.fols)
-        await self.link.call(lambda c: _script(c, f"umask 077; mkdir -p {dirs}"))  # each process's log goes there
+        await self.link.call(lambda c: run_script(c, f"umask 077; mkdir -p {dirs}"))  # each process's log goes there
         for fol in self.fols:
             await fol.start({**env, ARMED_ENV: "1"}, clock)
 
@@ -122,7 +123,7 @@ class HostLoad:
             "else echo dead; fi"
             for f, r in zip(self.fols, refs, strict=True)
         ]
-        _, out = await self.link.call(lambda c: _script(c, "\n".join(lines)))
+        _, out = await self.link.call(lambda c: run_script(c, "\n".join(lines)))
         words = out.decode(errors="replace").split()
         return [(f.k, w) for f, w in zip(self.fols, words, strict=False)]
 
@@ -130,7 +131,7 @@ class HostLoad:
         """Every armed process of this host exits without sending (best effort: the link may be gone)."""
         q = shlex.quote(self.rload)
         with contextlib.suppress(LinkLost, RemoteError):
-            await self.link.call(lambda c: _script(c, f"[ -d {q} ] && touch {q}/abort; true"))
+            await self.link.call(lambda c: run_script(c, f"[ -d {q} ] && touch {q}/abort; true"))
 
     async def follow(self, at_ns: int) -> None:
         """Give this host its go (once; at_ns on the controller's wall clock, mapped by the host's offset), then
@@ -140,7 +141,7 @@ class HostLoad:
             offset = offset_of(read_json_or_none(self.fols[0].paths.load_clock))
             go = shlex.quote(f"{self.rload}/go")
             py = f"cd / && {shlex.quote(self.host.python)} -c {shlex.quote(_GO_PY)} {go} {at_ns + offset}"
-            await self.link.call(lambda c: _script(c, py), timeout_s=30)
+            await self.link.call(lambda c: run_script(c, py), timeout_s=30)
             live: list[tuple[Follower, dict[str, Any]]] = []  # JSON: each with its ref, as pid.json holds it
             for fol in self.fols:
                 end = read_json_or_none(fol.paths.load_end)
@@ -164,7 +165,7 @@ class HostLoad:
                 continue
             end = got[0]
             fin = await fol.finish(end)
-            _clock_record(fol.paths, self.host, None, fin["clock_after"])
+            clock_record(fol.paths, self.host, None, fin["clock_after"])
             if ref:  # asked over SSH: gone (status, the lease and the other hosts' wait stop counting it)
                 write_json(fol.paths.load_pid, {**ref, "gone_utc": utc_now()})
             self.ends[fol.k] = end
@@ -262,7 +263,7 @@ def run_parts(
                 await h.link.drop()
 
     try:
-        _anyio_run(main)
+        anyio_run(main)
     except (LinkLost, RemoteError) as e:  # before the go: every started process was aborted
         msg = e.message if isinstance(e, RemoteError) else f"a load host is unreachable: {e}"
         raise PhaseFailed(
@@ -271,7 +272,7 @@ def run_parts(
             (e.fix if isinstance(e, RemoteError) else "check the links to the load hosts, then resume")
             + "; nothing was sent",
         ) from None
-    info = {"reattached": reattached, "hosts": [h.evidence() for h in hosts]}
+    info: FailureEvidence = {"reattached": reattached, "hosts": [h.evidence() for h in hosts]}
     lost = [h for h in hosts if h.lost is not None]
     if lost:
         done = sum(p.raw.read_bytes().count(b"\n") for p in parts if p.raw.exists())
@@ -306,7 +307,7 @@ def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
         return out
 
     try:
-        return _anyio_run(main)
+        return anyio_run(main)
     except (LinkLost, RemoteError) as e:
         raise PhaseFailed(
             f"cannot reach a load host to confirm its clients ended: {e}",

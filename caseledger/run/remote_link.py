@@ -40,7 +40,7 @@ _CLOCK_PY = (
 
 
 class Clock(TypedDict):
-    """One clock measurement against a load host (_clock); load/clock.json keeps one from before the load and
+    """One clock measurement against a load host (read_clock); load/clock.json keeps one from before the load and
     one from after it."""
 
     offset_ns: int
@@ -83,7 +83,7 @@ def launched(paths: RunPaths) -> dict[str, Any] | None:  # JSON: load/remote.jso
     return rec if isinstance(rec, dict) else None
 
 
-def _named(e: RemoteError) -> RemoteError:
+def load_host_error(e: RemoteError) -> RemoteError:
     """connect()'s fixes name service.ssh; here the login is load.host."""
     return RemoteError(e.message.replace("service.ssh", "load.host"), e.fix.replace("service.ssh", "load.host"))
 
@@ -133,7 +133,7 @@ class Link:
                 try:
                     conn = self.conn or await self._open()
                 except RemoteError as e:  # connect() names what failed: unreachable, refused, timed out
-                    raise _Retry(_named(e).message) from None
+                    raise _Retry(load_host_error(e).message) from None
                 try:
                     with anyio.fail_after(timeout_s):
                         out = await fn(conn)
@@ -153,11 +153,11 @@ class Link:
 
 
 # ---------------------------------------------------------------------------------------------- remote scripts
-async def _script(conn: asyncssh.SSHClientConnection, script: str) -> tuple[int, bytes]:
-    return await remote._run(conn, script)  # the one runner: output after its mark (rc-file noise cut off)
+async def run_script(conn: asyncssh.SSHClientConnection, script: str) -> tuple[int, bytes]:
+    return await remote.run_script(conn, script)  # the one runner: output after its mark (rc-file noise cut off)
 
 
-async def _put(conn: asyncssh.SSHClientConnection, src: Path, dest: str) -> None:
+async def put_file(conn: asyncssh.SSHClientConnection, src: Path, dest: str) -> None:
     """Copy a local file to dest on the host atomically (temp file + rename), private to the login user; streamed
     in blocks (a dataset can be large)."""
     tmp = f"{dest}.tmp{os.getpid()}"
@@ -179,14 +179,14 @@ async def _put(conn: asyncssh.SSHClientConnection, src: Path, dest: str) -> None
         )
 
 
-async def _sha256s(conn: asyncssh.SSHClientConnection, files: list[str]) -> dict[str, str | None]:
+async def sha256s(conn: asyncssh.SSHClientConnection, files: list[str]) -> dict[str, str | None]:
     """sha256 of each remote file (None when missing)."""
     got: dict[str, str | None] = dict.fromkeys(files)
     got.update(await remote.sha256_async(conn, files))
     return got
 
 
-async def _clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> Clock:
+async def read_clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> Clock:
     """Offset of the load host's wall clock from the controller's: CLOCK_ROUNDS round trips to a reader there;
     the shortest one bounds the error (the remote read happened between send and receive)."""
     cmd = f"{shlex.quote(host.python)} -c {shlex.quote(_CLOCK_PY)}"
@@ -220,5 +220,5 @@ async def _clock(conn: asyncssh.SSHClientConnection, host: LoadHost) -> Clock:
     }
 
 
-def _anyio_run(fn: Callable[[], Awaitable[T]]) -> T:
+def anyio_run(fn: Callable[[], Awaitable[T]]) -> T:
     return anyio.run(fn)

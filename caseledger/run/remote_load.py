@@ -45,9 +45,9 @@ from typing import Any, TypedDict
 
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger.runs import Run
-from caseledger.run.remote_follow import Finish, Follower, Status, _clock_record
+from caseledger.run.remote_follow import Finish, Follower, Status, clock_record
 from caseledger.run.remote_hosts import parts_alive, run_parts, terminate_elsewhere
-from caseledger.run.remote_link import Clock, Link, LinkLost, _anyio_run, _script, launched, record_path, where
+from caseledger.run.remote_link import Clock, Link, LinkLost, anyio_run, launched, record_path, run_script, where
 from caseledger.run.remote_preflight import package_digest, preflight
 from caseledger.workspace import atomic_write, read_json_or_none, utc_now, write_json
 
@@ -131,7 +131,7 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
         return {"end": end, "ref": ref, "fin": fin, "st": st}
 
     try:
-        out = _anyio_run(main)
+        out = anyio_run(main)
     except (LinkLost, RemoteError) as e:
         if launched(paths) is None:  # nothing was started on the load host
             raise PhaseFailed(
@@ -151,7 +151,7 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
             f"resume(run_id='{run.run_id}') once the link is back: it re-attaches over SSH (pid and start time), "
             "copies what is missing; nothing is re-sent and no second client is started",
         ) from None
-    clock = _clock_record(paths, host, state["clock_before"], out["fin"]["clock_after"])
+    clock = clock_record(paths, host, state["clock_before"], out["fin"]["clock_after"])
     return {
         "end": out["end"],
         "reattached": state["reattached"],
@@ -179,7 +179,7 @@ def confirm_gone(run: Run) -> bool:
             await fol.link.drop()
 
     try:
-        return _anyio_run(main)
+        return anyio_run(main)
     except (LinkLost, RemoteError) as e:
         raise PhaseFailed(
             f"cannot reach load host {where(host)} to confirm the client ended: {e}",
@@ -199,14 +199,16 @@ def snapshot_metrics(run: Run, dest: Path) -> str | None:
         link = Link(host, budget_s=min(host.reconnect_s, 5.0))
         try:
             return await link.call(
-                lambda c: _script(c, f"{shlex.quote(host.python)} -c {shlex.quote(_FETCH_PY)} {shlex.quote(url)} 2>&1"),
+                lambda c: run_script(
+                    c, f"{shlex.quote(host.python)} -c {shlex.quote(_FETCH_PY)} {shlex.quote(url)} 2>&1"
+                ),
                 timeout_s=15,
             )
         finally:
             await link.drop()
 
     try:
-        status, out = _anyio_run(main)
+        status, out = anyio_run(main)
     except (RemoteError, LinkLost) as e:
         status, out = 255, str(e).encode()
     missing = dest.with_suffix(".missing")

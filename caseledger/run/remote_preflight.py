@@ -19,13 +19,13 @@ from caseledger.run.remote_link import (
     Clock,
     Link,
     LinkLost,
-    _anyio_run,
-    _clock,
-    _put,
-    _script,
-    _sha256s,
+    anyio_run,
+    put_file,
+    read_clock,
     remote_dataset_dir,
     remote_run_dir,
+    run_script,
+    sha256s,
     where,
 )
 from caseledger.workspace import sha256_file
@@ -44,7 +44,7 @@ _DIGEST_PY = (
 
 
 class CopiedFiles(TypedDict):
-    """What _copy_verified did: the files it copied (names), each input's sha256 there (first 16 hex digits)."""
+    """What copy_verified did: the files it copied (names), each input's sha256 there (first 16 hex digits)."""
 
     copied: list[str]
     sha256: dict[str, str]
@@ -89,18 +89,18 @@ def _local_files(run: Run, host: LoadHost) -> dict[str, Path]:
     }
 
 
-async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> CopiedFiles:
+async def copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> CopiedFiles:
     """Copy the run and its dataset to the load host where missing or different; every file hash-checked there."""
     files = _local_files(run, host)
     want = {r: sha256_file(p) for r, p in files.items()}
-    have = await _sha256s(conn, list(files))
+    have = await sha256s(conn, list(files))
     copied = []
     for r, p in files.items():
         if have.get(r) != want[r]:
-            await _put(conn, p, r)
+            await put_file(conn, p, r)
             copied.append(Path(r).name)
     if copied:
-        have = await _sha256s(conn, list(files))
+        have = await sha256s(conn, list(files))
     bad = [Path(r).name for r in files if have.get(r) != want[r]]
     if bad:
         raise RemoteError(
@@ -111,7 +111,7 @@ async def _copy_verified(conn: asyncssh.SSHClientConnection, run: Run, host: Loa
 
 
 async def _version(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[str, str]:
-    status, out = await _script(conn, f"cd / && {shlex.quote(host.python)} -c {shlex.quote(_DIGEST_PY)} 2>&1")
+    status, out = await run_script(conn, f"cd / && {shlex.quote(host.python)} -c {shlex.quote(_DIGEST_PY)} 2>&1")
     words = out.decode(errors="replace").split()
     if status != 0 or len(words) != 2:
         raise RemoteError(
@@ -125,7 +125,7 @@ async def _version(conn: asyncssh.SSHClientConnection, host: LoadHost) -> dict[s
 async def _preflight(conn: asyncssh.SSHClientConnection, run: Run, host: LoadHost) -> dict[str, Any]:
     """The real preflight entry point, fresh, on the load host (sockets forbidden there as here)."""
     rdir = remote_run_dir(run, host)
-    status, out = await _script(
+    status, out = await run_script(
         conn, f"cd / && {shlex.quote(host.python)} -m caseledger.run.preflight {shlex.quote(rdir)} 2>/dev/null"
     )
     lines = out.decode(errors="replace").strip().splitlines()
@@ -166,9 +166,9 @@ def _preflight_host(run: Run, host: LoadHost) -> HostPreflight:
                     f"{version['digest'][:12]}…; here {mine[:12]}…)",
                     "install this caseledger there, or point load.host.python at an interpreter that imports it",
                 )
-            files = await link.call(lambda c: _copy_verified(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
+            files = await link.call(lambda c: copy_verified(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
             checks = await link.call(lambda c: _preflight(c, run, host), timeout_s=PREFLIGHT_TIMEOUT_S)
-            clock = await link.call(lambda c: _clock(c, host), timeout_s=30)
+            clock = await link.call(lambda c: read_clock(c, host), timeout_s=30)
         finally:
             await link.drop()
         return {
@@ -181,7 +181,7 @@ def _preflight_host(run: Run, host: LoadHost) -> HostPreflight:
         }
 
     try:
-        return _anyio_run(main)
+        return anyio_run(main)
     except (RemoteError, LinkLost) as e:
         msg = e.message if isinstance(e, RemoteError) else f"load host {where(host)} unreachable: {e}"
         fix = e.fix if isinstance(e, RemoteError) else "check the link to load.host, then resume"

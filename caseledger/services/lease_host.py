@@ -33,7 +33,7 @@ import orjson
 from caseledger.case.service import SSH
 from caseledger.errors import RemoteError
 from caseledger.ledger.leases import Lease
-from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S, _run, connect, where
+from caseledger.services.remote import COMMAND_TIMEOUT_S, CONNECT_TIMEOUT_S, connect, run_script, where
 
 if TYPE_CHECKING:
     import asyncssh
@@ -132,7 +132,7 @@ class LeaseLink:
             self._stack = contextlib.AsyncExitStack()
             self._conn = await self._stack.enter_async_context(connect(self.ssh))
         try:
-            return await _run(self._conn, script, stdin)
+            return await run_script(self._conn, script, stdin)
         except (asyncssh.Error, OSError):
             await self._close()
             raise

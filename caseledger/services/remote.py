@@ -120,7 +120,7 @@ async def connect(ssh: SSH) -> AsyncIterator[asyncssh.SSHClientConnection]:
         await conn.wait_closed()
 
 
-async def _run(conn: asyncssh.SSHClientConnection, script: str, stdin: str | None = None) -> tuple[int, bytes]:
+async def run_script(conn: asyncssh.SSHClientConnection, script: str, stdin: str | None = None) -> tuple[int, bytes]:
     """(exit status, stdout after the mark) of a script run by the remote login shell."""
     res = await conn.run(
         f"printf '%s\\n' {_MARK}\n{script}",
@@ -144,7 +144,7 @@ def _parse_stat(data: bytes) -> tuple[str, int] | None:
 
 
 async def _stat(conn: asyncssh.SSHClientConnection, pid: int) -> tuple[str, int] | None:
-    status, out = await _run(conn, f"cat /proc/{int(pid)}/stat")
+    status, out = await run_script(conn, f"cat /proc/{int(pid)}/stat")
     return _parse_stat(out) if status == 0 else None
 
 
@@ -176,7 +176,7 @@ async def launch_async(
         ]
     )
     # an empty line ends the variables: asyncssh sends no EOF for empty input, so stdin is never left open
-    status, out = await _run(conn, script, stdin="".join(f"{k}={v}\n" for k, v in env.items()) + "\n")
+    status, out = await run_script(conn, script, stdin="".join(f"{k}={v}\n" for k, v in env.items()) + "\n")
     if status == 98:
         raise RemoteError("setsid is not installed on the service host", "install util-linux there")
     if status == 96:
@@ -193,7 +193,7 @@ async def launch_async(
 
 
 async def cmdline_async(conn: asyncssh.SSHClientConnection, pid: int) -> list[str] | None:
-    status, out = await _run(conn, f"cat /proc/{int(pid)}/cmdline")
+    status, out = await run_script(conn, f"cat /proc/{int(pid)}/cmdline")
     if status != 0:
         return None
     return [a.decode(errors="replace") for a in out.split(b"\0") if a]
@@ -218,7 +218,7 @@ async def terminate_async(conn: asyncssh.SSHClientConnection, ref: Mapping[str, 
             "echo alive",
         ]
     )
-    _, out = await _run(conn, script)
+    _, out = await run_script(conn, script)
     return out.strip() == b"stopped"
 
 
@@ -238,7 +238,7 @@ async def probe_async(conn: asyncssh.SSHClientConnection, pid: int, paths: list[
             "echo '#env'; tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null",
         ]
     )
-    _, out = await _run(conn, script)
+    _, out = await run_script(conn, script)
     return parse_probe(out.decode(errors="replace"), pid, paths)
 
 
@@ -292,7 +292,7 @@ async def sha256_async(conn: asyncssh.SSHClientConnection, paths: list[str]) -> 
     """sha256 of files on the host (sha256sum), path -> hex; missing or unreadable ones are left out."""
     if not paths:
         return {}
-    status, out = await _run(
+    status, out = await run_script(
         conn,
         "command -v sha256sum >/dev/null || exit 98\nsha256sum -- "
         + " ".join(shlex.quote(x) for x in paths)
@@ -341,7 +341,7 @@ class Remote:
 
     def check(self) -> None:
         """Connect and authenticate only (RemoteError names the problem and the fix)."""
-        self._call(lambda conn: _run(conn, "true"))
+        self._call(lambda conn: run_script(conn, "true"))
 
     def launch(self, argv: list[str], env: dict[str, str], log: str) -> tuple[int, int]:
         """Start argv detached on the host; (pid, start time)."""
@@ -375,5 +375,5 @@ class Remote:
 
     def tail(self, log: str, n_bytes: int = 400) -> str:
         """The last bytes of a remote log ('' when it cannot be read)."""
-        _, out = self._call(lambda conn: _run(conn, f"tail -c {int(n_bytes)} -- {shlex.quote(log)}"))
+        _, out = self._call(lambda conn: run_script(conn, f"tail -c {int(n_bytes)} -- {shlex.quote(log)}"))
         return out.decode(errors="replace")
