@@ -239,3 +239,59 @@ def test_merge_maps_a_load_hosts_clock_through_its_measured_offset(tmp_path: Any
     assert [p["offset_ns"] for p in got.per_part] == [-50, 300]  # the one measured before the load
     end = orjson.loads(paths.load_end.read_bytes())
     assert end["done"] == 2 and end["last_end_ns"] == 1580
+
+
+# ------------------------------------------------------------------------------------------------ the armed wait
+
+
+def test_an_armed_client_on_a_load_host_waits_while_the_heartbeat_changes_and_gives_up_once_it_stops(
+    tmp_path: Any,
+) -> None:
+    import threading
+
+    from caseledger import procs
+    from caseledger.load.__main__ import wait_for_go
+    from caseledger.workspace import PartPaths, write_json
+
+    part = PartPaths(tmp_path / "run", 1)
+    part.load_dir.mkdir(parents=True)
+    # a dead pid named as the controller's: on a load host it means nothing, so only the heartbeat counts
+    write_json(part.controller_pid, {**procs.me(), "pid": 999999999})
+    stop = threading.Event()
+
+    def beat() -> None:  # the controller's readiness polls, every 0.1 s for 1 s
+        for _ in range(10):
+            part.load_heartbeat.touch()
+            time.sleep(0.1)
+        stop.set()
+
+    got: list[str | None] = []
+    t0 = time.monotonic()
+    threading.Thread(target=beat, daemon=True).start()
+    waiter = threading.Thread(target=lambda: got.append(wait_for_go(part, heartbeat_s=0.4)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=6.0)  # a wait that never ends fails here instead of hanging the suite
+    assert got, "the armed wait did not end without a heartbeat"
+    why, waited = got[0], time.monotonic() - t0
+    assert stop.is_set() and 1.3 < waited < 3.0  # the beats kept it waiting; 0.4 s after the last one it gave up
+    assert why is not None and "no heartbeat from the controller" in why and "0.4 s" in why
+    part.load_go.write_bytes(b"{}")  # a go before the bound: it starts (the heartbeat's age is not checked then)
+    assert wait_for_go(part, heartbeat_s=0.4) is None
+
+
+def test_an_armed_client_here_still_ends_when_the_controller_pid_is_dead_and_ignores_the_heartbeat(
+    tmp_path: Any,
+) -> None:
+    from caseledger import procs
+    from caseledger.load.__main__ import wait_for_go
+    from caseledger.workspace import PartPaths, write_json
+
+    part = PartPaths(tmp_path / "run", 0)
+    part.load_dir.mkdir(parents=True)
+    write_json(part.controller_pid, {**procs.me(), "pid": 999999999})  # this host, a pid that does not run
+    t0 = time.monotonic()
+    assert wait_for_go(part) == "the controller died"  # no heartbeat bound: the pid check, as before
+    assert time.monotonic() - t0 < 1.0
+    write_json(part.controller_pid, procs.me())  # a live controller: only go or abort end the wait
+    part.load_abort.touch()
+    assert wait_for_go(part) == "the controller aborted the load"

@@ -770,3 +770,109 @@ def test_controller_killed_under_two_processes_on_a_load_host_then_resume_reatta
     for k in (0, 1):  # each local copy equals its process's file there (re-attach checked the prefix)
         there = remote_load_dir(lh, r.run_id) / f"p{k}" / "raw.jsonl"
         assert paths.load_part(k).raw.read_bytes() == there.read_bytes()
+
+
+def run_clients(lh: LoadHost, run_id: str) -> list[int]:
+    """This run's load clients still running on the load host (shared pid space; the code under test asks SSH)."""
+    out = []
+    for pid in lh.clients():
+        with contextlib.suppress(OSError):
+            if run_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+    return out
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_armed_processes_on_a_load_host_give_up_once_the_controller_dies_before_the_go_then_resume_starts_afresh(
+    ws: Workspace, load_host: LoadHost, services_stopped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from caseledger.run.remote_hosts import ARMED_SLACK_S
+
+    lh, port, n = load_host, free_port(), 12
+    case = freeze_case(ws, draft=shared_draft(lh, port, n, processes=2))
+    # the controller dies with both processes ready and armed there, before it writes any go
+    r = start_with_fault(monkeypatch, "controller:exit_during=remote_armed", ws, case.case_id, wait=True)
+    died = time.monotonic()
+    paths, there = ws.run(r.run_id), remote_load_dir(lh, r.run_id)
+    assert not paths.load_go.exists() and not (there / "go").exists()
+    assert all((there / f"p{k}" / "ready").exists() for k in (0, 1))
+    assert len(run_clients(lh, r.run_id)) == 2  # armed: waiting for a go that will never come
+    bound = 2.0 + ARMED_SLACK_S  # the case's load.host.reconnect_s + the slack
+    wait_until("the armed processes give up", lambda: not run_clients(lh, r.run_id), bound + 20)
+    assert time.monotonic() - died > bound - 5  # not before the bound (the controller's last heartbeat ~ its death)
+    for k in (0, 1):
+        rec = orjson.loads((there / f"p{k}" / "not_started.json").read_bytes())
+        assert rec["exit"] == "not_started" and rec["code"] == 2 and rec["sent"] == 0
+        assert "no heartbeat from the controller" in rec["reason"], rec
+        last = (there / f"p{k}" / "client.log").read_text().strip().splitlines()[-1]
+        assert "not started, nothing sent" in last and "exit 2" in last, last
+        assert not (there / f"p{k}" / "anchor.json").exists() and part_starts(lh, r.run_id, k) == 0
+    assert stats(lh, port)["by_phase"].get("load", 0) == 0  # nothing was sent
+    s = phase_status(ws, r.run_id)
+    assert s.phase == "load" and s.state != "succeeded" and s.sent == 0 and not s.next_resends_requests, s.text()
+    res = resume(ws, r.run_id, wait=True)  # aborts what is left of the armed start, starts both afresh
+    assert res.state == "succeeded", res.text()
+    assert stats(lh, port)["by_phase"]["load"] == n  # counted once at the target
+    assert sorted(x["i"] for x in read_records(paths.raw).records) == list(range(n))
+    assert part_starts(lh, r.run_id, 0) == 1 and part_starts(lh, r.run_id, 1) == 1
+    old = list(there.parent.glob("load.superseded-*"))  # the given-up attempt, set aside there with its records
+    assert len(old) == 1 and all((old[0] / f"p{k}" / "not_started.json").exists() for k in (0, 1))
+    ended = [e for e in read_events(paths).events if e["type"] == "load_armed_ended"]
+    assert len(ended) == 1 and [p["exit"] for p in ended[0]["data"]["processes"]] == ["not_started"] * 2
+
+
+@pytest.fixture
+def small_disk_host(tmp_path: Path, ws: Workspace) -> Iterator[LoadHost]:
+    """A load host whose workdir is a 16 MB tmpfs, mounted before its sshd starts (the namespace's sshd sees the
+    mounts of that moment: / is private here), so the test fills the disk the load host writes to."""
+    root = tmp_path / "smallhost"
+    work = root / "work"
+    work.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(work)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"no tmpfs mount on this machine ({r.stderr.decode().strip()[:80]}): needs root")
+    try:
+        with namespace_host(root, "d", (5, 6)) as lh:
+            try:
+                yield lh
+            finally:
+                from caseledger import services  # lazy: as conftest's stop_services
+
+                services.stop_all(ws)
+                for pid in lh.clients():
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+    finally:
+        subprocess.run(["umount", "-l", str(work)], capture_output=True)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_full_disk_on_the_load_host_fails_the_load_disk_with_nothing_sent_then_resume_sends_it_once(
+    ws: Workspace, small_disk_host: LoadHost, monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    from caseledger.faults import FILLER, fill_disk
+
+    lh, port, n = small_disk_host, free_port(), 8
+    case = freeze_case(ws, draft=shared_draft(lh, port, n, processes=processes))
+    # preflight passes there (16 MB free); the controller stops right before the load, the disk there fills
+    r = start_with_fault(monkeypatch, "controller:exit_before=load", ws, case.case_id, wait=True)
+    fill_disk(lh.workdir)
+    res = resume(ws, r.run_id, wait=True)
+    s = phase_status(ws, r.run_id)
+    assert res.state == "failed" and s.failure_class == "disk" and s.phase == "load", s.text()
+    where = f"{lh.sshd.user}@{lh.sshd.host}:{lh.sshd.port}"
+    msg = evidence(ws, r.run_id, "load")["error"]
+    assert f"disk full on load host {where}" in msg and "MB for the raw records at" in msg, msg
+    assert str(lh.workdir) in msg and "no formal request was sent" in msg, msg
+    assert f"free disk space on load host {where}, under its workdir" in s.next_call, s.text()
+    assert stats(lh, port)["by_phase"].get("load", 0) == 0 and s.sent == 0  # nothing sent
+    assert not run_clients(lh, r.run_id)  # no client was started there
+    (lh.workdir / FILLER).unlink()
+    res = resume(ws, r.run_id, wait=True)
+    assert res.state == "succeeded", res.text()
+    assert stats(lh, port)["by_phase"]["load"] == n  # sent once
+    starts = [client_starts(lh, r.run_id)] if processes == 1 else [part_starts(lh, r.run_id, k) for k in (0, 1)]
+    assert starts == [1] * processes

@@ -15,6 +15,8 @@ only says where it is. Files written under RUN_DIR/load/ (see RunPaths; the writ
 (load/parts.py): the same files under RUN_DIR/load/pK/, its share of the plan (its requests and its share of C),
 load/pK/ready once it waits for the go, and a schedule that starts at the instant load/go names (one for all P);
 it refuses as below when its own files or the merged load/ show an earlier start.
+On a load host the controller's pid means nothing there: an armed client (HEARTBEAT_ENV set) also gives up once the
+controller's load/heartbeat has not changed for that many seconds, and writes load/pK/not_started.json (exit 2).
 
 Exit codes: 0 load complete (failed requests are data, not a client failure); 1 cancelled by SIGTERM/SIGINT
 (end.json says "cancelled", in-flight requests are recorded as error_class 'client'); 2 the load could
@@ -41,7 +43,7 @@ from caseledger import procs
 from caseledger.errors import CaseledgerError
 from caseledger.faults import checkpoint
 from caseledger.load.client import run_requests, transport_used
-from caseledger.load.parts import part_plan, start_of
+from caseledger.load.parts import HEARTBEAT_ENV, part_plan, start_of
 from caseledger.load.plan import LoadPlan, plan_from_run_dir
 from caseledger.load.recording import RawWriter, Tally, clock_anchor, progress_loop, stall_loop, utc_now
 from caseledger.load.sessions import run_sessions
@@ -154,17 +156,76 @@ def quiet_runtime() -> None:
 ARMED_ENV = "CASELEDGER_LOAD_ARMED"
 
 
-def wait_for_go(paths: RunPaths, poll_s: float = 0.01) -> bool:
+def wait_for_go(paths: RunPaths, poll_s: float = 0.01, heartbeat_s: float | None = None) -> str | None:
     """Armed start: the controller spawns the client while preflight runs, so its start-up (imports, plan)
-    is off the hot path. Nothing is sent until load/go exists; load/abort or a dead controller ends it."""
-    ctl = read_json_or_none(paths.controller_pid)
-    go, abort = paths.load_go, paths.load_abort
+    is off the hot path. Nothing is sent until load/go exists (None); load/abort or a dead controller ends it
+    (why, returned). heartbeat_s (a client on a load host, where the controller's pid means nothing): the wait
+    also ends once load/heartbeat has not changed for that long, counted on this host's monotonic clock from
+    the first look (a wall clock step cannot trip it)."""
+    ctl = read_json_or_none(paths.controller_pid) if heartbeat_s is None else None
+    go, abort, beat = paths.load_go, paths.load_abort, paths.load_heartbeat
+    seen: int | None = None
+    since = time.monotonic()
     while True:
         if go.exists():
-            return True
-        if abort.exists() or (ctl is not None and not procs.alive(ctl)):
-            return False
+            return None
+        if abort.exists():
+            return "the controller aborted the load"
+        if ctl is not None and not procs.alive(ctl):
+            return "the controller died"
+        if heartbeat_s is not None:
+            try:
+                mtime: int | None = beat.stat().st_mtime_ns
+            except FileNotFoundError:
+                mtime = None
+            now = time.monotonic()
+            if mtime != seen:
+                seen, since = mtime, now
+            elif now - since > heartbeat_s:
+                return (
+                    f"no go and no heartbeat from the controller ({beat} unchanged) for {heartbeat_s:g} s: "
+                    "the controller died or lost this host before the go"
+                )
         time.sleep(poll_s)
+
+
+def _heartbeat_s() -> float | None:
+    """The heartbeat bound the controller of a load host's clients passed (HEARTBEAT_ENV), or None (local)."""
+    raw = os.environ.get(HEARTBEAT_ENV)
+    if not raw:
+        return None
+    try:
+        bound = float(raw)
+    except ValueError:
+        bound = 0.0
+    if not bound > 0:
+        raise _NotStarted(EXIT_NOT_STARTED, f"load: not started, nothing sent: {HEARTBEAT_ENV}={raw!r} is not > 0 s")
+    return bound
+
+
+def _await_go(paths: RunPaths) -> None:
+    """An armed client waits for the go; _NotStarted when it does not come. On a load host the end is recorded
+    (load/not_started.json: why, the exit code), as no controller there sees the exit code."""
+    bound = _heartbeat_s()
+    why = wait_for_go(paths, heartbeat_s=bound)
+    if why is None:
+        return
+    if bound is None:  # here: the controller sees the exit code and the log line
+        raise _NotStarted(
+            EXIT_NOT_STARTED,
+            "not started, nothing sent: the controller aborted (or died) before the load phase",
+            logged=True,
+        )
+    line = (
+        f"not started, nothing sent: {why}; exit {EXIT_NOT_STARTED}. A resume of the run stops this attempt "
+        "and starts the load afresh"
+    )
+    with contextlib.suppress(OSError):  # the log line below says it too
+        write_json(
+            paths.load_not_started,
+            {"exit": "not_started", "code": EXIT_NOT_STARTED, "reason": why, "sent": 0, "utc": utc_now()},
+        )
+    raise _NotStarted(EXIT_NOT_STARTED, line, logged=True)
 
 
 class _NotStarted(Exception):
@@ -257,12 +318,8 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
             )
     if isinstance(paths, PartPaths):
         paths.load_ready.touch()  # the controller gives one go once every process is here
-    if os.environ.get(ARMED_ENV) and not wait_for_go(paths):
-        raise _NotStarted(
-            EXIT_NOT_STARTED,
-            "not started, nothing sent: the controller aborted (or died) before the load phase",
-            logged=True,
-        )
+    if os.environ.get(ARMED_ENV):
+        _await_go(paths)
     return plan, transport, api_key
 
 

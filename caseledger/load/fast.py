@@ -77,9 +77,9 @@ def _request(target: _Target, body: bytes, headers: Mapping[str, str]) -> bytes:
     return b"".join(lines)
 
 
-class _Exchange(asyncio.Protocol):
-    """One request and its response on one connection: the asyncio Protocol, the httptools callbacks and
-    the StreamResponse the caller reads."""
+class _Exchange:
+    """One request and its response on one connection: the stamped.Receiver its transport calls, the
+    httptools callbacks and the StreamResponse the caller reads."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket | None = None) -> None:
         self._loop = loop

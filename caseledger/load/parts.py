@@ -34,6 +34,10 @@ TIMED = ("send_ns", "end_ns", "sched_ns")
 
 
 READY_TIMEOUT_S = 120.0  # every client process, here or on a load host, is armed within this, or nothing is sent
+# A client armed on a load host cannot watch the controller's pid: the controller touches load/heartbeat there while
+# the clients wait (each readiness poll, about every 0.1 s plus a round trip), and an armed client that sees it
+# unchanged for the bound this variable names (seconds) exits without sending (load/__main__.py:wait_for_go).
+HEARTBEAT_ENV = "CASELEDGER_LOAD_HEARTBEAT_S"
 
 
 def split_concurrency(concurrency: int, processes: int) -> list[int]:

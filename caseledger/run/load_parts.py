@@ -20,6 +20,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 from caseledger import procs
 from caseledger.errors import FailureClass, PhaseFailed
@@ -68,9 +69,13 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     if gone:
         if attempt > 1:
             return phases.partial_load(paths, run.meta.planned, merged.records).merged(info)
+        unarmed = [
+            f"; process {k} gave up before its go ({ns['reason']}) and sent nothing" for k, ns in _not_started(parts)
+        ]
         raise PhaseFailed(
             f"load client process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {len(parts)} "
-            f"exited without an end file: {merged.records} of {run.meta.planned} requests recorded",
+            f"exited without an end file: {merged.records} of {run.meta.planned} requests recorded"
+            + "".join(unarmed[:2]),
             FailureClass.END_UNKNOWN,
             "formal requests are never re-sent automatically; the raw records of every process are kept (resume "
             "finishes on them)",
@@ -80,6 +85,13 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     return phases.load_ended(run, end, prev, info)
 
 
+def _not_started(parts: list[PartPaths]) -> list[tuple[int, dict[str, Any]]]:  # JSON: load/p<k>/not_started.json
+    """The processes (on a load host) that gave up waiting for a go that came too late, with their record."""
+    found = [(k, read_json_or_none(p.load_not_started)) for k, p in enumerate(parts)]
+    return [(k, rec) for k, rec in found if isinstance(rec, dict) and not parts[k].load_end.exists()]
+
+
+# JSON: prev as phases.set_aside read it; the end files; run_parts's answer, spread into the load evidence
 def _remote(
     run: Run, parts: list[PartPaths], event: Callable[..., None], prev: PhaseAttempt, attempt: int
 ) -> tuple[list[LoadEnd | None], LoadEvidence]:

@@ -21,6 +21,7 @@ from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
 from caseledger.ledger.runs import Run
+from caseledger.load.plan import raw_bytes_needed
 from caseledger.procs import ProcRef
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
@@ -35,7 +36,7 @@ from caseledger.run.remote_link import (
     sha256s,
     where,
 )
-from caseledger.run.remote_preflight import PREFLIGHT_TIMEOUT_S, copy_verified
+from caseledger.run.remote_preflight import PREFLIGHT_TIMEOUT_S, copy_verified, reserve_raw
 from caseledger.services import remote
 from caseledger.workspace import PartPaths, RunPaths, atomic_write, read_json_or_none, sha256_file, utc_now, write_json
 
@@ -97,9 +98,10 @@ class Follower:
 
     # ---- launch
     async def launch(self, env: dict[str, str]) -> Clock:
-        """Copy/verify the inputs, measure the clock, then start the client (remote.json first: from here on
-        no second launch). Returns the clock measured before the load."""
+        """Copy/verify the inputs, measure the clock, reserve the raw records' disk there, then start the client
+        (remote.json first: from here on no second launch). Returns the clock measured before the load."""
         clock = await self.prepare()
+        await reserve_raw(self.link, self.host, {f"{self.rload}/raw.jsonl": raw_bytes_needed(self.run)})
         await self.start(env, clock)
         return clock
 
@@ -159,7 +161,8 @@ class Follower:
     async def _set_aside(self, conn: asyncssh.SSHClientConnection) -> None:
         """A remote load directory no launch here knows of is a superseded attempt's (its local copy was set
         aside, e.g. after hot_entry): move it aside there too, once it has ended; never under a live client.
-        Ended: its end file, or every process's of several, or aborted before any process sent (no anchor)."""
+        Ended: its end file, or every process's of several, or aborted before any process sent (no anchor), or
+        never launched into (no client's log: the launch script creates it before the client runs)."""
         d = f"{self.rdir}/load"
         q = shlex.quote(d)
         status, out = await run_script(
@@ -168,6 +171,9 @@ class Follower:
                 [
                     "ended() {",
                     f"  [ -f {q}/end.json ] && return 0",
+                    # no client.log: no launch ever reached it (e.g. only a reserved, empty raw file)
+                    f'  for f in {q}/client.log {q}/p*/client.log; do [ -e "$f" ] && break; done',
+                    '  [ -e "$f" ] || return 0',
                     f"  [ -f {q}/abort ] && ! ls {q}/p*/anchor.json >/dev/null 2>&1 && return 0",
                     f'  set -- {q}/p*/; [ -d "$1" ] || return 1',
                     '  for p; do [ -f "$p/end.json" ] || return 1; done',
@@ -356,7 +362,8 @@ class Follower:
     async def finish(self, end: dict[str, Any] | None) -> Finish:  # JSON: end as the client's end.json
         """Seal the copies, then copy client.log, stalls.jsonl and the end file (last: it marks the load done here)."""
         sealed = await self.seal()
-        for name in ("client.log", "stalls.jsonl"):
+        # without an end file: what an armed client that gave up before the go wrote (it sent nothing)
+        for name in ("client.log", "stalls.jsonl", *(("not_started.json",) if end is None else ())):
             with contextlib.suppress(RemoteError, LinkLost):
                 body = await self._copy_whole(name)
                 if body is not None:  # the client's log is outside text, masked; its stalls (on the raw records'

@@ -6,6 +6,7 @@ run/load_parts.py).
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 import time
 from collections.abc import Callable
@@ -13,16 +14,20 @@ from functools import partial
 from typing import Any
 
 import anyio
+import orjson
 
 from caseledger import procs
 from caseledger.case.model import Case, LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.faults import checkpoint
 from caseledger.ledger.evidence import FailureEvidence
 from caseledger.ledger.runs import Run
-from caseledger.load.parts import READY_TIMEOUT_S, offset_of
+from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
+from caseledger.load.plan import raw_bytes_needed
 from caseledger.run.remote_follow import POLL_S, Follower, clock_record
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
+    Clock,
     Link,
     LinkLost,
     anyio_run,
@@ -32,11 +37,23 @@ from caseledger.run.remote_link import (
     run_script,
     where,
 )
+from caseledger.run.remote_preflight import reserve_raw
 from caseledger.services import remote
 from caseledger.workspace import PartPaths, read_json_or_none, utc_now, write_json
 
 REMOTE_GO_LEAD_S = 1.5  # the go names a start this far ahead: it reaches every load host before it comes
 ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # the client waits for load/go (or load/abort) before sending
+# An armed process gives up (nothing sent) once load/heartbeat there is this much older than the link's own budget:
+# a live controller touches it at each readiness poll (measured in tests/test_remote_load.py: a process's ready ->
+# the go 0.7-2.6 s, polls every ~0.15 s), and one whose link fails retries for load.host.reconnect_s before it gives
+# up; the slack covers a stalled controller (a CPU-starved host, a slow fsync) and the go's own call.
+ARMED_SLACK_S = 30.0
+
+
+def armed_bound_s(host: LoadHost) -> float:
+    """How long an armed process on this load host waits for the go without a heartbeat (HEARTBEAT_ENV)."""
+    return host.reconnect_s + ARMED_SLACK_S
+
 
 _GO_PY = (
     "import sys\nfrom pathlib import Path\nfrom caseledger.load.parts import write_go_at\n"
@@ -64,6 +81,10 @@ class HostLoad:
         self.rload = f"{remote_run_dir(run, host)}/load"
         self.ends: dict[int, dict[str, Any] | None] = {}  # JSON: each process's end.json as copied
         self.lost: str | None = None
+        self.clock: Clock | None = None  # measured by prepare, recorded by each process's start
+        self.armed_ended: list[
+            dict[str, Any]
+        ] = []  # JSON: an earlier start's armed processes, as stop_armed found them
 
     def evidence(self) -> dict[str, Any]:  # JSON: a row of the load evidence's hosts (LoadEvidence.hosts)
         return {
@@ -93,10 +114,22 @@ class HostLoad:
 
     async def stop_armed(self) -> None:
         """Processes a start that never gave its go left waiting (armed: nothing sent): aborted, then stopped, so
-        the remote load directory can be set aside and the processes started afresh."""
+        the remote load directory can be set aside and the processes started afresh; how each had ended (its
+        not_started.json, or "stopped" here) kept in armed_ended."""
         known = [f for f in self.fols if launched(f.paths) is not None]
         if not known:
             return
+        for fol in known:  # what each said as it gave up waiting (load/__main__.py), else it is stopped here
+            said = await fol._copy_whole("not_started.json")
+            with contextlib.suppress(orjson.JSONDecodeError, TypeError):
+                rec = orjson.loads(said) if said else None
+                self.armed_ended.append(
+                    {
+                        "process": fol.k,
+                        "host": where(self.host),
+                        **(rec if isinstance(rec, dict) else {"exit": "stopped"}),
+                    }
+                )
         q = shlex.quote(self.rload)
         await self.link.call(lambda c: run_script(c, f"[ -d {q} ] && touch {q}/abort; true"))
         for fol in known:
@@ -106,19 +139,28 @@ class HostLoad:
                     partial(remote.terminate_async, ref=ref, grace_s=2.0), timeout_s=POLL_TIMEOUT_S + 5
                 )
 
-    async def start(self, env: dict[str, str]) -> None:
-        """Inputs copied and verified, the clock measured, every process of this host started armed."""
+    async def prepare(self, need: list[int]) -> None:
+        """Inputs copied and verified, the clock measured, the heartbeat begun, each process's raw disk reserved
+        there (need: bytes per process of the whole load, by index)."""
         await self.stop_armed()
-        clock = await self.fols[0].prepare()
+        self.clock = await self.fols[0].prepare()
         dirs = " ".join(shlex.quote(f.rload) for f in self.fols)
-        await self.link.call(lambda c: run_script(c, f"umask 077; mkdir -p {dirs}"))  # each process's log goes there
+        beat = shlex.quote(f"{self.rload}/heartbeat")
+        await self.link.call(lambda c: run_script(c, f"umask 077; mkdir -p {dirs} && touch {beat}"))  # logs go there
+        await reserve_raw(self.link, self.host, {f"{f.rload}/raw.jsonl": need[f.k] for f in self.fols})
+
+    async def start(self, env: dict[str, str]) -> None:
+        """Every process of this host started armed: it waits for the go while the heartbeat is fresh."""
+        assert self.clock is not None
+        armed = {**env, ARMED_ENV: "1", HEARTBEAT_ENV: f"{armed_bound_s(self.host):g}"}
         for fol in self.fols:
-            await fol.start({**env, ARMED_ENV: "1"}, clock)
+            await fol.start(armed, self.clock)
 
     async def ready(self) -> list[tuple[int, str]]:
-        """(process, 'ready' | 'wait' | 'dead') for each process of this host."""
+        """(process, 'ready' | 'wait' | 'dead') for each process of this host; the armed ones' heartbeat touched."""
         refs = [read_json_or_none(f.paths.load_pid) or {} for f in self.fols]
-        lines = [
+        lines = [f"touch {shlex.quote(self.rload + '/heartbeat')}"]  # each poll: the armed clients' heartbeat
+        lines += [
             f"if [ -f {shlex.quote(f.rload + '/ready')} ]; then echo ready; elif {_alive_sh(r)}; then echo wait; "
             "else echo dead; fi"
             for f, r in zip(self.fols, refs, strict=True)
@@ -208,10 +250,18 @@ async def _start_all(
 ) -> None:
     """Every host prepared and its processes started armed, all ready; then load/go here (from here on nothing is
     started again, ever), naming the one start instant on the controller's wall clock."""
+    need = raw_bytes_needed(run)
+    shares = split_concurrency(run.case.load.concurrency, run.case.load.total_processes)
     try:
+        for h in hosts:  # every host's disk reserved before any process anywhere is started
+            await h.prepare([math.ceil(need * c / run.case.load.concurrency) for c in shares])
+        ended = [e for h in hosts for e in h.armed_ended]
+        if ended:  # an earlier start that never gave its go: what its processes did (nothing was sent)
+            event("load_armed_ended", phase="load", attempt=attempt, data={"processes": ended})
         for h in hosts:
             await h.start(env)
         await _wait_ready(hosts)
+        checkpoint("controller", "during", "remote_armed")  # dies with every process armed, before the go
     except BaseException:
         with anyio.move_on_after(15, shield=True):
             for h in hosts:

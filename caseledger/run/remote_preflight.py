@@ -43,6 +43,24 @@ _DIGEST_PY = (
 )
 
 
+# the raw files' disk, reserved as the controller reserves its own (workspace.reserve: fallocate, size unchanged);
+# on the first refusal the files this script created are removed again (their partial reservation freed)
+_RESERVE_PY = (
+    "import os, shutil, sys\nfrom caseledger.workspace import reserve\nmade = []\n"
+    "for path, n in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+    "    new = not os.path.exists(path)\n"
+    "    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)\n"
+    "    try:\n        ok = reserve(fd, int(n))\n    finally:\n        os.close(fd)\n"
+    "    made += [path] if new else []\n"
+    "    if not ok:\n"
+    "        for p in made:\n"
+    "            if os.path.getsize(p) == 0:\n                os.unlink(p)\n"
+    "        print('full', shutil.disk_usage(os.path.dirname(path)).free, path)\n"
+    "        sys.exit(0)\n"
+    "print('ok')\n"
+)
+
+
 class CopiedFiles(TypedDict):
     """What copy_verified did: the files it copied (names), each input's sha256 there (first 16 hex digits)."""
 
@@ -188,3 +206,31 @@ def _preflight_host(run: Run, host: LoadHost) -> HostPreflight:
         raise PhaseFailed(
             f"load host {where(host)}: {msg}"[:400], FailureClass.BEFORE_MODEL, f"{fix}; 0 model requests were sent"
         ) from None
+
+
+async def reserve_raw(link: Link, host: LoadHost, need: dict[str, int]) -> None:
+    """Reserve the disk each raw file on the load host will need (path there -> bytes) before any client there is
+    started, as the controller does for its own (run/phases.py:reserve_raw): a full disk there fails the load
+    phase `disk` with nothing sent. The directories exist (the caller made them)."""
+    args = " ".join(f"{shlex.quote(path)} {int(n)}" for path, n in need.items())
+    status, out = await link.call(
+        lambda c: run_script(c, f"cd / && {shlex.quote(host.python)} -c {shlex.quote(_RESERVE_PY)} {args} 2>&1"),
+        timeout_s=60,
+    )
+    words = out.decode(errors="replace").strip().split(" ", 2)
+    if status == 0 and words[:1] == ["ok"]:
+        return
+    if status == 0 and words[0] == "full" and len(words) == 3 and words[1].isdigit():
+        free, path = int(words[1]), words[2]
+        raise PhaseFailed(
+            f"disk full on load host {where(host)}: cannot reserve {need.get(path, 0) / 1e6:.3g} MB for the raw "
+            f"records at {path} ({free / 1e6:.3g} MB free there); no formal request was sent",
+            FailureClass.DISK,
+            f"free disk space on that host under its workdir {host.workdir} (or freeze a case whose load host "
+            "workdir is on a larger disk), then resume: the load starts from its first request",
+            evidence={"disk_host": where(host), "disk_path": path, "disk_need_bytes": need.get(path, 0)},
+        )
+    raise RemoteError(
+        redact.cut(f"reserving the raw records' disk on the load host failed (exit {status}: {out[-200:]!r})", 300),
+        "check load.host.python and its workdir there, then resume; nothing was sent",
+    )

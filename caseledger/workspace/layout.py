@@ -115,6 +115,16 @@ class RunPaths:
         return self.load_dir / "abort"
 
     @property
+    def load_heartbeat(self) -> Path:
+        """Touched by the controller while clients on a load host wait armed (the pid there means nothing)."""
+        return self.load_dir / "heartbeat"
+
+    @property
+    def load_not_started(self) -> Path:
+        """An armed client on a load host that gave up waiting for the go: why, and its exit code (nothing sent)."""
+        return self.load_dir / "not_started.json"
+
+    @property
     def load_remote(self) -> Path:
         """Where the load client runs when load.host is set (written before its launch: no second launch)."""
         return self.load_dir / "remote.json"
@@ -222,6 +232,10 @@ class PartPaths(RunPaths):
     @property
     def load_abort(self) -> Path:
         return self.root / "load" / "abort"
+
+    @property
+    def load_heartbeat(self) -> Path:
+        return self.root / "load" / "heartbeat"
 
 
 @dataclass(frozen=True)
