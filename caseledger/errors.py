@@ -32,12 +32,9 @@ import errno
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TypedDict
 
 from caseledger.redact import cut as mask_and_cut
-
-if TYPE_CHECKING:
-    from caseledger.ledger.evidence import FailureEvidence  # a type only: the ledger's model of the phase file
 
 ECHO_CHARS = 80  # echoed input (an id, a path, a value) is cut to this many characters
 MESSAGE_CHARS = 1200  # a whole error message or fix as shown
@@ -76,6 +73,18 @@ def quoted(text: object, limit: int = ECHO_CHARS) -> str:
     if space >= limit * 3 // 4:
         cut = cut[:space]
     return f"{cut}… ({len(s)} chars)"
+
+
+class FailureEvidence(TypedDict, total=False):
+    """What a failed phase records beside its failure class and fix (phases/<phase>.json and its end
+    event): PhaseFailed.evidence."""
+
+    service_problem: str  # the service was found unfit: resume starts it once before the phase again
+    reattached: bool  # a load on load hosts whose link was lost: it had re-attached to running clients
+    hosts: list[dict[str, Any]]  # JSON: run/remote_hosts.py's row of each load host (LoadEvidence.hosts)
+    disk_host: str  # a full disk on a load host (run/remote_preflight.py): which host, path and bytes needed
+    disk_path: str
+    disk_need_bytes: int
 
 
 class CaseledgerError(Exception):

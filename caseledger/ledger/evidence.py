@@ -254,18 +254,6 @@ class LoadEnd(TypedDict, total=False):
     processes: list[dict[str, Any]]  # JSON: load/parts.py's merge, one row per process
 
 
-class FailureEvidence(TypedDict, total=False):
-    """What a failed phase records beside its failure class and fix (phases/<phase>.json and its end
-    event): PhaseFailed.evidence."""
-
-    service_problem: str  # the service was found unfit: resume starts it once before the phase again
-    reattached: bool  # a load on load hosts whose link was lost: it had re-attached to running clients
-    hosts: list[dict[str, Any]]  # JSON: run/remote_hosts.py's row of each load host (LoadEvidence.hosts)
-    disk_host: str  # a full disk on a load host (run/remote_preflight.py): which host, path and bytes needed
-    disk_path: str
-    disk_need_bytes: int
-
-
 class PhaseAttempt(BaseModel):
     """What the next attempt reads back of phases/<phase>.json as any attempt wrote it (failed too): which attempt
     it was, its failure class and its error. Empty when no attempt wrote the file."""

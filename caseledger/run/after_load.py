@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import orjson
 
@@ -32,6 +33,28 @@ from caseledger.run import remote_load
 from caseledger.workspace import RunPaths, read_json_or_none, sha256_file
 
 
+def partial_confirmed(
+    paths: RunPaths,
+    partial: dict[str, Any],  # JSON: load/partial.json, as PartialLoad wrote it
+    records: int,
+    processes: int | None = None,
+) -> ConfirmEndEvidence:
+    """The confirm_end evidence of a load accepted as partial: its clients gone, no end file, the raw records kept.
+    `processes` is set only for several client processes (as before: absent otherwise)."""
+    kept = PartialLoad.model_validate(partial)
+    more = {} if processes is None else {"processes": processes}
+    return ConfirmEndEvidence(
+        client_gone=True,
+        end_file=False,
+        records=records,
+        planned=kept.planned,
+        partial=kept,
+        all_accounted=False,
+        raw_sha256=sha256_file(paths.raw),
+        **more,
+    )
+
+
 def confirm_end(run: Run) -> ConfirmEndEvidence:
     """The load client gone, its raw records counted against its end file (or a partial load's record) and
     sealed with their sha256; PhaseFailed end_unknown while that cannot be confirmed."""
@@ -42,16 +65,7 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
         n = len(read_records(paths.raw).records)
         if procs.alive(read_json_or_none(paths.load_pid)):
             raise PhaseFailed("load client alive again", FailureClass.END_UNKNOWN, "resume waits for it")
-        kept = PartialLoad.model_validate(partial)
-        return ConfirmEndEvidence(
-            client_gone=True,
-            end_file=False,
-            records=n,
-            planned=kept.planned,
-            partial=kept,
-            all_accounted=False,
-            raw_sha256=sha256_file(paths.raw),
-        )
+        return partial_confirmed(paths, partial, n)
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
     pid: LoadRef | None = read_json_or_none(paths.load_pid)  # JSON: load/pid.json

@@ -25,7 +25,7 @@ from typing import Any
 from caseledger import procs
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
-from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PartialLoad, PhaseAttempt
+from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PhaseAttempt
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concurrency
 from caseledger.load.plan import plan_of, raw_bytes_needed
@@ -234,17 +234,7 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
     partial = read_json_or_none(paths.load_partial)  # JSON: load/partial.json, as PartialLoad wrote it
     n = len(read_records(paths.raw).records)
     if end is None and partial is not None:
-        kept = PartialLoad.model_validate(partial)
-        return ConfirmEndEvidence(
-            client_gone=True,
-            end_file=False,
-            records=n,
-            planned=kept.planned,
-            partial=kept,
-            all_accounted=False,
-            processes=len(parts),
-            raw_sha256=sha256_file(paths.raw),
-        )
+        return after_load.partial_confirmed(paths, partial, n, len(parts))
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client processes and raw records")
     for k, part in enumerate(parts):

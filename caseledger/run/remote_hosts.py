@@ -18,9 +18,8 @@ import orjson
 
 from caseledger import procs
 from caseledger.case.model import Case, LoadHost
-from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.errors import FailureClass, FailureEvidence, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
-from caseledger.ledger.evidence import FailureEvidence
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
 from caseledger.load.plan import raw_bytes_needed
