@@ -10,6 +10,11 @@ engine's decode step does), so C streams' chunks leave together every tick.
 --burst K (default 1): each pass writes the next K chunks of a stream in one write, all K logged with that
 write's time (as a busy engine's server coalesces events); the server's cost per chunk falls about K-fold, so
 on a machine where the server shares the clients' cores it stops being the limit of several clients.
+--prerender: the whole response of a request (headers, all events in the same chunked framing, the last chunk)
+is written in one transport.write when the request arrives, from a template rendered once per (tokens, chat,
+keep-alive, digits of seq): the cheapest server per chunk (no per-chunk rendering, no pump), so on shared cores
+the clients get nearly all the CPU. Every content chunk is logged with that write's time (its timestamp error
+means nothing there: use the paced server for that). Pacing does not apply.
 
 Requests: POST /v1/chat/completions or /v1/completions (JSON; max_tokens or max_completion_tokens,
 ignore_eos is assumed), GET /v1/models, GET /health. HTTP/1.1 keep-alive unless the client says close;
@@ -32,6 +37,10 @@ import time
 from typing import Any
 
 MODEL = "peer-model"
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+    b"transfer-encoding: chunked\r\nconnection: %s\r\n\r\n"
+)
 
 
 class Stream:
@@ -43,8 +52,9 @@ class Stream:
 
 
 class Server:
-    def __init__(self, step_s: float, burst: int = 1) -> None:
-        self.step_s, self.burst = step_s, burst
+    def __init__(self, step_s: float, burst: int = 1, prerender: bool = False) -> None:
+        self.step_s, self.burst, self.prerender = step_s, burst, prerender
+        self.templates: dict[tuple[int, bool, bool, int, int], bytes] = {}
         self.seq = 0
         self.active: list[Stream] = []
         self.log: dict[int, dict[str, Any]] = {}
@@ -118,25 +128,10 @@ class Server:
                 self.active = [s for s in self.active if s not in done]
 
     def _burst(self, s: Stream) -> bool:
-        """The next `burst` chunks of `s` in one write (events rendered by bytes formatting, not json.dumps);
-        True when the stream is finished."""
+        """The next `burst` chunks of `s` in one write; True when the stream is finished."""
         k0 = len(s.sent)
         k1 = min(s.n, k0 + self.burst)
-        obj, key = (
-            (b"chat.completion.chunk", b'"delta":{"content":" tok%d"}')
-            if s.chat
-            else (b"text_completion", b'"text":" tok%d"')
-        )
-        head = b'data: {"id":"r-%d","object":"%s","model":"%s","choices":[{"index":0,"finish_reason":' % (
-            s.seq,
-            obj,
-            MODEL.encode(),
-        )
-        events = [head + (b'"length",' if k == s.n - 1 else b"null,") + key % k + b"}]}\n\n" for k in range(k0, k1)]
-        if k1 == s.n:
-            usage = {"prompt_tokens": s.seq, "completion_tokens": s.n, "total_tokens": s.seq + s.n}
-            tail = {"id": f"r-{s.seq}", "object": obj.decode(), "model": MODEL, "choices": [], "usage": usage}
-            events += [b"data: " + json.dumps(tail).encode() + b"\n\n", b"data: [DONE]\n\n"]
+        events = render_events(b"%d" % s.seq, b"%d" % (s.seq + s.n), s.n, s.chat, k0, k1)
         now = time.monotonic_ns()
         s.sent.extend([now] * (k1 - k0))
         s.proto.write_chunks(events)
@@ -144,6 +139,59 @@ class Server:
             s.proto.finish()
             return True
         return False
+
+    def whole(self, proto: Conn, n: int, chat: bool) -> None:
+        """--prerender: the whole response of a request (headers, every event, the last chunk) in one write,
+        from a template rendered once per (n, chat, keep-alive, digits of seq and of seq + n); every content
+        chunk is logged with that write's time."""
+        self.seq += 1
+        seq = self.seq
+        arrive = time.monotonic_ns()
+        seq_b, total_b = b"%d" % seq, b"%d" % (seq + n)
+        key = (n, chat, proto.keep, len(seq_b), len(total_b))
+        template = self.templates.get(key)
+        if template is None:
+            template = self.templates[key] = response_template(n, chat, proto.keep, len(seq_b), len(total_b))
+        data = template % {b"s": seq_b, b"t": total_b}
+        now = time.monotonic_ns()
+        self.log[seq] = {"arrive_ns": arrive, "sent_ns": [now] * n}
+        assert proto.transport is not None
+        proto.transport.write(data)
+        proto.done()
+
+
+def render_events(seq: bytes, total: bytes, n: int, chat: bool, k0: int, k1: int) -> list[bytes]:
+    """The SSE events of content chunks k0..k1-1 of a stream of n (and, when k1 == n, the usage event and
+    [DONE]), rendered by bytes formatting, byte for byte as the per-chunk path's json.dumps renders them;
+    `seq` and `total` (seq + n) are spliced in as given."""
+    obj, key = (
+        (b"chat.completion.chunk", b'"delta":{"content":" tok%d"}')
+        if chat
+        else (b"text_completion", b'"text":" tok%d"')
+    )
+    head = b'data: {"id":"r-%s","object":"%s","model":"%s","choices":[{"index":0,"finish_reason":' % (
+        seq,
+        obj,
+        MODEL.encode(),
+    )
+    events = [head + (b'"length",' if k == n - 1 else b"null,") + key % k + b"}]}\n\n" for k in range(k0, k1)]
+    if k1 == n:
+        usage = b'"usage": {"prompt_tokens": %s, "completion_tokens": %d, "total_tokens": %s}' % (seq, n, total)
+        tail = b'{"id": "r-%s", "object": "%s", "model": "%s", "choices": [], %s}' % (seq, obj, MODEL.encode(), usage)
+        events += [b"data: " + tail + b"\n\n", b"data: [DONE]\n\n"]
+    return events
+
+
+def response_template(n: int, chat: bool, keep: bool, seq_digits: int, total_digits: int) -> bytes:
+    """A whole streamed response as a bytes %-template: %(s)b is seq, %(t)b is seq + n, of the given digits
+    (the HTTP chunk sizes depend on them)."""
+    conn = b"keep-alive" if keep else b"close"
+    framed = [SSE_HEAD % conn]
+    for ev in render_events(b"\x01", b"\x02", n, chat, 0, n):
+        size = len(ev) + ev.count(b"\x01") * (seq_digits - 1) + ev.count(b"\x02") * (total_digits - 1)
+        framed.append(b"%x\r\n%s\r\n" % (size, ev))
+    framed.append(b"0\r\n\r\n")
+    return b"".join(framed).replace(b"%", b"%%").replace(b"\x01", b"%(s)b").replace(b"\x02", b"%(t)b")
 
 
 class Conn(asyncio.Protocol):
@@ -217,11 +265,11 @@ class Conn(asyncio.Protocol):
             req = json.loads(body or b"{}")
             n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
             assert self.transport is not None
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-                b"transfer-encoding: chunked\r\nconnection: %s\r\n\r\n" % (b"keep-alive" if self.keep else b"close")
-            )
             self.busy = True
+            if self.server.prerender:
+                self.server.whole(self, max(n, 1), path.endswith("chat/completions"))
+                return
+            self.transport.write(SSE_HEAD % (b"keep-alive" if self.keep else b"close"))
             self.server.start(self, max(n, 1), path.endswith("chat/completions"))
         else:
             self._reply("404 Not Found", b'{"error":{"message":"not found"}}')
@@ -237,6 +285,11 @@ class Conn(asyncio.Protocol):
     def finish(self) -> None:
         assert self.transport is not None
         self.transport.write(b"0\r\n\r\n")
+        self.done()
+
+    def done(self) -> None:
+        """The response is written: close, or take the next pipelined request."""
+        assert self.transport is not None
         self.busy = False
         if not self.keep:
             self.transport.close()
@@ -244,8 +297,8 @@ class Conn(asyncio.Protocol):
             self._next()
 
 
-async def main(host: str, port: int, step_s: float, burst: int) -> None:
-    server = Server(step_s, burst)
+async def main(host: str, port: int, step_s: float, burst: int, prerender: bool) -> None:
+    server = Server(step_s, burst, prerender)
     loop = asyncio.get_running_loop()
     srv = await loop.create_server(lambda: Conn(server), host, port, backlog=1024)
     async with srv:
@@ -258,8 +311,11 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--step-ms", type=float, default=0.0)
     ap.add_argument("--burst", type=int, default=1, help="chunks of a stream per write (default 1)")
+    ap.add_argument(
+        "--prerender", action="store_true", help="each response whole, in one write (zero-delay only; --step-ms unused)"
+    )
     ap.add_argument("--cpu", type=int, help="pin to this CPU")
     a = ap.parse_args()
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
-    asyncio.run(main(a.host, a.port, a.step_ms / 1000, max(1, a.burst)))
+    asyncio.run(main(a.host, a.port, a.step_ms / 1000, max(1, a.burst), a.prerender))
