@@ -408,13 +408,16 @@ def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: W
     start_any(ws, b.campaign_id)  # the same target: its driver waits for the lease, it starts nothing beside
     va, vb = _until_complete(ws, a.campaign_id), _until_complete(ws, b.campaign_id)
     assert all(r.runs == 1 for r in (*va.rows, *vb.rows)), (va.text(), vb.text())
+    # a run a contended host distorted is repeated and not counted: each point has one valid run, and every
+    # run (valid or repeated) is one of its rows' runs and sent its 32 requests
     spans = _intervals(ws)
-    assert len(spans) == 4
+    listed = sorted(rid for r in (*va.rows, *vb.rows) for rid in r.run_ids)
+    assert sorted(rid for *_, rid in spans) == listed and len(listed) >= 4, (va.text(), vb.text())
     for (_, end, r1), (start, _, r2) in itertools.pairwise(spans):
         assert end <= start, f"{r1} and {r2} held the target at once"
     waits = [e for gid in (a.campaign_id, b.campaign_id) for e in driver_events(ws, gid) if e["type"] == "waiting"]
     assert any("held" in e["why"] or "busy" in e["why"] for e in waits), waits
-    assert _formal(port) == 32 * 4, stats(port)
+    assert _formal(port) == 32 * len(spans), stats(port)
 
     # a paused authorization: the running point finishes, no new point starts until it is lifted
     again = _campaign(
@@ -425,20 +428,23 @@ def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: W
     c = freeze_any(ws, draft=again)
     assert isinstance(c, CampaignFrozen)
     start_any(ws, c.campaign_id)
+    before = len(spans)
     deadline = time.monotonic() + 60
-    while len(scan_runs(ws).metas) < 5 and time.monotonic() < deadline:
+    while len(scan_runs(ws).metas) <= before and time.monotonic() < deadline:
         time.sleep(0.05)
     authorization.set_mode(ws, "paused")
     first = scan_runs(ws).metas[-1].run_id
     wait_for(ws, first, "end", 120)
     time.sleep(3 * WAIT_S)
     held = campaign_view(ws, c.campaign_id)
-    assert len(scan_runs(ws).metas) == 5 and held.driver_alive and not held.complete, held.text()
+    assert len(scan_runs(ws).metas) == before + 1 and held.driver_alive and not held.complete, held.text()
     assert "paused" in held.text(), held.text()
     authorization.set_mode(ws, "auto")
     done = _until_complete(ws, c.campaign_id)
-    assert all(r.runs == 1 for r in done.rows) and len(scan_runs(ws).metas) == 7, done.text()
-    assert _formal(port) == 32 * 4 + 64 * 3, stats(port)
+    third = [rid for r in done.rows for rid in r.run_ids]
+    assert all(r.runs == 1 for r in done.rows) and len(third) >= 3, done.text()
+    assert len(scan_runs(ws).metas) == before + len(third), done.text()
+    assert _formal(port) == 32 * before + 64 * len(third), stats(port)
 
 
 def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace, stop_services: None) -> None:
