@@ -30,6 +30,22 @@ class LoadRef(ProcRef, total=False):
     gone_utc: str
 
 
+def ref_of(obj: object) -> LoadRef | None:
+    """The process reference in a JSON object as read (pid.json, remote.json), or None when it has no pid. A pid
+    of 0 is a process on its host whose pid is not known yet (the lease keeps it); a missing start time is 0 (any
+    start time), a missing host this host, as alive() reads them."""
+    if not isinstance(obj, Mapping) or "pid" not in obj:
+        return None
+    ref: LoadRef = {
+        "pid": int(obj["pid"] or 0),
+        "start_time": int(obj.get("start_time") or 0),
+        "host": str(obj.get("host") or socket.gethostname()),
+    }
+    if "gone_utc" in obj:
+        ref["gone_utc"] = str(obj["gone_utc"])
+    return ref
+
+
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat (clock ticks since boot), or None when the process is gone."""
     try:

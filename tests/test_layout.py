@@ -440,3 +440,24 @@ def test_the_private_reach_finder_names_each_kind_of_reach(tmp_path: Path) -> No
         "caseledger.run.b:5 uses caseledger.run.a._x",
         "caseledger.run.b:5 uses caseledger.run.a._x",
     ]
+
+
+def _private_module_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports of a package's private module (`caseledger.metrics._models`) from outside that package."""
+    out = []
+    for mod, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                parts = name.split(".")
+                at = next((i for i, p in enumerate(parts) if p.startswith("_") and not p.endswith("__")), None)
+                if parts[0] == "caseledger" and at is not None and not f"{mod}.".startswith(".".join(parts[:at]) + "."):
+                    out.append(f"{mod}:{node.lineno} imports {name}")
+    return out
+
+
+def test_private_modules_are_imported_only_inside_their_package() -> None:
+    """A package's public surface is its __init__ (metrics resolves its names lazily, so no import costs more)."""
+    bad = _private_module_imports(MODULES)
+    assert bad == [], "import the name from the package instead:\n" + "\n".join(bad)

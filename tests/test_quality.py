@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -13,12 +14,17 @@ import pytest
 import caseledger
 
 ROOT = Path(__file__).resolve().parent.parent
+SIX_TOOLS = {"freeze_case", "start_run", "phase_status", "resume", "reprocess_raw", "summarize"}
 
 
 def test_public_all_is_sorted_complete_and_resolves() -> None:
     import importlib
 
     assert caseledger.__all__ == sorted(caseledger.__all__)
+    # complete: the surface the package's docstring promises (the six tools and the case model), not only
+    # whatever the lazy table below happens to hold
+    promised = SIX_TOOLS | {"Case"}
+    assert promised <= set(caseledger.__all__), sorted(promised - set(caseledger.__all__))
     lazy = caseledger._LAZY  # the names the package resolves on first use
     assert set(caseledger.__all__) == set(lazy) | {"__version__"}, set(caseledger.__all__) ^ (
         set(lazy) | {"__version__"}
@@ -29,7 +35,7 @@ def test_public_all_is_sorted_complete_and_resolves() -> None:
     import caseledger.tools as tools
 
     assert tools.__all__ == sorted(tools.__all__)
-    assert {"freeze_case", "start_run", "phase_status", "resume", "reprocess_raw", "summarize"} <= set(tools.__all__)
+    assert set(tools.__all__) >= SIX_TOOLS, sorted(SIX_TOOLS - set(tools.__all__))
 
 
 def test_cli_help_does_not_import_heavy_modules() -> None:
@@ -69,3 +75,34 @@ def test_every_environment_variable_the_code_reads_is_in_readme() -> None:
         for m in re.findall(r"CASELEDGER_[A-Z_]+", (root / "tests" / name).read_text())
     }
     assert used and not {v for v in used if f"`{v}`" not in readme}, sorted(v for v in used if f"`{v}`" not in readme)
+
+
+ANY_DICT = "dict[str, Any]"
+JSON_REASON = re.compile(r"# JSON: \S.{3,}")  # which JSON this is
+
+
+def _statement_starts(source: str) -> dict[int, int]:
+    """Line (0-based) -> the first line of the def whose signature it is part of (a signature ruff wraps)."""
+    starts: dict[int, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for no in range(node.lineno - 1, node.body[0].lineno - 1):
+                starts[no] = node.lineno - 1
+    return starts
+
+
+def test_every_any_dict_is_a_json_boundary_that_says_which_json() -> None:
+    """Run data crosses modules as models and TypedDicts; a dict[str, Any] is decoded or encoded JSON only, and
+    says which (a file, a tool's answer, a schema): '# JSON: <which>' on its line, or on the comment line above
+    it or above its def."""
+    unexplained = []
+    for path in sorted((ROOT / "caseledger").rglob("*.py")):
+        source = path.read_text()
+        lines, starts = source.splitlines(), _statement_starts(source)
+        for no, line in enumerate(lines):
+            if ANY_DICT not in line or JSON_REASON.search(line):
+                continue
+            above = [lines[k - 1].strip() for k in {no, starts.get(no, no)} if k]
+            if not any(a.startswith("#") and JSON_REASON.search(a) for a in above):
+                unexplained.append(f"{path.relative_to(ROOT)}:{no + 1}: {line.strip()}")
+    assert not unexplained, "\n".join(unexplained)

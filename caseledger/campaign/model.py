@@ -171,7 +171,7 @@ class CampaignDraft(_Model):
         by_path = {a.path: a for a in self.axes}
         return " ".join(by_path[p].label(v) for p, v in values.items())
 
-    def policy(self) -> dict[str, Any]:  # written to policy.jsonl
+    def policy(self) -> dict[str, Any]:  # JSON: written to policy.jsonl
         """How the campaign is asked (recorded beside it, not hashed): search, repeats, name, note."""
         return {
             "name": self.name,
@@ -181,7 +181,7 @@ class CampaignDraft(_Model):
         }
 
 
-def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # a case draft (JSON) edited by path
+def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON: a case draft (JSON) edited by path
     """Set `path` of a case draft (a filled canonical dict, changed in place) to `value`; ValueError naming the
     path when it does not lead to a field."""
     m = _FLAG.match(path)

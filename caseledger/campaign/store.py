@@ -79,11 +79,11 @@ def _dir(ws: Workspace, campaign_id: str) -> Path:
     return ws.campaigns_dir / check_id(campaign_id, "campaign_id", "g")
 
 
-def is_campaign_draft(obj: dict[str, Any]) -> bool:  # a draft as parsed from JSON
+def is_campaign_draft(obj: dict[str, Any]) -> bool:  # JSON: a draft as parsed from JSON
     return "campaign" in obj
 
 
-def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:  # a draft as parsed
+def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:  # JSON: a draft as parsed
     """Validate a campaign draft ({"campaign": {...}}), freeze its base case and every point (cases whose lineage
     names the campaign), store the campaign under its hash; record its decision as the scenario's. CaseInvalid
     naming the field and the fix; nothing is written for an invalid draft."""
@@ -169,7 +169,7 @@ def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
     return datasets.pin(ws, validate(base, f"{source} campaign.base"))
 
 
-def _policies(ws: Workspace, gid: str) -> list[dict[str, Any]]:  # policy.jsonl lines as parsed
+def _policies(ws: Workspace, gid: str) -> list[dict[str, Any]]:  # JSON: policy.jsonl lines as parsed
     return [
         {k: v for k, v in r.items() if k != "utc"}
         for r in read_jsonl(_dir(ws, gid) / "policy.jsonl").items
@@ -233,7 +233,7 @@ def events_file(ws: Workspace, campaign_id: str) -> Path:
     return _dir(ws, campaign_id) / "events.jsonl"
 
 
-def driver_events(ws: Workspace, campaign_id: str) -> list[dict[str, Any]]:  # driver.jsonl lines as parsed
+def driver_events(ws: Workspace, campaign_id: str) -> list[dict[str, Any]]:  # JSON: driver.jsonl lines as parsed
     """The driver's events (driver_started/ended, point_started/ended/resumed, waiting, *_refused), oldest first."""
     return [e for e in read_jsonl(events_file(ws, campaign_id)).items if isinstance(e, dict)]
 

@@ -23,13 +23,12 @@ from caseledger.ledger import authorization
 from caseledger.ledger.evidence import ServiceRecord, read_evidence
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
-from caseledger.metrics import Interval, Result, interval, latest_result
-from caseledger.metrics._models import FrozenModel  # the results' base: frozen, unknown keys refused
+from caseledger.metrics import FrozenModel, Interval, Result, interval, latest_result
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
 
 if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
-    from caseledger.metrics._columns import F64
+    from caseledger.metrics import F64
 
 
 PointStatus = Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
@@ -324,7 +323,7 @@ def _progress(
     }
 
 
-def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # the time ledger's JSON
+def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # JSON: the time ledger's JSON
     created = datetime.fromisoformat(m.created_utc.replace("Z", "+00:00")).timestamp() if m.created_utc else None
     wall = tl.get("run_wall_s")
     return created + float(wall) if created is not None and isinstance(wall, int | float) else None

@@ -93,7 +93,7 @@ class LengthHistogram(_Frozen):
 class Lengths(_Frozen):
     """One side's lengths (input body tokens or output tokens): as declared and as realized in the entries."""
 
-    declared: dict[str, Any]  # the distribution as written ({'distribution': 'fixed', 'value': n} for an integer)
+    declared: dict[str, Any]  # JSON: the distribution as written ({'distribution': 'fixed', 'value': n} for an integer)
     count: int
     min: int
     max: int
@@ -141,7 +141,7 @@ class DatasetIdentity(_Frozen):
     content_sha256: str  # sha256 of entries.jsonl
     source: Literal["synthetic", "prefix_cache", "file", "trace"]
     source_sha256: str | None  # file and trace sources: sha256 of the JSONL file as read
-    spec: dict[str, Any]  # the filled dataset spec the id was computed from
+    spec: dict[str, Any]  # JSON: the filled dataset spec the id was computed from
     api: Literal["chat", "completions"]
     generator: str
     tokenizer: TokenizerInfo

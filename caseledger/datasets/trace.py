@@ -52,7 +52,7 @@ def _fix_row(path: str, no: int, what: str) -> CaseInvalid:
     )
 
 
-def _int_field(obj: dict[str, Any], name: str, path: str, no: int, lo: int) -> int:  # a parsed JSONL row
+def _int_field(obj: dict[str, Any], name: str, path: str, no: int, lo: int) -> int:  # JSON: a parsed JSONL row
     v = obj.get(name)
     if type(v) is not int or not lo <= v <= MAX_TOKENS:
         raise _fix_row(path, no, f"'{name}' must be an integer {lo}..{MAX_TOKENS}, not {quoted(repr(v), 40)}")
@@ -172,7 +172,7 @@ def offsets_s(timestamps_ms: list[float], time_scale: float) -> list[float]:
     return [(t - t0) / 1000.0 * time_scale for t in timestamps_ms]
 
 
-def sample_rows(n: int = 24, seed: int = 7, block: int = 32) -> list[dict[str, Any]]:  # JSONL rows to write
+def sample_rows(n: int = 24, seed: int = 7, block: int = 32) -> list[dict[str, Any]]:  # JSON: trace rows to write
     """A small Mooncake-style trace, generated (never downloaded): cases/trace-sample.jsonl is `sample_jsonl()`.
 
     Three shared system prompts (roots of 4, 6 and 2 blocks); a third of the requests follow up an earlier

@@ -19,6 +19,7 @@ from typing import Any, Literal, Required, Self, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger.errors import EvidenceInvalid
+from caseledger.procs import LoadRef
 from caseledger.workspace import RunPaths, read_json_or_none
 
 ServiceOutcome = Literal["done", "reused", "skipped"]
@@ -38,14 +39,16 @@ class FileEvidence(BaseModel):
 class ServiceRecord(BaseModel):
     """The evidence of the service phase (the whole target, or one component of it)."""
 
-    model_config = ConfigDict(extra="ignore")  # read back from JSON written by any version of this model
+    # a key this version does not know is an error where the record is built (a misspelt field), and is dropped
+    # where it is read back (of(): JSON written by any version of this model)
+    model_config = ConfigDict(extra="forbid")
     outcome: ServiceOutcome
     identity: str | None = Field(None, description="The intended service identity (s-…)")
     reason: str | None = Field(None, description="Why the phase did nothing (measurement-only)")
     plan: str | None = Field(None, description="What the run's plan said for the service phase")
     intended_argv: list[str] | None = None
     effective_argv: list[str] | None = Field(None, description="The argv read back from the live process")
-    model_files: list[dict[str, Any]] | None = None  # services.identity.ModelFile rows, as JSON
+    model_files: list[dict[str, Any]] | None = None  # JSON: services.identity.ModelFile rows, as JSON
     pid: int | None = None
     starts: int | None = Field(None, description="Processes started on this target key so far")
     files: list[FileEvidence] | None = None
@@ -54,10 +57,10 @@ class ServiceRecord(BaseModel):
     env: dict[str, str] | None = Field(None, description="The environment shown (secrets masked)")
     verified_by: str | None = None
     host: str | None = Field(None, description="The remote host (unset: this host)")
-    ssh: dict[str, Any] | None = None  # the SSH login as JSON (read back from any version's record)
+    ssh: dict[str, Any] | None = None  # JSON: the SSH login as JSON (read back from any version's record)
     host_key: str | None = None
     live_identity: str | None = Field(None, description="External: hash of what the endpoints answer")
-    endpoints: list[dict[str, Any]] | None = None  # external: {base_url, models} as the endpoints answered
+    endpoints: list[dict[str, Any]] | None = None  # JSON: external: {base_url, models} as the endpoints answered
     identity_output: str | None = None
     components: list[ComponentRecord] | None = None
     restarted: list[str] | None = Field(None, description="Components (re)started by this phase")
@@ -85,9 +88,11 @@ class ServiceRecord(BaseModel):
         return cls.of(data) if data else None
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> ServiceRecord | None:  # a phase's evidence as read from JSON
+    def of(cls, data: dict[str, Any]) -> ServiceRecord | None:  # JSON: a phase's evidence as read from JSON
         """The record in a phase's evidence dict, or None when it is none (e.g. a failed phase's data)."""
-        return cls.model_validate(data) if data.get("outcome") in ("done", "reused", "skipped") else None
+        if data.get("outcome") not in ("done", "reused", "skipped"):
+            return None
+        return cls.model_validate(data, extra="ignore")
 
 
 class ComponentRecord(ServiceRecord):
@@ -279,7 +284,7 @@ class LoadEvidence(Evidence):
     client_stopped_s: list[float] | None = None
     # with load.host: the remote client's record, as run/remote_load.py returns it
     host: str | None = None
-    remote: dict[str, Any] | None = None  # JSON: the remote client's pid reference
+    remote: LoadRef | None = None  # the remote client's process reference
     remote_run_dir: str | None = None
     clock: dict[str, Any] | None = None  # JSON: run/remote_load.py's clock offset record
     sealed_sha256: dict[str, str] | None = Field(

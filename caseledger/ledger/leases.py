@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from caseledger import procs
 from caseledger.errors import FenceRejected, TargetHeld
+from caseledger.procs import LoadRef, ProcRef
 from caseledger.workspace import (
     Workspace,
     canonical_json,
@@ -87,10 +88,10 @@ def address(base_url: str) -> str:
 class Lease:
     target_key: str
     run_id: str | None
-    owner: dict[str, Any] | None  # procs.ProcRef of the controller (None while handed over)
+    owner: ProcRef | None  # the controller (None while handed over)
     fence: int
     expires: float  # epoch seconds
-    extra_procs: list[dict[str, Any]] = field(default_factory=list)  # e.g. the load client
+    extra_procs: list[LoadRef] = field(default_factory=list)  # e.g. the load client
     workspace: str | None = None  # the workspace of the run that holds it
     claim: str | None = None  # a token of the acquire that wrote it (an acquire retried on a new link knows it)
     lease_host: str | None = None  # set on this host's mirror of a lease kept on a lease host (user@host:port)
@@ -114,10 +115,10 @@ class Lease:
         return cls(
             d["target_key"],
             d.get("run_id"),
-            d.get("owner"),
+            procs.ref_of(d.get("owner")),
             int(d.get("fence", 0)),
             float(d.get("expires", 0)),
-            list(d.get("extra_procs") or []),
+            [r for r in map(procs.ref_of, d.get("extra_procs") or []) if r is not None],
             d.get("workspace"),
             d.get("claim"),
             d.get("lease_host"),
@@ -128,7 +129,7 @@ class Lease:
 
     def held_by(self, ws: Workspace) -> str:
         """'run r-… (controller pid N, lease until …)', naming the workspace when it is another one."""
-        pid = (self.owner or {}).get("pid")
+        pid = self.owner["pid"] if self.owner else None
         who = f"controller pid {pid}" if pid else "its controller is starting, or died starting: the lease lapses"
         where = f" in workspace {self.workspace}" if self.workspace and self.workspace != str(ws.root) else ""
         on = f" on lease host {self.lease_host}" if self.lease_host else ""
@@ -198,7 +199,7 @@ def acquire(
     ws: Workspace,
     key: str,
     run_id: str,
-    owner: dict[str, Any] | None,  # JSON: owner
+    owner: ProcRef | None,
     *,
     same_run_ok: bool = False,
 ) -> Lease:
@@ -225,8 +226,8 @@ def renew(
     key: str,
     run_id: str,
     fence: int,
-    owner: dict[str, Any] | None = None,  # JSON: the lease's owner
-    extra_procs: list[dict[str, Any]] | None = None,  # JSON: process refs
+    owner: ProcRef | None = None,
+    extra_procs: list[LoadRef] | None = None,
 ) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over."""
     with flocked(_lock(key)):

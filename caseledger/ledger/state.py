@@ -17,14 +17,15 @@ from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger.advice import advise
 from caseledger.ledger.events import read_events
-from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
+from caseledger.ledger.evidence import ComponentRecord, LoadEnd, ServiceRecord
 from caseledger.ledger.runs import Run, RunMeta, has_results, load_run
 from caseledger.ledger.view import Counts, NextSteps, PhaseView, RecordedDecision
 from caseledger.ledger.view import PhaseState as PhaseState  # re-exported: readers name the fold's module
 from caseledger.ledger.view import RunState as RunState
 from caseledger.ledger.view import RunView as RunView
+from caseledger.procs import LoadRef
 from caseledger.records import iter_lines
-from caseledger.workspace import RunPaths, Workspace, read_json_or_none
+from caseledger.workspace import RunPaths, Workspace, read_json_or_none, read_ref
 
 # A load that failed with one of these sent nothing the target served (rejected or cut by a dead service):
 # the next attempt sends it again, the failed attempt's raw data kept aside. Any other load failure is
@@ -138,13 +139,13 @@ def load_counts(paths: RunPaths, planned: int) -> Counts:
     return Counts(planned, sent, n, ok, n - ok)
 
 
-def client_refs(paths: RunPaths) -> list[dict[str, Any]]:  # JSON: pid.json
+def client_refs(paths: RunPaths) -> list[LoadRef]:
     """The load client's process reference, or every process's of a load shared by load.processes > 1."""
-    refs = [read_json_or_none(paths.load_pid)] + [read_json_or_none(p.load_pid) for p in paths.load_parts()]
-    return [r for r in refs if isinstance(r, dict)]
+    refs = [read_ref(p) for p in [paths.load_pid, *(q.load_pid for q in paths.load_parts())]]
+    return [r for r in refs if r is not None]
 
 
-def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:  # events.jsonl lines as parsed
+def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:  # JSON: events.jsonl lines as parsed
     """Each phase's last attempt, from its started and ended events."""
     phases = {p: PhaseView(p) for p in PHASES}
     for ev in events:
@@ -214,7 +215,7 @@ def _load_ended(
     paths: RunPaths,
     meta: RunMeta,
     lv: PhaseView,
-    end: dict[str, Any] | None,  # load/end.json as the load client wrote it
+    end: LoadEnd | None,  # load/end.json as the load client wrote it
     *,
     client_alive: bool,
     remote_followed: bool,

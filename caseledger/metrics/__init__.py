@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "DEFINITIONS": "caseledger.metrics._definitions",
+    "F64": "caseledger.metrics._columns",
     "FAMILIES": "caseledger.metrics._spec",
     "NATIVE_RULES": "caseledger.metrics._models",
     "PROCESSOR_VERSION": "caseledger.metrics._models",
@@ -25,6 +26,7 @@ _LAZY = {
     "CounterDelta": "caseledger.metrics._models",
     "Distribution": "caseledger.metrics._models",
     "Failures": "caseledger.metrics._result",
+    "FrozenModel": "caseledger.metrics._models",
     "HostLoad": "caseledger.metrics._result",
     "Inputs": "caseledger.metrics._result",
     "Interval": "caseledger.metrics._models",
@@ -64,7 +66,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from caseledger.errors import ResultConflict
-    from caseledger.metrics._columns import RawColumns, RawSource, columns_from_records, read_raw
+    from caseledger.metrics._columns import F64, RawColumns, RawSource, columns_from_records, read_raw
     from caseledger.metrics._compute import compute_result, per_request_ms
     from caseledger.metrics._definitions import DEFINITIONS
     from caseledger.metrics._evidence import host_load
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
         CacheFigures,
         CounterDelta,
         Distribution,
+        FrozenModel,
         Interval,
         Latency,
         NativeRule,
@@ -110,6 +113,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFINITIONS",
+    "F64",
     "FAMILIES",
     "NATIVE_RULES",
     "PROCESSOR_VERSION",
@@ -121,6 +125,7 @@ __all__ = [
     "CounterDelta",
     "Distribution",
     "Failures",
+    "FrozenModel",
     "HostLoad",
     "Inputs",
     "Interval",

@@ -222,7 +222,10 @@ _KEYS = (
 _FIELDS = itemgetter(*_KEYS)
 
 
-def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:  # JSON in; RawColumns arrays by field name out
+# JSON: raw.jsonl lines in; RawColumns arrays by field name out
+def _spec_columns(
+    docs: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The optional speculative-decoding fields (records written before they existed lack them)."""
     n = len(docs)
     steps = [d.get("spec_steps") for d in docs]
@@ -238,7 +241,10 @@ def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:  # JSON in; Raw
     }
 
 
-def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:  # JSON in; RawColumns arrays by field name out
+# JSON: raw.jsonl lines in; RawColumns arrays by field name out
+def _workload_columns(
+    docs: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The optional schedule and trace fields (absent from unscheduled loads and older records)."""
     n = len(docs)
     # the difference is taken on the integers: monotonic ns past 2**53 would lose their last digits as floats

@@ -19,7 +19,7 @@ class Evidence:
 
     invalid: B  # per request: a successful response whose counts failed a check
     stalls: list[tuple[int, int]]  # (start_ns, end_ns) of each load client stall, client clock
-    host: list[dict[str, Any]]  # load/host.jsonl samples
+    host: list[dict[str, Any]]  # JSON: load/host.jsonl samples
 
 
 def distortion(case: Case, start: int, end: int, ev: Evidence, t0: int) -> list[str]:
@@ -44,12 +44,13 @@ def distortion(case: Case, start: int, end: int, ev: Evidence, t0: int) -> list[
     return out
 
 
-def samples_in(samples: list[dict[str, Any]], start: int, end: int) -> list[dict[str, Any]]:  # JSONL lines
+# JSON: load/host.jsonl lines
+def samples_in(samples: list[dict[str, Any]], start: int, end: int) -> list[dict[str, Any]]:
     """The host CPU samples whose interval overlaps [start, end] (each covers (mono_ns - dt_ns, mono_ns])."""
     return [x for x in samples if x["mono_ns"] > start and x["mono_ns"] - x["dt_ns"] < end]
 
 
-def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # load/host.jsonl lines (JSON)
+def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # JSON: load/host.jsonl lines (JSON)
     """The host's CPU over a set of load/host.jsonl samples (jiffy deltas)."""
     total = sum(x["total"] for x in samples)
     if not samples or total <= 0:

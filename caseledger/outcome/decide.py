@@ -18,8 +18,7 @@ from pydantic import Field
 
 from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
-from caseledger.metrics import Interval, NotObserved, Result
-from caseledger.metrics._models import FrozenModel  # the results' base: frozen, unknown keys refused
+from caseledger.metrics import FrozenModel, Interval, NotObserved, Result
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]
 

@@ -19,7 +19,8 @@ from caseledger.outcome.flags import evidence_flags
 from caseledger.outcome.markdown import table, window_section
 
 
-def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:  # report.json's time ledger
+# JSON: report.json's time ledger
+def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[object]]]:
     # per-phase entries ({"phases": {name: {...}}}) become one row per phase
     if isinstance(time_ledger.get("phases"), dict):
         flat: dict[str, Any] = {f"phase {k}": v for k, v in time_ledger["phases"].items()}  # JSON: the time ledger
@@ -37,7 +38,8 @@ def _ledger_rows(time_ledger: dict[str, Any]) -> tuple[list[str], list[list[obje
     return ["step", *cols], rows
 
 
-def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, object]:  # JSON
+# JSON: load/clock.json and the counters' record
+def load_host_rows(clock: dict[str, Any] | None, counters_read_by: dict[str, Any] | None) -> dict[str, object]:
     """Header rows of a load client that ran on another host (load.host): where, and how precisely its time
     points map onto the controller's clock (offset and uncertainty from SSH round trips, before and after)."""
     if not clock:

@@ -39,7 +39,7 @@ from caseledger.outcome.decide import (
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, write_json
 
 if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
-    from caseledger.metrics._columns import F64
+    from caseledger.metrics import F64
 
 
 def load_result(run: Run) -> Any:
@@ -85,7 +85,7 @@ def saved_decision(ws: Workspace, run_id: str) -> DecisionRecord | None:
         return None
 
 
-def _figures_of(result: Result | None) -> dict[str, Any]:  # the JSON kept in the index beside the run
+def _figures_of(result: Result | None) -> dict[str, Any]:  # JSON: the JSON kept in the index beside the run
     """What the lists read of a run's latest result without parsing it: per window whether it is valid, the
     decision metrics' values and the limits' figures (unrounded; None where NOT_OBSERVED)."""
     out: dict[str, Any] = {"has": result is not None}  # JSON: index figures
@@ -108,14 +108,14 @@ class Reader:
         self.ws = ws
         self.idx = idx
         self._results: dict[str, Result | None] = {}
-        self._figures: dict[str, dict[str, Any]] = {}  # run id -> its figures' JSON
+        self._figures: dict[str, dict[str, Any]] = {}  # JSON: run id -> its figures' JSON
 
     def result(self, run_id: str) -> Result | None:
         if run_id not in self._results:
             self._results[run_id] = latest_result(self.ws.run(run_id).root)
         return self._results[run_id]
 
-    def figures(self, row: RunRow) -> dict[str, Any]:  # JSON from the index
+    def figures(self, row: RunRow) -> dict[str, Any]:  # JSON: the figures kept in the index
         if row.run_id in self._figures:
             return self._figures[row.run_id]
         sig = f"{PROCESSOR_VERSION}:{row.sig}"
@@ -171,7 +171,7 @@ def baseline_of(run: Run, case: Case | None = None, reader: Reader | None = None
     return ref, None
 
 
-def decide_run(run: Run) -> dict[str, Any]:  # decision.json's body
+def decide_run(run: Run) -> dict[str, Any]:  # JSON: decision.json's body
     """The decide phase: the run's decision now, written with its reports (the evidence that decide is done)."""
     result = load_result(run)
     out: dict[str, Any] = current_decision(run, result).model_dump(mode="json")  # JSON: decision.json
@@ -239,7 +239,7 @@ def _ts(utc: str | None) -> float | None:
     return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
 
 
-def time_ledger(run: Run) -> dict[str, Any]:  # a JSON section of report.json
+def time_ledger(run: Run) -> dict[str, Any]:  # JSON: a JSON section of report.json
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
     v = fold(run.workspace, run)
     phases: dict[str, Any] = {}  # JSON: the time ledger
@@ -409,8 +409,7 @@ def latency_samples(ws: Workspace, run_id: str) -> dict[str, F64]:
     if not raw.is_file():
         return {}
     # lazy: numpy, only where per-request samples are read (decide, the campaign view), never in a refresh
-    from caseledger.metrics._columns import read_raw
-    from caseledger.metrics._compute import per_request_ms  # lazy: numpy, as above
+    from caseledger.metrics import per_request_ms, read_raw
 
     columns, _ = read_raw(raw)
     return per_request_ms(columns)

@@ -54,7 +54,7 @@ from caseledger.run import after_load, load_parts, phases, prepare, remote_load
 from caseledger.run import lease as run_lease
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
-from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, write_json
+from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, read_ref, write_json
 
 PhaseBody = Callable[["Controller", int], PhaseEvidence]
 STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
@@ -125,7 +125,7 @@ class Controller:
                 self.key,
                 self.paths.run_id,
                 self.fence,
-                owner=dict(self.me),
+                owner=self.me,
                 extra_procs=extra,
                 timeout_s=max(0.5, min(ledger.HEARTBEAT_SECONDS, self._deadline - sent - STOP_MARGIN_S)),
             )
@@ -148,8 +148,10 @@ class Controller:
                 procs.terminate(ref, grace_s=1.0)
             for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
                 procs.terminate(part, grace_s=1.0)
-            parts = [read_json_or_none(p.load_pid) or {} for p in self.paths.load_parts()]
-            remote_load.terminate_elsewhere(self.case, parts)  # the processes of a shared load on load hosts
+            parts = [read_ref(p.load_pid) for p in self.paths.load_parts()]
+            remote_load.terminate_elsewhere(
+                self.case, [r for r in parts if r is not None]
+            )  # the processes of a shared load on load hosts
         os._exit(70)
 
     # ---- main loop
@@ -161,7 +163,7 @@ class Controller:
             extra = client_refs(self.paths)
             sent = time.monotonic()
             run_lease.renew(
-                self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=dict(self.me), extra_procs=extra
+                self.ws, self.case, self.key, self.paths.run_id, self.fence, owner=self.me, extra_procs=extra
             )
             self._deadline = run_lease.deadline_after(sent)
         except (FenceRejected, RemoteError) as e:  # nothing of this run has been sent yet

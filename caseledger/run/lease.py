@@ -13,13 +13,13 @@ their fence against the mirror, and status and the handoff read it.
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
 from caseledger.case.model import Case
 from caseledger.case.service import SSH
 from caseledger.errors import FenceRejected, RemoteError, TargetHeld
 from caseledger.ledger import leases
 from caseledger.ledger.leases import LEASE_SECONDS, Lease
+from caseledger.procs import LoadRef, ProcRef
 from caseledger.workspace import Workspace
 
 
@@ -53,7 +53,7 @@ def acquire(
     case: Case,
     key: str,
     run_id: str,
-    owner: dict[str, Any] | None,  # JSON: owner
+    owner: ProcRef | None,
     *,
     same_run_ok: bool = False,
 ) -> Lease:
@@ -95,8 +95,8 @@ def renew(
     key: str,
     run_id: str,
     fence: int,
-    owner: dict[str, Any] | None = None,  # JSON: the lease's owner
-    extra_procs: list[dict[str, Any]] | None = None,  # JSON: process refs
+    owner: ProcRef | None = None,
+    extra_procs: list[LoadRef] | None = None,
     timeout_s: float | None = None,
 ) -> Lease:
     """Heartbeat: extend the lease; FenceRejected when someone took it over; RemoteError when the lease host

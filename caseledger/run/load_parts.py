@@ -91,7 +91,6 @@ def _not_started(parts: list[PartPaths]) -> list[tuple[int, dict[str, Any]]]:  #
     return [(k, rec) for k, rec in found if isinstance(rec, dict) and not parts[k].load_end.exists()]
 
 
-# JSON: prev as phases.set_aside read it; the end files; run_parts's answer, spread into the load evidence
 def _remote(
     run: Run, parts: list[PartPaths], event: Callable[..., None], prev: PhaseAttempt, attempt: int
 ) -> tuple[list[LoadEnd | None], LoadEvidence]:
@@ -104,9 +103,7 @@ def _remote(
         phases.read_counters(run, run.paths.metrics_before)
     key_env = run.case.target.api_key_env  # the clients' only variable from here: the API key, on the channel
     env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
-    got = remote_load.run_parts(run, parts, env, event, attempt)  # JSON: run/remote_hosts.py answers with a dict
-    ends: list[LoadEnd | None] = got.pop("ends")  # JSON: the end files as copied back from the load hosts
-    return ends, LoadEvidence.model_validate(got)
+    return remote_load.run_parts(run, parts, env, event, attempt)
 
 
 def _start(

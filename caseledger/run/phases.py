@@ -166,9 +166,7 @@ def _load_remote(
             read_counters(run, paths.metrics_before)
         key_env = case.target.api_key_env  # the client's only variable from here: the API key, on the channel
         env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
-        got = remote_load.run_load(run, env, event, attempt)
-        end = got.pop("end")  # JSON: load/end.json as copied back from the load host
-        extra = LoadEvidence.model_validate(got)  # run/remote_load.py answers with a JSON dict
+        end, extra = remote_load.run_load(run, env, event, attempt)
         if end is None:
             n_raw = len(read_records(paths.raw).records)
             if (paths.load_anchor.exists() or n_raw) and attempt > 1:

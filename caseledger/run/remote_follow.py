@@ -11,7 +11,7 @@ import shlex
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 import anyio
 import orjson
@@ -20,9 +20,10 @@ from caseledger import redact
 from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
+from caseledger.ledger.evidence import LoadEnd
 from caseledger.ledger.runs import Run
 from caseledger.load.plan import raw_bytes_needed
-from caseledger.procs import ProcRef
+from caseledger.procs import LoadRef, ProcRef
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
     Clock,
@@ -53,7 +54,7 @@ COPIED = ("raw.jsonl", "sent.log")  # appended line by line as they grow
 class Status(TypedDict):
     """One read of the remote client's directory (Follower._status)."""
 
-    end: dict[str, Any] | None  # JSON: the client's end.json there
+    end: LoadEnd | None  # the client's end.json there
     progress: dict[str, Any] | None  # JSON: the client's progress.json there
     alive: bool
     sizes: dict[str, int]  # COPIED file -> its size there (-1: missing)
@@ -194,8 +195,7 @@ class Follower:
                 "still run there); move it away once no client runs, then resume",
             )
 
-    # JSON: the ref as the remote pid.json gives it; callers write it to load/pid.json
-    async def find_pid(self) -> dict[str, Any] | None:
+    async def find_pid(self) -> LoadRef | None:
         """The client's pid from the remote pid.json (a launch whose answer was lost), or None."""
 
         async def read(conn: asyncssh.SSHClientConnection) -> bytes:
@@ -210,13 +210,13 @@ class Follower:
         return None
 
     # ---- follow
-    # JSON: ref as load/pid.json holds it ({} when unknown)
-    async def _status(self, conn: asyncssh.SSHClientConnection, ref: dict[str, Any]) -> Status:
+    async def _status(self, conn: asyncssh.SSHClientConnection, ref: LoadRef | None) -> Status:
         d = shlex.quote(self.rload)
+        pid, want = (int(ref.get("pid") or 0), int(ref.get("start_time") or 0)) if ref else (0, 0)
         # the end file first: when it is there (or the process is gone) the sizes read after it are final
         script = "\n".join(
             [
-                f"d={d}; p={int(ref.get('pid') or 0)}; want={int(ref.get('start_time') or 0)}",
+                f"d={d}; p={pid}; want={want}",
                 'printf "end\\n"; cat "$d/end.json" 2>/dev/null; printf "\\n--\\n"',
                 'printf "progress\\n"; cat "$d/progress.json" 2>/dev/null; printf "\\n--\\n"',
                 's=$(sed "s/.*) //" /proc/$p/stat 2>/dev/null) && set -- $s && [ "$1" != Z ] && '
@@ -240,7 +240,7 @@ class Follower:
             return got if isinstance(got, dict) else None
 
         return {
-            "end": obj(end_s),
+            "end": cast("LoadEnd | None", obj(end_s)),  # as the client wrote it: the load phase checks its counts
             "progress": obj(prog_s),
             "alive": words[:1] == [b"alive"],
             "sizes": {f: int(w) for f, w in zip(COPIED, words[1:3], strict=False)},
@@ -299,8 +299,7 @@ class Follower:
             if await self.link.call(head_sha) != hashlib.sha256(local.read_bytes()).hexdigest():
                 local.write_bytes(b"")
 
-    # JSON: ref as load/pid.json holds it; the end as the client's end.json
-    async def follow(self, ref: dict[str, Any]) -> tuple[dict[str, Any] | None, Status]:
+    async def follow(self, ref: LoadRef | None) -> tuple[LoadEnd | None, Status]:
         """Until the client has ended (end file) or is gone: copy as it grows. (end or None, last status)."""
         await self._check_prefix()
         while True:
@@ -309,8 +308,7 @@ class Follower:
                 return got
             await anyio.sleep(wait_s)
 
-    # JSON: ref as load/pid.json holds it; the end as the client's end.json
-    async def step(self, ref: dict[str, Any]) -> tuple[tuple[dict[str, Any] | None, Status] | None, float]:
+    async def step(self, ref: LoadRef | None) -> tuple[tuple[LoadEnd | None, Status] | None, float]:
         """One poll: copy what is new; ((end or None, status), _) once the client is gone, else (None, seconds
         until the next poll)."""
         st = await self.link.call(lambda c: self._status(c, ref))
@@ -330,7 +328,8 @@ class Follower:
             self._end_since = self._end_since or time.monotonic()
             if time.monotonic() - self._end_since > END_EXIT_WAIT_S:
                 raise RemoteError(
-                    f"the load client (pid {ref.get('pid')}) is alive {END_EXIT_WAIT_S:g}s after its end file",
+                    f"the load client (pid {ref['pid'] if ref else '?'}) is alive {END_EXIT_WAIT_S:g}s after its end "
+                    "file",
                     "resume waits for it",
                 )
         return None, POLL_S if st["end"] is None else 0.05
@@ -359,7 +358,7 @@ class Follower:
             "resume copies them again; nothing is re-sent",
         )
 
-    async def finish(self, end: dict[str, Any] | None) -> Finish:  # JSON: end as the client's end.json
+    async def finish(self, end: LoadEnd | None) -> Finish:
         """Seal the copies, then copy client.log, stalls.jsonl and the end file (last: it marks the load done here)."""
         sealed = await self.seal()
         # without an end file: what an armed client that gave up before the go wrote (it sent nothing)
@@ -376,7 +375,7 @@ class Follower:
             write_json(self.paths.load_end, end)
         return {"sealed": sealed, "clock_after": clock}
 
-    async def gone(self, ref: dict[str, Any]) -> bool:  # JSON: ref as load/pid.json holds it
+    async def gone(self, ref: LoadRef | None) -> bool:
         st = await self.link.call(lambda c: self._status(c, ref))
         return not st["alive"]
 

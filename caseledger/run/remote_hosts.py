@@ -20,9 +20,11 @@ from caseledger import procs
 from caseledger.case.model import Case, LoadHost
 from caseledger.errors import FailureClass, FailureEvidence, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
+from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
 from caseledger.load.plan import raw_bytes_needed
+from caseledger.procs import LoadRef
 from caseledger.run.remote_follow import POLL_S, Follower, clock_record
 from caseledger.run.remote_link import (
     POLL_TIMEOUT_S,
@@ -38,7 +40,7 @@ from caseledger.run.remote_link import (
 )
 from caseledger.run.remote_preflight import reserve_raw
 from caseledger.services import remote
-from caseledger.workspace import PartPaths, read_json_or_none, utc_now, write_json
+from caseledger.workspace import PartPaths, read_json_or_none, read_ref, utc_now, write_json
 
 REMOTE_GO_LEAD_S = 1.5  # the go names a start this far ahead: it reaches every load host before it comes
 ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # the client waits for load/go (or load/abort) before sending
@@ -60,9 +62,9 @@ _GO_PY = (
 )
 
 
-def _alive_sh(ref: dict[str, Any]) -> str:  # JSON: ref as load/p<k>/pid.json holds it
+def _alive_sh(ref: LoadRef | None) -> str:
     """A shell test: the referenced process runs (same pid and start time, not a zombie), as procs.alive."""
-    p, want = int(ref.get("pid") or 0), int(ref.get("start_time") or 0)
+    p, want = (int(ref.get("pid") or 0), int(ref.get("start_time") or 0)) if ref else (0, 0)
     return (
         f's=$(sed "s/.*) //" /proc/{p}/stat 2>/dev/null) && set -- $s && [ "$1" != Z ] && '
         f'{{ [ {want} = 0 ] || [ "${{20}}" = {want} ]; }}'
@@ -78,12 +80,11 @@ class HostLoad:
         self.link = Link(host, budget_s=host.reconnect_s)
         self.fols = [Follower(run, host, p, self.link) for p in parts]
         self.rload = f"{remote_run_dir(run, host)}/load"
-        self.ends: dict[int, dict[str, Any] | None] = {}  # JSON: each process's end.json as copied
+        self.ends: dict[int, LoadEnd | None] = {}  # each process's end.json as copied
         self.lost: str | None = None
         self.clock: Clock | None = None  # measured by prepare, recorded by each process's start
-        self.armed_ended: list[
-            dict[str, Any]
-        ] = []  # JSON: an earlier start's armed processes, as stop_armed found them
+        # JSON: an earlier start's armed processes, their not_started.json as stop_armed found them
+        self.armed_ended: list[dict[str, Any]] = []
 
     def evidence(self) -> dict[str, Any]:  # JSON: a row of the load evidence's hosts (LoadEvidence.hosts)
         return {
@@ -99,17 +100,17 @@ class HostLoad:
             },
         }
 
-    async def _ref(self, fol: Follower) -> dict[str, Any]:  # JSON: as load/p<k>/remote.json and pid.json hold it
+    async def _ref(self, fol: Follower) -> LoadRef | None:
         """The process's ref from its launch record, or its remote pid file (a launch whose answer was lost)."""
         rec = launched(fol.paths) or {}
-        ref: dict[str, Any] = {k: rec[k] for k in ("pid", "start_time", "host") if k in rec}  # JSON: from remote.json
-        if ref.get("pid"):
+        ref = procs.ref_of(rec)
+        if ref and ref["pid"]:
             return ref
         found = await fol.find_pid()
         if found:
             write_json(record_path(fol.paths), {**rec, **found, "state": "launched"})
             write_json(fol.paths.load_pid, found)
-        return found or {}
+        return found
 
     async def stop_armed(self) -> None:
         """Processes a start that never gave its go left waiting (armed: nothing sent): aborted, then stopped, so
@@ -133,7 +134,7 @@ class HostLoad:
         await self.link.call(lambda c: run_script(c, f"[ -d {q} ] && touch {q}/abort; true"))
         for fol in known:
             ref = await self._ref(fol)
-            if ref.get("pid"):
+            if ref and ref["pid"]:
                 await self.link.call(
                     partial(remote.terminate_async, ref=ref, grace_s=2.0), timeout_s=POLL_TIMEOUT_S + 5
                 )
@@ -157,7 +158,7 @@ class HostLoad:
 
     async def ready(self) -> list[tuple[int, str]]:
         """(process, 'ready' | 'wait' | 'dead') for each process of this host; the armed ones' heartbeat touched."""
-        refs = [read_json_or_none(f.paths.load_pid) or {} for f in self.fols]
+        refs = [read_ref(f.paths.load_pid) for f in self.fols]
         lines = [f"touch {shlex.quote(self.rload + '/heartbeat')}"]  # each poll: the armed clients' heartbeat
         lines += [
             f"if [ -f {shlex.quote(f.rload + '/ready')} ]; then echo ready; elif {_alive_sh(r)}; then echo wait; "
@@ -183,7 +184,7 @@ class HostLoad:
             go = shlex.quote(f"{self.rload}/go")
             py = f"cd / && {shlex.quote(self.host.python)} -c {shlex.quote(_GO_PY)} {go} {at_ns + offset}"
             await self.link.call(lambda c: run_script(c, py), timeout_s=30)
-            live: list[tuple[Follower, dict[str, Any]]] = []  # JSON: each with its ref, as pid.json holds it
+            live: list[tuple[Follower, LoadRef | None]] = []  # each with its ref, as pid.json holds it
             for fol in self.fols:
                 end = read_json_or_none(fol.paths.load_end)
                 if end is not None:  # copied and sealed already (the end file is copied last)
@@ -197,7 +198,7 @@ class HostLoad:
         except (LinkLost, RemoteError) as e:
             self.lost = e.message if isinstance(e, RemoteError) else str(e)
 
-    async def _poll(self, live: list[tuple[Follower, dict[str, Any]]]) -> None:  # JSON: refs as in pid.json
+    async def _poll(self, live: list[tuple[Follower, LoadRef | None]]) -> None:
         wait = POLL_S
         for fol, ref in list(live):
             got, w = await fol.step(ref)
@@ -274,13 +275,13 @@ async def _start_all(
             "hosts": [where(h.host) for h in hosts],
         },
     )
-    refs = [read_json_or_none(f.paths.load_pid) or {} for h in hosts for f in h.fols]
+    refs = [read_ref(f.paths.load_pid) for h in hosts for f in h.fols]
     event(
         "load_client_started",
         phase="load",
         attempt=attempt,
         data={
-            "pids": [r.get("pid") for r in refs],
+            "pids": [r["pid"] if r else None for r in refs],
             "processes": len(refs),
             "armed": True,
             "hosts": [{"host": where(h.host), "processes": [f.k for f in h.fols]} for h in hosts],
@@ -290,11 +291,12 @@ async def _start_all(
 
 def run_parts(
     run: Run, parts: list[PartPaths], env: dict[str, str], event: Callable[..., None], attempt: int
-) -> dict[str, Any]:  # JSON: run/load_parts.py's seam: spread into the load evidence
+) -> tuple[list[LoadEnd | None], LoadEvidence]:
     """The processes of a shared load on load hosts: started once (one go for all hosts), or re-attached; each
-    followed, copied and sealed into load/p<k>/ here. {"ends": per process (None: gone without one), "hosts",
-    "reattached"}. PhaseFailed before_model when the start failed (nothing was sent), end_unknown when a host's
-    link stayed lost (its clients keep running; the other hosts were followed to their end; resume re-attaches)."""
+    followed, copied and sealed into load/p<k>/ here: each process's end file (None: gone without one) and
+    the load evidence (hosts, reattached). PhaseFailed before_model when the start failed (nothing was sent),
+    end_unknown when a host's link stayed lost (its clients keep running; the other hosts were followed to their
+    end; resume re-attaches)."""
     paths = run.paths
     hosts = host_loads(run, parts)
     reattached = paths.load_go.exists()
@@ -335,7 +337,7 @@ def run_parts(
             evidence=info,
         )
     ends = {k: e for h in hosts for k, e in h.ends.items()}
-    return {"ends": [ends.get(p.part) for p in parts], **info}
+    return [ends.get(p.part) for p in parts], LoadEvidence(reattached=reattached, hosts=info["hosts"])
 
 
 def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
@@ -348,8 +350,8 @@ def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
         for h in hosts:
             try:
                 for fol in h.fols:
-                    ref = read_json_or_none(fol.paths.load_pid) or {}
-                    if ref.get("pid") and "gone_utc" not in ref and not await fol.gone(ref):
+                    ref = read_ref(fol.paths.load_pid)
+                    if ref and ref["pid"] and "gone_utc" not in ref and not await fol.gone(ref):
                         out.append(fol.k)
             finally:
                 await h.link.drop()
@@ -365,8 +367,7 @@ def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
         ) from None
 
 
-# JSON: refs as the lease holds them (ledger/leases.py)
-def terminate_elsewhere(case: Case, refs: list[dict[str, Any]], grace_s: float = 1.0) -> None:
+def terminate_elsewhere(case: Case, refs: list[LoadRef], grace_s: float = 1.0) -> None:
     """Stop the load clients these refs name on the case's load hosts (the lease was lost); best effort."""
     logins = {h.host: h for h, _ in case.load.host_shares()}
     for ref in refs:

@@ -41,15 +41,18 @@ import contextlib
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
+from caseledger import procs
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
+from caseledger.procs import LoadRef
 from caseledger.run.remote_follow import Finish, Follower, Status, clock_record
 from caseledger.run.remote_hosts import parts_alive, run_parts, terminate_elsewhere
 from caseledger.run.remote_link import Clock, Link, LinkLost, anyio_run, launched, record_path, run_script, where
 from caseledger.run.remote_preflight import package_digest, preflight
-from caseledger.workspace import atomic_write, read_json_or_none, utc_now, write_json
+from caseledger.workspace import atomic_write, read_ref, utc_now, write_json
 
 __all__ = [
     "confirm_gone",
@@ -80,17 +83,19 @@ class _State(TypedDict):
 class _Followed(TypedDict):
     """run_load's client followed to its end: its end file, its ref, the sealing, the last status."""
 
-    end: dict[str, Any] | None  # JSON: the client's end.json
-    ref: dict[str, Any]  # JSON: as load/pid.json holds it
+    end: LoadEnd | None  # the client's end.json
+    ref: LoadRef | None  # as load/pid.json holds it (None: never started there)
     fin: Finish
     st: Status
 
 
-# JSON: phases.py validates the answer into LoadEvidence (its clock, link and remote fields are JSON there)
-def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt: int) -> dict[str, Any]:
+def run_load(
+    run: Run, env: dict[str, str], event: Callable[..., None], attempt: int
+) -> tuple[LoadEnd | None, LoadEvidence]:
     """Start the remote client (once per run, ever) or re-attach to it, follow it to its end and seal the copies.
 
-    Returns {"end": end or None, "reattached", "host", "clock", "link", "remote": ref}. PhaseFailed end_unknown
+    Returns the end file (None: gone without one) and the load evidence (reattached, host, clock, link, the
+    remote ref). PhaseFailed end_unknown
     when the link stays lost (the client keeps running; resume re-attaches), before_model when the load host
     could not be reached before anything was started there."""
     paths, host = run.paths, run.case.load.host
@@ -103,25 +108,25 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
         try:
             if rec is None:
                 state["clock_before"] = await fol.launch(env)
-                ref = read_json_or_none(paths.load_pid) or {}
+                ref = read_ref(paths.load_pid)
                 event(
                     "load_client_started",
                     phase="load",
                     attempt=attempt,
-                    data={"pid": ref.get("pid"), "host": where(host), "run_dir": fol.rdir},
+                    data={"pid": ref["pid"] if ref else None, "host": where(host), "run_dir": fol.rdir},
                 )
             else:
                 state["reattached"] = True
-                ref = {k: rec[k] for k in ("pid", "start_time", "host") if k in rec}
-                if "pid" not in ref:  # the launch's answer was lost: the client's own pid file says
-                    ref = await fol.find_pid() or {}
+                ref = procs.ref_of(rec)
+                if ref is None:  # the launch's answer was lost: the client's own pid file says
+                    ref = await fol.find_pid()
                     if ref:
                         write_json(record_path(paths), {**rec, **ref, "state": "launched"})
                         write_json(paths.load_pid, ref)
                     else:  # never started there (and a second client would refuse: flock + anchor, as locally)
                         state["reattached"] = False
                         state["clock_before"] = await fol.launch(env)
-                        ref = read_json_or_none(paths.load_pid) or {}
+                        ref = read_ref(paths.load_pid)
             end, st = await fol.follow(ref)
             fin = await fol.finish(end)
             if end is None and ref:  # asked over SSH: gone without an end file (status says so, the lease lapses)
@@ -152,16 +157,15 @@ def run_load(run: Run, env: dict[str, str], event: Callable[..., None], attempt:
             "copies what is missing; nothing is re-sent and no second client is started",
         ) from None
     clock = clock_record(paths, host, state["clock_before"], out["fin"]["clock_after"])
-    return {
-        "end": out["end"],
-        "reattached": state["reattached"],
-        "host": where(host),
-        "remote": out["ref"],
-        "remote_run_dir": fol.rdir,
-        "clock": clock,
-        "sealed_sha256": out["fin"]["sealed"],
-        "link": {"reconnects": fol.link.reconnects, "failures": fol.link.failures, "copied_bytes": fol.copied_bytes},
-    }
+    return out["end"], LoadEvidence(
+        reattached=state["reattached"],
+        host=where(host),
+        remote=out["ref"],
+        remote_run_dir=fol.rdir,
+        clock=dict(clock),
+        sealed_sha256=out["fin"]["sealed"],
+        link={"reconnects": fol.link.reconnects, "failures": fol.link.failures, "copied_bytes": fol.copied_bytes},
+    )
 
 
 def confirm_gone(run: Run) -> bool:
@@ -169,7 +173,7 @@ def confirm_gone(run: Run) -> bool:
     end_unknown when the host cannot be asked."""
     paths, host = run.paths, run.case.load.host
     assert host is not None
-    ref = read_json_or_none(paths.load_pid) or {}
+    ref = read_ref(paths.load_pid)
     fol = Follower(run)
 
     async def main() -> bool:

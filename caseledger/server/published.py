@@ -38,7 +38,7 @@ class Published(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     decision_words: str
-    outputs: dict[str, dict[str, Any]]  # JSON Schema documents, published as-is to clients
+    outputs: dict[str, dict[str, Any]]  # JSON: Schema documents, published as-is to clients
 
 
 @functools.cache
@@ -54,7 +54,7 @@ def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
         return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}  # a JSON Schema node being rewritten
+    out: dict[str, Any] = {}  # JSON: a JSON Schema node being rewritten
     for key, value in schema.items():
         if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
             out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}
@@ -72,7 +72,7 @@ def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
     return out
 
 
-def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:  # JSON Schema in, JSON Schema out
+def shallow_output(schema: dict[str, Any]) -> dict[str, Any]:  # JSON: a Schema document in and out
     """An output schema one level deep: every top-level field with its type and description, nested models as
     plain objects (the structured content carries them in full; the server validates it against the model).
     Keeps tools/list small: the full schemas of nested rows would triple it."""

@@ -12,7 +12,7 @@ from caseledger.case.plan import Phase
 from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256
-from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # no numpy import
+from caseledger.metrics import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # names resolved lazily: no numpy
 from caseledger.outcome import handoff, summary
 from caseledger.run.after_load import check_raw, postprocess
 from caseledger.workspace import Workspace
@@ -25,7 +25,7 @@ class ReprocessResult(BaseModel):
     requests: int | None
     rule: str | None = Field(description="Native window rule applied (null: the case's)")
     decision: str | None
-    requests_sent: int = Field(0, description="Model requests sent by this call: always 0")
+    requests_sent: int = Field(0, description="Model requests this call sends: none, it reads the raw records only")
     next_call: str
 
     def text(self) -> str:
@@ -96,7 +96,7 @@ def reprocess_raw(
         phase=Phase.POSTPROCESS,
         attempt=attempt,
         owner="reprocess_raw",
-        data={"outcome": "done", **out.evidence(), "requests_sent": 0},
+        data={"outcome": "done", **out.evidence()},
     )
     decision = None
     if rule is None and ratio is None:

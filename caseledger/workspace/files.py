@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from caseledger.errors import LockTimeout, quoted
-from caseledger.procs import cmdline, flock_holders
+from caseledger.procs import LoadRef, cmdline, flock_holders, ref_of
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -110,6 +110,11 @@ def read_json_or_none(path: Path) -> Any:
         return orjson.loads(path.read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
+
+
+def read_ref(path: Path) -> LoadRef | None:
+    """The process reference in a pid.json (or remote.json), or None when it is missing, torn or has no pid."""
+    return ref_of(read_json_or_none(path))
 
 
 def utc_now(timespec: str = "milliseconds") -> str:
