@@ -181,7 +181,7 @@ class CampaignDraft(_Model):
         }
 
 
-def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON: a case draft (JSON) edited by path
+def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON: a case draft, edited by path
     """Set `path` of a case draft (a filled canonical dict, changed in place) to `value`; ValueError naming the
     path when it does not lead to a field."""
     m = _FLAG.match(path)

@@ -79,7 +79,7 @@ def _dir(ws: Workspace, campaign_id: str) -> Path:
     return ws.campaigns_dir / check_id(campaign_id, "campaign_id", "g")
 
 
-def is_campaign_draft(obj: dict[str, Any]) -> bool:  # JSON: a draft as parsed from JSON
+def is_campaign_draft(obj: dict[str, Any]) -> bool:  # JSON: a draft as parsed
     return "campaign" in obj
 
 

@@ -323,7 +323,7 @@ def _progress(
     }
 
 
-def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # JSON: the time ledger's JSON
+def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # JSON: the time ledger
     created = datetime.fromisoformat(m.created_utc.replace("Z", "+00:00")).timestamp() if m.created_utc else None
     wall = tl.get("run_wall_s")
     return created + float(wall) if created is not None and isinstance(wall, int | float) else None

@@ -14,7 +14,7 @@ Readers outside run/ (the time ledger, the report, the campaign view) read a pha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Required, Self, TypedDict
+from typing import Any, Literal, Required, Self, TypedDict, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -48,7 +48,7 @@ class ServiceRecord(BaseModel):
     plan: str | None = Field(None, description="What the run's plan said for the service phase")
     intended_argv: list[str] | None = None
     effective_argv: list[str] | None = Field(None, description="The argv read back from the live process")
-    model_files: list[dict[str, Any]] | None = None  # JSON: services.identity.ModelFile rows, as JSON
+    model_files: list[dict[str, Any]] | None = None  # JSON: services.identity.ModelFile rows
     pid: int | None = None
     starts: int | None = Field(None, description="Processes started on this target key so far")
     files: list[FileEvidence] | None = None
@@ -57,7 +57,7 @@ class ServiceRecord(BaseModel):
     env: dict[str, str] | None = Field(None, description="The environment shown (secrets masked)")
     verified_by: str | None = None
     host: str | None = Field(None, description="The remote host (unset: this host)")
-    ssh: dict[str, Any] | None = None  # JSON: the SSH login as JSON (read back from any version's record)
+    ssh: dict[str, Any] | None = None  # JSON: the SSH login (read back from any version's record)
     host_key: str | None = None
     live_identity: str | None = Field(None, description="External: hash of what the endpoints answer")
     endpoints: list[dict[str, Any]] | None = None  # JSON: external: {base_url, models} as the endpoints answered
@@ -88,9 +88,9 @@ class ServiceRecord(BaseModel):
         return cls.of(data) if data else None
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> ServiceRecord | None:  # JSON: a phase's evidence as read from JSON
+    def of(cls, data: dict[str, Any]) -> ServiceRecord | None:  # JSON: a phase's evidence as read
         """The record in a phase's evidence dict, or None when it is none (e.g. a failed phase's data)."""
-        if data.get("outcome") not in ("done", "reused", "skipped"):
+        if data.get("outcome") not in get_args(ServiceOutcome):
             return None
         return cls.model_validate(data, extra="ignore")
 

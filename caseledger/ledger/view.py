@@ -47,7 +47,7 @@ class PhaseView:
     ended_mono: int | None = None
     failure_class: FailureClass | None = None
     error: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)  # JSON: its end event's data, JSON as any version wrote it
+    data: dict[str, Any] = field(default_factory=dict)  # JSON: its end event's data, as any version wrote it
     evidence: str | None = None  # the file its end event names (the controller's phases/<phase>.json)
 
 

@@ -223,9 +223,7 @@ _FIELDS = itemgetter(*_KEYS)
 
 
 # JSON: raw.jsonl lines in; RawColumns arrays by field name out
-def _spec_columns(
-    docs: list[dict[str, Any]],
-) -> dict[str, Any]:
+def _spec_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The optional speculative-decoding fields (records written before they existed lack them)."""
     n = len(docs)
     steps = [d.get("spec_steps") for d in docs]
@@ -242,9 +240,7 @@ def _spec_columns(
 
 
 # JSON: raw.jsonl lines in; RawColumns arrays by field name out
-def _workload_columns(
-    docs: list[dict[str, Any]],
-) -> dict[str, Any]:
+def _workload_columns(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The optional schedule and trace fields (absent from unscheduled loads and older records)."""
     n = len(docs)
     # the difference is taken on the integers: monotonic ns past 2**53 would lose their last digits as floats

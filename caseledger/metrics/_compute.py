@@ -125,15 +125,15 @@ def _trace(c: RawColumns) -> TraceReplay | None:
 def compute_result(
     case: Case,
     records: Iterable[RawRecord] | RawColumns,
-    anchor: dict[str, Any] | None = None,  # JSON: load/anchor.json as read (JSON)
+    anchor: dict[str, Any] | None = None,  # JSON: load/anchor.json as read
     metrics_before: str | None = None,
     metrics_after: str | None = None,
     rule: str | None = None,
     ratio: float | None = None,
     *,
     source: RawSource | None = None,
-    stalls: Iterable[dict[str, Any]] = (),  # JSON: load/stalls.jsonl lines (JSON)
-    host: Iterable[dict[str, Any]] = (),  # JSON: load/host.jsonl lines (JSON)
+    stalls: Iterable[dict[str, Any]] = (),  # JSON: load/stalls.jsonl lines
+    host: Iterable[dict[str, Any]] = (),  # JSON: load/host.jsonl lines
     chunks_are_content: bool = True,
 ) -> Result:
     """Every figure of both windows from raw records; pure (same inputs -> equal Result).

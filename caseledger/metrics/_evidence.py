@@ -50,7 +50,7 @@ def samples_in(samples: list[dict[str, Any]], start: int, end: int) -> list[dict
     return [x for x in samples if x["mono_ns"] > start and x["mono_ns"] - x["dt_ns"] < end]
 
 
-def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # JSON: load/host.jsonl lines (JSON)
+def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # JSON: load/host.jsonl lines
     """The host's CPU over a set of load/host.jsonl samples (jiffy deltas)."""
     total = sum(x["total"] for x in samples)
     if not samples or total <= 0:

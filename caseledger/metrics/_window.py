@@ -34,7 +34,8 @@ from caseledger.metrics._stats import agreement, distribution, rate, sum_known
 _S = 1e9  # ns per s
 
 
-def _utc(anchor: dict[str, Any] | None, t_ns: int | None) -> str | None:  # JSON: anchor: JSON, any key may be missing
+# JSON: load/anchor.json, any key may be missing
+def _utc(anchor: dict[str, Any] | None, t_ns: int | None) -> str | None:
     if anchor is None or t_ns is None:
         return None
     try:
@@ -65,7 +66,7 @@ class WindowInputs:
     dv: Derived
     s: Steps
     case: Case
-    anchor: dict[str, Any] | None  # JSON: load/anchor.json as read (JSON); _utc tolerates a malformed one
+    anchor: dict[str, Any] | None  # JSON: load/anchor.json as read; _utc tolerates a malformed one
     spec: SpecCounters
     ev: Evidence
 

@@ -85,7 +85,7 @@ def saved_decision(ws: Workspace, run_id: str) -> DecisionRecord | None:
         return None
 
 
-def _figures_of(result: Result | None) -> dict[str, Any]:  # JSON: the JSON kept in the index beside the run
+def _figures_of(result: Result | None) -> dict[str, Any]:  # JSON: the figures kept in the index beside the run
     """What the lists read of a run's latest result without parsing it: per window whether it is valid, the
     decision metrics' values and the limits' figures (unrounded; None where NOT_OBSERVED)."""
     out: dict[str, Any] = {"has": result is not None}  # JSON: index figures
@@ -108,7 +108,7 @@ class Reader:
         self.ws = ws
         self.idx = idx
         self._results: dict[str, Result | None] = {}
-        self._figures: dict[str, dict[str, Any]] = {}  # JSON: run id -> its figures' JSON
+        self._figures: dict[str, dict[str, Any]] = {}  # JSON: run id -> its figures
 
     def result(self, run_id: str) -> Result | None:
         if run_id not in self._results:
@@ -239,7 +239,7 @@ def _ts(utc: str | None) -> float | None:
     return datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
 
 
-def time_ledger(run: Run) -> dict[str, Any]:  # JSON: a JSON section of report.json
+def time_ledger(run: Run) -> dict[str, Any]:  # JSON: a section of report.json
     """Per-phase wall times, tool time from start_run to the first formal request, time outside the window."""
     v = fold(run.workspace, run)
     phases: dict[str, Any] = {}  # JSON: the time ledger

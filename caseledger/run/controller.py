@@ -148,10 +148,8 @@ class Controller:
                 procs.terminate(ref, grace_s=1.0)
             for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
                 procs.terminate(part, grace_s=1.0)
-            parts = [read_ref(p.load_pid) for p in self.paths.load_parts()]
-            remote_load.terminate_elsewhere(
-                self.case, [r for r in parts if r is not None]
-            )  # the processes of a shared load on load hosts
+            parts = [r for p in self.paths.load_parts() if (r := read_ref(p.load_pid)) is not None]
+            remote_load.terminate_elsewhere(self.case, parts)  # the processes of a shared load on load hosts
         os._exit(70)
 
     # ---- main loop

@@ -64,7 +64,7 @@ _GO_PY = (
 
 def _alive_sh(ref: LoadRef | None) -> str:
     """A shell test: the referenced process runs (same pid and start time, not a zombie), as procs.alive."""
-    p, want = (int(ref.get("pid") or 0), int(ref.get("start_time") or 0)) if ref else (0, 0)
+    p, want = (ref["pid"], ref["start_time"]) if ref else (0, 0)
     return (
         f's=$(sed "s/.*) //" /proc/{p}/stat 2>/dev/null) && set -- $s && [ "$1" != Z ] && '
         f'{{ [ {want} = 0 ] || [ "${{20}}" = {want} ]; }}'

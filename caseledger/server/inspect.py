@@ -121,7 +121,7 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
     """'k=v' words -> arguments. A value is JSON when it parses, else a string; for an array parameter a
     plain string splits on commas (run_ids=r-a,r-b); a string parameter keeps the raw text (parent=1234)."""
     props: dict[str, Any] = input_schema.get("properties", {})  # JSON: the schema's properties
-    out: dict[str, Any] = {}  # JSON: the tool call's JSON arguments
+    out: dict[str, Any] = {}  # JSON: the tool call's arguments
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
@@ -155,7 +155,7 @@ def _json_type(value: Any) -> str:
     return "object" if isinstance(value, dict) else "string"
 
 
-def _types(prop: dict[str, Any]) -> set[str]:  # JSON: a JSON Schema property
+def _types(prop: dict[str, Any]) -> set[str]:  # JSON: a Schema property
     arms = prop.get("anyOf", [prop])
     out: set[str] = set()
     for a in arms:
@@ -206,7 +206,7 @@ def _print_tools(listed: list[Tool], as_json: bool) -> None:
         sys.stdout.write(f"  out: {_compact(t.output_schema) if t.output_schema else 'none'}\n")
 
 
-def _compact(schema: dict[str, Any]) -> str:  # JSON: a JSON Schema document
+def _compact(schema: dict[str, Any]) -> str:  # JSON: a Schema document
     """'name: type' per top-level property; '?' marks an optional one."""
     required = set(schema.get("required", []))
     parts = []
@@ -215,7 +215,7 @@ def _compact(schema: dict[str, Any]) -> str:  # JSON: a JSON Schema document
     return ", ".join(parts) or "(none)"
 
 
-def _type_name(prop: dict[str, Any]) -> str:  # JSON: a JSON Schema property
+def _type_name(prop: dict[str, Any]) -> str:  # JSON: a Schema property
     if "anyOf" in prop:
         return "|".join(_type_name(a) for a in prop["anyOf"])
     if "enum" in prop:

@@ -54,7 +54,7 @@ def compact_schema(schema: Any, *, drop_defaults: bool = False) -> Any:
         return [compact_schema(x, drop_defaults=drop_defaults) for x in schema]
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}  # JSON: a JSON Schema node being rewritten
+    out: dict[str, Any] = {}  # JSON: a Schema node being rewritten
     for key, value in schema.items():
         if key in ("properties", "$defs") and isinstance(value, dict):  # keys here are names, not keywords
             out[key] = {k: compact_schema(v, drop_defaults=drop_defaults) for k, v in value.items()}

@@ -49,7 +49,7 @@ class _Result(Protocol):
 
     def text(self) -> str: ...
 
-    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...  # JSON: the JSON a tool answers with
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...  # JSON: what a tool answers with
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -218,7 +218,7 @@ def _freeze_case(mcp: MCPServer, ws: Workspace) -> None:
             Field(description="Workspace-relative draft file, e.g. 'cases/ref-baseline.json' (path or draft)"),
         ] = None,
         draft: Annotated[
-            dict[str, Any] | None,  # JSON: a JSON draft as the client sent it; freeze_case validates it
+            dict[str, Any] | None,  # JSON: a draft as the client sent it; freeze_case validates it
             Field(description="Inline draft: the JSON object a cases/*.json file holds (path or draft)"),
         ] = None,
         parent: Annotated[

@@ -306,7 +306,7 @@ class _Where(TypedDict, total=False):
     """Keyword arguments of a ServiceRecord: where a remote service runs."""
 
     host: str
-    ssh: dict[str, Any]  # JSON: the SSH model as JSON, as the evidence records it
+    ssh: dict[str, Any]  # JSON: the SSH model, as the evidence records it
     host_key: str
 
 

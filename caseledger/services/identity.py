@@ -219,7 +219,7 @@ class _HashCache:
 
     def __init__(self, ws: Workspace) -> None:
         self.path = ws.services_dir / _HASHES_FILE
-        self.data: dict[str, Any] = {}  # JSON: the JSON file: name -> {stat, sha256}, any version's entries kept
+        self.data: dict[str, Any] = {}  # JSON: the file: name -> {stat, sha256}, any version's entries kept
         self.changed = False
 
     def __enter__(self) -> _HashCache:
@@ -342,7 +342,7 @@ def identity_of(
     """The intended identity of one process; `files` (model_files) adds each model file's option and sha256,
     `defines` (defining_files) each declared file's path and sha256."""
     u = unit or units(case)[0]
-    body: dict[str, Any] = {  # JSON: canonical JSON, hashed: its keys are the identity's definition
+    body: dict[str, Any] = {  # JSON: canonical, hashed: its keys are the identity's definition
         "adapter": case.service.adapter,
         "argv": adapter_of(case).identity_argv(intended_argv(case, u)),
         "env": dict(u.env),

@@ -65,7 +65,7 @@ class ServiceState(TypedDict, total=False):
     model_files: list[ModelFile]
     files: list[DeclaredFile]
     cwd: str
-    ssh: dict[str, Any]  # JSON: the SSH login (SSH model as JSON) of a remote service
+    ssh: dict[str, Any]  # JSON: the SSH login (the SSH model) of a remote service
     engine_version: str | None
     warmed_by: str  # the run that warmed it and verified its routes since it started
     stopped_utc: str
