@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
+from caseledger import procs
+
 FAULT_ENV = "CASELEDGER_FAULT"
 KILL_EXIT_CODE = 137  # what a shell reports for SIGKILL: the fault looks like a kill to whoever waits
 
@@ -86,5 +88,8 @@ def fill_disk(run_dir: str | os.PathLike[str]) -> None:
 
 
 def die(code: int = KILL_EXIT_CODE) -> None:
-    """Exit at once without cleanup, flushing nothing, like a kill."""
+    """Exit at once without cleanup, flushing nothing, like a kill. Refused inside an inline run (procs.inline_runs):
+    the process that would die is the caller's, so such a test needs real processes."""
+    if procs.inline():
+        raise RuntimeError(f"{FAULT_ENV} asks for a kill inside an inline run: the test needs real processes")
     os._exit(code)

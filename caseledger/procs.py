@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import socket
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +87,49 @@ def stopped(ref: Mapping[str, Any] | None) -> bool:
     return f is not None and f[0] in STOPPED_STATES
 
 
+class _Inline:
+    on = False
+
+
+@contextlib.contextmanager
+def inline_runs() -> Iterator[None]:
+    """Within this block a run's parts execute in the calling process instead of fresh ones: the controller's phase
+    table, preflight (without its socket guard), the load client and the collector, with the same functions and
+    files. For tests whose subject is what a run computes (folds, decisions, reports, handoff), where ~3 s of
+    interpreter starts per run is the whole cost; everything about processes (kills, stops, leases, resume across
+    deaths, detachment) needs real ones, outside this block. Services are still started as their own processes."""
+    before, _Inline.on = _Inline.on, True
+    try:
+        yield
+    finally:
+        _Inline.on = before
+
+
+def inline() -> bool:
+    """True inside inline_runs(): spawn points run their module's entry in this process."""
+    return _Inline.on
+
+
+def run_module(module: str, argv: list[str]) -> int:
+    """`python -m MODULE ARGV` in this process, for an inline run: the module's main(argv), named as the detached
+    spawn names it (by module, so a part may start the part that started it, as processes do)."""
+    return int(importlib.import_module(module).main(argv))
+
+
+def gone(ref: ProcRef) -> LoadRef:
+    """The ref of a process part that ran inline and returned: recorded as gone, so no reader waits for it."""
+    return {**ref, "gone_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def me() -> ProcRef:
     pid = os.getpid()
     return {"pid": pid, "start_time": start_time(pid) or 0, "host": socket.gethostname()}
 
 
 def alive(ref: Mapping[str, Any] | None) -> bool:
-    """True when the referenced process still runs (same pid AND same start time, not a zombie)."""
-    if not ref or "pid" not in ref:
+    """True when the referenced process still runs (same pid AND same start time, not a zombie); never for a ref
+    recorded as gone ('gone_utc': seen gone on its host, or a part of an inline run that has returned)."""
+    if not ref or "pid" not in ref or "gone_utc" in ref:
         return False
     if ref.get("host") not in (None, socket.gethostname()):
         return False  # another host: the caller must check remotely

@@ -130,6 +130,48 @@ def _host_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             os.environ[k] = v
 
 
+# ------------------------------------------------------------------------------------------------------ tiers
+# fast (no marker): no child process, no socket beyond an in-process one; run in parallel (-n 2).
+# integration: the reference target (a real server subprocess on loopback) and runs of it, inline or detached.
+# engine, vllm, ssh, browser: a real llama-server, vLLM, sshd, chromium. A test of a heavier tier carries its mark.
+HEAVY_TIERS = ("integration", "engine", "vllm", "ssh", "browser")
+SPAWN_EVENTS = ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.exec", "os.system")
+_FAST_SPAWNED: list[str] = []
+_IN_FAST_TEST = threading.Event()
+
+
+def _spawn_audit(event: str, args: tuple[Any, ...]) -> None:
+    if event in SPAWN_EVENTS and _IN_FAST_TEST.is_set():
+        _FAST_SPAWNED.append(f"{event} {str(args[:2])[:160]}")
+
+
+sys.addaudithook(_spawn_audit)  # once per session: audit hooks cannot be removed
+
+
+@pytest.fixture(autouse=True)
+def _tier(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Runs are inline (procs.inline_runs: controller, preflight, load client and collector in this process)
+    unless the test is marked `processes`: real detached processes are its point. A test of the fast tier (no
+    heavy mark) fails when it starts a process: it belongs to `integration`."""
+    from caseledger import procs
+
+    fast = not any(request.node.get_closest_marker(t) for t in HEAVY_TIERS)
+    inline = request.node.get_closest_marker("processes") is None
+    _FAST_SPAWNED.clear()
+    if fast:
+        _IN_FAST_TEST.set()
+    try:
+        if inline:
+            with procs.inline_runs():
+                yield
+        else:
+            yield
+    finally:
+        _IN_FAST_TEST.clear()
+    if _FAST_SPAWNED:
+        pytest.fail(f"a fast-tier test started a process ({_FAST_SPAWNED[0]}): mark it integration", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _no_fault_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CASELEDGER_FAULT", raising=False)

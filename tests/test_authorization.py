@@ -31,7 +31,7 @@ def test_unknown_mode_lists_the_valid_ones(ws: Workspace) -> None:
         authorization.set_mode(ws, "yolo")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_single_allows_one_run_then_pauses(ws: Workspace, stop_services: None) -> None:
     authorization.set_mode(ws, "single")
     port = free_port()

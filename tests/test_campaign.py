@@ -25,7 +25,7 @@ from tests.conftest import (
 )
 from tests.test_runs import wait_state
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def test_parent_and_note_do_not_change_what_a_case_is(ws: Workspace) -> None:

@@ -246,7 +246,7 @@ def _formal(port: int) -> int:
     return int(stats(port)["by_phase"].get("load", 0))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_no_request(
     ws: Workspace, stop_services: None
 ) -> None:
@@ -305,7 +305,7 @@ def _no() -> Any:
     raise AssertionError("no scenario view")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     ws: Workspace, stop_services: None
 ) -> None:
@@ -391,7 +391,7 @@ def _intervals(ws: Workspace) -> list[tuple[float, float, str]]:
     return sorted(out)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: Workspace, stop_services: None) -> None:
     authorization.set_mode(ws, "auto")
     port = free_port()
@@ -447,6 +447,8 @@ def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: W
     assert _formal(port) == 32 * before + 64 * len(third), stats(port)
 
 
+@pytest.mark.integration
+@pytest.mark.processes  # a detached driver waiting under a pause, stopped by SIGTERM from another process
 def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace, stop_services: None) -> None:
     """A live driver would start the next point's service again: `caseledger target stop` stops it first, and
     its end is in the ledger (driver.json, a driver_ended event), so the view says how to continue."""

@@ -78,6 +78,7 @@ def test_workspace_and_json_work_in_any_position(
     assert list(elsewhere.iterdir()) == [], "the command wrote into the current directory"
 
 
+@pytest.mark.integration
 def test_mcp_and_inspect_take_the_workspace_after_the_command(
     setup: tuple[Workspace, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

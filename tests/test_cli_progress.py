@@ -18,7 +18,7 @@ from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 REDRAW = re.compile(rb"\r(?!\n)")  # a carriage return that is no line end (the terminal turns \n into \r\n)
 

@@ -29,7 +29,7 @@ from caseledger.workspace import Workspace, read_json, sha256_file
 from tests.conftest import free_port, start_with_fault
 from tests.engine import MODEL_ALIAS, llama_paths, work
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.integration]
 
 TIMEOUT = 420.0
 

@@ -114,7 +114,7 @@ def test_single_process_cases_keep_their_canonical_form() -> None:
     assert "components" not in canon["service"]  # case ids frozen before components existed are unchanged
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_dead_component_is_restarted_alone_and_only_its_route_is_warmed(
     ws: Workspace, ports: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -151,7 +151,7 @@ def test_a_dead_component_is_restarted_alone_and_only_its_route_is_warmed(
     assert ev2["outcome"] == "reused" and pids(ev2) == after
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_declared_held_files_are_checked_in_the_live_process(
     ws: Workspace, ports: tuple[int, int], tmp_path: Path
 ) -> None:
@@ -188,6 +188,7 @@ def stats_down(port: int) -> bool:
     return False
 
 
+@pytest.mark.integration
 def test_env_is_compared_by_value_hash_on_the_live_process(ws: Workspace) -> None:
     unit = identity.units(Case.model_validate(two_routes((1, 2), env={"EXPERTS": "layout-v2"})))[0]
     want = {"EXPERTS": identity.value_hash("layout-v2")}

@@ -300,6 +300,7 @@ def test_full_counting_fallback_gives_the_same_entries(tmp_path: Path, monkeypat
     assert full.content_sha256 == composed.content_sha256
 
 
+@pytest.mark.integration
 def test_module_import_and_builtin_generation_do_not_import_transformers(tmp_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path\n"

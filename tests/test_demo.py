@@ -8,7 +8,7 @@ import sys
 import pytest
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_demo_prints_the_comparison_and_leaves_nothing_running() -> None:
     before = set(_caseledger_pids())
     p = subprocess.run([sys.executable, "-m", "caseledger", "demo"], capture_output=True, text=True, timeout=600)

@@ -19,7 +19,7 @@ from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import free_port
 from tests.engine import llama_draft, llama_paths
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.integration]
 
 
 def test_a_flag_by_c_campaign_starts_each_service_identity_once(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
 from tests.engine import MODEL_ALIAS, counters, llama_draft, llama_paths, llama_spec_draft, llama_template, work
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.integration]
 
 TIMEOUT = 420.0  # per run; a few seconds on an idle machine, minutes when the 2 cores are shared
 ALL_PHASES = (

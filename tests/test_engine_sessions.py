@@ -13,7 +13,7 @@ from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
 from tests.engine import llama_paths, llama_template
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.integration]
 
 TIMEOUT = 600.0
 

@@ -34,7 +34,7 @@ from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
 from tests.engine import ENGINE_NOTES, VllmPaths, prometheus_labels, vllm_paths, vllm_template
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 TIMEOUT = 900.0  # per run, a cold start included; minutes when the 2 cores are shared
 ALL_PHASES = (

@@ -24,7 +24,7 @@ from tests.conftest import external_draft, free_port, ref_draft, stats
 from tests.misbehaving import misbehaving
 from tests.test_fault_matrix import cell, service_pid, settled, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def decision(ws: Workspace, run_id: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, stats
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def next_line(ws: Workspace) -> str:

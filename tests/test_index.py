@@ -189,6 +189,7 @@ def test_every_active_scenario_is_named_in_the_handoff(tmp_path: Path) -> None:
     assert text.index(second) < text.index(first)
 
 
+@pytest.mark.integration
 def test_cli_index_rebuild(ledger: tuple[Workspace, dict[str, Any]]) -> None:
     ws, info = ledger
     before = answers(ws, info)

@@ -98,6 +98,7 @@ def local(ws: Workspace, name: str = "t-x") -> LocalLauncher:
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
+@pytest.mark.integration
 def test_local_child_that_exits_before_health_fails_at_once_naming_its_last_log_line_and_the_log(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,6 +116,7 @@ def test_local_child_that_exits_before_health_fails_at_once_naming_its_last_log_
     assert e.value.fix == f"read {ws.services_dir / 't-x.log'}; fix the case's service and resume"
 
 
+@pytest.mark.integration
 def test_local_child_that_becomes_healthy_passes_and_keeps_running(ws: Workspace, health: HealthServer) -> None:
     lc = CountingLocal(ws.root, "the service", ws.services_dir / "t-x.log")
     ref = lc.spawn(SLEEPER, {})
@@ -130,6 +132,7 @@ def test_local_child_that_becomes_healthy_passes_and_keeps_running(ws: Workspace
     assert not procs.alive(ref)
 
 
+@pytest.mark.integration
 def test_local_child_that_never_answers_is_stopped_when_time_runs_out(ws: Workspace) -> None:
     lc = local(ws)
     ref = lc.spawn(SLEEPER, {})
@@ -141,6 +144,7 @@ def test_local_child_that_never_answers_is_stopped_when_time_runs_out(ws: Worksp
     assert not procs.alive(ref) and lc.exit_status() is not None
 
 
+@pytest.mark.integration
 def test_local_argv_that_cannot_start_names_argv0_and_the_fix(ws: Workspace) -> None:
     with pytest.raises(PhaseFailed) as e:
         local(ws).spawn([str(ws.root / "no-such-engine")], {})
@@ -166,7 +170,7 @@ def ssh_log() -> Iterator[str]:
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_ssh_child_that_becomes_healthy_is_probed_about_once_a_second(
     sshd: Sshd, health: HealthServer, ssh_log: str
 ) -> None:
@@ -183,7 +187,7 @@ def test_ssh_child_that_becomes_healthy_is_probed_about_once_a_second(
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_ssh_child_that_exits_before_health_fails_naming_its_last_log_line_and_the_remote_log(
     sshd: Sshd, ssh_log: str
 ) -> None:

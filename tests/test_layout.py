@@ -358,6 +358,7 @@ LIGHT_ENTRIES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("entry", sorted(LIGHT_ENTRIES))
 def test_a_run_process_imports_only_what_its_phase_uses(entry: str) -> None:
     import subprocess

@@ -501,7 +501,7 @@ def test_public_api_all_is_sorted_and_complete() -> None:
     assert pkg.__all__ == sorted(pkg.__all__) and set(pkg.__all__) == public
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_load_client_start_up_imports_neither_mcp_nor_transformers() -> None:
     code = (
         "import sys, caseledger.load.__main__; print(sorted({m.split('.')[0] for m in sys.modules} & "
@@ -579,7 +579,7 @@ def run_client(
     )
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_n(
     target: Target, tmp_path: Path
 ) -> None:
@@ -626,7 +626,7 @@ def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_
     assert target.by_phase().get("load", 0) - before == 12
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_end_file(
     target: Target, tmp_path: Path
 ) -> None:
@@ -640,7 +640,7 @@ def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_e
     assert again.returncode == 3 and "not empty" in again.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target, tmp_path: Path) -> None:
     # 4000 tokens at 1 ms per step: each request streams for ~4 s, so SIGTERM lands mid-stream
     paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(target.port, 6, 3, max_tokens=4000))

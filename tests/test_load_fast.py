@@ -46,7 +46,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "crash-fast": CRASH,
     "crash-httpx": CRASH,
 }
-slow = pytest.mark.slow
+integration = pytest.mark.integration
 Kind = Literal["fast", "httpx"]
 KINDS: tuple[Kind, Kind] = ("fast", "httpx")
 # what must match between transports; chunk_ns/send_ns/end_ns are times, so only their count is compared
@@ -107,7 +107,7 @@ def reset_cache(base: str) -> None:
 # ---- parity on the reference target -----------------------------------------------------------------
 
 
-@slow
+@integration
 def test_streams_give_identical_records_on_both_transports_for_chat_and_completions(
     servers: dict[str, Served],
 ) -> None:
@@ -127,7 +127,7 @@ def test_streams_give_identical_records_on_both_transports_for_chat_and_completi
         assert r["chunk_ns"][-1] <= r["end_ns"]
 
 
-@slow
+@integration
 def test_http_500_is_an_http_error_with_the_same_status_and_message(servers: dict[str, Served]) -> None:
     base = servers["error"].base
     specs = [make_spec(0, base, "chat"), make_spec(1, base, "completions")]
@@ -137,7 +137,7 @@ def test_http_500_is_an_http_error_with_the_same_status_and_message(servers: dic
     assert all((r["error"] or "").startswith("HTTP 500: ") and "injected fault" in (r["error"] or "") for r in fast)
 
 
-@slow
+@integration
 def test_a_stalled_stream_ends_as_a_timeout_on_both_transports(servers: dict[str, Served]) -> None:
     base = servers["stall"].base
     specs = [make_spec(0, base, "chat"), make_spec(1, base, "completions")]
@@ -160,7 +160,7 @@ def test_a_closed_port_is_a_connection_error_on_both_transports() -> None:
     assert (fast[0]["error"] or "").startswith("ConnectError: ")
 
 
-@slow
+@integration
 def test_a_server_killed_mid_stream_breaks_the_stream_and_then_refuses_on_both_transports(
     servers: dict[str, Served],
 ) -> None:
@@ -335,7 +335,7 @@ def test_only_plain_http_urls_take_the_fast_path() -> None:
     assert fast_target("http://user:pw@host/v1") is None
 
 
-@slow
+@integration
 def test_transport_env_selects_fast_by_default_httpx_on_request_and_refuses_unknown_names(
     monkeypatch: pytest.MonkeyPatch,
     servers: dict[str, Served],
@@ -376,7 +376,7 @@ def test_transport_env_selects_fast_by_default_httpx_on_request_and_refuses_unkn
         go()
 
 
-@slow
+@integration
 def test_the_formal_load_uses_the_fast_transport_by_default_and_says_so_in_end_json(
     servers: dict[str, Served],
     tmp_path: Path,
@@ -393,6 +393,7 @@ def test_the_formal_load_uses_the_fast_transport_by_default_and_says_so_in_end_j
     assert all(len(r["chunk_ns"]) == 8 for r in read_records(paths.raw).records)
 
 
+@pytest.mark.integration
 def test_unknown_transport_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
     paths = make_run_dir(Workspace(tmp_path / "ws"), load_draft(free_port(), 4, 2))
     env = {**os.environ, TRANSPORT_ENV: "carrier-pigeon"}

@@ -182,6 +182,7 @@ def test_plan_from_run_dir_uses_the_frozen_case_and_the_runs_salt(tmp_path: Path
     assert plan != build_plan(case, entries, None, ident)  # the salt reached the bodies
 
 
+@pytest.mark.integration
 def test_plan_builds_in_a_fresh_process_with_files_and_sockets_forbidden(tmp_path: Path) -> None:
     """What preflight relies on: build_plan itself does no I/O (everything it needs is passed in)."""
     ws = Workspace(tmp_path / "ws")

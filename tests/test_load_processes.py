@@ -113,6 +113,8 @@ def _load_at_target(port: int) -> int:
     return int(stats(port)["by_phase"].get("load", 0))
 
 
+@pytest.mark.integration
+@pytest.mark.processes  # load.processes > 1: P armed client processes and one go
 def test_two_processes_run_one_merged_load(ws: Workspace, stop_services: None) -> None:
     port = free_port()
     case = freeze_case(ws, draft=ref_draft(port, load={"requests": 24, "concurrency": 5, "processes": 2, "rate": 200}))
@@ -152,6 +154,8 @@ def slow_draft(port: int) -> dict[str, Any]:
     )
 
 
+@pytest.mark.integration
+@pytest.mark.processes  # load.processes > 1: P armed client processes and one go
 def test_one_of_two_processes_killed_mid_load_then_resume_merges(ws: Workspace, stop_services: None) -> None:
     port = free_port()
     case = freeze_case(ws, draft=slow_draft(port))

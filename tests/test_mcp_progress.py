@@ -14,7 +14,7 @@ from mcp import Client, StdioServerParameters
 from caseledger.workspace import Workspace
 from tests.test_cli_progress import _case
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
 @pytest.fixture

@@ -297,6 +297,7 @@ def server_params(ws: Workspace) -> StdioServerParameters:
     )
 
 
+@pytest.mark.integration
 def test_stdio_stdout_carries_only_json_rpc(ws: Workspace) -> None:
     init = {
         "jsonrpc": "2.0",
@@ -329,6 +330,7 @@ def test_stdio_stdout_carries_only_json_rpc(ws: Workspace) -> None:
     assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
 
 
+@pytest.mark.integration
 async def test_stdio_subprocess_lists_tools_freezes_and_names_fixes(ws: Workspace) -> None:
     async with Client(server_params(ws)) as c:
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
@@ -339,6 +341,7 @@ async def test_stdio_subprocess_lists_tools_freezes_and_names_fixes(ws: Workspac
     assert err.is_error and "fix:" in text_of(err)
 
 
+@pytest.mark.integration
 def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
     assert inspect_main(ws, []) == 0
     listing = capsys.readouterr().out
@@ -396,6 +399,7 @@ def http_server(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[tuple
         yield url, token
 
 
+@pytest.mark.integration
 async def test_streamable_http_on_loopback(http_server: tuple[str, str | None]) -> None:
     url, _ = http_server
     async with Client(url) as c:
@@ -404,6 +408,7 @@ async def test_streamable_http_on_loopback(http_server: tuple[str, str | None]) 
     assert r.is_error and "fix:" in text_of(r)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("http_server", [True], indirect=True)
 async def test_streamable_http_token_required(http_server: tuple[str, str | None]) -> None:
     url, token = http_server
@@ -467,6 +472,7 @@ def http_server_on(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[st
         yield url
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("http_server_on", ["127.0.0.2", "[0:0:0:0:0:0:0:1]"], indirect=True)
 async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspace, http_server_on: str) -> None:
     url = http_server_on
@@ -572,6 +578,7 @@ def _exchange(url: str, head: bytes, fill: bytes = b"", fill_bytes: int = 0) -> 
     return answer[0], sent
 
 
+@pytest.mark.integration
 async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_server_under_10_mb(
     tokened: tuple[str, int],
 ) -> None:
@@ -592,6 +599,7 @@ async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_serve
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
 
 
+@pytest.mark.integration
 def test_too_many_header_fields_get_431_before_the_token_is_checked(tokened: tuple[str, int]) -> None:
     url, _ = tokened
     fields = [f"X-Field-{i}: 1" for i in range(guards.MAX_HEADERS - 2)]  # with Host and Connection: the cap exactly
@@ -602,6 +610,7 @@ def test_too_many_header_fields_get_431_before_the_token_is_checked(tokened: tup
     assert b"www-authenticate" not in answer.lower()
 
 
+@pytest.mark.integration
 def test_a_declared_body_over_the_cap_gets_413_unread(tokened: tuple[str, int]) -> None:
     url, _ = tokened
     json_post = ("Content-Type: application/json", "Accept: application/json, text/event-stream")
@@ -613,7 +622,7 @@ def test_a_declared_body_over_the_cap_gets_413_unread(tokened: tuple[str, int]) 
     assert _status(answer) == 401  # at the cap: past the bounds to the token check, still unread
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_slow_and_dribbling_heads_get_408_and_silent_clients_are_closed(tokened: tuple[str, int]) -> None:
     url, _ = tokened
     silent, partial, dribbler = _connect(url), _connect(url), _connect(url)
@@ -633,13 +642,13 @@ def test_slow_and_dribbling_heads_get_408_and_silent_clients_are_closed(tokened:
 # ------------------------------------------------------------------------------------- a real run, end to end
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
     async with Client(server_params(ws)) as c:
         await _full_run(c, ws)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 async def test_full_run_over_streamable_http_with_short_answers(
     ws: Workspace, http_server: tuple[str, str | None]
 ) -> None:

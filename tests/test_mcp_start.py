@@ -109,6 +109,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.integration
 def test_a_session_lists_without_importing_the_tools_and_loads_them_at_the_first_call(tmp_path: Path) -> None:
     (tmp_path / "cases").mkdir()
     p = subprocess.run(
@@ -122,7 +123,7 @@ def test_a_session_lists_without_importing_the_tools_and_loads_them_at_the_first
     assert out["status_error"] and "no runs in this workspace yet; fix: freeze_case" in out["status"]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_stdio_caseledger_mcp_lists_the_recorded_tools(tmp_path: Path) -> None:
     """The real `caseledger mcp` over stdio sends the recorded tools/list, whatever the in-process client does."""
     exe = Path(sys.executable).with_name("caseledger")

@@ -430,6 +430,7 @@ def test_torn_last_line_is_tolerated_and_reported(tmp_path: Path) -> None:
     assert r.windows.whole.latency == compute_result(make_case(), hand_records()).windows.whole.latency
 
 
+@pytest.mark.integration
 def test_cli_writes_results_with_raw_sha_and_never_overwrites(tmp_path: Path) -> None:
     run = write_run(tmp_path, hand_records())
     raw_sha = hashlib.sha256((run / "load" / "raw.jsonl").read_bytes()).hexdigest()

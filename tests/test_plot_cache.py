@@ -111,7 +111,7 @@ anyio.run(main)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_only_reads_it(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -147,6 +147,7 @@ def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_onl
         services.stop_all(ws)
 
 
+@pytest.mark.integration
 def test_a_chart_that_cannot_be_drawn_is_noted_and_never_fails_the_caller(tmp_path: Path) -> None:
     import subprocess
     import sys

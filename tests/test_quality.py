@@ -38,6 +38,7 @@ def test_public_all_is_sorted_complete_and_resolves() -> None:
     assert set(tools.__all__) >= SIX_TOOLS, sorted(SIX_TOOLS - set(tools.__all__))
 
 
+@pytest.mark.integration
 def test_cli_help_does_not_import_heavy_modules() -> None:
     code = (
         "import sys, caseledger.cli as c\n"
@@ -49,7 +50,7 @@ def test_cli_help_does_not_import_heavy_modules() -> None:
     assert out.stdout.strip().splitlines()[-1] == "HEAVY:"
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_ruff_is_clean() -> None:
     exe = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     r = subprocess.run([exe, "check", "."], cwd=ROOT, capture_output=True, text=True)
@@ -58,7 +59,7 @@ def test_ruff_is_clean() -> None:
     assert fmt.returncode == 0, "run `ruff format .`:\n" + fmt.stdout[-3000:]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_mypy_strict_is_clean() -> None:
     r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]

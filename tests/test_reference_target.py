@@ -37,7 +37,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # slots=2, prefill of 40 uncached tokens = 20 ms alone, step = 10 ms + 20 ms per extra sequence
     "timed": {"prefill_tokens_per_s": 2000, "decode_step_s": 0.01, "decode_step_per_seq_s": 0.02, "slots": 2},
 }
-slow = pytest.mark.slow
+integration = pytest.mark.integration
 
 
 def tokens(text: str) -> int:
@@ -121,7 +121,7 @@ def test_prefix_cache_counts_leading_blocks_never_the_whole_prompt_and_evicts_lr
     assert PrefixCache(0, 4).lookup(10, cache.hashes(a)) == 0
 
 
-@slow
+@integration
 def test_cli_rejects_invalid_config_json_on_stderr_before_serving() -> None:
     r = subprocess.run(
         [
@@ -147,7 +147,7 @@ def test_cli_rejects_invalid_config_json_on_stderr_before_serving() -> None:
 # ---- wire format and usage ------------------------------------------------------------------------
 
 
-@slow
+@integration
 def test_health_models_and_unknown_model_is_404_with_openai_error(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
         assert c.get("/health").json() == {"status": "ok"}
@@ -162,7 +162,7 @@ def test_health_models_and_unknown_model_is_404_with_openai_error(servers: dict[
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
-@slow
+@integration
 def test_usage_counts_exactly_the_builtin_tokenizer_tokens(servers: dict[str, Served]) -> None:
     content = "kalo mite sa vo " * 7
     with servers["plain"].client() as c:
@@ -185,7 +185,7 @@ def test_usage_counts_exactly_the_builtin_tokenizer_tokens(servers: dict[str, Se
         assert tokens(r["choices"][0]["text"]) == 5
 
 
-@slow
+@integration
 def test_chat_stream_is_role_chunk_one_chunk_per_token_finish_usage_done(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
         ev = sse(
@@ -207,7 +207,7 @@ def test_chat_stream_is_role_chunk_one_chunk_per_token_finish_usage_done(servers
     assert len({e["id"] for e in ev[:-1]}) == 1
 
 
-@slow
+@integration
 def test_completions_stream_carries_usage_in_the_finish_chunk(servers: dict[str, Served]) -> None:
     body = {
         "model": MODEL,
@@ -227,7 +227,7 @@ def test_completions_stream_carries_usage_in_the_finish_chunk(servers: dict[str,
     assert finish["usage"]["prompt_tokens"] == tokens("ka lo mi")
 
 
-@slow
+@integration
 def test_continuous_usage_stats_put_cumulative_usage_on_every_chunk(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
         ev = sse(
@@ -244,7 +244,7 @@ def test_continuous_usage_stats_put_cumulative_usage_on_every_chunk(servers: dic
     )
 
 
-@slow
+@integration
 def test_without_ignore_eos_some_requests_stop_early_at_a_seeded_eos(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
         results = [
@@ -261,7 +261,7 @@ def test_without_ignore_eos_some_requests_stop_early_at_a_seeded_eos(servers: di
 # ---- prefix cache ---------------------------------------------------------------------------------
 
 
-@slow
+@integration
 def test_same_long_prompt_twice_hits_block_aligned_and_flush_routes_clear(servers: dict[str, Served]) -> None:
     content = " ".join(f"w{i} kalo" for i in range(120))
     bs = 16
@@ -295,7 +295,7 @@ def test_same_long_prompt_twice_hits_block_aligned_and_flush_routes_clear(server
 # ---- counting, identity -----------------------------------------------------------------------------
 
 
-@slow
+@integration
 def test_stats_count_completion_requests_by_phase_header(servers: dict[str, Served]) -> None:
     s = servers["plain"]
     with s.client() as c:
@@ -318,7 +318,7 @@ def test_stats_count_completion_requests_by_phase_header(servers: dict[str, Serv
     assert after["config_sha256"] == hashlib.sha256(canonical).hexdigest()
 
 
-@slow
+@integration
 def test_props_report_live_argv_pid_and_config_hash(servers: dict[str, Served]) -> None:
     s = servers["plain"]
     with s.client() as c:
@@ -329,7 +329,7 @@ def test_props_report_live_argv_pid_and_config_hash(servers: dict[str, Served]) 
     assert props["config_sha256"] == stats["config_sha256"]
 
 
-@slow
+@integration
 def test_metrics_use_vllm_names_with_model_label(servers: dict[str, Served]) -> None:
     with servers["plain"].client() as c:
         m = metrics(c)
@@ -353,7 +353,7 @@ def test_metrics_use_vllm_names_with_model_label(servers: dict[str, Served]) -> 
 # ---- speculative decoding ---------------------------------------------------------------------------
 
 
-@slow
+@integration
 def test_spec_decode_chunks_carry_several_tokens_and_counters_add_up(servers: dict[str, Served]) -> None:
     n_req, max_tokens = 4, 40
     with servers["spec"].client() as c:
@@ -395,7 +395,7 @@ def test_spec_decode_chunks_carry_several_tokens_and_counters_add_up(servers: di
 # ---- faults -------------------------------------------------------------------------------------------
 
 
-@slow
+@integration
 def test_error_rate_one_answers_500_and_hidden_counters_are_absent(servers: dict[str, Served]) -> None:
     with servers["faulty"].client() as c:
         for path, body in [
@@ -412,7 +412,7 @@ def test_error_rate_one_answers_500_and_hidden_counters_are_absent(servers: dict
     assert stats["by_phase"] == {"load": 2}
 
 
-@slow
+@integration
 def test_stall_after_k_sends_first_chunk_then_nothing_and_frees_the_slot(servers: dict[str, Served]) -> None:
     with servers["stall"].client(timeout=0.3) as c:
         for _ in range(2):
@@ -435,7 +435,7 @@ def test_stall_after_k_sends_first_chunk_then_nothing_and_frees_the_slot(servers
     assert counter(m, "vllm:num_requests_waiting") == 0
 
 
-@slow
+@integration
 def test_crash_after_k_exits_the_process_after_the_kth_response(servers: dict[str, Served]) -> None:
     s = servers["crash"]
     with s.client() as c:
@@ -451,7 +451,7 @@ def test_crash_after_k_exits_the_process_after_the_kth_response(servers: dict[st
 # ---- performance model ---------------------------------------------------------------------------------
 
 
-@slow
+@integration
 def test_queue_prefill_sharing_and_batched_decode_steps_follow_the_model(servers: dict[str, Served]) -> None:
     """slots=2: A and B share prefill (2 x 40 tokens at 2000/s = 40 ms), then 4 steps at batch 2
     (10 + 20 ms each) = 160 ms; C queues until then, prefills alone (20 ms), 4 steps at batch 1 (10 ms)."""
@@ -498,7 +498,7 @@ def test_queue_prefill_sharing_and_batched_decode_steps_follow_the_model(servers
     assert near(c[0], 0.18) and near(c[1], 0.22), c
 
 
-@slow
+@integration
 def test_client_disconnect_mid_stream_frees_the_slot(servers: dict[str, Served]) -> None:
     with servers["timed"].client() as c:
         body = {"model": MODEL, "prompt": "ka lo", "max_tokens": 2000, "ignore_eos": True, "stream": True}

@@ -261,7 +261,7 @@ def wait_until(what: str, cond: Any, timeout_s: float = 60.0) -> None:
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_remote_load_completes_with_the_local_shape_and_the_report_states_the_clock_offset(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -315,7 +315,7 @@ def test_remote_load_completes_with_the_local_shape_and_the_report_states_the_cl
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_cut_link_mid_load_is_end_unknown_with_the_lease_kept_then_resume_recovers_every_record(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -359,7 +359,7 @@ def test_cut_link_mid_load_is_end_unknown_with_the_lease_kept_then_resume_recove
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_controller_killed_during_a_remote_load_then_resume_reattaches_without_a_second_client(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -381,7 +381,7 @@ def test_controller_killed_during_a_remote_load_then_resume_reattaches_without_a
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_controller_dead_between_the_remote_launch_and_its_pid_then_resume_finds_the_client_by_its_pid_file(
     ws: Workspace, load_host: LoadHost, services_stopped: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -434,7 +434,7 @@ def test_load_host_unset_keeps_case_ids_and_a_bad_one_is_refused_naming_the_fiel
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_remote_client_killed_mid_load_ends_partial_on_resume_and_nothing_is_sent_again(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -458,7 +458,7 @@ def test_remote_client_killed_mid_load_ends_partial_on_resume_and_nothing_is_sen
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_counters_only_the_load_host_reaches_are_read_there_and_the_report_says_which_host_read_them(
     ws: Workspace, load_host: LoadHost, services_stopped: None, tmp_path: Path
 ) -> None:
@@ -517,7 +517,7 @@ def test_counters_only_the_load_host_reaches_are_read_there_and_the_report_says_
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_service_killed_under_a_remote_load_sends_it_again_from_a_fresh_remote_directory_after_resume(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -557,7 +557,7 @@ def shared_draft(lh: LoadHost, port: int, n: int, slow: bool = False, **load: An
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_on_a_load_host_run_one_merged_load_copied_back_per_process(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -651,7 +651,7 @@ def two_hosts_draft(a: LoadHost, b: LoadHost, port: int, n: int, slow: bool = Fa
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_load_hosts_run_one_load_dealt_over_every_process_of_both(
     ws: Workspace, load_host: LoadHost, second_load_host: LoadHost, both_stopped: None
 ) -> None:
@@ -681,7 +681,7 @@ def test_two_load_hosts_run_one_load_dealt_over_every_process_of_both(
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_one_of_two_load_hosts_cut_mid_load_is_end_unknown_then_resume_counts_every_request_once(
     ws: Workspace, load_host: LoadHost, second_load_host: LoadHost, both_stopped: None
 ) -> None:
@@ -718,7 +718,7 @@ def test_one_of_two_load_hosts_cut_mid_load_is_end_unknown_then_resume_counts_ev
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_one_of_two_processes_killed_on_a_load_host_then_resume_merges_nothing_twice_nothing_resent(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -747,7 +747,7 @@ def test_one_of_two_processes_killed_on_a_load_host_then_resume_merges_nothing_t
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_controller_killed_under_two_processes_on_a_load_host_then_resume_reattaches_to_both(
     ws: Workspace, load_host: LoadHost, services_stopped: None
 ) -> None:
@@ -783,7 +783,7 @@ def run_clients(lh: LoadHost, run_id: str) -> list[int]:
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_armed_processes_on_a_load_host_give_up_once_the_controller_dies_before_the_go_then_resume_starts_afresh(
     ws: Workspace, load_host: LoadHost, services_stopped: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -848,7 +848,7 @@ def small_disk_host(tmp_path: Path, ws: Workspace) -> Iterator[LoadHost]:
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_full_disk_on_the_load_host_fails_the_load_disk_with_nothing_sent_then_resume_sends_it_once(
     ws: Workspace, small_disk_host: LoadHost, monkeypatch: pytest.MonkeyPatch, processes: int

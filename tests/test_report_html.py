@@ -132,7 +132,7 @@ def _not_blank(png: Path) -> tuple[int, float]:
     return len(colours), 1 - white / total
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.browser
 def test_a_campaign_report_opens_in_chromium_with_its_charts_and_pareto_frontier_and_no_console_error(
     ws: Workspace, stop_services: None, chromium: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

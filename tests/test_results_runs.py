@@ -10,7 +10,7 @@ from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, start_with_fault
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def spec_draft(port: int, hide: list[str]) -> dict[str, object]:

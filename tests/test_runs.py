@@ -21,7 +21,7 @@ from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def wait_state(ws: Workspace, run_id: str, pred: Any, timeout: float = 60) -> Any:

@@ -20,7 +20,7 @@ from caseledger.tools import freeze_case, reprocess_raw, start_run, summarize
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 SCENARIO = "ref-sweep"
 LIMIT_MS = 11.0

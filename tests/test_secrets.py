@@ -42,7 +42,7 @@ from tests.conftest import (
 SECRET = "sk-test-7f3a9c1e5b2d4f6a8c0e"
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_api_key_and_service_env_values_never_reach_the_ledger(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
 ) -> None:
@@ -96,6 +96,7 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(kv.decode().split("=", 1) for kv in raw.split(b"\0") if kv)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("adapter", ["command", "reference"])
 def test_launched_service_gets_only_the_basics_and_its_declared_env(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None, adapter: str
@@ -133,6 +134,7 @@ def test_launched_service_gets_only_the_basics_and_its_declared_env(
     assert {k for k in env if not k.startswith("LC_")} <= allowed
 
 
+@pytest.mark.integration
 def test_identity_command_runs_with_the_same_minimal_env(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -157,7 +159,7 @@ def test_identity_command_runs_with_the_same_minimal_env(
     assert UNDECLARED not in out and "LD_LIBRARY_PATH" not in out
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_no_process_caseledger_starts_inherits_the_callers_secrets(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
 ) -> None:
@@ -253,7 +255,7 @@ def _files_with_the_key(ws: Workspace) -> list[str]:
     return [str(p.relative_to(ws.root)) for p in sorted(ws.root.rglob("*")) if p.is_file() and leaks(p.read_bytes())]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_key_the_server_echoes_is_masked_in_every_file_and_every_answer(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -54,7 +54,7 @@ def metrics_texts(ws: Workspace, run_id: str) -> tuple[str, str]:
     return p.metrics_before.read_text(), p.metrics_after.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_reference_run_per_request_al_equals_the_counter_delta_and_native_has_its_own(
     ws: Workspace, stop_services: None
 ) -> None:
@@ -116,7 +116,7 @@ def test_reference_run_per_request_al_equals_the_counter_delta_and_native_has_it
     assert redone is not None and redone.windows == res.windows
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_counts_missing_from_records_are_not_observed_with_the_reason(ws: Workspace, stop_services: None) -> None:
     r = start_run(ws, freeze_case(ws, draft=spec_ref_draft(free_port())).case_id, wait=True)
     assert r.state == "succeeded", r.text()

@@ -90,7 +90,7 @@ def stop_remote(ws: Workspace) -> Iterator[None]:
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
     ws: Workspace, sshd: Sshd, stop_remote: None
 ) -> None:
@@ -148,7 +148,7 @@ def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
     ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path
 ) -> None:
@@ -171,7 +171,7 @@ def test_remote_launcher_that_appends_an_override_fails_in_service_naming_it(
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("problem", ["missing_key_file", "closed_port", "unauthorized_key", "unknown_host_key"])
 def test_unusable_ssh_login_refuses_the_start_naming_host_port_and_fix(
     ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, problem: str
@@ -203,7 +203,7 @@ def test_unusable_ssh_login_refuses_the_start_naming_host_port_and_fix(
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_private_key_and_env_secrets_never_land_in_the_workspace(
     ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -267,7 +267,7 @@ def test_ssh_login_without_known_hosts_needs_the_explicit_opt_in(ws: Workspace) 
 
 
 @pytest.mark.ssh
-@pytest.mark.slow
+@pytest.mark.integration
 def test_remote_component_files_and_env_are_read_back_over_ssh(
     ws: Workspace, sshd: Sshd, stop_remote: None, tmp_path: Path
 ) -> None:

@@ -11,7 +11,7 @@ from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def test_a_bounded_wait_answers_at_the_next_change_and_a_settled_run_at_once(

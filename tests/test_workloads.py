@@ -295,7 +295,7 @@ def test_preflight_refuses_a_request_longer_than_the_context(ws: Workspace, stop
     assert "ValueError" not in (st.blocker or "")  # a refusal reads as its sentence, not as an exception's type
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_trace_replays_on_the_reference_target_on_schedule_with_cached_beside_planned(
     ws: Workspace, stop_services: None
 ) -> None:
@@ -343,6 +343,7 @@ def test_trace_replays_on_the_reference_target_on_schedule_with_cached_beside_pl
     assert "## Trace replay" in report and "## Schedule" in report and "input lengths" in report
 
 
+@pytest.mark.integration
 def test_a_file_line_asks_its_own_output_tokens_and_its_count_is_checked_against_it(
     ws: Workspace, stop_services: None
 ) -> None:

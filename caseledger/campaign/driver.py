@@ -137,7 +137,7 @@ _WINDOW_CLOSED = (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED, PhaseS
 
 
 def _after_window(gid: str, view: RunView, case: Case) -> None:
-    if gid not in _AHEAD and view.phases[Phase.LOAD].state in _WINDOW_CLOSED:
+    if gid not in _AHEAD and view.phases[Phase.LOAD].state in _WINDOW_CLOSED and not procs.inline():
         keep = frozenset(case.env_names())
         _AHEAD[gid] = (spawn_ahead(keep), keep)
 
@@ -184,13 +184,16 @@ def drive(ws: Workspace, gid: str) -> int:
         {**procs.me(), "started_utc": utc_now(), "first_started_unix": before.get("first_started_unix", time.time())},
     )
     event(ws, gid, "driver_started", pid=procs.me()["pid"])
-    signal.signal(signal.SIGTERM, _stopped)  # `caseledger target stop`: end through `finally`, recorded
-    os.environ[DRIVEN_BY] = gid  # the controllers of its points leave the chart to it (run/controller.py)
+    if not procs.inline():  # a process of its own (inline: the caller's, whose signals and env are not ours)
+        signal.signal(signal.SIGTERM, _stopped)  # `caseledger target stop`: end through `finally`, recorded
+        os.environ[DRIVEN_BY] = gid  # the controllers of its points leave the chart to it (run/controller.py)
     resumed: dict[str, int] = {}
     outcome = "complete"
     try:
         while True:
             if authorization.current_mode(ws) == "paused":
+                if procs.inline():  # nothing could lift the pause while this loop holds the caller
+                    raise RuntimeError("an inline campaign driver met a paused authorization: it would wait for ever")
                 _note_wait(ws, gid, "authorization paused: no new point starts")
                 time.sleep(WAIT_S)
                 continue
@@ -240,6 +243,8 @@ def _draw_charts(ws: Workspace, gid: str) -> None:
     """The campaign's scenario chart, drawn once the driver ends so the next summarize finds it on disk (not
     between points: the drawing would share the cores with the next point's formal window; the controllers of
     driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's log."""
+    if procs.inline():
+        return  # the caller's process is no place for nice 19; summarize draws what it reads
     try:
         os.nice(19)
         from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib, only now
@@ -252,7 +257,15 @@ def _draw_charts(ws: Workspace, gid: str) -> None:
 
 
 def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:
-    """Start the campaign's detached driver; returns its pid once driver.json names it (or after 10 s)."""
+    """Start the campaign's detached driver; returns its pid once driver.json names it (or after 10 s). Inline
+    (procs.inline_runs): the driver's loop runs here, its points inline, and returns when the campaign ends."""
+    if procs.inline():
+        try:
+            drive(ws, gid)
+        finally:  # driver.json then says gone: no reader takes the caller's pid for a live driver
+            info = read_json_or_none(driver_file(ws, gid)) or {}
+            write_json(driver_file(ws, gid), {**info, "gone_utc": utc_now()})
+        return os.getpid()
     log = (driver_file(ws, gid).parent / "driver.log").open("ab")
     p = subprocess.Popen(
         [sys.executable, "-m", "caseledger.campaign.driver", str(ws.root), gid],

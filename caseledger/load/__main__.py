@@ -84,6 +84,7 @@ async def _run(
     writer: RawWriter,
     tally: Tally,
     start_ns: int | None = None,
+    own_process: bool = True,
 ) -> list[str]:
     def on_record(rec: RawRecord) -> None:
         if tally.disk_full:
@@ -106,7 +107,8 @@ async def _run(
     async with anyio.create_task_group() as tg:
         tg.start_soon(progress_loop, paths, tally)
         tg.start_soon(stall_loop, paths)
-        tg.start_soon(_watch_signals, load_scope, caught)
+        if own_process:  # signal handlers belong to the process (and only its main thread may set them)
+            tg.start_soon(_watch_signals, load_scope, caught)
         with load_scope:
             if plan.sessions is not None:  # conversations: each turn after the previous one's response
                 await run_sessions(
@@ -246,7 +248,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_NOT_STARTED
     root = Path(os.path.abspath(args[0]))
-    paths = RunPaths(root) if len(args) == 1 else PartPaths(root, int(args[1]))
+    return _main(RunPaths(root) if len(args) == 1 else PartPaths(root, int(args[1])))
+
+
+def run_inline(paths: RunPaths) -> int:
+    """The same load in the calling process (procs.inline_runs: tests of what a run computes). Left out: what only
+    a process of its own may do (runtime tuning, nice, signal handlers); the exit code is returned."""
+    return _main(paths, own_process=False)
+
+
+def _main(paths: RunPaths, own_process: bool = True) -> int:
     if paths.root.is_symlink() or not paths.root.is_dir():  # a link may point anywhere: never written through
         problem = "is a symbolic link (never followed)" if paths.root.is_symlink() else "does not exist"
         print(f"load: run directory {paths.root} {problem}", file=sys.stderr)
@@ -263,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(e.line, file=sys.stderr, flush=True)
         return e.code
-    return _load(paths, fd, plan, transport, api_key, start_ns)
+    return _load(paths, fd, plan, transport, api_key, start_ns, own_process)
 
 
 def _refusal(paths: RunPaths) -> str | None:
@@ -324,7 +335,13 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
 
 
 def _load(
-    paths: RunPaths, fd: int, plan: LoadPlan, transport: str, api_key: str | None, start_ns: int | None = None
+    paths: RunPaths,
+    fd: int,
+    plan: LoadPlan,
+    transport: str,
+    api_key: str | None,
+    start_ns: int | None = None,
+    own_process: bool = True,
 ) -> int:
     """The formal load: send, record every request, then the end file (written even on a full disk).
     start_ns: the monotonic instant the schedule starts at (one go for several processes); None: at once."""
@@ -342,9 +359,10 @@ def _load(
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     wall_start = utc_now()
     write_json(paths.load_anchor, clock_anchor())
-    quiet_runtime()
+    if own_process:
+        quiet_runtime()
     try:
-        caught = anyio.run(_run, paths, plan, api_key, writer, tally, start_ns)
+        caught = anyio.run(_run, paths, plan, api_key, writer, tally, start_ns, own_process)
     finally:
         writer.close()
         if tally.sent_fd is not None:

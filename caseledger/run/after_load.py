@@ -5,6 +5,7 @@ or raises PhaseFailed with a failure class."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -113,6 +114,18 @@ def postprocess_env() -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def _collector_inline(args: list[str]) -> tuple[int, bytes, bytes]:
+    """The collector's entry in this process (procs.inline_runs): (exit code, stdout, stderr) as a fresh one gives."""
+    if fault("postprocess", "fail") is not None:
+        raise RuntimeError("postprocess:fail needs the collector in a fresh process: the test needs real processes")
+    from caseledger.metrics.__main__ import main  # lazy: the collector's entry, only for an inline run
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue().encode(), err.getvalue().encode()
+
+
 def check_raw(paths: RunPaths, sealed: str | None) -> None:
     """Refuse raw data whose sha256 differs from the one sealed when the load's end was confirmed."""
     if sealed is None:
@@ -134,19 +147,28 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
     `sealed`: the raw data's sha256 recorded at confirm_end, checked first."""
     check_raw(paths, sealed)
     argv, env = postprocess_env()
-    p = subprocess.run(
-        [*argv, str(paths.root), *(extra or [])], capture_output=True, env=env, timeout=600, stdin=subprocess.DEVNULL
-    )
+    if procs.inline():
+        code, out_b, err_b = _collector_inline([str(paths.root), *(extra or [])])
+        env, argv = {}, [sys.executable, "inline: caseledger.metrics.__main__.main in the caller's process"]
+    else:
+        p = subprocess.run(
+            [*argv, str(paths.root), *(extra or [])],
+            capture_output=True,
+            env=env,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+        code, out_b, err_b = p.returncode, p.stdout, p.stderr
     recorded_env = PostprocessEnv(interpreter=argv[0], argv=argv[1:], PYTHONPATH=env.get("PYTHONPATH", ""))
-    if p.returncode != 0:
-        err = (p.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+    if code != 0:
+        err = (err_b.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise PhaseFailed(
             redact.cut(f"postprocess: {err}", 400),
             FailureClass.COLLECT,
             f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent",
         )
 
-    out = orjson.loads(p.stdout.decode().strip().splitlines()[-1])  # the collector's one JSON line
+    out = orjson.loads(out_b.decode().strip().splitlines()[-1])  # the collector's one JSON line
     return PostprocessEvidence(
         result=out.get("result"), raw_sha256=out.get("raw_sha256"), env=recorded_env, requests=out.get("requests")
     )

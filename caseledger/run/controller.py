@@ -72,7 +72,7 @@ def draw_chart(ws: Workspace, scenario: str) -> None:
     the outcome is recorded and the lease released, so a run starting meanwhile keeps the cores. Skipped for the
     point of a driven campaign (its driver draws once when it ends, not between points). Derived only: a failure
     is noted in the controller's log and never changes the run's outcome."""
-    if os.environ.get(DRIVEN_BY):
+    if os.environ.get(DRIVEN_BY) or procs.inline():  # inline: the caller's process is no place for nice 19
         return
     try:
         os.nice(19)
@@ -137,6 +137,8 @@ class Controller:
         """The lease is lost (fenced by a newer owner) or about to lapse unrenewed: stop this run's load
         client and exit, so no request of this run reaches the target past the lease."""
         print(f"controller: lost the target's lease, stopping the load: {why}", file=sys.stderr, flush=True)
+        if procs.inline():  # the process to end is the caller's: lease races are tested with real controllers
+            raise RuntimeError(f"an inline run lost its target's lease: {why}")
         with contextlib.suppress(Exception):  # best effort: the exit below happens whatever this meets
             self.paths.load_abort.touch()
             ref = read_json_or_none(self.paths.load_pid) or read_json_or_none(self.paths.load_armed)

@@ -265,6 +265,8 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> LoadRef:
     """Start the load client detached; its process reference, written to load/pid.json (and load/armed.json) as
     procs and leases read it. Armed: it loads everything, then waits for load/go (or abort)."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
+    if procs.inline():
+        return _client_inline(paths)
     env = child_env(keep=case.env_names())  # its API key variable, nothing else of the caller's
     if armed:
         env["CASELEDGER_LOAD_ARMED"] = "1"
@@ -286,9 +288,26 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> LoadRef:
     return pid
 
 
+def _client_inline(paths: RunPaths) -> LoadRef:
+    """The load client's entry run in this process (procs.inline_runs), to its end file; its pid.json then says
+    gone, so the load phase and confirm_end see a client that has exited. Its log lines go to load/client.log."""
+    # lazy: the load client's entry, only for an inline run
+    from caseledger.load.__main__ import EXIT_CANCELLED, EXIT_COMPLETE, run_inline
+
+    with paths.load_log.open("a") as log, contextlib.redirect_stdout(log):
+        code = run_inline(paths)
+    if code not in (EXIT_COMPLETE, EXIT_CANCELLED):
+        print(f"inline load client exited {code}", file=sys.stderr)
+    ref = procs.gone(procs.me())
+    write_json(paths.load_pid, ref)
+    return ref
+
+
 def arm_client(run: Run) -> LoadRef | None:
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
     paths = run.paths
+    if procs.inline():
+        return None  # an inline client starts in the load phase, in this process
     if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host_shares():
         return None  # (a remote client is started in the load phase, after its inputs are copied there)
     if run.case.load.total_processes > 1:

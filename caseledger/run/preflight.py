@@ -159,7 +159,14 @@ def context_check(case: Case, plan: LoadPlan) -> ContextCheck | None:
 
 
 def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> PreflightResult:
-    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; its answer (checks, or the error)."""
+    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; its answer (checks, or the error). Inline
+    (procs.inline_runs): the same checks in this process, which no audit hook guards (the evidence says so)."""
+    if procs.inline():
+        try:
+            checks = run(str(run_dir)).model_copy(update={"sockets": "not forbidden: inline, in the caller's process"})
+            return PreflightResult(ok=True, checks=checks)
+        except Exception as e:
+            return PreflightResult(ok=False, error=error_text(e))
 
     p = subprocess.run(
         [sys.executable, "-m", "caseledger.run.preflight", str(run_dir)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import subprocess
 import sys
@@ -119,8 +120,11 @@ def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:  
 
 
 def spawn_controller(run: Run, fence: int) -> int:
-    """Start the run's detached controller (it reads run.json as written by then), then mark it spawned."""
+    """Start the run's detached controller (it reads run.json as written by then), then mark it spawned. Inline
+    (procs.inline_runs): the same controller runs the phase table in this process and returns when the run ends."""
     paths = run.paths
+    if procs.inline():
+        return _controller_inline(run, fence)
     log = paths.controller_log.open("ab")
     p = subprocess.Popen(
         [sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
@@ -139,6 +143,15 @@ def spawn_controller(run: Run, fence: int) -> int:
         {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"], "fence": fence},
     )
     return p.pid
+
+
+def _controller_inline(run: Run, fence: int) -> int:
+    write_meta(run.paths, run.meta.model_copy(update={"controller_spawned": True}))
+    try:
+        procs.run_module("caseledger.run.controller", [str(run.paths.root), "--fence", str(fence)])
+    finally:  # the run's controller has returned: no reader may take the caller's pid for a live controller
+        write_json(run.paths.controller_pid, {**procs.gone(procs.me()), "fence": fence})
+    return os.getpid()
 
 
 Progress = Callable[[RunView], None]  # called with each state a wait reads (every poll, about 20 times a second)
@@ -185,24 +198,28 @@ def launch(
     while the previous point post-processes); it is handed this run, or killed if it is not used."""
     key = target_key(case.canonical())
     rid = new_run_id(ws)
-    if ahead is None or ahead.poll() is not None:
+    if procs.inline():
+        ahead = None  # preflight runs in this process, inside the controller's phase table
+    elif ahead is None or ahead.poll() is not None:
         ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
     try:
         with authorization.claim(ws, rid) as mode:
             lease = run_lease.acquire(ws, case, key, run_id=rid, owner=None)
             try:
                 run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
-                hand_over(ahead, run.paths)
+                if ahead is not None:
+                    hand_over(ahead, run.paths)
                 spawn_controller(run, lease.fence)
             except BaseException:
                 run_lease.release(ws, case, key, rid, lease.fence)
                 raise
         return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0, progress=progress)
     finally:
-        if ahead.stdin is not None and not ahead.stdin.closed:
-            ahead.kill()  # never handed a run (refused start): nothing of it is needed
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            ahead.wait(timeout=AHEAD_WAIT_S)  # reaped, not left a zombie of a long-lived MCP server
+        if ahead is not None:
+            if ahead.stdin is not None and not ahead.stdin.closed:
+                ahead.kill()  # never handed a run (refused start): nothing of it is needed
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                ahead.wait(timeout=AHEAD_WAIT_S)  # reaped, not left a zombie of a long-lived MCP server
 
 
 def start_next(ws: Workspace, key: str) -> str | None:
