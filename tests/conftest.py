@@ -260,8 +260,35 @@ def fault_matrix() -> dict[str, dict[str, bool]]:
     return FAULT_MATRIX
 
 
+def tier_of(item: pytest.Item) -> str:
+    return next((t for t in reversed(HEAVY_TIERS) if item.get_closest_marker(t)), "fast")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # `-m fast` selects the fast tier by name
+        if tier_of(item) == "fast":
+            item.add_marker(pytest.mark.fast)
+
+
+TIER_TIMES: dict[str, list[float]] = {}  # tier -> [tests, seconds (setup + call + teardown)]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = next((t for t in reversed(HEAVY_TIERS) if t in report.keywords), "fast")
+    got = TIER_TIMES.setdefault(tier, [0, 0.0])
+    got[0] += report.when == "call" or (report.when == "setup" and report.skipped)
+    got[1] += report.duration
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     from tests.engine import ENGINE_NOTES  # the real-engine tests' measured figures (the module they import)
+
+    if TIER_TIMES:  # with -n, the workers' reports reach the controller too: the sums are of test time
+        terminalreporter.write_sep("=", "time per tier (tests, seconds of setup + call + teardown)")
+        for tier in ("fast", *HEAVY_TIERS):
+            if tier in TIER_TIMES:
+                n, secs = TIER_TIMES[tier]
+                terminalreporter.write_line(f"{tier:<12} {int(n):>4} tests {secs:8.1f} s")
 
     if ENGINE_NOTES:
         terminalreporter.write_sep("=", "measured on the real engines")

@@ -84,6 +84,7 @@ def test_a_measurement_only_child_says_it_sent_nothing(ws: Workspace, stop_servi
     assert "0 sent by this run" in s.text() and "formal sent" not in s.text()
 
 
+@pytest.mark.processes
 def test_resume_says_the_run_is_running_not_the_failure_it_repairs(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,6 +136,7 @@ def test_handoff_shows_the_scenario_and_only_unsuperseded_problems(ws: Workspace
     assert "3 case(s)" in text, text
 
 
+@pytest.mark.processes
 def test_a_copied_workspace_resumes_in_its_new_place(
     ws: Workspace, tmp_path: Any, stop_services: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -246,6 +246,7 @@ def _formal(port: int) -> int:
     return int(stats(port)["by_phase"].get("load", 0))
 
 
+@pytest.mark.processes  # the detached driver end to end: each point preflighted by a process spawned ahead
 @pytest.mark.integration
 def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_no_request(
     ws: Workspace, stop_services: None
@@ -305,6 +306,7 @@ def _no() -> Any:
     raise AssertionError("no scenario view")
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     ws: Workspace, stop_services: None
@@ -391,6 +393,7 @@ def _intervals(ws: Workspace) -> list[tuple[float, float, str]]:
     return sorted(out)
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_two_campaigns_on_one_target_queue_and_a_pause_starts_no_new_point(ws: Workspace, stop_services: None) -> None:
     authorization.set_mode(ws, "auto")

@@ -118,6 +118,7 @@ def wait_gone(pid: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.processes
 def test_two_routes_kill_one_resume_restarts_only_it(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     ws = engine.ws
     case = freeze_case(ws, draft=two_route_draft(engine.ports, engine.server, engine.model))

@@ -114,6 +114,7 @@ def test_single_process_cases_keep_their_canonical_form() -> None:
     assert "components" not in canon["service"]  # case ids frozen before components existed are unchanged
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_a_dead_component_is_restarted_alone_and_only_its_route_is_warmed(
     ws: Workspace, ports: tuple[int, int], monkeypatch: pytest.MonkeyPatch

@@ -63,6 +63,7 @@ def free_space(ws: Workspace, run_id: str) -> None:
     (ws.run(run_id).root / FILLER).unlink()
 
 
+@pytest.mark.processes
 def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
     small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
@@ -91,6 +92,7 @@ def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
         c.check("resend", s.done == 8 and s.results_extracted and formal(port) == 8, s.text())  # none re-sent
 
 
+@pytest.mark.processes
 def test_disk_full_before_the_load_sends_nothing_and_resume_sends_it_once(
     small_ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:

@@ -179,6 +179,7 @@ def test_prefix_cache_case_passes_its_cache_check(llama: Llama) -> None:
     assert cache.uncached_input_throughput.numerator < cache.nominal_input_throughput.numerator  # type: ignore[union-attr]
 
 
+@pytest.mark.processes
 def test_collect_failure_is_repaired_from_raw_without_model_work(llama: Llama, monkeypatch: pytest.MonkeyPatch) -> None:
     ws = llama.ws
     draft = llama.draft(scenario="llamacpp-collect", load={"requests": 3, "concurrency": 2})

@@ -254,6 +254,7 @@ def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) 
     assert [x["cached_tokens"] for x in recs] == [planned[x["entry"]] for x in recs]
 
 
+@pytest.mark.processes
 def test_sigkill_of_vllm_mid_load_then_resume_counts_n_formal_requests_at_the_engine(vllm: Vllm) -> None:
     ws = vllm.ws
     # C=2: four waves of two, so after the first record three waves (seconds on this CPU) are still to come; at C=4

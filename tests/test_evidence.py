@@ -266,6 +266,7 @@ def _wait_sent(ws: Workspace, run_id: str, n: int) -> None:
     wait_until(lambda: phase_status(ws, run_id).done >= n, 60, f"{n} formal requests done")
 
 
+@pytest.mark.processes
 def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlog(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
@@ -299,6 +300,7 @@ def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlo
         c.check("once", wait_until(lambda: not os.path.exists(f"/proc/{old}"), 10, "the stopped engine gone"))
 
 
+@pytest.mark.processes
 def test_a_stopped_load_client_distorts_the_window_and_the_decision_names_it(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
@@ -326,6 +328,7 @@ def test_a_stopped_load_client_distorts_the_window_and_the_decision_names_it(
         c.check("next", "load_client_stopped" in events and "load_client_continued" in events)
 
 
+@pytest.mark.processes  # the host is sampled while a detached client loads
 def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
@@ -432,6 +435,7 @@ def _failed(i: int, status: int | None, kind: str, error: str) -> RawRecord:
     return r
 
 
+@pytest.mark.processes
 def test_failure_causes_and_the_share_decide_the_class() -> None:
     from caseledger.errors import PhaseFailed
     from caseledger.run.load_failures import check_failures  # lazy: the run stage, for this pure check only

@@ -52,7 +52,7 @@ from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats, tree_digest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.processes]  # kills, stops, races: real processes are the point
 
 N = 8  # formal requests of every cell's case (C=2)
 FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}

@@ -39,6 +39,7 @@ def run_failing_on(ws: Workspace, monkeypatch: pytest.MonkeyPatch, fault: str | 
     return r.run_id, port
 
 
+@pytest.mark.processes
 def test_before_model_failure_points_at_fix_and_resume(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
 ) -> None:
@@ -70,6 +71,7 @@ def test_requests_over_the_context_are_refused_at_preflight_with_nothing_sent(
     assert "preflight_only=True" in nxt and "0 model requests sent" in nxt and s.case_id in nxt
 
 
+@pytest.mark.processes
 def test_collect_failure_points_at_reprocess_and_then_summarize(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
 ) -> None:
@@ -86,6 +88,7 @@ def test_collect_failure_points_at_reprocess_and_then_summarize(
     assert f"summarize(run_ids=['{rid}'])" in next_line(ws)
 
 
+@pytest.mark.processes
 def test_a_dead_client_points_at_a_fresh_run_and_says_what_resume_would_do(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
 ) -> None:

@@ -605,6 +605,7 @@ def test_a_run_directory_that_is_a_symlink_is_not_listed_and_is_refused_over_cli
     assert link.is_symlink()
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_a_run_directory_swapped_for_a_symlink_is_refused_and_works_again_once_restored(
     ws: Workspace, tmp_path: Path, stop_services: None, monkeypatch: pytest.MonkeyPatch

@@ -35,6 +35,8 @@ from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import free_port, ref_draft, reference_targets, stats
 from tests.sshd import Sshd, loopback_sshd
 
+pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
+
 N = 8
 FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
 SLOW = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0, "slots": 8}

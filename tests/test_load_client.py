@@ -626,6 +626,7 @@ def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_
     assert target.by_phase().get("load", 0) - before == 12
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_end_file(
     target: Target, tmp_path: Path
@@ -640,6 +641,7 @@ def test_kill_after_three_records_leaves_exactly_three_complete_records_and_no_e
     assert again.returncode == 3 and "not empty" in again.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_sigterm_records_in_flight_requests_and_ends_as_cancelled(target: Target, tmp_path: Path) -> None:
     # 4000 tokens at 1 ms per step: each request streams for ~4 s, so SIGTERM lands mid-stream

@@ -111,6 +111,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.processes  # the detached controller draws the chart
 @pytest.mark.integration
 def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_only_reads_it(tmp_path: Path) -> None:
     import subprocess

@@ -39,6 +39,8 @@ from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, start_with_fault
 from tests.sshd import Sshd, running_sshd, sshd_binary
 
+pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
+
 
 def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)

@@ -54,6 +54,7 @@ def test_hidden_draft_token_counter_gives_not_observed_rate(ws: Workspace, stop_
     assert isinstance(sd.acceptance_length, Ratio)  # AL needs only output tokens and drafts
 
 
+@pytest.mark.processes
 def test_broken_postprocess_is_collect_and_reprocess_sends_nothing(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None
 ) -> None:

@@ -92,6 +92,7 @@ def slow_draft(port: int, **over: Any) -> dict[str, Any]:
     return ref_draft(port, **base)
 
 
+@pytest.mark.processes
 def test_killed_controller_leaves_load_running_and_resume_finishes(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,6 +114,7 @@ def test_killed_controller_leaves_load_running_and_resume_finishes(
     assert len([e for e in ev if e["type"] == "load_client_started"]) == 1
 
 
+@pytest.mark.processes
 def test_killed_load_client_keeps_records_and_never_claims_success(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,6 +160,7 @@ def test_effective_argv_mismatch_fails_in_service_before_load(
     wait_state(ws, r.run_id, lambda s: not s.client_alive, timeout=20)  # and it exits with its controller
 
 
+@pytest.mark.processes
 def test_second_start_on_a_held_target_fails_at_once(ws: Workspace, stop_services: None) -> None:
     port = free_port()
     a = freeze_case(ws, draft=slow_draft(port))
@@ -173,6 +176,7 @@ def test_second_start_on_a_held_target_fails_at_once(ws: Workspace, stop_service
     assert stats(port)["by_phase"]["load"] == 8
 
 
+@pytest.mark.processes
 def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -257,6 +261,7 @@ def test_prefix_cache_truth_on_a_warm_service(ws: Workspace, stop_services: None
     assert ratios[0][1] < 0.95  # the unique part is recomputed: no hit on a salted suffix
 
 
+@pytest.mark.processes
 def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: None) -> None:
     port = free_port()
     a = freeze_case(ws, draft=slow_draft(port))
@@ -281,6 +286,7 @@ def test_queued_case_starts_when_the_target_frees(ws: Workspace, stop_services: 
     assert "queue t-" not in ws.handoff.read_text()
 
 
+@pytest.mark.processes
 def test_preflight_runs_in_the_process_spawned_ahead_and_a_resume_runs_a_fresh_one(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -159,6 +159,7 @@ def test_identity_command_runs_with_the_same_minimal_env(
     assert UNDECLARED not in out and "LD_LIBRARY_PATH" not in out
 
 
+@pytest.mark.processes  # the environ of each process started
 @pytest.mark.integration
 def test_no_process_caseledger_starts_inherits_the_callers_secrets(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, stop_services: None

@@ -142,6 +142,7 @@ def test_conversations_carry_the_servers_replies_and_later_turns_hit_the_history
     assert "## Conversations" in report and "| 3 | 6 / 6 |" in report
 
 
+@pytest.mark.processes
 @pytest.mark.integration
 def test_a_killed_load_never_continues_a_conversation_and_the_result_says_which_are_cut(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch

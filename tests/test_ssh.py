@@ -28,6 +28,8 @@ from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
 from tests.sshd import Sshd, generate_key, loopback_sshd
 
+pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
+
 PHASES = (
     "preflight",
     "service",

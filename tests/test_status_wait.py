@@ -14,6 +14,7 @@ from tests.conftest import free_port, ref_draft
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.processes
 def test_a_bounded_wait_answers_at_the_next_change_and_a_settled_run_at_once(
     ws: Workspace, stop_services: None
 ) -> None:

@@ -152,7 +152,7 @@ class PreflightChecks(Evidence):
     collector: str
     disk_free_mib: int
     sockets: str
-    process: str | None = Field(None, description="Set when the process spawned ahead ran it")
+    process: str | None = Field(None, description="Set when the process spawned ahead ran it (or an inline run)")
     load_host: dict[str, Any] | None = None  # JSON: run/remote_load.py's preflight record of the load host
 
 

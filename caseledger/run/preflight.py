@@ -163,7 +163,9 @@ def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> PreflightResult
     (procs.inline_runs): the same checks in this process, which no audit hook guards (the evidence says so)."""
     if procs.inline():
         try:
-            checks = run(str(run_dir)).model_copy(update={"sockets": "not forbidden: inline, in the caller's process"})
+            checks = run(str(run_dir)).model_copy(
+                update={"sockets": "not forbidden (inline)", "process": "inline: the caller's process"}
+            )
             return PreflightResult(ok=True, checks=checks)
         except Exception as e:
             return PreflightResult(ok=False, error=error_text(e))
