@@ -294,7 +294,8 @@ def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
 
 
 def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
-    """SIGTERM the process group (or the process), then SIGKILL after the grace period."""
+    """SIGTERM the process group (or the process), then SIGKILL after the grace period. A child of this process
+    (a service an inline run started) is reaped, so no zombie of it stays in the process table."""
     if not alive(ref):
         return False
     pid = int(ref["pid"])
@@ -312,10 +313,10 @@ def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
                 return True
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if not alive(ref):
-                return True
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+            if not alive(ref):
+                return True
             time.sleep(0.05)
     return not alive(ref)
 

@@ -267,7 +267,10 @@ def tier_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # `-m fast` selects the fast tier by name
         if tier_of(item) == "fast":
-            item.add_marker(pytest.mark.fast)
+            if item.get_closest_marker("processes"):  # real processes are never the fast tier
+                item.add_marker(pytest.mark.integration)
+            else:
+                item.add_marker(pytest.mark.fast)
 
 
 TIER_TIMES: dict[str, list[float]] = {}  # tier -> [tests, seconds (setup + call + teardown)]
