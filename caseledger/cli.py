@@ -186,7 +186,12 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--token-env",
         default=None,
-        help="env var holding a bearer token required from HTTP clients (needed off loopback)",
+        help="env var holding the bearer token every HTTP client needs (required with --http, loopback too)",
+    )
+    s.add_argument(
+        "--read-token-env",
+        default=None,
+        help="env var holding a second, read-only token: phase_status, summarize and the resources only",
     )
 
     s = sub.add_parser(
@@ -377,7 +382,7 @@ def _index(ws: Workspace, a: argparse.Namespace) -> int:
 def _mcp(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.server import serve  # lazy: mcp
 
-    serve(ws, http=a.http, token_env=a.token_env)
+    serve(ws, http=a.http, token_env=a.token_env, read_token_env=a.read_token_env)
     return 0
 
 

@@ -118,10 +118,13 @@ def _host_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Target leases are host-wide; the suite keeps its own host directory (shared by every workspace and
     child process of the session, as on a real host), so a rerun never meets a previous run's leases."""
     # the same for leases kept on a lease host over SSH (the test sshd's "remote" host is this machine)
-    names = ("CASELEDGER_HOST_DIR", "CASELEDGER_LEASE_HOST_DIR")
+    # and the host policy (caseledger.run.policy): a person's ~/.config/caseledger/policy.json is not the suite's
+    names = ("CASELEDGER_HOST_DIR", "CASELEDGER_LEASE_HOST_DIR", "XDG_CONFIG_HOME", "CASELEDGER_POLICY")
     old = {k: os.environ.get(k) for k in names}
     os.environ["CASELEDGER_HOST_DIR"] = str(tmp_path_factory.mktemp("host"))
     os.environ["CASELEDGER_LEASE_HOST_DIR"] = str(tmp_path_factory.mktemp("lease-host"))
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    os.environ.pop("CASELEDGER_POLICY", None)
     yield
     for k, v in old.items():
         if v is None:

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -262,16 +262,6 @@ def test_http_binding_rules() -> None:
     assert not guards.is_loopback("0.0.0.0") and not guards.is_loopback("example.org")
 
 
-def test_serve_refuses_non_loopback_without_a_token(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(NotAuthorized, match="--token-env"):
-        serve(ws, http="0.0.0.0:1", token_env=None)
-    monkeypatch.setenv("CL_SHORT", "abc")
-    with pytest.raises(NotAuthorized, match="at least 16"):
-        serve(ws, http="0.0.0.0:1", token_env="CL_SHORT")
-    with pytest.raises(CaseledgerError, match="only applies to --http"):
-        serve(ws, http=None, token_env="CL_SHORT")
-
-
 def test_inspect_arguments_parse_json_else_string() -> None:
     schema = {
         "properties": {
@@ -357,17 +347,20 @@ def test_inspect_lists_and_calls_over_real_stdio(ws: Workspace, capsys: pytest.C
     assert doc["is_error"] is True and "fix:" in doc["text"] and doc["structured_content"] is None
 
 
+TOKEN = "t0ken-" + "x" * 20
+READ_TOKEN = "r3ad-" + "y" * 20
+
+
 @contextmanager
-def _mcp_http(
-    ws: Workspace, bind: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
-) -> Iterator[tuple[str, int]]:
-    """`caseledger mcp --http BIND:PORT` as a subprocess, waited for until it listens; yields the /mcp URL and
-    the server's pid."""
+def _mcp_http(ws: Workspace, bind: str, *extra: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """`caseledger mcp --http BIND:PORT --token-env CL_TEST_TOKEN` (TOKEN; READ_TOKEN in CL_READ_TOKEN) as a
+    subprocess, waited for until it listens; yields the /mcp URL and the server's pid."""
     port = free_port()
-    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}", *extra]
+    argv = [sys.executable, "-m", "caseledger", "mcp", "--workspace", str(ws.root), "--http", f"{bind}:{port}"]
+    argv += ["--token-env", "CL_TEST_TOKEN", *extra]
     p = subprocess.Popen(
         argv,
-        env=env or dict(os.environ),
+        env=env or {**os.environ, "CL_TEST_TOKEN": TOKEN, "CL_READ_TOKEN": READ_TOKEN},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -388,42 +381,73 @@ def _mcp_http(
         p.wait(10)
 
 
+@asynccontextmanager
+async def _client(url: str, token: str = TOKEN) -> AsyncIterator[Client]:
+    """An MCP client over streamable HTTP that sends the bearer token."""
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h,
+        Client(streamable_http_client(url, http_client=h)) as c,
+    ):
+        yield c
+
+
 @pytest.fixture
-def http_server(ws: Workspace, request: pytest.FixtureRequest) -> Iterator[tuple[str, str | None]]:
-    """`caseledger mcp --http 127.0.0.1:PORT` as a subprocess; the token when the test asks for one."""
-    token = "t0ken-" + "x" * 20 if getattr(request, "param", False) else None
-    env = dict(os.environ)
-    if token:
-        env["CL_TEST_TOKEN"] = token
-    with _mcp_http(ws, "127.0.0.1", env, ("--token-env", "CL_TEST_TOKEN") if token else ()) as (url, _):
-        yield url, token
+def http_server(ws: Workspace) -> Iterator[str]:
+    """`caseledger mcp --http 127.0.0.1:PORT` with a token and a read-only token, as a subprocess: its URL."""
+    with _mcp_http(ws, "127.0.0.1", "--read-token-env", "CL_READ_TOKEN") as (url, _):
+        yield url
 
 
 @pytest.mark.integration
-async def test_streamable_http_on_loopback(http_server: tuple[str, str | None]) -> None:
-    url, _ = http_server
-    async with Client(url) as c:
+async def test_streamable_http_on_loopback(http_server: str) -> None:
+    async with _client(http_server) as c:
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
         r = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
     assert r.is_error and "fix:" in text_of(r)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("http_server", [True], indirect=True)
-async def test_streamable_http_token_required(http_server: tuple[str, str | None]) -> None:
-    url, token = http_server
-    assert token is not None
+async def test_streamable_http_needs_the_token_on_loopback_too(http_server: str, ws: Workspace) -> None:
+    url = http_server
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     async with httpx2.AsyncClient() as h:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic x"}):
             resp = await h.post(url, json=body, headers=headers)
             assert resp.status_code == 401, headers
             assert resp.headers["www-authenticate"].startswith("Bearer")
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h,
-        Client(streamable_http_client(url, http_client=h)) as c,
-    ):
+    async with _client(url) as c:
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+    # the read-only token lists, reads and asks, and is refused (403, nothing written) any other tool
+    async with _client(url, READ_TOKEN) as c:
+        assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
+        r = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
+        assert r.is_error and "fix:" in text_of(r)  # answered by the tool: it was let through
+        assert (await c.read_resource("caseledger://handoff")).contents
+        before = tree_digest(ws.root)
+        for name, args in (("freeze_case", {"path": "cases/draft.json"}), ("start_run", {"case_id": "c-0123abcd"})):
+            with pytest.raises(MCPError, match=f"read-only token may call phase_status, summarize .* not '{name}'"):
+                await c.call_tool(name, args)
+    assert tree_digest(ws.root) == before
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {READ_TOKEN}"}) as h:
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "resume", "arguments": {}}}
+        resp = await h.post(url, json=[call], headers={"Accept": "application/json, text/event-stream"})
+        assert resp.status_code == 403 and "not 'resume'; fix: call it with the full token" in resp.text
+
+
+def test_http_serving_needs_a_token_and_a_read_token_of_its_own(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    for bind in ("127.0.0.1:1", "[::1]:1", "0.0.0.0:1"):
+        with pytest.raises(NotAuthorized, match="loopback included") as e:
+            serve(ws, http=bind, token_env=None)
+        assert "--token-env NAME" in (e.value.fix or "")
+    monkeypatch.setenv("CL_SHORT", "abc")
+    with pytest.raises(NotAuthorized, match="at least 16"):
+        serve(ws, http="127.0.0.1:1", token_env="CL_SHORT")
+    monkeypatch.setenv("CL_TEST_TOKEN", TOKEN)
+    with pytest.raises(NotAuthorized, match="same token"):
+        serve(ws, http="127.0.0.1:1", token_env="CL_TEST_TOKEN", read_token_env="CL_TEST_TOKEN")
+    with pytest.raises(CaseledgerError, match="only apply to --http"):
+        serve(ws, http=None, token_env="CL_SHORT")
+    assert os.environ.get("CASELEDGER_CALLER") is None  # refused before this process became the HTTP caller
 
 
 # ------------------------------------------------------------------------------------- transports: DNS rebinding
@@ -489,7 +513,7 @@ async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspa
         "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
     }
-    accept = {"Accept": "application/json, text/event-stream"}
+    accept = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKEN}"}
     before = tree_digest(ws.root)
     async with httpx2.AsyncClient() as h:
         for body in (init, freeze):
@@ -502,7 +526,7 @@ async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspa
         r = await h.post(url, json=init, headers={**accept, "Host": authority, "Origin": f"http://{authority}"})
         assert r.status_code == 200, r.text  # the right Host (and same-origin Origin) gets the MCP answer
     assert tree_digest(ws.root) == before  # refused: nothing written, no case frozen
-    async with Client(url) as c:
+    async with _client(url) as c:
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
         r2 = await c.call_tool("phase_status", {"run_id": "r-0123abcd"})
     assert r2.is_error and "fix:" in text_of(r2)
@@ -510,14 +534,13 @@ async def test_other_loopback_binds_refuse_a_foreign_host_and_origin(ws: Workspa
 
 # ------------------------------------------------------------------------------ transports: bounds before the token
 
-TOKEN = "t0ken-" + "x" * 20
 WAIT_S = listener.HEAD_TIMEOUT_S + 20  # the longest a bounded server may take to answer and close
 
 
 @pytest.fixture
 def tokened(ws: Workspace) -> Iterator[tuple[str, int]]:
     """`caseledger mcp --http 127.0.0.2:PORT --token-env CL_TEST_TOKEN` as a subprocess: its /mcp URL and pid."""
-    with _mcp_http(ws, "127.0.0.2", {**os.environ, "CL_TEST_TOKEN": TOKEN}, ("--token-env", "CL_TEST_TOKEN")) as served:
+    with _mcp_http(ws, "127.0.0.2") as served:
         yield served
 
 
@@ -649,11 +672,8 @@ async def test_full_run_over_stdio_with_short_answers(ws: Workspace) -> None:
 
 
 @pytest.mark.integration
-async def test_full_run_over_streamable_http_with_short_answers(
-    ws: Workspace, http_server: tuple[str, str | None]
-) -> None:
-    url, _ = http_server
-    async with Client(url) as c:
+async def test_full_run_over_streamable_http_with_short_answers(ws: Workspace, http_server: str) -> None:
+    async with _client(http_server) as c:
         await _full_run(c, ws)
 
 

@@ -21,12 +21,12 @@ from mcp.types import Tool as MCPTool
 from starlette.types import ASGIApp
 
 from caseledger.errors import CaseledgerError, NotAuthorized
+from caseledger.run.policy import CALLER_ENV
 from caseledger.server.guards import (
     MAX_BODY_BYTES,
     BearerToken,
     CheckedLines,
     RequestBounds,
-    is_loopback,
     parse_host_port,
     read_token,
     transport_security,
@@ -95,16 +95,17 @@ def build_server(ws: Workspace) -> MCPServer:
     return mcp
 
 
-def http_app(ws: Workspace, host: str, port: int, token: str | None) -> ASGIApp:
+def http_app(ws: Workspace, host: str, port: int, token: str, read_token: str | None = None) -> ASGIApp:
     """The streamable HTTP ASGI app at /mcp: Host/Origin checked against the bind address (every bind), behind
-    the bearer check when a token is given, and the request bounds in front of both."""
+    the bearer check (a read-only token, when given, may call only the reading tools), and the request bounds in
+    front of both."""
     app: ASGIApp = build_server(ws).streamable_http_app(
         streamable_http_path="/mcp",
         host=host,
         transport_security=transport_security(host, port),
         max_request_body_size=MAX_BODY_BYTES,
     )
-    return RequestBounds(BearerToken(app, token) if token is not None else app)
+    return RequestBounds(BearerToken(app, token, read_token))
 
 
 async def run_stdio(server: MCPServer) -> None:
@@ -136,29 +137,43 @@ async def run_stdio(server: MCPServer) -> None:
         os.close(wire)
 
 
-def serve(ws: Workspace, http: str | None = None, token_env: str | None = None) -> None:
+def serve(
+    ws: Workspace, http: str | None = None, token_env: str | None = None, read_token_env: str | None = None
+) -> None:
     """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp. Never writes to stdout itself:
-    on stdio, stdout is the wire; logs go to stderr."""
+    on stdio, stdout is the wire; logs go to stderr. Over HTTP every request needs the bearer token, loopback
+    too (any local process or user reaches a loopback port), and the server and every process it starts are
+    the 'http' caller of the host policy (caseledger.run.policy)."""
     if http is None:
-        if token_env is not None:
-            raise CaseledgerError("--token-env only applies to --http", "drop --token-env, or add --http HOST:PORT")
+        if token_env is not None or read_token_env is not None:
+            raise CaseledgerError(
+                "--token-env and --read-token-env only apply to --http", "drop them, or add --http HOST:PORT"
+            )
         anyio.run(run_stdio, build_server(ws))
         return
     from caseledger.server import listener  # lazy: it imports uvicorn, which only the HTTP transport needs
 
     host, port = parse_host_port(http)
-    token = read_token(token_env) if token_env is not None else None
-    if token is None and not is_loopback(host):
+    if token_env is None:
         raise NotAuthorized(
-            f"binding {host} (not loopback) without a bearer token would open the workspace to the network",
-            "add --token-env NAME with the token in $NAME, or bind 127.0.0.1",
+            f"--http {http} without a bearer token would give every process that reaches the port (loopback "
+            "included) the tools, and with them whatever the host policy lets a case start",
+            "add --token-env NAME with the token in $NAME (and --read-token-env NAME2 for read-only clients)",
         )
-    asgi = http_app(ws, host, port, token)  # builds the server, which configures logging (stderr)
+    token = read_token(token_env)
+    reader = read_token(read_token_env) if read_token_env is not None else None
+    if reader is not None and reader == token:
+        raise NotAuthorized(
+            f"${read_token_env} holds the same token as ${token_env}: a read-only client could then run anything",
+            f"give {read_token_env} a token of its own",
+        )
+    os.environ[CALLER_ENV] = "http"  # this process and every process it starts: the host policy's HTTP caller
+    asgi = http_app(ws, host, port, token, reader)  # builds the server, which configures logging (stderr)
     log.info(
-        "caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token %s)",
+        "caseledger MCP on http://%s:%d/mcp (workspace %s, bearer token required%s)",
         host,
         port,
         Path(ws.root),
-        "required" if token else "off",
+        ", read-only token accepted" if reader else "",
     )
     listener.run(asgi, host, port)

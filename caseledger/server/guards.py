@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import orjson
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
@@ -24,8 +25,8 @@ from mcp.types import (
     JSONRPCError,
 )
 from starlette.datastructures import Headers
-from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from caseledger.errors import CaseledgerError, NotAuthorized
 
@@ -73,30 +74,94 @@ def _out_of_bounds(scope: Scope) -> PlainTextResponse | None:
     return None
 
 
+READ_TOOLS = ("phase_status", "summarize")  # what a read-only token may call (resources and lists as well)
+
+
 class BearerToken:
-    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, else 401.
+    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, else 401. A request with the
+    read-only token (when one is given) passes only if it calls no tool outside READ_TOOLS (403 otherwise): its
+    body is read here (RequestBounds has bounded it) and handed on unchanged.
 
     Plain shared-secret check (constant-time compare). The SDK's OAuth hooks would also publish
     protected-resource metadata pointing at an authorization server that does not exist here.
     """
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, read_token: str | None = None) -> None:
         self.app = app
         self._expected = token.encode()
+        self._reader = read_token.encode() if read_token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            # RFC 7235: the scheme name is case-insensitive ("bearer", "BEARER"); the token is not
-            scheme, _, got = Headers(scope=scope).get("authorization", "").strip().partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self._expected):
-                response = PlainTextResponse(
-                    "missing or wrong bearer token\n",
-                    status_code=401,
-                    headers={"WWW-Authenticate": 'Bearer realm="caseledger"'},
-                )
-                await response(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # RFC 7235: the scheme name is case-insensitive ("bearer", "BEARER"); the token is not
+        scheme, _, got_s = Headers(scope=scope).get("authorization", "").strip().partition(" ")
+        got = got_s.strip().encode()
+        bearer = scheme.lower() == "bearer"
+        if bearer and hmac.compare_digest(got, self._expected):
+            await self.app(scope, receive, send)
+            return
+        if bearer and self._reader is not None and hmac.compare_digest(got, self._reader):
+            await self._read_only(scope, receive, send)
+            return
+        challenge = {"WWW-Authenticate": 'Bearer realm="caseledger"'}
+        response = PlainTextResponse("missing or wrong bearer token\n", status_code=401, headers=challenge)
+        await response(scope, receive, send)
+
+    async def _read_only(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > MAX_BODY_BYTES:
+                await PlainTextResponse(f"body over {MAX_BODY_BYTES} bytes\n", status_code=413)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        body = b"".join(chunks)
+        refused = _writing_tool(body)
+        if refused is not None:
+            name, rid = refused
+            text = (
+                f"the read-only token may call {', '.join(READ_TOOLS)} and read resources, not {name}; "
+                "fix: call it with the full token (the server's --token-env)"
+            )
+            # a JSON-RPC error in the body at 403: the SDK's client shows its message, not a bare status
+            err = {"jsonrpc": "2.0", "id": rid, "error": {"code": INVALID_REQUEST, "message": text}}
+            refusal = Response(orjson.dumps(err), status_code=403, media_type="application/json")
+            await refusal(scope, receive, send)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _writing_tool(body: bytes) -> tuple[str, object] | None:
+    """(name, request id) of the first tool a JSON-RPC body (one message or a batch) calls that is not a reading
+    tool; a body that does not parse is let through (the SDK answers it with its parse error; no tool runs)."""
+    try:
+        got = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+    for m in got if isinstance(got, list) else [got]:
+        if isinstance(m, dict) and m.get("method") == "tools/call":
+            params = m.get("params")
+            name = params.get("name") if isinstance(params, dict) else None
+            if name not in READ_TOOLS:
+                rid = m.get("id")
+                return repr(name)[:80], rid if isinstance(rid, (str, int)) else None
+    return None
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
