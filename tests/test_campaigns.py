@@ -179,6 +179,50 @@ def test_points_of_the_live_service_run_first() -> None:
     ]
 
 
+def _timed(c: int, metric: list[float], when: list[int], rel: float = 0.01) -> planner.PointObs:
+    """A point whose valid runs were created at the given seconds (the planner orders runs by these times)."""
+    return planner.PointObs(
+        case_id=f"c-{c:012x}",
+        label=f"C={c}",
+        values={"load.concurrency": c},
+        service_key="s",
+        metric=metric,
+        interval_rel=rel,
+        limits={},
+        bad_runs=0,
+        when=[f"2026-12-05T07:00:{t:02d}.000Z" for t in when],
+        run_rel=[rel] * len(metric),
+    )
+
+
+def test_the_control_is_measured_again_between_and_after_the_others_and_a_drift_crowns_no_winner() -> None:
+    grid, reps = Search(), Repeats(runs=1, settle_runs=3, budget=10)
+    first = _timed(1, [100.0], [0])
+    others = [_timed(c, [100.0 + c], [c]) for c in range(2, 6)]  # four runs of other points since the control's
+    pl = planner.plan([first, *others], grid, reps, True, "s", min_effect=0.02)
+    assert pl.control == first.case_id and pl.next[0][0] == first.case_id and "again after 4 runs" in pl.next[0][1]
+    # nothing else wanted (no repeat budget): the control's last run closes the campaign, after the others
+    a, b = _timed(1, [100.0], [0]), _timed(2, [300.0, 301.0], [1, 2])
+    pl = planner.plan([a, b], grid, Repeats(runs=1, budget=0), True, "s", min_effect=0.02)
+    assert [c for c, _ in pl.next] == [a.case_id] and "a last run of C=1" in pl.next[0][1]
+    # measured again, within its noise: settled, no control run wanted now
+    a = _timed(1, [100.0, 100.5], [0, 3])
+    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
+    assert pl.drift is None and pl.settled and pl.leader == b.case_id and not pl.next
+    # the target slowed 2x after the first runs: the control moved -50%: drift named with its times, no winner,
+    # nothing more runs
+    a = _timed(1, [100.0, 50.0], [0, 3])
+    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
+    assert pl.drift is not None and "-50.0%" in pl.drift and "07:00:00.000Z" in pl.drift and "07:00:03" in pl.drift
+    assert not pl.next and not pl.settled and not pl.tie
+    # a change within min_effect, or within the runs' own noise, is no drift
+    assert planner.plan([_timed(1, [100.0, 98.5], [0, 3]), b], grid, reps, True, "s", 0.02).drift is None
+    noisy = _timed(1, [100.0, 92.0], [0, 3], rel=0.08)
+    assert planner.plan([noisy, b], grid, reps, True, "s", 0.02).drift is None
+    # without run times (older observations) there is no control
+    assert planner.plan([_obs(1, [100.0], [5.0], 10.0)], grid, reps, True, "s").control is None
+
+
 # ------------------------------------------------------------------------------------------- drafts refused
 
 

@@ -9,6 +9,10 @@ why), and when the campaign is complete. Pure: no I/O, so the same observations 
   and run-to-run spread) or `settle_runs` is reached (then: a tie); a limit verdict within its interval at a
   point the answer rests on is repeated the same way. Repeats stop when the budget is spent.
 - a point whose runs end without a valid result (distorted, failed) runs again, up to max_attempts.
+- drift: the point measured first is the control. It is measured again after every CONTROL_EVERY runs of other
+  points and once after the last of them; when one of its runs differs from its first beyond both runs'
+  within-run noise (and min_effect), the target drifted: nothing more runs, and no winner is crowned across it.
+  Observations without run times (`when`) have no control.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class PointObs:
     bad_runs: int  # finished runs without a valid result (distorted, invalid, failed, given up)
     active: str | None = None  # a run of it that is going on now
     last_problem: str | None = None  # why its last run gave no valid result
+    when: list[str] = field(default_factory=list)  # each valid run's creation time (UTC, ms), as metric
+    run_rel: list[float | None] = field(default_factory=list)  # each valid run's within-run half-width / value
 
     @property
     def runs(self) -> int:
@@ -108,6 +114,11 @@ class Plan:
     noise_rel: float | None = None
     repeats_used: int = 0
     notes: list[str] = field(default_factory=list)  # what the answer must say (a monotonicity that does not hold)
+    control: str | None = None  # the point measured first: measured again to see the target drift
+    drift: str | None = None  # how the control moved beyond its noise, and when: the answer is inconclusive
+
+
+CONTROL_EVERY = 4  # runs of other points between two runs of the control
 
 
 def _better(higher: bool, p: PointObs) -> float:
@@ -115,9 +126,17 @@ def _better(higher: bool, p: PointObs) -> float:
     return m if higher else -m
 
 
-def plan(points: list[PointObs], search: Search, repeats: Repeats, higher: bool, live_service: str | None) -> Plan:
+def plan(
+    points: list[PointObs],
+    search: Search,
+    repeats: Repeats,
+    higher: bool,
+    live_service: str | None,
+    min_effect: float = 0.0,
+) -> Plan:
     """The campaign's plan now. `live_service`: the service key of the latest run (its points go first, so a
-    service identity is started once); `higher`: the objective is better higher."""
+    service identity is started once); `higher`: the objective is better higher; `min_effect`: the smallest
+    relative change that counts (a control moving less has not drifted)."""
     out = Plan()
     out.repeats_used = sum(max(0, p.runs - repeats.runs) for p in points)
     usable: list[PointObs] = []
@@ -140,6 +159,12 @@ def plan(points: list[PointObs], search: Search, repeats: Repeats, higher: bool,
         if 0 < p.runs < repeats.runs and p.case_id not in out.skipped
     ]
     wanted += _settle(usable, repeats, higher, out)
+    control = _control(usable, min_effect, bool(wanted), out)
+    if out.drift is not None:
+        out.settled = out.tie = False
+        return out  # nothing more runs: a comparison across the drift would not mean anything
+    if control is not None:
+        wanted.insert(0, control)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
     for p, why in sorted(wanted, key=lambda pw: (pw[0].service_key != live_service, pw[0].service_key)):
@@ -227,3 +252,40 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
         out.tie = gap <= noise
         out.settled = not out.tie
     return wanted
+
+
+def _control(usable: list[PointObs], min_effect: float, more: bool, out: Plan) -> tuple[PointObs, str] | None:
+    """The control (the point measured first): its drift, else whether it runs again now (after CONTROL_EVERY
+    runs of other points, or as the last run when nothing else is wanted: `more` is False)."""
+    timed = sorted((w, i) for i, p in enumerate(usable) if len(p.when) == len(p.metric) for w in p.when)
+    if not timed:
+        return None
+    ctl = usable[timed[0][1]]
+    out.control = ctl.case_id
+    out.drift = _drift(ctl, min_effect)
+    if out.drift is not None or ctl.active:
+        return None
+    last = max(ctl.when)
+    since = sum(1 for w, i in timed if usable[i] is not ctl and w > last)
+    if since >= CONTROL_EVERY:
+        return ctl, f"control: {ctl.label} again after {since} runs of other points, to see whether the target drifts"
+    if since and not more:
+        return ctl, f"control: a last run of {ctl.label} after every other point, to see whether the target drifted"
+    return None
+
+
+def _drift(ctl: PointObs, min_effect: float) -> str | None:
+    """How the control's objective moved from its first run beyond both runs' within-run noise, or None."""
+    if len(ctl.metric) < 2 or not ctl.metric[0]:
+        return None
+    first, rel0 = ctl.metric[0], ctl.run_rel[0] if ctl.run_rel else None
+    for k in range(1, len(ctl.metric)):
+        rel = ctl.run_rel[k] if k < len(ctl.run_rel) else None
+        change = (ctl.metric[k] - first) / abs(first)
+        noise = math.hypot(rel0 or 0.0, rel or 0.0)
+        if abs(change) > max(noise, min_effect):
+            return (
+                f"the control {ctl.label} moved {change:+.1%} (beyond its noise ±{noise:.1%}) between its run "
+                f"at {ctl.when[0]} and its run at {ctl.when[k]}"
+            )
+    return None

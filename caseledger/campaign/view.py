@@ -77,6 +77,8 @@ class CampaignView(FrozenModel):
     tie: list[str] = Field(default_factory=list, description="The pair tied within noise (case ids)")
     pareto: list[str] = Field(default_factory=list, description="Labels on the Pareto frontier")
     notes: list[str] = Field(default_factory=list, description="What the answer must add (monotonicity broken...)")
+    control: str | None = Field(None, description="Case id of the control: measured again to see the target drift")
+    drift: str | None = Field(None, description="How and when the control moved beyond its noise (then no winner)")
     progress: dict[str, Any] = Field(  # JSON: progress figures
         description="points measured/running/queued/skipped/given_up, runs, service "
         "starts, elapsed_s, formal_window_share"
@@ -118,6 +120,7 @@ class CampaignView(FrozenModel):
                 )
                 n = f" n={r.requests}" if r.requests is not None else ""
                 mark = " *" if r.case_id == self.winner else " =" if r.case_id in self.tie else ""
+                mark += " (control)" if r.case_id == self.control else ""
                 why = f" — {r.why}" if r.why and r.status != "measured" else ""
                 lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{' | ' + lim if lim else ''}{why}")
         lines.append(("campaign complete: " if self.complete else "so far: ") + self.answer)
@@ -155,6 +158,8 @@ def _observe_point(
     window = d.window
     own = [m for m in metas if m.case_id == cid]
     metric: list[float] = []
+    when: list[str] = []
+    run_rel: list[float | None] = []
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
     bad, active, problem = 0, None, None
     latest_valid: tuple[str, Result] | None = None
@@ -175,6 +180,10 @@ def _observe_point(
             continue
         metric.append(v)
         w = r.windows.of(window)
+        when.append(m.created_utc)
+        run_rel.append(
+            w.noise.half_width_rel if isinstance(w.noise, Interval) and w.noise.metric == d.primary_metric else None
+        )
         for name in limit_values:
             lv = window_stat(w, name)
             if lv is not None:
@@ -210,6 +219,8 @@ def _observe_point(
         bad_runs=bad,
         active=active,
         last_problem=problem,
+        when=when,
+        run_rel=run_rel,
     )
     met = {k: f"{sum(1 for v in vs if v <= d.limits.bounds()[k])}/{len(vs)}" for k, vs in limit_values.items() if vs}
     return obs, _Extra(
@@ -270,7 +281,8 @@ def current_plan(
     obs, extra, mine = observe(ws, camp)
     live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == m.case_id), None)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
-    return planner.plan(obs, camp.search, camp.repeats, higher, live), obs, extra, mine
+    pl = planner.plan(obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect)
+    return pl, obs, extra, mine
 
 
 def _pareto(rows: list[PointRow]) -> set[str]:
@@ -357,6 +369,8 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         tie=tie,
         pareto=[r.label for r in rows if r.pareto],
         notes=pl.notes,
+        control=pl.control,
+        drift=pl.drift,
         progress=_progress(ws, camp, rows, mine),
         driver_alive=alive,
         authorization=auth,
@@ -415,6 +429,11 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
 
 
 def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, auth: str) -> str:
+    if pl.drift is not None and complete:
+        return (
+            "find why the target changed (another load on it, throttling, a restart: phase_status of the control's "
+            "runs), then measure again: freeze_case of the campaign draft under a new name"
+        )
     if complete:
         return (
             "nothing: the campaign is complete; a changed limit or objective (freeze_case of the campaign draft) "
@@ -430,6 +449,8 @@ def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, 
 def _answer(
     pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str, complete: bool
 ) -> tuple[str, str | None, list[str]]:
+    if pl.drift is not None:
+        return f"inconclusive: the target drifted: {pl.drift}; no winner is crowned across the drift", None, []
     if pl.leader is None:
         if any(o.runs for o in by_id.values()):
             return "no measured point meets every limit", None, []

@@ -79,6 +79,7 @@ class ReferenceEngine:
         self.counters = Counters()
         self.requests_total = 0
         self.by_phase: dict[str, int] = {}
+        self.slowdown = 1.0  # every prefill and decode step takes this many times longer (SIGUSR1 doubles it)
         self._tok: Any = load_fast(tokenizer)
         self._texts, out_ids = self._output_vocab()
         seed = config.seed
@@ -153,6 +154,7 @@ class ReferenceEngine:
             "model": self.model,
             "config": self.config.model_dump(mode="json"),
             "config_sha256": self.config_sha256,
+            "slowdown": self.slowdown,
         }
 
     # ---- submission -------------------------------------------------------------------------
@@ -281,7 +283,7 @@ class ReferenceEngine:
         """Processor-sharing progress from the last accounting time to `now`, completing prefills."""
         elapsed = now - self._prefill_t
         self._prefill_t = now
-        rate = self.config.prefill_tokens_per_s
+        rate = self.config.prefill_tokens_per_s / self.slowdown
         while self._prefill and elapsed > 0:
             n = len(self._prefill)
             least = min(s._remaining for s in self._prefill)
@@ -311,7 +313,7 @@ class ReferenceEngine:
     def _start_step(self, now: float, chained: bool) -> None:
         self._batch = list(self._decoding)
         cfg = self.config
-        dur = cfg.decode_step_s + cfg.decode_step_per_seq_s * (len(self._batch) - 1)
+        dur = (cfg.decode_step_s + cfg.decode_step_per_seq_s * (len(self._batch) - 1)) * self.slowdown
         last = self._last_step_end
         # a step that follows another starts at its scheduled end, so wake-up latency does not slow
         # decode down; after idle time, or a loop starved for more than a step, it starts now
@@ -369,7 +371,7 @@ class ReferenceEngine:
         if self._prefill:
             n = len(self._prefill)
             least = min(s._remaining for s in self._prefill)
-            t = self._prefill_t + least * n / self.config.prefill_tokens_per_s
+            t = self._prefill_t + least * n * self.slowdown / self.config.prefill_tokens_per_s
             deadline = t if deadline is None else min(deadline, t)
         return deadline
 

@@ -16,7 +16,8 @@ llama.cpp's `timings` {predicted_n, draft_n, draft_n_accepted} for the request, 
 
 `requests_total` and `by_phase` count requests to the two completion routes, whatever their outcome
 (4xx, injected 500, stall); health, metrics and the other routes are not counted. Faults are dealt on
-arrival in that same order: the K-th completion request is the K-th one counted.
+arrival in that same order: the K-th completion request is the K-th one counted. SIGUSR1 doubles every prefill
+and decode step time from then on (a target that drifts, on demand; /stats shows the factor as `slowdown`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -454,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         port,
         engine.config_sha256,
     )
+
+    def slower(signum: int, frame: object) -> None:  # a drifting target on demand: the drift tests' lever
+        engine.slowdown *= 2
+        log.warning("SIGUSR1: every step now takes %gx as long", engine.slowdown)
+
+    signal.signal(signal.SIGUSR1, slower)
     server = uvicorn.Server(uv_config)
     server.run(sockets=[sock])
     return 0 if server.started else 1
