@@ -131,6 +131,11 @@ class CampaignView(FrozenModel):
         return "\n".join(lines)
 
 
+def _pct(x: float) -> str:
+    """A relative spread in percent; one too small to show at 0.1% is '<0.1%', never a claimed 0.0%."""
+    return "<0.1%" if abs(x) < 0.0005 else f"{x:.1%}"
+
+
 def _n(v: float | None) -> str:
     if v is None:
         return "-"
@@ -406,7 +411,7 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
         settled = "" if lo.settled else ", within noise"
         limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
     rtr = (
-        f"±{o.spread_rel:.1%} over {o.runs} runs"
+        f"±{_pct(o.spread_rel)} over {o.runs} runs"
         if o.spread_rel is not None
         else ("unknown (1 run)" if o.runs == 1 else "unknown")
     )
