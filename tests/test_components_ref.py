@@ -216,3 +216,16 @@ def test_a_child_changing_one_component_shows_that_component_in_delta_plan_and_s
     assert {s.phase: s.action for s in child.plan}["service"] == "run"
     row = next(r for r in scenario_view(ws, "ref-test").rows if r.case_id == child.case_id)
     assert row.change == 'r1 --config-json {"slots": 2} added', row.change  # the flag, not the whole argv
+
+
+@pytest.mark.integration
+def test_terminate_reaps_a_stopped_child_so_no_zombie_keeps_its_pid() -> None:
+    """An inline run starts its services as children of the caller: stopping one must reap it (a zombie keeps
+    /proc/PID, and a long-lived MCP server would collect them)."""
+    from caseledger import procs
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    ref = procs.me() | {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0}
+    assert procs.alive(ref)
+    assert procs.terminate(ref, grace_s=2.0)
+    assert not Path(f"/proc/{p.pid}").exists()  # reaped, not a zombie

@@ -111,3 +111,21 @@ def test_directions_follow_the_figures() -> None:
         assert m.higher_is_better == (m.figure in ("output", "request", "goodput")), m.name
         assert m.unit == "ms" or m.higher_is_better
     assert all(not m.higher_is_better and m.unit == "ms" for m in LIMITS.values())
+
+
+def test_each_percentile_interval_resamples_its_own_figure_and_percentile() -> None:
+    """The bootstrap interval of ttft_p99 resamples TTFT at p99 (not p50, not TPOT): over spread-out samples,
+    each figure on its own scale, the interval sits around its point (a wrong percentile lands far from it)."""
+    import numpy as np
+
+    from caseledger.metrics._models import Interval
+    from caseledger.metrics._noise import _PERCENTILE, interval
+
+    base = np.linspace(1.0, 1000.0, 400)
+    samples = {"ttft": base, "tpot": base * 0.01 + 5.0, "e2e": base * 3.0 + 2000.0}
+    for metric in _PERCENTILE:
+        figure, pct = metric.split("_")
+        point = float(np.percentile(samples[figure], float(pct[1:])))
+        iv = interval(metric, point, samples)
+        assert isinstance(iv, Interval), (metric, iv)
+        assert abs((iv.low + iv.high) / 2 - point) / point < 0.15, (metric, iv)  # centred on its own point
