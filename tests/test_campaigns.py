@@ -575,3 +575,50 @@ def test_a_target_that_slows_2x_mid_campaign_is_named_as_drift_and_crowns_no_win
     runs = {r.label: r.runs for r in view.rows}
     assert runs == {"seed=1": 2, "seed=2": 1, "seed=3": 1}, view.text()  # the control again, last
     assert "find why the target changed" in view.next_call and "(control)" in view.text()
+
+
+@pytest.mark.integration
+def test_a_rate_limited_point_is_counted_at_the_target_and_given_up_at_the_bound_with_the_figures(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every formal request answered 429: the driver backs off, resumes and re-runs the point until
+    repeats.max_attempts load attempts (a resent load is one); the campaign, its rows and each run's status
+    report every formal request the target received, and the point is given up as overload, with the figures."""
+    from caseledger.campaign import driver
+    from caseledger.tools import phase_status
+    from tests.conftest import external_draft
+    from tests.misbehaving import misbehaving
+
+    monkeypatch.setattr(driver, "OVERLOAD_BACKOFF_S", 0.05)  # the driver runs inline: its backoff, shortened
+    waits: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(driver.time, "sleep", lambda s: (waits.append(s), real_sleep(min(s, 0.05)))[1])
+    authorization.set_mode(ws, "auto")
+    with misbehaving("http:429") as (port, target):
+        base = external_draft(port, load={"requests": 8, "concurrency": 2, "max_tokens": 4, "timeout_s": 2.0})
+        d = {
+            "campaign": {
+                "name": "limited",
+                "base": base,
+                "axes": [{"path": "load.concurrency", "values": [2]}],
+                "repeats": {"runs": 1, "max_attempts": 3},
+                "decision": {"primary_metric": "output_throughput"},
+            }
+        }
+        f = freeze_any(ws, draft=d)
+        assert isinstance(f, CampaignFrozen)
+        start_any(ws, f.campaign_id)
+        view = _until_complete(ws, f.campaign_id)
+        received = target.counts["load"]
+    (row,) = view.rows
+    assert row.status == "given_up" and row.why is not None, view.text()
+    assert row.why.startswith("given up after 3 attempt(s) without a valid result") and "[overload]" in row.why
+    assert f"; {received} formal request(s) sent to it" in row.why, (row.why, received)
+    assert received == 3 * 8 and view.progress["sent"] == received and row.sent == received, view.text()
+    assert f"{received} formal requests sent" in view.text()
+    per_run = [phase_status(ws, rid) for rid in row.run_ids]
+    assert sum(s.sent_all for s in per_run) == received, [s.text() for s in per_run]
+    resent = [s for s in per_run if s.load_attempts > 1]
+    assert all(f"{s.sent_all} sent over {s.load_attempts} attempts" in s.text() for s in resent), resent
+    backoff = [w for w in waits if w >= driver.OVERLOAD_BACKOFF_S]
+    assert backoff[:2] == [0.05, 0.1], waits  # doubled per attempt without a result

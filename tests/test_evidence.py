@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from caseledger.case.model import Case
+from caseledger.errors import CaseledgerError
 from caseledger.metrics import NotObserved, Throughput, columns_from_records, compute_result
 from caseledger.metrics._checks import check_counts
 from caseledger.records import RawRecord, read_records
@@ -326,6 +327,34 @@ def test_a_stopped_load_client_distorts_the_window_and_the_decision_names_it(
         c.check("raw", any((x["end_ns"] - x["start_ns"]) / 1e9 >= 2.9 for x in stalls), stalls)  # type: ignore
         events = ws.run(r.run_id).events.read_text()
         c.check("next", "load_client_stopped" in events and "load_client_continued" in events)
+
+
+@pytest.mark.processes
+def test_a_stopped_controller_is_named_with_its_pid_and_the_one_thing_to_do(
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
+    """A SIGSTOPped controller never fails the run by itself and resume waits for it: the status names it with its
+    pid and says `kill -CONT PID`; continued, the run ends with every request sent once."""
+    port = free_port()
+    case = freeze_case(ws, draft=_slow_ref(port))
+    with cell(fault_matrix, "controller SIGSTOPped mid-load") as c:
+        r = start_run(ws, case.case_id)
+        assert r.run_id is not None
+        _wait_sent(ws, r.run_id, 4)
+        ctl = int(read_json(ws.run(r.run_id).controller_pid)["pid"])
+        os.kill(ctl, signal.SIGSTOP)
+        try:
+            wait_until(lambda: phase_status(ws, r.run_id).owner_stopped, 10, "the stopped controller in status")
+            s = phase_status(ws, r.run_id)
+            c.check("svc", "controller stopped (SIGSTOP)" in (s.blocker or "") and f"pid {ctl}" in (s.blocker or ""))
+            c.check("next", s.next_call.startswith(f"kill -CONT {ctl}") and "resume" not in s.next_call, s.next_call)
+            with pytest.raises(CaseledgerError, match="still has a live controller"):
+                resume(ws, r.run_id)
+        finally:
+            os.kill(ctl, signal.SIGCONT)
+        s = settled(ws, r.run_id)
+        c.check("state", s.state == "succeeded", s.text())
+        c.check("count", stats(port)["by_phase"].get("load") == s.planned == s.sent_all, stats(port))
 
 
 @pytest.mark.processes  # the host is sampled while a detached client loads

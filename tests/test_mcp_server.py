@@ -170,6 +170,29 @@ async def test_malformed_draft_is_a_tool_error_naming_the_field(ws: Workspace) -
 
 
 @pytest.mark.parametrize(
+    ("tool", "args", "said"),
+    [
+        ("start_run", {"case_id": "c-0123456789ab", "wait": "yes"}, "start_run: unknown argument 'wait'"),
+        ("start_run", {"case_id": "c-0123456789ab", "preflight_only": "yes"}, "argument 'preflight_only' 'yes' is"),
+        ("start_run", {"case_id": 12}, "start_run: argument 'case_id' 12 is not of type 'string'"),
+        ("start_run", {}, "start_run: argument 'case_id' is missing; fix: pass it"),
+        ("phase_status", {"run_id": "r-0123abcd", "wait_s": "soon"}, "argument 'wait_s' 'soon' is not of type"),
+    ],
+)
+async def test_tool_arguments_of_the_wrong_name_or_type_are_refused_naming_the_argument_and_the_fix(
+    ws: Workspace, tool: str, args: dict[str, Any], said: str
+) -> None:
+    before = tree_digest(ws.root)
+    async with Client(build_server(ws)) as c:
+        r = await c.call_tool(tool, args)
+    assert r.is_error and said in text_of(r) and "fix:" in text_of(r), text_of(r)
+    assert tree_digest(ws.root) == before
+    async with Client(build_server(ws)) as c:  # a JSON string for a number is read as JSON, as the SDK does
+        ok = await c.call_tool("phase_status", {"run_id": "r-0123abcd", "wait_s": "0"})
+    assert "unknown run" in text_of(ok) or "no run" in text_of(ok) or "not found" in text_of(ok), text_of(ok)
+
+
+@pytest.mark.parametrize(
     ("args", "expected"),
     [
         ({"path": "../outside.json"}, "outside the workspace"),

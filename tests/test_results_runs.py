@@ -69,3 +69,26 @@ def test_broken_postprocess_is_collect_and_reprocess_sends_nothing(
     after = httpx2.get(f"http://127.0.0.1:{port}/stats").json()["requests_total"]
     assert after == before
     assert phase_status(ws, r.run_id).state == "succeeded"
+
+
+def test_a_collector_that_stops_answering_or_is_killed_fails_as_collect_never_internal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The collector's process: one that gives no answer in time (SIGSTOPped, stuck) is killed and the phase is
+    `collect` (reprocess_raw repairs it), never a caseledger bug; one killed by a signal says which."""
+    import sys
+
+    from caseledger.errors import FailureClass, PhaseFailed
+    from caseledger.run import after_load
+
+    monkeypatch.setattr(after_load, "COLLECT_TIMEOUT_S", 0.5)
+    stuck = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"]
+    with pytest.raises(PhaseFailed) as e:
+        after_load._collector_process(stuck, {}, "r-0123abcd")
+    assert e.value.failure_class == FailureClass.COLLECT and "gave no answer in 0.5 s" in e.value.message
+    assert "reprocess_raw(run_id='r-0123abcd')" in (e.value.fix or "")
+    code, _, err = after_load._collector_process(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, "r-0123abcd"
+    )
+    assert after_load.collector_error(code, err) == "killed by SIGKILL, no output"
+    assert after_load.collector_error(1, b"Traceback\nModuleNotFoundError: numpy\n") == "ModuleNotFoundError: numpy"

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from caseledger import procs
+from caseledger.campaign.plan import PointObs
 from caseledger.campaign.store import (
     all_campaigns,
     driver_events,
@@ -52,6 +53,8 @@ WAIT_S = 1.0  # between looks at a paused authorization or a held target
 RUN_TIMEOUT_S = 7 * 86_400.0  # a point runs as long as its case says; the driver only waits
 RESUMES_PER_RUN = 2
 DISTORTED_PAUSE_S, DISTORTED_PAUSE_MAX_S = 10.0, 60.0  # before repeating a point a busy host distorted
+# before sending an overloaded point's load again (429/503 answers): doubled per attempt without a result
+OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 5.0, 120.0
 # failure classes a resume repairs without a changed case (DESIGN.md: failure classes and what resume does)
 _REPAIRABLE = {"service", "collect", "end_unknown", "overload", "disk"}
 
@@ -93,8 +96,11 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
             return "went"
     for o in obs:
         rid = (extra[o.case_id].run_ids or [""])[-1]
+        if o.runs == 0 and o.case_id in pl.given_up:
+            continue  # its attempts are spent (a resent load is an attempt): the plan says why, with the figures
         if o.runs == 0 and rid and resumed.get(rid, 0) < RESUMES_PER_RUN and _resumable(ws, rid):
             resumed[rid] = resumed.get(rid, 0) + 1
+            _back_off(ws, gid, o)
             event(ws, gid, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label)
             try:
                 resume(ws, rid, wait=True, timeout_s=RUN_TIMEOUT_S)
@@ -108,6 +114,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     cid, why = pl.next[0]
     point = camp.point(cid)
     o = next(x for x in obs if x.case_id == cid)
+    _back_off(ws, gid, o)
     if o.bad_runs and (o.last_problem or "").startswith("distorted"):
         # a contended host distorted its last run: repeating at once measures the same contention
         pause = min(DISTORTED_PAUSE_MAX_S, DISTORTED_PAUSE_S * o.bad_runs)
@@ -126,6 +133,16 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S, progress=lambda v: _after_window(gid, v, case))
     event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
     return "went"
+
+
+def _back_off(ws: Workspace, gid: str, o: PointObs) -> None:
+    """An overloaded target (its last attempt failed [overload]) gets time before the point's load is sent again:
+    OVERLOAD_BACKOFF_S, doubled per attempt without a result, at most OVERLOAD_BACKOFF_MAX_S."""
+    if not o.bad_runs or "[overload]" not in (o.last_problem or ""):
+        return
+    pause = min(OVERLOAD_BACKOFF_MAX_S, OVERLOAD_BACKOFF_S * 2 ** (o.bad_runs - 1))
+    _note_wait(ws, gid, f"{o.label}: the target was overloaded ({o.bad_runs} attempt(s)); {pause:.0f} s before again")
+    time.sleep(pause)
 
 
 # The next point's preflight process, spawned once this point's formal window has closed: its imports (the

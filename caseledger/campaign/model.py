@@ -11,7 +11,7 @@ import itertools
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from caseledger.case.decision import Decision
 from caseledger.case.model import SCENARIO_PATTERN
@@ -46,6 +46,16 @@ class Axis(_Model):
     values: list[Scalar] = Field(
         min_length=1, max_length=MAX_VALUES, description="Values the field takes, one point each (at most 64)"
     )
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, values: list[Scalar]) -> list[Scalar]:
+        seen: list[Scalar] = []
+        for v in values:
+            if any(type(v) is type(w) and v == w for w in seen):
+                raise ValueError(f"value {v!r} is given twice: each value is one point; give it once")
+            seen.append(v)
+        return values
 
     def label(self, value: Scalar) -> str:
         """'C=8', '-np=4', 'OMP_NUM_THREADS=2': the point's value of this axis in short."""

@@ -62,11 +62,12 @@ class PointObs:
     metric: list[float]  # the objective in each valid run
     interval_rel: float | None  # within-run bootstrap half-width / value of the latest valid run
     limits: dict[str, LimitObs]
-    bad_runs: int  # finished runs without a valid result (distorted, invalid, failed, given up)
+    bad_runs: int  # load attempts without a valid result (distorted, invalid, failed; a resent load is one more)
     active: str | None = None  # a run of it that is going on now
     last_problem: str | None = None  # why its last run gave no valid result
     when: list[str] = field(default_factory=list)  # each valid run's creation time (UTC, ms), as metric
     run_rel: list[float | None] = field(default_factory=list)  # each valid run's within-run half-width / value
+    sent: int = 0  # formal requests sent to it, over every run and load attempt
 
     @property
     def runs(self) -> int:
@@ -142,8 +143,10 @@ def plan(
     usable: list[PointObs] = []
     for p in points:
         if p.runs == 0 and p.bad_runs >= repeats.max_attempts:
-            out.given_up[p.case_id] = f"{p.bad_runs} run(s) without a valid result" + (
-                f" (last: {p.last_problem})" if p.last_problem else ""
+            out.given_up[p.case_id] = (
+                f"given up after {p.bad_runs} attempt(s) without a valid result"
+                + (f" (last: {p.last_problem})" if p.last_problem else "")
+                + f"; {p.sent} formal request(s) sent to it"
             )
         else:
             usable.append(p)

@@ -59,6 +59,7 @@ class PointRow(FrozenModel):
     per_card_tok_s: float | None = Field(description="Output tok/s per card of the latest run")
     pareto: bool = Field(False, description="On the Pareto frontier (tok/s per card vs tok/s per user) within limits")
     run_ids: list[str] = Field(default_factory=list, description="Its runs, oldest first")
+    sent: int = Field(0, description="Formal requests sent to it over all its runs and load attempts")
 
 
 class CampaignView(FrozenModel):
@@ -80,8 +81,8 @@ class CampaignView(FrozenModel):
     control: str | None = Field(None, description="Case id of the control: measured again to see the target drift")
     drift: str | None = Field(None, description="How and when the control moved beyond its noise (then no winner)")
     progress: dict[str, Any] = Field(  # JSON: progress figures
-        description="points measured/running/queued/skipped/given_up, runs, service "
-        "starts, elapsed_s, formal_window_share"
+        description="points measured/running/queued/skipped/given_up, runs, sent (formal requests over every "
+        "run and load attempt), service starts, elapsed_s, formal_window_share"
     )
     driver_alive: bool = Field(description="The campaign's driver process is alive (it starts queued points)")
     authorization: str = Field("", description="paused starts no new point")
@@ -101,6 +102,7 @@ class CampaignView(FrozenModel):
         prog = (
             f"points {p['measured']} measured, {p['running']} running, {p['queued'] + p['pending']} queued or "
             f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, "
+            f"{p.get('sent', 0)} formal requests sent, "
             f"{p['service_starts']} service start(s), "
             f"{p['elapsed_s']:.0f} s"
             + (f", {share:.0%} in formal windows" if share is not None else "")
@@ -168,20 +170,20 @@ def _observe_point(
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
     bad, active, problem = 0, None, None
     latest_valid: tuple[str, Result] | None = None
+    sent = 0  # formal requests the target received from this point: every run, every load attempt
     for m in own:
         view = fold(ws, load_run(ws, m.run_id))
+        sent += 0 if m.load_reuse else view.counts.sent_all
         if view.state in (RunState.RUNNING, RunState.CREATED) or view.controller_alive:
             active = m.run_id
             continue
+        bad += len(view.counts.earlier)  # a load sent again by a resume: each earlier attempt gave no result
         r = latest_result(ws.run(m.run_id).root)
         v = window_stat(r.windows.of(window), d.primary_metric) if r is not None and valid(r, window) else None
         if r is None or v is None:
             bad += 1
-            problem = (
-                f"{view.state.value}" + (f" [{view.failure_class}]" if view.failure_class else "")
-                if r is None
-                else _why_invalid(r, window)
-            )
+            fc = f" [{view.failure_class}]" if view.failure_class else ""
+            problem = (view.state.value if r is None else _why_invalid(r, window)) + fc
             continue
         metric.append(v)
         w = r.windows.of(window)
@@ -226,6 +228,7 @@ def _observe_point(
         last_problem=problem,
         when=when,
         run_rel=run_rel,
+        sent=sent,
     )
     met = {k: f"{sum(1 for v in vs if v <= d.limits.bounds()[k])}/{len(vs)}" for k, vs in limit_values.items() if vs}
     return obs, _Extra(
@@ -333,6 +336,7 @@ def _progress(
     return {
         **count,
         "runs": runs,
+        "sent": sum(r.sent for r in rows),
         "service_starts": starts,
         "elapsed_s": round(max(elapsed, 0.0), 1),
         "formal_window_s": round(formal, 1),
@@ -430,6 +434,7 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
         per_user_tok_s=e.per_user,
         per_card_tok_s=e.per_card,
         run_ids=e.run_ids,
+        sent=o.sent,
     )
 
 

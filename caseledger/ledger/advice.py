@@ -48,17 +48,29 @@ def _advise_live(v: RunView) -> Advice | None:
             f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)",
         )
     if v.state == RunState.RUNNING and (v.client_stopped or v.controller_stopped or v.service_gone):
-        who = ", ".join(
+        stopped = [
+            *(["load client"] if v.client_stopped else []),
+            *(["controller"] if v.controller_stopped else []),
+            *[f"service {g.removesuffix(' stopped (SIGSTOP)')}" for g in v.service_gone if g.endswith("(SIGSTOP)")],
+        ]
+        gone = [f"service {g}" for g in v.service_gone if not g.endswith("(SIGSTOP)")]
+        said = "; ".join(
             [
-                *(["load client"] if v.client_stopped else []),
-                *(["controller"] if v.controller_stopped else []),
-                *[f"service {g}" for g in v.service_gone],
+                *([", ".join(stopped) + " stopped (SIGSTOP)"] if stopped else []),
+                *([", ".join(gone) + " gone"] if gone else []),
             ]
         )
+        pids = " ".join(str(p) for p in v.stopped_pids)
+        if v.controller_stopped or v.client_stopped:  # it never fails by itself; resume waits for the controller
+            fix = f"kill -CONT {pids} (SIGCONT: what was stopped goes on, nothing is re-sent); "
+        elif pids:  # only the service: the controller's timeouts fail the load, and resume starts it again
+            fix = f"kill -CONT {pids} (SIGCONT), or let the load fail and resume(run_id='{rid}') (a new service); "
+        else:
+            fix = f"the service is gone: the controller fails the load, then resume(run_id='{rid}'); "
         return Advice(
-            f"{who} stopped or gone while the run is at {v.current}: no progress; figures would be distorted",
-            f"send SIGCONT to what was stopped (or let the run fail and resume(run_id='{rid}')); "
-            f"phase_status(run_id='{rid}') shows it",
+            f"{said} while the run is at {v.current}: no progress; figures would be distorted"
+            + (f" (pid {pids})" if pids else ""),
+            fix + f"phase_status(run_id='{rid}') shows it",
         )
     if v.state in (RunState.RUNNING, RunState.CREATED):
         return Advice(None, f"phase_status(run_id='{rid}') later; the run continues in its controller")

@@ -8,6 +8,7 @@ is built once, its advice (ledger/advice.py) included, and is frozen.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,25 @@ def count_sent(paths: RunPaths) -> int:
         return paths.load_sent.read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
+
+
+def earlier_attempts(paths: RunPaths) -> tuple[int, ...]:
+    """Formal requests sent by each earlier load attempt kept aside (load.attempt-N/), oldest first: its end file's
+    count, else its intent log's lines."""
+    out: list[tuple[int, int]] = []
+    for d in paths.root.glob("load.attempt-*"):
+        n = d.name.rpartition("-")[2]
+        if not n.isdigit():
+            continue
+        end = read_json_or_none(d / paths.load_end.name)
+        if end:
+            out.append((int(n), int(end.get("sent", 0))))
+            continue
+        try:
+            out.append((int(n), (d / paths.load_sent.name).read_bytes().count(b"\n")))
+        except FileNotFoundError:
+            out.append((int(n), 0))
+    return tuple(sent for _, sent in sorted(out))
 
 
 def load_counts(paths: RunPaths, planned: int) -> Counts:
@@ -307,7 +327,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         current=current,
         controller_alive=controller_alive,
         client_alive=client_alive,
-        counts=load_counts(paths, meta.planned),
+        counts=replace(load_counts(paths, meta.planned), earlier=earlier_attempts(paths)),
         load_ended=load_ended,
         results_extracted=results_extracted,
         decision=RecordedDecision.model_validate(decision) if decision else None,
@@ -324,6 +344,8 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         client_host=client_host,
         client_stopped=procs.stopped(client_ref),
         controller_stopped=procs.stopped(ctl),
+        stopped_pids=[int(r["pid"]) for r in (ctl, client_ref) if r is not None and procs.stopped(r)]
+        + [int(m.group(1)) for g in service_gone if (m := re.search(r"pid (\d+) stopped", g))],
     )
     advice = advise(facts)  # a pure function of the facts; the view returned carries it, frozen
     return replace(facts, blocker=advice.blocker, next_call=advice.next_call)

@@ -54,10 +54,16 @@ class PhaseView:
 @dataclass(frozen=True)
 class Counts:
     planned: int = 0
-    sent: int = 0
+    sent: int = 0  # by the current load attempt
     done: int = 0
     ok: int = 0
     failed: int = 0
+    earlier: tuple[int, ...] = ()  # formal requests sent by each earlier attempt, kept aside (a resent load)
+
+    @property
+    def sent_all(self) -> int:
+        """Every formal request this run sent the target, over all its load attempts."""
+        return self.sent + sum(self.earlier)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class RunView:
     client_host: str | None = None  # the load client runs on this other host (load.host): alive is unknown here
     client_stopped: bool = False  # the load client's process is alive but stopped (SIGSTOP): no progress
     controller_stopped: bool = False  # the controller's process is alive but stopped
+    stopped_pids: list[int] = field(default_factory=list)  # the controller's and load client's, when stopped
 
 
 @dataclass(frozen=True)

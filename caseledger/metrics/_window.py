@@ -203,7 +203,7 @@ def _no_window(name: Literal["whole", "native"], span: Span, limits: Window, inp
         min_requests=limits.min_requests,
         min_duration_s=limits.min_duration_s,
         meets_min_requests=False,
-        meets_min_duration=False,
+        meets_min_duration=limits.min_duration_s <= 0,  # no minimum, nothing to fall below (min_requests says it)
         peak_concurrency=0,
         mean_concurrency=no,
         latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -142,6 +143,36 @@ def check_raw(paths: RunPaths, sealed: str | None) -> None:
         )
 
 
+COLLECT_TIMEOUT_S = 600.0  # a collector that has not answered by then (stopped, stuck) is stopped: class collect
+
+
+def _collector_process(argv: list[str], env: dict[str, str], run_id: str) -> tuple[int, bytes, bytes]:
+    """The collector as a fresh process: (exit code, stdout, stderr). One that gives no answer within
+    COLLECT_TIMEOUT_S (stopped with SIGSTOP, or stuck) is killed, and the phase fails as `collect`: the raw data
+    is on disk, reprocess_raw repairs it."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL)
+    try:
+        out, err = p.communicate(timeout=COLLECT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise PhaseFailed(
+            f"postprocess: the collector (pid {p.pid}) gave no answer in {COLLECT_TIMEOUT_S:g} s (stopped or "
+            "stuck) and was killed",
+            FailureClass.COLLECT,
+            f"reprocess_raw(run_id='{run_id}') repairs from raw data; no request is re-sent",
+        ) from None
+    return p.returncode, out, err
+
+
+def collector_error(code: int, stderr: bytes) -> str:
+    """What a failed collector said: its last stderr line, else how it ended (a signal by name)."""
+    last = (stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+    if last:
+        return last
+    return f"killed by {signal.Signals(-code).name}, no output" if code < 0 else f"exit {code}, no output"
+
+
 def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str | None = None) -> PostprocessEvidence:
     """The processor in a fresh subprocess with an explicit, recorded environment; the original error is kept.
     `sealed`: the raw data's sha256 recorded at confirm_end, checked first."""
@@ -151,19 +182,11 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
         code, out_b, err_b = _collector_inline([str(paths.root), *(extra or [])])
         env, argv = {}, [sys.executable, "inline: caseledger.metrics.__main__.main in the caller's process"]
     else:
-        p = subprocess.run(
-            [*argv, str(paths.root), *(extra or [])],
-            capture_output=True,
-            env=env,
-            timeout=600,
-            stdin=subprocess.DEVNULL,
-        )
-        code, out_b, err_b = p.returncode, p.stdout, p.stderr
+        code, out_b, err_b = _collector_process([*argv, str(paths.root), *(extra or [])], env, paths.run_id)
     recorded_env = PostprocessEnv(interpreter=argv[0], argv=argv[1:], PYTHONPATH=env.get("PYTHONPATH", ""))
     if code != 0:
-        err = (err_b.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise PhaseFailed(
-            redact.cut(f"postprocess: {err}", 400),
+            redact.cut(f"postprocess: {collector_error(code, err_b)}", 400),
             FailureClass.COLLECT,
             f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent",
         )

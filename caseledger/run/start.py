@@ -22,8 +22,8 @@ from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
+from caseledger.run import envcheck, policy
 from caseledger.run import lease as run_lease
-from caseledger.run import policy
 from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead
 from caseledger.workspace import (
     RunPaths,
@@ -197,6 +197,7 @@ def launch(
     wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy.
     `ahead`: a preflight process spawned earlier with spawn_ahead (a campaign's driver starts the next point's
     while the previous point post-processes); it is handed this run, or killed if it is not used."""
+    envcheck.check_environment()  # a variable caseledger cannot use is named now, not met later as a bug
     policy.check(case)  # what the case would start, against the host's policy: before anything is written
     key = target_key(case.canonical())
     rid = new_run_id(ws)

@@ -3,7 +3,9 @@ and streamable HTTP transports. tools/list is compacted (no pydantic titles, `ty
 anyOf): every agent session pays for it in tokens.
 """
 
+import contextlib
 import io
+import json
 import logging
 import os
 from importlib import metadata
@@ -15,12 +17,14 @@ import anyio.from_thread
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.lowlevel.server import Server as LowlevelServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
+from mcp.types import CallToolResult, InputRequiredResult
 from mcp.types import Tool as MCPTool
 from starlette.types import ASGIApp
 
-from caseledger.errors import CaseledgerError, NotAuthorized
+from caseledger.errors import CaseledgerError, NotAuthorized, quoted
 from caseledger.run.policy import CALLER_ENV
 from caseledger.server.guards import (
     MAX_BODY_BYTES,
@@ -80,6 +84,44 @@ class _Server(MCPServer):
                 for t in await super().list_tools()
             ]
         return self._listed
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Any = None
+    ) -> CallToolResult | InputRequiredResult:
+        """Arguments checked against the tool's published schema first: an unknown argument, a missing one or a
+        value of the wrong type is a tool error naming the argument and the fix (the SDK would ignore the first
+        and coerce 'yes' to true)."""
+        tool = next((t for t in await self.list_tools() if t.name == name), None)
+        if tool is not None:
+            problem = argument_problem(name, tool.input_schema, arguments or {})
+            if problem:
+                raise ToolError(problem)
+        return await super().call_tool(name, arguments, context)
+
+
+def argument_problem(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """The first thing wrong with a tool call's arguments against its input schema, with the fix; None if none.
+    A JSON string for a non-string argument is read as JSON first (some clients send '60' for 60)."""
+    import jsonschema  # type: ignore[import-untyped]  # lazy: only a tool call needs it
+
+    props: dict[str, Any] = schema.get("properties", {})
+    known = ", ".join(props) or "none"
+    for k in arguments:
+        if k not in props:
+            return f"{tool}: unknown argument '{quoted(k, 60)}' (its arguments: {known}); fix: drop it"
+    for k in schema.get("required", []):
+        if k not in arguments:
+            return f"{tool}: argument '{k}' is missing; fix: pass it ({props.get(k, {}).get('description', '')})"
+    for k, v in arguments.items():
+        value = v
+        if isinstance(v, str) and "string" not in str(props[k].get("type", "string")):
+            with contextlib.suppress(ValueError):
+                value = json.loads(v)
+        err = next(iter(jsonschema.Draft202012Validator(props[k]).iter_errors(value)), None)
+        if err is not None:
+            want, about = props[k].get("type", "the documented value"), props[k].get("description", "")
+            return f"{tool}: argument '{k}' {quoted(err.message, 200)}; fix: pass {want} ({about})"
+    return None
 
 
 def build_server(ws: Workspace) -> MCPServer:

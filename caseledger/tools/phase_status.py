@@ -25,7 +25,9 @@ class StatusResult(BaseModel):
     phases: dict[str, str] = Field(description="phase -> pending|running|done|reused|skipped|failed|unknown")
     failure_class: str | None
     planned: int
-    sent: int
+    sent: int = Field(description="Formal requests sent by the current load attempt")
+    sent_all: int = Field(0, description="Formal requests sent over every load attempt (a resent load counts again)")
+    load_attempts: int = Field(1, description="Load attempts of this run (a resume that sends the load again adds one)")
     done: int
     failed: int
     load_ended: str = Field(description="yes | no | unknown | partial")
@@ -84,6 +86,11 @@ class StatusResult(BaseModel):
             f"formal: reused {self.load_reused_from}'s raw data ({self.done} records), 0 sent by this run"
             if self.load_reused_from
             else f"formal sent {self.sent}/{self.planned} done {self.done} failed {self.failed}"
+            + (
+                f" (this attempt; {self.sent_all} sent over {self.load_attempts} attempts)"
+                if self.load_attempts > 1
+                else ""
+            )
         )
         lines = [
             f"{self.run_id} {self.case_id} {self.scenario}: {self.state}{fc}, {ph}",
@@ -249,6 +256,8 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
         failure_class=v.failure_class,
         planned=v.counts.planned,
         sent=0 if v.meta.load_reuse else v.counts.sent,
+        sent_all=0 if v.meta.load_reuse else v.counts.sent_all,
+        load_attempts=1 + len(v.counts.earlier),
         done=v.counts.done,
         failed=v.counts.failed,
         load_ended=v.load_ended,
