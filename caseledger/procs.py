@@ -297,6 +297,9 @@ def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
     """SIGTERM the process group (or the process), then SIGKILL after the grace period. A child of this process
     (a service an inline run started) is reaped, so no zombie of it stays in the process table."""
     if not alive(ref):
+        if ref.get("pid") and ref.get("host") in (None, socket.gethostname()):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(int(ref["pid"]), os.WNOHANG)  # it ended by itself: a child of ours is reaped still
         return False
     pid = int(ref["pid"])
     for sig in (signal.SIGTERM, signal.SIGKILL):

@@ -143,9 +143,21 @@ _FAST_SPAWNED: list[str] = []
 _IN_FAST_TEST = threading.Event()
 
 
+# caseledger's own processes the suite started from its process (a detached controller starts its load client
+# and collector itself: those are not seen here), by module: the session's summary prints them
+OWN_SPAWNS: dict[str, int] = {}
+_OWN = ("caseledger.run.controller", "caseledger.run.preflight", "caseledger.campaign.driver", "caseledger.load")
+
+
 def _spawn_audit(event: str, args: tuple[Any, ...]) -> None:
-    if event in SPAWN_EVENTS and _IN_FAST_TEST.is_set():
+    if event not in SPAWN_EVENTS:
+        return
+    if _IN_FAST_TEST.is_set():
         _FAST_SPAWNED.append(f"{event} {str(args[:2])[:160]}")
+    argv = args[1] if len(args) > 1 and isinstance(args[1], list | tuple) else ()
+    module = next((str(argv[k + 1]) for k, a in enumerate(argv[:-1]) if a == "-m"), "")
+    if module in _OWN:
+        OWN_SPAWNS[module] = OWN_SPAWNS.get(module, 0) + 1
 
 
 sys.addaudithook(_spawn_audit)  # once per session: audit hooks cannot be removed
@@ -296,6 +308,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 n, secs = TIER_TIMES[tier]
                 terminalreporter.write_line(f"{tier:<12} {int(n):>4} tests {secs:8.1f} s")
 
+    if OWN_SPAWNS:
+        said = ", ".join(f"{m} {n}" for m, n in sorted(OWN_SPAWNS.items()))
+        terminalreporter.write_line(f"caseledger processes started by the tests' own process: {said}")
     if ENGINE_NOTES:
         terminalreporter.write_sep("=", "measured on the real engines")
         for note in ENGINE_NOTES:

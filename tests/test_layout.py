@@ -48,6 +48,7 @@ HEAVY = {
     "starlette",
     "httpx2",
     "gguf",
+    "optuna",
 }
 
 # caseledger modules slow to import on their own, as heavy as the modules above for this rule: the case models

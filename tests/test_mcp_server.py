@@ -189,7 +189,7 @@ async def test_tool_arguments_of_the_wrong_name_or_type_are_refused_naming_the_a
     assert tree_digest(ws.root) == before
     async with Client(build_server(ws)) as c:  # a JSON string for a number is read as JSON, as the SDK does
         ok = await c.call_tool("phase_status", {"run_id": "r-0123abcd", "wait_s": "0"})
-    assert "unknown run" in text_of(ok) or "no run" in text_of(ok) or "not found" in text_of(ok), text_of(ok)
+    assert "'r-0123abcd' is not in the ledger" in text_of(ok), text_of(ok)
 
 
 @pytest.mark.parametrize(

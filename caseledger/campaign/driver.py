@@ -26,7 +26,10 @@ import orjson
 
 from caseledger import procs
 from caseledger.campaign.plan import PointObs
+from caseledger.campaign.search import STRATEGIES, Observed, space_size
 from caseledger.campaign.store import (
+    Campaign,
+    add_point,
     all_campaigns,
     driver_events,
     driver_file,
@@ -34,7 +37,8 @@ from caseledger.campaign.store import (
     events_file,
     load_campaign,
 )
-from caseledger.campaign.view import current_plan
+from caseledger.campaign.view import current_plan, search_open
+from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
@@ -110,7 +114,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
                 event(ws, gid, "resume_refused", run_id=rid, error=e.message)
             return "went"
     if not pl.next:
-        return "done"
+        return _propose(ws, camp, obs) if search_open(ws, camp) else "done"
     cid, why = pl.next[0]
     point = camp.point(cid)
     o = next(x for x in obs if x.case_id == cid)
@@ -132,6 +136,30 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     event(ws, gid, "point_started", case_id=cid, run_id=view.run_id, label=point.label if point else cid, why=why)
     end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S, progress=lambda v: _after_window(gid, v, case))
     event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
+    return "went"
+
+
+def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs]) -> str:
+    """The campaign's strategy proposes its next point from what was measured: frozen now, with why (the next
+    look at the plan runs it); or the search has ended (converged, or the space measured whole): recorded."""
+    higher = METRICS[camp.decision.primary_metric].higher_is_better
+    observed = [
+        Observed(
+            values=o.values,
+            value=o.mean,
+            meets=o.meets,
+            breach=max((lo.mean / lo.bound - 1 for lo in o.limits.values() if lo.mean is not None), default=0.0),
+            label=o.label,
+        )
+        for o in obs
+    ]
+    got = STRATEGIES[camp.search.kind](camp.axes, camp.search, higher, observed)
+    if got is None:
+        why = f"converged: it proposes only measured points ({len(obs)} of {space_size(camp.axes):g} in the space)"
+        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
+        return "went"
+    point = add_point(ws, camp, got.values, got.why)
+    event(ws, camp.campaign_id, "point_proposed", case_id=point.case_id, label=point.label, why=got.why)
     return "went"
 
 

@@ -8,6 +8,7 @@ frozen cases. The search, the repeats and the decision are how it is asked and a
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from typing import Any, Literal
 
@@ -43,19 +44,72 @@ class Axis(_Model):
         max_length=300,
         examples=["load.concurrency"],
     )
-    values: list[Scalar] = Field(
-        min_length=1, max_length=MAX_VALUES, description="Values the field takes, one point each (at most 64)"
+    values: list[Scalar] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_VALUES,
+        description="Values the field takes, one point each (at most 64); or a range: low, high (and step, log)",
     )
+    low: int | float | None = Field(None, description="A range's lowest value (with high); integers: an integer range")
+    high: int | float | None = Field(None, description="A range's highest value, included")
+    step: int | float | None = Field(
+        None,
+        gt=0,
+        description="A range's step (an integer range: 1 by default); a float range without one is continuous "
+        "(search kind 'tpe' only)",
+    )
+    log: bool = Field(False, strict=True, description="Sample the range on a log scale (search kind 'tpe')")
+
+    @model_validator(mode="after")
+    def _values_or_range(self) -> Axis:
+        ranged = self.low is not None or self.high is not None
+        if (self.values is None) != ranged:
+            raise ValueError(f"campaign.axes '{self.path}': give values, or a range (low and high), not both")
+        if ranged:
+            if self.low is None or self.high is None or not self.low < self.high:
+                raise ValueError(f"campaign.axes '{self.path}': a range needs low < high")
+            if self.log and self.low <= 0:
+                raise ValueError(f"campaign.axes '{self.path}': a log range needs low > 0")
+            if self.log and self.step not in (None, 1):
+                raise ValueError(f"campaign.axes '{self.path}': a log range takes no step")
+            if self.integer and self.step is not None and not isinstance(self.step, int):
+                raise ValueError(f"campaign.axes '{self.path}': an integer range takes an integer step")
+        return self
 
     @field_validator("values")
     @classmethod
-    def _distinct(cls, values: list[Scalar]) -> list[Scalar]:
+    def _distinct(cls, values: list[Scalar] | None) -> list[Scalar] | None:
         seen: list[Scalar] = []
-        for v in values:
+        for v in values or []:
             if any(type(v) is type(w) and v == w for w in seen):
                 raise ValueError(f"value {v!r} is given twice: each value is one point; give it once")
             seen.append(v)
         return values
+
+    @property
+    def integer(self) -> bool:
+        """An integer range (low and high are integers)."""
+        return isinstance(self.low, int) and isinstance(self.high, int)
+
+    def grid(self) -> list[Scalar] | None:
+        """Every value of the axis, in order of declaration (a range: ascending); None for a continuous range."""
+        if self.values is not None:
+            return list(self.values)
+        assert self.low is not None and self.high is not None
+        if self.integer:
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        if self.step is None:
+            return None
+        n = int((self.high - self.low) / self.step + 1e-9)
+        return [round(self.low + k * self.step, 12) for k in range(n + 1)]
+
+    def size(self) -> float:
+        """How many values the axis has (inf for a continuous range), without listing them."""
+        if self.values is not None:
+            return float(len(self.values))
+        assert self.low is not None and self.high is not None
+        step = self.step or (1 if self.integer else None)
+        return float(int((self.high - self.low) / step + 1e-9) + 1) if step else float("inf")
 
     def label(self, value: Scalar) -> str:
         """'C=8', '-np=4', 'OMP_NUM_THREADS=2': the point's value of this axis in short."""
@@ -65,11 +119,22 @@ class Axis(_Model):
         return f"{name}={text}"
 
 
+SEARCH_KINDS = ("grid", "knee", "tpe")
+
+
 class Search(_Model):
-    kind: Literal["grid", "knee"] = Field(
+    kind: Literal["grid", "knee", "tpe"] = Field(
         "grid",
         description="grid: every point; knee: on the ordered axis `axis`, bisect to the largest value that "
-        "meets every limit (the other axes are a grid), like vLLM's serve_sla",
+        "meets every limit (the other axes are a grid), like vLLM's serve_sla; tpe: a model-based search "
+        "(Optuna's TPE) that proposes one point at a time from what was measured, up to max_points, each frozen "
+        "when proposed: for spaces too large to enumerate",
+    )
+    max_points: int | None = Field(
+        None, ge=2, le=MAX_POINTS, strict=True, description="tpe: the most points it measures (2..256); required"
+    )
+    seed: int = Field(
+        0, ge=0, le=2**31 - 1, strict=True, description="tpe: the sampler's seed (same observations: same proposals)"
     )
     axis: str | None = Field(
         None, max_length=300, description="knee: the ordered (numeric) axis path, e.g. 'load.concurrency'"
@@ -81,6 +146,13 @@ class Search(_Model):
         "that breaks a limit breaks it too, and a value below one that meets them meets them too: those points are "
         "skipped with this reason. Required by knee (points are skipped only under a declared monotonicity)",
     )
+
+    def describe(self, points: int) -> str:
+        """The search in a few words, for every view: 'grid over 6 points', 'knee on load.concurrency over 6
+        points', 'tpe: 4 of at most 30 points proposed (seed 0)'."""
+        if self.kind == "tpe":
+            return f"tpe: {points} of at most {self.max_points} points proposed (seed {self.seed})"
+        return (f"knee on {self.axis}" if self.kind == "knee" else "grid") + f" over {points} points"
 
 
 class Repeats(_Model):
@@ -125,7 +197,9 @@ class CampaignDraft(_Model):
         None, pattern=r"^c-[0-9a-f]{12}$", description="A frozen case id to start from (instead of base)"
     )
     axes: list[Axis] = Field(min_length=1, max_length=MAX_AXES, description="The fields the points vary (1..4)")
-    search: Search = Field(default_factory=Search, description="grid, or a knee search on one ordered axis")
+    search: Search = Field(
+        default_factory=Search, description="grid, a knee search on one ordered axis, or tpe (proposes points)"
+    )
     repeats: Repeats = Field(default_factory=Repeats, description="How often points run, where noise decides")
     decision: Decision | None = Field(
         None,
@@ -142,22 +216,26 @@ class CampaignDraft(_Model):
         paths = [a.path for a in self.axes]
         if len(set(paths)) != len(paths):
             raise ValueError("campaign.axes: a path appears twice; give each field one axis")
-        n = 1
-        for a in self.axes:
-            n *= len(a.values)
-        if n > MAX_POINTS:
-            raise ValueError(
-                f"campaign.axes: {n} points (the product of the axes' values) exceed {MAX_POINTS}; "
-                "split the campaign or use fewer values"
-            )
+        n = math.prod(a.size() for a in self.axes)
         s = self.search
+        if s.kind == "tpe":
+            if s.max_points is None:
+                raise ValueError("campaign.search.kind 'tpe' proposes points until search.max_points: set it (e.g. 30)")
+        elif n > MAX_POINTS:
+            size = "a continuous range" if math.isinf(n) else f"{n:.0f} points (the product of the axes' values)"
+            raise ValueError(
+                f"campaign.axes: {size} exceed(s) the {MAX_POINTS} a {s.kind} enumerates; use search.kind 'tpe' "
+                "with max_points (a model-based search proposes points one at a time), or fewer values"
+            )
+        elif s.max_points is not None:
+            raise ValueError(f"campaign.search.max_points applies to kind 'tpe', not '{s.kind}': drop it")
         if s.kind == "knee":
             if s.axis not in paths:
                 raise ValueError(
                     f"campaign.search.axis {s.axis!r} is not one of the axes {paths}: name the ordered "
                     "axis the knee is searched on"
                 )
-            values = next(a.values for a in self.axes if a.path == s.axis)
+            values = next(a.grid() or [] for a in self.axes if a.path == s.axis)
             if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
                 raise ValueError(f"campaign.search.axis {s.axis}: a knee needs numeric values")
             if not s.monotone:
@@ -173,13 +251,12 @@ class CampaignDraft(_Model):
         return self
 
     def combos(self) -> list[dict[str, Scalar]]:
-        """Every point's values, path -> value, in the axes' order (the knee axis ascending)."""
-        axes = [(a.path, sorted(a.values) if a.path == self.search.axis else a.values) for a in self.axes]
+        """Every point's values, path -> value, in the axes' order (the knee axis ascending); none for tpe."""
+        if self.search.kind == "tpe":
+            return []  # proposed one at a time (campaign/search.py), each frozen when proposed
+        grids = [(a.path, a.grid() or []) for a in self.axes]
+        axes = [(p, sorted(v, key=float) if p == self.search.axis else v) for p, v in grids]
         return [dict(zip([p for p, _ in axes], vals, strict=True)) for vals in itertools.product(*(v for _, v in axes))]
-
-    def label(self, values: dict[str, Scalar]) -> str:
-        by_path = {a.path: a for a in self.axes}
-        return " ".join(by_path[p].label(v) for p, v in values.items())
 
     def policy(self) -> dict[str, Any]:  # JSON: written to policy.jsonl
         """How the campaign is asked (recorded beside it, not hashed): search, repeats, name, note."""
@@ -189,6 +266,12 @@ class CampaignDraft(_Model):
             "repeats": self.repeats.model_dump(mode="json"),
             "note": self.note,
         }
+
+
+def label_of(axes: list[Axis], values: dict[str, Scalar]) -> str:
+    """A point's label: every axis value that tells it apart, in the axes' order ('-np=2 C=8')."""
+    by_path = {a.path: a for a in axes}
+    return " ".join(by_path[p].label(v) for p, v in values.items())
 
 
 def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON: a case draft, edited by path

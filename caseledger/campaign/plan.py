@@ -9,16 +9,19 @@ why), and when the campaign is complete. Pure: no I/O, so the same observations 
   and run-to-run spread) or `settle_runs` is reached (then: a tie); a limit verdict within its interval at a
   point the answer rests on is repeated the same way. Repeats stop when the budget is spent.
 - a point whose runs end without a valid result (distorted, failed) runs again, up to max_attempts.
-- drift: the point measured first is the control. It is measured again after every CONTROL_EVERY runs of other
-  points and once after the last of them; when one of its runs differs from its first beyond both runs'
-  within-run noise (and min_effect), the target drifted: nothing more runs, and no winner is crowned across it.
-  Observations without run times (`when`) have no control.
+- drift: per service identity, the point measured first is its control. It is measured again after every
+  CONTROL_EVERY runs of other points of that identity and once before the campaign leaves it (no extra service
+  start). A control run that differs from the control's first beyond both runs' within-run noise (and
+  min_effect) is a suspected change, measured once more at once; confirmed (the next run moved the same way
+  beyond the noise), the target changed at that run: every run before it is set aside and its points are
+  measured again. A second confirmed change means the target keeps drifting: nothing more runs, and the answer
+  is inconclusive, never a winner across a drift. Observations without run times (`when`) have no control.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from caseledger.campaign.model import Repeats, Scalar, Search
 
@@ -68,6 +71,7 @@ class PointObs:
     when: list[str] = field(default_factory=list)  # each valid run's creation time (UTC, ms), as metric
     run_rel: list[float | None] = field(default_factory=list)  # each valid run's within-run half-width / value
     sent: int = 0  # formal requests sent to it, over every run and load attempt
+    why: str = ""  # a proposed point: who proposed it and why
 
     @property
     def runs(self) -> int:
@@ -115,8 +119,9 @@ class Plan:
     noise_rel: float | None = None
     repeats_used: int = 0
     notes: list[str] = field(default_factory=list)  # what the answer must say (a monotonicity that does not hold)
-    control: str | None = None  # the point measured first: measured again to see the target drift
-    drift: str | None = None  # how the control moved beyond its noise, and when: the answer is inconclusive
+    controls: list[str] = field(default_factory=list)  # per service identity, its point measured first
+    cut: str | None = None  # the target changed at this run time (UTC): runs before it are set aside
+    drift: str | None = None  # the target changed twice: how and when; the answer is inconclusive
 
 
 CONTROL_EVERY = 4  # runs of other points between two runs of the control
@@ -134,11 +139,23 @@ def plan(
     higher: bool,
     live_service: str | None,
     min_effect: float = 0.0,
+    open_search: bool = False,
 ) -> Plan:
     """The campaign's plan now. `live_service`: the service key of the latest run (its points go first, so a
     service identity is started once); `higher`: the objective is better higher; `min_effect`: the smallest
-    relative change that counts (a control moving less has not drifted)."""
+    relative change that counts (a control moving less has not drifted); `open_search`: a strategy will propose
+    more points (campaign/search.py): its proposed points run first, repeats and the control's last run wait
+    until it has ended."""
     out = Plan()
+    shift = _shift(points, min_effect)
+    if shift is not None and shift[0] == "confirmed":
+        out.cut = shift[1]
+        out.notes.append(shift[2] + ": the runs before it are set aside and their points measured again")
+        points = set_aside(points, out.cut)
+        again = _shift(points, min_effect)
+        if again is not None and again[0] == "confirmed":
+            out.drift = f"{shift[2]}, and again: {again[2]}"
+            return out  # nothing more runs: a comparison across a drifting target would not mean anything
     out.repeats_used = sum(max(0, p.runs - repeats.runs) for p in points)
     usable: list[PointObs] = []
     for p in points:
@@ -153,6 +170,8 @@ def plan(
     wanted: list[tuple[PointObs, str]] = []
     if search.kind == "knee" and search.axis:
         wanted += _knee(usable, search.axis, out)
+    elif search.kind == "tpe":
+        wanted += [(p, f"{p.why or 'proposed'}") for p in usable if p.runs == 0]
     else:
         wanted += [(p, "grid point") for p in usable if p.runs == 0]
     # the first `runs` valid runs of every measured point (a point the knee needs, or any grid point)
@@ -161,13 +180,10 @@ def plan(
         for p in usable
         if 0 < p.runs < repeats.runs and p.case_id not in out.skipped
     ]
-    wanted += _settle(usable, repeats, higher, out)
-    control = _control(usable, min_effect, bool(wanted), out)
-    if out.drift is not None:
-        out.settled = out.tie = False
-        return out  # nothing more runs: a comparison across the drift would not mean anything
-    if control is not None:
-        wanted.insert(0, control)
+    settle = _settle(usable, repeats, higher, out)
+    if not open_search:  # a search still proposing: no repeats yet, the leader may change
+        wanted += settle
+    wanted[:0] = _controls(usable, wanted, live_service, open_search, shift, out)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
     for p, why in sorted(wanted, key=lambda pw: (pw[0].service_key != live_service, pw[0].service_key)):
@@ -257,38 +273,117 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
     return wanted
 
 
-def _control(usable: list[PointObs], min_effect: float, more: bool, out: Plan) -> tuple[PointObs, str] | None:
-    """The control (the point measured first): its drift, else whether it runs again now (after CONTROL_EVERY
-    runs of other points, or as the last run when nothing else is wanted: `more` is False)."""
-    timed = sorted((w, i) for i, p in enumerate(usable) if len(p.when) == len(p.metric) for w in p.when)
-    if not timed:
-        return None
-    ctl = usable[timed[0][1]]
-    out.control = ctl.case_id
-    out.drift = _drift(ctl, min_effect)
-    if out.drift is not None or ctl.active:
-        return None
-    last = max(ctl.when)
-    since = sum(1 for w, i in timed if usable[i] is not ctl and w > last)
-    if since >= CONTROL_EVERY:
-        return ctl, f"control: {ctl.label} again after {since} runs of other points, to see whether the target drifts"
-    if since and not more:
-        return ctl, f"control: a last run of {ctl.label} after every other point, to see whether the target drifted"
-    return None
+def _timed(p: PointObs) -> bool:
+    return bool(p.when) and len(p.when) == len(p.metric)
 
 
-def _drift(ctl: PointObs, min_effect: float) -> str | None:
-    """How the control's objective moved from its first run beyond both runs' within-run noise, or None."""
-    if len(ctl.metric) < 2 or not ctl.metric[0]:
+def _control_of(group: list[PointObs]) -> PointObs | None:
+    """The point of one service identity measured first (by its first valid run's time)."""
+    timed = [p for p in group if _timed(p)]
+    return min(timed, key=lambda p: p.when[0]) if timed else None
+
+
+def _by_service(points: list[PointObs]) -> dict[str, list[PointObs]]:
+    out: dict[str, list[PointObs]] = {}
+    for p in points:
+        out.setdefault(p.service_key, []).append(p)
+    return out
+
+
+def _beyond(ctl: PointObs, k: int, min_effect: float) -> float | None:
+    """The control's run k against its first run: the relative change when beyond both runs' within-run noise
+    and min_effect, else None."""
+    first = ctl.metric[0]
+    if not first:
         return None
-    first, rel0 = ctl.metric[0], ctl.run_rel[0] if ctl.run_rel else None
-    for k in range(1, len(ctl.metric)):
-        rel = ctl.run_rel[k] if k < len(ctl.run_rel) else None
-        change = (ctl.metric[k] - first) / abs(first)
-        noise = math.hypot(rel0 or 0.0, rel or 0.0)
-        if abs(change) > max(noise, min_effect):
-            return (
-                f"the control {ctl.label} moved {change:+.1%} (beyond its noise ±{noise:.1%}) between its run "
-                f"at {ctl.when[0]} and its run at {ctl.when[k]}"
+    change = (ctl.metric[k] - first) / abs(first)
+    rel = [ctl.run_rel[j] if j < len(ctl.run_rel) else None for j in (0, k)]
+    noise = math.hypot(rel[0] or 0.0, rel[1] or 0.0)
+    return change if abs(change) > max(noise, min_effect) else None
+
+
+def _shift(points: list[PointObs], min_effect: float) -> tuple[str, str, str] | None:
+    """The earliest change of a control beyond its noise: ('confirmed' or 'suspect', the run time it starts at,
+    what moved); confirmed when the control's next run moved the same way beyond the noise too."""
+    found: list[tuple[str, str, str]] = []
+    for group in _by_service(points).values():
+        ctl = _control_of(group)
+        if ctl is None:
+            continue
+        for k in range(1, len(ctl.metric)):
+            change = _beyond(ctl, k, min_effect)
+            if change is None:
+                continue
+            said = (
+                f"the target changed at {ctl.when[k]}: the control {ctl.label} moved {change:+.1%} from its run at "
+                f"{ctl.when[0]}"
             )
-    return None
+            if k + 1 >= len(ctl.metric):
+                found.append(("suspect", ctl.when[k], said))
+                break
+            nxt = _beyond(ctl, k + 1, min_effect)
+            if nxt is not None and (nxt > 0) == (change > 0):
+                found.append(("confirmed", ctl.when[k], said + " (confirmed by its next run)"))
+                break
+    return min(found, key=lambda f: f[1]) if found else None
+
+
+def set_aside(points: list[PointObs], cut: str) -> list[PointObs]:
+    """The observations without the runs made before `cut` (the time the target changed): what the answer
+    rests on after a confirmed change. A point with no run since is measured again."""
+    out = []
+    for p in points:
+        if not _timed(p):
+            out.append(p)
+            continue
+        keep = [k for k, w in enumerate(p.when) if w >= cut]
+        drop = len(p.metric) - len(keep)
+        limits = {
+            n: replace(lo, values=lo.values[drop:] if len(lo.values) == len(p.metric) else lo.values[-len(keep) :])
+            if keep
+            else replace(lo, values=[], half_width=None)
+            for n, lo in p.limits.items()
+        }
+        out.append(
+            replace(
+                p,
+                metric=[p.metric[k] for k in keep],
+                when=[p.when[k] for k in keep],
+                run_rel=[p.run_rel[k] for k in keep if k < len(p.run_rel)],
+                interval_rel=p.interval_rel if keep else None,
+                limits=limits,
+            )
+        )
+    return out
+
+
+def _controls(
+    usable: list[PointObs],
+    wanted: list[tuple[PointObs, str]],
+    live: str | None,
+    open_search: bool,
+    shift: tuple[str, str, str] | None,
+    out: Plan,
+) -> list[tuple[PointObs, str]]:
+    """Each service identity's control, and the control runs wanted now: a suspected change confirmed at once;
+    on the live identity, a control run after CONTROL_EVERY runs of other points, and one before the campaign
+    leaves the identity (nothing else wanted on it) or ends."""
+    runs: list[tuple[PointObs, str, str]] = []
+    for key, group in _by_service(usable).items():
+        ctl = _control_of(group)
+        if ctl is None:
+            continue
+        out.controls.append(ctl.case_id)
+        if ctl.active:
+            continue
+        if shift is not None and shift[0] == "suspect" and shift[1] in ctl.when:
+            runs.append((ctl, key, f"control: {shift[2]}; measured once more to confirm it"))
+            continue
+        since = sum(1 for p in group if p is not ctl for w in p.when if w > max(ctl.when))
+        if key != live:
+            continue
+        if since >= CONTROL_EVERY:
+            runs.append((ctl, key, f"control: {ctl.label} again after {since} runs of other points (target drift?)"))
+        elif since and not open_search and not any(p.service_key == key for p, _ in wanted):
+            runs.append((ctl, key, f"control: {ctl.label} again before leaving its service (target drift?)"))
+    return [(p, why) for p, _, why in runs]

@@ -18,7 +18,7 @@ import orjson
 from pydantic import ValidationError
 
 from caseledger import datasets
-from caseledger.campaign.model import CampaignDraft, Repeats, Scalar, Search, apply_axis
+from caseledger.campaign.model import Axis, CampaignDraft, Repeats, Scalar, Search, apply_axis, label_of
 from caseledger.case.decision import Decision
 from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.case.store import (
@@ -49,6 +49,7 @@ class Point:
     values: dict[str, Scalar]  # axis path -> value
     label: str  # 'C=8' or '-np=2 C=8'
     case_id: str
+    why: str = ""  # a proposed point: who proposed it and why (a grid's points: empty)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Campaign:
     note: str
     points: list[Point]
     decision: Decision  # the scenario's current decision: the campaign's objective and limits
+    axes: list[Axis]
 
     def point(self, case_id: str) -> Point | None:
         return next((p for p in self.points if p.case_id == case_id), None)
@@ -100,53 +102,28 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
     except ValidationError as e:
         raise explain(e, source, "campaign") from None
     base = _base(ws, draft, source)
-    base_data = {k: v for k, v in base.canonical().items() if k not in LINEAGE_FIELDS}
     # every point validated before anything is written: a bad axis value names its point and field
-    cases: list[tuple[dict[str, Scalar], str, Case]] = []
-    for values in draft.combos():
-        data = copy.deepcopy(base_data)
-        try:
-            for path, value in values.items():
-                apply_axis(data, path, value)
-        except ValueError as e:
-            raise CaseInvalid(
-                f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written"
-            ) from None
-        label = draft.label(values)
-        cases.append((values, label, datasets.pin(ws, validate(data, f"campaign point {label}"))))
-    gid = (
-        "g-"
-        + sha256_bytes(
-            canonical_json({"base_case": case_id_of(base), "axes": [a.model_dump(mode="json") for a in draft.axes]})
-        )[:12]
-    )
+    cases = [_point_case(ws, base, draft.axes, values, source) for values in draft.combos()]
+    if draft.search.kind == "tpe":  # points come later: the first proposal checks the axis paths now
+        _check_paths(base, draft.axes, source)
+    axes = [a.model_dump(mode="json", exclude_defaults=True) for a in draft.axes]
+    # the id: what is measured (base and axes); a search that proposes points adds how it proposes them
+    ident: dict[str, Any] = {"base_case": case_id_of(base), "axes": axes}  # JSON: campaign.json's hashed part
+    if draft.search.kind == "tpe":
+        ident["search"] = draft.search.model_dump(mode="json")
+    gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
     base_id, _ = store(ws, base, source)
-    points = []
-    for values, label, case in cases:
-        pid = case_id_of(case)
-        if pid != base_id:
-            case = case.model_copy(update={"parent": base_id, "note": f"campaign {gid}: {label}"})
-        datasets.materialize(ws, case)
-        store(ws, case, f"campaign {gid}")
-        points.append(Point(values=values, label=label, case_id=pid))
+    points = [_store_point(ws, gid, base_id, values, label, case) for values, label, case in cases]
     d = _dir(ws, gid)
     created = not (d / "campaign.json").is_file()
     if created:
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(
             d / "campaign.json",
-            canonical_json(
-                {
-                    "campaign_id": gid,
-                    "base_case": base_id,
-                    "axes": [a.model_dump(mode="json") for a in draft.axes],
-                    "scenario": base.scenario,
-                }
-            )
-            + b"\n",
+            canonical_json({"campaign_id": gid, "base_case": base_id, "axes": axes, "scenario": base.scenario}) + b"\n",
             mode=0o444,
         )
-        write_json(d / "points.json", [{"values": p.values, "label": p.label, "case_id": p.case_id} for p in points])
+        _write_points(d, points)
     policy = draft.policy()
     past = _policies(ws, gid)
     changed = not past or past[-1] != policy
@@ -157,6 +134,64 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
         record_decision(ws, base.scenario, draft.decision, f"campaign {gid}") if draft.decision is not None else None
     )
     return Frozen(campaign=load_campaign(ws, gid), created=created, decision_before=before, policy_changed=changed)
+
+
+def _point_case(
+    ws: Workspace, base: Case, axes: list[Axis], values: dict[str, Scalar], source: str
+) -> tuple[dict[str, Scalar], str, Case]:
+    """(values, label, the point's case, pinned): the base with each axis value applied; CaseInvalid naming the
+    point and the field."""
+    data = copy.deepcopy({k: v for k, v in base.canonical().items() if k not in LINEAGE_FIELDS})
+    try:
+        for path, value in values.items():
+            apply_axis(data, path, value)
+    except ValueError as e:
+        raise CaseInvalid(f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written") from None
+    label = label_of(axes, values)
+    return values, label, datasets.pin(ws, validate(data, f"campaign point {label}"))
+
+
+def _check_paths(base: Case, axes: list[Axis], source: str) -> None:
+    """Each axis path leads to a field of the base (its lowest value applied), before a proposal needs it."""
+    data = copy.deepcopy(base.canonical())
+    for a in axes:
+        try:
+            apply_axis(data, a.path, a.values[0] if a.values else (a.low if a.low is not None else 0))
+        except ValueError as e:
+            raise CaseInvalid(
+                f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written"
+            ) from None
+
+
+def _store_point(
+    ws: Workspace, gid: str, base_id: str, values: dict[str, Scalar], label: str, case: Case, why: str = ""
+) -> Point:
+    pid = case_id_of(case)
+    if pid != base_id:
+        case = case.model_copy(update={"parent": base_id, "note": f"campaign {gid}: {label}"})
+    datasets.materialize(ws, case)
+    store(ws, case, f"campaign {gid}")
+    return Point(values=values, label=label, case_id=pid, why=why)
+
+
+def _write_points(d: Path, points: list[Point]) -> None:
+    write_json(
+        d / "points.json",
+        [
+            {"values": p.values, "label": p.label, "case_id": p.case_id, **({"why": p.why} if p.why else {})}
+            for p in points
+        ],
+    )
+
+
+def add_point(ws: Workspace, camp: Campaign, values: dict[str, Scalar], why: str) -> Point:
+    """Freeze a proposed point (the base with these values) and record it in points.json with why it was
+    proposed. The caller (the campaign's one driver, under its lock) never proposes a point twice."""
+    base = load_case(ws, camp.base_case)
+    _, label, case = _point_case(ws, base, camp.axes, values, f"campaign {camp.campaign_id}")
+    point = _store_point(ws, camp.campaign_id, camp.base_case, values, label, case, why)
+    _write_points(_dir(ws, camp.campaign_id), [*camp.points, point])
+    return point
 
 
 def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
@@ -198,8 +233,12 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
         search=Search.model_validate(policy["search"]),
         repeats=Repeats.model_validate(policy["repeats"]),
         note=str(policy.get("note", "")),
-        points=[Point(values=dict(p["values"]), label=str(p["label"]), case_id=str(p["case_id"])) for p in points],
+        points=[
+            Point(values=dict(p["values"]), label=str(p["label"]), case_id=str(p["case_id"]), why=str(p.get("why", "")))
+            for p in points
+        ],
         decision=scenario_decision(ws, scenario) or load_case(ws, str(ident["base_case"])).decision,
+        axes=[Axis.model_validate(a) for a in ident["axes"]],
     )
 
 

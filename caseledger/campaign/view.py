@@ -5,7 +5,7 @@ Pareto frontier, and the time ledger (service starts, the share of the wall time
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,7 +14,7 @@ from pydantic import Field
 from caseledger import procs
 from caseledger.campaign import plan as planner
 from caseledger.campaign.model import Scalar
-from caseledger.campaign.store import Campaign, driver_file, load_campaign, waiting_on
+from caseledger.campaign.store import Campaign, driver_events, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -70,7 +70,7 @@ class CampaignView(FrozenModel):
     scenario: str
     objective: str = Field(description="primary_metric on window, and which way is better")
     limits: list[str] = Field(description="The scenario's limits, e.g. 'tpot_p99_ms<=40'")
-    search: str = Field(description="grid, or knee on the axis")
+    search: str = Field(description="grid, knee on the axis, or tpe with its budget")
     rows: list[PointRow]
     complete: bool = Field(description="Nothing is left to run: the answer is final for these limits")
     answer: str = Field(description="The winner with its interval, a tie within noise, or why there is none")
@@ -78,8 +78,10 @@ class CampaignView(FrozenModel):
     tie: list[str] = Field(default_factory=list, description="The pair tied within noise (case ids)")
     pareto: list[str] = Field(default_factory=list, description="Labels on the Pareto frontier")
     notes: list[str] = Field(default_factory=list, description="What the answer must add (monotonicity broken...)")
-    control: str | None = Field(None, description="Case id of the control: measured again to see the target drift")
-    drift: str | None = Field(None, description="How and when the control moved beyond its noise (then no winner)")
+    controls: list[str] = Field(
+        default_factory=list, description="Per service identity, its control: measured again to see the target drift"
+    )
+    drift: str | None = Field(None, description="How and when the target changed twice (then no winner)")
     progress: dict[str, Any] = Field(  # JSON: progress figures
         description="points measured/running/queued/skipped/given_up, runs, sent (formal requests over every "
         "run and load attempt), service starts, elapsed_s, formal_window_share"
@@ -122,7 +124,7 @@ class CampaignView(FrozenModel):
                 )
                 n = f" n={r.requests}" if r.requests is not None else ""
                 mark = " *" if r.case_id == self.winner else " =" if r.case_id in self.tie else ""
-                mark += " (control)" if r.case_id == self.control else ""
+                mark += " (control)" if r.case_id in self.controls else ""
                 why = f" — {r.why}" if r.why and r.status != "measured" else ""
                 lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{' | ' + lim if lim else ''}{why}")
         lines.append(("campaign complete: " if self.complete else "so far: ") + self.answer)
@@ -268,7 +270,7 @@ def observe(ws: Workspace, camp: Campaign) -> tuple[list[planner.PointObs], dict
     obs, extra = [], {}
     for p in camp.points:
         o, e = _observe_point(ws, camp, p.label, p.values, load_case(ws, p.case_id), p.case_id, mine)
-        obs.append(o)
+        obs.append(replace(o, why=p.why))
         extra[p.case_id] = e
     return obs, extra, mine
 
@@ -289,8 +291,19 @@ def current_plan(
     obs, extra, mine = observe(ws, camp)
     live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == m.case_id), None)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
-    pl = planner.plan(obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect)
+    pl = planner.plan(
+        obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect, open_search=search_open(ws, camp)
+    )
     return pl, obs, extra, mine
+
+
+def search_open(ws: Workspace, camp: Campaign) -> bool:
+    """A strategy that proposes points (search kind 'tpe') may still propose one: its budget is not spent and
+    its driver has not recorded that it ended (converged, or the space measured whole) at this many points."""
+    if camp.search.kind != "tpe" or len(camp.points) >= (camp.search.max_points or 0):
+        return False
+    ended = [e for e in driver_events(ws, camp.campaign_id) if e.get("type") == "search_ended"]
+    return not any(e.get("points") == len(camp.points) for e in ended)
 
 
 def _pareto(rows: list[PointRow]) -> set[str]:
@@ -354,9 +367,11 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     camp = load_campaign(ws, campaign_id)
     auth = authorization.current_mode(ws)
     pl, obs, extra, mine = current_plan(ws, camp)
+    if pl.cut is not None:  # the target changed: the rows and the answer rest on the runs since, as the plan does
+        obs = planner.set_aside(obs, pl.cut)
     d = camp.decision
     higher = METRICS[d.primary_metric].higher_is_better
-    complete = not pl.next and not any(o.active for o in obs)
+    complete = not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
     rows = [_row(o, extra[o.case_id], *_status(o, pl, complete)) for o in obs]
     front = _pareto(rows)
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
@@ -369,8 +384,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         scenario=camp.scenario,
         objective=f"{d.primary_metric} on {d.window} ({'higher' if higher else 'lower'} is better)",
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
-        search=(f"knee on {camp.search.axis}" if camp.search.kind == "knee" else "grid")
-        + f" over {len(camp.points)} points",
+        search=camp.search.describe(len(camp.points)),
         rows=rows,
         complete=complete,
         answer=answer,
@@ -378,7 +392,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         tie=tie,
         pareto=[r.label for r in rows if r.pareto],
         notes=pl.notes,
-        control=pl.control,
+        controls=pl.controls,
         drift=pl.drift,
         progress=_progress(ws, camp, rows, mine),
         driver_alive=alive,
@@ -450,6 +464,8 @@ def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, 
             "re-decides it with no request sent"
         )
     if not alive:
+        if not pl.next:
+            return f"start_run(case_id='{campaign_id}') starts its driver: it proposes the next point and runs it"
         return f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
     if auth == "paused":
         return "caseledger authorize auto: while paused no new point starts"
@@ -460,7 +476,7 @@ def _answer(
     pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str, complete: bool
 ) -> tuple[str, str | None, list[str]]:
     if pl.drift is not None:
-        return f"inconclusive: the target drifted: {pl.drift}; no winner is crowned across the drift", None, []
+        return f"inconclusive: the target keeps drifting: {pl.drift}; no winner is crowned across it", None, []
     if pl.leader is None:
         if any(o.runs for o in by_id.values()):
             return "no measured point meets every limit", None, []

@@ -15,6 +15,7 @@ from typing import Any, cast
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import jsonschema  # type: ignore[import-untyped]
 from mcp.server import MCPServer
 from mcp.server.lowlevel.server import Server as LowlevelServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -86,7 +87,10 @@ class _Server(MCPServer):
         return self._listed
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], context: Any = None
+        self,
+        name: str,
+        arguments: dict[str, Any],  # JSON: a tool call's arguments
+        context: Any = None,
     ) -> CallToolResult | InputRequiredResult:
         """Arguments checked against the tool's published schema first: an unknown argument, a missing one or a
         value of the wrong type is a tool error naming the argument and the fix (the SDK would ignore the first
@@ -99,12 +103,13 @@ class _Server(MCPServer):
         return await super().call_tool(name, arguments, context)
 
 
-def argument_problem(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+MAX_ARGUMENT_CHARS = 10_000  # a string argument is an id, a name or a path: never this long
+
+
+def argument_problem(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:  # JSON: both
     """The first thing wrong with a tool call's arguments against its input schema, with the fix; None if none.
     A JSON string for a non-string argument is read as JSON first (some clients send '60' for 60)."""
-    import jsonschema  # type: ignore[import-untyped]  # lazy: only a tool call needs it
-
-    props: dict[str, Any] = schema.get("properties", {})
+    props: dict[str, Any] = schema.get("properties", {})  # JSON: the input schema's properties
     known = ", ".join(props) or "none"
     for k in arguments:
         if k not in props:
@@ -113,6 +118,8 @@ def argument_problem(tool: str, schema: dict[str, Any], arguments: dict[str, Any
         if k not in arguments:
             return f"{tool}: argument '{k}' is missing; fix: pass it ({props.get(k, {}).get('description', '')})"
     for k, v in arguments.items():
+        if isinstance(v, str) and len(v) > MAX_ARGUMENT_CHARS:  # checked before a validator formats it whole
+            return f"{tool}: argument '{k}' is {len(v)} chars; fix: pass the id or name as returned (a few dozen chars)"
         value = v
         if isinstance(v, str) and "string" not in str(props[k].get("type", "string")):
             with contextlib.suppress(ValueError):

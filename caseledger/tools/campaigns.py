@@ -59,9 +59,7 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  
     c = f.campaign
     change = decision_words(f.decision_before, c.decision) if f.decision_before is not None else None
     r = c.repeats
-    search = (
-        f"knee on {c.search.axis} (monotone)" if c.search.kind == "knee" else "grid"
-    ) + f" over {len(c.points)} points; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
+    search = c.search.describe(len(c.points)) + f"; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
     return CampaignFrozen(
         campaign_id=c.campaign_id,
         created=f.created,

@@ -1,0 +1,129 @@
+"""Strategies that propose a campaign's points one at a time (ask/tell), for spaces too large to enumerate.
+
+The ledger is the truth: at every proposal the strategy is rebuilt from the campaign's observations (each
+measured point's objective, mean over its valid runs, and its limit verdict), with a sampler seeded by the
+campaign's seed and the number of observations. The same observations therefore give the same next point, and a
+driver that died (or a campaign resumed days later) continues exactly where it was, never proposing a measured
+point again. A proposed point is frozen as a case when proposed (campaign/store.add_point), with its reason.
+
+'tpe' is Optuna's TPE sampler (multivariate). A point that breaks a limit is told as worse than every point that
+meets them, ordered by how far it breaks them; a point without a valid result is no evidence (never proposed
+again). What the search itself does not settle -- noise between the best points -- the planner's settle rule
+does once the search has ended (campaign/plan.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from caseledger.campaign.model import Axis, Scalar, Search
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+MAX_ASKS = 64  # proposals of measured points in a row before the search counts as converged
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One proposed point as measured so far."""
+
+    values: dict[str, Scalar]
+    value: float | None  # the objective, mean over its valid runs; None: no valid result (yet)
+    meets: bool | None  # every limit met (None: no valid result)
+    breach: float  # how far its worst limit is broken (mean / bound - 1); 0 when it meets them
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    values: dict[str, Scalar]
+    why: str
+
+
+def key(values: dict[str, Scalar]) -> tuple[tuple[str, str], ...]:
+    """A point's identity by value (1 and 1.0 are the same setting of a field)."""
+    return tuple(sorted((p, f"{v:.12g}" if isinstance(v, float) else repr(v)) for p, v in values.items()))
+
+
+def space_size(axes: list[Axis]) -> float:
+    return math.prod(a.size() for a in axes)
+
+
+def _distributions(axes: list[Axis]) -> dict[str, BaseDistribution]:  # the sampler's, by axis path
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # lazy: optuna
+
+    out: dict[str, BaseDistribution] = {}
+    for a in axes:
+        if a.values is not None:
+            out[a.path] = CategoricalDistribution(a.values)
+        elif a.integer:
+            assert a.low is not None and a.high is not None
+            out[a.path] = IntDistribution(int(a.low), int(a.high), step=int(a.step or 1), log=a.log)
+        else:
+            assert a.low is not None and a.high is not None
+            out[a.path] = FloatDistribution(float(a.low), float(a.high), step=a.step, log=a.log)
+    return out
+
+
+def _score(ob: Observed, higher: bool, worst: float) -> float:
+    """What the sampler is told: the objective when every limit is met, else worse than any point that meets
+    them (by `worst`, the observed extreme), the further from the limits the worse."""
+    assert ob.value is not None
+    if ob.meets:
+        return ob.value
+    return (-1.0 - ob.breach) if higher else worst * (2.0 + ob.breach) + 1.0
+
+
+def tpe(axes: list[Axis], search: Search, higher: bool, observed: list[Observed]) -> Proposal | None:
+    """The next point Optuna's TPE proposes from the observations, or None when it only proposes measured
+    points (converged) or the space is measured whole."""
+    import optuna  # lazy: only a proposing driver needs it (~0.5 s of imports)
+
+    if len(observed) >= space_size(axes):
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists = _distributions(axes)
+    n = len(observed)
+    assert search.max_points is not None
+    startup = min(10, max(3, search.max_points // 4))
+    sampler = optuna.samplers.TPESampler(seed=search.seed + n, n_startup_trials=startup, multivariate=True)
+    study = optuna.create_study(direction="maximize" if higher else "minimize", sampler=sampler)
+    valued = [ob for ob in observed if ob.value is not None]
+    worst = max((abs(ob.value or 0.0) for ob in valued), default=1.0)
+    for ob in valued:
+        trial = optuna.trial.create_trial(params=ob.values, distributions=dists, value=_score(ob, higher, worst))
+        study.add_trial(trial)
+    seen = {key(ob.values): ob for ob in observed}
+    for _ in range(MAX_ASKS):
+        t = study.ask(dists)
+        values = {a.path: t.params[a.path] for a in axes}
+        known = seen.get(key(values))
+        if known is None:
+            return Proposal(values, _why(n, startup, valued, higher))
+        # a measured point again: told its own result, so the sampler moves on
+        if known.value is None:
+            study.tell(t, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(t, _score(known, higher, worst))
+    return None
+
+
+def _why(n: int, startup: int, valued: list[Observed], higher: bool) -> str:
+    if n < startup:
+        return f"proposed by tpe, trial {n + 1}: random start ({n + 1} of {startup})"
+    meeting = [ob for ob in valued if ob.meets]
+    if not meeting:
+        return f"proposed by tpe, trial {n + 1}: toward the limits (no point of {len(valued)} meets them yet)"
+    best = (max if higher else min)(meeting, key=lambda ob: ob.value or 0.0)
+    return (
+        f"proposed by tpe, trial {n + 1}: sampled where the better points of {len(valued)} lie "
+        f"(leader {best.label or key(best.values)} {best.value:.4g})"
+    )
+
+
+# Strategies that propose points, by search kind: one function each, the same signature.
+STRATEGIES: dict[str, Callable[[list[Axis], Search, bool, list[Observed]], Proposal | None]] = {"tpe": tpe}
