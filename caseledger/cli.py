@@ -122,7 +122,7 @@ def _run_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="S",
-        help="answer when the run's state changes, or after S seconds (at most 120)",
+        help="answer when the run's state changes, or after S seconds (at most 600)",
     )
 
     s = sub.add_parser("resume", parents=[common], help="continue a run at its first unfinished phase (resume)")

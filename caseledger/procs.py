@@ -298,8 +298,7 @@ def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
     (a service an inline run started) is reaped, so no zombie of it stays in the process table."""
     if not alive(ref):
         if ref.get("pid") and ref.get("host") in (None, socket.gethostname()):
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(int(ref["pid"]), os.WNOHANG)  # it ended by itself: a child of ours is reaped still
+            _reap(int(ref["pid"]))  # it ended by itself: a child of ours is reaped still
         return False
     pid = int(ref["pid"])
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -316,12 +315,19 @@ def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
                 return True
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not alive(ref):
+            if not alive(ref):  # gone, or a zombie: reaped here when it is our child
+                _reap(pid)
                 return True
             time.sleep(0.05)
+    _reap(pid)
     return not alive(ref)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of `pid` if it is an exited child of this process (no zombie left behind);
+    nothing for another process's child or one still running."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 PKG_PARENT = str(Path(__file__).resolve().parent.parent)

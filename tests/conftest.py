@@ -291,8 +291,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 TIER_TIMES: dict[str, list[float]] = {}  # tier -> [tests, seconds (setup + call + teardown)]
 
 
+REPORT_TIERS = ("fast", "integration", "processes", "engine", "vllm", "ssh", "browser")  # the summary's rows
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    tier = next((t for t in reversed(HEAVY_TIERS) if t in report.keywords), "fast")
+    tier = next((t for t in reversed(REPORT_TIERS) if t in report.keywords), "fast")
     got = TIER_TIMES.setdefault(tier, [0, 0.0])
     got[0] += report.when == "call" or (report.when == "setup" and report.skipped)
     got[1] += report.duration
@@ -303,7 +306,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     if TIER_TIMES:  # with -n, the workers' reports reach the controller too: the sums are of test time
         terminalreporter.write_sep("=", "time per tier (tests, seconds of setup + call + teardown)")
-        for tier in ("fast", *HEAVY_TIERS):
+        for tier in REPORT_TIERS:  # 'processes': integration tests whose runs keep real processes
             if tier in TIER_TIMES:
                 n, secs = TIER_TIMES[tier]
                 terminalreporter.write_line(f"{tier:<12} {int(n):>4} tests {secs:8.1f} s")

@@ -638,6 +638,7 @@ def test_a_rate_limited_point_is_counted_at_the_target_and_given_up_at_the_bound
     assert row.why.startswith("given up after 3 attempt(s) without a valid result") and "[overload]" in row.why
     assert f"; {received} formal request(s) sent to it" in row.why, (row.why, received)
     assert received == 3 * 8 and view.progress["sent"] == received and row.sent == received, view.text()
+    assert view.progress["service_starts"] == 0, view.progress  # an external target is verified, never started
     assert f"{received} formal requests sent" in view.text()
     per_run = [phase_status(ws, rid) for rid in row.run_ids]
     assert sum(s.sent_all for s in per_run) == received, [s.text() for s in per_run]

@@ -336,8 +336,8 @@ def _progress(
         runs += 1
         formal += float(tl.get("formal_window_s") or 0.0)
         svc = read_evidence(ws.run(m.run_id), Phase.SERVICE)
-        if isinstance(svc, ServiceRecord) and svc.outcome == "done":  # started by this run (not reused)
-            starts += 1
+        if isinstance(svc, ServiceRecord) and svc.outcome == "done" and any(p.pid for p in svc.processes):
+            starts += 1  # started by this run (not reused; an external target is verified, never started)
         end = _end_of(tl, m)
         last_end = max(last_end, end or 0.0)
     live = any(r.status == "running" for r in rows) or driver_alive(ws, camp.campaign_id)

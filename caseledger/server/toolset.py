@@ -314,9 +314,10 @@ def _phase_status(mcp: MCPServer, ws: Workspace) -> None:
             float,
             Field(
                 ge=0,
-                le=120,
-                description="Wait up to this many seconds for the run's state to change (a phase "
-                "ending, the run settling; a campaign: complete, stopped or waiting) before answering; 0: at once",
+                le=600,
+                description="Wait up to this many seconds (at most 600; keep it under your client's tool timeout) "
+                "for the run's state to change (a phase ending, the run settling; a campaign: complete, stopped or "
+                "waiting) before answering; 0: at once",
             ),
         ] = 0.0,
     ) -> CallToolResult:

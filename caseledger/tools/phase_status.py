@@ -132,7 +132,9 @@ class StatusResult(BaseModel):
         return "\n".join(lines)
 
 
-MAX_WAIT_S = 120.0  # a bounded wait stays inside an MCP client's usual request timeout
+# A bounded wait long enough for a campaign point. A wait sends progress notifications as the run moves; a
+# client whose tool timeout is shorter (Codex: tool_timeout_sec, 60 s by default) sets it higher or waits less.
+MAX_WAIT_S = 600.0
 WAIT_POLL_S = 0.25
 
 
@@ -159,7 +161,8 @@ def check_wait(wait_s: float) -> None:
     """A bounded wait (runs and campaigns alike): CaseInvalid naming the bound."""
     if not 0 <= wait_s <= MAX_WAIT_S:
         raise CaseInvalid(
-            f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}", "give wait_s between 0 (answer at once) and 120 seconds"
+            f"wait_s {wait_s:g} is outside 0..{MAX_WAIT_S:g}",
+            f"give wait_s between 0 (answer at once) and {MAX_WAIT_S:g} seconds",
         )
 
 
@@ -169,7 +172,7 @@ def phase_status(
     wait_s: float = 0.0,
     progress: Callable[[StatusResult], None] | None = None,
 ) -> StatusResult:
-    """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 120): return as soon as
+    """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 600): return as soon as
     the run's state changes (a phase starts or ends, the load ends, the run settles, a process stops) or
     when wait_s has passed, instead of being polled with sleep. progress: sees every status the wait reads
     (request counts move between the changes it answers on)."""
