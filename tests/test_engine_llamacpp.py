@@ -144,6 +144,29 @@ def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> N
     assert len(records(ws, r2.run_id)) == 4
 
 
+def test_a_hot_child_changing_only_the_tokenizer_verifies_its_tokens_before_the_formal_load(llama: Llama) -> None:
+    """The live, warm llama-server is reused, but its routes were verified with another tokenizer: route_verify
+    runs again, finds the builtin tokenizer's counts are not the server's, and stops the run before any formal
+    request; nothing is decided against the parent."""
+    ws = llama.ws
+    base = freeze_case(ws, draft=llama.draft())
+    r1 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)
+    assert r1.state == "succeeded", phase_status(ws, r1.run_id).text()
+    child = freeze_case(ws, draft=llama.draft(dataset={"tokenizer": "builtin"}), parent=base.case_id)
+    assert [d.path for d in child.delta] == ["dataset.tokenizer"]
+    before = work(llama.port)
+    r2 = start_run(ws, child.case_id, wait=True, timeout_s=TIMEOUT)
+    s = phase_status(ws, r2.run_id)
+    assert s.state == "failed" and s.phase == "route_verify" and s.failure_class == "dataset", s.text()
+    assert s.sent == 0 and s.decision is None, s.text()
+    v = fold(ws, r2.run_id)
+    assert v.phases["service"].state.value == "reused" and v.phases["warmup"].state.value == "reused"
+    assert "dataset tokenizer ≠ server tokenizer" in (read_json(ws.run(r2.run_id).phase_file("route_verify"))["error"])
+    # only route_verify's one request did model work: no formal request reached the engine
+    after = work(llama.port)
+    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] <= 8
+
+
 def test_prefix_cache_case_passes_its_cache_check(llama: Llama) -> None:
     # concurrency 1: llama.cpp keeps a prefix in the slot that computed it; a concurrent request that
     # lands on another slot misses, which would make the check depend on slot assignment

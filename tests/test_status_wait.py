@@ -41,4 +41,4 @@ def test_a_bounded_wait_answers_at_the_next_change_and_a_settled_run_at_once(
 
 def test_a_wait_outside_its_bounds_is_refused_naming_the_range(ws: Workspace) -> None:
     with pytest.raises(CaseInvalid, match="between 0"):
-        phase_status(ws, None, wait_s=500)
+        phase_status(ws, None, wait_s=601)

@@ -11,11 +11,12 @@ why), and when the campaign is complete. Pure: no I/O, so the same observations 
 - a point whose runs end without a valid result (distorted, failed) runs again, up to max_attempts.
 - drift: per service identity, the point measured first is its control. It is measured again after every
   CONTROL_EVERY runs of other points of that identity and once before the campaign leaves it (no extra service
-  start). A control run that differs from the control's first beyond both runs' within-run noise (and
-  min_effect) is a suspected change, measured once more at once; confirmed (the next run moved the same way
-  beyond the noise), the target changed at that run: every run before it is set aside and its points are
-  measured again. A second confirmed change means the target keeps drifting: nothing more runs, and the answer
-  is inconclusive, never a winner across a drift. Observations without run times (`when`) have no control.
+  start). A control run that differs from the control's first beyond twice both runs' within-run noise and
+  beyond min_effect is a suspected change, measured once more at once;
+  confirmed (the next run moved the same way beyond them), the target changed at that run: every run before it
+  is set aside and its points are measured again. A second confirmed change means the target keeps drifting:
+  nothing more runs, and the answer is inconclusive, never a winner across a drift. Observations without run
+  times (`when`) have no control.
 """
 
 from __future__ import annotations
@@ -290,28 +291,30 @@ def _by_service(points: list[PointObs]) -> dict[str, list[PointObs]]:
     return out
 
 
-def _beyond(ctl: PointObs, k: int, min_effect: float) -> float | None:
-    """The control's run k against its first run: the relative change when beyond both runs' within-run noise
-    and min_effect, else None."""
+DRIFT_NOISE = 2.0  # a change counts beyond this many times the noise: run-to-run varies more than one run says
+
+
+def _beyond(ctl: PointObs, k: int, floor: float) -> float | None:
+    """The control's run k against its first run: the relative change when beyond DRIFT_NOISE times both runs'
+    within-run noise and beyond `floor` (min_effect), else None."""
     first = ctl.metric[0]
     if not first:
         return None
     change = (ctl.metric[k] - first) / abs(first)
     rel = [ctl.run_rel[j] if j < len(ctl.run_rel) else None for j in (0, k)]
-    noise = math.hypot(rel[0] or 0.0, rel[1] or 0.0)
-    return change if abs(change) > max(noise, min_effect) else None
+    noise = DRIFT_NOISE * math.hypot(rel[0] or 0.0, rel[1] or 0.0)
+    return change if abs(change) > max(noise, floor) else None
 
 
 def _shift(points: list[PointObs], min_effect: float) -> tuple[str, str, str] | None:
     """The earliest change of a control beyond its noise: ('confirmed' or 'suspect', the run time it starts at,
     what moved); confirmed when the control's next run moved the same way beyond the noise too."""
     found: list[tuple[str, str, str]] = []
-    for group in _by_service(points).values():
-        ctl = _control_of(group)
-        if ctl is None:
-            continue
+    ctls = [c for g in _by_service(points).values() if (c := _control_of(g)) is not None]
+    floor = min_effect  # not the other points' run-to-run spread: a drift widens it too
+    for ctl in ctls:
         for k in range(1, len(ctl.metric)):
-            change = _beyond(ctl, k, min_effect)
+            change = _beyond(ctl, k, floor)
             if change is None:
                 continue
             said = (
@@ -321,7 +324,7 @@ def _shift(points: list[PointObs], min_effect: float) -> tuple[str, str, str] | 
             if k + 1 >= len(ctl.metric):
                 found.append(("suspect", ctl.when[k], said))
                 break
-            nxt = _beyond(ctl, k + 1, min_effect)
+            nxt = _beyond(ctl, k + 1, floor)
             if nxt is not None and (nxt > 0) == (change > 0):
                 found.append(("confirmed", ctl.when[k], said + " (confirmed by its next run)"))
                 break

@@ -225,6 +225,7 @@ class Live:
 
     service: bool  # a live, verified service with this case's identity holds the target
     warm: bool  # that service instance was warmed and its routes verified since it started
+    routes: bool = True  # ... and its routes' token counts were verified with this case's dataset (and tokenizer)
 
 
 def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | None = None) -> list[PlanStep]:
@@ -258,14 +259,22 @@ def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | No
                 if warm == "reuse"
                 else "the service is new or not yet warmed"
             )
+            if warm == "reuse" and not live.routes:  # the token truth is the dataset's: checked again, no warmup
+                routes, routes_reason = "run", "routes verified with another dataset: its token counts checked again"
+            else:
+                routes, routes_reason = warm, warm_reason
         elif not has_parent:
             svc, warm = "run", "run"
             svc_reason = warm_reason = "no parent: nothing to reuse (an equal live service is still reused)"
+            routes, routes_reason = warm, warm_reason
         else:
             svc = warm = "run" if Impact.SERVICE in classes else "reuse"
             svc_reason = warm_reason = (
                 "service fields changed" if svc == "run" else "service unchanged: reuse the live service"
             )
+            routes, routes_reason = warm, warm_reason
+            if Impact.DATASET in classes and routes == "reuse":
+                routes, routes_reason = "run", "dataset changed: its token counts are verified before the load"
         steps += [
             PlanStep(phase=Phase.SERVICE, action=svc, reason=svc_reason),
             PlanStep(
@@ -273,7 +282,7 @@ def plan(case: Case, changes: list[DeltaItem], has_parent: bool, live: Live | No
                 action=warm if warmup_needed else "skip",
                 reason=warm_reason if warmup_needed else "warmup.requests is 0",
             ),
-            PlanStep(phase=Phase.ROUTE_VERIFY, action=warm, reason=warm_reason),
+            PlanStep(phase=Phase.ROUTE_VERIFY, action=routes, reason=routes_reason),
         ]
         if not cache_target:
             cache = PlanStep(

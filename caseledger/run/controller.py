@@ -348,11 +348,13 @@ class Controller:
 
     def phase_route_verify(self, attempt: int) -> RouteVerifyEvidence | NotRun:
         if self.meta.load_reuse or (self._service_reused() and self.action(Phase.ROUTE_VERIFY) == "reuse"):
-            return NotRun(outcome="reused", reason="service reused: warmed and routes verified since it started")
+            return NotRun(
+                outcome="reused", reason="service reused: warmed and routes verified with this dataset since it started"
+            )
         out = prepare.route_verify(self.run_, self._changed_routes())
         rec = self._service_record()
         if rec is not None:  # these instances are warm now: the next run's plan reuses warmup and routes
-            services.mark_warm(self.ws, self.key, rec, self.paths.run_id)
+            services.mark_warm(self.ws, self.key, rec, self.paths.run_id, self.meta.dataset_id or "")
         return out
 
     def _changed_routes(self) -> list[int] | None:

@@ -40,8 +40,8 @@ def plan_now(ws: Workspace, case: Case, parent: Case | None = None) -> list[Plan
     warmup and routes from the live target (this case's service live and verified? warmed since it started?)."""
     if parent is None and case.parent:
         parent = load_case(ws, case.parent)
-    alive, warm = services.live_state(ws, case, target_key(case.canonical()))
-    return plan(case, delta(parent, case), parent is not None, Live(service=alive, warm=warm))
+    alive, warm, routes = services.live_state(ws, case, target_key(case.canonical()))
+    return plan(case, delta(parent, case), parent is not None, Live(service=alive, warm=warm, routes=routes))
 
 
 def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, rid: str, authorized: str) -> Run:

@@ -18,6 +18,7 @@ from typing_extensions import TypedDict  # pydantic validates it on Python 3.11
 from caseledger import procs
 from caseledger.case.model import Case
 from caseledger.case.service import SSH
+from caseledger.datasets import dataset_id_for
 from caseledger.errors import PhaseFailed
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services import remote
@@ -68,6 +69,7 @@ class ServiceState(TypedDict, total=False):
     ssh: dict[str, Any]  # JSON: the SSH login (the SSH model) of a remote service
     engine_version: str | None
     warmed_by: str  # the run that warmed it and verified its routes since it started
+    routes_verified_for: str  # the dataset id those routes' token counts were verified with
     stopped_utc: str
     stop_error: str
 
@@ -109,34 +111,37 @@ def live_service(ws: Workspace, key: str) -> ServiceState | None:
     return None
 
 
-def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool]:
-    """(this case's service is live on the target, it was warmed and its routes verified since it started):
-    what a run's plan is derived from at start_run, by the same check the service phase reuses it on
-    (identity, then verify), for every component; no request is sent."""
+def live_state(ws: Workspace, case: Case, key: str) -> tuple[bool, bool, bool]:
+    """(this case's service is live on the target, it was warmed and its routes verified since it started, with
+    this case's dataset): what a run's plan is derived from at start_run, by the same check the service phase
+    reuses it on (identity, then verify), for every component; no request is sent."""
     if not adapter_of(case).launched:
-        return False, False
-    warm = True
+        return False, False, False
+    warm = routes = True
+    dataset = dataset_id_for(case)
     for u in units(case):
         st = read_state(ws, u.key(key))
         try:
             want = intended_identity(ws, case, u)
         except PhaseFailed:  # a declared file is missing: the service phase names it
-            return False, False
+            return False, False, False
         if st.get("identity") != want or verify(st, case, u)[0] is not None:
-            return False, False
+            return False, False, False
         warm = warm and bool(st.get("warmed_by"))
-    return True, warm
+        routes = routes and st.get("routes_verified_for") == dataset
+    return True, warm, warm and routes
 
 
-def mark_warm(ws: Workspace, key: str, evidence: ServiceRecord, run_id: str) -> None:
+def mark_warm(ws: Workspace, key: str, evidence: ServiceRecord, run_id: str, dataset_id: str) -> None:
     """Record that run_id warmed the service instances of this service evidence (every component) and verified
-    their routes (a restart forgets it)."""
+    their routes' token counts with this dataset (a restart forgets both)."""
     for comp in evidence.processes:
         k = comp.key if isinstance(comp, ComponentRecord) else key
         st = read_state(ws, k)
         proc = st.get("proc")
         if comp.pid is not None and proc is not None and proc["pid"] == comp.pid:
             st["warmed_by"] = run_id
+            st["routes_verified_for"] = dataset_id
             write_json(state_path(ws, k), st)
 
 

@@ -168,8 +168,8 @@ def freeze_any(
 def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:
     """The plan shown at freeze: against the live target when this case's service is up now (what start_run
     would do), else against the parent (what it will do when the parent's service is up)."""
-    alive, warm = services.live_state(ws, case, target_key(case.canonical()))
-    return plan(case, changes, has_parent, Live(service=True, warm=warm) if alive else None)
+    alive, warm, routes = services.live_state(ws, case, target_key(case.canonical()))
+    return plan(case, changes, has_parent, Live(service=True, warm=warm, routes=routes) if alive else None)
 
 
 def _materialize(ws: Workspace, case: Any) -> str:
