@@ -119,9 +119,6 @@ class Axis(_Model):
         return f"{name}={text}"
 
 
-SEARCH_KINDS = ("grid", "knee", "tpe")
-
-
 class Search(_Model):
     kind: Literal["grid", "knee", "tpe"] = Field(
         "grid",
