@@ -18,7 +18,7 @@ ENTRIES = {
     "preflight": "caseledger.run.preflight",
     "load client": "caseledger.load.__main__",
     "collector": "caseledger.metrics.__main__",
-    "campaign driver": "caseledger.campaign.driver",
+    "campaign driver": "caseledger.run.campaign_driver",
 }
 HEAVY = ("numpy", "httpx2", "matplotlib", "transformers", "tokenizers", "mcp")
 

@@ -398,7 +398,7 @@ def _target(ws: Workspace, a: argparse.Namespace) -> int:
 
         return target_main(["serve", *a.rest])
     from caseledger import services  # lazy: httpx2 and asyncssh
-    from caseledger.campaign.driver import stop_drivers
+    from caseledger.run.campaign_driver import stop_drivers
 
     drivers = stop_drivers(ws)  # first: a live driver would start the next point's service again
     stopped = services.stop_all(ws)

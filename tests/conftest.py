@@ -93,7 +93,7 @@ def write_draft(ws: Workspace, name: str, draft: dict[str, Any]) -> Path:
 def stop_services(ws: Workspace) -> Iterator[None]:
     yield
     from caseledger import services
-    from caseledger.campaign.driver import stop_drivers
+    from caseledger.run.campaign_driver import stop_drivers
 
     # a failed campaign test must not leave its driver starting points (or waiting on a pause) for ever
     stop_drivers(ws)
@@ -146,7 +146,7 @@ _IN_FAST_TEST = threading.Event()
 # caseledger's own processes the suite started from its process (a detached controller starts its load client
 # and collector itself: those are not seen here), by module: the session's summary prints them
 OWN_SPAWNS: dict[str, int] = {}
-_OWN = ("caseledger.run.controller", "caseledger.run.preflight", "caseledger.campaign.driver", "caseledger.load")
+_OWN = ("caseledger.run.controller", "caseledger.run.preflight", "caseledger.run.campaign_driver", "caseledger.load")
 
 
 def _spawn_audit(event: str, args: tuple[Any, ...]) -> None:
@@ -409,3 +409,35 @@ def start_with_fault(monkeypatch: pytest.MonkeyPatch, fault: str, ws: Workspace,
         return start_run(ws, case_id, **kw)
     finally:
         monkeypatch.delenv("CASELEDGER_FAULT")
+
+
+def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
+    """Every view names the campaign's one answer, resting on the same runs: summarize of the campaign, of its
+    scenario and of each point's runs, the scenario resource's rows and HANDOFF.md. Returns the answer."""
+    from caseledger.campaign.view import campaign_view
+    from caseledger.outcome import handoff
+    from caseledger.tools import summarize
+
+    cv = campaign_view(ws, campaign_id)
+    sv = summarize(ws, [], scenario=cv.scenario).scenario
+    assert sv is not None and sv.campaign == campaign_id and sv.answer == cv.answer, (sv, cv.text())
+    assert sv.best_case == cv.winner and sorted(sv.tie) == sorted(cv.tie), (sv.text(), cv.text())
+    assert [r.case_id for r in sv.rows if r.best] == ([cv.winner] if cv.winner else []), sv.text()
+    points = {r.case_id: r for r in cv.rows}
+    for row in sv.rows:
+        p = points.get(row.case_id)
+        if p is None:
+            continue
+        assert row.change == p.label and row.runs == p.runs and row.metric == p.metric_mean, (row, p)
+        said = "winner" if p.case_id == cv.winner else "tie" if p.case_id in cv.tie else None
+        assert said is None or row.campaign_verdict == said, (row, p)
+        for rid in p.run_ids[-1:]:  # a point's run read alone carries the campaign's verdict, not its own
+            one = summarize(ws, [rid])
+            assert one.runs[0].campaign == campaign_id and cv.answer in (one.runs[0].campaign_verdict or ""), one
+            assert "freeze_case(next candidate" not in one.text() and campaign_id in one.next_call, one.text()
+    head = handoff.short_answer(cv.answer)  # 'winner C=4', 'tie within noise: C=2 and C=4', ...
+    text = handoff.refresh(ws)
+    if f"scenario {cv.scenario}:" in text:  # the handoff shows the latest run's scenario
+        assert head in text, (head, text)
+        assert "freeze_case(next candidate" not in text or not cv.complete, text
+    return cv.answer

@@ -16,7 +16,7 @@ from caseledger.ledger.runs import scan_runs
 from caseledger.tools import freeze_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import free_port
+from tests.conftest import assert_one_answer, free_port
 from tests.engine import llama_draft, llama_paths
 
 pytestmark = [pytest.mark.engine, pytest.mark.integration]
@@ -67,5 +67,6 @@ def test_a_flag_by_c_campaign_starts_each_service_identity_once(tmp_path: Path) 
         assert view.progress["service_starts"] == 2 == len(pids), (view.progress, pids)
         assert view.progress["formal_window_share"] is not None and view.progress["formal_window_share"] > 0
         assert view.winner or view.tie, text
+        assert_one_answer(ws, f.campaign_id)
     finally:
         services.stop_all(ws)

@@ -26,9 +26,10 @@ STAGES: list[tuple[str, ...]] = [
     ("metrics",),  # raw -> results per window
     ("load", "target"),  # the load client; the embedded reference target
     ("services",),  # bring a target to the case's identity (local or over SSH)
-    ("outcome",),  # decide, report, time ledger, handoff
-    ("run",),  # create/start, controller, phase bodies, preflight, resume
-    ("campaign",),  # a declared search: its model, planner, driver and answer (starts runs through run/)
+    # decide, report, time ledger, handoff; a campaign's declaration, planner, strategies and answer: the views
+    # (scenario, HANDOFF.md) show a campaign point's verdict from the campaign, so both are one stage
+    ("outcome", "campaign"),
+    ("run",),  # create/start, controller, phase bodies, preflight, resume, a campaign's driver (starts its runs)
     ("tools",),  # the six tools
     ("importers", "server", "demo"),  # AISBench import, MCP wiring, the demo
     ("cli", "__main__", "__init__"),  # entry points

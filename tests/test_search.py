@@ -14,7 +14,7 @@ from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, stats
+from tests.conftest import assert_one_answer, free_port, ref_draft, stats
 
 # A surface like an engine's flags: x (say max-num-seqs) and y (a prefill chunk budget), 16 x 16 = 256 points;
 # throughput has an interior optimum at (10, 6) and a TPOT limit cuts off a corner of the space.
@@ -135,6 +135,7 @@ def test_a_search_on_the_reference_target_freezes_each_point_when_proposed_and_c
     assert 2 <= len(camp.points) <= 5 and all(p.why.startswith("proposed by tpe, trial ") for p in camp.points)
     assert len({p.label for p in camp.points}) == len(camp.points)  # never a point twice
     assert view.winner is not None or view.tie or view.drift, view.text()
+    assert_one_answer(ws, f.campaign_id)
     received = stats(port)["by_phase"].get("load", 0)
     assert received == view.progress["sent"] == 24 * view.progress["runs"], (stats(port), view.text())
     assert "tpe:" in view.search and "campaign complete" in view.text()

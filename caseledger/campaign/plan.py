@@ -23,36 +23,73 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from caseledger.campaign.model import Repeats, Scalar, Search
+
+Verdict = Literal["meets", "breaks", "uncertain", "not_observed"]
 
 
 @dataclass(frozen=True)
 class LimitObs:
-    """One limit at one point: its value in each valid run and the within-run half-width of the latest."""
+    """One limit at one point: its value in each valid run and, where per-request samples exist (TTFT, TPOT,
+    E2E), the percentile over the valid runs' requests pooled, with a bootstrap interval that resamples runs and
+    requests (metrics.pooled). A p99 of one 16-request run is its slowest request; pooled over runs it is not."""
 
     bound: float
     values: list[float]
-    half_width: float | None  # bootstrap 95% half-width over the latest valid run's requests (ms)
+    half_width: float | None  # without a pooled figure: the within-run 95% half-width of the latest run (ms)
+    pooled: float | None = None  # the percentile over the pooled requests of the valid runs (ms)
+    low: float | None = None  # its 95% interval (ms)
+    high: float | None = None
+    requests: int = 0  # the requests the pooled figure rests on
 
     @property
     def mean(self) -> float | None:
+        """The limit's figure the verdict rests on: pooled when known, else the mean over the runs."""
+        if self.pooled is not None:
+            return self.pooled
         return sum(self.values) / len(self.values) if self.values else None
 
     @property
     def noise(self) -> float:
+        if self.pooled is not None and self.low is not None and self.high is not None:
+            return max(self.high - self.pooled, self.pooled - self.low)
         spread = (max(self.values) - min(self.values)) / 2 if len(self.values) > 1 else 0.0
         return max(self.half_width or 0.0, spread)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
+        """meets or breaks when the interval is on one side of the bound; uncertain when it straddles it."""
         m = self.mean
-        return "not_observed" if m is None else "meets" if m <= self.bound else "breaks"
+        if m is None:
+            return "not_observed"
+        if self.pooled is not None and self.low is not None and self.high is not None:
+            lo, hi = self.low, self.high
+        else:
+            lo, hi = m - self.noise, m + self.noise
+        return "meets" if hi <= self.bound else "breaks" if lo > self.bound else "uncertain"
 
     @property
     def settled(self) -> bool:
+        return self.verdict in ("meets", "breaks")
+
+    @property
+    def met(self) -> str:
+        """In how many of the valid runs the limit was met, e.g. '2/3'."""
+        return f"{sum(1 for v in self.values if v <= self.bound)}/{len(self.values)}"
+
+    def said(self) -> str:
+        """'59.2 [51.0, 66.4] <= 60 over 48 requests in 3 runs: uncertain (met in 2/3 runs)'."""
         m = self.mean
-        return m is not None and abs(m - self.bound) > self.noise
+        if m is None:
+            return "not observed"
+        if self.pooled is not None and self.low is not None and self.high is not None:
+            fig = f"{m:.4g} [{self.low:.4g}, {self.high:.4g}] pooled over {self.requests} requests"
+        else:
+            fig = f"{m:.4g} ±{self.noise:.2g}"
+        runs = f" in {len(self.values)} run(s)" if self.values else ""
+        return f"{fig}{runs} <= {self.bound:g}: {self.verdict} (met in {self.met} runs)"
 
 
 @dataclass(frozen=True)
@@ -93,16 +130,22 @@ class PointObs:
 
     @property
     def meets(self) -> bool | None:
-        """Every limit met (by the mean over its runs); None before a valid run."""
+        """Every limit's figure (pooled, else the mean over its runs) within its bound, some perhaps uncertain
+        (see `uncertain`); None before a valid run."""
         if not self.metric:
             return None
-        return all(lo.verdict == "meets" for lo in self.limits.values())
+        return all(lo.mean is not None and lo.mean <= lo.bound for lo in self.limits.values())
+
+    @property
+    def uncertain(self) -> list[str]:
+        """The limits whose interval straddles the bound: 'tpot_p99_ms met in 2/3 runs'."""
+        return [f"{k} met in {lo.met} runs" for k, lo in self.limits.items() if lo.verdict == "uncertain"]
 
     def broken(self) -> str:
         return ", ".join(
             f"{k} {lo.mean:.4g} > {lo.bound:g}"
             for k, lo in self.limits.items()
-            if lo.verdict == "breaks" and lo.mean is not None
+            if lo.mean is not None and lo.mean > lo.bound
         )
 
 
@@ -264,10 +307,12 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
     if known and gap > noise:
         out.settled = True
         return wanted
-    side = min((lead, second), key=lambda p: p.runs)
-    if side.runs < repeats.settle_runs and budget_left > 0:
+    # both sides that may still repeat, the one with fewer runs first: the plan's order then puts the side whose
+    # service is live first, so a live identity serves its repeats before the campaign switches (one start each)
+    sides = [p for p in sorted((lead, second), key=lambda p: p.runs) if p.runs < repeats.settle_runs]
+    if sides and budget_left > 0:
         what = "run-to-run noise unknown (1 run)" if not known else f"gap {gap:.1%} within noise ±{noise:.1%}"
-        wanted.append((side, f"repeat: the leader {lead.label} and the runner-up {second.label}: {what}"))
+        wanted += [(p, f"repeat: the leader {lead.label} and the runner-up {second.label}: {what}") for p in sides]
     elif not wanted:
         out.tie = gap <= noise
         out.settled = not out.tie
@@ -331,6 +376,14 @@ def _shift(points: list[PointObs], min_effect: float) -> tuple[str, str, str] | 
     return min(found, key=lambda f: f[1]) if found else None
 
 
+def _unpooled(limits: dict[str, LimitObs], drop: int) -> dict[str, LimitObs]:
+    """Limits without their pooled figures when runs are dropped (the pool held them): each limit then rests on
+    the mean and spread of the runs kept."""
+    if not drop:
+        return limits
+    return {n: replace(lo, pooled=None, low=None, high=None, requests=0) for n, lo in limits.items()}
+
+
 def set_aside(points: list[PointObs], cut: str) -> list[PointObs]:
     """The observations without the runs made before `cut` (the time the target changed): what the answer
     rests on after a confirmed change. A point with no run since is measured again."""
@@ -345,7 +398,7 @@ def set_aside(points: list[PointObs], cut: str) -> list[PointObs]:
             n: replace(lo, values=lo.values[drop:] if len(lo.values) == len(p.metric) else lo.values[-len(keep) :])
             if keep
             else replace(lo, values=[], half_width=None)
-            for n, lo in p.limits.items()
+            for n, lo in _unpooled(p.limits, drop).items()
         }
         out.append(
             replace(

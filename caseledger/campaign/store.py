@@ -251,6 +251,23 @@ def all_campaigns(ws: Workspace) -> list[str]:
     return [p.name for p in sorted(found, key=lambda p: (p / "campaign.json").stat().st_mtime)]
 
 
+def scenario_campaigns(ws: Workspace, scenario: str) -> list[str]:
+    """Ids of the campaigns of a scenario, oldest first (the newest owns the scenario's answer)."""
+    out = []
+    for gid in all_campaigns(ws):
+        ident = read_json_or_none(_dir(ws, gid) / "campaign.json")
+        if isinstance(ident, dict) and ident.get("scenario") == scenario:
+            out.append(gid)
+    return out
+
+
+def campaign_files(ws: Workspace, campaign_id: str) -> list[Path]:
+    """The files a campaign's answer is read from besides its runs: its declaration, points, policies and the
+    driver's events (a search that ended)."""
+    d = _dir(ws, campaign_id)
+    return [d / "campaign.json", d / "points.json", d / "policy.jsonl", events_file(ws, campaign_id)]
+
+
 def campaign_of(ws: Workspace, case_id: str) -> str | None:
     """The newest campaign one of whose points is this case, or None."""
     for gid in reversed(all_campaigns(ws)):

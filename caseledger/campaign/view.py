@@ -23,7 +23,8 @@ from caseledger.ledger import authorization
 from caseledger.ledger.evidence import ServiceRecord, read_evidence
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
-from caseledger.metrics import FrozenModel, Interval, Result, interval, latest_result
+from caseledger.metrics import FrozenModel, Interval, Result, latest_result
+from caseledger.outcome.decide import LimitVerdict
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
 
@@ -52,8 +53,22 @@ class PointRow(FrozenModel):
         "spread, relative; null: not measured"
     )
     run_to_run: str = Field(description="'±x% over n runs', or 'unknown (1 run)'")
-    limits: dict[str, str] = Field(description="Per limit: 'mean ±noise <= bound meets (met 2/2)' and so on")
-    meets: bool | None = Field(description="Every limit met (by the mean over its runs); null: not measured")
+    limits: dict[str, str] = Field(
+        description="Per limit: its percentile over the valid runs' requests pooled, with the 95% interval "
+        "(runs and requests resampled), the bound and the verdict: meets or breaks when the interval is on one side "
+        "of the bound, uncertain when it straddles it; and in how many runs it was met, e.g. '59.2 [51, 66.4] "
+        "pooled over 48 requests in 3 run(s) <= 60: uncertain (met in 2/3 runs)'"
+    )
+    meets: bool | None = Field(
+        description="Every limit's pooled figure within its bound (some perhaps uncertain); null: not measured"
+    )
+    verdicts: list[LimitVerdict] = Field(
+        default_factory=list, description="Each limit as data: pooled figure, bound, verdict, met in k/n runs"
+    )
+    uncertain: list[str] = Field(
+        default_factory=list,
+        description="Limits whose interval straddles the bound, e.g. 'tpot_p99_ms met in 2/3 runs'",
+    )
     requests: int | None = Field(description="Successful requests the latest run's percentiles rest on")
     per_user_tok_s: float | None = Field(description="Output tok/s per user (1000 / TPOT p50) of the latest run")
     per_card_tok_s: float | None = Field(description="Output tok/s per card of the latest run")
@@ -152,7 +167,6 @@ class _Extra:
     requests: int | None
     per_user: float | None
     per_card: float | None
-    met: dict[str, str]
 
 
 def service_key(case: Case) -> str:
@@ -171,6 +185,7 @@ def _observe_point(
     run_rel: list[float | None] = []
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
     bad, active, problem = 0, None, None
+    pool: list[dict[str, F64]] = []  # per valid run: its window's per-request samples (limits only)
     latest_valid: tuple[str, Result] | None = None
     sent = 0  # formal requests the target received from this point: every run, every load attempt
     for m in own:
@@ -197,13 +212,15 @@ def _observe_point(
             lv = window_stat(w, name)
             if lv is not None:
                 limit_values[name].append(lv)
+        if limit_values:  # the requests the limits' pooled percentiles rest on (the window's, run by run)
+            span = (w.start_s, w.end_s) if w.start_s is not None and w.end_s is not None else None
+            pool.append(latency_samples(ws, m.run_id, span))
         latest_valid = (m.run_id, r)
     interval_rel: float | None = None
     limits: dict[str, planner.LimitObs] = {}
     requests = per_user = per_card = None
-    samples: dict[str, F64] = {}
     if latest_valid is not None:
-        rid, r = latest_valid
+        _, r = latest_valid
         w = r.windows.of(window)
         n = w.noise
         interval_rel = n.half_width_rel if isinstance(n, Interval) and n.metric == d.primary_metric else None
@@ -211,12 +228,8 @@ def _observe_point(
         tpot50 = window_stat(w, "tpot_p50")
         per_user = 1000.0 / tpot50 if tpot50 else None
         per_card = window_stat(w, "output_throughput_per_card")
-        if d.limits.bounds():
-            samples = latency_samples(ws, rid)
     for name, bound in d.limits.bounds().items():
-        limits[name] = planner.LimitObs(
-            bound=bound, values=limit_values[name], half_width=_half_width(name, limit_values[name], samples)
-        )
+        limits[name] = _limit(name, bound, limit_values[name], pool)
     obs = planner.PointObs(
         case_id=cid,
         label=label,
@@ -232,21 +245,24 @@ def _observe_point(
         run_rel=run_rel,
         sent=sent,
     )
-    met = {k: f"{sum(1 for v in vs if v <= d.limits.bounds()[k])}/{len(vs)}" for k, vs in limit_values.items() if vs}
-    return obs, _Extra(
-        run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card, met=met
-    )
+    return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card)
 
 
-def _half_width(limit: str, values: list[float], samples: dict[str, F64]) -> float | None:
-    """The bootstrap 95% half-width (ms) of a limited percentile over the latest valid run's requests: the same
-    seeded bootstrap the decision metric's interval uses (metrics.interval); None for ITL (no per-request
-    samples) or too few requests."""
+def _limit(limit: str, bound: float, values: list[float], pool: list[dict[str, F64]]) -> planner.LimitObs:
+    """A limit at a point: its value per valid run and, for a percentile of per-request samples (TTFT, TPOT,
+    E2E), the percentile over the valid runs' requests pooled with its two-stage bootstrap interval
+    (metrics.pooled); ITL (no per-request samples) rests on the runs' mean and spread."""
     m = LIMITS[limit]
-    if m.figure not in samples or not values:
-        return None
-    iv = interval(f"{m.figure}_{m.stat}", values[-1], samples)
-    return (iv.high - iv.low) / 2 if isinstance(iv, Interval) else None
+    if not values:
+        return planner.LimitObs(bound=bound, values=values, half_width=None)
+    from caseledger.metrics import pooled  # lazy: numpy, only where a limit's samples are pooled
+
+    iv = pooled(f"{m.figure}_{m.stat}", pool) if pool and m.figure in pool[0] else None
+    if not isinstance(iv, Interval):
+        return planner.LimitObs(bound=bound, values=values, half_width=None)
+    return planner.LimitObs(
+        bound=bound, values=values, half_width=None, pooled=iv.point, low=iv.low, high=iv.high, requests=iv.requests
+    )
 
 
 def _why_invalid(r: Result, window: str) -> str:
@@ -421,13 +437,7 @@ def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[Poin
 
 
 def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -> PointRow:
-    limits = {}
-    for name, lo in o.limits.items():
-        if lo.mean is None:
-            continue
-        met = f" (met {e.met[name]})" if name in e.met and lo.values and len(lo.values) > 1 else ""
-        settled = "" if lo.settled else ", within noise"
-        limits[name] = f"{lo.mean:.4g} ±{lo.noise:.2g} <= {lo.bound:g}: {lo.verdict}{settled}{met}"
+    limits = {name: lo.said() for name, lo in o.limits.items() if lo.mean is not None}
     rtr = (
         f"±{_pct(o.spread_rel)} over {o.runs} runs"
         if o.spread_rel is not None
@@ -444,6 +454,13 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
         run_to_run=rtr,
         limits=limits,
         meets=o.meets,
+        verdicts=[
+            LimitVerdict(
+                limit=k, bound=lo.bound, value=lo.mean, verdict=lo.verdict, met=lo.met, low=lo.low, high=lo.high
+            )
+            for k, lo in o.limits.items()
+        ],
+        uncertain=o.uncertain,
         requests=e.requests,
         per_user_tok_s=e.per_user,
         per_card_tok_s=e.per_card,
@@ -482,25 +499,34 @@ def _answer(
             return "no measured point meets every limit", None, []
         return "nothing measured yet", None, []
     lead = by_id[pl.leader]
-    fig = f"{metric} {_n(lead.mean)} ±{lead.noise_rel:.1%}"
+    fig = f"{metric} {_n(lead.mean)} ±{lead.noise_rel:.1%} noise"
     if pl.runner_up is None:
-        return (
-            f"winner {lead.label} ({lead.case_id}): {fig}, the only measured point within every limit",
-            pl.leader,
-            [],
-        )
+        text = f"winner {lead.label} ({lead.case_id}): {fig}, the only measured point within every limit"
+        return text + _unsure([lead]), pl.leader, []
     second = by_id[pl.runner_up]
     vs = (
         f"runner-up {second.label} {_n(second.mean)} ±{second.noise_rel:.1%}; gap {pl.gap_rel or 0:.1%} vs "
-        f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs)"
+        f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs; noise: the larger of the within-run "
+        "interval and the run-to-run spread, both sides combined)"
     )
     if pl.tie:
         pair = sorted([lead, second], key=lambda o: o.label)
         return (
-            f"tie within noise: {pair[0].label} and {pair[1].label} ({vs})",
+            f"tie within noise: {pair[0].label} and {pair[1].label} ({vs})" + _unsure(pair),
             None,
             [pair[0].case_id, pair[1].case_id],
         )
     if pl.settled:
-        return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}", pl.leader, []
-    return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet", None, []
+        return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}" + _unsure([lead]), pl.leader, []
+    return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet" + _unsure([lead]), None, []
+
+
+def _unsure(points: list[planner.PointObs]) -> str:
+    """'; uncertain: -np=2 C=1 tpot_p99_ms met in 2/3 runs (...)' for limits whose interval straddles the bound."""
+    said = [f"{p.label} {u}" for p in points for u in p.uncertain]
+    if not said:
+        return ""
+    return (
+        "; uncertain: " + ", ".join(said) + " (the pooled percentile's 95% interval straddles the bound: "
+        "more runs, or more requests per run, settle it)"
+    )

@@ -55,6 +55,7 @@ _LAZY = {
     "compute_result": "caseledger.metrics._compute",
     "host_load": "caseledger.metrics._evidence",
     "interval": "caseledger.metrics._noise",
+    "pooled": "caseledger.metrics._noise",
     "latest_result": "caseledger.metrics._store",
     "params_key": "caseledger.metrics._params",
     "parse_prometheus": "caseledger.metrics._spec",
@@ -94,7 +95,7 @@ if TYPE_CHECKING:
         WindowResult,
         WindowRule,
     )
-    from caseledger.metrics._noise import interval
+    from caseledger.metrics._noise import interval, pooled
     from caseledger.metrics._params import params_key
     from caseledger.metrics._result import (
         ConcurrencySeries,
@@ -158,6 +159,7 @@ __all__ = [
     "params_key",
     "parse_prometheus",
     "per_request_ms",
+    "pooled",
     "read_raw",
     "result_dir",
     "write_result",

@@ -107,3 +107,34 @@ def interval(metric: str, point: float | NotObserved, per_request: dict[str, F64
 def _blocks(b: int, n: int) -> list[int]:
     per = max(1, _WORK // max(n, 1))
     return [min(per, b - i) for i in range(0, b, per)]
+
+
+def pooled(metric: str, runs: list[dict[str, F64]]) -> Interval | NotObserved:
+    """A percentile of the requests of several runs pooled, with a bootstrap interval that resamples runs and
+    then requests within each drawn run (a two-stage bootstrap: run-to-run spread and the requests' own both
+    widen it). metric: a percentile ('tpot_p99'); runs: each run's per-request samples (as `interval`)."""
+    if metric not in _PERCENTILE:
+        return NotObserved(reason=f"{metric} is not a per-request percentile: nothing to pool")
+    name, q = _PERCENTILE[metric]
+    xs = [x[~np.isnan(x)] for r in runs if (x := r.get(name)) is not None]
+    xs = [x for x in xs if x.size]
+    n = sum(x.size for x in xs)
+    if n < 2:
+        return NotObserved(reason=f"{n} value(s) of {name} over {len(xs)} run(s): too few to resample")
+    point = float(np.percentile(np.concatenate(xs), q))
+    rng = np.random.default_rng(SEED)
+    k, width = len(xs), max(x.size for x in xs)
+    table = np.full((k, width), np.nan)  # one row per run, padded
+    for i, x in enumerate(xs):
+        table[i, : x.size] = x
+    sizes = np.array([x.size for x in xs])
+    b = resamples(n)
+    blocks = []
+    for m in _blocks(b, k * width):
+        drawn = rng.integers(0, k, (m, k))  # the runs of each resample
+        size = sizes[drawn][..., None]  # a drawn run contributes as many requests as it has
+        pick = (rng.random((m, k, width)) * size).astype(np.int64)
+        vals = table[drawn[..., None], pick]
+        vals[np.arange(width) >= size] = np.nan
+        blocks.append(np.nanpercentile(vals.reshape(m, k * width), q, axis=1))
+    return _quantiles(np.concatenate(blocks), point, metric, n, b)

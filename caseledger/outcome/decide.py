@@ -60,7 +60,13 @@ class LimitVerdict(FrozenModel):
     limit: str = Field(description="Limit name, e.g. 'tpot_p99_ms'")
     bound: float = Field(description="Upper bound (ms)")
     value: float | None = Field(description="The window's figure (ms); null: NOT_OBSERVED")
-    verdict: Literal["meets", "breaks", "not_observed"] = Field(description="value <= bound, above it, or unknown")
+    verdict: Literal["meets", "breaks", "uncertain", "not_observed"] = Field(
+        description="value <= bound, above it, or unknown; for a campaign's point (pooled over its valid runs): "
+        "uncertain when the 95% interval straddles the bound"
+    )
+    met: str | None = Field(None, description="A campaign's point: in how many of its valid runs it was met, '2/3'")
+    low: float | None = Field(None, description="A campaign's point: the pooled figure's 95% interval, low end (ms)")
+    high: float | None = Field(None, description="... and its high end (ms)")
 
 
 class Noise(FrozenModel):
@@ -338,8 +344,9 @@ def _verdict(
     if base_broken:
         return _Verdict(
             outcome="keep",
-            reason=f"within every limit, while the baseline breaks {base_broken}; "
-            f"{where} changes by {improvement:+.2%}: {versus}",
+            reason=f"keep only because the baseline breaks {base_broken} and this run is within every limit"
+            + ("" if improvement >= 0 else ", although it is worse")
+            + f": {where} changes by {improvement:+.2%}: {versus}",
         )
     if noise.noise_rel > 0 and abs(improvement) <= noise.noise_rel:
         settle = _settle(noise, candidate_case, baseline_ref)

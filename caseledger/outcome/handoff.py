@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from caseledger import ledger, procs, redact
+from caseledger.campaign.store import campaign_of
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
@@ -165,6 +166,11 @@ def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str,
         seen.add(r.scenario)
         fc = f" [{r.failure_class}]" if r.failure_class else ""
         dec = f" -> {r.decision}" if r.decision else ""
+        view = _view(ws, idx, r.scenario) if campaign_of(ws, r.case_id) else None
+        if isinstance(view, ScenarioView) and view.campaign:  # a campaign's point: the campaign's answer, not a run's
+            dec = (
+                f" -> campaign {view.campaign} {'complete' if view.complete else 'so far'}: {short_answer(view.answer)}"
+            )
         out.append(
             (
                 f"also active: scenario {r.scenario}: latest {r.run_id} {r.state}{fc}{dec}; "
@@ -187,6 +193,11 @@ def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str,
     return out
 
 
+def short_answer(answer: str | None) -> str:
+    """A campaign's answer in its first words: 'winner C=4', 'tie within noise: C=2 and C=4', ..."""
+    return quoted((answer or "").split(" (")[0], 110)
+
+
 def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[str]:
     """The scenario in a few lines, from the same view summarize(scenario=...) answers with: per case its
     change against the baseline, latest valid run, decision metric and verdict; the best within limits."""
@@ -198,15 +209,24 @@ def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[s
         + (f", limits {', '.join(view.limits)}" if view.limits else "")
     ]
     for r in view.rows[:max_rows]:
-        verdict = r.decision or r.state
+        verdict = r.campaign_verdict or r.decision or r.state
         if r.limits and (br := broken(r.limits)):
             verdict += f" ({br})"
+        unsure = [f"{v.limit} met in {v.met} runs" for v in r.limits if v.verdict == "uncertain" and v.met]
+        if unsure:
+            verdict += f" (uncertain: {', '.join(unsure)})"
         metric = f"{r.metric:.4g}" if r.metric is not None else "no result"
-        out.append(f"  {r.change}: {r.run_id or '-'} {metric} -> {verdict}{' (best)' if r.best else ''}")
+        runs = f" over {r.runs} runs" if r.campaign_verdict and r.runs > 1 else ""
+        what = r.case_id if r.campaign_verdict else (r.run_id or "-")
+        out.append(f"  {r.change}: {what} {metric}{runs} -> {verdict}{' (best)' if r.best else ''}")
     if len(view.rows) > max_rows:
         out.append(f"  +{len(view.rows) - max_rows} more: summarize(scenario='{name}')")
     best = next((r for r in view.rows if r.best), None)
-    if best is not None:
+    if view.campaign is not None:
+        out.append(
+            f"campaign {view.campaign} {'complete' if view.complete else 'so far'}: {quoted(view.answer or '', 110)}"
+        )
+    elif best is not None:
         out.append(f"best within every limit: {best.change} {best.case_id} ({best.run_id})")
     return out
 
@@ -234,10 +254,9 @@ def _campaign_next(ws: Workspace, camps: list[tuple[str, str, bool]], latest: Ru
     alive = next((gid for _, gid, up in camps if up), None)
     if alive:
         return f"phase_status(run_id='{alive}', wait_s=60) until it says campaign complete"
-    for _, gid, _ in camps:
-        ids = read_json_or_none(ws.campaigns_dir / gid / "points.json") or []
-        if any(isinstance(p, dict) and p.get("case_id") == latest.case_id for p in ids):
-            return f"summarize(run_ids=['{gid}']): the campaign's answer (its points are not decided one by one)"
+    gid = campaign_of(ws, latest.case_id)  # the latest run is a campaign's point (active or not): its answer
+    if gid is not None:
+        return f"summarize(run_ids=['{gid}']): the campaign's answer (its points are not decided one by one)"
     return None
 
 

@@ -9,6 +9,8 @@ from typing import Any, Literal, TypedDict
 import orjson
 from pydantic import Field, ValidationError
 
+from caseledger.campaign.store import campaign_files, scenario_campaigns
+from caseledger.campaign.view import CampaignView, PointRow, campaign_view
 from caseledger.case.decision import Decision
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
@@ -72,7 +74,16 @@ class ScenarioRow(FrozenModel):
         description="Successful requests the row's percentiles rest on (a p99 of "
         "fewer than 100 requests is within the slowest one or two)",
     )
-    decision: Outcome | None = Field(description="Decision recorded for the run (null: undecided)")
+    decision: Outcome | None = Field(
+        description="Decision recorded for the run (null: undecided, or a point of the campaign that owns the "
+        "scenario: see campaign_verdict)"
+    )
+    campaign_verdict: str | None = Field(
+        None,
+        description="A point of the campaign that owns the scenario: the campaign's verdict on it, from all its "
+        "valid runs (winner, tie, leading, runner-up, measured, breaks a limit, running, queued, pending, skipped, "
+        "given_up, not_needed); the row's metric is then the mean over those runs and its limits pooled over them",
+    )
     settle: str | None = Field(description="For a change within the noise: the call that would settle it")
     best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
 
@@ -97,8 +108,18 @@ class ScenarioView(FrozenModel):
     limits: list[str] = Field(description="case.decision.limits of the baseline, e.g. 'tpot_p99_ms<=10'")
     swept: str | None = Field(description="The one field the cases vary (e.g. load.concurrency); null: several")
     rows: list[ScenarioRow] = Field(description="One row per case, by swept value (else by first run)")
-    best_case: str | None = Field(description="Best case within every limit among keep/baseline (null: none)")
+    best_case: str | None = Field(
+        description="Best case within every limit among keep/baseline, by the mean over its valid runs; with a "
+        "campaign that owns the scenario, its winner (null: none, or a tie)"
+    )
     decisions: str = Field(description=DECISION_WORDS)
+    campaign: str | None = Field(
+        None, description="The campaign that owns the scenario (its newest): its answer is the scenario's"
+    )
+    answer: str | None = Field(None, description="The campaign's answer: the winner, a tie within noise, or why none")
+    complete: bool = Field(False, description="The campaign is complete: nothing is left to run")
+    tie: list[str] = Field(default_factory=list, description="The campaign's tie (case ids)")
+    campaign_next: str | None = Field(None, description="The campaign's next call")
 
     def text(self) -> str:
         head = (
@@ -108,11 +129,12 @@ class ScenarioView(FrozenModel):
         lines = [head, "change case run decision metric | TTFT TPOT ITL E2E p50/p99 ms | limits"]
         for r in self.rows:
             pct = " ".join(f"{_n(p50)}/{_n(p99)}" for p50, p99 in r.percentiles())
-            lim = broken(r.limits) or ("ok" if r.limits else "-")
+            unsure = ", ".join(f"{v.limit} uncertain" for v in r.limits if v.verdict == "uncertain")
+            lim = ", ".join(x for x in (broken(r.limits), unsure) if x) or ("ok" if r.limits else "-")
             if r.runs > 1 and r.limits_met:
                 lim += " (met " + ", ".join(f"{k} {v}" for k, v in r.limits_met.items()) + " runs)"
             run = r.run_id or "-"
-            dec = r.decision or r.state
+            dec = r.campaign_verdict or r.decision or r.state
             reps = (
                 f" [mean {_n(r.metric_mean)} ±{r.metric_spread_rel:.0%} over {r.runs} runs]"
                 if r.runs > 1 and r.metric_spread_rel is not None
@@ -123,7 +145,12 @@ class ScenarioView(FrozenModel):
                 f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)}{reps}{n} | {pct} | {lim}"
             )
         best = next((r for r in self.rows if r.best), None)
-        lines.append(f"* best within limits: {best.change} {best.case_id}" if best else "best within limits: none yet")
+        if self.campaign is not None:
+            lines.append(f"campaign {self.campaign} {'complete' if self.complete else 'so far'}: {self.answer}")
+        else:
+            lines.append(
+                f"* best within limits: {best.change} {best.case_id}" if best else "best within limits: none yet"
+            )
         lines.append(
             "decisions: keep = better beyond noise, within limits; close = breaks a limit or not better; "
             "insufficient = evidence missing or within noise (settle names the call)"
@@ -221,6 +248,10 @@ def scenario_view(ws: Workspace, name: str, idx: Index | None = None) -> Scenari
         + (rsig if rsig and not live else sha256_bytes(orjson.dumps(rd.figures(by_id[rid])))[:16])
         for rid, state, dec, rsig, live in digest
     ]
+    # the campaigns of the scenario (the newest owns its answer): their declaration, points, policy, search events
+    parts += [
+        f"{f.parent.name}/{f.name}={_stat_sig(f)}" for g in scenario_campaigns(ws, name) for f in campaign_files(ws, g)
+    ]
     sig = sha256_bytes("\n".join(parts).encode())
     body = idx.derived("scenario_view", name, sig)
     if body is not None:
@@ -253,7 +284,14 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         for cid, case in cases.items()
     ]
     best = _best(rows, metric)
-    rows = [r.model_copy(update={"best": best is not None and r.case_id == best.case_id}) for r in rows]
+    best_id = best.case_id if best else None
+    owners = scenario_campaigns(ws, name)
+    camp = campaign_view(ws, owners[-1]) if owners else None
+    if camp is not None:  # the campaign's verdicts and answer are the scenario's: one truth in every view
+        points = {p.case_id: p for p in camp.rows}
+        rows = [_as_point(r, points[r.case_id], camp) if r.case_id in points else r for r in rows]
+        best_id = camp.winner
+    rows = [r.model_copy(update={"best": r.case_id == best_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
         scenario=name,
@@ -264,8 +302,39 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
         swept=swept,
         rows=rows,
-        best_case=best.case_id if best else None,
+        best_case=best_id,
         decisions=DECISION_WORDS,
+        campaign=camp.campaign_id if camp else None,
+        answer=camp.answer if camp else None,
+        complete=camp.complete if camp else False,
+        tie=camp.tie if camp else [],
+        campaign_next=camp.next_call if camp else None,
+    )
+
+
+def _as_point(row: ScenarioRow, p: PointRow, camp: CampaignView) -> ScenarioRow:
+    """A case's row as the campaign judges the point: its label naming every axis value, the campaign's verdict,
+    the mean over its valid runs and its limits pooled over them."""
+    if p.case_id == camp.winner:
+        verdict = "winner"
+    elif p.case_id in camp.tie:
+        verdict = "tie"
+    elif p.status == "measured" and p.meets is False:
+        verdict = "breaks a limit"
+    else:
+        verdict = p.status
+    return row.model_copy(
+        update={
+            "change": p.label,
+            "campaign_verdict": verdict,
+            "metric": p.metric_mean,
+            "metric_mean": p.metric_mean,
+            "runs": p.runs,
+            "limits": p.verdicts,
+            "limits_met": {v.limit: v.met for v in p.verdicts if v.met},
+            "decision": None,
+            "settle": None,
+        }
     )
 
 
@@ -337,14 +406,20 @@ def _scenario_row(
 
 
 def _best(rows: list[ScenarioRow], metric: str) -> ScenarioRow | None:
-    """The best kept (or baseline) row that meets every limit, by the metric in its direction."""
+    """The best kept (or baseline) row within every limit in every valid run, by the metric's mean over its valid
+    runs (a case is judged by all its runs, never by its latest alone)."""
     higher = METRICS[metric].higher_is_better
-    eligible = [
-        r
-        for r in rows
-        if r.decision in ("keep", "baseline") and r.metric is not None and all(v.verdict == "meets" for v in r.limits)
-    ]
-    return max(eligible, key=lambda r: (r.metric or 0.0) if higher else -(r.metric or 0.0), default=None)
+
+    def every_run(r: ScenarioRow) -> bool:
+        runs = [v.split("/") for v in r.limits_met.values()]
+        return all(v.verdict == "meets" for v in r.limits) and all(a == b for a, b in runs)
+
+    def value(r: ScenarioRow) -> float:
+        v = r.metric_mean if r.metric_mean is not None else (r.metric or 0.0)
+        return v if higher else -v
+
+    eligible = [r for r in rows if r.decision in ("keep", "baseline") and r.metric is not None and every_run(r)]
+    return max(eligible, key=value, default=None)
 
 
 class _Repeats(TypedDict):
@@ -374,7 +449,10 @@ def _repeats(case: Case, figures: list[dict[str, Any]], window: str, metric: str
 
 
 def scenario_next(view: ScenarioView) -> str:
-    """The one next call of a scenario: follow an unfinished run, settle a change within noise, else go on."""
+    """The one next call of a scenario: the campaign's that owns it; else follow an unfinished run, settle a change
+    within noise, else go on."""
+    if view.campaign_next is not None:
+        return view.campaign_next
     for r in view.rows:
         if r.state in ("running", "created", "failed") and r.runs == 0 and r.run_id:
             return f"phase_status(run_id='{r.run_id}')"

@@ -403,8 +403,9 @@ def write_reports(
     return body
 
 
-def latency_samples(ws: Workspace, run_id: str) -> dict[str, F64]:
-    """Per-request TTFT / TPOT / E2E (ms) of a run's successful requests, from its raw data ({} without)."""
+def latency_samples(ws: Workspace, run_id: str, span: tuple[float, float] | None = None) -> dict[str, F64]:
+    """Per-request TTFT / TPOT / E2E (ms) of a run's successful requests, from its raw data ({} without). span:
+    a window's (start_s, end_s) after the first send: only the requests sent inside it (as the window counts)."""
     raw = ws.run(run_id).raw
     if not raw.is_file():
         return {}
@@ -412,4 +413,9 @@ def latency_samples(ws: Workspace, run_id: str) -> dict[str, F64]:
     from caseledger.metrics import per_request_ms, read_raw
 
     columns, _ = read_raw(raw)
-    return per_request_ms(columns)
+    out = per_request_ms(columns)
+    if span is not None and columns.send_ns.size:
+        t = (columns.send_ns[columns.ok] - columns.send_ns.min()) / 1e9
+        inside = (t >= span[0] - 1e-9) & (t <= span[1] + 1e-9)
+        out = {k: v[inside] for k, v in out.items()}
+    return out

@@ -9,7 +9,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger.campaign.driver import spawn, stamp
 from caseledger.campaign.store import freeze_campaign, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
 from caseledger.case.plan import decision_words
@@ -17,6 +16,7 @@ from caseledger.case.store import load_case
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import handoff
+from caseledger.run.campaign_driver import spawn, stamp
 from caseledger.run.progress import ProgressLine
 from caseledger.run.resume import ResumeResult, resume
 from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, check_wait, phase_status

@@ -50,6 +50,12 @@ class RunSummary(BaseModel):
         "that ran, its wall time (the run's report has the full time ledger)",
     )
     report: str | None = Field(description="Path of report.md")
+    campaign: str | None = Field(None, description="The campaign whose point this run measured (its id)")
+    campaign_verdict: str | None = Field(
+        None,
+        description="The campaign's verdict on the run's point, from all the point's valid runs: what the scenario "
+        "view and HANDOFF.md show too (the run's own decision against the baseline is one run's reading)",
+    )
 
 
 def _compact(tl: dict[str, Any] | None) -> dict[str, Any] | None:  # JSON: the time ledger
@@ -108,6 +114,8 @@ class SummaryResult(BaseModel):
                 dec += f" (missing: {quoted('; '.join(r.missing), 100)})"
             elif r.decision_reason and r.decision not in ("baseline", None):
                 dec += f": {quoted(r.decision_reason, 120)}"
+            if r.campaign_verdict:  # the campaign decides a point, not one run: its verdict first
+                dec = f"{r.campaign_verdict}; this run alone: {dec}"
             lines.append(f"{r.run_id} {r.case_id} {r.scenario}: {dec}")
             mark = {w: " (decides)" if r.decision_window == w else "" for w in ("whole", "native")}
             lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
@@ -174,30 +182,58 @@ def summarize(
         atomic_write(side_path, redact.mask(report.render_side_by_side(rows)))
         side = str(side_path)
     plot = _runs_plot(workspace, [r.run_id for r in out])
+    out = [_with_campaign(workspace, r) for r in out]
     missing = [r.run_id for r in out if not r.results_extracted]
     last_run = out[-1]
+    nxt = _runs_next(workspace, last_run, missing)
+    return SummaryResult(runs=out, side_by_side=side, plot=plot, next_call=nxt)
+
+
+def _runs_next(workspace: Workspace, last_run: RunSummary, missing: list[str]) -> str:
+    """The one next call after runs are summarized: the campaign's answer for a campaign's point; else reprocess
+    what has no result, go on from a keep or a close, repeat a distorted run, or settle a change within noise."""
+    if last_run.campaign is not None:
+        return (
+            f"summarize(run_ids=['{last_run.campaign}']): the campaign's answer (its points are not decided run by run)"
+        )
     if missing:
-        nxt = f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')"
-    elif last_run.decision in ("keep", "baseline"):
-        nxt = f"freeze_case(next candidate, parent='{last_run.case_id}')"
-    elif last_run.decision == "close":
+        return f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')"
+    if last_run.decision in ("keep", "baseline"):
+        return f"freeze_case(next candidate, parent='{last_run.case_id}')"
+    if last_run.decision == "close":
         parent = load_case(workspace, last_run.case_id).parent or last_run.case_id
-        nxt = f"freeze_case(next candidate, parent='{parent}') — {last_run.case_id} was closed"
-    elif any(" distorted: " in m for m in last_run.missing):
-        nxt = (
+        return f"freeze_case(next candidate, parent='{parent}') — {last_run.case_id} was closed"
+    if any(" distorted: " in m for m in last_run.missing):
+        return (
             f"start_run(case_id='{last_run.case_id}') again on a quiet host: a distorted window (a stalled "
             "client, a contended host) is repeated, never decided on"
         )
-    elif any("fail the checks" in m for m in last_run.missing):
-        nxt = (
+    if any("fail the checks" in m for m in last_run.missing):
+        return (
             f"check the engine's usage reporting (the invalid requests are named in {last_run.run_id}'s report); "
             "its counts are not evidence"
         )
-    elif last_run.missing:
-        nxt = f"supply the missing evidence for {last_run.run_id}: {last_run.missing[0]}"
-    else:
-        nxt = f"start_run(case_id='{last_run.case_id}') again: a repeat settles a change within the noise"
-    return SummaryResult(runs=out, side_by_side=side, plot=plot, next_call=nxt)
+    if last_run.missing:
+        return f"supply the missing evidence for {last_run.run_id}: {last_run.missing[0]}"
+    return f"start_run(case_id='{last_run.case_id}') again: a repeat settles a change within the noise"
+
+
+def _with_campaign(ws: Workspace, r: RunSummary) -> RunSummary:
+    """A run of a campaign's point carries the campaign's verdict on that point (the scenario view's too)."""
+    gid = campaign_of(ws, r.case_id)
+    if gid is None:
+        return r
+    view = scenario_view(ws, r.scenario)
+    # a newer campaign of the scenario owns its answer: this run's campaign still says what its point is
+    row = next((x for x in view.rows if x.case_id == r.case_id), None) if view.campaign == gid else None
+    if row is None:
+        cv = campaign_view(ws, gid)
+        p = next((x for x in cv.rows if x.case_id == r.case_id), None)
+        said = f"point {p.label} of campaign {gid}: {p.status}" if p else f"a point of campaign {gid}"
+        return r.model_copy(update={"campaign": gid, "campaign_verdict": said})
+    mean = f" ({view.primary_metric} {row.metric:.4g} mean over {row.runs} valid runs)" if row.metric else ""
+    said = f"point {row.change} of campaign {gid}: {row.campaign_verdict}{mean}; campaign: {view.answer}"
+    return r.model_copy(update={"campaign": gid, "campaign_verdict": said})
 
 
 def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:

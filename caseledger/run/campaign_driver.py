@@ -7,7 +7,7 @@ whose run failed at a repairable phase (its controller lost, the service, the co
 resumed at that phase, never measured again; a running point is waited for, never started twice. A paused
 authorization or a target held by another owner (another campaign) starts no point: the driver waits.
 
-    python -m caseledger.campaign.driver WORKSPACE CAMPAIGN_ID
+    python -m caseledger.run.campaign_driver WORKSPACE CAMPAIGN_ID
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:
         return os.getpid()
     log = (driver_file(ws, gid).parent / "driver.log").open("ab")
     p = subprocess.Popen(
-        [sys.executable, "-m", "caseledger.campaign.driver", str(ws.root), gid],
+        [sys.executable, "-m", "caseledger.run.campaign_driver", str(ws.root), gid],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
