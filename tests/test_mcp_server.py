@@ -210,6 +210,36 @@ async def test_freeze_case_path_is_workspace_relative_and_exclusive(
     assert r.is_error and expected in text_of(r) and "fix:" in text_of(r)
 
 
+async def test_the_campaign_schema_is_a_short_resource_whose_examples_freeze(ws: Workspace) -> None:
+    """caseledger://schema/campaign: a few KB (the case schema is ~66 KB), the axis paths in words, an example per
+    search kind; each example validates against it, and one frozen with its base given as a case id (as agents
+    write it) gives the same campaign as with base_case."""
+    import jsonschema
+
+    from caseledger.tools import freeze_any, freeze_case
+    from tests.conftest import ref_draft
+
+    async with Client(build_server(ws)) as c:
+        body = (await c.read_resource("caseledger://schema/campaign")).contents[0]
+        listed = {t.name: t for t in (await c.list_tools()).tools}
+    assert isinstance(body, TextResourceContents) and len(body.text.encode()) < 8192, len(body.text)
+    doc = json.loads(body.text)
+    assert "service.argv[-np]" in doc["description"] and "settle_runs" in doc["description"]
+    kinds = [ex["campaign"]["search"]["kind"] for ex in doc["examples"]]
+    assert sorted(kinds) == ["grid", "knee", "tpe"], kinds
+    for ex in doc["examples"]:
+        jsonschema.validate(ex["campaign"], doc)
+    assert "caseledger://schema/campaign" in (listed["freeze_case"].description or "")
+    base = freeze_case(ws, draft=ref_draft(18011, scenario="by-id")).case_id
+    grid = json.loads(json.dumps(doc["examples"][kinds.index("knee")]))
+    grid["campaign"]["base"] = base
+    by_id = freeze_any(ws, draft=grid)
+    del grid["campaign"]["base"]
+    grid["campaign"]["base_case"] = base
+    again = freeze_any(ws, draft=grid)
+    assert by_id.campaign_id == again.campaign_id and not again.created  # type: ignore[union-attr]
+
+
 async def test_resources_handoff_and_report_errors(ws: Workspace) -> None:
     async with Client(build_server(ws)) as c:
         templates = [t.uri_template for t in (await c.list_resource_templates()).resource_templates]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -53,6 +54,37 @@ def test_tpe_ends_within_3_percent_of_the_exhaustive_optimum_after_15_percent_of
         observed.append(measure(p.values))
     best = max(o.value or 0.0 for o in observed if o.meets)
     assert best >= 0.97 * exhaustive(), (seed, best, exhaustive())
+
+
+def _search_with_starts(seed: int, budget: int) -> tuple[list[Observed], list[str]]:
+    """The driver's loop on the surface, x a service axis (a start per identity) and y a load axis: each proposal
+    told the identity running now; (observations, the identity of each measured point in order)."""
+    search = Search(kind="tpe", max_points=budget, seed=seed)
+    observed: list[Observed] = []
+    order: list[str] = []
+    while len(observed) < budget:
+        p = tpe([XS, YS], search, True, observed, order[-1] if order else None)
+        if p is None:
+            break
+        assert key(p.values) not in {key(o.values) for o in observed}  # never a point twice
+        ob = measure(p.values)
+        ob = Observed(**{**ob.__dict__, "service_key": f"x={p.values[XS.path]}"})
+        observed.append(ob)
+        order.append(ob.service_key)
+    return observed, order
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_search_over_a_service_axis_and_c_starts_each_identity_once_and_still_finds_the_optimum(seed: int) -> None:
+    """With a service axis (a restart) and a load axis, the search measures load-only neighbours on the running
+    service before it moves, and never returns to an identity it left: service starts = distinct identities; the
+    answer still within 3% of the exhaustive optimum after at most 15% of the points."""
+    observed, order = _search_with_starts(seed, int(0.15 * 256))
+    starts = 1 + sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert starts == len(set(order)), order
+    assert sum(1 for a, b in itertools.pairwise(order) if a == b) >= len(order) // 3, order  # neighbours
+    best = max(o.value or 0.0 for o in observed if o.meets)
+    assert best >= 0.97 * exhaustive(), (seed, best, exhaustive(), order)
 
 
 def test_the_same_observations_give_the_same_proposal() -> None:
@@ -143,3 +175,77 @@ def test_a_search_on_the_reference_target_freezes_each_point_when_proposed_and_c
     assert isinstance(again, CampaignFrozen) and again.campaign_id == f.campaign_id and not again.created
     with pytest.raises(CaseInvalid):
         freeze_any(ws, draft={"campaign": {**d["campaign"], "search": {"kind": "tpe"}}})
+
+
+@pytest.mark.processes  # the detached driver and controller, killed with SIGKILL
+@pytest.mark.integration
+def test_a_search_killed_mid_point_resumes_with_its_proposals_and_measures_no_point_twice(
+    ws: Workspace, stop_services: None
+) -> None:
+    """tpe over C, at most 4 points: SIGKILL of the driver and the running point's controller mid-load, then
+    resume(g-...): the points proposed before the kill are kept as frozen (ids and reasons), the killed run is
+    resumed in place, the search goes on from the ledger, no point is proposed twice and every formal request
+    the target received is one of a run's N (nothing measured twice)."""
+    import os
+    import signal
+
+    from caseledger.campaign.store import load_campaign
+    from caseledger.campaign.view import campaign_view
+    from caseledger.ledger import authorization
+    from caseledger.ledger.runs import scan_runs
+    from caseledger.tools import resume_any, status_any
+    from caseledger.workspace import read_json_or_none
+
+    authorization.set_mode(ws, "auto")
+    port = free_port()
+    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
+    n = 64
+    base = ref_draft(
+        port,
+        scenario="search-kill",
+        service={"reference": ref},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": n, "concurrency": 1},
+    )
+    d = {
+        "campaign": {
+            "name": "search-kill",
+            "base": base,
+            "axes": [{"path": "load.concurrency", "low": 1, "high": 16}],
+            "search": {"kind": "tpe", "max_points": 4, "seed": 3},
+            "repeats": {"runs": 1, "settle_runs": 2, "budget": 2},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 30}},
+        }
+    }
+    f = freeze_any(ws, draft=d)
+    assert isinstance(f, CampaignFrozen)
+    gid = f.campaign_id
+    start_any(ws, gid)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the second point's load is in flight
+        metas = scan_runs(ws).metas
+        st = status_any(ws, metas[-1].run_id) if len(metas) >= 2 else None
+        if st is not None and getattr(st, "phase", None) == "load" and getattr(st, "done", 0) > 4:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(campaign_view(ws, gid).text())
+    before = [(p.case_id, p.label, p.why) for p in load_campaign(ws, gid).points]
+    killed = metas[-1].run_id
+    for pid_file in (ws.campaigns_dir / gid / "driver.json", ws.run(killed).controller_pid):
+        os.kill(int((read_json_or_none(pid_file) or {})["pid"]), signal.SIGKILL)
+    time.sleep(0.5)
+    assert not campaign_view(ws, gid).driver_alive
+    resume_any(ws, gid)
+    deadline = time.monotonic() + 600
+    while not (view := campaign_view(ws, gid)).complete or view.driver_alive:
+        assert time.monotonic() < deadline, view.text()
+        time.sleep(0.5)
+    after = [(p.case_id, p.label, p.why) for p in load_campaign(ws, gid).points]
+    assert after[: len(before)] == before, (before, after)  # the proposals before the kill, unchanged
+    assert len({label for _, label, _ in after}) == len(after) <= 4, after  # no point proposed twice
+    assert status_any(ws, killed).state == "succeeded"  # type: ignore[union-attr]  # resumed in place
+    runs = scan_runs(ws).metas
+    assert sum(r.runs for r in view.rows) == len(runs), view.text()  # every run a valid run of one point
+    assert stats(port)["by_phase"].get("load", 0) == n * len(runs), (stats(port), view.text())
+    assert_one_answer(ws, gid)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from caseledger.case.decision import Decision
 from caseledger.case.model import SCENARIO_PATTERN
@@ -178,6 +178,9 @@ class Repeats(_Model):
     )
 
 
+CaseRef = Annotated[str, StringConstraints(pattern=r"^c-[0-9a-f]{12}$")]  # a frozen case's id
+
+
 class CampaignDraft(_Model):
     """What freeze_case takes under the key 'campaign'."""
 
@@ -187,8 +190,10 @@ class CampaignDraft(_Model):
         max_length=200,
         examples=["ref-c-knee"],
     )
-    base: dict[str, Any] | None = Field(  # JSON: a case draft
-        None, description="The base case draft (as in cases/*.json); or base_case"
+    base: dict[str, Any] | CaseRef | None = Field(  # JSON: a case draft
+        None,
+        description="The base case: a case draft (as in cases/*.json), or the id of a frozen case ('c-...', the same "
+        "as base_case)",
     )
     base_case: str | None = Field(
         None, pattern=r"^c-[0-9a-f]{12}$", description="A frozen case id to start from (instead of base)"
@@ -205,6 +210,14 @@ class CampaignDraft(_Model):
         "null: the base case's scenario decision",
     )
     note: str = Field("", max_length=2000, description="Free text: what the person asked")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_by_id(cls, data: Any) -> Any:  # JSON: the draft as given
+        """base given as a frozen case's id: the same as base_case."""
+        if isinstance(data, dict) and isinstance(data.get("base"), str) and "base_case" not in data:
+            return {**{k: v for k, v in data.items() if k != "base"}, "base_case": data["base"]}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> CampaignDraft:

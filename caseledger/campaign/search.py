@@ -15,6 +15,7 @@ does once the search has ended (campaign/plan.py).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
 MAX_ASKS = 64  # proposals of measured points in a row before the search counts as converged
+NEIGHBOURS = 3  # load-only points measured on a proposed service identity before the search moves to another
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Observed:
     meets: bool | None  # every limit met (None: no valid result)
     breach: float  # how far its worst limit is broken (mean / bound - 1); 0 when it meets them
     label: str = ""
+    service_key: str = ""  # its service identity (campaign/view.service_key): points that share it share a start
 
 
 @dataclass(frozen=True)
@@ -78,19 +81,58 @@ def _score(ob: Observed, higher: bool, worst: float) -> float:
     return (-1.0 - ob.breach) if higher else worst * (2.0 + ob.breach) + 1.0
 
 
-def tpe(axes: list[Axis], search: Search, higher: bool, observed: list[Observed]) -> Proposal | None:
-    """The next point Optuna's TPE proposes from the observations, or None when it only proposes measured
-    points (converged) or the space is measured whole."""
-    import optuna  # lazy: only a proposing driver needs it (~0.5 s of imports)
+def service_axes(axes: list[Axis]) -> list[Axis]:
+    """The axes that change the service identity (a start), as against those measured on a running service."""
+    return [a for a in axes if a.path.startswith(("service.", "target."))]
 
+
+def tpe(
+    axes: list[Axis], search: Search, higher: bool, observed: list[Observed], live: str | None = None
+) -> Proposal | None:
+    """The next point Optuna's TPE proposes from the observations, or None when it only proposes measured
+    points (converged) or the space is measured whole. live: the service identity running now (the latest
+    measured point's): with service and load axes, its load-only neighbours come first (see the module)."""
     if len(observed) >= space_size(axes):
         return None
+    svc = service_axes(axes)
+    if not svc or len(svc) == len(axes) or live is None:
+        return _ask(axes, search, higher, observed, {}, set())
+    on_live = [ob for ob in observed if ob.service_key == live]
+    quota = min(NEIGHBOURS, space_size([a for a in axes if a not in svc]))
+    if on_live and len(on_live) < quota:
+        fixed = {a.path: on_live[0].values[a.path] for a in svc}
+        got = _ask(axes, search, higher, observed, fixed, set())
+        if got is not None:
+            why = f"{got.why}; a load-only neighbour on the running service ({len(on_live) + 1} of {quota})"
+            return Proposal(got.values, why)
+    left = {key({a.path: ob.values[a.path] for a in svc}) for ob in observed if ob.service_key != live}
+    return _ask(axes, search, higher, observed, {}, left)
+
+
+def _ask(
+    axes: list[Axis],
+    search: Search,
+    higher: bool,
+    observed: list[Observed],
+    fixed: dict[str, Scalar],
+    left: set[tuple[tuple[str, str], ...]],
+) -> Proposal | None:
+    """Optuna's TPE rebuilt from the observations, asked for a point not measured yet: with `fixed` values (the
+    running service's), or outside the service identities in `left` (started before and left: never again)."""
+    import optuna  # lazy: only a proposing driver needs it (~0.5 s of imports)
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists = _distributions(axes)
     n = len(observed)
     assert search.max_points is not None
     startup = min(10, max(3, search.max_points // 4))
-    sampler = optuna.samplers.TPESampler(seed=search.seed + n, n_startup_trials=startup, multivariate=True)
+    sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
+        seed=search.seed + n, n_startup_trials=startup, multivariate=True
+    )
+    if fixed:
+        with warnings.catch_warnings():  # "experimental" since 2.4 (stable since): a notice, not a fault
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.PartialFixedSampler(fixed, sampler)
     study = optuna.create_study(direction="maximize" if higher else "minimize", sampler=sampler)
     valued = [ob for ob in observed if ob.value is not None]
     worst = max((abs(ob.value or 0.0) for ob in valued), default=1.0)
@@ -98,14 +140,15 @@ def tpe(axes: list[Axis], search: Search, higher: bool, observed: list[Observed]
         trial = optuna.trial.create_trial(params=ob.values, distributions=dists, value=_score(ob, higher, worst))
         study.add_trial(trial)
     seen = {key(ob.values): ob for ob in observed}
+    svc = service_axes(axes)
     for _ in range(MAX_ASKS):
         t = study.ask(dists)
         values = {a.path: t.params[a.path] for a in axes}
         known = seen.get(key(values))
-        if known is None:
+        if known is None and key({a.path: values[a.path] for a in svc}) not in left:
             return Proposal(values, _why(n, startup, valued, higher))
-        # a measured point again: told its own result, so the sampler moves on
-        if known.value is None:
+        # a measured point (told its own result) or a service left before (told as the worst): the sampler moves on
+        if known is None or known.value is None:
             study.tell(t, state=optuna.trial.TrialState.FAIL)
         else:
             study.tell(t, _score(known, higher, worst))
@@ -126,4 +169,4 @@ def _why(n: int, startup: int, valued: list[Observed], higher: bool) -> str:
 
 
 # Strategies that propose points, by search kind: one function each, the same signature.
-STRATEGIES: dict[str, Callable[[list[Axis], Search, bool, list[Observed]], Proposal | None]] = {"tpe": tpe}
+STRATEGIES: dict[str, Callable[[list[Axis], Search, bool, list[Observed], str | None], Proposal | None]] = {"tpe": tpe}

@@ -197,7 +197,7 @@ def add_point(ws: Workspace, camp: Campaign, values: dict[str, Scalar], why: str
 def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
     if draft.base_case is not None:
         return load_case(ws, draft.base_case)
-    assert draft.base is not None
+    assert isinstance(draft.base, dict)  # a case id given as base is base_case (CampaignDraft._base_by_id)
     base = dict(draft.base)
     if draft.decision is not None:
         base["decision"] = draft.decision.model_dump(mode="json")

@@ -150,12 +150,18 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs]) -> str:
             meets=o.meets,
             breach=max((lo.mean / lo.bound - 1 for lo in o.limits.values() if lo.mean is not None), default=0.0),
             label=o.label,
+            service_key=o.service_key,
         )
         for o in obs
     ]
-    got = STRATEGIES[camp.search.kind](camp.axes, camp.search, higher, observed)
+    # the service identity running now: the one of the latest valid run (its load-only neighbours come first)
+    live = max(((o.when[-1], o.service_key) for o in obs if o.when), default=(None, None))[1]
+    got = STRATEGIES[camp.search.kind](camp.axes, camp.search, higher, observed, live)
     if got is None:
-        why = f"converged: it proposes only measured points ({len(obs)} of {space_size(camp.axes):g} in the space)"
+        why = (
+            f"converged: it proposes only measured points or service identities it left ({len(obs)} of "
+            f"{space_size(camp.axes):g} in the space)"
+        )
         event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
         return "went"
     point = add_point(ws, camp, got.values, got.why)

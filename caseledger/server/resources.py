@@ -50,16 +50,7 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
     async def run_report(run_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_report, ws, run_id)
 
-    @mcp.resource(
-        "caseledger://schema/case",
-        name="case_schema",
-        mime_type="application/schema+json",
-        description="JSON Schema of a case draft: every field with its bounds and description",
-    )
-    async def case_schema_json() -> str:
-        from caseledger.case.schema import case_schema  # lazy: the case models
-
-        return case_schema().decode()
+    _add_schemas(mcp)
 
     @mcp.resource(
         "caseledger://scenarios/{name}",
@@ -99,6 +90,33 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
     )
     async def campaign_report_html(campaign_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_html, ws, [campaign_id], None)
+
+
+def _add_schemas(mcp: MCPServer) -> None:
+    """The case draft's schema (complete) and the campaign draft's (short, with an example per search kind)."""
+
+    @mcp.resource(
+        "caseledger://schema/case",
+        name="case_schema",
+        mime_type="application/schema+json",
+        description="JSON Schema of a case draft: every field with its bounds and description",
+    )
+    async def case_schema_json() -> str:
+        from caseledger.case.schema import case_schema  # lazy: the case models
+
+        return case_schema().decode()
+
+    @mcp.resource(
+        "caseledger://schema/campaign",
+        name="campaign_schema",
+        mime_type="application/schema+json",
+        description="JSON Schema of a campaign draft (a few KB): axis paths in words (a flag by name, a "
+        "component's flag, an env var), the repeat policy, one example per search kind (grid, knee, tpe)",
+    )
+    async def campaign_schema_json() -> str:
+        from caseledger.campaign.schema import campaign_schema  # lazy: the case models
+
+        return campaign_schema().decode()
 
 
 def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:

@@ -1,0 +1,87 @@
+"""The campaign draft's JSON Schema with one example per search kind: what `caseledger://schema/campaign` serves.
+
+A few KB, unlike the case schema: the base case is referenced (an inline draft or a frozen case's id), its fields
+are in `caseledger://schema/case`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from caseledger.campaign.model import CampaignDraft
+
+AXIS_PATHS = (
+    "An axis names a case field by its path: 'load.concurrency', 'load.rate', 'dataset.input_tokens'; an env var "
+    "of the service as 'service.env.NAME'; a flag of the service's command line by its name as "
+    "'service.argv[-np]' or 'service.argv[--max-num-seqs]' (its value replaced, or the flag appended when the "
+    "base does not pass it); a component's flag as 'service.components.decode.argv[--max-num-seqs]'. Values are "
+    "listed ('values': [1, 2, 4]) or a range ('low', 'high', with 'step' or 'log' for tpe)."
+)
+
+# JSON: a campaign draft per search kind, as freeze_case(draft=...) takes them
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "grid": {
+        "campaign": {
+            "name": "np-by-c",
+            "base": "c-0123456789ab",
+            "axes": [{"path": "service.argv[-np]", "values": [2, 4]}, {"path": "load.concurrency", "values": [1, 4]}],
+            "search": {"kind": "grid"},
+            "repeats": {"runs": 1, "settle_runs": 3, "budget": 6},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
+        }
+    },
+    "knee": {
+        "campaign": {
+            "name": "c-knee",
+            "base": "c-0123456789ab",
+            "axes": [{"path": "load.concurrency", "values": [1, 2, 4, 8, 16, 32, 64]}],
+            "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 40}},
+        }
+    },
+    "tpe": {
+        "campaign": {
+            "name": "vllm-search",
+            "base": "c-0123456789ab",
+            "axes": [
+                {"path": "service.argv[--max-num-seqs]", "low": 8, "high": 256, "log": True},
+                {"path": "service.argv[--max-num-batched-tokens]", "values": [2048, 4096, 8192]},
+                {"path": "load.concurrency", "low": 1, "high": 64},
+            ],
+            "search": {"kind": "tpe", "max_points": 30, "seed": 1},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 50, "ttft_p99_ms": 2000}},
+        }
+    },
+}
+
+REPEATS = (
+    "repeats.runs: valid runs of every measured point; settle_runs: at most this many runs of a point the answer "
+    "depends on (the leader and the runner-up within noise, a limit whose interval straddles its bound), after "
+    "which a pair still within noise is a declared tie; budget: repeats beyond runs in all; max_attempts: load "
+    "attempts of a point without a valid result before it is given up."
+)
+
+
+def campaign_schema() -> bytes:
+    """The draft's JSON Schema, the axis paths in words, the repeat policy in words, and one example per kind."""
+    schema = CampaignDraft.model_json_schema(by_alias=True)
+    schema["$id"] = "https://caseledger.invalid/schemas/campaign.schema.json"
+    schema["description"] = (
+        "freeze_case(draft={'campaign': {...}}) freezes a campaign; start_run(case_id='g-...') starts its driver. "
+        + AXIS_PATHS
+        + " "
+        + REPEATS
+    )
+    schema["examples"] = list(EXAMPLES.values())
+    # the decision section is a case draft's: referenced, not repeated (its limits and goodput are most of it)
+    for name in ("Decision", "Limits", "Goodput"):
+        schema.get("$defs", {}).pop(name, None)
+    schema["properties"]["decision"] = {
+        "description": schema["properties"]["decision"].get("description", "")
+        + " (fields: caseledger://schema/case, $defs.Decision: primary_metric, window, limits such as "
+        "tpot_p99_ms, min_effect)",
+        "anyOf": [{"type": "object"}, {"type": "null"}],
+        "default": None,
+    }
+    return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS) + b"\n"
