@@ -48,7 +48,7 @@ from caseledger.errors import EvidenceChanged, NotAuthorized, NothingToResume, T
 from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
-from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run
+from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run, summarize
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats, tree_digest
 
@@ -696,6 +696,10 @@ def test_changed_and_deleted_evidence(
         data = paths.raw.read_bytes()
         at = data.index(b'"ok":true') + len(b'"ok":')
         paths.raw.write_bytes(data[:at] + b"f" + data[at + 1 :])  # one byte: true -> frue
+        s = phase_status(ws, r.run_id)  # status and summarize say so, not only reprocess
+        c.check("status", "changed evidence: load/raw.jsonl changed after the load ended" in s.text(), s.text())
+        told = summarize(ws, [r.run_id]).text()
+        c.check("summary", "changed evidence: load/raw.jsonl changed" in told, told)
         before = tree_digest(ws.root)
         try:
             reprocess_raw(ws, r.run_id)

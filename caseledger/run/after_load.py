@@ -127,6 +127,31 @@ def _collector_inline(args: list[str]) -> tuple[int, bytes, bytes]:
     return code, out.getvalue().encode(), err.getvalue().encode()
 
 
+_SHA_SEEN: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: a status poll hashes once
+
+
+def raw_change(paths: RunPaths, sealed: str | None) -> str | None:
+    """How the raw data differs from what was sealed when the load's end was confirmed ('changed after the load
+    ended (sha256 ... now, ... sealed)'), or None when it is as sealed (or nothing was sealed, or it is gone:
+    missing_evidence says so). Hashed once per (size, mtime) in this process."""
+    if sealed is None:
+        return None
+    try:
+        st = paths.raw.stat()
+    except OSError:
+        return None
+    k = (str(paths.raw), st.st_size, st.st_mtime_ns)
+    now = _SHA_SEEN.get(k)
+    if now is None:
+        now = _SHA_SEEN[k] = sha256_file(paths.raw)
+    if now == sealed:
+        return None
+    return (
+        f"load/raw.jsonl changed after the load ended (sha256 {now[:12]}… now, {sealed[:12]}… sealed at confirm_end): "
+        "its figures rest on the sealed data, reprocess_raw refuses it; restore it from a backup"
+    )
+
+
 def check_raw(paths: RunPaths, sealed: str | None) -> None:
     """Refuse raw data whose sha256 differs from the one sealed when the load's end was confirmed."""
     if sealed is None:

@@ -11,7 +11,8 @@ from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFoun
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.index import open_index
 from caseledger.ledger.runs import damaged_line, load_run
-from caseledger.ledger.state import fold
+from caseledger.ledger.state import fold, sealed_raw_sha256
+from caseledger.run.after_load import raw_change
 from caseledger.workspace import Workspace, is_id
 
 
@@ -61,6 +62,9 @@ class StatusResult(BaseModel):
     )
     missing_evidence: list[str] = Field(
         default_factory=list, description="Evidence files a finished phase recorded that are gone from disk"
+    )
+    changed_evidence: str | None = Field(
+        None, description="Raw data that differs from its sha256 sealed when the load ended (tampered or damaged)"
     )
     resume_runs: list[str] = Field(
         default_factory=list, description="The phases resume would run, in order (the same computation)"
@@ -117,6 +121,8 @@ class StatusResult(BaseModel):
                 f"missing evidence: {', '.join(self.missing_evidence[:4])}"
                 + (f" (+{len(self.missing_evidence) - 4})" if len(self.missing_evidence) > 4 else "")
             )
+        if self.changed_evidence:
+            lines.append(f"changed evidence: {self.changed_evidence}")
         if self.state not in ("succeeded", "running", "created"):
             lines.append(
                 f"resume runs: {', '.join(self.resume_runs) or 'nothing'}; restarts service: "
@@ -245,7 +251,8 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
                         f"case {run_id} has no run yet in {workspace.runs_dir}", f"start_run(case_id='{run_id}')"
                     )
         run_id = latest.run_id
-    v = fold(workspace, load_run(workspace, run_id))  # folded live: the one run asked about
+    run = load_run(workspace, run_id)
+    v = fold(workspace, run)  # folded live: the one run asked about
     cur = v.phases[v.current] if v.current else None
     dec = v.decision
     return StatusResult(
@@ -278,6 +285,7 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
         queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
         service_alive=v.service_alive,
         missing_evidence=v.missing_evidence,
+        changed_evidence=raw_change(run.paths, sealed_raw_sha256(v)) if not v.controller_alive else None,
         load_reused_from=v.meta.load_reuse,
         client_stopped=v.client_stopped,
         owner_stopped=v.controller_stopped,

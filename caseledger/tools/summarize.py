@@ -21,12 +21,13 @@ from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.index import open_index
 from caseledger.ledger.runs import damaged_line, load_run
-from caseledger.ledger.state import fold
+from caseledger.ledger.state import fold, sealed_raw_sha256
 from caseledger.outcome import plots, report, summary
 from caseledger.outcome.chart import draw_view, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
 from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
 from caseledger.outcome.summary import Headline
+from caseledger.run.after_load import raw_change
 from caseledger.workspace import Workspace, atomic_write, is_id
 
 
@@ -50,6 +51,9 @@ class RunSummary(BaseModel):
         "that ran, its wall time (the run's report has the full time ledger)",
     )
     report: str | None = Field(description="Path of report.md")
+    changed_evidence: str | None = Field(
+        None, description="Raw data that differs from its sha256 sealed when the load ended (tampered or damaged)"
+    )
     campaign: str | None = Field(None, description="The campaign whose point this run measured (its id)")
     campaign_verdict: str | None = Field(
         None,
@@ -117,6 +121,8 @@ class SummaryResult(BaseModel):
             if r.campaign_verdict:  # the campaign decides a point, not one run: its verdict first
                 dec = f"{r.campaign_verdict}; this run alone: {dec}"
             lines.append(f"{r.run_id} {r.case_id} {r.scenario}: {dec}")
+            if r.changed_evidence:
+                lines.append(f"  changed evidence: {r.changed_evidence}")
             mark = {w: " (decides)" if r.decision_window == w else "" for w in ("whole", "native")}
             lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
             lines.append(f"  native ({r.native.rule if r.native else '-'}){mark['native']}: {f(r.native)}")
@@ -174,6 +180,7 @@ def summarize(
                 native=summary.headline(last, "native") if last else None,
                 time_ledger=_compact(body["time_ledger"] if body else summary.time_ledger(run)),
                 report=str(paths.report_md) if paths.report_md.exists() else None,
+                changed_evidence=raw_change(paths, sealed_raw_sha256(v)) if not v.controller_alive else None,
             )
         )
     side = None
