@@ -227,6 +227,7 @@ def plan(
     settle = _settle(usable, repeats, higher, out)
     if not open_search:  # a search still proposing: no repeats yet, the leader may change
         wanted += settle
+        wanted += _before_leaving(usable, wanted, live_service, repeats, out)
     wanted[:0] = _controls(usable, wanted, live_service, open_search, shift, out)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
@@ -317,6 +318,31 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
         out.tie = gap <= noise
         out.settled = not out.tie
     return wanted
+
+
+def _before_leaving(
+    usable: list[PointObs], wanted: list[tuple[PointObs, str]], live: str | None, repeats: Repeats, out: Plan
+) -> list[tuple[PointObs, str]]:
+    """The leader so far (and a runner-up within its noise) on the live service, repeated up to settle_runs
+    before the campaign leaves that service for points not measured yet: a later settle would start the service
+    again (a restart per switch; the answer needs each identity started once)."""
+    if live is None or not any(p.service_key != live and p.runs == 0 for p, _ in wanted):
+        return []
+    budget_left = repeats.budget - out.repeats_used - sum(1 for p, _ in wanted if p.runs >= repeats.runs)
+    by_id = {p.case_id: p for p in usable}
+    contenders = [out.leader] + ([out.runner_up] if not out.settled else [])
+    extra: list[tuple[PointObs, str]] = []
+    for cid in contenders:
+        p = by_id.get(cid or "")
+        if p is None or p.service_key != live or p.active or p.runs >= repeats.settle_runs or budget_left <= 0:
+            continue
+        if any(q is p for q, _ in wanted):
+            continue
+        extra.append(
+            (p, f"repeat before leaving its service: {p.label} leads so far (a later settle would restart it)")
+        )
+        budget_left -= 1
+    return extra
 
 
 def _timed(p: PointObs) -> bool:
