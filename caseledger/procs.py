@@ -370,19 +370,47 @@ class CpuSample(TypedDict):
     total: int  # all CPU time of all cores
     busy: int  # total minus idle and iowait
     steal: int  # stolen by the hypervisor
-    ours: int  # processes in the watched sessions (load client, service, controller)
+    ours: int  # processes in the watched sessions (load client, service, controller) and the own pids
     client: int  # the load client's own process
     cores: int
     load1: float  # 1-minute load average at the end
+    top: list[tuple[int, str, int]]  # the other processes that used the most: (pid, command name, ticks), at most 3
+
+
+TOP_OTHERS = 3  # other processes named per sample (the ones that took the most CPU)
+
+
+def caseledger_pids(root: Path) -> set[int]:
+    """caseledger's own processes for a workspace: those running caseledger (its CLI, its MCP server) with the
+    workspace on their command line or as their working directory. Their CPU (an agent's status calls answered)
+    is the measurement's own, never "other processes"."""
+    out: set[int] = set()
+    where = str(root).encode()
+    for pid in _pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"caseledger" not in cmd:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd").encode()
+        except OSError:
+            cwd = b""
+        if where in cmd or cwd == where or cwd.startswith(where + b"/"):
+            out.add(pid)
+    return out
 
 
 class CpuSampler:
     """Successive /proc readings of host CPU and of the processes in some sessions; `sample` returns the interval
     since the last call (None on the first). Processes are keyed by (pid, start time): a pid reused in the
-    interval starts from zero."""
+    interval starts from zero. own_pids: processes counted as ours besides the sessions (caseledger's own, e.g.
+    the MCP server of this workspace answering status calls)."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_pids: set[int] | None = None) -> None:
         self._prev: tuple[int, list[int], dict[tuple[int, int], int]] | None = None
+        self.own_pids = own_pids or set()
 
     def sample(self, sessions: set[int], client_pid: int | None) -> CpuSample | None:
         now = time.monotonic_ns()
@@ -392,20 +420,33 @@ class CpuSampler:
         except (OSError, ValueError, IndexError):
             return None
         jiffies: dict[tuple[int, int], int] = {}
+        mine: set[tuple[int, int]] = set()
+        names: dict[tuple[int, int], str] = {}
         for pid in _pids():
-            f = _stat_fields(pid)
-            # fields after the name: state ppid pgrp session ... utime(11) stime(12) ... starttime(19)
-            if f is None or len(f) < 20 or int(f[3]) not in sessions:
+            try:
+                data = Path(f"/proc/{pid}/stat").read_bytes()
+            except OSError:
                 continue
-            jiffies[(pid, int(f[19]))] = int(f[11]) + int(f[12])
+            cut = data.rfind(b")")
+            f = data[cut + 2 :].split()
+            # fields after the name: state ppid pgrp session ... utime(11) stime(12) ... starttime(19)
+            if len(f) < 20:
+                continue
+            k = (pid, int(f[19]))
+            jiffies[k] = int(f[11]) + int(f[12])
+            names[k] = data[data.find(b"(") + 1 : cut].decode(errors="replace")[:32]
+            if int(f[3]) in sessions or pid in self.own_pids:
+                mine.add(k)
         prev, self._prev = self._prev, (now, cpu, jiffies)
         if prev is None:
             return None
         t0, cpu0, j0 = prev
         d = [a - b for a, b in zip(cpu, cpu0, strict=True)]
         total = sum(d)
-        ours = sum(max(0, j - j0.get(k, 0)) for k, j in jiffies.items())
-        client = sum(max(0, j - j0.get(k, 0)) for k, j in jiffies.items() if k[0] == client_pid)
+        used = {k: max(0, j - j0.get(k, 0)) for k, j in jiffies.items()}
+        ours = sum(used[k] for k in mine)
+        client = sum(u for k, u in used.items() if k[0] == client_pid)
+        others = sorted(((u, k) for k, u in used.items() if k not in mine and u > 0), reverse=True)[:TOP_OTHERS]
         return CpuSample(
             mono_ns=now,
             dt_ns=now - t0,
@@ -416,4 +457,5 @@ class CpuSampler:
             client=client,
             cores=os.cpu_count() or 1,
             load1=load1,
+            top=[(k[0], names[k], u) for u, k in others],
         )

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -376,14 +377,21 @@ def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
         c.check("decide", d["outcome"] == "insufficient" and any("contended host" in m for m in d["missing"]), d)
         report = ws.run(r.run_id).report_md.read_text()
         c.check("report", "other processes used" in report and "repeat on a quiet host" in report, report)
+        named = [f"pid {h.pid} python" for h in hogs]  # the hogs by pid and command (and their share)
+        c.check("named", any(n in m for n in named for m in d["missing"]), (named, d["missing"]))
         samples = read_records(ws.run(r.run_id).load_host).records
         share = np.sum([x["busy"] - x["ours"] for x in samples]) / np.sum([x["total"] for x in samples])  # type: ignore
         c.check("count", share > 0.5, share)
         from caseledger.tools import summarize  # lazy: only here the scenario view is read
 
-        view = summarize(ws, [], scenario="ref-test").scenario
+        got = summarize(ws, [], scenario="ref-test")
+        view = got.scenario
         row = view.rows[0] if view is not None else None
         c.check("next", row is not None and row.runs == 0 and not row.best, row)  # a distorted run is no repeat
+        # the scenario view, its next call and HANDOFF.md say why it is insufficient, naming who took the host
+        c.check("why", row is not None and row.why is not None and any(n in row.why for n in named), row)
+        c.check("quiet", "again on a quiet host" in got.next_call and "start_run" in got.next_call, got.next_call)
+        c.check("handoff", "other processes used" in ws.handoff.read_text(), ws.handoff.read_text())
 
 
 def test_a_verdict_is_decided_again_when_the_baseline_is_re_run(ws: Workspace) -> None:
@@ -501,3 +509,31 @@ def test_each_request_is_checked_against_the_max_tokens_it_asked() -> None:
     v = check_counts(columns_from_records(own), 5, False, 0.0, None, None)  # the record's own 4 wins over 5
     assert v.reasons == ["completion_tokens > max_tokens 4", None, "completion_tokens > max_tokens 5"]
     assert v.summary.by_reason == {"completion_tokens > max_tokens 4": 1, "completion_tokens > max_tokens 5": 1}
+
+
+@pytest.mark.integration  # real processes on this host, sampled from /proc
+def test_caseledger_of_this_workspace_counts_as_ours_and_the_other_processes_are_named(tmp_path: Path) -> None:
+    """A process running caseledger for this workspace (an MCP server answering status calls) is the
+    measurement's own; a busy process beside it is 'other' and named by pid and command."""
+    from caseledger import procs
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    spin = "while True: pass"
+    own = subprocess.Popen([sys.executable, "-c", spin, "caseledger", "mcp", "--workspace", str(root)])
+    other = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        pids = procs.caseledger_pids(root)
+        assert own.pid in pids and other.pid not in pids and os.getpid() not in pids, pids
+        sampler = procs.CpuSampler(pids)
+        sampler.sample(set(), None)
+        time.sleep(1.0)
+        x = sampler.sample(set(), None)
+        assert x is not None
+        top = [pid for pid, _, _ in x["top"]]
+        assert other.pid in top and own.pid not in top, x
+        assert x["ours"] > 0.25 * x["total"] / x["cores"], x  # the own spinner's CPU (about one core) is ours
+    finally:
+        for p in (own, other):
+            p.kill()
+            p.wait()

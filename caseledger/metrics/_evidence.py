@@ -36,9 +36,10 @@ def distortion(case: Case, start: int, end: int, ev: Evidence, t0: int) -> list[
         )
     host = host_load(samples_in(ev.host, start, end))
     if isinstance(host, HostLoad) and host.other_share > th.max_other_cpu_share:
+        most = f" (the most: {', '.join(host.top)})" if host.top else ""
         out.append(
             f"other processes used {host.other_share:.0%} of the host's {host.cores} core(s) during the "
-            f"window (> measurement.evidence.max_other_cpu_share {th.max_other_cpu_share:g}): a contended "
+            f"window{most} (> measurement.evidence.max_other_cpu_share {th.max_other_cpu_share:g}): a contended "
             "host; repeat on a quiet host"
         )
     return out
@@ -62,10 +63,15 @@ def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # JSON:
     client = sum(x["client"] for x in samples) / total * cores
     steal = sum(x.get("steal", 0) for x in samples) / total
     load1 = max(float(x.get("load1", 0.0)) for x in samples)
+    took: dict[tuple[int, str], int] = {}
+    for x in samples:
+        for pid, name, ticks in x.get("top") or []:
+            took[(pid, name)] = took.get((pid, name), 0) + ticks
+    top = [f"pid {pid} {name} {t / total:.0%}" for (pid, name), t in sorted(took.items(), key=lambda kv: -kv[1])[:3]]
     text = (
         f"other processes {other:.0%} of {cores} core(s), caseledger + service {ours / total:.0%}, load client "
         f"{client:.0%} of one core, steal {steal:.0%}, load average up to {load1:.2f} ({len(samples)} samples "
-        f"over {span_s:.1f} s)"
+        f"over {span_s:.1f} s)" + (f"; other processes that took the most: {', '.join(top)}" if top else "")
     )
     return HostLoad(
         samples=len(samples),
@@ -76,5 +82,6 @@ def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # JSON:
         client_share=client,
         steal_share=steal,
         load1_max=load1,
+        top=top,
         text=text,
     )

@@ -57,6 +57,11 @@ class HostLoad(FrozenModel):
     client_share: float = Field(description="CPU of the load client alone, share of one core")
     steal_share: float = Field(description="CPU stolen by the hypervisor, share of all cores")
     load1_max: float = Field(description="Highest 1-minute load average seen")
+    top: list[str] = Field(
+        default_factory=list,
+        description="The other processes that took the most CPU over the samples, e.g. 'pid 4242 cc1 38%' (share of "
+        "all cores)",
+    )
     text: str = Field(description="The figures in one line")
 
 

@@ -212,6 +212,8 @@ def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[s
         verdict = r.campaign_verdict or r.decision or r.state
         if r.limits and (br := broken(r.limits)):
             verdict += f" ({br})"
+        if r.why:  # an insufficient decision says why (a distorted window names who took the host)
+            verdict += f" ({quoted(r.why, 90)})"
         unsure = [f"{v.limit} met in {v.met} runs" for v in r.limits if v.verdict == "uncertain" and v.met]
         if unsure:
             verdict += f" (uncertain: {', '.join(unsure)})"

@@ -16,7 +16,7 @@ from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import argv_change, delta, flatten
 from caseledger.case.store import load_case
-from caseledger.errors import CaseledgerError, NotFound
+from caseledger.errors import CaseledgerError, NotFound, quoted
 from caseledger.ledger.index import Index, RunRow, open_index
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import PROCESSOR_VERSION
@@ -85,6 +85,11 @@ class ScenarioRow(FrozenModel):
         "given_up, not_needed); the row's metric is then the mean over those runs and its limits pooled over them",
     )
     settle: str | None = Field(description="For a change within the noise: the call that would settle it")
+    why: str | None = Field(
+        None,
+        description="Why the decision is insufficient (the evidence missing; a distorted window names who took "
+        "the host)",
+    )
     best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
 
     def percentiles(self) -> list[tuple[float | None, float | None]]:
@@ -143,6 +148,7 @@ class ScenarioView(FrozenModel):
             n = f" n={r.requests}" if r.requests is not None else ""
             lines.append(
                 f"{r.change}{' *' if r.best else ''} {r.case_id} {run} {dec} {_n(r.metric)}{reps}{n} | {pct} | {lim}"
+                + (f" | why: {quoted(r.why, 160)}" if r.why else "")
             )
         best = next((r for r in self.rows if r.best), None)
         if self.campaign is not None:
@@ -401,6 +407,7 @@ def _scenario_row(
         limits=limit_verdicts(case, result),
         decision=dec.outcome if dec else None,
         settle=dec.settle if dec else None,
+        why=dec.reason if dec and dec.outcome == "insufficient" else None,
         best=False,
     )
 
@@ -459,6 +466,12 @@ def scenario_next(view: ScenarioView) -> str:
     for r in view.rows:
         if r.settle:
             return r.settle
+    for r in view.rows:
+        if r.decision == "insufficient" and r.why and "distorted" in r.why:
+            return f"start_run(case_id='{r.case_id}') again on a quiet host: {quoted(r.why, 160)}"
+    unrun = next((r for r in view.rows if r.run_id is None), None)
+    if unrun is not None:
+        return f"start_run(case_id='{unrun.case_id}'): it has no run yet"
     if view.best_case:
         return f"freeze_case(next candidate, parent='{view.best_case}')"
-    return "start_run(case_id=...) for a case without a run"
+    return "freeze_case(next candidate, parent=<the scenario's baseline>): no case is kept yet"

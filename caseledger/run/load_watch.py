@@ -33,7 +33,7 @@ class LoadWatch:
     ) -> None:
         self.paths, self.client, self.event = run.paths, client, event
         self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
-        self.sampler = procs.CpuSampler()
+        self.sampler = procs.CpuSampler(procs.caseledger_pids(run.workspace.root))
         self.sessions = _our_sessions(run, client, self.more)
         self.next_sample = 0.0
         self.stopped_since: float | None = None  # when the client was first seen stopped (this stop)
