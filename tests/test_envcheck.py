@@ -21,6 +21,7 @@ GARBAGE = {
     "CASELEDGER_FAULT": ("nonsense", "is not a comma list of component:action[=value]"),
     "CASELEDGER_CALLER": ("root", "is not one of local, http"),
     "CASELEDGER_DEBUG": ("yes", "is not one of 0, 1"),
+    "CASELEDGER_QUIET_WAIT_S": ("-5", "is outside 0..3600"),
 }
 
 

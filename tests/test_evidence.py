@@ -537,3 +537,38 @@ def test_caseledger_of_this_workspace_counts_as_ours_and_the_other_processes_are
         for p in (own, other):
             p.kill()
             p.wait()
+
+
+@pytest.mark.integration
+def test_a_run_waits_bounded_for_a_quiet_host_and_records_what_it_saw(
+    ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CASELEDGER_QUIET_WAIT_S: before the formal load the run waits, at most that long, for other processes to
+    leave the host; the wait is an event with the share and the processes that took it. A quiet host costs about
+    QUIET_SPAN_S; a busy one the whole bound, then the load runs and its window is judged as ever."""
+    from caseledger.ledger.events import read_events
+    from caseledger.run.load_watch import QUIET_SPAN_S
+
+    monkeypatch.setenv("CASELEDGER_QUIET_WAIT_S", "4")
+    case = freeze_case(ws, draft=ref_draft(free_port(), load={"requests": 8, "concurrency": 2}))
+
+    def waited(run_id: str) -> dict[str, Any]:
+        (e,) = [e for e in read_events(ws.run(run_id)).events if e["type"] == "host_quiet_wait"]
+        return dict(e["data"])
+
+    quiet = start_run(ws, case.case_id, wait=True, timeout_s=120)
+    assert quiet.run_id is not None and quiet.state == "succeeded", quiet.text()
+    q = waited(quiet.run_id)
+    assert q["quiet"] and QUIET_SPAN_S <= q["waited_s"] < 4.0, q
+    spin = "while True: pass"  # in sessions of their own: not this process's (the inline controller's) session
+    hogs = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(os.cpu_count() or 2)]
+    try:
+        busy = start_run(ws, case.case_id, wait=True, timeout_s=120)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert busy.run_id is not None
+    b = waited(busy.run_id)
+    assert not b["quiet"] and b["waited_s"] >= 4.0 and b["other_share"] > 0.5, b
+    assert any(f"pid {h.pid} python" in t for h in hogs for t in b["top"]), b

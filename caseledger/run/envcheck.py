@@ -16,6 +16,7 @@ from caseledger.faults import FAULT_ENV, parse_faults
 from caseledger.ledger.leases import ENV_HOST_DIR, ENV_LEASE_S
 from caseledger.load.parts import HEARTBEAT_ENV
 from caseledger.load.transport import TRANSPORT_ENV, TRANSPORTS
+from caseledger.run.load_watch import QUIET_WAIT_ENV
 from caseledger.run.policy import CALLER_ENV, CALLERS
 from caseledger.services.lease_host import ENV_DIR as ENV_LEASE_HOST_DIR
 from caseledger.workspace.files import ENV_LOCK_TIMEOUT
@@ -59,6 +60,7 @@ CHECKS: dict[str, tuple[Callable[[str], str | None], str]] = {
     FAULT_ENV: (_faults, "unset it: fault injection is for the tests"),
     CALLER_ENV: (_one_of(*CALLERS), "unset it: caseledger's HTTP server sets it for itself"),
     "CASELEDGER_DEBUG": (_one_of("0", "1"), "unset it, or set 1 for tracebacks of caseledger bugs"),
+    QUIET_WAIT_ENV: (_number(0, 3600), "unset it (no wait) or set the seconds to wait for a quiet host, 0..3600"),
 }
 
 

@@ -111,7 +111,7 @@ def _start(
 ) -> list[LoadRef | None]:
     """The checks before the first formal request, the P armed clients, their disk, one go."""
     paths, case = run.paths, run.case
-    phases.before_formal_load(run, prev)
+    phases.before_formal_load(run, prev, event)
     need, shares = raw_bytes_needed(run), split_concurrency(case.load.concurrency, len(parts))
     for part, c in zip(parts, shares, strict=True):
         part.load_dir.mkdir(parents=True, exist_ok=True)

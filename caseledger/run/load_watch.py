@@ -18,6 +18,11 @@ from caseledger.procs import LoadRef
 
 STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (status shows it at once)
 HOST_SAMPLE_S = 0.5
+# Before the formal load, wait up to this many seconds for the host to be quiet (other processes at most
+# measurement.evidence.max_other_cpu_share of its CPU over QUIET_SPAN_S); unset or 0: no wait. The wait and what it
+# saw are recorded (event host_quiet_wait); a host still busy then is measured, and its window judged, as ever.
+QUIET_WAIT_ENV = "CASELEDGER_QUIET_WAIT_S"
+QUIET_SPAN_S = 2.0
 
 
 class LoadWatch:
@@ -77,3 +82,47 @@ def _our_sessions(run: Run, client: LoadRef | None, more: list[LoadRef] | None =
         with contextlib.suppress(OSError):
             out.add(os.getsid(pid))
     return out
+
+
+def wait_quiet(run: Run, event: Callable[..., None]) -> None:
+    """Before a local formal load: wait, bounded by QUIET_WAIT_ENV, until other processes used at most
+    max_other_cpu_share of the host over QUIET_SPAN_S; recorded with the share and the processes that took it."""
+    raw = os.environ.get(QUIET_WAIT_ENV)
+    bound = float(raw) if raw else 0.0  # checked at start_run (run/envcheck.py)
+    if bound <= 0 or run.case.load.host is not None or run.case.load.hosts:
+        return  # no wait asked, or the load runs on another host (its CPU is sampled there)
+    limit = run.case.measurement.evidence.max_other_cpu_share
+    sampler = procs.CpuSampler(procs.caseledger_pids(run.workspace.root))
+    sessions = _our_sessions(run, None)
+    sampler.sample(sessions, None)
+    start = time.monotonic()
+    recent: list[procs.CpuSample] = []
+    need = int(QUIET_SPAN_S / HOST_SAMPLE_S)
+    share, quiet = 0.0, False
+    while True:
+        time.sleep(HOST_SAMPLE_S)
+        x = sampler.sample(sessions, None)
+        if x is not None:
+            recent = [*recent, x][-need:]
+        if len(recent) >= need:
+            total = sum(r["total"] for r in recent) or 1
+            share = max(0.0, sum(r["busy"] - r["ours"] for r in recent) / total)
+            quiet = share <= limit
+        if quiet or time.monotonic() - start >= bound:
+            break
+    took: dict[tuple[int, str], int] = {}
+    for r in recent:
+        for pid, name, ticks in r["top"]:
+            took[(pid, name)] = took.get((pid, name), 0) + ticks
+    total = sum(r["total"] for r in recent) or 1
+    top = [f"pid {p} {n} {t / total:.0%}" for (p, n), t in sorted(took.items(), key=lambda kv: -kv[1])[:3]]
+    event(
+        "host_quiet_wait",
+        phase="load",
+        data={
+            "waited_s": round(time.monotonic() - start, 2),
+            "quiet": quiet,
+            "other_share": round(share, 3),
+            "top": top,
+        },
+    )

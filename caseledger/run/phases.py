@@ -37,7 +37,7 @@ from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
 from caseledger.run import remote_load
 from caseledger.run.load_failures import check_failures, wait_idle
-from caseledger.run.load_watch import LoadWatch
+from caseledger.run.load_watch import LoadWatch, wait_quiet
 from caseledger.workspace import PartPaths, RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
 
@@ -90,7 +90,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
                 FailureClass.END_UNKNOWN,
                 "formal requests are never re-sent automatically; the raw records are kept",
             )
-        before_formal_load(run, prev)
+        before_formal_load(run, prev, event)
         reserve_raw(paths, case, raw_bytes_needed(run))
         snapshot_counters(case, paths.metrics_before)
         armed: LoadRef | None = read_json_or_none(paths.load_armed)  # JSON: load/armed.json (spawn_client's)
@@ -129,9 +129,10 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     return load_ended(run, end, prev, seen)
 
 
-def before_formal_load(run: Run, prev: PhaseAttempt) -> None:
-    """Right before the first formal request (one client process or several): the service re-verified, and what
-    an abandoned attempt left queued at the engine drained, so it cannot overlap this load."""
+def before_formal_load(run: Run, prev: PhaseAttempt, event: Callable[..., None] | None = None) -> None:
+    """Right before the first formal request (one client process or several): the service re-verified, what
+    an abandoned attempt left queued at the engine drained, so it cannot overlap this load, and (when asked,
+    CASELEDGER_QUIET_WAIT_S) a bounded, recorded wait for a quiet host."""
     problem = services.check_live(run.workspace, run.case, run.meta.target_key or "")
     if problem is not None:
         raise PhaseFailed(
@@ -142,6 +143,8 @@ def before_formal_load(run: Run, prev: PhaseAttempt) -> None:
         )
     if prev.failure_class in RESEND_CLASSES:
         wait_idle(run.case)
+    if event is not None:
+        wait_quiet(run, event)
 
 
 def _load_remote(
