@@ -64,6 +64,32 @@ def test_command_argv_fills_route_placeholders(ws: Workspace) -> None:
     assert [f["path"] for f in files] == ["w.gguf"]
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["python", "-m", "sglang.launch_server", "--model-path", "w", "--speculative-draft-model-path", "d"], "w d"),
+        (["llama-server", "--model=w", "-md", "d"], "w d"),
+        (["vllm", "serve", "w", "--port", "{port}"], "w"),
+        (["trtllm-serve", "w"], "w"),
+        (["text-generation-launcher", "--model-id=w"], "w"),
+    ],
+)
+def test_weights_join_the_identity_in_every_spelling(ws: Workspace, argv: list[str], named: str) -> None:
+    """The weights an engine is given -- `--opt v`, `--opt=v`, a positional after serve, SGLang's --model-path and
+    its draft -- are hashed into the service identity: swapped weights at the same path are another service."""
+    (ws.root / "w").mkdir()
+    (ws.root / "w" / "model.safetensors").write_bytes(b"weights")
+    (ws.root / "d").write_bytes(b"draft")
+    draft = ref_draft(18126)
+    draft["service"] = {"adapter": "command", "argv": argv}
+    case = Case.model_validate(draft).filled()
+    files = model_files(ws, case)
+    assert sorted({f["path"].split("/")[0] for f in files}) == sorted(named.split()), files
+    before = identity_of(case, files)
+    (ws.root / "w" / "model.safetensors").write_bytes(b"other weights")  # swapped in place
+    assert identity_of(case, model_files(ws, case)) != before
+
+
 def test_external_is_probed_not_launched(ws: Workspace) -> None:
     case = Case.model_validate(external_draft(18125)).filled()
     assert not adapter_of(case).launched

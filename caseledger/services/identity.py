@@ -4,7 +4,6 @@ intended argv with the one read back from a live process."""
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -115,9 +114,42 @@ def intended_argv(case: Case, unit: Unit | None = None) -> list[str]:
     return adapter_of(case).argv(case, u.argv, route)
 
 
-# Options naming a model file or directory, whose content hash joins the service identity (llama.cpp: target and
-# draft; vLLM: --model DIR).
-MODEL_FILE_OPTIONS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model")
+# Options naming a model file or directory, whose content hash joins the service identity: llama.cpp (-m, --model,
+# -md, --model-draft, --spec-draft-model), vLLM (--model DIR, or `vllm serve DIR`), SGLang (--model-path,
+# --speculative-draft-model-path), TGI (--model-id), TensorRT-LLM (`trtllm-serve DIR`). Each is read as `--opt v` and
+# as `--opt=v`; the first positional after a `serve` subcommand is a model path too.
+MODEL_FILE_OPTIONS = (
+    "-m",
+    "--model",
+    "-md",
+    "--model-draft",
+    "--spec-draft-model",
+    "--model-path",
+    "--speculative-draft-model-path",
+    "--draft-model",
+    "--model-id",
+)
+SERVE_WORDS = ("serve", "trtllm-serve")  # `vllm serve PATH`, `trtllm-serve PATH`: the path follows
+
+
+def weight_args(argv: list[str]) -> list[tuple[str, str]]:
+    """(option, value) of every argument naming model weights in an argv, in every spelling: `--opt v`,
+    `--opt=v`, and the positional path after a serve subcommand (reported as option 'serve')."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        opt, eq, value = a.partition("=")
+        if eq and opt in MODEL_FILE_OPTIONS:
+            out.append((opt, value))
+        elif a in MODEL_FILE_OPTIONS and i + 1 < len(argv):
+            out.append((a, argv[i + 1]))
+            i += 1
+        elif Path(a).name in SERVE_WORDS and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            out.append(("serve", argv[i + 1]))
+            i += 1
+        i += 1
+    return out
 
 
 _HASHES_FILE = "file-hashes.json"
@@ -135,9 +167,7 @@ def model_files(ws: Workspace, case: Case, unit: Unit | None = None) -> list[Mod
         return []
     out: list[ModelFile] = []
     with _HashCache(ws) as cache:
-        for opt, value in itertools.pairwise(intended_argv(case, u)):
-            if opt not in MODEL_FILE_OPTIONS:
-                continue
+        for opt, value in weight_args(intended_argv(case, u)):
             path = ws.root / value  # relative paths are in the workspace, where the process starts
             named: list[tuple[str, Path]] = []
             if path.is_file():
