@@ -415,6 +415,9 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     assert not redecided.complete and all(
         cid in (f.points["C=8"], f.points["C=4"]) for cid in (r.case_id for r in redecided.rows if r.status == "queued")
     )
+    # the answer previews the next points with why, and says how to pause or stop
+    assert redecided.plan and redecided.plan[0].split(":")[0] in ("C=8", "C=4"), redecided.plan
+    assert "plan: " in redecided.text() and "pause: caseledger authorize paused" in redecided.text()
     start_any(ws, gid)
     final = _until_complete(ws, gid)
     assert final.winner == f.points["C=8"], final.text()

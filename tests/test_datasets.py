@@ -363,3 +363,33 @@ def test_file_source_outside_the_workspace_or_too_short_is_refused_before_any_to
         ds.materialize(ws, make_case(3, source="file", path="p.jsonl"))
     assert "dataset.entries" in str(exc.value) and "dataset.path" in str(exc.value) and "at most 2" in exc.value.fix
     assert not ws.datasets_dir.exists() or not [p for p in ws.datasets_dir.iterdir() if p.suffix == ".tmp"]
+
+
+def test_a_gguf_is_hashed_once_across_processes_and_again_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GGUF's sha256 (which names its converted tokenizer) is kept in the cache by path, size, mtime and
+    inode: a later process (its in-memory cache empty) reads it instead of hashing GBs again; a changed file is
+    hashed again."""
+    import hashlib
+
+    from caseledger.datasets import tokenizers
+
+    monkeypatch.setenv("CASELEDGER_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"weights" * 1000)
+    st = f.stat()
+    args = (str(f), st.st_size, st.st_mtime_ns, st.st_ino)
+    tokenizers._gguf_sha256.cache_clear()
+    assert tokenizers._gguf_sha256(*args) == hashlib.sha256(f.read_bytes()).hexdigest()
+    tokenizers._gguf_sha256.cache_clear()  # as a new process
+    hashed: list[Path] = []
+    real = tokenizers.sha256_file
+    monkeypatch.setattr(tokenizers, "sha256_file", lambda p: (hashed.append(p), real(p))[1])
+    assert tokenizers._gguf_sha256(*args) == hashlib.sha256(f.read_bytes()).hexdigest() and hashed == []
+    f.write_bytes(b"other" * 1000)
+    st = f.stat()
+    tokenizers._gguf_sha256.cache_clear()
+    got = tokenizers._gguf_sha256(str(f), st.st_size, st.st_mtime_ns, st.st_ino)
+    assert got == hashlib.sha256(f.read_bytes()).hexdigest() and hashed == [f]
+    tokenizers._gguf_sha256.cache_clear()

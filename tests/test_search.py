@@ -249,3 +249,42 @@ def test_a_search_killed_mid_point_resumes_with_its_proposals_and_measures_no_po
     assert sum(r.runs for r in view.rows) == len(runs), view.text()  # every run a valid run of one point
     assert stats(port)["by_phase"].get("load", 0) == n * len(runs), (stats(port), view.text())
     assert_one_answer(ws, gid)
+
+
+def test_constraints_keep_a_grid_and_a_search_inside_them_and_a_bad_one_names_the_fix() -> None:
+    """'A >= B' between axes: a grid leaves the other points out, tpe never proposes them; a constraint that does
+    not parse, names no axis, or leaves no point is refused with the form to write."""
+    from caseledger.campaign.model import allowed
+
+    seqs, batch = "service.reference.slots", "load.concurrency"
+    axes = [{"path": seqs, "values": [8, 16, 32]}, {"path": batch, "values": [4, 16, 64]}]
+    base = {"scenario": "s"}
+    grid = CampaignDraft.model_validate(
+        {"name": "c", "base": base, "axes": axes, "constraints": [f"{batch} >= {seqs}"]}
+    )
+    assert [(v[seqs], v[batch]) for v in grid.combos()] == [(8, 16), (8, 64), (16, 16), (16, 64), (32, 64)]
+    for bad, said in (
+        ("load.concurrency>=8", "is not 'A op B'"),
+        ("dataset.seed >= 1", "A one of the axes"),
+        (f"{batch} > 1000", "no point of the axes keeps them all"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            CampaignDraft.model_validate({"name": "c", "base": base, "axes": axes, "constraints": [bad]})
+    rule = [f"{YS.path} <= {XS.path}"]  # the surface's y never above x
+    search = Search(kind="tpe", max_points=20, seed=2)
+    observed: list[Observed] = []
+    while len(observed) < 20:
+        p = tpe([XS, YS], search, True, observed, None, rule)
+        assert p is not None and allowed(rule, p.values), p
+        observed.append(measure(p.values))
+
+
+def test_a_boolean_flag_axis_passes_the_bare_flag_or_leaves_it_out() -> None:
+    from caseledger.campaign.model import apply_axis
+
+    draft = {"service": {"argv": ["vllm", "serve", "m", "--enable-chunked-prefill", "--port", "1"]}}
+    apply_axis(draft, "service.argv[--enable-chunked-prefill]", False)
+    assert draft["service"]["argv"] == ["vllm", "serve", "m", "--port", "1"]
+    apply_axis(draft, "service.argv[--enable-chunked-prefill]", True)
+    apply_axis(draft, "service.argv[--enable-chunked-prefill]", True)  # never twice
+    assert draft["service"]["argv"] == ["vllm", "serve", "m", "--port", "1", "--enable-chunked-prefill"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -25,6 +27,44 @@ MAX_POINTS = 256  # the product of the axes: a campaign of days, not a typo of 1
 # 'load.concurrency', 'service.env.OMP_NUM_THREADS', 'service.argv[-np]', 'service.components.decode.argv[-np]'
 AXIS_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*(\[-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*\])?$"
 _FLAG = re.compile(r"^(?P<path>[^\[]+)\[(?P<flag>[^\]]+)\]$")
+CONSTRAINT = re.compile(r"^(?P<a>\S+) (?P<op>>=|<=|>|<|==|!=) (?P<b>\S+)$")
+MAX_CONSTRAINTS = 8
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+def allowed(constraints: list[str], values: dict[str, Scalar]) -> bool:
+    """Whether a point's values satisfy every constraint ('A >= B': A an axis path, B an axis path or a number)."""
+    for c in constraints:
+        m = CONSTRAINT.match(c)
+        if m is None:
+            return False
+        a, op, b = m.group("a"), m.group("op"), m.group("b")
+        left = values.get(a)
+        right: Any = values[b] if b in values else _number(b)
+        if left is None or right is None:
+            return False
+        try:
+            if not _OPS[op](left, right):
+                return False
+        except TypeError:  # e.g. a string against a number: the draft was checked, a proposal cannot be
+            return False
+    return True
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 # short labels of the fields agents sweep most (DESIGN.md: N, C, r)
 _SHORT = {"load.concurrency": "C", "load.requests": "N", "load.rate": "r"}
 
@@ -38,8 +78,8 @@ class _Model(BaseModel):
 class Axis(_Model):
     path: str = Field(
         description="Case field by path: 'load.concurrency', 'service.env.NAME', an argv flag as "
-        "'service.argv[-np]' (the value after the flag), a component's as "
-        "'service.components.decode.argv[-np]'",
+        "'service.argv[-np]' (the value after the flag; values true/false: a switch, the bare flag passed or left "
+        "out), a component's as 'service.components.decode.argv[-np]'",
         pattern=AXIS_PATH,
         max_length=300,
         examples=["load.concurrency"],
@@ -209,6 +249,12 @@ class CampaignDraft(_Model):
         "part of the campaign id: freezing the campaign again with another limit re-decides it, 0 requests sent. "
         "null: the base case's scenario decision",
     )
+    constraints: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_CONSTRAINTS,
+        description="Relations every point keeps: 'A op B', A an axis path, B an axis path or a number, op one of "
+        ">= <= > < == != (a grid leaves the other points out, a search never proposes them)",
+    )
     note: str = Field("", max_length=2000, description="Free text: what the person asked")
 
     @model_validator(mode="before")
@@ -226,6 +272,13 @@ class CampaignDraft(_Model):
         paths = [a.path for a in self.axes]
         if len(set(paths)) != len(paths):
             raise ValueError("campaign.axes: a path appears twice; give each field one axis")
+        for c in self.constraints:
+            m = CONSTRAINT.match(c)
+            if m is None or m.group("a") not in paths or (m.group("b") not in paths and _number(m.group("b")) is None):
+                raise ValueError(
+                    f"campaign.constraints: '{c[:200]}' is not 'A op B' with A one of the axes {paths}, op one of "
+                    ">= <= > < == != and B an axis path or a number (one space either side of op)"
+                )
         n = math.prod(a.size() for a in self.axes)
         s = self.search
         if s.kind == "tpe":
@@ -239,6 +292,8 @@ class CampaignDraft(_Model):
             )
         elif s.max_points is not None:
             raise ValueError(f"campaign.search.max_points applies to kind 'tpe', not '{s.kind}': drop it")
+        if self.constraints and s.kind != "tpe" and not self.combos():
+            raise ValueError(f"campaign.constraints: no point of the axes keeps them all ({self.constraints})")
         if s.kind == "knee":
             if s.axis not in paths:
                 raise ValueError(
@@ -266,7 +321,9 @@ class CampaignDraft(_Model):
             return []  # proposed one at a time (campaign/search.py), each frozen when proposed
         grids = [(a.path, a.grid() or []) for a in self.axes]
         axes = [(p, sorted(v, key=float) if p == self.search.axis else v) for p, v in grids]
-        return [dict(zip([p for p, _ in axes], vals, strict=True)) for vals in itertools.product(*(v for _, v in axes))]
+        names = [p for p, _ in axes]
+        every = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(v for _, v in axes))]
+        return [v for v in every if allowed(self.constraints, v)]
 
     def policy(self) -> dict[str, Any]:  # JSON: written to policy.jsonl
         """How the campaign is asked (recorded beside it, not hashed): search, repeats, name, note."""
@@ -304,7 +361,12 @@ def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON
     argv = node.get(last) if isinstance(node, dict) else None
     if not isinstance(argv, list):
         raise ValueError(f"campaign.axes path '{path}': '{field}' is not an argv list of the base case")
-    text = f"{value:g}" if isinstance(value, float) else str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):  # a switch: true passes the bare flag, false leaves it out
+        argv[:] = [a for a in argv if not (a == flag or (isinstance(a, str) and a.startswith(flag + "=")))]
+        if value:
+            argv.append(flag)
+        return
+    text = f"{value:g}" if isinstance(value, float) else str(value)
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
             argv[i + 1] = text

@@ -16,7 +16,8 @@ AXIS_PATHS = (
     "of the service as 'service.env.NAME'; a flag of the service's command line by its name as "
     "'service.argv[-np]' or 'service.argv[--max-num-seqs]' (its value replaced, or the flag appended when the "
     "base does not pass it); a component's flag as 'service.components.decode.argv[--max-num-seqs]'. Values are "
-    "listed ('values': [1, 2, 4]) or a range ('low', 'high', with 'step' or 'log' for tpe)."
+    "listed ('values': [1, 2, 4]) or a range ('low', 'high', with 'step' or 'log' for tpe); a flag's true/false "
+    "passes the bare flag or leaves it out."
 )
 
 # JSON: a campaign draft per search kind, as freeze_case(draft=...) takes them
@@ -47,8 +48,10 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "axes": [
                 {"path": "service.argv[--max-num-seqs]", "low": 8, "high": 256, "log": True},
                 {"path": "service.argv[--max-num-batched-tokens]", "values": [2048, 4096, 8192]},
+                {"path": "service.argv[--enable-chunked-prefill]", "values": [True, False]},
                 {"path": "load.concurrency", "low": 1, "high": 64},
             ],
+            "constraints": ["service.argv[--max-num-batched-tokens] >= service.argv[--max-num-seqs]"],
             "search": {"kind": "tpe", "max_points": 30, "seed": 1},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 50, "ttft_p99_ms": 2000}},
         }

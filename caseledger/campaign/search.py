@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from caseledger.campaign.model import Axis, Scalar, Search
+from caseledger.campaign.model import Axis, Scalar, Search, allowed
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -87,7 +87,12 @@ def service_axes(axes: list[Axis]) -> list[Axis]:
 
 
 def tpe(
-    axes: list[Axis], search: Search, higher: bool, observed: list[Observed], live: str | None = None
+    axes: list[Axis],
+    search: Search,
+    higher: bool,
+    observed: list[Observed],
+    live: str | None = None,
+    constraints: list[str] | None = None,
 ) -> Proposal | None:
     """The next point Optuna's TPE proposes from the observations, or None when it only proposes measured
     points (converged) or the space is measured whole. live: the service identity running now (the latest
@@ -96,17 +101,17 @@ def tpe(
         return None
     svc = service_axes(axes)
     if not svc or len(svc) == len(axes) or live is None:
-        return _ask(axes, search, higher, observed, {}, set())
+        return _ask(axes, search, higher, observed, {}, set(), constraints or [])
     on_live = [ob for ob in observed if ob.service_key == live]
     quota = min(NEIGHBOURS, space_size([a for a in axes if a not in svc]))
     if on_live and len(on_live) < quota:
         fixed = {a.path: on_live[0].values[a.path] for a in svc}
-        got = _ask(axes, search, higher, observed, fixed, set())
+        got = _ask(axes, search, higher, observed, fixed, set(), constraints or [])
         if got is not None:
             why = f"{got.why}; a load-only neighbour on the running service ({len(on_live) + 1} of {quota})"
             return Proposal(got.values, why)
     left = {key({a.path: ob.values[a.path] for a in svc}) for ob in observed if ob.service_key != live}
-    return _ask(axes, search, higher, observed, {}, left)
+    return _ask(axes, search, higher, observed, {}, left, constraints or [])
 
 
 def _ask(
@@ -116,6 +121,7 @@ def _ask(
     observed: list[Observed],
     fixed: dict[str, Scalar],
     left: set[tuple[tuple[str, str], ...]],
+    constraints: list[str],
 ) -> Proposal | None:
     """Optuna's TPE rebuilt from the observations, asked for a point not measured yet: with `fixed` values (the
     running service's), or outside the service identities in `left` (started before and left: never again)."""
@@ -145,10 +151,14 @@ def _ask(
         t = study.ask(dists)
         values = {a.path: t.params[a.path] for a in axes}
         known = seen.get(key(values))
-        if known is None and key({a.path: values[a.path] for a in svc}) not in left:
+        keeps = allowed(constraints, values)
+        if known is None and keeps and key({a.path: values[a.path] for a in svc}) not in left:
             return Proposal(values, _why(n, startup, valued, higher))
-        # a measured point (told its own result) or a service left before (told as the worst): the sampler moves on
-        if known is None or known.value is None:
+        # the sampler moves on: a measured point told its own result; one outside the constraints told as a point
+        # far beyond the limits (so it learns where they lie); a service left before, a failed trial
+        if not keeps:
+            study.tell(t, _score(Observed(values=values, value=0.0, meets=False, breach=1.0), higher, worst))
+        elif known is None or known.value is None:
             study.tell(t, state=optuna.trial.TrialState.FAIL)
         else:
             study.tell(t, _score(known, higher, worst))
@@ -169,4 +179,6 @@ def _why(n: int, startup: int, valued: list[Observed], higher: bool) -> str:
 
 
 # Strategies that propose points, by search kind: one function each, the same signature.
-STRATEGIES: dict[str, Callable[[list[Axis], Search, bool, list[Observed], str | None], Proposal | None]] = {"tpe": tpe}
+STRATEGIES: dict[
+    str, Callable[[list[Axis], Search, bool, list[Observed], str | None, list[str] | None], Proposal | None]
+] = {"tpe": tpe}

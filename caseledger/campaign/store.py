@@ -10,7 +10,7 @@ ledger/campaigns/<g-id>/
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ class Campaign:
     points: list[Point]
     decision: Decision  # the scenario's current decision: the campaign's objective and limits
     axes: list[Axis]
+    constraints: list[str] = field(default_factory=list)  # relations every point keeps (model.allowed)
 
     def point(self, case_id: str) -> Point | None:
         return next((p for p in self.points if p.case_id == case_id), None)
@@ -109,6 +110,8 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
     axes = [a.model_dump(mode="json", exclude_defaults=True) for a in draft.axes]
     # the id: what is measured (base and axes); a search that proposes points adds how it proposes them
     ident: dict[str, Any] = {"base_case": case_id_of(base), "axes": axes}  # JSON: campaign.json's hashed part
+    if draft.constraints:  # part of the space (absent: the ids campaigns had before constraints)
+        ident["constraints"] = draft.constraints
     if draft.search.kind == "tpe":
         ident["search"] = draft.search.model_dump(mode="json")
     gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
@@ -120,7 +123,16 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(
             d / "campaign.json",
-            canonical_json({"campaign_id": gid, "base_case": base_id, "axes": axes, "scenario": base.scenario}) + b"\n",
+            canonical_json(
+                {
+                    "campaign_id": gid,
+                    "base_case": base_id,
+                    "axes": axes,
+                    "scenario": base.scenario,
+                    **({"constraints": draft.constraints} if draft.constraints else {}),
+                }
+            )
+            + b"\n",
             mode=0o444,
         )
         _write_points(d, points)
@@ -239,6 +251,7 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
         ],
         decision=scenario_decision(ws, scenario) or load_case(ws, str(ident["base_case"])).decision,
         axes=[Axis.model_validate(a) for a in ident["axes"]],
+        constraints=[str(c) for c in ident.get("constraints") or []],
     )
 
 

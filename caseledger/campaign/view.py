@@ -108,6 +108,9 @@ class CampaignView(FrozenModel):
         description="Why the driver waits now (a paused authorization, a target "
         "held by another run or campaign); null when it is not waiting",
     )
+    plan: list[str] = Field(
+        default_factory=list, description="The next points the planner runs, in order, with why (at most 3)"
+    )
     next_call: str
 
     def text(self, rows: bool = True) -> str:
@@ -146,6 +149,12 @@ class CampaignView(FrozenModel):
         if self.pareto:
             lines.append("pareto (tok/s per card vs per user): " + ", ".join(self.pareto))
         lines += [f"note: {x}" for x in self.notes]
+        if self.plan and not self.complete:
+            lines.append("plan: " + "; ".join(self.plan))
+            lines.append(
+                "pause: caseledger authorize paused (the running point finishes, none starts); stop: caseledger "
+                "target stop (drivers, then services)"
+            )
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
@@ -414,6 +423,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         driver_alive=alive,
         authorization=auth,
         waiting=waiting_on(ws, campaign_id) if alive else None,
+        plan=[f"{by_id[cid].label}: {why}" for cid, why in pl.next[:3] if cid in by_id],
         next_call=_next_call(campaign_id, pl, complete, alive, auth),
     )
 

@@ -7,6 +7,7 @@ directly on tokenizer.json, which is fast to import.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -16,8 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from caseledger.errors import CaseInvalid, quoted
-from caseledger.workspace import sha256_file
+from caseledger.workspace import atomic_write, read_json_or_none, sha256_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
 CHATML_TEMPLATE = (
@@ -153,11 +156,26 @@ def gguf_dir(path: Path) -> Path:
     return out
 
 
+GGUF_HASHES = "gguf-hashes.json"  # in cache_root()/tokenizers: "path size mtime_ns inode" -> sha256
+
+
 @functools.lru_cache(maxsize=8)
 def _gguf_sha256(real: str, size: int, mtime_ns: int, inode: int) -> str:
-    """A GGUF's sha256, once per file version in this process (a freeze resolves the tokenizer several times;
-    a model file is hundreds of MB)."""
-    return sha256_file(Path(real))
+    """A GGUF's sha256, once per file version: kept in this process and in cache_root()/tokenizers/GGUF_HASHES
+    by path, size, mtime and inode (a model file is hundreds of MB to GBs: hashed once, not per freeze)."""
+    index = cache_root() / "tokenizers" / GGUF_HASHES
+    k = f"{real} {size} {mtime_ns} {inode}"
+    known = read_json_or_none(index)
+    known = known if isinstance(known, dict) else {}
+    sha = known.get(k)
+    if isinstance(sha, str) and len(sha) == 64:
+        return sha
+    sha = sha256_file(Path(real))
+    with contextlib.suppress(OSError):  # a read-only cache: hashed again next time, nothing lost
+        index.parent.mkdir(parents=True, exist_ok=True)
+        kept = {p: v for p, v in known.items() if not p.startswith(real + " ")}  # the file's older versions go
+        atomic_write(index, orjson.dumps({**kept, k: sha}))
+    return sha
 
 
 def _convert_gguf(path: Path, sha: str, out: Path) -> None:

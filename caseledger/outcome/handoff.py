@@ -63,8 +63,8 @@ def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
     camps = _campaigns(ws)
     tail = _tail(ws, latest, rows, camps)
     text = ""
-    for compact in (False, True):
-        for n in range(MAX_ROWS, -1, -1):  # as many scenario rows as fit the handoff's size
+    for n in range(MAX_ROWS, -1, -1):  # as many scenario rows as fit the handoff's size, compacted if need be
+        for compact in (False, True):
             text = _compose(lines, view, tail, n, others, camps, compact)
             if len(text.encode()) <= MAX_BYTES and text.count("\n") <= MAX_LINES:
                 return text
@@ -208,7 +208,12 @@ def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[s
         f"scenario {name}: {len(view.rows)} case(s), {view.primary_metric} on {view.window}"
         + (f", limits {', '.join(view.limits)}" if view.limits else "")
     ]
-    for r in view.rows[:max_rows]:
+    # the rows the answer rests on first (the winner, a tie, the best), then measured ones, then cases never run
+    rows = sorted(
+        view.rows,
+        key=lambda r: (not (r.best or r.campaign_verdict in ("winner", "tie", "leading")), r.run_id is None),
+    )
+    for r in rows[:max_rows]:
         verdict = r.campaign_verdict or r.decision or r.state
         if r.limits and (br := broken(r.limits)):
             verdict += f" ({br})"

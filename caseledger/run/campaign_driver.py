@@ -156,7 +156,7 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs]) -> str:
     ]
     # the service identity running now: the one of the latest valid run (its load-only neighbours come first)
     live = max(((o.when[-1], o.service_key) for o in obs if o.when), default=(None, None))[1]
-    got = STRATEGIES[camp.search.kind](camp.axes, camp.search, higher, observed, live)
+    got = STRATEGIES[camp.search.kind](camp.axes, camp.search, higher, observed, live, camp.constraints)
     if got is None:
         why = (
             f"converged: it proposes only measured points or service identities it left ({len(obs)} of "
