@@ -340,6 +340,7 @@ def _as_point(row: ScenarioRow, p: PointRow, camp: CampaignView) -> ScenarioRow:
             "limits_met": {v.limit: v.met for v in p.verdicts if v.met},
             "decision": None,
             "settle": None,
+            "why": None,  # a run's own decision against the baseline: the campaign's verdict supersedes it
         }
     )
 
