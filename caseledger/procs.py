@@ -323,11 +323,22 @@ def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:
     return not alive(ref)
 
 
+REAP_WAIT_S = 2.0
+
+
 def _reap(pid: int) -> None:
     """Collect the exit status of `pid` if it is an exited child of this process (no zombie left behind);
-    nothing for another process's child or one still running."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    nothing for another process's child. A multi-threaded child (an engine) reads as a zombie once its main
+    thread exits, but can be reaped only when its last thread has: waited for, at most REAP_WAIT_S."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    while True:
+        try:
+            got, _ = os.waitpid(pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            return  # not our child, or reaped already
+        if got == pid or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 PKG_PARENT = str(Path(__file__).resolve().parent.parent)
