@@ -391,6 +391,20 @@ class CpuSample(TypedDict):
 TOP_OTHERS = 3  # other processes named per sample (the ones that took the most CPU)
 
 
+def others_of(samples: Iterable[Mapping[str, Any]]) -> tuple[float, list[str]]:
+    """Over some CpuSamples (or their load/host.jsonl lines): the other processes' share of all CPU time, and
+    the TOP_OTHERS of them that took the most ('pid 4242 cc1 38%', share of all CPU time)."""
+    rows = list(samples)
+    total = sum(x["total"] for x in rows) or 1
+    share = max(0.0, sum(x["busy"] - x["ours"] for x in rows) / total)
+    took: dict[tuple[int, str], int] = {}
+    for x in rows:
+        for pid, name, ticks in x.get("top") or []:
+            took[(pid, name)] = took.get((pid, name), 0) + ticks
+    most = sorted(took.items(), key=lambda kv: -kv[1])[:TOP_OTHERS]
+    return share, [f"pid {pid} {name} {t / total:.0%}" for (pid, name), t in most]
+
+
 def caseledger_pids(root: Path) -> set[int]:
     """caseledger's own processes for a workspace: those running caseledger (its CLI, its MCP server) with the
     workspace on their command line or as their working directory. Their CPU (an agent's status calls answered)

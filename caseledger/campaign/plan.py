@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from caseledger.campaign.model import Repeats, Scalar, Search
+from caseledger.case.decision import LimitWord
 
-Verdict = Literal["meets", "breaks", "uncertain", "not_observed"]
+Verdict = LimitWord
 
 
 @dataclass(frozen=True)

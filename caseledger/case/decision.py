@@ -23,6 +23,11 @@ def _limit(what: str) -> Any:
     )
 
 
+# A limit checked at a point: within its bound, beyond it, a 95% interval that straddles it (a campaign's pooled
+# figure), or no figure
+LimitWord = Literal["meets", "breaks", "uncertain", "not_observed"]
+
+
 class Limits(SectionModel):
     """Upper bounds on window latency percentiles: a run above one is 'close (limit ...)' whatever its
     throughput, and never the scenario's best."""

@@ -9,6 +9,7 @@ from caseledger.case.model import Case
 from caseledger.metrics._columns import B
 from caseledger.metrics._models import NotObserved
 from caseledger.metrics._result import HostLoad
+from caseledger.procs import others_of
 
 _S = 1e9  # ns per s
 
@@ -56,18 +57,13 @@ def host_load(samples: list[dict[str, Any]]) -> HostLoad | NotObserved:  # JSON:
     total = sum(x["total"] for x in samples)
     if not samples or total <= 0:
         return NotObserved(reason="no host CPU sample inside the window (samples every 0.5 s by a local controller)")
-    busy, ours = sum(x["busy"] for x in samples), sum(x["ours"] for x in samples)
+    ours = sum(x["ours"] for x in samples)
     cores = max(int(x.get("cores", 1)) for x in samples)
     span_s = sum(x["dt_ns"] for x in samples) / _S
-    other = max(0.0, (busy - ours) / total)
+    other, top = others_of(samples)
     client = sum(x["client"] for x in samples) / total * cores
     steal = sum(x.get("steal", 0) for x in samples) / total
     load1 = max(float(x.get("load1", 0.0)) for x in samples)
-    took: dict[tuple[int, str], int] = {}
-    for x in samples:
-        for pid, name, ticks in x.get("top") or []:
-            took[(pid, name)] = took.get((pid, name), 0) + ticks
-    top = [f"pid {pid} {name} {t / total:.0%}" for (pid, name), t in sorted(took.items(), key=lambda kv: -kv[1])[:3]]
     text = (
         f"other processes {other:.0%} of {cores} core(s), caseledger + service {ours / total:.0%}, load client "
         f"{client:.0%} of one core, steal {steal:.0%}, load average up to {load1:.2f} ({len(samples)} samples "

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from caseledger.case.decision import LimitWord
 from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
 from caseledger.metrics import FrozenModel, Interval, NotObserved, Result
@@ -60,7 +61,7 @@ class LimitVerdict(FrozenModel):
     limit: str = Field(description="Limit name, e.g. 'tpot_p99_ms'")
     bound: float = Field(description="Upper bound (ms)")
     value: float | None = Field(description="The window's figure (ms); null: NOT_OBSERVED")
-    verdict: Literal["meets", "breaks", "uncertain", "not_observed"] = Field(
+    verdict: LimitWord = Field(
         description="value <= bound, above it, or unknown; for a campaign's point (pooled over its valid runs): "
         "uncertain when the 95% interval straddles the bound"
     )
@@ -164,9 +165,7 @@ def limit_verdicts(case: Case, result: Result | None) -> list[LimitVerdict]:
     out: list[LimitVerdict] = []
     for name, bound in case.decision.limits.bounds().items():
         value = w.number(LIMITS[name])
-        verdict: Literal["meets", "breaks", "not_observed"] = (
-            "not_observed" if value is None else "meets" if value <= bound else "breaks"
-        )
+        verdict: LimitWord = "not_observed" if value is None else "meets" if value <= bound else "breaks"
         out.append(LimitVerdict(limit=name, bound=bound, value=value, verdict=verdict))
     return out
 

@@ -105,17 +105,11 @@ def wait_quiet(run: Run, event: Callable[..., None]) -> None:
         if x is not None:
             recent = [*recent, x][-need:]
         if len(recent) >= need:
-            total = sum(r["total"] for r in recent) or 1
-            share = max(0.0, sum(r["busy"] - r["ours"] for r in recent) / total)
+            share = procs.others_of(recent)[0]
             quiet = share <= limit
         if quiet or time.monotonic() - start >= bound:
             break
-    took: dict[tuple[int, str], int] = {}
-    for r in recent:
-        for pid, name, ticks in r["top"]:
-            took[(pid, name)] = took.get((pid, name), 0) + ticks
-    total = sum(r["total"] for r in recent) or 1
-    top = [f"pid {p} {n} {t / total:.0%}" for (p, n), t in sorted(took.items(), key=lambda kv: -kv[1])[:3]]
+    top = procs.others_of(recent)[1]
     event(
         "host_quiet_wait",
         phase="load",
