@@ -9,6 +9,7 @@ import pytest
 
 
 @pytest.mark.integration
+@pytest.mark.quiet  # the demo freezes its cases in its own process, on the default contention threshold
 def test_demo_prints_the_comparison_and_leaves_nothing_running() -> None:
     before = set(_caseledger_pids())
     p = subprocess.run([sys.executable, "-m", "caseledger", "demo"], capture_output=True, text=True, timeout=600)

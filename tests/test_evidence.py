@@ -359,6 +359,7 @@ def test_a_stopped_controller_is_named_with_its_pid_and_the_one_thing_to_do(
 
 
 @pytest.mark.processes  # the host is sampled while a detached client loads
+@pytest.mark.quiet  # the hog is the only other process: another test's CPU would be named too
 def test_a_cpu_hog_on_the_load_host_is_named_in_the_report_and_the_decision(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
@@ -512,6 +513,7 @@ def test_each_request_is_checked_against_the_max_tokens_it_asked() -> None:
 
 
 @pytest.mark.integration  # real processes on this host, sampled from /proc
+@pytest.mark.quiet
 def test_caseledger_of_this_workspace_counts_as_ours_and_the_other_processes_are_named(tmp_path: Path) -> None:
     """A process running caseledger for this workspace (an MCP server answering status calls) is the
     measurement's own; a busy process beside it is 'other' and named by pid and command."""
@@ -540,6 +542,7 @@ def test_caseledger_of_this_workspace_counts_as_ours_and_the_other_processes_are
 
 
 @pytest.mark.integration
+@pytest.mark.quiet  # the wait ends when the host is quiet: another test's load would prolong it
 def test_a_run_waits_bounded_for_a_quiet_host_and_records_what_it_saw(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

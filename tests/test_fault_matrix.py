@@ -564,7 +564,7 @@ def test_torn_events_line_after_a_failure(
 
 # -------------------------------------------------------------------- 8. two workspaces racing for one target
 
-TRIALS = 20
+TRIALS = 10  # each trial is a whole run (2-3 s) racing from two processes
 
 
 def test_two_workspaces_race_for_one_target(tmp_path: Path, fault_matrix: dict[str, dict[str, bool]]) -> None:

@@ -266,7 +266,7 @@ def _limit(limit: str, bound: float, values: list[float], pool: list[dict[str, F
         return planner.LimitObs(bound=bound, values=values, half_width=None)
     from caseledger.metrics import pooled  # lazy: numpy, only where a limit's samples are pooled
 
-    iv = pooled(f"{m.figure}_{m.stat}", pool) if pool and m.figure in pool[0] else None
+    iv = pooled(f"{m.figure}_{m.stat}", pool) if any(m.figure in p for p in pool) else None
     if not isinstance(iv, Interval):
         return planner.LimitObs(bound=bound, values=values, half_width=None)
     return planner.LimitObs(

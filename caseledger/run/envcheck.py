@@ -18,6 +18,7 @@ from caseledger.load.parts import HEARTBEAT_ENV
 from caseledger.load.transport import TRANSPORT_ENV, TRANSPORTS
 from caseledger.run.load_watch import QUIET_WAIT_ENV
 from caseledger.run.policy import CALLER_ENV, CALLERS
+from caseledger.run.remote_hosts import ARMED_SLACK_ENV
 from caseledger.services.lease_host import ENV_DIR as ENV_LEASE_HOST_DIR
 from caseledger.workspace.files import ENV_LOCK_TIMEOUT
 
@@ -55,6 +56,7 @@ CHECKS: dict[str, tuple[Callable[[str], str | None], str]] = {
     ENV_LEASE_S: (_number(3, 3600), "unset it (default 30) or set seconds between 3 and 3600"),
     ENV_LOCK_TIMEOUT: (_number(0.001, 86_400), "unset it (default 30) or set positive seconds"),
     HEARTBEAT_ENV: (_number(0.001, 86_400), "unset it: the controller sets it for the clients it starts"),
+    ARMED_SLACK_ENV: (_number(1, 3600), "unset it (default 30) or set seconds between 1 and 3600"),
     ENV_HOST_DIR: (_absolute, "unset it or set an absolute directory"),
     ENV_LEASE_HOST_DIR: (_absolute, "unset it or set an absolute directory on the lease host"),
     FAULT_ENV: (_faults, "unset it: fault injection is for the tests"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -48,12 +49,14 @@ ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # the client waits for load/go (or load/abo
 # a live controller touches it at each readiness poll (measured in tests/test_remote_load.py: a process's ready ->
 # the go 0.7-2.6 s, polls every ~0.15 s), and one whose link fails retries for load.host.reconnect_s before it gives
 # up; the slack covers a stalled controller (a CPU-starved host, a slow fsync) and the go's own call.
+# A host whose controller is never starved may set a shorter slack (CASELEDGER_ARMED_SLACK_S, checked at start).
 ARMED_SLACK_S = 30.0
+ARMED_SLACK_ENV = "CASELEDGER_ARMED_SLACK_S"
 
 
 def armed_bound_s(host: LoadHost) -> float:
     """How long an armed process on this load host waits for the go without a heartbeat (HEARTBEAT_ENV)."""
-    return host.reconnect_s + ARMED_SLACK_S
+    return host.reconnect_s + float(os.environ.get(ARMED_SLACK_ENV) or ARMED_SLACK_S)
 
 
 _GO_PY = (
