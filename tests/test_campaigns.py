@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -805,4 +806,56 @@ def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_ot
         c.check("starts", len(bad.run_ids) == 2 and 2 <= len(starts) <= bound, (bad.run_ids, len(starts)))
         c.check("count", bad.sent == 0 and sum(phase_status(ws, r).sent_all for r in bad.run_ids) == 0, bad)
         c.check("decide", view.winner == f.points["crash_after=1000000"] and view.complete, view.text())
+        c.check("one", bool(assert_one_answer(ws, f.campaign_id)))
+
+
+@pytest.mark.integration
+@pytest.mark.processes  # the detached driver and controllers hold their own index connections when it goes
+@pytest.mark.parametrize("damage", ["deleted", "garbage"])
+def test_an_index_deleted_or_corrupted_mid_campaign_changes_no_answer_and_measures_no_point_twice(
+    ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]], damage: str
+) -> None:
+    """The index (ledger/index.sqlite, a cache of the run files) is deleted, or replaced by garbage, once the
+    campaign's first point has ended, while the driver runs: the campaign ends with every point measured as
+    planned and none twice, the index is rebuilt with every run, and every view gives the one answer."""
+    import threading
+
+    from caseledger.ledger import indexdb
+    from caseledger.ledger.index import open_index
+    from tests.test_fault_matrix import cell
+
+    authorization.set_mode(ws, "auto")
+    port = free_port()
+    d = _campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    f = freeze_any(ws, draft=d)
+    assert isinstance(f, CampaignFrozen)
+    path = indexdb.path_of(ws.ledger)
+    damaged: list[int] = []
+
+    def damage_after_the_first_point() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(e["type"] == "point_ended" for e in driver_events(ws, f.campaign_id)):
+                for suffix in ("", "-wal", "-shm"):
+                    Path(str(path) + suffix).unlink(missing_ok=True)
+                if damage == "garbage":
+                    path.write_bytes(b"not a database " * 100)
+                damaged.append(len(scan_runs(ws).metas))
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=damage_after_the_first_point, daemon=True)
+    with cell(fault_matrix, f"index {damage} mid-campaign") as c:
+        t.start()
+        start_any(ws, f.campaign_id)
+        view = _until_complete(ws, f.campaign_id)
+        t.join(5)
+        c.check("ran", damaged and damaged[0] < len(scan_runs(ws).metas), (damaged, view.text()))
+        started = [e["run_id"] for e in driver_events(ws, f.campaign_id) if e["type"] == "point_started"]
+        listed = sorted(rid for r in view.rows for rid in r.run_ids)
+        c.check("once", sorted(started) == listed and len(set(started)) == len(started), (started, listed))
+        c.check("state", view.complete and all(r.runs >= 1 for r in view.rows), view.text())
+        c.check("count", _formal(port) == 32 * len(listed), (stats(port), listed))
+        with open_index(ws) as idx:
+            c.check("repair", idx.count() == len(list(ws.runs_dir.iterdir())), idx.count())
         c.check("one", bool(assert_one_answer(ws, f.campaign_id)))
