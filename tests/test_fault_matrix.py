@@ -23,6 +23,7 @@ Every cell records its checks into the session's matrix (tests/conftest.py print
   kept     the superseded load attempt is kept and marked
   missing  status lists the missing evidence
   repair   restoring the evidence makes the repair work
+  step     the clock step was in effect (a process under it read the wall clock an hour off)
 """
 
 from __future__ import annotations
@@ -715,3 +716,86 @@ def test_changed_and_deleted_evidence(
         paths.phase_file("service").unlink()
         s = phase_status(ws, r.run_id)
         c.check("missing", s.missing_evidence == ["phases/service.json"] and "missing evidence" in s.text(), s.text())
+
+
+# ------------------------------------------------------------------------------- 12. a clock step during a lease
+
+
+def faketime() -> str:
+    """libfaketime's wrapper (Debian's `faketime`): skipped when missing, failed under CASELEDGER_REQUIRE_FAKETIME=1
+    (set by .ci/run, which installs it)."""
+    import shutil
+
+    found = shutil.which("faketime")
+    if found is None:
+        msg = "no faketime on PATH (apt-get install faketime)"
+        if os.environ.get("CASELEDGER_REQUIRE_FAKETIME") == "1":
+            pytest.fail(f"CASELEDGER_REQUIRE_FAKETIME=1 but {msg}")
+        pytest.skip(msg)
+    return found
+
+
+def cli_under_clock(step: str, ws: Workspace, *args: str) -> Any:
+    """`caseledger --workspace WS ARGS` with its wall clock (and its children's) stepped by `step` ('+1h'): what an
+    NTP step or a hand-set clock does. libfaketime steps the monotonic clock of those processes too (with
+    FAKETIME_DONT_FAKE_MONOTONIC=1 its sleeps fail with EINVAL): the same offset for each, so their intervals hold."""
+    import subprocess
+
+    env = {**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "0"}
+    argv = [faketime(), "-f", step, sys.executable, "-m", "caseledger", "--workspace", str(ws.root), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+def cli_clock(step: str) -> float:
+    """The wall clock a process started as cli_under_clock starts it reads (epoch seconds)."""
+    import subprocess
+
+    env = {**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "0"}
+    argv = [faketime(), "-f", step, sys.executable, "-c", "import time; print(time.time())"]
+    return float(subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, check=True).stdout)
+
+
+def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
+    tmp_path: Path, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
+    """Run A is started by a process whose clock is an hour behind (the lease it writes first expired an hour
+    ago by the true clock, until A's controller renews it); while A loads, B tries the same target with its clock
+    an hour ahead (A's lease reads as expired an hour ago), and once at the true time: both are refused (A's
+    processes are alive), the target counts one load, and B runs once A is done."""
+    faketime()
+    slow = {**FAST, "decode_step_s": 0.04, "decode_step_per_seq_s": 0.0}
+    with reference_targets({"t": slow}, tmp_path / "targets") as served:
+        port = int(served["t"].url.rsplit(":", 1)[1])
+        draft = ref_draft(port, service={"adapter": "external"}, load={"requests": 16, "concurrency": 2})
+        wss = []
+        for name in ("a", "b"):
+            w = Workspace(tmp_path / name)
+            (w.root / "cases").mkdir(parents=True)
+            authorization.set_mode(w, "auto")
+            wss.append((w, freeze_case(w, draft=draft).case_id))
+        (a, ca), (b, cb) = wss
+        with cell(fault_matrix, "clock stepped 1 h during a lease") as c:
+            got = cli_under_clock("-1h", a, "--json", "run", ca)
+            c.check("ran", got.returncode == 0, got.stdout[-800:] + got.stderr[-800:])
+            rid = orjson.loads(got.stdout)["run_id"]
+            wait_until(lambda: phase_status(a, rid).done >= 2, 60, "A's load under way")
+            # B's clock reads A's lease (renewed LEASE_S ahead by A's controller) as expired an hour ago: only
+            # A's live processes keep the target
+            seen = cli_clock("+1h") - time.time()
+            c.check("step", 3500 < seen < 3700, seen)
+            ahead = cli_under_clock("+1h", b, "run", cb)
+            c.check("refused", ahead.returncode != 0 and "held" in (ahead.stdout + ahead.stderr).lower(), ahead)
+            try:
+                start_run(b, cb)
+                c.check("one", False, "B started beside A at the true time")
+            except TargetHeld as e:
+                c.check("one", rid in str(e), str(e))
+            c.check("tree", runs_of(b) == 0, runs_of(b))
+            s = wait_until(lambda: (x := phase_status(a, rid)).state == "succeeded" and not x.owner_alive and x, 90)
+            c.check("count", by_phase(port) == 16, (stats(port), s.text()))
+            after = cli_under_clock("+1h", b, "--json", "run", cb)
+            rb = orjson.loads(after.stdout)["run_id"] if after.returncode == 0 else None
+            done = rb is not None and wait_until(lambda: phase_status(b, rb).state == "succeeded", 90, "B's run")
+            c.check(
+                "once", bool(done) and by_phase(port) == 32, (after.stdout[-500:], after.stderr[-500:], stats(port))
+            )
