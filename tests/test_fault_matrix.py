@@ -799,3 +799,67 @@ def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
             c.check(
                 "once", bool(done) and by_phase(port) == 32, (after.stdout[-500:], after.stderr[-500:], stats(port))
             )
+
+
+# ------------------------------------------------------------------------------ 13. concurrent CLI and MCP writers
+
+
+def test_the_cli_and_an_mcp_server_writing_one_workspace_at_once_lose_and_tear_nothing(
+    ws: Workspace, tmp_path: Path, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
+    """A person's CLI and an agent's MCP server (a real stdio subprocess) write one workspace at the same moment:
+    each freezes the same draft (one case id, one case file), then each starts a run of its own case on its own
+    target and waits for it. Both runs succeed, each target counts one load, every event line parses, the
+    index lists both runs and HANDOFF.md names both scenarios."""
+    import subprocess
+
+    from caseledger.ledger.index import open_index
+
+    with reference_targets({"cli": FAST, "mcp": FAST}, tmp_path / "targets") as served:
+        ports = {k: int(s.url.rsplit(":", 1)[1]) for k, s in served.items()}
+        drafts = {k: ref_draft(p, scenario=f"writer-{k}", service={"adapter": "external"}) for k, p in ports.items()}
+        for k, d in drafts.items():
+            (ws.cases_dir / f"{k}.json").write_bytes(orjson.dumps(d))
+        (ws.cases_dir / "shared.json").write_bytes(orjson.dumps(drafts["cli"]))
+        params = StdioServerParameters(
+            command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)], env=dict(os.environ)
+        )
+        cli = [sys.executable, "-m", "caseledger", "--workspace", str(ws.root), "--json"]
+        out: dict[str, Any] = {}
+
+        def by_cli() -> None:
+            shared = subprocess.run([*cli, "freeze", "cases/shared.json"], capture_output=True, text=True)
+            own = subprocess.run([*cli, "freeze", "cases/cli.json"], capture_output=True, text=True)
+            out["cli_shared"] = orjson.loads(shared.stdout)["case_id"]
+            cid = orjson.loads(own.stdout)["case_id"]
+            run = subprocess.run([*cli, "run", "--wait", cid], capture_output=True, text=True, timeout=120)
+            out["cli_run"] = orjson.loads(run.stdout) if run.returncode == 0 else run.stdout + run.stderr
+
+        async def by_mcp() -> None:
+            async with Client(params) as client:
+                shared = await client.call_tool("freeze_case", {"path": "cases/shared.json"})
+                own = await client.call_tool("freeze_case", {"path": "cases/mcp.json"})
+                assert shared.structured_content and own.structured_content
+                out["mcp_shared"] = shared.structured_content["case_id"]
+                r = await client.call_tool("start_run", {"case_id": own.structured_content["case_id"]})
+                got = r.structured_content or {"error": str(r.content)}
+                for _ in range(10):  # a bounded wait per call, as an agent waits
+                    if "run_id" not in got or got.get("state") in ("succeeded", "failed"):
+                        break
+                    st = await client.call_tool("phase_status", {"run_id": got["run_id"], "wait_s": 30})
+                    got = {**got, **(st.structured_content or {})}
+                out["mcp_run"] = got
+
+        with cell(fault_matrix, "CLI and MCP server write one workspace at once") as c:
+            race(by_cli, lambda: anyio.run(by_mcp))
+            c.check("one", out.get("cli_shared") == out.get("mcp_shared") is not None, out)
+            runs = [out.get("cli_run"), out.get("mcp_run")]
+            c.check("state", all(isinstance(r, dict) and r.get("state") == "succeeded" for r in runs), runs)
+            c.check("count", all(by_phase(p) == N for p in ports.values()), {k: stats(p) for k, p in ports.items()})
+            ids = [r["run_id"] for r in runs if isinstance(r, dict)]
+            torn = [rid for rid in ids if (e := read_events(ws.run(rid))).torn_tail or e.bad_lines]
+            c.check("event", len(ids) == 2 and not torn, (ids, torn))
+            with open_index(ws) as idx:
+                c.check("tree", idx.count() == 2 == runs_of(ws), (idx.count(), runs_of(ws)))
+            text = ws.handoff.read_text()
+            c.check("handoff", "writer-cli" in text and "writer-mcp" in text, text[:1500])
