@@ -122,3 +122,55 @@ def test_raw_space_is_reserved_or_refused(small_ws: Workspace) -> None:
         assert not reserve(fd, 4 << 20)  # no room for more: refused, not an error
     finally:
         os.close(fd)
+
+
+@pytest.mark.processes  # the detached driver holds while the disk is full
+def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and_gives_no_point_up(
+    small_ws: Workspace, fault_matrix: dict[str, dict[str, bool]]
+) -> None:
+    """The workspace's disk fills once the campaign's first point has ended and stays full for 4 s: the driver
+    starts and resumes no point meanwhile (each would fail [disk] at once and spend its attempts), goes on by
+    itself once space is free, and every point is measured; the target counts what the ledger reports."""
+    import threading
+    import time
+
+    from caseledger.campaign.store import driver_events
+    from caseledger.ledger.runs import scan_runs
+    from caseledger.tools import freeze_any, start_any
+    from tests.conftest import assert_one_answer
+    from tests.test_campaigns import _campaign, _formal, _until_complete
+
+    ws, port = small_ws, free_port()
+    d = _campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    f = freeze_any(ws, draft=d)
+    filler = ws.root / "filler"
+    filler.mkdir()
+    seen: dict[str, int] = {}
+
+    def fill_after_the_first_point() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(e["type"] == "point_ended" for e in driver_events(ws, f.campaign_id)):
+                fill_disk(filler)
+                seen["at_full"] = len(scan_runs(ws).metas)
+                time.sleep(4)
+                seen["before_free"] = len(scan_runs(ws).metas)
+                (filler / FILLER).unlink()
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=fill_after_the_first_point, daemon=True)
+    with cell(fault_matrix, "disk full mid-campaign (tmpfs)") as c:
+        t.start()
+        start_any(ws, f.campaign_id)
+        view = _until_complete(ws, f.campaign_id, timeout_s=120)
+        t.join(10)
+        c.check("ran", "before_free" in seen, seen)
+        # a point launched as the disk filled may fail [disk]; none starts while it stays full
+        c.check("held", seen.get("before_free", 99) - seen.get("at_full", 0) <= 1, seen)
+        c.check("state", view.complete and all(r.status == "measured" for r in view.rows), view.text())
+        runs = sum(len(r.run_ids) for r in view.rows)
+        c.check("count", _formal(port) == sum(r.sent for r in view.rows) == view.progress["sent"] >= 32 * 3, runs)
+        waited = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "disk_waited"]
+        c.check("event", len(waited) == 1 and waited[0]["seconds"] >= 2, waited)
+        c.check("one", bool(assert_one_answer(ws, f.campaign_id)))

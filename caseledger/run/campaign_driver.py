@@ -13,9 +13,12 @@ authorization or a target held by another owner (another campaign) starts no poi
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -43,7 +46,7 @@ from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
-from caseledger.ledger import authorization
+from caseledger.ledger import authorization, indexdb
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.outcome import handoff
@@ -59,6 +62,9 @@ RESUMES_PER_RUN = 2
 DISTORTED_PAUSE_S, DISTORTED_PAUSE_MAX_S = 10.0, 60.0  # before repeating a point a busy host distorted
 # before sending an overloaded point's load again (429/503 answers): doubled per attempt without a result
 OVERLOAD_BACKOFF_S, OVERLOAD_BACKOFF_MAX_S = 5.0, 120.0
+# a workspace with less free space than this starts and resumes no point (each would fail [disk] at once and spend
+# the point's attempts): the driver waits for space, since freeing it is the one thing to do
+DISK_FLOOR_BYTES = 16 << 20
 # failure classes a resume repairs without a changed case (DESIGN.md: failure classes and what resume does)
 _REPAIRABLE = {"service", "collect", "end_unknown", "overload", "disk"}
 
@@ -248,7 +254,15 @@ def drive(ws: Workspace, gid: str) -> int:
                 _note_wait(ws, gid, "authorization paused: no new point starts")
                 time.sleep(WAIT_S)
                 continue
-            step = _step(ws, gid, resumed)
+            if _waiting_for_disk(ws, gid):
+                time.sleep(WAIT_S)
+                continue
+            try:
+                step = _step(ws, gid, resumed)
+            except (OSError, sqlite3.OperationalError) as e:  # the disk filled during the step: wait for space
+                if not _full(e):
+                    raise
+                step = "wait"
             if step == "done":
                 break
             if step == "wait":
@@ -268,6 +282,31 @@ def drive(ws: Workspace, gid: str) -> int:
             handoff.refresh(ws)
         _draw_charts(ws, gid)
     return 0
+
+
+_DISK_WAIT: dict[str, float] = {}  # campaign -> when its driver began to wait for disk space (monotonic)
+_DISK_FREE: dict[str, int] = {}  # campaign -> the bytes free when that wait began
+
+
+def _full(e: OSError | sqlite3.OperationalError) -> bool:
+    """A full disk (or quota) said by the OS or by SQLite (the index)."""
+    if isinstance(e, sqlite3.OperationalError):
+        return indexdb.disk_full(e)
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _waiting_for_disk(ws: Workspace, gid: str) -> bool:
+    """True while the workspace's disk has less than DISK_FLOOR_BYTES free. The wait is recorded when it ends
+    (an event written on a full disk would fail): how long, and how much was free at its start."""
+    free = shutil.disk_usage(ws.ledger).free
+    if free < DISK_FLOOR_BYTES:
+        _DISK_WAIT.setdefault(gid, time.monotonic())
+        _DISK_FREE.setdefault(gid, free)
+        return True
+    if gid in _DISK_WAIT:
+        waited = time.monotonic() - _DISK_WAIT.pop(gid)
+        event(ws, gid, "disk_waited", seconds=round(waited, 1), free_bytes_at_start=_DISK_FREE.pop(gid, 0))
+    return False
 
 
 class _Stop(BaseException):
