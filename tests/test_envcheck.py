@@ -17,6 +17,7 @@ GARBAGE = {
     "CASELEDGER_LOCK_TIMEOUT_S": ("soon", "is not a number"),
     "CASELEDGER_LOAD_HEARTBEAT_S": ("inf", "is outside"),
     "CASELEDGER_ARMED_SLACK_S": ("0.5", "is outside 1..3600"),
+    "CASELEDGER_CHART_AFTER_RUN": ("yes", "is not one of 0, 1"),
     "CASELEDGER_HOST_DIR": ("relative/dir", "is not an absolute path"),
     "CASELEDGER_LEASE_HOST_DIR": ("~/leases", "is not an absolute path"),
     "CASELEDGER_FAULT": ("nonsense", "is not a comma list of component:action[=value]"),

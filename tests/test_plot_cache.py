@@ -5,6 +5,7 @@ open per thread is reopened when the file is replaced."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,10 @@ anyio.run(main)
 
 @pytest.mark.processes  # the detached controller draws the chart
 @pytest.mark.integration
-def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_only_reads_it(tmp_path: Path) -> None:
+def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_only_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CASELEDGER_CHART_AFTER_RUN", "1")  # the product's default (the suite sets 0)
     import subprocess
     import sys
     import time
@@ -149,10 +153,13 @@ def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_onl
 
 
 @pytest.mark.integration
-def test_a_chart_that_cannot_be_drawn_is_noted_and_never_fails_the_caller(tmp_path: Path) -> None:
+def test_a_chart_that_cannot_be_drawn_is_noted_and_never_fails_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import subprocess
     import sys
 
+    monkeypatch.setenv("CASELEDGER_CHART_AFTER_RUN", "1")  # the product's default (the suite sets 0)
     (tmp_path / "cases").mkdir()
     code = (
         "import sys; from caseledger.run.controller import draw_chart; from caseledger.workspace import Workspace; "
@@ -161,4 +168,7 @@ def test_a_chart_that_cannot_be_drawn_is_noted_and_never_fails_the_caller(tmp_pa
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "returned", p.stderr[-2000:]
     assert "controller: scenario chart not drawn: " in p.stderr
+    off = {**os.environ, "CASELEDGER_CHART_AFTER_RUN": "0"}  # no drawing tried at all
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=off)
+    assert p.returncode == 0 and p.stdout.strip() == "returned" and "not drawn" not in p.stderr, p.stderr[-2000:]
     assert not (tmp_path / "ledger" / "reports").exists() or not list((tmp_path / "ledger" / "reports").iterdir())

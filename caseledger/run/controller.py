@@ -52,6 +52,7 @@ from caseledger.ledger.state import PhaseState, client_refs, fold
 from caseledger.outcome import handoff
 from caseledger.run import after_load, load_parts, phases, prepare, remote_load
 from caseledger.run import lease as run_lease
+from caseledger.run.envcheck import CHART_ENV
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, read_ref, write_json
@@ -68,11 +69,14 @@ DRIVEN_BY = "CASELEDGER_CAMPAIGN_DRIVER"
 
 def draw_chart(ws: Workspace, scenario: str) -> None:
     """Draw the scenario's chart for the result this run added, so the next summarize (MCP or CLI) finds it on disk
-    instead of paying matplotlib and the drawing (~1.7 s) in the call. Last and at the lowest CPU priority: after
+    instead of paying matplotlib and the drawing (~1.7 s) in the call (not with CASELEDGER_CHART_AFTER_RUN=0).
+    Last and at the lowest CPU priority: after
     the outcome is recorded and the lease released, so a run starting meanwhile keeps the cores. Skipped for the
     point of a driven campaign (its driver draws once when it ends, not between points). Derived only: a failure
     is noted in the controller's log and never changes the run's outcome."""
     if os.environ.get(DRIVEN_BY) or procs.inline():  # inline: the caller's process is no place for nice 19
+        return
+    if os.environ.get(CHART_ENV) == "0":
         return
     try:
         os.nice(19)

@@ -22,6 +22,10 @@ from caseledger.run.remote_hosts import ARMED_SLACK_ENV
 from caseledger.services.lease_host import ENV_DIR as ENV_LEASE_HOST_DIR
 from caseledger.workspace.files import ENV_LOCK_TIMEOUT
 
+# 0: no scenario chart drawn by a run's controller when it ends (the first summarize that shows it draws it): for a
+# host where back-to-back runs should not share their cores with the drawing, and for the suite (run/controller.py)
+CHART_ENV = "CASELEDGER_CHART_AFTER_RUN"
+
 
 def _number(low: float, high: float) -> Callable[[str], str | None]:
     def check(v: str) -> str | None:
@@ -57,6 +61,7 @@ CHECKS: dict[str, tuple[Callable[[str], str | None], str]] = {
     ENV_LOCK_TIMEOUT: (_number(0.001, 86_400), "unset it (default 30) or set positive seconds"),
     HEARTBEAT_ENV: (_number(0.001, 86_400), "unset it: the controller sets it for the clients it starts"),
     ARMED_SLACK_ENV: (_number(1, 3600), "unset it (default 30) or set seconds between 1 and 3600"),
+    CHART_ENV: (_one_of("0", "1"), "unset it (default 1: draw the scenario chart after a run) or set 0 or 1"),
     ENV_HOST_DIR: (_absolute, "unset it or set an absolute directory"),
     ENV_LEASE_HOST_DIR: (_absolute, "unset it or set an absolute directory on the lease host"),
     FAULT_ENV: (_faults, "unset it: fault injection is for the tests"),
