@@ -17,6 +17,7 @@ import pytest
 
 from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
+from caseledger.ledger.events import read_events
 from caseledger.metrics import NotObserved, Throughput, columns_from_records, compute_result
 from caseledger.metrics._checks import check_counts
 from caseledger.records import RawRecord, read_records
@@ -291,6 +292,10 @@ def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlo
             s = settled(ws, r.run_id)
             c.check("class", s.state == "failed" and s.failure_class == "service", s.text())
             c.check("plan", s.next_restarts_service and s.resume_runs[:1] == ["service"], s.text())
+            # the controller ended the load once the engine had been stopped 5 s: not every queued request
+            # waited out its timeout in turn
+            early = [e for e in read_events(ws.run(r.run_id)).events if e["type"] == "load_ended_early"]
+            c.check("early", len(early) == 1 and "stopped (SIGSTOP)" in early[0]["data"]["why"] and s.sent < 40, early)
             res = resume(ws, r.run_id, wait=True)
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -549,7 +554,6 @@ def test_a_run_waits_bounded_for_a_quiet_host_and_records_what_it_saw(
     """CASELEDGER_QUIET_WAIT_S: before the formal load the run waits, at most that long, for other processes to
     leave the host; the wait is an event with the share and the processes that took it. A quiet host costs about
     QUIET_SPAN_S; a busy one the whole bound, then the load runs and its window is judged as ever."""
-    from caseledger.ledger.events import read_events
     from caseledger.run.load_watch import QUIET_SPAN_S
 
     monkeypatch.setenv("CASELEDGER_QUIET_WAIT_S", "4")

@@ -24,6 +24,8 @@ Every cell records its checks into the session's matrix (tests/conftest.py print
   missing  status lists the missing evidence
   repair   restoring the evidence makes the repair work
   step     the clock step was in effect (a process under it read the wall clock an hour off)
+  early    the controller ended the load of a stopped engine early (a load_ended_early event), not after every
+           queued request had waited out its timeout
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, and a
-client whose process is stopped (recorded as events, and as the load evidence's client_stopped_s)."""
+"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, a client
+whose process is stopped (recorded as events, and as the load evidence's client_stopped_s), and a local service
+stopped long enough that the load is ended early."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -15,8 +17,15 @@ from caseledger.case.plan import Phase
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
+from caseledger.services.identity import units
+from caseledger.services.kinds import adapter_of
+from caseledger.services.live import read_state, remote_of
 
 STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (status shows it at once)
+# A local service stopped (SIGSTOP) this long under a formal load: its requests can only wait out their timeouts
+# (N/C of them in turn, for hours at an engine's usual timeout_s), so the controller ends the load; it fails
+# [service] and resume replaces the service and sends the load again as a new attempt.
+SERVICE_STOPPED_S = 5.0
 HOST_SAMPLE_S = 0.5
 # Before the formal load, wait up to this many seconds for the host to be quiet (other processes at most
 # measurement.evidence.max_other_cpu_share of its CPU over QUIET_SPAN_S); unset or 0: no wait. The wait and what it
@@ -45,6 +54,9 @@ class LoadWatch:
         self.recorded = False  # this stop was recorded as an event
         self.stops: list[float] = []  # seconds of each recorded stop (the load evidence's client_stopped_s)
         self.fd = os.open(self.paths.load_host, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.services = _local_services(run)
+        self.service_stopped_since: float | None = None  # when a service process was first seen stopped
+        self.ended_early = False  # the clients were told to end because of it
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -54,6 +66,7 @@ class LoadWatch:
             if sample is not None:
                 with contextlib.suppress(OSError):  # evidence about the host, never a reason to stop the load
                     os.write(self.fd, orjson.dumps(sample) + b"\n")
+        self._end_if_service_stopped()
         if procs.stopped(self.client) or any(procs.stopped(c) for c in self.more):
             self.stopped_since = now if self.stopped_since is None else self.stopped_since
             if not self.recorded and now - self.stopped_since >= STALL_EVENT_S:
@@ -67,8 +80,43 @@ class LoadWatch:
                 self.event("load_client_continued", phase="load", data={"stopped_s": self.stops[-1]})
             self.stopped_since, self.recorded = None, False
 
+    def _end_if_service_stopped(self) -> None:
+        """A local service process stopped for SERVICE_STOPPED_S or longer: the clients are told to end (SIGTERM:
+        each records what is in flight and writes its end file, judged as any other), once, with an event."""
+        if self.ended_early:
+            return
+        now = time.monotonic()
+        held = [ref for ref in self.services if procs.stopped(ref)]
+        if not held:
+            self.service_stopped_since = None
+            return
+        self.service_stopped_since = self.service_stopped_since or now
+        if now - self.service_stopped_since < SERVICE_STOPPED_S:
+            return
+        self.ended_early = True
+        pids = ", ".join(str(ref["pid"]) for ref in held)
+        why = f"the service (pid {pids}) has been stopped (SIGSTOP) for {now - self.service_stopped_since:.0f} s"
+        self.event("load_ended_early", phase="load", data={"why": why})
+        if not procs.inline():  # an inline client has returned before the controller watches
+            for ref in [self.client, *self.more]:
+                if ref is not None:
+                    procs.terminate(ref, grace_s=5.0)
+
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _local_services(run: Run) -> list[dict[str, Any]]:  # JSON: the services' recorded process refs
+    """The process refs of this run's local service units (a remote one is not ours to read in /proc)."""
+    if not adapter_of(run.case).launched:
+        return []
+    out = []
+    for u in units(run.case):
+        st = read_state(run.workspace, u.key(run.meta.target_key or ""))
+        proc = st.get("proc")
+        if proc is not None and remote_of(st) is None:
+            out.append(dict(proc))
+    return out
 
 
 def _our_sessions(run: Run, client: LoadRef | None, more: list[LoadRef] | None = None) -> set[int]:
