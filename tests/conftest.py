@@ -193,7 +193,7 @@ def _tier(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"a fast-tier test started a process ({_FAST_SPAWNED[0]}): mark it integration", pytrace=False)
 
 
-# The README's command runs every test but the `quiet` ones two at a time (pytest -n 2): there, the other worker's
+# The README's command runs every test but the `quiet` ones four at a time (pytest -n 4): there, the other workers'
 # tests are a contended host. In that pass each case a test freezes accepts it (measurement.evidence.
 # max_other_cpu_share 1, unless the draft sets its own), as a person measuring on a shared host would declare; the
 # tests of the contention check itself, the engines and whatever freezes its case in another process (the CLI, the
@@ -346,7 +346,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.integration)
             else:
                 item.add_marker(pytest.mark.fast)
-    # the heaviest modules first, each kept whole (its module fixtures start once per worker): with -n 2, a long
+    # the heaviest modules first, each kept whole (its module fixtures start once per worker): under -n, a long
     # test taken last would leave the other worker idle (the longest, a campaign or a lease race, take 30-60 s)
     weight: dict[str, float] = {}
     for item in items:
