@@ -104,13 +104,32 @@ def stop_services(ws: Workspace) -> Iterator[None]:
 def chromium() -> str:
     """The headless browser the report tests open pages in: skipped when missing, failed under
     CASELEDGER_REQUIRE_BROWSER=1 (set by .ci/run, which installs it)."""
-    found = next((p for name in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(name))), None)
+    return required_program(("chromium", "chromium-browser", "google-chrome"), "chromium", "CASELEDGER_REQUIRE_BROWSER")
+
+
+def required_program(names: tuple[str, ...], package: str, require_env: str) -> str:
+    """The first of `names` on PATH: skipped when missing, failed when `require_env` is 1 (.ci/run sets it)."""
+    found = next((p for name in names if (p := shutil.which(name))), None)
     if found is None:
-        msg = "no chromium on PATH (apt-get install chromium)"
-        if os.environ.get("CASELEDGER_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"CASELEDGER_REQUIRE_BROWSER=1 but {msg}")
+        msg = f"no {names[0]} on PATH (apt-get install {package})"
+        if os.environ.get(require_env) == "1":
+            pytest.fail(f"{require_env}=1 but {msg}")
         pytest.skip(msg)
     return found
+
+
+def two_workspaces(root: Path, draft: dict[str, Any]) -> list[tuple[Workspace, str]]:
+    """Workspaces root/a and root/b (authorization auto), each with the draft frozen: (workspace, case id)."""
+    from caseledger.ledger import authorization
+    from caseledger.tools import freeze_case  # lazy: the tools pull numpy; conftest stays light
+
+    out = []
+    for name in ("a", "b"):
+        w = Workspace(root / name)
+        (w.root / "cases").mkdir(parents=True)
+        authorization.set_mode(w, "auto")
+        out.append((w, freeze_case(w, draft=draft).case_id))
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

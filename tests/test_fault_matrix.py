@@ -53,7 +53,16 @@ from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
 from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run, summarize
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats, tree_digest
+from tests.conftest import (
+    free_port,
+    ref_draft,
+    reference_targets,
+    required_program,
+    start_with_fault,
+    stats,
+    tree_digest,
+    two_workspaces,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.processes]  # kills, stops, races: real processes are the point
 
@@ -573,13 +582,7 @@ TRIALS = 10  # each trial is a whole run (2-3 s) racing from two processes
 def test_two_workspaces_race_for_one_target(tmp_path: Path, fault_matrix: dict[str, dict[str, bool]]) -> None:
     with reference_targets({"t": FAST}, tmp_path / "targets") as served:
         port = int(served["t"].url.rsplit(":", 1)[1])
-        draft = ref_draft(port, service={"adapter": "external"})
-        wss = []
-        for name in ("a", "b"):
-            w = Workspace(tmp_path / name)
-            (w.root / "cases").mkdir(parents=True)
-            authorization.set_mode(w, "auto")
-            wss.append((w, freeze_case(w, draft=draft).case_id))
+        wss = two_workspaces(tmp_path, ref_draft(port, service={"adapter": "external"}))
         with cell(fault_matrix, f"two workspaces race one target x{TRIALS}") as c:
             for trial in range(TRIALS):
                 runs_before = [runs_of(w) for w, _ in wss]
@@ -726,15 +729,12 @@ def test_changed_and_deleted_evidence(
 def faketime() -> str:
     """libfaketime's wrapper (Debian's `faketime`): skipped when missing, failed under CASELEDGER_REQUIRE_FAKETIME=1
     (set by .ci/run, which installs it)."""
-    import shutil
+    return required_program(("faketime",), "faketime", "CASELEDGER_REQUIRE_FAKETIME")
 
-    found = shutil.which("faketime")
-    if found is None:
-        msg = "no faketime on PATH (apt-get install faketime)"
-        if os.environ.get("CASELEDGER_REQUIRE_FAKETIME") == "1":
-            pytest.fail(f"CASELEDGER_REQUIRE_FAKETIME=1 but {msg}")
-        pytest.skip(msg)
-    return found
+
+def faketime_env() -> dict[str, str]:
+    """This process's environment (read now: the session's host directory) with both clocks stepped."""
+    return {**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "0"}  # see cli_under_clock
 
 
 def cli_under_clock(step: str, ws: Workspace, *args: str) -> Any:
@@ -743,18 +743,18 @@ def cli_under_clock(step: str, ws: Workspace, *args: str) -> Any:
     FAKETIME_DONT_FAKE_MONOTONIC=1 its sleeps fail with EINVAL): the same offset for each, so their intervals hold."""
     import subprocess
 
-    env = {**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "0"}
     argv = [faketime(), "-f", step, sys.executable, "-m", "caseledger", "--workspace", str(ws.root), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=faketime_env())
 
 
 def cli_clock(step: str) -> float:
     """The wall clock a process started as cli_under_clock starts it reads (epoch seconds)."""
     import subprocess
 
-    env = {**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "0"}
     argv = [faketime(), "-f", step, sys.executable, "-c", "import time; print(time.time())"]
-    return float(subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, check=True).stdout)
+    return float(
+        subprocess.run(argv, capture_output=True, text=True, timeout=30, env=faketime_env(), check=True).stdout
+    )
 
 
 def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
@@ -769,13 +769,7 @@ def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
     with reference_targets({"t": slow}, tmp_path / "targets") as served:
         port = int(served["t"].url.rsplit(":", 1)[1])
         draft = ref_draft(port, service={"adapter": "external"}, load={"requests": 16, "concurrency": 2})
-        wss = []
-        for name in ("a", "b"):
-            w = Workspace(tmp_path / name)
-            (w.root / "cases").mkdir(parents=True)
-            authorization.set_mode(w, "auto")
-            wss.append((w, freeze_case(w, draft=draft).case_id))
-        (a, ca), (b, cb) = wss
+        (a, ca), (b, cb) = two_workspaces(tmp_path, draft)
         with cell(fault_matrix, "clock stepped 1 h during a lease") as c:
             got = cli_under_clock("-1h", a, "--json", "run", ca)
             c.check("ran", got.returncode == 0, got.stdout[-800:] + got.stderr[-800:])
