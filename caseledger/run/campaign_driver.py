@@ -284,8 +284,8 @@ def drive(ws: Workspace, gid: str) -> int:
     return 0
 
 
-_DISK_WAIT: dict[str, float] = {}  # campaign -> when its driver began to wait for disk space (monotonic)
-_DISK_FREE: dict[str, int] = {}  # campaign -> the bytes free when that wait began
+# campaign -> (when its driver began to wait for disk space (monotonic), the bytes free then)
+_DISK_WAIT: dict[str, tuple[float, int]] = {}
 
 
 def _full(e: OSError | sqlite3.OperationalError) -> bool:
@@ -300,12 +300,11 @@ def _waiting_for_disk(ws: Workspace, gid: str) -> bool:
     (an event written on a full disk would fail): how long, and how much was free at its start."""
     free = shutil.disk_usage(ws.ledger).free
     if free < DISK_FLOOR_BYTES:
-        _DISK_WAIT.setdefault(gid, time.monotonic())
-        _DISK_FREE.setdefault(gid, free)
+        _DISK_WAIT.setdefault(gid, (time.monotonic(), free))
         return True
     if gid in _DISK_WAIT:
-        waited = time.monotonic() - _DISK_WAIT.pop(gid)
-        event(ws, gid, "disk_waited", seconds=round(waited, 1), free_bytes_at_start=_DISK_FREE.pop(gid, 0))
+        since, at_start = _DISK_WAIT.pop(gid)
+        event(ws, gid, "disk_waited", seconds=round(time.monotonic() - since, 1), free_bytes_at_start=at_start)
     return False
 
 
