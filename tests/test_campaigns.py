@@ -154,6 +154,14 @@ def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no
     assert "distorted: busy" in pl.given_up[gone.case_id] and gone.case_id not in pl.skipped
 
 
+def test_a_noise_never_measured_reads_unknown_never_zero() -> None:
+    one = replace(_obs(4, [100.0], [5.0], 10.0), interval_rel=None)  # one run, no within-run interval
+    assert one.noise_measured is None and one.noise_rel == 0.0
+    assert planner.pm(None) == "±?" and planner.pm(0.0002) == "±<0.1%" and planner.pm(0.0123) == "±1.2%"
+    two = replace(_obs(4, [100.0, 104.0], [5.0, 5.0], 10.0), interval_rel=None)
+    assert planner.pm(two.noise_measured) == "±2.0%"
+
+
 def test_points_of_the_live_service_run_first() -> None:
     a = planner.PointObs(
         case_id="c-00000000000a",

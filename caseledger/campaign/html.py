@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from caseledger.campaign.plan import pm
 from caseledger.campaign.view import CampaignView
 from caseledger.outcome.flags import Flag
 from caseledger.outcome.html import Chart, charts, e, evidence, page, table
@@ -48,7 +49,7 @@ def render_campaign(view: CampaignView, flags: dict[str, list[Flag]], figures: S
                 r.status,
                 r.runs,
                 r.metric_mean,
-                f"±{r.noise_rel:.1%}" if r.noise_rel is not None else None,
+                pm(r.noise_rel) if r.noise_rel is not None else None,
                 r.run_to_run,
                 "; ".join(f"{k} {v}" for k, v in r.limits.items()) or None,
                 r.meets,

@@ -129,6 +129,11 @@ class PointObs:
         return max(self.interval_rel or 0.0, self.spread_rel or 0.0)
 
     @property
+    def noise_measured(self) -> float | None:
+        """noise_rel when a within-run interval or a run-to-run spread was measured; None: unknown (not zero)."""
+        return self.noise_rel if self.interval_rel is not None or self.spread_rel is not None else None
+
+    @property
     def meets(self) -> bool | None:
         """Every limit's figure (pooled, else the mean over its runs) within its bound, some perhaps uncertain
         (see `uncertain`); None before a valid run."""
@@ -360,6 +365,13 @@ def _by_service(points: list[PointObs]) -> dict[str, list[PointObs]]:
     for p in points:
         out.setdefault(p.service_key, []).append(p)
     return out
+
+
+def pm(rel: float | None) -> str:
+    """A relative noise for people: '±1.2%', '±<0.1%' when it rounds to zero, '±?' when it was not measured."""
+    if rel is None:
+        return "±?"
+    return f"±{rel:.1%}" if rel >= 0.0005 else "±<0.1%"
 
 
 DRIFT_NOISE = 2.0  # a change counts beyond this many times the noise: run-to-run varies more than one run says

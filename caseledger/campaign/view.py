@@ -136,8 +136,8 @@ class CampaignView(FrozenModel):
             for r in self.rows:
                 lim = "; ".join(f"{k} {v}" for k, v in r.limits.items())
                 fig = (
-                    f" {_n(r.metric_mean)} ±{r.noise_rel:.1%} run-to-run {r.run_to_run}"
-                    if r.metric_mean is not None and r.noise_rel is not None
+                    f" {_n(r.metric_mean)} {planner.pm(r.noise_rel)} run-to-run {r.run_to_run}"
+                    if r.metric_mean is not None
                     else ""
                 )
                 n = f" n={r.requests}" if r.requests is not None else ""
@@ -460,7 +460,7 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
         why=why,
         runs=o.runs,
         metric_mean=o.mean,
-        noise_rel=o.noise_rel if o.runs else None,
+        noise_rel=o.noise_measured if o.runs else None,
         run_to_run=rtr,
         limits=limits,
         meets=o.meets,
@@ -509,14 +509,14 @@ def _answer(
             return "no measured point meets every limit", None, []
         return "nothing measured yet", None, []
     lead = by_id[pl.leader]
-    fig = f"{metric} {_n(lead.mean)} ±{lead.noise_rel:.1%} noise"
+    fig = f"{metric} {_n(lead.mean)} {planner.pm(lead.noise_measured)} noise"
     if pl.runner_up is None:
         text = f"winner {lead.label} ({lead.case_id}): {fig}, the only measured point within every limit"
         return text + _unsure([lead]), pl.leader, []
     second = by_id[pl.runner_up]
     vs = (
-        f"runner-up {second.label} {_n(second.mean)} ±{second.noise_rel:.1%}; gap {pl.gap_rel or 0:.1%} vs "
-        f"noise ±{pl.noise_rel or 0:.1%} ({lead.runs} and {second.runs} runs; noise: the larger of the within-run "
+        f"runner-up {second.label} {_n(second.mean)} {planner.pm(second.noise_measured)}; gap {pl.gap_rel or 0:.1%} "
+        f"vs noise {planner.pm(pl.noise_rel)} ({lead.runs} and {second.runs} runs; noise: the larger of the within-run "
         "interval and the run-to-run spread, both sides combined)"
     )
     if pl.tie:
