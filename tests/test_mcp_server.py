@@ -216,6 +216,7 @@ async def test_the_campaign_schema_is_a_short_resource_whose_examples_freeze(ws:
     write it) gives the same campaign as with base_case."""
     import jsonschema
 
+    from caseledger.campaign.model import CampaignDraft
     from caseledger.tools import freeze_any, freeze_case
     from tests.conftest import ref_draft
 
@@ -226,9 +227,13 @@ async def test_the_campaign_schema_is_a_short_resource_whose_examples_freeze(ws:
     doc = json.loads(body.text)
     assert "service.argv[-np]" in doc["description"] and "settle_runs" in doc["description"]
     kinds = [ex["campaign"]["search"]["kind"] for ex in doc["examples"]]
-    assert sorted(kinds) == ["grid", "knee", "tpe"], kinds
+    assert sorted(kinds) == ["grid", "knee", "tpe", "tpe"], kinds  # tpe alone, and with a knee on C
+    assert any(
+        ex["campaign"]["search"].get("axis") for ex in doc["examples"] if ex["campaign"]["search"]["kind"] == "tpe"
+    )
     for ex in doc["examples"]:
         jsonschema.validate(ex["campaign"], doc)
+        CampaignDraft.model_validate(ex["campaign"])  # and the model's own checks (monotone, limits, paths)
     assert "caseledger://schema/campaign" in (listed["freeze_case"].description or "")
     base = freeze_case(ws, draft=ref_draft(18011, scenario="by-id")).case_id
     grid = json.loads(json.dumps(doc["examples"][kinds.index("knee")]))

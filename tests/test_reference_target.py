@@ -36,6 +36,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "crash": {**FAST, "crash_after": 2},
     # slots=2, prefill of 40 uncached tokens = 20 ms alone, step = 10 ms + 20 ms per extra sequence
     "timed": {"prefill_tokens_per_s": 2000, "decode_step_s": 0.01, "decode_step_per_seq_s": 0.02, "slots": 2},
+    # the same with chunked prefill: a step processes at most 21 tokens, decode first
+    "chunked": {
+        "prefill_tokens_per_s": 2000,
+        "decode_step_s": 0.01,
+        "decode_step_per_seq_s": 0.02,
+        "slots": 2,
+        "max_batched_tokens": 21,
+    },
 }
 integration = pytest.mark.integration
 
@@ -496,6 +504,80 @@ def test_queue_prefill_sharing_and_batched_decode_steps_follow_the_model(servers
     assert near(a[0], 0.04) and near(b[0], 0.04), (a, b)
     assert near(a[1], 0.16) and near(b[1], 0.16), (a, b)
     assert near(c[0], 0.18) and near(c[1], 0.22), c
+
+
+# Chunked prefill, two 40-token prompts, 5 tokens out, slots 2, 21 tokens a step (A arrived first), in ms:
+# step 1: A 21 prefill tokens (10 + 10.5) -> 20.5; step 2: A 19 + B 2 -> 41, A's first token; steps 3-4: A
+# decodes (1 token), B gets 20 then 18 -> 61, 80 (B's first token); steps 5-6: batch 2 (30 each) -> 110, 140 (A
+# done); steps 7-8: B alone -> 150, 160. Unchunked both would have their first token at 40.
+CHUNKED_MS = ((41.0, 140.0), (80.0, 160.0))
+
+
+def test_chunked_prefill_on_virtual_time_follows_the_model_step_by_step() -> None:
+    from caseledger.case.service import ReferenceConfig
+    from caseledger.target.simulate import simulate
+
+    cfg = ReferenceConfig.model_validate(CONFIGS["chunked"])
+    r = simulate(cfg, concurrency=2, requests=2, prompt_tokens=40, max_tokens=5)
+    assert r.duration_s == pytest.approx(0.160) and r.ttft_p50_ms == pytest.approx((41.0 + 80.0) / 2)
+    plain = simulate(
+        ReferenceConfig.model_validate(CONFIGS["timed"]), concurrency=2, requests=2, prompt_tokens=40, max_tokens=5
+    )
+    assert plain.ttft_p99_ms == pytest.approx(40.0) and plain.duration_s == pytest.approx(0.160)
+
+
+def test_draft_tokens_cost_verification_per_sequence_in_the_step() -> None:
+    """No draft accepted: every step emits one token and takes 4 ms + 3 drafts x 1 ms = 7 ms (was 4 ms)."""
+    from caseledger.case.service import ReferenceConfig
+    from caseledger.target.simulate import simulate
+
+    base = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0, "spec_accept": 0.0}
+    costly = ReferenceConfig.model_validate({**base, "spec_tokens": 3, "spec_verify_s": 0.001})
+    assert simulate(costly, concurrency=1, requests=1, max_tokens=9).tpot_p50_ms == pytest.approx(7.0)
+    two = simulate(costly, concurrency=2, requests=2, max_tokens=9)  # batch 2: 4 + 2 x 3 x 1 ms per step
+    assert two.tpot_p50_ms == pytest.approx(10.0)
+    free = ReferenceConfig.model_validate({**base, "spec_tokens": 3})
+    assert simulate(free, concurrency=1, requests=1, max_tokens=9).tpot_p50_ms == pytest.approx(4.0)
+
+
+def test_cases_frozen_before_the_new_knobs_keep_their_ids() -> None:
+    from caseledger.case.service import ReferenceConfig
+
+    dumped = ReferenceConfig.model_validate(CONFIGS["timed"]).model_dump(mode="json")
+    assert "max_batched_tokens" not in dumped and "spec_verify_s" not in dumped  # left out at their defaults
+    assert ReferenceConfig.model_validate(CONFIGS["chunked"]).model_dump(mode="json")["max_batched_tokens"] == 21
+
+
+@integration
+def test_the_served_target_schedules_chunked_prefill_as_the_model_says(servers: dict[str, Served]) -> None:
+    url = servers["chunked"].url
+
+    async def one(ac: httpx2.AsyncClient, i: int) -> tuple[float, float]:
+        body = {
+            "model": MODEL,
+            "prompt": [3000 + 50 * i + k for k in range(40)],
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        t0 = time.perf_counter()
+        ttft = 0.0
+        async with ac.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and not ttft and json.loads(line[6:])["choices"][0]["text"]:
+                    ttft = time.perf_counter() - t0
+        return ttft, time.perf_counter() - t0
+
+    async def both() -> list[tuple[float, float]]:
+        async with httpx2.AsyncClient(base_url=url, timeout=10) as ac:
+            first = asyncio.create_task(one(ac, 0))
+            await asyncio.sleep(0.002)  # A arrives first
+            return list(await asyncio.gather(first, one(ac, 1)))
+
+    (a, b) = asyncio.run(both())
+    for (ttft, e2e), (m_ttft, m_e2e) in zip((a, b), CHUNKED_MS, strict=True):
+        assert m_ttft / 1000 * 0.9 - 0.005 <= ttft <= m_ttft / 1000 + 0.4, (a, b)  # lower bound tight: shared box
+        assert m_e2e / 1000 * 0.9 - 0.005 <= e2e <= m_e2e / 1000 + 0.4, (a, b)
 
 
 @integration

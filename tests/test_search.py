@@ -87,6 +87,100 @@ def test_a_search_over_a_service_axis_and_c_starts_each_identity_once_and_still_
     assert best >= 0.97 * exhaustive(), (seed, best, exhaustive(), order)
 
 
+# The reference target with the knobs engines trade on, measured on virtual time (target/simulate.py): draft
+# tokens that cost verification (spec_verify_s), a chunked-prefill budget (max_batched_tokens) and C; 8 x 5 x 7 =
+# 280 points. Output throughput under TPOT p99 <= 8 ms and TTFT p99 <= 150 ms has its optimum inside the space
+# (spec_tokens 2, max_batched_tokens 512, C=8), found here by measuring every point once (~10 s of CPU).
+ENGINE = [
+    Axis(path="service.reference.spec_tokens", values=[0, 1, 2, 3, 4, 5, 6, 8]),
+    Axis(path="service.reference.max_batched_tokens", values=[64, 128, 256, 512, 1024]),
+    Axis(path="load.concurrency", values=[1, 2, 4, 6, 8, 12, 16]),
+]
+TPOT_MS, TTFT_MS = 8.0, 150.0
+
+
+@pytest.fixture(scope="module")
+def engine_space() -> dict[tuple[Any, ...], Any]:
+    from caseledger.case.service import ReferenceConfig
+    from caseledger.target.simulate import simulate
+
+    table = {}
+    for s, b, c in itertools.product(*(a.values or [] for a in ENGINE)):
+        cfg = ReferenceConfig(slots=16, spec_tokens=s, spec_verify_s=0.0003, max_batched_tokens=b)
+        table[(s, b, c)] = simulate(cfg, concurrency=c, requests=48)
+    return table
+
+
+def _engine_measure(table: dict[tuple[Any, ...], Any], values: dict[str, Any]) -> Observed:
+    r = table[tuple(values[a.path] for a in ENGINE)]
+    breach = max(0.0, r.tpot_p99_ms / TPOT_MS - 1, r.ttft_p99_ms / TTFT_MS - 1)
+    label = " ".join(a.label(values[a.path]) for a in ENGINE)
+    ident = f"{values[ENGINE[0].path]}/{values[ENGINE[1].path]}"
+    return Observed(
+        values=values, value=r.output_throughput, meets=breach == 0, breach=breach, label=label, service_key=ident
+    )
+
+
+def test_the_engine_like_reference_space_has_an_interior_optimum(engine_space: dict[tuple[Any, ...], Any]) -> None:
+    ok = {k: r for k, r in engine_space.items() if r.tpot_p99_ms <= TPOT_MS and r.ttft_p99_ms <= TTFT_MS}
+    best = max(ok, key=lambda k: ok[k].output_throughput)
+    assert len(engine_space) >= 200 and best == (2, 512, 8), best
+    # each knob trades: more drafts stop paying (verification), a larger chunk budget waits less for prefill but
+    # makes decode steps longer, more C breaks the TPOT limit
+    at = {k: r.output_throughput for k, r in engine_space.items()}
+    assert at[(2, 512, 8)] > at[(0, 512, 8)] and at[(2, 512, 8)] > at[(8, 512, 8)]
+    assert engine_space[(2, 64, 8)].ttft_p99_ms > engine_space[(2, 1024, 8)].ttft_p99_ms
+    assert engine_space[(2, 1024, 12)].tpot_p99_ms > engine_space[(2, 64, 12)].tpot_p99_ms
+    assert engine_space[(2, 512, 12)].tpot_p99_ms > TPOT_MS
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tpe_with_a_knee_on_c_ends_within_3_percent_on_the_engine_space_after_15_percent(
+    engine_space: dict[tuple[Any, ...], Any], seed: int
+) -> None:
+    """TPE proposes a setting of the service knobs, the knee on C is bisected on its running service, then TPE
+    is told the setting's best point: each identity started once, within 3% after at most 15% of the points."""
+    optimum = max(
+        r.output_throughput for r in engine_space.values() if r.tpot_p99_ms <= TPOT_MS and r.ttft_p99_ms <= TTFT_MS
+    )
+    budget = int(0.15 * len(engine_space))  # 42 of 280
+    search = Search(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
+    observed: list[Observed] = []
+    while len(observed) < budget:
+        p = tpe(ENGINE, search, True, observed, observed[-1].service_key if observed else None)
+        assert p is not None and key(p.values) not in {key(o.values) for o in observed}  # never a point twice
+        observed.append(_engine_measure(engine_space, p.values))
+    order = [o.service_key for o in observed]
+    assert 1 + sum(1 for a, b in itertools.pairwise(order) if a != b) == len(set(order)), order  # one start each
+    best = max(o.value or 0.0 for o in observed if o.meets)
+    assert best >= 0.97 * optimum, (seed, best, optimum)
+    knee = [o for o in observed if o.service_key == order[0]]
+    assert 2 <= len(knee) <= 3  # a knee over 7 values of C: at most 3 bisection points
+
+
+def test_a_knee_inside_tpe_needs_a_declared_monotone_numeric_axis_of_the_space() -> None:
+    base = {"scenario": "s"}
+    axes = [{"path": "load.concurrency", "values": [1, 2, 4]}, {"path": "service.reference.slots", "low": 1, "high": 8}]
+    lim = {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 50}}
+    tpe_ = {"kind": "tpe", "max_points": 10, "axis": "load.concurrency"}
+    with pytest.raises(ValueError, match=r"declare search\.monotone: true"):
+        CampaignDraft.model_validate({"name": "n", "base": base, "axes": axes, "search": tpe_, "decision": lim})
+    with pytest.raises(ValueError, match="is not one of the axes"):
+        CampaignDraft.model_validate(
+            {"name": "n", "base": base, "axes": axes, "search": {**tpe_, "axis": "load.rate", "monotone": True}}
+        )
+    with pytest.raises(ValueError, match="applies to kinds 'knee' and 'tpe', not 'grid'"):
+        CampaignDraft.model_validate(
+            {"name": "n", "base": base, "axes": axes, "search": {"kind": "grid", "axis": "load.concurrency"}}
+        )
+    with pytest.raises(ValueError, match=r"set campaign\.decision\.limits"):
+        CampaignDraft.model_validate({"name": "n", "base": base, "axes": axes, "search": {**tpe_, "monotone": True}})
+    ok = CampaignDraft.model_validate(
+        {"name": "n", "base": base, "axes": axes, "search": {**tpe_, "monotone": True}, "decision": lim}
+    )
+    assert ok.combos() == []
+
+
 def test_the_same_observations_give_the_same_proposal() -> None:
     search = Search(kind="tpe", max_points=20, seed=3)
     observed = [measure({XS.path: x, YS.path: y}) for x, y in ((1, 1), (16, 16), (8, 4), (12, 7), (3, 9))]

@@ -162,10 +162,9 @@ class Axis(_Model):
 class Search(_Model):
     kind: Literal["grid", "knee", "tpe"] = Field(
         "grid",
-        description="grid: every point; knee: on the ordered axis `axis`, bisect to the largest value that "
-        "meets every limit (the other axes are a grid), like vLLM's serve_sla; tpe: a model-based search "
-        "(Optuna's TPE) that proposes one point at a time from what was measured, up to max_points, each frozen "
-        "when proposed: for spaces too large to enumerate",
+        description="grid: every point; knee: bisect `axis` to its largest value within every limit (the other "
+        "axes a grid); tpe: Optuna's TPE proposes one point at a time from what was measured, up to max_points, "
+        "each frozen when proposed: for spaces too large to enumerate",
     )
     max_points: int | None = Field(
         None, ge=2, le=MAX_POINTS, strict=True, description="tpe: the most points it measures (2..256); required"
@@ -174,14 +173,16 @@ class Search(_Model):
         0, ge=0, le=2**31 - 1, strict=True, description="tpe: the sampler's seed (same observations: same proposals)"
     )
     axis: str | None = Field(
-        None, max_length=300, description="knee: the ordered (numeric) axis path, e.g. 'load.concurrency'"
+        None,
+        max_length=300,
+        description="knee: the ordered numeric axis, e.g. 'load.concurrency'. tpe (optional): an ordered axis "
+        "bisected to its largest value within the limits on each setting of the other axes TPE proposes",
     )
     monotone: bool = Field(
         False,
         strict=True,
-        description="knee: declare that every limit only gets worse as the axis grows, so a value above one "
-        "that breaks a limit breaks it too, and a value below one that meets them meets them too: those points are "
-        "skipped with this reason. Required by knee (points are skipped only under a declared monotonicity)",
+        description="Required with an axis: declare that every limit only gets worse as the axis grows (above a "
+        "value that breaks one: breaks; below one that meets them: meets); such points are skipped, with why",
     )
 
     def describe(self, points: int) -> str:
@@ -294,23 +295,28 @@ class CampaignDraft(_Model):
             raise ValueError(f"campaign.search.max_points applies to kind 'tpe', not '{s.kind}': drop it")
         if self.constraints and s.kind != "tpe" and not self.combos():
             raise ValueError(f"campaign.constraints: no point of the axes keeps them all ({self.constraints})")
-        if s.kind == "knee":
+        if s.kind == "knee" or s.axis is not None:
+            if s.kind not in ("knee", "tpe"):
+                raise ValueError(f"campaign.search.axis applies to kinds 'knee' and 'tpe', not '{s.kind}': drop it")
             if s.axis not in paths:
                 raise ValueError(
                     f"campaign.search.axis {s.axis!r} is not one of the axes {paths}: name the ordered "
                     "axis the knee is searched on"
                 )
             values = next(a.grid() or [] for a in self.axes if a.path == s.axis)
-            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-                raise ValueError(f"campaign.search.axis {s.axis}: a knee needs numeric values")
+            if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                raise ValueError(
+                    f"campaign.search.axis {s.axis}: a knee needs numeric values (a list, or a range with a step)"
+                )
             if not s.monotone:
                 raise ValueError(
-                    "campaign.search.kind 'knee' skips points: declare search.monotone: true (every "
-                    "limit only gets worse as the axis grows), or use kind 'grid'"
+                    f"campaign.search.kind '{s.kind}' with an axis bisects it: declare search.monotone: true (every "
+                    "limit only gets worse as the axis grows), or drop search.axis"
+                    + (" (or use kind 'grid')" if s.kind == "knee" else "")
                 )
             if not (self.decision and self.decision.limits.bounds()):
                 raise ValueError(
-                    "campaign.search.kind 'knee' looks for the largest value within the limits: set "
+                    "campaign.search.axis: a knee looks for the largest value within the limits: set "
                     "campaign.decision.limits (e.g. {'tpot_p99_ms': 50})"
                 )
         return self

@@ -56,6 +56,19 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 50, "ttft_p99_ms": 2000}},
         }
     },
+    "tpe with a knee on C": {
+        "campaign": {
+            "name": "flags-by-c",
+            "base": "c-0123456789ab",
+            "axes": [
+                {"path": "service.argv[-np]", "values": [1, 2, 4, 8]},
+                {"path": "service.argv[-b]", "values": [256, 512, 1024, 2048]},
+                {"path": "load.concurrency", "values": [1, 2, 4, 8, 16, 32]},
+            ],
+            "search": {"kind": "tpe", "max_points": 20, "seed": 1, "axis": "load.concurrency", "monotone": True},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
+        }
+    },
 }
 
 REPEATS = (
@@ -87,4 +100,17 @@ def campaign_schema() -> bytes:
         "anyOf": [{"type": "object"}, {"type": "null"}],
         "default": None,
     }
-    return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS) + b"\n"
+    return orjson.dumps(_untitled(schema), option=orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def _untitled(node: Any, in_properties: bool = False) -> Any:  # JSON: a schema node
+    """The schema without pydantic's generated titles (each repeats its field's name)."""
+    if isinstance(node, dict):
+        return {
+            k: _untitled(v, k == "properties" and not in_properties)
+            for k, v in node.items()
+            if in_properties or not (k == "title" and isinstance(v, str))
+        }
+    if isinstance(node, list):
+        return [_untitled(v) for v in node]
+    return node

@@ -99,6 +99,8 @@ def tpe(
     measured point's): with service and load axes, its load-only neighbours come first (see the module)."""
     if len(observed) >= space_size(axes):
         return None
+    if search.axis is not None:
+        return _tpe_knee(axes, search, higher, observed, constraints or [])
     svc = service_axes(axes)
     if not svc or len(svc) == len(axes) or live is None:
         return _ask(axes, search, higher, observed, {}, set(), constraints or [])
@@ -122,6 +124,7 @@ def _ask(
     fixed: dict[str, Scalar],
     left: set[tuple[tuple[str, str], ...]],
     constraints: list[str],
+    trials: int | None = None,
 ) -> Proposal | None:
     """Optuna's TPE rebuilt from the observations, asked for a point not measured yet: with `fixed` values (the
     running service's), or outside the service identities in `left` (started before and left: never again)."""
@@ -131,7 +134,7 @@ def _ask(
     dists = _distributions(axes)
     n = len(observed)
     assert search.max_points is not None
-    startup = min(10, max(3, search.max_points // 4))
+    startup = min(10, max(3, (trials or search.max_points) // 4))
     sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
         seed=search.seed + n, n_startup_trials=startup, multivariate=True
     )
@@ -163,6 +166,82 @@ def _ask(
         else:
             study.tell(t, _score(known, higher, worst))
     return None
+
+
+def _tpe_knee(
+    axes: list[Axis], search: Search, higher: bool, observed: list[Observed], constraints: list[str]
+) -> Proposal | None:
+    """TPE over the other axes, a knee on `search.axis` for each of its proposals: the setting proposed last is
+    bisected to its largest value within the limits (declared monotone) before TPE is asked again, told each
+    bisected setting's best point (its setting's worth). A point without a valid result counts as breaking."""
+    ax = search.axis
+    assert ax is not None
+    line = sorted(next(a.grid() or [] for a in axes if a.path == ax), key=float)
+    others = [a for a in axes if a.path != ax]
+    groups: dict[tuple[tuple[str, str], ...], list[Observed]] = {}
+    for ob in observed:
+        groups.setdefault(key({p: v for p, v in ob.values.items() if p != ax}), []).append(ob)
+    if observed:  # the setting proposed last: finish its knee first
+        last = observed[-1]
+        rest = {p: v for p, v in last.values.items() if p != ax}
+        nxt = _bisect(line, groups[key(rest)], ax, constraints, rest)
+        if nxt is not None:
+            value, why = nxt
+            label = " ".join(a.label(rest[a.path]) for a in axes if a.path != ax)
+            return Proposal({**rest, ax: value}, f"knee on {ax}{' for ' + label if label else ''}: {why}")
+    told = [_setting(members, ax, higher) for members in groups.values()]
+    settings = int(search.max_points or 0) // math.ceil(math.log2(len(line) + 1))  # a knee: ~log2 points each
+    among = [c for c in constraints if ax not in c.split()]  # those between the other axes; the knee's below
+    if not others:  # the knee axis alone: one knee
+        got = None if observed else Proposal({}, "proposed by tpe, setting 1: the knee axis alone")
+    else:
+        got = _ask(others, search, higher, told, {}, set(), among, trials=settings)
+    if got is None:
+        return None
+    start = next((v for v in _middle_out(line) if allowed(constraints, {**got.values, ax: v})), None)
+    if start is None:
+        return None
+    why = got.why.replace(f"trial {len(told) + 1}", f"setting {len(told) + 1}", 1)
+    return Proposal({**got.values, ax: start}, f"{why}; its knee on {ax} starts at {start}")
+
+
+def _bisect(
+    line: list[Scalar], members: list[Observed], ax: str, constraints: list[str], rest: dict[str, Scalar]
+) -> tuple[Scalar, str] | None:
+    """The next value of the knee axis for one setting, or None when its bracket is closed."""
+    meets = {key({ax: m.values[ax]}): bool(m.meets) for m in members}
+    verdict = [meets.get(key({ax: v})) for v in line]
+    hb = next((i for i, v in enumerate(verdict) if v is False), len(line))
+    lm = max((i for i, v in enumerate(verdict[:hb]) if v is True), default=-1)
+    while hb - lm > 1:
+        mid = (lm + hb) // 2
+        if allowed(constraints, {**rest, ax: line[mid]}):
+            low = f"{line[lm]} meets" if lm >= 0 else "nothing measured below"
+            high = f"{line[hb]} breaks" if hb < len(line) else "nothing measured above"
+            return line[mid], f"bisecting between {low} and {high}"
+        hb = mid  # outside the constraints: as if it broke (nothing above it is tried either)
+    return None
+
+
+def _middle_out(line: list[Scalar]) -> list[Scalar]:
+    """The knee axis's values from the first bisection point outward (a constraint may exclude the middle)."""
+    mid = (len(line) - 1) // 2
+    return sorted(line, key=lambda v: (abs(line.index(v) - mid), line.index(v)))
+
+
+def _setting(members: list[Observed], ax: str, higher: bool) -> Observed:
+    """What TPE is told of one bisected setting: its best point within the limits, else its least breaking."""
+    rest = {p: v for p, v in members[0].values.items() if p != ax}
+    valued = [m for m in members if m.value is not None]
+    if not valued:
+        return Observed(values=rest, value=None, meets=None, breach=0.0, label=members[0].label)
+    meeting = [m for m in valued if m.meets]
+    pick = (
+        (max if higher else min)(meeting, key=lambda m: m.value or 0.0)
+        if meeting
+        else min(valued, key=lambda m: m.breach)
+    )
+    return Observed(values=rest, value=pick.value, meets=pick.meets, breach=pick.breach, label=pick.label)
 
 
 def _why(n: int, startup: int, valued: list[Observed], higher: bool) -> str:

@@ -29,8 +29,10 @@ _Arg = Annotated[str, StringConstraints(max_length=MAX_ARG)]
 _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
-class ReferenceConfig(SectionModel):
+class ReferenceConfig(OmitAtDefault):
     """Performance model of the embedded reference target (adapter 'reference')."""
+
+    omit_at_default = ("max_batched_tokens", "spec_verify_s")
 
     prefill_tokens_per_s: float = Field(
         20000.0, gt=0, le=1e15, strict=True, description="Prefill rate shared by requests in prefill (at most 1e15)"
@@ -54,6 +56,23 @@ class ReferenceConfig(SectionModel):
         0, ge=0, le=1024, strict=True, description="Draft tokens per step (0..1024); 0 disables speculative decoding"
     )
     spec_accept: float = Field(0.7, ge=0, le=1, strict=True, description="Probability each draft token is accepted")
+    spec_verify_s: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        strict=True,
+        description="Added decode step time per draft token verified, per sequence in the step (0..60 s): the "
+        "cost of speculation beside its acceptance, so more draft tokens stop paying at some point",
+    )
+    max_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=16_777_216,
+        strict=True,
+        description="Chunked prefill (like vLLM's max-num-batched-tokens): the tokens one engine step processes, "
+        "decode tokens first (1 + spec_tokens per sequence), then prefill chunks in admission order; the step "
+        "takes its prefill chunk / prefill_tokens_per_s longer. null: prefill runs beside decode, shared",
+    )
     hide_counters: list[Annotated[str, StringConstraints(max_length=200)]] = Field(
         default_factory=list,
         max_length=64,

@@ -22,6 +22,13 @@ Performance model (`ReferenceConfig` fields in backticks; times on the event loo
   1 + accepted drafts: `spec_tokens` drafts, each accepted with probability `spec_accept`, stopping at
   the first rejection; the accepted count is capped so the sequence never exceeds its length.
   So TPOT ~= step time / (1 + E[accepted]) and completion tokens = 1 + sum over steps of (1 + accepted).
+  Verifying drafts costs `spec_verify_s` per draft token per sequence in the step, so E[accepted] (which
+  saturates at spec_accept / (1 - spec_accept)) stops paying for more drafts at some `spec_tokens`.
+- Chunked prefill (`max_batched_tokens` set, like vLLM's max-num-batched-tokens): prefill no longer runs
+  beside decode. Each step processes the decode tokens (1 + spec_tokens per sequence) and, within the
+  budget left, prefill chunks of the sequences in prefill in admission order; the step takes
+  chunk / `prefill_tokens_per_s` longer (a step with only prefill takes `decode_step_s` plus that). A small
+  budget keeps steps short (TPOT) and makes prompts wait (TTFT); a large one the other way round.
 - Length: `ignore_eos` gives exactly max_tokens tokens (finish_reason "length"); otherwise the length
   is drawn per request (seeded) with an EOS chance of EOS_PER_TOKEN per token, capped at max_tokens
   (finish_reason "stop" when the EOS came first).
@@ -92,6 +99,7 @@ class ReferenceEngine:
         self._prefill: list[Sequence] = []
         self._decoding: list[Sequence] = []
         self._batch: list[Sequence] = []
+        self._chunks: list[tuple[Sequence, int]] = []  # chunked prefill: this step's prefill tokens per sequence
         self._step_end: float | None = None
         self._last_step_end: float | None = None
         self._prefill_t = 0.0
@@ -225,7 +233,7 @@ class ReferenceEngine:
             for seq in [*self._waiting, *self._prefill, *self._decoding]:
                 self.abort(seq)
             self._waiting.clear()
-            self._prefill, self._decoding, self._batch = [], [], []
+            self._prefill, self._decoding, self._batch, self._chunks = [], [], [], []
             self._step_end = None
             raise
 
@@ -244,7 +252,8 @@ class ReferenceEngine:
                 self._finish_step()
                 chained = True
             self._admit()
-            if self._step_end is None and self._decoding:
+            chunked = self.config.max_batched_tokens is not None
+            if self._step_end is None and (self._decoding or (chunked and self._prefill)):
                 self._start_step(now, chained)
             deadline = self._next_deadline()
             if deadline is None:
@@ -280,9 +289,12 @@ class ReferenceEngine:
             self._prefill.append(seq)
 
     def _advance_prefill(self, now: float) -> None:
-        """Processor-sharing progress from the last accounting time to `now`, completing prefills."""
+        """Processor-sharing progress from the last accounting time to `now`, completing prefills (chunked
+        prefill advances in the decode steps instead)."""
         elapsed = now - self._prefill_t
         self._prefill_t = now
+        if self.config.max_batched_tokens is not None:
+            return
         rate = self.config.prefill_tokens_per_s / self.slowdown
         while self._prefill and elapsed > 0:
             n = len(self._prefill)
@@ -313,7 +325,19 @@ class ReferenceEngine:
     def _start_step(self, now: float, chained: bool) -> None:
         self._batch = list(self._decoding)
         cfg = self.config
-        dur = (cfg.decode_step_s + cfg.decode_step_per_seq_s * (len(self._batch) - 1)) * self.slowdown
+        b = len(self._batch)
+        dur = cfg.decode_step_s + cfg.decode_step_per_seq_s * max(0, b - 1) + cfg.spec_verify_s * cfg.spec_tokens * b
+        if cfg.max_batched_tokens is not None:
+            budget = cfg.max_batched_tokens - b * (1 + cfg.spec_tokens)
+            self._chunks = []
+            for seq in self._prefill:
+                if budget <= 0:
+                    break
+                take = min(budget, math.ceil(seq._remaining - 1e-6))
+                self._chunks.append((seq, take))
+                budget -= take
+            dur += sum(t for _, t in self._chunks) / cfg.prefill_tokens_per_s
+        dur *= self.slowdown
         last = self._last_step_end
         # a step that follows another starts at its scheduled end, so wake-up latency does not slow
         # decode down; after idle time, or a loop starved for more than a step, it starts now
@@ -348,6 +372,12 @@ class ReferenceEngine:
             self._emit(seq, n)
         self._decoding = [s for s in self._decoding if not s.done]
         self._batch = []
+        if cfg.max_batched_tokens is not None:  # chunked prefill: this step's chunks are done
+            for seq, take in self._chunks:
+                seq._remaining -= take
+            self._chunks = []
+            self._prefill = [s for s in self._prefill if not s.aborted]
+            self._complete_prefills()
         self._last_step_end = self._step_end
         self._step_end = None
 
@@ -368,7 +398,7 @@ class ReferenceEngine:
 
     def _next_deadline(self) -> float | None:
         deadline = self._step_end
-        if self._prefill:
+        if self._prefill and self.config.max_batched_tokens is None:
             n = len(self._prefill)
             least = min(s._remaining for s in self._prefill)
             t = self._prefill_t + least * n * self.slowdown / self.config.prefill_tokens_per_s
