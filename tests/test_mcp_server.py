@@ -227,7 +227,7 @@ async def test_the_campaign_schema_is_a_short_resource_whose_examples_freeze(ws:
     doc = json.loads(body.text)
     assert "service.argv[-np]" in doc["description"] and "settle_runs" in doc["description"]
     kinds = [ex["campaign"]["search"]["kind"] for ex in doc["examples"]]
-    assert sorted(kinds) == ["grid", "knee", "tpe", "tpe"], kinds  # tpe alone, and with a knee on C
+    assert sorted(kinds) == ["grid", "halving", "knee", "tpe", "tpe"], kinds  # tpe alone, and with a knee on C
     assert any(
         ex["campaign"]["search"].get("axis") for ex in doc["examples"] if ex["campaign"]["search"]["kind"] == "tpe"
     )

@@ -78,11 +78,10 @@ class _Model(BaseModel):
 class Axis(_Model):
     path: str = Field(
         description="Case field by path: 'load.concurrency', 'service.env.NAME', an argv flag as "
-        "'service.argv[-np]' (the value after the flag; values true/false: a switch, the bare flag passed or left "
-        "out), a component's as 'service.components.decode.argv[-np]'",
+        "'service.argv[-np]' (the value after it; true/false: the bare flag or none), a component's as "
+        "'service.components.decode.argv[-np]'",
         pattern=AXIS_PATH,
         max_length=300,
-        examples=["load.concurrency"],
     )
     values: list[Scalar] | None = Field(
         None,
@@ -159,37 +158,53 @@ class Axis(_Model):
         return f"{name}={text}"
 
 
+PROPOSING = ("tpe", "halving")  # search kinds whose strategy proposes points after the start (campaign/search.py)
+
+
 class Search(_Model):
-    kind: Literal["grid", "knee", "tpe"] = Field(
+    kind: Literal["grid", "knee", "tpe", "halving"] = Field(
         "grid",
-        description="grid: every point; knee: bisect `axis` to its largest value within every limit (the other "
-        "axes a grid); tpe: Optuna's TPE proposes one point at a time from what was measured, up to max_points, "
-        "each frozen when proposed: for spaces too large to enumerate",
+        description="grid: every point; knee: bisect `axis` to its largest value within the limits (other axes "
+        "a grid); tpe: Optuna's TPE proposes points one at a time, up to max_points (spaces too large to "
+        "enumerate); halving: every point with screen_requests, the best 1/eta again with eta times more, up to "
+        "the base's N",
     )
     max_points: int | None = Field(
         None, ge=2, le=MAX_POINTS, strict=True, description="tpe: the most points it measures (2..256); required"
     )
     seed: int = Field(
-        0, ge=0, le=2**31 - 1, strict=True, description="tpe: the sampler's seed (same observations: same proposals)"
+        0, ge=0, le=2**31 - 1, strict=True, description="tpe: the sampler's seed (same results, same proposals)"
     )
     axis: str | None = Field(
         None,
         max_length=300,
-        description="knee: the ordered numeric axis, e.g. 'load.concurrency'. tpe (optional): an ordered axis "
-        "bisected to its largest value within the limits on each setting of the other axes TPE proposes",
+        description="knee, or tpe (optional): the ordered numeric axis (e.g. 'load.concurrency') bisected to its "
+        "largest value within the limits, per setting of the other axes (tpe: each one it proposes)",
     )
     monotone: bool = Field(
         False,
         strict=True,
-        description="Required with an axis: declare that every limit only gets worse as the axis grows (above a "
-        "value that breaks one: breaks; below one that meets them: meets); such points are skipped, with why",
+        description="Required with an axis: every limit only worsens as the axis grows, so points above a value "
+        "that breaks one, or below one that meets them all, are skipped, with why",
     )
+
+    screen_requests: int | None = Field(
+        None, ge=1, le=1_000_000, strict=True, description="halving: N of the first screen (below the base's N)"
+    )
+    eta: int = Field(3, ge=2, le=16, strict=True, description="halving: 1/eta go on to the next screen, eta times N")
+
+    def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a proposing search
+        """How a proposing search proposes, as the campaign id hashes it (the halving fields only for halving,
+        so the ids of tpe campaigns frozen before them hold)."""
+        return self.model_dump(mode="json", exclude=None if self.kind == "halving" else {"screen_requests", "eta"})
 
     def describe(self, points: int) -> str:
         """The search in a few words, for every view: 'grid over 6 points', 'knee on load.concurrency over 6
         points', 'tpe: 4 of at most 30 points proposed (seed 0)'."""
         if self.kind == "tpe":
             return f"tpe: {points} of at most {self.max_points} points proposed (seed {self.seed})"
+        if self.kind == "halving":
+            return f"halving: {points} points proposed (screens from N={self.screen_requests}, 1/{self.eta} go on)"
         return (f"knee on {self.axis}" if self.kind == "knee" else "grid") + f" over {points} points"
 
 
@@ -240,15 +255,12 @@ class CampaignDraft(_Model):
         None, pattern=r"^c-[0-9a-f]{12}$", description="A frozen case id to start from (instead of base)"
     )
     axes: list[Axis] = Field(min_length=1, max_length=MAX_AXES, description="The fields the points vary (1..4)")
-    search: Search = Field(
-        default_factory=Search, description="grid, a knee search on one ordered axis, or tpe (proposes points)"
-    )
+    search: Search = Field(default_factory=Search, description="How points are chosen: grid, knee, tpe or halving")
     repeats: Repeats = Field(default_factory=Repeats, description="How often points run, where noise decides")
     decision: Decision | None = Field(
         None,
-        description="Objective (primary_metric, window), limits, min_effect: the scenario's decision. Not "
-        "part of the campaign id: freezing the campaign again with another limit re-decides it, 0 requests sent. "
-        "null: the base case's scenario decision",
+        description="The scenario's decision: primary_metric, window, limits (e.g. tpot_p99_ms), min_effect. Not "
+        "in the campaign id: frozen again with another limit, it is re-decided, 0 requests sent. null: the base's",
     )
     constraints: list[str] = Field(
         default_factory=list,
@@ -293,7 +305,16 @@ class CampaignDraft(_Model):
             )
         elif s.max_points is not None:
             raise ValueError(f"campaign.search.max_points applies to kind 'tpe', not '{s.kind}': drop it")
-        if self.constraints and s.kind != "tpe" and not self.combos():
+        if s.kind == "halving":
+            base_n = (self.base or {}).get("load", {}).get("requests") if isinstance(self.base, dict) else None
+            if s.screen_requests is None or (isinstance(base_n, int) and s.screen_requests >= base_n):
+                raise ValueError(
+                    "campaign.search.kind 'halving' screens every point with fewer requests first: set "
+                    "search.screen_requests below the base's load.requests (e.g. a quarter of it)"
+                )
+        elif s.screen_requests is not None:
+            raise ValueError(f"campaign.search.screen_requests applies to kind 'halving', not '{s.kind}': drop it")
+        if self.constraints and s.kind not in PROPOSING and not self.combos():
             raise ValueError(f"campaign.constraints: no point of the axes keeps them all ({self.constraints})")
         if s.kind == "knee" or s.axis is not None:
             if s.kind not in ("knee", "tpe"):
@@ -322,14 +343,14 @@ class CampaignDraft(_Model):
         return self
 
     def combos(self) -> list[dict[str, Scalar]]:
-        """Every point's values, path -> value, in the axes' order (the knee axis ascending); none for tpe."""
-        if self.search.kind == "tpe":
+        """Every point's values, path -> value, in the axes' order (the knee axis ascending); none for a search
+        that proposes its points."""
+        if self.search.kind in PROPOSING:
             return []  # proposed one at a time (campaign/search.py), each frozen when proposed
-        grids = [(a.path, a.grid() or []) for a in self.axes]
-        axes = [(p, sorted(v, key=float) if p == self.search.axis else v) for p, v in grids]
-        names = [p for p, _ in axes]
-        every = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(v for _, v in axes))]
-        return [v for v in every if allowed(self.constraints, v)]
+        return self.space()
+
+    def space(self) -> list[dict[str, Scalar]]:
+        return space_of(self.axes, self.constraints, self.search.axis)
 
     def policy(self) -> dict[str, Any]:  # JSON: written to policy.jsonl
         """How the campaign is asked (recorded beside it, not hashed): search, repeats, name, note."""
@@ -341,10 +362,23 @@ class CampaignDraft(_Model):
         }
 
 
+def space_of(axes: list[Axis], constraints: list[str], ascending: str | None = None) -> list[dict[str, Scalar]]:
+    """Every combination of the axes' values that keeps the constraints, in the axes' order (the axis named
+    `ascending` sorted: a knee's)."""
+    grids = [(a.path, a.grid() or []) for a in axes]
+    ordered = [(p, sorted(v, key=float) if p == ascending else v) for p, v in grids]
+    names = [p for p, _ in ordered]
+    every = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(v for _, v in ordered))]
+    return [v for v in every if allowed(constraints, v)]
+
+
 def label_of(axes: list[Axis], values: dict[str, Scalar]) -> str:
-    """A point's label: every axis value that tells it apart, in the axes' order ('-np=2 C=8')."""
+    """A point's label: every axis value that tells it apart, in the axes' order ('-np=2 C=8'); a field a
+    strategy set beside the axes (a screen's N) follows them ('-np=2 C=8 N=16')."""
     by_path = {a.path: a for a in axes}
-    return " ".join(by_path[p].label(v) for p, v in values.items())
+    return " ".join(
+        by_path[p].label(v) if p in by_path else Axis(path=p, values=[v]).label(v) for p, v in values.items()
+    )
 
 
 def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON: a case draft, edited by path

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from caseledger.campaign.model import Repeats, Scalar, Search
+from caseledger.campaign.model import PROPOSING, Repeats, Scalar, Search
 from caseledger.case.decision import LimitWord
 
 Verdict = LimitWord
@@ -110,6 +110,7 @@ class PointObs:
     run_rel: list[float | None] = field(default_factory=list)  # each valid run's within-run half-width / value
     sent: int = 0  # formal requests sent to it, over every run and load attempt
     why: str = ""  # a proposed point: who proposed it and why
+    screen: bool = False  # a halving screen (fewer requests than the base's N): measured once, never the answer
 
     @property
     def runs(self) -> int:
@@ -219,20 +220,21 @@ def plan(
     wanted: list[tuple[PointObs, str]] = []
     if search.kind == "knee" and search.axis:
         wanted += _knee(usable, search.axis, out)
-    elif search.kind == "tpe":
+    elif search.kind in PROPOSING:
         wanted += [(p, f"{p.why or 'proposed'}") for p in usable if p.runs == 0]
     else:
         wanted += [(p, "grid point") for p in usable if p.runs == 0]
     # the first `runs` valid runs of every measured point (a point the knee needs, or any grid point)
+    final = [p for p in usable if not p.screen]  # the points that may be the answer
     wanted += [
         (p, f"repeat {p.runs + 1}/{repeats.runs} of every point")
-        for p in usable
+        for p in final
         if 0 < p.runs < repeats.runs and p.case_id not in out.skipped
     ]
-    settle = _settle(usable, repeats, higher, out)
+    settle = _settle(final, repeats, higher, out)
     if not open_search:  # a search still proposing: no repeats yet, the leader may change
         wanted += settle
-        wanted += _before_leaving(usable, wanted, live_service, repeats, out)
+        wanted += _before_leaving(final, wanted, live_service, repeats, out)
     wanted[:0] = _controls(usable, wanted, live_service, open_search, shift, out)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}

@@ -28,7 +28,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "base": "c-0123456789ab",
             "axes": [{"path": "service.argv[-np]", "values": [2, 4]}, {"path": "load.concurrency", "values": [1, 4]}],
             "search": {"kind": "grid"},
-            "repeats": {"runs": 1, "settle_runs": 3, "budget": 6},
+            "repeats": {"settle_runs": 3, "budget": 6},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
         }
     },
@@ -48,12 +48,23 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "axes": [
                 {"path": "service.argv[--max-num-seqs]", "low": 8, "high": 256, "log": True},
                 {"path": "service.argv[--max-num-batched-tokens]", "values": [2048, 4096, 8192]},
-                {"path": "service.argv[--enable-chunked-prefill]", "values": [True, False]},
                 {"path": "load.concurrency", "low": 1, "high": 64},
             ],
             "constraints": ["service.argv[--max-num-batched-tokens] >= service.argv[--max-num-seqs]"],
             "search": {"kind": "tpe", "max_points": 30, "seed": 1},
-            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 50, "ttft_p99_ms": 2000}},
+            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 50}},
+        }
+    },
+    "halving": {
+        "campaign": {
+            "name": "np-screened",
+            "base": "c-0123456789ab",
+            "axes": [
+                {"path": "service.argv[-np]", "values": [1, 2, 4, 8]},
+                {"path": "load.concurrency", "low": 1, "high": 32},
+            ],
+            "search": {"kind": "halving", "screen_requests": 8, "eta": 3},
+            "decision": {"primary_metric": "output_throughput", "limits": {"ttft_p99_ms": 500}},
         }
     },
     "tpe with a knee on C": {
@@ -62,20 +73,18 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "base": "c-0123456789ab",
             "axes": [
                 {"path": "service.argv[-np]", "values": [1, 2, 4, 8]},
-                {"path": "service.argv[-b]", "values": [256, 512, 1024, 2048]},
+                {"path": "service.argv[-b]", "values": [512, 2048]},
                 {"path": "load.concurrency", "values": [1, 2, 4, 8, 16, 32]},
             ],
-            "search": {"kind": "tpe", "max_points": 20, "seed": 1, "axis": "load.concurrency", "monotone": True},
+            "search": {"kind": "tpe", "max_points": 20, "axis": "load.concurrency", "monotone": True},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
         }
     },
 }
 
 REPEATS = (
-    "repeats.runs: valid runs of every measured point; settle_runs: at most this many runs of a point the answer "
-    "depends on (the leader and the runner-up within noise, a limit whose interval straddles its bound), after "
-    "which a pair still within noise is a declared tie; budget: repeats beyond runs in all; max_attempts: load "
-    "attempts of a point without a valid result before it is given up."
+    "repeats ($defs.Repeats): settle_runs is the most runs of a point the answer depends on (leader and runner-up "
+    "within noise, a limit interval across its bound); past it, a declared tie."
 )
 
 
@@ -95,8 +104,7 @@ def campaign_schema() -> bytes:
         schema.get("$defs", {}).pop(name, None)
     schema["properties"]["decision"] = {
         "description": schema["properties"]["decision"].get("description", "")
-        + " (fields: caseledger://schema/case, $defs.Decision: primary_metric, window, limits such as "
-        "tpot_p99_ms, min_effect)",
+        + " (caseledger://schema/case $defs.Decision)",
         "anyOf": [{"type": "object"}, {"type": "null"}],
         "default": None,
     }

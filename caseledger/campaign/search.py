@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from caseledger.campaign.model import Axis, Scalar, Search, allowed
+from caseledger.campaign.model import Axis, Scalar, Search, allowed, space_of
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -93,6 +92,8 @@ def tpe(
     observed: list[Observed],
     live: str | None = None,
     constraints: list[str] | None = None,
+    *,
+    full_requests: int = 0,  # the base's N (halving's; unused here)
 ) -> Proposal | None:
     """The next point Optuna's TPE proposes from the observations, or None when it only proposes measured
     points (converged) or the space is measured whole. live: the service identity running now (the latest
@@ -257,7 +258,84 @@ def _why(n: int, startup: int, valued: list[Observed], higher: bool) -> str:
     )
 
 
-# Strategies that propose points, by search kind: one function each, the same signature.
-STRATEGIES: dict[
-    str, Callable[[list[Axis], Search, bool, list[Observed], str | None, list[str] | None], Proposal | None]
-] = {"tpe": tpe}
+REQUESTS = "load.requests"  # the field a halving screen sets beside the axes
+
+
+def screens(first: int, eta: int, full: int) -> list[int]:
+    """N of each screen of a halving search: first, eta times more each, the last the base's N."""
+    out = [first]
+    while out[-1] * eta < full:
+        out.append(out[-1] * eta)
+    return [*out, full]
+
+
+def halving(
+    axes: list[Axis],
+    search: Search,
+    higher: bool,
+    observed: list[Observed],
+    live: str | None = None,
+    constraints: list[str] | None = None,
+    *,
+    full_requests: int,
+) -> Proposal | None:
+    """Successive halving over the enumerated space: every point once with screen_requests, then the best 1/eta
+    of each screen (within the limits first, by the objective; then the least breaking) again with eta times the
+    requests, until the base's N; the last screen's points are the campaign's answer (its settle rule repeats
+    them). None once the last screen is measured. Within a screen, the running service's points come first and
+    each service identity's points follow one another (one start each)."""
+    assert search.screen_requests is not None
+    ns = screens(search.screen_requests, search.eta, full_requests)
+    seen = {key(ob.values): ob for ob in observed}
+    svc = service_axes(axes)
+
+    def ident(values: dict[str, Scalar]) -> tuple[tuple[str, str], ...]:
+        return key({a.path: values[a.path] for a in svc})
+
+    running = next((ident(ob.values) for ob in reversed(observed) if ob.service_key == live), None)
+    alive = space_of(axes, constraints or [])
+    for rung, n in enumerate(ns):
+        at = [({**v, REQUESTS: n} if n != full_requests else v) for v in alive]
+        todo = [v for v in at if key(v) not in seen]
+        if todo:
+            first: dict[tuple[tuple[str, str], ...], int] = {}
+            for i, v in enumerate(todo):
+                first.setdefault(ident(v), i)
+            pick = min(todo, key=lambda v: (ident(v) != running, first[ident(v)]))
+            where = f"screen {rung + 1} of {len(ns)}, N={n}"
+            if rung == 0:
+                return Proposal(pick, f"proposed by halving, {where}: every point of the space once")
+            return Proposal(pick, f"proposed by halving, {where}: in the best 1/{search.eta} of screen {rung}")
+        ranked = sorted((seen[key(v)] for v in at), key=lambda ob: _rank(ob, higher))
+        keep = ranked[: max(1, -(-len(at) // search.eta))]
+        alive = [{p: v for p, v in ob.values.items() if p != REQUESTS} for ob in keep]
+    return None
+
+
+def _rank(ob: Observed, higher: bool) -> tuple[int, float]:
+    """Within the limits first (by the objective), then breaking (the least first), no result last."""
+    if ob.value is None:
+        return (2, 0.0)
+    if ob.meets:
+        return (0, -ob.value if higher else ob.value)
+    return (1, ob.breach)
+
+
+class Strategy(Protocol):
+    """Proposes a campaign's next point from what was measured (None: the search has ended)."""
+
+    def __call__(
+        self,
+        axes: list[Axis],
+        search: Search,
+        higher: bool,
+        observed: list[Observed],
+        live: str | None = None,
+        constraints: list[str] | None = None,
+        *,
+        full_requests: int,
+    ) -> Proposal | None: ...
+
+
+# Strategies that propose points, by search kind (model.PROPOSING): one function each, the same signature.
+STRATEGIES: dict[str, Strategy] = {"tpe": tpe, "halving": halving}

@@ -18,7 +18,16 @@ import orjson
 from pydantic import ValidationError
 
 from caseledger import datasets
-from caseledger.campaign.model import Axis, CampaignDraft, Repeats, Scalar, Search, apply_axis, label_of
+from caseledger.campaign.model import (
+    PROPOSING,
+    Axis,
+    CampaignDraft,
+    Repeats,
+    Scalar,
+    Search,
+    apply_axis,
+    label_of,
+)
 from caseledger.case.decision import Decision
 from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.case.store import (
@@ -105,15 +114,22 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
     base = _base(ws, draft, source)
     # every point validated before anything is written: a bad axis value names its point and field
     cases = [_point_case(ws, base, draft.axes, values, source) for values in draft.combos()]
-    if draft.search.kind == "tpe":  # points come later: the first proposal checks the axis paths now
+    if draft.search.kind in PROPOSING:  # points come later: the first proposal checks the axis paths now
         _check_paths(base, draft.axes, source)
+    screen = draft.search.screen_requests
+    if screen is not None and screen >= base.load.requests:
+        raise CaseInvalid(
+            f"{source} is not a valid campaign: search.screen_requests {screen} is not below the base's "
+            f"load.requests {base.load.requests}",
+            "set search.screen_requests below the base's N (e.g. a quarter of it); nothing was written",
+        )
     axes = [a.model_dump(mode="json", exclude_defaults=True) for a in draft.axes]
     # the id: what is measured (base and axes); a search that proposes points adds how it proposes them
     ident: dict[str, Any] = {"base_case": case_id_of(base), "axes": axes}  # JSON: campaign.json's hashed part
     if draft.constraints:  # part of the space (absent: the ids campaigns had before constraints)
         ident["constraints"] = draft.constraints
-    if draft.search.kind == "tpe":
-        ident["search"] = draft.search.model_dump(mode="json")
+    if draft.search.kind in PROPOSING:
+        ident["search"] = draft.search.identity()
     gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
     base_id, _ = store(ws, base, source)
     points = [_store_point(ws, gid, base_id, values, label, case) for values, label, case in cases]

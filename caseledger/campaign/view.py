@@ -13,7 +13,7 @@ from pydantic import Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
-from caseledger.campaign.model import Scalar
+from caseledger.campaign.model import PROPOSING, Scalar
 from caseledger.campaign.store import Campaign, driver_events, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
     from caseledger.metrics import F64
 
 
-PointStatus = Literal["measured", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
+PointStatus = Literal["measured", "screened", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
 
 
 class PointRow(FrozenModel):
@@ -41,7 +41,8 @@ class PointRow(FrozenModel):
     label: str = Field(description="Its axis values, e.g. 'C=8' or '-np=2 C=8'")
     case_id: str = Field(description="The point's frozen case")
     status: PointStatus = Field(
-        description="measured: has valid runs; running; queued: the planner runs it next; pending: the search may "
+        description="measured: has valid runs; screened: a halving screen, measured with fewer requests (never "
+        "the answer); running; queued: the planner runs it next; pending: the search may "
         "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
         "not_needed: the answer does not depend on it"
     )
@@ -253,6 +254,7 @@ def _observe_point(
         when=when,
         run_rel=run_rel,
         sent=sent,
+        screen="load.requests" in values and all(a.path != "load.requests" for a in camp.axes),
     )
     return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card)
 
@@ -325,7 +327,9 @@ def current_plan(
 def search_open(ws: Workspace, camp: Campaign) -> bool:
     """A strategy that proposes points (search kind 'tpe') may still propose one: its budget is not spent and
     its driver has not recorded that it ended (converged, or the space measured whole) at this many points."""
-    if camp.search.kind != "tpe" or len(camp.points) >= (camp.search.max_points or 0):
+    if camp.search.kind not in PROPOSING:
+        return False
+    if camp.search.max_points is not None and len(camp.points) >= camp.search.max_points:
         return False
     ended = [e for e in driver_events(ws, camp.campaign_id) if e.get("type") == "search_ended"]
     return not any(e.get("points") == len(camp.points) for e in ended)
@@ -335,7 +339,7 @@ def _pareto(rows: list[PointRow]) -> set[str]:
     pts = [
         (r.case_id, r.per_card_tok_s, r.per_user_tok_s)
         for r in rows
-        if r.meets and r.per_card_tok_s is not None and r.per_user_tok_s is not None
+        if r.meets and r.status != "screened" and r.per_card_tok_s is not None and r.per_user_tok_s is not None
     ]
     front = set()
     for cid, a, b in pts:
@@ -438,7 +442,7 @@ def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[Poin
     if o.case_id in pl.given_up:
         return "given_up", pl.given_up[o.case_id]
     if o.runs:
-        return "measured", None
+        return ("screened", o.why or None) if o.screen else ("measured", None)
     if o.case_id in pl.skipped:
         return "skipped", pl.skipped[o.case_id]
     if o.case_id in pl.pending and not complete:

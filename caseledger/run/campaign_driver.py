@@ -162,10 +162,14 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs]) -> str:
     ]
     # the service identity running now: the one of the latest valid run (its load-only neighbours come first)
     live = max(((o.when[-1], o.service_key) for o in obs if o.when), default=(None, None))[1]
-    got = STRATEGIES[camp.search.kind](camp.axes, camp.search, higher, observed, live, camp.constraints)
+    full = load_case(ws, camp.base_case).load.requests
+    strategy = STRATEGIES[camp.search.kind]
+    got = strategy(camp.axes, camp.search, higher, observed, live, camp.constraints, full_requests=full)
     if got is None:
         why = (
-            f"converged: it proposes only measured points or service identities it left ({len(obs)} of "
+            f"its last screen (N={full}) is measured: {len(obs)} points in all"
+            if camp.search.kind == "halving"
+            else f"converged: it proposes only measured points or service identities it left ({len(obs)} of "
             f"{space_size(camp.axes):g} in the space)"
         )
         event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
