@@ -10,7 +10,16 @@ from pydantic import BaseModel, Field
 from caseledger import datasets, services
 from caseledger.campaign.store import is_campaign_draft
 from caseledger.case.model import Case
-from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, decision_words, delta, plan
+from caseledger.case.plan import (
+    DeltaItem,
+    Live,
+    PlanStep,
+    argv_change,
+    decision_words,
+    delta,
+    freeze_warnings,
+    plan,
+)
 from caseledger.case.store import check_parent, load_case, read_draft, record_decision, store, validate
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
@@ -36,6 +45,10 @@ class FreezeResult(BaseModel):
         None,
         description="What this freeze changed in the scenario's decision (objective, limits, min_effect): "
         "every case of the scenario is re-decided from its results, no request sent; null: unchanged",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the case will measure that it may not mean (frozen all the same), each with its fix",
     )
 
     def text(self) -> str:
@@ -64,6 +77,7 @@ class FreezeResult(BaseModel):
             lines.append(
                 f"scenario decision: {self.decision_change}; every case re-decided from its results, 0 requests sent"
             )
+        lines += [f"WARNING: {w}" for w in self.warnings]
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
@@ -128,6 +142,7 @@ def _freeze(
         decision_change=(
             words if before is not None and (words := decision_words(before, case.decision)) != "unchanged" else None
         ),
+        warnings=freeze_warnings(case),
     )
 
 
