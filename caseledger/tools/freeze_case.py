@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
+from caseledger.steps import Steps
 from caseledger.tools import campaigns
 from caseledger.workspace import Workspace
 
@@ -89,11 +91,14 @@ def freeze_case(
     draft: dict[str, Any] | None = None,  # JSON: a case draft
     parent: str | None = None,
     cwd_first: bool = True,
+    steps: Steps | None = None,
 ) -> FreezeResult:
     """Freeze a case draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
-    cwd_first: a relative path is looked up in the current directory before the workspace (the CLI)."""
+    cwd_first: a relative path is looked up in the current directory before the workspace (the CLI). steps: told
+    each slow step (hashing a GGUF, converting its tokenizer, generating the dataset) that lasts its after_s."""
     obj, source = _read(workspace, path, draft, cwd_first)
-    return _freeze(workspace, obj, source, parent)
+    with steps.active() if steps is not None else nullcontext():
+        return _freeze(workspace, obj, source, parent)
 
 
 def _freeze(
@@ -166,18 +171,21 @@ def freeze_any(
     draft: dict[str, Any] | None = None,  # JSON: a case draft
     parent: str | None = None,
     cwd_first: bool = True,
+    steps: Steps | None = None,
 ) -> FreezeResult | campaigns.CampaignFrozen:
     """The freeze_case tool: a case draft, or a campaign draft ({"campaign": {...}}), which freezes the campaign
-    and every point as cases."""
+    and every point as cases. steps: as freeze_case's."""
     obj, source = _read(workspace, path, draft, cwd_first)
     if not is_campaign_draft(obj):
-        return _freeze(workspace, obj, source, parent)  # the draft read once
+        with steps.active() if steps is not None else nullcontext():
+            return _freeze(workspace, obj, source, parent)  # the draft read once
     if parent is not None:
         raise CaseInvalid(
             "parent is not a field of a campaign",
             "name the base with campaign.base_case (a frozen case id) instead; nothing was written",
         )
-    return campaigns.freeze(workspace, obj, source)
+    with steps.active() if steps is not None else nullcontext():
+        return campaigns.freeze(workspace, obj, source)
 
 
 def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:
