@@ -340,6 +340,9 @@ def _g(x: float) -> str:
     return f"{x:.4g}"
 
 
+_AL_SOURCES = (("al_counters", "counters"), ("al_per_request", "per-request counts"))  # the AL a brief line shows
+
+
 def brief(w: WindowFigures) -> str:
     """One line of a window's figures beyond the headline: E2E and ITL, AL with its numbers, cache hits against
     the target, and how many figures were not observed (the details: the structure)."""
@@ -351,9 +354,9 @@ def brief(w: WindowFigures) -> str:
         if d is not None
     ]
     ratios = w.spec_decode.ratios
-    al = next(((k, ratios[k]) for k in ("al_counters", "al_per_request") if k in ratios), None)
+    al = next(((src, ratios[k]) for k, src in _AL_SOURCES if k in ratios), None)
     if al is not None:
-        parts.append(f"AL {_g(al[1].value)} = {al[1].numerator:g} / {al[1].denominator:g} ({label(al[0])})")
+        parts.append(f"AL {_g(al[1].value)} = {al[1].numerator:g} / {al[1].denominator:g} ({al[0]})")
     c = w.cache
     hits = c.observed.get("hit_ratio")
     if hits is not None:
@@ -363,5 +366,5 @@ def brief(w: WindowFigures) -> str:
     missing = [m for s in sections for m in s.not_observed]
     if missing:
         n = sum(len(m.figures) for m in missing)
-        parts.append(f"{n} NOT_OBSERVED ({len({m.reason for m in missing})} reasons)")
+        parts.append(f"{n} figure(s) NOT_OBSERVED ({len({m.reason for m in missing})} reason(s) in not_observed)")
     return "; ".join(parts) or "no figures"

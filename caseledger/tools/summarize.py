@@ -136,8 +136,8 @@ class SummaryResult(BaseModel):
             lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
             lines.append(f"  native ({r.native.rule if r.native else '-'}){mark['native']}: {f(r.native)}")
             if r.figures is not None:  # the decision's window (whole when undecided): what the headline leaves out
-                shown = "native" if r.decision_window == "native" else "whole"
-                lines.append(f"  {shown} also: {brief(getattr(r.figures, shown))}")
+                shown = r.figures.native if r.decision_window == "native" else r.figures.whole
+                lines.append(f"  {shown.name} also: {brief(shown)}")
         if self.side_by_side:
             lines.append(f"side-by-side: {self.side_by_side}")
         if self.damaged:
