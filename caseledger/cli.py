@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 import orjson
 
-from caseledger import redact
+from caseledger import redact, steps
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
 from caseledger.records import NativeRule
@@ -289,7 +289,9 @@ def _dispatch(a: argparse.Namespace) -> int:
 def _freeze(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.tools import freeze_any  # lazy: see above
 
-    _emit(freeze_any(ws, a.path, parent=a.parent), a.json)
+    # a slow step (hashing a GGUF, converting its tokenizer, generating the dataset) says what it does on stderr
+    told = steps.Steps(say=lambda what: print(f"freeze: {what} ...", file=sys.stderr, flush=True), after_s=steps.SLOW_S)
+    _emit(freeze_any(ws, a.path, parent=a.parent, steps=told), a.json)
     return 0
 
 

@@ -79,6 +79,19 @@ def test_example_drafts_point_at_the_schema_and_validate() -> None:
         Case.model_validate(d)
 
 
+def test_a_prefix_ratio_without_a_cache_target_is_frozen_with_a_warning_naming_the_fix(ws: Workspace) -> None:
+    prefix = {"source": "prefix_cache", "input_tokens": 512, "prefix_ratio": 0.75, "block_size": 16}
+    warned = freeze_case(ws, draft=ref_draft(18001, dataset=prefix))
+    assert warned.created  # a warning, not a refusal
+    (w,) = warned.warnings
+    assert "dataset.prefix_ratio is 0.75 but cache.min_hit_ratio is null" in w and "cold slot" in w
+    assert '"cache": {"min_hit_ratio": 0.75}' in w
+    assert f"WARNING: {w}" in warned.text()
+    targeted = freeze_case(ws, draft=ref_draft(18001, dataset=prefix, cache={"min_hit_ratio": 0.75}))
+    plain = freeze_case(ws, draft=ref_draft(18001))
+    assert targeted.warnings == [] and plain.warnings == [] and "WARNING" not in plain.text()
+
+
 def test_freeze_fills_defaults_and_is_idempotent(ws: Workspace) -> None:
     p = write_draft(ws, "a.json", ref_draft(18001))
     a = freeze_case(ws, str(p))

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent / "caseledger"
 
 # Lowest first. A module may import from its own stage or a lower one, never from a higher one.
 STAGES: list[tuple[str, ...]] = [
-    ("errors", "faults", "procs", "records", "redact", "workspace"),  # base: errors, fault points, processes, raw
+    # base: errors, fault points, processes, raw records, secrets, slow steps named, the workspace
+    ("errors", "faults", "procs", "records", "redact", "steps", "workspace"),
     ("case",),  # what to measure, the impact table, delta -> plan, frozen storage
     ("ledger",),  # events, leases, runs, folded state, queue, authorization
     ("datasets",),  # materialized requests and their identity

@@ -315,3 +315,18 @@ def decision_words(before: Decision, after: Decision) -> str:
         if a.get(k) != b.get(k)
     ]
     return ", ".join(parts) or "unchanged"
+
+
+def freeze_warnings(case: Case) -> list[str]:
+    """What a freeze accepts but a person should hear before a run: a case that will measure something other than
+    it seems to ask for. Warnings, not refusals: the case is valid and may be meant."""
+    out: list[str] = []
+    ratio = case.dataset.prefix_ratio
+    if ratio > 0 and case.cache.min_hit_ratio is None:
+        out.append(
+            f"dataset.prefix_ratio is {ratio:g} but cache.min_hit_ratio is null: cache_prepare is skipped, so no "
+            "route's prefixes are seeded and the first request of each prefix group on every cold slot misses the "
+            f'cache (the measured hit ratio falls below {ratio:g}); set "cache": {{"min_hit_ratio": {ratio:g}}} to '
+            "seed and check the cache before the formal load"
+        )
+    return out

@@ -14,6 +14,7 @@ from caseledger.case.model import Case
 from caseledger.datasets import trace as _trace
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
 from caseledger.errors import CaseInvalid, NotFound
+from caseledger.steps import step
 from caseledger.workspace import Workspace, flocked, read_json, sha256_file
 
 # ------------------------------------------------------------------------------------ materialize
@@ -68,7 +69,9 @@ def materialize(ws: Workspace, case: Case) -> DatasetIdentity:
             )
         tmp = Path(tempfile.mkdtemp(prefix=f".{dataset_id}.", suffix=".tmp", dir=ws.datasets_dir))
         try:
-            identity = generate_dataset(ws, case, dataset_id, tmp, inputs)
+            ds = case.dataset
+            with step(f"generating dataset {dataset_id}: {ds.entries} entries, tokenizer {ds.tokenizer}"):
+                identity = generate_dataset(ws, case, dataset_id, tmp, inputs)
             try:
                 os.rename(tmp, final)
             except OSError:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from caseledger.errors import CaseInvalid, quoted
+from caseledger.steps import step
 from caseledger.workspace import atomic_write, read_json_or_none, sha256_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
@@ -140,12 +141,14 @@ def gguf_dir(path: Path) -> Path:
     GGUF's own; a GGUF without one gets ChatML, which llama.cpp falls back to, with the BOS token in front
     when the GGUF says llama.cpp adds one (tokenizer.ggml.add_bos_token)."""
     st = path.stat()
-    sha = _gguf_sha256(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    with step(f"hashing {path.name} ({st.st_size / 1e9:.1f} GB; once per file version)"):
+        sha = _gguf_sha256(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
     out = cache_root() / "tokenizers" / f"gguf-{sha[:16]}"
     if (out / "tokenizer.json").is_file():
         return out
     try:
-        _convert_gguf(path, sha, out)
+        with step(f"converting the tokenizer of {path.name} to {out} (once per file)"):
+            _convert_gguf(path, sha, out)
     except CaseInvalid:
         raise
     except Exception as e:  # the gguf package or the converter refused the file
@@ -244,7 +247,9 @@ def load(name: str) -> Any:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoTokenizer  # lazy: ~1 s import, only for HF tokenizers
 
-    return AutoTokenizer.from_pretrained(str(resolve(name)))
+    where = resolve(name)
+    with step(f"loading the tokenizer {where}"):
+        return AutoTokenizer.from_pretrained(str(where))
 
 
 @functools.lru_cache(maxsize=4)

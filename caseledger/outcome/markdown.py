@@ -3,38 +3,16 @@ throughput, prefix cache, speculative decoding, failures and notes). NOT_OBSERVE
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from caseledger.metrics import (
     Distribution,
     NotObserved,
     PositionAcceptance,
-    Ratio,
     Throughput,
     TokenAgreement,
-    WindowResult,
 )
-
-_Dist = Callable[[WindowResult], Distribution | NotObserved]
-_DIST_ROWS: tuple[tuple[_Dist, str], ...] = (
-    (lambda w: w.latency.ttft, "TTFT"),
-    (lambda w: w.latency.tpot, "TPOT"),
-    (lambda w: w.latency.itl, "ITL (chunk gaps)"),
-    (lambda w: w.latency.itl_token_aware, "ITL (token-aware)"),
-    (lambda w: w.latency.e2e, "E2E"),
-)
-_TOKEN_ROWS: tuple[tuple[_Dist, str], ...] = (
-    (lambda w: w.tokens.input_body, "input tokens (body)"),
-    (lambda w: w.tokens.input_chat, "input tokens (chat template)"),
-    (lambda w: w.tokens.prompt, "prompt tokens (server)"),
-    (lambda w: w.tokens.output, "output tokens (server)"),
-)
-_RATE_ROWS: tuple[tuple[Callable[[WindowResult], Throughput | NotObserved], str], ...] = (
-    (lambda w: w.throughput.request, "request throughput"),
-    (lambda w: w.throughput.output, "output token throughput"),
-    (lambda w: w.throughput.input, "input token throughput"),
-    (lambda w: w.throughput.total, "total token throughput"),
-)
+from caseledger.outcome.figures import Missing, WindowFigures, label
 
 
 def _f(x: float, digits: int = 4) -> str:
@@ -43,10 +21,8 @@ def _f(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
-def _agreement_line(a: TokenAgreement | NotObserved) -> str:
+def _agreement_line(a: TokenAgreement) -> str:
     """One line: did the server count the prompt tokens the dataset planned, request by request?"""
-    if isinstance(a, NotObserved):
-        return f"Server prompt tokens vs planned chat tokens: {_no(a)}"
     if a.equal == a.compared:
         return f"Server prompt tokens = planned chat tokens on {a.equal} of {a.compared} requests."
     return (
@@ -80,7 +56,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return out
 
 
-def _window_head(w: WindowResult) -> str:
+def _window_head(w: WindowFigures) -> str:
     if not w.found:
         return f"**{w.name}** ({w.rule}): no window — {w.reason}"
     params = ", ".join(f"{k}={v}" for k, v in w.params.items())
@@ -91,32 +67,35 @@ def _window_head(w: WindowResult) -> str:
     )
 
 
-def _dist_table(w: WindowResult, rows: tuple[tuple[_Dist, str], ...]) -> list[str]:
-    body: list[list[object]] = []
-    for pick, label in rows:
-        d = pick(w)
-        if isinstance(d, Distribution):
-            body.append([label, d.unit, d.mean, d.min, d.p50, d.p75, d.p90, d.p99, d.max, d.count])
-        else:
-            body.append([label, _no(d), "", "", "", "", "", "", "", ""])
-    return table(["metric", "unit", "mean", "min", "p50", "p75", "p90", "p99", "max", "count"], body)
+def not_observed_lines(missing: list[Missing]) -> list[str]:
+    """A section's NOT_OBSERVED figures: one line per reason, the reason said once."""
+    if not missing:
+        return []
+    return ["", *[f"NOT_OBSERVED ({m.reason}): {'; '.join(label(f) for f in m.figures)}." for m in missing]]
 
 
-def _rate_row(label: str, t: Throughput | NotObserved) -> list[object]:
-    if isinstance(t, NotObserved):
-        return [label, _no(t), "", ""]
-    return [label, f"{_f(t.value)} {t.unit}", f"{_f(t.per_card)} {t.unit}/card", t.text]
+def _dist_table(observed: dict[str, Distribution]) -> list[str]:
+    body = [
+        [label(name), d.unit, d.mean, d.min, d.p50, d.p75, d.p90, d.p99, d.max, d.count] for name, d in observed.items()
+    ]
+    header = ["metric", "unit", "mean", "min", "p50", "p75", "p90", "p99", "max", "count"]
+    return ["", *table(header, body)] if body else []
 
 
-def _ratio_row(label: str, r: Ratio | NotObserved) -> list[object]:
-    if isinstance(r, NotObserved):
-        return [label, _no(r), "", ""]
-    return [label, _f(r.value), r.formula, r.text]
+def _rate_rows(rates: dict[str, Throughput], names: dict[str, str] | None = None) -> list[list[object]]:
+    return [
+        [(names or {}).get(k, label(k)), f"{_f(t.value)} {t.unit}", f"{_f(t.per_card)} {t.unit}/card", t.text]
+        for k, t in rates.items()
+    ]
 
 
-def window_section(w: WindowResult) -> list[str]:
+def _rate_table(rows: list[list[object]]) -> list[str]:
+    return ["", *table(["metric", "value", "per card", "computation"], rows)] if rows else []
+
+
+def window_section(w: WindowFigures) -> list[str]:
     """A window's section of report.md: its extent, latency, tokens, throughput, prefix cache, speculative
-    decoding, failures and notes."""
+    decoding, failures and notes (the figures of outcome.figures, NOT_OBSERVED said once per reason)."""
     out = [f"### Window `{w.name}`", "", _window_head(w), ""]
     out += table(
         [
@@ -150,20 +129,19 @@ def window_section(w: WindowResult) -> list[str]:
             ]
         ],
     )
-    out += ["", f"Latency ({w.name} window, successful requests only):", ""]
-    out += _dist_table(w, _DIST_ROWS)
-    out += ["", f"Tokens per request ({w.name} window):", ""]
-    out += _dist_table(w, _TOKEN_ROWS)
-    out += ["", _agreement_line(w.tokens.prompt_vs_planned)]
+    if w.not_observed:
+        out += not_observed_lines(w.not_observed)
+    out += ["", f"Latency ({w.name} window, successful requests only):"]
+    out += _dist_table(w.latency.observed) + not_observed_lines(w.latency.not_observed)
+    out += ["", f"Tokens per request ({w.name} window):"]
+    out += _dist_table(w.tokens.observed) + not_observed_lines(w.tokens.not_observed)
+    if w.prompt_vs_planned is not None:
+        out += ["", _agreement_line(w.prompt_vs_planned)]
     out += [
         "",
         f"Throughput ({w.name} window, over {_f(w.duration_s or 0.0)} s, per card = / {w.cards}):",
-        "",
     ]
-    out += table(
-        ["metric", "value", "per card", "computation"],
-        [_rate_row(label, pick(w)) for pick, label in _RATE_ROWS],
-    )
+    out += _rate_table(_rate_rows(w.throughput.observed)) + not_observed_lines(w.throughput.not_observed)
     out += _cache_section(w)
     out += _spec_section(w)
     if w.failed_by_class:
@@ -176,68 +154,44 @@ def window_section(w: WindowResult) -> list[str]:
     return [*out, ""]
 
 
-def _cache_section(w: WindowResult) -> list[str]:
-    out: list[str] = []
+def _cache_section(w: WindowFigures) -> list[str]:
     cache = w.cache
-    out += ["", f"Prefix cache ({w.name} window; denominator: {cache.denominator}):", ""]
+    hits, tokens = cache.observed.get("hit_ratio"), cache.observed.get("cached_tokens")
+    below = "—" if cache.below_min is None or hits is None else f"{cache.below_min} of {hits.count}"
+    out = ["", f"Prefix cache ({w.name} window; denominator: {cache.denominator}):", ""]
     out += table(
         ["figure", "value"],
         [
             ["requests with cached_tokens", cache.requests_with_cached_tokens],
-            ["cached tokens min / mean / max", _mmm(cache.cached_tokens)],
-            ["hit ratio min / mean / max", _mmm(cache.hit_ratio)],
-            ["hit ratio p50 / p90 / p99", _pct(cache.hit_ratio)],
+            ["cached tokens min / mean / max", _mmm(tokens)],
+            ["hit ratio min / mean / max", _mmm(hits)],
+            ["hit ratio p50 / p90 / p99", _pct(hits)],
             ["case.cache.min_hit_ratio", cache.min_hit_ratio],
             ["share of requests meeting it", cache.share_meeting_min],
+            ["requests below it", below],
         ],
     )
-    out += [
-        "",
-        *table(
-            ["metric", "value", "per card", "computation"],
-            [
-                _rate_row("nominal input throughput", cache.nominal_input_throughput),
-                _rate_row("uncached (recomputed) input throughput", cache.uncached_input_throughput),
-            ],
-        ),
-    ]
-    return out
+    nominal = {k: v for k, v in w.throughput.observed.items() if k == "input_throughput"}
+    rows = _rate_rows(nominal, {"input_throughput": "nominal input throughput"}) + _rate_rows(cache.rates)
+    return out + _rate_table(rows) + not_observed_lines(cache.not_observed)
 
 
-def _spec_section(w: WindowResult) -> list[str]:
-    out: list[str] = []
+def _spec_section(w: WindowFigures) -> list[str]:
     spec = w.spec_decode
-    per = spec.per_request
+    out = ["", f"Speculative decoding ({w.name} window; requested {spec.requested}, source {spec.source or '—'}):"]
+    rows: list[list[object]] = [[label(k), _f(r.value), r.formula, r.text] for k, r in spec.ratios.items()]
+    out += ["", *table(["figure", "value", "formula", "numbers"], rows)] if rows else []
+    out += not_observed_lines(spec.not_observed)
+    span = "—" if spec.span_s is None else f"{_f(spec.span_s[0])} s to {_f(spec.span_s[1])} s after the first send"
     out += [
         "",
-        f"Speculative decoding ({w.name} window; requested {spec.requested}, source {spec.source or '—'}):",
-        "",
-    ]
-    out += table(
-        ["figure", "value", "formula", "numbers"],
-        [
-            _ratio_row("AL, per-request counts", per.acceptance_length),
-            _ratio_row("strict acceptance rate, per-request counts", per.acceptance_rate),
-            _ratio_row("1 + accepted / verify steps, per-request", per.acceptance_length_accepted),
-            _ratio_row("AL, counters (whole window only)", spec.acceptance_length),
-            _ratio_row("1 + Δaccepted / Δdrafts, counters", spec.acceptance_length_counters),
-            _ratio_row("strict acceptance rate, counters", spec.acceptance_rate),
-        ],
-    )
-    span = (
-        "—"
-        if per.start_s is None or per.end_s is None
-        else f"{_f(per.start_s)} s to {_f(per.end_s)} s after the first send"
-    )
-    out += [
-        "",
-        f"Per-request counts cover {per.requests} successful request(s) of this window ({per.requests_with_counts} "
-        f"with draft counts, {per.requests_with_steps} with verify steps), sending and ending within {span}.",
+        f"Per-request counts cover {spec.requests} successful request(s) of this window ({spec.requests_with_counts} "
+        f"with draft counts, {spec.requests_with_steps} with verify steps), sending and ending within {span}.",
     ]
     if spec.agreement:
         verdict = "agree" if spec.agree else "DISAGREE: both are shown above"
         out += ["", f"Counters vs per-request counts ({verdict}):", *[f"- {line}" for line in spec.agreement]]
-    positions = _positions(per.by_position, spec.by_position_counters)
+    positions = _positions(spec.by_position, spec.by_position_counters)
     if positions:
         out += ["", *table(["draft position", "per-request: accepted / verify steps", "counters"], positions)]
     if spec.counters:
@@ -251,28 +205,20 @@ def _spec_section(w: WindowResult) -> list[str]:
     return out
 
 
-def _positions(
-    per: list[PositionAcceptance] | NotObserved, counters: list[PositionAcceptance] | NotObserved
-) -> list[list[object]]:
-    """One row per draft position seen by either source; empty when neither has any."""
-    mine = {p.position: p for p in per} if isinstance(per, list) else {}
-    theirs = {p.position: p for p in counters} if isinstance(counters, list) else {}
+def _positions(per: list[PositionAcceptance], counters: list[PositionAcceptance]) -> list[list[object]]:
+    """One row per draft position seen by either source; empty when neither has any ('—': not observed there)."""
+    mine = {p.position: p for p in per}
+    theirs = {p.position: p for p in counters}
 
-    def cell(p: PositionAcceptance | None, whole: list[PositionAcceptance] | NotObserved) -> object:
-        if p is None:
-            return whole if isinstance(whole, NotObserved) else "—"
-        return f"{_f(p.rate)} ({_f(p.accepted)} / {_f(p.verify_steps)})"
+    def cell(p: PositionAcceptance | None) -> object:
+        return "—" if p is None else f"{_f(p.rate)} ({_f(p.accepted)} / {_f(p.verify_steps)})"
 
-    return [[k, cell(mine.get(k), per), cell(theirs.get(k), counters)] for k in sorted(set(mine) | set(theirs))]
+    return [[k, cell(mine.get(k)), cell(theirs.get(k))] for k in sorted(set(mine) | set(theirs))]
 
 
-def _mmm(d: Distribution | NotObserved) -> str:
-    if isinstance(d, NotObserved):
-        return _no(d)
-    return f"{_f(d.min)} / {_f(d.mean)} / {_f(d.max)}"
+def _mmm(d: Distribution | None) -> str:
+    return "—" if d is None else f"{_f(d.min)} / {_f(d.mean)} / {_f(d.max)}"
 
 
-def _pct(d: Distribution | NotObserved) -> str:
-    if isinstance(d, NotObserved):
-        return _no(d)
-    return f"{_f(d.p50)} / {_f(d.p90)} / {_f(d.p99)}"
+def _pct(d: Distribution | None) -> str:
+    return "—" if d is None else f"{_f(d.p50)} / {_f(d.p90)} / {_f(d.p99)}"

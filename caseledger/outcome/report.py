@@ -15,6 +15,7 @@ from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import NotObserved, Ratio, Result, WindowResult
 from caseledger.outcome.decide import DecisionRecord
+from caseledger.outcome.figures import window_figures
 from caseledger.outcome.flags import evidence_flags
 from caseledger.outcome.markdown import table, window_section
 
@@ -269,8 +270,8 @@ def _windows_section(result: Result) -> list[str]:
         ],
     )
     out += ["", "Figures below are grouped by window; no figure combines two windows.", ""]
-    out += window_section(result.windows.whole)
-    out += window_section(result.windows.native)
+    out += window_section(window_figures(result.windows.whole))
+    out += window_section(window_figures(result.windows.native))
     return out
 
 

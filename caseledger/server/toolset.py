@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field, ValidationError
 from caseledger import redact
 from caseledger.errors import CaseInvalid, CaseledgerError, Unexpected, unexpected
 from caseledger.server.published import RATIO_MAX, RATIO_MIN_EXCLUSIVE, SCENARIO_PATTERN, NativeRule
+from caseledger.steps import Steps
 from caseledger.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -112,10 +113,12 @@ async def _off_loop(
     fn: Callable[[], _Result],
     heartbeat_s: float | None = None,
     checked: bool = False,
+    doing: Steps | None = None,
 ) -> CallToolResult:
     """Run a blocking tool function in a worker thread; heartbeat progress while it runs (heartbeat_s 0: none,
-    the function reports its own); map errors; mask the values of the workspace's secrets in the answer (checked:
-    the structured content against the result's model)."""
+    the function reports its own), naming the slow step running then (`doing`, the Steps the function reports
+    to); map errors; mask the values of the workspace's secrets in the answer (checked: the structured content
+    against the result's model)."""
     every = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
 
     def call() -> _Result:
@@ -129,8 +132,9 @@ async def _off_loop(
         while True:
             await anyio.sleep(every)
             elapsed = anyio.current_time() - t0
+            now = doing.current() if doing is not None else None
             try:
-                await ctx.report_progress(elapsed, None, f"{what}: {elapsed:.0f}s")
+                await ctx.report_progress(elapsed, None, f"{what}: {now + ', ' if now else ''}{elapsed:.0f}s")
             except Exception:  # a lost progress channel must not fail the call itself
                 log.debug("progress notification failed", exc_info=True)
                 return
@@ -244,13 +248,15 @@ def _freeze_case(mcp: MCPServer, ws: Workspace) -> None:
                 )
             )
 
+        steps = Steps()  # the heartbeat names the slow step running (hashing a GGUF, converting its tokenizer, ...)
+
         def call() -> _Result:
             from caseledger.tools import freeze_any  # lazy: see the module's docstring
 
             # resolved against the workspace (never the server's cwd), refused if it escapes it
-            return freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False)
+            return freeze_any(ws, path, draft=draft, parent=parent, cwd_first=False, steps=steps)
 
-        return await _off_loop(ctx, ws, "freezing the case", call)
+        return await _off_loop(ctx, ws, "freezing the case", call, doing=steps)
 
 
 def _start_run(mcp: MCPServer, ws: Workspace) -> None:

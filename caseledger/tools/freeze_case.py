@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,22 @@ from pydantic import BaseModel, Field
 from caseledger import datasets, services
 from caseledger.campaign.store import is_campaign_draft
 from caseledger.case.model import Case
-from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, decision_words, delta, plan
+from caseledger.case.plan import (
+    DeltaItem,
+    Live,
+    PlanStep,
+    argv_change,
+    decision_words,
+    delta,
+    freeze_warnings,
+    plan,
+)
 from caseledger.case.store import check_parent, load_case, read_draft, record_decision, store, validate
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
+from caseledger.steps import Steps
 from caseledger.tools import campaigns
 from caseledger.workspace import Workspace
 
@@ -36,6 +47,10 @@ class FreezeResult(BaseModel):
         None,
         description="What this freeze changed in the scenario's decision (objective, limits, min_effect): "
         "every case of the scenario is re-decided from its results, no request sent; null: unchanged",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the case will measure that it may not mean (frozen all the same), each with its fix",
     )
 
     def text(self) -> str:
@@ -64,6 +79,7 @@ class FreezeResult(BaseModel):
             lines.append(
                 f"scenario decision: {self.decision_change}; every case re-decided from its results, 0 requests sent"
             )
+        lines += [f"WARNING: {w}" for w in self.warnings]
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
@@ -75,11 +91,14 @@ def freeze_case(
     draft: dict[str, Any] | None = None,  # JSON: a case draft
     parent: str | None = None,
     cwd_first: bool = True,
+    steps: Steps | None = None,
 ) -> FreezeResult:
     """Freeze a case draft (a file path or an inline dict). Identical content returns the same id, writes nothing.
-    cwd_first: a relative path is looked up in the current directory before the workspace (the CLI)."""
+    cwd_first: a relative path is looked up in the current directory before the workspace (the CLI). steps: told
+    each slow step (hashing a GGUF, converting its tokenizer, generating the dataset) that lasts its after_s."""
     obj, source = _read(workspace, path, draft, cwd_first)
-    return _freeze(workspace, obj, source, parent)
+    with steps.active() if steps is not None else nullcontext():
+        return _freeze(workspace, obj, source, parent)
 
 
 def _freeze(
@@ -128,6 +147,7 @@ def _freeze(
         decision_change=(
             words if before is not None and (words := decision_words(before, case.decision)) != "unchanged" else None
         ),
+        warnings=freeze_warnings(case),
     )
 
 
@@ -151,18 +171,21 @@ def freeze_any(
     draft: dict[str, Any] | None = None,  # JSON: a case draft
     parent: str | None = None,
     cwd_first: bool = True,
+    steps: Steps | None = None,
 ) -> FreezeResult | campaigns.CampaignFrozen:
     """The freeze_case tool: a case draft, or a campaign draft ({"campaign": {...}}), which freezes the campaign
-    and every point as cases."""
+    and every point as cases. steps: as freeze_case's."""
     obj, source = _read(workspace, path, draft, cwd_first)
     if not is_campaign_draft(obj):
-        return _freeze(workspace, obj, source, parent)  # the draft read once
+        with steps.active() if steps is not None else nullcontext():
+            return _freeze(workspace, obj, source, parent)  # the draft read once
     if parent is not None:
         raise CaseInvalid(
             "parent is not a field of a campaign",
             "name the base with campaign.base_case (a frozen case id) instead; nothing was written",
         )
-    return campaigns.freeze(workspace, obj, source)
+    with steps.active() if steps is not None else nullcontext():
+        return campaigns.freeze(workspace, obj, source)
 
 
 def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:

@@ -1,6 +1,7 @@
 """summarize: the scenario view (one row per case: change, run, decision metric, latency percentiles, limit
-verdicts, decision) or figures per run with report.md + report.json and a side-by-side table; a PNG of the
-decision metric against the swept value with the limits drawn and the latency CDFs.
+verdicts, decision) or figures per run (every figure of report.md, outcome.figures) with report.md + report.json
+and a side-by-side table; a PNG of the decision metric against the swept value with the limits drawn and the
+latency CDFs.
 
 Writes only derived, regenerable files (reports, the side-by-side table, the PNG); never run state.
 """
@@ -22,9 +23,11 @@ from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.index import open_index
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256
+from caseledger.metrics import Result
 from caseledger.outcome import plots, report, summary
 from caseledger.outcome.chart import draw_view, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
+from caseledger.outcome.figures import RunFigures, brief, run_figures, short
 from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
 from caseledger.outcome.summary import Headline
 from caseledger.run.after_load import raw_change
@@ -44,6 +47,12 @@ class RunSummary(BaseModel):
     missing: list[str] = Field(default_factory=list, description="Evidence missing for a decision")
     whole: Headline | None = Field(description="Headline figures of the whole window")
     native: Headline | None = Field(description="Headline figures of the native window (the rule computed last)")
+    figures: RunFigures | None = Field(
+        None,
+        description="Every figure of the run's report.md by window and section (ITL, E2E, tokens, rates, prefix-cache "
+        "hits and the requests below the target, AL with its formula and numbers), 4 significant digits; "
+        "NOT_OBSERVED figures listed once per reason in each section's not_observed",
+    )
     time_ledger: dict[str, Any] | None = Field(  # JSON: the time ledger
         None,
         description="Seconds: start_run to the first formal request, "
@@ -126,6 +135,9 @@ class SummaryResult(BaseModel):
             mark = {w: " (decides)" if r.decision_window == w else "" for w in ("whole", "native")}
             lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
             lines.append(f"  native ({r.native.rule if r.native else '-'}){mark['native']}: {f(r.native)}")
+            if r.figures is not None:  # the decision's window (whole when undecided): what the headline leaves out
+                shown = r.figures.native if r.decision_window == "native" else r.figures.whole
+                lines.append(f"  {shown.name} also: {brief(shown)}")
         if self.side_by_side:
             lines.append(f"side-by-side: {self.side_by_side}")
         if self.damaged:
@@ -178,6 +190,7 @@ def summarize(
                 decision_window=dec.get("window"),
                 whole=summary.headline(last, "whole") if last else None,
                 native=summary.headline(last, "native") if last else None,
+                figures=short_figures(last) if last else None,
                 time_ledger=_compact(body["time_ledger"] if body else summary.time_ledger(run)),
                 report=str(paths.report_md) if paths.report_md.exists() else None,
                 changed_evidence=raw_change(paths, sealed_raw_sha256(v)) if not v.controller_alive else None,
@@ -194,6 +207,11 @@ def summarize(
     last_run = out[-1]
     nxt = _runs_next(workspace, last_run, missing)
     return SummaryResult(runs=out, side_by_side=side, plot=plot, next_call=nxt)
+
+
+def short_figures(result: Result) -> RunFigures:
+    """The run's figures (outcome.figures, as report.md shows them) at the precision of a short answer."""
+    return RunFigures.model_validate(short(run_figures(result).model_dump(mode="json")))
 
 
 def _runs_next(workspace: Workspace, last_run: RunSummary, missing: list[str]) -> str:
