@@ -31,7 +31,7 @@ STAGES: list[tuple[str, ...]] = [
     ("outcome", "campaign"),
     ("run",),  # create/start, controller, phase bodies, preflight, resume, a campaign's driver (starts its runs)
     ("tools",),  # the six tools
-    ("importers", "server", "demo"),  # AISBench import, MCP wiring, the demo
+    ("importers", "server", "demo", "init"),  # AISBench import, MCP wiring, the demo, a new workspace
     ("cli", "__main__", "__init__"),  # entry points
 ]
 RANK = {name: n for n, names in enumerate(STAGES) for name in names}

@@ -11,7 +11,15 @@ from caseledger import datasets, services
 from caseledger.campaign.store import is_campaign_draft
 from caseledger.case.model import Case
 from caseledger.case.plan import DeltaItem, Live, PlanStep, argv_change, decision_words, delta, plan
-from caseledger.case.store import check_parent, load_case, read_draft, record_decision, store, validate
+from caseledger.case.store import (
+    check_parent,
+    load_case,
+    read_draft,
+    record_decision,
+    refuse_unfilled,
+    store,
+    validate,
+)
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
@@ -138,10 +146,13 @@ def _read(
     cwd_first: bool,
 ) -> tuple[dict[str, Any], str]:  # JSON: a case draft
     if draft is not None:
-        return dict(draft), "inline draft"
-    if path is None:
+        obj, source = dict(draft), "inline draft"
+    elif path is None:
         raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
-    return read_draft(ws, path, cwd_first=cwd_first)
+    else:
+        obj, source = read_draft(ws, path, cwd_first=cwd_first)
+    refuse_unfilled(obj, source)  # a template's value left for its user: named before anything is checked
+    return obj, source
 
 
 def freeze_any(
