@@ -135,8 +135,14 @@ def _commands(name: str, text: str | None = None) -> list[list[str]]:
 @pytest.mark.parametrize("name", NAMES)
 def test_every_caseledger_command_shown_parses(name: str) -> None:
     parser = cli._parser()
+    names = {a for action in parser._subparsers._group_actions for a in action.choices} if parser._subparsers else set()
     bad = []
     for argv in _commands(name):
+        if argv[0] not in names:
+            bad.append(" ".join(argv))
+            continue
+        if len(argv) == 1:  # a command named in prose (`caseledger freeze refuses ...`): the name is enough
+            continue
         try:
             parser.parse_args(argv)
         except SystemExit:
