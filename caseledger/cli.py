@@ -1,4 +1,4 @@
-"""The `caseledger` command: the six tools one to one, plus authorize, mcp, inspect, demo and helpers.
+"""The `caseledger` command: the six tools one to one, plus init, authorize, mcp, inspect, demo and helpers.
 
 Every command prints the same short answer as the MCP tool (`--json` for the structured form), with the
 values of the workspace's secrets masked as *** (caseledger.redact).
@@ -14,15 +14,16 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 import orjson
 
-from caseledger import redact, steps
+from caseledger import redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
 from caseledger.records import NativeRule
-from caseledger.workspace import Workspace
+from caseledger.workspace import Workspace, steps
 
 if TYPE_CHECKING:
     from caseledger.run.progress import ProgressLine
@@ -177,7 +178,7 @@ def _read_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
 
 
 def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
-    """Authorization, the MCP server and its inspector, the reference target, import, demo, schema."""
+    """Authorization, the MCP server and its inspector, the reference target, import, demo, schema, init."""
     s = sub.add_parser("authorize", parents=[common], help="set authorization: paused | single | auto")
     s.add_argument("mode", choices=["paused", "single", "auto"])
 
@@ -221,7 +222,30 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("demo", parents=[common], help="end-to-end demo on the reference target in a temp workspace")
     s.add_argument("--keep", action="store_true", help="keep the temporary workspace")
 
-    sub.add_parser("schema", parents=[common], help="regenerate schemas/*.schema.json from the models")
+    s = sub.add_parser(
+        "schema",
+        parents=[common],
+        help="write the workspace's schemas/case.schema.json from the models (never into the installation)",
+    )
+    s.add_argument(
+        "--package",
+        action="store_true",
+        help="also regenerate the package's generated files (caseledger/data/); only in a source checkout",
+    )
+
+    s = sub.add_parser(
+        "init",
+        parents=[common],
+        help="a new workspace: cases/ with a template for the engine, schemas/, .mcp.json, HANDOFF.md",
+        description="Write a workspace for one engine; a file already there is kept (and named), never overwritten.",
+    )
+    s.add_argument("dir", nargs="?", default=None, metavar="DIR", help="the workspace (default: the workspace)")
+    s.add_argument(
+        "--engine",
+        default=None,
+        metavar="ENGINE",
+        help="vllm | sglang | llamacpp (started by caseledger), external (a server already running), reference",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -277,7 +301,8 @@ def _refuse(e: CaseledgerError) -> int:
 
 def _dispatch(a: argparse.Namespace) -> int:
     ws = Workspace.open(a.workspace)
-    if a.cmd != "mcp":  # the server remembers them before every answer, and starts without reading the cases
+    if a.cmd not in ("mcp", "init"):  # the server remembers them before every answer, and starts without reading
+        # the cases; init may be given a DIR that is no workspace yet (or a file: refused by name)
         from caseledger.case.store import remember_secrets  # lazy: the case models (~0.2 s) `mcp` starts without
 
         remember_secrets(ws)  # answers mask the values of every frozen case's secrets, whichever run they show
@@ -429,11 +454,38 @@ def _demo(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _schema(ws: Workspace, a: argparse.Namespace) -> int:
-    from caseledger.case.schema import write_schemas  # lazy: see _dispatch
-    from caseledger.server.published import write_published  # lazy: mcp, the tools
+    from caseledger.case.schema import PACKAGED_SCHEMAS, write_schemas  # lazy: see _dispatch
 
-    paths = [str(p) for p in [*write_schemas(), write_published()]]
-    _print({"written": paths}, "\n".join(paths), a.json)
+    paths = write_schemas(ws.root / "schemas")
+    if a.package:
+        from caseledger.server.published import write_published  # lazy: mcp, the tools
+
+        _source_checkout()
+        paths += [*write_schemas(PACKAGED_SCHEMAS), write_published()]
+    _print({"written": [str(p) for p in paths]}, "\n".join(str(p) for p in paths), a.json)
+    return 0
+
+
+def _source_checkout() -> None:
+    """Refuse to write into an installed package: --package regenerates the files of a source checkout only."""
+    root = Path(__file__).resolve().parent.parent
+    project = root / "pyproject.toml"
+    if not (project.is_file() and 'name = "caseledger"' in project.read_text(errors="replace")):
+        raise CaseledgerError(
+            f"--package regenerates the package's files in a source checkout; {root} is an installation",
+            "run it from a clone of caseledger (pip install -e .), or drop --package; nothing was written",
+        )
+
+
+def _init(ws: Workspace, a: argparse.Namespace) -> int:
+    from caseledger.init import init_workspace  # lazy: the case models, see _dispatch
+
+    if a.dir is not None and a.workspace is not None and Path(a.dir).resolve() != ws.root:
+        raise CaseledgerError(
+            f"DIR '{a.dir}' and --workspace '{a.workspace}' name two workspaces",
+            "give one of them (caseledger init DIR --engine ...); nothing was written",
+        )
+    _emit(init_workspace(a.dir if a.dir is not None else ws.root, a.engine), a.json)
     return 0
 
 
@@ -454,6 +506,7 @@ _COMMANDS: dict[str, Callable[[Workspace, argparse.Namespace], int]] = {
     "import": _import,
     "demo": _demo,
     "schema": _schema,
+    "init": _init,
 }
 
 

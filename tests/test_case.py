@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from caseledger.campaign.model import CampaignDraft
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
 from caseledger.case.plan import IMPACT, Impact, impact_of
-from caseledger.case.schema import SCHEMAS_DIR, case_schema
+from caseledger.case.schema import CASE_SCHEMA, case_schema
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
@@ -62,8 +62,9 @@ def test_every_field_has_a_description() -> None:
 
 
 def test_schema_file_is_not_stale() -> None:
-    on_disk = (SCHEMAS_DIR / "case.schema.json").read_bytes()
-    assert on_disk == case_schema(), "schemas/case.schema.json is stale: run `caseledger schema`"
+    """The checkout's schemas/ (its cases/ drafts point there); the packaged copy: tests/test_init.py."""
+    on_disk = (Path(__file__).resolve().parent.parent / "schemas" / CASE_SCHEMA).read_bytes()
+    assert on_disk == case_schema(), "schemas/case.schema.json is stale: run `caseledger schema` in the checkout"
 
 
 def test_example_drafts_point_at_the_schema_and_validate() -> None:

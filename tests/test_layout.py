@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent / "caseledger"
 
 # Lowest first. A module may import from its own stage or a lower one, never from a higher one.
 STAGES: list[tuple[str, ...]] = [
-    # base: errors, fault points, processes, raw records, secrets, slow steps named, the workspace
-    ("errors", "faults", "procs", "records", "redact", "steps", "workspace"),
+    # base: errors, fault points, processes, raw records, secrets, the workspace (its files, slow steps named)
+    ("errors", "faults", "procs", "records", "redact", "workspace"),
     ("case",),  # what to measure, the impact table, delta -> plan, frozen storage
     ("ledger",),  # events, leases, runs, folded state, queue, authorization
     ("datasets",),  # materialized requests and their identity
@@ -32,7 +32,7 @@ STAGES: list[tuple[str, ...]] = [
     ("outcome", "campaign"),
     ("run",),  # create/start, controller, phase bodies, preflight, resume, a campaign's driver (starts its runs)
     ("tools",),  # the six tools
-    ("importers", "server", "demo"),  # AISBench import, MCP wiring, the demo
+    ("importers", "server", "demo", "init"),  # AISBench import, MCP wiring, the demo, a new workspace
     ("cli", "__main__", "__init__"),  # entry points
 ]
 RANK = {name: n for n, names in enumerate(STAGES) for name in names}

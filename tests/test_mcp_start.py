@@ -74,7 +74,7 @@ def test_the_listed_surface_is_byte_identical_to_the_recorded_one(tmp_path: Path
 
 def test_the_published_file_is_what_the_models_give_now() -> None:
     assert pub.encode(pub.generate()) == pub.PUBLISHED_FILE.read_bytes(), (
-        "caseledger/data/mcp_published.json is stale: run `caseledger schema`"
+        "caseledger/data/mcp_published.json is stale: run `caseledger schema --package`"
     )
 
 

@@ -12,12 +12,12 @@ import anyio
 import pytest
 from mcp import Client
 
-from caseledger import steps as steps_mod
 from caseledger.cli import main
 from caseledger.server import build_server, toolset
-from caseledger.steps import Steps, step
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
+from caseledger.workspace import steps as steps_mod
+from caseledger.workspace.steps import Steps, step
 from tests.conftest import ref_draft, write_draft
 
 freeze_module = importlib.import_module("caseledger.tools.freeze_case")  # the module (the package exports the function)

@@ -1,5 +1,5 @@
 """The input boundary of a case: every number and string has a documented bound, far above what a real campaign
-needs (the seeds: N 640, C 64, 131072 input tokens) and low enough that a typo (1e12) is refused at freeze instead
+needs (a large one: N 640, C 64, 131072 input tokens) and low enough that a typo (1e12) is refused at freeze instead
 of hanging it, exhausting memory or flooding HANDOFF.md. Integers and booleans are strict (`true` is no 1, 5.0 is
 no 5) and floats must be finite (NaN/Infinity would be stored as null): the base model of every case section says
 so once."""

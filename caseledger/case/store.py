@@ -133,6 +133,36 @@ def parse_draft(data: bytes, source: str) -> dict[str, Any]:  # JSON: a case dra
     return obj
 
 
+# A value a template left for its user (`caseledger init` writes them): "<FILL: what to put here>". A draft holding
+# one is refused at freeze, naming each field, before anything is validated, materialized or written.
+FILL_MARK = "<FILL:"
+
+
+def unfilled(obj: Any, path: str = "") -> list[tuple[str, str]]:  # JSON: a draft, walked
+    """(field path, value) of every string that still holds FILL_MARK, in document order."""
+    if isinstance(obj, str):
+        return [(path or "(draft)", obj)] if FILL_MARK in obj else []
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in unfilled(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(obj, list):
+        return [x for i, v in enumerate(obj) for x in unfilled(v, f"{path}[{i}]")]
+    return []
+
+
+def refuse_unfilled(obj: Any, source: str) -> None:  # JSON: a draft
+    """CaseInvalid naming every field of the draft that still holds a template's <FILL: ...> value."""
+    left = unfilled(obj)
+    if not left:
+        return
+    shown = "; ".join(f"{path} = {quoted(value, 90)}" for path, value in left[:6])
+    more = f" (+{len(left) - 6} more)" if len(left) > 6 else ""
+    raise CaseInvalid(
+        f"{source} still has {len(left)} value(s) to fill: {shown}{more}",
+        "replace each '<FILL: ...>' value with yours (what each field means: caseledger's docs/engines.md) and "
+        "freeze again; nothing was written",
+    )
+
+
 def validate(obj: dict[str, Any], source: str) -> Case:  # JSON: a case draft
     """The draft as a filled case; CaseInvalid naming the field and the fix, also for a service the OS could not
     start (argv and environment over execve's limits: case/launch.py)."""

@@ -14,8 +14,8 @@ from caseledger.case.model import Case
 from caseledger.datasets import trace as _trace
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
 from caseledger.errors import CaseInvalid, NotFound
-from caseledger.steps import step
 from caseledger.workspace import Workspace, flocked, read_json, sha256_file
+from caseledger.workspace.steps import step
 
 # ------------------------------------------------------------------------------------ materialize
 

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from caseledger.errors import CaseInvalid, quoted
-from caseledger.steps import step
 from caseledger.workspace import atomic_write, read_json_or_none, sha256_file
+from caseledger.workspace.steps import step
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
 CHATML_TEMPLATE = (

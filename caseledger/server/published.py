@@ -5,7 +5,7 @@ rules and summarize's output schema; their sources (caseledger.tools, .metrics, 
 the index and every result model: about a second of imports no session start should pay. So the server reads them
 from here: the names and bounds come from caseledger.records (light, their one source), and the generated parts
 (decision words, output schemas) are in caseledger/data/mcp_published.json. tests/test_mcp_start.py fails when the
-file differs from its source; regenerate it with `caseledger schema`.
+file differs from its source; regenerate it with `caseledger schema --package` (in a source checkout).
 """
 
 from __future__ import annotations
@@ -122,6 +122,6 @@ def encode(p: Published) -> bytes:
 
 
 def write_published() -> Path:
-    """Regenerate caseledger/data/mcp_published.json (`caseledger schema` does, with schemas/)."""
+    """Regenerate caseledger/data/mcp_published.json (`caseledger schema --package` does, in a source checkout)."""
     PUBLISHED_FILE.write_bytes(encode(generate()))
     return PUBLISHED_FILE

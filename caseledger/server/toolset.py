@@ -36,8 +36,8 @@ from pydantic import BaseModel, Field, ValidationError
 from caseledger import redact
 from caseledger.errors import CaseInvalid, CaseledgerError, Unexpected, unexpected
 from caseledger.server.published import RATIO_MAX, RATIO_MIN_EXCLUSIVE, SCENARIO_PATTERN, NativeRule
-from caseledger.steps import Steps
 from caseledger.workspace import Workspace
+from caseledger.workspace.steps import Steps
 
 if TYPE_CHECKING:
     from caseledger.tools import StatusResult

@@ -21,14 +21,22 @@ from caseledger.case.plan import (
     freeze_warnings,
     plan,
 )
-from caseledger.case.store import check_parent, load_case, read_draft, record_decision, store, validate
+from caseledger.case.store import (
+    check_parent,
+    load_case,
+    read_draft,
+    record_decision,
+    refuse_unfilled,
+    store,
+    validate,
+)
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
-from caseledger.steps import Steps
 from caseledger.tools import campaigns
 from caseledger.workspace import Workspace
+from caseledger.workspace.steps import Steps
 
 
 class FreezeResult(BaseModel):
@@ -158,10 +166,13 @@ def _read(
     cwd_first: bool,
 ) -> tuple[dict[str, Any], str]:  # JSON: a case draft
     if draft is not None:
-        return dict(draft), "inline draft"
-    if path is None:
+        obj, source = dict(draft), "inline draft"
+    elif path is None:
         raise CaseInvalid("freeze_case needs a draft", "give path='cases/x.json' or an inline draft object")
-    return read_draft(ws, path, cwd_first=cwd_first)
+    else:
+        obj, source = read_draft(ws, path, cwd_first=cwd_first)
+    refuse_unfilled(obj, source)  # a template's value left for its user: named before anything is checked
+    return obj, source
 
 
 def freeze_any(
