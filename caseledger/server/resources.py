@@ -111,7 +111,8 @@ def _add_schemas(mcp: MCPServer) -> None:
         name="campaign_schema",
         mime_type="application/schema+json",
         description="JSON Schema of a campaign draft (a few KB): axis paths in words (a flag by name, a "
-        "component's flag, an env var), the repeat policy, one example per search kind (grid, knee, tpe)",
+        "component's flag, an env var), the repeat policy, one example per search kind (grid, knee, tpe, tpe "
+        "with a knee, halving)",
     )
     async def campaign_schema_json() -> str:
         from caseledger.campaign.schema import campaign_schema  # lazy: the case models

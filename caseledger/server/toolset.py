@@ -237,7 +237,7 @@ def _freeze_case(mcp: MCPServer, ws: Workspace) -> None:
         dataset, store it under its content hash (same content: same case_id). Returns the case_id, the delta
         against the parent and the plan (phases run, reused or skipped). Next: start_run(case_id). A campaign
         draft {"campaign": {name, base (a draft or a case id), axes: [{path, values}], search: {kind:
-        grid|knee|tpe}, decision: {primary_metric, limits}, repeats}} returns a g-... id (fields, axis paths
+        grid|knee|tpe|halving}, decision: {primary_metric, limits}, repeats}} returns a g-... id (fields, axis paths
         such as 'service.argv[-np]' and an example per kind: resource caseledger://schema/campaign). The decision
         section is the scenario's, not part of any id: changing a limit re-decides, sending nothing."""
         if (path is None) == (draft is None):
