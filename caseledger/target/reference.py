@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -72,6 +73,24 @@ _CYCLE = 8191  # length of the pre-drawn output token cycle (prime, so offsets d
 _EPS = 1e-9
 
 
+@functools.cache
+def _vocab(tokenizer: str) -> tuple[Any, list[str], list[int]]:
+    """The tokenizer, the text of every token id, and the ids safe to emit: ' word' pieces that re-encode to
+    themselves, so the streamed text re-tokenizes to exactly the tokens counted (once per tokenizer and process:
+    a simulation builds an engine per point)."""
+    tok = load_fast(tokenizer)
+    size = tok.get_vocab_size()
+    texts = [tok.decode([i]) for i in range(size)]
+    safe = [
+        i
+        for i, t in enumerate(texts)
+        if len(t) > 1 and t[0] == " " and t[1:].isascii() and t[1:].isalpha() and tok.encode(t).ids == [i]
+    ]
+    if not safe:
+        raise ValueError(f"tokenizer '{tokenizer}' has no ' word' tokens to emit")
+    return tok, texts, safe
+
+
 class ReferenceEngine:
     """Scheduler, prefix cache, speculative decoding, faults and counters of the reference target."""
 
@@ -87,8 +106,7 @@ class ReferenceEngine:
         self.requests_total = 0
         self.by_phase: dict[str, int] = {}
         self.slowdown = 1.0  # every prefill and decode step takes this many times longer (SIGUSR1 doubles it)
-        self._tok: Any = load_fast(tokenizer)
-        self._texts, out_ids = self._output_vocab()
+        self._tok, self._texts, out_ids = _vocab(tokenizer)
         seed = config.seed
         self._rng_fault = random.Random(f"{seed}:fault")
         self._rng_eos = random.Random(f"{seed}:eos")
@@ -108,21 +126,6 @@ class ReferenceEngine:
         self._task: asyncio.Task[None] | None = None
 
     # ---- tokenization -------------------------------------------------------------------------
-
-    def _output_vocab(self) -> tuple[list[str], list[int]]:
-        """Text of every token id, and the ids safe to emit: ' word' pieces that re-encode to themselves,
-        so the streamed text re-tokenizes to exactly the tokens counted."""
-        tok = self._tok
-        size = tok.get_vocab_size()
-        texts = [tok.decode([i]) for i in range(size)]
-        safe = [
-            i
-            for i, t in enumerate(texts)
-            if len(t) > 1 and t[0] == " " and t[1:].isascii() and t[1:].isalpha() and tok.encode(t).ids == [i]
-        ]
-        if not safe:
-            raise ValueError(f"tokenizer '{self.tokenizer_name}' has no ' word' tokens to emit")
-        return texts, safe
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a prompt text, exactly as counted in usage.prompt_tokens."""

@@ -11,7 +11,6 @@ Only the engine is simulated: no HTTP, no load client, no tokenizer round trip (
 from __future__ import annotations
 
 import asyncio
-import random
 import selectors
 from dataclasses import dataclass
 
@@ -66,24 +65,24 @@ def simulate(
     requests: int,
     prompt_tokens: int = 256,
     max_tokens: int = 64,
-    seed: int = 0,
 ) -> Simulated:
     """N requests at concurrency C (each client sends its next request when the last one ended) on a fresh engine
-    with `config`; prompts of distinct random token ids (no prefix-cache hits), exactly max_tokens out."""
+    with `config` (its seed drives the engine's random choices); prompts bypass the prefix cache, exactly max_tokens
+    out."""
     if concurrency < 1 or requests < 1 or prompt_tokens < 1 or max_tokens < 1:
         raise ValueError("concurrency, requests, prompt_tokens and max_tokens must be >= 1")
     loop = _VirtualLoop()
     try:
-        return loop.run_until_complete(_load(config, concurrency, requests, prompt_tokens, max_tokens, seed))
+        return loop.run_until_complete(_load(config, concurrency, requests, prompt_tokens, max_tokens))
     finally:
         loop.close()
 
 
-async def _load(cfg: ReferenceConfig, c: int, n: int, prompt: int, out: int, seed: int) -> Simulated:
+async def _load(cfg: ReferenceConfig, c: int, n: int, prompt: int, out: int) -> Simulated:
     engine = ReferenceEngine(cfg, "simulated")
-    rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     todo = list(range(n))
+    ids = [1] * prompt
     ttft: list[float] = []
     tpot: list[float] = []
     tokens = 0
@@ -94,7 +93,7 @@ async def _load(cfg: ReferenceConfig, c: int, n: int, prompt: int, out: int, see
         while todo:
             todo.pop()
             sent = loop.time()
-            seq = engine.submit([rng.randrange(1, 30000) for _ in range(prompt)], out, cache_prompt=False)
+            seq = engine.submit(ids, out, cache_prompt=False)  # no cache lookup: the ids' values do not matter
             first: float | None = None
             while not seq.done or seq._out:
                 await seq.wait()
