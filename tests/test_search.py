@@ -397,6 +397,43 @@ def test_halving_on_the_reference_target_screens_with_fewer_requests_and_answers
     assert "halving:" in view.search and "campaign complete" in view.text()
 
 
+@pytest.mark.integration
+def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: Workspace, stop_services: None) -> None:
+    """tpe over slots x C with max_starts 1: the load-only neighbours of the first identity are measured on its
+    service, then the search ends instead of starting a second one, and the view says which budget ended it."""
+    from caseledger.campaign.view import campaign_view
+    from caseledger.ledger import authorization
+
+    authorization.set_mode(ws, "auto")
+    port = free_port()
+    base = ref_draft(port, scenario="budget", load={"requests": 8, "concurrency": 1})
+    d = {
+        "campaign": {
+            "name": "budget",
+            "base": base,
+            "axes": [
+                {"path": "service.reference.slots", "values": [4, 8]},
+                {"path": "load.concurrency", "values": [1, 2]},
+            ],
+            "search": {"kind": "tpe", "max_points": 4, "max_starts": 1},
+            "repeats": {"runs": 1, "settle_runs": 1, "budget": 0},
+            "decision": {"primary_metric": "output_throughput"},
+        }
+    }
+    f = freeze_any(ws, draft=d)
+    assert isinstance(f, CampaignFrozen), f.text()
+    start_any(ws, f.campaign_id)
+    deadline = time.monotonic() + 300
+    while not (view := campaign_view(ws, f.campaign_id)).complete:
+        assert time.monotonic() < deadline, view.text()
+        time.sleep(0.5)
+    assert view.progress["service_starts"] == 1 and len(view.rows) == 2, view.text()
+    assert len({r.label.split()[0] for r in view.rows}) == 1  # one identity, both of its C
+    assert "ended: its budget of 1 service start(s) is spent (1)" in view.search, view.search
+    with pytest.raises(ValueError, match="bound a search that proposes points"):
+        CampaignDraft.model_validate({**d["campaign"], "search": {"kind": "grid", "max_starts": 1}})
+
+
 @pytest.mark.processes  # the detached driver and controller, killed with SIGKILL
 @pytest.mark.integration
 def test_a_search_killed_mid_point_resumes_with_its_proposals_and_measures_no_point_twice(

@@ -188,6 +188,16 @@ class Search(_Model):
         "that breaks one, or below one that meets them all, are skipped, with why",
     )
 
+    max_starts: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        strict=True,
+        description="tpe, halving: the search ends when its next point would start a service beyond this many",
+    )
+    max_minutes: float | None = Field(
+        None, gt=0, le=43_200, description="tpe, halving: propose no point after this many minutes since the start"
+    )
     screen_requests: int | None = Field(
         None, ge=1, le=1_000_000, strict=True, description="halving: N of the first screen (below the base's N)"
     )
@@ -196,7 +206,9 @@ class Search(_Model):
     def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a proposing search
         """How a proposing search proposes, as the campaign id hashes it (the halving fields only for halving,
         so the ids of tpe campaigns frozen before them hold)."""
-        return self.model_dump(mode="json", exclude=None if self.kind == "halving" else {"screen_requests", "eta"})
+        left = set() if self.kind == "halving" else {"screen_requests", "eta"}
+        left |= {k for k in ("max_starts", "max_minutes") if getattr(self, k) is None}  # budgets: when given
+        return self.model_dump(mode="json", exclude=left)
 
     def describe(self, points: int) -> str:
         """The search in a few words, for every view: 'grid over 6 points', 'knee on load.concurrency over 6
@@ -314,6 +326,11 @@ class CampaignDraft(_Model):
                 )
         elif s.screen_requests is not None:
             raise ValueError(f"campaign.search.screen_requests applies to kind 'halving', not '{s.kind}': drop it")
+        if (s.max_starts is not None or s.max_minutes is not None) and s.kind not in PROPOSING:
+            raise ValueError(
+                f"campaign.search.max_starts and max_minutes bound a search that proposes points (tpe, halving), "
+                f"not '{s.kind}': drop them"
+            )
         if self.constraints and s.kind not in PROPOSING and not self.combos():
             raise ValueError(f"campaign.constraints: no point of the axes keeps them all ({self.constraints})")
         if s.kind == "knee" or s.axis is not None:

@@ -331,8 +331,7 @@ def search_open(ws: Workspace, camp: Campaign) -> bool:
         return False
     if camp.search.max_points is not None and len(camp.points) >= camp.search.max_points:
         return False
-    ended = [e for e in driver_events(ws, camp.campaign_id) if e.get("type") == "search_ended"]
-    return not any(e.get("points") == len(camp.points) for e in ended)
+    return search_ended(ws, camp) is None
 
 
 def _pareto(rows: list[PointRow]) -> set[str]:
@@ -364,9 +363,7 @@ def _progress(
         tl = time_ledger(load_run(ws, m.run_id))
         runs += 1
         formal += float(tl.get("formal_window_s") or 0.0)
-        svc = read_evidence(ws.run(m.run_id), Phase.SERVICE)
-        if isinstance(svc, ServiceRecord) and svc.outcome == "done" and any(p.pid for p in svc.processes):
-            starts += 1  # started by this run (not reused; an external target is verified, never started)
+        starts += started_service(ws, m)
         end = _end_of(tl, m)
         last_end = max(last_end, end or 0.0)
     live = any(r.status == "running" for r in rows) or driver_alive(ws, camp.campaign_id)
@@ -384,6 +381,20 @@ def _progress(
         "formal_window_s": round(formal, 1),
         "formal_window_share": round(formal / elapsed, 3) if elapsed > 0 else None,
     }
+
+
+def started_service(ws: Workspace, m: RunMeta) -> bool:
+    """The run started its service (not reused; an external target is verified, never started)."""
+    svc = read_evidence(ws.run(m.run_id), Phase.SERVICE)
+    return isinstance(svc, ServiceRecord) and svc.outcome == "done" and any(p.pid for p in svc.processes)
+
+
+def search_ended(ws: Workspace, camp: Campaign) -> str | None:
+    """Why a proposing search ended at its current number of points (its driver's record), or None."""
+    for e in reversed(driver_events(ws, camp.campaign_id)):
+        if e.get("type") == "search_ended" and e.get("points") == len(camp.points):
+            return str(e.get("why") or "ended")
+    return None
 
 
 def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # JSON: the time ledger
@@ -413,7 +424,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         scenario=camp.scenario,
         objective=f"{d.primary_metric} on {d.window} ({'higher' if higher else 'lower'} is better)",
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
-        search=camp.search.describe(len(camp.points)),
+        search=camp.search.describe(len(camp.points)) + (f"; ended: {why}" if (why := search_ended(ws, camp)) else ""),
         rows=rows,
         complete=complete,
         answer=answer,

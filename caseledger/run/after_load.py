@@ -28,7 +28,6 @@ from caseledger.ledger.evidence import (
     PostprocessEvidence,
 )
 from caseledger.ledger.runs import Run
-from caseledger.outcome import summary
 from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
 from caseledger.run import remote_load
@@ -224,5 +223,7 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
 
 def decide(run: Run) -> DecideEvidence:
     """The run's decision, written with its reports (outcome/summary.py); its evidence names the outcome."""
+    from caseledger.outcome import summary  # lazy: the outcome stage (numpy) is only needed once the load ended
+
     rec = summary.decide_run(run)  # decision.json's body, as JSON
     return DecideEvidence(decision=rec.get("outcome"), missing=rec.get("missing", []), baseline=rec.get("baseline_ref"))

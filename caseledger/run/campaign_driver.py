@@ -28,8 +28,9 @@ from typing import Any
 import orjson
 
 from caseledger import procs
+from caseledger.campaign.model import Scalar
 from caseledger.campaign.plan import PointObs
-from caseledger.campaign.search import STRATEGIES, Observed, space_size
+from caseledger.campaign.search import STRATEGIES, Observed, service_axes, space_size
 from caseledger.campaign.store import (
     Campaign,
     add_point,
@@ -40,14 +41,14 @@ from caseledger.campaign.store import (
     events_file,
     load_campaign,
 )
-from caseledger.campaign.view import current_plan, search_open
+from caseledger.campaign.view import current_plan, search_open, started_at, started_service
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
 from caseledger.ledger import authorization, indexdb
-from caseledger.ledger.runs import load_run
+from caseledger.ledger.runs import RunMeta, load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.outcome import handoff
 from caseledger.run.controller import DRIVEN_BY
@@ -99,7 +100,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     """One look at the campaign: wait for a running point, resume a repairable one, start the next; returns
     'done' when complete, 'wait' when it must wait, 'went' when it did something."""
     camp = load_campaign(ws, gid)
-    pl, obs, extra, _ = current_plan(ws, camp)
+    pl, obs, extra, mine = current_plan(ws, camp)
     for o in obs:
         if o.active:
             wait_for(ws, o.active, "end", RUN_TIMEOUT_S)
@@ -120,7 +121,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
                 event(ws, gid, "resume_refused", run_id=rid, error=e.message)
             return "went"
     if not pl.next:
-        return _propose(ws, camp, obs) if search_open(ws, camp) else "done"
+        return _propose(ws, camp, obs, mine) if search_open(ws, camp) else "done"
     cid, why = pl.next[0]
     point = camp.point(cid)
     o = next(x for x in obs if x.case_id == cid)
@@ -145,9 +146,16 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     return "went"
 
 
-def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs]) -> str:
+def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunMeta]) -> str:
     """The campaign's strategy proposes its next point from what was measured: frozen now, with why (the next
-    look at the plan runs it); or the search has ended (converged, or the space measured whole): recorded."""
+    look at the plan runs it); or the search has ended (converged, the space measured whole, a budget of service
+    starts or minutes spent): recorded."""
+    since = started_at(ws, camp.campaign_id)
+    minutes = camp.search.max_minutes
+    if minutes is not None and since is not None and (time.time() - since) / 60 >= minutes:
+        why = f"its budget of {minutes:g} minute(s) is spent ({(time.time() - since) / 60:.1f})"
+        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
+        return "went"
     higher = METRICS[camp.decision.primary_metric].higher_is_better
     observed = [
         Observed(
@@ -174,9 +182,29 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs]) -> str:
         )
         event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
         return "went"
+    spent = _starts_spent(ws, camp, mine, got.values, obs, live)
+    if spent is not None:  # the proposal would need one more service start than the budget allows
+        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=spent)
+        return "went"
     point = add_point(ws, camp, got.values, got.why)
     event(ws, camp.campaign_id, "point_proposed", case_id=point.case_id, label=point.label, why=got.why)
     return "went"
+
+
+def _starts_spent(
+    ws: Workspace, camp: Campaign, mine: list[RunMeta], values: dict[str, Scalar], obs: list[PointObs], live: str | None
+) -> str | None:
+    """Why a proposal is refused by the budget of service starts: it changes the running service's identity
+    (a service axis differs from the live point's) and the campaign's runs started that many already."""
+    cap = camp.search.max_starts
+    if cap is None:
+        return None
+    on_live = next((o for o in reversed(obs) if o.service_key == live and o.when), None)
+    svc = service_axes(camp.axes)
+    if on_live is not None and all(values.get(a.path) == on_live.values.get(a.path) for a in svc):
+        return None  # measured on the running service: no start
+    starts = sum(started_service(ws, m) for m in mine)
+    return f"its budget of {cap} service start(s) is spent ({starts})" if starts >= cap else None
 
 
 def _back_off(ws: Workspace, gid: str, o: PointObs) -> None:

@@ -49,10 +49,10 @@ from caseledger.ledger.evidence import (
 )
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, client_refs, fold
-from caseledger.outcome import handoff
 from caseledger.run import after_load, load_parts, phases, prepare, remote_load
 from caseledger.run import lease as run_lease
 from caseledger.run.envcheck import CHART_ENV
+from caseledger.run.handoff_writer import HandoffWriter
 from caseledger.run.preflight import ahead_result, run_fresh
 from caseledger.run.start import start_next
 from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, read_ref, write_json
@@ -101,6 +101,7 @@ class Controller:
         self.me = procs.me()
         self.owner = f"controller:{self.me['pid']}"
         self._stop = threading.Event()
+        self.handoff = HandoffWriter(self.ws)
         self._deadline = time.monotonic() + ledger.LEASE_SECONDS  # the lease surely lapses by then unless renewed
 
     # ---- events
@@ -191,7 +192,7 @@ class Controller:
                 checkpoint("controller", "before", phase, run_dir=self.paths.root)
                 attempt = pv.attempt + 1
                 self.event("phase_started", phase=phase, attempt=attempt)
-                handoff.refresh(self.ws)
+                self.handoff.ask()
                 failed = self.run_phase(phase, attempt)
                 if failed is not None:
                     outcome = f"failed:{failed}"
@@ -214,11 +215,7 @@ class Controller:
                     run_lease.release(self.ws, self.case, self.key, self.paths.run_id, self.fence)
                 except RemoteError as e:  # the lease lapses at its expiry instead
                     print(f"controller: release: {e}", file=sys.stderr)
-            try:
-                handoff.refresh(self.ws, exiting=self.paths.run_id)
-            except OSError as e:  # a derived file: a full disk must not hide the recorded outcome
-                if not is_disk_full(e):
-                    raise
+            self.handoff.final(self.paths.run_id)  # a full disk leaves it as it was: the outcome is recorded
             if not keep_lease and not outcome.endswith(FailureClass.DISK):
                 nxt = start_next(self.ws, self.key)  # an explicitly queued, preflighted case
                 if nxt:  # our fence is stale now (the next run holds the target): record without it
