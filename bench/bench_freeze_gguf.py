@@ -51,7 +51,9 @@ def freeze(ws: Path, cache: Path, d: dict[str, Any]) -> float:
 
 
 def converted(cache: Path) -> dict[str, int]:
-    return {d.name: (d / "tokenizer.json").stat().st_mtime_ns for d in (cache / "tokenizers").glob("gguf-*")}
+    return {
+        d.name: (d / "tokenizer.json").stat().st_mtime_ns for d in (cache / "tokenizers").glob("gguf-*") if d.is_dir()
+    }
 
 
 def main(k: int = 3) -> None:
