@@ -23,6 +23,7 @@ from caseledger.case.bounds import (
     OmitAtDefault,
     SectionModel,
 )
+from caseledger.engines import PROFILES
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
 
 _Arg = Annotated[str, StringConstraints(max_length=MAX_ARG)]
@@ -32,7 +33,7 @@ _EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 class ReferenceConfig(OmitAtDefault):
     """Performance model of the embedded reference target (adapter 'reference')."""
 
-    omit_at_default = ("max_batched_tokens", "spec_verify_s")
+    omit_at_default = ("max_batched_tokens", "spec_verify_s", "metrics_as")
 
     prefill_tokens_per_s: float = Field(
         20000.0, gt=0, le=1e15, strict=True, description="Prefill rate shared by requests in prefill (at most 1e15)"
@@ -73,6 +74,12 @@ class ReferenceConfig(OmitAtDefault):
         "decode tokens first (1 + spec_tokens per sequence), then prefill chunks in admission order; the step "
         "takes its prefill chunk / prefill_tokens_per_s longer. null: prefill runs beside decode, shared",
     )
+    metrics_as: str = Field(
+        "vllm",
+        max_length=64,
+        description="The engine whose /metrics names and version endpoint it serves (an engine profile: vllm, "
+        "sglang, llamacpp, tgi, ...), to check how caseledger reads that engine",
+    )
     hide_counters: list[Annotated[str, StringConstraints(max_length=200)]] = Field(
         default_factory=list,
         max_length=64,
@@ -109,6 +116,15 @@ class ReferenceConfig(OmitAtDefault):
         strict=True,
         description="Seed of the target's random choices (a signed 64-bit integer)",
     )
+
+    @model_validator(mode="after")
+    def _known_engine(self) -> ReferenceConfig:
+        if self.metrics_as not in PROFILES:
+            raise ValueError(
+                f"service.reference.metrics_as '{self.metrics_as[:64]}' is not an engine profile: use one of "
+                f"{', '.join(PROFILES)}"
+            )
+        return self
 
 
 class SSH(SectionModel):

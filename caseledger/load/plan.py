@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
+from caseledger import engines
 from caseledger.case.model import Case
 from caseledger.datasets import DatasetIdentity, Entry, load_entries, load_identity, render_prompt
 from caseledger.errors import CaseInvalid
@@ -93,9 +94,11 @@ def request_url(base_url: str, api: Api) -> str:
 
 def draft_counts_per_chunk(case: Case) -> bool:
     """Ask for llama.cpp's `timings_per_token` (cumulative draft counts on every chunk, from which the load
-    client counts each request's verify steps): only where the server is known to honour it, llama.cpp
-    (measurement.spec_decode 'llamacpp') and the reference target; other engines get no unknown field."""
-    return case.measurement.spec_decode == "llamacpp" or case.service.traits.timings_per_token
+    client counts each request's verify steps): only where the server is known to honour it, an engine whose
+    profile says its responses carry per-request draft counts (measurement.spec_decode names it) and the
+    reference target; other engines get no unknown field."""
+    named = engines.PROFILES.get(case.measurement.spec_decode)
+    return (named is not None and named.per_request_drafts) or case.service.traits.timings_per_token
 
 
 def request_body(

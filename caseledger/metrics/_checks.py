@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from caseledger import engines
 from caseledger.metrics._columns import B, RawColumns
 from caseledger.metrics._result import CounterCheck, RequestChecks
 from caseledger.metrics._spec import parse_prometheus
@@ -23,11 +24,7 @@ TOKENS_PER_CHUNK_MAX = 4
 EXAMPLES = 5  # invalid requests named in the result, first by plan index
 
 # Generated-token counters of each engine family (Δ over the formal load vs the per-request sum)
-GENERATION_COUNTERS = (
-    "vllm:generation_tokens_total",
-    "llamacpp:tokens_predicted_total",
-    "sglang:generation_tokens_total",
-)
+GENERATION_COUNTERS = engines.names("generation_tokens")  # every engine's counter of generated tokens
 
 
 @dataclass(frozen=True)

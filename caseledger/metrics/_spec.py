@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from caseledger.engines import PROFILES, EngineProfile
 from caseledger.metrics._columns import B, RawColumns
 from caseledger.metrics._models import (
     CounterDelta,
@@ -39,37 +40,18 @@ class Family:
     per_pos: tuple[str, ...] = ()  # accepted tokens per draft position, labelled position="k"
 
 
-FAMILIES: dict[str, Family] = {
-    # vLLM v1 (vllm/v1/spec_decode/metrics.py): Counters, exposed with the _total suffix.
-    "vllm": Family(
-        drafts=("vllm:spec_decode_num_drafts_total",),
-        draft_tokens=("vllm:spec_decode_num_draft_tokens_total",),
-        accepted=("vllm:spec_decode_num_accepted_tokens_total",),
-        per_pos=("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
-    ),
-    # SGLang (python/sglang/srt/metrics/collector.py): the only cumulative spec counter is
-    # spec_verify_calls_total (verify steps). spec_accept_length / spec_accept_rate are gauges over the last
-    # logging interval, not counters, so accepted and draft tokens cannot be differenced.
-    "sglang": Family(
-        drafts=("sglang:spec_verify_calls_total",),
-        draft_tokens=(),
-        accepted=(),
-        missing_why="SGLang exposes no cumulative accepted/draft token counters "
-        "(sglang:spec_accept_rate and spec_accept_length are last-interval gauges)",
-    ),
-    # llama.cpp llama-server: spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total with the llamacpp:
-    # prefix (its HELP: "Total speculative decoding verification steps" for drafts) and
-    # ..._num_accepted_tokens_per_pos_total{position="k"}, all seen on this machine's build. The
-    # n_drafted_total / n_drafted_accepted_total names are UNCERTAIN: seen only in third-party scrapers of
-    # older builds and kept as fallbacks. llamacpp:n_decode_total excludes speculative decoding and is not
-    # a verify count.
-    "llamacpp": Family(
-        drafts=("llamacpp:spec_decode_num_drafts_total",),
-        draft_tokens=("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:n_drafted_total"),
-        accepted=("llamacpp:spec_decode_num_accepted_tokens_total", "llamacpp:n_drafted_accepted_total"),
-        per_pos=("llamacpp:spec_decode_num_accepted_tokens_per_pos_total",),
-    ),
-}
+def _family(p: EngineProfile) -> Family:
+    return Family(
+        drafts=p.names("spec_drafts"),
+        draft_tokens=p.names("spec_draft_tokens"),
+        accepted=p.names("spec_accepted"),
+        missing_why=p.spec_missing,
+        per_pos=p.names("spec_per_pos"),
+    )
+
+
+# The engines whose /metrics counts speculative verify steps (caseledger/engines: one profile each).
+FAMILIES: dict[str, Family] = {n: _family(p) for n, p in PROFILES.items() if p.names("spec_drafts")}
 
 WHOLE_ONLY = "counters cover the whole window only; per_request holds this window's figures"
 WHOLE_ONLY_NO_COUNTS = "counters cover the whole run; the engine gave no per-request counts"

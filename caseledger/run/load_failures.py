@@ -9,6 +9,7 @@ from collections import Counter
 import httpx2 as httpx
 import orjson
 
+from caseledger import engines
 from caseledger.case.model import Case
 from caseledger.case.target import origin
 from caseledger.errors import FailureClass, PhaseFailed
@@ -111,14 +112,7 @@ def _kind(rec: RawRecord) -> str:
 
 
 # /metrics gauges of requests an engine holds (running or queued), per engine family
-IN_FLIGHT_GAUGES = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "llamacpp:requests_processing",
-    "llamacpp:requests_deferred",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-)
+IN_FLIGHT_GAUGES = engines.in_flight_gauges()  # every engine's gauges of requests running or queued
 IDLE_WAIT_S = 60.0  # how long a resend waits for an engine to finish what an abandoned attempt left
 
 

@@ -13,6 +13,7 @@ from typing import Any, NotRequired
 import httpx2 as httpx
 from typing_extensions import TypedDict  # pydantic validates these (live.ServiceState) on Python 3.11
 
+from caseledger import engines
 from caseledger.case.model import Case
 from caseledger.case.plan import argv_options
 from caseledger.case.service import ENV_REF, SSH, FileRef
@@ -114,22 +115,11 @@ def intended_argv(case: Case, unit: Unit | None = None) -> list[str]:
     return adapter_of(case).argv(case, u.argv, route)
 
 
-# Options naming a model file or directory, whose content hash joins the service identity: llama.cpp (-m, --model,
-# -md, --model-draft, --spec-draft-model), vLLM (--model DIR, or `vllm serve DIR`), SGLang (--model-path,
-# --speculative-draft-model-path), TGI (--model-id), TensorRT-LLM (`trtllm-serve DIR`). Each is read as `--opt v` and
-# as `--opt=v`; the first positional after a `serve` subcommand is a model path too.
-MODEL_FILE_OPTIONS = (
-    "-m",
-    "--model",
-    "-md",
-    "--model-draft",
-    "--spec-draft-model",
-    "--model-path",
-    "--speculative-draft-model-path",
-    "--draft-model",
-    "--model-id",
-)
-SERVE_WORDS = ("serve", "trtllm-serve")  # `vllm serve PATH`, `trtllm-serve PATH`: the path follows
+# Options naming a model file or directory, whose content hash joins the service identity: every engine profile's
+# (caseledger/engines), each read as `--opt v` and as `--opt=v`; the first positional after a serve word (`vllm
+# serve DIR`, `trtllm-serve DIR`) is a model path too.
+MODEL_FILE_OPTIONS = engines.weight_options()
+SERVE_WORDS = engines.serve_words()
 
 
 def weight_args(argv: list[str]) -> list[tuple[str, str]]:
@@ -348,10 +338,10 @@ def sha_of(path: str) -> str:
 
 
 def engine_version(unit: Unit) -> str | None:
-    """The engine's version as its HTTP API reports it (llama.cpp /props build_info, vLLM /version, SGLang
-    /get_server_info version), read once at start and recorded with the process; None when none answers."""
+    """The engine's version as its HTTP API reports it (each engine profile's endpoint and field, e.g. llama.cpp
+    /props build_info, vLLM /version), read once at start and recorded with the process; None when none answers."""
     base = origin(unit.health_url)
-    for path, field in (("/props", "build_info"), ("/version", "version"), ("/get_server_info", "version")):
+    for path, field in engines.version_endpoints():
         try:
             r = httpx.get(base + path, timeout=1.0)
             if r.status_code == 200:

@@ -58,6 +58,7 @@ from collections.abc import Sequence as Seq
 from datetime import UTC, datetime
 from typing import Any
 
+from caseledger import engines
 from caseledger.case.service import ReferenceConfig
 from caseledger.datasets.tokenizers import load_fast
 from caseledger.target.parts import Counters, Fault, Sequence, Ticket
@@ -411,56 +412,39 @@ class ReferenceEngine:
     # ---- /metrics ---------------------------------------------------------------------------
 
     def metrics_text(self) -> str:
-        """Prometheus text exposition with vLLM's metric names and a model_name label."""
+        """Prometheus text exposition with the metric names of the engine it serves as (config.metrics_as: its
+        profile's names by role, vLLM's by default; a role that engine has no name for is left out) and a
+        model_name label."""
         c = self.counters
         label = 'model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        families: list[tuple[str, str, str, list[tuple[str, float]]]] = [
+        served = engines.profile(self.config.metrics_as).metrics
+        by_role: list[tuple[str, str, str, list[tuple[str, float]]]] = [
+            ("running", "gauge", "Number of requests in model execution batches.", [("", self.running)]),
+            ("waiting", "gauge", "Number of requests waiting to be processed.", [("", self.waiting)]),
+            ("prompt_tokens", "counter", "Number of prefill tokens processed.", [("", c.prompt_tokens)]),
+            ("generation_tokens", "counter", "Number of generation tokens processed.", [("", c.generation_tokens)]),
+            ("cache_queries", "counter", "Prefix cache queries, in queried tokens.", [("", c.prefix_queries)]),
+            ("cache_hits", "counter", "Prefix cache hits, in cached tokens.", [("", c.prefix_hits)]),
             (
-                "vllm:num_requests_running",
-                "gauge",
-                "Number of requests in model execution batches.",
-                [("", self.running)],
-            ),
-            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [("", self.waiting)]),
-            ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", [("", c.prompt_tokens)]),
-            (
-                "vllm:generation_tokens",
-                "counter",
-                "Number of generation tokens processed.",
-                [("", c.generation_tokens)],
-            ),
-            (
-                "vllm:prefix_cache_queries",
-                "counter",
-                "Prefix cache queries, in queried tokens.",
-                [("", c.prefix_queries)],
-            ),
-            (
-                "vllm:prefix_cache_hits",
-                "counter",
-                "Prefix cache hits, in terms of number of cached tokens.",
-                [("", c.prefix_hits)],
-            ),
-            (
-                "vllm:request_success",
+                "success",
                 "counter",
                 "Count of successfully processed requests.",
                 [(f'finished_reason="{k}",', float(v)) for k, v in sorted(c.success.items())],
             ),
-            ("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.", [("", c.spec_drafts)]),
-            ("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.", [("", c.spec_draft_tokens)]),
+            ("spec_drafts", "counter", "Number of spec decoding drafts.", [("", c.spec_drafts)]),
+            ("spec_draft_tokens", "counter", "Number of draft tokens.", [("", c.spec_draft_tokens)]),
+            ("spec_accepted", "counter", "Number of accepted tokens.", [("", c.spec_accepted_tokens)]),
             (
-                "vllm:spec_decode_num_accepted_tokens",
-                "counter",
-                "Number of accepted tokens.",
-                [("", c.spec_accepted_tokens)],
-            ),
-            (
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "spec_per_pos",
                 "counter",
                 "Accepted tokens per draft position.",
                 [(f'position="{k}",', v) for k, v in enumerate(c.spec_accepted_per_pos)],
             ),
+        ]
+        families = [
+            (served[role].removesuffix("_total") if kind == "counter" else served[role], kind, help_, samples)
+            for role, kind, help_, samples in by_role
+            if role in served
         ]
         hidden = set(self.config.hide_counters)
         lines: list[str] = []

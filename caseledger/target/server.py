@@ -43,6 +43,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from caseledger.case.service import ReferenceConfig
+from caseledger.engines import profile as engine_profile
 from caseledger.errors import CaseledgerError
 from caseledger.records import PHASE_HEADER  # the header the load client sends
 from caseledger.target.parts import Sequence, Ticket
@@ -355,8 +356,18 @@ class ReferenceTarget:
                 "pid": e.pid,
                 "config_sha256": e.config_sha256,
                 "tokenizer": e.tokenizer_name,
+                **self._version_at("/props"),
             }
         )
+
+    async def version(self, request: Request) -> Response:
+        """The version endpoint of the engine it serves as (config.metrics_as)."""
+        return _json(self._version_at(request.url.path))
+
+    def _version_at(self, path: str) -> dict[str, str]:
+        served = self.engine.config.metrics_as
+        fields = dict(engine_profile(served).version)
+        return {fields[path]: f"caseledger-reference (as {served})"} if path in fields else {}
 
     async def reset_cache(self, request: Request) -> Response:
         n = self.engine.reset_prefix_cache()
@@ -370,7 +381,8 @@ def build_app(model: str, config: ReferenceConfig | None = None, *, tokenizer: s
     The scheduler starts with the first request, so the app also works in process (e.g. under
     `httpx.ASGITransport`); note that `crash_after` then ends the calling process.
     """
-    engine = ReferenceEngine(config or ReferenceConfig.model_validate({}), model, tokenizer)
+    cfg = config or ReferenceConfig.model_validate({})
+    engine = ReferenceEngine(cfg, model, tokenizer)
     t = ReferenceTarget(engine)
 
     @contextlib.asynccontextmanager
@@ -389,6 +401,11 @@ def build_app(model: str, config: ReferenceConfig | None = None, *, tokenizer: s
             Route("/props", t.props, methods=["GET"]),
             Route("/reset_prefix_cache", t.reset_cache, methods=["POST"]),
             Route("/flush_cache", t.reset_cache, methods=["GET", "POST"]),
+            *(
+                Route(path, t.version, methods=["GET"])
+                for path, _ in engine_profile(cfg.metrics_as).version
+                if path != "/props"
+            ),
         ],
         lifespan=lifespan,
     )

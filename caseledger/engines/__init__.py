@@ -1,0 +1,60 @@
+"""Engine profiles: what caseledger knows about each serving engine, one module each, registered here.
+
+A profile holds its /metrics names by role (profile.ROLES), the argv options that name its weights, its version
+endpoint and whether its responses carry per-request draft counts. Everything else reads engines through this
+registry: no engine's counter name is written outside its module (tests/test_engines.py checks it). Adding an
+engine is a module here plus a template (caseledger/data/templates).
+"""
+
+from __future__ import annotations
+
+from caseledger.engines import llamacpp, mindie, sglang, tgi, trtllm, vllm
+from caseledger.engines.profile import IN_FLIGHT, ROLES, EngineProfile
+
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p for p in (vllm.PROFILE, sglang.PROFILE, llamacpp.PROFILE, tgi.PROFILE, trtllm.PROFILE, mindie.PROFILE)
+}
+
+
+def profile(name: str) -> EngineProfile:
+    """The profile of `name`; ValueError naming the known engines."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown engine '{name}': known engines are {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def names(role: str) -> tuple[str, ...]:
+    """Every engine's sample names for `role`, engine by engine (current names before older ones)."""
+    return tuple(n for p in PROFILES.values() for n in p.names(role))
+
+
+def in_flight_gauges() -> tuple[str, ...]:
+    return tuple(n for role in IN_FLIGHT for n in names(role))
+
+
+def weight_options() -> tuple[str, ...]:
+    """The argv options of every engine whose value names model weights (an unknown command: any of them)."""
+    return tuple(dict.fromkeys(o for p in PROFILES.values() for o in p.weight_options))
+
+
+def serve_words() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(w for p in PROFILES.values() for w in p.serve_words))
+
+
+def version_endpoints() -> tuple[tuple[str, str], ...]:
+    """(path, JSON field) of every engine's version report, in registry order, each once."""
+    return tuple(dict.fromkeys(v for p in PROFILES.values() for v in p.version))
+
+
+__all__ = [
+    "IN_FLIGHT",
+    "PROFILES",
+    "ROLES",
+    "EngineProfile",
+    "in_flight_gauges",
+    "names",
+    "profile",
+    "serve_words",
+    "version_endpoints",
+    "weight_options",
+]
