@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from caseledger.campaign.model import Axis, CampaignDraft, Search
+from caseledger.campaign.model import Axis, CampaignDraft, Search, allowed, label_of
 from caseledger.campaign.search import Observed, key, tpe
 from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_any, start_any
@@ -220,6 +220,42 @@ def test_a_halving_draft_says_what_is_missing() -> None:
     # the ids of tpe campaigns frozen before halving existed hold: its fields are hashed for halving only
     assert "eta" not in Search(kind="tpe", max_points=5).identity()
     assert Search(kind="halving", screen_requests=4).identity()["eta"] == 3
+
+
+def test_an_axis_applies_only_where_its_condition_holds_in_a_grid_and_a_search() -> None:
+    """A knob only when another is on: the draft length only with a speculative method; without one the point
+    keeps the base's value and is one point, not one per draft length."""
+    spec = Axis(path="service.argv[--spec-type]", values=["none", "ngram"])
+    n_max = Axis(path="service.argv[--draft-max]", values=[2, 4, 8], when="service.argv[--spec-type] == ngram")
+    c = Axis(path="load.concurrency", values=[1, 4])
+    base = {"scenario": "s"}
+    d = CampaignDraft.model_validate(
+        {"name": "n", "base": base, "axes": [a.model_dump(exclude_defaults=True) for a in (spec, n_max, c)]}
+    )
+    labels = [label_of([spec, n_max, c], v) for v in d.combos()]
+    assert labels == [
+        "--spec-type=none C=1",
+        "--spec-type=none C=4",
+        "--spec-type=ngram --draft-max=2 C=1",
+        "--spec-type=ngram --draft-max=2 C=4",
+        "--spec-type=ngram --draft-max=4 C=1",
+        "--spec-type=ngram --draft-max=4 C=4",
+        "--spec-type=ngram --draft-max=8 C=1",
+        "--spec-type=ngram --draft-max=8 C=4",
+    ], labels
+    # a constraint on the left-out axis holds for the points without it
+    assert allowed(["service.argv[--draft-max] <= 4"], {spec.path: "none", c.path: 1})
+    search = Search(kind="tpe", max_points=8, seed=2)
+    observed: list[Observed] = []
+    while len(observed) < 8 and (p := tpe([spec, n_max, c], search, True, observed)) is not None:
+        assert (n_max.path in p.values) == (p.values[spec.path] == "ngram"), p.values
+        assert key(p.values) not in {key(o.values) for o in observed}
+        observed.append(Observed(values=p.values, value=float(len(observed)), meets=True, breach=0.0))
+    assert len(observed) == 8
+    with pytest.raises(ValueError, match="is not 'A op B' with A another axis"):
+        CampaignDraft.model_validate(
+            {"name": "n", "base": base, "axes": [{**n_max.model_dump(exclude_defaults=True), "when": "load.rate > 1"}]}
+        )
 
 
 def test_a_knee_inside_tpe_needs_a_declared_monotone_numeric_axis_of_the_space() -> None:

@@ -40,18 +40,18 @@ _OPS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def allowed(constraints: list[str], values: dict[str, Scalar]) -> bool:
-    """Whether a point's values satisfy every constraint ('A >= B': A an axis path, B an axis path or a number)."""
+    """Whether a point's values satisfy every relation ('A >= B': A an axis path, B an axis path, a number,
+    true/false or a word). A relation on an axis the point leaves out (its `when` does not hold) holds."""
     for c in constraints:
         m = CONSTRAINT.match(c)
         if m is None:
             return False
         a, op, b = m.group("a"), m.group("op"), m.group("b")
-        left = values.get(a)
-        right: Any = values[b] if b in values else _number(b)
-        if left is None or right is None:
-            return False
+        right: Any = values[b] if b in values else _literal(b)
+        if a not in values or (right is None and "." in b):
+            continue  # an axis this point leaves out
         try:
-            if not _OPS[op](left, right):
+            if not _OPS[op](values[a], right):
                 return False
         except TypeError:  # e.g. a string against a number: the draft was checked, a proposal cannot be
             return False
@@ -63,6 +63,24 @@ def _number(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
+
+
+def _literal(text: str) -> Scalar | None:
+    """B of a relation when it is not an axis: a number, true/false, or a word (an axis path: None)."""
+    if (n := _number(text)) is not None:
+        return n
+    if text in ("true", "false"):
+        return text == "true"
+    return None if "." in text or "[" in text else text
+
+
+def active(axes: list[Axis], values: dict[str, Scalar]) -> dict[str, Scalar]:
+    """The point's values without the axes whose `when` does not hold (the base's value stays there)."""
+    out = dict(values)
+    for a in axes:
+        if a.when is not None and a.path in out and not allowed([a.when], out):
+            del out[a.path]
+    return out
 
 
 # short labels of the fields agents sweep most (DESIGN.md: N, C, r)
@@ -98,6 +116,12 @@ class Axis(_Model):
         "(search kind 'tpe' only)",
     )
     log: bool = Field(False, strict=True, description="Sample the range on a log scale (search kind 'tpe')")
+    when: str | None = Field(
+        None,
+        max_length=300,
+        description="Only where 'A op B' holds (A another axis, B a value), e.g. 'service.argv[--spec-type] == "
+        "ngram'; elsewhere the field keeps the base's value",
+    )
 
     @model_validator(mode="after")
     def _values_or_range(self) -> Axis:
@@ -304,6 +328,15 @@ class CampaignDraft(_Model):
                     f"campaign.constraints: '{c[:200]}' is not 'A op B' with A one of the axes {paths}, op one of "
                     ">= <= > < == != and B an axis path or a number (one space either side of op)"
                 )
+        for ax in self.axes:
+            m = CONSTRAINT.match(ax.when or "")
+            if ax.when is not None and (
+                m is None or m.group("a") not in paths or m.group("a") == ax.path or _literal(m.group("b")) is None
+            ):
+                raise ValueError(
+                    f"campaign.axes '{ax.path}': when '{ax.when[:200]}' is not 'A op B' with A another axis of "
+                    f"{paths} and B a number, true/false or a word (one space either side of op)"
+                )
         n = math.prod(a.size() for a in self.axes)
         s = self.search
         if s.kind == "tpe":
@@ -385,8 +418,9 @@ def space_of(axes: list[Axis], constraints: list[str], ascending: str | None = N
     grids = [(a.path, a.grid() or []) for a in axes]
     ordered = [(p, sorted(v, key=float) if p == ascending else v) for p, v in grids]
     names = [p for p, _ in ordered]
-    every = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(v for _, v in ordered))]
-    return [v for v in every if allowed(constraints, v)]
+    every = [active(axes, dict(zip(names, vals, strict=True))) for vals in itertools.product(*(v for _, v in ordered))]
+    unique = {tuple(sorted((p, repr(x)) for p, x in v.items())): v for v in every}  # an inactive axis: one point
+    return [v for v in unique.values() if allowed(constraints, v)]
 
 
 def label_of(axes: list[Axis], values: dict[str, Scalar]) -> str:

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from caseledger.campaign.model import Axis, Scalar, Search, allowed, space_of
+from caseledger.campaign.model import Axis, Scalar, Search, active, allowed, space_of
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -108,12 +108,16 @@ def tpe(
     on_live = [ob for ob in observed if ob.service_key == live]
     quota = min(NEIGHBOURS, space_size([a for a in axes if a not in svc]))
     if on_live and len(on_live) < quota:
-        fixed = {a.path: on_live[0].values[a.path] for a in svc}
+        fixed = {a.path: on_live[0].values[a.path] for a in svc if a.path in on_live[0].values}
         got = _ask(axes, search, higher, observed, fixed, set(), constraints or [])
         if got is not None:
             why = f"{got.why}; a load-only neighbour on the running service ({len(on_live) + 1} of {quota})"
             return Proposal(got.values, why)
-    left = {key({a.path: ob.values[a.path] for a in svc}) for ob in observed if ob.service_key != live}
+    left = {
+        key({a.path: ob.values[a.path] for a in svc if a.path in ob.values})
+        for ob in observed
+        if ob.service_key != live
+    }
     return _ask(axes, search, higher, observed, {}, left, constraints or [])
 
 
@@ -147,16 +151,17 @@ def _ask(
     valued = [ob for ob in observed if ob.value is not None]
     worst = max((abs(ob.value or 0.0) for ob in valued), default=1.0)
     for ob in valued:
-        trial = optuna.trial.create_trial(params=ob.values, distributions=dists, value=_score(ob, higher, worst))
+        present = {p: dists[p] for p in ob.values if p in dists}  # an axis its `when` left out: not a param
+        trial = optuna.trial.create_trial(params=ob.values, distributions=present, value=_score(ob, higher, worst))
         study.add_trial(trial)
     seen = {key(ob.values): ob for ob in observed}
     svc = service_axes(axes)
     for _ in range(MAX_ASKS):
         t = study.ask(dists)
-        values = {a.path: t.params[a.path] for a in axes}
+        values = active(axes, {a.path: t.params[a.path] for a in axes})
         known = seen.get(key(values))
         keeps = allowed(constraints, values)
-        if known is None and keeps and key({a.path: values[a.path] for a in svc}) not in left:
+        if known is None and keeps and key({a.path: values[a.path] for a in svc if a.path in values}) not in left:
             return Proposal(values, _why(n, startup, valued, higher))
         # the sampler moves on: a measured point told its own result; one outside the constraints told as a point
         # far beyond the limits (so it learns where they lie); a service left before, a failed trial
@@ -188,7 +193,7 @@ def _tpe_knee(
         nxt = _bisect(line, groups[key(rest)], ax, constraints, rest)
         if nxt is not None:
             value, why = nxt
-            label = " ".join(a.label(rest[a.path]) for a in axes if a.path != ax)
+            label = " ".join(a.label(rest[a.path]) for a in axes if a.path in rest)
             return Proposal({**rest, ax: value}, f"knee on {ax}{' for ' + label if label else ''}: {why}")
     told = [_setting(members, ax, higher) for members in groups.values()]
     settings = int(search.max_points or 0) // math.ceil(math.log2(len(line) + 1))  # a knee: ~log2 points each
@@ -290,7 +295,7 @@ def halving(
     svc = service_axes(axes)
 
     def ident(values: dict[str, Scalar]) -> tuple[tuple[str, str], ...]:
-        return key({a.path: values[a.path] for a in svc})
+        return key({a.path: values[a.path] for a in svc if a.path in values})
 
     running = next((ident(ob.values) for ob in reversed(observed) if ob.service_key == live), None)
     alive = space_of(axes, constraints or [])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 from caseledger.workspace import Workspace, is_disk_full
 
@@ -24,6 +23,7 @@ class HandoffWriter:
         self._asked = threading.Event()
         self._lock = threading.Lock()  # one write at a time; the final one last
         self._closed = False
+        self._closing = threading.Event()  # set by final(): a pending delayed write gives way at once
         self._thread: threading.Thread | None = None
 
     def ask(self) -> None:
@@ -38,7 +38,7 @@ class HandoffWriter:
     def _serve(self) -> None:
         while True:
             self._asked.wait()
-            time.sleep(DELAY_S)
+            self._closing.wait(DELAY_S)
             self._asked.clear()
             with self._lock:
                 if self._closed:
@@ -51,6 +51,7 @@ class HandoffWriter:
     def final(self, exiting: str) -> None:
         """The last refresh, naming the run that is exiting; no background write after it. A full disk leaves
         HANDOFF.md as it was (a derived file must not hide the recorded outcome)."""
+        self._closing.set()
         with self._lock:
             self._closed = True
             try:
