@@ -24,7 +24,7 @@ from caseledger.ledger import authorization
 from caseledger.workspace import Workspace, atomic_write, utc_now
 
 TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"  # package data, one draft per engine
-ENGINES = ("vllm", "sglang", "llamacpp", "external", "reference")
+ENGINES = ("vllm", "sglang", "llamacpp", "tgi", "external", "reference")
 ENGINE_CHOICES = "|".join(ENGINES)
 MCP_SERVER = "caseledger"  # the server's name in .mcp.json
 

@@ -248,6 +248,22 @@ def test_a_tie_across_two_service_identities_starts_each_identity_once(
     assert [len(runs[c]) for c in tied] == [3, 3] and all(len(runs[c]) <= 2 for c in keys if c not in tied), runs
 
 
+def test_a_search_about_to_leave_a_service_first_repeats_what_it_owes_there() -> None:
+    """A proposing search (tpe) runs no repeats while it proposes; but before its next point starts another
+    service, the live service's leader (and a runner-up within noise on it) is repeated up to settle_runs, so the
+    settle after the search needs no second start of it."""
+    a1 = replace(_obs(1, [100.0], [5.0], 10.0), service_key="A")
+    a2 = replace(_obs(2, [99.0], [5.0], 10.0), service_key="A")
+    b1 = replace(_obs(3, [60.0], [5.0], 10.0), service_key="B")
+    repeats = Repeats(runs=1, settle_runs=3, budget=10)
+    owed = planner.before_leaving([a1, a2, b1], repeats, True, "A")
+    assert {cid for cid, _ in owed} == {a1.case_id, a2.case_id}, owed  # leader and runner-up, both on A
+    assert all(why.startswith("repeat") for _, why in owed)
+    assert planner.before_leaving([a1, a2, b1], repeats, True, "B") == []  # nothing of the answer lives on B
+    settled = [replace(a1, metric=[100.0, 100.2, 99.9]), replace(a2, metric=[99.0, 99.1, 98.9]), b1]
+    assert planner.before_leaving(settled, repeats, True, "A") == []  # settle_runs reached: it may leave
+
+
 def _timed(c: int, metric: list[float], when: list[int], rel: float = 0.01) -> planner.PointObs:
     """A point whose valid runs were created at the given seconds (the planner orders runs by these times)."""
     return planner.PointObs(

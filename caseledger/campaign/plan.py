@@ -335,6 +335,13 @@ def _before_leaving(
     again (a restart per switch; the answer needs each identity started once)."""
     if live is None or not any(p.service_key != live and p.runs == 0 for p, _ in wanted):
         return []
+    return _leaders_on(live, usable, wanted, repeats, out)
+
+
+def _leaders_on(
+    live: str, usable: list[PointObs], wanted: list[tuple[PointObs, str]], repeats: Repeats, out: Plan
+) -> list[tuple[PointObs, str]]:
+    """The leader (and a runner-up within its noise) on the live service, to repeat up to settle_runs now."""
     budget_left = repeats.budget - out.repeats_used - sum(1 for p, _ in wanted if p.runs >= repeats.runs)
     by_id = {p.case_id: p for p in usable}
     contenders = [out.leader] + ([out.runner_up] if not out.settled else [])
@@ -350,6 +357,18 @@ def _before_leaving(
         )
         budget_left -= 1
     return extra
+
+
+def before_leaving(points: list[PointObs], repeats: Repeats, higher: bool, live: str) -> list[tuple[str, str]]:
+    """What a proposing search owes the live service before its next point starts another one: the settle
+    repeats on it (the leader and a runner-up within noise, a limit within its interval) and the leader so far on
+    it, up to settle_runs. Run now, they need no second start of this service later (one start per identity)."""
+    out = Plan()
+    out.repeats_used = sum(max(0, p.runs - repeats.runs) for p in points)
+    final = [p for p in points if not p.screen and not (p.runs == 0 and p.bad_runs >= repeats.max_attempts)]
+    wanted = [(p, w) for p, w in _settle(final, repeats, higher, out) if p.service_key == live and not p.active]
+    wanted += _leaders_on(live, final, wanted, repeats, out)
+    return list({p.case_id: (p.case_id, w) for p, w in reversed(wanted)}.values())[::-1]  # each once, first why
 
 
 def _timed(p: PointObs) -> bool:

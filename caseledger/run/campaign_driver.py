@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from caseledger import procs
+from caseledger.campaign import plan as planner
 from caseledger.campaign.model import Scalar
 from caseledger.campaign.plan import PointObs
 from caseledger.campaign.search import STRATEGIES, Observed, service_axes, space_size
@@ -121,8 +122,14 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
                 event(ws, gid, "resume_refused", run_id=rid, error=e.message)
             return "went"
     if not pl.next:
-        return _propose(ws, camp, obs, mine) if search_open(ws, camp) else "done"
-    cid, why = pl.next[0]
+        if not search_open(ws, camp):
+            return "done"
+        owed = _propose(ws, camp, obs, mine)
+        if isinstance(owed, str):
+            return owed
+        cid, why = owed  # repeats the running service owes before the search leaves it
+    else:
+        cid, why = pl.next[0]
     point = camp.point(cid)
     o = next(x for x in obs if x.case_id == cid)
     _back_off(ws, gid, o)
@@ -146,10 +153,11 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     return "went"
 
 
-def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunMeta]) -> str:
+def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunMeta]) -> str | tuple[str, str]:
     """The campaign's strategy proposes its next point from what was measured: frozen now, with why (the next
     look at the plan runs it); or the search has ended (converged, the space measured whole, a budget of service
-    starts or minutes spent): recorded."""
+    starts or minutes spent): recorded. A proposal that would leave the running service waits for the repeats
+    that service owes (planner.before_leaving): (case id, why) of the first, which the caller runs."""
     since = started_at(ws, camp.campaign_id)
     minutes = camp.search.max_minutes
     if minutes is not None and since is not None and (time.time() - since) / 60 >= minutes:
@@ -182,6 +190,10 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
         )
         event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
         return "went"
+    if live is not None and _leaves(camp, got.values, obs, live):
+        owed = planner.before_leaving(obs, camp.repeats, higher, live)
+        if owed:
+            return owed[0]
     spent = _starts_spent(ws, camp, mine, got.values, obs, live)
     if spent is not None:  # the proposal would need one more service start than the budget allows
         event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=spent)
@@ -191,17 +203,20 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
     return "went"
 
 
+def _leaves(camp: Campaign, values: dict[str, Scalar], obs: list[PointObs], live: str) -> bool:
+    """A proposal with other service-axis values than the running service's points: it needs a start."""
+    on_live = next((o for o in reversed(obs) if o.service_key == live and o.when), None)
+    svc = service_axes(camp.axes)
+    return on_live is None or any(values.get(a.path) != on_live.values.get(a.path) for a in svc)
+
+
 def _starts_spent(
     ws: Workspace, camp: Campaign, mine: list[RunMeta], values: dict[str, Scalar], obs: list[PointObs], live: str | None
 ) -> str | None:
     """Why a proposal is refused by the budget of service starts: it changes the running service's identity
     (a service axis differs from the live point's) and the campaign's runs started that many already."""
     cap = camp.search.max_starts
-    if cap is None:
-        return None
-    on_live = next((o for o in reversed(obs) if o.service_key == live and o.when), None)
-    svc = service_axes(camp.axes)
-    if on_live is not None and all(values.get(a.path) == on_live.values.get(a.path) for a in svc):
+    if cap is None or (live is not None and not _leaves(camp, values, obs, live)):
         return None  # measured on the running service: no start
     starts = sum(started_service(ws, m) for m in mine)
     return f"its budget of {cap} service start(s) is spent ({starts})" if starts >= cap else None
