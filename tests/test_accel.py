@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from caseledger.case.model import Case
+from caseledger.ledger.evidence import ServiceRecord
 from caseledger.metrics import Accelerators, NotObserved, compute_result
-from caseledger.metrics._accel import accel_distortion, accel_window
+from caseledger.metrics._accel import NOT_SAMPLED, accel_distortion, accel_window
 from caseledger.outcome.figures import window_figures
 from caseledger.outcome.flags import evidence_flags
-from caseledger.records import RawRecord, read_records
+from caseledger.records import RawRecord, read_jsonl
 from caseledger.run import accel
+from caseledger.run.load_watch import accel_not_sampled
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port, ref_draft
@@ -116,7 +118,7 @@ def test_a_window_has_each_devices_figures_and_a_device_shared_with_another_proc
     assert d1.processes == ["pid 4187 75210 MiB (service)", "pid 4242 2048 MiB (other)"]
     (why,) = accel_distortion(acc)
     assert why.startswith(f"device 1 ({DEV1}) was shared with another process during the window: pid 4242 2048 MiB")
-    assert accel_window(samples, 10 * 10**9, 11 * 10**9) == NotObserved(reason=accel_window([], 0, 1).reason)
+    assert accel_window(samples, 10 * 10**9, 11 * 10**9) == NotObserved(reason=NOT_SAMPLED)
 
 
 def test_a_device_the_service_does_not_use_is_not_judged() -> None:
@@ -155,6 +157,9 @@ def _rec(i: int) -> RawRecord:
         prompt_tokens=10,
         completion_tokens=4,
         cached_tokens=0,
+        finish_reason="length",
+        input_tokens_body=8,
+        input_tokens_chat=10,
     )
 
 
@@ -221,10 +226,44 @@ def test_a_run_with_nvidia_smi_on_path_records_the_devices_and_is_distorted_by_t
     )
     r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True, timeout_s=120)
     assert r.run_id is not None
-    lines = read_records(ws.run(r.run_id).load_accel).records
+    lines = read_jsonl(ws.run(r.run_id).load_accel).items
     assert len(lines) >= 2 and all(x["tool"] == "nvidia-smi" and len(x["devices"]) == 2 for x in lines), lines
     report = ws.run(r.run_id).report_md.read_text()
     assert "accelerators, whole window: nvidia-smi" in report, report
     assert f"device 1 ({DEV1}) was shared with another process during the window: pid 4242 2048 MiB" in report
     d = read_json(ws.run(r.run_id).decision)
     assert d["outcome"] == "insufficient" and any("pid 4242" in m for m in d["missing"]), d
+
+
+def test_a_service_on_another_host_or_an_external_one_is_not_sampled_and_says_why() -> None:
+    assert accel_not_sampled(False, None) == "an external service: its host is not known to caseledger"
+    remote = ServiceRecord(outcome="done", pid=77, host="gpu-7")
+    assert accel_not_sampled(True, remote) == (
+        "the service runs on gpu-7: accelerators are sampled on the controller's host only"
+    )
+    assert accel_not_sampled(True, ServiceRecord(outcome="done", pid=77)) is None
+    assert accel_not_sampled(True, None) is None
+
+
+def test_the_watch_samples_each_second_retries_a_failed_call_and_says_a_missing_tool_once() -> None:
+    calls: list[list[str]] = []
+
+    def flaky(argv: list[str]) -> str | None:
+        calls.append(argv)
+        return None if len(calls) == 1 else _recorded(argv)  # the first call fails
+
+    lines: list[accel.AccelSample] = []
+    w = accel.AccelWatch(accel.AccelSampler(lambda pid: True, flaky, _nvidia_only), lines.append)
+    for now in (0.0, 0.5, 1.0, 1.5, 2.0):
+        w.tick(now)
+    assert [("devices" in x, "reason" in x) for x in lines] == [(False, True), (True, False), (True, False)]
+    lines.clear()
+    w = accel.AccelWatch(accel.AccelSampler(lambda pid: True, flaky, lambda name: None), lines.append)
+    for now in (0.0, 1.0, 2.0):
+        w.tick(now)
+    assert [x["reason"] for x in lines] == ["no nvidia-smi, rocm-smi or npu-smi on the service host"]
+    lines.clear()
+    w = accel.AccelWatch(accel.AccelSample(mono_ns=0, tool=None, reason="an external service"), lines.append)
+    for now in (0.0, 1.0):
+        w.tick(now)
+    assert lines == [{"mono_ns": 0, "tool": None, "reason": "an external service"}]

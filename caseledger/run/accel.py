@@ -24,6 +24,7 @@ NVIDIA_GPUS = [
     "--format=csv,noheader,nounits",
 ]
 NVIDIA_APPS = ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
+SAMPLE_S = 1.0  # the tool takes tens of ms to seconds per call: a slower cadence than the CPU's /proc reads
 TOOL_TIMEOUT_S = 5.0  # a hung driver call must not hold the controller's watch for long
 
 Runner = Callable[[list[str]], str | None]
@@ -155,3 +156,23 @@ def in_sessions(sessions: set[int], own_pids: set[int]) -> Callable[[int], bool]
             return False
 
     return ours
+
+
+class AccelWatch:
+    """Samples at most every SAMPLE_S, each line handed to `write` (load/accel.jsonl): a failed call is a line with
+    its reason and the next one tries again; a host without a tool caseledger reads (or a service it does not
+    sample: `source` is that line) is written once, with why, and never asked again."""
+
+    def __init__(self, source: AccelSampler | AccelSample, write: Callable[[AccelSample], None]) -> None:
+        self.source: AccelSampler | AccelSample | None = source
+        self.write = write
+        self.next_at = 0.0
+
+    def tick(self, now: float) -> None:
+        src = self.source
+        if src is None or now < self.next_at:
+            return
+        self.next_at = now + SAMPLE_S
+        if not isinstance(src, AccelSampler) or not src.reads:
+            self.source = None  # the reason holds for the whole load: said once
+        self.write(src.sample() if isinstance(src, AccelSampler) else src)

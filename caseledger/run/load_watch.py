@@ -28,9 +28,6 @@ STALL_EVENT_S = 1.0  # a load client stopped this long is recorded as an event (
 # [service] and resume replaces the service and sends the load again as a new attempt.
 SERVICE_STOPPED_S = 5.0
 HOST_SAMPLE_S = 0.5
-# The vendor tool takes tens of ms to seconds per call (it runs in this thread, after the formal load began): a
-# slower cadence than the CPU's /proc reads
-ACCEL_SAMPLE_S = 1.0
 # Before the formal load, wait up to this many seconds for the host to be quiet (other processes at most
 # measurement.evidence.max_other_cpu_share of its CPU over QUIET_SPAN_S); unset or 0: no wait. The wait and what it
 # saw are recorded (event host_quiet_wait); a host still busy then is measured, and its window judged, as ever.
@@ -60,11 +57,9 @@ class LoadWatch:
         self.stops: list[float] = []  # seconds of each recorded stop (the load evidence's client_stopped_s)
         self.fd = os.open(self.paths.load_host, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.accel_fd = os.open(self.paths.load_accel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        # None once a line said there is nothing to read on this host
-        self.accel: accel.AccelSampler | accel.AccelSample | None = _accel_sampler(
-            run, self.sessions, self.sampler.own_pids, runner
-        )
-        self.next_accel = 0.0
+        # the service host's devices, in this thread: the tool runs after the formal load began, never before it
+        devices = _accel_sampler(run, self.sessions, self.sampler.own_pids, runner)
+        self.accel = accel.AccelWatch(devices, self._write_accel)
         self.services = _local_services(run)
         self.service_stopped_since: float | None = None  # when a service process was first seen stopped
         self.ended_early = False  # the clients were told to end because of it
@@ -77,7 +72,7 @@ class LoadWatch:
             if sample is not None:
                 with contextlib.suppress(OSError):  # evidence about the host, never a reason to stop the load
                     os.write(self.fd, orjson.dumps(sample) + b"\n")
-        self._sample_accel(now)
+        self.accel.tick(now)
         self._end_if_service_stopped()
         if procs.stopped(self.client) or any(procs.stopped(c) for c in self.more):
             self.stopped_since = now if self.stopped_since is None else self.stopped_since
@@ -92,16 +87,7 @@ class LoadWatch:
                 self.event("load_client_continued", phase="load", data={"stopped_s": self.stops[-1]})
             self.stopped_since, self.recorded = None, False
 
-    def _sample_accel(self, now: float) -> None:
-        """The service host's accelerators every ACCEL_SAMPLE_S (a failed call is a line with its reason, and the
-        next one tries again); a host without a tool caseledger reads is written once, with why."""
-        if now < self.next_accel or self.accel is None:
-            return
-        self.next_accel = now + ACCEL_SAMPLE_S
-        sampler = self.accel
-        line = sampler.sample() if isinstance(sampler, accel.AccelSampler) else sampler
-        if not isinstance(sampler, accel.AccelSampler) or not sampler.reads:
-            self.accel = None  # no tool, or one not read: the reason holds for the whole load, said once
+    def _write_accel(self, line: accel.AccelSample) -> None:
         with contextlib.suppress(OSError):  # evidence about the devices, never a reason to stop the load
             os.write(self.accel_fd, orjson.dumps(line) + b"\n")
 
@@ -135,18 +121,24 @@ class LoadWatch:
 def _accel_sampler(
     run: Run, sessions: set[int], own: set[int], runner: accel.Runner
 ) -> accel.AccelSampler | accel.AccelSample:
-    """The sampler of the service host's accelerators, or the one line saying why they are not sampled: this
-    controller reads its own host only (the host CPU is sampled the same way), so a service on another host
-    (service.ssh) or an external one (its host not known) is NOT_OBSERVED."""
-    if not adapter_of(run.case).launched:
-        why = "an external service: its host is not known to caseledger"
-        return accel.AccelSample(mono_ns=time.monotonic_ns(), tool=None, reason=why)
+    """The sampler of the service host's accelerators, or the one line saying why they are not sampled."""
     rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
-    hosts = sorted({p.host for p in rec.processes if p.host}) if rec is not None else []
-    if hosts:
-        why = f"the service runs on {', '.join(hosts)}: accelerators are sampled on the controller's host only"
+    why = accel_not_sampled(adapter_of(run.case).launched, rec)
+    if why is not None:
         return accel.AccelSample(mono_ns=time.monotonic_ns(), tool=None, reason=why)
     return accel.AccelSampler(accel.in_sessions(sessions, own), runner)
+
+
+def accel_not_sampled(launched: bool, rec: ServiceRecord | None) -> str | None:
+    """Why the controller does not sample the service's accelerators, or None: it reads its own host only (the
+    host CPU is sampled the same way, from /proc), so a service with a process on another host (service.ssh, a
+    remote component) or an external one (its host not known) is NOT_OBSERVED."""
+    if not launched:
+        return "an external service: its host is not known to caseledger"
+    hosts = sorted({p.host for p in rec.processes if p.host}) if rec is not None else []
+    if hosts:
+        return f"the service runs on {', '.join(hosts)}: accelerators are sampled on the controller's host only"
+    return None
 
 
 def _local_services(run: Run) -> list[dict[str, Any]]:  # JSON: the services' recorded process refs
