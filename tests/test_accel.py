@@ -121,6 +121,18 @@ def test_a_window_has_each_devices_figures_and_a_device_shared_with_another_proc
     assert accel_window(samples, 10 * 10**9, 11 * 10**9) == NotObserved(reason=NOT_SAMPLED)
 
 
+def test_a_devices_figures_over_several_samples_are_means_and_peaks_and_the_most_memory_held() -> None:
+    quieter = GPUS.replace(", 96, 77890,", ", 50, 70000,").replace("365.48", "165.48")
+    outputs = iter([GPUS, APPS, quieter, APPS.replace("4242, 2048", "4242, 1024")])
+    s = accel.AccelSampler(lambda pid: pid in SERVICE, lambda argv: next(outputs), _nvidia_only)
+    acc = accel_window([{**s.sample(), "mono_ns": k} for k in (1, 2)], 0, 3)
+    assert isinstance(acc, Accelerators)
+    d1 = acc.devices[1]
+    assert (d1.samples, d1.util_pct_mean, d1.util_pct_max, d1.mem_used_mib_max) == (2, 73.0, 96.0, 77890.0)
+    assert d1.power_w_mean == pytest.approx(265.48) and d1.power_w_max == 365.48
+    assert "pid 4242 2048 MiB (other)" in d1.processes  # the most it held, not the last
+
+
 def test_a_device_the_service_does_not_use_is_not_judged() -> None:
     theirs = accel.AccelSampler(lambda pid: pid == 4121, _recorded, _nvidia_only).sample()  # device 1: not ours
     acc = accel_window([{**theirs, "mono_ns": 1}], 0, 2)
