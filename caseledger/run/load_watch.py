@@ -1,6 +1,7 @@
-"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, a client
-whose process is stopped (recorded as events, and as the load evidence's client_stopped_s), and a local service
-stopped long enough that the load is ended early."""
+"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, the
+service host's accelerators (load/accel.jsonl, run/accel.py), a client whose process is stopped (recorded as
+events, and as the load evidence's client_stopped_s), and a local service stopped long enough that the load is
+ended early."""
 
 from __future__ import annotations
 
