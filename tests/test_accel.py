@@ -279,3 +279,18 @@ def test_the_watch_samples_each_second_retries_a_failed_call_and_says_a_missing_
     for now in (0.0, 1.0):
         w.tick(now)
     assert lines == [{"mono_ns": 0, "tool": None, "reason": "an external service"}]
+
+
+def test_a_tool_that_keeps_failing_is_not_asked_again_during_the_load() -> None:
+    calls: list[list[str]] = []
+
+    def hung(argv: list[str]) -> str | None:
+        calls.append(argv)
+        return None
+
+    lines: list[accel.AccelSample] = []
+    w = accel.AccelWatch(accel.AccelSampler(lambda pid: True, hung, _nvidia_only), lines.append)
+    for now in range(10):
+        w.tick(float(now))
+    assert len(calls) == len(lines) == accel.MAX_FAILED_IN_A_ROW
+    assert lines[-1]["reason"].endswith("(3 times in a row: not asked again during this load)")

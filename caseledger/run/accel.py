@@ -25,7 +25,10 @@ NVIDIA_GPUS = [
 ]
 NVIDIA_APPS = ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
 SAMPLE_S = 1.0  # the tool takes tens of ms to seconds per call: a slower cadence than the CPU's /proc reads
-TOOL_TIMEOUT_S = 5.0  # a hung driver call must not hold the controller's watch for long
+TOOL_TIMEOUT_S = 2.0  # a hung driver call must not hold the controller's watch for long
+# failed calls in a row after which the tool is not asked again during this load: a hung driver would otherwise
+# hold the watch (the client's stops, a stopped service) for 2 x TOOL_TIMEOUT_S every SAMPLE_S
+MAX_FAILED_IN_A_ROW = 3
 
 Runner = Callable[[list[str]], str | None]
 """Runs a command and returns its stdout, or None when it could not run or exited non-zero."""
@@ -160,13 +163,14 @@ def in_sessions(sessions: set[int], own_pids: set[int]) -> Callable[[int], bool]
 
 class AccelWatch:
     """Samples at most every SAMPLE_S, each line handed to `write` (load/accel.jsonl): a failed call is a line with
-    its reason and the next one tries again; a host without a tool caseledger reads (or a service it does not
-    sample: `source` is that line) is written once, with why, and never asked again."""
+    its reason and the next one tries again, up to MAX_FAILED_IN_A_ROW; a host without a tool caseledger reads (or
+    a service it does not sample: `source` is that line) is written once, with why, and never asked again."""
 
     def __init__(self, source: AccelSampler | AccelSample, write: Callable[[AccelSample], None]) -> None:
         self.source: AccelSampler | AccelSample | None = source
         self.write = write
         self.next_at = 0.0
+        self.failed = 0  # failed calls in a row
 
     def tick(self, now: float) -> None:
         src = self.source
@@ -175,4 +179,11 @@ class AccelWatch:
         self.next_at = now + SAMPLE_S
         if not isinstance(src, AccelSampler) or not src.reads:
             self.source = None  # the reason holds for the whole load: said once
-        self.write(src.sample() if isinstance(src, AccelSampler) else src)
+            self.write(src.sample() if isinstance(src, AccelSampler) else src)
+            return
+        line = src.sample()
+        self.failed = 0 if "devices" in line else self.failed + 1
+        if self.failed >= MAX_FAILED_IN_A_ROW:
+            self.source = None
+            line["reason"] += f" ({self.failed} times in a row: not asked again during this load)"
+        self.write(line)
