@@ -198,6 +198,8 @@ def test_the_result_and_the_report_show_each_windows_devices_and_name_the_shared
     assert isinstance(bare.windows.whole.accelerators, NotObserved)
     assert window_figures(bare.windows.whole).accelerators is None
     assert any(m.figures == ["accelerators"] for m in window_figures(bare.windows.whole).not_observed)
+    said = [f.text for f in evidence_flags(bare) if f.text.startswith("accelerators")]
+    assert said == [f"accelerators: NOT_OBSERVED ({NOT_SAMPLED})"]  # once for both windows
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from caseledger.metrics import Accelerators, HostLoad, Result
+from caseledger.metrics import Accelerators, HostLoad, NotObserved, Result
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,11 @@ def evidence_flags(result: Result) -> list[Flag]:
 
 
 def _accelerator_flags(result: Result) -> list[Flag]:
-    """Per window: the service host's devices, one detail line each, or NOT_OBSERVED with the reason."""
+    """Per window: the service host's devices, one detail line each, or NOT_OBSERVED with the reason (one line
+    when both windows have the same)."""
+    whole, native = result.windows.whole.accelerators, result.windows.native.accelerators
+    if isinstance(whole, NotObserved) and whole == native:
+        return [Flag(f"accelerators: NOT_OBSERVED ({whole.reason})", warn=False)]
     out: list[Flag] = []
     for w in (result.windows.whole, result.windows.native):
         acc = w.accelerators
