@@ -116,6 +116,7 @@ def test_a_window_has_each_devices_figures_and_a_device_shared_with_another_proc
         1410.0,
     )
     assert d1.processes == ["pid 4187 75210 MiB (service)", "pid 4242 2048 MiB (other)"]
+    assert d1.others == ["pid 4242 2048 MiB"] and acc.devices[0].others == []
     (why,) = accel_distortion(acc)
     assert why.startswith(f"device 1 ({DEV1}) was shared with another process during the window: pid 4242 2048 MiB")
     assert accel_window(samples, 10 * 10**9, 11 * 10**9) == NotObserved(reason=NOT_SAMPLED)
@@ -188,8 +189,9 @@ def test_the_result_and_the_report_show_each_windows_devices_and_name_the_shared
     w = r.windows.whole
     assert isinstance(w.accelerators, Accelerators) and w.accelerators.samples == 3
     assert any("device 1" in d and "pid 4242 2048 MiB" in d for d in w.distorted), w.distorted
-    lines = [(f.text, f.details) for f in evidence_flags(r)]
-    _, details = next(x for x in lines if x[0].startswith("accelerators, whole window: nvidia-smi, 3 samples"))
+    flag = next(f for f in evidence_flags(r) if f.text.startswith("accelerators, whole window: nvidia-smi, 3 samples"))
+    assert flag.warn  # a device shared with another process weakens the figures
+    details = flag.details
     assert details[1].startswith("device 1: util 96% mean (96% max), memory 77890/81920 MiB, power 365 W")
     assert "pid 4242 2048 MiB (other)" in details[1]
     figs = window_figures(w)

@@ -27,10 +27,8 @@ def _figures(rows: list[dict[str, Any]]) -> DeviceFigures:  # JSON: one device's
         for p in r["processes"]:
             mem, _ = held.get(p["pid"], (None, p["ours"]))
             held[p["pid"]] = (_max([mem, p["mem_mib"]]), p["ours"])
-    procs = [
-        f"pid {pid} {'?' if mem is None else f'{mem:.0f}'} MiB ({'service' if ours else 'other'})"
-        for pid, (mem, ours) in sorted(held.items())
-    ]
+    named = {pid: f"pid {pid} {'?' if mem is None else f'{mem:.0f}'} MiB" for pid, (mem, _) in held.items()}
+    procs = [f"{named[pid]} ({'service' if ours else 'other'})" for pid, (_, ours) in sorted(held.items())]
     return _with_text(
         index=rows[-1]["index"],
         uuid=rows[-1]["uuid"],
@@ -44,6 +42,7 @@ def _figures(rows: list[dict[str, Any]]) -> DeviceFigures:  # JSON: one device's
         clock_mhz_mean=_mean([r["clock_mhz"] for r in rows]),
         processes=procs,
         used_by_service=any(ours for _, ours in held.values()),
+        others=[named[pid] for pid, (_, ours) in sorted(held.items()) if not ours],
     )
 
 
@@ -93,11 +92,9 @@ def accel_distortion(acc: Accelerators | NotObserved) -> list[str]:
         return []
     out: list[str] = []
     for d in acc.devices:
-        other = [p for p in d.processes if p.endswith("(other)")]
-        if d.used_by_service and other:
+        if d.used_by_service and d.others:
             out.append(
                 f"device {d.index} ({d.uuid}) was shared with another process during the window: "
-                f"{', '.join(p.removesuffix(' (other)') for p in other)}: the service did not have it to itself; "
-                "repeat on free devices"
+                f"{', '.join(d.others)}: the service did not have it to itself; repeat on free devices"
             )
     return out

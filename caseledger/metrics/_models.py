@@ -286,6 +286,9 @@ class DeviceFigures(FrozenModel):
         "'pid 4242 9500 MiB (other)'"
     )
     used_by_service: bool = Field(description="A process of the service (or caseledger's own) was seen on it")
+    others: list[str] = Field(
+        description="The processes on it that are neither the service's nor caseledger's, e.g. 'pid 4242 9500 MiB'"
+    )
     text: str = Field(description="The device's figures in one line")
 
 

@@ -75,7 +75,7 @@ def _accelerator_flags(result: Result) -> list[Flag]:
         if not isinstance(acc, Accelerators):
             out.append(Flag(f"accelerators, {w.name} window: NOT_OBSERVED ({acc.reason})", warn=False))
             continue
-        shared = any(d.used_by_service and any(p.endswith("(other)") for p in d.processes) for d in acc.devices)
+        shared = any(d.used_by_service and d.others for d in acc.devices)
         head = f"accelerators, {w.name} window: {acc.tool}, {acc.samples} samples, {len(acc.devices)} device(s)"
         head += f"; {acc.note}" if acc.note else ""
         out.append(Flag(head, warn=shared, details=tuple(d.text for d in acc.devices)))
