@@ -1,7 +1,7 @@
 """`python -m caseledger.metrics RUN_DIR [--rule aisbench|sglang] [--ratio R]`: the postprocessor.
 
 Runs in a fresh process: reads RUN_DIR/case.json, load/raw.jsonl, load/anchor.json, the two /metrics
-snapshots, load/stalls.jsonl and load/host.jsonl, writes
+snapshots, load/stalls.jsonl, load/host.jsonl and load/accel.jsonl, writes
 RUN_DIR/results/<PROCESSOR_VERSION>/<params>/<inputs>/{result.json, env.json} and prints one JSON line:
 {"result", "raw_sha256", "requests", "ok", "failed", "reused"}. On failure it exits non-zero with the error
 on stderr. It imports no network or model library (mcp, httpx, transformers).
@@ -94,6 +94,7 @@ def run(
         source=source,
         stalls=read_jsonl(paths.load_stalls).items,
         host=read_jsonl(paths.load_host).items,
+        accel=read_jsonl(paths.load_accel).items,
         chunks_are_content=not (isinstance(meta, dict) and meta.get("imported")),
     )
     reused = (result_dir(run_dir, result) / RESULT_FILE).exists()

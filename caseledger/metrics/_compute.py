@@ -134,14 +134,15 @@ def compute_result(
     source: RawSource | None = None,
     stalls: Iterable[dict[str, Any]] = (),  # JSON: load/stalls.jsonl lines
     host: Iterable[dict[str, Any]] = (),  # JSON: load/host.jsonl lines
+    accel: Iterable[dict[str, Any]] = (),  # JSON: load/accel.jsonl lines
     chunks_are_content: bool = True,
 ) -> Result:
     """Every figure of both windows from raw records; pure (same inputs -> equal Result).
 
     rule/ratio override case.measurement.native; metrics_before/after are /metrics texts; source names the
-    raw file and its sha256 (None: records passed in memory); stalls and host are the lines of load/stalls.jsonl
-    ({start_ns, end_ns}) and load/host.jsonl (CPU samples); chunks_are_content False for imported records whose
-    chunk times are every SSE line.
+    raw file and its sha256 (None: records passed in memory); stalls, host and accel are the lines of
+    load/stalls.jsonl ({start_ns, end_ns}), load/host.jsonl (CPU samples) and load/accel.jsonl (accelerator
+    samples); chunks_are_content False for imported records whose chunk times are every SSE line.
     """
     raw = records if isinstance(records, RawColumns) else columns_from_records(records)
     src = source or RawSource()
@@ -153,7 +154,7 @@ def compute_result(
     dv = derive(c)
     stall_spans = sorted((int(x["start_ns"]), int(x["end_ns"])) for x in stalls)
     host_samples = list(host)
-    ev = Evidence(invalid=validity.invalid, stalls=stall_spans, host=host_samples)
+    ev = Evidence(invalid=validity.invalid, stalls=stall_spans, host=host_samples, accel=list(accel))
 
     spec = _spec_of(c, params, metrics_before, metrics_after)
     whole_span, native_span = window_spans(c, s, case, params)

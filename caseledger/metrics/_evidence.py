@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from caseledger.case.model import Case
@@ -21,6 +21,7 @@ class Evidence:
     invalid: B  # per request: a successful response whose counts failed a check
     stalls: list[tuple[int, int]]  # (start_ns, end_ns) of each load client stall, client clock
     host: list[dict[str, Any]]  # JSON: load/host.jsonl samples
+    accel: list[dict[str, Any]] = field(default_factory=list)  # JSON: load/accel.jsonl samples
 
 
 def distortion(case: Case, start: int, end: int, ev: Evidence, t0: int) -> list[str]:

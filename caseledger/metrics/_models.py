@@ -19,9 +19,10 @@ from caseledger.records import RATIO_MAX as RATIO_MAX  # re-exported: the metric
 from caseledger.records import RATIO_MIN_EXCLUSIVE as RATIO_MIN_EXCLUSIVE
 from caseledger.records import NativeRule as NativeRule
 
-# v5: arrival error against the schedule, trace replay planned vs cached; v4: server counts checked, stalls and
-# host CPU flag distorted windows, rate noise in time
-PROCESSOR_VERSION = "v5"
+# v6: accelerator samples per window, a device shared with a foreign process distorts it; v5: arrival error against
+# the schedule, trace replay planned vs cached; v4: server counts checked, stalls and host CPU flag distorted
+# windows, rate noise in time
+PROCESSOR_VERSION = "v6"
 """Version of the code that turns raw records into results; results are stored per version."""
 
 WindowRule = Literal["whole", NativeRule]
@@ -267,6 +268,40 @@ class Interval(FrozenModel):
     requests: int = Field(description="Requests resampled (successful requests of the window)")
 
 
+class DeviceFigures(FrozenModel):
+    """One accelerator over a window's samples (load/accel.jsonl); a figure the tool never gave is null."""
+
+    index: str = Field(description="Device index as the vendor tool numbers it")
+    uuid: str = Field(description="Device UUID")
+    samples: int = Field(description="Samples of this device inside the window")
+    util_pct_mean: float | None = Field(description="Mean utilisation, % (null: not reported)")
+    util_pct_max: float | None = Field(description="Highest utilisation, % (null: not reported)")
+    mem_used_mib_max: float | None = Field(description="Most device memory used, MiB (null: not reported)")
+    mem_total_mib: float | None = Field(description="Device memory, MiB (null: not reported)")
+    power_w_mean: float | None = Field(description="Mean power draw, W (null: not reported)")
+    power_w_max: float | None = Field(description="Highest power draw, W (null: not reported)")
+    clock_mhz_mean: float | None = Field(description="Mean SM clock, MHz (null: not reported)")
+    processes: list[str] = Field(
+        description="Processes seen on the device, most memory each: 'pid 4121 70000 MiB (service)' or "
+        "'pid 4242 9500 MiB (other)'"
+    )
+    used_by_service: bool = Field(description="A process of the service (or caseledger's own) was seen on it")
+    others: list[str] = Field(
+        description="The processes on it that are neither the service's nor caseledger's, e.g. 'pid 4242 9500 MiB'"
+    )
+    text: str = Field(description="The device's figures in one line")
+
+
+class Accelerators(FrozenModel):
+    """The service host's accelerators over a window, sampled by the controller through the vendor's tool."""
+
+    tool: str = Field(description="The vendor tool read, e.g. 'nvidia-smi'")
+    samples: int = Field(description="Samples inside the window")
+    devices: list[DeviceFigures] = Field(description="Every device the tool listed")
+    note: str | None = Field(description="Why no device was judged for other processes (null: each was)")
+    text: str = Field(description="The figures in one line")
+
+
 class WindowResult(FrozenModel):
     """One window: which requests and which span, whether it meets the case's minimums, and its figures."""
 
@@ -309,6 +344,10 @@ class WindowResult(FrozenModel):
         default_factory=list,
         description="Why the window's figures are not a clean measurement (a stalled load client, a contended "
         "host); empty: none seen. A distorted window is never decided on: repeat the run",
+    )
+    accelerators: Accelerators | NotObserved = Field(
+        default_factory=lambda: NotObserved(reason="computed by an older processor"),
+        description="The service host's accelerators over the window (load/accel.jsonl)",
     )
 
     def value(self, m: Metric) -> float | NotObserved:

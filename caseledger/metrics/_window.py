@@ -12,6 +12,7 @@ import numpy as np
 from caseledger.case.measurement import Window
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
+from caseledger.metrics._accel import accel_distortion, accel_window
 from caseledger.metrics._columns import F64, B, RawColumns
 from caseledger.metrics._derive import Derived
 from caseledger.metrics._evidence import Evidence, distortion
@@ -79,7 +80,8 @@ def compute_window(name: Literal["whole", "native"], span: Span, limits: Window,
         return w
     mask = np.ones(c.n, dtype=np.bool_) if span.rule == "whole" else (c.send_ns >= span.start) & (c.send_ns <= span.end)
     n_invalid = int((mask & ev.invalid).sum())
-    distorted = distortion(case, span.start, span.end, ev, dv.t0)
+    acc = accel_window(ev.accel, span.start, span.end)
+    distorted = distortion(case, span.start, span.end, ev, dv.t0) + accel_distortion(acc)
     share = n_invalid / (w.ok + n_invalid) if w.ok + n_invalid else 0.0
     limit = case.measurement.evidence.max_invalid_share
     if n_invalid and share > limit:
@@ -104,6 +106,7 @@ def compute_window(name: Literal["whole", "native"], span: Span, limits: Window,
                 "peak_concurrency": w.peak_concurrency,
                 "invalid": n_invalid,
                 "distorted": distorted,
+                "accelerators": acc,
                 "notes": [*w.notes, reason],
             }
         )
@@ -112,7 +115,7 @@ def compute_window(name: Literal["whole", "native"], span: Span, limits: Window,
         if n_invalid
         else []
     )
-    return w.model_copy(update={"invalid": n_invalid, "distorted": distorted, "notes": notes})
+    return w.model_copy(update={"invalid": n_invalid, "distorted": distorted, "accelerators": acc, "notes": notes})
 
 
 def _figures(name: Literal["whole", "native"], span: Span, limits: Window, inp: WindowInputs) -> WindowResult:
@@ -222,6 +225,7 @@ def _no_window(name: Literal["whole", "native"], span: Span, limits: Window, inp
         spec_decode=not_observed_spec(spec.requested, f"no {name} window: {reason}"),
         notes=list(span.notes),
         noise=no,
+        accelerators=no,
     )
 
 

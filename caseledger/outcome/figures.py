@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field
 
 from caseledger.metrics import (
+    Accelerators,
     CounterDelta,
     Distribution,
     FrozenModel,
@@ -61,6 +62,7 @@ LABELS: dict[str, str] = {
     "by_position_counters": "acceptance by draft position, counters",
     "mean_concurrency": "mean concurrency",
     "noise": "noise of the decision metric",
+    "accelerators": "accelerators of the service host",
 }
 
 
@@ -156,6 +158,10 @@ class WindowFigures(Section):
     throughput: Rates = Field(description="Request, output, input, total token throughput, goodput")
     cache: CacheSection = Field(description="Prefix-cache hits")
     spec_decode: SpecSection = Field(description="Speculative decoding")
+    accelerators: Accelerators | None = Field(
+        description="The service host's devices over the window: utilisation, memory, power, clock, the processes "
+        "on each (null: not observed, the reason in not_observed)"
+    )
     notes: list[str] = Field(description="What was excluded or derived in this window, and why")
 
 
@@ -254,7 +260,17 @@ def _spec(w: WindowResult) -> SpecSection:
 
 # A window's extent: the fields WindowFigures takes from the result as they are (the others are sorted into
 # sections below)
-_SECTIONS = {"latency", "tokens", "throughput", "cache", "spec_decode", "noise", "mean_concurrency", "not_observed"}
+_SECTIONS = {
+    "latency",
+    "tokens",
+    "throughput",
+    "cache",
+    "spec_decode",
+    "noise",
+    "mean_concurrency",
+    "accelerators",
+    "not_observed",
+}
 _EXTENT = (set(WindowFigures.model_fields) & set(WindowResult.model_fields)) - _SECTIONS
 
 
@@ -285,6 +301,7 @@ def window_figures(w: WindowResult) -> WindowFigures:
     )
     concurrency, no_concurrency = _split([("mean_concurrency", w.mean_concurrency)])
     noise, no_noise = _split([("noise", w.noise)])
+    devices, no_devices = _split([("accelerators", w.accelerators)])
     return WindowFigures(
         **w.model_dump(include=_EXTENT),
         mean_concurrency=concurrency.get("mean_concurrency"),
@@ -295,7 +312,8 @@ def window_figures(w: WindowResult) -> WindowFigures:
         throughput=Rates(observed=rates, not_observed=no_rates),
         cache=_cache(w),
         spec_decode=_spec(w),
-        not_observed=_merge(no_concurrency, no_noise),
+        accelerators=devices.get("accelerators"),
+        not_observed=_merge(no_concurrency, no_noise, no_devices),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from caseledger.metrics import HostLoad, Result
+from caseledger.metrics import Accelerators, HostLoad, NotObserved, Result
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,8 @@ class Flag:
 
 def evidence_flags(result: Result) -> list[Flag]:
     """What the figures' trust rests on: the server's counts checked, load client stalls, the host's CPU, the
-    windows a stall or a contended host distorted. The markdown and HTML reports show the same lines."""
+    windows a stall, a contended host or a shared device distorted, then each window's accelerators. The markdown
+    and HTML reports show the same lines."""
     out: list[Flag] = []
     ck = result.checks
     if ck is None:
@@ -59,4 +60,23 @@ def evidence_flags(result: Result) -> list[Flag]:
     )
     for w in (result.windows.whole, result.windows.native):
         out += [Flag(f"{w.name} window distorted: {d}", warn=True, bullet=True) for d in w.distorted]
+    return out + _accelerator_flags(result)
+
+
+def _accelerator_flags(result: Result) -> list[Flag]:
+    """Per window: the service host's devices, one detail line each, or NOT_OBSERVED with the reason (one line
+    when both windows have the same)."""
+    whole, native = result.windows.whole.accelerators, result.windows.native.accelerators
+    if isinstance(whole, NotObserved) and whole == native:
+        return [Flag(f"accelerators: NOT_OBSERVED ({whole.reason})", warn=False)]
+    out: list[Flag] = []
+    for w in (result.windows.whole, result.windows.native):
+        acc = w.accelerators
+        if not isinstance(acc, Accelerators):
+            out.append(Flag(f"accelerators, {w.name} window: NOT_OBSERVED ({acc.reason})", warn=False))
+            continue
+        shared = any(d.used_by_service and d.others for d in acc.devices)
+        head = f"accelerators, {w.name} window: {acc.tool}, {acc.samples} samples, {len(acc.devices)} device(s)"
+        head += f"; {acc.note}" if acc.note else ""
+        out.append(Flag(head, warn=shared, details=tuple(d.text for d in acc.devices)))
     return out

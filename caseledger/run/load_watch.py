@@ -1,6 +1,7 @@
-"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, a client
-whose process is stopped (recorded as events, and as the load evidence's client_stopped_s), and a local service
-stopped long enough that the load is ended early."""
+"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, the
+service host's accelerators (load/accel.jsonl, run/accel.py), a client whose process is stopped (recorded as
+events, and as the load evidence's client_stopped_s), and a local service stopped long enough that the load is
+ended early."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from caseledger.case.plan import Phase
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
+from caseledger.run import accel
 from caseledger.services.identity import units
 from caseledger.services.kinds import adapter_of
 from caseledger.services.live import read_state, remote_of
@@ -44,6 +46,7 @@ class LoadWatch:
         client: LoadRef | None,
         event: Callable[..., None],
         more: list[LoadRef] | None = None,  # the other client processes of a shared load
+        runner: accel.Runner = accel.run_command,  # runs the accelerator vendor's tool (tests: recorded output)
     ) -> None:
         self.paths, self.client, self.event = run.paths, client, event
         self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
@@ -54,6 +57,10 @@ class LoadWatch:
         self.recorded = False  # this stop was recorded as an event
         self.stops: list[float] = []  # seconds of each recorded stop (the load evidence's client_stopped_s)
         self.fd = os.open(self.paths.load_host, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.accel_fd = os.open(self.paths.load_accel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # the service host's devices, in this thread: the tool runs after the formal load began, never before it
+        devices = _accel_sampler(run, self.sessions, self.sampler.own_pids, runner)
+        self.accel = accel.AccelWatch(devices, self._write_accel)
         self.services = _local_services(run)
         self.service_stopped_since: float | None = None  # when a service process was first seen stopped
         self.ended_early = False  # the clients were told to end because of it
@@ -66,6 +73,7 @@ class LoadWatch:
             if sample is not None:
                 with contextlib.suppress(OSError):  # evidence about the host, never a reason to stop the load
                     os.write(self.fd, orjson.dumps(sample) + b"\n")
+        self.accel.tick(now)
         self._end_if_service_stopped()
         if procs.stopped(self.client) or any(procs.stopped(c) for c in self.more):
             self.stopped_since = now if self.stopped_since is None else self.stopped_since
@@ -79,6 +87,10 @@ class LoadWatch:
                 self.stops.append(round(now - self.stopped_since, 3))
                 self.event("load_client_continued", phase="load", data={"stopped_s": self.stops[-1]})
             self.stopped_since, self.recorded = None, False
+
+    def _write_accel(self, line: accel.AccelSample) -> None:
+        with contextlib.suppress(OSError):  # evidence about the devices, never a reason to stop the load
+            os.write(self.accel_fd, orjson.dumps(line) + b"\n")
 
     def _end_if_service_stopped(self) -> None:
         """A local service process stopped for SERVICE_STOPPED_S or longer: the clients are told to end (SIGTERM:
@@ -104,6 +116,30 @@ class LoadWatch:
 
     def close(self) -> None:
         os.close(self.fd)
+        os.close(self.accel_fd)
+
+
+def _accel_sampler(
+    run: Run, sessions: set[int], own: set[int], runner: accel.Runner
+) -> accel.AccelSampler | accel.AccelSample:
+    """The sampler of the service host's accelerators, or the one line saying why they are not sampled."""
+    rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
+    why = accel_not_sampled(adapter_of(run.case).launched, rec)
+    if why is not None:
+        return accel.AccelSample(mono_ns=time.monotonic_ns(), tool=None, reason=why)
+    return accel.AccelSampler(accel.in_sessions(sessions, own), runner)
+
+
+def accel_not_sampled(launched: bool, rec: ServiceRecord | None) -> str | None:
+    """Why the controller does not sample the service's accelerators, or None: it reads its own host only (the
+    host CPU is sampled the same way, from /proc), so a service with a process on another host (service.ssh, a
+    remote component) or an external one (its host not known) is NOT_OBSERVED."""
+    if not launched:
+        return "an external service: its host is not known to caseledger"
+    hosts = sorted({p.host for p in rec.processes if p.host}) if rec is not None else []
+    if hosts:
+        return f"the service runs on {', '.join(hosts)}: accelerators are sampled on the controller's host only"
+    return None
 
 
 def _local_services(run: Run) -> list[dict[str, Any]]:  # JSON: the services' recorded process refs

@@ -150,6 +150,11 @@ class RunPaths:
         return self.load_dir / "host.jsonl"
 
     @property
+    def load_accel(self) -> Path:
+        """Accelerator samples of the service host during the formal load, written by the controller (run/accel.py)."""
+        return self.load_dir / "accel.jsonl"
+
+    @property
     def load_partial(self) -> Path:
         """Written when a resume finishes on the records of a client that died (nothing re-sent)."""
         return self.load_dir / "partial.json"

@@ -1,0 +1,300 @@
+"""Accelerator evidence: the vendor tool's output read per device, a window's devices, and a device the service
+shares with another process distorting the window.
+
+The tool outputs in tests/data/accel/ are recorded formats (nvidia-smi's query mode, exactly as it prints), not
+live: this host has no accelerator. The sampler runs the tool through an injected runner that returns them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from caseledger.case.model import Case
+from caseledger.ledger.evidence import ServiceRecord
+from caseledger.metrics import Accelerators, NotObserved, compute_result
+from caseledger.metrics._accel import NOT_SAMPLED, accel_distortion, accel_window
+from caseledger.outcome.figures import window_figures
+from caseledger.outcome.flags import evidence_flags
+from caseledger.records import RawRecord, read_jsonl
+from caseledger.run import accel
+from caseledger.run.load_watch import accel_not_sampled
+from caseledger.tools import freeze_case, start_run
+from caseledger.workspace import Workspace, read_json
+from tests.conftest import free_port, ref_draft
+
+DATA = Path(__file__).resolve().parent / "data" / "accel"
+GPUS = (DATA / "nvidia-smi-query-gpu.csv").read_text()
+APPS = (DATA / "nvidia-smi-query-compute-apps.csv").read_text()
+SERVICE = {4121, 4187}  # the engine's workers in the recorded output; 4242 is another process
+DEV1 = "GPU-b71e04d2-8c3a-4f5e-a6d9-7e8f9a0b1c2d"
+
+
+def _recorded(argv: list[str]) -> str | None:
+    """A runner that answers nvidia-smi's two queries with the recorded outputs."""
+    if argv == accel.NVIDIA_GPUS:
+        return GPUS
+    if argv == accel.NVIDIA_APPS:
+        return APPS
+    return None
+
+
+def _nvidia_only(name: str) -> str | None:
+    return "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None
+
+
+def _samples(n: int, step_ns: int = 10**9) -> list[dict[str, Any]]:  # JSON: load/accel.jsonl lines
+    s = accel.AccelSampler(lambda pid: pid in SERVICE, _recorded, _nvidia_only)
+    return [{**s.sample(), "mono_ns": (k + 1) * step_ns} for k in range(n)]
+
+
+def test_nvidia_smi_query_output_is_read_per_device_with_the_processes_on_each() -> None:
+    devices = accel.parse_nvidia(GPUS, APPS, lambda pid: pid in SERVICE)
+    assert [d["index"] for d in devices] == ["0", "1"]
+    d0, d1 = devices
+    assert (d0["util_pct"], d0["mem_used_mib"], d0["mem_total_mib"], d0["power_w"], d0["clock_mhz"]) == (
+        98.0,
+        76543.0,
+        81920.0,
+        387.12,
+        1410.0,
+    )
+    assert d0["processes"] == [{"pid": 4121, "mem_mib": 75210.0, "ours": True}]
+    assert d1["uuid"] == DEV1
+    assert d1["processes"] == [
+        {"pid": 4187, "mem_mib": 75210.0, "ours": True},
+        {"pid": 4242, "mem_mib": 2048.0, "ours": False},
+    ]
+
+
+def test_a_value_the_tool_does_not_report_is_none_never_zero() -> None:
+    (d,) = accel.parse_nvidia((DATA / "nvidia-smi-query-gpu-mig.csv").read_text(), "", lambda pid: False)
+    assert d["util_pct"] is None and d["power_w"] is None
+    assert d["mem_used_mib"] == 10240.0 and d["processes"] == []
+    acc = accel_window([{"mono_ns": 5, "tool": "nvidia-smi", "devices": [d]}], 0, 10)
+    assert isinstance(acc, Accelerators)
+    assert acc.devices[0].util_pct_mean is None and "util ? mean" in acc.devices[0].text
+
+
+def test_a_host_without_a_vendor_tool_records_not_observed_with_the_reason() -> None:
+    line = accel.AccelSampler(lambda pid: True, _recorded, lambda name: None).sample()
+    assert "devices" not in line and line["tool"] is None
+    assert line["reason"] == "no nvidia-smi, rocm-smi or npu-smi on the service host"
+    acc = accel_window([{**line, "mono_ns": 0}], 5, 10)  # said once, before the window: it holds for all of it
+    assert isinstance(acc, NotObserved) and acc.reason == line["reason"]
+
+
+def test_a_tool_caseledger_does_not_read_yet_is_named_not_zeroed() -> None:
+    s = accel.AccelSampler(
+        lambda pid: True, _recorded, lambda name: "/opt/rocm/bin/rocm-smi" if name == "rocm-smi" else None
+    )
+    line = s.sample()
+    assert not s.reads and line["tool"] == "rocm-smi" and "devices" not in line
+    assert "rocm-smi is on the service host" in line["reason"]
+
+
+def test_a_failed_tool_call_is_a_line_with_its_reason_and_no_devices() -> None:
+    s = accel.AccelSampler(lambda pid: True, lambda argv: None, _nvidia_only)
+    line = s.sample()
+    assert s.reads and "devices" not in line and line["reason"] == "nvidia-smi --query-gpu failed or timed out"
+
+
+def test_a_window_has_each_devices_figures_and_a_device_shared_with_another_process_distorts_it() -> None:
+    samples = _samples(4)  # at 1, 2, 3, 4 s
+    acc = accel_window(samples, 2 * 10**9, 3 * 10**9)
+    assert isinstance(acc, Accelerators) and acc.samples == 2 and acc.tool == "nvidia-smi"
+    d1 = acc.devices[1]
+    assert (d1.util_pct_mean, d1.mem_used_mib_max, d1.mem_total_mib, d1.power_w_max, d1.clock_mhz_mean) == (
+        96.0,
+        77890.0,
+        81920.0,
+        365.48,
+        1410.0,
+    )
+    assert d1.processes == ["pid 4187 75210 MiB (service)", "pid 4242 2048 MiB (other)"]
+    assert d1.others == ["pid 4242 2048 MiB"] and acc.devices[0].others == []
+    (why,) = accel_distortion(acc)
+    assert why.startswith(f"device 1 ({DEV1}) was shared with another process during the window: pid 4242 2048 MiB")
+    assert accel_window(samples, 10 * 10**9, 11 * 10**9) == NotObserved(reason=NOT_SAMPLED)
+
+
+def test_a_devices_figures_over_several_samples_are_means_and_peaks_and_the_most_memory_held() -> None:
+    quieter = GPUS.replace(", 96, 77890,", ", 50, 70000,").replace("365.48", "165.48")
+    outputs = iter([GPUS, APPS, quieter, APPS.replace("4242, 2048", "4242, 1024")])
+    s = accel.AccelSampler(lambda pid: pid in SERVICE, lambda argv: next(outputs), _nvidia_only)
+    acc = accel_window([{**s.sample(), "mono_ns": k} for k in (1, 2)], 0, 3)
+    assert isinstance(acc, Accelerators)
+    d1 = acc.devices[1]
+    assert (d1.samples, d1.util_pct_mean, d1.util_pct_max, d1.mem_used_mib_max) == (2, 73.0, 96.0, 77890.0)
+    assert d1.power_w_mean == pytest.approx(265.48) and d1.power_w_max == 365.48
+    assert "pid 4242 2048 MiB (other)" in d1.processes  # the most it held, not the last
+
+
+def test_a_device_the_service_does_not_use_is_not_judged() -> None:
+    theirs = accel.AccelSampler(lambda pid: pid == 4121, _recorded, _nvidia_only).sample()  # device 1: not ours
+    acc = accel_window([{**theirs, "mono_ns": 1}], 0, 2)
+    assert isinstance(acc, Accelerators) and not acc.devices[1].used_by_service
+    assert accel_distortion(acc) == []
+    nobody = accel.AccelSampler(lambda pid: False, _recorded, _nvidia_only).sample()
+    acc = accel_window([{**nobody, "mono_ns": 1}], 0, 2)
+    assert isinstance(acc, Accelerators) and accel_distortion(acc) == []
+    assert acc.note is not None and "no device is judged" in acc.note
+
+
+def test_a_process_in_the_services_session_is_the_services() -> None:
+    ours = accel.in_sessions({os.getsid(0)}, set())
+    assert ours(os.getpid())
+    assert not accel.in_sessions({-1}, set())(os.getpid())
+    assert accel.in_sessions({-1}, {os.getpid()})(os.getpid())
+    assert not ours(2**22 + 1)  # no such pid on this host
+
+
+def _rec(i: int) -> RawRecord:
+    t = i * 10**9
+    return RawRecord(
+        i=i,
+        entry=i,
+        route=0,
+        send_ns=t,
+        chunk_ns=[t + k * 10**8 for k in range(1, 5)],
+        chunk_tokens=[None] * 4,
+        end_ns=t + 5 * 10**8,
+        status=200,
+        ok=True,
+        error=None,
+        error_class=None,
+        prompt_tokens=10,
+        completion_tokens=4,
+        cached_tokens=0,
+        finish_reason="length",
+        input_tokens_body=8,
+        input_tokens_chat=10,
+    )
+
+
+def test_the_result_and_the_report_show_each_windows_devices_and_name_the_shared_device() -> None:
+    case = Case.model_validate(
+        {
+            "scenario": "s",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}]},
+            "dataset": {"source": "synthetic", "input_tokens": 8, "output_tokens": 4},
+            "load": {"requests": 4, "concurrency": 1},
+        }
+    )
+    r = compute_result(case, [_rec(i) for i in range(4)], accel=_samples(3))
+    w = r.windows.whole
+    assert isinstance(w.accelerators, Accelerators) and w.accelerators.samples == 3
+    assert any("device 1" in d and "pid 4242 2048 MiB" in d for d in w.distorted), w.distorted
+    flag = next(f for f in evidence_flags(r) if f.text.startswith("accelerators, whole window: nvidia-smi, 3 samples"))
+    assert flag.warn  # a device shared with another process weakens the figures
+    details = flag.details
+    assert details[1].startswith("device 1: util 96% mean (96% max), memory 77890/81920 MiB, power 365 W")
+    assert "pid 4242 2048 MiB (other)" in details[1]
+    figs = window_figures(w)
+    assert figs.accelerators == w.accelerators
+    bare = compute_result(case, [_rec(i) for i in range(4)])
+    assert isinstance(bare.windows.whole.accelerators, NotObserved)
+    assert window_figures(bare.windows.whole).accelerators is None
+    assert any(m.figures == ["accelerators"] for m in window_figures(bare.windows.whole).not_observed)
+    said = [f.text for f in evidence_flags(bare) if f.text.startswith("accelerators")]
+    assert said == [f"accelerators: NOT_OBSERVED ({NOT_SAMPLED})"]  # once for both windows
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `nvidia-smi` on PATH that prints the recorded outputs; the engine workers' pids become its caller's
+    (the controller, the measurement's own), so pid 4242 is the one other process."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f'  --query-gpu=*) cat "{DATA}/nvidia-smi-query-gpu.csv" ;;\n'
+        f'  --query-compute-apps=*) sed -e "s/, 4121,/, $PPID,/" -e "s/, 4187,/, $PPID,/" '
+        f'"{DATA}/nvidia-smi-query-compute-apps.csv" ;;\n'
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return script
+
+
+@pytest.mark.integration
+@pytest.mark.processes  # sampled by a detached controller while its client loads (an inline client returns first)
+def test_a_run_with_nvidia_smi_on_path_records_the_devices_and_is_distorted_by_the_shared_one(
+    ws: Workspace, stop_services: None, fake_nvidia_smi: Path
+) -> None:
+    port = free_port()
+    draft = ref_draft(
+        port,
+        service={
+            "adapter": "reference",
+            "reference": {"prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0},
+        },
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": 16, "concurrency": 4},
+    )
+    r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True, timeout_s=120)
+    assert r.run_id is not None
+    lines = read_jsonl(ws.run(r.run_id).load_accel).items
+    assert len(lines) >= 2 and all(x["tool"] == "nvidia-smi" and len(x["devices"]) == 2 for x in lines), lines
+    report = ws.run(r.run_id).report_md.read_text()
+    assert "accelerators, whole window: nvidia-smi" in report, report
+    assert f"device 1 ({DEV1}) was shared with another process during the window: pid 4242 2048 MiB" in report
+    d = read_json(ws.run(r.run_id).decision)
+    assert d["outcome"] == "insufficient" and any("pid 4242" in m for m in d["missing"]), d
+
+
+def test_a_service_on_another_host_or_an_external_one_is_not_sampled_and_says_why() -> None:
+    assert accel_not_sampled(False, None) == "an external service: its host is not known to caseledger"
+    remote = ServiceRecord(outcome="done", pid=77, host="gpu-7")
+    assert accel_not_sampled(True, remote) == (
+        "the service runs on gpu-7: accelerators are sampled on the controller's host only"
+    )
+    assert accel_not_sampled(True, ServiceRecord(outcome="done", pid=77)) is None
+    assert accel_not_sampled(True, None) is None
+
+
+def test_the_watch_samples_each_second_retries_a_failed_call_and_says_a_missing_tool_once() -> None:
+    calls: list[list[str]] = []
+
+    def flaky(argv: list[str]) -> str | None:
+        calls.append(argv)
+        return None if len(calls) == 1 else _recorded(argv)  # the first call fails
+
+    lines: list[accel.AccelSample] = []
+    w = accel.AccelWatch(accel.AccelSampler(lambda pid: True, flaky, _nvidia_only), lines.append)
+    for now in (0.0, 0.5, 1.0, 1.5, 2.0):
+        w.tick(now)
+    assert [("devices" in x, "reason" in x) for x in lines] == [(False, True), (True, False), (True, False)]
+    lines.clear()
+    w = accel.AccelWatch(accel.AccelSampler(lambda pid: True, flaky, lambda name: None), lines.append)
+    for now in (0.0, 1.0, 2.0):
+        w.tick(now)
+    assert [x["reason"] for x in lines] == ["no nvidia-smi, rocm-smi or npu-smi on the service host"]
+    lines.clear()
+    w = accel.AccelWatch(accel.AccelSample(mono_ns=0, tool=None, reason="an external service"), lines.append)
+    for now in (0.0, 1.0):
+        w.tick(now)
+    assert lines == [{"mono_ns": 0, "tool": None, "reason": "an external service"}]
+
+
+def test_a_tool_that_keeps_failing_is_not_asked_again_during_the_load() -> None:
+    calls: list[list[str]] = []
+
+    def hung(argv: list[str]) -> str | None:
+        calls.append(argv)
+        return None
+
+    lines: list[accel.AccelSample] = []
+    w = accel.AccelWatch(accel.AccelSampler(lambda pid: True, hung, _nvidia_only), lines.append)
+    for now in range(10):
+        w.tick(float(now))
+    assert len(calls) == len(lines) == accel.MAX_FAILED_IN_A_ROW
+    assert lines[-1]["reason"].endswith("(3 times in a row: not asked again during this load)")
