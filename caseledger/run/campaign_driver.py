@@ -55,7 +55,7 @@ from caseledger.outcome import handoff
 from caseledger.run.controller import DRIVEN_BY
 from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
-from caseledger.run.start import launch, wait_for
+from caseledger.run.start import launch, spawn_controller_ahead, wait_for
 from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
 
 WAIT_S = 1.0  # between looks at a paused authorization or a held target
@@ -140,7 +140,8 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         time.sleep(pause)
     case = load_case(ws, cid)
     try:
-        view = launch(ws, cid, case, ahead=_take_ahead(gid, case))
+        pre, ctl = _take_ahead(gid, case)
+        view = launch(ws, cid, case, ahead=pre, controller_ahead=ctl)
     except (NotAuthorized, TargetHeld) as e:
         _note_wait(ws, gid, e.message)
         return "wait"
@@ -236,31 +237,34 @@ def _back_off(ws: Workspace, gid: str, o: PointObs) -> None:
 # load plan, the collector's numpy and models; most of a preflight's CPU) then overlap this point's collector,
 # which runs on one core, instead of the next point's start, where the controller and the load client import.
 # It still gets its run only at launch and checks it from disk, sockets forbidden, like any preflight.
-_AHEAD: dict[str, tuple[subprocess.Popen[bytes], frozenset[str]]] = {}
+# campaign -> (its next point's preflight and controller, spawned ahead while the current point post-processes,
+# with the variables they were given)
+_AHEAD: dict[str, tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], frozenset[str]]] = {}
 _WINDOW_CLOSED = (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED, PhaseState.FAILED, PhaseState.UNKNOWN)
 
 
 def _after_window(gid: str, view: RunView, case: Case) -> None:
     if gid not in _AHEAD and view.phases[Phase.LOAD].state in _WINDOW_CLOSED and not procs.inline():
         keep = frozenset(case.env_names())
-        _AHEAD[gid] = (spawn_ahead(keep), keep)
+        _AHEAD[gid] = (spawn_ahead(keep), spawn_controller_ahead(keep), keep)
 
 
-def _take_ahead(gid: str, case: Case) -> subprocess.Popen[bytes] | None:
-    """The waiting preflight process, if it was spawned with every variable this case names (else it is
-    stopped, and launch spawns one with the right environment)."""
+def _take_ahead(gid: str, case: Case) -> tuple[subprocess.Popen[bytes] | None, subprocess.Popen[bytes] | None]:
+    """The waiting preflight and controller processes, if they were spawned with every variable this case names
+    (else they are stopped, and launch spawns them with the right environment)."""
     got = _AHEAD.pop(gid, None)
     if got is None:
-        return None
-    proc, keep = got
+        return None, None
+    pre, ctl, keep = got
     if case.env_names() <= keep:
-        return proc
-    _drop(proc)
-    return None
+        return pre, ctl
+    _drop(pre)
+    _drop(ctl)
+    return None, None
 
 
 def _drop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a preflight process that was never handed a run (it only waits on its stdin) and reap it."""
+    """Stop a process spawned ahead that was never handed a run (it only waits on its stdin) and reap it."""
     with contextlib.suppress(OSError):
         proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -324,7 +328,9 @@ def drive(ws: Workspace, gid: str) -> int:
         write_json(driver_file(ws, gid), {**info, "ended_utc": utc_now(), "outcome": outcome})
         event(ws, gid, "driver_ended", outcome=outcome)
         if gid in _AHEAD:  # the campaign ended (or the driver failed) before the next point: nothing to check
-            _drop(_AHEAD.pop(gid)[0])
+            pre, ctl, _ = _AHEAD.pop(gid)
+            _drop(pre)
+            _drop(ctl)
         with contextlib.suppress(OSError, CaseledgerError):
             handoff.refresh(ws)
         _draw_charts(ws, gid)

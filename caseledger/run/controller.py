@@ -53,9 +53,9 @@ from caseledger.run import after_load, load_parts, phases, prepare, remote_load
 from caseledger.run import lease as run_lease
 from caseledger.run.envcheck import CHART_ENV
 from caseledger.run.handoff_writer import HandoffWriter
-from caseledger.run.preflight import ahead_result, run_fresh
+from caseledger.run.preflight import AHEAD, ahead_result, run_fresh
 from caseledger.run.start import start_next
-from caseledger.workspace import Spare, Workspace, is_disk_full, read_json_or_none, read_ref, write_json
+from caseledger.workspace import RunPaths, Spare, Workspace, is_disk_full, read_json_or_none, read_ref, write_json
 
 PhaseBody = Callable[["Controller", int], PhaseEvidence]
 STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
@@ -422,6 +422,15 @@ PHASE_BODIES: dict[Phase, PhaseBody] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == [AHEAD]:  # spawned before the run existed (start.spawn_controller_ahead): its imports are done
+        line = sys.stdin.readline().split()
+        if len(line) != 2:
+            return 0  # start_run gave up (e.g. the target was held): nothing to control
+        args = [line[0], "--fence", line[1]]
+        log = os.open(RunPaths(Path(line[0])).controller_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)  # from here on it writes where a controller spawned for its run writes
+        os.dup2(log, 2)
+        os.close(log)
     run_dir = Path(args[0])
     fence = int(args[args.index("--fence") + 1])
     try:

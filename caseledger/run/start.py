@@ -8,7 +8,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from caseledger import datasets, ledger, procs, services
@@ -24,7 +24,7 @@ from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
 from caseledger.run import envcheck, policy
 from caseledger.run import lease as run_lease
-from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead
+from caseledger.run.preflight import AHEAD, AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead
 from caseledger.workspace import (
     RunPaths,
     Workspace,
@@ -120,30 +120,60 @@ def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:  
     return {"id": pid_, **res}
 
 
-def spawn_controller(run: Run, fence: int) -> int:
-    """Start the run's detached controller (it reads run.json as written by then), then mark it spawned. Inline
-    (procs.inline_runs): the same controller runs the phase table in this process and returns when the run ends."""
-    paths = run.paths
-    if procs.inline():
-        return _controller_inline(run, fence)
-    log = paths.controller_log.open("ab")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        env=child_env(keep=run.case.env_names()),
+def spawn_controller_ahead(keep: Iterable[str] = ()) -> subprocess.Popen[bytes]:
+    """A controller interpreter started before its run exists: it imports the controller (~0.2 s) while
+    start_run takes the lease and writes the run, then reads 'RUN_DIR FENCE' on stdin and runs it exactly as one
+    spawned for the run would (its output then goes to the run's controller log). EOF: it exits."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "caseledger.run.controller", AHEAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=child_env(keep=keep),
         start_new_session=True,
         close_fds=True,
     )
-    log.close()
+
+
+def _hand_run(ahead: subprocess.Popen[bytes] | None, paths: RunPaths, fence: int) -> int | None:
+    """The pid of the controller spawned ahead, handed its run; None when there is none or it died."""
+    if ahead is None or ahead.poll() is not None or ahead.stdin is None:
+        return None
+    try:
+        ahead.stdin.write(f"{paths.root} {fence}\n".encode())
+        ahead.stdin.close()
+    except OSError:
+        return None
+    return ahead.pid
+
+
+def spawn_controller(run: Run, fence: int, ahead: subprocess.Popen[bytes] | None = None) -> int:
+    """Start the run's detached controller (it reads run.json as written by then), then mark it spawned: the one
+    spawned ahead when given and alive (handed the run), else a new one. Inline (procs.inline_runs): the same
+    controller runs the phase table in this process and returns when the run ends."""
+    paths = run.paths
+    if procs.inline():
+        return _controller_inline(run, fence)
+    pid = _hand_run(ahead, paths, fence)
+    if pid is None:
+        log = paths.controller_log.open("ab")
+        pid = subprocess.Popen(
+            [sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=child_env(keep=run.case.env_names()),
+            start_new_session=True,
+            close_fds=True,
+        ).pid
+        log.close()
     write_meta(paths, run.meta.model_copy(update={"controller_spawned": True}))
     # the controller writes its own pid file; write one now so a reader never sees a gap
     write_json(
         paths.controller_pid,
-        {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"], "fence": fence},
+        {"pid": pid, "start_time": procs.start_time(pid) or 0, "host": procs.me()["host"], "fence": fence},
     )
-    return p.pid
+    return pid
 
 
 def _controller_inline(run: Run, fence: int) -> int:
@@ -191,6 +221,7 @@ def launch(
     timeout_s: float = 3600.0,
     progress: Progress | None = None,
     ahead: subprocess.Popen[bytes] | None = None,
+    controller_ahead: subprocess.Popen[bytes] | None = None,
 ) -> RunView:
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
@@ -201,10 +232,13 @@ def launch(
     policy.check(case)  # what the case would start, against the host's policy: before anything is written
     key = target_key(case.canonical())
     rid = new_run_id(ws)
+    ctl: subprocess.Popen[bytes] | None = None
     if procs.inline():
         ahead = None  # preflight runs in this process, inside the controller's phase table
-    elif ahead is None or ahead.poll() is not None:
-        ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
+    else:
+        if ahead is None or ahead.poll() is not None:
+            ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
+        ctl = controller_ahead or spawn_controller_ahead(case.env_names())  # the same, for the controller
     try:
         with authorization.claim(ws, rid) as mode:
             lease = run_lease.acquire(ws, case, key, run_id=rid, owner=None)
@@ -212,17 +246,22 @@ def launch(
                 run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
                 if ahead is not None:
                     hand_over(ahead, run.paths)
-                spawn_controller(run, lease.fence)
+                spawn_controller(run, lease.fence, ctl)
             except BaseException:
                 run_lease.release(ws, case, key, rid, lease.fence)
                 raise
         return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0, progress=progress)
     finally:
-        if ahead is not None:
-            if ahead.stdin is not None and not ahead.stdin.closed:
-                ahead.kill()  # never handed a run (refused start): nothing of it is needed
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                ahead.wait(timeout=AHEAD_WAIT_S)  # reaped, not left a zombie of a long-lived MCP server
+        for p in (ahead, ctl):
+            if p is None:
+                continue
+            if p.stdin is not None and not p.stdin.closed:
+                p.kill()  # never handed a run (refused start): nothing of it is needed
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=AHEAD_WAIT_S)  # reaped, not left a zombie of a long-lived MCP server
+            elif p is ahead:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=AHEAD_WAIT_S)  # the handed preflight is short-lived: reaped here
 
 
 def start_next(ws: Workspace, key: str) -> str | None:

@@ -365,7 +365,11 @@ class ReferenceTarget:
         return _json(self._version_at(request.url.path))
 
     def _version_at(self, path: str) -> dict[str, str]:
+        """The version field of `path` when the target serves as an engine named in its config (metrics_as set;
+        by default it answers no version, as it always did)."""
         served = self.engine.config.metrics_as
+        if "metrics_as" not in self.engine.config.model_fields_set:
+            return {}
         fields = dict(engine_profile(served).version)
         return {fields[path]: f"caseledger-reference (as {served})"} if path in fields else {}
 
@@ -404,7 +408,7 @@ def build_app(model: str, config: ReferenceConfig | None = None, *, tokenizer: s
             *(
                 Route(path, t.version, methods=["GET"])
                 for path, _ in engine_profile(cfg.metrics_as).version
-                if path != "/props"
+                if path != "/props" and "metrics_as" in cfg.model_fields_set  # by default: no version endpoint
             ),
         ],
         lifespan=lifespan,
