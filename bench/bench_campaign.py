@@ -24,21 +24,14 @@ from caseledger.outcome.summary import time_ledger
 from caseledger.tools import freeze_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft
+from tests.conftest import free_port, knee_base
 
 VALUES = [1, 2, 4, 8, 16, 32]
 LIMIT_MS = 11.0
 
 
 def draft(port: int) -> dict[str, object]:
-    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
-    base = ref_draft(
-        port,
-        scenario="knee",
-        service={"reference": ref},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-        load={"requests": 32, "concurrency": 1},
-    )
+    base = knee_base(port, "knee", 32)
     return {
         "campaign": {
             "name": "knee-c",

@@ -535,6 +535,36 @@ def start_with_fault(monkeypatch: pytest.MonkeyPatch, fault: str, ws: Workspace,
         monkeypatch.delenv("CASELEDGER_FAULT")
 
 
+# The reference target of the campaign tests: TPOT ~ 4 + 1.5 (C - 1) ms, 64 slots, so a TPOT limit cuts C
+KNEE_TARGET = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
+
+
+def knee_base(port: int, scenario: str, requests: int) -> dict[str, Any]:
+    """A campaign's base case on that target: 64 tokens in, 16 out, C=1."""
+    return ref_draft(
+        port,
+        scenario=scenario,
+        service={"reference": KNEE_TARGET},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": requests, "concurrency": 1},
+    )
+
+
+def until_complete(ws: Workspace, campaign_id: str, timeout_s: float = 300.0, wait_s: float = 30.0) -> Any:
+    """The campaign's view once it is complete and its driver has exited (phase_status waits, wait_s at most
+    each); AssertionError with the view's text after timeout_s."""
+    from caseledger.campaign.view import CampaignView, campaign_view
+    from caseledger.tools import status_any
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = status_any(ws, campaign_id, wait_s=wait_s)
+        assert isinstance(v, CampaignView)
+        if v.complete and not v.driver_alive:
+            return v
+    raise AssertionError(campaign_view(ws, campaign_id).text())
+
+
 def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
     """Every view names the campaign's one answer, resting on the same runs: summarize of the campaign, of its
     scenario and of each point's runs, the scenario resource's rows and HANDOFF.md. Returns the answer."""

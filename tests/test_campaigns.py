@@ -35,7 +35,7 @@ from caseledger.run.start import wait_for
 from caseledger.tools import freeze_any, resume_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import assert_one_answer, free_port, ref_draft, stats
+from tests.conftest import assert_one_answer, free_port, knee_base, ref_draft, stats, until_complete
 
 # ------------------------------------------------------------------------------------------- the planner, pure
 
@@ -329,14 +329,7 @@ def test_the_control_is_measured_again_between_and_after_the_others_and_a_drift_
 
 
 def _campaign(port: int, values: list[int], limit: float = 11.0, **over: Any) -> dict[str, Any]:
-    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
-    base = ref_draft(
-        port,
-        scenario="knee",
-        service={"reference": ref},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-        load={"requests": 32, "concurrency": 1},
-    )
+    base = knee_base(port, "knee", 32)
     body = {
         "name": "knee-c",
         "base": base,
@@ -379,13 +372,8 @@ def test_a_bad_campaign_names_the_field_and_writes_nothing(ws: Workspace, change
 
 
 def _until_complete(ws: Workspace, gid: str, timeout_s: float = 300.0) -> CampaignView:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = status_any(ws, gid, wait_s=30)
-        assert isinstance(v, CampaignView)
-        if v.complete and not v.driver_alive:
-            return v
-    raise AssertionError(campaign_view(ws, gid).text())
+    view: CampaignView = until_complete(ws, gid, timeout_s)
+    return view
 
 
 def _formal(port: int) -> int:
@@ -458,6 +446,7 @@ def _no() -> Any:
     raise AssertionError("no scenario view")
 
 
+@pytest.mark.quiet  # a contended host moves the control: a drift sets runs aside, which this count does not allow
 @pytest.mark.processes
 @pytest.mark.integration
 def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(

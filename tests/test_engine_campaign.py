@@ -4,19 +4,17 @@ campaign's wall time the formal windows took."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from caseledger import services
-from caseledger.campaign.view import CampaignView
 from caseledger.ledger import authorization
 from caseledger.ledger.runs import scan_runs
-from caseledger.tools import freeze_any, start_any, status_any, summarize
+from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import assert_one_answer, free_port
+from tests.conftest import assert_one_answer, free_port, until_complete
 from tests.engine import llama_draft, llama_paths
 
 pytestmark = [pytest.mark.engine, pytest.mark.integration]
@@ -47,14 +45,7 @@ def test_a_flag_by_c_campaign_starts_each_service_identity_once(tmp_path: Path) 
             "-np=4 C=2",
         }, f.text()
         start_any(ws, f.campaign_id)
-        deadline = time.monotonic() + 1500
-        view = status_any(ws, f.campaign_id)
-        while time.monotonic() < deadline:
-            view = status_any(ws, f.campaign_id, wait_s=60)
-            assert isinstance(view, CampaignView)
-            if view.complete and not view.driver_alive:
-                break
-        assert isinstance(view, CampaignView) and view.complete, view.text()
+        view = until_complete(ws, f.campaign_id, 1500, wait_s=60)
         text = summarize(ws, [f.campaign_id]).text()
         print(text)  # the figures for the issue note (pytest -s)
         # every point measured; service starts = distinct identities, counted from the processes started
@@ -70,18 +61,6 @@ def test_a_flag_by_c_campaign_starts_each_service_identity_once(tmp_path: Path) 
         assert_one_answer(ws, f.campaign_id)
     finally:
         services.stop_all(ws)
-
-
-def _until_done(ws: Workspace, gid: str, budget_s: float) -> CampaignView:
-    deadline = time.monotonic() + budget_s
-    view = status_any(ws, gid)
-    while time.monotonic() < deadline:
-        view = status_any(ws, gid, wait_s=60)
-        assert isinstance(view, CampaignView)
-        if view.complete and not view.driver_alive:
-            break
-    assert isinstance(view, CampaignView) and view.complete, view.text()
-    return view
 
 
 def test_a_search_over_two_flags_by_c_agrees_with_the_grid_of_the_same_space(tmp_path: Path) -> None:
@@ -116,7 +95,7 @@ def test_a_search_over_two_flags_by_c_agrees_with_the_grid_of_the_same_space(tmp
         f = freeze_any(ws, draft=search)
         assert isinstance(f, CampaignFrozen) and f.points == {}, f.text()
         start_any(ws, f.campaign_id)
-        found = _until_done(ws, f.campaign_id, 1500)
+        found = until_complete(ws, f.campaign_id, 1500, wait_s=60)
         text = summarize(ws, [f.campaign_id]).text()
         print(text)  # the figures for the issue note (pytest -s)
         assert_one_answer(ws, f.campaign_id)
@@ -129,7 +108,7 @@ def test_a_search_over_two_flags_by_c_agrees_with_the_grid_of_the_same_space(tmp
         g = freeze_any(ws, draft=grid)
         assert isinstance(g, CampaignFrozen) and len(g.points) == 12, g.text()
         start_any(ws, g.campaign_id)
-        whole = _until_done(ws, g.campaign_id, 1500)
+        whole = until_complete(ws, g.campaign_id, 1500, wait_s=60)
         print(summarize(ws, [g.campaign_id]).text())
         assert all(r.runs >= 1 for r in whole.rows), whole.text()
         # the same winner, a declared tie that holds the other's winner, or the same tie

@@ -15,7 +15,7 @@ from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import assert_one_answer, free_port, ref_draft, stats
+from tests.conftest import assert_one_answer, free_port, knee_base, ref_draft, stats, until_complete
 
 # A surface like an engine's flags: x (say max-num-seqs) and y (a prefill chunk budget), 16 x 16 = 256 points;
 # throughput has an interior optimum at (10, 6) and a TPOT limit cuts off a corner of the space.
@@ -326,19 +326,11 @@ def test_a_search_on_the_reference_target_freezes_each_point_when_proposed_and_c
     its reason, none twice; the answer names a winner within the limit (or a tie) once the search ended and its
     repeats ran; every formal request the target received is one a run reports."""
     from caseledger.campaign.store import load_campaign
-    from caseledger.campaign.view import campaign_view
     from caseledger.ledger import authorization
 
     authorization.set_mode(ws, "auto")
     port = free_port()
-    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
-    base = ref_draft(
-        port,
-        scenario="search",
-        service={"reference": ref},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-        load={"requests": 24, "concurrency": 1},
-    )
+    base = knee_base(port, "search", 24)
     d = {
         "campaign": {
             "name": "search-c",
@@ -353,10 +345,7 @@ def test_a_search_on_the_reference_target_freezes_each_point_when_proposed_and_c
     assert isinstance(f, CampaignFrozen) and f.points == {}, f.text()
     assert "tpe: 0 of at most 5 points proposed (seed 1)" in f.text()
     start_any(ws, f.campaign_id)
-    deadline = time.monotonic() + 600
-    while not (view := campaign_view(ws, f.campaign_id)).complete:
-        assert time.monotonic() < deadline, view.text()
-        time.sleep(0.5)
+    view = until_complete(ws, f.campaign_id, 600)
     camp = load_campaign(ws, f.campaign_id)
     assert 2 <= len(camp.points) <= 5 and all(p.why.startswith("proposed by tpe, trial ") for p in camp.points)
     assert len({p.label for p in camp.points}) == len(camp.points)  # never a point twice
@@ -379,19 +368,11 @@ def test_halving_on_the_reference_target_screens_with_fewer_requests_and_answers
     N=16; each screen frozen when proposed with why, shown as screened, never the answer; every formal request
     the target received is one of a run's N."""
     from caseledger.campaign.store import load_campaign
-    from caseledger.campaign.view import campaign_view
     from caseledger.ledger import authorization
 
     authorization.set_mode(ws, "auto")
     port = free_port()
-    ref = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 64}
-    base = ref_draft(
-        port,
-        scenario="halving",
-        service={"reference": ref},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-        load={"requests": 16, "concurrency": 1},
-    )
+    base = knee_base(port, "halving", 16)
     d = {
         "campaign": {
             "name": "halving-c",
@@ -405,10 +386,7 @@ def test_halving_on_the_reference_target_screens_with_fewer_requests_and_answers
     f = freeze_any(ws, draft=d)
     assert isinstance(f, CampaignFrozen) and f.points == {}, f.text()
     start_any(ws, f.campaign_id)
-    deadline = time.monotonic() + 600
-    while not (view := campaign_view(ws, f.campaign_id)).complete:
-        assert time.monotonic() < deadline, view.text()
-        time.sleep(0.5)
+    view = until_complete(ws, f.campaign_id, 600)
     camp = load_campaign(ws, f.campaign_id)
     labels = [p.label for p in camp.points]
     assert labels[:4] == ["C=1 N=4", "C=2 N=4", "C=4 N=4", "C=8 N=4"], labels
@@ -437,7 +415,6 @@ def test_halving_on_the_reference_target_screens_with_fewer_requests_and_answers
 def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: Workspace, stop_services: None) -> None:
     """tpe over slots x C with max_starts 1: the load-only neighbours of the first identity are measured on its
     service, then the search ends instead of starting a second one, and the view says which budget ended it."""
-    from caseledger.campaign.view import campaign_view
     from caseledger.ledger import authorization
 
     authorization.set_mode(ws, "auto")
@@ -459,10 +436,7 @@ def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: 
     f = freeze_any(ws, draft=d)
     assert isinstance(f, CampaignFrozen), f.text()
     start_any(ws, f.campaign_id)
-    deadline = time.monotonic() + 300
-    while not (view := campaign_view(ws, f.campaign_id)).complete:
-        assert time.monotonic() < deadline, view.text()
-        time.sleep(0.5)
+    view = until_complete(ws, f.campaign_id, 300)
     assert view.progress["service_starts"] == 1 and len(view.rows) == 2, view.text()
     assert len({r.label.split()[0] for r in view.rows}) == 1  # one identity, both of its C
     assert "ended: its budget of 1 service start(s) is spent (1)" in view.search, view.search

@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
 from caseledger.campaign.model import PROPOSING, Scalar
+from caseledger.campaign.search import REQUESTS
 from caseledger.campaign.store import Campaign, driver_events, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
@@ -121,7 +122,9 @@ class CampaignView(FrozenModel):
         )
         share = p.get("formal_window_share")
         prog = (
-            f"points {p['measured']} measured, {p['running']} running, {p['queued'] + p['pending']} queued or "
+            f"points {p['measured']} measured, "
+            + (f"{p['screened']} screened, " if p.get("screened") else "")
+            + f"{p['running']} running, {p['queued'] + p['pending']} queued or "
             f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, "
             f"{p.get('sent', 0)} formal requests sent, "
             f"{p['service_starts']} service start(s), "
@@ -254,7 +257,7 @@ def _observe_point(
         when=when,
         run_rel=run_rel,
         sent=sent,
-        screen="load.requests" in values and all(a.path != "load.requests" for a in camp.axes),
+        screen=REQUESTS in values and all(a.path != REQUESTS for a in camp.axes),
     )
     return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card)
 
@@ -368,10 +371,7 @@ def _progress(
         last_end = max(last_end, end or 0.0)
     live = any(r.status == "running" for r in rows) or driver_alive(ws, camp.campaign_id)
     elapsed = ((time.time() if live else last_end) - since) if since else 0.0
-    count = {
-        s: sum(1 for r in rows if r.status == s)
-        for s in ("measured", "running", "queued", "pending", "skipped", "given_up", "not_needed")
-    }
+    count = {s: sum(1 for r in rows if r.status == s) for s in get_args(PointStatus)}
     return {
         **count,
         "runs": runs,

@@ -55,7 +55,7 @@ from caseledger.outcome import handoff
 from caseledger.run.controller import DRIVEN_BY
 from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
-from caseledger.run.start import launch, spawn_controller_ahead, wait_for
+from caseledger.run.start import drop_unhanded, launch, spawn_controller_ahead, wait_for
 from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
 
 WAIT_S = 1.0  # between looks at a paused authorization or a held target
@@ -258,17 +258,9 @@ def _take_ahead(gid: str, case: Case) -> tuple[subprocess.Popen[bytes] | None, s
     pre, ctl, keep = got
     if case.env_names() <= keep:
         return pre, ctl
-    _drop(pre)
-    _drop(ctl)
+    drop_unhanded(pre)
+    drop_unhanded(ctl)
     return None, None
-
-
-def _drop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a process spawned ahead that was never handed a run (it only waits on its stdin) and reap it."""
-    with contextlib.suppress(OSError):
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 _LAST_WAIT: dict[str, str] = {}
@@ -329,8 +321,8 @@ def drive(ws: Workspace, gid: str) -> int:
         event(ws, gid, "driver_ended", outcome=outcome)
         if gid in _AHEAD:  # the campaign ended (or the driver failed) before the next point: nothing to check
             pre, ctl, _ = _AHEAD.pop(gid)
-            _drop(pre)
-            _drop(ctl)
+            drop_unhanded(pre)
+            drop_unhanded(ctl)
         with contextlib.suppress(OSError, CaseledgerError):
             handoff.refresh(ws)
         _draw_charts(ws, gid)

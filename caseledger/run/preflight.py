@@ -197,13 +197,19 @@ def spawn_ahead(keep: Iterable[str] = ()) -> subprocess.Popen[bytes]:
     while start_run takes the lease and writes the run, then gets the run directory on stdin and checks it
     exactly as `python -m caseledger.run.preflight RUN_DIR` would: a clean process, sockets forbidden, the
     case reloaded from disk. Its result lands in the run's preflight.ahead.json for the controller."""
+    return spawn_waiting("caseledger.run.preflight", keep)
+
+
+def spawn_waiting(module: str, keep: Iterable[str] = ()) -> subprocess.Popen[bytes]:
+    """`python -m MODULE --ahead`, detached, its stdin a pipe: it imports, then waits for its run there."""
     return subprocess.Popen(
-        [sys.executable, "-m", "caseledger.run.preflight", AHEAD],
+        [sys.executable, "-m", module, AHEAD],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=child_env(keep=keep),
         start_new_session=True,
+        close_fds=True,
     )
 
 

@@ -24,7 +24,7 @@ from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
 from caseledger.run import envcheck, policy
 from caseledger.run import lease as run_lease
-from caseledger.run.preflight import AHEAD, AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead
+from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead, spawn_waiting
 from caseledger.workspace import (
     RunPaths,
     Workspace,
@@ -124,15 +124,7 @@ def spawn_controller_ahead(keep: Iterable[str] = ()) -> subprocess.Popen[bytes]:
     """A controller interpreter started before its run exists: it imports the controller (~0.2 s) while
     start_run takes the lease and writes the run, then reads 'RUN_DIR FENCE' on stdin and runs it exactly as one
     spawned for the run would (its output then goes to the run's controller log). EOF: it exits."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "caseledger.run.controller", AHEAD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=child_env(keep=keep),
-        start_new_session=True,
-        close_fds=True,
-    )
+    return spawn_waiting("caseledger.run.controller", keep)
 
 
 def _hand_run(ahead: subprocess.Popen[bytes] | None, paths: RunPaths, fence: int) -> int | None:
@@ -253,15 +245,20 @@ def launch(
         return wait_for(ws, rid, "end" if wait else "preflight", timeout_s if wait else 300.0, progress=progress)
     finally:
         for p in (ahead, ctl):
-            if p is None:
-                continue
-            if p.stdin is not None and not p.stdin.closed:
-                p.kill()  # never handed a run (refused start): nothing of it is needed
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=AHEAD_WAIT_S)  # reaped, not left a zombie of a long-lived MCP server
-            elif p is ahead:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=AHEAD_WAIT_S)  # the handed preflight is short-lived: reaped here
+            if p is not None and p.stdin is not None and not p.stdin.closed:
+                drop_unhanded(p)  # never handed a run (refused start): nothing of it is needed
+        if ahead is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                ahead.wait(timeout=AHEAD_WAIT_S)  # the handed preflight is short-lived: reaped here
+
+
+def drop_unhanded(p: subprocess.Popen[bytes]) -> None:
+    """Stop a process spawned ahead that was never handed a run (it only waits on its stdin) and reap it, so a
+    long-lived MCP server or campaign driver leaves no zombie."""
+    with contextlib.suppress(OSError):
+        p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=AHEAD_WAIT_S)
 
 
 def start_next(ws: Workspace, key: str) -> str | None:

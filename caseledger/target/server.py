@@ -261,6 +261,9 @@ class ReferenceTarget:
 
     def __init__(self, engine: ReferenceEngine) -> None:
         self.engine = engine
+        # the engine whose version endpoint it answers: only when its config names one (by default none, as always)
+        cfg = engine.config
+        self.versions = dict(engine_profile(cfg.metrics_as).version) if "metrics_as" in cfg.model_fields_set else {}
         self.model = engine.model
         self.model_json = orjson.dumps(engine.model)
         self.id_prefix = f"{engine.pid:x}-"
@@ -365,13 +368,9 @@ class ReferenceTarget:
         return _json(self._version_at(request.url.path))
 
     def _version_at(self, path: str) -> dict[str, str]:
-        """The version field of `path` when the target serves as an engine named in its config (metrics_as set;
-        by default it answers no version, as it always did)."""
+        """The version field of `path` when the target answers an engine's version endpoint there."""
         served = self.engine.config.metrics_as
-        if "metrics_as" not in self.engine.config.model_fields_set:
-            return {}
-        fields = dict(engine_profile(served).version)
-        return {fields[path]: f"caseledger-reference (as {served})"} if path in fields else {}
+        return {self.versions[path]: f"caseledger-reference (as {served})"} if path in self.versions else {}
 
     async def reset_cache(self, request: Request) -> Response:
         n = self.engine.reset_prefix_cache()
@@ -407,8 +406,8 @@ def build_app(model: str, config: ReferenceConfig | None = None, *, tokenizer: s
             Route("/flush_cache", t.reset_cache, methods=["GET", "POST"]),
             *(
                 Route(path, t.version, methods=["GET"])
-                for path, _ in engine_profile(cfg.metrics_as).version
-                if path != "/props" and "metrics_as" in cfg.model_fields_set  # by default: no version endpoint
+                for path in t.versions
+                if path != "/props"  # llama.cpp's is answered by /props above
             ),
         ],
         lifespan=lifespan,
