@@ -7,7 +7,12 @@ resolved lazily so that `python -m caseledger.load` and the controller import on
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
+
+# cryptography >= 51 warns, at import, that asyncssh still offers DSA keys: noise in every SSH process's log and
+# an error under `-W error`. caseledger never offers DSA; the warning is about asyncssh's catalogue, not a run.
+warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"asyncssh\.")
 
 __version__ = "0.1.0"
 

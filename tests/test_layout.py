@@ -375,6 +375,20 @@ def test_a_run_process_imports_only_what_its_phase_uses(entry: str) -> None:
     assert sorted(set(out.split()) & LIGHT_ENTRIES[entry]) == []
 
 
+@pytest.mark.integration
+def test_an_ssh_process_starts_quietly_under_warnings_as_errors() -> None:
+    """A process that opens SSH imports asyncssh; cryptography >= 51 warns there about DSA. caseledger silences
+    that one warning (its logs stay clean and `-W error` runs), and only that one: the mutation "filter
+    removed" fails here with cryptography >= 51."""
+    import subprocess
+    import sys
+
+    code = "import caseledger, asyncssh, warnings; warnings.warn('kept', UserWarning)"
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+    assert "DSA" not in done.stderr
+    assert "UserWarning: kept" in done.stderr  # other warnings still raise
+
+
 def _private_reaches(modules: dict[str, Path]) -> list[str]:
     """Where a module of caseledger/ reaches into another one's private name: `from caseledger.x import _y`, or
     `x._y` with `x` bound to an imported caseledger module. A private module (a package's `_store.py`) is a
