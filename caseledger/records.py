@@ -32,6 +32,7 @@ RATIO_MAX = 1.0
 """... and <= this: RATIO_MIN_EXCLUSIVE < ratio <= RATIO_MAX."""
 
 PHASE_HEADER = "x-caseledger-phase"  # every request caseledger sends names its phase (load, warmup, ...)
+RUN_HEADER = "x-caseledger-run"  # and the run it belongs to: a server (or its logs) can tell its owners apart
 
 ErrorClass = Literal["http", "timeout", "connection", "stream", "incomplete", "client"]
 

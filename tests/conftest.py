@@ -577,7 +577,7 @@ def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
     assert sv is not None and sv.campaign == campaign_id and sv.answer == cv.answer, (sv, cv.text())
     assert sv.best_case == cv.winner and sorted(sv.tie) == sorted(cv.tie), (sv.text(), cv.text())
     assert [r.case_id for r in sv.rows if r.best] == ([cv.winner] if cv.winner else []), sv.text()
-    points = {r.case_id: r for r in cv.rows}
+    points = {c: r for r in cv.rows for c in (r.case_id, *r.cases.values())}  # a pool's point: a case per target
     for row in sv.rows:
         p = points.get(row.case_id)
         if p is None:

@@ -272,6 +272,36 @@ class Repeats(_Model):
 
 CaseRef = Annotated[str, StringConstraints(pattern=r"^c-[0-9a-f]{12}$")]  # a frozen case's id
 
+MAX_POOL = 16
+POOL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class PoolTarget(_Model):
+    """One target of a campaign's pool: the base case with the fields that say where it runs changed."""
+
+    name: str = Field(
+        pattern=POOL_NAME,
+        description="Its name in every answer (a letter or digit, then letters, digits, '.', '_', '-'; at most 64)",
+        examples=["node-b"],
+    )
+    set: dict[str, Scalar] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Where it differs from the base, by axis path under target. or service. (endpoint, port, SSH "
+        "host); {}: the base as written",
+    )
+
+    @field_validator("set")
+    @classmethod
+    def _where_only(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
+        for path in v:
+            if not re.match(AXIS_PATH, path) or not path.startswith(("target.", "service.")):
+                raise ValueError(
+                    f"'{path[:200]}' is not a path under target. or service.: a pool's targets differ in where "
+                    "they run (endpoint, port, host), never in what is measured"
+                )
+        return v
+
 
 class CampaignDraft(_Model):
     """What freeze_case takes under the key 'campaign'."""
@@ -304,6 +334,12 @@ class CampaignDraft(_Model):
         description="Relations every point keeps: 'A op B', A an axis path, B an axis path or a number, op one of "
         ">= <= > < == != (a grid leaves the other points out, a search never proposes them)",
     )
+    pool: list[PoolTarget] = Field(
+        default_factory=list,
+        max_length=MAX_POOL,
+        description="Targets declared equivalent (same hardware and model), 2..16: points run on them in parallel, "
+        "one owner each; each point's runs name their target. []: the base's one target",
+    )
     note: str = Field("", max_length=2000, description="Free text: what the person asked")
 
     @model_validator(mode="before")
@@ -321,6 +357,7 @@ class CampaignDraft(_Model):
         paths = [a.path for a in self.axes]
         if len(set(paths)) != len(paths):
             raise ValueError("campaign.axes: a path appears twice; give each field one axis")
+        _check_pool(self.pool, paths)
         for c in self.constraints:
             m = CONSTRAINT.match(c)
             if m is None or m.group("a") not in paths or (m.group("b") not in paths and _number(m.group("b")) is None):
@@ -410,6 +447,22 @@ class CampaignDraft(_Model):
             "repeats": self.repeats.model_dump(mode="json"),
             "note": self.note,
         }
+
+
+def _check_pool(pool: list[PoolTarget], paths: list[str]) -> None:
+    if len(pool) == 1:
+        raise ValueError("campaign.pool: one target is no pool; name 2..16 targets, or drop pool (the base's target)")
+    names = [t.name for t in pool]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"campaign.pool: the name(s) {twice} appear twice; give each target its own name")
+    for t in pool:
+        both = sorted(set(t.set) & set(paths))
+        if both:
+            raise ValueError(
+                f"campaign.pool '{t.name}': {both} is an axis too; a pool's targets differ in where they run, the "
+                "axes in what is measured: drop it from set"
+            )
 
 
 def space_of(axes: list[Axis], constraints: list[str], ascending: str | None = None) -> list[dict[str, Scalar]]:

@@ -111,6 +111,7 @@ class PointObs:
     sent: int = 0  # formal requests sent to it, over every run and load attempt
     why: str = ""  # a proposed point: who proposed it and why
     screen: bool = False  # a halving screen (fewer requests than the base's N): measured once, never the answer
+    targets: list[str] = field(default_factory=list)  # a pool's: the target of each valid run, as metric
 
     @property
     def runs(self) -> int:
@@ -399,13 +400,16 @@ DRIFT_NOISE = 2.0  # a change counts beyond this many times the noise: run-to-ru
 
 
 def _beyond(ctl: PointObs, k: int, floor: float) -> float | None:
-    """The control's run k against its first run: the relative change when beyond DRIFT_NOISE times both runs'
-    within-run noise and beyond `floor` (min_effect), else None."""
-    first = ctl.metric[0]
-    if not first:
+    """The control's run k against its first run on the same target: the relative change when beyond DRIFT_NOISE
+    times both runs' within-run noise and beyond `floor` (min_effect), else None (also when run k is the first on
+    its target of a pool: another target's level is no drift)."""
+    on = ctl.targets[k] if len(ctl.targets) == len(ctl.metric) else None
+    i = next((j for j in range(k) if on is None or ctl.targets[j] == on), None)
+    if i is None or not ctl.metric[i]:
         return None
+    first = ctl.metric[i]
     change = (ctl.metric[k] - first) / abs(first)
-    rel = [ctl.run_rel[j] if j < len(ctl.run_rel) else None for j in (0, k)]
+    rel = [ctl.run_rel[j] if j < len(ctl.run_rel) else None for j in (i, k)]
     noise = DRIFT_NOISE * math.hypot(rel[0] or 0.0, rel[1] or 0.0)
     return change if abs(change) > max(noise, floor) else None
 
@@ -423,7 +427,7 @@ def _shift(points: list[PointObs], min_effect: float) -> tuple[str, str, str] | 
                 continue
             said = (
                 f"the target changed at {ctl.when[k]}: the control {ctl.label} moved {change:+.1%} from its run at "
-                f"{ctl.when[0]}"
+                f"{ctl.when[0]}" + (f" (on {ctl.targets[k]})" if len(ctl.targets) == len(ctl.metric) else "")
             )
             if k + 1 >= len(ctl.metric):
                 found.append(("suspect", ctl.when[k], said))
@@ -465,6 +469,7 @@ def set_aside(points: list[PointObs], cut: str) -> list[PointObs]:
                 metric=[p.metric[k] for k in keep],
                 when=[p.when[k] for k in keep],
                 run_rel=[p.run_rel[k] for k in keep if k < len(p.run_rel)],
+                targets=[p.targets[k] for k in keep if k < len(p.targets)],
                 interval_rel=p.interval_rel if keep else None,
                 limits=limits,
             )

@@ -30,6 +30,10 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "search": {"kind": "grid"},
             "repeats": {"settle_runs": 3, "budget": 6},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
+            "pool": [
+                {"name": "node-a", "set": {}},
+                {"name": "node-b", "set": {"target.endpoints.0.base_url": "http://10.0.0.2:8080/v1"}},
+            ],
         }
     },
     "knee": {

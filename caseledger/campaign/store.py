@@ -22,6 +22,7 @@ from caseledger.campaign.model import (
     PROPOSING,
     Axis,
     CampaignDraft,
+    PoolTarget,
     Repeats,
     Scalar,
     Search,
@@ -39,7 +40,9 @@ from caseledger.case.store import (
     store,
     validate,
 )
+from caseledger.case.target import health_url_of, origin
 from caseledger.errors import CaseInvalid, NotFound
+from caseledger.ledger.leases import target_key
 from caseledger.records import read_jsonl
 from caseledger.workspace import (
     Workspace,
@@ -57,8 +60,18 @@ from caseledger.workspace import (
 class Point:
     values: dict[str, Scalar]  # axis path -> value
     label: str  # 'C=8' or '-np=2 C=8'
-    case_id: str
+    case_id: str  # its case (on a pool: on its first target)
     why: str = ""  # a proposed point: who proposed it and why (a grid's points: empty)
+    on: dict[str, str] = field(default_factory=dict)  # a pool's: target name -> the point's case there
+
+    @property
+    def case_ids(self) -> list[str]:
+        """Its cases: one per target of the pool, else the one."""
+        return list(self.on.values()) or [self.case_id]
+
+    def target_of(self, case_id: str) -> str:
+        """The pool target a case of this point runs on ('' without a pool)."""
+        return next((t for t, c in self.on.items() if c == case_id), "")
 
 
 @dataclass(frozen=True)
@@ -74,9 +87,11 @@ class Campaign:
     decision: Decision  # the scenario's current decision: the campaign's objective and limits
     axes: list[Axis]
     constraints: list[str] = field(default_factory=list)  # relations every point keeps (model.allowed)
+    pool: list[PoolTarget] = field(default_factory=list)  # targets declared equivalent (none: the base's)
 
     def point(self, case_id: str) -> Point | None:
-        return next((p for p in self.points if p.case_id == case_id), None)
+        """The point one of whose cases this is (on any target of the pool)."""
+        return next((p for p in self.points if p.case_id == case_id or case_id in p.on.values()), None)
 
 
 @dataclass(frozen=True)
@@ -113,7 +128,8 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
         raise explain(e, source, "campaign") from None
     base = _base(ws, draft, source)
     # every point validated before anything is written: a bad axis value names its point and field
-    cases = [_point_case(ws, base, draft.axes, values, source) for values in draft.combos()]
+    cases = [_point_case(ws, base, draft.axes, values, source, draft.pool) for values in draft.combos()]
+    _check_pool_keys(ws, base, draft.pool, source)
     if draft.search.kind in PROPOSING:  # points come later: the first proposal checks the axis paths now
         _check_paths(base, draft.axes, source)
     screen = draft.search.screen_requests
@@ -130,6 +146,8 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
         ident["constraints"] = draft.constraints
     if draft.search.kind in PROPOSING:
         ident["search"] = draft.search.identity()
+    if draft.pool:  # where it is measured (absent: the ids campaigns on one target had before pools)
+        ident["pool"] = [t.model_dump(mode="json") for t in draft.pool]
     gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
     base_id, _ = store(ws, base, source)
     points = [_store_point(ws, gid, base_id, values, label, case) for values, label, case in cases]
@@ -146,6 +164,7 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
                     "axes": axes,
                     "scenario": base.scenario,
                     **({"constraints": draft.constraints} if draft.constraints else {}),
+                    **({"pool": ident["pool"]} if draft.pool else {}),
                 }
             )
             + b"\n",
@@ -165,18 +184,53 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
 
 
 def _point_case(
-    ws: Workspace, base: Case, axes: list[Axis], values: dict[str, Scalar], source: str
-) -> tuple[dict[str, Scalar], str, Case]:
-    """(values, label, the point's case, pinned): the base with each axis value applied; CaseInvalid naming the
-    point and the field."""
-    data = copy.deepcopy({k: v for k, v in base.canonical().items() if k not in LINEAGE_FIELDS})
-    try:
-        for path, value in values.items():
-            apply_axis(data, path, value)
-    except ValueError as e:
-        raise CaseInvalid(f"{source} is not a valid campaign: {e}", "fix the axis path; nothing was written") from None
+    ws: Workspace, base: Case, axes: list[Axis], values: dict[str, Scalar], source: str, pool: list[PoolTarget]
+) -> tuple[dict[str, Scalar], str, dict[str, Case]]:
+    """(values, label, the point's case per pool target ('' without a pool), pinned): the base with the target's
+    fields and each axis value applied; CaseInvalid naming the point, the target and the field."""
     label = label_of(axes, values)
-    return values, label, datasets.pin(ws, validate(data, f"campaign point {label}"))
+    out: dict[str, Case] = {}
+    for t in pool or [PoolTarget(name="base")]:
+        data = copy.deepcopy({k: v for k, v in base.canonical().items() if k not in LINEAGE_FIELDS})
+        where = f"campaign point {label}" + (f" on pool target '{t.name}'" if pool else "")
+        if pool:
+            _derive_again(data, base)
+        try:
+            for path, value in [*t.set.items(), *values.items()]:
+                apply_axis(data, path, value)
+        except ValueError as e:
+            what = f"pool target '{t.name}': {e}".replace("campaign.axes path", "set path") if pool else str(e)
+            raise CaseInvalid(
+                f"{source} is not a valid campaign: {what}", "fix the path; nothing was written"
+            ) from None
+        out[t.name if pool else ""] = datasets.pin(ws, validate(data, where))
+    return values, label, out
+
+
+def _derive_again(data: dict[str, Any], base: Case) -> None:  # JSON: a case draft, edited in place
+    """The fields the base derived from its first endpoint (metrics and health URL) derived again from the pool
+    target's: a target on another address has its own /metrics and /health."""
+    first = base.target.endpoints[0].base_url
+    if data["target"].get("metrics_url") == origin(first) + "/metrics":
+        data["target"]["metrics_url"] = None
+    if data["service"].get("health_url") == health_url_of(first):
+        data["service"]["health_url"] = None
+
+
+def _check_pool_keys(ws: Workspace, base: Case, pool: list[PoolTarget], source: str) -> None:
+    """A pool's targets are different servers: two that reach the same endpoints (one lease key) are refused."""
+    if not pool:
+        return
+    seen: dict[str, str] = {}
+    for name, case in _point_case(ws, base, [], {}, source, pool)[2].items():
+        key = target_key(case.canonical())
+        if key in seen:
+            raise CaseInvalid(
+                f"{source} is not a valid campaign: pool targets '{seen[key]}' and '{name}' reach the same "
+                f"endpoints ({', '.join(e.base_url for e in case.target.endpoints)})",
+                "give each pool target its own endpoint in set (e.g. target.endpoints.0.base_url); nothing was written",
+            )
+        seen[key] = name
 
 
 def _check_paths(base: Case, axes: list[Axis], source: str) -> None:
@@ -192,21 +246,32 @@ def _check_paths(base: Case, axes: list[Axis], source: str) -> None:
 
 
 def _store_point(
-    ws: Workspace, gid: str, base_id: str, values: dict[str, Scalar], label: str, case: Case, why: str = ""
+    ws: Workspace, gid: str, base_id: str, values: dict[str, Scalar], label: str, cases: dict[str, Case], why: str = ""
 ) -> Point:
-    pid = case_id_of(case)
-    if pid != base_id:
-        case = case.model_copy(update={"parent": base_id, "note": f"campaign {gid}: {label}"})
-    datasets.materialize(ws, case)
-    store(ws, case, f"campaign {gid}")
-    return Point(values=values, label=label, case_id=pid, why=why)
+    on: dict[str, str] = {}
+    for name, case in cases.items():
+        pid = case_id_of(case)
+        if pid != base_id:
+            note = f"campaign {gid}: {label}" + (f" on {name}" if name else "")
+            case = case.model_copy(update={"parent": base_id, "note": note})
+        datasets.materialize(ws, case)
+        store(ws, case, f"campaign {gid}")
+        on[name] = pid
+    first = next(iter(on.values()))
+    return Point(values=values, label=label, case_id=first, why=why, on=on if "" not in on else {})
 
 
 def _write_points(d: Path, points: list[Point]) -> None:
     write_json(
         d / "points.json",
         [
-            {"values": p.values, "label": p.label, "case_id": p.case_id, **({"why": p.why} if p.why else {})}
+            {
+                "values": p.values,
+                "label": p.label,
+                "case_id": p.case_id,
+                **({"why": p.why} if p.why else {}),
+                **({"on": p.on} if p.on else {}),
+            }
             for p in points
         ],
     )
@@ -216,8 +281,8 @@ def add_point(ws: Workspace, camp: Campaign, values: dict[str, Scalar], why: str
     """Freeze a proposed point (the base with these values) and record it in points.json with why it was
     proposed. The caller (the campaign's one driver, under its lock) never proposes a point twice."""
     base = load_case(ws, camp.base_case)
-    _, label, case = _point_case(ws, base, camp.axes, values, f"campaign {camp.campaign_id}")
-    point = _store_point(ws, camp.campaign_id, camp.base_case, values, label, case, why)
+    _, label, cases = _point_case(ws, base, camp.axes, values, f"campaign {camp.campaign_id}", camp.pool)
+    point = _store_point(ws, camp.campaign_id, camp.base_case, values, label, cases, why)
     _write_points(_dir(ws, camp.campaign_id), [*camp.points, point])
     return point
 
@@ -262,12 +327,19 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
         repeats=Repeats.model_validate(policy["repeats"]),
         note=str(policy.get("note", "")),
         points=[
-            Point(values=dict(p["values"]), label=str(p["label"]), case_id=str(p["case_id"]), why=str(p.get("why", "")))
+            Point(
+                values=dict(p["values"]),
+                label=str(p["label"]),
+                case_id=str(p["case_id"]),
+                why=str(p.get("why", "")),
+                on={str(k): str(v) for k, v in (p.get("on") or {}).items()},
+            )
             for p in points
         ],
         decision=scenario_decision(ws, scenario) or load_case(ws, str(ident["base_case"])).decision,
         axes=[Axis.model_validate(a) for a in ident["axes"]],
         constraints=[str(c) for c in ident.get("constraints") or []],
+        pool=[PoolTarget.model_validate(t) for t in ident.get("pool") or []],
     )
 
 
@@ -301,7 +373,10 @@ def campaign_of(ws: Workspace, case_id: str) -> str | None:
     """The newest campaign one of whose points is this case, or None."""
     for gid in reversed(all_campaigns(ws)):
         points = read_json_or_none(_dir(ws, gid) / "points.json") or []
-        if any(isinstance(p, dict) and p.get("case_id") == case_id for p in points):
+        if any(
+            isinstance(p, dict) and (p.get("case_id") == case_id or case_id in (p.get("on") or {}).values())
+            for p in points
+        ):
             return gid
     return None
 

@@ -13,9 +13,10 @@ from pydantic import Field
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
-from caseledger.campaign.model import PROPOSING, Scalar
+from caseledger.campaign import pool
+from caseledger.campaign.model import PROPOSING
 from caseledger.campaign.search import REQUESTS
-from caseledger.campaign.store import Campaign, driver_events, driver_file, load_campaign, waiting_on
+from caseledger.campaign.store import Campaign, Point, driver_events, driver_file, load_campaign, waiting_on
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -77,6 +78,10 @@ class PointRow(FrozenModel):
     pareto: bool = Field(False, description="On the Pareto frontier (tok/s per card vs tok/s per user) within limits")
     run_ids: list[str] = Field(default_factory=list, description="Its runs, oldest first")
     sent: int = Field(0, description="Formal requests sent to it over all its runs and load attempts")
+    on: list[str] = Field(
+        default_factory=list, description="A pool's: the target of each valid run, oldest first (empty: one target)"
+    )
+    cases: dict[str, str] = Field(default_factory=dict, description="A pool's: target -> the point's case there")
 
 
 class CampaignView(FrozenModel):
@@ -99,6 +104,10 @@ class CampaignView(FrozenModel):
         default_factory=list, description="Per service identity, its control: measured again to see the target drift"
     )
     drift: str | None = Field(None, description="How and when the target changed twice (then no winner)")
+    pool: list[str] = Field(
+        default_factory=list,
+        description="A pool's targets: runs on each, and a target refused because its measured identity differs",
+    )
     progress: dict[str, Any] = Field(  # JSON: progress figures
         description="points measured/running/queued/skipped/given_up, runs, sent (formal requests over every "
         "run and load attempt), service starts, elapsed_s, formal_window_share"
@@ -148,11 +157,13 @@ class CampaignView(FrozenModel):
                 mark = " *" if r.case_id == self.winner else " =" if r.case_id in self.tie else ""
                 mark += " (control)" if r.case_id in self.controls else ""
                 why = f" — {r.why}" if r.why and r.status != "measured" else ""
-                lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{' | ' + lim if lim else ''}{why}")
+                on = f" on {','.join(r.on)}" if r.on else ""
+                lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{on}{' | ' + lim if lim else ''}{why}")
         lines.append(("campaign complete: " if self.complete else "so far: ") + self.answer)
         if self.pareto:
             lines.append("pareto (tok/s per card vs per user): " + ", ".join(self.pareto))
         lines += [f"note: {x}" for x in self.notes]
+        lines += [f"pool {x}" for x in self.pool]
         if self.plan and not self.complete:
             lines.append("plan: " + "; ".join(self.plan))
             lines.append(
@@ -188,11 +199,14 @@ def service_key(case: Case) -> str:
 
 
 def _observe_point(
-    ws: Workspace, camp: Campaign, label: str, values: dict[str, Scalar], case: Case, cid: str, metas: list[RunMeta]
+    ws: Workspace, camp: Campaign, point: Point, metas: list[RunMeta], refused: dict[str, str]
 ) -> tuple[planner.PointObs, _Extra]:
     d = camp.decision
     window = d.window
-    own = [m for m in metas if m.case_id == cid]
+    cid, label, values = point.case_id, point.label, point.values
+    ids = set(point.case_ids)
+    own = [m for m in metas if m.case_id in ids and point.target_of(m.case_id) not in refused]
+    targets: list[str] = []  # a pool's: each valid run's target
     metric: list[float] = []
     when: list[str] = []
     run_rel: list[float | None] = []
@@ -216,6 +230,7 @@ def _observe_point(
             problem = (view.state.value if r is None else _why_invalid(r, window)) + fc
             continue
         metric.append(v)
+        targets.append(point.target_of(m.case_id))
         w = r.windows.of(window)
         when.append(m.created_utc)
         run_rel.append(
@@ -247,7 +262,7 @@ def _observe_point(
         case_id=cid,
         label=label,
         values=values,
-        service_key=service_key(case),
+        service_key=service_key(load_case(ws, cid)),
         metric=metric,
         interval_rel=interval_rel,
         limits=limits,
@@ -258,6 +273,7 @@ def _observe_point(
         run_rel=run_rel,
         sent=sent,
         screen=REQUESTS in values and all(a.path != REQUESTS for a in camp.axes),
+        targets=targets if camp.pool else [],
     )
     return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card)
 
@@ -293,13 +309,15 @@ def _why_invalid(r: Result, window: str) -> str:
 
 
 def observe(ws: Workspace, camp: Campaign) -> tuple[list[planner.PointObs], dict[str, _Extra], list[RunMeta]]:
-    """Every point's observations, oldest run first, and the metas of the campaign's runs."""
+    """Every point's observations, oldest run first, and the metas of the campaign's runs (a pool's refused
+    targets' runs count for no point: see campaign/pool.py)."""
     metas = scan_runs(ws).metas
-    ids = {p.case_id for p in camp.points}
+    ids = {c for p in camp.points for c in p.case_ids}
     mine = [m for m in metas if m.case_id in ids]
+    refused = pool.check(ws, camp, mine).refused if camp.pool else {}
     obs, extra = [], {}
     for p in camp.points:
-        o, e = _observe_point(ws, camp, p.label, p.values, load_case(ws, p.case_id), p.case_id, mine)
+        o, e = _observe_point(ws, camp, p, mine, refused)
         obs.append(replace(o, why=p.why))
         extra[p.case_id] = e
     return obs, extra, mine
@@ -319,7 +337,8 @@ def current_plan(
     ws: Workspace, camp: Campaign
 ) -> tuple[planner.Plan, list[planner.PointObs], dict[str, _Extra], list[RunMeta]]:
     obs, extra, mine = observe(ws, camp)
-    live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == m.case_id), None)
+    primary = {c: p.case_id for p in camp.points for c in p.case_ids}  # a pool's: any target's case -> the point
+    live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == primary.get(m.case_id)), None)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
     pl = planner.plan(
         obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect, open_search=search_open(ws, camp)
@@ -413,10 +432,17 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     higher = METRICS[d.primary_metric].higher_is_better
     complete = not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
     rows = [_row(o, extra[o.case_id], *_status(o, pl, complete)) for o in obs]
+    if camp.pool:
+        on = {p.case_id: p.on for p in camp.points}
+        rows = [r.model_copy(update={"cases": on.get(r.case_id, {})}) for r in rows]
     front = _pareto(rows)
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
+    lines: list[str] = []
+    if camp.pool:
+        lines = pool.check(ws, camp, mine).lines()
+        answer += _noise_seen(obs)
     alive = driver_alive(ws, campaign_id)
     return CampaignView(
         campaign_id=campaign_id,
@@ -434,6 +460,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         notes=pl.notes,
         controls=pl.controls,
         drift=pl.drift,
+        pool=lines,
         progress=_progress(ws, camp, rows, mine),
         driver_alive=alive,
         authorization=auth,
@@ -491,6 +518,7 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
         per_card_tok_s=e.per_card,
         run_ids=e.run_ids,
         sent=o.sent,
+        on=o.targets,
     )
 
 
@@ -544,6 +572,23 @@ def _answer(
     if pl.settled:
         return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}" + _unsure([lead]), pl.leader, []
     return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet" + _unsure([lead]), None, []
+
+
+def _noise_seen(obs: list[planner.PointObs]) -> str:
+    """What a pool's noise was made of: run-to-run on one target, and between targets where a point ran on two."""
+    within, between = [], []
+    for o in obs:
+        w, b = pool.spread(o.metric, o.targets) if len(o.targets) == len(o.metric) else (None, None)
+        within += [w] if w is not None else []
+        between += [b] if b is not None else []
+    said = (
+        f"run-to-run on one target up to ±{_pct(max(within))} ({len(within)} point(s))"
+        if within
+        else ("run-to-run on one target not measured")
+    )
+    if between:
+        return f"; noise seen: {said}, between targets up to ±{_pct(max(between))} ({len(between)} point(s) on 2+)"
+    return f"; noise seen: {said}; between targets not seen (no point ran on two targets)"
 
 
 def _unsure(points: list[planner.PointObs]) -> str:

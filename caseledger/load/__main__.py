@@ -119,6 +119,7 @@ async def _run(
                     on_send=tally.on_send,
                     max_event_bytes=plan.max_event_bytes,
                     start_ns=start_ns,
+                    run_id=paths.run_id,
                 )
             else:
                 await run_requests(
@@ -132,6 +133,7 @@ async def _run(
                     max_event_bytes=plan.max_event_bytes,
                     scheduled=plan.scheduled,
                     start_ns=start_ns,
+                    run_id=paths.run_id,
                 )
         tg.cancel_scope.cancel()
     return caught

@@ -8,7 +8,7 @@ import os
 
 from caseledger.case.model import Case
 from caseledger.errors import FailureClass, PhaseFailed
-from caseledger.records import PHASE_HEADER
+from caseledger.records import PHASE_HEADER, RUN_HEADER
 
 
 def api_key_of(case: Case) -> str | None:
@@ -20,11 +20,12 @@ def auth_header(api_key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def request_headers(phase: str, api_key: str | None) -> dict[str, str]:
+def request_headers(phase: str, api_key: str | None, run_id: str | None = None) -> dict[str, str]:
     return {
         "content-type": "application/json",
         "accept": "text/event-stream",
         PHASE_HEADER: phase,
+        **({RUN_HEADER: run_id} if run_id else {}),
         **auth_header(api_key),
     }
 

@@ -321,6 +321,7 @@ async def run_requests(
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     scheduled: bool = False,
     start_ns: int | None = None,
+    run_id: str | None = None,
 ) -> list[RawRecord]:
     """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
 
@@ -331,6 +332,7 @@ async def run_requests(
     max_event_bytes: the largest SSE event a response may send (load.max_event_bytes).
     scheduled: the specs' offsets are a schedule (a rate or a trace): each record carries its due time.
     start_ns: the monotonic instant offset 0 stands for (several processes share one); None: when sending starts.
+    run_id: sent with every request (x-caseledger-run), so the server can tell whose requests it serves.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -338,7 +340,7 @@ async def run_requests(
     runner = _Runner(
         streamer,
         concurrency,
-        request_headers(phase, api_key),
+        request_headers(phase, api_key, run_id),
         timeout_s,
         on_record,
         on_send,

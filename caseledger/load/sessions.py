@@ -119,6 +119,7 @@ async def run_sessions(
     on_send: Callable[[RequestSpec], None] | None = None,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     start_ns: int | None = None,
+    run_id: str | None = None,
 ) -> list[RawRecord]:
     """Send a plan's conversations (plan.sessions), at most plan.concurrency at once; records sorted by i.
 
@@ -128,7 +129,9 @@ async def run_sessions(
     if plan.sessions is None:
         raise ValueError("run_sessions needs a plan with sessions (dataset.sessions)")
     streamer, owned = open_streamer(transport, plan.concurrency)
-    runner = _Conversations(plan, streamer, request_headers(phase, api_key), on_record, on_send, max_event_bytes)
+    runner = _Conversations(
+        plan, streamer, request_headers(phase, api_key, run_id), on_record, on_send, max_event_bytes
+    )
     try:
         if start_ns is not None:
             await sleep_until(start_ns)

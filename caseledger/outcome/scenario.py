@@ -294,7 +294,7 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
     owners = scenario_campaigns(ws, name)
     camp = campaign_view(ws, owners[-1]) if owners else None
     if camp is not None:  # the campaign's verdicts and answer are the scenario's: one truth in every view
-        points = {p.case_id: p for p in camp.rows}
+        points = {c: p for p in camp.rows for c in (p.case_id, *p.cases.values())}  # a pool: each target's case
         rows = [_as_point(r, points[r.case_id], camp) if r.case_id in points else r for r in rows]
         best_id = camp.winner
     rows = [r.model_copy(update={"best": r.case_id == best_id}) for r in rows]

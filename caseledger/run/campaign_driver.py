@@ -29,6 +29,7 @@ import orjson
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
+from caseledger.campaign import pool
 from caseledger.campaign.model import Scalar
 from caseledger.campaign.plan import PointObs
 from caseledger.campaign.search import STRATEGIES, Observed, service_axes, space_size
@@ -42,7 +43,7 @@ from caseledger.campaign.store import (
     events_file,
     load_campaign,
 )
-from caseledger.campaign.view import current_plan, search_open, started_at, started_service
+from caseledger.campaign.view import current_plan, search_open, service_key, started_at, started_service
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -101,6 +102,8 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     """One look at the campaign: wait for a running point, resume a repairable one, start the next; returns
     'done' when complete, 'wait' when it must wait, 'went' when it did something."""
     camp = load_campaign(ws, gid)
+    if camp.pool:
+        return _step_pool(ws, camp, resumed)
     pl, obs, extra, mine = current_plan(ws, camp)
     for o in obs:
         if o.active:
@@ -152,6 +155,177 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S, progress=lambda v: _after_window(gid, v, case))
     event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
     return "went"
+
+
+POOL_POLL_S = 0.2  # between looks at a pool's running points
+
+
+def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
+    """A pool's look: every free target gets a point (the one its live service already serves first); a failed
+    run is resumed on its own target; when nothing can start, wait until one of the running points ends. A point
+    runs on one target at a time (the plan never names a running point), so none is measured twice."""
+    gid = camp.campaign_id
+    pl, obs, _, mine = current_plan(ws, camp)
+    chk = pool.check(ws, camp, mine)
+    for t, why in chk.refused.items():
+        _note_once(ws, gid, "target_refused", t, target=t, why=why)
+    running = {o.active: o for o in obs if o.active}
+    on = {m.run_id: pool.target_of(camp, m.case_id) for m in mine}
+    busy = {on[r] for r in running if r in on}
+    healthy, down = _pool_health(ws, camp, mine, chk.refused)
+    free = [t for t in healthy if t not in busy] or [t for t in down if t not in busy and not healthy]
+    if _resume_pool(ws, camp, obs, mine, on, free, resumed):
+        return "went"
+    wanted = pl.next
+    if not wanted and free and search_open(ws, camp):
+        got = _propose(ws, camp, obs, mine)
+        if isinstance(got, str):
+            return got  # a point was proposed, or the search ended: plan again
+        wanted = [got]  # repeats the running service owes first
+    went = False
+    taken: set[str] = set()
+    for t in free:
+        cid = _pick(ws, camp, _for_target(wanted, obs, t, healthy), t, taken, mine, on)
+        if cid is None:
+            continue
+        point = camp.point(cid)
+        assert point is not None
+        case_id = point.on[t]
+        try:
+            view = launch(ws, case_id, load_case(ws, case_id))
+        except (NotAuthorized, TargetHeld) as e:
+            _note_wait(ws, gid, f"{t}: {e.message}")
+            continue
+        except CaseledgerError as e:
+            event(ws, gid, "point_refused", case_id=case_id, target=t, error=e.message)
+            continue
+        taken.add(cid)
+        why = dict(wanted).get(cid, "")
+        event(ws, gid, "point_started", case_id=case_id, run_id=view.run_id, label=point.label, target=t, why=why)
+        went = True
+    if went:
+        return "went"
+    if running:
+        _wait_any(ws, list(running))
+        return "went"
+    if not wanted and not search_open(ws, camp):
+        return "done"
+    return "wait"
+
+
+def _pool_health(
+    ws: Workspace, camp: Campaign, mine: list[RunMeta], refused: dict[str, str]
+) -> tuple[list[str], list[str]]:
+    """(healthy, down) targets of the pool, in its order, the refused left out. Down: its latest run failed in
+    its service or lost its end (the target went away); points go to the others while any is healthy."""
+    latest: dict[str, RunMeta] = {}
+    for m in mine:
+        latest[pool.target_of(camp, m.case_id)] = m
+    healthy: list[str] = []
+    down: list[str] = []
+    for t in (x.name for x in camp.pool):
+        if t in refused:
+            continue
+        last = latest.get(t)
+        v = fold(ws, load_run(ws, last.run_id)) if last is not None else None
+        gone = (
+            v is not None
+            and not v.controller_alive
+            and (
+                v.state == RunState.END_UNKNOWN
+                or (v.state == RunState.FAILED and v.failure_class is not None and v.failure_class.value == "service")
+            )
+        )
+        (down if gone else healthy).append(t)
+    return healthy, down
+
+
+def _resume_pool(
+    ws: Workspace,
+    camp: Campaign,
+    obs: list[PointObs],
+    mine: list[RunMeta],
+    on: dict[str, str],
+    free: list[str],
+    resumed: dict[str, int],
+) -> bool:
+    """Resume a point's repairable failed run on its own target when that target is free (at most
+    RESUMES_PER_RUN times; then the point starts again on any target)."""
+    for o in obs:
+        point = camp.point(o.case_id)
+        if o.runs or o.active or point is None:
+            continue
+        rid = next((m.run_id for m in reversed(mine) if m.case_id in point.case_ids), "")
+        if not rid or on.get(rid) not in free or resumed.get(rid, 0) >= RESUMES_PER_RUN or not _resumable(ws, rid):
+            continue
+        resumed[rid] = resumed.get(rid, 0) + 1
+        event(ws, camp.campaign_id, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label, target=on[rid])
+        try:
+            resume(ws, rid)
+        except (NotAuthorized, TargetHeld):
+            return False
+        except CaseledgerError as e:
+            event(ws, camp.campaign_id, "resume_refused", run_id=rid, error=e.message)
+        return True
+    return False
+
+
+def _for_target(
+    wanted: list[tuple[str, str]], obs: list[PointObs], t: str, healthy: list[str]
+) -> list[tuple[str, str]]:
+    """What target t may run of the wanted points: a control's run goes to a target it ran on before (another
+    target's level is no drift: campaign/plan._beyond), unless none of those is healthy."""
+    by = {o.case_id: o for o in obs}
+    out = []
+    for cid, why in wanted:
+        ran = by[cid].targets if cid in by else []
+        if why.startswith("control") and ran and t not in ran and any(x in healthy for x in ran):
+            continue
+        out.append((cid, why))
+    return out
+
+
+def _pick(
+    ws: Workspace,
+    camp: Campaign,
+    wanted: list[tuple[str, str]],
+    t: str,
+    taken: set[str],
+    mine: list[RunMeta],
+    on: dict[str, str],
+) -> str | None:
+    """The point target t runs next: the first wanted one its live service already serves (no start), else the
+    first wanted one; none already taken by another target in this look."""
+    left = [cid for cid, _ in wanted if cid not in taken]
+    if not left:
+        return None
+    last = next((m for m in reversed(mine) if on.get(m.run_id) == t), None)
+    if last is not None:
+        live = service_key(load_case(ws, last.case_id))
+        for cid in left:
+            p = camp.point(cid)
+            if p is not None and t in p.on and service_key(load_case(ws, p.on[t])) == live:
+                return cid
+    return left[0]
+
+
+def _wait_any(ws: Workspace, run_ids: list[str]) -> None:
+    """Until one of these runs has ended (its controller gone), looking every POOL_POLL_S."""
+    while True:
+        for rid in run_ids:
+            v = fold(ws, load_run(ws, rid))
+            if v.state.value not in ("running", "created") and not v.controller_alive:
+                return
+        time.sleep(POOL_POLL_S)
+
+
+_NOTED: set[tuple[str, str, str]] = set()
+
+
+def _note_once(ws: Workspace, gid: str, kind: str, what: str, **data: Any) -> None:
+    if (gid, kind, what) not in _NOTED:
+        _NOTED.add((gid, kind, what))
+        event(ws, gid, kind, **data)
 
 
 def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunMeta]) -> str | tuple[str, str]:

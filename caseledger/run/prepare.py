@@ -54,7 +54,8 @@ def _specs(run: Run, picks: list[tuple[int, int, str]], max_tokens: int) -> list
     return out
 
 
-def _send(case: Case, specs: list[RequestSpec], concurrency: int, phase: str) -> tuple[list[RawRecord], float]:
+def _send(run: Run, specs: list[RequestSpec], concurrency: int, phase: str) -> tuple[list[RawRecord], float]:
+    case = run.case
     t0 = time.monotonic()
     recs = anyio.run(
         lambda: run_requests(
@@ -64,6 +65,7 @@ def _send(case: Case, specs: list[RequestSpec], concurrency: int, phase: str) ->
             api_key=api_key_of(case),
             timeout_s=case.load.timeout_s,
             max_event_bytes=case.load.max_event_bytes,
+            run_id=run.run_id,
         )
     )
     return recs, time.monotonic() - t0
@@ -81,7 +83,7 @@ def warmup(run: Run, routes: list[int] | None = None) -> WarmupEvidence | NotRun
     if not rs:
         return NotRun(outcome="reused", reason="no route's process changed: every one kept its warm caches")
     picks = [(rs[k % len(rs)], k, f"warmup-{run.run_id}-{k}") for k in range(n)]
-    recs, wall = _send(case, _specs(run, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
+    recs, wall = _send(run, _specs(run, picks, case.warmup.max_tokens), case.warmup.concurrency, "warmup")
     ok = sum(r["ok"] for r in recs)
     if ok == 0:
         refuse_auth(case, "warmup", [r["status"] for r in recs])
@@ -102,7 +104,7 @@ def route_verify(run: Run, only: list[int] | None = None) -> RouteVerifyEvidence
     models = {k: services.served_models(case, k) for k in ks}
     routes: dict[int, RouteCheck] = {}
     picks = [(k, k, f"route-{run.run_id}-{k}") for k in ks]
-    recs, wall = _send(case, _specs(run, picks, 1), max(1, len(picks)), "route_verify")
+    recs, wall = _send(run, _specs(run, picks, 1), max(1, len(picks)), "route_verify")
     counted = datasets.load_identity(run.workspace, run.meta.dataset()).chat_template_counted
     for rec in recs:
         if not rec["ok"]:
@@ -159,7 +161,7 @@ def cache_prepare(run: Run, seed: bool) -> CachePrepareEvidence:
     seeded = None
     if seed:
         picks = [(r, g, f"seed-{run.run_id}") for r in range(routes) for g in range(groups)]
-        recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)), "cache_seed")
+        recs, wall = _send(run, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)), "cache_seed")
         seeded = Sent(
             requests=len(recs),
             ok=sum(r["ok"] for r in recs),
@@ -171,7 +173,7 @@ def cache_prepare(run: Run, seed: bool) -> CachePrepareEvidence:
         for r in range(routes)
         for k in range(case.cache.check_requests)
     ]
-    recs, wall = _send(case, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)), "cache_check")
+    recs, wall = _send(run, _specs(run, picks, 1), max(1, min(len(picks), case.load.concurrency)), "cache_check")
     ratios = []
     for r in recs:
         if r["ok"] and r["prompt_tokens"] and r["cached_tokens"] is not None:

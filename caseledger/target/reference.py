@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import random
+import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from datetime import UTC, datetime
@@ -70,6 +71,7 @@ log = logging.getLogger("caseledger.target")
 
 EOS_PER_TOKEN = 1 / 128  # chance an output token is EOS when ignore_eos is off (seeded per request)
 UNLABELLED = "unlabelled"  # phase of a request without the x-caseledger-phase header
+MAX_RUNS_SEEN = 1000
 _CYCLE = 8191  # length of the pre-drawn output token cycle (prime, so offsets do not align)
 _EPS = 1e-9
 
@@ -106,6 +108,9 @@ class ReferenceEngine:
         self.counters = Counters()
         self.requests_total = 0
         self.by_phase: dict[str, int] = {}
+        # per run (x-caseledger-run): its requests and the wall times of its first and last arrival, the newest
+        # MAX_RUNS_SEEN runs: who used this target when (two runs whose spans overlap: two owners at once)
+        self.by_run: dict[str, dict[str, float]] = {}
         self.slowdown = 1.0  # every prefill and decode step takes this many times longer (SIGUSR1 doubles it)
         self._tok, self._texts, out_ids = _vocab(tokenizer)
         seed = config.seed
@@ -138,11 +143,18 @@ class ReferenceEngine:
 
     # ---- request accounting and faults --------------------------------------------------------
 
-    def count_request(self, phase: str | None) -> Ticket:
-        """Count a completion request on arrival and deal its fault (stall beats error)."""
+    def count_request(self, phase: str | None, run_id: str | None = None) -> Ticket:
+        """Count a completion request on arrival (by phase and by run) and deal its fault (stall beats error)."""
         self.requests_total += 1
         label = phase or UNLABELLED
         self.by_phase[label] = self.by_phase.get(label, 0) + 1
+        if run_id:
+            now = time.time()
+            seen = self.by_run.setdefault(run_id[:64], {"requests": 0, "first": now, "last": now})
+            seen["requests"] += 1
+            seen["last"] = now
+            while len(self.by_run) > MAX_RUNS_SEEN:
+                del self.by_run[next(iter(self.by_run))]
         cfg = self.config
         # draw for every request, so the error pattern depends only on the request order
         error = cfg.error_rate > 0 and self._rng_fault.random() < cfg.error_rate
@@ -163,6 +175,7 @@ class ReferenceEngine:
             "started_at": self.started_at,
             "requests_total": self.requests_total,
             "by_phase": dict(self.by_phase),
+            "by_run": {k: dict(v) for k, v in self.by_run.items()},
             "model": self.model,
             "config": self.config.model_dump(mode="json"),
             "config_sha256": self.config_sha256,

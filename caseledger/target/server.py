@@ -14,7 +14,9 @@ write, still as separate SSE events. With speculative decoding (`spec_tokens > 0
 llama.cpp's `timings` {predicted_n, draft_n, draft_n_accepted} for the request, and with the request field
 `timings_per_token` every content chunk carries them cumulatively (one content chunk per decode step).
 
-`requests_total` and `by_phase` count requests to the two completion routes, whatever their outcome
+`requests_total` and `by_phase` count requests to the two completion routes, whatever their outcome, and `by_run`
+their runs (the x-caseledger-run header: requests, first and last arrival in wall time: the target's own count of
+its owners)
 (4xx, injected 500, stall); health, metrics and the other routes are not counted. Faults are dealt on
 arrival in that same order: the K-th completion request is the K-th one counted. SIGUSR1 doubles every prefill
 and decode step time from then on (a target that drifts, on demand; /stats shows the factor as `slowdown`).
@@ -45,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 from caseledger.case.service import ReferenceConfig
 from caseledger.engines import profile as engine_profile
 from caseledger.errors import CaseledgerError
-from caseledger.records import PHASE_HEADER  # the header the load client sends
+from caseledger.records import PHASE_HEADER, RUN_HEADER  # the headers the load client sends
 from caseledger.target.parts import Sequence, Ticket
 from caseledger.target.reference import ReferenceEngine
 from caseledger.target.requests import BadRequest, Parsed, parse_request
@@ -289,7 +291,7 @@ class ReferenceTarget:
     async def _completion(self, request: Request, chat: bool) -> Response:
         raw = await request.body()
         engine = self.engine
-        ticket = engine.count_request(request.headers.get(PHASE_HEADER))
+        ticket = engine.count_request(request.headers.get(PHASE_HEADER), request.headers.get(RUN_HEADER))
         try:
             p = parse_request(raw, chat)
         except BadRequest as e:

@@ -253,7 +253,7 @@ def _with_campaign(ws: Workspace, r: RunSummary) -> RunSummary:
     row = next((x for x in view.rows if x.case_id == r.case_id), None) if view.campaign == gid else None
     if row is None:
         cv = campaign_view(ws, gid)
-        p = next((x for x in cv.rows if x.case_id == r.case_id), None)
+        p = next((x for x in cv.rows if r.case_id in (x.case_id, *x.cases.values())), None)
         said = f"point {p.label} of campaign {gid}: {p.status}" if p else f"a point of campaign {gid}"
         return r.model_copy(update={"campaign": gid, "campaign_verdict": said})
     mean = f" ({view.primary_metric} {row.metric:.4g} mean over {row.runs} valid runs)" if row.metric else ""
