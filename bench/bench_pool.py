@@ -3,8 +3,8 @@
 run on one target, between the targets).
 
 By hand, on a quiet host (hold the CPU lock):
-  `.venv/bin/python bench/bench_pool.py reference`   two reference targets (the embedded engine)
-  `set -a; . ~/.cache/caseledger/llama.env; set +a; .venv/bin/python bench/bench_pool.py llama`
+  `.venv/bin/python bench/bench_pool.py reference [N]`   two reference targets (the embedded engine), N requests
+  `set -a; . ~/.cache/caseledger/llama.env; set +a; .venv/bin/python bench/bench_pool.py llama [N]`
                                                      two llama-servers of one thread each (-t 1)
 """
 
@@ -28,10 +28,10 @@ from tests.conftest import free_port, knee_base
 from tests.engine import llama_draft, llama_paths
 
 
-def _base(kind: str, port: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _base(kind: str, port: int, requests: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The base case and the axes of a 12-point campaign on that kind of target."""
     if kind == "reference":
-        base = knee_base(port, "pool-bench", 32)
+        base = knee_base(port, "pool-bench", requests)
         return base, [{"path": "load.concurrency", "values": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]}]
     server, model = llama_paths()
     base = llama_draft(
@@ -40,7 +40,7 @@ def _base(kind: str, port: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         model,
         scenario="pool-bench",
         dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 32, "tokenizer": model},
-        load={"requests": 16, "concurrency": 1},
+        load={"requests": requests, "concurrency": 1},
     )
     argv = base["service"]["argv"]
     argv[argv.index("-t") + 1] = "1"  # one core each
@@ -50,12 +50,12 @@ def _base(kind: str, port: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     ]
 
 
-def run(kind: str, targets: int) -> dict[str, Any]:
+def run(kind: str, targets: int, requests: int) -> dict[str, Any]:
     ws = Workspace(Path(tempfile.mkdtemp()) / "ws")
     (ws.root / "cases").mkdir(parents=True)
     authorization.set_mode(ws, "auto")
     ports = [free_port() for _ in range(targets)]
-    base, axes = _base(kind, ports[0])
+    base, axes = _base(kind, ports[0], requests)
     base["measurement"] = {"evidence": {"max_other_cpu_share": 1.0}}  # the targets share this host (both runs)
     body: dict[str, Any] = {
         "name": "pool-bench",
@@ -97,9 +97,10 @@ def run(kind: str, targets: int) -> dict[str, Any]:
 
 def main() -> None:
     kind = sys.argv[1] if len(sys.argv) > 1 else "reference"
-    one = run(kind, 1)
+    requests = int(sys.argv[2]) if len(sys.argv) > 2 else (32 if kind == "reference" else 16)
+    one = run(kind, 1, requests)
     print(one, flush=True)
-    two = run(kind, 2)
+    two = run(kind, 2, requests)
     print(two, flush=True)
     print(
         f"{kind}: pool of 2 / one target wall time = {two['wall_s'] / one['wall_s']:.2f}; same answer: "

@@ -10,6 +10,7 @@ import itertools
 import os
 import signal
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -248,3 +249,61 @@ def test_a_refusal_names_where_two_long_values_differ() -> None:
     x, y = pool.where_they_differ(a, b)
     assert "decode_step_s" in x and "0.004" in x and "0.008" in y and len(x) < len(a), (x, y)
     assert pool.where_they_differ("vllm 0.11", "vllm 0.12") == ("vllm 0.11", "vllm 0.12")
+
+
+@pytest.mark.processes  # a proposing search over a pool: each free target asks the strategy for its own point
+@pytest.mark.integration
+def test_a_search_over_a_pool_proposes_a_point_for_each_free_target_and_measures_none_twice(
+    ws: Workspace, stop_services: None
+) -> None:
+    ports = [free_port(), free_port()]
+    draft = _pool_campaign(ports, list(range(1, 17)), search={"kind": "tpe", "max_points": 6, "seed": 0})
+    f = freeze_any(ws, draft=draft)
+    assert isinstance(f, CampaignFrozen), f
+    start_any(ws, f.campaign_id)
+    view: CampaignView = until_complete(ws, f.campaign_id, 300.0)
+    text = view.text()
+    assert len(view.rows) == 6 and len({r.label for r in view.rows}) == 6, text  # six points, each proposed once
+    assert all(r.runs == 1 or r.case_id in view.controls for r in view.rows), text
+    proposed = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "point_proposed"]
+    assert len(proposed) == 6, proposed
+    # a proposal was made while another point ran on the other target: the targets measured side by side
+    started = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "point_started"]
+    assert {e["target"] for e in started} == {"t0", "t1"}, started
+    for port in ports:
+        spans = _spans(port)
+        assert not [(a, b) for a, b in itertools.pairwise(spans) if a[1] > b[0]], spans
+
+
+def test_a_control_run_goes_back_to_a_target_it_ran_on_while_that_one_is_healthy() -> None:
+    from caseledger.run.campaign_driver import _for_target
+
+    ctl = replace(_timed([100.0], ["a"]), case_id="c-00000000000c")
+    other = replace(_timed([], []), case_id="c-00000000000d")
+    wanted = [(ctl.case_id, "control: C=1 again after 4 runs"), (other.case_id, "grid point")]
+    assert _for_target(wanted, [ctl, other], "b", ["a", "b"]) == [wanted[1]]  # b never ran the control
+    assert _for_target(wanted, [ctl, other], "a", ["a", "b"]) == wanted
+    assert _for_target(wanted, [ctl, other], "b", ["b"]) == wanted  # a is down or refused: b may run it
+
+
+def test_a_point_in_flight_on_another_target_is_a_pending_trial_to_tpe() -> None:
+    """Proposing for a free target while another measures: the point in flight is told to TPE as running (its
+    constant liar), so the proposal moves away from it; told nothing, TPE proposes right beside it (seed 0)."""
+    from caseledger.campaign.model import Axis
+    from caseledger.campaign.search import Observed, tpe
+
+    axes = [Axis(path="load.concurrency", low=1, high=64)]
+    search = Search(kind="tpe", max_points=40, seed=0)
+    done = [
+        Observed(values={"load.concurrency": c}, value=float(c if c <= 20 else 40 - c), meets=True, breach=0.0)
+        for c in (1, 3, 4, 6, 8, 14, 16, 24, 28, 32, 48, 64)
+    ]
+
+    def ask(running: bool) -> int:
+        pending = Observed(values={"load.concurrency": 22}, value=None, meets=None, breach=0.0, running=running)
+        got = tpe(axes, search, True, [*done, pending])
+        assert got is not None
+        return int(got.values["load.concurrency"])
+
+    told, untold = ask(True), ask(False)
+    assert abs(untold - 22) <= 2 and abs(told - 22) > abs(untold - 22), (told, untold)

@@ -38,6 +38,7 @@ class Observed:
     breach: float  # how far its worst limit is broken (mean / bound - 1); 0 when it meets them
     label: str = ""
     service_key: str = ""  # its service identity (campaign/view.service_key): points that share it share a start
+    running: bool = False  # being measured now (on another target of a pool): a pending trial, not a failed one
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,11 @@ def _ask(
     n = len(observed)
     assert search.max_points is not None
     startup = min(10, max(3, (trials or search.max_points) // 4))
+    running = [ob for ob in observed if ob.running and ob.value is None]
+    # a pool's points in flight are pending trials: TPE's constant liar keeps the next proposal away from them
+    # (the usual way to ask a batch); with none running the sampler is the one a single target always had
     sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
-        seed=search.seed + n, n_startup_trials=startup, multivariate=True
+        seed=search.seed + n, n_startup_trials=startup, multivariate=True, constant_liar=bool(running)
     )
     if fixed:
         with warnings.catch_warnings():  # "experimental" since 2.4 (stable since): a notice, not a fault
@@ -154,6 +158,11 @@ def _ask(
         present = {p: dists[p] for p in ob.values if p in dists}  # an axis its `when` left out: not a param
         trial = optuna.trial.create_trial(params=ob.values, distributions=present, value=_score(ob, higher, worst))
         study.add_trial(trial)
+    for ob in running:
+        present = {p: dists[p] for p in ob.values if p in dists}
+        study.add_trial(
+            optuna.trial.create_trial(params=ob.values, distributions=present, state=optuna.trial.TrialState.RUNNING)
+        )
     seen = {key(ob.values): ob for ob in observed}
     svc = service_axes(axes)
     for _ in range(MAX_ASKS):

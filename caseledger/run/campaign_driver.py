@@ -54,6 +54,7 @@ from caseledger.ledger.runs import RunMeta, load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.outcome import handoff
 from caseledger.run.controller import DRIVEN_BY
+from caseledger.run.envcheck import CHART_ENV
 from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
 from caseledger.run.start import drop_unhanded, launch, spawn_controller_ahead, wait_for
@@ -348,6 +349,7 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
             breach=max((lo.mean / lo.bound - 1 for lo in o.limits.values() if lo.mean is not None), default=0.0),
             label=o.label,
             service_key=o.service_key,
+            running=o.active is not None,
         )
         for o in obs
     ]
@@ -551,8 +553,8 @@ def _draw_charts(ws: Workspace, gid: str) -> None:
     """The campaign's scenario chart, drawn once the driver ends so the next summarize finds it on disk (not
     between points: the drawing would share the cores with the next point's formal window; the controllers of
     driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's log."""
-    if procs.inline():
-        return  # the caller's process is no place for nice 19; summarize draws what it reads
+    if procs.inline() or os.environ.get(CHART_ENV) == "0":
+        return  # the caller's process is no place for nice 19 (or no chart is wanted): summarize draws what it reads
     try:
         os.nice(19)
         from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib, only now
