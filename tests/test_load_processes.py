@@ -283,6 +283,43 @@ def test_an_armed_client_on_a_load_host_waits_while_the_heartbeat_changes_and_gi
     assert wait_for_go(part, heartbeat_s=0.4) is None
 
 
+@pytest.mark.integration  # a real process stands for the controller that died
+def test_an_armed_client_whose_controller_died_follows_the_resumes_controller_and_starts_on_its_go(
+    tmp_path: Any,
+) -> None:
+    """The controller that armed a client is killed; a resume's controller writes controller.pid and keeps the
+    client (still alive) instead of arming a second: the client waits for the new controller's go, not ending
+    as if nobody owned the run (seen once in CI under load: the load then ended unknown with 0 sent)."""
+    import subprocess
+    import sys
+    import threading
+
+    from caseledger import procs
+    from caseledger.load.__main__ import wait_for_go
+    from caseledger.workspace import PartPaths, write_json
+
+    part = PartPaths(tmp_path / "run", 0)
+    part.load_dir.mkdir(parents=True)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write_json(part.controller_pid, {**procs.me(), "pid": first.pid, "start_time": procs.start_time(first.pid)})
+        got: list[str | None] = []
+        waiter = threading.Thread(target=lambda: got.append(wait_for_go(part)), daemon=True)
+        waiter.start()
+        time.sleep(0.2)
+        write_json(part.controller_pid, procs.me())  # the resume's controller (alive) took the run over
+        first.kill()
+        first.wait()
+        time.sleep(0.3)
+        assert not got, got  # its first controller is dead, the run's is not: still waiting
+        part.load_go.write_bytes(b"{}")
+        waiter.join(timeout=5.0)
+        assert got == [None], got
+    finally:
+        first.kill()
+        first.wait()
+
+
 def test_an_armed_client_here_still_ends_when_the_controller_pid_is_dead_and_ignores_the_heartbeat(
     tmp_path: Any,
 ) -> None:

@@ -493,17 +493,37 @@ async def test_streamable_http_needs_the_token_on_loopback_too(http_server: str,
         assert resp.status_code == 403 and "not 'resume'; fix: call it with the full token" in resp.text
 
 
+def _refusal(ws: Workspace, **kw: Any) -> BaseException:
+    """What serve() raised, from a thread: a serve that does not refuse (it binds, even port 1 as root, and serves)
+    fails the test after 10 s instead of hanging the suite."""
+    import threading
+
+    got: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            serve(ws, **kw)
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout=10.0)
+    assert got, f"serve({kw}) did not refuse: it served"
+    return got[0]
+
+
 def test_http_serving_needs_a_token_and_a_read_token_of_its_own(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     for bind in ("127.0.0.1:1", "[::1]:1", "0.0.0.0:1"):
-        with pytest.raises(NotAuthorized, match="loopback included") as e:
-            serve(ws, http=bind, token_env=None)
-        assert "--token-env NAME" in (e.value.fix or "")
+        e = _refusal(ws, http=bind, token_env=None)
+        assert isinstance(e, NotAuthorized) and "loopback included" in e.message, e
+        assert "--token-env NAME" in (e.fix or "")
     monkeypatch.setenv("CL_SHORT", "abc")
-    with pytest.raises(NotAuthorized, match="at least 16"):
-        serve(ws, http="127.0.0.1:1", token_env="CL_SHORT")
+    e = _refusal(ws, http="127.0.0.1:1", token_env="CL_SHORT")
+    assert isinstance(e, NotAuthorized) and "at least 16" in e.message, e
     monkeypatch.setenv("CL_TEST_TOKEN", TOKEN)
-    with pytest.raises(NotAuthorized, match="same token"):
-        serve(ws, http="127.0.0.1:1", token_env="CL_TEST_TOKEN", read_token_env="CL_TEST_TOKEN")
+    e = _refusal(ws, http="127.0.0.1:1", token_env="CL_TEST_TOKEN", read_token_env="CL_TEST_TOKEN")
+    assert isinstance(e, NotAuthorized) and "same token" in e.message, e
     with pytest.raises(CaseledgerError, match="only apply to --http"):
         serve(ws, http=None, token_env="CL_SHORT")
     assert os.environ.get("CASELEDGER_CALLER") is None  # refused before this process became the HTTP caller

@@ -163,9 +163,10 @@ ARMED_ENV = "CASELEDGER_LOAD_ARMED"
 def wait_for_go(paths: RunPaths, poll_s: float = 0.01, heartbeat_s: float | None = None) -> str | None:
     """Armed start: the controller spawns the client while preflight runs, so its start-up (imports, plan)
     is off the hot path. Nothing is sent until load/go exists (None); load/abort or a dead controller ends it
-    (why, returned). heartbeat_s (a client on a load host, where the controller's pid means nothing): the wait
-    also ends once load/heartbeat has not changed for that long, counted on this host's monotonic clock from
-    the first look (a wall clock step cannot trip it)."""
+    (why, returned): dead when the run's controller.pid names no live controller (a resume's new controller
+    adopts a client its dead predecessor armed). heartbeat_s (a client on a load host, where the controller's
+    pid means nothing): the wait also ends once load/heartbeat has not changed for that long, counted on this
+    host's monotonic clock from the first look (a wall clock step cannot trip it)."""
     ctl = read_json_or_none(paths.controller_pid) if heartbeat_s is None else None
     go, abort, beat = paths.load_go, paths.load_abort, paths.load_heartbeat
     seen: int | None = None
@@ -176,7 +177,12 @@ def wait_for_go(paths: RunPaths, poll_s: float = 0.01, heartbeat_s: float | None
         if abort.exists():
             return "the controller aborted the load"
         if ctl is not None and not procs.alive(ctl):
-            return "the controller died"
+            now = read_json_or_none(paths.controller_pid)
+            if now is None or now == ctl or not procs.alive(now):
+                return "the controller died"
+            # a resume's controller took the run over while this client was armed (it keeps an armed client that
+            # is alive rather than spawn a second): its go is this client's
+            ctl = now
         if heartbeat_s is not None:
             try:
                 mtime: int | None = beat.stat().st_mtime_ns
