@@ -17,10 +17,10 @@ from bench.bench_campaign import where_time_went
 from caseledger import services
 from caseledger.campaign.view import CampaignView
 from caseledger.ledger import authorization
-from caseledger.tools import freeze_any, start_any, status_any, summarize
+from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port
+from tests.conftest import free_port, until_complete
 from tests.engine import llama_draft, llama_paths
 
 
@@ -55,11 +55,7 @@ def main() -> None:
         f = freeze_any(ws, draft=draft)
         assert isinstance(f, CampaignFrozen), f
         start_any(ws, f.campaign_id)
-        while True:
-            v = status_any(ws, f.campaign_id, wait_s=60)
-            assert isinstance(v, CampaignView)
-            if v.complete and not v.driver_alive:
-                break
+        v: CampaignView = until_complete(ws, f.campaign_id, timeout_s=7200.0, wait_s=60.0)
         print(summarize(ws, [f.campaign_id]).text())
         print(
             {

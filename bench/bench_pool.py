@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from caseledger import services
 from caseledger.campaign.view import CampaignView
 from caseledger.ledger import authorization
-from caseledger.tools import freeze_any, start_any, status_any
+from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, knee_base
+from tests.conftest import free_port, knee_base, until_complete
 from tests.engine import llama_draft, llama_paths
 
 
@@ -77,11 +77,7 @@ def run(kind: str, targets: int, requests: int) -> dict[str, Any]:
         f = freeze_any(ws, draft={"campaign": body})
         assert isinstance(f, CampaignFrozen), f
         start_any(ws, f.campaign_id)
-        while True:
-            v = status_any(ws, f.campaign_id, wait_s=60)
-            assert isinstance(v, CampaignView)
-            if v.complete and not v.driver_alive:
-                break
+        v: CampaignView = until_complete(ws, f.campaign_id, timeout_s=7200.0, wait_s=60.0)
         label = {r.case_id: r.label for r in v.rows}
         return {
             "targets": targets,

@@ -193,8 +193,7 @@ def _point_case(
     for t in pool or [PoolTarget(name="base")]:
         data = copy.deepcopy({k: v for k, v in base.canonical().items() if k not in LINEAGE_FIELDS})
         where = f"campaign point {label}" + (f" on pool target '{t.name}'" if pool else "")
-        if pool:
-            _derive_again(data, base)
+        _derive_again(data, base)  # a point (or a pool's target) on another endpoint has its own URLs
         try:
             for path, value in [*t.set.items(), *values.items()]:
                 apply_axis(data, path, value)
@@ -208,8 +207,8 @@ def _point_case(
 
 
 def _derive_again(data: dict[str, Any], base: Case) -> None:  # JSON: a case draft, edited in place
-    """The fields the base derived from its first endpoint (metrics and health URL) derived again from the pool
-    target's: a target on another address has its own /metrics and /health."""
+    """The fields the base derived from its first endpoint (metrics and health URL) derived again from the point's
+    own (filled again as validate fills them: the same URLs, the same id, while the endpoint is the base's)."""
     first = base.target.endpoints[0].base_url
     if data["target"].get("metrics_url") == origin(first) + "/metrics":
         data["target"]["metrics_url"] = None
