@@ -153,6 +153,7 @@ def _window(ws: Workspace, run_id: str) -> tuple[float, float]:
     return min(e["mono_ns"] for e in ev) / 1e9, max(e["mono_ns"] for e in ev) / 1e9
 
 
+@pytest.mark.quiet  # two campaigns' worth of processes at once: in pass 1 they crowd the others' windows
 @pytest.mark.processes  # the detached driver starting points on two targets at once: real processes are the point
 @pytest.mark.integration
 def test_a_pool_of_two_runs_points_in_parallel_one_owner_each_and_gives_one_answer(
@@ -193,6 +194,7 @@ def test_a_pool_of_two_runs_points_in_parallel_one_owner_each_and_gives_one_answ
     assert {e["target"] for e in started} == {"t0", "t1"} and len(started) == len(runs), started
 
 
+@pytest.mark.quiet  # two campaigns' worth of processes at once: in pass 1 they crowd the others' windows
 @pytest.mark.processes  # a target killed for good mid-point: the other target finishes the campaign
 @pytest.mark.integration
 def test_a_target_that_goes_away_mid_point_leaves_its_points_to_the_other_and_none_is_measured_twice(
@@ -223,6 +225,7 @@ def test_a_target_that_goes_away_mid_point_leaves_its_points_to_the_other_and_no
     assert view.winner is not None, text
 
 
+@pytest.mark.quiet  # two campaigns' worth of processes at once: in pass 1 they crowd the others' windows
 @pytest.mark.processes  # the identity a target's live service shows, read back from its process
 @pytest.mark.integration
 def test_a_target_whose_measured_identity_differs_is_refused_with_the_difference_and_counts_for_nothing(
@@ -254,6 +257,7 @@ def test_a_refusal_names_where_two_long_values_differ() -> None:
     assert pool.where_they_differ("vllm 0.11", "vllm 0.12") == ("vllm 0.11", "vllm 0.12")
 
 
+@pytest.mark.quiet  # two campaigns' worth of processes at once: in pass 1 they crowd the others' windows
 @pytest.mark.processes  # a proposing search over a pool: each free target asks the strategy for its own point
 @pytest.mark.integration
 def test_a_search_over_a_pool_proposes_a_point_for_each_free_target_and_measures_none_twice(
