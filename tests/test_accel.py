@@ -1,14 +1,17 @@
-"""Accelerator evidence: the vendor tool's output read per device, a window's devices, and a device the service
-shares with another process distorting the window.
+"""Accelerator evidence: the vendor tool's output read per device (nvidia-smi, rocm-smi, npu-smi), a window's
+devices, and a device the service shares with another process distorting the window.
 
-The tool outputs in tests/data/accel/ are recorded formats (nvidia-smi's query mode, exactly as it prints), not
-live: this host has no accelerator. The sampler runs the tool through an injected runner that returns them.
+The tool outputs in tests/data/accel/ are recorded formats (nvidia-smi's query mode, rocm-smi's --json and
+--showpidgpus, the table of npu-smi info), laid out as the tools print them from their sources and published
+outputs (tests/data/accel/README.md names each), not live: this host has no accelerator. The sampler runs the tool
+through an injected runner that returns them.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,15 @@ GPUS = (DATA / "nvidia-smi-query-gpu.csv").read_text()
 APPS = (DATA / "nvidia-smi-query-compute-apps.csv").read_text()
 SERVICE = {4121, 4187}  # the engine's workers in the recorded output; 4242 is another process
 DEV1 = "GPU-b71e04d2-8c3a-4f5e-a6d9-7e8f9a0b1c2d"
+ROCM = (DATA / "rocm-smi-json-mi300x.json").read_text()
+ROCM_PIDS = (DATA / "rocm-smi-showpidgpus-mi300x.txt").read_text()
+NPU_910B = (DATA / "npu-smi-info-910b.txt").read_text()
+NPU_310P = (DATA / "npu-smi-info-310p.txt").read_text()
+RECORDED = {  # each tool's calls for one sample, with what the tool printed
+    "nvidia-smi": {tuple(accel.NVIDIA_GPUS): GPUS, tuple(accel.NVIDIA_APPS): APPS},
+    "rocm-smi": {tuple(accel.ROCM_DEVICES): ROCM, tuple(accel.ROCM_PID_GPUS): ROCM_PIDS},
+    "npu-smi": {tuple(accel.NPU_INFO): NPU_910B},
+}
 
 
 def _recorded(argv: list[str]) -> str | None:
@@ -45,6 +57,22 @@ def _recorded(argv: list[str]) -> str | None:
 
 def _nvidia_only(name: str) -> str | None:
     return "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None
+
+
+def _only(tool: str) -> Callable[[str], str | None]:
+    """A PATH (the sampler's `which`) that has `tool` and no other vendor tool."""
+    return lambda name: f"/usr/bin/{tool}" if name == tool else None
+
+
+def _answers(outputs: dict[tuple[str, ...], str], calls: list[list[str]] | None = None) -> accel.Runner:
+    """A runner that answers the calls in `outputs` (recording each in `calls`) and fails any other."""
+
+    def run(argv: list[str]) -> str | None:
+        if calls is not None:
+            calls.append(argv)
+        return outputs.get(tuple(argv))
+
+    return run
 
 
 def _samples(n: int, step_ns: int = 10**9) -> list[dict[str, Any]]:  # JSON: load/accel.jsonl lines
@@ -88,13 +116,142 @@ def test_a_host_without_a_vendor_tool_records_not_observed_with_the_reason() -> 
     assert isinstance(acc, NotObserved) and acc.reason == line["reason"]
 
 
-def test_a_tool_caseledger_does_not_read_yet_is_named_not_zeroed() -> None:
-    s = accel.AccelSampler(
-        lambda pid: True, _recorded, lambda name: "/opt/rocm/bin/rocm-smi" if name == "rocm-smi" else None
+def test_rocm_smi_json_is_read_per_card_with_the_kfd_processes_its_pid_list_puts_on_each() -> None:
+    devices = accel.parse_rocm(ROCM, ROCM_PIDS, lambda pid: pid in SERVICE)
+    assert [(d["index"], d["uuid"]) for d in devices] == [("0", "0x18a2c9f4d7e03b61"), ("1", "0x4c1f7e2a9b8d6053")]
+    d0, d1 = devices
+    assert (d0["util_pct"], d0["mem_used_mib"], d0["mem_total_mib"], d0["power_w"], d0["clock_mhz"]) == (
+        97.0,
+        181500.0,
+        196592.0,
+        698.0,
+        2100.0,
     )
+    assert d1["power_w"] == 642.0  # 'Current Socket Graphics Package Power (W)'
+    assert d0["processes"] == [{"pid": 4121, "mem_mib": 175210.0, "ours": True}]
+    assert d1["processes"] == [
+        {"pid": 4187, "mem_mib": 175210.0, "ours": True},
+        {"pid": 4242, "mem_mib": 2048.0, "ours": False},
+    ]
+
+
+def test_what_rocm_smi_does_not_report_is_none_and_a_process_on_two_cards_holds_no_known_memory_on_either() -> None:
+    cards = (DATA / "rocm-smi-json-mi250x-na.json").read_text()
+    pids = (DATA / "rocm-smi-showpidgpus-mi250x-na.txt").read_text()
+    d0, d1 = accel.parse_rocm(cards, pids, lambda pid: True)
+    assert (d0["uuid"], d1["uuid"]) == ("card0", "card1")  # 'Unique ID': 'N/A' on both
+    assert d0["power_w"] == 212.0 and d0["util_pct"] == 64.0  # 'Average Graphics Package Power (W)'
+    assert d1["power_w"] is None  # 'N/A (Secondary die)'
+    assert d1["util_pct"] is None and d1["clock_mhz"] is None  # no 'GPU use (%)', no 'sclk clock speed:'
+    assert d1["mem_used_mib"] == 40098.0
+    # rocm-smi gives a process's VRAM summed over its cards ('unknown' here): on no one card is it known
+    assert d0["processes"] == d1["processes"] == [{"pid": 5001, "mem_mib": None, "ours": True}]
+
+
+def test_npu_smi_info_of_a_910b_is_read_per_npu_with_its_hbm_and_the_processes_on_each() -> None:
+    d0, d1 = accel.parse_npu(NPU_910B, lambda pid: pid in SERVICE)
+    assert [(d["index"], d["uuid"]) for d in (d0, d1)] == [("0", "0000:C1:00.0"), ("1", "0000:01:00.0")]
+    assert (d1["util_pct"], d1["mem_used_mib"], d1["mem_total_mib"], d1["power_w"], d1["clock_mhz"]) == (
+        91.0,
+        64052.0,
+        65536.0,
+        371.5,
+        None,  # npu-smi info has no clock
+    )
+    assert d0["processes"] == [{"pid": 4121, "mem_mib": 58600.0, "ours": True}]
+    assert d1["processes"] == [
+        {"pid": 4187, "mem_mib": 58600.0, "ours": True},
+        {"pid": 4242, "mem_mib": 2048.0, "ours": False},
+    ]
+
+
+def test_npu_smi_info_of_a_310p_is_read_per_chip_with_its_memory_and_power_na_is_none() -> None:
+    devices = accel.parse_npu(NPU_310P, lambda pid: pid in SERVICE)
+    assert [d["index"] for d in devices] == ["8.0", "8.1", "9.0", "9.1"]  # two chips a card
+    assert [d["uuid"] for d in devices] == ["npu8.0", "npu8.1", "npu9.0", "npu9.1"]  # the chips share a Bus-Id
+    d = devices[1]
+    assert (d["util_pct"], d["mem_used_mib"], d["mem_total_mib"], d["power_w"], d["clock_mhz"]) == (
+        38.0,
+        18774.0,
+        43757.0,
+        None,  # 'NA'
+        None,
+    )
+    assert d["processes"] == [
+        {"pid": 4187, "mem_mib": 15210.0, "ours": True},
+        {"pid": 4242, "mem_mib": 2048.0, "ours": False},
+    ]
+    assert devices[2]["util_pct"] == 0.0 and devices[2]["processes"] == []  # a zero the tool printed stays one
+
+
+def test_npu_smi_info_of_a_910_93_gives_no_power_for_its_second_die() -> None:
+    d0, d1 = accel.parse_npu((DATA / "npu-smi-info-a3.txt").read_text(), lambda pid: True)
+    assert [(d["index"], d["uuid"]) for d in (d0, d1)] == [("0.0", "0000:9D:00.0"), ("0.1", "0000:9F:00.0")]
+    assert (d0["power_w"], d1["power_w"]) == (173.0, None)  # '-' on die 1
+    assert (d1["util_pct"], d1["mem_used_mib"]) == (78.0, 61765.0)
+    assert d0["processes"] == [] and d1["processes"] == [{"pid": 4121, "mem_mib": 58600.0, "ours": True}]
+
+
+@pytest.mark.parametrize("tool", ["nvidia-smi", "rocm-smi", "npu-smi"])
+def test_the_sampler_reads_the_tool_found_on_path_with_its_own_argv_through_the_runner(tool: str) -> None:
+    calls: list[list[str]] = []
+    s = accel.AccelSampler(lambda pid: pid in SERVICE, _answers(RECORDED[tool], calls), _only(tool))
     line = s.sample()
-    assert not s.reads and line["tool"] == "rocm-smi" and "devices" not in line
-    assert "rocm-smi is on the service host" in line["reason"]
+    assert s.reads and line["tool"] == tool and len(line["devices"]) == 2 and "reason" not in line
+    assert [tuple(c) for c in calls] == list(RECORDED[tool])  # one or two calls, each an argv list
+    assert all(isinstance(c, list) and c[0] == tool for c in calls)
+
+
+@pytest.mark.parametrize(
+    ("tool", "failing", "reason"),
+    [
+        ("rocm-smi", accel.ROCM_DEVICES, "rocm-smi --json failed or timed out"),
+        ("rocm-smi", accel.ROCM_PID_GPUS, "rocm-smi --showpidgpus failed or timed out"),
+        ("npu-smi", accel.NPU_INFO, "npu-smi info failed or timed out"),
+    ],
+)
+def test_a_failed_rocm_smi_or_npu_smi_call_is_a_line_naming_the_call(
+    tool: str, failing: list[str], reason: str
+) -> None:
+    outputs = {argv: out for argv, out in RECORDED[tool].items() if list(argv) != failing}
+    line = accel.AccelSampler(lambda pid: True, _answers(outputs), _only(tool)).sample()
+    assert "devices" not in line and line["tool"] == tool and line["reason"] == reason
+
+
+@pytest.mark.parametrize("tool", ["rocm-smi", "npu-smi"])
+def test_a_tool_found_whose_output_caseledger_cannot_read_is_named_not_zeroed(tool: str) -> None:
+    unreadable = "Usage: an older build of this tool\n"
+    s = accel.AccelSampler(lambda pid: True, lambda argv: unreadable, _only(tool))
+    line = s.sample()
+    assert s.reads and line["tool"] == tool and "devices" not in line
+    assert line["reason"] == f"{tool} answered but its output holds no device caseledger can read (an unknown format)"
+    acc = accel_window([{**line, "mono_ns": 0}], 5, 10)
+    assert isinstance(acc, NotObserved) and acc.reason == line["reason"]
+    lines: list[accel.AccelSample] = []
+    w = accel.AccelWatch(s, lines.append)
+    for now in range(10):
+        w.tick(float(now))
+    assert len(lines) == accel.MAX_FAILED_IN_A_ROW  # counted as failed calls: not asked again
+
+
+@pytest.mark.parametrize(
+    ("tool", "outputs", "shared", "uuid"),
+    [
+        ("rocm-smi", RECORDED["rocm-smi"], "1", "0x4c1f7e2a9b8d6053"),
+        ("npu-smi", RECORDED["npu-smi"], "1", "0000:01:00.0"),
+        ("npu-smi", {tuple(accel.NPU_INFO): NPU_310P}, "8.1", "npu8.1"),
+    ],
+)
+def test_a_device_shared_with_another_process_distorts_the_window_whichever_tool_read_it(
+    tool: str, outputs: dict[tuple[str, ...], str], shared: str, uuid: str
+) -> None:
+    s = accel.AccelSampler(lambda pid: pid in SERVICE, _answers(outputs), _only(tool))
+    acc = accel_window([{**s.sample(), "mono_ns": k * 10**9} for k in (1, 2)], 0, 3 * 10**9)
+    assert isinstance(acc, Accelerators) and acc.samples == 2 and acc.tool == tool
+    (d,) = [d for d in acc.devices if d.others]
+    assert (d.index, d.uuid, d.others) == (shared, uuid, ["pid 4242 2048 MiB"]) and d.used_by_service
+    (why,) = accel_distortion(acc)
+    assert why.startswith(f"device {shared} ({uuid}) was shared with another process during the window: pid 4242")
 
 
 def test_a_failed_tool_call_is_a_line_with_its_reason_and_no_devices() -> None:

@@ -396,7 +396,8 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     view = _until_complete(ws, gid)
     text = summarize(ws, [gid]).text()
     assert_one_answer(ws, gid)
-    # TPOT ~ 4 + 1.5 (C - 1) ms: C=4 (8.5) meets 11, C=8 (14.5) breaks it
+    # TPOT ~ 4 + 1.5 (C - 1) ms: C=4 (8.5) meets 11, C=8 (14.5) breaks it; later limit 20: C=8 meets, C=16 (26.5)
+    # breaks (bounds ~30% away from the figures: a contended host slows the target ~10%)
     assert view.winner == f.points["C=4"], text
     measured = [r for r in view.rows if r.runs]
     assert len(measured) <= math.ceil(math.log2(len(values))) + 2, text
@@ -417,9 +418,9 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
 
     # the person's limit changes: the same points are re-decided, no request is sent
     before = _formal(port)
-    again = freeze_any(ws, draft=_campaign(port, values, limit=16.0))
+    again = freeze_any(ws, draft=_campaign(port, values, limit=20.0))
     assert isinstance(again, CampaignFrozen) and again.campaign_id == gid and not again.created
-    assert again.decision_change and "tpot_p99_ms 11.0->16.0" in again.decision_change, again.text()
+    assert again.decision_change and "tpot_p99_ms 11.0->20.0" in again.decision_change, again.text()
     redecided = campaign_view(ws, gid)
     assert _formal(port) == before, stats(port)
     assert redecided.answer.startswith(f"leading C=8 ({f.points['C=8']})"), redecided.text()
@@ -439,7 +440,7 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     assert new_runs >= 1 and _formal(port) == before + 32 * new_runs, stats(port)
     # the scenario view agrees: C=8 meets the new limit, no case id changed
     rows = {r.case_id: r for r in (summarize(ws, [], scenario="knee").scenario or _no()).rows}
-    assert rows[f.points["C=8"]].limits[0].verdict == "meets" and rows[f.points["C=8"]].limits[0].bound == 16.0
+    assert rows[f.points["C=8"]].limits[0].verdict == "meets" and rows[f.points["C=8"]].limits[0].bound == 20.0
 
 
 def _no() -> Any:
@@ -605,6 +606,8 @@ def test_two_campaigns_on_one_target_queue_and_each_point_runs_once(
         d = _campaign(
             port, values, name=name, search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
         )
+        # one valid run per point is the check: a contended host's ~10% move of a control is no drift here
+        d["campaign"]["decision"]["min_effect"] = 0.25
         d["campaign"]["base"]["scenario"] = name
         drafts.append(d)
     a, b = (freeze_any(ws, draft=d) for d in drafts)
@@ -716,7 +719,8 @@ def test_a_target_that_slows_2x_mid_campaign_is_named_as_drift_and_crowns_no_win
         axes=[{"path": "dataset.seed", "values": [1, 2, 3]}],
         search={"kind": "grid"},
         repeats={"runs": 1, "settle_runs": 2, "budget": 0},
-        decision={"primary_metric": "output_throughput"},
+        # a 25% floor: the 2x slowdown is the one drift; the ~10% moves of a contended host are not a second one
+        decision={"primary_metric": "output_throughput", "min_effect": 0.25},
     )
     f = freeze_any(ws, draft=d)
     assert isinstance(f, CampaignFrozen)

@@ -56,7 +56,7 @@ def _with_text(**fields: Any) -> DeviceFigures:  # JSON: DeviceFigures' fields b
     text = (
         f"device {d.index}: util {f(d.util_pct_mean, '%')} mean ({f(d.util_pct_max, '%')} max), memory "
         f"{f(d.mem_used_mib_max, '')}/{f(d.mem_total_mib, ' MiB')}, power {f(d.power_w_mean, ' W')}, "
-        f"SM clock {f(d.clock_mhz_mean, ' MHz')}; processes: {', '.join(d.processes) or 'none'}"
+        f"clock {f(d.clock_mhz_mean, ' MHz')}; processes: {', '.join(d.processes) or 'none'}"
     )
     return d.model_copy(update={"text": text})
 

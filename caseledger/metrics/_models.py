@@ -280,7 +280,9 @@ class DeviceFigures(FrozenModel):
     mem_total_mib: float | None = Field(description="Device memory, MiB (null: not reported)")
     power_w_mean: float | None = Field(description="Mean power draw, W (null: not reported)")
     power_w_max: float | None = Field(description="Highest power draw, W (null: not reported)")
-    clock_mhz_mean: float | None = Field(description="Mean SM clock, MHz (null: not reported)")
+    clock_mhz_mean: float | None = Field(
+        description="Mean core clock, MHz: nvidia-smi's SM clock, rocm-smi's sclk (null: not reported, as by npu-smi)"
+    )
     processes: list[str] = Field(
         description="Processes seen on the device, most memory each: 'pid 4121 70000 MiB (service)' or "
         "'pid 4242 9500 MiB (other)'"

@@ -1,19 +1,25 @@
 """Accelerator samples on the service host through the vendor's tool: per device utilisation, memory, power, clock
 and the processes on it (load/accel.jsonl, one line per sample).
 
-The tool is run through a `Runner` (argv -> stdout, None when it failed), so tests drive the parsing with recorded
-outputs. nvidia-smi is read in query mode; rocm-smi and npu-smi are recognised but not read yet: a host that has
-only them records NOT_OBSERVED naming the tool, never a zero.
+The tool is run through a `Runner` (argv -> stdout, None when it failed), one or two calls a sample, so tests drive
+the parsing with recorded outputs. nvidia-smi is read in query mode (CSV), rocm-smi (AMD) in JSON plus its
+--showpidgpus lines (which device each KFD process is on), npu-smi (Huawei Ascend) from the table of `npu-smi info`.
+A figure the tool does not give is None, never a zero; a tool whose output holds no device caseledger can read is a
+line with the reason, naming the tool.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 from typing_extensions import TypedDict
 
@@ -24,6 +30,26 @@ NVIDIA_GPUS = [
     "--format=csv,noheader,nounits",
 ]
 NVIDIA_APPS = ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
+# rocm_smi_lib python_smi_tools/rocm_smi.py: --json prints one object, "card<N>" -> {"<metric>": "<value>"} (formatJson
+# via printLog) and "system" -> {"PID<pid>": "<name>, <gpu count>, <vram B>, <sdma>, <cu occupancy>"} (showPids via
+# print2DArray/printSysLog); --showpidgpus prints nothing under --json (printListLog), hence its own plain call
+# (showGpusByPid: "PID <pid> is using <n> DRM device(s):" then the device indices).
+ROCM_DEVICES = [
+    "rocm-smi",
+    "--showuniqueid",
+    "--showuse",
+    "--showmeminfo",
+    "vram",
+    "--showpower",
+    "--showclocks",
+    "--showpids",
+    "--json",
+]
+ROCM_PID_GPUS = ["rocm-smi", "--showpidgpus"]
+# hicann/driver src/custom/dev_prod/user/npucli/src/npu_info_print.c: print_total_info (310P: Memory-Usage) and
+# print_total_info_with_HBM (910B, 910_93: HBM-Usage), two rows per chip, then the table of processes per chip.
+NPU_INFO = ["npu-smi", "info"]
+MIB = 1 << 20
 SAMPLE_S = 1.0  # the tool takes tens of ms to seconds per call: a slower cadence than the CPU's /proc reads
 TOOL_TIMEOUT_S = 2.0  # a hung driver call must not hold the controller's watch for long
 # failed calls in a row after which the tool is not asked again during this load: a hung driver would otherwise
@@ -44,7 +70,7 @@ class DeviceProcess(TypedDict):
 
 
 class Device(TypedDict):
-    """One device at one sample; None: the tool reported no value ([N/A], [Not Supported])."""
+    """One device at one sample; None: the tool reported no value ([N/A], [Not Supported], NA, -, a missing key)."""
 
     index: str
     uuid: str
@@ -62,7 +88,7 @@ class AccelSample(TypedDict, total=False):
     mono_ns: int  # time.monotonic_ns() when the tool answered (the load client's clock on the same host)
     tool: str | None  # the vendor tool read; None: none on the host
     devices: list[Device]
-    reason: str  # no devices: why (no tool, a tool not read, the tool failed)
+    reason: str  # no devices: why (no tool, the tool failed, an output with no device caseledger reads)
 
 
 def run_command(argv: list[str]) -> str | None:
@@ -74,12 +100,34 @@ def run_command(argv: list[str]) -> str | None:
     return None
 
 
-def _number(text: str) -> float | None:
-    """A csv cell with nounits: '87', '312.45'; '[N/A]', '[Not Supported]' and the like are None."""
+def _number(text: str | None) -> float | None:
+    """A figure as the tool prints it: '87', '312.45'; '[N/A]', '[Not Supported]', 'N/A (Secondary die)', 'NA', '-',
+    'unknown' and a missing one are None."""
     try:
-        return float(text.strip())
+        x = float(text.strip()) if text is not None else math.nan
     except ValueError:
         return None
+    return x if math.isfinite(x) else None
+
+
+def _mib(text: str | None) -> float | None:
+    """A size in bytes, in MiB; None when the tool gave none."""
+    n = _number(text)
+    return None if n is None else n / MIB
+
+
+def _first(cell: str) -> float | None:
+    """The first figure of a table cell ('92.0   38   0 / 0': 92.0)."""
+    return _number(next(iter(cell.split()), None))
+
+
+def _own_ids(devices: list[Device], prefix: str) -> None:
+    """Keeps each device's uuid where the tool gave one no other device shares (a unique id, a PCI address), else
+    names it `prefix` + its index: load/accel.jsonl keys devices by it."""
+    ids = [d["uuid"] for d in devices]
+    for d in devices:
+        if d["uuid"] in ("", "N/A", "NA", "-") or ids.count(d["uuid"]) > 1:
+            d["uuid"] = f"{prefix}{d['index']}"
 
 
 def parse_nvidia(gpus: str, apps: str, ours: Callable[[int], bool]) -> list[Device]:
@@ -111,6 +159,158 @@ def parse_nvidia(gpus: str, apps: str, ours: Callable[[int], bool]) -> list[Devi
     return devices
 
 
+def _rocm_card(index: str, values: dict[str, Any]) -> Device:  # JSON: rocm-smi's "<metric>": "<value>" of a card
+    """One card of rocm-smi --json: 'GPU use (%)', 'VRAM Total [Used] Memory (B)', '<Average|Current Socket> Graphics
+    Package Power (W)' (showPower), 'sclk clock speed:' '(<n>Mhz)' (showCurrentClocks under --json), 'Unique ID'."""
+    power = next((v for k, v in values.items() if k.endswith("Graphics Package Power (W)") and k[:3] != "Max"), None)
+    sclk = re.search(r"([\d.]+)\s*mhz", str(values.get("sclk clock speed:", "")), re.IGNORECASE)
+    return Device(
+        index=index,
+        uuid=str(values.get("Unique ID", "")),
+        util_pct=_number(values.get("GPU use (%)")),
+        mem_used_mib=_mib(values.get("VRAM Total Used Memory (B)")),
+        mem_total_mib=_mib(values.get("VRAM Total Memory (B)")),
+        power_w=_number(power),
+        clock_mhz=None if sclk is None else float(sclk[1]),
+        processes=[],
+    )
+
+
+def parse_rocm_pid_gpus(text: str) -> dict[int, list[str]]:
+    """rocm-smi --showpidgpus: each KFD process's device indices ('PID 4121 is using 2 DRM device(s):' then '0 1 ',
+    or one index a line); a process without its indices has none."""
+    on: dict[int, list[str]] = {}
+    pid, left = 0, 0
+    for line in text.splitlines():
+        head = re.match(r"PID (\d+) is using (\d+) DRM device", line.strip())
+        words = line.split()
+        if head:
+            pid, left = int(head[1]), int(head[2])
+            on[pid] = []
+        elif left > 0 and words and all(w.isdigit() for w in words):
+            on[pid] += words[:left]
+            left -= len(words[:left])
+        else:
+            left = 0
+    return on
+
+
+def parse_rocm(cards: str, pid_gpus: str, ours: Callable[[int], bool]) -> list[Device]:
+    """The devices in rocm-smi's JSON (ROCM_DEVICES) with the KFD processes of ROCM_PID_GPUS on them. A process's
+    VRAM is rocm-smi's sum over its devices: given on a device only when it uses that one alone."""
+    try:
+        data, _ = json.JSONDecoder().raw_decode(cards, max(cards.find("{"), 0))
+    except ValueError:
+        return []  # not rocm-smi's JSON: no device
+    if not isinstance(data, dict):
+        return []
+    keys = [k for k, v in data.items() if re.fullmatch(r"card\d+", k) and isinstance(v, dict)]
+    devices = [_rocm_card(k[4:], data[k]) for k in sorted(keys, key=lambda k: int(k[4:]))]
+    _own_ids(devices, "card")
+    by_index = {d["index"]: d for d in devices}
+    system = data.get("system")
+    pids = system.items() if isinstance(system, dict) else []
+    held = {k[3:]: str(v).split(", ") for k, v in pids if k.startswith("PID")}
+    for pid, indices in parse_rocm_pid_gpus(pid_gpus).items():
+        on = [by_index[i] for i in indices if i in by_index]
+        fields = held.get(str(pid), [])  # name, gpu count, vram B, sdma, cu occupancy: vram is third from the end
+        vram = _mib(fields[-3]) if len(fields) >= 4 and len(on) == 1 else None
+        for d in on:
+            d["processes"].append(DeviceProcess(pid=pid, mem_mib=vram, ours=ours(pid)))
+    return devices
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a table row '| a | b |'; none for a rule or any other line."""
+    row = line.strip()
+    return [c.strip() for c in row.strip("|").split("|")] if row.startswith("|") else []
+
+
+def _npu_chips(lines: list[str]) -> list[tuple[str, str, list[str], list[str]]]:
+    """The chips in npu-smi info's device table: (NPU id, chip, its 'NPU Name' row, its 'Chip' row). The 'Chip' row
+    is '<chip> [<Phy-ID|Device>]', or empty where the NPU is the chip (npu-smi v2)."""
+    chips: list[tuple[str, str, list[str], list[str]]] = []
+    first: list[str] = []
+    for line in lines:
+        cells = _cells(line)
+        if len(cells) < 3:
+            continue  # a rule, the version line
+        words = " ".join(cells[:-2]).split()
+        if words and words[0].isdigit() and not all(w.isdigit() for w in words):
+            first = cells  # '<NPU id> <name> | <health> | <power> <temp> <hugepages>'
+        elif first and all(w.isdigit() for w in words):
+            chips.append((first[0].split()[0], words[0] if words else "0", first, cells))
+            first = []
+    return chips
+
+
+def parse_npu(info: str, ours: Callable[[int], bool]) -> list[Device]:
+    """The chips of `npu-smi info` (NPU_INFO) with the processes on each. Power and AICore(%) are the first figure of
+    their cells ('NA' on a 310P, '-' on a 910_93's second die: None); memory is the row's last used/total pair in MB:
+    HBM-Usage where the chip has HBM, Memory-Usage where it has not. No clock in this table: None."""
+    lines = info.splitlines()
+    at = next((i for i, line in enumerate(lines) if "Process id" in line), len(lines))
+    chips = _npu_chips(lines[:at])
+    per_npu = [npu for npu, *_ in chips]
+    devices: list[Device] = []
+    by_chip: dict[tuple[str, str], Device] = {}
+    for npu, chip, first, second in chips:
+        pairs = re.findall(r"([\w.]+)\s*/\s*([\w.]+)", second[-1])
+        used, total = pairs[-1] if pairs else (None, None)
+        by_chip[npu, chip] = Device(
+            index=npu if per_npu.count(npu) == 1 else f"{npu}.{chip}",
+            uuid=second[-2],  # Bus-Id
+            util_pct=_first(second[-1]),
+            mem_used_mib=_number(used),
+            mem_total_mib=_number(total),
+            power_w=_first(first[-1]),
+            clock_mhz=None,
+            processes=[],
+        )
+        devices.append(by_chip[npu, chip])
+    _own_ids(devices, "npu")
+    for line in lines[at + 1 :]:
+        cells = _cells(line)  # '<NPU> [<chip>] | <pid> | <name> | <memory MB>'
+        words = cells[0].split() if len(cells) >= 4 and cells[1].isdigit() else []
+        on = by_chip.get((words[0], words[1] if len(words) > 1 else "0")) if words else None
+        if on is not None:
+            pid = int(cells[1])
+            on["processes"].append(DeviceProcess(pid=pid, mem_mib=_number(cells[3]), ours=ours(pid)))
+    return devices
+
+
+Reader = Callable[[Runner, Callable[[int], bool]], list[Device] | str]
+"""Runs a tool's calls for one sample: its devices, or why there are none (a failed call)."""
+
+
+def _read_nvidia(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
+    gpus = run(NVIDIA_GPUS)
+    if gpus is None:
+        return "nvidia-smi --query-gpu failed or timed out"
+    apps = run(NVIDIA_APPS)
+    if apps is None:
+        return "nvidia-smi --query-compute-apps failed or timed out"
+    return parse_nvidia(gpus, apps, ours)
+
+
+def _read_rocm(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
+    cards = run(ROCM_DEVICES)
+    if cards is None:
+        return "rocm-smi --json failed or timed out"
+    pids = run(ROCM_PID_GPUS)
+    if pids is None:
+        return "rocm-smi --showpidgpus failed or timed out"
+    return parse_rocm(cards, pids, ours)
+
+
+def _read_npu(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
+    info = run(NPU_INFO)
+    return "npu-smi info failed or timed out" if info is None else parse_npu(info, ours)
+
+
+READERS: dict[str, Reader] = {"nvidia-smi": _read_nvidia, "rocm-smi": _read_rocm, "npu-smi": _read_npu}
+
+
 class AccelSampler:
     """The service host's accelerators through the first vendor tool found on PATH (`which`), read by `runner`;
     `ours(pid)` says whether a process on a device is the measurement's own."""
@@ -123,7 +323,7 @@ class AccelSampler:
     ) -> None:
         self.ours, self.runner = ours, runner
         self.tool = next((t for t in TOOLS if which(t) is not None), None)
-        self.reads = self.tool == "nvidia-smi"  # the one tool whose output is parsed
+        self.reads = self.tool is not None  # each of TOOLS is read
 
     def sample(self) -> AccelSample:
         """One sample now: the devices, or why there are none."""
@@ -131,19 +331,14 @@ class AccelSampler:
             return AccelSample(
                 mono_ns=time.monotonic_ns(), tool=None, reason="no nvidia-smi, rocm-smi or npu-smi on the service host"
             )
-        if self.tool != "nvidia-smi":
-            return AccelSample(
-                mono_ns=time.monotonic_ns(),
-                tool=self.tool,
-                reason=f"{self.tool} is on the service host but caseledger reads only nvidia-smi's output so far",
-            )
-        gpus = self.runner(NVIDIA_GPUS)
-        apps = self.runner(NVIDIA_APPS) if gpus is not None else None
+        got = READERS[self.tool](self.runner, self.ours)
         now = time.monotonic_ns()
-        if gpus is None or apps is None:
-            what = "--query-gpu" if gpus is None else "--query-compute-apps"
-            return AccelSample(mono_ns=now, tool=self.tool, reason=f"nvidia-smi {what} failed or timed out")
-        return AccelSample(mono_ns=now, tool=self.tool, devices=parse_nvidia(gpus, apps, self.ours))
+        if isinstance(got, str):
+            return AccelSample(mono_ns=now, tool=self.tool, reason=got)
+        if not got:
+            why = f"{self.tool} answered but its output holds no device caseledger can read (an unknown format)"
+            return AccelSample(mono_ns=now, tool=self.tool, reason=why)
+        return AccelSample(mono_ns=now, tool=self.tool, devices=got)
 
 
 def in_sessions(sessions: set[int], own_pids: set[int]) -> Callable[[int], bool]:
@@ -163,8 +358,9 @@ def in_sessions(sessions: set[int], own_pids: set[int]) -> Callable[[int], bool]
 
 class AccelWatch:
     """Samples at most every SAMPLE_S, each line handed to `write` (load/accel.jsonl): a failed call is a line with
-    its reason and the next one tries again, up to MAX_FAILED_IN_A_ROW; a host without a tool caseledger reads (or
-    a service it does not sample: `source` is that line) is written once, with why, and never asked again."""
+    its reason and the next one tries again, up to MAX_FAILED_IN_A_ROW (an output caseledger cannot read counts as
+    one); a host without a vendor tool (or a service it does not sample: `source` is that line) is written once,
+    with why, and never asked again."""
 
     def __init__(self, source: AccelSampler | AccelSample, write: Callable[[AccelSample], None]) -> None:
         self.source: AccelSampler | AccelSample | None = source
