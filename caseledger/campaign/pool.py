@@ -67,6 +67,8 @@ def measured_identity(ws: Workspace, camp: Campaign, m: RunMeta) -> Identity | N
         name = getattr(p, "name", None) or str(i)
         if p.engine_version:
             out[f"{name} engine_version"] = p.engine_version
+        if p.engine:
+            out[f"{name} engine"] = p.engine
         for mf in p.model_files or []:
             out[f"{name} model_file {mf.get('option', '?')}"] = str(mf.get("sha256", "?"))
         for df in p.files or []:

@@ -351,6 +351,7 @@ class Service(OmitAtDefault):
     omit_at_default = (
         "speculative",
         "components",
+        "engine",
     )  # added after cases were frozen: out of the canonical JSON at default
     adapter: AdapterKind = Field(
         "reference",
@@ -412,11 +413,29 @@ class Service(OmitAtDefault):
         "one engine per route; each started, verified, reused and repaired on its own. [] : the single process "
         "of service.argv",
     )
+    engine: str | None = Field(
+        None,
+        max_length=64,
+        description="The serving engine (an engine profile: vllm, sglang, llamacpp, tgi, trtllm, mindie), checked "
+        "against the engine detected at each start (its command in argv, its version endpoint, its /metrics names; "
+        "recorded in the service evidence); a start that shows another engine fails. null: detected only",
+    )
 
     @property
     def traits(self) -> KindTraits:
         """What this service's kind is (launched, runs the case's argv, ...): the question code asks."""
         return KIND_TRAITS[self.adapter]
+
+    @model_validator(mode="after")
+    def _known_engine(self) -> Service:
+        if self.engine is not None and self.engine not in PROFILES:
+            raise ValueError(
+                f"service.engine '{self.engine[:64]}' is not an engine profile: use one of {', '.join(PROFILES)}, "
+                "or null to have it detected"
+            )
+        if self.engine is not None and not self.traits.runs_case_argv:
+            raise ValueError(f"service.engine is checked at a start by adapter 'command', not '{self.adapter}'")
+        return self
 
     @model_validator(mode="after")
     def _components_alone(self) -> Service:

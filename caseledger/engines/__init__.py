@@ -8,6 +8,9 @@ engine is a module here plus a template (caseledger/data/templates).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
+
 from caseledger.engines import llamacpp, mindie, sglang, tgi, trtllm, vllm
 from caseledger.engines.profile import IN_FLIGHT, ROLES, EngineProfile
 
@@ -46,11 +49,40 @@ def version_endpoints() -> tuple[tuple[str, str], ...]:
     return tuple(dict.fromkeys(v for p in PROFILES.values() for v in p.version))
 
 
+COMMAND_WORDS = 4  # argv words looked at for the command: 'python3 -m sglang.launch_server', 'uv run vllm serve'
+
+
+def detect(argv: list[str], version_path: str | None = None, metric_names: Iterable[str] = ()) -> str | None:
+    """The engine a live service is, as evidence: 'llamacpp (argv: llama-server)', 'tgi (/info)', 'vllm (/metrics:
+    4 of its names)'; None when nothing tells one engine apart. Read in that order: the command in its argv, the
+    version endpoint that answered when only one engine has it, the engine whose /metrics names it serves most."""
+    for word in argv[:COMMAND_WORDS]:
+        for p in PROFILES.values():
+            if os.path.basename(word) in p.commands or word in p.commands:
+                return f"{p.name} (argv: {os.path.basename(word)})"
+    if version_path is not None:
+        having = [p.name for p in PROFILES.values() if any(path == version_path for path, _ in p.version)]
+        if len(having) == 1:
+            return f"{having[0]} ({version_path})"
+    served = set(metric_names)
+    scores = sorted(((sum(n in served for n in p.metrics.values()), p.name) for p in PROFILES.values()), reverse=True)
+    if scores and scores[0][0] > 0 and (len(scores) == 1 or scores[1][0] < scores[0][0]):
+        return f"{scores[0][1]} (/metrics: {scores[0][0]} of its names)"
+    return None
+
+
+def detected_name(detected: str | None) -> str | None:
+    """The engine's name in a detect() answer ('llamacpp (argv: llama-server)' -> 'llamacpp')."""
+    return detected.split(" (", 1)[0] if detected else None
+
+
 __all__ = [
     "IN_FLIGHT",
     "PROFILES",
     "ROLES",
     "EngineProfile",
+    "detect",
+    "detected_name",
     "in_flight_gauges",
     "names",
     "profile",

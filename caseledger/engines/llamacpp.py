@@ -27,4 +27,5 @@ PROFILE = EngineProfile(
     weight_options=("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--draft-model"),
     version=(("/props", "build_info"),),
     per_request_drafts=True,
+    commands=("llama-server",),
 )

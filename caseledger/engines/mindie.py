@@ -7,4 +7,5 @@ PROFILE = EngineProfile(
     name="mindie",
     what="MindIE: mindieservice_daemon with its config.json",
     spec_missing="MindIE's speculative counters are not read by caseledger",
+    commands=("mindieservice_daemon",),
 )

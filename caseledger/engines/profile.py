@@ -1,5 +1,6 @@
 """What caseledger knows about one serving engine, as data: its /metrics names by role, how its argv names the
-weights, where it reports its version, and whether its responses carry per-request draft counts."""
+weights and the commands that start it, where it reports its version, and whether its responses carry per-request
+draft counts."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class EngineProfile:
     serve_words: tuple[str, ...] = ()  # argv words after which the first positional is the weights' path
     version: tuple[tuple[str, str], ...] = ()  # (HTTP path, JSON field) that report the engine's version
     per_request_drafts: bool = False  # its responses carry each request's draft and accepted counts
+    commands: tuple[str, ...] = ()  # argv words that start it: an executable's name or a `python -m` module
 
     def __post_init__(self) -> None:
         unknown = (set(self.metrics) | set(self.older)) - set(ROLES)

@@ -17,4 +17,5 @@ PROFILE = EngineProfile(
     "(sglang:spec_accept_rate and spec_accept_length are last-interval gauges)",
     weight_options=("--model-path", "--speculative-draft-model-path"),
     version=(("/get_server_info", "version"),),
+    commands=("sglang.launch_server",),
 )

@@ -10,4 +10,5 @@ PROFILE = EngineProfile(
     spec_missing="TGI exposes no speculative draft/accepted token counters",
     weight_options=("--model-id",),
     version=(("/info", "version"),),
+    commands=("text-generation-launcher",),
 )

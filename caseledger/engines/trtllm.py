@@ -9,4 +9,5 @@ PROFILE = EngineProfile(
     spec_missing="trtllm-serve's /metrics is JSON iteration statistics, not Prometheus counters",
     serve_words=("trtllm-serve",),
     version=(("/version", "version"),),
+    commands=("trtllm-serve",),
 )

@@ -21,4 +21,5 @@ PROFILE = EngineProfile(
     weight_options=("--model",),
     serve_words=("serve",),
     version=(("/version", "version"),),
+    commands=("vllm", "vllm.entrypoints.openai.api_server"),
 )

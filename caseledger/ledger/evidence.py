@@ -54,6 +54,9 @@ class ServiceRecord(BaseModel):
     files: list[FileEvidence] | None = None
     env_sha256: dict[str, str] | None = None
     engine_version: str | None = None
+    engine: str | None = Field(
+        None, description="The engine detected at its start and how: 'llamacpp (argv: llama-server)', 'tgi (/info)'"
+    )
     env: dict[str, str] | None = Field(None, description="The environment shown (secrets masked)")
     verified_by: str | None = None
     host: str | None = Field(None, description="The remote host (unset: this host)")

@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 import httpx2 as httpx
 import orjson
 
-from caseledger import redact
+from caseledger import engines, redact
 from caseledger.case.model import Case
 from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed, quoted
@@ -36,7 +36,7 @@ from caseledger.services.identity import (
     case_env,
     compare_argv,
     defining_files,
-    engine_version,
+    engine_evidence,
     identity_of,
     intended_argv,
     model_files,
@@ -203,7 +203,7 @@ def _start_local(
             "another process serves this port: stop it, or give this case another port; "
             "caseledger never measures a process it did not start",
         )
-    eff = _confirm(ws, key, state, u, launcher)
+    eff = _confirm(ws, key, state, u, launcher, case)
     return ServiceRecord(
         outcome="done",
         identity=want,
@@ -224,6 +224,7 @@ class _Effective(TypedDict, total=False):
     files: list[FileEvidence]
     env_sha256: dict[str, str]
     engine_version: str | None
+    engine: str | None
 
 
 def _effective_evidence(st: ServiceState) -> _Effective:
@@ -236,6 +237,8 @@ def _effective_evidence(st: ServiceState) -> _Effective:
         out["env_sha256"] = st["env_sha256"]
     if st.get("engine_version"):
         out["engine_version"] = st["engine_version"]
+    if st.get("engine"):
+        out["engine"] = st["engine"]
     return out
 
 
@@ -273,10 +276,11 @@ def _launch(
     return state
 
 
-def _confirm(ws: Workspace, key: str, state: ServiceState, u: Unit, launcher: Launcher) -> list[str]:
+def _confirm(ws: Workspace, key: str, state: ServiceState, u: Unit, launcher: Launcher, case: Case) -> list[str]:
     """Read a just-started process back on its host: record its effective argv, check the files and environment
-    it really runs with (see effective_problem), record the engine's version; the effective argv. At the first
-    difference the process is stopped and the start fails, naming it."""
+    it really runs with (see effective_problem), record the engine's version and the engine detected (checked
+    against service.engine); the effective argv. At the first difference the process is stopped and the start
+    fails, naming it."""
     pid, where = launcher.ref["pid"], launcher.where
     eff = launcher.cmdline() or []
     state["effective_argv"] = eff
@@ -297,7 +301,17 @@ def _confirm(ws: Workspace, key: str, state: ServiceState, u: Unit, launcher: La
             FailureClass.SERVICE,
             "fix the launcher or the case's files so the process loads what the case declares; the process was stopped",
         )
-    state["engine_version"] = engine_version(u)
+    state["engine_version"], state["engine"] = engine_evidence(u, eff, case.target.metrics_url)
+    declared, seen = case.service.engine, engines.detected_name(state["engine"])
+    if declared is not None and seen is not None and seen != declared:
+        launcher.kill()
+        raise PhaseFailed(
+            f"{u.label} (pid {pid}{where}) is {state['engine']}, not the service.engine '{declared}' the case "
+            f"declares: freeze a case with service.engine '{seen}' (or null), or an argv that starts {declared}",
+            FailureClass.SERVICE,
+            f"freeze the case again with service.engine '{seen}' (or null), or with an argv that starts {declared}; "
+            "the process was stopped",
+        )
     write_json(state_path(ws, key), state)
     return eff
 
@@ -345,7 +359,7 @@ def _start_remote(
         "env_sha256": {k: value_hash(v) for k, v in env.items()},
     }
     state = _launch(ws, key, case, case_id, u, launcher, want, intended, env, shown_env, extra)
-    eff = _confirm(ws, key, state, u, launcher)
+    eff = _confirm(ws, key, state, u, launcher, case)
     return ServiceRecord(
         outcome="done",
         identity=want,

@@ -337,9 +337,10 @@ def sha_of(path: str) -> str:
         return "unreadable"
 
 
-def engine_version(unit: Unit) -> str | None:
+def engine_version(unit: Unit) -> tuple[str | None, str | None]:
     """The engine's version as its HTTP API reports it (each engine profile's endpoint and field, e.g. llama.cpp
-    /props build_info, vLLM /version), read once at start and recorded with the process; None when none answers."""
+    /props build_info, vLLM /version), read once at start and recorded with the process, and the path that
+    answered; (None, None) when none answers."""
     base = origin(unit.health_url)
     for path, field in engines.version_endpoints():
         try:
@@ -347,10 +348,30 @@ def engine_version(unit: Unit) -> str | None:
             if r.status_code == 200:
                 value = r.json().get(field)
                 if value:
-                    return f"{quoted(value, 120)} ({path})"
+                    return f"{quoted(value, 120)} ({path})", path
         except (httpx.HTTPError, ValueError, AttributeError):
             continue
-    return None
+    return None, None
+
+
+def metric_names(url: str | None) -> list[str]:
+    """The sample names a /metrics page serves (Prometheus text); none when there is no page or it does not answer."""
+    if url is None:
+        return []
+    try:
+        r = httpx.get(url, timeout=1.0)
+    except httpx.HTTPError:
+        return []
+    lines = r.text.splitlines() if r.status_code == 200 else []
+    return [ln.split("{", 1)[0].split(" ", 1)[0] for ln in lines if ln and not ln.startswith("#")]
+
+
+def engine_evidence(unit: Unit, effective_argv: list[str], metrics_url: str | None) -> tuple[str | None, str | None]:
+    """(the engine's version, the engine detected: engines.detect over the effective argv, the version path that
+    answered and, when neither tells, the /metrics names)."""
+    version, path = engine_version(unit)
+    found = engines.detect(effective_argv, path)
+    return version, found or engines.detect([], None, metric_names(metrics_url))
 
 
 def identity_of(

@@ -68,6 +68,7 @@ class ServiceState(TypedDict, total=False):
     cwd: str
     ssh: dict[str, Any]  # JSON: the SSH login (the SSH model) of a remote service
     engine_version: str | None
+    engine: str | None  # engines.detect's answer: 'llamacpp (argv: llama-server)'
     warmed_by: str  # the run that warmed it and verified its routes since it started
     routes_verified_for: str  # the dataset id those routes' token counts were verified with
     stopped_utc: str
