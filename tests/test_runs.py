@@ -311,7 +311,7 @@ def test_preflight_runs_in_the_process_spawned_ahead_and_a_resume_runs_a_fresh_o
 OLD_EVIDENCE_KEYS = {
     "preflight": ["checks", "checks.case_reload", "checks.collector", "checks.dataset_sha256", "checks.disk_free_mib",
                   "checks.load_plan_requests", "checks.process", "checks.sockets", "outcome", "requests_sent"],
-    "service": ["effective_argv", "env", "identity", "intended_argv", "model_files", "outcome", "pid", "plan",
+    "service": ["effective_argv", "engine", "env", "identity", "intended_argv", "model_files", "outcome", "pid", "plan",
                 "starts", "verified_by"],
     "warmup": ["latency_sum_s", "ok", "outcome", "requests", "wall_s"],
     "route_verify": ["outcome", "routes", "routes[].base_url", "routes[].models", "routes[].ok", "routes[].route",

@@ -302,6 +302,8 @@ def _confirm(ws: Workspace, key: str, state: ServiceState, u: Unit, launcher: La
             "fix the launcher or the case's files so the process loads what the case declares; the process was stopped",
         )
     state["engine_version"], state["engine"] = engine_evidence(u, eff, case.target.metrics_url)
+    if case.service.traits.reference_config:  # the embedded target, whichever engine's names it serves
+        state["engine"] = f"reference (serving {case.service.reference.metrics_as}'s names)"
     declared, seen = case.service.engine, engines.detected_name(state["engine"])
     if declared is not None and seen is not None and seen != declared:
         launcher.kill()
