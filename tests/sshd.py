@@ -70,9 +70,14 @@ def generate_key(path: Path) -> str:
 
 @contextlib.contextmanager
 def running_sshd(
-    root: Path, startup_timeout_s: float = 15.0, address: str = "127.0.0.1", prefix: Sequence[str] = ()
+    root: Path,
+    startup_timeout_s: float = 15.0,
+    address: str = "127.0.0.1",
+    prefix: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> Iterator[Sshd]:
-    """sshd listening on `address` (default loopback), started under `prefix` (e.g. `ip netns exec NS`)."""
+    """sshd listening on `address` (default loopback), started under `prefix` (e.g. `ip netns exec NS`), with
+    `extra` lines of sshd_config (e.g. 'SetEnv PATH=...': the sessions' environment on that "host")."""
     binary = sshd_binary()
     if binary is None:
         raise FileNotFoundError("sshd not installed (apt-get install -y openssh-server)")
@@ -102,6 +107,7 @@ def running_sshd(
                 "StrictModes no",
                 "UsePAM no",
                 "LogLevel VERBOSE",
+                *extra,
                 "",
             ]
         )

@@ -408,14 +408,44 @@ def test_a_run_with_nvidia_smi_on_path_records_the_devices_and_is_distorted_by_t
     assert d["outcome"] == "insufficient" and any("pid 4242" in m for m in d["missing"]), d
 
 
-def test_a_service_on_another_host_or_an_external_one_is_not_sampled_and_says_why() -> None:
+def test_an_external_service_is_not_sampled_and_says_why_and_a_started_one_is_on_its_hosts() -> None:
     assert accel_not_sampled(False, None) == "an external service: its host is not known to caseledger"
-    remote = ServiceRecord(outcome="done", pid=77, host="gpu-7")
-    assert accel_not_sampled(True, remote) == (
-        "the service runs on gpu-7: accelerators are sampled on the controller's host only"
-    )
+    # a service started over SSH is read on its host (run/accel_remote.py, tests/test_ssh.py), a local one here
+    assert accel_not_sampled(True, ServiceRecord(outcome="done", pid=77, host="gpu-7")) is None
     assert accel_not_sampled(True, ServiceRecord(outcome="done", pid=77)) is None
     assert accel_not_sampled(True, None) is None
+
+
+@pytest.mark.integration  # the sample script run by a real sh, as a service host's login shell runs it
+def test_one_script_a_sample_gives_each_calls_output_and_the_hosts_sessions(
+    tmp_path: Path, fake_nvidia_smi: Path
+) -> None:
+    """The remote sample's script run by sh with the recorded nvidia-smi on PATH: each call's output by its argv,
+    a call that fails is left out (its reader says so), and every process's session for ours(pid)."""
+    import subprocess
+
+    from caseledger.run import accel_remote
+
+    calls = accel.CALLS["nvidia-smi"]
+    out = subprocess.run(["sh", "-c", accel_remote.sample_script(calls)], capture_output=True, text=True, check=True)
+    outs, sids = accel_remote.parse_sample(out.stdout, calls)
+    assert outs[tuple(accel.NVIDIA_GPUS)] == GPUS.rstrip("\n") and sids[os.getpid()] == os.getsid(0), out.stdout
+    devices = accel.parse_nvidia(outs[tuple(accel.NVIDIA_GPUS)], outs[tuple(accel.NVIDIA_APPS)], lambda pid: False)
+    assert [d["uuid"] for d in devices][1] == DEV1 and len(devices[1]["processes"]) == 2, devices
+    failing = ([*accel.NVIDIA_GPUS[:1], "--no-such-query"],)
+    out = subprocess.run(["sh", "-c", accel_remote.sample_script(failing)], capture_output=True, text=True, check=True)
+    assert accel_remote.parse_sample(out.stdout, failing)[0] == {}, out.stdout
+
+
+def test_a_line_read_over_ssh_names_its_host_in_each_device_and_reason() -> None:
+    from caseledger.run.accel_remote import on_host
+
+    line = accel.AccelSampler(lambda pid: pid in SERVICE, _recorded, _nvidia_only).sample()
+    got = on_host(line, "gpu-7")
+    assert got["host"] == "gpu-7" and [d["index"] for d in got["devices"]] == ["gpu-7:0", "gpu-7:1"]
+    assert got["devices"][1]["uuid"] == f"gpu-7:{DEV1}"
+    said = on_host(accel.AccelSample(mono_ns=1, tool=None, reason="no nvidia-smi"), "gpu-7")
+    assert said["reason"] == "gpu-7: no nvidia-smi"
 
 
 def test_the_watch_samples_each_second_retries_a_failed_call_and_says_a_missing_tool_once() -> None:

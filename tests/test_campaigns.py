@@ -380,6 +380,9 @@ def _formal(port: int) -> int:
     return int(stats(port)["by_phase"].get("load", 0))
 
 
+# a contended host spikes a 32-request p99 by half (C=8: 14.6 and 21.4 ms in two runs of pass 1): the limit
+# verdicts this test checks need a quiet host
+@pytest.mark.quiet
 @pytest.mark.processes  # the detached driver end to end: each point preflighted by a process spawned ahead
 @pytest.mark.integration
 def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_no_request(

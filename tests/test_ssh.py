@@ -26,7 +26,7 @@ from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
-from tests.sshd import Sshd, generate_key, loopback_sshd
+from tests.sshd import Sshd, generate_key, loopback_sshd, running_sshd
 
 pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
 
@@ -327,3 +327,57 @@ def test_remote_component_files_and_env_are_read_back_over_ssh(
     assert "component 'far'" in err and "on 127.0.0.1" in err and "not open or mapped" in err, err
     assert f"intended sha256 {sha256_file(other)[:16]}" in err, err
     assert s.sent == 0
+
+
+@pytest.mark.ssh
+@pytest.mark.integration
+@pytest.mark.processes  # sampled by a detached controller while its client loads (an inline client returns first)
+def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_distorts_the_window(
+    ws: Workspace, stop_remote: None, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A service host reached over SSH whose PATH has nvidia-smi (the recorded outputs, with the service's own pid
+    where the engine's workers were): its devices are read there during the window, each named by the host, the
+    service's process is told from pid 4242 by its session on that host, and the shared device makes the window
+    distorted. The outputs are recorded, not live: no accelerator exists here."""
+    from tests.test_accel import DATA
+
+    port = free_port()
+    bin_dir = tmp_path / "gpu-host-bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'svc=$(pgrep -o -f -- "caseledger.target serve --host 127.0.0.1 --port {port} ")\n'
+        'case "$1" in\n'
+        f'  --query-gpu=*) cat "{DATA}/nvidia-smi-query-gpu.csv" ;;\n'
+        f'  --query-compute-apps=*) sed -e "s/, 4121,/, $svc,/" -e "s/, 4187,/, $svc,/" '
+        f'"{DATA}/nvidia-smi-query-compute-apps.csv" ;;\n'
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    config = '{"prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0}'
+    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}"]
+    argv += ["--model", "ref-model", "--config-json", config]
+    path = f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin"  # the "GPU host"'s sessions find its nvidia-smi
+    with running_sshd(tmp_path_factory.mktemp("gpu-host"), extra=[path]) as host:
+        draft = ssh_draft(
+            port,
+            host.ssh(),
+            argv,
+            dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+            load={"requests": 16, "concurrency": 4},
+        )
+        r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True, timeout_s=180)
+        assert r.run_id is not None, r.text()
+        pid = int(evidence(ws, r.run_id, "service")["pid"])
+        lines = [orjson.loads(x) for x in ws.run(r.run_id).load_accel.read_bytes().splitlines()]
+        assert len(lines) >= 2 and all(x["host"] == "127.0.0.1" and x["tool"] == "nvidia-smi" for x in lines), lines
+        first = lines[0]["devices"]
+        assert [d["index"] for d in first] == ["127.0.0.1:0", "127.0.0.1:1"], first
+        assert {(p["pid"], p["ours"]) for d in first for p in d["processes"]} == {(pid, True), (4242, False)}, first
+        report = ws.run(r.run_id).report_md.read_text()
+        assert "accelerators, whole window: nvidia-smi" in report and "device 127.0.0.1:0" in report, report
+        assert "was shared with another process during the window: pid 4242 2048 MiB" in report, report
+        d = orjson.loads(ws.run(r.run_id).decision.read_bytes())
+        assert d["outcome"] == "insufficient" and any("pid 4242" in m for m in d["missing"]), d

@@ -89,6 +89,7 @@ class AccelSample(TypedDict, total=False):
     tool: str | None  # the vendor tool read; None: none on the host
     devices: list[Device]
     reason: str  # no devices: why (no tool, the tool failed, an output with no device caseledger reads)
+    host: str  # the service host it was read on over SSH (unset: the controller's own host)
 
 
 def run_command(argv: list[str]) -> str | None:
@@ -309,6 +310,11 @@ def _read_npu(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
 
 
 READERS: dict[str, Reader] = {"nvidia-smi": _read_nvidia, "rocm-smi": _read_rocm, "npu-smi": _read_npu}
+CALLS: dict[str, tuple[list[str], ...]] = {  # every argv a tool's reader may run for one sample
+    "nvidia-smi": (NVIDIA_GPUS, NVIDIA_APPS),
+    "rocm-smi": (ROCM_DEVICES, ROCM_PID_GPUS),
+    "npu-smi": (NPU_INFO,),
+}
 
 
 class AccelSampler:
@@ -362,7 +368,7 @@ class AccelWatch:
     one); a host without a vendor tool (or a service it does not sample: `source` is that line) is written once,
     with why, and never asked again."""
 
-    def __init__(self, source: AccelSampler | AccelSample, write: Callable[[AccelSample], None]) -> None:
+    def __init__(self, source: AccelSampler | AccelSample | None, write: Callable[[AccelSample], None]) -> None:
         self.source: AccelSampler | AccelSample | None = source
         self.write = write
         self.next_at = 0.0

@@ -15,10 +15,12 @@ import orjson
 
 from caseledger import procs
 from caseledger.case.plan import Phase
+from caseledger.case.service import SSH
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
 from caseledger.run import accel
+from caseledger.run.accel_remote import RemoteAccel
 from caseledger.services.identity import units
 from caseledger.services.kinds import adapter_of
 from caseledger.services.live import read_state, remote_of
@@ -61,6 +63,10 @@ class LoadWatch:
         # the service host's devices, in this thread: the tool runs after the formal load began, never before it
         devices = _accel_sampler(run, self.sessions, self.sampler.own_pids, runner)
         self.accel = accel.AccelWatch(devices, self._write_accel)
+        # each SSH host of the service: its devices read there by a thread of its own, over one connection
+        self.remote_accel = [RemoteAccel(ssh, pids, self._write_accel) for ssh, pids in _remote_services(run)]
+        for r in self.remote_accel:
+            r.start()
         self.services = _local_services(run)
         self.service_stopped_since: float | None = None  # when a service process was first seen stopped
         self.ended_early = False  # the clients were told to end because of it
@@ -115,31 +121,46 @@ class LoadWatch:
                     procs.terminate(ref, grace_s=5.0)
 
     def close(self) -> None:
+        for r in self.remote_accel:
+            r.close()
         os.close(self.fd)
         os.close(self.accel_fd)
 
 
 def _accel_sampler(
     run: Run, sessions: set[int], own: set[int], runner: accel.Runner
-) -> accel.AccelSampler | accel.AccelSample:
-    """The sampler of the service host's accelerators, or the one line saying why they are not sampled."""
+) -> accel.AccelSampler | accel.AccelSample | None:
+    """The sampler of this host's accelerators, the one line saying why they are not sampled, or None when every
+    process of the service runs on another host (each read there: _remote_services)."""
     rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
     why = accel_not_sampled(adapter_of(run.case).launched, rec)
     if why is not None:
         return accel.AccelSample(mono_ns=time.monotonic_ns(), tool=None, reason=why)
+    if rec is not None and rec.processes and all(p.host for p in rec.processes):
+        return None
     return accel.AccelSampler(accel.in_sessions(sessions, own), runner)
 
 
 def accel_not_sampled(launched: bool, rec: ServiceRecord | None) -> str | None:
-    """Why the controller does not sample the service's accelerators, or None: it reads its own host only (the
-    host CPU is sampled the same way, from /proc), so a service with a process on another host (service.ssh, a
-    remote component) or an external one (its host not known) is NOT_OBSERVED."""
+    """Why the controller does not sample the service's accelerators, or None: the devices of the hosts it
+    started the service on are read (this host's directly, another's over SSH); an external service's host is
+    not known, so it is NOT_OBSERVED."""
     if not launched:
         return "an external service: its host is not known to caseledger"
-    hosts = sorted({p.host for p in rec.processes if p.host}) if rec is not None else []
-    if hosts:
-        return f"the service runs on {', '.join(hosts)}: accelerators are sampled on the controller's host only"
     return None
+
+
+def _remote_services(run: Run) -> list[tuple[SSH, list[int]]]:
+    """Each SSH host the service runs on, with the pids caseledger started there (the service's sessions)."""
+    if not adapter_of(run.case).launched:
+        return []
+    hosts: dict[tuple[str, int, str], tuple[SSH, list[int]]] = {}
+    for u in units(run.case):
+        st = read_state(run.workspace, u.key(run.meta.target_key or ""))
+        proc = st.get("proc")
+        if u.ssh is not None and proc is not None and remote_of(st) is not None:
+            hosts.setdefault((u.ssh.host, u.ssh.port, u.ssh.user), (u.ssh, []))[1].append(int(proc["pid"]))
+    return list(hosts.values())
 
 
 def _local_services(run: Run) -> list[dict[str, Any]]:  # JSON: the services' recorded process refs
