@@ -361,23 +361,31 @@ def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_di
     argv += ["--model", "ref-model", "--config-json", config]
     path = f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin"  # the "GPU host"'s sessions find its nvidia-smi
     with running_sshd(tmp_path_factory.mktemp("gpu-host"), extra=[path]) as host:
-        draft = ssh_draft(
-            port,
-            host.ssh(),
-            argv,
-            dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-            load={"requests": 16, "concurrency": 4},
-        )
-        r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True, timeout_s=180)
-        assert r.run_id is not None, r.text()
-        pid = int(evidence(ws, r.run_id, "service")["pid"])
-        lines = [orjson.loads(x) for x in ws.run(r.run_id).load_accel.read_bytes().splitlines()]
-        assert len(lines) >= 2 and all(x["host"] == "127.0.0.1" and x["tool"] == "nvidia-smi" for x in lines), lines
-        first = lines[0]["devices"]
-        assert [d["index"] for d in first] == ["127.0.0.1:0", "127.0.0.1:1"], first
-        assert {(p["pid"], p["ours"]) for d in first for p in d["processes"]} == {(pid, True), (4242, False)}, first
-        report = ws.run(r.run_id).report_md.read_text()
-        assert "accelerators, whole window: nvidia-smi" in report and "device 127.0.0.1:0" in report, report
-        assert "was shared with another process during the window: pid 4242 2048 MiB" in report, report
-        d = orjson.loads(ws.run(r.run_id).decision.read_bytes())
-        assert d["outcome"] == "insufficient" and any("pid 4242" in m for m in d["missing"]), d
+        try:
+            _read_there(ws, port, host, argv)
+        finally:
+            services.stop_all(ws)  # over this sshd, before it stops: the service on the "GPU host" goes with it
+
+
+def _read_there(ws: Workspace, port: int, host: Sshd, argv: list[str]) -> None:
+    """The run on the "GPU host" and what its evidence says (see the test above)."""
+    draft = ssh_draft(
+        port,
+        host.ssh(),
+        argv,
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        load={"requests": 16, "concurrency": 4},
+    )
+    r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True, timeout_s=180)
+    assert r.run_id is not None, r.text()
+    pid = int(evidence(ws, r.run_id, "service")["pid"])
+    lines = [orjson.loads(x) for x in ws.run(r.run_id).load_accel.read_bytes().splitlines()]
+    assert len(lines) >= 2 and all(x["host"] == "127.0.0.1" and x["tool"] == "nvidia-smi" for x in lines), lines
+    first = lines[0]["devices"]
+    assert [d["index"] for d in first] == ["127.0.0.1:0", "127.0.0.1:1"], first
+    assert {(p["pid"], p["ours"]) for d in first for p in d["processes"]} == {(pid, True), (4242, False)}, first
+    report = ws.run(r.run_id).report_md.read_text()
+    assert "accelerators, whole window: nvidia-smi" in report and "device 127.0.0.1:0" in report, report
+    assert "was shared with another process during the window: pid 4242 2048 MiB" in report, report
+    d = orjson.loads(ws.run(r.run_id).decision.read_bytes())
+    assert d["outcome"] == "insufficient" and any("pid 4242" in m for m in d["missing"]), d
