@@ -742,7 +742,9 @@ def test_one_of_two_processes_killed_on_a_load_host_then_resume_merges_nothing_t
     assert stats(lh, port)["by_phase"]["load"] == served  # nothing re-sent
     recs = read_records(paths.raw).records
     assert len(recs) == s2.done == len({x["i"] for x in recs})  # merged, nothing duplicated
-    assert s2.done <= served <= s2.sent < n
+    # the killed process may have sent its whole share before the kill landed (its first record is seen here only
+    # after the follow copies it): what it did not finish is lost, never re-sent
+    assert s2.done <= served <= s2.sent <= n and s2.done < n, s2.text()
     part = orjson.loads(paths.load_partial.read_bytes())
     assert part["done"] + part["in_flight_lost"] + part["never_sent"] == n  # every request accounted for
     assert part_starts(lh, r.run_id, 0) == 1 and part_starts(lh, r.run_id, 1) == 1
