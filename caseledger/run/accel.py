@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -280,41 +281,31 @@ def parse_npu(info: str, ours: Callable[[int], bool]) -> list[Device]:
     return devices
 
 
-Reader = Callable[[Runner, Callable[[int], bool]], list[Device] | str]
-"""Runs a tool's calls for one sample: its devices, or why there are none (a failed call)."""
+@dataclass(frozen=True)
+class ToolRead:
+    """How one vendor tool is read for a sample: its calls in order, each with what a failure of it names, and the
+    parser of their outputs (in that order, then ours)."""
+
+    calls: tuple[tuple[str, list[str]], ...]
+    parse: Callable[..., list[Device]]
+
+    def read(self, tool: str, run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
+        """Its devices, or why there are none (the first call that failed)."""
+        outs: list[str] = []
+        for what, argv in self.calls:
+            out = run(argv)
+            if out is None:
+                return f"{tool} {what} failed or timed out"
+            outs.append(out)
+        return self.parse(*outs, ours)
 
 
-def _read_nvidia(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
-    gpus = run(NVIDIA_GPUS)
-    if gpus is None:
-        return "nvidia-smi --query-gpu failed or timed out"
-    apps = run(NVIDIA_APPS)
-    if apps is None:
-        return "nvidia-smi --query-compute-apps failed or timed out"
-    return parse_nvidia(gpus, apps, ours)
-
-
-def _read_rocm(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
-    cards = run(ROCM_DEVICES)
-    if cards is None:
-        return "rocm-smi --json failed or timed out"
-    pids = run(ROCM_PID_GPUS)
-    if pids is None:
-        return "rocm-smi --showpidgpus failed or timed out"
-    return parse_rocm(cards, pids, ours)
-
-
-def _read_npu(run: Runner, ours: Callable[[int], bool]) -> list[Device] | str:
-    info = run(NPU_INFO)
-    return "npu-smi info failed or timed out" if info is None else parse_npu(info, ours)
-
-
-READERS: dict[str, Reader] = {"nvidia-smi": _read_nvidia, "rocm-smi": _read_rocm, "npu-smi": _read_npu}
-CALLS: dict[str, tuple[list[str], ...]] = {  # every argv a tool's reader may run for one sample
-    "nvidia-smi": (NVIDIA_GPUS, NVIDIA_APPS),
-    "rocm-smi": (ROCM_DEVICES, ROCM_PID_GPUS),
-    "npu-smi": (NPU_INFO,),
+TOOL_READS: dict[str, ToolRead] = {
+    "nvidia-smi": ToolRead((("--query-gpu", NVIDIA_GPUS), ("--query-compute-apps", NVIDIA_APPS)), parse_nvidia),
+    "rocm-smi": ToolRead((("--json", ROCM_DEVICES), ("--showpidgpus", ROCM_PID_GPUS)), parse_rocm),
+    "npu-smi": ToolRead((("info", NPU_INFO),), parse_npu),
 }
+CALLS = {tool: tuple(argv for _, argv in r.calls) for tool, r in TOOL_READS.items()}  # a sample's argv per tool
 
 
 class AccelSampler:
@@ -337,7 +328,7 @@ class AccelSampler:
             return AccelSample(
                 mono_ns=time.monotonic_ns(), tool=None, reason="no nvidia-smi, rocm-smi or npu-smi on the service host"
             )
-        got = READERS[self.tool](self.runner, self.ours)
+        got = TOOL_READS[self.tool].read(self.tool, self.runner, self.ours)
         now = time.monotonic_ns()
         if isinstance(got, str):
             return AccelSample(mono_ns=now, tool=self.tool, reason=got)
