@@ -22,6 +22,7 @@ import httpx2
 import orjson
 import pytest
 
+from caseledger.services import net
 from caseledger.workspace import Workspace
 
 
@@ -38,7 +39,7 @@ def tree_digest(root: Path) -> str:
 def stats(port: int) -> dict[str, Any]:
     """The reference target's own counters (GET /stats): requests_total, by_phase (the x-caseledger-phase header
     of each request), its pid and config. What tests count "at the target"."""
-    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5, trust_env=False).json())
+    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5, trust_env=False, verify=net.tls()).json())
 
 
 def free_port() -> int:
@@ -285,7 +286,7 @@ class Served:
         return self.url
 
     def client(self, timeout: float = 10.0) -> httpx2.Client:
-        return httpx2.Client(base_url=self.url, timeout=timeout)
+        return net.client(base_url=self.url, timeout=timeout)
 
 
 def _spawn_target(name: str, cfg: dict[str, Any], log_dir: Path, model: str) -> Served:
@@ -320,7 +321,7 @@ def reference_targets(
                     out[name], respawns = _spawn_target(name, s.config, log_dir, model), respawns + 1
                     continue
                 try:
-                    if httpx2.get(s.url + "/health", timeout=1).status_code == 200:
+                    if net.get(s.url + "/health", timeout=1).status_code == 200:
                         break
                 except httpx2.TransportError:
                     pass

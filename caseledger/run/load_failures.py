@@ -15,6 +15,7 @@ from caseledger.case.target import origin
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.load.auth import AUTH_STATUSES, refuse_auth
 from caseledger.records import RawRecord
+from caseledger.services import net
 
 
 def rejection(error: str) -> str:
@@ -120,7 +121,7 @@ def in_flight(case: Case) -> float | None:
     """Requests the engine reports running or queued, from its /metrics gauges; None when it exposes none."""
     url = case.target.metrics_url or origin(case.target.endpoints[0].base_url) + "/metrics"
     try:
-        r = httpx.get(url, timeout=2.0)
+        r = net.get(url, timeout=2.0)
     except httpx.HTTPError:
         return None
     if r.status_code != 200:

@@ -38,6 +38,7 @@ from caseledger.records import read_records
 from caseledger.run import remote_load
 from caseledger.run.load_failures import check_failures, wait_idle
 from caseledger.run.load_watch import LoadWatch, wait_quiet
+from caseledger.services import net
 from caseledger.workspace import PartPaths, RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
 
@@ -340,7 +341,7 @@ def snapshot_counters(case: Case, dest: Path) -> str | None:
     them (this host), or None."""
     url = case.target.metrics_url or origin(case.target.endpoints[0].base_url) + "/metrics"
     try:
-        r = httpx.get(url, timeout=5)
+        r = net.get(url, timeout=5)
         if r.status_code == 200:
             dest.write_text(r.text)
             return f"controller ({procs.me()['host']})"

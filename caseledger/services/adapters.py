@@ -28,7 +28,7 @@ from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.ledger.evidence import ComponentRecord, FileEvidence, ServiceRecord
 from caseledger.load.auth import api_key_of, auth_header, refuse_auth
-from caseledger.services import remote
+from caseledger.services import net, remote
 from caseledger.services.identity import (
     DeclaredFile,
     ModelFile,
@@ -392,7 +392,7 @@ def served_models(case: Case, k: int) -> list[str]:
     answer (service) or refuses the key (auth), or when the case's model is not among them."""
     ep = case.target.endpoints[k]
     try:
-        r = httpx.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=auth_header(api_key_of(case)))
+        r = net.get(ep.base_url.rstrip("/") + "/models", timeout=10, headers=auth_header(api_key_of(case)))
         refuse_auth(case, f"route {k} /models", [r.status_code])
         r.raise_for_status()
         ids = [m.get("id") for m in r.json().get("data", [])]

@@ -20,7 +20,7 @@ from caseledger.case.service import ENV_REF, SSH, FileRef
 from caseledger.case.target import health_url_of, origin
 from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.procs import INHERITED_ENV, INHERITED_ENV_PREFIXES
-from caseledger.services import remote
+from caseledger.services import net, remote
 from caseledger.services.kinds import adapter_of
 from caseledger.workspace import (
     Workspace,
@@ -344,7 +344,7 @@ def engine_version(unit: Unit) -> tuple[str | None, str | None]:
     base = origin(unit.health_url)
     for path, field in engines.version_endpoints():
         try:
-            r = httpx.get(base + path, timeout=1.0)
+            r = net.get(base + path, timeout=1.0)
             if r.status_code == 200:
                 value = r.json().get(field)
                 if value:
@@ -359,7 +359,7 @@ def metric_names(url: str | None) -> list[str]:
     if url is None:
         return []
     try:
-        r = httpx.get(url, timeout=1.0)
+        r = net.get(url, timeout=1.0)
     except httpx.HTTPError:
         return []
     lines = r.text.splitlines() if r.status_code == 200 else []

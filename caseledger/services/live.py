@@ -21,7 +21,7 @@ from caseledger.case.service import SSH
 from caseledger.datasets import dataset_id_for
 from caseledger.errors import PhaseFailed
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
-from caseledger.services import remote
+from caseledger.services import net, remote
 from caseledger.services.adapter import host_port
 from caseledger.services.identity import (
     DeclaredFile,
@@ -312,7 +312,7 @@ def owner_problem(case: Case, unit: Unit, pid: int) -> str | None:
 
 def health_ok(url: str, timeout: float = 2.0, client: httpx.Client | None = None) -> bool:
     try:
-        r = client.get(url, timeout=timeout) if client is not None else httpx.get(url, timeout=timeout)
+        r = client.get(url, timeout=timeout) if client is not None else net.get(url, timeout=timeout)
         return r.status_code == 200
     except httpx.HTTPError:
         return False
@@ -320,12 +320,12 @@ def health_ok(url: str, timeout: float = 2.0, client: httpx.Client | None = None
 
 class HealthWait:
     """Probing a starting service's health until it answers: one HTTP client for the whole wait (a new one per
-    probe builds an SSL context each time: a third of a core while vLLM compiles for two minutes), probes every
+    probe would also cost a round of connection set-up each time, while vLLM compiles for two minutes), probes every
     0.1 s at first, backing off to every 0.5 s (a slow start is found at most 0.5 s late)."""
 
     def __init__(self, url: str) -> None:
         self.url, self.t0 = url, time.monotonic()
-        self.client = httpx.Client()
+        self.client = net.client()
 
     def ok(self) -> bool:
         return health_ok(self.url, timeout=1.0, client=self.client)
