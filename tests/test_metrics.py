@@ -523,3 +523,26 @@ def test_a_percentile_pooled_over_runs_has_an_interval_that_resamples_runs_too()
     assert isinstance(one, Interval) and one.high - one.low < iv.high - iv.low
     assert isinstance(pooled("output_throughput", [{"tpot": a}]), NotObserved)
     assert isinstance(pooled("tpot_p99", [{"tpot": np.array([np.nan])}]), NotObserved)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pooled_bootstraps_row_percentile_is_numpys_nanpercentile_bit_for_bit(seed: int) -> None:
+    """The pooled interval's per-resample percentile (rows padded with NaN) is computed with one sort; it must give
+    what np.nanpercentile(axis=1) gives, to the last bit: ties, a single value, NaN in any place, an all-NaN row."""
+    import warnings
+
+    import numpy as np
+
+    from caseledger.metrics._noise import row_percentile
+
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        v = rng.lognormal(size=(int(rng.integers(1, 20)), int(rng.integers(1, 30)))) * 10.0 ** int(rng.integers(-3, 4))
+        if rng.random() < 0.3:
+            v = np.round(v, 1)  # ties
+        v[rng.random(v.shape) < rng.random()] = np.nan
+        for q in (0, 37.5, 50, 90, 99, 99.9, 100):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "All-NaN slice"
+                want = np.nanpercentile(v, q, axis=1)
+            assert np.array_equal(row_percentile(v, q), want, equal_nan=True), (v, q)

@@ -136,5 +136,24 @@ def pooled(metric: str, runs: list[dict[str, F64]]) -> Interval | NotObserved:
         pick = (rng.random((m, k, width)) * size).astype(np.int64)
         vals = table[drawn[..., None], pick]
         vals[np.arange(width) >= size] = np.nan
-        blocks.append(np.nanpercentile(vals.reshape(m, k * width), q, axis=1))
+        blocks.append(row_percentile(vals.reshape(m, k * width), q))
     return _quantiles(np.concatenate(blocks), point, metric, n, b)
+
+
+def row_percentile(v: F64, q: float) -> F64:
+    """np.nanpercentile(v, q, axis=1), bit for bit (its 'linear' method), where each row's NaNs are padding:
+    numpy computes a row with a NaN in a Python loop of its own (~60 ms for 1000 resamples); this sorts once."""
+    s = np.sort(v, axis=1)  # NaNs last
+    n = (~np.isnan(v)).sum(axis=1)
+    virtual = (n - 1) * (q / 100)
+    below = np.floor(virtual)
+    top = virtual >= n - 1  # at or past the last value: the last value (numpy's rule)
+    lo = np.where(top, n - 1, below).astype(np.intp)
+    hi = np.where(top, n - 1, below + 1).astype(np.intp)
+    rows = np.arange(v.shape[0])
+    a, b = s[rows, lo], s[rows, hi]
+    t = virtual - below
+    d = b - a
+    out: F64 = a + d * t
+    np.subtract(b, d * (1 - t), out=out, where=t >= 0.5)  # numpy's lerp, the same rounding
+    return out
