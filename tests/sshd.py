@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,9 +75,14 @@ def running_sshd(
     address: str = "127.0.0.1",
     prefix: Sequence[str] = (),
     extra: Sequence[str] = (),
+    setenv: Mapping[str, str] | None = None,
 ) -> Iterator[Sshd]:
     """sshd listening on `address` (default loopback), started under `prefix` (e.g. `ip netns exec NS`), with
-    `extra` lines of sshd_config (e.g. 'SetEnv PATH=...': the sessions' environment on that "host")."""
+    `extra` lines of sshd_config and `setenv` (e.g. PATH: the sessions' environment on that "host").
+
+    Every session has SHLVL=1: bash, the login shell sshd runs each command with, then reads no ~/.bashrc (it
+    does for a command over SSH only at shell level 1). This host's root ~/.bashrc runs `pyenv init`, ~60
+    processes per command: ~50 CPU-s of the suite's ~1,400 SSH commands, none of it caseledger's."""
     binary = sshd_binary()
     if binary is None:
         raise FileNotFoundError("sshd not installed (apt-get install -y openssh-server)")
@@ -107,6 +112,8 @@ def running_sshd(
                 "StrictModes no",
                 "UsePAM no",
                 "LogLevel VERBOSE",
+                # sshd takes the first SetEnv line only: every variable on it
+                "SetEnv " + " ".join(f"{k}={v}" for k, v in {"SHLVL": "1", **(setenv or {})}.items()),
                 *extra,
                 "",
             ]

@@ -359,8 +359,8 @@ def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_di
     config = '{"prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0}'
     argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}"]
     argv += ["--model", "ref-model", "--config-json", config]
-    path = f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin"  # the "GPU host"'s sessions find its nvidia-smi
-    with running_sshd(tmp_path_factory.mktemp("gpu-host"), extra=[path]) as host:
+    path = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}  # the "GPU host"'s sessions find its nvidia-smi
+    with running_sshd(tmp_path_factory.mktemp("gpu-host"), setenv=path) as host:
         try:
             _read_there(ws, port, host, argv)
         finally:
