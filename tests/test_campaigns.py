@@ -459,7 +459,7 @@ def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     authorization.set_mode(ws, "auto")
     port = free_port()
     draft = _campaign(port, [1, 2, 4, 8])
-    draft["campaign"]["base"]["load"]["requests"] = 96  # long enough a load to be killed in the middle of
+    draft["campaign"]["base"]["load"]["requests"] = 48  # long enough a load (~3 s at C=1) to be killed in the middle of
     f = freeze_any(ws, draft=draft)
     assert isinstance(f, CampaignFrozen)
     gid = f.campaign_id
@@ -497,7 +497,7 @@ def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     # every run is a valid run the answer counts (the planner's repeats of the leader and runner-up included),
     # and the target served exactly N formal requests per run: nothing was measured twice
     assert sum(r.runs for r in view.rows) == len(metas), view.text()
-    assert _formal(port) == 96 * len(metas), stats(port)
+    assert _formal(port) == 48 * len(metas), stats(port)
     services.stop_all(ws)
 
 

@@ -200,13 +200,14 @@ def test_a_pool_of_two_runs_points_in_parallel_one_owner_each_and_gives_one_answ
 def test_a_target_that_goes_away_mid_point_leaves_its_points_to_the_other_and_none_is_measured_twice(
     ws: Workspace, stop_services: None, tmp_path: Any
 ) -> None:
-    slow = {**KNEE_TARGET, "decode_step_s": 0.02}  # a load of seconds, to be killed in
+    slow = {**KNEE_TARGET, "decode_step_s": 0.01}  # 16 requests at C=2: a load of ~1.5 s, to be killed in
     with reference_targets({"t0": slow, "t1": slow}, tmp_path / "targets") as served:
         ports = [int(served[n].url.rsplit(":", 1)[1]) for n in ("t0", "t1")]
         draft = _pool_campaign(
             ports, [1, 2, 3, 4], decision={"primary_metric": "output_throughput", "min_effect": 0.25}
         )
         draft["campaign"]["base"]["service"] = {"adapter": "external"}
+        draft["campaign"]["base"]["load"]["requests"] = 16
         f = freeze_any(ws, draft=draft)
         assert isinstance(f, CampaignFrozen), f
         start_any(ws, f.campaign_id)
