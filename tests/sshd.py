@@ -156,13 +156,18 @@ def running_sshd(
         log.close()
 
 
-def loopback_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    """A module's sshd on loopback (the body of its `sshd` fixture): skipped without an sshd binary, unless
-    CASELEDGER_REQUIRE_SSH=1 makes that a failure."""
+def require_sshd() -> None:
+    """Skip the test without an sshd binary, unless CASELEDGER_REQUIRE_SSH=1 makes that a failure."""
     if sshd_binary() is None:
         msg = "sshd not installed (apt-get install -y openssh-server)"
         if os.environ.get("CASELEDGER_REQUIRE_SSH") == "1":
             pytest.fail(f"CASELEDGER_REQUIRE_SSH=1 but {msg}")
         pytest.skip(msg)
+
+
+def loopback_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A module's sshd on loopback (the body of its `sshd` fixture): skipped without an sshd binary, unless
+    CASELEDGER_REQUIRE_SSH=1 makes that a failure."""
+    require_sshd()
     with running_sshd(tmp_path_factory.mktemp("sshd")) as s:
         yield s

@@ -26,7 +26,7 @@ from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
-from tests.sshd import Sshd, generate_key, loopback_sshd, running_sshd
+from tests.sshd import Sshd, generate_key, loopback_sshd, require_sshd, running_sshd
 
 pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
 
@@ -341,6 +341,7 @@ def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_di
     distorted. The outputs are recorded, not live: no accelerator exists here."""
     from tests.test_accel import DATA
 
+    require_sshd()  # this test starts its own sshd (the "GPU host"), not the module's
     port = free_port()
     bin_dir = tmp_path / "gpu-host-bin"
     bin_dir.mkdir()
