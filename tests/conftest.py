@@ -307,7 +307,8 @@ def reference_targets(
     configs: dict[str, dict[str, Any]], log_dir: Path, model: str = "ref-model"
 ) -> Iterator[dict[str, Served]]:
     """Start every configuration at once (start-up is mostly imports), wait for each, stop all at the end. A
-    server that lost its port to another process between free_port and its bind is started again on a new one."""
+    server that lost its port to another process between free_port and its bind is started again on a new one;
+    it counts as up only when the server on its port reports its pid (the other process answers too)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     out = {name: _spawn_target(name, cfg, log_dir, model) for name, cfg in configs.items()}
     try:
@@ -320,10 +321,11 @@ def reference_targets(
                     assert PORT_TAKEN in err.lower() and respawns < 3, f"reference target {name} exited: {err[-500:]}"
                     out[name], respawns = _spawn_target(name, s.config, log_dir, model), respawns + 1
                     continue
-                try:
-                    if net.get(s.url + "/health", timeout=1).status_code == 200:
+                try:  # healthy, and ours: another test's server may hold the port ours then fails to bind
+                    r = net.get(s.url + "/stats", timeout=1)
+                    if r.status_code == 200 and r.json().get("pid") == s.proc.pid:
                         break
-                except httpx2.TransportError:
+                except (httpx2.TransportError, ValueError):
                     pass
                 assert time.monotonic() < deadline, f"reference target {name} never became healthy"
                 time.sleep(0.05)
