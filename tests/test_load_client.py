@@ -34,7 +34,7 @@ from caseledger.load.chunks import ChunkState, make_record
 from caseledger.load.client import client_timing
 from caseledger.records import PHASE_HEADER, RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
-from tests.conftest import free_port
+from tests.conftest import free_port, reference_targets
 from tests.test_load_plan import make_run_dir
 
 URL = "http://target.test/v1/chat/completions"
@@ -522,39 +522,9 @@ class Target:
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    port = free_port()
-    log = (tmp_path_factory.mktemp("target") / "target.log").open("wb")
-    argv = [
-        sys.executable,
-        "-m",
-        "caseledger.target",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--model",
-        "ref-model",
-        "--config-json",
-        orjson.dumps(FAST_TARGET).decode(),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(argv, stdout=log, stderr=log)
-    t = Target(proc, port)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx2.get(t.base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx2.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "reference target never became healthy"
-        time.sleep(0.05)
-    yield t
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    with reference_targets({"target": FAST_TARGET}, tmp_path_factory.mktemp("target")) as served:
+        s = served["target"]
+        yield Target(s.proc, int(s.url.rsplit(":", 1)[1]))
 
 
 def load_draft(port: int, requests: int, concurrency: int, **load: Any) -> dict[str, Any]:
