@@ -31,10 +31,11 @@ def _port() -> int:
 
 
 def drafts(port: int) -> tuple[dict[str, Any], dict[str, Any]]:  # JSON: case drafts
+    n, c = 48, 4
     base: dict[str, Any] = {  # JSON: a case draft
         "$schema": "../schemas/case.schema.json",
         "scenario": "demo-chat-512-64",
-        "note": "demo baseline: 48 chat requests, 512 input / 64 output tokens, C=4, unlimited rate",
+        "note": f"demo baseline: {n} chat requests, 512 input / 64 output tokens, C={c}, unlimited rate",
         "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}], "cards": 1},
         "service": {
             "adapter": "reference",
@@ -46,7 +47,7 @@ def drafts(port: int) -> tuple[dict[str, Any], dict[str, Any]]:  # JSON: case dr
             },
         },
         "dataset": {"source": "synthetic", "input_tokens": 512, "output_tokens": 64},
-        "load": {"requests": 48, "concurrency": 4},
+        "load": {"requests": n, "concurrency": c},
         "measurement": {"whole": {"min_requests": 32}, "native": {"min_requests": 16, "min_duration_s": 1.0}},
         "decision": {"primary_metric": "output_throughput_per_card", "window": "whole", "min_effect": 0.02},
     }

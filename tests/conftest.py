@@ -36,10 +36,11 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def stats(port: int) -> dict[str, Any]:
+def stats(port: int, timeout: float = 5.0) -> dict[str, Any]:
     """The reference target's own counters (GET /stats): requests_total, by_phase (the x-caseledger-phase header
     of each request), its pid and config. What tests count "at the target"."""
-    return dict(httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=5, trust_env=False, verify=net.tls()).json())
+    r = httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=timeout, trust_env=False, verify=net.tls())
+    return dict(r.json())
 
 
 def free_port() -> int:
@@ -285,6 +286,10 @@ class Served:
     def base(self) -> str:
         return self.url
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def client(self, timeout: float = 10.0) -> httpx2.Client:
         return net.client(base_url=self.url, timeout=timeout)
 
@@ -322,8 +327,7 @@ def reference_targets(
                     out[name], respawns = _spawn_target(name, s.config, log_dir, model), respawns + 1
                     continue
                 try:  # healthy, and ours: another test's server may hold the port ours then fails to bind
-                    r = net.get(s.url + "/stats", timeout=1)
-                    if r.status_code == 200 and r.json().get("pid") == s.proc.pid:
+                    if stats(s.port, timeout=1).get("pid") == s.proc.pid:
                         break
                 except (httpx2.TransportError, ValueError):
                     pass

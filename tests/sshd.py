@@ -74,11 +74,10 @@ def running_sshd(
     startup_timeout_s: float = 15.0,
     address: str = "127.0.0.1",
     prefix: Sequence[str] = (),
-    extra: Sequence[str] = (),
     setenv: Mapping[str, str] | None = None,
 ) -> Iterator[Sshd]:
     """sshd listening on `address` (default loopback), started under `prefix` (e.g. `ip netns exec NS`), with
-    `extra` lines of sshd_config and `setenv` (e.g. PATH: the sessions' environment on that "host").
+    `setenv` in its sessions' environment (e.g. PATH: what that "host" finds).
 
     Every session has SHLVL=1: bash, the login shell sshd runs each command with, then reads no ~/.bashrc (it
     does for a command over SSH only at shell level 1). This host's root ~/.bashrc runs `pyenv init`, ~60
@@ -114,7 +113,6 @@ def running_sshd(
                 "LogLevel VERBOSE",
                 # sshd takes the first SetEnv line only: every variable on it
                 "SetEnv " + " ".join(f"{k}={v}" for k, v in {"SHLVL": "1", **(setenv or {})}.items()),
-                *extra,
                 "",
             ]
         )

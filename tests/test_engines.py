@@ -90,7 +90,7 @@ def test_an_engine_added_as_a_profile_is_read_by_caseledger_from_its_own_names(a
     text = httpx2.get(as_tgi.url + "/metrics").text
     assert "tgi_queue_size{" in text and "tgi_batch_current_size{" in text and "vllm:" not in text
     assert httpx2.get(as_tgi.url + "/version").status_code == 404  # vLLM's endpoint is not TGI's
-    port = int(as_tgi.url.rsplit(":", 1)[1])
+    port = as_tgi.port
     case = validate(ref_draft(port), "as tgi")
     assert in_flight(case) == 0.0  # read from tgi_batch_current_size + tgi_queue_size, idle
     version, path = engine_version(units(case)[0])

@@ -581,7 +581,7 @@ TRIALS = 10  # each trial is a whole run (2-3 s) racing from two processes
 
 def test_two_workspaces_race_for_one_target(tmp_path: Path, fault_matrix: dict[str, dict[str, bool]]) -> None:
     with reference_targets({"t": FAST}, tmp_path / "targets") as served:
-        port = int(served["t"].url.rsplit(":", 1)[1])
+        port = served["t"].port
         wss = two_workspaces(tmp_path, ref_draft(port, service={"adapter": "external"}))
         with cell(fault_matrix, f"two workspaces race one target x{TRIALS}") as c:
             for trial in range(TRIALS):
@@ -767,7 +767,7 @@ def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
     faketime()
     slow = {**FAST, "decode_step_s": 0.04, "decode_step_per_seq_s": 0.0}
     with reference_targets({"t": slow}, tmp_path / "targets") as served:
-        port = int(served["t"].url.rsplit(":", 1)[1])
+        port = served["t"].port
         draft = ref_draft(port, service={"adapter": "external"}, load={"requests": 16, "concurrency": 2})
         (a, ca), (b, cb) = two_workspaces(tmp_path, draft)
         with cell(fault_matrix, "clock stepped 1 h during a lease") as c:
@@ -812,7 +812,7 @@ def test_the_cli_and_an_mcp_server_writing_one_workspace_at_once_lose_and_tear_n
     from caseledger.ledger.index import open_index
 
     with reference_targets({"cli": FAST, "mcp": FAST}, tmp_path / "targets") as served:
-        ports = {k: int(s.url.rsplit(":", 1)[1]) for k, s in served.items()}
+        ports = {k: s.port for k, s in served.items()}
         drafts = {k: ref_draft(p, scenario=f"writer-{k}", service={"adapter": "external"}) for k, p in ports.items()}
         for k, d in drafts.items():
             (ws.cases_dir / f"{k}.json").write_bytes(orjson.dumps(d))

@@ -212,7 +212,7 @@ def test_two_controller_hosts_racing_one_target_give_exactly_one_load_in_each_of
     tmp_path: Path, sshd: Sshd
 ) -> None:
     with reference_targets({"t": FAST}, tmp_path / "targets") as served:
-        port = int(served["t"].url.rsplit(":", 1)[1])
+        port = served["t"].port
         draft = leased_draft(port, sshd, tmp_path / "lease-host")
         racers = []
         try:
@@ -268,7 +268,7 @@ def slow_run(
     tmp_path: Path, sshd: Sshd, monkeypatch: pytest.MonkeyPatch, served: dict[str, Any]
 ) -> tuple[Workspace, str, int, str]:
     """A 40-request load (about 8 s) on a target leased on the sshd's host, started and sending."""
-    port = int(served["t"].url.rsplit(":", 1)[1])
+    port = served["t"].port
     monkeypatch.setenv("CASELEDGER_LEASE_S", "6")  # the controller renews every 2 s
     ws = workspace(tmp_path / "w")
     draft = leased_draft(

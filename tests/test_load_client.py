@@ -523,8 +523,7 @@ class Target:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     with reference_targets({"target": FAST_TARGET}, tmp_path_factory.mktemp("target")) as served:
-        s = served["target"]
-        yield Target(s.proc, int(s.url.rsplit(":", 1)[1]))
+        yield Target(served["target"].proc, served["target"].port)
 
 
 def load_draft(port: int, requests: int, concurrency: int, **load: Any) -> dict[str, Any]:

@@ -202,7 +202,7 @@ def test_a_target_that_goes_away_mid_point_leaves_its_points_to_the_other_and_no
 ) -> None:
     slow = {**KNEE_TARGET, "decode_step_s": 0.01}  # 16 requests at C=2: a load of ~1.5 s, to be killed in
     with reference_targets({"t0": slow, "t1": slow}, tmp_path / "targets") as served:
-        ports = [int(served[n].url.rsplit(":", 1)[1]) for n in ("t0", "t1")]
+        ports = [served[n].port for n in ("t0", "t1")]
         draft = _pool_campaign(
             ports, [1, 2, 3, 4], decision={"primary_metric": "output_throughput", "min_effect": 0.25}
         )

@@ -181,7 +181,7 @@ def test_preflight_that_opens_a_socket_fails_and_sends_nothing(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     with reference_targets({"plain": {}}, tmp_path) as served:
-        port = int(served["plain"].url.rsplit(":", 1)[1])
+        port = served["plain"].port
         case = freeze_case(ws, draft=ref_draft(port, service={"adapter": "external"}))
         r = start_with_fault(monkeypatch, "preflight:connect", ws, case.case_id)
         assert r.preflight == "failed"
