@@ -11,12 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import orjson
@@ -24,6 +24,9 @@ import pytest
 
 from caseledger.services import net
 from caseledger.workspace import Workspace
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 
 def tree_digest(root: Path) -> str:
@@ -41,6 +44,21 @@ def stats(port: int, timeout: float = 5.0) -> dict[str, Any]:
     of each request), its pid and config. What tests count "at the target"."""
     r = httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=timeout, trust_env=False, verify=net.tls())
     return dict(r.json())
+
+
+@asynccontextmanager
+async def mcp_over_http(url: str, token: str) -> AsyncIterator[Client]:
+    """An MCP client over streamable HTTP that sends a bearer token, with the SDK's own timeouts (30 s; 300 s to
+    read a stream): httpx2's default of 5 s cuts a tool call that a contended host answers later."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as h,
+        Client(streamable_http_client(url, http_client=h)) as c,
+    ):
+        yield c
 
 
 def free_port() -> int:
@@ -361,6 +379,16 @@ def fault_matrix() -> dict[str, dict[str, bool]]:
 
 def tier_of(item: pytest.Item) -> str:
     return next((t for t in reversed(HEAVY_TIERS) if item.get_closest_marker(t)), "fast")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Python keeps the bytecode it compiles (__pycache__) unless PYTHONDONTWRITEBYTECODE says not to, and some
+    # hosts set that in every shell. The suite starts ~700 interpreters (controllers, preflights, load clients,
+    # collectors, reference targets, MCP servers); without the cache each one compiles caseledger, pydantic and
+    # httpx2 again from source: ~0.5 CPU-s more per process, about twice its import time. The suite and every
+    # process it starts write the cache as a default Python does (pytest -n's workers inherit this environment).
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +21,6 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.transport_security import TransportSecurityMiddleware
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 from starlette.requests import Request
@@ -33,7 +32,7 @@ from caseledger.errors import CaseledgerError, NotAuthorized
 from caseledger.server import build_server, listener, serve
 from caseledger.server.inspect import inspect_main, parse_arguments
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, stats, tree_digest
+from tests.conftest import free_port, mcp_over_http, stats, tree_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -440,14 +439,9 @@ def _mcp_http(ws: Workspace, bind: str, *extra: str, env: dict[str, str] | None 
         p.wait(10)
 
 
-@asynccontextmanager
-async def _client(url: str, token: str = TOKEN) -> AsyncIterator[Client]:
+def _client(url: str, token: str = TOKEN) -> AbstractAsyncContextManager[Client]:
     """An MCP client over streamable HTTP that sends the bearer token."""
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as h,
-        Client(streamable_http_client(url, http_client=h)) as c,
-    ):
-        yield c
+    return mcp_over_http(url, token)
 
 
 @pytest.fixture
@@ -694,10 +688,7 @@ async def test_100_mb_of_header_bytes_without_a_token_get_431_and_cost_the_serve
     assert _status(answer) == 431 and b"request head over" in answer
     assert taken < 100 * 2**20  # the server stopped reading and closed
     assert grown < 10 * 1024, f"RSS grew {grown} kB"
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as h,
-        Client(streamable_http_client(url, http_client=h)) as c,
-    ):  # and still serves an authorized client
+    async with _client(url) as c:  # and still serves an authorized client
         assert sorted(t.name for t in (await c.list_tools()).tools) == sorted(SIX)
 
 

@@ -20,7 +20,7 @@ from caseledger.errors import NotAuthorized
 from caseledger.run import policy
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, stats, tree_digest
+from tests.conftest import free_port, mcp_over_http, ref_draft, stats, tree_digest
 
 LOGIN = {"user": "bench", "key_path": "/keys/id_ed25519", "known_hosts": "/keys/known_hosts"}
 
@@ -156,8 +156,6 @@ def test_an_mcp_client_over_http_with_the_token_cannot_start_what_the_policy_doe
     """`caseledger mcp --http` with no policy file: `sh`, LD_PRELOAD and an unlisted SSH login are refused at
     start_run, naming the policy; nothing ran, no run was created; the reference target still runs."""
     import anyio
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
 
     marker, port = tmp_path / "ran", free_port()
     env = {**os.environ, "CL_TOKEN": MCP_TOKEN, "XDG_CONFIG_HOME": str(tmp_path / "config")}
@@ -170,10 +168,7 @@ def test_an_mcp_client_over_http_with_the_token_cannot_start_what_the_policy_doe
 
     async def session() -> dict[str, str]:
         said: dict[str, str] = {}
-        async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {MCP_TOKEN}"}) as h,
-            Client(streamable_http_client(url, http_client=h)) as c,
-        ):
+        async with mcp_over_http(url, MCP_TOKEN) as c:
             for name, d in (
                 ("sh", shell_draft(port, marker)),
                 ("LD_PRELOAD", preload_draft(port)),
