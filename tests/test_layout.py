@@ -8,6 +8,7 @@ The module graph is read with `ast` from every file of caseledger/, imports insi
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,27 +103,32 @@ def _lazy_names() -> dict[str, dict[str, str]]:
 LAZY = _lazy_names()
 
 
+def _import_nodes(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Each import statement not under `if TYPE_CHECKING:`, in the order of the source, and whether it is inside a
+    function: one pass over the tree."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+    stack: list[tuple[ast.AST, bool, bool]] = [(tree, False, False)]
+    while stack:
+        node, typed, fn = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not typed:
+                found.append((node, fn))
+            continue
+        fn = fn or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):  # its else: runs
+            stack.extend((child, True, fn) for child in node.body)
+            stack.extend((child, typed, fn) for child in node.orelse)
+            continue
+        stack.extend((child, typed, fn) for child in ast.iter_child_nodes(node))
+    return sorted(found, key=lambda f: (f[0].lineno, f[0].col_offset))
+
+
 def _imports() -> Iterator[Import]:
     for mod, path in MODULES.items():
         text = path.read_text()
         lines = text.splitlines()
-        tree = ast.parse(text)
-        type_only = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
-        in_fn = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            for n in ast.walk(node)
-        }
         is_pkg = path.name == "__init__.py"
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in type_only:
-                continue
+        for node, in_function in _import_nodes(ast.parse(text)):
             near = " ".join(lines[max(0, node.lineno - 2) : node.end_lineno or node.lineno])
             m = re.search(r"# lazy: (\S.*)", near)
             reason = m.group(1) if m else None
@@ -146,15 +152,44 @@ def _imports() -> Iterator[Import]:
                 else:
                     t = t.split(".")[0]
                 if t != mod:
-                    yield Import(mod, t, node.lineno, id(node) in in_fn, reason)
+                    yield Import(mod, t, node.lineno, in_function, reason)
 
 
-IMPORTS = list(_imports())
+def test_the_import_reader_tells_type_only_and_in_function_imports_apart() -> None:
+    """What every rule below reads: an import under `if TYPE_CHECKING:` is not one (its `else:` runs); one in a
+    function (nested or async, or in a class's method) is in a function; the rest are at the top, in source order."""
+    src = """
+import a
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    import b
+    def typed() -> None:
+        import c
+else:
+    import d
+def f() -> None:
+    import e
+    async def g() -> None:
+        from h import i
+class K:
+    def m(self) -> None:
+        import j
+    import k
+"""
+    got = [(n.names[0].name if isinstance(n, ast.Import) else n.module, fn) for n, fn in _import_nodes(ast.parse(src))]
+    assert got == [("a", False), ("typing", False), ("d", False), ("e", True), ("h", True), ("j", True), ("k", False)]
+
+
+@functools.cache
+def imports() -> list[Import]:
+    """Every import of the package (read on first use: walking every module's tree takes ~2 s, which each pytest
+    worker would otherwise pay when it collects this module)."""
+    return list(_imports())
 
 
 def _edges() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
-    for i in IMPORTS:
+    for i in imports():
         if i.target in MODULES:
             edges[i.source].add(i.target)
     return edges
@@ -212,9 +247,9 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def _heavy_modules(edges: dict[str, set[str]]) -> set[str]:
     """caseledger modules that import a heavy module at import time, directly or through another module."""
-    direct = {i.source for i in IMPORTS if not i.in_function and i.target in HEAVY} | SLOW
+    direct = {i.source for i in imports() if not i.in_function and i.target in HEAVY} | SLOW
     top = {
-        m: {i.target for i in IMPORTS if i.source == m and not i.in_function and i.target in MODULES} for m in MODULES
+        m: {i.target for i in imports() if i.source == m and not i.in_function and i.target in MODULES} for m in MODULES
     }
     heavy = set(direct)
     changed = True
@@ -242,7 +277,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 def test_lower_stages_never_import_higher_ones() -> None:
     bad = [
         f"{i.source}:{i.line} imports {i.target}"
-        for i in IMPORTS
+        for i in imports()
         if i.target in MODULES and RANK[_stage(i.target)] > RANK[_stage(i.source)]
     ]
     assert bad == []
@@ -256,7 +291,7 @@ def test_at_most_eight_modules_at_the_top() -> None:
 def test_imports_inside_functions_are_heavy_and_say_why() -> None:
     heavy = _heavy_modules(_edges())
     bad = []
-    for i in IMPORTS:
+    for i in imports():
         if not i.in_function:
             continue
         # importing a.b.c runs a.b's __init__ first: a heavy parent package makes the import heavy
