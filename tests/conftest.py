@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -16,7 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 import orjson
@@ -59,6 +61,28 @@ async def mcp_over_http(url: str, token: str) -> AsyncIterator[Client]:
         Client(streamable_http_client(url, http_client=h)) as c,
     ):
         yield c
+
+
+T = TypeVar("T")
+
+
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], T]) -> T:
+    """compute() once for the whole test session: under pytest -n the first worker to ask computes it and the
+    others wait for it and read it (a pickle under the session's temporary root, which is new each session)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return compute()
+    root = tmp_path_factory.getbasetemp().parent
+    path = root / f"{name}.pickle"
+    with (root / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            value: T = pickle.loads(path.read_bytes())
+            return value
+        value = compute()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(value))
+        tmp.replace(path)
+        return value
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import assert_one_answer, free_port, knee_base, ref_draft, stats, until_complete
+from tests.conftest import assert_one_answer, free_port, knee_base, once_per_session, ref_draft, stats, until_complete
 
 # A surface like an engine's flags: x (say max-num-seqs) and y (a prefill chunk budget), 16 x 16 = 256 points;
 # throughput has an interior optimum at (10, 6) and a TPOT limit cuts off a corner of the space.
@@ -116,8 +116,8 @@ def simulate_engine(s: Any, b: Any, c: Any, requests: int) -> Any:
 
 
 @pytest.fixture(scope="module")
-def engine_space() -> dict[tuple[Any, ...], Any]:
-    return measure_engine_space()
+def engine_space(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], Any]:
+    return once_per_session(tmp_path_factory, "engine-space", measure_engine_space)  # ~10 CPU-s: once, not per worker
 
 
 def engine_measure(table: dict[tuple[Any, ...], Any], values: dict[str, Any]) -> Observed:

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from caseledger.case import delta, plan
 from caseledger.case.model import Case
+from caseledger.case.plan import delta, plan
 from caseledger.metrics import NotObserved, Ratio, compute_result, latest_result
 from caseledger.metrics._spec import NO_COUNTS, NO_STEPS, WHOLE_ONLY, WHOLE_ONLY_NO_COUNTS
 from caseledger.services import identity_of, intended_argv
