@@ -91,7 +91,7 @@ def build_builtin(out_dir: Path = BUILTIN_DIR, vocab_size: int = 4096) -> Path:
         vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(lines, trainer=trainer)
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None, unk_token=None, pad_token="<|endoftext|>"
     )
     fast.chat_template = CHATML_TEMPLATE
@@ -208,9 +208,9 @@ def _convert_gguf(path: Path, sha: str, out: Path) -> None:
         if meta.get(f"tokenizer.ggml.{key}") is not None
     }
     built = conv.select_tokenizer_builder(meta["general.architecture"], tok_dict.get("tokenizer_type"))(tok_dict)
-    built = conv.set_split_regex(conv.add_gguf_special_tokens(built, tok_dict), tok_dict)  # type: ignore[no-untyped-call]
+    built = conv.set_split_regex(conv.add_gguf_special_tokens(built, tok_dict), tok_dict)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=built.backend_tokenizer,  # type: ignore[no-untyped-call]
+        tokenizer_object=built.backend_tokenizer,
         **special,
     )
     template = cfg.get("chat_template")
