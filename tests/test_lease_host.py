@@ -235,7 +235,8 @@ def test_two_controller_hosts_racing_one_target_give_exactly_one_load_in_each_of
                 won = [o for o in out if o["ok"]]
                 lost = [o for o in out if not o["ok"]]
                 assert len(won) == 1 and won[0]["state"] == "succeeded", f"trial {trial}: {out}"
-                assert lost[0]["error"] == "TargetHeld" and "in workspace" in lost[0]["message"], f"trial {trial}"
+                held = lost[0]["error"] == "TargetHeld" and "in workspace" in lost[0]["message"]
+                assert held, f"trial {trial}: {out}"
                 assert int(stats(port)["by_phase"].get("load", 0)) - before == N, f"trial {trial}: {out}"
                 fences.append(
                     lease_file(tmp_path / "lease-host", target_key(Case.model_validate(draft).canonical()))[0]
