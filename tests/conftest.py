@@ -50,14 +50,14 @@ def stats(port: int, timeout: float = 5.0) -> dict[str, Any]:
 
 @asynccontextmanager
 async def mcp_over_http(url: str, token: str) -> AsyncIterator[Client]:
-    """An MCP client over streamable HTTP that sends a bearer token, with the SDK's own timeouts (30 s; 300 s to
-    read a stream): httpx2's default of 5 s cuts a tool call that a contended host answers later."""
+    """An MCP client over streamable HTTP that sends a bearer token, on the SDK's own HTTP client and timeouts
+    (30 s; 300 s to read a stream): httpx2's default of 5 s cuts a tool call that a contended host answers later."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
-    headers = {"Authorization": f"Bearer {token}"}
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as h,
+        create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as h,
         Client(streamable_http_client(url, http_client=h)) as c,
     ):
         yield c
