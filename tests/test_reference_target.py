@@ -476,6 +476,9 @@ def near(measured: float, model: float) -> bool:
     return model * 0.9 - 0.005 <= measured <= model + 0.4
 
 
+# its timings are tens of ms against a model: on a contended pass 1, A reached the target alone and finished 30 ms
+# before the model's shared-prefill schedule (below the lower bound of `near`), so it runs on a quiet host
+@pytest.mark.quiet
 @integration
 def test_queue_prefill_sharing_and_batched_decode_steps_follow_the_model(servers: dict[str, Served]) -> None:
     """slots=2: A and B share prefill (2 x 40 tokens at 2000/s = 40 ms), then 4 steps at batch 2
