@@ -753,7 +753,9 @@ def test_a_target_that_slows_2x_mid_campaign_is_named_as_drift_and_crowns_no_win
     assert "set aside and their points measured again" in note and view.drift is None
     first = scan_runs(ws).metas[0]
     slow_level = [r.metric_mean for r in view.rows if r.metric_mean is not None]
-    assert len(slow_level) == 3 and max(slow_level) < 1.2 * min(slow_level), view.text()  # all after the change
+    # all at the slowed level: the pre-change level is ~1.6x (the note's move), and the other workers of pass 1 move
+    # a point's throughput by up to ~20% (103.8 vs 126.7 tok/s seen); the one pre-change run is checked next
+    assert len(slow_level) == 3 and max(slow_level) < 1.35 * min(slow_level), view.text()
     assert all(first.run_id != rid or r.runs < len(r.run_ids) for r in view.rows for rid in r.run_ids)
     runs = {r.label: len(r.run_ids) for r in view.rows}
     assert runs["seed=2"] == runs["seed=3"] == 2 and runs["seed=1"] >= 3, view.text()  # measured again
