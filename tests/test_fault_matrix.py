@@ -765,7 +765,10 @@ def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
     an hour ahead (A's lease reads as expired an hour ago), and once at the true time: both are refused (A's
     processes are alive), the target counts one load, and B runs once A is done."""
     faketime()
-    slow = {**FAST, "decode_step_s": 0.04, "decode_step_per_seq_s": 0.0}
+    # A's load lasts ~13 s (8 waves of 8 tokens at 0.2 s): B's two tries come after two CLI processes under
+    # faketime, seconds each on a busy host; a 2.6 s load (0.04 s steps) was over by then once, and B then
+    # rightly started on a free target
+    slow = {**FAST, "decode_step_s": 0.2, "decode_step_per_seq_s": 0.0}
     with reference_targets({"t": slow}, tmp_path / "targets") as served:
         port = served["t"].port
         draft = ref_draft(port, service={"adapter": "external"}, load={"requests": 16, "concurrency": 2})
@@ -783,7 +786,7 @@ def test_a_clock_stepped_an_hour_either_way_gives_the_target_no_second_owner(
             c.check("refused", ahead.returncode != 0 and "held" in (ahead.stdout + ahead.stderr).lower(), ahead)
             try:
                 start_run(b, cb)
-                c.check("one", False, "B started beside A at the true time")
+                c.check("one", False, f"B started beside A at the true time (A now: {phase_status(a, rid).text()})")
             except TargetHeld as e:
                 c.check("one", rid in str(e), str(e))
             c.check("tree", runs_of(b) == 0, runs_of(b))
