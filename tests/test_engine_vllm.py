@@ -2,7 +2,7 @@
 that caseledger starts.
 
 One workspace for the module and, every case here launching its template's argv on one port, as few starts as
-the tests allow (~50 s each in eager mode on 2 cores, ~5 GB of RSS): the template's run starts the plain server
+the tests allow (each ~5 GB of RSS; docs/engines.md has the start times): the template's run starts the plain server
 and the concurrency-only child reuses it as its parent run; the SIGKILL test restarts it once; the n-gram template
 is another identity, so its test starts its own. cases/vllm.json is the prefix-cache (cache-truth) case. Keep the
 load small: prefill ~600 tok/s, decode ~25 tok/s per request here.
