@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from caseledger import procs
 from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
 from caseledger.ledger.events import read_events
@@ -361,6 +362,19 @@ def test_a_stopped_controller_is_named_with_its_pid_and_the_one_thing_to_do(
         s = settled(ws, r.run_id)
         c.check("state", s.state == "succeeded", s.text())
         c.check("count", stats(port)["by_phase"].get("load") == s.planned == s.sent_all, stats(port))
+
+
+def test_caseledgers_own_processes_import_numpy_without_a_thread_per_core() -> None:
+    """The collector, the controller's decide and a preflight spawned ahead import numpy: in the environment
+    caseledger gives its own processes, that starts no BLAS thread pool on the host the run measures."""
+    probe = "import numpy, pathlib; print(pathlib.Path('/proc/self/status').read_text())"
+    mine = subprocess.run([sys.executable, "-c", probe], env=procs.child_env(), capture_output=True, text=True)
+    threads = [int(x.split()[1]) for x in mine.stdout.splitlines() if x.startswith("Threads:")]
+    assert threads == [1], (threads, mine.stderr[-500:])
+    if (os.cpu_count() or 1) > 1:  # the default it replaces: one thread per core
+        bare = {k: v for k, v in procs.child_env().items() if k not in procs.OWN_PROCESS_ENV}
+        theirs = subprocess.run([sys.executable, "-c", probe], env=bare, capture_output=True, text=True).stdout
+        assert [int(x.split()[1]) for x in theirs.splitlines() if x.startswith("Threads:")] != [1], theirs
 
 
 @pytest.mark.processes  # the host is sampled while a detached client loads

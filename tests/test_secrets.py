@@ -198,6 +198,9 @@ def test_no_process_caseledger_starts_inherits_the_callers_secrets(
         env = _environ(int(ref["pid"]))  # the undeclared secret is absent from the raw environ
         assert "AGENT_SHELL_SECRET" not in env and "OPENAI_API_KEY" not in env, name
         assert (env.get("CASELEDGER_TEST_KEY") == SECRET) == (name != "service"), name
+        # one BLAS thread and no pydantic plugin for caseledger's own processes; an engine's are its own to set
+        own = [env.get(k) == v for k, v in procs.OWN_PROCESS_ENV.items()]
+        assert all(own) if name != "service" else not any(own), (name, env)
     wait_state(ws, r.run_id, lambda s: s.state == "succeeded", timeout=90)
 
 
