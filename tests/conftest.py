@@ -424,8 +424,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.integration)
             else:
                 item.add_marker(pytest.mark.fast)
-    # the heaviest modules first, each kept whole (its module fixtures start once per worker): under -n, a long
-    # test taken last would leave the other workers idle (the longest, a campaign or a lease race, take 30-60 s).
+    # the heaviest modules first: a long test taken last would leave the other workers idle (the longest, a
+    # campaign or a lease race, take 30-60 s). The first pass runs with `--dist loadgroup`, which hands a worker
+    # its next test only when it is nearly done with the last two (plain `-n` gives each worker a fixed first
+    # quarter of the order up front: in CI one drew most of the SSH tests and ran ~90 s after the others); a
+    # module whose module fixture is costly keeps its tests on one worker with an xdist_group mark.
     # A module's weight: its measured time where known (_MODULE_S), else its tests' usual time by tier.
     weight: dict[str, float] = {}
     for item in items:
@@ -448,28 +451,47 @@ _EXPECTED_S = {
 }
 
 
-# Modules far slower than their tiers say, as measured (seconds of setup + call + teardown of the first pass of the
-# README's test command on 2 cores, `--durations=0`): campaigns of many runs, MCP servers over stdio and HTTP,
-# searches on the reference target, mypy --strict from a fresh clone (no cache; CI runs it as a step of its own
-# and the test skips). Estimated by tier, test_search.py was taken last and left three workers idle for ~50 s.
+# Modules' measured time (seconds of setup + call + teardown in the first pass of the README's test command on 2
+# cores, the larger of a run without sshd, chromium and the engines and one with them, as in CI): campaigns of many
+# runs, MCP servers over stdio and HTTP, searches on the reference target, the templates' tokenizers from a GGUF,
+# mypy --strict from a fresh clone (no cache; CI runs it as a step of its own and the test skips). Estimated by
+# tier, test_search.py was taken last and left three workers idle for ~50 s.
 _MODULE_S = {
-    "tests/test_campaigns.py": 180.0,
-    "tests/test_fault_matrix.py": 138.0,
-    "tests/test_mcp_server.py": 83.0,
-    "tests/test_search.py": 80.0,
-    "tests/test_evidence.py": 74.0,
+    "tests/test_campaigns.py": 209.0,
+    "tests/test_remote_load.py": 172.0,
+    "tests/test_fault_matrix.py": 140.0,
+    "tests/test_search.py": 108.0,
+    "tests/test_mcp_server.py": 85.0,
+    "tests/test_evidence.py": 80.0,
     "tests/test_runs.py": 57.0,
-    "tests/test_disk_full.py": 41.0,
+    "tests/test_lease_host.py": 53.0,
+    "tests/test_templates.py": 52.0,
+    "tests/test_disk_full.py": 43.0,
+    "tests/test_ssh.py": 40.0,
     "tests/test_quality.py": 30.0,
-    "tests/test_cli_progress.py": 20.0,
-    "tests/test_scenario.py": 16.0,
-    "tests/test_workloads.py": 9.0,
+    "tests/test_report_html.py": 29.0,
+    "tests/test_input_boundary.py": 29.0,
+    "tests/test_cli_progress.py": 23.0,
+    "tests/test_load_processes.py": 20.0,
+    "tests/test_secrets.py": 19.0,
+    "tests/test_campaign.py": 19.0,
+    "tests/test_scenario.py": 17.0,
+    "tests/test_handoff.py": 16.0,
+    "tests/test_components_ref.py": 14.0,
+    "tests/test_load_fast.py": 13.0,
+    "tests/test_init.py": 13.0,
+    "tests/test_plot_cache.py": 11.0,
+    "tests/test_workloads.py": 11.0,
+    "tests/test_launch.py": 10.0,
+    "tests/test_reference_target.py": 10.0,
+    "tests/test_layout.py": 10.0,
+    "tests/test_load_client.py": 10.0,
     "tests/test_mcp_progress.py": 9.0,
     "tests/test_policy.py": 9.0,
+    "tests/test_sessions.py": 9.0,
     "tests/test_index.py": 8.0,
-    "tests/test_datasets.py": 8.0,
     "tests/test_metrics.py": 8.0,
-    "tests/test_mcp_start.py": 7.0,
+    "tests/test_datasets.py": 8.0,
 }
 
 

@@ -20,13 +20,15 @@ from caseledger.tools import freeze_case, reprocess_raw, start_run, summarize
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft
 
-pytestmark = pytest.mark.integration
+# its module fixture runs a sweep of four runs (~13 s): once, on one worker of the first pass
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("scenario")]
 
 SCENARIO = "ref-sweep"
 LIMIT_MS = 11.0
-# TPOT ~ decode_step_s + (C - 1) * decode_step_per_seq_s: 4, 5.5, 8.5, 14.5 ms at C = 1, 2, 4, 8, while output
-# tok/s still rises with C: the highest-throughput case breaks the TPOT p99 limit
-REFERENCE = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.004, "decode_step_per_seq_s": 0.0015, "slots": 8}
+# TPOT ~ decode_step_s + (C - 1) * decode_step_per_seq_s: 6, 7, 9, 13 ms at C = 1, 2, 4, 8, while output tok/s
+# still rises with C: the highest-throughput case breaks the TPOT p99 limit. C=8 is ~1.4x C=4's throughput, a
+# margin the first pass's contention does not erase (at 1.17x, 14.5 ms against 8.5, it once read 422 vs 462 tok/s)
+REFERENCE = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.006, "decode_step_per_seq_s": 0.001, "slots": 8}
 
 
 def draft(port: int, c: int) -> dict[str, object]:
