@@ -43,7 +43,7 @@ OUTSIDE = ("../shared", "DESIGN.md", "the seeds", "this machine", "seeds/")
 DEMO = "python3 -m venv .venv && .venv/bin/pip install -q --no-compile -e . && .venv/bin/caseledger demo"
 TESTS = (
     "python3 -m venv .venv && .venv/bin/pip install -q --no-compile -e '.[test]' && "
-    ".venv/bin/python -m pytest -q -n 4 --dist loadgroup -m 'not quiet' && .venv/bin/python -m pytest -q -m quiet"
+    ".venv/bin/python -m pytest -q -n 4 -m 'not quiet' && .venv/bin/python -m pytest -q -m quiet"
 )
 
 

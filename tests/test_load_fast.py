@@ -35,9 +35,6 @@ from tests.conftest import Served, free_port, reference_targets
 from tests.test_load_client import load_draft
 from tests.test_load_plan import make_run_dir
 
-# its module fixture starts several reference targets: once, on one worker of the first pass
-pytestmark = pytest.mark.xdist_group("load-fast")
-
 MODEL = "ref-model"
 FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.001, "decode_step_per_seq_s": 0.0, "slots": 16}
 # crash_after=2: request #2 (short, sent second) ends, the server dies 20 ms later, with #1 mid-stream

@@ -21,9 +21,6 @@ from caseledger.datasets.tokenizers import chatml, load_fast
 from caseledger.target.reference import PrefixCache, chat_prompt
 from tests.conftest import Served, reference_targets
 
-# its module fixture starts several reference targets: once, on one worker of the first pass
-pytestmark = pytest.mark.xdist_group("reference-target")
-
 MODEL = "ref-test"
 FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0}
 SPEC_NAMES = [

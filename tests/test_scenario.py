@@ -20,8 +20,7 @@ from caseledger.tools import freeze_case, reprocess_raw, start_run, summarize
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft
 
-# its module fixture runs a sweep of four runs (~13 s): once, on one worker of the first pass
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("scenario")]
+pytestmark = pytest.mark.integration
 
 SCENARIO = "ref-sweep"
 LIMIT_MS = 11.0
