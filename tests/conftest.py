@@ -424,10 +424,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.integration)
             else:
                 item.add_marker(pytest.mark.fast)
-    # the heaviest modules first: a long test taken last would leave the other workers idle (the longest, a
-    # campaign or a lease race, take 30-60 s); pytest -n hands them out as workers finish (pytest_xdist_make_
-    # scheduler below). A module's weight: its measured time where known (_MODULE_S), else its tests' usual time
-    # by tier.
+    # the heaviest modules first: a long module taken last would leave the other workers idle (the longest, of
+    # campaigns, take 3-4 minutes); pytest -n hands them out whole as workers finish (pytest_xdist_make_scheduler
+    # below). A module's weight: its measured time where known (_MODULE_S), else its tests' usual time by tier.
     weight: dict[str, float] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
@@ -437,30 +436,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda i: (-weight[i.nodeid.split("::")[0]], order[i.nodeid.split("::")[0]]))
 
 
-# Modules whose module-scoped fixtures are costly: a sweep of four runs (~13 s), several reference targets at once,
-# the engine-like space every search test reads (~10 CPU-s, made once and waited for). Under pytest -n each keeps
-# its tests on one worker, so the fixture runs once.
-_KEEP_TOGETHER = ("tests/test_scenario.py", "tests/test_load_fast.py", "tests/test_reference_target.py")
-_KEEP_TOGETHER += ("tests/test_search.py",)
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest -n's default (`--dist load`) gives each worker a fixed quarter of the order up front: with the
-    heaviest modules first, one CI worker drew most of the SSH tests and ran ~90 s after the others. Instead a
-    worker is handed its next test (a _KEEP_TOGETHER module: all of its tests) when it is nearly done, in the order
-    above. xdist's own `--dist loadgroup` would do this with marks, but on pytest 9.2 its marks are lost (it renames
-    node ids, which pytest no longer reads): it splits every group. Another --dist given by hand is kept."""
+    """Under pytest -n each module runs whole on one worker, the heaviest first, and a worker takes the next module
+    when it is nearly done. pytest -n's default (`--dist load`) gives each worker a fixed quarter of the order up
+    front: one CI worker drew most of the SSH tests and ran ~90 s after the others. Handing out single tests
+    instead balances the workers but runs the heaviest tests side by side (four campaigns at once): contention
+    made their campaigns repeat points (drift) and their module fixtures run on every worker, and the README's
+    first pass took 267 s instead of 251. Another --dist given by hand is kept."""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling  # lazy: only the controller of a pytest -n session
 
-    class InOrder(LoadScopeScheduling):
+    class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
-            return module if module in _KEEP_TOGETHER else nodeid
+            return nodeid.split("::")[0]
 
-    config.option.loadscopereorder = False  # the order above, not the largest group first
-    return InOrder(config, log)
+    config.option.loadscopereorder = False  # the suite's order (by weight), not the module with most tests first
+    return ByModule(config, log)
 
 
 # a test's usual time by its tier on 2 cores (the suite's own summary per tier / tests): the order above

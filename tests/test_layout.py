@@ -518,9 +518,9 @@ def test_private_modules_are_imported_only_inside_their_package() -> None:
 
 
 def test_the_suites_measured_module_times_name_modules_that_exist() -> None:
-    """tests/conftest.py orders the modules by their measured time and keeps some on one worker: a renamed module
-    would fall back to its tier estimate, or be split, unnoticed."""
-    from tests.conftest import _KEEP_TOGETHER, _MODULE_S
+    """tests/conftest.py orders the modules by their measured time: a renamed module would fall back to its tier
+    estimate unnoticed, and be taken last again."""
+    from tests.conftest import _MODULE_S
 
-    missing = [m for m in (*_MODULE_S, *_KEEP_TOGETHER) if not (ROOT.parent / m).is_file()]
-    assert not missing, f"tests/conftest.py _MODULE_S or _KEEP_TOGETHER names modules that are gone: {missing}"
+    missing = [m for m in _MODULE_S if not (ROOT.parent / m).is_file()]
+    assert not missing, f"tests/conftest.py _MODULE_S names modules that are gone: {missing}"
