@@ -424,35 +424,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.integration)
             else:
                 item.add_marker(pytest.mark.fast)
-    # the heaviest modules first: a long module taken last would leave the other workers idle (the longest, of
-    # campaigns, take 3-4 minutes); pytest -n hands them out whole as workers finish (pytest_xdist_make_scheduler
-    # below). A module's weight: its measured time where known (_MODULE_S), else its tests' usual time by tier.
+    # the heaviest modules first, each kept whole (its module fixtures start once per worker): under -n, a long
+    # test taken last would leave the other worker idle (the longest, a campaign or a lease race, take 30-60 s)
     weight: dict[str, float] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
-        weight[module] = weight.get(module, 0.0) + _EXPECTED_S[_tier_of(item)]
-    weight.update({m: s for m, s in _MODULE_S.items() if m in weight})
+        weight[module] = weight.get(module, 0.0) + _SLOW_TESTS.get(item.name, _EXPECTED_S[_tier_of(item)])
     order = {m: k for k, m in enumerate(weight)}
     items.sort(key=lambda i: (-weight[i.nodeid.split("::")[0]], order[i.nodeid.split("::")[0]]))
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest -n each module runs whole on one worker, the heaviest first, and a worker takes the next module
-    when it is nearly done. pytest -n's default (`--dist load`) gives each worker a fixed quarter of the order up
-    front: one CI worker drew most of the SSH tests and ran ~90 s after the others. Handing out single tests
-    instead balances the workers but runs the heaviest tests side by side (four campaigns at once): contention
-    made their campaigns repeat points (drift) and their module fixtures run on every worker, and the README's
-    first pass took 267 s instead of 251. Another --dist given by hand is kept."""
-    if config.getoption("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling  # lazy: only the controller of a pytest -n session
-
-    class ByModule(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::")[0]
-
-    config.option.loadscopereorder = False  # the suite's order (by weight), not the module with most tests first
-    return ByModule(config, log)
 
 
 # a test's usual time by its tier on 2 cores (the suite's own summary per tier / tests): the order above
@@ -467,48 +446,9 @@ _EXPECTED_S = {
 }
 
 
-# Modules' measured time (seconds of setup + call + teardown in the first pass of the README's test command on 2
-# cores, the larger of a run without sshd, chromium and the engines and one with them, as in CI): campaigns of many
-# runs, MCP servers over stdio and HTTP, searches on the reference target, the templates' tokenizers from a GGUF,
-# mypy --strict from a fresh clone (no cache; CI runs it as a step of its own and the test skips). Estimated by
-# tier, test_search.py was taken last and left three workers idle for ~50 s.
-_MODULE_S = {
-    "tests/test_campaigns.py": 209.0,
-    "tests/test_remote_load.py": 172.0,
-    "tests/test_fault_matrix.py": 140.0,
-    "tests/test_search.py": 108.0,
-    "tests/test_mcp_server.py": 85.0,
-    "tests/test_evidence.py": 80.0,
-    "tests/test_runs.py": 57.0,
-    "tests/test_lease_host.py": 53.0,
-    "tests/test_templates.py": 52.0,
-    "tests/test_disk_full.py": 43.0,
-    "tests/test_ssh.py": 40.0,
-    "tests/test_quality.py": 30.0,
-    "tests/test_report_html.py": 29.0,
-    "tests/test_input_boundary.py": 29.0,
-    "tests/test_cli_progress.py": 23.0,
-    "tests/test_load_processes.py": 20.0,
-    "tests/test_secrets.py": 19.0,
-    "tests/test_campaign.py": 19.0,
-    "tests/test_scenario.py": 17.0,
-    "tests/test_handoff.py": 16.0,
-    "tests/test_components_ref.py": 14.0,
-    "tests/test_load_fast.py": 13.0,
-    "tests/test_init.py": 13.0,
-    "tests/test_plot_cache.py": 11.0,
-    "tests/test_workloads.py": 11.0,
-    "tests/test_launch.py": 10.0,
-    "tests/test_reference_target.py": 10.0,
-    "tests/test_layout.py": 10.0,
-    "tests/test_load_client.py": 10.0,
-    "tests/test_mcp_progress.py": 9.0,
-    "tests/test_policy.py": 9.0,
-    "tests/test_sessions.py": 9.0,
-    "tests/test_index.py": 8.0,
-    "tests/test_metrics.py": 8.0,
-    "tests/test_datasets.py": 8.0,
-}
+# single tests far slower than their tier's usual: mypy --strict from a fresh clone has no cache (~30 CPU-s, ~80 s
+# beside the other workers): started first, not last (CI runs it as a step of its own and the test skips)
+_SLOW_TESTS = {"test_mypy_strict_is_clean": 80.0}
 
 
 def _tier_of(item: pytest.Item) -> str:

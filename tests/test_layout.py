@@ -515,12 +515,3 @@ def test_private_modules_are_imported_only_inside_their_package() -> None:
     """A package's public surface is its __init__ (metrics resolves its names lazily, so no import costs more)."""
     bad = _private_module_imports(MODULES)
     assert bad == [], "import the name from the package instead:\n" + "\n".join(bad)
-
-
-def test_the_suites_measured_module_times_name_modules_that_exist() -> None:
-    """tests/conftest.py orders the modules by their measured time: a renamed module would fall back to its tier
-    estimate unnoticed, and be taken last again."""
-    from tests.conftest import _MODULE_S
-
-    missing = [m for m in _MODULE_S if not (ROOT.parent / m).is_file()]
-    assert not missing, f"tests/conftest.py _MODULE_S names modules that are gone: {missing}"
