@@ -361,10 +361,10 @@ def child_env(extra: dict[str, str] | None = None, keep: Iterable[str] = ()) -> 
 
 # Set for caseledger's own processes, which run on the host whose contention the run's evidence measures:
 # - one BLAS thread: they compute on arrays of a few thousand numbers, and numpy's import otherwise starts a
-#   thread per core (the collector: 0.44 CPU-s with the pool, 0.33 without, on 2 cores);
+#   thread per core;
 # - no pydantic plugins: a plugin installed beside caseledger would instrument the load client and the
-#   collector, and looking for one reads every installed distribution's entry points (9 ms of CPU in a
-#   91-package venv, 19 ms in vLLM's 157) in each process.
+#   collector, and looking for one reads every installed distribution's entry points in each process.
+# What each costs: bench/RESULTS.md (host CPU per detached run).
 # A service never gets these: an engine's threads and libraries are its own to set, in service.env.
 OWN_PROCESS_ENV = {
     "OPENBLAS_NUM_THREADS": "1",

@@ -368,13 +368,17 @@ def test_caseledgers_own_processes_import_numpy_without_a_thread_per_core() -> N
     """The collector, the controller's decide and a preflight spawned ahead import numpy: in the environment
     caseledger gives its own processes, that starts no BLAS thread pool on the host the run measures."""
     probe = "import numpy, pathlib; print(pathlib.Path('/proc/self/status').read_text())"
-    mine = subprocess.run([sys.executable, "-c", probe], env=procs.child_env(), capture_output=True, text=True)
-    threads = [int(x.split()[1]) for x in mine.stdout.splitlines() if x.startswith("Threads:")]
-    assert threads == [1], (threads, mine.stderr[-500:])
+
+    def threads(env: dict[str, str]) -> tuple[list[int], str]:
+        """The Threads: count of a fresh interpreter that imported numpy in `env`, and its stderr."""
+        p = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+        return [int(x.split()[1]) for x in p.stdout.splitlines() if x.startswith("Threads:")], p.stderr[-500:]
+
+    mine = threads(procs.child_env())
+    assert mine[0] == [1], mine
     if (os.cpu_count() or 1) > 1:  # the default it replaces: one thread per core
-        bare = {k: v for k, v in procs.child_env().items() if k not in procs.OWN_PROCESS_ENV}
-        theirs = subprocess.run([sys.executable, "-c", probe], env=bare, capture_output=True, text=True).stdout
-        assert [int(x.split()[1]) for x in theirs.splitlines() if x.startswith("Threads:")] != [1], theirs
+        theirs = threads({k: v for k, v in procs.child_env().items() if k not in procs.OWN_PROCESS_ENV})
+        assert theirs[0] != [1], theirs
 
 
 @pytest.mark.processes  # the host is sampled while a detached client loads
