@@ -30,7 +30,7 @@ from caseledger.load import (
     request_one,
     run_requests,
 )
-from caseledger.load.chunks import ChunkState, make_record
+from caseledger.load.chunks import ERROR_LINE_CHARS, ChunkState, make_record
 from caseledger.load.client import client_timing
 from caseledger.records import PHASE_HEADER, RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
@@ -380,13 +380,13 @@ def test_max_event_bytes_reaches_the_parser_of_every_request() -> None:
     assert run([spec()], streaming(parts))[0]["ok"]  # the default maximum is far above 200 kB
 
 
-def test_http_500_is_recorded_with_status_and_first_200_chars_of_body() -> None:
+def test_http_500_is_recorded_with_status_and_a_short_line_of_its_body() -> None:
     def handler(request: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(500, text="E" * 500)
 
     (rec,) = run([spec()], httpx2.MockTransport(handler))
     assert rec["status"] == 500 and not rec["ok"] and rec["error_class"] == "http"
-    assert rec["error"] is not None and rec["error"].count("E") == 200
+    assert rec["error"] is not None and rec["error"].count("E") == ERROR_LINE_CHARS and rec["error"].endswith("…")
     assert rec["chunk_ns"] == [] and rec["finish_reason"] is None
 
 

@@ -72,7 +72,7 @@ def test_the_http_caller_without_a_policy_file_may_start_only_the_reference_targ
     policy.check(Case.model_validate(ref_draft(1)))  # caseledger's own target: nothing of the case's to start
     want = {
         "sh": (shell_draft(1, Path("/x")), "service.argv[0] program 'sh' is not allowed"),
-        "LD_PRELOAD": (preload_draft(1), "service.env loader env 'LD_PRELOAD' is not allowed"),
+        "LD_PRELOAD": (preload_draft(1), "service.env variable 'LD_PRELOAD' is not allowed"),
         "ssh": (ssh_draft(1), "load.host ssh host 'bench@10.0.0.7' is not allowed"),
     }
     for d, said in want.values():
@@ -98,7 +98,7 @@ def test_a_policy_file_allows_exactly_what_it_lists_for_every_caller(
         policy.check(Case.model_validate(d))
         policy.check(Case.model_validate(ssh_draft(1)))  # 'host' allows any user on it
         with pytest.raises(
-            NotAuthorized, match=f"service.env loader env 'LD_PRELOAD' is not allowed \\(host policy {host_policy}\\)"
+            NotAuthorized, match=f"service.env variable 'LD_PRELOAD' is not allowed \\(host policy {host_policy}\\)"
         ):
             policy.check(Case.model_validate(preload_draft(1)))
         other = ssh_draft(1)
@@ -211,7 +211,7 @@ def test_an_mcp_client_over_http_with_the_token_cannot_start_what_the_policy_doe
         server.terminate()
         server.wait(10)
     assert "program 'sh' is not allowed" in said["sh"]
-    assert "loader env 'LD_PRELOAD' is not allowed" in said["LD_PRELOAD"]
+    assert "variable 'LD_PRELOAD' is not allowed" in said["LD_PRELOAD"]
     assert "ssh host 'bench@10.0.0.7' is not allowed" in said["ssh"]
     assert all("start_run refused: " in s and "an HTTP caller" in s for k, s in said.items() if k != "served")
     assert not marker.exists()

@@ -15,7 +15,27 @@ from caseledger import redact
 from caseledger.load.plan import RequestSpec
 from caseledger.records import ErrorClass, RawRecord
 
-HTTP_ERROR_BODY_CHARS = 200
+ERROR_LINE_CHARS = 120  # a target's error text, as the ledger and every view show it: a status line, not a body
+
+
+def error_line(text: str) -> str:
+    """A target's error body as one short line: the message of a JSON error (OpenAI's {"error": {"message"}},
+    {"message"}, {"detail"}), else the body's first non-empty line; control characters dropped, masked, cut at
+    ERROR_LINE_CHARS. A body is never kept whole: the target may be a service that was not meant to be read."""
+    msg: object = text
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if isinstance(obj, dict):
+            err = obj.get("error", obj)
+            msg = next((err[k] for k in ("message", "detail") if isinstance(err, dict) and k in err), err)
+    flat = str(msg).strip()
+    first = next((ln.strip() for ln in flat.splitlines() if ln.strip()), "")
+    clean = "".join(c if c.isprintable() else " " for c in first)
+    short = redact.cut(clean, ERROR_LINE_CHARS)
+    return short + ("…" if len(clean) > ERROR_LINE_CHARS else "")
 
 
 class ServerStreamError(Exception):
@@ -59,10 +79,8 @@ class ChunkState:
         if not isinstance(obj, dict):
             raise ServerStreamError(f"chunk is not a JSON object: {payload[:80]!r}")
         if "error" in obj:
-            err = obj["error"]
-            msg = err.get("message", err) if isinstance(err, dict) else err
-            # masked before the cut: a cut would keep the first characters of a key the server echoed
-            raise ServerStreamError(f"server error in stream: {redact.cut(str(msg), HTTP_ERROR_BODY_CHARS)}")
+            # masked before the cut (error_line): a cut would keep the first characters of a key the server echoed
+            raise ServerStreamError(f"server error in stream: {error_line(payload.decode('utf-8', 'replace'))}")
         usage = obj.get("usage")
         completion: int | None = None
         if usage:

@@ -24,10 +24,9 @@ import anyio
 import orjson
 from typing_extensions import TypeIs
 
-from caseledger import redact
 from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.auth import request_headers
-from caseledger.load.chunks import HTTP_ERROR_BODY_CHARS, ChunkState, ServerStreamError, make_record
+from caseledger.load.chunks import ChunkState, ServerStreamError, error_line, make_record
 from caseledger.load.fast import FastStreamer, fast_target
 from caseledger.load.plan import RequestSpec
 from caseledger.load.sse import EventTooLarge, SSEParser
@@ -80,7 +79,7 @@ async def request_one(
                 status = resp.status
                 if not 200 <= status < 300:
                     text = (await resp.aread()).decode("utf-8", "replace")
-                    error, error_class = f"HTTP {status}: {redact.cut(text, HTTP_ERROR_BODY_CHARS)}", "http"
+                    error, error_class = f"HTTP {status}: {error_line(text)}", "http"
                 else:
                     parser = SSEParser(max_event_bytes)
                     async for now, raw in resp.aiter_timed():  # now: when the bytes arrived
