@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from caseledger.case.decision import Decision
-from caseledger.case.model import SCENARIO_PATTERN
+from caseledger.case.model import SCENARIO_PATTERN, Case
+from caseledger.case.plan import DERIVED, argv_options, delta, flatten
 
 MAX_AXES = 4
 MAX_VALUES = 64
@@ -483,6 +484,28 @@ def label_of(axes: list[Axis], values: dict[str, Scalar]) -> str:
     return " ".join(
         by_path[p].label(v) if p in by_path else Axis(path=p, values=[v]).label(v) for p, v in values.items()
     )
+
+
+def setting_label(first: Case, case: Case, axes: list[str]) -> str:
+    """Every knob `case` sets away from `first` (the scenario's first case) that is not one of `axes` (the paths
+    its campaign's label already names), in the words of an axis label: '-b=512 -ub=512', 'C=4'. A point labelled
+    by its own campaign's axes alone would hide what its campaign's base changed."""
+    said: list[str] = []
+    mine = flatten(case.canonical())
+    for d in delta(first, case):
+        if d.path in DERIVED and mine.get(d.path) == mine.get(DERIVED[d.path]):
+            continue  # follows its source field: not a knob of its own
+        if isinstance(d.old, list) and isinstance(d.new, list) and d.path.endswith("argv"):
+            old, new = dict(argv_options([str(x) for x in d.old])), dict(argv_options([str(x) for x in d.new]))
+            for flag in [*old, *(k for k in new if k not in old)]:
+                if f"{d.path}[{flag}]" in axes or old.get(flag, "-") == new.get(flag, "-"):
+                    continue
+                name = flag or "(positional)"
+                said.append(f"no {name}" if flag not in new else name if new[flag] is None else f"{name}={new[flag]}")
+        elif d.path not in axes:
+            value = d.new if isinstance(d.new, str | int | float | bool) else "…"
+            said.append(Axis(path=d.path, values=[value]).label(value))
+    return " ".join(said)
 
 
 def apply_axis(draft: dict[str, Any], path: str, value: Scalar) -> None:  # JSON: a case draft, edited by path

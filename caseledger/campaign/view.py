@@ -14,9 +14,17 @@ from pydantic import Field
 from caseledger import procs
 from caseledger.campaign import plan as planner
 from caseledger.campaign import pool
-from caseledger.campaign.model import PROPOSING
+from caseledger.campaign.model import PROPOSING, Search, setting_label
 from caseledger.campaign.search import REQUESTS
-from caseledger.campaign.store import Campaign, Point, driver_events, driver_file, load_campaign, waiting_on
+from caseledger.campaign.store import (
+    Campaign,
+    Point,
+    driver_events,
+    driver_file,
+    load_campaign,
+    scenario_campaigns,
+    waiting_on,
+)
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -428,6 +436,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     pl, obs, extra, mine = current_plan(ws, camp)
     if pl.cut is not None:  # the target changed: the rows and the answer rest on the runs since, as the plan does
         obs = planner.set_aside(obs, pl.cut)
+    obs = full_labels(ws, camp, obs)
     d = camp.decision
     higher = METRICS[d.primary_metric].higher_is_better
     complete = not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
@@ -458,7 +467,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         tie=tie,
         pareto=[r.label for r in rows if r.pareto],
         notes=pl.notes,
-        controls=pl.controls,
+        controls=[c for c in pl.controls if sum(o.service_key == by_id[c].service_key for o in obs) > 1],
         drift=pl.drift,
         pool=lines,
         progress=_progress(ws, camp, rows, mine),
@@ -468,6 +477,55 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         plan=[f"{by_id[cid].label}: {why}" for cid, why in pl.next[:3] if cid in by_id],
         next_call=_next_call(campaign_id, pl, complete, alive, auth),
     )
+
+
+def full_labels(ws: Workspace, camp: Campaign, obs: list[planner.PointObs]) -> list[planner.PointObs]:
+    """Each point labelled with its full setting: its axis values, then every other knob its case sets away from
+    the scenario's first case (the base of the scenario's oldest campaign), so a point of a campaign whose base
+    changed '-b' says '-b=512' too. A pool's points differ by target only: their axis labels stand."""
+    ids = scenario_campaigns(ws, camp.scenario)
+    if camp.pool or not ids:
+        return obs
+    first = load_case(ws, load_campaign(ws, ids[0]).base_case)
+    axes = [a.path for a in camp.axes]
+    out = []
+    for o in obs:
+        extra = setting_label(first, load_case(ws, o.case_id), [*axes, *o.values])
+        out.append(replace(o, label=f"{o.label} {extra}".strip()) if extra else o)
+    return out
+
+
+@dataclass(frozen=True)
+class ScenarioAnswer:
+    """The one answer of a scenario that several campaigns measured: their points ranked together."""
+
+    answer: str
+    winner: str | None
+    tie: list[str]
+    complete: bool
+
+
+def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
+    """The points of every campaign of the scenario ranked together (a case two campaigns measured is one point:
+    its runs are the same), by the same planner and words as one campaign's answer; None with fewer than two
+    campaigns (the campaign's own answer is the scenario's)."""
+    ids = scenario_campaigns(ws, scenario)
+    if len(ids) < 2:
+        return None
+    merged: dict[str, planner.PointObs] = {}
+    complete = True
+    for gid in ids:  # oldest first: a newer campaign's view of a shared case (after its own drift cut) stands
+        camp = load_campaign(ws, gid)
+        pl, obs, _, _ = current_plan(ws, camp)
+        obs = full_labels(ws, camp, planner.set_aside(obs, pl.cut) if pl.cut is not None else obs)
+        complete = complete and not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
+        merged.update({o.case_id: o for o in obs if not o.screen})
+    newest = load_campaign(ws, ids[-1])
+    d = newest.decision
+    higher = METRICS[d.primary_metric].higher_is_better
+    pl = planner.plan(list(merged.values()), Search(), newest.repeats, higher, None, d.min_effect)
+    answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
+    return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete)
 
 
 def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[PointStatus, str | None]:

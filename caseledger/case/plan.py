@@ -209,14 +209,14 @@ def delta(parent: Case | None, child: Case) -> list[DeltaItem]:
         imp = impact_of(path)
         if imp is None or a.get(path) == b.get(path):
             continue
-        if path in _DERIVED and all(x.get(path) == x.get(_DERIVED[path]) for x in (a, b)):
-            imp = impact_of(_DERIVED[path])  # follows its source field (N640 means 640 entries)
+        if path in DERIVED and all(x.get(path) == x.get(DERIVED[path]) for x in (a, b)):
+            imp = impact_of(DERIVED[path])  # follows its source field (N640 means 640 entries)
         items.append(DeltaItem(path=path, old=a.get(path), new=b.get(path), impact=imp))
     return items
 
 
 # Fields whose default follows another field; a change that only follows its source has the source's class.
-_DERIVED = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
+DERIVED = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ import orjson
 from pydantic import Field, ValidationError
 
 from caseledger.campaign.store import campaign_files, scenario_campaigns
-from caseledger.campaign.view import CampaignView, PointRow, campaign_view
+from caseledger.campaign.view import PointRow, campaign_view, scenario_answer
 from caseledger.case.decision import Decision
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
-from caseledger.case.plan import argv_change, delta, flatten
+from caseledger.case.plan import DERIVED, argv_change, delta, flatten
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound, quoted
 from caseledger.ledger.index import Index, RunRow, open_index
@@ -34,8 +34,6 @@ from caseledger.workspace import Workspace, sha256_bytes
 
 # short labels of the swept fields agents name most (DESIGN.md: N, C, r)
 _LABELS = {"load.concurrency": "C", "load.requests": "N", "load.rate": "r"}
-# fields whose default follows another: a change that only follows its source is not shown
-_FOLLOWS = {"dataset.entries": "load.requests", "load.max_tokens": "dataset.output_tokens"}
 
 
 class ScenarioRow(FrozenModel):
@@ -118,12 +116,17 @@ class ScenarioView(FrozenModel):
         "campaign that owns the scenario, its winner (null: none, or a tie)"
     )
     decisions: str = Field(description=DECISION_WORDS)
-    campaign: str | None = Field(
-        None, description="The campaign that owns the scenario (its newest): its answer is the scenario's"
+    campaign: str | None = Field(None, description="The scenario's newest campaign (its next call is the scenario's)")
+    campaigns: list[str] = Field(
+        default_factory=list, description="Every campaign of the scenario, oldest first: their points rank together"
     )
-    answer: str | None = Field(None, description="The campaign's answer: the winner, a tie within noise, or why none")
-    complete: bool = Field(False, description="The campaign is complete: nothing is left to run")
-    tie: list[str] = Field(default_factory=list, description="The campaign's tie (case ids)")
+    answer: str | None = Field(
+        None,
+        description="The scenario's answer: its campaign's, or with several campaigns their points ranked together "
+        "('across 2 campaigns: winner ...'): the winner, a tie within noise, or why none",
+    )
+    complete: bool = Field(False, description="Every campaign is complete: nothing is left to run")
+    tie: list[str] = Field(default_factory=list, description="The answer's tie (case ids)")
     campaign_next: str | None = Field(None, description="The campaign's next call")
 
     def text(self) -> str:
@@ -151,7 +154,11 @@ class ScenarioView(FrozenModel):
                 + (f" | why: {quoted(r.why, 160)}" if r.why else "")
             )
         best = next((r for r in self.rows if r.best), None)
-        if self.campaign is not None:
+        if len(self.campaigns) > 1:
+            lines.append(
+                f"campaigns {', '.join(self.campaigns)} {'complete' if self.complete else 'so far'}: {self.answer}"
+            )
+        elif self.campaign is not None:
             lines.append(f"campaign {self.campaign} {'complete' if self.complete else 'so far'}: {self.answer}")
         else:
             lines.append(
@@ -214,7 +221,7 @@ def _changes(base: Case | None, case: Case) -> list[tuple[str, Any, Any]]:
     return [
         (d.path, d.new, d.old)
         for d in delta(base, case)
-        if not (d.path in _FOLLOWS and new.get(d.path) == new.get(_FOLLOWS[d.path]))
+        if not (d.path in DERIVED and new.get(d.path) == new.get(DERIVED[d.path]))
     ]
 
 
@@ -292,11 +299,17 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
     best = _best(rows, metric)
     best_id = best.case_id if best else None
     owners = scenario_campaigns(ws, name)
-    camp = campaign_view(ws, owners[-1]) if owners else None
-    if camp is not None:  # the campaign's verdicts and answer are the scenario's: one truth in every view
-        points = {c: p for p in camp.rows for c in (p.case_id, *p.cases.values())}  # a pool: each target's case
-        rows = [_as_point(r, points[r.case_id], camp) if r.case_id in points else r for r in rows]
-        best_id = camp.winner
+    views = [campaign_view(ws, g) for g in owners]
+    camp = views[-1] if views else None
+    across = scenario_answer(ws, name)
+    answer, tie, complete = (across.answer, across.tie, across.complete) if across else (None, [], False)
+    if camp is not None:  # the campaigns' verdicts and answer are the scenario's: one truth in every view
+        if across is None:
+            answer, tie, complete, best_id = camp.answer, camp.tie, camp.complete, camp.winner
+        else:
+            best_id = across.winner
+        points = {c: p for v in views for p in v.rows for c in (p.case_id, *p.cases.values())}  # a pool: per target
+        rows = [_as_point(r, points[r.case_id], best_id, tie) if r.case_id in points else r for r in rows]
     rows = [r.model_copy(update={"best": r.case_id == best_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
@@ -311,19 +324,20 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         best_case=best_id,
         decisions=DECISION_WORDS,
         campaign=camp.campaign_id if camp else None,
-        answer=camp.answer if camp else None,
-        complete=camp.complete if camp else False,
-        tie=camp.tie if camp else [],
+        campaigns=owners,
+        answer=answer,
+        complete=complete,
+        tie=tie,
         campaign_next=camp.next_call if camp else None,
     )
 
 
-def _as_point(row: ScenarioRow, p: PointRow, camp: CampaignView) -> ScenarioRow:
-    """A case's row as the campaign judges the point: its label naming every axis value, the campaign's verdict,
+def _as_point(row: ScenarioRow, p: PointRow, winner: str | None, tie: list[str]) -> ScenarioRow:
+    """A case's row as the campaigns judge the point: its label naming its full setting, the answer's verdict,
     the mean over its valid runs and its limits pooled over them."""
-    if p.case_id == camp.winner:
+    if p.case_id == winner:
         verdict = "winner"
-    elif p.case_id in camp.tie:
+    elif p.case_id in tie:
         verdict = "tie"
     elif p.status == "measured" and p.meets is False:
         verdict = "breaks a limit"
