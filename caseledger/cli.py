@@ -123,8 +123,9 @@ def _run_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="S",
-        help="answer when the run's state changes, or after S seconds (at most 600)",
+        help="answer when the run or campaign ends or needs you, or after S seconds (at most 600)",
     )
+    s.add_argument("--each-change", action="store_true", help="with --wait: answer at every phase (or point) instead")
 
     s = sub.add_parser("resume", parents=[common], help="continue a run at its first unfinished phase (resume)")
     s.add_argument("run_id")
@@ -333,7 +334,7 @@ def _run(ws: Workspace, a: argparse.Namespace) -> int:
 def _status(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.tools import status_any  # lazy: see above
 
-    _emit(status_any(ws, a.run_id, wait_s=a.wait), a.json)
+    _emit(status_any(ws, a.run_id, wait_s=a.wait, until="change" if a.each_change else "end"), a.json)
     return 0
 
 

@@ -128,9 +128,35 @@ async def test_decision_words_are_in_the_server_instructions_and_the_case_schema
         assert instructions.count(word) == 1, word
     body = schema.contents[0]
     assert isinstance(body, TextResourceContents)
-    doc = json.loads(body.text)
-    assert "limits" in doc["$defs"]["Decision"]["properties"] and "tpot_p99_ms" in doc["$defs"]["Limits"]["properties"]
-    assert "caseledger://scenarios/{name}" in templates
+    index = json.loads(body.text)
+    assert (
+        len(body.text.encode()) <= 8192
+        and index["sections"]["decision"]["schema"] == "caseledger://schema/case/decision"
+    )
+    assert "caseledger://scenarios/{name}" in templates and "caseledger://schema/case/{section}" in templates
+
+
+async def test_every_section_of_the_case_schema_index_is_reachable_and_whole(ws: Workspace) -> None:
+    """The index names a resource for each section; each holds the section's whole schema (its $defs included),
+    and together they hold every definition of the whole schema."""
+    async with Client(build_server(ws)) as c:
+        index = json.loads(_text(await c.read_resource("caseledger://schema/case")))
+        uris = {name: s["schema"] for name, s in index["sections"].items() if "schema" in s}
+        parts = {name: json.loads(_text(await c.read_resource(uri))) for name, uri in uris.items()}
+        whole = json.loads(_text(await c.read_resource(index["whole"])))
+        with pytest.raises(MCPError, match="no case section 'nope'"):
+            await c.read_resource("caseledger://schema/case/nope")
+    assert {"target", "service", "dataset", "load", "measurement", "decision"} <= set(uris)
+    assert "tpot_p99_ms" in parts["decision"]["$defs"]["Limits"]["properties"]
+    assert "limits" in parts["decision"]["properties"] and "argv" in parts["service"]["properties"]
+    used = {d for p in parts.values() for d in p.get("$defs", {})} | {p.get("title") for p in parts.values()}
+    assert set(whole["$defs"]) <= used, set(whole["$defs"]) - used
+
+
+def _text(r: Any) -> str:
+    body = r.contents[0]
+    assert isinstance(body, TextResourceContents)
+    return str(body.text)
 
 
 async def test_freeze_case_answers_short_text_with_structured_case_id(ws: Workspace) -> None:

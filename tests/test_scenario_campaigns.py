@@ -72,7 +72,9 @@ def test_two_campaigns_of_one_scenario_rank_together_and_label_their_full_settin
     assert sv.answer is not None and sv.answer.startswith("across 2 campaigns: "), sv.text()
     points = {r.case_id: r for v in (va, vb) for r in v.rows}
     ranked = sorted((p for p in points.values() if p.metric_mean is not None), key=lambda p: -(p.metric_mean or 0))
-    for row in sv.rows:  # each campaign's rows and the scenario's agree, point by point
+    shown = [r for r in sv.rows if r.case_id in points]  # (a campaign's base that is no point of it: a case too)
+    assert len(shown) == len(points) == 4, sv.text()
+    for row in shown:  # each campaign's rows and the scenario's agree, point by point
         p = points[row.case_id]
         assert row.change == p.label and row.metric == p.metric_mean and row.runs == p.runs, (row, p)
     best = ranked[0]  # C=4 of the fast base: ~1.7x the runner-up (its C=2), ~4x the first campaign's: beyond noise

@@ -5,7 +5,7 @@ Pareto frontier, and the time ledger (service starts, the share of the wall time
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -30,6 +30,7 @@ from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.ledger import authorization
+from caseledger.ledger.advice import wait_call
 from caseledger.ledger.evidence import ServiceRecord, read_evidence
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
@@ -199,6 +200,7 @@ class _Extra:
     requests: int | None
     per_user: float | None
     per_card: float | None
+    tie_break: list[float] = field(default_factory=list)  # decision.tie_break per valid run
 
 
 def service_key(case: Case) -> str:
@@ -219,6 +221,7 @@ def _observe_point(
     when: list[str] = []
     run_rel: list[float | None] = []
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
+    tie_break: list[float] = []
     bad, active, problem = 0, None, None
     pool: list[dict[str, F64]] = []  # per valid run: its window's per-request samples (limits only)
     latest_valid: tuple[str, Result] | None = None
@@ -248,6 +251,8 @@ def _observe_point(
             lv = window_stat(w, name)
             if lv is not None:
                 limit_values[name].append(lv)
+        if (tb := window_stat(w, d.tie_break)) is not None:
+            tie_break.append(tb)
         if limit_values:  # the requests the limits' pooled percentiles rest on (the window's, run by run)
             span = (w.start_s, w.end_s) if w.start_s is not None and w.end_s is not None else None
             pool.append(latency_samples(ws, m.run_id, span))
@@ -283,7 +288,8 @@ def _observe_point(
         screen=REQUESTS in values and all(a.path != REQUESTS for a in camp.axes),
         targets=targets if camp.pool else [],
     )
-    return obs, _Extra(run_ids=[m.run_id for m in own], requests=requests, per_user=per_user, per_card=per_card)
+    extra = _Extra([m.run_id for m in own], requests, per_user, per_card, tie_break)
+    return obs, extra
 
 
 def _limit(limit: str, bound: float, values: list[float], pool: list[dict[str, F64]]) -> planner.LimitObs:
@@ -448,6 +454,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
+    answer += tie_break(d.tie_break, [(by_id[c].label, extra[c].tie_break) for c in tie])
     lines: list[str] = []
     if camp.pool:
         lines = pool.check(ws, camp, mine).lines()
@@ -513,10 +520,12 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     if len(ids) < 2:
         return None
     merged: dict[str, planner.PointObs] = {}
+    extras: dict[str, _Extra] = {}
     complete = True
     for gid in ids:  # oldest first: a newer campaign's view of a shared case (after its own drift cut) stands
         camp = load_campaign(ws, gid)
-        pl, obs, _, _ = current_plan(ws, camp)
+        pl, obs, extra, _ = current_plan(ws, camp)
+        extras.update(extra)
         obs = full_labels(ws, camp, planner.set_aside(obs, pl.cut) if pl.cut is not None else obs)
         complete = complete and not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
         merged.update({o.case_id: o for o in obs if not o.screen})
@@ -525,6 +534,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     higher = METRICS[d.primary_metric].higher_is_better
     pl = planner.plan(list(merged.values()), Search(), newest.repeats, higher, None, d.min_effect)
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
+    answer += tie_break(d.tie_break, [(merged[c].label, extras[c].tie_break) for c in tie])
     return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete)
 
 
@@ -597,7 +607,7 @@ def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, 
         return f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
     if auth == "paused":
         return "caseledger authorize auto: while paused no new point starts"
-    return f"phase_status(run_id='{campaign_id}', wait_s=60) until it says campaign complete"
+    return wait_call(campaign_id)
 
 
 def _answer(
@@ -630,6 +640,23 @@ def _answer(
     if pl.settled:
         return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}" + _unsure([lead]), pl.leader, []
     return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet" + _unsure([lead]), None, []
+
+
+def tie_break(metric: str, tied: list[tuple[str, list[float]]]) -> str:
+    """'; tie-break on ttft_p99_ms: C=2 better, 1.8e+03 vs 3.7e+03 ms (-51%; run-to-run ±4%)': the better of a
+    tie's points on decision.tie_break (lower is better), by its mean over their valid runs; when the gap is within
+    the run-to-run spread, it says so rather than naming a better one."""
+    if len(tied) != 2 or not all(v for _, v in tied):
+        return ""
+    (la, va), (lb, vb) = sorted(tied, key=lambda t: sum(t[1]) / len(t[1]))
+    ma, mb = sum(va) / len(va), sum(vb) / len(vb)
+    spreads = [(max(v) - min(v)) / 2 / m for v, m in ((va, ma), (vb, mb)) if len(v) > 1 and m > 0]
+    spread = max(spreads, default=None)
+    gap = (ma - mb) / mb if mb else 0.0
+    noise = f"run-to-run ±{spread:.0%}" if spread is not None else "run-to-run unknown (1 run each)"
+    if spread is not None and abs(gap) <= 2 * spread:
+        return f"; tie-break on {metric}: {_n(ma)} vs {_n(mb)} ms ({gap:+.0%}), within noise ({noise}): still a tie"
+    return f"; tie-break on {metric}: {la} better, {_n(ma)} vs {_n(mb)} ms for {lb} ({gap:+.0%}; {noise})"
 
 
 def _noise_seen(obs: list[planner.PointObs]) -> str:

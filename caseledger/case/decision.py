@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from caseledger.case.bounds import MAX_TIMEOUT_S, OmitAtDefault, SectionModel
-from caseledger.case.metrics import PrimaryMetric
+from caseledger.case.metrics import LimitName, PrimaryMetric
 
 _MAX_LIMIT_MS = MAX_TIMEOUT_S * 1000  # a latency limit above one day is a typo
 
@@ -73,7 +73,7 @@ class Goodput(SectionModel):
 
 
 class Decision(OmitAtDefault):
-    omit_at_default = ("limits", "goodput")  # added after cases were frozen: out of the canonical JSON at default
+    omit_at_default = ("limits", "goodput", "tie_break")  # added after cases were frozen: out of the canonical JSON
     primary_metric: PrimaryMetric = Field(
         "output_throughput_per_card", description="Metric the decision compares; 'goodput' needs decision.goodput"
     )
@@ -92,6 +92,11 @@ class Decision(OmitAtDefault):
         "{'tpot_p99_ms': 10}; a run above one is closed and never the scenario's best",
     )
     goodput: Goodput | None = Field(None, description="Per-request limits for the goodput metric; null: no goodput")
+    tie_break: LimitName = Field(
+        "ttft_p99_ms",
+        description="A campaign's tie on the primary metric is broken by this latency percentile (lower is better): "
+        "the answer names the better of the tied points on it, with its gap and noise",
+    )
 
     @model_validator(mode="after")
     def _goodput_needs_limits(self) -> Decision:

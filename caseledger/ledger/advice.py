@@ -12,6 +12,14 @@ from caseledger.ledger.view import PhaseView, RunState, RunView
 REPEATS_BEFORE_BY_HAND = 3  # attempts of one phase failing the same way, after which resume is no answer
 
 
+NEXT_WAIT_S = 600  # the wait a "next" names: the bound of phase_status's wait (clients set their timeout above it)
+
+
+def wait_call(run_id: str) -> str:
+    """The call that waits for a run or a campaign until it ends or needs the caller: every "next" names this."""
+    return f"phase_status(run_id='{run_id}', wait_s={NEXT_WAIT_S}): answers when it ends or needs you"
+
+
 class Advice(NamedTuple):
     blocker: str | None  # what stops the run, at its boundary (None: nothing does)
     next_call: str  # the one call to make next
@@ -73,7 +81,7 @@ def _advise_live(v: RunView) -> Advice | None:
             fix + f"phase_status(run_id='{rid}') shows it",
         )
     if v.state in (RunState.RUNNING, RunState.CREATED):
-        return Advice(None, f"phase_status(run_id='{rid}') later; the run continues in its controller")
+        return Advice(None, wait_call(rid))
     return None
 
 

@@ -14,6 +14,7 @@ from caseledger.campaign.store import campaign_of
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
+from caseledger.ledger.advice import wait_call
 from caseledger.ledger.index import Index, RunRow, open_index, row_of
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold
@@ -260,7 +261,7 @@ def _campaign_next(ws: Workspace, camps: list[tuple[str, str, bool]], latest: Ru
     """Follow a campaign whose driver is alive; after one that ran the latest run, its answer."""
     alive = next((gid for _, gid, up in camps if up), None)
     if alive:
-        return f"phase_status(run_id='{alive}', wait_s=60) until it says campaign complete"
+        return wait_call(alive)
     gid = campaign_of(ws, latest.case_id)  # the latest run is a campaign's point (active or not): its answer
     if gid is not None:
         return f"summarize(run_ids=['{gid}']): the campaign's answer (its points are not decided one by one)"

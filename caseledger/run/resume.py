@@ -11,6 +11,7 @@ from caseledger import ledger
 from caseledger.case.plan import Phase
 from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
+from caseledger.ledger.advice import wait_call
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, RunView, fold, next_steps
@@ -108,9 +109,7 @@ def _resumable_target(v: RunView, run_id: str) -> str:
             f"summarize(run_ids=['{run_id}']) or freeze the next candidate",
         )
     if v.controller_alive:
-        raise NothingToResume(
-            f"run {run_id} still has a live controller (phase {v.current})", f"phase_status(run_id='{run_id}') later"
-        )
+        raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})", wait_call(run_id))
     if v.meta.target_key is None:
         raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
     return v.meta.target_key

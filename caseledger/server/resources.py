@@ -98,13 +98,29 @@ def _add_schemas(mcp: MCPServer) -> None:
     @mcp.resource(
         "caseledger://schema/case",
         name="case_schema",
-        mime_type="application/schema+json",
-        description="JSON Schema of a case draft: every field with its bounds and description",
+        mime_type="application/json",
+        description="The case draft's schema in short (a few KB): each section (target, service, dataset, load, "
+        "measurement, decision, ...) with its description, its fields and the resource of its whole schema",
     )
-    async def case_schema_json() -> str:
-        from caseledger.case.schema import case_schema  # lazy: the case models
+    async def case_schema_index() -> str:
+        from caseledger.case.schema import schema_index  # lazy: the case models
 
-        return case_schema().decode()
+        return schema_index().decode()
+
+    @mcp.resource(
+        "caseledger://schema/case/{section}",
+        name="case_schema_section",
+        mime_type="application/schema+json",
+        description="JSON Schema of one section of a case draft (e.g. service, load, decision) with the "
+        "definitions it uses: every field with its bounds and description; 'all': the whole schema (~70 KB)",
+    )
+    async def case_schema_section(section: str) -> str:
+        from caseledger.case.schema import section_schema  # lazy: the case models
+
+        try:
+            return section_schema(section).decode()
+        except KeyError as e:
+            raise ResourceError(str(e.args[0])) from None
 
     @mcp.resource(
         "caseledger://schema/campaign",

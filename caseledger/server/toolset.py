@@ -17,7 +17,7 @@ import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -323,10 +323,17 @@ def _phase_status(mcp: MCPServer, ws: Workspace) -> None:
                 ge=0,
                 le=600,
                 description="Wait up to this many seconds (at most 600; keep it under your client's tool timeout) "
-                "for the run's state to change (a phase ending, the run settling; a campaign: complete, stopped or "
-                "waiting) before answering; 0: at once",
+                "until the run or campaign ends or needs you (see until) before answering; 0: at once",
             ),
         ] = 0.0,
+        until: Annotated[
+            Literal["end", "change"],
+            Field(
+                description="What a wait answers on: 'end' (default): the run ends, fails or needs you (a stopped "
+                "process, a dead controller), a campaign completes, stops or is paused; 'change': the next change "
+                "(a phase, a campaign's point), to follow it step by step"
+            ),
+        ] = "end",
     ) -> CallToolResult:
         """Where a run stands (events checked against evidence): phase, requests sent/done, load ended,
         results extracted, enough to decide, what the next step would repeat, the next call. wait_s: answer
@@ -335,7 +342,7 @@ def _phase_status(mcp: MCPServer, ws: Workspace) -> None:
         def call() -> _Result:
             from caseledger.tools import status_any  # lazy: see the module's docstring
 
-            return status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx))
+            return status_any(ws, run_id, wait_s=wait_s, progress=_notifier(ctx), until=until)
 
         # a bounded wait notifies from the state it polls (phases finished, the load's requests done): the
         # elapsed-time heartbeat would break the rule that a progress value only grows

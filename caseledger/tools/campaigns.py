@@ -19,7 +19,7 @@ from caseledger.outcome import handoff
 from caseledger.run.campaign_driver import spawn, stamp
 from caseledger.run.progress import ProgressLine
 from caseledger.run.resume import ResumeResult, resume
-from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, check_wait, phase_status
+from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, Until, check_wait, phase_status
 from caseledger.tools.start_run import StartResult, start_run
 from caseledger.workspace import Workspace, check_id, is_id
 
@@ -108,19 +108,31 @@ def start(ws: Workspace, gid: str, *, wait: bool = False, progress: ProgressLine
     return view
 
 
-def status(ws: Workspace, gid: str, wait_s: float = 0.0) -> CampaignView:
-    """The campaign's progress; wait_s > 0: answer when it is complete, its driver stops, or it waits or was
-    refused (a paused authorization, a held target), polling a cheap mark rather than the view."""
+def campaign_needs_caller(v: CampaignView) -> bool:
+    """The campaign is complete, its driver stopped, or it cannot go on without the caller (a paused
+    authorization): what a default wait (until='end') answers on."""
+    return v.complete or not v.driver_alive or v.authorization == "paused"
+
+
+def status(ws: Workspace, gid: str, wait_s: float = 0.0, until: Until = "end") -> CampaignView:
+    """The campaign's progress; wait_s > 0: answer when it is complete, its driver stops or it needs the caller
+    (until='end'), or at its next change (until='change': a point starts or ends, the driver waits), polling a
+    cheap mark rather than the view."""
     check_id(gid, "run_id", "g")
     first = campaign_view(ws, gid)
-    if wait_s <= 0 or first.complete or not first.driver_alive:
+    if wait_s <= 0 or campaign_needs_caller(first):
         return first
     deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
     mark = stamp(ws, gid)
     while time.monotonic() < deadline:
         time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
-        if stamp(ws, gid) != mark:
+        if stamp(ws, gid) == mark:
+            continue
+        if until == "change":
             break
+        mark, view = stamp(ws, gid), campaign_view(ws, gid)
+        if campaign_needs_caller(view):
+            return view
     return campaign_view(ws, gid)
 
 
@@ -132,14 +144,18 @@ def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignV
 
 
 def status_any(
-    ws: Workspace, run_id: str | None, wait_s: float = 0.0, progress: Callable[[StatusResult], None] | None = None
+    ws: Workspace,
+    run_id: str | None,
+    wait_s: float = 0.0,
+    progress: Callable[[StatusResult], None] | None = None,
+    until: Until = "end",
 ) -> StatusResult | CampaignView:
     """The phase_status tool: a run (or a case's latest run), or a campaign's progress. progress: a run's
-    bounded wait hands it every status it reads."""
+    bounded wait hands it every status it reads; until: what a wait answers on (phase_status.UNTIL)."""
     if run_id is not None and is_id(run_id, "g"):
         check_wait(wait_s)
-        return status(ws, run_id, wait_s)
-    return phase_status(ws, run_id, wait_s=wait_s, progress=progress)
+        return status(ws, run_id, wait_s, until)
+    return phase_status(ws, run_id, wait_s=wait_s, progress=progress, until=until)
 
 
 def resume_any(ws: Workspace, run_id: str, **kw: Any) -> ResumeResult | CampaignView:

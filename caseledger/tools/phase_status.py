@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -172,19 +173,33 @@ def check_wait(wait_s: float) -> None:
         )
 
 
+Until = Literal["end", "change"]
+UNTIL: dict[Until, str] = {
+    "end": "the run ends, or needs the caller (a blocker: a stopped or dead process, a held target)",
+    "change": "anything changes (a phase starts or ends, the load ends, a process stops): phase by phase",
+}
+
+
+def needs_caller(s: StatusResult) -> bool:
+    """The run has ended, or cannot go on without the caller (its blocker: a stopped or gone process, a dead
+    controller): what a default wait (until='end') answers on."""
+    return s.state not in ("running", "created") or bool(s.blocker)
+
+
 def phase_status(
     workspace: Workspace,
     run_id: str | None = None,
     wait_s: float = 0.0,
     progress: Callable[[StatusResult], None] | None = None,
+    until: Until = "end",
 ) -> StatusResult:
     """Status of run_id, or of the latest run when none is given. wait_s > 0 (at most 600): return as soon as
-    the run's state changes (a phase starts or ends, the load ends, the run settles, a process stops) or
-    when wait_s has passed, instead of being polled with sleep. progress: sees every status the wait reads
-    (request counts move between the changes it answers on)."""
+    the run ends or needs the caller (until='end'), or at its next change (until='change'), or when wait_s has
+    passed, instead of being polled with sleep. progress: sees every status the wait reads (phases and request
+    counts move between the answers)."""
     check_wait(wait_s)
     first = _status(workspace, run_id)
-    if wait_s <= 0 or first.state not in ("running", "created"):
+    if wait_s <= 0 or needs_caller(first):
         return first
     if progress is not None:
         progress(first)
@@ -195,7 +210,7 @@ def phase_status(
         now = _status(workspace, first.run_id)
         if progress is not None:
             progress(now)
-        if _signature(now) != sig:
+        if needs_caller(now) if until == "end" else _signature(now) != sig:
             return now
     return _status(workspace, first.run_id)
 
