@@ -247,12 +247,9 @@ def _observe_point(
         run_rel.append(
             w.noise.half_width_rel if isinstance(w.noise, Interval) and w.noise.metric == d.primary_metric else None
         )
-        for name in limit_values:
-            lv = window_stat(w, name)
-            if lv is not None:
-                limit_values[name].append(lv)
-        if (tb := window_stat(w, d.tie_break)) is not None:
-            tie_break.append(tb)
+        for name, into in (*limit_values.items(), (d.tie_break, tie_break)):
+            if (lv := window_stat(w, name)) is not None:
+                into.append(lv)
         if limit_values:  # the requests the limits' pooled percentiles rest on (the window's, run by run)
             span = (w.start_s, w.end_s) if w.start_s is not None and w.end_s is not None else None
             pool.append(latency_samples(ws, m.run_id, span))
