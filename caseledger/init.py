@@ -56,6 +56,7 @@ def init_workspace(directory: str | os.PathLike[str], engine: str | None) -> Ini
     template = f"cases/{engine}.json"
     files = {
         template: (TEMPLATES / f"{engine}.json").read_bytes(),
+        SWEEP: sweep_draft(template),
         f"schemas/{CASE_SCHEMA}": (PACKAGED_SCHEMAS / CASE_SCHEMA).read_bytes(),
         ".mcp.json": mcp_json(root),
     }
@@ -73,6 +74,7 @@ def init_workspace(directory: str | os.PathLike[str], engine: str | None) -> Ini
     to_fill = [path for path, _ in unfilled(orjson.loads((root / template).read_bytes()))]
     freeze = f"freeze_case(path='{template}')"
     nxt = f"fill the <FILL: ...> values of {template}, then {freeze}" if to_fill else f"{freeze}, then start_run"
+    nxt += f"; or the best C under a TTFT p99 limit in one campaign: freeze_case(path='{SWEEP}'), then start_run"
     if ws.handoff.exists():
         kept.append("HANDOFF.md (exists; `caseledger handoff` regenerates it from the ledger)")
     else:
@@ -87,6 +89,30 @@ def init_workspace(directory: str | os.PathLike[str], engine: str | None) -> Ini
         to_fill=to_fill,
         next_call=nxt,
     )
+
+
+SWEEP = "cases/sweep.json"  # the commonest question, ready to freeze once the engine's draft is filled
+
+
+def sweep_draft(template: str) -> bytes:
+    """A campaign draft for the commonest question: the best concurrency under a latency limit (a knee on C,
+    bisected), over the engine's own draft as its base. Its note lists the limit keys a person may use instead."""
+    from caseledger.case.metrics import LIMITS  # lazy: the case's metric registry
+
+    draft = {
+        "campaign": {
+            "name": "c-sweep",
+            "note": "The best C within a TTFT p99 limit (knee: C is bisected, points past the limit skipped). "
+            f"Other limits (ms): {', '.join(LIMITS)}; several may be given. Budget: repeats.budget extra runs "
+            "settle the answer (settle_runs at most per point). Freeze: freeze_case(path='cases/sweep.json').",
+            "base": template,
+            "axes": [{"path": "load.concurrency", "values": [1, 2, 4, 8, 16]}],
+            "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+            "decision": {"primary_metric": "output_throughput", "limits": {"ttft_p99_ms": 2000}},
+            "repeats": {"runs": 1, "settle_runs": 3, "budget": 4},
+        }
+    }
+    return orjson.dumps(draft, option=orjson.OPT_INDENT_2) + b"\n"
 
 
 def _check_args(directory: str | os.PathLike[str], engine: str | None) -> Path:

@@ -69,12 +69,9 @@ def test_init_in_an_empty_folder_then_filling_the_marked_values_gives_a_template
     monkeypatch.chdir(root)  # as its user goes on: in the new workspace (freeze reads cases/ from the cwd first)
     assert rc == 0, err
     template = root / "cases" / f"{engine}.json"
-    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
-        ".mcp.json",
-        "HANDOFF.md",
-        f"cases/{engine}.json",
-        f"schemas/{CASE_SCHEMA}",
-    ]
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == sorted(
+        [".mcp.json", "HANDOFF.md", f"cases/{engine}.json", "cases/sweep.json", f"schemas/{CASE_SCHEMA}"]
+    )
     draft = orjson.loads(template.read_bytes())
     marked = [path for path, _ in unfilled(draft)]
     assert (marked == []) == (engine == "reference"), marked  # every engine but the reference has values to fill
@@ -97,6 +94,12 @@ def test_init_in_an_empty_folder_then_filling_the_marked_values_gives_a_template
     assert rc == 0, err
     frozen = orjson.loads(out)
     assert frozen["case_id"].startswith("c-") and frozen["created"] and frozen["dataset_id"]
+    # the C sweep under a TTFT p99 limit freezes as written, over the same filled draft: one campaign, five points
+    rc, out, err = call(["-w", str(root), "--json", "freeze", "cases/sweep.json"], capsys)
+    assert rc == 0, err
+    sweep = orjson.loads(out)
+    assert sweep["campaign_id"].startswith("g-") and sorted(sweep["points"]) == ["C=1", "C=16", "C=2", "C=4", "C=8"]
+    assert "ttft_p99_ms" in (root / "cases" / "sweep.json").read_text()
 
 
 def test_init_twice_keeps_every_file_and_says_what_it_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +118,7 @@ def test_init_twice_keeps_every_file_and_says_what_it_kept(tmp_path: Path, capsy
     before = tree_digest(root)
     rc, out, _ = call(["init", str(root), "--engine", "vllm"], capsys)
     assert rc == 0 and tree_digest(root) == before
-    assert "wrote" not in out and out.count("kept ") == 4, out
+    assert "wrote" not in out and out.count("kept ") == 5, out
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str, str]]:

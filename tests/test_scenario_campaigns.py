@@ -9,17 +9,18 @@ from typing import Any
 import pytest
 
 from caseledger.campaign.model import setting_label
+from caseledger.campaign.store import driver_file
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import Case
 from caseledger.ledger import authorization
 from caseledger.outcome import handoff
 from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
-from caseledger.workspace import Workspace
+from caseledger.workspace import Workspace, utc_now, write_json
 from tests.conftest import KNEE_TARGET, free_port, knee_base, ref_draft, until_complete
 
 
-def _grid(port: int, name: str, values: list[int], **target: float) -> dict[str, Any]:
+def _grid(port: int, name: str, values: list[int], **target: Any) -> dict[str, Any]:
     base = knee_base(port, "two-campaigns", 16)
     base["service"]["reference"] = {**KNEE_TARGET, **target}
     return {
@@ -66,6 +67,10 @@ def test_two_campaigns_of_one_scenario_rank_together_and_label_their_full_settin
     fast = "decode_step_per_seq_s=0.0002 decode_step_s=0.002"
     assert sorted(r.label for r in vb.rows) == [f"C=2 {fast}", f"C=4 {fast}"], vb.text()
     assert len(va.controls) <= 1 and len(vb.controls) <= 1  # a control per identity with more than one point
+    # TTFT and TPOT p50 beside the p99s, on every measured row and in its line
+    assert all(set(r.latency) == {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"} for r in vb.rows)
+    assert all(r.latency["tpot_p50_ms"] <= r.latency["tpot_p99_ms"] for r in vb.rows)
+    assert vb.text().count("| TTFT p50/p99 ") == 2, vb.text()
 
     sv = summarize(ws, [], scenario="two-campaigns").scenario
     assert sv is not None and sv.campaigns == [a.campaign_id, b.campaign_id], sv
@@ -84,3 +89,19 @@ def test_two_campaigns_of_one_scenario_rank_together_and_label_their_full_settin
     text = handoff.refresh(ws)
     assert f"across 2 campaigns: winner C=4 {fast}" in text, text
     assert campaign_view(ws, b.campaign_id).winner == best.case_id  # the newest campaign's own answer agrees
+
+    # HANDOFF.md tells finished from stopped: both complete; a third whose driver stopped before any point ran
+    # has its points left and the call that continues it
+    for gid in (a.campaign_id, b.campaign_id):  # its own line, or in the compact form when the handoff is full
+        assert f"campaign {gid} " in text or f"{gid} (complete)" in text, text
+        assert not any(gid in x and ("active" in x or "stopped" in x) for x in text.splitlines()), text
+        assert any(gid in x and ("complete: " in x or "(complete)" in x) for x in text.splitlines()), text
+    c = freeze_any(ws, draft=_grid(port, "left", [8], slots=32))
+    assert isinstance(c, CampaignFrozen)
+    dead = {"pid": 2**22 + 7, "start": 1, "host": "x", "started_utc": "2026-01-01T00:00:00Z"}
+    write_json(driver_file(ws, c.campaign_id), {**dead, "ended_utc": utc_now(), "outcome": "stopped (SIGTERM)"})
+    text = handoff.refresh(ws)
+    gid = c.campaign_id
+    said = [x for x in text.splitlines() if gid in x]
+    assert any("stopped with 1 point(s) left" in x or f"{gid} (stopped, 1 point(s) left)" in x for x in said), text
+    assert f"next: start_run(case_id='{gid}')" in text, text

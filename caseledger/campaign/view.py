@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
     from caseledger.metrics import F64
 
 
+SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")  # every row shows these beside its limits
 PointStatus = Literal["measured", "screened", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
 
 
@@ -85,6 +86,10 @@ class PointRow(FrozenModel):
     per_user_tok_s: float | None = Field(description="Output tok/s per user (1000 / TPOT p50) of the latest run")
     per_card_tok_s: float | None = Field(description="Output tok/s per card of the latest run")
     pareto: bool = Field(False, description="On the Pareto frontier (tok/s per card vs tok/s per user) within limits")
+    latency: dict[str, float] = Field(
+        default_factory=dict,
+        description="TTFT and TPOT p50 and p99 (ms), each the mean over its valid runs: beside the limits' verdicts",
+    )
     run_ids: list[str] = Field(default_factory=list, description="Its runs, oldest first")
     sent: int = Field(0, description="Formal requests sent to it over all its runs and load attempts")
     on: list[str] = Field(
@@ -163,6 +168,7 @@ class CampaignView(FrozenModel):
                     else ""
                 )
                 n = f" n={r.requests}" if r.requests is not None else ""
+                n += _latency(r.latency)
                 mark = " *" if r.case_id == self.winner else " =" if r.case_id in self.tie else ""
                 mark += " (control)" if r.case_id in self.controls else ""
                 why = f" — {r.why}" if r.why and r.status != "measured" else ""
@@ -200,7 +206,18 @@ class _Extra:
     requests: int | None
     per_user: float | None
     per_card: float | None
-    tie_break: list[float] = field(default_factory=list)  # decision.tie_break per valid run
+    latency: dict[str, list[float]] = field(default_factory=dict)  # SHOWN and decision.tie_break, per valid run
+
+
+def _latency(lat: dict[str, float]) -> str:
+    """' | TTFT p50/p99 120/310 TPOT p50/p99 5.1/6.2 ms': the figures a person reads beside the limits."""
+    if not lat:
+        return ""
+    said = [f"{w} p50/p99 {_n(lat.get(k + '_p50_ms'))}/{_n(lat.get(k + '_p99_ms'))}" for k, w in _WORDS]
+    return " | " + " ".join(said) + " ms"
+
+
+_WORDS = (("ttft", "TTFT"), ("tpot", "TPOT"))
 
 
 def service_key(case: Case) -> str:
@@ -221,7 +238,7 @@ def _observe_point(
     when: list[str] = []
     run_rel: list[float | None] = []
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
-    tie_break: list[float] = []
+    latency: dict[str, list[float]] = {k: [] for k in (*SHOWN, d.tie_break)}  # per valid run
     bad, active, problem = 0, None, None
     pool: list[dict[str, F64]] = []  # per valid run: its window's per-request samples (limits only)
     latest_valid: tuple[str, Result] | None = None
@@ -247,7 +264,7 @@ def _observe_point(
         run_rel.append(
             w.noise.half_width_rel if isinstance(w.noise, Interval) and w.noise.metric == d.primary_metric else None
         )
-        for name, into in (*limit_values.items(), (d.tie_break, tie_break)):
+        for name, into in (*limit_values.items(), *latency.items()):
             if (lv := window_stat(w, name)) is not None:
                 into.append(lv)
         if limit_values:  # the requests the limits' pooled percentiles rest on (the window's, run by run)
@@ -285,7 +302,7 @@ def _observe_point(
         screen=REQUESTS in values and all(a.path != REQUESTS for a in camp.axes),
         targets=targets if camp.pool else [],
     )
-    extra = _Extra([m.run_id for m in own], requests, per_user, per_card, tie_break)
+    extra = _Extra([m.run_id for m in own], requests, per_user, per_card, latency)
     return obs, extra
 
 
@@ -409,7 +426,9 @@ def _progress(
         "service_starts": starts,
         "elapsed_s": round(max(elapsed, 0.0), 1),
         "formal_window_s": round(formal, 1),
-        "formal_window_share": round(formal / elapsed, 3) if elapsed > 0 else None,
+        # a share of the campaign's own wall time: none before its clock covers its windows (runs measured before
+        # its driver started, or a clock read at 0 s elapsed), never a share above 100%
+        "formal_window_share": round(formal / elapsed, 3) if elapsed >= max(formal, 1.0) else None,
     }
 
 
@@ -451,7 +470,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
-    answer += tie_break(d.tie_break, [(by_id[c].label, extra[c].tie_break) for c in tie])
+    answer += tie_break(d.tie_break, [(by_id[c].label, extra[c].latency[d.tie_break]) for c in tie])
     lines: list[str] = []
     if camp.pool:
         lines = pool.check(ws, camp, mine).lines()
@@ -531,7 +550,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     higher = METRICS[d.primary_metric].higher_is_better
     pl = planner.plan(list(merged.values()), Search(), newest.repeats, higher, None, d.min_effect)
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
-    answer += tie_break(d.tie_break, [(merged[c].label, extras[c].tie_break) for c in tie])
+    answer += tie_break(d.tie_break, [(merged[c].label, extras[c].latency[d.tie_break]) for c in tie])
     return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete)
 
 
@@ -581,6 +600,7 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
         requests=e.requests,
         per_user_tok_s=e.per_user,
         per_card_tok_s=e.per_card,
+        latency={k: round(sum(v) / len(v), 3) for k in SHOWN if (v := e.latency.get(k))},
         run_ids=e.run_ids,
         sent=o.sent,
         on=o.targets,

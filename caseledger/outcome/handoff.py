@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from caseledger import ledger, procs, redact
 from caseledger.campaign.store import campaign_of
+from caseledger.campaign.view import campaign_view
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
@@ -89,18 +90,14 @@ def _compose(
     tail: list[str],
     n_rows: int,
     others: list[tuple[str, str]],
-    camps: list[tuple[str, str, bool]],
+    camps: list[Camp],
     compact: bool,
 ) -> str:
     if compact:  # every active campaign and scenario still named, on one line each
-        camp_lines = (
-            [f"campaigns active: {', '.join(g + (' (driver alive)' if up else '') for _, g, up in camps)}"]
-            if camps
-            else []
-        )
+        camp_lines = [f"campaigns: {', '.join(f'{g} ({word})' for _, g, _, word in camps)}"] if camps else []
         other_lines = [f"also active: {'; '.join(short for _, short in others)}"] if others else []
     else:
-        camp_lines, other_lines = [line for line, _, _ in camps], [line for line, _ in others]
+        camp_lines, other_lines = [line for line, *_ in camps], [line for line, _ in others]
     lines = head + camp_lines + _scenario_rows(view, n_rows) + other_lines + tail
     text = "\n".join(lines) + "\n"
     keep = len(head) + len(camp_lines) + len(_scenario_rows(view, n_rows)) + len(other_lines)
@@ -112,7 +109,7 @@ def _compose(
     return text
 
 
-def _tail(ws: Workspace, latest: RunView, rows: list[RunRow], camps: list[tuple[str, str, bool]]) -> list[str]:
+def _tail(ws: Workspace, latest: RunView, rows: list[RunRow], camps: list[Camp]) -> list[str]:
     """The lines below the scenario rows: services, queues, the owner, the latest run, its problems, next."""
     lines: list[str] = []
     for f in sorted(ws.services_dir.glob("*.json")) if ws.services_dir.exists() else []:
@@ -152,6 +149,7 @@ def _tail(ws: Workspace, latest: RunView, rows: list[RunRow], camps: list[tuple[
 
 
 MAX_ROWS = 8  # scenario rows shown; the rest are counted (summarize(scenario=...) has them all)
+Camp = tuple[str, str, bool, str]  # a campaign's handoff line, its id, its driver alive, its state in a word
 ACTIVE_S = 6 * 3600  # another scenario with a run this recent (or one running or queued) is active: it is named too
 
 
@@ -257,18 +255,21 @@ def _problems(rows: list[RunRow], latest: RunView) -> list[str]:
     return out
 
 
-def _campaign_next(ws: Workspace, camps: list[tuple[str, str, bool]], latest: RunView) -> str | None:
+def _campaign_next(ws: Workspace, camps: list[Camp], latest: RunView) -> str | None:
     """Follow a campaign whose driver is alive; after one that ran the latest run, its answer."""
-    alive = next((gid for _, gid, up in camps if up), None)
+    alive = next((gid for _, gid, up, _ in camps if up), None)
     if alive:
         return wait_call(alive)
+    stopped = next((gid for _, gid, _, word in camps if word.startswith("stopped")), None)
+    if stopped:
+        return f"start_run(case_id='{stopped}'): the campaign stopped with points left; this continues it"
     gid = campaign_of(ws, latest.case_id)  # the latest run is a campaign's point (active or not): its answer
     if gid is not None:
         return f"summarize(run_ids=['{gid}']): the campaign's answer (its points are not decided one by one)"
     return None
 
 
-def _campaigns(ws: Workspace) -> list[tuple[str, str, bool]]:
+def _campaigns(ws: Workspace) -> list[Camp]:
     """One line per active campaign (its driver alive, or ended in the last hours), most recent first: (line,
     id, driver alive). Read from its files: the answer itself is summarize(run_ids=[id])."""
     d = ws.campaigns_dir
@@ -290,9 +291,29 @@ def _campaigns(ws: Workspace) -> list[tuple[str, str, bool]]:
             continue
         names = [line for line in read_jsonl(c / "policy.jsonl").items if isinstance(line, dict)]
         name = str(names[-1].get("name", "")) if names else ""
-        state = "driver alive: it starts every next point" if alive else f"driver ended ({info.get('outcome')})"
-        found.append((at, f"campaign {c.name} {name}: {state}; summarize(run_ids=['{c.name}'])", c.name, alive))
-    return [(line, gid, up) for _, line, gid, up in sorted(found, reverse=True)]
+        word, state = campaign_state(ws, c.name, alive, str(info.get("outcome") or ""))
+        found.append((at, f"campaign {c.name} {name}: {state}", c.name, alive, word))
+    return [(line, gid, up, word) for _, line, gid, up, word in sorted(found, reverse=True)]
+
+
+def campaign_state(ws: Workspace, gid: str, alive: bool, outcome: str) -> tuple[str, str]:
+    """(the word, the line) of a campaign for the handoff, from its view (the one truth): running, complete, or
+    stopped with the points it has left and the call that continues it; never 'active' for a finished one."""
+    try:
+        v = campaign_view(ws, gid)
+    except CaseledgerError:
+        return "unreadable", f"unreadable; summarize(run_ids=['{gid}']) names why"
+    left = sum(r.status in ("queued", "pending", "running") for r in v.rows)
+    measured = sum(r.runs > 0 for r in v.rows)
+    if alive:
+        return "running", f"running ({measured}/{len(v.rows)} points measured); {wait_call(gid)}"
+    if v.complete:
+        return "complete", f"complete: {short_answer(v.answer)}; summarize(run_ids=['{gid}'])"
+    why = f" ({quoted(outcome, 80)})" if outcome and outcome != "complete" else ""
+    return (
+        f"stopped, {left} point(s) left",
+        f"stopped with {left} point(s) left{why}; start_run(case_id='{gid}') continues it",
+    )
 
 
 def _next(v: RunView) -> str:

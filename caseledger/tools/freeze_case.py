@@ -195,8 +195,21 @@ def freeze_any(
             "parent is not a field of a campaign",
             "name the base with campaign.base_case (a frozen case id) instead; nothing was written",
         )
+    obj = _base_from_file(workspace, obj, cwd_first)
     with steps.active() if steps is not None else nullcontext():
         return campaigns.freeze(workspace, obj, source)
+
+
+def _base_from_file(ws: Workspace, obj: dict[str, Any], cwd_first: bool) -> dict[str, Any]:  # JSON: a campaign draft
+    """campaign.base given as a case draft's path ('cases/vllm.json', as freeze_case's path reads it): that draft,
+    read now, so a campaign and the case it sweeps share one file to fill."""
+    body = obj.get("campaign")
+    base = body.get("base") if isinstance(body, dict) else None
+    if not (isinstance(body, dict) and isinstance(base, str) and base.endswith(".json")):
+        return obj
+    draft, _ = _read(ws, base, None, cwd_first)
+    draft.pop("$schema", None)
+    return {**obj, "campaign": {**body, "base": draft}}
 
 
 def _preview(ws: Workspace, case: Case, changes: list[DeltaItem], has_parent: bool) -> list[PlanStep]:
