@@ -29,6 +29,7 @@ from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
+from caseledger.errors import quoted
 from caseledger.ledger import authorization
 from caseledger.ledger.advice import wait_call
 from caseledger.ledger.evidence import ServiceRecord, read_evidence
@@ -635,6 +636,9 @@ def _answer(
     if pl.leader is None:
         if any(o.runs for o in by_id.values()):
             return "no measured point meets every limit", None, []
+        if pl.given_up:  # every run of every point tried was invalid: say why, never "nothing measured"
+            first = quoted(next(iter(pl.given_up.values())), 240)
+            return f"no valid result: {len(pl.given_up)} point(s) given up; the first: {first}", None, []
         return "nothing measured yet", None, []
     lead = by_id[pl.leader]
     fig = f"{metric} {_n(lead.mean)} {planner.pm(lead.noise_measured)} noise"
