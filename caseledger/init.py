@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, Field
 
+from caseledger.case.metrics import LIMITS
 from caseledger.case.schema import CASE_SCHEMA, PACKAGED_SCHEMAS
 from caseledger.case.store import unfilled
 from caseledger.errors import CaseInvalid, NotWritable, quoted
@@ -97,7 +98,6 @@ SWEEP = "cases/sweep.json"  # the commonest question, ready to freeze once the e
 def sweep_draft(template: str) -> bytes:
     """A campaign draft for the commonest question: the best concurrency under a latency limit (a knee on C,
     bisected), over the engine's own draft as its base. Its note lists the limit keys a person may use instead."""
-    from caseledger.case.metrics import LIMITS  # lazy: the case's metric registry
 
     draft = {
         "campaign": {

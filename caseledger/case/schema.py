@@ -48,8 +48,8 @@ def section_schema(section: str) -> bytes:
     props = full["properties"]
     if section not in props:
         raise KeyError(f"no case section '{section[:64]}'; known: {', '.join(sorted(props))}, all")
-    node: dict[str, Any] = dict(props[section])
-    defs: dict[str, Any] = full.get("$defs", {})
+    node: dict[str, Any] = dict(props[section])  # JSON: a schema node
+    defs: dict[str, Any] = full.get("$defs", {})  # JSON: the schema's definitions
     ref = node.pop("$ref", "").rsplit("/", 1)[-1]
     if ref in defs:  # the section's own model at the root, its description kept
         node = {**defs[ref], **node}
@@ -70,13 +70,14 @@ def schema_index() -> bytes:
     own fields' names and the resource that holds its whole schema (SECTION_URI). A few KB, where the whole
     schema is ~70 KB."""
     full = Case.model_json_schema(by_alias=True)
-    defs: dict[str, Any] = full.get("$defs", {})
+    defs: dict[str, Any] = full.get("$defs", {})  # JSON: the schema's definitions
     required = set(full.get("required", []))
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # JSON: the index's sections
     for name, node in full["properties"].items():
         ref = next(iter(_refs(node)), None) if "$ref" in str(node) else None
         target = defs.get(ref, {}) if ref else {}
-        entry: dict[str, Any] = {"description": (node.get("description") or target.get("description") or "")[:200]}
+        said = node.get("description") or target.get("description") or ""
+        entry: dict[str, Any] = {"description": said[:200]}  # JSON: one section of the index
         entry["required"] = name in required
         if target.get("properties"):
             entry["fields"] = sorted(target["properties"])

@@ -38,7 +38,6 @@ from urllib.parse import urlsplit
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caseledger.case.service import ENV_REF
 from caseledger.errors import NotAuthorized, quoted
 
 if TYPE_CHECKING:
@@ -177,6 +176,8 @@ Ask = tuple[Kind, str, str, bool]  # (kind, value, field, on a remote host)
 
 def asks(case: Case) -> Iterator[Ask]:
     """What the case would make caseledger start, set, pass on or reach: (kind, value, field, on a remote host)."""
+    from caseledger.case.service import ENV_REF  # lazy: the MCP server imports this module at start (CALLER_ENV)
+
     sv = case.service
     units = [(sv.argv, sv.env, sv.ssh, "service")]
     units += [(c.argv, c.env, c.ssh, f"service.components '{c.name}'") for c in sv.components]
