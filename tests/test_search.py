@@ -415,8 +415,9 @@ def test_halving_on_the_reference_target_screens_with_fewer_requests_and_answers
 
 @pytest.mark.integration
 def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: Workspace, stop_services: None) -> None:
-    """tpe over slots x C with a budget of 1 service start: the load-only neighbours of the first identity are measured on its
-    service, then the search ends instead of starting a second one, and the view says which budget ended it."""
+    """tpe over slots x C with a budget of 1 service start: the load-only neighbours of the first identity are
+    measured on its service, then the search ends instead of starting a second one, and the view says which budget
+    ended it."""
     from caseledger.ledger import authorization
 
     authorization.set_mode(ws, "auto")
