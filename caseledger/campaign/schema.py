@@ -42,6 +42,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "base": "c-0123456789ab",
             "axes": [{"path": "load.concurrency", "values": [1, 2, 4, 8, 16, 32, 64]}],
             "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+            "budget": {"measurements": 25, "starts": 6, "minutes": 30},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 40}},
         }
     },
