@@ -243,26 +243,11 @@ class Search(_Model):
 
 
 class Budget(_Model):
-    """What a campaign may spend, any kind of search: a run that would pass any of these is not started, and the
-    campaign ends with what it has (campaign/budget.py)."""
+    """A run that would pass it is not started (campaign/budget.py)."""
 
-    measurements: int | None = Field(
-        None,
-        ge=1,
-        le=10_000,
-        strict=True,
-        description="Most runs the campaign starts (1..10000); repeats, settle and control runs count",
-    )
-    starts: int | None = Field(
-        None, ge=1, le=10_000, strict=True, description="Most service starts of its runs (1..10000)"
-    )
-    minutes: float | None = Field(
-        None,
-        gt=0,
-        le=43_200,
-        description="Most minutes since its driver first started: a run whose estimated cost (learned from the "
-        "ledger's runs) would pass them is not started",
-    )
+    measurements: int | None = Field(None, ge=1, le=10_000, strict=True, description="Most runs (repeats count)")
+    starts: int | None = Field(None, ge=1, le=10_000, strict=True, description="Most service starts")
+    minutes: float | None = Field(None, gt=0, le=43_200, description="Most minutes from the first start")
 
     def given(self) -> bool:
         return any(v is not None for v in (self.measurements, self.starts, self.minutes))
@@ -348,8 +333,7 @@ class CampaignDraft(_Model):
     search: Search = Field(default_factory=Search, description="How points are chosen: grid, knee, tpe or halving")
     budget: Budget = Field(
         default_factory=Budget,
-        description="What it may spend: measurements (runs), service starts, minutes; any of them, every search kind. "
-        "Not in the campaign id: frozen again with a larger budget, it goes on where it ended",
+        description="What it may spend, any search kind",
     )
     repeats: Repeats = Field(default_factory=Repeats, description="How often points run, where noise decides")
     decision: Decision | None = Field(
