@@ -415,8 +415,9 @@ def test_halving_on_the_reference_target_screens_with_fewer_requests_and_answers
 
 @pytest.mark.integration
 def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: Workspace, stop_services: None) -> None:
-    """tpe over slots x C with max_starts 1: the load-only neighbours of the first identity are measured on its
-    service, then the search ends instead of starting a second one, and the view says which budget ended it."""
+    """tpe over slots x C with a budget of 1 service start: the load-only neighbours of the first identity are
+    measured on its service, then the search ends instead of starting a second one, and the view says which budget
+    ended it."""
     from caseledger.ledger import authorization
 
     authorization.set_mode(ws, "auto")
@@ -430,7 +431,8 @@ def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: 
                 {"path": "service.reference.slots", "values": [4, 8]},
                 {"path": "load.concurrency", "values": [1, 2]},
             ],
-            "search": {"kind": "tpe", "max_points": 4, "max_starts": 1},
+            "search": {"kind": "tpe", "max_points": 4},
+            "budget": {"starts": 1},
             "repeats": {"runs": 1, "settle_runs": 1, "budget": 0},
             "decision": {"primary_metric": "output_throughput"},
         }
@@ -442,8 +444,8 @@ def test_a_budget_of_service_starts_ends_the_search_and_the_answer_says_why(ws: 
     assert view.progress["service_starts"] == 1 and len(view.rows) == 2, view.text()
     assert len({r.label.split()[0] for r in view.rows}) == 1  # one identity, both of its C
     assert "ended: its budget of 1 service start(s) is spent (1)" in view.search, view.search
-    with pytest.raises(ValueError, match="bound a search that proposes points"):
-        CampaignDraft.model_validate({**d["campaign"], "search": {"kind": "grid", "max_starts": 1}})
+    with pytest.raises(ValueError, match=r"search.max_starts moved to campaign.budget.starts"):
+        CampaignDraft.model_validate({**d["campaign"], "search": {"kind": "tpe", "max_points": 4, "max_starts": 1}})
 
 
 @pytest.mark.processes  # the detached driver and controller, killed with SIGKILL

@@ -213,15 +213,12 @@ class Search(_Model):
         "that breaks one, or below one that meets them all, are skipped, with why",
     )
 
+    # moved to campaign.budget (every kind): refused in a draft, read from the policies of campaigns frozen before
     max_starts: int | None = Field(
-        None,
-        ge=1,
-        le=10_000,
-        strict=True,
-        description="tpe, halving: the search ends when its next point would start a service beyond this many",
+        None, ge=1, le=10_000, strict=True, description="Moved: campaign.budget.starts (refused in a draft)"
     )
     max_minutes: float | None = Field(
-        None, gt=0, le=43_200, description="tpe, halving: propose no point after this many minutes since the start"
+        None, gt=0, le=43_200, description="Moved: campaign.budget.minutes (refused in a draft)"
     )
     screen_requests: int | None = Field(
         None, ge=1, le=1_000_000, strict=True, description="halving: N of the first screen (below the base's N)"
@@ -243,6 +240,17 @@ class Search(_Model):
         if self.kind == "halving":
             return f"halving: {points} points proposed (screens from N={self.screen_requests}, 1/{self.eta} go on)"
         return (f"knee on {self.axis}" if self.kind == "knee" else "grid") + f" over {points} points"
+
+
+class Budget(_Model):
+    """A run that would pass it is not started (campaign/budget.py)."""
+
+    measurements: int | None = Field(None, ge=1, le=10_000, strict=True, description="Most runs (repeats count)")
+    starts: int | None = Field(None, ge=1, le=10_000, strict=True, description="Most service starts")
+    minutes: float | None = Field(None, gt=0, le=43_200, description="Most minutes from the first start")
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.measurements, self.starts, self.minutes))
 
 
 class Repeats(_Model):
@@ -323,6 +331,10 @@ class CampaignDraft(_Model):
     )
     axes: list[Axis] = Field(min_length=1, max_length=MAX_AXES, description="The fields the points vary (1..4)")
     search: Search = Field(default_factory=Search, description="How points are chosen: grid, knee, tpe or halving")
+    budget: Budget = Field(
+        default_factory=Budget,
+        description="What it may spend, any search kind",
+    )
     repeats: Repeats = Field(default_factory=Repeats, description="How often points run, where noise decides")
     decision: Decision | None = Field(
         None,
@@ -397,11 +409,12 @@ class CampaignDraft(_Model):
                 )
         elif s.screen_requests is not None:
             raise ValueError(f"campaign.search.screen_requests applies to kind 'halving', not '{s.kind}': drop it")
-        if (s.max_starts is not None or s.max_minutes is not None) and s.kind not in PROPOSING:
-            raise ValueError(
-                f"campaign.search.max_starts and max_minutes bound a search that proposes points (tpe, halving), "
-                f"not '{s.kind}': drop them"
-            )
+        for old, new in (("max_starts", "starts"), ("max_minutes", "minutes")):
+            if getattr(s, old) is not None:
+                raise ValueError(
+                    f"campaign.search.{old} moved to campaign.budget.{new} (a budget of every search kind): write "
+                    f'"budget": {{"{new}": {getattr(s, old)}}} beside search'
+                )
         if self.constraints and s.kind not in PROPOSING and not self.combos():
             raise ValueError(f"campaign.constraints: no point of the axes keeps them all ({self.constraints})")
         if s.kind == "knee" or s.axis is not None:
@@ -441,12 +454,14 @@ class CampaignDraft(_Model):
         return space_of(self.axes, self.constraints, self.search.axis)
 
     def policy(self) -> dict[str, Any]:  # JSON: written to policy.jsonl
-        """How the campaign is asked (recorded beside it, not hashed): search, repeats, name, note."""
+        """How the campaign is asked (recorded beside it, not hashed): search, repeats, budget, name, note."""
         return {
             "name": self.name,
             "search": self.search.model_dump(mode="json"),
             "repeats": self.repeats.model_dump(mode="json"),
             "note": self.note,
+            # only when given: the policies of campaigns frozen without one stay the same
+            **({"budget": self.budget.model_dump(mode="json")} if self.budget.given() else {}),
         }
 
 

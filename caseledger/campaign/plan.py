@@ -173,6 +173,8 @@ class Plan:
     controls: list[str] = field(default_factory=list)  # per service identity, its point measured first
     cut: str | None = None  # the target changed at this run time (UTC): runs before it are set aside
     drift: str | None = None  # the target changed twice: how and when; the answer is inconclusive
+    over_budget: dict[str, str] = field(default_factory=dict)  # case_id -> why its next run is not started
+    budget_end: str | None = None  # the budget ended the campaign: why (campaign/budget.py)
 
 
 CONTROL_EVERY = 4  # runs of other points between two runs of the control

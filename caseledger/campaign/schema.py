@@ -42,6 +42,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "base": "c-0123456789ab",
             "axes": [{"path": "load.concurrency", "values": [1, 2, 4, 8, 16, 32, 64]}],
             "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
+            "budget": {"measurements": 25, "minutes": 30},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 40}},
         }
     },
@@ -106,6 +107,8 @@ def campaign_schema() -> bytes:
     # the decision section is a case draft's: referenced, not repeated (its limits and goodput are most of it)
     for name in ("Decision", "Limits", "Goodput"):
         schema.get("$defs", {}).pop(name, None)
+    for moved in ("max_starts", "max_minutes"):  # refused in a draft (now campaign.budget): not served
+        schema["$defs"]["Search"]["properties"].pop(moved, None)
     schema["properties"]["decision"] = {
         "description": schema["properties"]["decision"].get("description", "")
         + " (caseledger://schema/case $defs.Decision)",

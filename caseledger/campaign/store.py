@@ -3,7 +3,7 @@
 ledger/campaigns/<g-id>/
   campaign.json   what it measures (base case id, axes), read-only: its hash is the id
   points.json     every point: its axis values, label and case id
-  policy.jsonl    how it is asked (search, repeats, name, note), one line per change: the last one holds
+  policy.jsonl    how it is asked (search, repeats, budget, name, note), one line per change: the last one holds
   driver.json     the driver process (pid, start time) and when it first started: the campaign's clock
 """
 
@@ -21,6 +21,7 @@ from caseledger import datasets
 from caseledger.campaign.model import (
     PROPOSING,
     Axis,
+    Budget,
     CampaignDraft,
     PoolTarget,
     Repeats,
@@ -88,6 +89,7 @@ class Campaign:
     axes: list[Axis]
     constraints: list[str] = field(default_factory=list)  # relations every point keeps (model.allowed)
     pool: list[PoolTarget] = field(default_factory=list)  # targets declared equivalent (none: the base's)
+    budget: Budget = field(default_factory=Budget)  # what it may spend (campaign/budget.py)
 
     def point(self, case_id: str) -> Point | None:
         """The point one of whose cases this is (on any target of the pool)."""
@@ -339,7 +341,16 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
         axes=[Axis.model_validate(a) for a in ident["axes"]],
         constraints=[str(c) for c in ident.get("constraints") or []],
         pool=[PoolTarget.model_validate(t) for t in ident.get("pool") or []],
+        budget=_budget(policy),
     )
+
+
+def _budget(policy: dict[str, Any]) -> Budget:  # JSON: a policy.jsonl line
+    """The policy's budget; a policy written before campaign.budget: its search's max_starts and max_minutes."""
+    if "budget" in policy:
+        return Budget.model_validate(policy["budget"])
+    search = policy.get("search") or {}
+    return Budget(starts=search.get("max_starts"), minutes=search.get("max_minutes"))
 
 
 def all_campaigns(ws: Workspace) -> list[str]:

@@ -5,6 +5,7 @@ Pareto frontier, and the time ledger (service starts, the share of the wall time
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -12,8 +13,11 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import Field
 
 from caseledger import procs
+from caseledger.campaign import budget, pool
 from caseledger.campaign import plan as planner
-from caseledger.campaign import pool
+from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
+from caseledger.campaign.costs import service_key as service_key  # where the driver finds it
+from caseledger.campaign.costs import started_service as started_service
 from caseledger.campaign.model import PROPOSING, Search, setting_label
 from caseledger.campaign.search import REQUESTS
 from caseledger.campaign.store import (
@@ -27,25 +31,25 @@ from caseledger.campaign.store import (
 )
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import quoted
 from caseledger.ledger import authorization
 from caseledger.ledger.advice import wait_call
-from caseledger.ledger.evidence import ServiceRecord, read_evidence
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
 from caseledger.metrics import FrozenModel, Interval, Result, latest_result
 from caseledger.outcome.decide import LimitVerdict
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
-from caseledger.workspace import Workspace, canonical_json, read_json_or_none, sha256_bytes
+from caseledger.workspace import Workspace, read_json_or_none
 
 if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
     from caseledger.metrics import F64
 
 
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")  # every row shows these beside its limits
-PointStatus = Literal["measured", "screened", "running", "queued", "pending", "skipped", "given_up", "not_needed"]
+PointStatus = Literal[
+    "measured", "screened", "running", "queued", "pending", "skipped", "given_up", "over_budget", "not_needed"
+]
 
 
 class PointRow(FrozenModel):
@@ -57,7 +61,7 @@ class PointRow(FrozenModel):
         description="measured: has valid runs; screened: a halving screen, measured with fewer requests (never "
         "the answer); running; queued: the planner runs it next; pending: the search may "
         "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
-        "not_needed: the answer does not depend on it"
+        "over_budget: its next run would pass the campaign's budget; not_needed: the answer does not depend on it"
     )
     why: str | None = Field(None, description="Why it runs next, is skipped or was given up")
     runs: int = Field(description="Valid runs (distorted, invalid or failed runs are repeated, never counted)")
@@ -137,6 +141,20 @@ class CampaignView(FrozenModel):
     plan: list[str] = Field(
         default_factory=list, description="The next points the planner runs, in order, with why (at most 3)"
     )
+    budget: str | None = Field(
+        None,
+        description="What it spent of its budget and what is left, e.g. 'budget: 18/25 measurements, 3/6 starts, "
+        "9.5/30 min (left: 7 measurements, 3 starts, 20.5 min)'; null: no budget",
+    )
+    budget_end: str | None = Field(None, description="Why the budget ended it (a run it did not start); null: not")
+    untested: str | None = Field(
+        None, description="Ended by its budget: the points never measured, e.g. '3 of 6 points never measured: ...'"
+    )
+    uncertain: list[str] = Field(
+        default_factory=list,
+        description="Ended by its budget: the points whose verdict the noise still decides (a limit's interval "
+        "straddles its bound; the leader and runner-up within noise)",
+    )
     next_call: str
 
     def text(self, rows: bool = True) -> str:
@@ -176,6 +194,12 @@ class CampaignView(FrozenModel):
                 on = f" on {','.join(r.on)}" if r.on else ""
                 lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{on}{' | ' + lim if lim else ''}{why}")
         lines.append(("campaign complete: " if self.complete else "so far: ") + self.answer)
+        if self.budget:
+            lines.append(self.budget + (f"; ended at the budget: {self.budget_end}" if self.budget_end else ""))
+        if self.untested:
+            lines.append(f"untested: {self.untested}")
+        if self.uncertain:
+            lines.append(f"still uncertain: {'; '.join(self.uncertain)}")
         if self.pareto:
             lines.append("pareto (tok/s per card vs per user): " + ", ".join(self.pareto))
         lines += [f"note: {x}" for x in self.notes]
@@ -219,11 +243,6 @@ def _latency(lat: dict[str, float]) -> str:
 
 
 _WORDS = (("ttft", "TTFT"), ("tpot", "TPOT"))
-
-
-def service_key(case: Case) -> str:
-    c = case.canonical()
-    return sha256_bytes(canonical_json({"service": c["service"], "target": c["target"]}))[:12]
 
 
 def _observe_point(
@@ -369,20 +388,80 @@ def current_plan(
     primary = {c: p.case_id for p in camp.points for c in p.case_ids}  # a pool's: any target's case -> the point
     live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == primary.get(m.case_id)), None)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
+    acct = account(ws, camp, mine) if camp.budget.given() else None
     pl = planner.plan(
-        obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect, open_search=search_open(ws, camp)
+        obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect, open_search=search_open(ws, camp, acct)
     )
+    if acct is not None:
+        _within_budget(ws, camp, pl, obs, live, acct)
     return pl, obs, extra, mine
 
 
-def search_open(ws: Workspace, camp: Campaign) -> bool:
-    """A strategy that proposes points (search kind 'tpe') may still propose one: its budget is not spent and
-    its driver has not recorded that it ended (converged, or the space measured whole) at this many points."""
+def search_open(ws: Workspace, camp: Campaign, acct: budget.Account | None = None) -> bool:
+    """A strategy that proposes points (search kind 'tpe') may still propose one: its max_points and the budget's
+    measurements and minutes are not spent, and its driver has not recorded that it ended (converged, the space
+    measured whole, a proposal the budget refused) at this many points."""
     if camp.search.kind not in PROPOSING:
         return False
     if camp.search.max_points is not None and len(camp.points) >= camp.search.max_points:
         return False
+    if camp.budget.given() and (acct or account(ws, camp)).exhausted() is not None:
+        return False
     return search_ended(ws, camp) is None
+
+
+def account(ws: Workspace, camp: Campaign, mine: list[RunMeta] | None = None) -> budget.Account:
+    """What the campaign spent against its budget: its runs, the service starts among them, and the minutes since
+    its driver first started (until it ended, while no driver is alive)."""
+    if mine is None:
+        ids = {c for p in camp.points for c in p.case_ids}
+        mine = [m for m in scan_runs(ws).metas if m.case_id in ids]
+    info = read_json_or_none(driver_file(ws, camp.campaign_id)) or {}
+    since = started_at(ws, camp.campaign_id)
+    end = time.time()
+    if not procs.alive(info) and isinstance(info.get("ended_utc"), str):
+        end = datetime.fromisoformat(str(info["ended_utc"]).replace("Z", "+00:00")).timestamp()
+    return budget.Account(
+        camp.budget,
+        measurements=len(mine),
+        starts=sum(started_service(ws, m) for m in mine) if camp.budget.starts is not None else 0,
+        minutes=max(0.0, end - since) / 60 if since is not None else 0.0,
+    )
+
+
+def costs_of(ws: Workspace) -> Callable[[Case], Costs]:
+    """A case's costs, learned from the workspace's finished runs (campaign/costs.py), read from the ledger once."""
+    facts = run_costs(ws)
+    return lambda case: learn(facts, service_key(case), engine_model(case))
+
+
+def run_minutes(case: Case, start: bool, costs: Callable[[Case], Costs]) -> float:
+    """A run of this case's estimated minutes (with its service start when `start`)."""
+    return costs(case).run_s(case.load.requests, start) / 60
+
+
+def _within_budget(
+    ws: Workspace, camp: Campaign, pl: planner.Plan, obs: list[planner.PointObs], live: str | None, acct: budget.Account
+) -> None:
+    """The budget on the plan, the one place it is enforced: the next runs in order, each booked while it fits
+    (a start where its service is not the one running before it; its minutes estimated from the ledger); a run
+    that would pass the budget leaves `next` with why. Nothing left to run for it: the budget ended the campaign."""
+    by_id = {o.case_id: o for o in obs}
+    costs = costs_of(ws) if camp.budget.minutes is not None else None
+    keep: list[tuple[str, str]] = []
+    for cid, why in pl.next:
+        o = by_id[cid]
+        case = load_case(ws, cid)
+        start = o.service_key != live and case.service.traits.launched
+        refused = acct.take(start=start, minutes=run_minutes(case, start, costs) if costs else None)
+        if refused is None:
+            keep.append((cid, why))
+            live = o.service_key
+        else:
+            pl.over_budget[cid] = f"not started: {refused}"
+    if pl.over_budget and not keep:
+        pl.budget_end = next(iter(pl.over_budget.values())).removeprefix("not started: ")
+    pl.next = keep
 
 
 def _pareto(rows: list[PointRow]) -> set[str]:
@@ -433,18 +512,31 @@ def _progress(
     }
 
 
-def started_service(ws: Workspace, m: RunMeta) -> bool:
-    """The run started its service (not reused; an external target is verified, never started)."""
-    svc = read_evidence(ws.run(m.run_id), Phase.SERVICE)
-    return isinstance(svc, ServiceRecord) and svc.outcome == "done" and any(p.pid for p in svc.processes)
-
-
-def search_ended(ws: Workspace, camp: Campaign) -> str | None:
-    """Why a proposing search ended at its current number of points (its driver's record), or None."""
+def search_ended(ws: Workspace, camp: Campaign, *, by_budget: bool = False) -> str | None:
+    """Why a proposing search ended at its current number of points (its driver's record), or None. An end the
+    budget caused holds only under that budget: frozen again with another, the search goes on. by_budget: only
+    such an end."""
+    now = camp.budget.model_dump(mode="json")
     for e in reversed(driver_events(ws, camp.campaign_id)):
         if e.get("type") == "search_ended" and e.get("points") == len(camp.points):
+            if "budget" in e and e["budget"] != now:
+                continue
+            if by_budget and "budget" not in e:
+                return None
             return str(e.get("why") or "ended")
     return None
+
+
+def _budget_end(ws: Workspace, camp: Campaign, pl: planner.Plan, acct: budget.Account) -> str | None:
+    """Why the budget ended the campaign: a run it did not start, a proposal it refused, or (a proposing search)
+    measurements or minutes spent before its strategy had ended; None while it has not."""
+    if pl.budget_end is not None or camp.search.kind not in PROPOSING:
+        return pl.budget_end
+    ended = search_ended(ws, camp, by_budget=True)
+    if ended is not None or search_ended(ws, camp) is not None:
+        return ended
+    full = camp.search.max_points is not None and len(camp.points) >= camp.search.max_points
+    return None if full else acct.exhausted()
 
 
 def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # JSON: the time ledger
@@ -477,6 +569,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         lines = pool.check(ws, camp, mine).lines()
         answer += _noise_seen(obs)
     alive = driver_alive(ws, campaign_id)
+    spent = _spent(ws, camp, pl, obs, rows, mine) if camp.budget.given() else {}
     return CampaignView(
         campaign_id=campaign_id,
         name=camp.name,
@@ -499,7 +592,8 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         authorization=auth,
         waiting=waiting_on(ws, campaign_id) if alive else None,
         plan=[f"{by_id[cid].label}: {why}" for cid, why in pl.next[:3] if cid in by_id],
-        next_call=_next_call(campaign_id, pl, complete, alive, auth),
+        **spent,
+        next_call=_next_call(campaign_id, pl, complete, alive, auth, spent.get("budget_end")),
     )
 
 
@@ -555,6 +649,35 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete)
 
 
+def _spent(
+    ws: Workspace,
+    camp: Campaign,
+    pl: planner.Plan,
+    obs: list[planner.PointObs],
+    rows: list[PointRow],
+    mine: list[RunMeta],
+) -> dict[str, Any]:  # JSON: CampaignView's budget fields
+    """The budget spent and left; once it ended the campaign, what it ends with besides the answer: the points
+    never measured and those the noise still decides."""
+    acct = account(ws, camp, mine)
+    end = _budget_end(ws, camp, pl, acct)
+    out: dict[str, Any] = {"budget": acct.said(), "budget_end": end}  # JSON: the fields
+    if end is None:
+        return out
+    out["untested"] = budget.untested(camp.axes, camp.constraints, [o.values for o in obs if o.runs])
+    unsure = [f"{r.label}: {', '.join(r.uncertain)}" for r in rows if r.uncertain]
+    by_id = {o.case_id: o for o in obs}
+    if pl.leader and pl.runner_up and not pl.settled and not pl.tie:
+        lead, second = by_id[pl.leader], by_id[pl.runner_up]
+        gap, noise = pl.gap_rel or 0.0, pl.noise_rel or 0.0
+        why = f"gap {gap:.1%} within noise {planner.pm(noise)}" if gap <= noise else "run-to-run noise unknown"
+        unsure.append(
+            f"the leader {lead.label} and the runner-up {second.label}: {why} ({lead.runs} and {second.runs} runs)"
+        )
+    out["uncertain"] = unsure
+    return out
+
+
 def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[PointStatus, str | None]:
     """A point's status and why, in the order that wins: running, queued, given up, measured, skipped, pending."""
     queued = dict(pl.next)
@@ -564,6 +687,8 @@ def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[Poin
         return "queued", queued[o.case_id]
     if o.case_id in pl.given_up:
         return "given_up", pl.given_up[o.case_id]
+    if o.case_id in pl.over_budget and not o.runs:
+        return "over_budget", pl.over_budget[o.case_id]
     if o.runs:
         return ("screened", o.why or None) if o.screen else ("measured", None)
     if o.case_id in pl.skipped:
@@ -608,11 +733,18 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
     )
 
 
-def _next_call(campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, auth: str) -> str:
+def _next_call(
+    campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, auth: str, budget_end: str | None = None
+) -> str:
     if pl.drift is not None and complete:
         return (
             "find why the target changed (another load on it, throttling, a restart: phase_status of the control's "
             "runs), then measure again: freeze_case of the campaign draft under a new name"
+        )
+    if complete and budget_end is not None:
+        return (
+            f"nothing, within its budget; to go on where it ended: freeze_case of the campaign draft with a larger "
+            f"campaign.budget, then start_run(case_id='{campaign_id}')"
         )
     if complete:
         return (

@@ -32,7 +32,7 @@ from caseledger.campaign import plan as planner
 from caseledger.campaign import pool
 from caseledger.campaign.model import Scalar
 from caseledger.campaign.plan import PointObs
-from caseledger.campaign.search import STRATEGIES, Observed, service_axes, space_size
+from caseledger.campaign.search import REQUESTS, STRATEGIES, Observed, service_axes, space_size
 from caseledger.campaign.store import (
     Campaign,
     add_point,
@@ -43,7 +43,7 @@ from caseledger.campaign.store import (
     events_file,
     load_campaign,
 )
-from caseledger.campaign.view import current_plan, search_open, service_key, started_at, started_service
+from caseledger.campaign.view import account, campaign_view, costs_of, current_plan, search_open, service_key
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -334,12 +334,6 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
     look at the plan runs it); or the search has ended (converged, the space measured whole, a budget of service
     starts or minutes spent): recorded. A proposal that would leave the running service waits for the repeats
     that service owes (planner.before_leaving): (case id, why) of the first, which the caller runs."""
-    since = started_at(ws, camp.campaign_id)
-    minutes = camp.search.max_minutes
-    if minutes is not None and since is not None and (time.time() - since) / 60 >= minutes:
-        why = f"its budget of {minutes:g} minute(s) is spent ({(time.time() - since) / 60:.1f})"
-        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
-        return "went"
     higher = METRICS[camp.decision.primary_metric].higher_is_better
     observed = [
         Observed(
@@ -371,9 +365,10 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
         owed = planner.before_leaving(obs, camp.repeats, higher, live)
         if owed:
             return owed[0]
-    spent = _starts_spent(ws, camp, mine, got.values, obs, live)
-    if spent is not None:  # the proposal would need one more service start than the budget allows
-        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=spent)
+    refused = _over_budget(ws, camp, mine, got.values, obs, live)
+    if refused is not None:  # its run would pass the budget: the search ends there (until a larger budget)
+        budget = camp.budget.model_dump(mode="json")
+        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=refused, budget=budget)
         return "went"
     point = add_point(ws, camp, got.values, got.why)
     event(ws, camp.campaign_id, "point_proposed", case_id=point.case_id, label=point.label, why=got.why)
@@ -387,16 +382,29 @@ def _leaves(camp: Campaign, values: dict[str, Scalar], obs: list[PointObs], live
     return on_live is None or any(values.get(a.path) != on_live.values.get(a.path) for a in svc)
 
 
-def _starts_spent(
+def _over_budget(
     ws: Workspace, camp: Campaign, mine: list[RunMeta], values: dict[str, Scalar], obs: list[PointObs], live: str | None
 ) -> str | None:
-    """Why a proposal is refused by the budget of service starts: it changes the running service's identity
-    (a service axis differs from the live point's) and the campaign's runs started that many already."""
-    cap = camp.search.max_starts
-    if cap is None or (live is not None and not _leaves(camp, values, obs, live)):
-        return None  # measured on the running service: no start
-    starts = sum(started_service(ws, m) for m in mine)
-    return f"its budget of {cap} service start(s) is spent ({starts})" if starts >= cap else None
+    """Why a proposal's run would pass the budget (the rule of every planned run: view.current_plan); it needs a
+    start when it changes the running service's identity (a service axis differs from the live point's)."""
+    if not camp.budget.given():
+        return None
+    start = live is None or _leaves(camp, values, obs, live)
+    minutes = None
+    if camp.budget.minutes is not None:
+        base = load_case(ws, camp.base_case)
+        n = values.get(REQUESTS, base.load.requests)  # a halving screen's N, else the base's
+        minutes = costs_of(ws)(base).run_s(int(n), start) / 60  # not frozen yet: the base's service, or its kin
+    return account(ws, camp, mine).refusal(start=start, minutes=minutes)
+
+
+def _complete(ws: Workspace, gid: str) -> str:
+    """The driver's outcome when nothing is left to run (HANDOFF.md names it): at its budget, with why and the
+    budget spent."""
+    if not load_campaign(ws, gid).budget.given():
+        return "complete"
+    view = campaign_view(ws, gid)
+    return f"complete at its budget: {view.budget_end}; {view.budget}" if view.budget_end else "complete"
 
 
 def _back_off(ws: Workspace, gid: str, o: PointObs) -> None:
@@ -483,6 +491,7 @@ def drive(ws: Workspace, gid: str) -> int:
                     raise
                 step = "wait"
             if step == "done":
+                outcome = _complete(ws, gid)
                 break
             if step == "wait":
                 time.sleep(WAIT_S)

@@ -9,7 +9,17 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger.campaign.store import freeze_campaign, load_campaign
+from caseledger.campaign.costs import (
+    Costs,
+    engine_model,
+    estimate,
+    expected_runs,
+    learn,
+    run_costs,
+    said_estimate,
+    service_key,
+)
+from caseledger.campaign.store import Campaign, freeze_campaign, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
 from caseledger.case.plan import decision_words
 from caseledger.case.store import load_case
@@ -36,6 +46,11 @@ class CampaignFrozen(BaseModel):
     search: str
     decision_change: str | None = Field(None, description="What this freeze changed in the scenario's decision")
     policy_changed: bool = Field(description="The search or repeat policy changed with this freeze")
+    estimate: str = Field(
+        "",
+        description="What it is expected to spend (measurements, service starts, minutes), from the costs the "
+        "workspace's runs measured (or assumed, said so), against its budget",
+    )
     next_call: str
 
     def text(self) -> str:
@@ -45,6 +60,7 @@ class CampaignFrozen(BaseModel):
             f"campaign {self.campaign_id} ({'new' if self.created else 'already frozen'}) {self.name}, "
             f"scenario {self.scenario}, base {self.base_case}: {self.search}",
             f"points: {pts}{more}",
+            self.estimate,
         ]
         if self.decision_change:
             lines.append(
@@ -70,12 +86,30 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  
         search=search,
         decision_change=change if change != "unchanged" else None,
         policy_changed=f.policy_changed,
+        estimate=_estimate(ws, c),
         next_call=(
             f"summarize(run_ids=['{c.campaign_id}']) shows it re-decided"
             if change and not f.created
             else f"start_run(case_id='{c.campaign_id}') runs it to the end (one call; then phase_status)"
         ),
     )
+
+
+def _estimate(ws: Workspace, c: Campaign) -> str:
+    """The campaign's expected spend, from the costs learned from the workspace's finished runs."""
+    facts = run_costs(ws)
+    base = load_case(ws, c.base_case)
+    cases = {p.case_id: load_case(ws, p.case_id) for p in c.points}
+    by_key = {service_key(k): k for k in cases.values()}
+    said = learn(facts, service_key(base), engine_model(base))
+
+    def costs(key: str) -> Costs:
+        case = by_key.get(key)
+        return learn(facts, key, engine_model(case)) if case is not None else said
+
+    points = {cid: (service_key(k), k.load.requests) for cid, k in cases.items()}
+    runs = expected_runs(c, points, (service_key(base), base.load.requests))
+    return said_estimate(estimate(runs, costs), said, c.repeats.budget, c.budget)
 
 
 VIEW_EVERY_S = 2.0  # a waiting start reads the campaign's view this often, its running point's state every poll
