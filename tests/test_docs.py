@@ -37,6 +37,7 @@ CREATED = {
     ".venv/": "python3 -m venv .venv",
     "ledger/": "caseledger freeze",
     "cases/reference.json": "caseledger init DIR --engine reference",
+    "cases/sweep.json": "caseledger init",
 }
 OUTSIDE = ("../shared", "DESIGN.md", "the seeds", "this machine", "seeds/")
 

@@ -323,8 +323,8 @@ class CampaignDraft(_Model):
     )
     base: dict[str, Any] | CaseRef | None = Field(  # JSON: a case draft
         None,
-        description="The base case: a case draft (as in cases/*.json), the path of one ('cases/vllm.json', read "
-        "at freeze), or the id of a frozen case ('c-...', the same as base_case)",
+        description="The base case: a case draft, a draft's path ('cases/vllm.json'), or a frozen case's id "
+        "('c-...', as base_case)",
     )
     base_case: str | None = Field(
         None, pattern=r"^c-[0-9a-f]{12}$", description="A frozen case id to start from (instead of base)"

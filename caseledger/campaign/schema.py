@@ -111,7 +111,7 @@ def campaign_schema() -> bytes:
         schema["$defs"]["Search"]["properties"].pop(moved, None)
     schema["properties"]["decision"] = {
         "description": schema["properties"]["decision"].get("description", "")
-        + " (caseledger://schema/case $defs.Decision)",
+        + " (caseledger://schema/case/decision)",
         "anyOf": [{"type": "object"}, {"type": "null"}],
         "default": None,
     }
