@@ -429,12 +429,19 @@ def _target(ws: Workspace, a: argparse.Namespace) -> int:
         return serve(a)
     from caseledger import services  # lazy: httpx2 and asyncssh
     from caseledger.run.campaign_driver import stop_drivers
+    from caseledger.run.stop import stop_runs
 
     drivers = stop_drivers(ws)  # first: a live driver would start the next point's service again
+    runs = stop_runs(ws)  # then the runs, which end with the records they have while their services still run
     stopped = services.stop_all(ws)
-    names = [f"campaign driver {g}" for g in drivers] + stopped
+    names = [f"campaign driver {g}" for g in drivers] + [f"run {r.line}" for r in runs] + stopped
     _print(
-        {"stopped": stopped, "drivers": drivers, "workspace": str(ws.root)},
+        {
+            "stopped": stopped,
+            "drivers": drivers,
+            "runs": [{"run_id": r.run_id, "state": r.state, "line": r.line} for r in runs],
+            "workspace": str(ws.root),
+        },
         f"stopped: {', '.join(names) or 'nothing was running'} (workspace {ws.root})",
         a.json,
     )
