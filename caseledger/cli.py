@@ -429,7 +429,7 @@ def _target(ws: Workspace, a: argparse.Namespace) -> int:
         return serve(a)
     from caseledger import services  # lazy: httpx2 and asyncssh
     from caseledger.run.campaign_driver import stop_drivers
-    from caseledger.run.stop import stop_runs
+    from caseledger.run.stop import stop_runs  # lazy: the ledger folds, only to stop
 
     drivers = stop_drivers(ws)  # first: a live driver would start the next point's service again
     runs = stop_runs(ws)  # then the runs, which end with the records they have while their services still run

@@ -1,5 +1,5 @@
-"""The options of `serve` (the reference target's command line), declared once: `python -m caseledger.target
-serve` and `caseledger target serve` both parse them (no heavy import: `caseledger --help` builds this parser)."""
+"""The options of `serve` (the reference target's command line), declared once: the target's own module and
+caseledger's CLI (its target serve command) both parse them; no heavy import, as the CLI's help builds them."""
 
 from __future__ import annotations
 
