@@ -15,9 +15,10 @@ import pytest
 from caseledger import procs
 from caseledger.campaign.view import campaign_view
 from caseledger.ledger import authorization
+from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import count_raw
-from caseledger.tools import freeze_any, start_any, status_any
+from caseledger.tools import freeze_any, freeze_case, start_any, start_run, status_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none, read_ref
 from tests.conftest import external_draft, reference_targets, stats
@@ -93,3 +94,29 @@ def test_target_stop_ends_the_running_point_with_every_request_recorded(
     assert "its load was stopped (SIGTERM)" in text and "owner gone, client gone" in text, text
     view = campaign_view(ws, f.campaign_id)
     assert not view.driver_alive and len(scan_runs(ws).metas) == 1, view.text()  # no point started after it
+
+
+@pytest.mark.processes  # a detached controller in its warmup, stopped from another process
+def test_a_run_stopped_before_its_load_fails_at_the_next_phase_with_nothing_sent(
+    ws: Workspace, tmp_path: Path, stop_services: None
+) -> None:
+    with reference_targets({"slow": {**SLOW, "decode_step_s": 0.4}}, tmp_path / "targets") as served:
+        port = served["slow"].port
+        draft = external_draft(port, warmup={"requests": 2, "concurrency": 1, "max_tokens": 8})
+        case = freeze_case(ws, draft=draft)
+        r = start_run(ws, case.case_id)  # returns once preflight passed: the warmup takes ~6 s
+        assert r.run_id is not None, r.text()
+        paths = ws.run(r.run_id)
+        deadline = time.monotonic() + 60
+        while not any(e["type"] == "phase_started" and e.get("phase") == "warmup" for e in read_events(paths).events):
+            assert time.monotonic() < deadline, read_events(paths).events
+            time.sleep(0.05)
+        answer = _stop(ws)
+        (stopped,) = answer["runs"]
+        assert stopped["state"] == "failed", answer
+        assert stats(port)["by_phase"].get("load", 0) == 0  # no formal request reached the target
+    text = status_any(ws, r.run_id).text()
+    assert "failed" in text.split("\n", 1)[0] and "route_verify" in text, text
+    assert "stopped (SIGTERM, caseledger target stop) before route_verify" in text, text
+    assert "resume" in text, text
+    assert not procs.alive(read_ref(paths.controller_pid)) and not procs.alive(read_ref(paths.load_armed))
