@@ -23,6 +23,7 @@ from caseledger import redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
 from caseledger.records import NativeRule
+from caseledger.target.options import add_serve_arguments
 from caseledger.workspace import Workspace, steps
 
 if TYPE_CHECKING:
@@ -208,13 +209,15 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("words", nargs="*", help="nothing | resources | read URI | call TOOL key=value ...")
 
     s = sub.add_parser("target", parents=[common], help="the embedded reference target; stop what runs here")
-    s.add_argument(
-        "action",
-        choices=["serve", "stop"],
-        help="serve: run it in the foreground; stop: stop this workspace's campaign drivers, then the services "
-        "caseledger started in it",
+    # one parser per action (never a positional that swallows the rest): `target stop --help` is help, not a stop
+    acts = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add_serve_arguments(acts.add_parser("serve", parents=[common], help="run it in the foreground"))
+    acts.add_parser(
+        "stop",
+        parents=[common],
+        help="stop this workspace's campaign drivers, then its running runs (each keeps the records it has), "
+        "then the services caseledger started in it",
     )
-    s.add_argument("rest", nargs=argparse.REMAINDER)
 
     s = sub.add_parser("import", parents=[common], help="import a peer tool's output as a run")
     s.add_argument("kind", choices=["aisbench"])
@@ -422,17 +425,24 @@ def _inspect(ws: Workspace, a: argparse.Namespace) -> int:
 
 def _target(ws: Workspace, a: argparse.Namespace) -> int:
     if a.action == "serve":
-        from caseledger.target import main as target_main  # lazy: starlette, only to serve
+        from caseledger.target.server import serve  # lazy: starlette, only to serve
 
-        return target_main(["serve", *a.rest])
+        return serve(a)
     from caseledger import services  # lazy: httpx2 and asyncssh
     from caseledger.run.campaign_driver import stop_drivers
+    from caseledger.run.stop import stop_runs  # lazy: the ledger folds, only to stop
 
     drivers = stop_drivers(ws)  # first: a live driver would start the next point's service again
+    runs = stop_runs(ws)  # then the runs, which end with the records they have while their services still run
     stopped = services.stop_all(ws)
-    names = [f"campaign driver {g}" for g in drivers] + stopped
+    names = [f"campaign driver {g}" for g in drivers] + [f"run {r.line}" for r in runs] + stopped
     _print(
-        {"stopped": stopped, "drivers": drivers, "workspace": str(ws.root)},
+        {
+            "stopped": stopped,
+            "drivers": drivers,
+            "runs": [{"run_id": r.run_id, "state": r.state, "line": r.line} for r in runs],
+            "workspace": str(ws.root),
+        },
         f"stopped: {', '.join(names) or 'nothing was running'} (workspace {ws.root})",
         a.json,
     )

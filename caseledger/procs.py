@@ -277,6 +277,35 @@ def _pids() -> list[int]:
     return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()]
 
 
+def listening_pids(port: int) -> tuple[set[int], bool]:
+    """The processes of this host that hold a listening TCP socket on `port` (v4 or v6), the topmost of them
+    only (a forked worker sharing its parent's socket is counted with the parent); with whether any listening
+    socket was found at all (found, but no pid: another user's process, whose fds are not ours to read)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return set(), False
+    holders = {p for p in _pids() if _holds(p, inodes)}
+    return {p for p in holders if _ppid(p) not in holders}, True
+
+
+def _ppid(pid: int) -> int | None:
+    f = _stat_fields(pid)
+    return int(f[1]) if f is not None and len(f) > 1 else None
+
+
+def program(argv: list[str]) -> str:
+    """What a command line runs, without its arguments (they may carry a key): the program's name, and an
+    interpreter's module or script ('python3 -m vllm.entrypoints.openai.api_server', 'llama-server')."""
+    if not argv:
+        return "?"
+    name = os.path.basename(argv[0])[:64]
+    if len(argv) > 2 and argv[1] == "-m":
+        return f"{name} -m {argv[2][:64]}"
+    if name.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
+        return f"{name} {os.path.basename(argv[1])[:64]}"
+    return name
+
+
 def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
     """Whether the listener on `port` is `pid` or runs in the session `pid` leads (services are started in a
     session of their own, so a worker process that holds the socket still counts); with the listeners found.
@@ -447,11 +476,13 @@ class CpuSampler:
     """Successive /proc readings of host CPU and of the processes in some sessions; `sample` returns the interval
     since the last call (None on the first). Processes are keyed by (pid, start time): a pid reused in the
     interval starts from zero. own_pids: processes counted as ours besides the sessions (caseledger's own, e.g.
-    the MCP server of this workspace answering status calls)."""
+    the MCP server of this workspace answering status calls). trees: (pid, start time) of processes counted as
+    ours with all their descendants (an external service found listening on its port: not in our sessions)."""
 
-    def __init__(self, own_pids: set[int] | None = None) -> None:
+    def __init__(self, own_pids: set[int] | None = None, trees: set[tuple[int, int]] | None = None) -> None:
         self._prev: tuple[int, list[int], dict[tuple[int, int], int]] | None = None
         self.own_pids = own_pids or set()
+        self.trees = trees or set()
 
     def sample(self, sessions: set[int], client_pid: int | None) -> CpuSample | None:
         now = time.monotonic_ns()
@@ -463,6 +494,7 @@ class CpuSampler:
         jiffies: dict[tuple[int, int], int] = {}
         mine: set[tuple[int, int]] = set()
         names: dict[tuple[int, int], str] = {}
+        parent: dict[int, int] = {}
         for pid in _pids():
             try:
                 data = Path(f"/proc/{pid}/stat").read_bytes()
@@ -476,8 +508,10 @@ class CpuSampler:
             k = (pid, int(f[19]))
             jiffies[k] = int(f[11]) + int(f[12])
             names[k] = data[data.find(b"(") + 1 : cut].decode(errors="replace")[:32]
+            parent[pid] = int(f[1])
             if int(f[3]) in sessions or pid in self.own_pids:
                 mine.add(k)
+        mine |= _trees(self.trees, jiffies, parent)
         prev, self._prev = self._prev, (now, cpu, jiffies)
         if prev is None:
             return None
@@ -500,3 +534,23 @@ class CpuSampler:
             load1=load1,
             top=[(k[0], names[k], u) for u, k in others],
         )
+
+
+def _trees(
+    roots: set[tuple[int, int]], keys: Iterable[tuple[int, int]], parent: Mapping[int, int]
+) -> set[tuple[int, int]]:
+    """The processes among `keys` that are one of `roots` (same pid and start time) or descend from one."""
+    if not roots:
+        return set()
+    live = {pid for pid, start in keys if (pid, start) in roots}
+    out: set[int] = set()
+    for pid in parent:
+        chain: list[int] = []
+        p = pid
+        while p not in live and p not in out and p in parent and p > 1 and len(chain) < 4096:
+            chain.append(p)
+            p = parent[p]
+        if p in live or p in out:
+            out.update(chain)
+            out.add(p)
+    return {k for k in keys if k[0] in out}

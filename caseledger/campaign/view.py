@@ -208,7 +208,8 @@ class CampaignView(FrozenModel):
             lines.append("plan: " + "; ".join(self.plan))
             lines.append(
                 "pause: caseledger authorize paused (the running point finishes, none starts); stop: caseledger "
-                "target stop (drivers, then services)"
+                "target stop (drivers, then the running point, which ends partial with every record it has, then "
+                "services)"
             )
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)

@@ -39,6 +39,13 @@ def advise(v: RunView) -> Advice:
     return Advice(f"{v.failure_class} at {where}", advice(v, ph) if advice else f"resume(run_id='{v.run_id}')")
 
 
+def _why_partial(exit_: str | None) -> str:
+    """Why a load ended short, from its client's end file (none: the client died without writing it)."""
+    if exit_ == "cancelled":  # SIGTERM: `caseledger target stop`, or the controller ending the load
+        return "its load was stopped (SIGTERM); the requests in flight are recorded as cancelled"
+    return "client died" if exit_ is None else f"the load client ended: {exit_}"
+
+
 def _advise_live(v: RunView) -> Advice | None:
     """The advice for a run that has not stopped at a failure (finished, partial, running); None otherwise."""
     rid = v.run_id
@@ -46,7 +53,7 @@ def _advise_live(v: RunView) -> Advice | None:
         return Advice(None, f"summarize(run_ids=['{rid}'])")
     if v.state == RunState.PARTIAL:
         return Advice(
-            f"partial load: {v.counts.done} of {v.counts.planned} requests recorded (client died)",
+            f"partial load: {v.counts.done} of {v.counts.planned} requests recorded ({_why_partial(v.load_exit)})",
             f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
             f"(summarize(run_ids=['{rid}']) shows them)",
         )

@@ -36,6 +36,20 @@ class FileEvidence(BaseModel):
     held: bool = False
 
 
+class Listener(BaseModel):
+    """An external service's process found on this host: it listens on an endpoint's port. Its CPU, and its
+    children's, is the service's in the host CPU evidence, never another process's."""
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+    start_time: int = Field(description="Clock ticks since boot (/proc/PID/stat): the pid is this process only")
+    command: str = Field(description="Its program (and module), never its arguments: 'llama-server'")
+    port: int = Field(description="The endpoint's port it listens on")
+
+    def line(self) -> str:
+        return f"pid {self.pid} {self.command}, found listening on :{self.port}"
+
+
 class ServiceRecord(BaseModel):
     """The evidence of the service phase (the whole target, or one component of it)."""
 
@@ -65,6 +79,14 @@ class ServiceRecord(BaseModel):
     live_identity: str | None = Field(None, description="External: hash of what the endpoints answer")
     endpoints: list[dict[str, Any]] | None = None  # JSON: external: {base_url, models} as the endpoints answered
     identity_output: str | None = None
+    listeners: list[Listener] | None = Field(
+        None,
+        description="External: the processes on this host that listen on the endpoints' ports (their CPU and "
+        "their children's counts as the service's); unset: none found, listeners_note says why",
+    )
+    listeners_note: str | None = Field(
+        None, description="External: why no process of the service was found (a remote server: NOT_OBSERVED)"
+    )
     components: list[ComponentRecord] | None = None
     restarted: list[str] | None = Field(None, description="Components (re)started by this phase")
     reused: list[str] | None = Field(None, description="Components kept with their warm caches")

@@ -346,6 +346,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         controller_stopped=procs.stopped(ctl),
         stopped_pids=[int(r["pid"]) for r in (ctl, client_ref) if r is not None and procs.stopped(r)]
         + [int(m.group(1)) for g in service_gone if (m := re.search(r"pid (\d+) stopped", g))],
+        load_exit=str(end["exit"]) if end and end.get("exit") else None,
     )
     advice = advise(facts)  # a pure function of the facts; the view returned carries it, frozen
     return replace(facts, blocker=advice.blocker, next_call=advice.next_call)

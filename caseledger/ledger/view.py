@@ -96,6 +96,7 @@ class RunView:
     client_stopped: bool = False  # the load client's process is alive but stopped (SIGSTOP): no progress
     controller_stopped: bool = False  # the controller's process is alive but stopped
     stopped_pids: list[int] = field(default_factory=list)  # the controller's and load client's, when stopped
+    load_exit: str | None = None  # how the load client ended (its end file): complete | cancelled | disk_full
 
 
 @dataclass(frozen=True)

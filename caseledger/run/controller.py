@@ -4,7 +4,8 @@
 state (a recorded success is kept, a recorded failure is where it starts again as a new attempt), runs it
 with start/end events and an evidence file, and stops at the first failure with a failure class from
 DESIGN.md. A heartbeat thread renews the lease; when the lease was taken over (fence rejected) the
-controller stops at once.
+controller stops at once. SIGTERM (`caseledger target stop`) stops the run: no phase before the load starts,
+a formal load under way ends with what its clients recorded, and the phases after it keep and process that.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
 import threading
 import time
@@ -59,6 +61,7 @@ from caseledger.workspace import RunPaths, Spare, Workspace, is_disk_full, read_
 
 PhaseBody = Callable[["Controller", int], PhaseEvidence]
 STOP_MARGIN_S = 2.0  # the load stops at least this long before an unrenewed lease expires on the lease host
+STOP_GRACE_S = 10.0  # a stopped load's clients record what is in flight and end within this, or are killed
 
 
 # Set by a campaign driver in its own environment, so the controllers it starts inherit it: the driver draws the
@@ -103,6 +106,8 @@ class Controller:
         self._stop = threading.Event()
         self.handoff = HandoffWriter(self.ws)
         self._deadline = time.monotonic() + ledger.LEASE_SECONDS  # the lease surely lapses by then unless renewed
+        self.stop_asked = False  # SIGTERM (`caseledger target stop`): see _stop_asked
+        self.phase_now: Phase | None = None  # the phase running now (read by the stop's thread)
 
     # ---- events
     def event(self, type_: str, **kw: Any) -> None:
@@ -146,18 +151,57 @@ class Controller:
             raise RuntimeError(f"an inline run lost its target's lease: {why}")
         with contextlib.suppress(Exception):  # best effort: the exit below happens whatever this meets
             self.paths.load_abort.touch()
-            ref = read_json_or_none(self.paths.load_pid) or read_json_or_none(self.paths.load_armed)
-            if ref and self.case.load.host is not None and procs.elsewhere(ref):
-                from caseledger.services.remote import Remote  # lazy: SSH only for a remote load client
-
-                Remote(self.case.load.host).terminate(ref, grace_s=1.0)
-            elif ref:
-                procs.terminate(ref, grace_s=1.0)
-            for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
-                procs.terminate(part, grace_s=1.0)
-            parts = [r for p in self.paths.load_parts() if (r := read_ref(p.load_pid)) is not None]
-            remote_load.terminate_elsewhere(self.case, parts)  # the processes of a shared load on load hosts
+            self._end_clients(grace_s=1.0)
         os._exit(70)
+
+    def _end_clients(self, grace_s: float) -> None:
+        """SIGTERM every load client process of this run (here, on load hosts, each of a shared load); each
+        records what it has in flight as cancelled and writes its end file, within grace_s or is killed."""
+        ref = read_json_or_none(self.paths.load_pid) or read_json_or_none(self.paths.load_armed)
+        if ref and self.case.load.host is not None and procs.elsewhere(ref):
+            from caseledger.services.remote import Remote  # lazy: SSH only for a remote load client
+
+            Remote(self.case.load.host).terminate(ref, grace_s=grace_s)
+        elif ref:
+            procs.terminate(ref, grace_s=grace_s)
+        for part in client_refs(self.paths):  # every process of a shared load (load.processes > 1)
+            procs.terminate(part, grace_s=grace_s)
+        parts = [r for p in self.paths.load_parts() if (r := read_ref(p.load_pid)) is not None]
+        remote_load.terminate_elsewhere(self.case, parts)  # the processes of a shared load on load hosts
+
+    # ---- stop (SIGTERM: `caseledger target stop`)
+    def _stop_asked(self, signum: int, frame: object) -> None:
+        """SIGTERM: no phase before the load starts any more; a formal load under way is ended (its clients
+        record what is in flight and write their end files), and the phases after it seal and process the
+        records it has, so the run ends partial with nothing lost."""
+        if not self.stop_asked:
+            self.stop_asked = True
+            threading.Thread(target=self._end_load_when_sent, daemon=True).start()
+
+    def _end_load_when_sent(self) -> None:
+        """End the formal load once it is sent (load/go written); nothing to do once this run is past its load."""
+        while self.phase_now is None or PHASES.index(self.phase_now) <= PHASES.index(Phase.LOAD):
+            if self.paths.load_end.exists():
+                return
+            if self.phase_now == Phase.LOAD and self.paths.load_go.exists():
+                with contextlib.suppress(Exception):  # best effort: the load's own end is judged as ever
+                    self._end_clients(grace_s=STOP_GRACE_S)
+                return
+            time.sleep(0.1)
+
+    def _end_stopped(self, phase: Phase, attempt: int) -> FailureClass:
+        """The phase a stop kept from starting, recorded as failed in its own class: status names the stop, and a
+        resume (or the campaign's next driver) starts again from here."""
+        cls = FAILURE_OF_PHASE[phase]
+        self.event("phase_started", phase=phase, attempt=attempt)
+        self._end(
+            phase,
+            attempt,
+            "failed",
+            {"failure_class": cls, "fix": f"resume the run to go on from {phase} (nothing of it ran)"},
+            error=f"stopped (SIGTERM, caseledger target stop) before {phase}: no formal request was sent",
+        )
+        return cls
 
     # ---- main loop
     def run(self) -> int:
@@ -175,6 +219,8 @@ class Controller:
             print(f"controller: {e}", file=sys.stderr)
             return 70
         threading.Thread(target=self.heartbeat, daemon=True).start()
+        if not procs.inline():  # inline: the caller's process, whose signals are not ours
+            signal.signal(signal.SIGTERM, self._stop_asked)
         self.event("controller_started", data={"pid": self.me["pid"]})
         outcome = "succeeded"
         keep_lease = False
@@ -191,6 +237,10 @@ class Controller:
                     continue  # recorded success is kept (never repeated; the service chain after a lost service)
                 checkpoint("controller", "before", phase, run_dir=self.paths.root)
                 attempt = pv.attempt + 1
+                if self.stop_asked and PHASES.index(phase) <= PHASES.index(Phase.LOAD):
+                    outcome = f"failed:{self._end_stopped(phase, attempt)}"
+                    break
+                self.phase_now = phase
                 self.event("phase_started", phase=phase, attempt=attempt)
                 self.handoff.ask()
                 failed = self.run_phase(phase, attempt)

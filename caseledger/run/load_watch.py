@@ -1,4 +1,5 @@
-"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl, the
+"""What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl (an
+external service's process found on this host counted as the service's, with its children), the
 service host's accelerators (load/accel.jsonl, run/accel.py), a client whose process is stopped (recorded as
 events, and as the load evidence's client_stopped_s), and a local service stopped long enough that the load is
 ended early."""
@@ -52,7 +53,7 @@ class LoadWatch:
     ) -> None:
         self.paths, self.client, self.event = run.paths, client, event
         self.more = more or []  # the other client processes of a shared load: their CPU is the measurement's
-        self.sampler = procs.CpuSampler(procs.caseledger_pids(run.workspace.root))
+        self.sampler = procs.CpuSampler(procs.caseledger_pids(run.workspace.root), service_trees(run))
         self.sessions = _our_sessions(run, client, self.more)
         self.next_sample = 0.0
         self.stopped_since: float | None = None  # when the client was first seen stopped (this stop)
@@ -189,6 +190,13 @@ def _our_sessions(run: Run, client: LoadRef | None, more: list[LoadRef] | None =
     return out
 
 
+def service_trees(run: Run) -> set[tuple[int, int]]:
+    """(pid, start time) of an external service's processes found on this host (the service phase's listeners):
+    counted as the service's with all their children, never as other processes."""
+    rec = ServiceRecord.read(run.paths.phase_file(Phase.SERVICE))
+    return {(x.pid, x.start_time) for x in (rec.listeners or [])} if rec is not None else set()
+
+
 def wait_quiet(run: Run, event: Callable[..., None]) -> None:
     """Before a local formal load: wait, bounded by QUIET_WAIT_ENV, until other processes used at most
     max_other_cpu_share of the host over QUIET_SPAN_S; recorded with the share and the processes that took it."""
@@ -197,7 +205,7 @@ def wait_quiet(run: Run, event: Callable[..., None]) -> None:
     if bound <= 0 or run.case.load.host is not None or run.case.load.hosts:
         return  # no wait asked, or the load runs on another host (its CPU is sampled there)
     limit = run.case.measurement.evidence.max_other_cpu_share
-    sampler = procs.CpuSampler(procs.caseledger_pids(run.workspace.root))
+    sampler = procs.CpuSampler(procs.caseledger_pids(run.workspace.root), service_trees(run))
     sessions = _our_sessions(run, None)
     sampler.sample(sessions, None)
     start = time.monotonic()

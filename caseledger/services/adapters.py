@@ -29,6 +29,7 @@ from caseledger.errors import FailureClass, PhaseFailed, quoted
 from caseledger.ledger.evidence import ComponentRecord, FileEvidence, ServiceRecord
 from caseledger.load.auth import api_key_of, auth_header, refuse_auth
 from caseledger.services import net, remote
+from caseledger.services.external import listeners
 from caseledger.services.identity import (
     DeclaredFile,
     ModelFile,
@@ -429,11 +430,18 @@ def _external(case: Case, want: str) -> ServiceRecord:
             ) from None
     # over the masked output: a secret it printed is neither recorded nor hashed
     live = "s-" + sha256_bytes(orjson.dumps({"models": seen, "identity": ident_out}))[:12]
-    return ServiceRecord(
+    found, note = listeners(case)
+    service = "; ".join(x.line() for x in found) if found else f"NOT_OBSERVED ({note})"
+    rec = ServiceRecord(
         outcome="done",
         identity=want,
         live_identity=live,
         endpoints=seen,
         identity_output=ident_out,
-        verified_by="/v1/models probe" + (" + identity_command" if ident_out else ""),
+        verified_by="/v1/models probe" + (" + identity_command" if ident_out else "") + f"; service: {service}",
     )
+    if found:
+        rec.listeners = found
+    if note:
+        rec.listeners_note = note
+    return rec

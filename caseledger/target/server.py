@@ -48,6 +48,7 @@ from caseledger.case.service import ReferenceConfig
 from caseledger.engines import profile as engine_profile
 from caseledger.errors import CaseledgerError
 from caseledger.records import PHASE_HEADER, RUN_HEADER  # the headers the load client sends
+from caseledger.target.options import add_serve_arguments
 from caseledger.target.parts import Sequence, Ticket
 from caseledger.target.reference import ReferenceEngine
 from caseledger.target.requests import BadRequest, Parsed, parse_request
@@ -424,15 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m caseledger.target", description="The embedded reference target (OpenAI-compatible)."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the reference target over HTTP")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one (logged)")
-    serve.add_argument("--model", required=True, help="served model name")
-    serve.add_argument("--config-json", default="{}", help="a ReferenceConfig as a JSON object")
-    serve.add_argument("--tokenizer", default="builtin", help="'builtin' or a directory with tokenizer.json")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    args = parser.parse_args(argv)
+    add_serve_arguments(sub.add_parser("serve", help="serve the reference target over HTTP"))
+    return serve(parser.parse_args(argv))
 
+
+def serve(args: argparse.Namespace) -> int:
+    """Serve with parsed serve options (caseledger.target.options) until SIGINT/SIGTERM."""
     logging.basicConfig(
         stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
