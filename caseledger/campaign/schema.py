@@ -110,8 +110,7 @@ def campaign_schema() -> bytes:
     for moved in ("max_starts", "max_minutes"):  # refused in a draft (now campaign.budget): not served
         schema["$defs"]["Search"]["properties"].pop(moved, None)
     schema["properties"]["decision"] = {
-        "description": schema["properties"]["decision"].get("description", "")
-        + " (caseledger://schema/case/decision)",
+        "description": schema["properties"]["decision"].get("description", "") + " (caseledger://schema/case/decision)",
         "anyOf": [{"type": "object"}, {"type": "null"}],
         "default": None,
     }
