@@ -69,7 +69,7 @@ def test_two_campaigns_of_one_scenario_rank_together_and_label_their_full_settin
     assert len(va.controls) <= 1 and len(vb.controls) <= 1  # a control per identity with more than one point
     # TTFT and TPOT p50 beside the p99s, on every measured row and in its line
     want = {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"}
-    assert all(set(r.latency) == want for r in vb.rows), [(r.label, r.latency, r.status) for r in vb.rows]
+    assert all(set(r.latency) == want for r in vb.rows), vb.text()
     assert all(r.latency["tpot_p50_ms"] <= r.latency["tpot_p99_ms"] for r in vb.rows)
     assert vb.text().count("| TTFT p50/p99 ") == 2, vb.text()
 
