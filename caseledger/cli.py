@@ -211,7 +211,7 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
         "action",
         choices=["serve", "stop"],
         help="serve: run it in the foreground; stop: stop this workspace's campaign drivers, then the services "
-        "caseledger started in it",
+        "caseledger started in it (--workspace DIR: another workspace's, e.g. the one that keeps a target)",
     )
     s.add_argument("rest", nargs=argparse.REMAINDER)
 
