@@ -134,7 +134,7 @@ def test_a_campaign_reuses_or_waits_for_the_service_another_workspace_keeps_and_
             [(r.outcome, r.pid, r.kept_by) for r in recs],
         )
         c.check("starts", v1.progress["service_starts"] == 0, v1.progress)
-        c.check("kept", procs.alive(kept["proc"]) and keepers.read(key) == kept, keepers.read(key))
+        c.check("keeper", procs.alive(kept["proc"]) and keepers.read(key) == kept, keepers.read(key))
         c.check("count", stats(port)["by_phase"].get("load", 0) == N * (1 + len(runs1)), stats(port))
 
         # a plain start of another identity is refused before anything is written, naming A and the one fix
@@ -177,7 +177,7 @@ def test_a_campaign_reuses_or_waits_for_the_service_another_workspace_keeps_and_
         recs2 = [_service_of(b, rid) for r in v2.rows for rid in r.run_ids]
         c.check("starts", v2.progress["service_starts"] == 1 and all(r.kept_by is None for r in recs2), v2.progress)
         now = keepers.read(key)
-        c.check("kept", now is not None and now["workspace"] == str(b.root), now)
+        c.check("keeper", now is not None and now["workspace"] == str(b.root), now)
 
 
 @pytest.mark.integration
@@ -196,3 +196,57 @@ def test_target_stop_in_the_reusing_workspace_leaves_the_keepers_service_running
     assert kept is not None and _service_of(b, rb.run_id).pid == kept["proc"]["pid"]
     assert services.stop_all(b) == [] and procs.alive(kept["proc"])  # B reused it: not B's to stop
     assert services.stop_all(a) == [key] and not procs.alive(kept["proc"]) and keepers.read(key) is None
+
+
+@pytest.mark.integration
+@pytest.mark.processes  # a controller that exits mid-run, its lease lapsing, a resume in a fresh controller
+def test_a_resume_that_would_start_the_service_again_is_refused_naming_the_keeper_and_spends_nothing(
+    two: tuple[Workspace, Workspace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's run lost its controller after warmup and then its service; meanwhile A started and keeps its own service
+    on the port. B's resume (which must start the service again) is refused before its lease or any event, naming A
+    and the fix; once A's service is stopped, the same resume finishes the run."""
+    from caseledger import ledger
+    from caseledger.ledger import leases
+    from caseledger.ledger.events import read_events
+    from caseledger.tools import phase_status, resume
+    from tests.conftest import start_with_fault
+
+    monkeypatch.setenv(leases.ENV_LEASE_S, "4")  # B's lapsed lease frees the target for A within seconds
+    monkeypatch.setattr(leases, "LEASE_SECONDS", 4.0)
+    a, b = two
+    port = free_port()
+    rb = start_with_fault(
+        monkeypatch,
+        "controller:exit_after=warmup",
+        b,
+        freeze_case(b, draft=_base(port, SLOTS_OTHER, "other")).case_id,
+        wait=True,
+    )
+    assert rb.run_id is not None
+    rid = rb.run_id
+    services.stop_all(b)  # B's service is gone too: a resume must start it again
+    key = scan_runs(b).metas[0].target_key
+    assert key is not None
+    deadline = time.monotonic() + 20
+    while (lease := ledger.read_lease(b, key)) is not None and lease.live() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ra = start_run(a, freeze_case(a, draft=_base(port, SLOTS_A, "kept")).case_id, wait=True)
+    assert ra.state == "succeeded", ra.text()
+    kept = keepers.read(key)
+    assert kept is not None and kept["workspace"] == str(a.root)
+
+    events_before = len(read_events(b.run(rid)).events)
+    with pytest.raises(TargetHeld) as refused:
+        resume(b, rid)
+    shown = str(refused.value)
+    assert str(a.root) in shown and f"pid {kept['proc']['pid']}" in shown, shown
+    assert f"caseledger target stop --workspace {a.root}" in shown, shown
+    assert len(read_events(b.run(rid)).events) == events_before  # no attempt, no lease taken
+    lease = ledger.read_lease(b, key)
+    assert lease is None or not lease.live() or lease.run_id != rid, lease
+
+    services.stop_all(a)  # the fix
+    done = resume(b, rid, wait=True)
+    assert done.state == "succeeded", phase_status(b, rid).text()
+    assert _service_of(b, rid).outcome == "done" and _service_of(b, rid).kept_by is None

@@ -202,8 +202,8 @@ def _clear_target(key: str, live: ServiceState | None, u: Unit) -> None:
     if live and live.get("kept_by"):  # its keeper's record is gone (host directory cleared): still not ours to stop
         proc = live.get("proc")
         raise PhaseFailed(
-            f"{u.label} on this target (pid {proc['pid'] if proc else '?'}) is kept by workspace {live['kept_by']}, "
-            "and has another identity than this case's",
+            f"{u.label} on this target (pid {proc['pid'] if proc else '?'}) is kept by workspace {live['kept_by']} "
+            "and cannot be used as this case's; caseledger never stops a service another workspace keeps",
             FailureClass.SERVICE,
             f"caseledger target stop --workspace {live['kept_by']}, then resume",
         )
