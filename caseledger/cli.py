@@ -216,7 +216,8 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
         "stop",
         parents=[common],
         help="stop this workspace's campaign drivers, then its running runs (each keeps the records it has), "
-        "then the services caseledger started in it",
+        "then the services caseledger started in it (--workspace DIR: another workspace's, e.g. the one that "
+        "keeps a target)",
     )
 
     s = sub.add_parser("import", parents=[common], help="import a peer tool's output as a run")

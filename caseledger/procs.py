@@ -319,7 +319,13 @@ def owns_port(pid: int, port: int) -> tuple[bool, set[int]]:
         with contextlib.suppress(OSError):
             if p != pid and os.getsid(p) == pid and _holds(p, inodes):
                 return True, {p}
-    return False, {p for p in _pids() if _holds(p, inodes)}
+    return False, listeners(port)
+
+
+def listeners(port: int) -> set[int]:
+    """The pids that hold a listening TCP socket on `port`, as far as this host shows them."""
+    inodes = _listening_inodes(port)
+    return {p for p in _pids() if _holds(p, inodes)} if inodes else set()
 
 
 def terminate(ref: Mapping[str, Any], grace_s: float = 5.0) -> bool:

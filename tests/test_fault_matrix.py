@@ -26,6 +26,11 @@ Every cell records its checks into the session's matrix (tests/conftest.py print
   step     the clock step was in effect (a process under it read the wall clock an hour off)
   early    the controller ended the load of a stopped engine early (a load_ended_early event), not after every
            queued request had waited out its timeout
+  reuse    a service another workspace keeps was used as it is (its pid, marked kept_by), not started again
+  keeper   the host-wide record names the workspace that keeps the target's service, unchanged by a reuse
+  why      status said why the campaign's driver waits, naming what it waits for and the fix
+  stop     the fix the refusal named worked
+  given    no point was given up
 """
 
 from __future__ import annotations

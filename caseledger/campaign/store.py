@@ -409,11 +409,12 @@ def driver_events(ws: Workspace, campaign_id: str) -> list[dict[str, Any]]:  # J
 
 
 def waiting_on(ws: Workspace, campaign_id: str) -> str | None:
-    """Why the driver waits now: its last 'waiting' event when no point started or driver started after it."""
+    """Why the driver waits now, with the fix where the refusal named one: its last 'waiting' event when no point
+    started or driver started after it."""
     why = None
     for e in driver_events(ws, campaign_id):
         if e.get("type") == "waiting":
-            why = str(e.get("why") or "")
+            why = str(e.get("why") or "") + (f"; fix: {e['fix']}" if e.get("fix") else "")
         elif e.get("type") in ("point_started", "point_resumed", "driver_started", "driver_ended"):
             why = None
     return why

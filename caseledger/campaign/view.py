@@ -135,8 +135,8 @@ class CampaignView(FrozenModel):
     authorization: str = Field("", description="paused starts no new point")
     waiting: str | None = Field(
         None,
-        description="Why the driver waits now (a paused authorization, a target "
-        "held by another run or campaign); null when it is not waiting",
+        description="Why the driver waits now (a paused authorization, a target held by another run or campaign, "
+        "a service another workspace keeps on the target), with the fix; null when it is not waiting",
     )
     plan: list[str] = Field(
         default_factory=list, description="The next points the planner runs, in order, with why (at most 3)"

@@ -1,5 +1,6 @@
-"""The run ledger: event logs (events), one owner per target (leases), runs and their folded state
-(runs, state), the queue of prepared cases and the authorization mode. Readers never write run state."""
+"""The run ledger: event logs (events), one owner per target (leases) and which workspace keeps a service on it
+(keepers), runs and their folded state (runs, state), the queue of prepared cases and the authorization mode.
+Readers never write run state."""
 
 from caseledger.ledger.events import EventLog, append_event, read_events
 from caseledger.ledger.leases import (

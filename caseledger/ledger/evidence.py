@@ -73,6 +73,9 @@ class ServiceRecord(BaseModel):
     )
     env: dict[str, str] | None = Field(None, description="The environment shown (secrets masked)")
     verified_by: str | None = None
+    kept_by: str | None = Field(
+        None, description="Reused from the workspace of this host that started and keeps it (unset: this one)"
+    )
     host: str | None = Field(None, description="The remote host (unset: this host)")
     ssh: dict[str, Any] | None = None  # JSON: the SSH login (read back from any version's record)
     host_key: str | None = None

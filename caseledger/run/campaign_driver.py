@@ -5,7 +5,8 @@ It holds ledger/campaigns/<id>/driver.lock (one driver per campaign); it survive
 fact is in the ledger, so a new driver (start_run or resume of the campaign) continues where one died. A point
 whose run failed at a repairable phase (its controller lost, the service, the collector, an overload) is
 resumed at that phase, never measured again; a running point is waited for, never started twice. A paused
-authorization or a target held by another owner (another campaign) starts no point: the driver waits.
+authorization, a target held by another owner (another campaign), or a service another workspace keeps on the
+target that is not the point's (services/kept.py) starts no point: the driver waits, and status says why.
 
     python -m caseledger.run.campaign_driver WORKSPACE CAMPAIGN_ID
 """
@@ -115,16 +116,8 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         if o.runs == 0 and o.case_id in pl.given_up:
             continue  # its attempts are spent (a resent load is an attempt): the plan says why, with the figures
         if o.runs == 0 and rid and resumed.get(rid, 0) < RESUMES_PER_RUN and _resumable(ws, rid):
-            resumed[rid] = resumed.get(rid, 0) + 1
             _back_off(ws, gid, o)
-            event(ws, gid, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label)
-            try:
-                resume(ws, rid, wait=True, timeout_s=RUN_TIMEOUT_S)
-            except (NotAuthorized, TargetHeld):
-                return "wait"
-            except CaseledgerError as e:
-                event(ws, gid, "resume_refused", run_id=rid, error=e.message)
-            return "went"
+            return _resume_point(ws, gid, o, rid, resumed)
     if not pl.next:
         if not search_open(ws, camp):
             return "done"
@@ -147,7 +140,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         pre, ctl = _take_ahead(gid, case)
         view = launch(ws, cid, case, ahead=pre, controller_ahead=ctl)
     except (NotAuthorized, TargetHeld) as e:
-        _note_wait(ws, gid, e.message)
+        _note_wait(ws, gid, e.message, e.fix)
         return "wait"
     except CaseledgerError as e:
         event(ws, gid, "point_refused", case_id=cid, error=e.message)
@@ -155,6 +148,29 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     event(ws, gid, "point_started", case_id=cid, run_id=view.run_id, label=point.label if point else cid, why=why)
     end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S, progress=lambda v: _after_window(gid, v, case))
     event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
+    return "went"
+
+
+def _resume_point(ws: Workspace, gid: str, o: PointObs, rid: str, resumed: dict[str, int]) -> str:
+    """Resume a point's repairable run and wait for it: 'went'; 'wait' when the resume was refused before anything
+    ran (a paused authorization, a held target, a service another workspace keeps there), which spends none of the
+    point's resumes and is said in status."""
+    announced: list[bool] = []
+
+    def accepted(_: RunView | None = None) -> None:  # its controller runs: the resume counts from here
+        if not announced:
+            announced.append(True)
+            resumed[rid] = resumed.get(rid, 0) + 1
+            event(ws, gid, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label)
+
+    try:
+        resume(ws, rid, wait=True, timeout_s=RUN_TIMEOUT_S, progress=accepted)
+    except (NotAuthorized, TargetHeld) as e:
+        _note_wait(ws, gid, e.message, e.fix)
+        return "wait"
+    except CaseledgerError as e:
+        accepted()  # refused otherwise (the lease host, the policy): an attempt, as it always was
+        event(ws, gid, "resume_refused", run_id=rid, error=e.message)
     return "went"
 
 
@@ -195,7 +211,7 @@ def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
         try:
             view = launch(ws, case_id, load_case(ws, case_id))
         except (NotAuthorized, TargetHeld) as e:
-            _note_wait(ws, gid, f"{t}: {e.message}")
+            _note_wait(ws, gid, f"{t}: {e.message}", e.fix)
             continue
         except CaseledgerError as e:
             event(ws, gid, "point_refused", case_id=case_id, target=t, error=e.message)
@@ -259,14 +275,18 @@ def _resume_pool(
         rid = next((m.run_id for m in reversed(mine) if m.case_id in point.case_ids), "")
         if not rid or on.get(rid) not in free or resumed.get(rid, 0) >= RESUMES_PER_RUN or not _resumable(ws, rid):
             continue
-        resumed[rid] = resumed.get(rid, 0) + 1
-        event(ws, camp.campaign_id, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label, target=on[rid])
+        refused = None
         try:
             resume(ws, rid)
-        except (NotAuthorized, TargetHeld):
+        except (NotAuthorized, TargetHeld) as e:  # refused before anything ran: no resume spent, none announced
+            _note_wait(ws, camp.campaign_id, f"{on[rid]}: {e.message}", e.fix)
             return False
         except CaseledgerError as e:
-            event(ws, camp.campaign_id, "resume_refused", run_id=rid, error=e.message)
+            refused = e.message
+        resumed[rid] = resumed.get(rid, 0) + 1
+        event(ws, camp.campaign_id, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label, target=on[rid])
+        if refused is not None:
+            event(ws, camp.campaign_id, "resume_refused", run_id=rid, error=refused)
         return True
     return False
 
@@ -450,10 +470,11 @@ def _take_ahead(gid: str, case: Case) -> tuple[subprocess.Popen[bytes] | None, s
 _LAST_WAIT: dict[str, str] = {}
 
 
-def _note_wait(ws: Workspace, gid: str, why: str) -> None:
+def _note_wait(ws: Workspace, gid: str, why: str, fix: str = "") -> None:
+    """A 'waiting' event (why, and the refusal's fix when it named one): status shows it while the driver waits."""
     if _LAST_WAIT.get(gid) != why:  # one event per reason, not one per second
         _LAST_WAIT[gid] = why
-        event(ws, gid, "waiting", why=why)
+        event(ws, gid, "waiting", why=why, **({"fix": fix} if fix else {}))
 
 
 def drive(ws: Workspace, gid: str) -> int:
@@ -495,6 +516,8 @@ def drive(ws: Workspace, gid: str) -> int:
                 break
             if step == "wait":
                 time.sleep(WAIT_S)
+            else:  # something ran: a wait for the same reason as before is news again
+                _LAST_WAIT.pop(gid, None)
     except _Stop:
         outcome = "stopped (SIGTERM): start_run or resume of the campaign starts a new driver"
     except Exception as e:  # a bug here must not lose the ledger's facts: say so and stop

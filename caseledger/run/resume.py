@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from pydantic import BaseModel, Field
 
-from caseledger import ledger
+from caseledger import ledger, services
 from caseledger.case.plan import Phase
 from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
@@ -63,6 +63,9 @@ def resume(
     first = steps.first or Phase.DECIDE
     # repairing postprocess/decide touches no target: allowed while paused, and it uses up no 'single'
     needs_target = any(p not in (Phase.POSTPROCESS, Phase.DECIDE) for p in steps.run)
+    if Phase.SERVICE in steps.run:  # another workspace keeps a service there that is not this case's: named, as
+        # at start (a start coming between this and the lease: the service phase names it the same way)
+        services.refuse_kept_elsewhere(workspace, run.case, key)
     paths = run.paths
     claim = (
         authorization.claim(workspace, run_id) if needs_target else nullcontext(authorization.current_mode(workspace))

@@ -217,24 +217,29 @@ def launch(
 ) -> RunView:
     """The core of start_run, shared by the tool and the queue: check authorization, take the target's lease
     before anything is written, create the run, spawn its controller (which adopts the lease's fence), and
-    wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy.
+    wait until preflight has ended (or the whole run, with wait=True). TargetHeld when the target is busy, or
+    another workspace keeps a service there that this case may not use (services/kept.py).
     `ahead`: a preflight process spawned earlier with spawn_ahead (a campaign's driver starts the next point's
     while the previous point post-processes); it is handed this run, or killed if it is not used."""
     envcheck.check_environment()  # a variable caseledger cannot use is named now, not met later as a bug
     policy.check(case)  # what the case would start, against the host's policy: before anything is written
     key = target_key(case.canonical())
     rid = new_run_id(ws)
-    ctl: subprocess.Popen[bytes] | None = None
-    if procs.inline():
-        ahead = None  # preflight runs in this process, inside the controller's phase table
-    else:
-        if ahead is None or ahead.poll() is not None:
-            ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files and the controller
-        ctl = controller_ahead or spawn_controller_ahead(case.env_names())  # the same, for the controller
+    ctl = controller_ahead
     try:
+        # a service another workspace keeps on the target, not this case's: TargetHeld naming it, before the lease
+        # is taken (a waiting campaign's driver asks every second: the owner's own runs keep the lease free)
+        services.refuse_kept_elsewhere(ws, case, key)
+        if procs.inline():
+            ahead = None  # preflight runs in this process, inside the controller's phase table
+        else:
+            if ahead is None or ahead.poll() is not None:
+                ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files, the controller
+            ctl = ctl or spawn_controller_ahead(case.env_names())  # the same, for the controller
         with authorization.claim(ws, rid) as mode:
             lease = run_lease.acquire(ws, case, key, run_id=rid, owner=None)
             try:
+                services.refuse_kept_elsewhere(ws, case, key)  # again under the lease: no start can come between
                 run = create_run(ws, case_id, case, lease.fence, key, rid, authorized=mode)
                 if ahead is not None:
                     hand_over(ahead, run.paths)

@@ -18,14 +18,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 from typing import Any, TypedDict
+from urllib.parse import urlsplit
 
 import httpx2 as httpx
 import orjson
 
-from caseledger import engines, redact
+from caseledger import engines, procs, redact
 from caseledger.case.model import Case
 from caseledger.case.service import SSH
 from caseledger.errors import FailureClass, PhaseFailed, quoted
+from caseledger.ledger import keepers
 from caseledger.ledger.evidence import ComponentRecord, FileEvidence, ServiceRecord
 from caseledger.load.auth import api_key_of, auth_header, refuse_auth
 from caseledger.services import net, remote
@@ -45,6 +47,7 @@ from caseledger.services.identity import (
     units,
     value_hash,
 )
+from caseledger.services.kept import Kept, adopted, kept_elsewhere, reuse_problem
 from caseledger.services.kinds import adapter_of
 from caseledger.services.launch import Launcher, LocalLauncher, SshLauncher, wait_health
 from caseledger.services.live import (
@@ -106,16 +109,19 @@ def _ensure_unit(ws: Workspace, case: Case, u: Unit, key: str, case_id: str, all
     live = live_service(ws, key)
     intended = intended_argv(case, u)
     if live and live.get("identity") == want:
-        kept = _reuse(live, case, u, want, intended, files)
-        if kept is not None:
-            return kept
+        reused = _reuse(live, case, u, want, intended, files)
+        if reused is not None:
+            return reused
+    other = kept_elsewhere(ws, key)
+    if other is not None:  # another workspace's service answers here: used when it is this case's, never stopped
+        return _adopt(ws, case, u, key, other, want, intended, files)
     if not allow_start:
         raise PhaseFailed(
             f"no live process with {u.label}'s identity and authorization forbids a service change",
             FailureClass.SERVICE,
             "caseledger authorize single (or auto), then resume",
         )
-    _clear_target(live, u)
+    _clear_target(key, live, u)
     if u.ssh is not None:
         try:
             return _start_remote(ws, case, u, u.ssh, key, case_id, want, intended, defines)
@@ -141,9 +147,18 @@ def _reuse(
 ) -> ServiceRecord | None:
     """The evidence of keeping a live process that has the wanted identity, or None when it no longer verifies."""
     problem, eff = verify(live, case, u)
-    proc = live.get("proc")
-    if problem is not None or proc is None:  # verify finds no problem only in a recorded live process
+    if problem is not None or live.get("proc") is None:  # verify finds no problem only in a recorded live process
         return None
+    return _reused(live, want, intended, files, eff)
+
+
+def _reused(
+    live: ServiceState, want: str, intended: list[str], files: list[ModelFile], eff: list[str]
+) -> ServiceRecord:
+    """The evidence of a verified live process kept as it is (this workspace's, or one another keeps)."""
+    proc = live.get("proc")
+    assert proc is not None
+    owner = live.get("kept_by")
     return ServiceRecord(
         outcome="reused",
         identity=want,
@@ -151,26 +166,70 @@ def _reuse(
         effective_argv=eff,
         model_files=[dict(f) for f in files],
         pid=proc["pid"],
-        starts=live.get("starts", 1),
+        starts=live.get("starts", 1 if owner is None else 0),
         **_effective_evidence(live),
-        verified_by="live process cmdline + health",
+        verified_by="live process cmdline + health" + (f" (started and kept by workspace {owner})" if owner else ""),
+        **({"kept_by": owner} if owner else {}),
         **_where(live),
     )
 
 
-def _clear_target(live: ServiceState | None, u: Unit) -> None:
-    """Stop the previous service caseledger started here; refuse when a process it did not start answers health."""
+def _adopt(
+    ws: Workspace,
+    case: Case,
+    u: Unit,
+    key: str,
+    other: Kept,
+    want: str,
+    intended: list[str],
+    files: list[ModelFile],
+) -> ServiceRecord:
+    """Reuse the live service another workspace keeps on this key when it is this case's and verifies (recorded
+    here marked kept_by: warmed, re-verified and reused like this workspace's own, never stopped by it); else fail,
+    naming its workspace, case and pid and the fix. start_run and resume refuse such a start before it gets here
+    (kept.refuse_kept_elsewhere): this is the same rule under the run's lease."""
+    why, eff = reuse_problem(other, ws, case, u, want)
+    if why is not None:
+        msg, fix = other.refusal(why)
+        raise PhaseFailed(msg, FailureClass.SERVICE, fix)
+    st = adopted(other, read_state(ws, key))
+    write_json(state_path(ws, key), st)
+    return _reused(st, want, intended, files, eff)
+
+
+def _clear_target(key: str, live: ServiceState | None, u: Unit) -> None:
+    """Stop the previous service this workspace started here; refuse when a process no workspace of this host
+    records starting answers health (caseledger measures only a process it started)."""
+    if live and live.get("kept_by"):  # its keeper's record is gone (host directory cleared): still not ours to stop
+        proc = live.get("proc")
+        raise PhaseFailed(
+            f"{u.label} on this target (pid {proc['pid'] if proc else '?'}) is kept by workspace {live['kept_by']} "
+            "and cannot be used as this case's; caseledger never stops a service another workspace keeps",
+            FailureClass.SERVICE,
+            f"caseledger target stop --workspace {live['kept_by']}, then resume",
+        )
     if live:
         try:
             terminate(live)
         except remote.RemoteError as e:
             raise PhaseFailed(f"cannot stop the previous service: {e.message}", FailureClass.SERVICE, e.fix) from None
+        keepers.forget(key, live.get("proc"))
     if health_ok(u.health_url, timeout=0.5):
         raise PhaseFailed(
-            f"{u.health_url} already answers health but is not a service caseledger started",
+            f"{u.health_url} already answers health, {_served_by(u)}, and no workspace of this host records "
+            "starting it",
             FailureClass.SERVICE,
             "stop that process or use adapter 'external' for it",
         )
+
+
+def _served_by(u: Unit) -> str:
+    """Who listens on the unit's health port, as far as this host shows."""
+    if u.ssh is not None:
+        return f"on {u.ssh.host}"
+    port = urlsplit(u.health_url).port
+    owners = procs.listeners(port) if port else set()
+    return f"served by pid {', '.join(map(str, sorted(owners)))}" if owners else "by no process visible on this host"
 
 
 def _start_local(
@@ -273,6 +332,7 @@ def _launch(
         "log": launcher.shown_log,
     }
     write_json(state_path(ws, key), state)
+    keepers.record(ws, key, case_id, want, ref)  # host-wide: another workspace meeting it knows whose it is
     wait_health(launcher, u)
     return state
 

@@ -20,6 +20,7 @@ from caseledger.case.model import Case
 from caseledger.case.service import SSH
 from caseledger.datasets import dataset_id_for
 from caseledger.errors import PhaseFailed
+from caseledger.ledger import keepers
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
 from caseledger.services import net, remote
 from caseledger.services.adapter import host_port
@@ -73,6 +74,7 @@ class ServiceState(TypedDict, total=False):
     routes_verified_for: str  # the dataset id those routes' token counts were verified with
     stopped_utc: str
     stop_error: str
+    kept_by: str  # the workspace that started the process and keeps it, when another one (services/kept.py)
 
 
 _STATE = TypeAdapter(ServiceState)
@@ -341,8 +343,14 @@ class HealthWait:
 
 
 def stop(ws: Workspace, key: str) -> bool:
+    """Stop the service this workspace keeps on `key` (True when a live process was stopped). One it reuses from
+    the workspace that keeps it (`kept_by`) is left running: only its record here is dropped."""
     st = read_state(ws, key)
     if not st or not st.get("proc"):
+        return False
+    if st.get("kept_by"):
+        st["proc"] = None
+        write_json(state_path(ws, key), st)
         return False
     try:
         stopped = terminate(st)
@@ -350,6 +358,7 @@ def stop(ws: Workspace, key: str) -> bool:
         st["stop_error"] = str(e)
         write_json(state_path(ws, key), st)
         return False
+    keepers.forget(key, st["proc"])
     st["stopped_utc"] = utc_now()
     st["proc"] = None
     write_json(state_path(ws, key), st)
@@ -357,9 +366,17 @@ def stop(ws: Workspace, key: str) -> bool:
 
 
 def stop_all(ws: Workspace) -> list[str]:
+    """Stop every service this workspace keeps: those in its ledger, then any process the host-wide record says it
+    started that its ledger no longer names (a ledger deleted or replaced: pid and start time still prove it)."""
     out = []
     if ws.services_dir.exists():
         for p in ws.services_dir.glob("*.json"):
             if stop(ws, p.stem):
                 out.append(p.stem)
+    for k in keepers.kept_by(ws):
+        if procs.elsewhere(k["proc"]):
+            continue  # on another host: its ledger record spoke for it above (stopped, or its stop_error kept)
+        if procs.alive(k["proc"]) and procs.terminate(k["proc"]):
+            out.append(k["key"])
+        keepers.forget(k["key"], k["proc"])
     return out
