@@ -8,8 +8,9 @@ runs of other points of that identity and once before the campaign leaves it (no
   (the other processes' share of the host's CPU within CONTENTION_GAP of its own). A run with none of those is
   no evidence of a change of the target: host noise, and the answer says so.
 - It moved when its change from their mean is beyond the noise floor: min_effect, DRIFT_NOISE times the runs'
-  within-run noise, and DRIFT_SPREAD times the control's own run-to-run spread over those runs (HOST_SPREAD
-  assumed while they are fewer than LEARN_RUNS: a spread of one or two runs says little).
+  within-run noise, and the control's own run-to-run noise: the 99% prediction interval of one more run from
+  those runs (Student's t: wide from few runs); HOST_FLOOR while they are fewer than LEARN_RUNS (the spread of
+  one or two runs says little).
 - A run that moved is a suspected change: the control is measured again at once, and no winner is named until
   its next like run confirms the change (moved the same way beyond the floor) or refutes it. Confirmed, the
   target changed at that run: the runs before it are set aside and their points measured again.
@@ -29,9 +30,9 @@ if TYPE_CHECKING:  # types only: the planner imports this module
 
 CONTROL_EVERY = 4  # runs of other points between two runs of the control
 DRIFT_NOISE = 2.0  # beyond this many times the within-run noise: run-to-run varies more than one run says
-DRIFT_SPREAD = 3.0  # beyond this many times the control's own run-to-run spread (half the range, relative)
-HOST_SPREAD = 0.08  # the run-to-run spread assumed for a shared host until the control has LEARN_RUNS like runs
+HOST_FLOOR = 0.25  # the floor until the control has LEARN_RUNS like runs: a shared host moves a run ±8-12%, at times 2x
 LEARN_RUNS = 3
+T99 = (63.66, 9.92, 5.84, 4.60, 4.03, 3.71, 3.50, 3.36, 3.25, 3.17)  # Student t, two-sided 99%, by degrees of freedom
 CONTENTION_GAP = 0.10  # other processes' CPU share (of the host) two runs may differ by and still compare
 CONFIRM_TRIES = 2  # control runs under unlike contention after a suspected change before it stops asking
 
@@ -114,18 +115,20 @@ def _comparable(ctl: PointObs, a: int, b: int) -> bool:
 
 
 def _floor(ctl: PointObs, base: list[int], k: int, min_effect: float) -> tuple[float, str]:
-    """The noise floor of run k against the runs `base`, and where its spread came from."""
+    """The noise floor of run k against the runs `base`, and what it rests on: from LEARN_RUNS like runs on, the
+    99% prediction interval of one more run from theirs (few runs: a wide one), before that HOST_FLOOR."""
     rel = [ctl.run_rel[j] or 0.0 for j in (*base, k) if j < len(ctl.run_rel)]
     within = DRIFT_NOISE * math.hypot(max(rel[:-1], default=0.0), rel[-1] if rel else 0.0)
     vals = [ctl.metric[j] for j in base]
-    mean = sum(vals) / len(vals)
-    spread = (max(vals) - min(vals)) / 2 / abs(mean) if len(vals) > 1 and mean else 0.0
-    if len(vals) >= LEARN_RUNS:
-        how = f"its spread ±{spread:.1%} over {len(vals)} like runs"
+    n, mean = len(vals), sum(vals) / len(vals)
+    if n >= LEARN_RUNS and mean:
+        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) / abs(mean)
+        spread = (T99[n - 2] if n - 1 <= len(T99) else 2.6) * sd * math.sqrt(1 + 1 / n)
+        how = f"the next of its {n} like runs (sd ±{sd:.1%}) within ±{spread:.1%} at 99%"
     else:
-        spread = max(spread, HOST_SPREAD)
-        how = f"±{spread:.0%} host noise assumed until it has {LEARN_RUNS} like runs"
-    floor = max(min_effect, within, DRIFT_SPREAD * spread)
+        spread = HOST_FLOOR
+        how = f"±{spread:.0%} assumed for a shared host until it has {LEARN_RUNS} like runs"
+    floor = max(min_effect, within, spread)
     return floor, f"noise floor ±{floor:.0%}: {how}"
 
 
