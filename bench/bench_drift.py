@@ -12,6 +12,7 @@ By hand, timing-sensitive (nothing else of yours running): `.venv/bin/python ben
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from caseledger.campaign.view import CampaignView, current_plan
 from caseledger.case.metrics import METRICS
 from caseledger.ledger import authorization
 from caseledger.ledger.runs import scan_runs
+from caseledger.run.campaign_driver import stop_drivers
 from caseledger.tools import freeze_any, start_any, status_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
@@ -83,7 +85,9 @@ def once(requests: int, slow: bool) -> dict[str, Any]:
                 break
         return verdict(ws, f.campaign_id, v) | {"wall_s": round(time.monotonic() - t0, 1), "slowed": bool(fired)}
     finally:
+        stop_drivers(ws)  # an interrupted bench leaves no driver starting points
         services.stop_all(ws)
+        shutil.rmtree(ws.root.parent, ignore_errors=True)
 
 
 def verdict(ws: Workspace, campaign_id: str, v: CampaignView) -> dict[str, Any]:

@@ -102,8 +102,8 @@ def test_a_change_in_the_last_control_is_confirmed_before_any_winner() -> None:
     pl = planner.plan([ctl, other], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.cut == _at(2) and pl.drift is None and pl.suspect is not None, pl
     assert pl.next[0] == (ctl.case_id, f"control: {pl.suspect}; measured once more to confirm it"), pl.next
-    assert (pl.blocked or "").startswith("drift unconfirmed: re-measure the control: the target changed at"), pl
-    assert "moved -" in (pl.suspect or "") and _at(7) in (pl.suspect or "")
+    assert (pl.blocked or "").startswith("drift unconfirmed: re-measure the control: the control seed=1 moved -"), pl
+    assert (pl.suspect or "").endswith(f"in its run at {_at(7)}"), pl.suspect
     confirmed = replace(ctl, metric=[*ctl.metric, 25.3], when=[*ctl.when, _at(8)], run_rel=[0.01] * 6)
     pl = planner.plan([confirmed, other], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.drift is not None and (pl.blocked or "").startswith("inconclusive: the target keeps drifting"), pl

@@ -152,15 +152,16 @@ def _moved(ctl: PointObs, min_effect: float, notes: list[str]) -> Change | None:
             continue
         on = f" (on {ctl.targets[k]})" if len(ctl.targets) == n else ""
         said = (
-            f"the target changed at {ctl.when[k]}: the control {ctl.label} moved {change:+.1%} from its "
-            f"{len(base)} earlier run(s) since {ctl.when[base[0]]}{on} ({how})"
+            f"the control {ctl.label} moved {change:+.1%} from its {len(base)} earlier run(s) since "
+            f"{ctl.when[base[0]]}{on} ({how})"
         )
         later = [j for j in range(k + 1, n) if _comparable(ctl, j, k)]
         if not later:
-            return Change(False, ctl.when[k], said, ctl.case_id, tries=n - 1 - k)
+            return Change(False, ctl.when[k], f"{said} in its run at {ctl.when[k]}", ctl.case_id, tries=n - 1 - k)
         nxt = _rel(ctl, base, later[0])
         if abs(nxt) > floor and (nxt > 0) == (change > 0):
-            return Change(True, ctl.when[k], said + " (confirmed by its next run)", ctl.case_id)
+            said = f"the target changed at {ctl.when[k]}: {said} (confirmed by its next run)"
+            return Change(True, ctl.when[k], said, ctl.case_id)
     return None
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from caseledger.campaign import drift as controls
+from caseledger.campaign import drift
 from caseledger.campaign.model import PROPOSING, Repeats, Scalar, Search
 from caseledger.case.decision import LimitWord
 
@@ -210,7 +210,7 @@ def plan(
     more points (campaign/search.py): its proposed points run first, repeats and the control's last run wait
     until it has ended."""
     out = Plan()
-    judged = controls.judge(points, min_effect)
+    judged = drift.judge(points, min_effect)
     out.cut, out.drift, out.notes = judged.cut, judged.drift, judged.notes
     out.suspect = judged.suspect.said if judged.suspect is not None else None
     if out.drift is not None:
@@ -245,7 +245,7 @@ def plan(
     if not open_search:  # a search still proposing: no repeats yet, the leader may change
         wanted += settle
         wanted += _before_leaving(final, wanted, live_service, repeats, out)
-    wanted[:0] = controls.control_runs(usable, wanted, live_service, open_search, judged.suspect, out.controls)
+    wanted[:0] = drift.control_runs(usable, wanted, live_service, open_search, judged.suspect, out.controls)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
     for p, why in sorted(wanted, key=lambda pw: (pw[0].service_key != live_service, pw[0].service_key)):
