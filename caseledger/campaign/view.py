@@ -248,8 +248,7 @@ _WORDS = (("ttft", "TTFT"), ("tpot", "TPOT"))
 def _observe_point(
     ws: Workspace, camp: Campaign, point: Point, metas: list[RunMeta], refused: dict[str, str]
 ) -> tuple[planner.PointObs, _Extra]:
-    d = camp.decision
-    window = d.window
+    d, window = camp.decision, camp.decision.window
     cid, label, values = point.case_id, point.label, point.values
     ids = set(point.case_ids)
     own = [m for m in metas if m.case_id in ids and point.target_of(m.case_id) not in refused]
