@@ -259,10 +259,9 @@ def _observe_point(
     others: list[float | None] = []  # each valid run's other processes' CPU share of the host
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
     latency: dict[str, list[float]] = {k: [] for k in (*SHOWN, d.tie_break)}  # per valid run
-    bad, active, problem = 0, None, None
     pool: list[dict[str, F64]] = []  # per valid run: its window's per-request samples (limits only)
     latest_valid: tuple[str, Result] | None = None
-    sent = 0  # formal requests the target received from this point: every run, every load attempt
+    bad, active, problem, sent = 0, None, None, 0  # sent: formal requests the target got, every run and attempt
     for m in own:
         view = fold(ws, load_run(ws, m.run_id))
         sent += 0 if m.load_reuse else view.counts.sent_all
@@ -635,13 +634,17 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     merged: dict[str, planner.PointObs] = {}
     extras: dict[str, _Extra] = {}
     complete = True
+    blocked: list[str] = []  # a campaign whose controls allow no winner allows none across campaigns either
     for gid in ids:  # oldest first: a newer campaign's view of a shared case (after its own drift cut) stands
         camp = load_campaign(ws, gid)
         pl, obs, extra, _ = current_plan(ws, camp)
         extras.update(extra)
+        blocked += [f"{gid}: {pl.blocked}"] if pl.blocked is not None else []
         obs = full_labels(ws, camp, drift.set_aside(obs, pl.cut) if pl.cut is not None else obs)
         complete = complete and not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
         merged.update({o.case_id: o for o in obs if not o.screen})
+    if blocked:
+        return ScenarioAnswer(f"across {len(ids)} campaigns: {'; '.join(blocked)}", None, [], complete)
     newest = load_campaign(ws, ids[-1])
     d = newest.decision
     higher = METRICS[d.primary_metric].higher_is_better
