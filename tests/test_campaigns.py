@@ -22,6 +22,7 @@ import orjson
 import pytest
 
 from caseledger import services
+from caseledger.campaign import drift
 from caseledger.campaign import plan as planner
 from caseledger.campaign.model import Repeats, Search
 from caseledger.campaign.store import driver_events
@@ -303,7 +304,7 @@ def test_the_control_is_measured_again_between_and_after_the_others_and_a_drift_
     pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
     assert pl.cut == "2026-12-05T07:00:03.000Z" and pl.drift is None, pl
     assert [c for c, _ in pl.next] == [b.case_id] and "the target changed at 2026-12-05T07:00:03" in pl.notes[0]
-    kept = planner.set_aside([a, b], pl.cut)
+    kept = drift.set_aside([a, b], pl.cut)
     assert kept[0].metric == [50.0, 50.5] and kept[1].metric == []
     # a cold first run that the next ones do not confirm twice is noise, not a change
     noisy = _timed(1, [100.0, 60.0, 99.0], [0, 3, 4])

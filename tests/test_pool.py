@@ -132,10 +132,10 @@ def _timed(metric: list[float], targets: list[str]) -> planner.PointObs:
 
 def test_a_control_on_another_target_is_no_drift_but_the_same_target_moving_is() -> None:
     grid, reps = Search(kind="grid"), Repeats(runs=1)
-    # 10% apart on two targets of a pool: their levels differ, nothing drifted
-    assert planner.plan([_timed([100.0, 90.0, 91.0], ["a", "b", "b"])], grid, reps, True, "s", 0.02).cut is None
+    # 2x apart on two targets of a pool: their levels differ, nothing drifted
+    assert planner.plan([_timed([100.0, 50.0, 51.0], ["a", "b", "b"])], grid, reps, True, "s", 0.02).cut is None
     # the same numbers on one target: a drift, confirmed by the next run
-    moved = planner.plan([_timed([100.0, 90.0, 91.0], ["a", "a", "a"])], grid, reps, True, "s", 0.02)
+    moved = planner.plan([_timed([100.0, 50.0, 51.0], ["a", "a", "a"])], grid, reps, True, "s", 0.02)
     assert moved.cut == "2026-12-05T00:00:01Z" and "(on a)" in moved.notes[0], moved.notes
 
 

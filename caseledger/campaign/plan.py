@@ -9,21 +9,19 @@ why), and when the campaign is complete. Pure: no I/O, so the same observations 
   and run-to-run spread) or `settle_runs` is reached (then: a tie); a limit verdict within its interval at a
   point the answer rests on is repeated the same way. Repeats stop when the budget is spent.
 - a point whose runs end without a valid result (distorted, failed) runs again, up to max_attempts.
-- drift: per service identity, the point measured first is its control. It is measured again after every
-  CONTROL_EVERY runs of other points of that identity and once before the campaign leaves it (no extra service
-  start). A control run that differs from the control's first beyond twice both runs' within-run noise and
-  beyond min_effect is a suspected change, measured once more at once;
-  confirmed (the next run moved the same way beyond them), the target changed at that run: every run before it
-  is set aside and its points are measured again. A second confirmed change means the target keeps drifting:
-  nothing more runs, and the answer is inconclusive, never a winner across a drift. Observations without run
-  times (`when`) have no control.
+- drift (campaign/drift.py): per service identity, the point measured first is its control, measured again
+  between and after the others. A control run that moved beyond the noise floor learned from the control's own
+  like runs (the host's CPU contention counts) is a suspected change: no winner until the control confirms or
+  refutes it. Confirmed, the runs before it are set aside and their points measured again; a second confirmed
+  change means the target keeps drifting: nothing more runs, and the answer is inconclusive.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from caseledger.campaign import drift
 from caseledger.campaign.model import PROPOSING, Repeats, Scalar, Search
 from caseledger.case.decision import LimitWord
 
@@ -112,6 +110,7 @@ class PointObs:
     why: str = ""  # a proposed point: who proposed it and why
     screen: bool = False  # a halving screen (fewer requests than the base's N): measured once, never the answer
     targets: list[str] = field(default_factory=list)  # a pool's: the target of each valid run, as metric
+    others: list[float | None] = field(default_factory=list)  # each valid run's other processes' CPU share, as metric
 
     @property
     def runs(self) -> int:
@@ -175,9 +174,20 @@ class Plan:
     drift: str | None = None  # the target changed twice: how and when; the answer is inconclusive
     over_budget: dict[str, str] = field(default_factory=dict)  # case_id -> why its next run is not started
     budget_end: str | None = None  # the budget ended the campaign: why (campaign/budget.py)
+    suspect: str | None = None  # a control moved and no run of it has confirmed it yet: how and when
 
-
-CONTROL_EVERY = 4  # runs of other points between two runs of the control
+    @property
+    def blocked(self) -> str | None:
+        """The answer when the controls allow no winner (the target keeps drifting, or a change of it is not
+        confirmed yet); None when they allow one. Every view's answer starts here."""
+        if self.drift is not None:
+            return f"inconclusive: the target keeps drifting: {self.drift}; no winner is crowned across it"
+        if self.suspect is not None:
+            return (
+                f"drift unconfirmed: re-measure the control: {self.suspect}; no winner is named until a run of "
+                "it under like contention confirms or refutes the change"
+            )
+        return None
 
 
 def _better(higher: bool, p: PointObs) -> float:
@@ -200,15 +210,12 @@ def plan(
     more points (campaign/search.py): its proposed points run first, repeats and the control's last run wait
     until it has ended."""
     out = Plan()
-    shift = _shift(points, min_effect)
-    if shift is not None and shift[0] == "confirmed":
-        out.cut = shift[1]
-        out.notes.append(shift[2] + ": the runs before it are set aside and their points measured again")
-        points = set_aside(points, out.cut)
-        again = _shift(points, min_effect)
-        if again is not None and again[0] == "confirmed":
-            out.drift = f"{shift[2]}, and again: {again[2]}"
-            return out  # nothing more runs: a comparison across a drifting target would not mean anything
+    judged = drift.judge(points, min_effect)
+    out.cut, out.drift, out.notes = judged.cut, judged.drift, judged.notes
+    out.suspect = judged.suspect.said if judged.suspect is not None else None
+    if out.drift is not None:
+        return out  # nothing more runs: a comparison across a drifting target would not mean anything
+    points = judged.points
     out.repeats_used = sum(max(0, p.runs - repeats.runs) for p in points)
     usable: list[PointObs] = []
     for p in points:
@@ -238,7 +245,7 @@ def plan(
     if not open_search:  # a search still proposing: no repeats yet, the leader may change
         wanted += settle
         wanted += _before_leaving(final, wanted, live_service, repeats, out)
-    wanted[:0] = _controls(usable, wanted, live_service, open_search, shift, out)
+    wanted[:0] = drift.control_runs(usable, wanted, live_service, open_search, judged.suspect, out.controls)
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
     for p, why in sorted(wanted, key=lambda pw: (pw[0].service_key != live_service, pw[0].service_key)):
@@ -374,138 +381,8 @@ def before_leaving(points: list[PointObs], repeats: Repeats, higher: bool, live:
     return list({p.case_id: (p.case_id, w) for p, w in reversed(wanted)}.values())[::-1]  # each once, first why
 
 
-def _timed(p: PointObs) -> bool:
-    return bool(p.when) and len(p.when) == len(p.metric)
-
-
-def _control_of(group: list[PointObs]) -> PointObs | None:
-    """The point of one service identity measured first (by its first valid run's time)."""
-    timed = [p for p in group if _timed(p)]
-    return min(timed, key=lambda p: p.when[0]) if timed else None
-
-
-def _by_service(points: list[PointObs]) -> dict[str, list[PointObs]]:
-    out: dict[str, list[PointObs]] = {}
-    for p in points:
-        out.setdefault(p.service_key, []).append(p)
-    return out
-
-
 def pm(rel: float | None) -> str:
     """A relative noise for people: '±1.2%', '±<0.1%' when it rounds to zero, '±?' when it was not measured."""
     if rel is None:
         return "±?"
     return f"±{rel:.1%}" if rel >= 0.0005 else "±<0.1%"
-
-
-DRIFT_NOISE = 2.0  # a change counts beyond this many times the noise: run-to-run varies more than one run says
-
-
-def _beyond(ctl: PointObs, k: int, floor: float) -> float | None:
-    """The control's run k against its first run on the same target: the relative change when beyond DRIFT_NOISE
-    times both runs' within-run noise and beyond `floor` (min_effect), else None (also when run k is the first on
-    its target of a pool: another target's level is no drift)."""
-    on = ctl.targets[k] if len(ctl.targets) == len(ctl.metric) else None
-    i = next((j for j in range(k) if on is None or ctl.targets[j] == on), None)
-    if i is None or not ctl.metric[i]:
-        return None
-    first = ctl.metric[i]
-    change = (ctl.metric[k] - first) / abs(first)
-    rel = [ctl.run_rel[j] if j < len(ctl.run_rel) else None for j in (i, k)]
-    noise = DRIFT_NOISE * math.hypot(rel[0] or 0.0, rel[1] or 0.0)
-    return change if abs(change) > max(noise, floor) else None
-
-
-def _shift(points: list[PointObs], min_effect: float) -> tuple[str, str, str] | None:
-    """The earliest change of a control beyond its noise: ('confirmed' or 'suspect', the run time it starts at,
-    what moved); confirmed when the control's next run moved the same way beyond the noise too."""
-    found: list[tuple[str, str, str]] = []
-    ctls = [c for g in _by_service(points).values() if (c := _control_of(g)) is not None]
-    floor = min_effect  # not the other points' run-to-run spread: a drift widens it too
-    for ctl in ctls:
-        for k in range(1, len(ctl.metric)):
-            change = _beyond(ctl, k, floor)
-            if change is None:
-                continue
-            said = (
-                f"the target changed at {ctl.when[k]}: the control {ctl.label} moved {change:+.1%} from its run at "
-                f"{ctl.when[0]}" + (f" (on {ctl.targets[k]})" if len(ctl.targets) == len(ctl.metric) else "")
-            )
-            if k + 1 >= len(ctl.metric):
-                found.append(("suspect", ctl.when[k], said))
-                break
-            nxt = _beyond(ctl, k + 1, floor)
-            if nxt is not None and (nxt > 0) == (change > 0):
-                found.append(("confirmed", ctl.when[k], said + " (confirmed by its next run)"))
-                break
-    return min(found, key=lambda f: f[1]) if found else None
-
-
-def _unpooled(limits: dict[str, LimitObs], drop: int) -> dict[str, LimitObs]:
-    """Limits without their pooled figures when runs are dropped (the pool held them): each limit then rests on
-    the mean and spread of the runs kept."""
-    if not drop:
-        return limits
-    return {n: replace(lo, pooled=None, low=None, high=None, requests=0) for n, lo in limits.items()}
-
-
-def set_aside(points: list[PointObs], cut: str) -> list[PointObs]:
-    """The observations without the runs made before `cut` (the time the target changed): what the answer
-    rests on after a confirmed change. A point with no run since is measured again."""
-    out = []
-    for p in points:
-        if not _timed(p):
-            out.append(p)
-            continue
-        keep = [k for k, w in enumerate(p.when) if w >= cut]
-        drop = len(p.metric) - len(keep)
-        limits = {
-            n: replace(lo, values=lo.values[drop:] if len(lo.values) == len(p.metric) else lo.values[-len(keep) :])
-            if keep
-            else replace(lo, values=[], half_width=None)
-            for n, lo in _unpooled(p.limits, drop).items()
-        }
-        out.append(
-            replace(
-                p,
-                metric=[p.metric[k] for k in keep],
-                when=[p.when[k] for k in keep],
-                run_rel=[p.run_rel[k] for k in keep if k < len(p.run_rel)],
-                targets=[p.targets[k] for k in keep if k < len(p.targets)],
-                interval_rel=p.interval_rel if keep else None,
-                limits=limits,
-            )
-        )
-    return out
-
-
-def _controls(
-    usable: list[PointObs],
-    wanted: list[tuple[PointObs, str]],
-    live: str | None,
-    open_search: bool,
-    shift: tuple[str, str, str] | None,
-    out: Plan,
-) -> list[tuple[PointObs, str]]:
-    """Each service identity's control, and the control runs wanted now: a suspected change confirmed at once;
-    on the live identity, a control run after CONTROL_EVERY runs of other points, and one before the campaign
-    leaves the identity (nothing else wanted on it) or ends."""
-    runs: list[tuple[PointObs, str, str]] = []
-    for key, group in _by_service(usable).items():
-        ctl = _control_of(group)
-        if ctl is None:
-            continue
-        out.controls.append(ctl.case_id)
-        if ctl.active:
-            continue
-        if shift is not None and shift[0] == "suspect" and shift[1] in ctl.when:
-            runs.append((ctl, key, f"control: {shift[2]}; measured once more to confirm it"))
-            continue
-        since = sum(1 for p in group if p is not ctl for w in p.when if w > max(ctl.when))
-        if key != live:
-            continue
-        if since >= CONTROL_EVERY:
-            runs.append((ctl, key, f"control: {ctl.label} again after {since} runs of other points (target drift?)"))
-        elif since and not open_search and not any(p.service_key == key for p, _ in wanted):
-            runs.append((ctl, key, f"control: {ctl.label} again before leaving its service (target drift?)"))
-    return [(p, why) for p, _, why in runs]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import Field
 
 from caseledger import procs
-from caseledger.campaign import budget, pool
+from caseledger.campaign import budget, drift, pool
 from caseledger.campaign import plan as planner
 from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
 from caseledger.campaign.costs import service_key as service_key  # where the driver finds it
@@ -37,7 +37,7 @@ from caseledger.ledger import authorization
 from caseledger.ledger.advice import wait_call
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
-from caseledger.metrics import FrozenModel, Interval, Result, latest_result
+from caseledger.metrics import FrozenModel, HostLoad, Interval, Result, latest_result
 from caseledger.outcome.decide import LimitVerdict
 from caseledger.outcome.summary import latency_samples, time_ledger, valid, window_stat
 from caseledger.workspace import Workspace, read_json_or_none
@@ -249,8 +249,7 @@ _WORDS = (("ttft", "TTFT"), ("tpot", "TPOT"))
 def _observe_point(
     ws: Workspace, camp: Campaign, point: Point, metas: list[RunMeta], refused: dict[str, str]
 ) -> tuple[planner.PointObs, _Extra]:
-    d = camp.decision
-    window = d.window
+    d, window = camp.decision, camp.decision.window
     cid, label, values = point.case_id, point.label, point.values
     ids = set(point.case_ids)
     own = [m for m in metas if m.case_id in ids and point.target_of(m.case_id) not in refused]
@@ -258,12 +257,12 @@ def _observe_point(
     metric: list[float] = []
     when: list[str] = []
     run_rel: list[float | None] = []
+    others: list[float | None] = []  # each valid run's other processes' CPU share of the host
     limit_values: dict[str, list[float]] = {k: [] for k in d.limits.bounds()}
     latency: dict[str, list[float]] = {k: [] for k in (*SHOWN, d.tie_break)}  # per valid run
-    bad, active, problem = 0, None, None
     pool: list[dict[str, F64]] = []  # per valid run: its window's per-request samples (limits only)
     latest_valid: tuple[str, Result] | None = None
-    sent = 0  # formal requests the target received from this point: every run, every load attempt
+    bad, active, problem, sent = 0, None, None, 0  # sent: formal requests the target got, every run and attempt
     for m in own:
         view = fold(ws, load_run(ws, m.run_id))
         sent += 0 if m.load_reuse else view.counts.sent_all
@@ -282,6 +281,7 @@ def _observe_point(
         targets.append(point.target_of(m.case_id))
         w = r.windows.of(window)
         when.append(m.created_utc)
+        others.append(r.host.other_share if isinstance(r.host, HostLoad) else None)
         run_rel.append(
             w.noise.half_width_rel if isinstance(w.noise, Interval) and w.noise.metric == d.primary_metric else None
         )
@@ -319,6 +319,7 @@ def _observe_point(
         last_problem=problem,
         when=when,
         run_rel=run_rel,
+        others=others,
         sent=sent,
         screen=REQUESTS in values and all(a.path != REQUESTS for a in camp.axes),
         targets=targets if camp.pool else [],
@@ -551,7 +552,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     auth = authorization.current_mode(ws)
     pl, obs, extra, mine = current_plan(ws, camp)
     if pl.cut is not None:  # the target changed: the rows and the answer rest on the runs since, as the plan does
-        obs = planner.set_aside(obs, pl.cut)
+        obs = drift.set_aside(obs, pl.cut)
     obs = full_labels(ws, camp, obs)
     d = camp.decision
     higher = METRICS[d.primary_metric].higher_is_better
@@ -634,13 +635,17 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     merged: dict[str, planner.PointObs] = {}
     extras: dict[str, _Extra] = {}
     complete = True
+    blocked: list[str] = []  # a campaign whose controls allow no winner allows none across campaigns either
     for gid in ids:  # oldest first: a newer campaign's view of a shared case (after its own drift cut) stands
         camp = load_campaign(ws, gid)
         pl, obs, extra, _ = current_plan(ws, camp)
         extras.update(extra)
-        obs = full_labels(ws, camp, planner.set_aside(obs, pl.cut) if pl.cut is not None else obs)
+        blocked += [f"{gid}: {pl.blocked}"] if pl.blocked is not None else []
+        obs = full_labels(ws, camp, drift.set_aside(obs, pl.cut) if pl.cut is not None else obs)
         complete = complete and not pl.next and not any(o.active for o in obs) and not search_open(ws, camp)
         merged.update({o.case_id: o for o in obs if not o.screen})
+    if blocked:
+        return ScenarioAnswer(f"across {len(ids)} campaigns: {'; '.join(blocked)}", None, [], complete)
     newest = load_campaign(ws, ids[-1])
     d = newest.decision
     higher = METRICS[d.primary_metric].higher_is_better
@@ -742,6 +747,11 @@ def _next_call(
             "find why the target changed (another load on it, throttling, a restart: phase_status of the control's "
             "runs), then measure again: freeze_case of the campaign draft under a new name"
         )
+    if pl.suspect is not None and complete:
+        return (
+            "the control's runs since its change were measured under other contention: measure the campaign again "
+            "on a quieter host (freeze_case of the campaign draft under a new name)"
+        )
     if complete and budget_end is not None:
         return (
             f"nothing, within its budget; to go on where it ended: freeze_case of the campaign draft with a larger "
@@ -764,8 +774,8 @@ def _next_call(
 def _answer(
     pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str, complete: bool
 ) -> tuple[str, str | None, list[str]]:
-    if pl.drift is not None:
-        return f"inconclusive: the target keeps drifting: {pl.drift}; no winner is crowned across it", None, []
+    if pl.blocked is not None:  # the controls allow no winner (campaign/drift.py)
+        return pl.blocked, None, []
     if pl.leader is None:
         if any(o.runs for o in by_id.values()):
             return "no measured point meets every limit", None, []

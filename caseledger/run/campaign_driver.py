@@ -295,7 +295,7 @@ def _for_target(
     wanted: list[tuple[str, str]], obs: list[PointObs], t: str, healthy: list[str]
 ) -> list[tuple[str, str]]:
     """What target t may run of the wanted points: a control's run goes to a target it ran on before (another
-    target's level is no drift: campaign/plan._beyond), unless none of those is healthy."""
+    target's level is no drift: campaign/drift.py), unless none of those is healthy."""
     by = {o.case_id: o for o in obs}
     out = []
     for cid, why in wanted:
