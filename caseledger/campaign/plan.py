@@ -175,6 +175,8 @@ class Plan:
     over_budget: dict[str, str] = field(default_factory=dict)  # case_id -> why its next run is not started
     budget_end: str | None = None  # the budget ended the campaign: why (campaign/budget.py)
     suspect: str | None = None  # a control moved and no run of it has confirmed it yet: how and when
+    challengers: list[str] = field(default_factory=list)  # better than the leader, a limit uncertain: may still win
+    contention_gap: float = 0.0  # the leader's and the runner-up's mean other-CPU share, apart
 
     @property
     def blocked(self) -> str | None:
@@ -297,16 +299,52 @@ def _knee(usable: list[PointObs], axis: str, out: Plan) -> list[tuple[PointObs, 
     return wanted
 
 
+CONTENTION_NOISE = 0.5  # a run whose host lent s more of its CPU to other processes may be up to ~s/2 slower
+CONTENTION_APART = 0.10  # two points whose runs saw other processes' CPU this far apart are measured again
+
+
+def contention(p: PointObs) -> float | None:
+    """The mean share of the host's CPU other processes used during the point's valid runs; None: not recorded."""
+    seen = [s for s in p.others if s is not None]
+    return sum(seen) / len(seen) if seen else None
+
+
+def contention_apart(a: PointObs, b: PointObs) -> float:
+    ca, cb = contention(a), contention(b)
+    return abs(ca - cb) if ca is not None and cb is not None else 0.0
+
+
+def _challengers(usable: list[PointObs], lead: PointObs | None, higher: bool) -> list[PointObs]:
+    """Points better than the leader (every point, with no leader) whose only fault is a limit still uncertain
+    (its interval straddles the bound): they may still win, so their settle runs come before the leader's."""
+    return [
+        p
+        for p in usable
+        if p.meets is False
+        and p.uncertain
+        and not any(lo.verdict == "breaks" for lo in p.limits.values())
+        and (lead is None or _better(higher, p) > _better(higher, lead))
+    ]
+
+
 def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -> list[tuple[PointObs, str]]:
-    """Repeats where the answer depends on the noise: the leader against the runner-up, and limit verdicts
-    within their interval at either of them."""
+    """Repeats where the answer depends on the noise, spent only where they can change the answer: first a point
+    better than the leader whose limit is uncertain, then the leader against the runner-up (their gap judged
+    against their noise, widened by the difference in host contention their runs saw), and limit verdicts within
+    their interval at either of them. A point that cannot win gets none."""
     eligible = sorted((p for p in usable if p.meets), key=lambda p: _better(higher, p), reverse=True)
-    if not eligible:
-        return []
     budget_left = repeats.budget - out.repeats_used
+    wanted: list[tuple[PointObs, str]] = []
+    for c in _challengers(usable, eligible[0] if eligible else None, higher):
+        out.challengers.append(c.case_id)
+        if c.runs < repeats.settle_runs and budget_left - len(wanted) > 0 and not c.active:
+            said = ", ".join(c.uncertain)
+            wanted.append((c, f"repeat: {c.label} would lead but {said}: more runs settle whether it meets them"))
+    if not eligible:
+        return wanted
+    budget_left -= len(wanted)
     lead = eligible[0]
     out.leader = lead.case_id
-    wanted: list[tuple[PointObs, str]] = []
     for p in eligible[:2]:
         for name, lo in p.limits.items():
             if not lo.settled and p.runs < repeats.settle_runs and budget_left > 0 and not p.active:
@@ -319,9 +357,22 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
     second = eligible[1]
     out.runner_up = second.case_id
     gap = abs((lead.mean or 0.0) - (second.mean or 0.0)) / abs(second.mean or 1.0)
-    noise = math.hypot(lead.noise_rel, second.noise_rel)
-    out.gap_rel, out.noise_rel = gap, noise
+    apart = contention_apart(lead, second)
+    noise = math.hypot(lead.noise_rel, second.noise_rel, CONTENTION_NOISE * apart)
+    out.gap_rel, out.noise_rel, out.contention_gap = gap, noise, apart
     known = lead.runs > 1 and second.runs > 1  # run-to-run noise measured on both sides
+    if apart > CONTENTION_APART:  # a gain that coincides with a contention difference: measured again first
+        busier = max((lead, second), key=lambda p: contention(p) or 0.0)
+        if busier.runs < repeats.settle_runs and budget_left > 0 and not busier.active:
+            other = second if busier is lead else lead
+            wanted.append(
+                (
+                    busier,
+                    f"repeat: {busier.label}'s runs saw {contention(busier):.0%} of the host used by other processes, "
+                    f"{other.label}'s {contention(other):.0%}: measured again before their gap is believed",
+                )
+            )
+            return wanted
     if known and gap > noise:
         out.settled = True
         return wanted

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import Field
 
 from caseledger import procs
-from caseledger.campaign import budget, drift, pool
+from caseledger.campaign import budget, drift, pool, resolution
 from caseledger.campaign import plan as planner
 from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
 from caseledger.campaign.costs import service_key as service_key  # where the driver finds it
@@ -566,6 +566,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
     answer += tie_break(d.tie_break, [(by_id[c].label, extra[c].latency[d.tie_break]) for c in tie])
+    answer += _rests_on(pl, by_id, camp, higher, {c: e.requests for c, e in extra.items()})
     lines: list[str] = []
     if camp.pool:
         lines = pool.check(ws, camp, mine).lines()
@@ -652,6 +653,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     pl = planner.plan(list(merged.values()), Search(), newest.repeats, higher, None, d.min_effect)
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
     answer += tie_break(d.tie_break, [(merged[c].label, extras[c].latency[d.tie_break]) for c in tie])
+    answer += _rests_on(pl, merged, load_campaign(ws, ids[0]), higher, {c: e.requests for c, e in extras.items()})
     return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete)
 
 
@@ -804,6 +806,20 @@ def _answer(
     if pl.settled:
         return f"winner {lead.label} ({lead.case_id}): {fig}; {vs}" + _unsure([lead]), pl.leader, []
     return f"leading {lead.label} ({lead.case_id}): {fig}; {vs}; not settled yet" + _unsure([lead]), None, []
+
+
+def _rests_on(
+    pl: planner.Plan, by_id: dict[str, planner.PointObs], camp: Campaign, higher: bool, requests: dict[str, int | None]
+) -> str:
+    """What the answer rests on and what could change it (campaign/resolution.py); nothing while the controls
+    allow no winner (the drift's words are the answer)."""
+    if pl.blocked is not None:
+        return ""
+    return (
+        resolution.versus_base(pl, by_id, camp.base_case, higher)
+        + resolution.resolution(pl, by_id, requests, camp.decision.min_effect)
+        + resolution.could_change(pl, by_id, camp.repeats)
+    )
 
 
 def tie_break(metric: str, tied: list[tuple[str, list[float]]]) -> str:
