@@ -633,11 +633,9 @@ def until_complete(ws: Workspace, campaign_id: str, timeout_s: float = 300.0, wa
 def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
     """Every view names the campaign's one answer, resting on the same runs: summarize of the campaign, of its
     scenario and of each point's runs, the scenario resource's rows and HANDOFF.md. Returns the answer."""
-    from caseledger.campaign.view import campaign_view
+    from caseledger.campaign.view import campaign_view, scenario_answer
     from caseledger.outcome import handoff
     from caseledger.tools import summarize
-
-    from caseledger.campaign.view import scenario_answer
 
     cv = campaign_view(ws, campaign_id)
     sv = summarize(ws, [], scenario=cv.scenario).scenario
@@ -654,9 +652,11 @@ def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
         assert row.change == p.label and row.runs == p.runs and row.metric == p.metric_mean, (row, p)
         said = "winner" if p.case_id == winner else "tie" if p.case_id in tie else None
         assert said is None or row.campaign_verdict == said, (row, p)
+        assert across is not None or row.campaign_verdict == p.verdict, (row, p)  # one word per point, every view
         for rid in p.run_ids[-1:]:  # a point's run read alone carries the campaign's verdict, not its own
             one = summarize(ws, [rid])
             assert one.runs[0].campaign == campaign_id and answer in (one.runs[0].campaign_verdict or ""), one
+            assert f": {row.campaign_verdict}" in (one.runs[0].campaign_verdict or ""), one
             assert "freeze_case(next candidate" not in one.text() and campaign_id in one.next_call, one.text()
     # 'winner C=4', 'tie within noise: C=2 and C=4', ...; a long head is cut with its length, which HANDOFF's cut of
     # the whole answer states as the whole's: the words shown are the same
@@ -664,5 +664,8 @@ def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
     text = handoff.refresh(ws)
     if f"scenario {cv.scenario}:" in text:  # the handoff shows the latest run's scenario
         assert head in text, (head, text)
+        for row in sv.rows:  # each point it lists says the same word as every other view
+            shown = [x for x in text.splitlines() if x.startswith(f"  {row.change}: {row.case_id} ")]
+            assert all(f"-> {row.campaign_verdict}" in x for x in shown), (row.campaign_verdict, shown)
         assert "freeze_case(next candidate" not in text or not cv.complete, text
     return cv.answer

@@ -70,3 +70,15 @@ def test_the_answer_says_when_no_setting_beats_the_base_beyond_noise_and_what_re
     assert resolution.versus_base(pl, by_id, lead.case_id, True) == ""  # the base is the leader: nothing to say
     clear = {base.case_id: base, lead.case_id: point(8, [150.0, 151.0])}
     assert resolution.versus_base(pl, clear, base.case_id, True) == ""
+
+
+def test_one_word_per_point_from_one_rule() -> None:
+    from caseledger.campaign.view import point_verdict
+
+    args = {"winner": "c-a", "tie": ["c-t1", "c-t2"], "leader": "c-a"}
+    assert point_verdict("c-a", 2, False, **args) == "winner"
+    assert point_verdict("c-t1", 2, True, **args) == "tie"
+    assert point_verdict("c-x", 0, False, **args) == "not measured"
+    assert point_verdict("c-x", 1, True, **args) == "uncertain"  # a limit straddles its bound: not "breaks"
+    assert point_verdict("c-x", 3, False, **args) == "loses"
+    assert point_verdict("c-a", 1, False, winner=None, tie=[], leader="c-a") == "uncertain"  # leads, unsettled

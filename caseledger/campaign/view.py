@@ -52,6 +52,41 @@ PointStatus = Literal[
 ]
 
 
+PointVerdict = Literal["winner", "tie", "loses", "uncertain", "not measured"]
+
+
+class PointRun(FrozenModel):
+    """One run of a point, as the answer counts it."""
+
+    run_id: str
+    metric: float | None = Field(description="The objective on the decision window (null: no valid figure)")
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    other_cpu: float | None = Field(description="Share of the host's CPU other processes used in its window")
+    counts: Literal["valid", "distorted", "invalid", "failed", "set aside", "running"] = Field(
+        description="valid: counted; distorted/invalid/failed: repeated, never counted; set aside: before a "
+        "confirmed change of the target; running"
+    )
+    why: str | None = Field(None, description="Why it does not count")
+
+
+def point_verdict(
+    case_id: str, runs: int, uncertain: bool, winner: str | None, tie: list[str], leader: str | None
+) -> PointVerdict:
+    """The one word every view gives a point (campaign rows, scenario rows, HANDOFF.md, a point's run): winner or
+    tie from the answer; uncertain when a limit straddles its bound or it leads before the answer is settled;
+    loses when measured and settled below; not measured before a valid run."""
+    if case_id == winner:
+        return "winner"
+    if case_id in tie:
+        return "tie"
+    if runs == 0:
+        return "not measured"
+    if uncertain or (case_id == leader and winner is None and not tie):
+        return "uncertain"
+    return "loses"
+
+
 class PointRow(FrozenModel):
     """One point of a campaign: what it measured over its valid runs."""
 
@@ -94,6 +129,14 @@ class PointRow(FrozenModel):
     latency: dict[str, float] = Field(
         default_factory=dict,
         description="TTFT and TPOT p50 and p99 (ms), each the mean over its valid runs: beside the limits' verdicts",
+    )
+    verdict: PointVerdict = Field(
+        "not measured",
+        description="The answer's word for the point, the same in every view: winner, tie, loses, uncertain (a "
+        "limit's interval straddles its bound, or it leads unsettled), not measured (see status and why)",
+    )
+    run_list: list[PointRun] = Field(
+        default_factory=list, description="Every run of the point: its figures, host contention, and whether it counts"
     )
     run_ids: list[str] = Field(default_factory=list, description="Its runs, oldest first")
     sent: int = Field(0, description="Formal requests sent to it over all its runs and load attempts")
@@ -192,7 +235,9 @@ class CampaignView(FrozenModel):
                 mark += " (control)" if r.case_id in self.controls else ""
                 why = f" — {r.why}" if r.why and r.status != "measured" else ""
                 on = f" on {','.join(r.on)}" if r.on else ""
-                lines.append(f"{r.label}{mark} {r.case_id} {r.status}{fig}{n}{on}{' | ' + lim if lim else ''}{why}")
+                word = r.verdict if r.runs and r.status not in ("running", "queued") else r.status
+                lines.append(f"{r.label}{mark} {r.case_id} {word}{fig}{n}{on}{' | ' + lim if lim else ''}{why}")
+                lines += [f"  {_run_line(x)}" for x in r.run_list]
         lines.append(("campaign complete: " if self.complete else "so far: ") + self.answer)
         if self.budget:
             lines.append(self.budget + (f"; ended at the budget: {self.budget_end}" if self.budget_end else ""))
@@ -233,6 +278,14 @@ class _Extra:
     per_user: float | None
     per_card: float | None
     latency: dict[str, list[float]] = field(default_factory=dict)  # SHOWN and decision.tie_break, per valid run
+
+
+def _run_line(x: PointRun) -> str:
+    """'r-1a2b3c4d 28.1 TTFT p99 1.8e+03 TPOT p99 55 ms, other CPU 12%: valid'."""
+    host = f", other CPU {x.other_cpu:.0%}" if x.other_cpu is not None else ""
+    lat = f" TTFT p99 {_n(x.ttft_p99_ms)} TPOT p99 {_n(x.tpot_p99_ms)} ms" if x.ttft_p99_ms is not None else ""
+    why = f" ({quoted(x.why, 160)})" if x.why else ""
+    return f"{x.run_id} {_n(x.metric)}{lat}{host}: {x.counts}{why}"
 
 
 def _latency(lat: dict[str, float]) -> str:
@@ -343,6 +396,32 @@ def _limit(limit: str, bound: float, values: list[float], pool: list[dict[str, F
     return planner.LimitObs(
         bound=bound, values=values, half_width=None, pooled=iv.point, low=iv.low, high=iv.high, requests=iv.requests
     )
+
+
+def run_list(ws: Workspace, metas: list[RunMeta], camp: Campaign, cut: str | None) -> list[PointRun]:
+    """Every run of a point as the answer counts it: valid, distorted, invalid or failed (repeated, never
+    counted), set aside (before a confirmed change of the target), or running; with its figures and the share of
+    the host other processes used."""
+    d = camp.decision
+    out = []
+    for m in metas:
+        view = fold(ws, load_run(ws, m.run_id))
+        r = latest_result(ws.run(m.run_id).root)
+        w = r.windows.of(d.window) if r is not None else None
+        fig = {k: window_stat(w, k) if w is not None else None for k in ("ttft_p99_ms", "tpot_p99_ms")}
+        host = r.host.other_share if r is not None and isinstance(r.host, HostLoad) else None
+        counts: Any = "valid"
+        why = None
+        if view.state in (RunState.RUNNING, RunState.CREATED) or view.controller_alive:
+            counts = "running"
+        elif r is None or w is None or not valid(r, d.window):
+            why = view.state.value if r is None else _why_invalid(r, d.window)
+            counts = "distorted" if why.startswith("distorted") else "failed" if r is None or r.failed else "invalid"
+        elif cut is not None and m.created_utc < cut:
+            counts, why = "set aside", f"before the target changed ({cut})"
+        metric = window_stat(w, d.primary_metric) if w is not None and counts != "failed" else None
+        out.append(PointRun(run_id=m.run_id, metric=metric, **fig, other_cpu=host, counts=counts, why=why))
+    return out
 
 
 def _why_invalid(r: Result, window: str) -> str:
@@ -565,6 +644,16 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     rows = [r.model_copy(update={"pareto": r.case_id in front}) for r in rows]
     by_id = {o.case_id: o for o in obs}
     answer, winner, tie = _answer(pl, by_id, higher, d.primary_metric, complete)
+    metas = {m.run_id: m for m in mine}
+    rows = [
+        r.model_copy(
+            update={
+                "verdict": point_verdict(r.case_id, r.runs, bool(r.uncertain), winner, tie, pl.leader),
+                "run_list": run_list(ws, [metas[x] for x in r.run_ids if x in metas], camp, pl.cut),
+            }
+        )
+        for r in rows
+    ]
     answer += tie_break(d.tie_break, [(by_id[c].label, extra[c].latency[d.tie_break]) for c in tie])
     answer += _rests_on(pl, by_id, camp, higher, {c: e.requests for c, e in extra.items()})
     lines: list[str] = []
@@ -624,6 +713,7 @@ class ScenarioAnswer:
     winner: str | None
     tie: list[str]
     complete: bool
+    leader: str | None = None
 
 
 def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
@@ -654,7 +744,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
     answer += tie_break(d.tie_break, [(merged[c].label, extras[c].latency[d.tie_break]) for c in tie])
     answer += _rests_on(pl, merged, load_campaign(ws, ids[0]), higher, {c: e.requests for c, e in extras.items()})
-    return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete)
+    return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete, pl.leader)
 
 
 def _spent(

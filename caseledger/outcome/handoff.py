@@ -210,7 +210,7 @@ def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[s
     # the rows the answer rests on first (the winner, a tie, the best), then measured ones, then cases never run
     rows = sorted(
         view.rows,
-        key=lambda r: (not (r.best or r.campaign_verdict in ("winner", "tie", "leading")), r.run_id is None),
+        key=lambda r: (not (r.best or r.campaign_verdict in ("winner", "tie", "uncertain")), r.run_id is None),
     )
     for r in rows[:max_rows]:
         verdict = r.campaign_verdict or r.decision or r.state

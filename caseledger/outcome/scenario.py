@@ -10,7 +10,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from caseledger.campaign.store import campaign_files, scenario_campaigns
-from caseledger.campaign.view import PointRow, campaign_view, scenario_answer
+from caseledger.campaign.view import PointRow, ScenarioAnswer, campaign_view, point_verdict, scenario_answer
 from caseledger.case.decision import Decision
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
@@ -78,9 +78,9 @@ class ScenarioRow(FrozenModel):
     )
     campaign_verdict: str | None = Field(
         None,
-        description="A point of the campaign that owns the scenario: the campaign's verdict on it, from all its "
-        "valid runs (winner, tie, leading, runner-up, measured, breaks a limit, running, queued, pending, skipped, "
-        "given_up, not_needed); the row's metric is then the mean over those runs and its limits pooled over them",
+        description="A point of a campaign of the scenario: the answer's word for it, from all its valid runs "
+        "(winner, tie, loses, uncertain, not measured); the row's metric is then the mean over those runs and its "
+        "limits pooled over them",
     )
     settle: str | None = Field(description="For a change within the noise: the call that would settle it")
     why: str | None = Field(
@@ -309,7 +309,7 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
         else:
             best_id = across.winner
         points = {c: p for v in views for p in v.rows for c in (p.case_id, *p.cases.values())}  # a pool: per target
-        rows = [_as_point(r, points[r.case_id], best_id, tie) if r.case_id in points else r for r in rows]
+        rows = [_as_point(r, points[r.case_id], across) if r.case_id in points else r for r in rows]
     rows = [r.model_copy(update={"best": r.case_id == best_id}) for r in rows]
     rows.sort(key=lambda r: (r.swept is None, r.swept or 0.0, first_run.get(r.case_id, len(metas))))
     return ScenarioView(
@@ -332,17 +332,15 @@ def _scenario_view(ws: Workspace, name: str, cases: dict[str, Case], metas: list
     )
 
 
-def _as_point(row: ScenarioRow, p: PointRow, winner: str | None, tie: list[str]) -> ScenarioRow:
-    """A case's row as the campaigns judge the point: its label naming its full setting, the answer's verdict,
-    the mean over its valid runs and its limits pooled over them."""
-    if p.case_id == winner:
-        verdict = "winner"
-    elif p.case_id in tie:
-        verdict = "tie"
-    elif p.status == "measured" and p.meets is False:
-        verdict = "breaks a limit"
-    else:
-        verdict = p.status
+def _as_point(row: ScenarioRow, p: PointRow, across: ScenarioAnswer | None) -> ScenarioRow:
+    """A case's row as the campaigns judge the point: its label naming its full setting, the answer's verdict
+    (its campaign's, or across the scenario's campaigns: the same word by the same rule), the mean over its valid
+    runs and its limits pooled over them."""
+    verdict = (
+        p.verdict
+        if across is None
+        else point_verdict(p.case_id, p.runs, bool(p.uncertain), across.winner, across.tie, across.leader)
+    )
     return row.model_copy(
         update={
             "change": p.label,

@@ -250,7 +250,7 @@ def _with_campaign(ws: Workspace, r: RunSummary) -> RunSummary:
         return r
     view = scenario_view(ws, r.scenario)
     # a newer campaign of the scenario owns its answer: this run's campaign still says what its point is
-    row = next((x for x in view.rows if x.case_id == r.case_id), None) if view.campaign == gid else None
+    row = next((x for x in view.rows if x.case_id == r.case_id), None) if gid in view.campaigns else None
     if row is None:
         cv = campaign_view(ws, gid)
         p = next((x for x in cv.rows if r.case_id in (x.case_id, *x.cases.values())), None)
