@@ -349,8 +349,8 @@ def call():
         return phase_status(ws)
     if what == "phase_status":
         return phase_status(ws, arg)
-    if what == "summarize_scenario":  # the text/JSON answer; its PNG is timed apart (draw_plot, below)
-        return summarize(ws, [], scenario=arg, draw=False)
+    if what == "summarize_scenario":  # the text/JSON answer; its chart is timed apart (chart_png, below)
+        return summarize(ws, [], scenario=arg)
     if what == "handoff":
         return handoff.refresh(ws)
     if what == "controller_refresh":  # as run/controller.py before each phase: an event, then the refresh
@@ -365,9 +365,9 @@ if what == "summarize_scenario":  # a view nobody drew yet (as after a new resul
 times = []
 for _ in range(len(PHASES) if what == "controller_refresh" else 2):  # a controller: one refresh per phase
     t = time.perf_counter(); out = call(); times.append(time.perf_counter() - t)
-    if what == "summarize_scenario":  # the PNG the MCP answer attaches and the CLI draws after printing
-        from caseledger.tools.summarize import draw_plot
-        t = time.perf_counter(); draw_plot(ws, out); extra.setdefault("plot_s", []).append(time.perf_counter() - t)
+    if what == "summarize_scenario":  # the PNG the MCP answer attaches (drawn in memory: no writer drew this view)
+        from caseledger.tools.summarize import chart_png
+        t = time.perf_counter(); chart_png(ws, out); extra.setdefault("plot_s", []).append(time.perf_counter() - t)
 if what == "controller_refresh":
     extra["later_median_s"] = statistics.median(times[1:]); extra["later_max_s"] = max(times[1:])
 tracemalloc.start(); call(); peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
@@ -432,7 +432,7 @@ def mcp_ready(root: Path) -> float | None:
 
 def _extra(r: dict[str, Any]) -> str:
     if "plot_s" in r:
-        return f"  (PNG: drawn {r['plot_s'][0]:.3f} s, then on disk {r['plot_s'][1]:.3f} s)"
+        return f"  (PNG: drawn in memory {r['plot_s'][0]:.3f} s, then kept by the process {r['plot_s'][1]:.3f} s)"
     if "later_median_s" in r:
         return f"  (phases 2-9: median {r['later_median_s']:.4f} s, max {r['later_max_s']:.4f} s)"
     return ""

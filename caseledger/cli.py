@@ -41,13 +41,12 @@ def _emit(result: Any, as_json: bool) -> None:
         sys.stdout.write(secrets.mask(result.text()) + "\n")
 
 
-def _emit_summary(ws: Workspace, result: SummaryResult, as_json: bool) -> None:
-    """The answer first, then its PNG (drawn once per view): the text never waits on the chart."""
-    from caseledger.tools.summarize import draw_plot  # lazy: matplotlib and numpy, as the tools
-
+def _emit_summary(result: SummaryResult, as_json: bool) -> None:
+    """The answer, then (as text) the side-by-side tables of several runs. A reader: nothing is written (the
+    charts: `caseledger report --html` writes a page with them)."""
     _emit(result, as_json)
-    sys.stdout.flush()
-    draw_plot(ws, result)
+    if not as_json and result.side_by_side:
+        sys.stdout.write("\n" + redact.current().mask(result.side_by_side) + "\n")
 
 
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:  # JSON: a tool's answer, printed
@@ -361,7 +360,7 @@ def _reprocess(ws: Workspace, a: argparse.Namespace) -> int:
 def _summarize(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.tools import summarize  # lazy: see above
 
-    _emit_summary(ws, summarize(ws, a.run_ids, scenario=a.scenario, draw=False), a.json)
+    _emit_summary(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
     return 0
 
 
@@ -371,7 +370,7 @@ def _report(ws: Workspace, a: argparse.Namespace) -> int:
     if a.html:
         _emit(html_report(ws, a.run_ids, scenario=a.scenario), a.json)
     else:  # the markdown: what summarize writes and answers
-        _emit_summary(ws, summarize(ws, a.run_ids, scenario=a.scenario, draw=False), a.json)
+        _emit_summary(summarize(ws, a.run_ids, scenario=a.scenario), a.json)
     return 0
 
 

@@ -102,7 +102,7 @@ def demo(keep: bool = False, as_json: bool = False) -> int:
         s = summarize(ws, [r1.run_id, r2.run_id])
         _say(s.text() + "\n")
         if s.side_by_side:
-            _say(Path(s.side_by_side).read_text())
+            _say(s.side_by_side)
         _say("## time ledger (seconds)")
         for r in s.runs:
             tl = r.time_ledger or {}

@@ -4,7 +4,8 @@ Production code marks each point with one call: `checkpoint(component, when, at)
 process die like a kill or fill the disk, and `fault(component, action)` where a test changes what happens
 (e.g. a collector without site-packages). Examples: `load:exit_after=3` (the load client calls
 `os._exit(137)` right after the third record is written), `controller:exit_before=load`,
-`controller:exit_during=load`, `postprocess:fail=import`, `load:fill_disk_after=3` and
+`controller:exit_during=load`, `postprocess:fail=import`, `postprocess:stop` (the collector stops itself),
+`load:fill_disk_after=3` and
 `controller:fill_disk_before=confirm_end` (fill the filesystem of the run directory up to the last block;
 tests run them on a small tmpfs only). The variable is read at every call, so a test can set it per
 subprocess; production never sets it.

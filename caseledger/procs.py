@@ -122,7 +122,11 @@ def gone(ref: ProcRef) -> LoadRef:
 
 
 def me() -> ProcRef:
-    pid = os.getpid()
+    return ref(os.getpid())
+
+
+def ref(pid: int) -> ProcRef:
+    """The reference of the process `pid` on this host (a child just started, or this process)."""
     return {"pid": pid, "start_time": start_time(pid) or 0, "host": socket.gethostname()}
 
 

@@ -1,6 +1,7 @@
-"""The scenario PNG is a derived file named by its view's digest: deleting or damaging it, or the index, changes no
-answer; a new result names a new PNG; summarize(draw=False) answers without drawing; the index connection kept
-open per thread is reopened when the file is replaced."""
+"""The scenario PNG is a derived file named by its view's digest, drawn by writers (the end of a run, a campaign's
+driver; here draw_view, what they call): summarize names it only when it is on disk and whole, and writes none;
+deleting or damaging it, or the index, changes no answer but that name; a new result names a new PNG and the old one
+goes; the index connection kept open per thread is reopened when the file is replaced."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from bench.bench_ledger import build
 from caseledger.ledger import indexdb
 from caseledger.ledger.events import append_event
 from caseledger.ledger.index import open_index
+from caseledger.outcome.chart import draw_view, scenario_plot_path
 from caseledger.tools import summarize
-from caseledger.tools.summarize import draw_plot
+from caseledger.tools.summarize import chart_png
 from caseledger.workspace import Workspace
 
 pytest.importorskip("matplotlib")
@@ -29,31 +31,40 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, dict[st
     return Workspace(root), info
 
 
-def _answer(ws: Workspace, name: str) -> tuple[str, bytes]:
-    s = summarize(ws, [], scenario=name)
-    assert s.plot is not None
-    return s.model_dump_json(), Path(s.plot).read_bytes()
+def _drawn(ws: Workspace, name: str) -> str:
+    """The scenario's PNG as a writer draws it (draw_view)."""
+    view = summarize(ws, [], scenario=name).scenario
+    assert view is not None
+    where = draw_view(ws, view)
+    assert where is not None
+    return where
 
 
-def test_summarize_without_draw_names_the_png_it_would_draw(ledger: tuple[Workspace, dict[str, Any]]) -> None:
+def test_summarize_names_only_a_png_a_writer_drew_and_draws_none(ledger: tuple[Workspace, dict[str, Any]]) -> None:
     ws, info = ledger
     name = info["inactive"][0]
     for f in ws.reports_dir.glob(f"scenario-{name}-*.png"):
         f.unlink()
-    quick = summarize(ws, [], scenario=name, draw=False)
-    assert quick.plot is not None and not Path(quick.plot).exists()  # the answer did not wait on the chart
-    assert draw_plot(ws, quick) == quick.plot and Path(quick.plot).read_bytes().startswith(b"\x89PNG")
-    assert summarize(ws, [], scenario=name).model_dump_json() == quick.model_dump_json()
+    quick = summarize(ws, [], scenario=name)
+    assert quick.plot is None and not list(ws.reports_dir.glob(f"scenario-{name}-*.png"))  # nothing drawn, none named
+    png = chart_png(ws, quick)  # drawn in memory for whoever shows it, never written
+    assert png is not None and png.startswith(b"\x89PNG") and not list(ws.reports_dir.glob(f"scenario-{name}-*.png"))
+    where = _drawn(ws, name)
+    again = summarize(ws, [], scenario=name)
+    assert again.plot == where and chart_png(ws, again) == Path(where).read_bytes()  # read from disk
+    assert again.model_copy(update={"plot": None}).model_dump_json() == quick.model_dump_json()
 
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "garbage", "index deleted"])
-def test_a_missing_or_damaged_png_is_drawn_again_and_the_answer_is_the_same(
+def test_a_missing_or_damaged_png_is_not_named_and_its_writer_draws_it_again(
     ledger: tuple[Workspace, dict[str, Any]], damage: str
 ) -> None:
     ws, info = ledger
     name = info["inactive"][0]
-    before, png = _answer(ws, name)
-    path = Path(summarize(ws, [], scenario=name, draw=False).plot or "")
+    path = Path(_drawn(ws, name))
+    before = summarize(ws, [], scenario=name)
+    assert before.plot == str(path)
+    png = path.read_bytes()
     if damage == "deleted":
         path.unlink()
     elif damage == "truncated":
@@ -63,23 +74,28 @@ def test_a_missing_or_damaged_png_is_drawn_again_and_the_answer_is_the_same(
     else:
         for suffix in ("", "-wal", "-shm"):
             Path(str(indexdb.path_of(ws.ledger)) + suffix).unlink(missing_ok=True)
-    after, png_after = _answer(ws, name)
-    assert after == before
+    after = summarize(ws, [], scenario=name)
+    assert after.model_dump(exclude={"plot"}) == before.model_dump(exclude={"plot"})
+    assert after.plot == (before.plot if damage == "index deleted" else None)  # a file that is not whole is not named
+    assert _drawn(ws, name) == str(path)
+    png_after = path.read_bytes()
     assert png_after.startswith(b"\x89PNG") and png_after.endswith(b"IEND\xaeB`\x82")
+    assert summarize(ws, [], scenario=name).model_dump_json() == before.model_dump_json()
     assert len(list(ws.reports_dir.glob(f"scenario-{name}-*.png"))) == 1
 
 
 def test_a_new_result_names_a_new_png_and_the_old_one_goes(ledger: tuple[Workspace, dict[str, Any]]) -> None:
     ws, info = ledger
     name = info["scenario"]  # the live run's scenario
-    first = summarize(ws, [], scenario=name).plot
-    assert first is not None and Path(first).exists()
+    first = _drawn(ws, name)
     run = ws.run(info["latest"])  # the running run ends, failed: its row (state, decision) changes the view
     append_event(ws, run, "run_ended", owner="bench", data={"outcome": "failed:load"})
     (run.root / "controller.pid.json").unlink(missing_ok=True)
-    second = summarize(ws, [], scenario=name).plot
-    assert second is not None and second != first
-    assert Path(second).exists() and not Path(first).exists()
+    view = summarize(ws, [], scenario=name).scenario
+    assert view is not None and scenario_plot_path(ws, view) != first
+    second = _drawn(ws, name)
+    assert second != first and Path(second).exists() and not Path(first).exists()
+    assert summarize(ws, [], scenario=name).plot == second
 
 
 def test_the_kept_connection_is_reopened_when_the_index_file_is_replaced(
@@ -140,7 +156,7 @@ def test_the_controller_draws_the_chart_after_a_run_so_a_first_mcp_summarize_onl
         while procs.alive(controller) and time.monotonic() < deadline:  # it draws after the run's outcome
             time.sleep(0.1)
         assert not procs.alive(controller)
-        quick = summarize(ws, [], scenario="ref-drawn", draw=False)
+        quick = summarize(ws, [], scenario="ref-drawn")
         assert quick.plot is not None and Path(quick.plot).read_bytes().startswith(b"\x89PNG")  # this view's chart
         p = subprocess.run(
             [sys.executable, "-c", SUMMARIZE_CHILD, str(ws.root), "ref-drawn"], capture_output=True, text=True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx2
 import pytest
 
 from caseledger.metrics import NotObserved, Ratio, latest_result
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
-from caseledger.workspace import Workspace
+from caseledger.workspace import RunPaths, Workspace, read_json
 from tests.conftest import free_port, ref_draft, start_with_fault
 
 pytestmark = pytest.mark.integration
@@ -72,7 +74,7 @@ def test_broken_postprocess_is_collect_and_reprocess_sends_nothing(
 
 
 def test_a_collector_that_stops_answering_or_is_killed_fails_as_collect_never_internal(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The collector's process: one that gives no answer in time (SIGSTOPped, stuck) is killed and the phase is
     `collect` (reprocess_raw repairs it), never a caseledger bug; one killed by a signal says which."""
@@ -83,12 +85,15 @@ def test_a_collector_that_stops_answering_or_is_killed_fails_as_collect_never_in
 
     monkeypatch.setattr(after_load, "COLLECT_TIMEOUT_S", 0.5)
     stuck = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"]
+    paths = RunPaths(tmp_path / "r-0123abcd")
+    paths.root.mkdir()
     with pytest.raises(PhaseFailed) as e:
-        after_load._collector_process(stuck, {}, "r-0123abcd")
+        after_load._collector_process(stuck, {}, paths)
+    assert read_json(paths.collector_pid)["pid"] > 0  # recorded at its start: a reader sees it stopped
     assert e.value.failure_class == FailureClass.COLLECT and "gave no answer in 0.5 s" in e.value.message
     assert "reprocess_raw(run_id='r-0123abcd')" in (e.value.fix or "")
     code, _, err = after_load._collector_process(
-        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, "r-0123abcd"
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, paths
     )
     assert after_load.collector_error(code, err) == "killed by SIGKILL, no output"
     assert after_load.collector_error(1, b"Traceback\nModuleNotFoundError: numpy\n") == "ModuleNotFoundError: numpy"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
@@ -17,6 +16,7 @@ from caseledger import cli, services
 from caseledger.ledger import authorization
 from caseledger.server import build_server
 from caseledger.tools import freeze_case, reprocess_raw, start_run, summarize
+from caseledger.tools.summarize import chart_png
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft
 
@@ -85,7 +85,10 @@ def test_one_row_per_c_with_tpot_p99_and_its_verdict_and_the_breaker_is_never_be
     text = s.text()
     assert f"C=8 {cases[8]} {runs[8]} close" in text and f"tpot_p99_ms {by_c[8].tpot_p99_ms:.4g} > 11" in text
     assert "limits tpot_p99_ms<=11" in text and len(text.encode()) < 1000  # ~1.5 KB for 16 cases
-    assert s.plot is not None and Path(s.plot).read_bytes().startswith(b"\x89PNG")
+    # the runs ran inline (no controller of their own drew the chart): summarize names no PNG and writes none, its
+    # chart is drawn in memory for whoever shows it (the MCP answer's image)
+    assert s.plot is None and not ws.reports_dir.exists(), s.plot
+    assert (chart_png(ws, s) or b"").startswith(b"\x89PNG") and not ws.reports_dir.exists()
 
 
 def test_limit_breaker_decision_says_close_with_the_limit(

@@ -103,6 +103,10 @@ class Phase(StrEnum):
 
 PHASES: tuple[Phase, ...] = tuple(Phase)
 
+# A postprocess collector that has not answered by then (stopped, stuck) is killed and the phase fails as `collect`
+# (run/after_load.py); status names a stopped one at once, with this way out (ledger/advice.py).
+COLLECT_TIMEOUT_S = 600.0
+
 # The one phase -> failure-class table: the class of a phase that failed without saying its own class, or
 # that was left open by an owner that died (DESIGN.md, Failure classes).
 FAILURE_OF_PHASE: dict[Phase, FailureClass] = {

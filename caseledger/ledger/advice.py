@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from caseledger.case.plan import Phase
+from caseledger.case.plan import COLLECT_TIMEOUT_S, Phase
 from caseledger.errors import OUTSIDE_CHARS, FailureClass, quoted
 from caseledger.ledger.view import PhaseView, RunState, RunView
 
@@ -62,10 +62,12 @@ def _advise_live(v: RunView) -> Advice | None:
             "controller gone; the load client is still running",
             f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)",
         )
-    if v.state == RunState.RUNNING and (v.client_stopped or v.controller_stopped or v.service_gone):
+    stopped_part = v.client_stopped or v.controller_stopped or v.collector_stopped
+    if v.state == RunState.RUNNING and (stopped_part or v.service_gone):
         stopped = [
             *(["load client"] if v.client_stopped else []),
             *(["controller"] if v.controller_stopped else []),
+            *(["collector (postprocess)"] if v.collector_stopped else []),
             *[f"service {g.removesuffix(' stopped (SIGSTOP)')}" for g in v.service_gone if g.endswith("(SIGSTOP)")],
         ]
         gone = [f"service {g}" for g in v.service_gone if not g.endswith("(SIGSTOP)")]
@@ -78,12 +80,20 @@ def _advise_live(v: RunView) -> Advice | None:
         pids = " ".join(str(p) for p in v.stopped_pids)
         if v.controller_stopped or v.client_stopped:  # it never fails by itself; resume waits for the controller
             fix = f"kill -CONT {pids} (SIGCONT: what was stopped goes on, nothing is re-sent); "
+        elif v.collector_stopped:  # the controller gives it up after its timeout: postprocess fails [collect]
+            fix = (
+                f"kill -CONT {pids} (SIGCONT: the results are computed, nothing is re-sent), or let the controller "
+                f"give it up ({COLLECT_TIMEOUT_S:g} s after it started: postprocess fails [collect]), then "
+                f"reprocess_raw(run_id='{rid}') from the raw data; "
+            )
         elif pids:  # only the service: the controller's timeouts fail the load, and resume starts it again
             fix = f"kill -CONT {pids} (SIGCONT), or let the load fail and resume(run_id='{rid}') (a new service); "
         else:
             fix = f"the service is gone: the controller fails the load, then resume(run_id='{rid}'); "
+        only_collector = v.collector_stopped and not (v.client_stopped or v.controller_stopped or v.service_gone)
         return Advice(
-            f"{said} while the run is at {v.current}: no progress; figures would be distorted"
+            f"{said} while the run is at {v.current}: no progress; "
+            + ("the raw data is complete, the figures wait for it" if only_collector else "figures would be distorted")
             + (f" (pid {pids})" if pids else ""),
             fix + f"phase_status(run_id='{rid}') shows it",
         )

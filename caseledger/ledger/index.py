@@ -13,7 +13,11 @@ How it stays true, cheaply (the design of issue 25):
   row is repaired from the files and the disagreement noted (`caseledger index` shows the notes).
 - A missing index is rebuilt; a damaged one (not a database, another schema) is moved aside and rebuilt; a
   read-only ledger gets an index in memory for the call. `caseledger index --rebuild` rebuilds by hand.
-Readers write only this derived file, never run state (like HANDOFF.md).
+Readers write only this derived file, never run state, reports or charts (issue 57), and only what differs from the
+files: a row whose run changed since the index last read it (a writer's event, a controller that has exited since,
+a hand edit), a figure computed for the first time. Nothing else is rewritten, so a read of a ledger the index is in
+step with writes nothing at all (tests/test_fault_minors.py). Folding what changed is needed for a true answer; keeping
+the fold is what lets the next read skip it.
 """
 
 from __future__ import annotations
@@ -139,9 +143,18 @@ class Index:
         return str(r[0]) if r else None
 
     def _set_meta(self, key: str, value: str) -> None:
+        if self._meta(key) == value:  # a read in step writes nothing
+            return
         self.conn.execute(
             "INSERT INTO meta VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value)
         )
+
+    def _damaged(self, name: str, message: str) -> None:
+        """`name` is no readable run: its row goes, its message is kept (rewritten only when it changed)."""
+        self._forget(name)
+        had = self.conn.execute("SELECT message FROM damaged WHERE entry=?", (name,)).fetchone()
+        if had is None or had[0] != message:
+            self.conn.execute("INSERT OR REPLACE INTO damaged VALUES(?, ?)", (name, message))
 
     def note(self, text: str) -> None:
         self.conn.execute("INSERT INTO notes(utc, text) VALUES(?, ?)", (utc_now(), text))
@@ -150,61 +163,57 @@ class Index:
     def _fold_entry(self, name: str, gen: int | None) -> None:
         """Read and fold the run directory `name` into its row (or the damaged table)."""
         root = self.ws.runs_dir / name
-        self.conn.execute("DELETE FROM damaged WHERE entry=?", (name,))
         if root.is_symlink() or not root.is_dir() or not is_id(name, "r"):
             what = (
                 "is a symbolic link, not a run directory (not followed)"
                 if root.is_symlink()
                 else "is not a run directory"
             )
-            self._forget(name)
-            self.conn.execute("INSERT INTO damaged VALUES(?, ?)", (name, f"ledger/runs/{quoted(name, 40)} {what}"))
+            self._damaged(name, f"ledger/runs/{quoted(name, 40)} {what}")
             return
         before = signature(root)
         try:
             meta = read_meta(RunPaths(root))
             view = fold(self.ws, Run(paths=RunPaths(root), meta=meta, workspace=self.ws))
         except CaseInvalid as e:
-            self._forget(name)
-            self.conn.execute("INSERT INTO damaged VALUES(?, ?)", (name, e.message))
+            self._damaged(name, e.message)
             return
         except NotFound:
-            self._forget(name)
             young = time.time() - root.stat().st_mtime <= CREATING_S  # create_run is writing run.json
-            self.conn.execute(
-                "INSERT INTO damaged VALUES(?, ?)", (name, "" if young else f"ledger/runs/{name} has no run.json")
-            )
+            self._damaged(name, "" if young else f"ledger/runs/{name} has no run.json")
             return
         except CaseledgerError as e:  # any other problem of its files: named, the other runs shown
-            self._forget(name)
-            self.conn.execute("INSERT INTO damaged VALUES(?, ?)", (name, e.message))
+            self._damaged(name, e.message)
             return
+        self.conn.execute("DELETE FROM damaged WHERE entry=?", (name,))
         self.views[name] = view
         r = row_of(view, before)
         changed = signature(root) != before  # written to while folding: folded again next time
         g = gen if gen is not None else 1
+        values = (
+            r.run_id,
+            r.case_id,
+            r.scenario,
+            r.parent_case,
+            r.target_key,
+            r.created_utc,
+            r.state,
+            r.failure_class,
+            r.current,
+            r.decision,
+            r.blocker,
+            r.next_call,
+            r.last_done,
+            int(r.live or changed),
+            r.sig,
+        )
+        had = self.conn.execute(f"SELECT {_COLS}, folded_gen FROM runs WHERE run_id=?", (name,)).fetchone()
+        if had is not None and tuple(had) == (*values, g - 1 if changed else g):
+            return  # the row as it was (a live run that did not move): a read in step writes nothing
         self.conn.execute(
             f"INSERT INTO runs({_COLS}, gen, folded_gen) VALUES({','.join('?' * 17)}) ON CONFLICT(run_id) DO UPDATE "
             "SET " + ", ".join(f"{c}=excluded.{c}" for c in _COLS.split(", ")[1:]) + ", folded_gen=excluded.folded_gen",
-            (
-                r.run_id,
-                r.case_id,
-                r.scenario,
-                r.parent_case,
-                r.target_key,
-                r.created_utc,
-                r.state,
-                r.failure_class,
-                r.current,
-                r.decision,
-                r.blocker,
-                r.next_call,
-                r.last_done,
-                int(r.live or changed),
-                r.sig,
-                g,
-                g - 1 if changed else g,
-            ),
+            (*values, g, g - 1 if changed else g),
         )
 
     def _forget(self, name: str) -> None:

@@ -285,6 +285,7 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
     paths, meta = run.paths, run.meta
     log = read_events(paths)
     ctl, clients = read_json_or_none(paths.controller_pid), client_refs(paths)
+    collector = read_json_or_none(paths.collector_pid)  # postprocess's, while it runs
     # a process on a load host not yet seen gone there (only SSH can tell) outranks one seen gone
     client_ref = next((c for c in clients if procs.alive(c) or procs.elsewhere(c)), clients[0] if clients else None)
     controller_alive, client_alive = procs.alive(ctl), procs.alive(client_ref)
@@ -344,7 +345,8 @@ def fold(ws: Workspace, run: Run | str) -> RunView:
         client_host=client_host,
         client_stopped=procs.stopped(client_ref),
         controller_stopped=procs.stopped(ctl),
-        stopped_pids=[int(r["pid"]) for r in (ctl, client_ref) if r is not None and procs.stopped(r)]
+        collector_stopped=procs.stopped(collector),
+        stopped_pids=[int(r["pid"]) for r in (ctl, client_ref, collector) if r is not None and procs.stopped(r)]
         + [int(m.group(1)) for g in service_gone if (m := re.search(r"pid (\d+) stopped", g))],
         load_exit=str(end["exit"]) if end and end.get("exit") else None,
     )

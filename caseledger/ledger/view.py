@@ -95,7 +95,8 @@ class RunView:
     client_host: str | None = None  # the load client runs on this other host (load.host): alive is unknown here
     client_stopped: bool = False  # the load client's process is alive but stopped (SIGSTOP): no progress
     controller_stopped: bool = False  # the controller's process is alive but stopped
-    stopped_pids: list[int] = field(default_factory=list)  # the controller's and load client's, when stopped
+    collector_stopped: bool = False  # the postprocess collector's process is alive but stopped
+    stopped_pids: list[int] = field(default_factory=list)  # the controller's, load client's, collector's when stopped
     load_exit: str | None = None  # how the load client ended (its end file): complete | cancelled | disk_full
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -20,6 +22,7 @@ import orjson
 
 from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
+from caseledger.faults import fault
 from caseledger.metrics._columns import read_raw
 from caseledger.metrics._compute import compute_result
 from caseledger.metrics._models import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if fault("postprocess", "stop") is not None:  # test hook: a collector stopped (SIGSTOP) as it starts
+        os.kill(os.getpid(), signal.SIGSTOP)
     code = main()
     gc.freeze()  # no final collection over every imported model at exit: ~0.15 s of teardown
     sys.exit(code)

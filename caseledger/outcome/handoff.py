@@ -1,6 +1,7 @@
 """HANDOFF.md: a few lines for the next agent session, derived from the ledger (never authoritative).
 
-Regenerated at every state change by whoever changed the state. Details are referenced by id, never
+Regenerated at every state change by whoever changed the state; a read (caseledger://handoff, `caseledger
+handoff`) writes it only when a line other than the first (the time) changed. Details are referenced by id, never
 pasted; deleting the file loses nothing (`caseledger handoff` and every state change regenerate it).
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 from caseledger import ledger, procs, redact
 from caseledger.campaign.store import campaign_of
@@ -332,5 +334,18 @@ def refresh(ws: Workspace, exiting: str | None = None, *, verify: bool = False) 
     (a writer refreshing after its own change does not: its writes are in the index already)."""
     remember_secrets(ws)
     text = redact.mask(render(ws, exiting, verify=verify))
-    atomic_write(ws.handoff, text)
+    if _body(_read_or_none(ws.handoff)) != _body(text):  # the same lines but the time: nothing to write
+        atomic_write(ws.handoff, text)
     return text
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):  # missing or damaged: written again
+        return None
+
+
+def _body(text: str | None) -> str | None:
+    """HANDOFF.md without its first line (the time it was written)."""
+    return None if text is None else text.partition("\n")[2]

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from caseledger import procs, redact
-from caseledger.case.plan import Phase
+from caseledger.case.plan import COLLECT_TIMEOUT_S, Phase
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.faults import fault
 from caseledger.ledger.evidence import (
@@ -31,7 +31,7 @@ from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
 from caseledger.run import remote_load
-from caseledger.workspace import RunPaths, read_json_or_none, sha256_file
+from caseledger.workspace import RunPaths, read_json_or_none, sha256_file, write_json
 
 
 def partial_confirmed(
@@ -126,31 +126,6 @@ def _collector_inline(args: list[str]) -> tuple[int, bytes, bytes]:
     return code, out.getvalue().encode(), err.getvalue().encode()
 
 
-_SHA_SEEN: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: a status poll hashes once
-
-
-def raw_change(paths: RunPaths, sealed: str | None) -> str | None:
-    """How the raw data differs from what was sealed when the load's end was confirmed ('changed after the load
-    ended (sha256 ... now, ... sealed)'), or None when it is as sealed (or nothing was sealed, or it is gone:
-    missing_evidence says so). Hashed once per (size, mtime) in this process."""
-    if sealed is None:
-        return None
-    try:
-        st = paths.raw.stat()
-    except OSError:
-        return None
-    k = (str(paths.raw), st.st_size, st.st_mtime_ns)
-    now = _SHA_SEEN.get(k)
-    if now is None:
-        now = _SHA_SEEN[k] = sha256_file(paths.raw)
-    if now == sealed:
-        return None
-    return (
-        f"load/raw.jsonl changed after the load ended (sha256 {now[:12]}… now, {sealed[:12]}… sealed at confirm_end): "
-        "its figures rest on the sealed data, reprocess_raw refuses it; restore it from a backup"
-    )
-
-
 def check_raw(paths: RunPaths, sealed: str | None) -> None:
     """Refuse raw data whose sha256 differs from the one sealed when the load's end was confirmed."""
     if sealed is None:
@@ -167,14 +142,15 @@ def check_raw(paths: RunPaths, sealed: str | None) -> None:
         )
 
 
-COLLECT_TIMEOUT_S = 600.0  # a collector that has not answered by then (stopped, stuck) is stopped: class collect
-
-
-def _collector_process(argv: list[str], env: dict[str, str], run_id: str) -> tuple[int, bytes, bytes]:
-    """The collector as a fresh process: (exit code, stdout, stderr). One that gives no answer within
-    COLLECT_TIMEOUT_S (stopped with SIGSTOP, or stuck) is killed, and the phase fails as `collect`: the raw data
-    is on disk, reprocess_raw repairs it."""
+def _collector_process(argv: list[str], env: dict[str, str], paths: RunPaths) -> tuple[int, bytes, bytes]:
+    """The collector as a fresh process: (exit code, stdout, stderr). Its pid is recorded at once
+    (collector.pid.json), so phase_status names it the moment it is stopped (SIGSTOP), with `kill -CONT`. One that
+    gives no answer within COLLECT_TIMEOUT_S (stopped, or stuck) is killed, and the phase fails as `collect`: the
+    raw data is on disk, reprocess_raw repairs it."""
+    run_id = paths.run_id
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL)
+    with contextlib.suppress(OSError):  # evidence for readers; a full disk fails the phase where it writes results
+        write_json(paths.collector_pid, procs.ref(p.pid))
     try:
         out, err = p.communicate(timeout=COLLECT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -206,7 +182,7 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
         code, out_b, err_b = _collector_inline([str(paths.root), *(extra or [])])
         env, argv = {}, [sys.executable, "inline: caseledger.metrics.__main__.main in the caller's process"]
     else:
-        code, out_b, err_b = _collector_process([*argv, str(paths.root), *(extra or [])], env, paths.run_id)
+        code, out_b, err_b = _collector_process([*argv, str(paths.root), *(extra or [])], env, paths)
     recorded_env = PostprocessEnv(interpreter=argv[0], argv=argv[1:], PYTHONPATH=env.get("PYTHONPATH", ""))
     if code != 0:
         raise PhaseFailed(

@@ -44,7 +44,14 @@ from caseledger.campaign.store import (
     events_file,
     load_campaign,
 )
-from caseledger.campaign.view import account, campaign_view, costs_of, current_plan, search_open, service_key
+from caseledger.campaign.view import (
+    account,
+    campaign_view,
+    costs_of,
+    current_plan,
+    search_open,
+    service_key,
+)
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -582,15 +589,17 @@ def stop_drivers(ws: Workspace) -> list[str]:
 
 
 def _draw_charts(ws: Workspace, gid: str) -> None:
-    """The campaign's scenario chart, drawn once the driver ends so the next summarize finds it on disk (not
-    between points: the drawing would share the cores with the next point's formal window; the controllers of
-    driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's log."""
+    """The campaign's charts (its Pareto frontier, its scenarios'), drawn once the driver ends so the next summarize
+    finds them on disk (not between points: the drawing would share the cores with the next point's formal window;
+    the controllers of driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's
+    log."""
     if procs.inline() or os.environ.get(CHART_ENV) == "0":
-        return  # the caller's process is no place for nice 19 (or no chart is wanted): summarize draws what it reads
+        return  # the caller's process is no place for nice 19 (or no chart is wanted): summarize draws in memory
     try:
         os.nice(19)
-        from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib, only now
+        from caseledger.outcome.chart import draw_campaign, draw_scenario  # lazy: numpy and matplotlib, only now
 
+        draw_campaign(ws, campaign_view(ws, gid))
         _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
         for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):
             draw_scenario(ws, scenario)

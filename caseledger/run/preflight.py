@@ -215,10 +215,7 @@ def spawn_waiting(module: str, keep: Iterable[str] = ()) -> subprocess.Popen[byt
 
 def hand_over(p: subprocess.Popen[bytes], paths: RunPaths) -> None:
     """Give the waiting preflight process its run (its pid is recorded first, for the controller)."""
-    write_json(
-        paths.preflight_ahead_pid,
-        {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]},
-    )
+    write_json(paths.preflight_ahead_pid, procs.ref(p.pid))
     assert p.stdin is not None
     with contextlib.suppress(OSError):  # it died already: the controller runs preflight itself
         p.stdin.write(str(paths.root).encode() + b"\n")

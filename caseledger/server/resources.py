@@ -1,15 +1,16 @@
 """The resources as thin MCP adapters: HANDOFF.md, reports (markdown and HTML), the case schema, the scenario view.
 
-Each reads in a worker thread and turns a `CaseledgerError` into a resource error naming the fix (the mapping is
-the tools', caseledger.server.toolset). Light on purpose, as the tools are: what reads the ledger (the case models,
-the index, the tools' report writers) is imported by the first read that needs it, never at registration, so a
-session answers `initialize` and `resources/list` without paying for those imports (tests/test_mcp_start.py).
+Readers: a read writes nothing into the ledger (HTML pages are rendered in memory; report.md is the one the run's
+decide phase wrote); only the derived index may catch up with files that changed. Each reads in a worker thread and
+turns a `CaseledgerError` into a resource error naming the fix (the mapping is the tools', caseledger.server.toolset).
+Light on purpose, as the tools are: what reads the ledger (the case models, the index, the tools' report renderers) is
+imported by the first read that needs it, never at registration, so a session answers `initialize` and
+`resources/list` without paying for those imports (tests/test_mcp_start.py).
 """
 
 # No `from __future__ import annotations`: the SDK reads the adapters' annotations at registration.
 
 import re
-from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -38,14 +39,14 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
             return await anyio.to_thread.run_sync(_read_handoff, ws)
         except CaseledgerError as e:
             raise ResourceError(str(tool_error(e))) from e
-        except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten on every read), or a bug
+        except Exception as e:  # a read-only workspace (HANDOFF.md is rewritten when it changed), or a bug
             raise ResourceError(str(tool_error(bug_logged("handoff", e)))) from e
 
     @mcp.resource(
         "caseledger://runs/{run_id}/report",
         name="run_report",
         mime_type="text/markdown",
-        description="report.md of one run (written by summarize)",
+        description="report.md of one run (written by its decide phase, and by reprocess_raw)",
     )
     async def run_report(run_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_report, ws, run_id)
@@ -66,7 +67,7 @@ def add_resources(mcp: MCPServer, ws: Workspace) -> None:
         "caseledger://runs/{run_id}/report.html",
         name="run_report_html",
         mime_type="text/html",
-        description="A run's report as one self-contained HTML page (written again on read)",
+        description="A run's report as one self-contained HTML page (rendered on read; nothing is written)",
     )
     async def run_report_html(run_id: str) -> str:
         return await anyio.to_thread.run_sync(_read_html, ws, [run_id], None)
@@ -137,19 +138,19 @@ def _add_schemas(mcp: MCPServer) -> None:
 
 
 def _read_html(ws: Workspace, run_ids: list[str], scenario: str | None) -> str:
-    """The HTML page of one run, scenario or campaign, written now (the file a person opens is the same)."""
+    """The HTML page of one run, scenario or campaign, rendered now in memory (`caseledger report --html` writes the
+    same page for a person to open)."""
     if scenario is not None:
         _check_scenario_name(scenario)
     from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
-    from caseledger.tools import html_report
+    from caseledger.tools.report import render_html
 
     try:
         remember_secrets(ws)
-        written = html_report(ws, run_ids, scenario=scenario)
-        return redact.mask(Path(written.paths[0]).read_text())
+        return redact.mask(render_html(ws, run_ids, scenario=scenario).pages[0])
     except CaseledgerError as e:
         raise ResourceNotFoundError(str(tool_error(e))) from e
-    except Exception as e:  # a read-only workspace, or a bug: the reader gets the fix either way
+    except Exception as e:  # a bug (nothing is written here): the reader gets the fix either way
         raise ResourceError(str(tool_error(bug_logged("html report", e)))) from e
 
 
@@ -194,6 +195,6 @@ def _read_report(ws: Workspace, run_id: str) -> str:
         return redact.mask(paths.report_md.read_text())  # a report an older version wrote unmasked
     except FileNotFoundError:
         raise ResourceNotFoundError(
-            f"run {run_id} has no report yet; fix: summarize(run_ids=['{run_id}']) "
-            "writes it (phase_status first if results are not extracted)"
+            f"run {run_id} has no report yet; fix: phase_status(run_id='{run_id}'): its decide phase writes "
+            f"it once results are extracted (reprocess_raw(run_id='{run_id}') when postprocess failed)"
         ) from None

@@ -16,7 +16,6 @@ import base64
 import inspect
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
 
 import anyio
@@ -73,17 +72,15 @@ _RUN_ID = Field(
 
 
 def _answer(result: _Result, what: str, checked: bool) -> CallToolResult:
-    """Short text for the model, the PNG where the result drew one (summarize); full structured content, checked
-    against the result's model where `checked` (reprocess_raw, summarize: as the SDK checks a tool's declared output
-    model, which these adapters cannot declare without importing the tools). The values of the workspace's secrets
-    are masked in both: the last line of defence, for text an older version recorded unmasked."""
+    """Short text for the model, the PNG where the result carries its chart (summarize); full structured content,
+    checked against the result's model where `checked` (reprocess_raw, summarize: as the SDK checks a tool's declared
+    output model, which these adapters cannot declare without importing the tools). The values of the workspace's
+    secrets are masked in both: the last line of defence, for text an older version recorded unmasked."""
     secrets = redact.current()
     content: list[TextContent | ImageContent] = [TextContent(type="text", text=secrets.mask(result.text()))]
-    plot = getattr(result, "plot", None)
-    if isinstance(plot, str) and Path(plot).is_file():
-        content.append(
-            ImageContent(type="image", mime_type="image/png", data=base64.b64encode(Path(plot).read_bytes()).decode())
-        )
+    chart = getattr(result, "chart", None)
+    if isinstance(chart, bytes):
+        content.append(ImageContent(type="image", mime_type="image/png", data=base64.b64encode(chart).decode()))
     structured = secrets.mask_obj(result.model_dump(mode="json"))
     if checked and isinstance(result, BaseModel):
         try:
@@ -419,11 +416,11 @@ def _summarize(mcp: MCPServer, ws: Workspace) -> None:
     @_tool(
         mcp,
         "summarize",
-        # not read-only: it writes derived, regenerable files (report.md/json, side-by-side table, PNG), the
-        # same bytes again for the same ledger (idempotent); never run state
+        # read-only: it writes nothing into the ledger (its chart is drawn in memory where no writer drew it);
+        # only the derived index may catch up with files that changed since it last read them
         annotations=ToolAnnotations(
             title="Summarize a scenario or runs",
-            read_only_hint=False,
+            read_only_hint=True,
             idempotent_hint=True,
             destructive_hint=False,
             open_world_hint=False,
@@ -450,11 +447,12 @@ def _summarize(mcp: MCPServer, ws: Workspace) -> None:
     ) -> CallToolResult:
         """One row per case of a scenario: change vs baseline (e.g. C=8), latest valid run, decision metric,
         TTFT/TPOT/ITL/E2E p50/p99, limit verdicts, decision, best within limits; or given runs. Adds a PNG;
-        writes report.md per run (resource caseledger://runs/{run_id}/report)."""
+        writes nothing (a run's report.md: resource caseledger://runs/{run_id}/report)."""
 
         def call() -> _Result:
-            from caseledger.tools import summarize  # lazy: see the module's docstring
+            from caseledger.tools.summarize import chart_png, summarize  # lazy: see the module's docstring
 
-            return summarize(ws, run_ids, scenario=scenario)
+            result = summarize(ws, run_ids, scenario=scenario)
+            return result.with_chart(chart_png(ws, result))
 
         return await _off_loop(ctx, ws, "summarizing", call, checked=True)

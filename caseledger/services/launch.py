@@ -141,7 +141,7 @@ class LocalLauncher(_Started):
                     "fix service.argv in a new case",
                 ) from None
         self._popen = p
-        self._ref = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
+        self._ref = procs.ref(p.pid)
         return self._ref
 
     def exit_status(self) -> str | None:

@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFound, quoted
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.index import open_index
+from caseledger.ledger.intact import load_settled, settled_change, torn_lines
 from caseledger.ledger.runs import damaged_line, load_run
-from caseledger.ledger.state import fold, sealed_raw_sha256
-from caseledger.run.after_load import raw_change
+from caseledger.ledger.state import fold
 from caseledger.workspace import Workspace, is_id
 
 
@@ -58,6 +58,9 @@ class StatusResult(BaseModel):
     )
     client_stopped: bool = Field(False, description="The load client process is alive but stopped (SIGSTOP)")
     owner_stopped: bool = Field(False, description="The controller process is alive but stopped (SIGSTOP)")
+    collector_stopped: bool = Field(
+        False, description="The postprocess collector process is alive but stopped (SIGSTOP): kill -CONT names it"
+    )
     service_gone: list[str] = Field(
         default_factory=list, description="The service's processes that are gone or stopped ('pid 12 stopped')"
     )
@@ -66,6 +69,11 @@ class StatusResult(BaseModel):
     )
     changed_evidence: str | None = Field(
         None, description="Raw data that differs from its sha256 sealed when the load ended (tampered or damaged)"
+    )
+    torn: list[str] = Field(
+        default_factory=list,
+        description="Lines of the load's append-only files (raw records, host samples, ...) that do not parse: the "
+        "file, the line, whether it was cut mid-write, what it means for the figures",
     )
     resume_runs: list[str] = Field(
         default_factory=list, description="The phases resume would run, in order (the same computation)"
@@ -104,7 +112,8 @@ class StatusResult(BaseModel):
             + (f" ({self.decision})" if self.decision else ""),
             f"owner {'STOPPED (SIGSTOP)' if self.owner_stopped else 'alive' if self.owner_alive else 'gone'}, client "
             f"{self._client()}; "
-            f"auth {self.authorization}",
+            + ("collector STOPPED (SIGSTOP); " if self.collector_stopped else "")
+            + f"auth {self.authorization}",
         ]
         if self.decision_reason and self.decision != "baseline":
             lines.append(f"why: {quoted(self.decision_reason, MESSAGE_CHARS)}")  # whole: the reason is the answer
@@ -124,6 +133,9 @@ class StatusResult(BaseModel):
             )
         if self.changed_evidence:
             lines.append(f"changed evidence: {self.changed_evidence}")
+        lines += [f"torn: {t}" for t in self.torn[:2]]
+        if len(self.torn) > 2:
+            lines.append(f"torn: +{len(self.torn) - 2} more lines (structured content: torn)")
         if self.state not in ("succeeded", "running", "created"):
             lines.append(
                 f"resume runs: {', '.join(self.resume_runs) or 'nothing'}; restarts service: "
@@ -159,6 +171,7 @@ def _signature(s: StatusResult) -> tuple[object, ...]:
         s.owner_alive,
         s.client_alive,
         s.client_stopped,
+        s.collector_stopped,
         tuple(s.service_gone),
         s.blocker,
     )
@@ -300,10 +313,12 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
         queued=[e["case_id"] for e in queue.entries(workspace, v.meta.target_key or "-")],
         service_alive=v.service_alive,
         missing_evidence=v.missing_evidence,
-        changed_evidence=raw_change(run.paths, sealed_raw_sha256(v)) if not v.controller_alive else None,
+        changed_evidence=settled_change(run.paths, v),
+        torn=torn_lines(run.paths) if load_settled(v) else [],
         load_reused_from=v.meta.load_reuse,
         client_stopped=v.client_stopped,
         owner_stopped=v.controller_stopped,
+        collector_stopped=v.collector_stopped,
         service_gone=v.service_gone,
         resume_runs=[p.value for p in v.steps.run] if v.steps else [],
         damaged=damaged,

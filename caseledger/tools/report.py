@@ -1,16 +1,18 @@
 """report: a self-contained HTML page of runs, a scenario or a campaign, written beside its markdown report.
 
-The selection is summarize's (run ids, one campaign id, a scenario, or the latest), and summarize runs first,
-so report.md and the PNG are current. The page is written where a person finds it: a run's report.html beside
-its report.md, a scenario's and a campaign's in ledger/reports/. Writes only derived, regenerable files.
+The selection is summarize's (run ids, one campaign id, a scenario, or the latest). `render_html` renders the
+pages in memory (what the MCP resources answer: a reader writes nothing); `html_report` (`caseledger report --html`,
+asked for by a person) writes them where a person finds them: a run's report.html beside its report.md, a
+scenario's and a campaign's in ledger/reports/. Derived, regenerable files only.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from caseledger import redact
 from caseledger.campaign.html import render_campaign
@@ -20,10 +22,10 @@ from caseledger.case.metrics import LIMITS
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import Result, latest_result
 from caseledger.outcome import html, plots, summary
-from caseledger.outcome.chart import scenario_figure
+from caseledger.outcome.chart import pareto_points, scenario_figure
 from caseledger.outcome.flags import Flag, evidence_flags
 from caseledger.outcome.scenario import ScenarioView, scenario_next
-from caseledger.tools.summarize import RunSummary, pareto_points, runs_figure, summarize
+from caseledger.tools.summarize import RunSummary, runs_figure, summarize
 from caseledger.workspace import Workspace, atomic_write
 
 
@@ -33,9 +35,15 @@ class ReportResult(BaseModel):
     kind: Literal["runs", "scenario", "campaign"] = Field(description="What the pages show")
     subject: str = Field(description="The run ids, the scenario name or the campaign id")
     paths: list[str] = Field(description="The HTML files written (one per run; one for a scenario or a campaign)")
+    _pages: list[str] = PrivateAttr(default_factory=list)  # the pages, as rendered, in the order of paths
     charts: int = Field(description="Charts inlined in all (SVG); 0 when matplotlib is not importable")
     flags: int = Field(description="Evidence flags raised (invalid requests, stalls, distorted windows, failures)")
     next_call: str
+
+    @property
+    def pages(self) -> list[str]:
+        """The HTML of each page, in the order of `paths`."""
+        return self._pages
 
     def text(self) -> str:
         lines = [
@@ -69,24 +77,42 @@ def _warned(flags: dict[str, list[Flag]]) -> int:
 
 def html_report(ws: Workspace, run_ids: list[str], scenario: str | None = None) -> ReportResult:
     """Write the HTML page of what summarize(run_ids, scenario) selects; the answer names the files."""
+    out = render_html(ws, run_ids, scenario)
+    for path, page in zip(out.paths, out.pages, strict=True):
+        atomic_write(Path(path), page)
+    return out
+
+
+def render_html(ws: Workspace, run_ids: list[str], scenario: str | None = None) -> ReportResult:
+    """The HTML page(s) of what summarize(run_ids, scenario) selects, rendered in memory (`pages`), with the paths
+    html_report writes them to; nothing is written."""
     s = summarize(ws, run_ids, scenario=scenario)
     if s.campaign is not None:
         return _campaign(ws, s.campaign)
     if s.scenario is not None:
         return _scenario(ws, s.scenario)
-    paths, charts, flags = [], 0, 0
+    paths, pages, charts, flags = [], [], 0, 0
     for r in s.runs:
-        path, n, f = _run(ws, r)
+        path, page, n, f = _run(ws, r)
         paths.append(path)
+        pages.append(page)
         charts += n
         flags += f
     ids = [r.run_id for r in s.runs]
-    return ReportResult(
-        kind="runs", subject=", ".join(ids), paths=paths, charts=charts, flags=flags, next_call=s.next_call
+    return _with_pages(
+        ReportResult(
+            kind="runs", subject=", ".join(ids), paths=paths, charts=charts, flags=flags, next_call=s.next_call
+        ),
+        pages,
     )
 
 
-def _run(ws: Workspace, r: RunSummary) -> tuple[str, int, int]:
+def _with_pages(result: ReportResult, pages: list[str]) -> ReportResult:
+    result._pages = pages
+    return result
+
+
+def _run(ws: Workspace, r: RunSummary) -> tuple[str, str, int, int]:
     run = load_run(ws, r.run_id)
     result = summary.load_result(run)
     decision = summary.decision_now(run, result)  # as summarize shows it
@@ -102,8 +128,7 @@ def _run(ws: Workspace, r: RunSummary) -> tuple[str, int, int]:
         charts,
         str(run.paths.report_md),
     )
-    atomic_write(run.paths.report_html, page)
-    return str(run.paths.report_html), len(charts), sum(f.warn for f in flags)
+    return str(run.paths.report_html), page, len(charts), sum(f.warn for f in flags)
 
 
 def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
@@ -118,14 +143,16 @@ def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
         scenario_figure(ws, view),
     )
     path = ws.reports_dir / f"scenario-{view.scenario}.html"
-    atomic_write(path, html.render_scenario(view, flags, charts))
-    return ReportResult(
-        kind="scenario",
-        subject=view.scenario,
-        paths=[str(path)],
-        charts=len(charts),
-        flags=_warned(flags),
-        next_call=scenario_next(view),
+    return _with_pages(
+        ReportResult(
+            kind="scenario",
+            subject=view.scenario,
+            paths=[str(path)],
+            charts=len(charts),
+            flags=_warned(flags),
+            next_call=scenario_next(view),
+        ),
+        [html.render_scenario(view, flags, charts)],
     )
 
 
@@ -183,12 +210,14 @@ def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
         ),
     )
     path = ws.reports_dir / f"campaign-{view.campaign_id}.html"
-    atomic_write(path, render_campaign(view, flags, charts))
-    return ReportResult(
-        kind="campaign",
-        subject=view.campaign_id,
-        paths=[str(path)],
-        charts=len(charts),
-        flags=_warned(flags),
-        next_call=view.next_call,
+    return _with_pages(
+        ReportResult(
+            kind="campaign",
+            subject=view.campaign_id,
+            paths=[str(path)],
+            charts=len(charts),
+            flags=_warned(flags),
+            next_call=view.next_call,
+        ),
+        [render_campaign(view, flags, charts)],
     )

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from caseledger import ledger
 from caseledger.case.plan import Phase
 from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
+from caseledger.ledger.intact import torn_lines
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256
 from caseledger.metrics import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # names resolved lazily: no numpy
@@ -26,13 +27,22 @@ class ReprocessResult(BaseModel):
     rule: str | None = Field(description="Native window rule applied (null: the case's)")
     decision: str | None
     requests_sent: int = Field(0, description="Model requests this call sends: none, it reads the raw records only")
+    torn: list[str] = Field(
+        default_factory=list,
+        description="Lines of the load's append-only files the figures skipped (cut mid-write, e.g. by a full "
+        "disk): the file, the line, what it means for the figures",
+    )
     next_call: str
 
     def text(self) -> str:
-        return (
-            f"reprocessed {self.run_id} from raw ({self.requests} records, sha256 {str(self.raw_sha256)[:12]}); "
-            f"0 requests sent; decision {self.decision or 'not re-decided (window rule override)'}\n"
-            f"result: {self.result}\nnext: {self.next_call}"
+        return "\n".join(
+            [
+                f"reprocessed {self.run_id} from raw ({self.requests} records, sha256 {str(self.raw_sha256)[:12]}); "
+                f"0 requests sent; decision {self.decision or 'not re-decided (window rule override)'}",
+                *[f"torn: {t}" for t in self.torn],
+                f"result: {self.result}",
+                f"next: {self.next_call}",
+            ]
         )
 
 
@@ -115,6 +125,8 @@ def reprocess_raw(
             owner="reprocess_raw",
             data={"outcome": "done", "decision": decision},
         )
+    else:  # report.md/json show the result just computed; the decision stays the one recorded
+        summary.write_reports(run, summary.load_result(run))
 
     handoff.refresh(workspace)
     return ReprocessResult(
@@ -124,5 +136,6 @@ def reprocess_raw(
         requests=out.requests,
         rule=rule,
         decision=decision,
+        torn=torn_lines(paths),  # the load ended (checked above): its files are settled
         next_call=f"summarize(run_ids=['{run_id}'])",
     )

@@ -1,17 +1,23 @@
 """summarize: the scenario view (one row per case: change, run, decision metric, latency percentiles, limit
-verdicts, decision) or figures per run (every figure of report.md, outcome.figures) with report.md + report.json
-and a side-by-side table; a PNG of the decision metric against the swept value with the limits drawn and the
-latency CDFs.
+verdicts, decision) or figures per run (every figure of report.md, outcome.figures) with a side-by-side table; the
+chart of the decision metric against the swept value with the limits drawn and the latency CDFs.
 
-Writes only derived, regenerable files (reports, the side-by-side table, the PNG); never run state.
+A reader: it writes nothing into the ledger (issue 57). report.md/report.json are written by the run's decide phase
+(and reprocess_raw), the scenario's and a campaign's PNG by the run's controller and the campaign's driver when they
+end; the answer names such a file when it is on disk and current, and `chart_png` draws the chart in memory for a
+caller that shows it (the MCP answer's image) when it is not. Only the index (a derived cache) may be brought in
+step with files that changed since it last read them (ledger/index.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from caseledger import redact
 from caseledger.campaign.store import campaign_of
@@ -21,17 +27,17 @@ from caseledger.case.model import SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.ledger.index import open_index
+from caseledger.ledger.intact import damaged_entry, settled_change, tampered
 from caseledger.ledger.runs import damaged_line, load_run
-from caseledger.ledger.state import fold, sealed_raw_sha256
+from caseledger.ledger.state import fold
 from caseledger.metrics import Result
 from caseledger.outcome import plots, report, summary
-from caseledger.outcome.chart import draw_view, scenario_plot_path
+from caseledger.outcome.chart import campaign_plot_path, drawn, pareto_points, scenario_figure, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
 from caseledger.outcome.figures import RunFigures, brief, run_figures, short
 from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
 from caseledger.outcome.summary import Headline
-from caseledger.run.after_load import raw_change
-from caseledger.workspace import Workspace, atomic_write, is_id
+from caseledger.workspace import Workspace, is_id
 
 
 class RunSummary(BaseModel):
@@ -59,7 +65,9 @@ class RunSummary(BaseModel):
         "the formal window, the run, outside the window; phases: each phase "
         "that ran, its wall time (the run's report has the full time ledger)",
     )
-    report: str | None = Field(description="Path of report.md")
+    report: str | None = Field(
+        description="Path of report.md (written by the run's decide phase, and by reprocess_raw); null when absent"
+    )
     changed_evidence: str | None = Field(
         None, description="Raw data that differs from its sha256 sealed when the load ended (tampered or damaged)"
     )
@@ -96,20 +104,39 @@ class SummaryResult(BaseModel):
         "point, the winner or a tie within noise, limits, Pareto frontier",
     )
     runs: list[RunSummary] = Field(description="Runs summarized (run_ids given); [] for the scenario view")
-    side_by_side: str | None = Field(description="Path of the side-by-side markdown table (several runs)")
+    side_by_side: str | None = Field(
+        description="The side-by-side markdown tables of several runs (whole vs whole, native vs native); null for one"
+    )
     plot: str | None = Field(
         None,
-        description="Path of the PNG (metric vs swept value, limits, latency CDFs); "
-        "a scenario's is named by its view's digest",
+        description="Path of the PNG (metric vs swept value, limits, latency CDFs; a campaign's Pareto frontier) when "
+        "the run's controller or the campaign's driver drew it for this very view (named by its digest); null "
+        "otherwise: summarize writes no file, the MCP answer draws its image in memory",
     )
     damaged: list[str] = Field(
-        default_factory=list, description="Damaged ledger entries found while looking for the latest run"
+        default_factory=list,
+        description="Damaged ledger entries: unreadable runs found while looking for the latest run, and the raw data "
+        "of a run shown here that no longer hashes as sealed when its load ended (tampered)",
     )
     next_call: str = Field(description="The one next call")
+    _chart: bytes | None = PrivateAttr(None)  # the PNG a caller that shows it attached (chart_png); never dumped
+
+    def with_chart(self, png: bytes | None) -> SummaryResult:
+        """This answer with its chart's PNG attached (the MCP answer's image)."""
+        self._chart = png
+        return self
+
+    @property
+    def chart(self) -> bytes | None:
+        return self._chart
 
     def text(self) -> str:
         if self.campaign is not None:
-            return self.campaign.text() + (f"\nplot: {self.plot}" if self.plot else "")
+            return (
+                self.campaign.text()
+                + (f"\nplot: {self.plot}" if self.plot else "")
+                + (f"\n{damaged_line(self.damaged)}" if self.damaged else "")
+            )
         lines = [self.scenario.text()] if self.scenario else []
         for r in self.runs:
 
@@ -139,28 +166,23 @@ class SummaryResult(BaseModel):
                 shown = r.figures.native if r.decision_window == "native" else r.figures.whole
                 lines.append(f"  {shown.name} also: {brief(shown)}")
         if self.side_by_side:
-            lines.append(f"side-by-side: {self.side_by_side}")
+            lines.append("side-by-side: whole vs whole and native vs native in the answer's side_by_side")
         if self.damaged:
             lines.append(damaged_line(self.damaged))
         lines.append(f"next: {self.next_call}")
         return "\n".join(lines)
 
 
-def summarize(
-    workspace: Workspace, run_ids: list[str], scenario: str | None = None, *, draw: bool = True
-) -> SummaryResult:
-    """The scenario view (no run_ids: the scenario given, else the latest one) or the given runs. draw=False: a
-    scenario's answer names its PNG without waiting for it (draw_plot draws it, e.g. after the text is out)."""
+def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = None) -> SummaryResult:
+    """The scenario view (no run_ids: the scenario given, else the latest one) or the given runs. Writes nothing
+    (see the module's docstring); chart_png gives the answer's chart."""
     if run_ids and scenario:
         raise CaseInvalid(
             "give run_ids or scenario, not both",
             "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs",
         )
     if not run_ids:
-        result = _scenario(workspace, scenario)
-        if draw:
-            draw_plot(workspace, result)
-        return result
+        return _scenario(workspace, scenario)
     if any(is_id(r, "g") for r in run_ids):
         if len(run_ids) > 1:
             raise CaseInvalid("a campaign id is summarized alone", f"summarize(run_ids=['{run_ids[0]}'])")
@@ -173,7 +195,6 @@ def summarize(
         result = summary.load_result(run)
         last = summary.computed_last(run)
         paths = run.paths
-        body = summary.write_reports(run, result)  # {} without a result
         if last is not None:
             rows.append((rid, v.case_id, last))
         now = summary.decision_now(run, result)
@@ -191,22 +212,18 @@ def summarize(
                 whole=summary.headline(last, "whole") if last else None,
                 native=summary.headline(last, "native") if last else None,
                 figures=short_figures(last) if last else None,
-                time_ledger=_compact(body["time_ledger"] if body else summary.time_ledger(run)),
+                time_ledger=_compact(summary.time_ledger(run)),
                 report=str(paths.report_md) if paths.report_md.exists() else None,
-                changed_evidence=raw_change(paths, sealed_raw_sha256(v)) if not v.controller_alive else None,
+                changed_evidence=settled_change(paths, v),
             )
         )
-    side = None
-    if len(rows) > 1:
-        side_path = workspace.reports_dir / ("side-by-side-" + "-".join(r[0] for r in rows)[:120] + ".md")
-        atomic_write(side_path, redact.mask(report.render_side_by_side(rows)))
-        side = str(side_path)
-    plot = _runs_plot(workspace, [r.run_id for r in out])
+    side = redact.mask(report.render_side_by_side(rows)) if len(rows) > 1 else None
     out = [_with_campaign(workspace, r) for r in out]
     missing = [r.run_id for r in out if not r.results_extracted]
     last_run = out[-1]
     nxt = _runs_next(workspace, last_run, missing)
-    return SummaryResult(runs=out, side_by_side=side, plot=plot, next_call=nxt)
+    damaged = [damaged_entry(r.run_id, r.changed_evidence) for r in out if r.changed_evidence]
+    return SummaryResult(runs=out, side_by_side=side, damaged=damaged, next_call=nxt)
 
 
 def short_figures(result: Result) -> RunFigures:
@@ -289,8 +306,9 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
                 raise
             # the latest run's case is not frozen here (an imported or hand-made ledger): that run, as before
             result = summarize(workspace, [latest.run_id])
-            return result.model_copy(update={"damaged": damaged})
-        plot = scenario_plot_path(workspace, view)
+            return result.model_copy(update={"damaged": damaged + result.damaged})
+        plot = drawn(scenario_plot_path(workspace, view))  # the controller's (or driver's) chart of this view
+    damaged += tampered(workspace, [r.run_id for r in view.rows if r.run_id])  # the runs whose figures it shows
     return SummaryResult(
         scenario=view, runs=[], side_by_side=None, plot=plot, damaged=damaged, next_call=scenario_next(view)
     )
@@ -298,43 +316,56 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
 
 def _campaign(ws: Workspace, gid: str) -> SummaryResult:
     view = campaign_view(ws, gid)
-    png = plots.render_pareto(f"campaign {view.name} ({gid})", pareto_points(view))
     return SummaryResult(
         campaign=view,
         runs=[],
         side_by_side=None,
-        plot=_write_png(ws, f"campaign-{gid}.png", png),
+        plot=drawn(campaign_plot_path(ws, view)),  # the driver's chart of this answer, drawn when it ended
+        damaged=tampered(ws, [rid for r in view.rows for rid in r.run_ids]),  # the runs its figures pool
         next_call=view.next_call,
     )
 
 
-def pareto_points(view: CampaignView) -> list[plots.PlotPoint]:
-    """A campaign's measured points for its Pareto plot: tok/s per card against tok/s per user."""
-    return [
-        plots.PlotPoint(
-            label=r.label,
-            x=r.per_user_tok_s,
-            metric=r.per_card_tok_s,
-            best=r.pareto,
-            breaks=r.meets is False,
-            figures={},
-        )
-        for r in view.rows
-        if r.runs
-    ]
+_DRAWN: OrderedDict[str, bytes] = OrderedDict()  # a view's chart drawn in memory, by the name its file would have
+DRAWN_KEPT = 8  # charts kept per process (an MCP session asking again for a view nobody drew on disk)
 
 
-def draw_plot(ws: Workspace, result: SummaryResult) -> str | None:
-    """Make sure the scenario PNG the answer names exists and is whole (outcome.chart.draw_view): drawn once per
-    view, then read from disk."""
-    if result.scenario is None or result.plot is None:
-        return result.plot
-    return draw_view(ws, result.scenario)
+def chart_png(ws: Workspace, result: SummaryResult) -> bytes | None:
+    """The answer's chart as PNG bytes, for a caller that shows it (the MCP answer's image): the file its writer
+    drew when the answer names one (read, never drawn again), else drawn in memory now (a scenario's or campaign's
+    kept in this process under its view's digest); never written. None without matplotlib."""
+    if result.plot is not None:
+        with contextlib.suppress(OSError):  # removed meanwhile (a newer view's chart replaced it): drawn below
+            return Path(result.plot).read_bytes()
+    key = (
+        campaign_plot_path(ws, result.campaign)
+        if result.campaign is not None
+        else scenario_plot_path(ws, result.scenario)
+        if result.scenario is not None
+        else None
+    )
+    if key is not None and key in _DRAWN:
+        _DRAWN.move_to_end(key)
+        return _DRAWN[key]
+    png = _draw(ws, result)
+    if key is not None and png is not None:
+        _DRAWN[key] = png
+        while len(_DRAWN) > DRAWN_KEPT:
+            _DRAWN.popitem(last=False)
+    return png
 
 
-def _runs_plot(ws: Workspace, run_ids: list[str]) -> str | None:
-    fig = runs_figure(ws, run_ids)
-    return _write_png(ws, "runs-" + "-".join(run_ids)[:120] + ".png", None if fig is None else plots.png(fig))
+def _draw(ws: Workspace, result: SummaryResult) -> bytes | None:
+    if result.campaign is not None:
+        view = result.campaign
+        return plots.render_pareto(f"campaign {view.name} ({view.campaign_id})", pareto_points(view))
+    if result.scenario is not None:
+        fig = scenario_figure(ws, result.scenario)
+    elif result.runs:
+        fig = runs_figure(ws, [r.run_id for r in result.runs])
+    else:
+        return None
+    return None if fig is None else plots.png(fig)
 
 
 def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
@@ -364,11 +395,3 @@ def runs_figure(ws: Workspace, run_ids: list[str]) -> Any:
     return plots.decision_figure(
         " vs ".join(run_ids)[:100], f"{first.primary_metric} ({first.window})", "run", points, bounds, cdfs
     )
-
-
-def _write_png(ws: Workspace, name: str, png: bytes | None) -> str | None:
-    if png is None:
-        return None
-    path = ws.reports_dir / name
-    atomic_write(path, png)
-    return str(path)

@@ -65,6 +65,11 @@ class RunPaths:
     def controller_pid(self) -> Path:
         return self.root / "controller.pid.json"
 
+    @property
+    def collector_pid(self) -> Path:
+        """The postprocess collector's process while it runs (run/after_load.py): a reader sees it stopped."""
+        return self.root / "collector.pid.json"
+
     def phase_file(self, phase: str) -> Path:
         return self.root / "phases" / f"{phase}.json"
 
