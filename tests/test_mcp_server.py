@@ -804,7 +804,9 @@ async def _full_run(c: Client, ws: Workspace) -> None:
                 await anyio.sleep(1)
         assert st["state"] == "succeeded" and st["results_extracted"], st
         assert st["sent"] == st["done"] == 8
-        summ = short("summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 1000)
+        summ = short(
+            "summarize", await c.call_tool("summarize", {"run_ids": [rid]}), 2500
+        )  # the report's headline: both windows, E2E, ITL, what was not observed
         assert summ["runs"][0]["results_extracted"]
         port = urlsplit(
             json.loads((ws.root / "cases/draft.json").read_text())["target"]["endpoints"][0]["base_url"]

@@ -78,6 +78,10 @@ def test_run_report_is_complete(res: Result) -> None:
     ledger = {"service": {"seconds": 12.5, "action": "reuse"}, "load": {"seconds": 300.0, "action": "run"}}
     md = render_run_md({"run_id": "r-7f3a", "case_id": "c-0123456789ab"}, res, d, ledger)
     assert md.startswith("# Run r-7f3a")
+    head = md.encode()[:2048].decode(errors="ignore")  # the headline figures in the first 2 KB
+    assert "## Headline" in head and "- decision: insufficient" in head, head
+    assert "- whole (whole): " in head and " ok in " in head and "tok/s" in head and "TTFT p50/p99" in head, head
+    assert "- native (" in head and "E2E p50/p99" in head, head
     for needle in (
         "| load ended | yes |",
         "| results extracted | yes |",

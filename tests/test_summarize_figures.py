@@ -101,7 +101,11 @@ def test_summarize_answers_with_every_figure_at_four_digits_and_a_short_text(tmp
     assert e2e.p99 == float(f"{exact.p99:.4g}") and e2e.mean == float(f"{exact.mean:.4g}")
     assert run.figures.whole.duration_s == run.whole.duration_s  # the headline and the figures agree
     text = answer.text()
-    assert "whole also: E2E p50/p99" in text and len(text.splitlines()) <= 6
-    assert len(text.encode()) < 800
+    # the report's headline in the plain answer: both windows with counts and durations, E2E and ITL, and each
+    # figure not observed named with its reason (a section observed nowhere once, by its name)
+    w, n = run.figures.whole, run.figures.native
+    assert f"whole (whole): {w.ok} of {w.requests} ok in " in text and f"native ({n.rule}): " in text, text
+    assert "E2E p50/p99" in text and "NOT_OBSERVED: " in text and "speculative decoding (" in text, text
+    assert len(text.splitlines()) <= 7 and len(text.encode()) < 2500, text
     assert run.figures.whole.spec_decode.ratios == {}
     assert run.figures.whole.spec_decode.not_observed  # AISBench records carry no draft counts: said why, once

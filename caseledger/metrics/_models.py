@@ -176,7 +176,12 @@ class CacheFigures(FrozenModel):
     """Prefix-cache figures of one window, from usage.prompt_tokens_details.cached_tokens."""
 
     denominator: str = Field(description="What the hit ratio divides by")
-    requests_with_cached_tokens: int = Field(description="Successful requests whose usage carried cached_tokens")
+    requests_with_cached_tokens: int = Field(
+        description="Successful requests whose usage reported cached_tokens (a report of 0 included)"
+    )
+    requests_with_cache_hits: int | None = Field(
+        None, description="Successful requests with cached_tokens > 0 (null: computed before it was counted)"
+    )
     cached_tokens: Distribution | NotObserved = Field(description="Cached tokens per request")
     hit_ratio: Distribution | NotObserved = Field(description="cached_tokens / denominator per request")
     min_hit_ratio: float | None = Field(description="case.cache.min_hit_ratio (null: no cache target)")

@@ -215,6 +215,7 @@ def _no_window(name: Literal["whole", "native"], span: Span, limits: Window, inp
         cache=CacheFigures(
             denominator=_CACHE_DENOMINATOR,
             requests_with_cached_tokens=0,
+            requests_with_cache_hits=0,
             cached_tokens=no,
             hit_ratio=no,
             min_hit_ratio=cache_min,
@@ -368,6 +369,7 @@ def _cache(
     return CacheFigures(
         denominator=_CACHE_DENOMINATOR,
         requests_with_cached_tokens=int(has_cached.sum()),
+        requests_with_cache_hits=int((np.nan_to_num(cached) > 0).sum()),
         cached_tokens=distribution(cached, "tokens", no_cache),
         hit_ratio=distribution(ratio, "ratio", no_cache),
         min_hit_ratio=cache_min,

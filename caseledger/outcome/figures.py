@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
+from caseledger.errors import quoted
 from caseledger.metrics import (
     Accelerators,
     CounterDelta,
@@ -97,7 +98,12 @@ class CacheSection(Section):
     """Prefix-cache hits: cached tokens and hit ratios per request, with their denominator and the cache target."""
 
     denominator: str = Field(description="What the hit ratio divides by")
-    requests_with_cached_tokens: int = Field(description="Successful requests whose usage carried cached_tokens")
+    requests_with_cached_tokens: int = Field(
+        description="Successful requests whose usage reported cached_tokens (a report of 0 included)"
+    )
+    requests_with_cache_hits: int | None = Field(
+        None, description="Successful requests with cached_tokens > 0 (null: computed before it was counted)"
+    )
     observed: dict[str, Distribution] = Field(description="cached_tokens and hit_ratio per request")
     min_hit_ratio: float | None = Field(description="case.cache.min_hit_ratio (null: no cache target)")
     share_meeting_min: float | None = Field(description="Share of requests with a hit ratio that meet the target")
@@ -208,6 +214,7 @@ def _cache(w: WindowResult) -> CacheSection:
     return CacheSection(
         denominator=c.denominator,
         requests_with_cached_tokens=c.requests_with_cached_tokens,
+        requests_with_cache_hits=c.requests_with_cache_hits,
         observed=dists,
         min_hit_ratio=c.min_hit_ratio,
         share_meeting_min=share,
@@ -375,14 +382,51 @@ def brief(w: WindowFigures) -> str:
     al = next(((src, ratios[k]) for k, src in _AL_SOURCES if k in ratios), None)
     if al is not None:
         parts.append(f"AL {_g(al[1].value)} = {al[1].numerator:g} / {al[1].denominator:g} ({al[0]})")
+    acc = next((ratios[k] for k in ("acceptance_rate_counters", "acceptance_rate_per_request") if k in ratios), None)
+    if acc is not None:
+        parts.append(f"strict acceptance {_g(acc.value)} = {acc.numerator:g} accepted / {acc.denominator:g} drafted")
     c = w.cache
     hits = c.observed.get("hit_ratio")
-    if hits is not None:
+    used = hits is not None and (c.min_hit_ratio is not None or hits.max > 0)  # a prefix-cache case, or hits seen
+    if used and hits is not None:
         target = "no target" if c.below_min is None else f"{c.below_min} of {hits.count} below {c.min_hit_ratio:g}"
-        parts.append(f"cache hit p50 {_g(hits.p50)} ({target})")
-    sections = (w, w.latency, w.tokens, w.throughput, w.cache, w.spec_decode)
-    missing = [m for s in sections for m in s.not_observed]
-    if missing:
-        n = sum(len(m.figures) for m in missing)
-        parts.append(f"{n} figure(s) NOT_OBSERVED ({len({m.reason for m in missing})} reason(s) in not_observed)")
+        warm = f", {c.requests_with_cache_hits} of {hits.count} hit" if c.requests_with_cache_hits is not None else ""
+        den = c.denominator.split(":")[0]
+        parts.append(f"cache hit ratio {_g(hits.min)}..{_g(hits.max)} p50 {_g(hits.p50)} of {den}{warm} ({target})")
+    said = [
+        f"{', '.join(m.figures)} ({quoted(m.reason, 80)})"
+        for s in (w, w.latency, w.tokens, w.throughput)
+        for m in s.not_observed
+    ]
+    for name, sec, seen in (("prefix cache", c, used), ("speculative decoding", w.spec_decode, bool(ratios))):
+        if sec.not_observed and not seen:  # nothing of the section observed: one reason for all of it
+            said.append(f"{name} ({quoted(sec.not_observed[0].reason, 80)})")
+        elif sec.not_observed:
+            said += [f"{', '.join(m.figures)} ({quoted(m.reason, 80)})" for m in sec.not_observed]
+    if said:  # every figure by name (a section observed nowhere: by its name), with its reason
+        parts.append(f"NOT_OBSERVED: {'; '.join(said)}")
     return "; ".join(parts) or "no figures"
+
+
+def headline_lines(w: WindowFigures) -> list[str]:
+    """A window in the words a person reads first (the report's headline, the plain answer): its requests and
+    duration, output tok/s (per card where cards > 1), TTFT and TPOT p50/p99, then `brief`'s line."""
+    if not w.found:
+        return [window_line(w)]
+    out = w.throughput.observed.get("output_throughput")
+    rate = (f"{_g(out.value)} tok/s" + (f" ({_g(out.per_card)} per card)" if out.cards > 1 else "")) if out else ""
+    lat = [
+        f"{n.upper()} p50/p99 {_g(d.p50)}/{_g(d.p99)} ms"
+        for n, d in ((n, w.latency.observed.get(n)) for n in ("ttft", "tpot"))
+        if d is not None
+    ]
+    return [window_line(w) + (f": {rate}" if rate else "") + (", " + ", ".join(lat) if lat else ""), brief(w)]
+
+
+def window_line(w: WindowFigures) -> str:
+    """'whole: 32 of 32 ok in 12.3 s (meets its minimums), peak C 4': a window's count and duration first."""
+    if not w.found:
+        return f"{w.name} ({w.rule}): no window: {w.reason}"
+    mins = "meets its minimums" if w.meets_min_requests and w.meets_min_duration else "below its minimums"
+    took = _g(w.duration_s) if w.duration_s is not None else "?"
+    return f"{w.name} ({w.rule}): {w.ok} of {w.requests} ok in {took} s ({mins}), peak C {w.peak_concurrency}"

@@ -15,7 +15,7 @@ from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import NotObserved, Ratio, Result, WindowResult
 from caseledger.outcome.decide import DecisionRecord
-from caseledger.outcome.figures import window_figures
+from caseledger.outcome.figures import headline_lines, window_figures
 from caseledger.outcome.flags import evidence_flags
 from caseledger.outcome.markdown import table, window_section
 
@@ -154,7 +154,13 @@ def render_run_md(
 ) -> str:
     """A complete markdown report of one run from its saved result."""
     title = meta.get("run_id") or "run"
-    out = [f"# Run {title}", ""]
+    out = [f"# Run {title}", "", "## Headline", ""]
+    if decision is not None:
+        out += [f"- decision: {decision.outcome}" + (f": {decision.reason}" if decision.reason else "")]
+    for w in (result.windows.whole, result.windows.native):
+        lines = headline_lines(window_figures(w))
+        out += [f"- {lines[0]}"] + [f"  {x}" for x in lines[1:]]
+    out += ["", "## Run", ""]
     out += table(["field", "value"], [[k, v] for k, v in meta.items()])
     out += [
         "",

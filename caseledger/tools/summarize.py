@@ -34,7 +34,7 @@ from caseledger.metrics import Result
 from caseledger.outcome import plots, report, summary
 from caseledger.outcome.chart import campaign_plot_path, drawn, pareto_points, scenario_figure, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
-from caseledger.outcome.figures import RunFigures, brief, run_figures, short
+from caseledger.outcome.figures import RunFigures, headline_lines, run_figures, short
 from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
 from caseledger.outcome.summary import Headline
 from caseledger.workspace import Workspace, is_id
@@ -160,11 +160,13 @@ class SummaryResult(BaseModel):
             if r.changed_evidence:
                 lines.append(f"  changed evidence: {r.changed_evidence}")
             mark = {w: " (decides)" if r.decision_window == w else "" for w in ("whole", "native")}
-            lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
-            lines.append(f"  native ({r.native.rule if r.native else '-'}){mark['native']}: {f(r.native)}")
-            if r.figures is not None:  # the decision's window (whole when undecided): what the headline leaves out
-                shown = r.figures.native if r.decision_window == "native" else r.figures.whole
-                lines.append(f"  {shown.name} also: {brief(shown)}")
+            if r.figures is not None:  # the report's headline: both windows, their counts, durations and figures
+                for wf in (r.figures.whole, r.figures.native):
+                    head, *rest = headline_lines(wf)
+                    lines += [f"  {head}{mark[wf.name]}"] + [f"    {x}" for x in rest]
+            else:
+                lines.append(f"  whole{mark['whole']}: {f(r.whole)}")
+                lines.append(f"  native ({r.native.rule if r.native else '-'}){mark['native']}: {f(r.native)}")
         if self.side_by_side:
             lines.append("side-by-side: whole vs whole and native vs native in the answer's side_by_side")
         if self.damaged:
