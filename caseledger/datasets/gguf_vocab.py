@@ -65,7 +65,7 @@ def _value(m: mmap.mmap, pos: int, kind: int) -> tuple[Any, int]:
         return list(struct.unpack_from(f"<{n}{fmt[1]}", m, pos)), pos + n * struct.calcsize(fmt)
     out = []
     for _ in range(n):
-        v, pos = _value(m, pos, item) if item != _STRING else _string(m, pos)
+        v, pos = _value(m, pos, item)
         out.append(v)
     return out, pos
 
@@ -108,7 +108,12 @@ def gemma_tokenizer_json(meta: dict[str, Any]) -> dict[str, Any] | None:
         "padding": None,
         "added_tokens": added,
         "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
-        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False},
+        "pre_tokenizer": {
+            "type": "Split",
+            "pattern": {"String": " "},
+            "behavior": "MergedWithPrevious",
+            "invert": False,
+        },
         "post_processor": {
             "type": "TemplateProcessing",
             "single": [{"Sequence": {"id": "A", "type_id": 0}}],

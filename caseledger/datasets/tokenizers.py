@@ -192,9 +192,13 @@ GGUF_SPECIALS = {  # the special tokens a converted tokenizer names, by the GGUF
 
 
 def _convert_gguf(path: Path, sha: str, out: Path) -> None:
-    """Write the GGUF's tokenizer as a tokenizer directory at `out`: Gemma's vocabulary straight from the
-    metadata (gguf_vocab, about a second), any other through transformers' converters."""
-    meta = gguf_vocab.read_metadata(path)
+    write_gguf_tokenizer(gguf_vocab.read_metadata(path), path, sha, out)
+
+
+def write_gguf_tokenizer(meta: dict[str, Any], path: Path, sha: str, out: Path, *, fast: bool = True) -> None:
+    """Write the tokenizer of the GGUF at `path`, whose metadata is `meta`, as a tokenizer directory at `out`:
+    Gemma's vocabulary straight from the metadata (gguf_vocab, about a second), any other (or every one, with
+    fast=False) through transformers' converters."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or "general.architecture" not in meta:
         raise CaseInvalid(
@@ -208,7 +212,7 @@ def _convert_gguf(path: Path, sha: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
     try:
-        doc = gguf_vocab.gemma_tokenizer_json(meta)
+        doc = gguf_vocab.gemma_tokenizer_json(meta) if fast else None
         if doc is None:
             _save_with_transformers(meta, special, template, tmp)
         else:
@@ -268,7 +272,30 @@ def load_fast(name: str) -> Any:
     """A `tokenizers.Tokenizer` straight from tokenizer.json (no transformers import)."""
     from tokenizers import Tokenizer  # lazy: only when a dataset is generated or the target serves
 
-    return Tokenizer.from_file(str(resolve(name) / "tokenizer.json"))
+    where = resolve(name)
+    with step(f"loading the tokenizer {where}"):
+        return Tokenizer.from_file(str(where / "tokenizer.json"))
+
+
+def chatml_prefix(name: str) -> str | None:
+    """For a tokenizer converted from a GGUF that carries no chat template (its template is the ChatML fallback
+    written above): the text the template puts before ChatML, '' or the BOS token. The chat is then counted
+    with `tokenizers` alone, without transformers' import and load (seconds for a 256k vocabulary); the same
+    text, so the same tokens. None for any other tokenizer."""
+    if name == "builtin":
+        return None
+    where = resolve(name)
+    config = read_json_or_none(where / "tokenizer_config.json")
+    try:
+        template = (where / "chat_template.jinja").read_text() if (where / GGUF_SOURCE).is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None
+    if template == CHATML_TEMPLATE:
+        return ""
+    bos = config.get("bos_token") if isinstance(config, dict) else None
+    if template == "{{ bos_token }}" + CHATML_TEMPLATE and isinstance(bos, str):
+        return bos
+    return None
 
 
 if __name__ == "__main__":
