@@ -17,6 +17,7 @@ from caseledger.datasets import tokenizers as tk
 from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
+from caseledger.workspace.steps import Steps
 from tests.conftest import ref_draft
 from tests.engine import MODEL_ENV, REQUIRE_ENV
 
@@ -162,3 +163,16 @@ def test_the_real_gemma_gguf_counts_and_generates_as_transformers_does(
         frozen = freeze_case(ws, draft=draft)
         entries.append((ws.root / "ledger" / "datasets" / frozen.dataset_id / "entries.jsonl").read_bytes())
     assert entries[0] == entries[1]
+
+
+def test_each_step_of_a_first_gguf_freeze_is_named_for_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_gguf(tmp_path / "g.gguf", "gemma3", GEMMA_TOKENS, GEMMA_TYPES)
+    monkeypatch.setenv("CASELEDGER_CACHE", str(tmp_path / "cache"))
+    heard: list[str] = []
+    with Steps(say=heard.append, after_s=0).active():  # every step is slow: each one is said
+        counting.open_tokenizer(str(path), chat=True)
+    firsts = [h.split(" ")[0] for h in heard]
+    assert firsts.index("hashing") < firsts.index("converting") < firsts.index("loading"), heard
+    assert heard[-1].startswith("loading the tokenizer ") and "gguf-" in heard[-1]
