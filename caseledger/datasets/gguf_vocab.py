@@ -14,12 +14,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
+# JSON: a GGUF's key-value header as decoded (its value types are JSON's: strings, numbers, booleans, lists)
+Metadata = dict[str, Any]
 GGUF_VERSIONS = (2, 3)
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 
-def read_metadata(path: Path) -> dict[str, Any]:
+def read_metadata(path: Path) -> Metadata:
     """The GGUF's key-value metadata (arrays as lists, strings decoded as UTF-8); the tensors are not read.
     ValueError for a file that is not GGUF v2/v3 or ends inside its header."""
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -29,11 +31,11 @@ def read_metadata(path: Path) -> dict[str, Any]:
             raise ValueError(f"its GGUF header is cut short ({e})") from None
 
 
-def _read(m: mmap.mmap) -> dict[str, Any]:
+def _read(m: mmap.mmap) -> Metadata:
     magic, version, _tensors, count = struct.unpack_from("<4sIQQ", m, 0)
     if magic != b"GGUF" or version not in GGUF_VERSIONS:
         raise ValueError(f"not a GGUF v2 or v3 file (magic {magic!r}, version {version})")
-    meta: dict[str, Any] = {}
+    meta: Metadata = {}
     pos = 24
     for _ in range(count):
         key, pos = _string(m, pos)
@@ -75,7 +77,7 @@ GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")  # transformers'
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 
-def gemma_tokenizer_json(meta: dict[str, Any]) -> dict[str, Any] | None:
+def gemma_tokenizer_json(meta: Metadata) -> dict[str, Any] | None:  # JSON: tokenizer.json
     """The tokenizer.json document transformers' GGUF converter builds for a Gemma 1-3 vocabulary, or None where
     this GGUF is outside what this function reproduces (another model, merges or a pre-tokenizer in the file, a
     vocabulary whose spellings collide): convert that one with transformers."""
@@ -143,7 +145,7 @@ def gemma_tokenizer_json(meta: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def _added(i: int, content: str, special: bool) -> dict[str, Any]:
+def _added(i: int, content: str, special: bool) -> dict[str, Any]:  # JSON: one of tokenizer.json's added_tokens
     flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized"), False)
     return {"id": i, "content": content, **flags, "special": special}
 

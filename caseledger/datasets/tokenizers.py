@@ -195,7 +195,7 @@ def _convert_gguf(path: Path, sha: str, out: Path) -> None:
     write_gguf_tokenizer(gguf_vocab.read_metadata(path), path, sha, out)
 
 
-def write_gguf_tokenizer(meta: dict[str, Any], path: Path, sha: str, out: Path, *, fast: bool = True) -> None:
+def write_gguf_tokenizer(meta: gguf_vocab.Metadata, path: Path, sha: str, out: Path, *, fast: bool = True) -> None:
     """Write the tokenizer of the GGUF at `path`, whose metadata is `meta`, as a tokenizer directory at `out`:
     Gemma's vocabulary straight from the metadata (gguf_vocab, about a second), any other (or every one, with
     fast=False) through transformers' converters."""
@@ -232,7 +232,7 @@ def write_gguf_tokenizer(meta: dict[str, Any], path: Path, sha: str, out: Path, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _save_with_transformers(meta: dict[str, Any], special: dict[str, str], template: str, tmp: Path) -> None:
+def _save_with_transformers(meta: gguf_vocab.Metadata, special: dict[str, str], template: str, tmp: Path) -> None:
     """Any GGUF vocabulary gguf_vocab does not build: transformers' GGUF converters (about 10 s for 256k tokens)."""
     try:
         from transformers import PreTrainedTokenizerFast  # lazy: ~1 s import, only to convert a GGUF tokenizer
