@@ -4,8 +4,10 @@ Each freeze is `caseledger freeze` in a fresh process (as a person or an agent's
 from outside: (1) cold: an empty tokenizer cache (CASELEDGER_CACHE in a temporary directory), so the GGUF is
 hashed and its tokenizer converted; (2) warm, a new workspace: the same file, a new process, a new dataset to
 materialize; (3) warm, the same workspace, a child that changes only C (its dataset reused). The converted
-directories are counted and their tokenizer.json mtimes compared: a conversion happens once per file.
-Needs a real GGUF: `set -a; . ~/.cache/caseledger/llama.env; set +a`, then
+directories are counted and their tokenizer.json mtimes compared: a conversion happens once per file. Each
+figure is wall time, with the freeze process's CPU seconds beside it (a shared host stretches the wall time).
+Needs a real GGUF: `set -a; . ~/.cache/caseledger/llama.env; set +a` (the llama-server binary is only written
+into the case's argv, never started: without CASELEDGER_LLAMA_SERVER the argv names `llama-server`), then
 `flock /tmp/caseledger-cpu.lock .venv/bin/python bench/bench_freeze_gguf.py [K]`.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,25 +32,28 @@ def draft(model: str, concurrency: int) -> dict[str, Any]:
     d: dict[str, Any] = json.loads((ROOT / "cases" / "llamacpp.json").read_text())
     d.pop("$schema", None)
     argv = d["service"]["argv"]
-    argv[0], argv[argv.index("-m") + 1] = os.environ["CASELEDGER_LLAMA_SERVER"], model
+    argv[0], argv[argv.index("-m") + 1] = os.environ.get("CASELEDGER_LLAMA_SERVER", "llama-server"), model
     d["dataset"]["tokenizer"] = model  # the served GGUF's own tokenizer
     d["load"]["concurrency"] = concurrency
     return d
 
 
-def freeze(ws: Path, cache: Path, d: dict[str, Any]) -> float:
+def freeze(ws: Path, cache: Path, d: dict[str, Any]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the freeze process)."""
     path = ws / "cases" / f"c{d['load']['concurrency']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d))
     env = {**os.environ, "CASELEDGER_CACHE": str(cache)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     p = subprocess.run(
         [str(EXE), "--workspace", str(ws), "freeze", str(path)], env=env, capture_output=True, text=True, check=False
     )
     took = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise SystemExit(f"freeze failed: {p.stdout}{p.stderr}")
-    return took
+    return took, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def converted(cache: Path) -> dict[str, int]:
@@ -60,7 +66,9 @@ def main(k: int = 3) -> None:
     model = os.environ["CASELEDGER_LLAMA_MODEL"]
     size = Path(model).stat().st_size
     print(f"GGUF {Path(model).name}: {size / 1e6:.0f} MB; each figure: `caseledger freeze` in a fresh process")
-    cold, warm_new, warm_same = [], [], []
+    cold: list[tuple[float, float]] = []
+    warm_new: list[tuple[float, float]] = []
+    warm_same: list[tuple[float, float]] = []
     for i in range(k):
         with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
             cache = Path(tmp) / "cache"
@@ -70,11 +78,16 @@ def main(k: int = 3) -> None:
             warm_same.append(freeze(Path(tmp) / "ws1", cache, draft(model, 2)))
             assert converted(cache) == first and len(first) == 1, (first, converted(cache))  # converted once
         print(
-            f"round {i + 1}: cold {cold[-1]:.2f} s, warm new workspace {warm_new[-1]:.2f} s, "
-            f"warm child {warm_same[-1]:.2f} s; 1 conversion"
+            f"round {i + 1}: cold {cold[-1][0]:.2f} s (cpu {cold[-1][1]:.2f}), warm new workspace "
+            f"{warm_new[-1][0]:.2f} s (cpu {warm_new[-1][1]:.2f}), warm child {warm_same[-1][0]:.2f} s "
+            f"(cpu {warm_same[-1][1]:.2f}); 1 conversion"
         )
-    for name, xs in (("cold", cold), ("warm, new workspace", warm_new), ("warm, C-only child", warm_same)):
-        print(f"{name}: median {statistics.median(xs):.2f} s (min {min(xs):.2f}, max {max(xs):.2f}) over {k}")
+    for name, runs in (("cold", cold), ("warm, new workspace", warm_new), ("warm, C-only child", warm_same)):
+        xs, cpu = [w for w, _ in runs], [c for _, c in runs]
+        print(
+            f"{name}: median {statistics.median(xs):.2f} s (min {min(xs):.2f}, max {max(xs):.2f}), "
+            f"cpu median {statistics.median(cpu):.2f} s, over {k}"
+        )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ The engine tests need CASELEDGER_LLAMA_SERVER (the llama-server binary) and CASE
 CASELEDGER_REQUIRE_ENGINE=1 (set by `.ci/run`): then they fail, so CI never passes by skipping them.
 
 Tokenizer: the served GGUF itself (dataset.tokenizer = the model file; caseledger converts its tokenizer once,
-about 20 s, into $CASELEDGER_CACHE/tokenizers, with the ChatML template llama-server falls back to, BOS first):
+about a second, into $CASELEDGER_CACHE/tokenizers, with the ChatML template llama-server falls back to, BOS first):
 the dataset's chat-template counts equal the server's usage.prompt_tokens exactly, which route_verify checks.
 """
 

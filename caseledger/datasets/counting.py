@@ -28,12 +28,14 @@ class Tok(Protocol):
 
 
 class _FastTok:
-    """The builtin: tokenizers.Tokenizer on tokenizer.json with ChatML, no transformers import."""
+    """tokenizers.Tokenizer on tokenizer.json with ChatML after `prefix`, no transformers import: the builtin, and a
+    tokenizer converted from a GGUF without a chat template of its own (tokenizers.chatml_prefix)."""
 
-    def __init__(self, tok: Any, chat: bool) -> None:
+    def __init__(self, tok: Any, chat: bool, prefix: str = "") -> None:
         self._tok = self.raw = tok
         self._chat = chat
-        self.head = _tokenizer.chatml(_SENTINEL).partition(_SENTINEL)[0] if chat else ""
+        self._prefix = prefix
+        self.head = prefix + _tokenizer.chatml(_SENTINEL).partition(_SENTINEL)[0] if chat else ""
         # encode_batch_fast (tokenizers >= 0.20) skips offsets: same ids, about 25% faster.
         self._batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
@@ -46,7 +48,7 @@ class _FastTok:
     def chat_batch(self, contents: Sequence[str]) -> list[list[int]]:
         if not self._chat:
             return self.encode_batch(contents)
-        return self.encode_batch([_tokenizer.chatml(c) for c in contents])
+        return self.encode_batch([self._prefix + _tokenizer.chatml(c) for c in contents])
 
     def vocab(self) -> dict[str, int]:
         return dict(self._tok.get_vocab())
@@ -103,6 +105,9 @@ def open_tokenizer(name: str, chat: bool) -> Tok:
     if name == "builtin":
         return _FastTok(_tokenizer.load_fast(name), chat)
     try:
+        prefix = _tokenizer.chatml_prefix(name)
+        if prefix is not None:
+            return _FastTok(_tokenizer.load_fast(name), chat, prefix)
         tok = _tokenizer.load(name)
     except CaseInvalid:
         raise

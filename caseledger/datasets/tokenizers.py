@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from caseledger.datasets import gguf_vocab
 from caseledger.errors import CaseInvalid, quoted
 from caseledger.workspace import atomic_write, read_json_or_none, sha256_file
 from caseledger.workspace.steps import step
@@ -136,8 +137,9 @@ def gguf_dir(path: Path) -> Path:
     """The tokenizer a GGUF file carries, as a tokenizer directory converted once and kept under
     cache_root()/tokenizers/gguf-<sha256 of the file>: the same tokens llama.cpp counts for that model.
 
-    The GGUF's metadata is read with the `gguf` package and turned into a fast tokenizer by transformers'
-    GGUF converters (no torch; about 20 s for a 256k vocabulary, once per file). Its chat template is the
+    Gemma's vocabulary is read from the GGUF's metadata and written as transformers' GGUF converter would
+    write it, in about a second (gguf_vocab); any other goes through that converter (no torch; about 10 s for a
+    256k vocabulary, once per file). Its chat template is the
     GGUF's own; a GGUF without one gets ChatML, which llama.cpp falls back to, with the BOS token in front
     when the GGUF says llama.cpp adds one (tokenizer.ggml.add_bos_token)."""
     st = path.stat()
@@ -151,7 +153,7 @@ def gguf_dir(path: Path) -> Path:
             _convert_gguf(path, sha, out)
     except CaseInvalid:
         raise
-    except Exception as e:  # the gguf package or the converter refused the file
+    except Exception as e:  # the reader or the converter refused the file
         raise CaseInvalid(
             f"dataset.tokenizer '{quoted(str(path))}': its tokenizer cannot be read: {quoted(e, 160)}",
             "give the model's Hugging Face tokenizer directory instead of the GGUF file",
@@ -181,62 +183,75 @@ def _gguf_sha256(real: str, size: int, mtime_ns: int, inode: int) -> str:
     return sha
 
 
+GGUF_SPECIALS = {  # the special tokens a converted tokenizer names, by the GGUF key of their id
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+
 def _convert_gguf(path: Path, sha: str, out: Path) -> None:
-    try:
-        import gguf  # lazy: only when a GGUF tokenizer is converted (once per file)
-        from transformers import PreTrainedTokenizerFast  # lazy: ~1 s import, only to convert a GGUF tokenizer
-        from transformers.integrations.gguf import gguf_tokenizer_mapping as conv  # lazy: same
-    except ImportError as e:
+    write_gguf_tokenizer(gguf_vocab.read_metadata(path), path, sha, out)
+
+
+def write_gguf_tokenizer(meta: gguf_vocab.Metadata, path: Path, sha: str, out: Path, *, fast: bool = True) -> None:
+    """Write the tokenizer of the GGUF at `path`, whose metadata is `meta`, as a tokenizer directory at `out`:
+    Gemma's vocabulary straight from the metadata (gguf_vocab, about a second), any other (or every one, with
+    fast=False) through transformers' converters."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or "general.architecture" not in meta:
         raise CaseInvalid(
-            f"dataset.tokenizer is a GGUF file but {e.name or e} is not installed",
-            "pip install gguf 'transformers>=5.24' (caseledger's dependencies), or give a tokenizer directory",
-        ) from None
-    reader = gguf.GGUFReader(str(path))
-    meta = {
-        k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.") or k == "general.architecture"
-    }
-    grouped = {
-        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
-        for group, renames in conv.GGUF_TOKENIZER_MAPPING.items()
-    }
-    tok_dict, cfg = grouped["tokenizer"], grouped["tokenizer_config"]
-    if tok_dict.get("tokenizer_type") == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary by default
-        cfg.setdefault("add_bos_token", True)
-    special = {
-        name: tok_dict["tokens"][meta[f"tokenizer.ggml.{key}"]]
-        for name, key in conv._SPECIAL_TOKENS.items()
-        if meta.get(f"tokenizer.ggml.{key}") is not None
-    }
-    built = conv.select_tokenizer_builder(meta["general.architecture"], tok_dict.get("tokenizer_type"))(tok_dict)
-    built = conv.set_split_regex(conv.add_gguf_special_tokens(built, tok_dict), tok_dict)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=built.backend_tokenizer,
-        **special,
-    )
-    template = cfg.get("chat_template")
-    if not template:
-        template = ("{{ bos_token }}" if cfg.get("add_bos_token") and "bos_token" in special else "") + CHATML_TEMPLATE
-    fast.chat_template = template
+            f"dataset.tokenizer '{quoted(str(path))}': the GGUF holds no tokenizer vocabulary",
+            "give the model's Hugging Face tokenizer directory instead of the GGUF file",
+        )
+    special = {name: tokens[meta[key]] for name, key in GGUF_SPECIALS.items() if meta.get(key) is not None}
+    own = meta.get("tokenizer.chat_template")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama")
+    template = own or ("{{ bos_token }}" if add_bos and "bos_token" in special else "") + CHATML_TEMPLATE
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
     try:
-        fast.save_pretrained(str(tmp))
-        (tmp / GGUF_SOURCE).write_text(
-            json.dumps(
-                {
-                    "gguf": str(path.resolve()),
-                    "bytes": path.stat().st_size,
-                    "sha256": sha,
-                    "chat_template": "gguf" if cfg.get("chat_template") else "chatml (llama.cpp's fallback)",
-                }
-            )
-        )
+        doc = gguf_vocab.gemma_tokenizer_json(meta) if fast else None
+        if doc is None:
+            _save_with_transformers(meta, special, template, tmp)
+        else:
+            (tmp / "tokenizer.json").write_bytes(orjson.dumps(doc))
+            config = {"backend": "tokenizers", **special, "model_max_length": int(1e30)}  # as transformers saves
+            config["tokenizer_class"] = "TokenizersBackend"
+            (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            (tmp / "chat_template.jinja").write_text(template)
+        source = {"gguf": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha}
+        chat = "gguf" if own else "chatml (llama.cpp's fallback)"
+        (tmp / GGUF_SOURCE).write_text(json.dumps({**source, "chat_template": chat}))
         os.replace(tmp, out)  # another process may have converted it first: keep theirs
     except OSError:
         if not (out / "tokenizer.json").is_file():
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_with_transformers(meta: gguf_vocab.Metadata, special: dict[str, str], template: str, tmp: Path) -> None:
+    """Any GGUF vocabulary gguf_vocab does not build: transformers' GGUF converters (about 10 s for 256k tokens)."""
+    try:
+        from transformers import PreTrainedTokenizerFast  # lazy: ~1 s import, only to convert a GGUF tokenizer
+        from transformers.integrations.gguf import gguf_tokenizer_mapping as conv  # lazy: same
+    except ImportError as e:
+        raise CaseInvalid(
+            f"dataset.tokenizer is a GGUF file but {e.name or e} is not installed",
+            "pip install 'transformers>=5.24' (a caseledger dependency), or give a tokenizer directory",
+        ) from None
+    tok_dict = {
+        name: meta[f"tokenizer.{key}"]
+        for key, name in conv.GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in meta
+    }
+    built = conv.select_tokenizer_builder(meta["general.architecture"], tok_dict.get("tokenizer_type"))(tok_dict)
+    built = conv.set_split_regex(conv.add_gguf_special_tokens(built, tok_dict), tok_dict)
+    fast = PreTrainedTokenizerFast(tokenizer_object=built.backend_tokenizer, **special)
+    fast.chat_template = template
+    fast.save_pretrained(str(tmp))
 
 
 @functools.lru_cache(maxsize=4)
@@ -257,7 +272,30 @@ def load_fast(name: str) -> Any:
     """A `tokenizers.Tokenizer` straight from tokenizer.json (no transformers import)."""
     from tokenizers import Tokenizer  # lazy: only when a dataset is generated or the target serves
 
-    return Tokenizer.from_file(str(resolve(name) / "tokenizer.json"))
+    where = resolve(name)
+    with step(f"loading the tokenizer {where}"):
+        return Tokenizer.from_file(str(where / "tokenizer.json"))
+
+
+def chatml_prefix(name: str) -> str | None:
+    """For a tokenizer converted from a GGUF that carries no chat template (its template is the ChatML fallback
+    written above): the text the template puts before ChatML, '' or the BOS token. The chat is then counted
+    with `tokenizers` alone, without transformers' import and load (seconds for a 256k vocabulary); the same
+    text, so the same tokens. None for any other tokenizer."""
+    if name == "builtin":
+        return None
+    where = resolve(name)
+    config = read_json_or_none(where / "tokenizer_config.json")
+    try:
+        template = (where / "chat_template.jinja").read_text() if (where / GGUF_SOURCE).is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None
+    if template == CHATML_TEMPLATE:
+        return ""
+    bos = config.get("bos_token") if isinstance(config, dict) else None
+    if template == "{{ bos_token }}" + CHATML_TEMPLATE and isinstance(bos, str):
+        return bos
+    return None
 
 
 if __name__ == "__main__":
