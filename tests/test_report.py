@@ -171,3 +171,17 @@ def test_decision_png_draws_metric_limits_and_cdfs() -> None:
         {"C=1": {"ttft": [1.0, 2.0], "tpot": [3.0, float("nan")]}},
     )
     assert png is not None and png.startswith(b"\x89PNG") and len(png) < 200_000
+
+
+def test_runs_that_met_the_cache_at_another_warmth_are_flagged_when_compared() -> None:
+    """A baseline whose first wave met a cold cache (its first 64 requests 0 cached) against a warm candidate:
+    the decision says warmth differs, on which window it rests and what the other window does; alike runs: not."""
+    c = case()
+    warm = compute_result(c, records())
+    cold_rows = [{**r, "cached_tokens": 0 if r["i"] < 128 else r["cached_tokens"]} for r in records()]
+    cold = compute_result(c, cold_rows)  # type: ignore[arg-type]
+    d = decide(c, warm, cold, "r-base", load_ended=True)
+    assert d.warmth is not None and "warmth differs" in d.warmth and d.warmth in d.reason, d.reason
+    assert "rests on the whole window, the native window compares them again without the ramp" in d.warmth
+    alike = decide(c, warm, warm, "r-base", load_ended=True)
+    assert alike.warmth is None and "warmth" not in alike.reason

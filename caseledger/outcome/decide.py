@@ -19,7 +19,7 @@ from pydantic import Field
 from caseledger.case.decision import LimitWord
 from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
-from caseledger.metrics import FrozenModel, Interval, NotObserved, Result
+from caseledger.metrics import Distribution, FrozenModel, Interval, NotObserved, Result
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]
 
@@ -108,6 +108,9 @@ class DecisionRecord(FrozenModel):
     limits: list[LimitVerdict] = Field(default_factory=list, description="Each of case.decision.limits, checked")
     noise: Noise | None = Field(None, description="The noise the change was judged against (null: no comparison)")
     settle: str | None = Field(None, description="The call that would settle an undecided change (within noise)")
+    warmth: str | None = Field(
+        None, description="The two runs met the prefix cache at another warmth (their mean hit ratios apart): said"
+    )
 
 
 def _reading(r: Result, window: Literal["whole", "native"], metric: str) -> Reading:
@@ -430,10 +433,37 @@ def decide(
         load_ended=load_ended,
         results_extracted=candidate is not None and candidate.requests > 0,
         enough_to_decide=v.outcome != "insufficient",
-        reason=v.reason,
+        reason=v.reason + (f"; {warm}" if (warm := warmth(candidate, baseline, window)) else ""),
         limits=verdicts,
         noise=noise,
         settle=v.settle,
+        warmth=warm,
+    )
+
+
+WARMTH_APART = 0.05  # mean prefix-cache hit ratios this far apart: the two runs met caches of another warmth
+
+
+def warmth(candidate: Result | None, baseline: Result | None, window: Literal["whole", "native"]) -> str | None:
+    """A flag when the two runs compared met the prefix cache at another warmth (a cold first wave on a freshly
+    started service against a warm one): their mean hit ratios on the decision window, and what the other window
+    says; None when alike, or when either has no hit ratio."""
+    if candidate is None or baseline is None:
+        return None
+    means = []
+    for r in (candidate, baseline):
+        h = r.windows.of(window).cache.hit_ratio
+        if not isinstance(h, Distribution):
+            return None
+        means.append(h.mean)
+    if abs(means[0] - means[1]) <= WARMTH_APART:
+        return None
+    other = "native" if window == "whole" else "whole"
+    return (
+        f"warmth differs: the candidate's requests hit the prefix cache {means[0]:.0%} on average on the {window} "
+        f"window, the baseline's {means[1]:.0%} (a cold first wave against a warm service?); this decision rests on "
+        f"the {window} window, the {other} window compares them again"
+        + (" without the ramp" if other == "native" else " with the ramp")
     )
 
 
