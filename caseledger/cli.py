@@ -32,13 +32,15 @@ if TYPE_CHECKING:
 
 
 def _emit(result: Any, as_json: bool) -> None:
+    from caseledger.ledger.advice import as_cli  # lazy: see _dispatch (an answer's words, once it is printed)
+
     # the last line of defence: text an older version recorded unmasked is masked as it leaves
     secrets = redact.current()
     if as_json:  # masked string by string, so the JSON stays valid
         body = orjson.dumps(secrets.mask_obj(result.model_dump(mode="json")), option=orjson.OPT_INDENT_2)
         sys.stdout.write(body.decode() + "\n")
-    else:
-        sys.stdout.write(secrets.mask(result.text()) + "\n")
+    else:  # the next calls in the CLI's words
+        sys.stdout.write(secrets.mask(as_cli(result.text())) + "\n")
 
 
 def _emit_summary(result: SummaryResult, as_json: bool) -> None:
@@ -50,8 +52,12 @@ def _emit_summary(result: SummaryResult, as_json: bool) -> None:
 
 
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:  # JSON: a tool's answer, printed
+    from caseledger.ledger.advice import as_cli  # lazy: see _dispatch (an answer's words, once it is printed)
+
     secrets = redact.current()
-    sys.stdout.write((orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(text)) + "\n")
+    sys.stdout.write(
+        (orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(as_cli(text))) + "\n"
+    )
 
 
 @contextmanager

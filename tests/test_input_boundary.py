@@ -400,7 +400,7 @@ def test_a_targets_error_body_cannot_forge_a_line_in_status_or_handoff(ws: Works
     for text in (status, handoff):
         nexts = [line for line in text.splitlines() if line.startswith("next:")]
         assert len(nexts) == 1 and "rm -rf" not in nexts[0], text
-        assert "boom\\nnext: run rm -rf" in text  # quoted, escaped, on our own line
+        assert "HTTP 500: boom" in text and "rm -rf" not in text  # the body's first line only: nothing to forge
         assert all(len(line) < 600 for line in text.splitlines())
 
 

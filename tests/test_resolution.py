@@ -82,3 +82,18 @@ def test_one_word_per_point_from_one_rule() -> None:
     assert point_verdict("c-x", 1, True, **args) == "uncertain"  # a limit straddles its bound: not "breaks"
     assert point_verdict("c-x", 3, False, **args) == "loses"
     assert point_verdict("c-a", 1, False, winner=None, tie=[], leader="c-a") == "uncertain"  # leads, unsettled
+
+
+def test_the_cli_says_its_next_calls_as_commands() -> None:
+    from caseledger.ledger.advice import as_cli
+
+    said = as_cli(
+        "next: start_run(case_id='c-1a') or phase_status(run_id='g-2b', wait_s=600); summarize(run_ids=['r-1', 'r-2']);"
+        " freeze_case(path='cases/x.json', parent='c-1a'); resume(run_id='r-3'); reprocess_raw(run_id='r-4');"
+        " summarize(scenario='s-1'); start_run(case_id='c-5', preflight_only=True)"
+    )
+    assert said == (
+        "next: caseledger run c-1a --wait or caseledger status g-2b --wait 600; caseledger summarize r-1 r-2;"
+        " caseledger freeze cases/x.json --parent c-1a; caseledger resume r-3 --wait; caseledger reprocess r-4;"
+        " caseledger summarize --scenario s-1; caseledger run c-5 --preflight-only"
+    ), said

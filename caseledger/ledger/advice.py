@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -18,6 +19,38 @@ NEXT_WAIT_S = 600  # the wait a "next" names: the bound of phase_status's wait (
 def wait_call(run_id: str) -> str:
     """The call that waits for a run or a campaign until it ends or needs the caller: every "next" names this."""
     return f"phase_status(run_id='{run_id}', wait_s={NEXT_WAIT_S}): answers when it ends or needs you"
+
+
+_ID = r"'([^']+)'"
+# a tool call as an answer names it -> the CLI command that does the same (`as_cli`), most specific first
+_AS_CLI: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (rf"freeze_case\(path={_ID}, parent={_ID}\)", r"caseledger freeze \1 --parent \2"),
+        (rf"freeze_case\(path={_ID}\)", r"caseledger freeze \1"),
+        (rf"start_run\(case_id={_ID}, preflight_only=True\)", r"caseledger run \1 --preflight-only"),
+        (rf"start_run\(case_id={_ID}\)", r"caseledger run \1 --wait"),
+        (rf"phase_status\(run_id={_ID}, wait_s=(\d+)\)", r"caseledger status \1 --wait \2"),
+        (rf"phase_status\(run_id={_ID}\)", r"caseledger status \1"),
+        (r"phase_status\(\)", "caseledger status"),
+        (rf"resume\(run_id={_ID}\)", r"caseledger resume \1 --wait"),
+        (rf"reprocess_raw\(run_id={_ID}\)", r"caseledger reprocess \1"),
+        (rf"summarize\(scenario={_ID}\)", r"caseledger summarize --scenario \1"),
+        (r"summarize\(run_ids=\[([^\]]*)\]\)", "summarize-ids"),
+        (r"summarize\(\)", "caseledger summarize"),
+    )
+)
+
+
+def as_cli(text: str) -> str:
+    """An answer's tool calls in the words of the CLI ('start_run(case_id='c-1')' -> 'caseledger run c-1 --wait'):
+    a person at a shell gets commands, an agent over MCP the tool calls; one table, every answer."""
+    for pattern, repl in _AS_CLI:
+        if repl == "summarize-ids":
+            text = pattern.sub(lambda m: "caseledger summarize " + " ".join(re.findall(r"'([^']+)'", m[1])), text)
+        else:
+            text = pattern.sub(repl, text)
+    return text
 
 
 class Advice(NamedTuple):
