@@ -75,13 +75,15 @@ def test_the_answer_says_when_no_setting_beats_the_base_beyond_noise_and_what_re
 def test_one_word_per_point_from_one_rule() -> None:
     from caseledger.campaign.view import point_verdict
 
-    args = {"winner": "c-a", "tie": ["c-t1", "c-t2"], "leader": "c-a"}
+    args = {"winner": "c-a", "tie": ["c-t1", "c-t2"], "unsettled": []}
     assert point_verdict("c-a", 2, False, **args) == "winner"
     assert point_verdict("c-t1", 2, True, **args) == "tie"
     assert point_verdict("c-x", 0, False, **args) == "not measured"
     assert point_verdict("c-x", 1, True, **args) == "uncertain"  # a limit straddles its bound: not "breaks"
     assert point_verdict("c-x", 3, False, **args) == "loses"
-    assert point_verdict("c-a", 1, False, winner=None, tie=[], leader="c-a") == "uncertain"  # leads, unsettled
+    lead, second = {"winner": None, "tie": [], "unsettled": ["c-a", "c-b"]}, ["c-a", "c-b"]
+    assert [point_verdict(c, 1, False, **lead) for c in second] == ["uncertain"] * 2  # leader, runner-up: unsettled
+    assert point_verdict("c-c", 1, False, **lead) == "loses"
 
 
 def test_the_cli_says_its_next_calls_as_commands() -> None:

@@ -71,20 +71,28 @@ class PointRun(FrozenModel):
 
 
 def point_verdict(
-    case_id: str, runs: int, uncertain: bool, winner: str | None, tie: list[str], leader: str | None
+    case_id: str, runs: int, uncertain: bool, winner: str | None, tie: list[str], unsettled: list[str]
 ) -> PointVerdict:
     """The one word every view gives a point (campaign rows, scenario rows, HANDOFF.md, a point's run): winner or
-    tie from the answer; uncertain when a limit straddles its bound or it leads before the answer is settled;
-    loses when measured and settled below; not measured before a valid run."""
+    tie from the answer; uncertain when a limit straddles its bound, or it is the leader or the runner-up of an
+    answer not settled yet (`unsettled`); loses when measured and settled below; not measured before a valid
+    run."""
     if case_id == winner:
         return "winner"
     if case_id in tie:
         return "tie"
     if runs == 0:
         return "not measured"
-    if uncertain or (case_id == leader and winner is None and not tie):
+    if uncertain or (case_id in unsettled and winner is None and not tie):
         return "uncertain"
     return "loses"
+
+
+def unsettled(pl: planner.Plan) -> list[str]:
+    """The leader and the runner-up while their gap is not settled: the points the answer may still name."""
+    if pl.settled or pl.tie:
+        return []
+    return [c for c in (pl.leader, pl.runner_up) if c]
 
 
 class PointRow(FrozenModel):
@@ -648,7 +656,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     rows = [
         r.model_copy(
             update={
-                "verdict": point_verdict(r.case_id, r.runs, bool(r.uncertain), winner, tie, pl.leader),
+                "verdict": point_verdict(r.case_id, r.runs, bool(r.uncertain), winner, tie, unsettled(pl)),
                 "run_list": run_list(ws, [metas[x] for x in r.run_ids if x in metas], camp, pl.cut),
             }
         )
@@ -713,7 +721,7 @@ class ScenarioAnswer:
     winner: str | None
     tie: list[str]
     complete: bool
-    leader: str | None = None
+    unsettled: list[str] = field(default_factory=list)  # the leader and runner-up of an answer not settled yet
 
 
 def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
@@ -744,7 +752,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
     answer += tie_break(d.tie_break, [(merged[c].label, extras[c].latency[d.tie_break]) for c in tie])
     answer += _rests_on(pl, merged, load_campaign(ws, ids[0]), higher, {c: e.requests for c, e in extras.items()})
-    return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete, pl.leader)
+    return ScenarioAnswer(f"across {len(ids)} campaigns: {answer}", winner, tie, complete, unsettled(pl))
 
 
 def _spent(

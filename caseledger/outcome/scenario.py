@@ -339,7 +339,7 @@ def _as_point(row: ScenarioRow, p: PointRow, across: ScenarioAnswer | None) -> S
     verdict = (
         p.verdict
         if across is None
-        else point_verdict(p.case_id, p.runs, bool(p.uncertain), across.winner, across.tie, across.leader)
+        else point_verdict(p.case_id, p.runs, bool(p.uncertain), across.winner, across.tie, across.unsettled)
     )
     return row.model_copy(
         update={
