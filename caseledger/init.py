@@ -75,7 +75,7 @@ def init_workspace(directory: str | os.PathLike[str], engine: str | None) -> Ini
     to_fill = [path for path, _ in unfilled(orjson.loads((root / template).read_bytes()))]
     freeze = f"freeze_case(path='{template}')"
     nxt = f"fill the <FILL: ...> values of {template}, then {freeze}" if to_fill else f"{freeze}, then start_run"
-    nxt += f"; or the best C under a TTFT p99 limit in one campaign: freeze_case(path='{SWEEP}'), then start_run"
+    nxt += f"; or the best C under a TTFT p99 limit: freeze_case(path='{SWEEP}'), then start the id it prints"
     if ws.handoff.exists():
         kept.append("HANDOFF.md (exists; `caseledger handoff` regenerates it from the ledger)")
     else:

@@ -90,7 +90,7 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  
         next_call=(
             f"summarize(run_ids=['{c.campaign_id}']) shows it re-decided"
             if change and not f.created
-            else f"start_run(case_id='{c.campaign_id}') runs it to the end (one call; then phase_status)"
+            else f"start_run(case_id='{c.campaign_id}') runs it to the end; then summarize(run_ids=['{c.campaign_id}'])"
         ),
     )
 
