@@ -20,7 +20,7 @@ from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES, Case
 from caseledger.case.plan import IMPACT, Impact, impact_of
 from caseledger.case.schema import CASE_SCHEMA, case_schema
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes
-from caseledger.tools import freeze_case
+from caseledger.tools import freeze_any, freeze_case
 from caseledger.workspace import Workspace
 from tests.conftest import ref_draft, tree_digest, write_draft
 
@@ -327,6 +327,104 @@ def test_dataset_too_large_to_materialize_is_refused_naming_both_fields(ws: Work
             18001, load={"requests": 640, "concurrency": 64}, dataset={"input_tokens": 131072, "output_tokens": 1024}
         )
     )
+
+
+def _big_campaign(ws: Workspace) -> dict[str, Any]:
+    """Three datasets of N 2048 (131072, 98304 and 65536 input tokens): each under the bound, together over it."""
+    base = ref_draft(18001, load={"requests": 2048, "concurrency": 64}, dataset={"input_tokens": 65536})
+    axes = [{"path": "dataset.input_tokens", "values": [131072, 98304, 65536]}]
+    body = {"name": "big", "base": base, "axes": axes, "decision": {"primary_metric": "output_throughput"}}
+    return {"campaign": body}
+
+
+def _big_trace(ws: Workspace) -> dict[str, Any]:
+    """A 30 KB trace whose 300 rows ask 2,000,000 input tokens each: counted by its rows, not by N x a length."""
+    rows = [{"timestamp": k, "input_length": 2_000_000, "output_length": 8, "hash_ids": []} for k in range(300)]
+    (ws.root / "big.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return ref_draft(18001, load={"requests": 300}, dataset={"source": "trace", "path": "big.jsonl"})
+
+
+# each one over the bound (2**29 input tokens per freeze) by a way the former check (2**30 per case, traces not
+# counted) let through: generating it took 8 to 15 CPU-minutes
+OVER_THE_BOUND = {
+    "one case": (
+        lambda ws: ref_draft(18001, load={"requests": 8192, "concurrency": 64}, dataset={"input_tokens": 131072}),
+        ["load.requests 8192 x dataset.input_tokens 131072 = 1,073,741,824"],
+    ),
+    "every turn of its sessions": (
+        lambda ws: ref_draft(
+            18001,
+            load={"requests": 10_000, "concurrency": 64},
+            dataset={"input_tokens": 65536, "sessions": {"count": 100, "turns": 100}},
+        ),
+        ["load.requests 10000 (every turn of dataset.sessions) x dataset.input_tokens 65536"],
+    ),
+    "the longest drawn length": (
+        lambda ws: ref_draft(
+            18001,
+            load={"requests": 8192, "concurrency": 64},
+            dataset={"input_tokens": {"distribution": "uniform", "min": 1024, "max": 131072}},
+        ),
+        ["dataset.input_tokens max 131072"],
+    ),
+    "a trace's rows": (_big_trace, ["input_length of dataset.path 'big.jsonl' over 300 rows = 600,000,000"]),
+    "a campaign's datasets together": (
+        _big_campaign,
+        ["over 3 dataset(s)", "point 'input_tokens=131072': load.requests 2048 x dataset.input_tokens 131072"],
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(OVER_THE_BOUND))
+def test_a_freeze_that_would_generate_too_many_tokens_is_refused_at_once_naming_the_fields(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    import caseledger.datasets.generate as generate
+
+    def generated(*args: object, **kw: object) -> None:
+        raise AssertionError("a dataset was generated: the bound is checked after generation starts, or not at all")
+
+    monkeypatch.setattr(generate, "generate_dataset", generated)
+    draft, said = OVER_THE_BOUND[shape]
+    d = draft(ws)
+    before = tree_digest(ws.root)
+    t0 = time.monotonic()
+    with pytest.raises(CaseInvalid) as e:
+        freeze_any(ws, draft=d)
+    assert time.monotonic() - t0 < 5
+    assert "above the 536,870,912 one freeze may generate (case/bounds.py MAX_FREEZE_TOKENS)" in e.value.message
+    assert all(s in e.value.message for s in said), e.value.message
+    fix = "a trace: fewer of its rows (load.requests)" if shape == "a trace's rows" else "lower load.requests"
+    assert e.value.fix.startswith(fix), e.value.fix
+    assert e.value.fix.endswith("; nothing was written")
+    assert tree_digest(ws.root) == before  # ledger/ included: no case, campaign, dataset, lock or temp file
+
+
+def test_large_realistic_freezes_are_inside_the_bound_and_a_dataset_already_generated_is_not_counted(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from caseledger.case.bounds import MAX_FREEZE_TOKENS
+    from caseledger.case.store import validate
+    from caseledger.datasets import check_generation
+    from caseledger.datasets import store as dataset_store
+
+    def case(requests: int, tokens: int, **ds: Any) -> Case:
+        d = ref_draft(18001, load={"requests": requests, "concurrency": 64}, dataset={"input_tokens": tokens, **ds})
+        return validate(d, "draft")
+
+    # the seeds' largest case (N 640 x 131072 input tokens), six times over in one campaign, and 64 conversations of
+    # 16 turns of 16384 tokens each: checked without generating anything
+    seeds = [(f"point 'seed={k}'", case(640, 131072, seed=k)) for k in range(6)]
+    check_generation(ws, seeds, "campaign")
+    check_generation(ws, [("", case(1024, 16384, sessions={"count": 64, "turns": 16}))], "draft")
+    assert MAX_FREEZE_TOKENS >= 6 * 640 * 131072
+    # a dataset an earlier freeze generated is reused: a campaign frozen in parts counts only what it generates
+    monkeypatch.setattr(dataset_store, "MAX_FREEZE_TOKENS", 8 * 64 + 8 * 48)
+    small = [("", case(8, 64)), ("", case(8, 48)), ("", case(8, 40))]
+    with pytest.raises(CaseInvalid, match="would generate 1,216 input tokens at freeze over 3 dataset"):
+        check_generation(ws, small, "campaign")
+    freeze_case(ws, draft=ref_draft(18001, dataset={"input_tokens": 64}))
+    check_generation(ws, small, "campaign")  # 8 x 48 + 8 x 40: the first is on disk
 
 
 @pytest.mark.parametrize(

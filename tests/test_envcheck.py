@@ -3,13 +3,19 @@ nothing is written (never a fallback in silence, never a run that fails later as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from caseledger.errors import CaseledgerError
 from caseledger.run.envcheck import CHECKS, check_environment
-from caseledger.tools import freeze_case, start_run
+from caseledger.tools import freeze_any, freeze_case, resume_any, start_any, start_run
+from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, tree_digest
+
+INTEGRATION = pytest.mark.integration
 
 GARBAGE = {
     "CASELEDGER_LOAD_TRANSPORT": ("carrier-pigeon", "is not one of fast, httpx"),
@@ -59,3 +65,61 @@ def test_good_values_and_unset_variables_pass() -> None:
             "CASELEDGER_DEBUG": "1",
         }
     )
+
+
+# ---------------------------------------------------------------------------------- every start path, one check
+BAD, VALUE = "CASELEDGER_LOAD_TRANSPORT", "nonsense"
+SAID = "CASELEDGER_LOAD_TRANSPORT='nonsense' is not one of fast, httpx"
+FIX = "CASELEDGER_LOAD_TRANSPORT: unset it (default fast) or set one of fast, httpx"
+
+
+def _campaign(port: int) -> dict[str, Any]:
+    body = {
+        "name": "env",
+        "base": ref_draft(port),
+        "axes": [{"path": "load.concurrency", "values": [1, 2]}],
+        "search": {"kind": "grid"},
+        "decision": {"primary_metric": "output_throughput"},
+    }
+    return {"campaign": body}
+
+
+def _failed_run(ws: Workspace, port: int) -> str:
+    """A run whose preflight refused its case (the formal requests do not fit the context): resumable, inline, no
+    service started."""
+    over = {"service": {"reference": {"max_model_len": 100}}, "dataset": {"input_tokens": 40, "output_tokens": 48}}
+    r = start_run(ws, freeze_case(ws, draft=ref_draft(port, **over)).case_id, wait=True)
+    assert r.run_id is not None and r.state == "failed", r.text()
+    return r.run_id
+
+
+def _start(ws: Workspace, path: str) -> Callable[[], object]:
+    port = free_port()
+    if path == "resume":
+        rid = _failed_run(ws, port)
+        return lambda: resume_any(ws, rid)
+    if path.startswith("campaign"):
+        gid = freeze_any(ws, draft=_campaign(port))
+        assert isinstance(gid, CampaignFrozen)
+        call = start_any if path == "campaign start" else resume_any
+        return lambda: call(ws, gid.campaign_id)
+    cid = freeze_case(ws, draft=ref_draft(port)).case_id
+    return lambda: start_any(ws, cid, preflight_only=path == "preflight_only")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["start_run", "preflight_only", "campaign start", "campaign resume", pytest.param("resume", marks=INTEGRATION)],
+)
+def test_every_start_path_refuses_a_garbage_variable_in_the_same_words_and_writes_nothing(
+    path: str, ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One check (run/admit.py) on every path: a campaign's driver is never started to log point_refused every
+    second, and a preflight_only check never says 'passed' for a case that cannot start."""
+    start = _start(ws, path)
+    before = tree_digest(ws.root)
+    monkeypatch.setenv(BAD, VALUE)
+    with pytest.raises(CaseledgerError) as e:
+        start()
+    assert (e.value.message, e.value.fix) == (SAID, FIX)
+    assert tree_digest(ws.root) == before  # no run, preflight, driver, event or HANDOFF.md written

@@ -19,6 +19,7 @@ from caseledger.case.model import Case
 from caseledger.errors import NotAuthorized
 from caseledger.run import policy
 from caseledger.tools import freeze_case, start_run
+from caseledger.tools.phase_status import StatusResult
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, mcp_over_http, ref_draft, stats, tree_digest
 
@@ -218,3 +219,124 @@ def test_an_mcp_client_over_http_with_the_token_cannot_start_what_the_policy_doe
     runs = sorted(p.name for p in ws.runs_dir.iterdir()) if ws.runs_dir.exists() else []
     assert len(runs) == 1  # the reference case's run only
     assert int(said.pop("served")) > 0  # the reference target ran and was measured
+
+
+# ------------------------------------------------------------------------------- a campaign's points, refused
+def refused_campaign(port: int, marker: Path, shape: str) -> dict[str, Any]:
+    """A campaign one of whose points would run `sh` (the command adapter's argv), the others caseledger's own
+    reference target: by an axis value, by a proposing search's axis value, or on one target of a pool."""
+    base = ref_draft(port)
+    base["service"] = {**base["service"], "argv": ["sh", "-c", f"id > {marker}; sleep 30"]}  # used by 'command'
+    adapter = {"path": "service.adapter", "values": ["reference", "command"]}
+    body: dict[str, Any] = {
+        "name": f"refused-{shape}",
+        "base": base,
+        "axes": [adapter],
+        "search": {"kind": "grid"},
+        "repeats": {"runs": 1, "settle_runs": 1, "budget": 0},
+        "decision": {"primary_metric": "output_throughput"},
+    }
+    if shape == "tpe":
+        body["search"] = {"kind": "tpe", "max_points": 2}
+    if shape == "pool":
+        url = "target.endpoints.0.base_url"
+        body["axes"] = [{"path": "load.concurrency", "values": [1, 2]}]
+        body["pool"] = [
+            {"name": "a", "set": {url: f"http://127.0.0.1:{port}/v1"}},
+            {"name": "b", "set": {url: f"http://127.0.0.1:{free_port()}/v1", "service.adapter": "command"}},
+        ]
+    return {"campaign": body}
+
+
+REFUSED_AS = {
+    "grid": "point 'adapter=command'",
+    "tpe": "axis value 'adapter=command'",
+    "pool": "point 'C=1' on pool target 'b'",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(REFUSED_AS))
+def test_a_campaign_whose_point_the_policy_refuses_is_refused_at_its_start_naming_the_point_and_writes_nothing(
+    ws: Workspace, host_policy: Path, tmp_path: Path, shape: str
+) -> None:
+    from caseledger.tools import freeze_any, resume_any, start_any
+    from caseledger.tools.campaigns import CampaignFrozen
+
+    marker = tmp_path / "ran"
+    write(host_policy, {"programs": []})
+    f = freeze_any(ws, draft=refused_campaign(free_port(), marker, shape))  # freezing starts nothing: allowed
+    assert isinstance(f, CampaignFrozen)
+    before = tree_digest(ws.root)
+    for start in (start_any, resume_any):
+        with pytest.raises(NotAuthorized) as e:
+            start(ws, f.campaign_id)
+        said = f"campaign {f.campaign_id} {REFUSED_AS[shape]} refused: service.argv[0] program 'sh' is not allowed"
+        assert e.value.message.startswith(said) and f"(host policy {host_policy})" in e.value.message, e.value
+        assert f"adds it to programs in {host_policy}" in e.value.fix and "no tool writes it" in e.value.fix
+    assert tree_digest(ws.root) == before and not marker.exists()  # no driver, event, run or HANDOFF.md
+
+
+@pytest.mark.integration
+def test_a_point_the_policy_refuses_once_the_campaign_runs_fails_at_once_and_every_view_says_why(
+    ws: Workspace, host_policy: Path, tmp_path: Path, stop_services: None
+) -> None:
+    """The policy file changed after the campaign's start (its driver spawned as a start would, past the start's
+    check): the refused point is recorded once, never tried again, the other point is measured and the campaign
+    completes; its row, status, summarize and the next call carry the policy's words and fix."""
+    from caseledger.campaign.store import driver_events
+    from caseledger.campaign.view import campaign_view
+    from caseledger.ledger import authorization
+    from caseledger.run.campaign_driver import spawn
+    from caseledger.tools import freeze_any, status_any, summarize
+    from caseledger.tools.campaigns import CampaignFrozen
+
+    marker = tmp_path / "ran"
+    authorization.set_mode(ws, "auto")
+    f = freeze_any(ws, draft=refused_campaign(free_port(), marker, "grid"))
+    assert isinstance(f, CampaignFrozen)
+    write(host_policy, {"programs": []})
+    spawn(ws, f.campaign_id, set())  # inline (the suite's tier): returns once the campaign is complete
+    view = campaign_view(ws, f.campaign_id)
+    rows = {r.label: r for r in view.rows}
+    bad, good = rows["adapter=command"], rows["adapter=reference"]
+    said = f"campaign {f.campaign_id} point 'adapter=command' refused: service.argv[0] program 'sh' is not allowed"
+    assert bad.status == "refused" and good.status == "measured" and view.complete, view.text()
+    assert bad.why is not None and bad.why.startswith(said), bad.why
+    assert f"fix: a person on this host adds it to programs in {host_policy}" in bad.why
+    assert bad.run_ids == [] and not marker.exists()
+    kinds = [e["type"] for e in driver_events(ws, f.campaign_id)]
+    assert kinds.count("host_refused") == 1 and "point_refused" not in kinds and "waiting" not in kinds, kinds
+    assert view.next_call.startswith("the host refused 1 point(s)") and f"start_run(case_id='{f.campaign_id}')" in (
+        view.next_call
+    )
+    status = status_any(ws, f.campaign_id)
+    assert not isinstance(status, StatusResult)
+    for text in (view.text(), status.text(), summarize(ws, [f.campaign_id]).text()):
+        assert said in text and f"adds it to programs in {host_policy}" in text and "1 refused by the host" in text
+
+
+@pytest.mark.integration
+def test_a_pool_target_the_policy_refuses_once_the_campaign_runs_names_the_policy_and_the_others_measure_every_point(
+    ws: Workspace, host_policy: Path, tmp_path: Path, stop_services: None
+) -> None:
+    from caseledger.campaign.store import driver_events
+    from caseledger.campaign.view import campaign_view
+    from caseledger.ledger import authorization
+    from caseledger.run.campaign_driver import spawn
+    from caseledger.tools import freeze_any
+    from caseledger.tools.campaigns import CampaignFrozen
+
+    marker = tmp_path / "ran"
+    authorization.set_mode(ws, "auto")
+    f = freeze_any(ws, draft=refused_campaign(free_port(), marker, "pool"))
+    assert isinstance(f, CampaignFrozen)
+    write(host_policy, {"programs": []})
+    spawn(ws, f.campaign_id, set())
+    view = campaign_view(ws, f.campaign_id)
+    assert view.complete and [r.status for r in view.rows] == ["measured", "measured"], view.text()
+    assert all(set(r.on) == {"a"} for r in view.rows), view.text()  # every run on the target allowed
+    line = next(x for x in view.pool if x.startswith("b: "))
+    assert "the host refused" in line and "on pool target 'b' refused: service.argv[0] program 'sh'" in line, line
+    assert f"adds it to programs in {host_policy}" in line and not marker.exists()
+    refusals = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "host_refused"]
+    assert {e["target"] for e in refusals} == {"b"} and len(refusals) <= 2, refusals  # once per point, at most

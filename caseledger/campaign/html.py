@@ -13,6 +13,7 @@ from caseledger.outcome.html import Chart, charts, e, evidence, page, table
 def render_campaign(view: CampaignView, flags: dict[str, list[Flag]], figures: Sequence[Chart]) -> str:
     """A campaign: its answer, progress, every point, the Pareto frontier, evidence and charts."""
     p = view.progress
+    refused = f", {e(p.get('refused'))} refused by the host" if p.get("refused") else ""
     body = [
         f'<h1>Campaign {e(view.name)} <span class="muted">{e(view.campaign_id)}</span></h1>',
         f"<p>scenario {e(view.scenario)}; {e(view.search)}; {e(view.objective)}; limits "
@@ -20,10 +21,11 @@ def render_campaign(view: CampaignView, flags: dict[str, list[Flag]], figures: S
         f'<div class="answer">{"campaign complete: " if view.complete else "so far: "}{e(view.answer)}</div>',
         f"<p>points: {e(p.get('measured'))} measured, {e(p.get('running'))} running, "
         f"{e((p.get('queued') or 0) + (p.get('pending') or 0))} queued or pending, {e(p.get('skipped'))} skipped, "
-        f"{e(p.get('given_up'))} given up; {e(p.get('runs'))} runs, {e(p.get('service_starts'))} service "
+        f"{e(p.get('given_up'))} given up{refused}; {e(p.get('runs'))} runs, {e(p.get('service_starts'))} service "
         f"start(s), {e(p.get('elapsed_s'))} s</p>",
     ]
     body += [f"<p>note: {e(n)}</p>" for n in view.notes]
+    body += [f"<p>pool {e(x)}</p>" for x in view.pool]
     header = [
         "point",
         "case",

@@ -111,6 +111,7 @@ class PointObs:
     screen: bool = False  # a halving screen (fewer requests than the base's N): measured once, never the answer
     targets: list[str] = field(default_factory=list)  # a pool's: the target of each valid run, as metric
     others: list[float | None] = field(default_factory=list)  # each valid run's other processes' CPU share, as metric
+    refused: str | None = None  # the host refused to start it (its policy's words and fix): never planned again
 
     @property
     def runs(self) -> int:
@@ -161,6 +162,7 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)  # case_id -> why it is not measured
     pending: dict[str, str] = field(default_factory=dict)  # case_id -> why it may still run (inside the bracket)
     given_up: dict[str, str] = field(default_factory=dict)  # case_id -> why it has no valid result
+    refused: dict[str, str] = field(default_factory=dict)  # case_id -> why the host refused to start it
     leader: str | None = None
     runner_up: str | None = None
     settled: bool = False  # the leader is beyond the noise of the runner-up (or alone)
@@ -221,6 +223,12 @@ def plan(
     out.repeats_used = sum(max(0, p.runs - repeats.runs) for p in points)
     usable: list[PointObs] = []
     for p in points:
+        if p.refused is not None:
+            out.refused[p.case_id] = p.refused
+            if p.runs:
+                out.notes.append(f"{p.label}: no further run of it starts: {p.refused}")
+        if p.runs == 0 and p.refused is not None:
+            continue  # no evidence either way, as a point given up: the search goes on around it
         if p.runs == 0 and p.bad_runs >= repeats.max_attempts:
             out.given_up[p.case_id] = (
                 f"given up after {p.bad_runs} attempt(s) without a valid result"
@@ -251,7 +259,7 @@ def plan(
     seen: set[str] = set()
     active = {p.case_id for p in points if p.active}
     for p, why in sorted(wanted, key=lambda pw: (pw[0].service_key != live_service, pw[0].service_key)):
-        if p.case_id not in seen and p.case_id not in active:
+        if p.case_id not in seen and p.case_id not in active and p.refused is None:
             seen.add(p.case_id)
             out.next.append((p.case_id, why))
     return out
@@ -429,6 +437,7 @@ def before_leaving(points: list[PointObs], repeats: Repeats, higher: bool, live:
     final = [p for p in points if not p.screen and not (p.runs == 0 and p.bad_runs >= repeats.max_attempts)]
     wanted = [(p, w) for p, w in _settle(final, repeats, higher, out) if p.service_key == live and not p.active]
     wanted += _leaders_on(live, final, wanted, repeats, out)
+    wanted = [(p, w) for p, w in wanted if p.refused is None]  # the host refused it: never owed a run
     return list({p.case_id: (p.case_id, w) for p, w in reversed(wanted)}.values())[::-1]  # each once, first why
 
 

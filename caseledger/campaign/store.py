@@ -151,6 +151,7 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
     if draft.pool:  # where it is measured (absent: the ids campaigns on one target had before pools)
         ident["pool"] = [t.model_dump(mode="json") for t in draft.pool]
     gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
+    datasets.check_generation(ws, _named(cases), source)  # every point's dataset, before the first is generated
     base_id, _ = store(ws, base, source)
     points = [_store_point(ws, gid, base_id, values, label, case) for values, label, case in cases]
     d = _dir(ws, gid)
@@ -206,6 +207,15 @@ def _point_case(
             ) from None
         out[t.name if pool else ""] = datasets.pin(ws, validate(data, where))
     return values, label, out
+
+
+def _named(points: list[tuple[dict[str, Scalar], str, dict[str, Case]]]) -> list[tuple[str, Case]]:
+    """Each point's case on each target, by what an answer calls it ("point 'C=8' on pool target 'node-b'")."""
+    return [
+        (f"point '{label}'" + (f" on pool target '{t}'" if t else ""), case)
+        for _, label, cases in points
+        for t, case in cases.items()
+    ]
 
 
 def _derive_again(data: dict[str, Any], base: Case) -> None:  # JSON: a case draft, edited in place
@@ -282,10 +292,40 @@ def add_point(ws: Workspace, camp: Campaign, values: dict[str, Scalar], why: str
     """Freeze a proposed point (the base with these values) and record it in points.json with why it was
     proposed. The caller (the campaign's one driver, under its lock) never proposes a point twice."""
     base = load_case(ws, camp.base_case)
-    _, label, cases = _point_case(ws, base, camp.axes, values, f"campaign {camp.campaign_id}", camp.pool)
+    source = f"campaign {camp.campaign_id}"
+    got = _point_case(ws, base, camp.axes, values, source, camp.pool)
+    datasets.check_generation(ws, _named([got]), source)
+    _, label, cases = got
     point = _store_point(ws, camp.campaign_id, camp.base_case, values, label, cases, why)
     _write_points(_dir(ws, camp.campaign_id), [*camp.points, point])
     return point
+
+
+def startable_cases(ws: Workspace, camp: Campaign) -> list[tuple[str, Case]]:
+    """What a start of the campaign may make caseledger start, as far as it can be named before its driver runs
+    (run/admit.py checks each against the host's policy), by what an answer calls it: every frozen point on each
+    target of its pool; and for a search that proposes its points, the base and the base with each listed axis
+    value (on each target). An axis value that is no valid case alone is left to the proposal that uses it."""
+    out: list[tuple[str, Case]] = []
+
+    def on(t: str) -> str:
+        return f" on pool target '{t}'" if t else ""
+
+    for p in camp.points:
+        for t, cid in p.on.items() if p.on else [("", p.case_id)]:
+            out.append((f"point '{p.label}'{on(t)}", load_case(ws, cid)))
+    if camp.search.kind in PROPOSING:
+        base, source = load_case(ws, camp.base_case), f"campaign {camp.campaign_id}"
+        tried: list[tuple[list[Axis], dict[str, Scalar]]] = [([], {})]
+        tried += [([a], {a.path: v}) for a in camp.axes for v in a.values or []]
+        for axes, values in tried:
+            try:
+                _, label, cases = _point_case(ws, base, axes, values, source, camp.pool)
+            except CaseInvalid:
+                continue
+            said = f"axis value '{label}'" if label else "base case"
+            out += [(f"{said}{on(t)}", c) for t, c in cases.items()]
+    return out
 
 
 def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
@@ -418,3 +458,21 @@ def waiting_on(ws: Workspace, campaign_id: str) -> str | None:
         elif e.get("type") in ("point_started", "point_resumed", "driver_started", "driver_ended"):
             why = None
     return why
+
+
+HOST_REFUSED = "host_refused"  # the driver's event for a point the host refused (run/admit.py): not started again
+
+
+def host_refusals(ws: Workspace, campaign_id: str) -> dict[str, str]:
+    """Case id -> the host's refusal of it (its policy's words and fix, or caseledger's environment's), as the
+    campaign's current driver recorded it: no look starts that case again. A new start of the campaign (after a
+    person changed the policy) checks every point again before its driver starts, so only the refusals since the
+    latest driver_started count."""
+    out: dict[str, str] = {}
+    for e in driver_events(ws, campaign_id):
+        if e.get("type") == "driver_started":
+            out = {}
+        elif e.get("type") == HOST_REFUSED and isinstance(e.get("case_id"), str):
+            fix = e.get("fix")
+            out[e["case_id"]] = f"{e.get('error') or 'refused'}" + (f"; fix: {fix}" if fix else "")
+    return out

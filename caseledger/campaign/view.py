@@ -25,6 +25,7 @@ from caseledger.campaign.store import (
     Point,
     driver_events,
     driver_file,
+    host_refusals,
     load_campaign,
     scenario_campaigns,
     waiting_on,
@@ -48,7 +49,16 @@ if TYPE_CHECKING:  # numpy's types only: these modules import numpy lazily
 
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")  # every row shows these beside its limits
 PointStatus = Literal[
-    "measured", "screened", "running", "queued", "pending", "skipped", "given_up", "over_budget", "not_needed"
+    "measured",
+    "screened",
+    "running",
+    "queued",
+    "pending",
+    "skipped",
+    "given_up",
+    "over_budget",
+    "refused",
+    "not_needed",
 ]
 
 
@@ -104,7 +114,8 @@ class PointRow(FrozenModel):
         description="measured: has valid runs; screened: a halving screen, measured with fewer requests (never "
         "the answer); running; queued: the planner runs it next; pending: the search may "
         "still need it; skipped: implied by a measured point (reason); given_up: its runs gave no valid result; "
-        "over_budget: its next run would pass the campaign's budget; not_needed: the answer does not depend on it"
+        "over_budget: its next run would pass the campaign's budget; refused: the host refused to start it (why: its "
+        "policy's words and the fix; a new start checks again); not_needed: the answer does not depend on it"
     )
     why: str | None = Field(None, description="Why it runs next, is skipped or was given up")
     runs: int = Field(description="Valid runs (distorted, invalid or failed runs are repeated, never counted)")
@@ -218,7 +229,9 @@ class CampaignView(FrozenModel):
             f"points {p['measured']} measured, "
             + (f"{p['screened']} screened, " if p.get("screened") else "")
             + f"{p['running']} running, {p['queued'] + p['pending']} queued or "
-            f"pending, {p['skipped']} skipped, {p['given_up']} given up; {p['runs']} runs, "
+            f"pending, {p['skipped']} skipped, {p['given_up']} given up"
+            + (f", {p['refused']} refused by the host" if p.get("refused") else "")
+            + f"; {p['runs']} runs, "
             f"{p.get('sent', 0)} formal requests sent, "
             f"{p['service_starts']} service start(s), "
             f"{p['elapsed_s']:.0f} s"
@@ -452,10 +465,13 @@ def observe(ws: Workspace, camp: Campaign) -> tuple[list[planner.PointObs], dict
     ids = {c for p in camp.points for c in p.case_ids}
     mine = [m for m in metas if m.case_id in ids]
     refused = pool.check(ws, camp, mine).refused if camp.pool else {}
+    barred = host_refusals(ws, camp.campaign_id)
     obs, extra = [], {}
     for p in camp.points:
         o, e = _observe_point(ws, camp, p, mine, refused)
-        obs.append(replace(o, why=p.why))
+        # refused by the host on every target it has: the point cannot run (on a pool, the others may take it)
+        no = [barred[c] for c in p.case_ids if c in barred]
+        obs.append(replace(o, why=p.why, refused=no[0] if no and len(no) == len(p.case_ids) else None))
         extra[p.case_id] = e
     return obs, extra, mine
 
@@ -664,9 +680,12 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     ]
     answer += tie_break(d.tie_break, [(by_id[c].label, extra[c].latency[d.tie_break]) for c in tie])
     answer += _rests_on(pl, by_id, camp, higher, {c: e.requests for c, e in extra.items()})
+    unmeasured = [by_id[c].label for c in pl.refused if c in by_id and not by_id[c].runs]
+    if unmeasured:  # an answer over the points the host let run, not over the space
+        answer += f"; not measured (refused by the host): {', '.join(unmeasured)}"
     lines: list[str] = []
     if camp.pool:
-        lines = pool.check(ws, camp, mine).lines()
+        lines = _host_refused_on(ws, camp, pool.check(ws, camp, mine).lines())
         answer += _noise_seen(obs)
     alive = driver_alive(ws, campaign_id)
     spent = _spent(ws, camp, pl, obs, rows, mine) if camp.budget.given() else {}
@@ -693,7 +712,28 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         waiting=waiting_on(ws, campaign_id) if alive else None,
         plan=[f"{by_id[cid].label}: {why}" for cid, why in pl.next[:3] if cid in by_id],
         **spent,
-        next_call=_next_call(campaign_id, pl, complete, alive, auth, spent.get("budget_end")),
+        next_call=_refused_first(campaign_id, pl, complete)
+        + _next_call(campaign_id, pl, complete, alive, auth, spent.get("budget_end")),
+    )
+
+
+def _host_refused_on(ws: Workspace, camp: Campaign, lines: list[str]) -> list[str]:
+    """A pool's lines (one per target, in its order), each with what the host refused to start on it."""
+    barred = host_refusals(ws, camp.campaign_id)
+    out = []
+    for t, line in zip((x.name for x in camp.pool), lines, strict=True):
+        said = [why for cid, why in barred.items() if pool.target_of(camp, cid) == t]
+        out.append(line + (f"; the host refused {len(said)} point(s) on it: {said[0]}" if said else ""))
+    return out
+
+
+def _refused_first(campaign_id: str, pl: planner.Plan, complete: bool) -> str:
+    """A complete campaign with points the host refused: what measures them, before what else is next."""
+    if not complete or not pl.refused:
+        return ""
+    return (
+        f"the host refused {len(pl.refused)} point(s) (each row says why and the fix): once a person has changed "
+        f"that, start_run(case_id='{campaign_id}') checks and runs them; otherwise "
     )
 
 
@@ -791,6 +831,8 @@ def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[Poin
         return "running", None
     if o.case_id in queued:
         return "queued", queued[o.case_id]
+    if o.refused is not None and not o.runs:
+        return "refused", o.refused
     if o.case_id in pl.given_up:
         return "given_up", pl.given_up[o.case_id]
     if o.case_id in pl.over_budget and not o.runs:

@@ -16,7 +16,13 @@ MAX_REQUESTS = 1_000_000  # N: 1500x the seeds' 640
 MAX_CONCURRENCY = 100_000  # C
 MAX_LOAD_PROCESSES = 64  # load.processes: client processes of one formal load
 MAX_TOKENS = 2_097_152  # tokens per prompt or per output (2 Mi: 16x the seeds' 131072-token inputs)
-MAX_DATASET_TOKENS = 1_073_741_824  # entries x input_tokens materialized at freeze (2**30, ~15 min to generate)
+# input tokens one freeze may generate (datasets.check_generation), over every dataset it materializes: a case's, or a
+# campaign's base and points on every pool target (a dataset they share counted once, one already materialized not
+# at all). Synthetic and prefix_cache: entries x the longest input (entries: load.requests, which counts every turn
+# of dataset.sessions); a trace: its rows' input_length summed. 2**29: 6.4x the seeds' largest case (N 640 x 131072
+# input tokens), and 5-7.5 minutes at the 1.2-1.7 M tokens/s the builtin tokenizer generates on one core, so a freeze
+# at the bound ends inside one MCP tool call (README: a tool timeout above 600 s); the 2**30 per case before took ~15
+MAX_FREEZE_TOKENS = 2**29
 MAX_TIMEOUT_S = 86_400.0  # one day: per-request timeout, health wait
 MAX_SEED = 2**63 - 1  # seeds fit a signed 64-bit integer (the canonical JSON encoder's limit)
 MAX_URL = 2048

@@ -178,7 +178,8 @@ class Dataset(OmitAtDefault):
     input_tokens: _LengthField = Field(
         256,
         description="Body tokens per entry (before the chat template), 1..2097152, or a length distribution "
-        "drawn per entry (synthetic, prefix_cache); entries x the longest input at most 2**30",
+        "drawn per entry (synthetic, prefix_cache); entries x the longest input, over all the datasets one freeze "
+        "generates, at most 2**29",
         examples=[256, {"distribution": "lognormal", "mean": 512, "stdev": 256, "min": 32, "max": 4096}],
     )
     output_tokens: _LengthField = Field(

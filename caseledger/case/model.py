@@ -17,7 +17,6 @@ from caseledger.case.bounds import (
 )
 from caseledger.case.bounds import (
     MAX_CONCURRENCY,
-    MAX_DATASET_TOKENS,
     MAX_EVENT_BYTES,
     MAX_LOAD_PROCESSES,
     MAX_PATH,
@@ -394,17 +393,8 @@ class Case(SectionModel):
                 f"dataset.entries ({self.dataset.entries}) < load.requests ({self.load.requests}): "
                 "one entry per request; raise dataset.entries or leave it null"
             )
-        entries = self.dataset.entries or self.load.requests
-        if (
-            self.dataset.source not in ("file", "trace")
-            and entries * longest(self.dataset.input_tokens) > MAX_DATASET_TOKENS
-        ):
-            raise ValueError(
-                f"dataset.input_tokens x entries (load.requests or dataset.entries) = "
-                f"{longest(self.dataset.input_tokens)} "
-                f"x {entries} exceeds {MAX_DATASET_TOKENS} tokens materialized at freeze; lower load.requests "
-                "or dataset.input_tokens"
-            )
+        # the tokens a freeze may generate are bounded where the freeze sees every dataset it would generate
+        # (a campaign's points, a trace's rows): datasets.check_generation, before anything is written
         return self
 
     def _sessions_consistent(self, ss: Sessions) -> None:

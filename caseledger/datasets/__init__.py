@@ -24,7 +24,7 @@ from caseledger.datasets.identity import (
     render_prompt,
     salt_text,
 )
-from caseledger.datasets.store import load_entries, load_identity, materialize, verify
+from caseledger.datasets.store import check_generation, load_entries, load_identity, materialize, verify
 from caseledger.datasets.trace import pin
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "SALT_WORDS",
     "DatasetIdentity",
     "Entry",
+    "check_generation",
     "dataset_id_for",
     "load_entries",
     "load_identity",

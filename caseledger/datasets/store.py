@@ -6,14 +6,17 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 
+from caseledger.case.bounds import MAX_FREEZE_TOKENS
+from caseledger.case.dataset import longest
 from caseledger.case.model import Case
 from caseledger.datasets import trace as _trace
 from caseledger.datasets.identity import ENTRIES_FILE, IDENTITY_FILE, DatasetIdentity, Entry, dataset_id_for
-from caseledger.errors import CaseInvalid, NotFound
+from caseledger.errors import CaseInvalid, NotFound, quoted
 from caseledger.workspace import Workspace, flocked, read_json, sha256_file
 from caseledger.workspace.steps import step
 
@@ -42,7 +45,60 @@ def _reuse(ws: Workspace, case: Case, dataset_id: str) -> DatasetIdentity:
     return identity
 
 
-GENERATION_WAIT_S = 3600.0  # case.bounds.MAX_DATASET_TOKENS take about 15 minutes to generate
+GENERATION_WAIT_S = 3600.0  # case.bounds.MAX_FREEZE_TOKENS take 5-7.5 minutes to generate: ample for a waiter
+
+
+def generation_tokens(ws: Workspace, case: Case) -> tuple[int, str]:
+    """(input tokens materializing the case's dataset generates, the fields that make them), read without writing.
+    Source 'file' counts 0: its prompts are written out in the file, not multiplied from numbers in the draft."""
+    ds = case.dataset
+    n = int(ds.entries or case.load.requests)
+    if ds.source == "file":
+        return 0, ""
+    if ds.source == "trace":
+        rows = _trace.read(ws, case).rows  # a bad trace is refused here as at generation: nothing is written
+        return sum(r.input_length for r in rows), f"input_length of dataset.path '{quoted(ds.path)}' over {n} rows"
+    count = "dataset.entries" if ds.entries not in (None, case.load.requests) else "load.requests"
+    turns = " (every turn of dataset.sessions)" if ds.sessions is not None else ""
+    most = longest(ds.input_tokens)
+    each = f"dataset.input_tokens {most}" if isinstance(ds.input_tokens, int) else f"dataset.input_tokens max {most}"
+    return n * most, f"{count} {n}{turns} x {each}"
+
+
+def check_generation(ws: Workspace, cases: Iterable[tuple[str, Case]], source: str) -> None:
+    """Refuse, before any dataset is generated, a freeze that would generate more than MAX_FREEZE_TOKENS input
+    tokens over all its datasets (cases: what to call each in the answer, '' for a lone case; a dataset two cases
+    share counts once, one already materialized not at all): CaseInvalid naming the fields and the fix."""
+    seen: set[str] = set()
+    parts: list[tuple[int, str, str]] = []
+    sources: set[str] = set()
+    for where, case in cases:
+        dataset_id = dataset_id_for(case)
+        if dataset_id in seen or (ws.dataset_dir(dataset_id) / IDENTITY_FILE).is_file():
+            continue
+        seen.add(dataset_id)
+        sources.add(case.dataset.source)
+        parts.append((*generation_tokens(ws, case), where))
+    total = sum(n for n, _, _ in parts)
+    if total <= MAX_FREEZE_TOKENS:
+        return
+    parts.sort(key=lambda p: -p[0])
+    named = "; ".join(f"{where + ': ' if where else ''}{how} = {n:,}" for n, how, where in parts[:3])
+    named += f"; and {len(parts) - 3} more dataset(s)" if len(parts) > 3 else ""
+    fixes = [] if sources == {"trace"} else ["lower load.requests (or dataset.entries) or dataset.input_tokens"]
+    if "trace" in sources:
+        fixes.append("a trace: fewer of its rows (load.requests) or rows with a shorter input_length")
+    fix = "; ".join(fixes)
+    if len(parts) > 1:
+        fix += (
+            "; a campaign: fewer values on the axes that change the dataset, or freeze it in parts (a dataset an "
+            "earlier freeze generated is reused, not counted)"
+        )
+    raise CaseInvalid(
+        f"{source} would generate {total:,} input tokens at freeze over {len(parts)} dataset(s), above the "
+        f"{MAX_FREEZE_TOKENS:,} one freeze may generate (case/bounds.py MAX_FREEZE_TOKENS): {named}",
+        fix + "; nothing was written",
+    )
 
 
 def materialize(ws: Workspace, case: Case) -> DatasetIdentity:

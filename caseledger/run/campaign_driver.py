@@ -35,6 +35,7 @@ from caseledger.campaign.model import Scalar
 from caseledger.campaign.plan import PointObs
 from caseledger.campaign.search import REQUESTS, STRATEGIES, Observed, service_axes, space_size
 from caseledger.campaign.store import (
+    HOST_REFUSED,
     Campaign,
     add_point,
     all_campaigns,
@@ -42,6 +43,7 @@ from caseledger.campaign.store import (
     driver_file,
     driver_lock,
     events_file,
+    host_refusals,
     load_campaign,
 )
 from caseledger.campaign.view import (
@@ -61,6 +63,7 @@ from caseledger.ledger import authorization, indexdb
 from caseledger.ledger.runs import RunMeta, load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.outcome import handoff
+from caseledger.run.admit import check_start
 from caseledger.run.controller import DRIVEN_BY
 from caseledger.run.envcheck import CHART_ENV
 from caseledger.run.preflight import spawn_ahead
@@ -95,7 +98,7 @@ def stamp(ws: Workspace, gid: str) -> tuple[int, ...]:
         out = [st.st_size, st.st_mtime_ns]
     except OSError:
         out = [0, 0]
-    news = ("driver_started", "driver_ended", "waiting", "point_refused", "resume_refused")
+    news = ("driver_started", "driver_ended", "waiting", "point_refused", "resume_refused", HOST_REFUSED)
     return (*out, sum(1 for e in driver_events(ws, gid) if e.get("type") in news))
 
 
@@ -120,9 +123,11 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
             return "went"
     for o in obs:
         rid = (extra[o.case_id].run_ids or [""])[-1]
-        if o.runs == 0 and o.case_id in pl.given_up:
-            continue  # its attempts are spent (a resent load is an attempt): the plan says why, with the figures
+        if (o.runs == 0 and o.case_id in pl.given_up) or o.refused is not None:
+            continue  # its attempts are spent (a resent load is an attempt), or the host refused it: the plan says why
         if o.runs == 0 and rid and resumed.get(rid, 0) < RESUMES_PER_RUN and _resumable(ws, rid):
+            if _refused_by_host(ws, gid, o.case_id, load_case(ws, o.case_id), o.label):
+                return "went"  # a resume would start its service again: the same check as a start
             _back_off(ws, gid, o)
             return _resume_point(ws, gid, o, rid, resumed)
     if not pl.next:
@@ -143,6 +148,8 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         _note_wait(ws, gid, f"{o.label}: last run distorted ({o.last_problem}); {pause:.0f} s before repeating it")
         time.sleep(pause)
     case = load_case(ws, cid)
+    if _refused_by_host(ws, gid, cid, case, point.label if point else cid):
+        return "went"  # the plan leaves it out now: the next look goes on with the others
     try:
         pre, ctl = _take_ahead(gid, case)
         view = launch(ws, cid, case, ahead=pre, controller_ahead=ctl)
@@ -208,13 +215,18 @@ def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
         wanted = [got]  # repeats the running service owes first
     went = False
     taken: set[str] = set()
+    barred = host_refusals(ws, gid)  # a point the host refused on a target is not started there again
     for t in free:
-        cid = _pick(ws, camp, _for_target(wanted, obs, t, healthy), t, taken, mine, on)
+        mine_t = [w for w in _for_target(wanted, obs, t, healthy) if _case_on(camp, w[0], t) not in barred]
+        cid = _pick(ws, camp, mine_t, t, taken, mine, on)
         if cid is None:
             continue
         point = camp.point(cid)
         assert point is not None
         case_id = point.on[t]
+        if _refused_by_host(ws, gid, case_id, load_case(ws, case_id), point.label, t):
+            went = True  # recorded: the next look leaves it out on this target
+            continue
         try:
             view = launch(ws, case_id, load_case(ws, case_id))
         except (NotAuthorized, TargetHeld) as e:
@@ -235,6 +247,25 @@ def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
     if not wanted and not search_open(ws, camp):
         return "done"
     return "wait"
+
+
+def _case_on(camp: Campaign, cid: str, t: str) -> str:
+    point = camp.point(cid)
+    return point.on.get(t, cid) if point is not None else cid
+
+
+def _refused_by_host(ws: Workspace, gid: str, case_id: str, case: Case, label: str, target: str = "") -> bool:
+    """The one check of every start (run/admit.py), made before a point is launched: a point the host refuses
+    (its policy does not allow what the point would start; caseledger's environment) is recorded once with the
+    words and the fix, and fails at once: every view shows why, and the driver never tries it again (a launch
+    would refuse it every second). A paused authorization or a held target stay waits (launch says those)."""
+    try:
+        on = f" on pool target '{target}'" if target else ""
+        check_start(f"campaign {gid}", [(f"point '{label}'{on}", case)])
+    except CaseledgerError as e:
+        event(ws, gid, HOST_REFUSED, case_id=case_id, label=label, target=target, error=e.message, fix=e.fix)
+        return True
+    return False
 
 
 def _pool_health(
@@ -277,7 +308,7 @@ def _resume_pool(
     RESUMES_PER_RUN times; then the point starts again on any target)."""
     for o in obs:
         point = camp.point(o.case_id)
-        if o.runs or o.active or point is None:
+        if o.runs or o.active or point is None or o.refused is not None:
             continue
         rid = next((m.run_id for m in reversed(mine) if m.case_id in point.case_ids), "")
         if not rid or on.get(rid) not in free or resumed.get(rid, 0) >= RESUMES_PER_RUN or not _resumable(ws, rid):

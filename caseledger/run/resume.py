@@ -15,8 +15,8 @@ from caseledger.ledger.advice import wait_call
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, RunView, fold, next_steps
-from caseledger.run import envcheck, policy
 from caseledger.run import lease as run_lease
+from caseledger.run.admit import check_start
 from caseledger.run.start import Progress, spawn_controller, wait_for
 from caseledger.workspace import RunPaths, Workspace
 
@@ -56,8 +56,7 @@ def resume(
     run_id = run.run_id  # a case id given: its latest run
     v = fold(workspace, run)
     key = _resumable_target(v, run_id)
-    envcheck.check_environment()
-    policy.check(run.case, "resume")  # a resume may start the service again: the same policy as start_run
+    check_start("resume", [("", run.case)])  # a resume may start the service again: the same check as start_run
     steps = v.steps or next_steps(v)  # the steps phase_status announced, computed by the same function
     kept = [p for p in v.phases if p not in steps.run]
     first = steps.first or Phase.DECIDE

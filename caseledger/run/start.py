@@ -22,8 +22,8 @@ from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
-from caseledger.run import envcheck, policy
 from caseledger.run import lease as run_lease
+from caseledger.run.admit import check_start
 from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead, spawn_waiting
 from caseledger.workspace import (
     RunPaths,
@@ -93,7 +93,9 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
 
 def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:  # JSON: the answer
     """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
-    paused and while another run holds the target (prepare the next candidate while the target is busy)."""
+    paused and while another run holds the target (prepare the next candidate while the target is busy); refused,
+    before anything is written, by what would refuse its start (run/admit.py): it says whether the case can start."""
+    check_start("start_run", [("", case)])
     pid_ = "p-" + secrets.token_hex(4)
     root = ws.preflights_dir / pid_
     root.mkdir(parents=True)
@@ -221,8 +223,8 @@ def launch(
     another workspace keeps a service there that this case may not use (services/kept.py).
     `ahead`: a preflight process spawned earlier with spawn_ahead (a campaign's driver starts the next point's
     while the previous point post-processes); it is handed this run, or killed if it is not used."""
-    envcheck.check_environment()  # a variable caseledger cannot use is named now, not met later as a bug
-    policy.check(case)  # what the case would start, against the host's policy: before anything is written
+    # a variable caseledger cannot use, or what the host's policy does not allow: named before anything is written
+    check_start("start_run", [("", case)])
     key = target_key(case.canonical())
     rid = new_run_id(ws)
     ctl = controller_ahead

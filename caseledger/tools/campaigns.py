@@ -19,13 +19,15 @@ from caseledger.campaign.costs import (
     said_estimate,
     service_key,
 )
-from caseledger.campaign.store import Campaign, freeze_campaign, load_campaign
+from caseledger.campaign.store import Campaign, freeze_campaign, load_campaign, startable_cases
 from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
 from caseledger.case.plan import decision_words
 from caseledger.case.store import load_case
+from caseledger.errors import CaseInvalid
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
 from caseledger.outcome import handoff
+from caseledger.run.admit import check_start
 from caseledger.run.campaign_driver import spawn, stamp
 from caseledger.run.progress import ProgressLine
 from caseledger.run.resume import ResumeResult, resume
@@ -117,21 +119,26 @@ VIEW_EVERY_S = 2.0  # a waiting start reads the campaign's view this often, its 
 
 def start(ws: Workspace, gid: str, *, wait: bool = False, progress: ProgressLine | None = None) -> CampaignView:
     """Start the campaign's driver unless one is alive; the answer is its progress right after, or with wait
-    when the campaign is complete or its driver stopped. progress: sees the running point's state and the
-    points done of total."""
+    when the campaign is complete or its driver stopped. Before anything is written, the one check of every start
+    (run/admit.py) over every case the campaign can name now: a refused value stops the start here, in the words
+    start_run would use, instead of a driver refused at every point. progress: sees the running point's state and
+    the points done of total."""
     check_id(gid, "case_id", "g")
     camp = load_campaign(ws, gid)
     if not driver_alive(ws, gid):
+        cases = startable_cases(ws, camp)
+        check_start(f"campaign {gid}", cases)
         keep: set[str] = set()
-        for p in camp.points:
-            keep |= load_case(ws, p.case_id).env_names()
+        for _, case in cases:
+            keep |= case.env_names()
         spawn(ws, gid, keep)
         handoff.refresh(ws)
     view = campaign_view(ws, gid)
     ids = {p.case_id for p in camp.points}
     while wait and view.driver_alive and not view.complete:
         if progress is not None:
-            progress.points = (sum(r.status in ("measured", "skipped", "given_up") for r in view.rows), len(view.rows))
+            done = ("measured", "skipped", "given_up", "refused")
+            progress.points = (sum(r.status in done for r in view.rows), len(view.rows))
         mine = [m.run_id for m in scan_runs(ws).metas if m.case_id in ids]
         until = time.monotonic() + VIEW_EVERY_S
         while time.monotonic() < until:
@@ -173,6 +180,13 @@ def status(ws: Workspace, gid: str, wait_s: float = 0.0, until: Until = "end") -
 def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignView:
     """The start_run tool: a case id starts a run, a campaign id its driver (wait and progress apply to both)."""
     if is_id(case_id, "g"):
+        if kw.get("preflight_only"):  # it would start the campaign: its points send load
+            raise CaseInvalid(
+                f"preflight_only checks one case; {case_id} is a campaign (its driver preflights each point as it "
+                "starts it)",
+                "start_run(case_id='c-...', preflight_only=True) on one of its points (freeze_case listed them), or "
+                f"start_run(case_id='{case_id}') to run it; nothing was started",
+            )
         return start(ws, case_id, wait=kw.get("wait", False), progress=kw.get("progress"))
     return start_run(ws, case_id, **kw)
 

@@ -126,6 +126,7 @@ def _freeze(
     parent_case = check_parent(workspace, case.parent)
     if case.dataset.source == "file" and case.dataset.path:
         workspace.inside(case.dataset.path, "dataset.path")
+    datasets.check_generation(workspace, [("", case)], source)  # a bounded freeze, refused before anything is written
     dataset_id = _materialize(workspace, case)
     cid, created = store(workspace, case, source)
     # the decision section is the scenario's, not the case's: a draft that writes one makes it current
