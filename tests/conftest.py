@@ -48,6 +48,19 @@ def stats(port: int, timeout: float = 5.0) -> dict[str, Any]:
     return dict(r.json())
 
 
+def wait_listening(url: str, server: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """Until the HTTP server started as `server` answers at url (any status); AssertionError when it exits or
+    does not listen in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx2.get(url, timeout=1)
+            return
+        except httpx2.TransportError:
+            assert time.monotonic() < deadline and server.poll() is None, "the MCP server did not listen"
+            time.sleep(0.1)
+
+
 @asynccontextmanager
 async def mcp_over_http(url: str, token: str) -> AsyncIterator[Client]:
     """An MCP client over streamable HTTP that sends a bearer token, on the SDK's own HTTP client and timeouts

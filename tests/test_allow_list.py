@@ -9,13 +9,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
-import httpx2
 import pytest
 
 from caseledger.case.model import Case
@@ -23,7 +21,7 @@ from caseledger.errors import NotAuthorized
 from caseledger.load.chunks import ERROR_LINE_CHARS, error_line
 from caseledger.run import policy
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, mcp_over_http, ref_draft, tree_digest
+from tests.conftest import free_port, mcp_over_http, ref_draft, tree_digest, wait_listening
 
 # variables that load code and that a pattern of "loader" names (LD_*, PYTHON*, a fixed list) did not name
 UNLISTED_LOADERS = ("OPENSSL_CONF", "OPENSSL_MODULES", "JAVA_TOOL_OPTIONS")
@@ -197,14 +195,7 @@ def test_over_http_unlisted_loader_variables_and_a_server_key_are_refused_before
         return said
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx2.get(url, timeout=1)
-                break
-            except httpx2.TransportError:
-                assert time.monotonic() < deadline and server.poll() is None, "the MCP server did not listen"
-                time.sleep(0.1)
+        wait_listening(url, server)
         said = anyio.run(session)
     finally:
         server.terminate()

@@ -8,11 +8,9 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 
 from caseledger.case.model import Case
@@ -21,7 +19,7 @@ from caseledger.run import policy
 from caseledger.tools import freeze_case, start_run
 from caseledger.tools.phase_status import StatusResult
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, mcp_over_http, ref_draft, stats, tree_digest
+from tests.conftest import free_port, mcp_over_http, ref_draft, stats, tree_digest, wait_listening
 
 LOGIN = {"user": "bench", "key_path": "/keys/id_ed25519", "known_hosts": "/keys/known_hosts"}
 
@@ -196,14 +194,7 @@ def test_an_mcp_client_over_http_with_the_token_cannot_start_what_the_policy_doe
         return said
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx2.get(url, timeout=1)
-                break
-            except httpx2.TransportError:
-                assert time.monotonic() < deadline and server.poll() is None, "the MCP server did not listen"
-                time.sleep(0.1)
+        wait_listening(url, server)
         said = anyio.run(session)
     finally:
         from caseledger import services
