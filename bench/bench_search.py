@@ -16,7 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from caseledger.campaign.model import Search
+from caseledger.campaign.model import HalvingSearch, TpeSearch
 from caseledger.campaign.search import REQUESTS, Observed, halving, tpe
 from tests.test_search import ENGINE, engine_measure, measure_engine_space, simulate_engine
 
@@ -58,13 +58,13 @@ def main() -> None:
     budget = int(0.15 * len(table))
     rows: list[tuple[str, Any]] = []
     for seed in range(5):
-        plain = Search(kind="tpe", max_points=budget, seed=seed)
+        plain = TpeSearch(kind="tpe", max_points=budget, seed=seed)
         rows.append((f"tpe, seed {seed}", lambda obs, s=plain: tpe(ENGINE, s, True, obs, _live(obs))))
     for seed in range(5):
-        knee = Search(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
+        knee = TpeSearch(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
         rows.append((f"tpe + knee on C, seed {seed}", lambda obs, s=knee: tpe(ENGINE, s, True, obs, _live(obs))))
     for screen, eta in ((6, 3), (4, 3), (6, 2)):
-        h = Search(kind="halving", screen_requests=screen, eta=eta)
+        h = HalvingSearch(kind="halving", screen_requests=screen, eta=eta)
         rows.append(
             (
                 f"halving from N={screen}, eta {eta}",
