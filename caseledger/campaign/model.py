@@ -127,7 +127,7 @@ class Axis(_Model):
         description="A range's step (an integer range: 1 by default); a float range without one is continuous "
         "(search kind 'tpe' only)",
     )
-    log: bool = Field(False, strict=True, description="Sample the range on a log scale (search kind 'tpe')")
+    log: bool = Field(False, strict=True, description="A log range (tpe)")
     when: str | None = Field(
         None,
         max_length=300,
@@ -263,14 +263,12 @@ class KneeSearch(_Search):
 
 class TpeSearch(_Search):
     proposes: ClassVar[bool] = True
-    kind: Literal["tpe"] = Field(description="tpe: Optuna's TPE proposes points one at a time, up to max_points")
+    kind: Literal["tpe"] = Field(description="tpe: Optuna's TPE proposes points, up to max_points")
     max_points: int | None = Field(None, ge=2, le=MAX_POINTS, strict=True, description="Required: most points")
     seed: int = Field(0, ge=0, le=2**31 - 1, strict=True, description="Same results, same proposals")
     axis: str | None = Field(None, max_length=300, description="Optional: a knee on it per setting tpe proposes")
     monotone: bool = Field(False, strict=True, description="Required true with an axis (as knee's)")
-    neighbours: int | None = Field(
-        None, ge=1, le=MAX_POINTS, strict=True, description="Points on a started service before another start (3)"
-    )
+    neighbours: int | None = Field(None, ge=1, le=MAX_POINTS, strict=True, description="Points per started service (3)")
 
     @property
     def cap(self) -> int | None:
@@ -291,8 +289,7 @@ class TpeSearch(_Search):
 class HalvingSearch(_Search):
     proposes: ClassVar[bool] = True
     kind: Literal["halving"] = Field(
-        description="halving: every point with screen_requests, the best 1/eta again with eta times more, up to "
-        "the base's N"
+        description="halving: all points at screen_requests, the best 1/eta again at eta times N, to the base's"
     )
     screen_requests: int | None = Field(None, ge=1, le=1_000_000, strict=True, description="Required: N of screen 1")
     eta: int = Field(3, ge=2, le=16, strict=True, description="1/eta go on to the next screen, eta times N")
@@ -308,8 +305,7 @@ class HalvingSearch(_Search):
 class AutoSearch(_Search):
     proposes: ClassVar[bool] = True  # chosen at freeze (campaign/search.choose): no point is frozen before that
     kind: Literal["auto"] = Field(
-        description="auto (the default when the space exceeds the budget): chosen at freeze from the space, the "
-        "measured costs and the budget, with why"
+        description="auto: chosen at freeze from the space, the costs and the budget, with why"
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, strict=True, description="Seed of the strategy it chooses")
 
@@ -369,8 +365,7 @@ class Repeats(_Model):
         ge=1,
         le=20,
         strict=True,
-        description="Most valid runs of a point whose verdict depends on the noise: the leader and the runner-up "
-        "when they are within noise of each other, a limit verdict within its interval (1..20); past it: a tie",
+        description="Most valid runs of a point the answer depends on (1..20); past it: a tie",
     )
     budget: int = Field(
         8,
@@ -451,7 +446,7 @@ class CampaignDraft(_Model):
     decision: Decision | None = Field(
         None,
         description="The scenario's decision: primary_metric, window, limits (e.g. tpot_p99_ms), min_effect. Not "
-        "in the campaign id: frozen again with another limit, it is re-decided, 0 requests sent. null: the base's",
+        "in the campaign id: frozen again with another limit, it is re-decided, 0 requests sent. Absent: the base's",
     )
     constraints: list[str] = Field(
         default_factory=list,
