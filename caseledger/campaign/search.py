@@ -490,34 +490,40 @@ class Space:
 
 
 def choose(sp: Space, budget: Budget, price: Price, seed: int = 0) -> tuple[Search, str]:
-    """auto's strategy, and why in words: a grid when the space fits the budget; a knee on a load axis when
-    only load axes vary; halving when a start costs no more than a run and every screen fits; else tpe (with a
-    knee per proposed identity where a load axis is ordered), on the budget's measurements. Pure: the same space,
-    budget and costs give the same choice."""
-    size = space_size(sp.axes)
-    points = len(space_of(sp.axes, sp.constraints)) if size <= MAX_POINTS else size
+    """auto's strategy, and why in words. Each candidate's spend (measurements, starts, seconds, from the costs)
+    is weighed against the budget: a grid when the whole space fits; a knee on an ordered load axis when only
+    load axes vary and its bisections fit; halving when a start costs no more than a run and every screen fits
+    (screens spend fewer requests); else tpe on the budget's measurements, with a knee per proposed identity where
+    a load axis is ordered. Pure: the same space, budget and costs give the same choice."""
+    points = len(space_of(sp.axes, sp.constraints)) if space_size(sp.axes) <= MAX_POINTS else space_size(sp.axes)
     svc = service_axes(sp.axes)
     idents = space_size(svc)
-    run_s = max(sp.requests * price.request_s, 1e-9)
-    ratio = price.start_s / run_s  # a start costs this many runs
-    most = _measurements(budget, sp, price, idents)
+    run_s = sp.requests * price.request_s
+    ratio = price.start_s / max(run_s, 1e-9)  # a start costs this many runs
     cost = f"a start costs {price.start_s:.3g} s, a run {run_s:.3g} s ({price.said})"
-    have = f"budget {most} measurements" if most is not None else "no budget"
     ax = next((a for a in sp.axes if a.path in LOAD_ORDERED and a.when is None and len(a.grid() or []) >= 3), None)
-    if most is None or points * sp.runs <= most:
-        if points <= MAX_POINTS:
-            return GridSearch(), f"auto: grid: {points:g} points within {have}; {cost}"
-        most = min(MAX_POINTS, max(10, math.ceil(0.15 * points)) if not math.isinf(points) else 30)
-    knee_on = ax is not None and sp.limits
     line = len(ax.grid() or []) if ax is not None else 1
     per = math.ceil(math.log2(line + 1))  # a knee's bisection points on one setting, at most
-    if knee_on and ax is not None and not svc and points <= MAX_POINTS and points / line * per <= most:
-        why = f"auto: knee on {ax.path}: only load axes vary; {points / line:g} setting(s) × ~{per} points"
-        return KneeSearch(kind="knee", axis=ax.path, monotone=True), f"{why} <= {have}; {cost}"
-    halving_ = _halving_fits(sp, points, most, ratio)
+    grid_ = _Spend(points * sp.runs, idents, points * sp.runs * run_s + idents * price.start_s)
+    if points <= MAX_POINTS and grid_.within(budget):
+        return GridSearch(), f"auto: grid: its {points:g} points fit {_said(budget)}; {cost}"
+    knee_on = ax is not None and sp.limits
+    if knee_on and ax is not None and not svc and points <= MAX_POINTS:
+        n = points / line * per
+        if _Spend(n, 1, n * run_s + price.start_s).within(budget):
+            why = f"auto: knee on {ax.path}: only load axes vary; {points / line:g} setting(s) × ~{per} points fit"
+            return KneeSearch(kind="knee", axis=ax.path, monotone=True), f"{why} {_said(budget)}; {cost}"
+    halving_ = _halving(sp, points, idents, ratio, price, budget)
     if halving_ is not None:
-        return halving_, f"auto: halving from N={halving_.screen_requests}: a start costs {ratio:.2g} run(s); {cost}"
+        return halving_, (
+            f"auto: halving from N={halving_.screen_requests}: a start costs {ratio:.2g} run(s) and every screen "
+            f"fits {_said(budget)}, the grid does not; {cost}"
+        )
+    most = _measurements(budget, sp, price, idents)
+    if most is None:  # no budget, a space too large to enumerate: a share of it
+        most = min(MAX_POINTS, max(10, math.ceil(0.15 * points)) if not math.isinf(points) else 30)
     keep = max(2, most - min(sp.repeats, most // RESERVE))
+    have = f"budget {most} measurements"
     if knee_on and ax is not None:
         tpe_ = TpeSearch(kind="tpe", max_points=keep, seed=seed, axis=ax.path, monotone=True)
         short = ax.label(0).split("=")[0]
@@ -525,10 +531,36 @@ def choose(sp: Space, budget: Budget, price: Price, seed: int = 0) -> tuple[Sear
             f"auto: tpe with a knee on {ax.path} per proposed identity: {idents:g} identities × {line} {short} > "
             f"{have}; {keep} proposed, the rest for settle runs; {cost}"
         )
-    near = max(1, min(1 + round(ratio), keep))
+    near = max(1, min(1 + round(ratio), keep))  # a start is worth this many runs on the service already started
     tpe_ = TpeSearch(kind="tpe", max_points=keep, seed=seed, neighbours=near if svc else None)
     stay = f"; {near} point(s) on a started service before another start (a start costs {ratio:.2g} runs)"
     return tpe_, f"auto: tpe: {points:g} points > {have}; {keep} proposed{stay if svc else ''}; {cost}"
+
+
+@dataclass(frozen=True)
+class _Spend:
+    measurements: float
+    starts: float
+    seconds: float
+
+    def within(self, b: Budget) -> bool:
+        """Every part of the budget given holds it (none given: nothing does; auto then chooses by the space)."""
+        caps = [
+            (b.measurements, self.measurements),
+            (b.starts, self.starts),
+            (b.minutes * 60 if b.minutes is not None else None, self.seconds),
+        ]
+        given = [(cap, need) for cap, need in caps if cap is not None]
+        return bool(given) and all(need <= cap for cap, need in given)
+
+
+def _said(b: Budget) -> str:
+    parts = [
+        f"{b.measurements} measurements" if b.measurements is not None else "",
+        f"{b.starts} starts" if b.starts is not None else "",
+        f"{b.minutes:g} min" if b.minutes is not None else "",
+    ]
+    return "budget " + ", ".join(p for p in parts if p) if any(parts) else "no budget"
 
 
 def _measurements(budget: Budget, sp: Space, price: Price, idents: float) -> int | None:
@@ -544,13 +576,18 @@ def _measurements(budget: Budget, sp: Space, price: Price, idents: float) -> int
     return max(2, min(got)) if got else None
 
 
-def _halving_fits(sp: Space, points: float, most: int, ratio: float) -> HalvingSearch | None:
-    """Halving when a start costs no more than a run, the base's N can be screened and every screen fits."""
+def _halving(
+    sp: Space, points: float, idents: float, ratio: float, price: Price, budget: Budget
+) -> HalvingSearch | None:
+    """Halving when a start costs no more than a run, the base's N can be screened, and every screen fits."""
     if ratio > 1 or sp.requests < SCREEN_MIN_N or points > MAX_POINTS or "load.requests" in {a.path for a in sp.axes}:
         return None
     first, eta = max(1, sp.requests // 8), 3
-    alive, total = int(points), 0
-    for _ in screens(first, eta, sp.requests):
-        total += alive
+    ns = screens(first, eta, sp.requests)
+    alive, runs, seconds = int(points), 0, idents * len(ns) * price.start_s  # each identity once per screen
+    for n in ns:
+        runs += alive
+        seconds += alive * n * price.request_s
         alive = max(1, -(-alive // eta))
-    return HalvingSearch(kind="halving", screen_requests=first, eta=eta) if total <= most else None
+    ok = _Spend(runs, idents * len(ns), seconds).within(budget)
+    return HalvingSearch(kind="halving", screen_requests=first, eta=eta) if ok else None
