@@ -61,7 +61,7 @@ def measure(values: dict[str, Any]) -> Observed:
 def drive(search: Search, observed: list[Observed], acct: Account | None = None) -> list[Observed]:
     """A driver in small: propose, book the run against the budget (a start where the identity changes), measure."""
     propose = STRATEGIES[search.kind]
-    while search.cap is None or len(observed) < search.cap:
+    while (search.cap is None or len(observed) < search.cap) and len(observed) < 200:  # a space of 24 (x screens)
         live = observed[-1].service_key if observed else None
         p = propose(AXES, search, True, observed, live, [], full_requests=FULL)
         if p is None:
