@@ -278,7 +278,7 @@ class TpeSearch(_Search):
     def knee(self) -> str | None:
         return self.axis
 
-    def identity(self) -> dict[str, Any]:  # JSON
+    def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a tpe search
         # neighbours only when given: the ids of tpe campaigns frozen before it hold
         return self.model_dump(mode="json", exclude={"neighbours"} if self.neighbours is None else set())
 
@@ -294,7 +294,7 @@ class HalvingSearch(_Search):
     screen_requests: int | None = Field(None, ge=1, le=1_000_000, strict=True, description="Required: N of screen 1")
     eta: int = Field(3, ge=2, le=16, strict=True, description="1/eta go on to the next screen, eta times N")
 
-    def identity(self) -> dict[str, Any]:  # JSON
+    def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a halving search
         # the shape halving ids were hashed with when one Search model held every kind's fields: those ids hold
         return {"max_points": None, "seed": 0, "axis": None, "monotone": False, **self.model_dump(mode="json")}
 

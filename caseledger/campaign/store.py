@@ -122,8 +122,11 @@ def is_campaign_draft(obj: dict[str, Any]) -> bool:  # JSON: a draft as parsed
 
 
 def freeze_campaign(
-    ws: Workspace, obj: dict[str, Any], source: str, price: Callable[[Case], Price] | None = None
-) -> Frozen:  # JSON: a draft as parsed
+    ws: Workspace,
+    obj: dict[str, Any],  # JSON: a draft as parsed
+    source: str,
+    price: Callable[[Case], Price] | None = None,
+) -> Frozen:
     """Validate a campaign draft ({"campaign": {...}}), freeze its base case and every point (cases whose lineage
     names the campaign), store the campaign under its hash; record its decision as the scenario's. CaseInvalid
     naming the field and the fix; nothing is written for an invalid draft. price: what a start and a request of
