@@ -16,11 +16,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from caseledger.campaign.model import Search
-from caseledger.campaign.search import REQUESTS, Observed, halving, tpe
+from caseledger.campaign.model import Budget, HalvingSearch, TpeSearch
+from caseledger.campaign.search import REQUESTS, STRATEGIES, Observed, Price, Space, choose, halving, tpe
 from tests.test_search import ENGINE, engine_measure, measure_engine_space, simulate_engine
 
 FULL = 48
+# what auto weighs: a start and a request as a llama-server on a CPU host measured them (start to the first formal
+# request 6 s; a run of 16 requests 28 s)
+PRICE = Price(start_s=6.0, request_s=28.0 / 16, said="measured on llama-server")
 
 
 def run(table: dict[tuple[Any, ...], Any], propose: Any, budget: int = 10**6) -> tuple[int, float, int, float]:
@@ -52,28 +55,47 @@ def main() -> None:
     optimum = max(ok)
     grid_window = sum(r.duration_s for r in table.values())
     print(f"exhaustive: {len(table)} points simulated in {took:.1f} s of CPU; optimum {optimum:.1f} tok/s")
-    print("| strategy | points | formal windows (s) | vs grid | service starts | best / optimum |")
-    print("|---|---|---|---|---|---|")
-    print(f"| grid | {len(table)} | {grid_window:.0f} | 1.00 | 40 | 1.000 |")
     budget = int(0.15 * len(table))
-    rows: list[tuple[str, Any]] = []
+    rows: list[tuple[str, Any, int]] = []  # (name, propose, most points)
     for seed in range(5):
-        plain = Search(kind="tpe", max_points=budget, seed=seed)
-        rows.append((f"tpe, seed {seed}", lambda obs, s=plain: tpe(ENGINE, s, True, obs, _live(obs))))
+        plain = TpeSearch(kind="tpe", max_points=budget, seed=seed)
+        rows.append((f"tpe, seed {seed}", lambda obs, s=plain: tpe(ENGINE, s, True, obs, _live(obs)), budget))
     for seed in range(5):
-        knee = Search(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
-        rows.append((f"tpe + knee on C, seed {seed}", lambda obs, s=knee: tpe(ENGINE, s, True, obs, _live(obs))))
+        knee = TpeSearch(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
+        rows.append(
+            (f"tpe + knee on C, seed {seed}", lambda obs, s=knee: tpe(ENGINE, s, True, obs, _live(obs)), budget)
+        )
+    for seed in range(5):  # auto with a budget of 15% of the space: it keeps a share for settle runs
+        chosen, why = choose(Space(ENGINE, [], limits=True, requests=FULL), Budget(measurements=budget), PRICE, seed)
+        if seed == 0:
+            print(why)
+        propose = STRATEGIES[chosen.kind]
+        rows.append(
+            (
+                f"auto, seed {seed}",
+                lambda obs, s=chosen, f=propose: f(ENGINE, s, True, obs, _live(obs), full_requests=FULL),
+                chosen.cap or budget,
+            )
+        )
     for screen, eta in ((6, 3), (4, 3), (6, 2)):
-        h = Search(kind="halving", screen_requests=screen, eta=eta)
+        h = HalvingSearch(kind="halving", screen_requests=screen, eta=eta)
         rows.append(
             (
                 f"halving from N={screen}, eta {eta}",
                 lambda obs, s=h: halving(ENGINE, s, True, obs, _live(obs), full_requests=FULL),
+                10**6,
             )
         )
-    for name, propose in rows:
-        points, window, starts, best = run(table, propose, budget if name.startswith("tpe") else 10**6)
-        print(f"| {name} | {points} | {window:.0f} | {window / grid_window:.2f} | {starts} | {best / optimum:.3f} |")
+    print("| strategy | points | formal windows (s) | vs grid | service starts | best / optimum |")
+    print("|---|---|---|---|---|---|")
+    print(f"| grid | {len(table)} | {grid_window:.0f} | 1.00 | 40 | 1.000 |")
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a prefix: only those strategies ('auto')
+    for name, propose, cap in rows:
+        if name.startswith(only):
+            points, window, starts, best = run(table, propose, cap)
+            print(
+                f"| {name} | {points} | {window:.0f} | {window / grid_window:.2f} | {starts} | {best / optimum:.3f} |"
+            )
 
 
 def _live(observed: list[Observed]) -> str | None:

@@ -114,7 +114,7 @@ def test_a_budget_on_search_moved_is_refused_naming_the_new_field_and_an_old_pol
     d = _grid(18001, {})["campaign"]
     with pytest.raises(ValueError, match=r'search.max_minutes moved to campaign.budget.minutes .*"budget": '):
         CampaignDraft.model_validate({**d, "search": {"kind": "grid", "max_minutes": 5}})
-    f = freeze_any(ws, draft={"campaign": {**d, "budget": {"measurements": 3}}})
+    f = freeze_any(ws, draft={"campaign": {**d, "search": {"kind": "grid"}, "budget": {"measurements": 3}}})
     assert isinstance(f, CampaignFrozen) and f.created
     assert "estimate: 6 measurements (+ up to 4 repeats), 2 start(s)" in f.text(), f.text()
     assert "no runs yet: assumed" in f.text() and "it ends at the budget (6 measurements > 3)" in f.text()

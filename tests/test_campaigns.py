@@ -24,7 +24,7 @@ import pytest
 from caseledger import services
 from caseledger.campaign import drift
 from caseledger.campaign import plan as planner
-from caseledger.campaign.model import Repeats, Search
+from caseledger.campaign.model import GridSearch, KneeSearch, Repeats, Search
 from caseledger.campaign.store import driver_events
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.errors import CaseInvalid
@@ -73,7 +73,7 @@ def _simulate(
     raise AssertionError("the planner never finished")
 
 
-KNEE = Search(kind="knee", axis="load.concurrency", monotone=True)
+KNEE = KneeSearch(kind="knee", axis="load.concurrency", monotone=True)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 13, 32, 64])
@@ -98,7 +98,7 @@ def test_knee_bisection_measures_at_most_log2_points_plus_two_and_finds_the_grid
 
 def test_the_leader_and_runner_up_are_repeated_until_settled_and_a_close_pair_is_a_declared_tie() -> None:
     cs = [1, 2, 4]
-    grid = Search()
+    grid = GridSearch()
     # C=2 and C=4 within 1% of each other, run-to-run noise +-3%: a tie after settle_runs each
     wobble = [0.03, -0.03, 0.02, -0.02, 0.01]
     pl, runs = _simulate(
@@ -138,7 +138,9 @@ def test_the_leader_and_runner_up_are_repeated_until_settled_and_a_close_pair_is
 def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no_evidence() -> None:
     near = _obs(4, [400.0], [9.98], 10.0, half=0.1)  # 9.98 +- 0.1 against 10: not settled
     far = _obs(2, [200.0], [6.0], 10.0)
-    pl = planner.plan([far, near], Search(), Repeats(runs=1, settle_runs=3, budget=5), higher=True, live_service="s")
+    pl = planner.plan(
+        [far, near], GridSearch(), Repeats(runs=1, settle_runs=3, budget=5), higher=True, live_service="s"
+    )
     assert any(cid == near.case_id and "within its noise" in why for cid, why in pl.next), pl.next
     gone = planner.PointObs(
         case_id="c-000000000008",
@@ -184,7 +186,7 @@ def test_points_of_the_live_service_run_first() -> None:
         limits={},
         bad_runs=0,
     )
-    assert [c for c, _ in planner.plan([a, b], Search(), Repeats(), True, live_service="B").next] == [
+    assert [c for c, _ in planner.plan([a, b], GridSearch(), Repeats(), True, live_service="B").next] == [
         b.case_id,
         a.case_id,
     ]
@@ -208,10 +210,10 @@ def test_a_limit_pooled_over_runs_whose_interval_straddles_the_bound_is_uncertai
         )
 
     reps = Repeats(runs=1, settle_runs=3, budget=5)
-    pl = planner.plan([point(2)], Search(), reps, higher=True, live_service="s")
+    pl = planner.plan([point(2)], GridSearch(), reps, higher=True, live_service="s")
     assert [c for c, why in pl.next if "tpot_p99_ms" in why] == [point(2).case_id], pl.next
     done = point(3)
-    pl = planner.plan([done], Search(), reps, higher=True, live_service="s")
+    pl = planner.plan([done], GridSearch(), reps, higher=True, live_service="s")
     assert not pl.next and pl.leader == done.case_id, pl
     answer, winner, _ = _answer(pl, {done.case_id: done}, True, "output_throughput", True)
     assert winner == done.case_id and "uncertain: C=4 tpot_p99_ms met in 2/3 runs" in answer, answer
@@ -237,7 +239,9 @@ def test_a_tie_across_two_service_identities_starts_each_identity_once(
         obs = [
             replace(_obs(c, runs[c], [5.0] * len(runs[c]), 10.0), service_key=keys[c], label=f"np={c}") for c in keys
         ]
-        pl = planner.plan(obs, Search(), Repeats(runs=1, settle_runs=3, budget=10), True, order[-1] if order else None)
+        pl = planner.plan(
+            obs, GridSearch(), Repeats(runs=1, settle_runs=3, budget=10), True, order[-1] if order else None
+        )
         if not pl.next:
             break
         c = int(pl.next[0][0][2:], 16)
@@ -282,7 +286,7 @@ def _timed(c: int, metric: list[float], when: list[int], rel: float = 0.01) -> p
 
 
 def test_the_control_is_measured_again_between_and_after_the_others_and_a_drift_crowns_no_winner() -> None:
-    grid, reps = Search(), Repeats(runs=1, settle_runs=3, budget=10)
+    grid, reps = GridSearch(), Repeats(runs=1, settle_runs=3, budget=10)
     first = _timed(1, [100.0], [0])
     others = [_timed(c, [100.0 + c], [c]) for c in range(2, 6)]  # four runs of other points since the control's
     pl = planner.plan([first, *others], grid, reps, True, "s", min_effect=0.02)

@@ -20,7 +20,7 @@ import pytest
 
 from caseledger.campaign import drift
 from caseledger.campaign import plan as planner
-from caseledger.campaign.model import Repeats, Search
+from caseledger.campaign.model import GridSearch, Repeats
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.ledger import authorization
 from caseledger.ledger.runs import scan_runs
@@ -29,7 +29,7 @@ from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import assert_one_answer, free_port, knee_base, stats, until_complete
 
-GRID, REPEATS = Search(), Repeats()  # the defaults: one run a point, settle up to 3, 8 repeats
+GRID, REPEATS = GridSearch(), Repeats()  # the defaults: one run a point, settle up to 3, 8 repeats
 
 
 def _at(t: int) -> str:

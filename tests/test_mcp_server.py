@@ -253,11 +253,10 @@ async def test_the_campaign_schema_is_a_short_resource_whose_examples_freeze(ws:
     assert isinstance(body, TextResourceContents) and size < 10_240, size
     doc = json.loads(body.text)
     assert "service.argv[-np]" in doc["description"] and "settle_runs" in doc["description"]
-    kinds = [ex["campaign"]["search"]["kind"] for ex in doc["examples"]]
-    assert sorted(kinds) == ["grid", "halving", "knee", "tpe", "tpe"], kinds  # tpe alone, and with a knee on C
-    assert any(
-        ex["campaign"]["search"].get("axis") for ex in doc["examples"] if ex["campaign"]["search"]["kind"] == "tpe"
-    )
+    kinds = [ex["campaign"].get("search", {}).get("kind", "auto") for ex in doc["examples"]]
+    assert sorted(kinds) == ["auto", "grid", "halving", "knee", "tpe"], kinds  # auto: no kind, a budget
+    assert set(doc["properties"]["search"]["oneOf"][2]["$ref"].split("/")[-1:]) == {"TpeSearch"}
+    assert "axis" not in doc["$defs"]["GridSearch"]["properties"]  # each kind its own fields
     for ex in doc["examples"]:
         jsonschema.validate(ex["campaign"], doc)
         CampaignDraft.model_validate(ex["campaign"])  # and the model's own checks (monotone, limits, paths)

@@ -17,7 +17,7 @@ import pytest
 
 from caseledger.campaign import plan as planner
 from caseledger.campaign import pool
-from caseledger.campaign.model import Repeats, Search
+from caseledger.campaign.model import GridSearch, Repeats, TpeSearch
 from caseledger.campaign.store import driver_events, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.store import load_case
@@ -131,7 +131,7 @@ def _timed(metric: list[float], targets: list[str]) -> planner.PointObs:
 
 
 def test_a_control_on_another_target_is_no_drift_but_the_same_target_moving_is() -> None:
-    grid, reps = Search(kind="grid"), Repeats(runs=1)
+    grid, reps = GridSearch(), Repeats(runs=1)
     # 2x apart on two targets of a pool: their levels differ, nothing drifted
     assert planner.plan([_timed([100.0, 50.0, 51.0], ["a", "b", "b"])], grid, reps, True, "s", 0.02).cut is None
     # the same numbers on one target: a drift, confirmed by the next run
@@ -301,7 +301,7 @@ def test_a_point_in_flight_on_another_target_is_a_pending_trial_to_tpe() -> None
     from caseledger.campaign.search import Observed, tpe
 
     axes = [Axis(path="load.concurrency", low=1, high=64)]
-    search = Search(kind="tpe", max_points=40, seed=0)
+    search = TpeSearch(kind="tpe", max_points=40, seed=0)
     done = [
         Observed(values={"load.concurrency": c}, value=float(c if c <= 20 else 40 - c), meets=True, breach=0.0)
         for c in (1, 3, 4, 6, 8, 14, 16, 24, 28, 32, 48, 64)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from caseledger.campaign.model import Axis, CampaignDraft, Search, allowed, label_of
+from caseledger.campaign.model import SEARCH, Axis, CampaignDraft, HalvingSearch, TpeSearch, allowed, label_of
 from caseledger.campaign.search import Observed, key, tpe
 from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_any, start_any
@@ -45,7 +45,7 @@ def exhaustive() -> float:
 @pytest.mark.parametrize("seed", range(5))
 def test_tpe_ends_within_3_percent_of_the_exhaustive_optimum_after_15_percent_of_the_points(seed: int) -> None:
     budget = int(0.15 * 256)  # 38 of 256 points
-    search = Search(kind="tpe", max_points=budget, seed=seed)
+    search = TpeSearch(kind="tpe", max_points=budget, seed=seed)
     observed: list[Observed] = []
     while len(observed) < budget:
         p = tpe([XS, YS], search, True, observed)
@@ -59,7 +59,7 @@ def test_tpe_ends_within_3_percent_of_the_exhaustive_optimum_after_15_percent_of
 def _search_with_starts(seed: int, budget: int) -> tuple[list[Observed], list[str]]:
     """The driver's loop on the surface, x a service axis (a start per identity) and y a load axis: each proposal
     told the identity running now; (observations, the identity of each measured point in order)."""
-    search = Search(kind="tpe", max_points=budget, seed=seed)
+    search = TpeSearch(kind="tpe", max_points=budget, seed=seed)
     observed: list[Observed] = []
     order: list[str] = []
     while len(observed) < budget:
@@ -153,7 +153,7 @@ def test_tpe_with_a_knee_on_c_ends_within_3_percent_on_the_engine_space_after_15
         r.output_throughput for r in engine_space.values() if r.tpot_p99_ms <= TPOT_MS and r.ttft_p99_ms <= TTFT_MS
     )
     budget = int(0.15 * len(engine_space))  # 42 of 280
-    search = Search(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
+    search = TpeSearch(kind="tpe", max_points=budget, seed=seed, axis="load.concurrency", monotone=True)
     observed: list[Observed] = []
     while len(observed) < budget:
         p = tpe(ENGINE, search, True, observed, observed[-1].service_key if observed else None)
@@ -177,7 +177,7 @@ def test_halving_screens_every_point_and_ends_at_the_exhaustive_optimum_in_a_thi
 
     full = 48
     assert screens(6, 3, full) == [6, 18, 48]
-    search = Search(kind="halving", screen_requests=6, eta=3)
+    search = HalvingSearch(kind="halving", screen_requests=6, eta=3)
     observed: list[Observed] = []
     window_s = 0.0
     while (p := halving(ENGINE, search, True, observed, None, full_requests=full)) is not None:
@@ -209,7 +209,10 @@ def test_a_halving_draft_says_what_is_missing() -> None:
         CampaignDraft.model_validate(
             {"name": "n", "base": base, "axes": axes, "search": {"kind": "halving", "screen_requests": 16}}
         )
-    with pytest.raises(ValueError, match="applies to kind 'halving', not 'grid'"):
+    with pytest.raises(
+        ValueError,
+        match=r"screen_requests is not a field of kind 'grid' \(its fields: kind\): drop it, or use kind 'halving'",
+    ):
         CampaignDraft.model_validate(
             {"name": "n", "base": base, "axes": axes, "search": {"kind": "grid", "screen_requests": 4}}
         )
@@ -218,8 +221,8 @@ def test_a_halving_draft_says_what_is_missing() -> None:
     )
     assert ok.combos() == [] and len(ok.space()) == 3
     # the ids of tpe campaigns frozen before halving existed hold: its fields are hashed for halving only
-    assert "eta" not in Search(kind="tpe", max_points=5).identity()
-    assert Search(kind="halving", screen_requests=4).identity()["eta"] == 3
+    assert "eta" not in TpeSearch(kind="tpe", max_points=5).identity()
+    assert HalvingSearch(kind="halving", screen_requests=4).identity()["eta"] == 3
 
 
 def test_an_axis_applies_only_where_its_condition_holds_in_a_grid_and_a_search() -> None:
@@ -245,7 +248,7 @@ def test_an_axis_applies_only_where_its_condition_holds_in_a_grid_and_a_search()
     ], labels
     # a constraint on the left-out axis holds for the points without it
     assert allowed(["service.argv[--draft-max] <= 4"], {spec.path: "none", c.path: 1})
-    search = Search(kind="tpe", max_points=8, seed=2)
+    search = TpeSearch(kind="tpe", max_points=8, seed=2)
     observed: list[Observed] = []
     while len(observed) < 8 and (p := tpe([spec, n_max, c], search, True, observed)) is not None:
         assert (n_max.path in p.values) == (p.values[spec.path] == "ngram"), p.values
@@ -269,7 +272,7 @@ def test_a_knee_inside_tpe_needs_a_declared_monotone_numeric_axis_of_the_space()
         CampaignDraft.model_validate(
             {"name": "n", "base": base, "axes": axes, "search": {**tpe_, "axis": "load.rate", "monotone": True}}
         )
-    with pytest.raises(ValueError, match="applies to kinds 'knee' and 'tpe', not 'grid'"):
+    with pytest.raises(ValueError, match=r"axis is not a field of kind 'grid'.*or use kind 'knee' or 'tpe'"):
         CampaignDraft.model_validate(
             {"name": "n", "base": base, "axes": axes, "search": {"kind": "grid", "axis": "load.concurrency"}}
         )
@@ -282,7 +285,7 @@ def test_a_knee_inside_tpe_needs_a_declared_monotone_numeric_axis_of_the_space()
 
 
 def test_the_same_observations_give_the_same_proposal() -> None:
-    search = Search(kind="tpe", max_points=20, seed=3)
+    search = TpeSearch(kind="tpe", max_points=20, seed=3)
     observed = [measure({XS.path: x, YS.path: y}) for x, y in ((1, 1), (16, 16), (8, 4), (12, 7), (3, 9))]
     a, b = tpe([XS, YS], search, True, observed), tpe([XS, YS], search, True, list(observed))
     assert a is not None and a == b
@@ -290,7 +293,7 @@ def test_the_same_observations_give_the_same_proposal() -> None:
 
 def test_a_space_measured_whole_ends_the_search() -> None:
     small = [Axis(path="load.concurrency", values=[1, 2]), Axis(path="load.requests", values=[8])]
-    search = Search(kind="tpe", max_points=10)
+    search = TpeSearch(kind="tpe", max_points=10)
     observed = [
         Observed(values={small[0].path: c, small[1].path: 8}, value=float(c), meets=True, breach=0.0) for c in (1, 2)
     ]
@@ -312,8 +315,8 @@ def test_drafts_of_a_search_say_what_is_missing_and_a_grid_too_large_suggests_tp
         Axis.model_validate({"path": "load.concurrency", "values": [1], "low": 1, "high": 2})
     with pytest.raises(ValueError, match="a range needs low < high"):
         Axis.model_validate({"path": "load.concurrency", "low": 4, "high": 2})
-    with pytest.raises(ValueError, match=r"Input should be 'grid', 'knee', 'tpe' or 'halving'"):
-        Search.model_validate({"kind": "bayes"})
+    with pytest.raises(ValueError, match=r"campaign\.search\.kind is one of 'grid', 'knee', 'tpe', 'halving', 'auto'"):
+        SEARCH.validate_python({"kind": "bayes"})
     assert Axis(path="load.concurrency", low=1, high=64, step=8).grid() == [1, 9, 17, 25, 33, 41, 49, 57]
     assert Axis(path="load.rate", low=0.5, high=2.0).size() == float("inf")
 
@@ -544,7 +547,7 @@ def test_constraints_keep_a_grid_and_a_search_inside_them_and_a_bad_one_names_th
         with pytest.raises(ValueError, match=said):
             CampaignDraft.model_validate({"name": "c", "base": base, "axes": axes, "constraints": [bad]})
     rule = [f"{YS.path} <= {XS.path}"]  # the surface's y never above x
-    search = Search(kind="tpe", max_points=20, seed=2)
+    search = TpeSearch(kind="tpe", max_points=20, seed=2)
     observed: list[Observed] = []
     while len(observed) < 20:
         p = tpe([XS, YS], search, True, observed, None, rule)

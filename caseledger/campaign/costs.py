@@ -17,8 +17,8 @@ from datetime import datetime
 
 import orjson
 
-from caseledger.campaign.model import Budget, Scalar, space_of
-from caseledger.campaign.search import screens, service_axes
+from caseledger.campaign.model import Budget, HalvingSearch, Scalar, TpeSearch, space_of
+from caseledger.campaign.search import ASSUMED_REQUEST_S, ASSUMED_START_S, Price, screens, service_axes
 from caseledger.campaign.store import Campaign
 from caseledger.case.model import Case
 from caseledger.case.plan import Phase
@@ -32,8 +32,6 @@ from caseledger.ledger.view import PhaseView
 from caseledger.workspace import Workspace, canonical_json, sha256_bytes
 
 START_PHASES = (Phase.SERVICE, Phase.WARMUP, Phase.ROUTE_VERIFY, Phase.CACHE_PREPARE)
-ASSUMED_START_S = 30.0  # no run of the identity, engine or model yet: a start as a model server's takes
-ASSUMED_REQUEST_S = 1.0
 MAX_RUNS = 500  # the newest finished runs the figures are learned from
 _VERSION = "1"  # of a run's facts as the index keeps them
 
@@ -68,6 +66,11 @@ class Costs:
     def run_s(self, requests: int, start: bool) -> float:
         """A run's estimated seconds: its start (when it starts its service) and its requests."""
         return (self.start.value if start else 0.0) + requests * self.request.value
+
+    def price(self) -> Price:
+        """The figures as search kind auto weighs them (campaign/search.choose)."""
+        said = "assumed" if not self.start.n and not self.request.n else "measured"
+        return Price(self.start.value, self.request.value, said)
 
     def said(self) -> str:
         """'measured: start 6.1 s (3 starts), 1.7 s/request (4 runs)'; 'no runs yet: assumed ...'."""
@@ -209,23 +212,24 @@ def expected_runs(camp: Campaign, points: dict[str, tuple[str, int]], base: tupl
     def ident(values: dict[str, Scalar]) -> str:
         return base[0] + repr(sorted((a.path, repr(values.get(a.path))) for a in svc))
 
-    if camp.search.kind == "tpe":  # each proposal a run; a start per service identity it tries, at most
-        total = camp.search.max_points or 1
+    s = camp.search
+    if isinstance(s, TpeSearch):  # each proposal a run; a start per service identity it tries, at most
+        total = s.max_points or 1
         idents = int(min(total, math.prod(a.size() for a in svc))) if svc else 1
         return [(f"{base[0]}#{i * idents // total}", base[1]) for i in range(total)]
-    if camp.search.kind == "halving":
+    if isinstance(s, HalvingSearch):
         alive = space_of(camp.axes, camp.constraints)
-        screens_n = screens(camp.search.screen_requests or base[1], camp.search.eta, base[1])
+        screens_n = screens(s.screen_requests or base[1], s.eta, base[1])
         out: list[tuple[str, int]] = []
         for n in screens_n:
             out += sorted(((ident(v), n) for v in alive), key=lambda r: r[0])
-            alive = alive[: max(1, -(-len(alive) // camp.search.eta))]
+            alive = alive[: max(1, -(-len(alive) // s.eta))]
         return out
     chosen = list(camp.points)
-    if camp.search.kind == "knee" and camp.search.axis:
+    if s.kind == "knee" and s.knee:
         groups: dict[str, list[str]] = {}
         for p in camp.points:
-            rest = repr(sorted((k, repr(v)) for k, v in p.values.items() if k != camp.search.axis))
+            rest = repr(sorted((k, repr(v)) for k, v in p.values.items() if k != s.knee))
             groups.setdefault(rest, []).append(p.case_id)
         keep = {c for line in groups.values() for c in line[: math.ceil(math.log2(len(line) + 1))]}
         chosen = [p for p in camp.points if p.case_id in keep]

@@ -12,9 +12,19 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from caseledger.case.decision import Decision
 from caseledger.case.model import SCENARIO_PATTERN, Case
@@ -88,6 +98,7 @@ def active(axes: list[Axis], values: dict[str, Scalar]) -> dict[str, Scalar]:
 _SHORT = {"load.concurrency": "C", "load.requests": "N", "load.rate": "r"}
 
 Scalar = int | float | str | bool
+SERVICE_PREFIXES = ("service.", "target.")  # an axis under these changes the service identity: a start
 
 
 class _Model(BaseModel):
@@ -116,7 +127,7 @@ class Axis(_Model):
         description="A range's step (an integer range: 1 by default); a float range without one is continuous "
         "(search kind 'tpe' only)",
     )
-    log: bool = Field(False, strict=True, description="Sample the range on a log scale (search kind 'tpe')")
+    log: bool = Field(False, strict=True, description="A log range (tpe)")
     when: str | None = Field(
         None,
         max_length=300,
@@ -183,63 +194,157 @@ class Axis(_Model):
         return f"{name}={text}"
 
 
-PROPOSING = ("tpe", "halving")  # search kinds whose strategy proposes points after the start (campaign/search.py)
+_MOVED = {"max_starts": "starts", "max_minutes": "minutes"}  # search fields that moved to campaign.budget
 
 
-class Search(_Model):
-    kind: Literal["grid", "knee", "tpe", "halving"] = Field(
-        "grid",
-        description="grid: every point; knee: bisect `axis` to its largest value within the limits (other axes "
-        "a grid); tpe: Optuna's TPE proposes points one at a time, up to max_points (spaces too large to "
-        "enumerate); halving: every point with screen_requests, the best 1/eta again with eta times more, up to "
-        "the base's N",
-    )
-    max_points: int | None = Field(
-        None, ge=2, le=MAX_POINTS, strict=True, description="tpe: the most points it measures (2..256); required"
-    )
-    seed: int = Field(
-        0, ge=0, le=2**31 - 1, strict=True, description="tpe: the sampler's seed (same results, same proposals)"
-    )
-    axis: str | None = Field(
-        None,
-        max_length=300,
-        description="knee, or tpe (optional): the ordered numeric axis (e.g. 'load.concurrency') bisected to its "
-        "largest value within the limits, per setting of the other axes (tpe: each one it proposes)",
-    )
-    monotone: bool = Field(
-        False,
-        strict=True,
-        description="Required with an axis: every limit only worsens as the axis grows, so points above a value "
-        "that breaks one, or below one that meets them all, are skipped, with why",
-    )
+class _Search(_Model):
+    """What every search kind shares. Each kind has its own fields: another kind's is refused, naming it."""
 
-    # moved to campaign.budget (every kind): refused in a draft, read from the policies of campaigns frozen before
-    max_starts: int | None = Field(
-        None, ge=1, le=10_000, strict=True, description="Moved: campaign.budget.starts (refused in a draft)"
-    )
-    max_minutes: float | None = Field(
-        None, gt=0, le=43_200, description="Moved: campaign.budget.minutes (refused in a draft)"
-    )
-    screen_requests: int | None = Field(
-        None, ge=1, le=1_000_000, strict=True, description="halving: N of the first screen (below the base's N)"
-    )
-    eta: int = Field(3, ge=2, le=16, strict=True, description="halving: 1/eta go on to the next screen, eta times N")
+    proposes: ClassVar[bool] = False  # its strategy proposes points after the start; else all are frozen up front
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_fields(cls, data: Any) -> Any:  # JSON: the search as given
+        if not isinstance(data, dict):
+            return data
+        kind = data.get("kind", "grid")
+        for name, value in data.items():
+            if name in _MOVED:
+                raise ValueError(
+                    f"campaign.search.{name} moved to campaign.budget.{_MOVED[name]} (a budget of every search "
+                    f'kind): write "budget": {{"{_MOVED[name]}": {value}}} beside search'
+                )
+            if name not in cls.model_fields:
+                takes = [k for k, c in KINDS.items() if name in c.model_fields]
+                raise ValueError(
+                    f"campaign.search.{name} is not a field of kind '{kind}' (its fields: "
+                    f"{', '.join(cls.model_fields)}): drop it"
+                    + (f", or use kind {' or '.join(repr(k) for k in takes)}" if takes else "")
+                )
+        return data
+
+    @property
+    def cap(self) -> int | None:
+        """The most points it proposes (tpe's max_points); None: the space or its screens bound it."""
+        return None
+
+    @property
+    def knee(self) -> str | None:
+        """The ordered axis it bisects (a knee's, or tpe's knee per setting); None: none."""
+        return None
 
     def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a proposing search
-        """How a proposing search proposes, as the campaign id hashes it (the halving fields only for halving,
-        so the ids of tpe campaigns frozen before them hold)."""
-        left = set() if self.kind == "halving" else {"screen_requests", "eta"}
-        left |= {k for k in ("max_starts", "max_minutes") if getattr(self, k) is None}  # budgets: when given
-        return self.model_dump(mode="json", exclude=left)
+        """How a proposing search proposes, as the campaign id hashes it."""
+        return self.model_dump(mode="json")
 
     def describe(self, points: int) -> str:
-        """The search in a few words, for every view: 'grid over 6 points', 'knee on load.concurrency over 6
-        points', 'tpe: 4 of at most 30 points proposed (seed 0)'."""
-        if self.kind == "tpe":
-            return f"tpe: {points} of at most {self.max_points} points proposed (seed {self.seed})"
-        if self.kind == "halving":
-            return f"halving: {points} points proposed (screens from N={self.screen_requests}, 1/{self.eta} go on)"
-        return (f"knee on {self.axis}" if self.kind == "knee" else "grid") + f" over {points} points"
+        """The search in a few words, for every view: 'grid over 6 points'."""
+        return f"grid over {points} points"
+
+
+class GridSearch(_Search):
+    kind: Literal["grid"] = Field("grid", description="grid: every point")
+
+
+class KneeSearch(_Search):
+    kind: Literal["knee"] = Field(description="knee: bisect `axis` to its largest value within the limits")
+    axis: str | None = Field(None, max_length=300, description="The ordered numeric axis, e.g. 'load.concurrency'")
+    monotone: bool = Field(
+        False, strict=True, description="Required true: every limit only worsens as the axis grows (skips are implied)"
+    )
+
+    @property
+    def knee(self) -> str | None:
+        return self.axis
+
+    def describe(self, points: int) -> str:
+        return f"knee on {self.axis} over {points} points"
+
+
+class TpeSearch(_Search):
+    proposes: ClassVar[bool] = True
+    kind: Literal["tpe"] = Field(description="tpe: Optuna's TPE proposes points, up to max_points")
+    max_points: int | None = Field(None, ge=2, le=MAX_POINTS, strict=True, description="Required: most points")
+    seed: int = Field(0, ge=0, le=2**31 - 1, strict=True, description="Same results, same proposals")
+    axis: str | None = Field(None, max_length=300, description="Optional: a knee on it per setting tpe proposes")
+    monotone: bool = Field(False, strict=True, description="Required true with an axis (as knee's)")
+    neighbours: int | None = Field(None, ge=1, le=MAX_POINTS, strict=True, description="Points per started service (3)")
+
+    @property
+    def cap(self) -> int | None:
+        return self.max_points
+
+    @property
+    def knee(self) -> str | None:
+        return self.axis
+
+    def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a tpe search
+        # neighbours only when given: the ids of tpe campaigns frozen before it hold
+        return self.model_dump(mode="json", exclude={"neighbours"} if self.neighbours is None else set())
+
+    def describe(self, points: int) -> str:
+        return f"tpe: {points} of at most {self.max_points} points proposed (seed {self.seed})"
+
+
+class HalvingSearch(_Search):
+    proposes: ClassVar[bool] = True
+    kind: Literal["halving"] = Field(
+        description="halving: all points at screen_requests, the best 1/eta again at eta times N, to the base's"
+    )
+    screen_requests: int | None = Field(None, ge=1, le=1_000_000, strict=True, description="Required: N of screen 1")
+    eta: int = Field(3, ge=2, le=16, strict=True, description="1/eta go on to the next screen, eta times N")
+
+    def identity(self) -> dict[str, Any]:  # JSON: the hashed part of a halving search
+        # the shape halving ids were hashed with when one Search model held every kind's fields: those ids hold
+        return {"max_points": None, "seed": 0, "axis": None, "monotone": False, **self.model_dump(mode="json")}
+
+    def describe(self, points: int) -> str:
+        return f"halving: {points} points proposed (screens from N={self.screen_requests}, 1/{self.eta} go on)"
+
+
+class AutoSearch(_Search):
+    proposes: ClassVar[bool] = True  # chosen at freeze (campaign/search.choose): no point is frozen before that
+    kind: Literal["auto"] = Field(
+        description="auto: chosen at freeze from the space, the costs and the budget, with why"
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, strict=True, description="Seed of the strategy it chooses")
+
+
+KINDS: dict[str, type[_Search]] = {
+    "grid": GridSearch,
+    "knee": KneeSearch,
+    "tpe": TpeSearch,
+    "halving": HalvingSearch,
+    "auto": AutoSearch,
+}
+PROPOSING = tuple(k for k, c in KINDS.items() if c.proposes)  # kinds whose points are proposed after the freeze
+
+
+def _kind_of(data: Any) -> str:  # JSON or a model: the discriminator (no kind: a grid)
+    return str(data.get("kind", "grid")) if isinstance(data, dict) else str(getattr(data, "kind", ""))
+
+
+Search = Annotated[
+    Annotated[GridSearch, Tag("grid")]
+    | Annotated[KneeSearch, Tag("knee")]
+    | Annotated[TpeSearch, Tag("tpe")]
+    | Annotated[HalvingSearch, Tag("halving")]
+    | Annotated[AutoSearch, Tag("auto")],
+    Discriminator(
+        _kind_of,
+        custom_error_type="search_kind",
+        custom_error_message="campaign.search.kind is one of 'grid', 'knee', 'tpe', 'halving', 'auto'",
+    ),
+]
+SEARCH: TypeAdapter[Search] = TypeAdapter(Search)
+
+
+def stored_search(data: dict[str, Any]) -> Search:  # JSON: a policy's search
+    """A search as a policy recorded it. Policies written when one model held every kind's fields carry the
+    others' too, unused (at their defaults, or ignored): only the kind's own are read."""
+    cls = KINDS.get(_kind_of(data))
+    own = {k: v for k, v in data.items() if cls is None or k in cls.model_fields}
+    return SEARCH.validate_python(own)
 
 
 class Budget(_Model):
@@ -260,8 +365,7 @@ class Repeats(_Model):
         ge=1,
         le=20,
         strict=True,
-        description="Most valid runs of a point whose verdict depends on the noise: the leader and the runner-up "
-        "when they are within noise of each other, a limit verdict within its interval (1..20); past it: a tie",
+        description="Most valid runs of a point the answer depends on (1..20); past it: a tie",
     )
     budget: int = Field(
         8,
@@ -330,7 +434,10 @@ class CampaignDraft(_Model):
         None, pattern=r"^c-[0-9a-f]{12}$", description="A frozen case id to start from (instead of base)"
     )
     axes: list[Axis] = Field(min_length=1, max_length=MAX_AXES, description="The fields the points vary (1..4)")
-    search: Search = Field(default_factory=Search, description="How points are chosen: grid, knee, tpe or halving")
+    search: Search = Field(
+        default_factory=GridSearch,
+        description="How points are chosen, by kind; none given: grid, or auto when the space exceeds the budget",
+    )
     budget: Budget = Field(
         default_factory=Budget,
         description="What it may spend, any search kind",
@@ -339,7 +446,7 @@ class CampaignDraft(_Model):
     decision: Decision | None = Field(
         None,
         description="The scenario's decision: primary_metric, window, limits (e.g. tpot_p99_ms), min_effect. Not "
-        "in the campaign id: frozen again with another limit, it is re-decided, 0 requests sent. null: the base's",
+        "in the campaign id: frozen again with another limit, it is re-decided, 0 requests sent. Absent: the base's",
     )
     constraints: list[str] = Field(
         default_factory=list,
@@ -362,6 +469,26 @@ class CampaignDraft(_Model):
         if isinstance(data, dict) and isinstance(data.get("base"), str) and "base_case" not in data:
             return {**{k: v for k, v in data.items() if k != "base"}, "base_case": data["base"]}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_by_default(cls, data: Any) -> Any:  # JSON: the draft as given
+        """No search kind and a budget smaller than the grid (its measurements, or its service starts): auto."""
+        search = data.get("search", {}) if isinstance(data, dict) else None
+        if not isinstance(search, dict) or "kind" in search or not isinstance(data.get("budget"), dict):
+            return data
+        try:
+            axes = [Axis.model_validate(a) for a in data.get("axes") or []]
+            budget = Budget.model_validate(data["budget"])
+            runs = Repeats.model_validate(data.get("repeats") or {}).runs
+        except (ValueError, TypeError):
+            return data  # the fields' own checks say what is wrong
+        size = math.prod(a.size() for a in axes)
+        idents = math.prod(a.size() for a in axes if a.path.startswith(SERVICE_PREFIXES))
+        over = (budget.measurements is not None and size * runs > budget.measurements) or (
+            budget.starts is not None and idents > budget.starts
+        )
+        return {**data, "search": {**search, "kind": "auto"}} if axes and over else data
 
     @model_validator(mode="after")
     def _consistent(self) -> CampaignDraft:
@@ -389,69 +516,61 @@ class CampaignDraft(_Model):
                 )
         n = math.prod(a.size() for a in self.axes)
         s = self.search
-        if s.kind == "tpe":
+        if isinstance(s, TpeSearch):
             if s.max_points is None:
                 raise ValueError("campaign.search.kind 'tpe' proposes points until search.max_points: set it (e.g. 30)")
-        elif n > MAX_POINTS:
+        elif n > MAX_POINTS and not isinstance(s, AutoSearch):
             size = "a continuous range" if math.isinf(n) else f"{n:.0f} points (the product of the axes' values)"
             raise ValueError(
                 f"campaign.axes: {size} exceed(s) the {MAX_POINTS} a {s.kind} enumerates; use search.kind 'tpe' "
-                "with max_points (a model-based search proposes points one at a time), or fewer values"
+                "with max_points (a model-based search proposes points one at a time), or 'auto' with a "
+                "campaign.budget, or fewer values"
             )
-        elif s.max_points is not None:
-            raise ValueError(f"campaign.search.max_points applies to kind 'tpe', not '{s.kind}': drop it")
-        if s.kind == "halving":
+        if isinstance(s, HalvingSearch):
             base_n = (self.base or {}).get("load", {}).get("requests") if isinstance(self.base, dict) else None
             if s.screen_requests is None or (isinstance(base_n, int) and s.screen_requests >= base_n):
                 raise ValueError(
                     "campaign.search.kind 'halving' screens every point with fewer requests first: set "
                     "search.screen_requests below the base's load.requests (e.g. a quarter of it)"
                 )
-        elif s.screen_requests is not None:
-            raise ValueError(f"campaign.search.screen_requests applies to kind 'halving', not '{s.kind}': drop it")
-        for old, new in (("max_starts", "starts"), ("max_minutes", "minutes")):
-            if getattr(s, old) is not None:
-                raise ValueError(
-                    f"campaign.search.{old} moved to campaign.budget.{new} (a budget of every search kind): write "
-                    f'"budget": {{"{new}": {getattr(s, old)}}} beside search'
-                )
-        if self.constraints and s.kind not in PROPOSING and not self.combos():
+        if self.constraints and not s.proposes and not self.combos():
             raise ValueError(f"campaign.constraints: no point of the axes keeps them all ({self.constraints})")
-        if s.kind == "knee" or s.axis is not None:
-            if s.kind not in ("knee", "tpe"):
-                raise ValueError(f"campaign.search.axis applies to kinds 'knee' and 'tpe', not '{s.kind}': drop it")
-            if s.axis not in paths:
-                raise ValueError(
-                    f"campaign.search.axis {s.axis!r} is not one of the axes {paths}: name the ordered "
-                    "axis the knee is searched on"
-                )
-            values = next(a.grid() or [] for a in self.axes if a.path == s.axis)
-            if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-                raise ValueError(
-                    f"campaign.search.axis {s.axis}: a knee needs numeric values (a list, or a range with a step)"
-                )
-            if not s.monotone:
-                raise ValueError(
-                    f"campaign.search.kind '{s.kind}' with an axis bisects it: declare search.monotone: true (every "
-                    "limit only gets worse as the axis grows), or drop search.axis"
-                    + (" (or use kind 'grid')" if s.kind == "knee" else "")
-                )
-            if not (self.decision and self.decision.limits.bounds()):
-                raise ValueError(
-                    "campaign.search.axis: a knee looks for the largest value within the limits: set "
-                    "campaign.decision.limits (e.g. {'tpot_p99_ms': 50})"
-                )
+        if isinstance(s, KneeSearch) or s.knee is not None:
+            self._check_knee(s.knee, s.kind, paths)
         return self
+
+    def _check_knee(self, axis: str | None, kind: str, paths: list[str]) -> None:
+        if axis not in paths:
+            raise ValueError(
+                f"campaign.search.axis {axis!r} is not one of the axes {paths}: name the ordered "
+                "axis the knee is searched on"
+            )
+        values = next(a.grid() or [] for a in self.axes if a.path == axis)
+        if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise ValueError(
+                f"campaign.search.axis {axis}: a knee needs numeric values (a list, or a range with a step)"
+            )
+        if not getattr(self.search, "monotone", False):
+            raise ValueError(
+                f"campaign.search.kind '{kind}' with an axis bisects it: declare search.monotone: true (every "
+                "limit only gets worse as the axis grows), or drop search.axis"
+                + (" (or use kind 'grid')" if kind == "knee" else "")
+            )
+        if not (self.decision and self.decision.limits.bounds()):
+            raise ValueError(
+                "campaign.search.axis: a knee looks for the largest value within the limits: set "
+                "campaign.decision.limits (e.g. {'tpot_p99_ms': 50})"
+            )
 
     def combos(self) -> list[dict[str, Scalar]]:
         """Every point's values, path -> value, in the axes' order (the knee axis ascending); none for a search
         that proposes its points."""
-        if self.search.kind in PROPOSING:
+        if self.search.proposes:
             return []  # proposed one at a time (campaign/search.py), each frozen when proposed
         return self.space()
 
     def space(self) -> list[dict[str, Scalar]]:
-        return space_of(self.axes, self.constraints, self.search.axis)
+        return space_of(self.axes, self.constraints, self.search.knee)
 
     def policy(self) -> dict[str, Any]:  # JSON: written to policy.jsonl
         """How the campaign is asked (recorded beside it, not hashed): search, repeats, budget, name, note."""

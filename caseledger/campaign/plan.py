@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass, field
 
 from caseledger.campaign import drift
-from caseledger.campaign.model import PROPOSING, Repeats, Scalar, Search
+from caseledger.campaign.model import Repeats, Scalar, Search
+from caseledger.campaign.search import bisect, bracket_why
 from caseledger.case.decision import LimitWord
 
 Verdict = LimitWord
@@ -238,9 +239,9 @@ def plan(
         else:
             usable.append(p)
     wanted: list[tuple[PointObs, str]] = []
-    if search.kind == "knee" and search.axis:
-        wanted += _knee(usable, search.axis, out)
-    elif search.kind in PROPOSING:
+    if search.kind == "knee" and search.knee:
+        wanted += _knee(usable, search.knee, out)
+    elif search.proposes:
         wanted += [(p, f"{p.why or 'proposed'}") for p in usable if p.runs == 0]
     else:
         wanted += [(p, "grid point") for p in usable if p.runs == 0]
@@ -276,8 +277,8 @@ def _knee(usable: list[PointObs], axis: str, out: Plan) -> list[tuple[PointObs, 
     for members in groups.values():
         line = sorted(members, key=lambda p: float(p.values[axis]))
         verdict = [p.meets for p in line]
-        hb = next((i for i, v in enumerate(verdict) if v is False), len(line))
-        lm = max((i for i, v in enumerate(verdict[:hb]) if v is True), default=-1)
+        b = bisect(verdict)
+        lm, hb = b.meets, b.breaks
         for i, p in enumerate(line):
             if verdict[i] is not None:
                 if verdict[i] is True and i > hb:
@@ -297,12 +298,11 @@ def _knee(usable: list[PointObs], axis: str, out: Plan) -> list[tuple[PointObs, 
                 )
             else:
                 out.pending[p.case_id] = "inside the knee's bracket: the bisection may still need it"
-        if hb - lm > 1:
-            mid = line[(lm + hb) // 2]
+        if b.next is not None:
+            mid = line[b.next]
             if mid.runs == 0 and not mid.active:
-                low = line[lm].label + " meets" if lm >= 0 else "nothing measured below"
-                high = line[hb].label + " breaks" if hb < len(line) else "nothing measured above"
-                wanted.append((mid, f"knee: bisecting between {low} and {high}"))
+                low = line[lm].label if lm >= 0 else None
+                wanted.append((mid, f"knee: {bracket_why(low, line[hb].label if hb < len(line) else None)}"))
             # points still inside the bracket but not the midpoint wait for it: not skipped, not run yet
     return wanted
 

@@ -15,9 +15,9 @@ AXIS_PATHS = (
     "An axis names a case field by its path: 'load.concurrency', 'load.rate', 'dataset.input_tokens'; an env var "
     "of the service as 'service.env.NAME'; a flag of the service's command line by its name as "
     "'service.argv[-np]' or 'service.argv[--max-num-seqs]' (its value replaced, or the flag appended when the "
-    "base does not pass it); a component's flag as 'service.components.decode.argv[--max-num-seqs]'. Values are "
-    "listed ('values': [1, 2, 4]) or a range ('low', 'high', with 'step' or 'log' for tpe); a flag's true/false "
-    "passes the bare flag or leaves it out."
+    "base does not pass it); a component's as 'service.components.decode.argv[-np]'. Values are listed "
+    "('values': [1, 2, 4]) or a range ('low', 'high', with 'step' or 'log' for tpe); a flag's true/false passes "
+    "the bare flag or leaves it out."
 )
 
 # JSON: a campaign draft per search kind, as freeze_case(draft=...) takes them
@@ -28,7 +28,6 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "base": "c-0123456789ab",
             "axes": [{"path": "service.argv[-np]", "values": [2, 4]}, {"path": "load.concurrency", "values": [1, 4]}],
             "search": {"kind": "grid"},
-            "repeats": {"settle_runs": 3, "budget": 6},
             "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
             "pool": [
                 {"name": "node-a", "set": {}},
@@ -72,7 +71,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "decision": {"primary_metric": "output_throughput", "limits": {"ttft_p99_ms": 500}},
         }
     },
-    "tpe with a knee on C": {
+    "auto": {
         "campaign": {
             "name": "flags-by-c",
             "base": "c-0123456789ab",
@@ -81,8 +80,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                 {"path": "service.argv[-b]", "values": [512, 2048]},
                 {"path": "load.concurrency", "values": [1, 2, 4, 8, 16, 32]},
             ],
-            "search": {"kind": "tpe", "max_points": 20, "axis": "load.concurrency", "monotone": True},
-            "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 60}},
+            "budget": {"measurements": 25},
+            "decision": {"primary_metric": "output_throughput", "limits": {"ttft_p99_ms": 500}},
         }
     },
 }
@@ -107,8 +106,6 @@ def campaign_schema() -> bytes:
     # the decision section is a case draft's: referenced, not repeated (its limits and goodput are most of it)
     for name in ("Decision", "Limits", "Goodput"):
         schema.get("$defs", {}).pop(name, None)
-    for moved in ("max_starts", "max_minutes"):  # refused in a draft (now campaign.budget): not served
-        schema["$defs"]["Search"]["properties"].pop(moved, None)
     schema["properties"]["decision"] = {
         "description": schema["properties"]["decision"].get("description", "") + " (caseledger://schema/case/decision)",
         "anyOf": [{"type": "object"}, {"type": "null"}],
@@ -118,8 +115,20 @@ def campaign_schema() -> bytes:
 
 
 def _untitled(node: Any, in_properties: bool = False) -> Any:  # JSON: a schema node
-    """The schema without pydantic's generated titles (each repeats its field's name)."""
+    """The schema without pydantic's generated titles (each repeats its field's name), and an optional field's
+    null written as its absence (the same to the model): the resource stays a few KB with every kind's fields."""
     if isinstance(node, dict):
+        kinds = node.get("anyOf")
+        if not in_properties and isinstance(kinds, list):
+            nulls = node.get("default", 0) is None
+            inner = [n for n in kinds if not (nulls and n == {"type": "null"})]
+            if {"type": "integer"} in inner and {"type": "number"} in inner:  # an integer is a number
+                inner.remove({"type": "integer"})
+            if len(inner) < len(kinds):
+                rest = {
+                    k: v for k, v in node.items() if k not in ("anyOf", "default") or (k == "default" and not nulls)
+                }
+                return _untitled({**inner[0], **rest} if len(inner) == 1 else {"anyOf": inner, **rest})
         return {
             k: _untitled(v, k == "properties" and not in_properties)
             for k, v in node.items()

@@ -10,6 +10,7 @@ ledger/campaigns/<g-id>/
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,20 @@ from pydantic import ValidationError
 
 from caseledger import datasets
 from caseledger.campaign.model import (
-    PROPOSING,
+    AutoSearch,
     Axis,
     Budget,
     CampaignDraft,
+    HalvingSearch,
     PoolTarget,
     Repeats,
     Scalar,
     Search,
     apply_axis,
     label_of,
+    stored_search,
 )
+from caseledger.campaign.search import Price, Space, choose
 from caseledger.case.decision import Decision
 from caseledger.case.model import LINEAGE_FIELDS, Case
 from caseledger.case.store import (
@@ -90,6 +94,11 @@ class Campaign:
     constraints: list[str] = field(default_factory=list)  # relations every point keeps (model.allowed)
     pool: list[PoolTarget] = field(default_factory=list)  # targets declared equivalent (none: the base's)
     budget: Budget = field(default_factory=Budget)  # what it may spend (campaign/budget.py)
+    auto: str = ""  # search kind auto: what it chose at the first freeze, and why (kept by every later freeze)
+
+    def describe(self) -> str:
+        """The search in a few words, auto's choice and why first."""
+        return (f"{self.auto}; " if self.auto else "") + self.search.describe(len(self.points))
 
     def point(self, case_id: str) -> Point | None:
         """The point one of whose cases this is (on any target of the pool)."""
@@ -112,10 +121,16 @@ def is_campaign_draft(obj: dict[str, Any]) -> bool:  # JSON: a draft as parsed
     return "campaign" in obj
 
 
-def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen:  # JSON: a draft as parsed
+def freeze_campaign(
+    ws: Workspace,
+    obj: dict[str, Any],  # JSON: a draft as parsed
+    source: str,
+    price: Callable[[Case], Price] | None = None,
+) -> Frozen:
     """Validate a campaign draft ({"campaign": {...}}), freeze its base case and every point (cases whose lineage
     names the campaign), store the campaign under its hash; record its decision as the scenario's. CaseInvalid
-    naming the field and the fix; nothing is written for an invalid draft."""
+    naming the field and the fix; nothing is written for an invalid draft. price: what a start and a request of
+    the base's service cost (search kind auto chooses by them; None: assumed figures)."""
     body = obj.get("campaign")
     extra = sorted(set(obj) - {"campaign", "$schema"})
     if not isinstance(body, dict) or extra:
@@ -129,28 +144,29 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
     except ValidationError as e:
         raise explain(e, source, "campaign") from None
     base = _base(ws, draft, source)
+    axes = [a.model_dump(mode="json", exclude_defaults=True) for a in draft.axes]
+    # the id: what is measured (base and axes); a search that proposes points adds how it proposes them
+    ident: dict[str, Any] = {"base_case": case_id_of(base), "axes": axes}  # JSON: campaign.json's hashed part
+    if draft.constraints:  # part of the space (absent: the ids campaigns had before constraints)
+        ident["constraints"] = draft.constraints
+    if draft.search.proposes:
+        ident["search"] = draft.search.identity()
+    if draft.pool:  # where it is measured (absent: the ids campaigns on one target had before pools)
+        ident["pool"] = [t.model_dump(mode="json") for t in draft.pool]
+    gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
+    draft, auto = _auto(ws, gid, draft, base, price)
     # every point validated before anything is written: a bad axis value names its point and field
     cases = [_point_case(ws, base, draft.axes, values, source, draft.pool) for values in draft.combos()]
     _check_pool_keys(ws, base, draft.pool, source)
-    if draft.search.kind in PROPOSING:  # points come later: the first proposal checks the axis paths now
+    if draft.search.proposes:  # points come later: the first proposal checks the axis paths now
         _check_paths(base, draft.axes, source)
-    screen = draft.search.screen_requests
+    screen = draft.search.screen_requests if isinstance(draft.search, HalvingSearch) else None
     if screen is not None and screen >= base.load.requests:
         raise CaseInvalid(
             f"{source} is not a valid campaign: search.screen_requests {screen} is not below the base's "
             f"load.requests {base.load.requests}",
             "set search.screen_requests below the base's N (e.g. a quarter of it); nothing was written",
         )
-    axes = [a.model_dump(mode="json", exclude_defaults=True) for a in draft.axes]
-    # the id: what is measured (base and axes); a search that proposes points adds how it proposes them
-    ident: dict[str, Any] = {"base_case": case_id_of(base), "axes": axes}  # JSON: campaign.json's hashed part
-    if draft.constraints:  # part of the space (absent: the ids campaigns had before constraints)
-        ident["constraints"] = draft.constraints
-    if draft.search.kind in PROPOSING:
-        ident["search"] = draft.search.identity()
-    if draft.pool:  # where it is measured (absent: the ids campaigns on one target had before pools)
-        ident["pool"] = [t.model_dump(mode="json") for t in draft.pool]
-    gid = "g-" + sha256_bytes(canonical_json(ident))[:12]
     datasets.check_generation(ws, _named(cases), source)  # every point's dataset, before the first is generated
     base_id, _ = store(ws, base, source)
     points = [_store_point(ws, gid, base_id, values, label, case) for values, label, case in cases]
@@ -174,9 +190,9 @@ def freeze_campaign(ws: Workspace, obj: dict[str, Any], source: str) -> Frozen: 
             mode=0o444,
         )
         _write_points(d, points)
-    policy = draft.policy()
+    policy = {**draft.policy(), **({"auto": auto} if auto else {})}
     past = _policies(ws, gid)
-    changed = not past or past[-1] != policy
+    changed = not past or _same_shape(past[-1]) != policy
     if changed:
         with (d / "policy.jsonl").open("ab") as f:
             f.write(orjson.dumps({"utc": utc_now(), **policy}) + b"\n")
@@ -314,7 +330,7 @@ def startable_cases(ws: Workspace, camp: Campaign) -> list[tuple[str, Case]]:
     for p in camp.points:
         for t, cid in p.on.items() if p.on else [("", p.case_id)]:
             out.append((f"point '{p.label}'{on(t)}", load_case(ws, cid)))
-    if camp.search.kind in PROPOSING:
+    if camp.search.proposes:
         base, source = load_case(ws, camp.base_case), f"campaign {camp.campaign_id}"
         tried: list[tuple[list[Axis], dict[str, Scalar]]] = [([], {})]
         tried += [([a], {a.path: v}) for a in camp.axes for v in a.values or []]
@@ -336,6 +352,38 @@ def _base(ws: Workspace, draft: CampaignDraft, source: str) -> Case:
     if draft.decision is not None:
         base["decision"] = draft.decision.model_dump(mode="json")
     return datasets.pin(ws, validate(base, f"{source} campaign.base"))
+
+
+def _auto(
+    ws: Workspace, gid: str, draft: CampaignDraft, base: Case, price: Callable[[Case], Price] | None
+) -> tuple[CampaignDraft, str]:
+    """The draft with search kind auto replaced by its choice, and why ('' for another kind): the choice this
+    campaign recorded at its first freeze (a resume continues the same strategy), else chosen now."""
+    if not isinstance(draft.search, AutoSearch):
+        return draft, ""
+    past = _policies(ws, gid)
+    if past and past[-1].get("auto"):
+        search, why = stored_search(past[-1]["search"]), str(past[-1]["auto"])
+    else:
+        d = draft.decision or base.decision
+        space = Space(
+            axes=draft.axes,
+            constraints=draft.constraints,
+            limits=bool(d is not None and d.limits.bounds()),
+            requests=base.load.requests,
+            runs=draft.repeats.runs,
+            repeats=draft.repeats.budget,
+        )
+        search, why = choose(space, draft.budget, price(base) if price else Price(), draft.search.seed)
+    data = draft.model_dump(mode="json", exclude_none=True)
+    return CampaignDraft.model_validate({**data, "search": search.model_dump(mode="json")}), why
+
+
+def _same_shape(policy: dict[str, Any]) -> dict[str, Any]:  # JSON: a policy.jsonl line
+    """A recorded policy as one written now: its search with only its kind's fields (see stored_search)."""
+    if not isinstance(policy.get("search"), dict):
+        return policy
+    return {**policy, "search": stored_search(policy["search"]).model_dump(mode="json")}
 
 
 def _policies(ws: Workspace, gid: str) -> list[dict[str, Any]]:  # JSON: policy.jsonl lines as parsed
@@ -364,7 +412,7 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
         name=str(policy["name"]),
         scenario=scenario,
         base_case=str(ident["base_case"]),
-        search=Search.model_validate(policy["search"]),
+        search=stored_search(policy["search"]),
         repeats=Repeats.model_validate(policy["repeats"]),
         note=str(policy.get("note", "")),
         points=[
@@ -382,6 +430,7 @@ def load_campaign(ws: Workspace, campaign_id: str) -> Campaign:
         constraints=[str(c) for c in ident.get("constraints") or []],
         pool=[PoolTarget.model_validate(t) for t in ident.get("pool") or []],
         budget=_budget(policy),
+        auto=str(policy.get("auto", "")),
     )
 
 

@@ -18,7 +18,7 @@ from caseledger.campaign import plan as planner
 from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
 from caseledger.campaign.costs import service_key as service_key  # where the driver finds it
 from caseledger.campaign.costs import started_service as started_service
-from caseledger.campaign.model import PROPOSING, Search, setting_label
+from caseledger.campaign.model import GridSearch, setting_label
 from caseledger.campaign.search import REQUESTS
 from caseledger.campaign.store import (
     Campaign,
@@ -506,9 +506,9 @@ def search_open(ws: Workspace, camp: Campaign, acct: budget.Account | None = Non
     """A strategy that proposes points (search kind 'tpe') may still propose one: its max_points and the budget's
     measurements and minutes are not spent, and its driver has not recorded that it ended (converged, the space
     measured whole, a proposal the budget refused) at this many points."""
-    if camp.search.kind not in PROPOSING:
+    if not camp.search.proposes:
         return False
-    if camp.search.max_points is not None and len(camp.points) >= camp.search.max_points:
+    if camp.search.cap is not None and len(camp.points) >= camp.search.cap:
         return False
     if camp.budget.given() and (acct or account(ws, camp)).exhausted() is not None:
         return False
@@ -635,12 +635,12 @@ def search_ended(ws: Workspace, camp: Campaign, *, by_budget: bool = False) -> s
 def _budget_end(ws: Workspace, camp: Campaign, pl: planner.Plan, acct: budget.Account) -> str | None:
     """Why the budget ended the campaign: a run it did not start, a proposal it refused, or (a proposing search)
     measurements or minutes spent before its strategy had ended; None while it has not."""
-    if pl.budget_end is not None or camp.search.kind not in PROPOSING:
+    if pl.budget_end is not None or not camp.search.proposes:
         return pl.budget_end
     ended = search_ended(ws, camp, by_budget=True)
     if ended is not None or search_ended(ws, camp) is not None:
         return ended
-    full = camp.search.max_points is not None and len(camp.points) >= camp.search.max_points
+    full = camp.search.cap is not None and len(camp.points) >= camp.search.cap
     return None if full else acct.exhausted()
 
 
@@ -695,7 +695,7 @@ def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
         scenario=camp.scenario,
         objective=f"{d.primary_metric} on {d.window} ({'higher' if higher else 'lower'} is better)",
         limits=[f"{k}<={v:g}" for k, v in d.limits.bounds().items()],
-        search=camp.search.describe(len(camp.points)) + (f"; ended: {why}" if (why := search_ended(ws, camp)) else ""),
+        search=camp.describe() + (f"; ended: {why}" if (why := search_ended(ws, camp)) else ""),
         rows=rows,
         complete=complete,
         answer=answer,
@@ -788,7 +788,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     newest = load_campaign(ws, ids[-1])
     d = newest.decision
     higher = METRICS[d.primary_metric].higher_is_better
-    pl = planner.plan(list(merged.values()), Search(), newest.repeats, higher, None, d.min_effect)
+    pl = planner.plan(list(merged.values()), GridSearch(), newest.repeats, higher, None, d.min_effect)
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
     answer += tie_break(d.tie_break, [(merged[c].label, extras[c].latency[d.tie_break]) for c in tie])
     answer += _rests_on(pl, merged, load_campaign(ws, ids[0]), higher, {c: e.requests for c, e in extras.items()})

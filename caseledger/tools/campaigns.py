@@ -19,8 +19,10 @@ from caseledger.campaign.costs import (
     said_estimate,
     service_key,
 )
+from caseledger.campaign.search import Price
 from caseledger.campaign.store import Campaign, freeze_campaign, load_campaign, startable_cases
 from caseledger.campaign.view import CampaignView, campaign_view, driver_alive
+from caseledger.case.model import Case
 from caseledger.case.plan import decision_words
 from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid
@@ -73,11 +75,11 @@ class CampaignFrozen(BaseModel):
 
 
 def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  # JSON: a campaign draft
-    f = freeze_campaign(ws, obj, source)
+    f = freeze_campaign(ws, obj, source, price=lambda base: _price(ws, base))
     c = f.campaign
     change = decision_words(f.decision_before, c.decision) if f.decision_before is not None else None
     r = c.repeats
-    search = c.search.describe(len(c.points)) + f"; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
+    search = c.describe() + f"; runs {r.runs}, settle {r.settle_runs}, budget {r.budget}"
     return CampaignFrozen(
         campaign_id=c.campaign_id,
         created=f.created,
@@ -95,6 +97,11 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  
             else f"start_run(case_id='{c.campaign_id}') runs it to the end; then summarize(run_ids=['{c.campaign_id}'])"
         ),
     )
+
+
+def _price(ws: Workspace, base: Case) -> Price:
+    """What a start and a request of the base's service cost, as the workspace's runs measured them."""
+    return learn(run_costs(ws), service_key(base), engine_model(base)).price()
 
 
 def _estimate(ws: Workspace, c: Campaign) -> str:

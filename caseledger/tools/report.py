@@ -159,7 +159,7 @@ def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
 def _campaign(ws: Workspace, view: CampaignView) -> ReportResult:
     camp = load_campaign(ws, view.campaign_id)
     window = camp.decision.window
-    axis = camp.search.axis or (next(iter(camp.points[0].values)) if len(camp.points[0].values) == 1 else None)
+    axis = camp.search.knee or (next(iter(camp.points[0].values)) if len(camp.points[0].values) == 1 else None)
     values = {p.case_id: p.values for p in camp.points}
     flags: dict[str, list[Flag]] = {}
     points, cdfs = [], {}
