@@ -154,8 +154,9 @@ class SummaryResult(BaseModel):
                 dec += f" (missing: {quoted('; '.join(r.missing), 100)})"
             elif r.decision_reason and r.decision not in ("baseline", None):
                 dec += f": {quoted(r.decision_reason, 120)}"
-            if r.campaign_verdict:  # the campaign decides a point, not one run: its verdict first
-                dec = f"{r.campaign_verdict}; this run alone: {dec}"
+            if r.campaign_verdict:  # the campaign decides a point, not one run: never this run's own keep/close
+                gaps = f" (this run: missing {quoted('; '.join(r.missing), 100)})" if r.missing else ""
+                dec = r.campaign_verdict + gaps
             lines.append(f"{r.run_id} {r.case_id} {r.scenario}: {dec}")
             if r.changed_evidence:
                 lines.append(f"  changed evidence: {r.changed_evidence}")
