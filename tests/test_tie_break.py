@@ -17,6 +17,8 @@ def test_a_tie_break_within_its_own_noise_stays_a_tie_and_nothing_is_said_withou
     said = tie_break("ttft_p99_ms", [("A", [100.0, 130.0]), ("B", [110.0, 112.0])])
     assert "within noise" in said and "still a tie" in said and "better" not in said, said
     assert tie_break("ttft_p99_ms", [("A", []), ("B", [1.0])]) == ""
+    close = tie_break("ttft_p99_ms", [("A", [2019.0]), ("B", [2043.0])])  # one run each, 1% apart: no call
+    assert "still a tie" in close and "better" not in close, close
     assert tie_break("ttft_p99_ms", []) == ""
 
 

@@ -962,6 +962,9 @@ def _rests_on(
     )
 
 
+TIE_BREAK_UNKNOWN = 0.10  # with one run a side (no run-to-run spread), a tie-break gap below this names no point
+
+
 def tie_break(metric: str, tied: list[tuple[str, list[float]]]) -> str:
     """'; tie-break on ttft_p99_ms: C=2 better, 1.8e+03 vs 3.7e+03 ms (-51%; run-to-run ±4%)': the better of a
     tie's points on decision.tie_break (lower is better), by its mean over their valid runs; when the gap is within
@@ -974,7 +977,7 @@ def tie_break(metric: str, tied: list[tuple[str, list[float]]]) -> str:
     spread = max(spreads, default=None)
     gap = (ma - mb) / mb if mb else 0.0
     noise = f"run-to-run ±{spread:.0%}" if spread is not None else "run-to-run unknown (1 run each)"
-    if spread is not None and abs(gap) <= 2 * spread:
+    if abs(gap) <= (2 * spread if spread is not None else TIE_BREAK_UNKNOWN):  # within noise, or too close to call
         return f"; tie-break on {metric}: {_n(ma)} vs {_n(mb)} ms ({gap:+.0%}), within noise ({noise}): still a tie"
     return f"; tie-break on {metric}: {la} better, {_n(ma)} vs {_n(mb)} ms for {lb} ({gap:+.0%}; {noise})"
 
