@@ -101,6 +101,7 @@ def _grid(port: int, budget: dict[str, Any]) -> dict[str, Any]:
                 {"path": "service.reference.slots", "values": [4, 8]},
                 {"path": "load.concurrency", "values": [1, 2, 4]},
             ],
+            "search": {"kind": "grid"},  # a grid, said so: without a kind, a budget below the grid is auto
             "repeats": {"runs": 1, "settle_runs": 2, "budget": 4},
             "budget": budget,
             "decision": {"primary_metric": "output_throughput", "min_effect": 0.5},
