@@ -56,7 +56,7 @@ def served_outside(log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 def _case(ws: Workspace, port: int) -> str:
     draft = external_draft(
         port,
-        dataset={"source": "synthetic", "input_tokens": 32, "output_tokens": 256},
+        dataset={"source": "synthetic", "input_tokens": 32, "output_tokens": 2048},  # a window of seconds, not one
         load={"requests": 160, "concurrency": 4},
         warmup={"requests": 2, "concurrency": 2, "max_tokens": 2},
     )
