@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # types only: the planner imports this module
-    from caseledger.campaign.plan import LimitObs, PointObs
+from caseledger.campaign.observed import LimitObs, PointObs
 
 CONTROL_EVERY = 4  # runs of other points between two runs of the control
 DRIFT_NOISE = 2.0  # beyond this many times the within-run noise: run-to-run varies more than one run says

@@ -405,7 +405,8 @@ def grid(
     todo = [v for v in space_of(axes, constraints or []) if key(v) not in seen]
     if not todo:
         return None
-    svc, running = service_axes(axes), _running(service_axes(axes), observed, live)
+    svc = service_axes(axes)
+    running = _running(svc, observed, live)
     pick = next((v for v in todo if _ident(svc, v) == running), todo[0])
     return Proposal(pick, f"grid point {len(observed) + 1}")
 
@@ -427,7 +428,8 @@ def knee(
     line = sorted(next(a.grid() or [] for a in axes if a.path == ax), key=float)
     others = [a for a in axes if a.path != ax]
     settings = space_of(others, [c for c in constraints or [] if ax not in c.split()])
-    svc, running = service_axes(axes), _running(service_axes(axes), observed, live)
+    svc = service_axes(axes)
+    running = _running(svc, observed, live)
     members: dict[tuple[tuple[str, str], ...], list[Observed]] = {}
     for ob in observed:
         members.setdefault(key({p: v for p, v in ob.values.items() if p != ax}), []).append(ob)
