@@ -180,7 +180,6 @@ def _knee(usable: list[PointObs], axis: str, out: Plan) -> list[tuple[PointObs, 
 
 
 CONTENTION_NOISE = 0.5  # a run whose host lent s more of its CPU to other processes may be up to ~s/2 slower
-CONTENTION_APART = 0.10  # two points whose runs saw other processes' CPU this far apart are measured again
 
 
 def contention(p: PointObs) -> float | None:
@@ -241,7 +240,7 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
     noise = math.hypot(lead.noise_rel, second.noise_rel, CONTENTION_NOISE * apart)
     out.gap_rel, out.noise_rel, out.contention_gap = gap, noise, apart
     known = lead.runs > 1 and second.runs > 1  # run-to-run noise measured on both sides
-    if apart > CONTENTION_APART:  # a gain that coincides with a contention difference: measured again first
+    if apart > drift.CONTENTION_GAP:  # a gain that coincides with a contention difference: measured again first
         busier = max((lead, second), key=lambda p: contention(p) or 0.0)
         if busier.runs < repeats.settle_runs and budget_left > 0 and not busier.active:
             other = second if busier is lead else lead

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from caseledger.campaign import drift
 from caseledger.campaign import plan as planner
 from caseledger.campaign.model import Repeats
 
@@ -39,7 +40,7 @@ def resolution(
     noise, gap = pl.noise_rel, pl.gap_rel
     host = (
         f", widened by their host contention {pl.contention_gap:.0%} apart"
-        if pl.contention_gap > planner.CONTENTION_APART
+        if pl.contention_gap > drift.CONTENTION_GAP
         else ""
     )
     if gap > noise:

@@ -13,12 +13,12 @@ from caseledger.ledger.view import PhaseView, RunState, RunView
 REPEATS_BEFORE_BY_HAND = 3  # attempts of one phase failing the same way, after which resume is no answer
 
 
-NEXT_WAIT_S = 600  # the wait a "next" names: the bound of phase_status's wait (clients set their timeout above it)
+MAX_WAIT_S = 600.0  # the bound of phase_status's wait, and the wait every "next" names (clients time out later)
 
 
 def wait_call(run_id: str) -> str:
     """The call that waits for a run or a campaign until it ends or needs the caller: every "next" names this."""
-    return f"phase_status(run_id='{run_id}', wait_s={NEXT_WAIT_S}): answers when it ends or needs you"
+    return f"phase_status(run_id='{run_id}', wait_s={MAX_WAIT_S:g}): answers when it ends or needs you"
 
 
 _ID = r"'([^']+)'"

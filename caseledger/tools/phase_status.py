@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFound, quoted
 from caseledger.ledger import authorization, queue
+from caseledger.ledger.advice import MAX_WAIT_S as MAX_WAIT_S  # the one bound: every next names it
 from caseledger.ledger.index import open_index
 from caseledger.ledger.intact import load_settled, settled_change, torn_lines
 from caseledger.ledger.runs import damaged_line, load_run
@@ -151,9 +152,9 @@ class StatusResult(BaseModel):
         return "\n".join(lines)
 
 
-# A bounded wait long enough for a campaign point. A wait sends progress notifications as the run moves; a
-# client whose tool timeout is shorter (Codex: tool_timeout_sec, 60 s by default) sets it higher or waits less.
-MAX_WAIT_S = 600.0
+# The wait's bound (MAX_WAIT_S) is long enough for a campaign point. A wait sends progress notifications as the
+# run moves; a client whose tool timeout is shorter (Codex: tool_timeout_sec, 60 s by default) sets it higher or
+# waits less.
 WAIT_POLL_S = 0.25
 
 
