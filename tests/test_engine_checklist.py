@@ -1,6 +1,7 @@
 """The seeds' checklist in one summarize call, on a real llama-server with self-draft speculative decoding and a
 90% shared prefix: distributions, both windows with counts and durations, AL with its formula, the strict
-acceptance rate, the cache hit range with its denominator, and the requests below the declared ratio."""
+acceptance rate, the cache hit range with its denominator, the requests below the declared ratio, and ITL per
+engine step beside ITL per chunk."""
 
 from __future__ import annotations
 
@@ -54,3 +55,5 @@ def test_one_summarize_answers_the_checklist_of_a_speculative_prefix_run(tmp_pat
     assert "strict acceptance " in text and " accepted / " in text and " drafted" in text, text
     assert "cache hit ratio " in text and "of chat-template prompt tokens" in text, text  # range, denominator
     assert " below 0.8)" in text, text  # the requests below the declared ratio
+    # a verify step streams its accepted tokens together: ITL per step sits beside ITL per chunk
+    assert "ITL per step p50/p99 " in text and " chunk gaps < 1 ms merged)" in text, text

@@ -27,6 +27,7 @@ from caseledger.metrics import (
 )
 from caseledger.metrics.__main__ import main
 from caseledger.metrics._spec import WHOLE_ONLY_NO_COUNTS
+from caseledger.outcome.figures import brief, window_figures
 from caseledger.records import RawRecord
 
 MS = 1_000_000  # ns per ms
@@ -150,6 +151,26 @@ def test_latency_figures_match_the_hand_computation(hand: Result) -> None:
     # token-aware: R1's last gap (4 ms) carried 2 tokens -> 2 ms twice; R4 derived (2 chunks == 2 tokens);
     # R5 excluded (2 chunks, 3 tokens, no chunk_tokens)
     check_dist(lat.itl_token_aware, [2, 2, 2, 4, 2, 2, 3], "ms")
+    # per step: no two chunks of a request here are under 1 ms apart, so every chunk is its own step
+    check_dist(lat.itl_step, [2, 2, 2, 4, 4, 3, 4], "ms")
+
+
+def test_chunks_of_one_verify_step_are_one_step_gap() -> None:
+    """Speculative decoding streams a verify step's accepted tokens together: ITL per chunk reads the tens of
+    microseconds between them, ITL per step the gaps between the steps."""
+    records = [
+        rec(0, 0, [10, 10.05, 10.1, 410, 410.03, 900], 900.5, toks=[1] * 6, comp=6),
+        rec(1, 1, [20, 20.04, 520, 520.02], 520.5, toks=[1] * 4, comp=4),
+    ]
+    whole = compute_result(make_case(load={"requests": 2, "concurrency": 2}), records).windows.whole
+    lat = whole.latency
+    check_dist(lat.itl, [0.05, 0.05, 399.9, 0.03, 489.97, 0.04, 499.96, 0.02], "ms")
+    check_dist(lat.itl_step, [399.9, 489.97, 499.96], "ms")
+    # the plain answer's line puts both side by side, and says how many gaps were merged
+    assert "ITL per step p50/p99 490/499.8 ms (5 of 8 chunk gaps < 1 ms merged)" in brief(window_figures(whole))
+    burst_only = [rec(0, 0, [10, 10.05, 10.1], 10.5, toks=[1] * 3, comp=3)]
+    lat = compute_result(make_case(load={"requests": 1, "concurrency": 1}), burst_only).windows.whole.latency
+    assert isinstance(lat.itl_step, NotObserved) and "every chunk gap < 1 ms" in lat.itl_step.reason, lat.itl_step
 
 
 def test_failed_and_one_token_requests_are_explained_not_zeroed(hand: Result) -> None:
@@ -215,6 +236,7 @@ def test_definitions_are_written_into_the_result(hand: Result) -> None:
         "tpot",
         "itl",
         "itl_token_aware",
+        "itl_step",
         "output_throughput",
         "per_card",
         "window_native_aisbench",

@@ -72,7 +72,7 @@ def test_a_window_the_rule_did_not_find_says_its_reason_once_per_section() -> No
     assert not w.found
     f = window_figures(w)
     assert f.latency.observed == {} and len(f.latency.not_observed) == 1
-    assert f.latency.not_observed[0].figures == ["ttft", "tpot", "itl", "itl_token_aware", "e2e"]
+    assert f.latency.not_observed[0].figures == ["ttft", "tpot", "itl", "itl_token_aware", "itl_step", "e2e"]
     assert brief(f) == f"no window: {w.reason}"
     md = render_run_md({}, res, None, None)
     native = md.split("### Window `native`")[1]

@@ -22,7 +22,10 @@ from caseledger.records import NativeRule as NativeRule
 # v6: accelerator samples per window, a device shared with a foreign process distorts it; v5: arrival error against
 # the schedule, trace replay planned vs cached; v4: server counts checked, stalls and host CPU flag distorted
 # windows, rate noise in time
-PROCESSOR_VERSION = "v6"
+PROCESSOR_VERSION = "v7"
+# Chunks of one request closer than this came from one engine step: a verify step of speculative decoding streams
+# its accepted tokens within tens of microseconds, and a decode step of a real engine takes milliseconds.
+STEP_GAP_MS = 1.0
 """Version of the code that turns raw records into results; results are stored per version."""
 
 WindowRule = Literal["whole", NativeRule]
@@ -100,6 +103,11 @@ class Latency(FrozenModel):
     itl: Distribution | NotObserved = Field(description="Gaps between consecutive content chunks, pooled (ms)")
     itl_token_aware: Distribution | NotObserved = Field(
         description="Chunk gaps spread over the tokens each chunk carried, pooled per token (ms)"
+    )
+    itl_step: Distribution | NotObserved = Field(
+        default=NotObserved(reason="not computed by processor versions before v7 (reprocess_raw computes it)"),
+        description="Gaps between engine steps: chunk gaps of at least STEP_GAP_MS, pooled (ms); under "
+        "speculative decoding the tokens of one verify step arrive together and count as one step",
     )
 
 

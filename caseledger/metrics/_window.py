@@ -17,6 +17,7 @@ from caseledger.metrics._columns import F64, B, RawColumns
 from caseledger.metrics._derive import Derived
 from caseledger.metrics._evidence import Evidence, distortion
 from caseledger.metrics._models import (
+    STEP_GAP_MS,
     CacheFigures,
     Latency,
     NotObserved,
@@ -209,7 +210,7 @@ def _no_window(name: Literal["whole", "native"], span: Span, limits: Window, inp
         meets_min_duration=limits.min_duration_s <= 0,  # no minimum, nothing to fall below (min_requests says it)
         peak_concurrency=0,
         mean_concurrency=no,
-        latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no),
+        latency=Latency(ttft=no, e2e=no, tpot=no, itl=no, itl_token_aware=no, itl_step=no),
         tokens=Tokens(input_body=no, input_chat=no, prompt=no, output=no, prompt_vs_planned=no),
         throughput=Throughputs(request=no, output=no, input=no, total=no, goodput=no),
         cache=CacheFigures(
@@ -267,6 +268,11 @@ def _latency(dv: Derived, okm: B, n_ok: int, nothing: str, notes: list[str]) -> 
         tpot=distribution(dv.tpot_ms[okm], "ms", tpot_reason),
         itl=distribution(gaps, "ms", itl_reason),
         itl_token_aware=distribution(aware, "ms", aware_reason),
+        itl_step=distribution(
+            gaps[gaps >= STEP_GAP_MS],
+            "ms",
+            f"every chunk gap < {STEP_GAP_MS:g} ms: no two engine steps told apart" if gaps.size else itl_reason,
+        ),
     )
 
 

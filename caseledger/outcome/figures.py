@@ -15,6 +15,7 @@ from pydantic import Field
 
 from caseledger.errors import quoted
 from caseledger.metrics import (
+    STEP_GAP_MS,
     Accelerators,
     CounterDelta,
     Distribution,
@@ -38,6 +39,7 @@ LABELS: dict[str, str] = {
     "tpot": "TPOT",
     "itl": "ITL (chunk gaps)",
     "itl_token_aware": "ITL (token-aware)",
+    "itl_step": "ITL (per engine step)",
     "e2e": "E2E",
     "input_body": "input tokens (body)",
     "input_chat": "input tokens (chat template)",
@@ -290,6 +292,7 @@ def window_figures(w: WindowResult) -> WindowFigures:
             ("tpot", lat.tpot),
             ("itl", lat.itl),
             ("itl_token_aware", lat.itl_token_aware),
+            ("itl_step", lat.itl_step),
             ("e2e", lat.e2e),
         ]
     )
@@ -378,6 +381,12 @@ def brief(w: WindowFigures) -> str:
         for name, d in ((n.upper(), w.latency.observed.get(n)) for n in ("e2e", "itl"))
         if d is not None
     ]
+    per_chunk, per_step = w.latency.observed.get("itl"), w.latency.observed.get("itl_step")
+    if per_chunk is not None and per_step is not None and per_step.count < per_chunk.count:  # chunks came in bursts
+        parts.append(
+            f"ITL per step p50/p99 {_g(per_step.p50)}/{_g(per_step.p99)} ms "
+            f"({per_chunk.count - per_step.count} of {per_chunk.count} chunk gaps < {STEP_GAP_MS:g} ms merged)"
+        )
     ratios = w.spec_decode.ratios
     al = next(((src, ratios[k]) for k, src in _AL_SOURCES if k in ratios), None)
     if al is not None:

@@ -323,6 +323,7 @@ _SIDE_ROWS: tuple[tuple[str, Callable[[WindowResult], object]], ...] = (
     ("TPOT p99 ms", _metric("tpot_p99")),
     ("ITL p50 ms", _metric("itl_p50_ms")),
     ("ITL token-aware p50 ms", _in_window(lambda w: _of(w.latency.itl_token_aware, lambda d: d.p50))),
+    ("ITL per step p50 ms", _in_window(lambda w: _of(w.latency.itl_step, lambda d: d.p50))),
     ("E2E p50 ms", _metric("e2e_p50")),
     ("E2E p99 ms", _metric("e2e_p99")),
     ("cache hit ratio mean", _in_window(lambda w: _of(w.cache.hit_ratio, lambda d: d.mean))),
