@@ -335,7 +335,7 @@ import json, os, resource, statistics, sys, time, tracemalloc
 sys.path.insert(0, sys.argv[1])
 from caseledger.workspace import Workspace
 ws = Workspace(sys.argv[2]); what = sys.argv[3]; arg = sys.argv[4]
-from caseledger.outcome import handoff
+from caseledger.views import handoff
 from caseledger.tools import phase_status, summarize
 from caseledger.ledger.events import append_event
 if what == "controller_refresh":

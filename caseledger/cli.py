@@ -381,7 +381,7 @@ def _report(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _authorize(ws: Workspace, a: argparse.Namespace) -> int:
-    from caseledger.outcome import handoff  # lazy: see _dispatch
+    from caseledger.views import handoff  # lazy: see _dispatch
 
     mode = authorization.set_mode(ws, a.mode)
     handoff.refresh(ws)
@@ -390,7 +390,7 @@ def _authorize(ws: Workspace, a: argparse.Namespace) -> int:
 
 
 def _handoff(ws: Workspace, a: argparse.Namespace) -> int:
-    from caseledger.outcome import handoff  # lazy: see _dispatch
+    from caseledger.views import handoff  # lazy: see _dispatch
 
     text = handoff.refresh(ws, verify=True)
     _print({"handoff": text, "path": str(ws.handoff)}, text.rstrip("\n"), a.json)

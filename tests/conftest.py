@@ -647,8 +647,8 @@ def assert_one_answer(ws: Workspace, campaign_id: str) -> str:
     """Every view names the campaign's one answer, resting on the same runs: summarize of the campaign, of its
     scenario and of each point's runs, the scenario resource's rows and HANDOFF.md. Returns the answer."""
     from caseledger.campaign.view import campaign_view, scenario_answer
-    from caseledger.outcome import handoff
     from caseledger.tools import summarize
+    from caseledger.views import handoff
 
     cv = campaign_view(ws, campaign_id)
     sv = summarize(ws, [], scenario=cv.scenario).scenario

@@ -19,9 +19,9 @@ import pytest
 from caseledger import services
 from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
-from caseledger.outcome.scenario import scenario_view
 from caseledger.services import identity, live
 from caseledger.tools import freeze_case, phase_status, resume, start_run
+from caseledger.views.scenario import scenario_view
 from caseledger.workspace import Workspace, read_json, sha256_file
 from tests.conftest import free_port, ref_draft, start_with_fault, stats, tree_digest
 

@@ -32,12 +32,12 @@ from caseledger.campaign.view import campaign_view
 from caseledger.ledger import authorization, indexdb
 from caseledger.ledger.index import open_index
 from caseledger.ledger.intact import torn_lines
-from caseledger.outcome.chart import draw_campaign
 from caseledger.run.campaign_driver import stop_drivers
 from caseledger.server import build_server
 from caseledger.server.toolset import HEARTBEAT_S
 from caseledger.tools import freeze_any, freeze_case, phase_status, reprocess_raw, start_any, start_run, summarize
 from caseledger.tools.summarize import chart_png
+from caseledger.views.chart import draw_campaign
 from caseledger.workspace import RunPaths, Workspace
 from tests.conftest import free_port, knee_base, ref_draft, start_with_fault, stats
 from tests.test_fault_matrix import cell, settled, wait_until

@@ -8,8 +8,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from caseledger.outcome import handoff
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
+from caseledger.views import handoff
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, stats
 

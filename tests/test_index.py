@@ -18,8 +18,8 @@ from bench.bench_ledger import build
 from caseledger.ledger import indexdb
 from caseledger.ledger.events import append_event
 from caseledger.ledger.index import open_index
-from caseledger.outcome import handoff
 from caseledger.tools import phase_status, summarize
+from caseledger.views import handoff
 from caseledger.workspace import Workspace
 
 

@@ -29,9 +29,9 @@ STAGES: list[tuple[str, ...]] = [
     ("metrics",),  # raw -> results per window
     ("load", "target"),  # the load client; the embedded reference target
     ("services",),  # bring a target to the case's identity (local or over SSH)
-    # decide, report, time ledger, handoff; a campaign's declaration, planner, strategies and answer: the views
-    # (scenario, HANDOFF.md) show a campaign point's verdict from the campaign, so both are one stage
-    ("outcome", "campaign"),
+    ("outcome",),  # a run's figures, decision, report and time ledger
+    ("campaign",),  # a campaign's declaration, planner, strategies and answer (its points' runs: outcome)
+    ("views",),  # a scenario's cases and campaigns, HANDOFF.md, their charts and pages
     ("run",),  # create/start, controller, phase bodies, preflight, resume, a campaign's driver (starts its runs)
     ("tools",),  # the six tools
     ("importers", "server", "demo", "init"),  # AISBench import, MCP wiring, the demo, a new workspace

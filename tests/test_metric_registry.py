@@ -12,8 +12,8 @@ from caseledger.case.metrics import LIMITS, METRICS, LimitName, PrimaryMetric
 from caseledger.case.model import Case, Decision, Limits
 from caseledger.case.schema import case_schema
 from caseledger.metrics import NotObserved, Result, compute_result
-from caseledger.outcome.scenario import ScenarioRow
 from caseledger.records import RawRecord
+from caseledger.views.scenario import ScenarioRow
 
 MS = 1_000_000
 N, OUT = 64, 32  # requests, output tokens each

@@ -16,9 +16,9 @@ from bench.bench_ledger import build
 from caseledger.ledger import indexdb
 from caseledger.ledger.events import append_event
 from caseledger.ledger.index import open_index
-from caseledger.outcome.chart import draw_view, scenario_plot_path
 from caseledger.tools import summarize
 from caseledger.tools.summarize import chart_png
+from caseledger.views.chart import draw_view, scenario_plot_path
 from caseledger.workspace import Workspace
 
 pytest.importorskip("matplotlib")

@@ -13,9 +13,9 @@ from caseledger.campaign.store import driver_file
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.model import Case
 from caseledger.ledger import authorization
-from caseledger.outcome import handoff
 from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
+from caseledger.views import handoff
 from caseledger.workspace import Workspace, utc_now, write_json
 from tests.conftest import KNEE_TARGET, free_port, knee_base, ref_draft, until_complete
 

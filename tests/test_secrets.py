@@ -22,12 +22,12 @@ from caseledger.cli import main
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger.leases import target_key
 from caseledger.load import RequestSpec, run_requests
-from caseledger.outcome import handoff
 from caseledger.procs import INHERITED_ENV
 from caseledger.records import PHASE_HEADER, RawRecord
 from caseledger.redact import MASK, MIN_SECRET_CHARS, Secrets
 from caseledger.server import build_server
 from caseledger.tools import freeze_case, phase_status, resume, start_run, summarize
+from caseledger.views import handoff
 from caseledger.workspace import Workspace
 from tests.conftest import (
     ONE_TOKEN_STREAM,

@@ -1,4 +1,5 @@
-"""Self-contained HTML reports of a run, a scenario and a campaign: one file a person opens in a browser.
+"""Self-contained HTML reports, one file a person opens in a browser: a run's here, a scenario's and a campaign's
+beside their views (views.html, campaign.html), with the helpers and rules below.
 
 No network at view time and no script: the style is inline, the charts are matplotlib figures inlined as SVG
 (plots.svg: text drawn as paths, so no font is fetched). Every text that comes from the ledger is masked
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from caseledger import redact
 from caseledger.outcome.decide import DecisionRecord
 from caseledger.outcome.flags import Flag
-from caseledger.outcome.scenario import ScenarioView
 from caseledger.outcome.summary import Headline
 
 STYLE = """
@@ -174,55 +174,3 @@ def render_run(
     body += ["<h2>Charts</h2>", charts(figures)]
     body.append(f'<p class="muted">Every figure by window, with its definition: {e(report_md)}</p>')
     return page(f"caseledger run {run_id}", body)
-
-
-def render_scenario(view: ScenarioView, flags: dict[str, list[Flag]], figures: Sequence[Chart]) -> str:
-    """A scenario: one row per case with the limit verdicts and the decision, the best case, evidence, charts."""
-    best = next((r for r in view.rows if r.best), None)
-    body = [
-        f"<h1>Scenario {e(view.scenario)}</h1>",
-        f"<p>{e(len(view.rows))} case(s); decision metric {e(view.primary_metric)} on the {e(view.window)} window "
-        f"({e(view.direction.replace('_', ' '))}); limits {e(', '.join(view.limits) or 'none')}; swept "
-        f"{e(view.swept or 'several fields')}</p>",
-        '<div class="answer">'
-        + (f"best within limits: {e(best.change)} ({e(best.case_id)})" if best else "best within limits: none yet")
-        + "</div>",
-    ]
-    header = [
-        "change",
-        "case",
-        "run",
-        "runs",
-        "state",
-        "decision",
-        "metric",
-        "TTFT p50/p99 ms",
-        "TPOT p50/p99 ms",
-        "E2E p50/p99 ms",
-        "limits",
-        "settle",
-    ]
-    rows, classes = [], []
-    for r in view.rows:
-        lim = "; ".join(f"{v.limit} {fmt(v.value)} <= {v.bound:g}: {v.verdict}" for v in r.limits) or "—"
-        rows.append(
-            [
-                r.change,
-                r.case_id,
-                r.run_id,
-                r.runs,
-                r.state,
-                r.decision,
-                r.metric,
-                f"{fmt(r.ttft_p50_ms)}/{fmt(r.ttft_p99_ms)}",
-                f"{fmt(r.tpot_p50_ms)}/{fmt(r.tpot_p99_ms)}",
-                f"{fmt(r.e2e_p50_ms)}/{fmt(r.e2e_p99_ms)}",
-                lim,
-                r.settle,
-            ]
-        )
-        classes.append("best" if r.best else "breaks" if any(v.verdict == "breaks" for v in r.limits) else "")
-    body += ["<h2>Cases</h2>", table(header, rows, classes), f'<p class="muted">{e(view.decisions)}</p>']
-    body += evidence(flags)
-    body += ["<h2>Charts</h2>", charts(figures)]
-    return page(f"caseledger scenario {view.scenario}", body)

@@ -1,7 +1,7 @@
 """Run-level results work shared by the controller's decide phase and the summarize/reprocess tools:
 deciding against the baseline (with the fallback to the scenario's last valid kept case, and the case's
 repeated runs as noise), the time ledger, and writing report.md / report.json. The scenario view (one row
-per case of a scenario) is in outcome.scenario."""
+per case of a scenario) is in views.scenario."""
 
 from __future__ import annotations
 
@@ -279,7 +279,7 @@ def time_ledger(run: Run) -> dict[str, Any]:  # JSON: a section of report.json
 
 
 class FrozenModel(BaseModel):
-    """Base of the views here and in outcome.scenario: immutable, and an unknown field is an error."""
+    """Base of the views here and in views.scenario: immutable, and an unknown field is an error."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

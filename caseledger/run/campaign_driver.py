@@ -62,13 +62,13 @@ from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
 from caseledger.ledger import authorization, indexdb
 from caseledger.ledger.runs import RunMeta, load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
-from caseledger.outcome import handoff
 from caseledger.run.admit import check_start
 from caseledger.run.controller import DRIVEN_BY
 from caseledger.run.envcheck import CHART_ENV
 from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
 from caseledger.run.start import drop_unhanded, launch, spawn_controller_ahead, wait_for
+from caseledger.views import handoff
 from caseledger.workspace import Workspace, read_json_or_none, utc_now, write_json
 
 WAIT_S = 1.0  # between looks at a paused authorization or a held target
@@ -628,7 +628,7 @@ def _draw_charts(ws: Workspace, gid: str) -> None:
         return  # the caller's process is no place for nice 19 (or no chart is wanted): summarize draws in memory
     try:
         os.nice(19)
-        from caseledger.outcome.chart import draw_campaign, draw_scenario  # lazy: numpy and matplotlib, only now
+        from caseledger.views.chart import draw_campaign, draw_scenario  # lazy: numpy and matplotlib, only now
 
         draw_campaign(ws, campaign_view(ws, gid))
         _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))

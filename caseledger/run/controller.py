@@ -83,7 +83,7 @@ def draw_chart(ws: Workspace, scenario: str) -> None:
         return
     try:
         os.nice(19)
-        from caseledger.outcome.chart import draw_scenario  # lazy: numpy and matplotlib (a controller starts light)
+        from caseledger.views.chart import draw_scenario  # lazy: numpy and matplotlib (a controller starts light)
 
         draw_scenario(ws, scenario)
     except Exception as e:  # a derived file: whatever fails here, the run's facts stand

@@ -61,6 +61,6 @@ class HandoffWriter:
                     raise
 
     def _write(self, exiting: str | None) -> None:
-        from caseledger.outcome import handoff  # lazy: the views it renders are not on the run's critical path
+        from caseledger.views import handoff  # lazy: the views it renders are not on the run's critical path
 
         handoff.refresh(self.ws, exiting=exiting)

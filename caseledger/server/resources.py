@@ -164,7 +164,7 @@ def _check_scenario_name(name: str) -> None:
 def _read_scenario(ws: Workspace, name: str) -> str:
     _check_scenario_name(name)
     from caseledger.case.store import remember_secrets  # lazy: see the module's docstring
-    from caseledger.outcome.scenario import scenario_next, scenario_view  # lazy: see the module's docstring
+    from caseledger.views.scenario import scenario_next, scenario_view  # lazy: see the module's docstring
 
     try:
         remember_secrets(ws)
@@ -175,7 +175,7 @@ def _read_scenario(ws: Workspace, name: str) -> str:
 
 
 def _read_handoff(ws: Workspace) -> str:
-    from caseledger.outcome import handoff  # lazy: see the module's docstring
+    from caseledger.views import handoff  # lazy: see the module's docstring
 
     return handoff.refresh(ws, verify=True)
 

@@ -28,13 +28,13 @@ from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
-from caseledger.outcome import handoff
 from caseledger.run.admit import check_start
 from caseledger.run.campaign_driver import spawn, stamp
 from caseledger.run.progress import ProgressLine
 from caseledger.run.resume import ResumeResult, resume
 from caseledger.tools.phase_status import MAX_WAIT_S, StatusResult, Until, check_wait, phase_status
 from caseledger.tools.start_run import StartResult, start_run
+from caseledger.views import handoff
 from caseledger.workspace import Workspace, check_id, is_id
 
 WAIT_POLL_S = 0.5

@@ -22,10 +22,11 @@ from caseledger.case.metrics import LIMITS
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import Result, latest_result
 from caseledger.outcome import html, plots, summary
-from caseledger.outcome.chart import pareto_points, scenario_figure
 from caseledger.outcome.flags import Flag, evidence_flags
-from caseledger.outcome.scenario import ScenarioView, scenario_next
 from caseledger.tools.summarize import RunSummary, runs_figure, summarize
+from caseledger.views.chart import pareto_points, scenario_figure
+from caseledger.views.html import render_scenario
+from caseledger.views.scenario import ScenarioView, scenario_next
 from caseledger.workspace import Workspace, atomic_write
 
 
@@ -152,7 +153,7 @@ def _scenario(ws: Workspace, view: ScenarioView) -> ReportResult:
             flags=_warned(flags),
             next_call=scenario_next(view),
         ),
-        [html.render_scenario(view, flags, charts)],
+        [render_scenario(view, flags, charts)],
     )
 
 

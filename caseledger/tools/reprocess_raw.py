@@ -14,8 +14,9 @@ from caseledger.ledger.intact import torn_lines
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256
 from caseledger.metrics import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # names resolved lazily: no numpy
-from caseledger.outcome import handoff, summary
+from caseledger.outcome import summary
 from caseledger.run.after_load import check_raw, postprocess
+from caseledger.views import handoff
 from caseledger.workspace import Workspace
 
 

@@ -11,8 +11,8 @@ from caseledger.case.store import load_case
 from caseledger.errors import NotAuthorized, TargetHeld, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger import queue as target_queue
-from caseledger.outcome import handoff
 from caseledger.run.start import Progress, launch, preflight_case
+from caseledger.views import handoff
 from caseledger.workspace import Workspace, check_id
 
 

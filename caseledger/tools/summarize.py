@@ -32,11 +32,11 @@ from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import fold
 from caseledger.metrics import Result
 from caseledger.outcome import plots, report, summary
-from caseledger.outcome.chart import campaign_plot_path, drawn, pareto_points, scenario_figure, scenario_plot_path
 from caseledger.outcome.decide import DECISION_WORDS, broken, limit_verdicts
 from caseledger.outcome.figures import RunFigures, headline_lines, run_figures, short
-from caseledger.outcome.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
 from caseledger.outcome.summary import Headline
+from caseledger.views.chart import campaign_plot_path, drawn, pareto_points, scenario_figure, scenario_plot_path
+from caseledger.views.scenario import ScenarioView, latest_scenario, scenario_next, scenario_view
 from caseledger.workspace import Workspace, is_id
 
 

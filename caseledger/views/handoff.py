@@ -22,8 +22,8 @@ from caseledger.ledger.index import Index, RunRow, open_index, row_of
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold
 from caseledger.outcome.decide import broken
-from caseledger.outcome.scenario import ScenarioView, scenario_view
 from caseledger.records import read_jsonl
+from caseledger.views.scenario import ScenarioView, scenario_view
 from caseledger.workspace import Workspace, atomic_write, read_json_or_none, utc_now
 
 MAX_BYTES = 1024

@@ -17,7 +17,7 @@ from caseledger.campaign.view import CampaignView
 from caseledger.ledger.index import open_index
 from caseledger.outcome import plots, summary
 from caseledger.outcome.decide import broken
-from caseledger.outcome.scenario import ScenarioView, scenario_view
+from caseledger.views.scenario import ScenarioView, scenario_view
 from caseledger.workspace import Workspace, atomic_write, sha256_bytes
 
 FIGURE_VERSION = b"decision-figure-1"  # bump when decision_figure draws differently: every cached PNG is redrawn
