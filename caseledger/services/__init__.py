@@ -4,7 +4,7 @@ that start or probe it (reference, external, command), the launchers that start 
 (launch) and the SSH transport (remote)."""
 
 from caseledger.ledger.evidence import ComponentRecord, ServiceRecord
-from caseledger.services.adapters import ensure, served_models
+from caseledger.services.ensure import ensure, served_models
 from caseledger.services.identity import case_env, compare_argv, identity_of, intended_argv
 from caseledger.services.kept import refuse_kept_elsewhere
 from caseledger.services.live import check_live, health_ok, live_service, live_state, mark_warm, stop, stop_all

@@ -1,4 +1,4 @@
-"""Service adapters: bring the target to the case's identity and read back what actually runs.
+"""Ensure a service: bring the target to the case's identity through its adapter, and read back what actually runs.
 
 reference: the embedded reference target (`python -m caseledger.target serve`), started detached.
 command:   an argv from the case, started locally or, with service.ssh, on another host over SSH (remote.py),
