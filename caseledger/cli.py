@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 import orjson
 
-from caseledger import redact
+from caseledger import engines, redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
 from caseledger.records import NativeRule
@@ -254,7 +254,8 @@ def _other_commands(sub: _Sub, common: argparse.ArgumentParser) -> None:
         "--engine",
         default=None,
         metavar="ENGINE",
-        help="vllm | sglang | llamacpp (started by caseledger), external (a server already running), reference",
+        help=f"{' | '.join(engines.templated())} (started by caseledger), external (a server already running), "
+        "reference (the embedded reference target)",
     )
 
 

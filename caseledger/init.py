@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, Field
 
+from caseledger import engines
 from caseledger.case.metrics import LIMITS
 from caseledger.case.schema import CASE_SCHEMA, PACKAGED_SCHEMAS
 from caseledger.case.store import unfilled
@@ -24,8 +25,9 @@ from caseledger.errors import CaseInvalid, NotWritable, quoted
 from caseledger.ledger import authorization
 from caseledger.workspace import Workspace, atomic_write, utc_now
 
-TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"  # package data, one draft per engine
-ENGINES = ("vllm", "sglang", "llamacpp", "tgi", "external", "reference")
+TEMPLATES = engines.TEMPLATES  # package data, one draft per engine
+NOT_ENGINES = ("external", "reference")  # a server already running; the embedded reference target (no GPU)
+ENGINES = (*engines.templated(), *NOT_ENGINES)  # the engine profiles with a template, then the two above
 ENGINE_CHOICES = "|".join(ENGINES)
 MCP_SERVER = "caseledger"  # the server's name in .mcp.json
 

@@ -66,7 +66,7 @@ def test_an_unknown_engine_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"metrics_as 'nope' is not an engine profile: use one of vllm"):
         ReferenceConfig.model_validate({"metrics_as": "nope"})
     with pytest.raises(ValueError, match="unknown metric roles"):
-        EngineProfile(name="x", what="x", metrics={"tokens": "x_tokens"})
+        EngineProfile(name="x", rank=0, what="x", metrics={"tokens": "x_tokens"})
     # the default is left out of the canonical form: cases frozen before the field keep their ids
     assert "metrics_as" not in ReferenceConfig.model_validate({}).model_dump(mode="json")
 

@@ -3,12 +3,18 @@ trusted."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from caseledger.case.bounds import MAX_REQUESTS, MAX_TIMEOUT_S, OmitAtDefault, SectionModel
+from caseledger.engines import SPEC_DECODE
 from caseledger.records import NativeRule
+
+if TYPE_CHECKING:
+    SpecDecode = str
+else:  # the values come from the engine profiles (caseledger.engines.SPEC_DECODE): a new engine adds its own
+    SpecDecode = Literal[SPEC_DECODE]
 
 
 class Window(SectionModel):
@@ -66,7 +72,7 @@ class Measurement(OmitAtDefault):
     omit_at_default = ("evidence",)  # added after cases were frozen: out of the canonical JSON at default
     whole: Window = Field(default_factory=Window, description="Whole window: first send to last end")
     native: NativeWindow = Field(default_factory=NativeWindow, description="Native (steady-state) window")
-    spec_decode: Literal["auto", "vllm", "sglang", "llamacpp", "none"] = Field(
+    spec_decode: SpecDecode = Field(
         "auto", description="Which /metrics counter names to read for speculative decoding"
     )
     evidence: Evidence = Field(

@@ -3,20 +3,42 @@
 A profile holds its /metrics names by role (profile.ROLES), the argv options that name its weights, its version
 endpoint and whether its responses carry per-request draft counts. Everything else reads engines through this
 registry: no engine's counter name is written outside its module (tests/test_engines.py checks it). Adding an
-engine is a module here plus a template (caseledger/data/templates).
+engine is a module here (found by its `PROFILE`) plus, for `caseledger init`, a template in TEMPLATES; the init
+choices, the CLI help and case.measurement.spec_decode are derived from the profiles.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 from collections.abc import Iterable
+from pathlib import Path
 
-from caseledger.engines import llamacpp, mindie, sglang, tgi, trtllm, vllm
 from caseledger.engines.profile import IN_FLIGHT, ROLES, EngineProfile
 
-PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (vllm.PROFILE, sglang.PROFILE, llamacpp.PROFILE, tgi.PROFILE, trtllm.PROFILE, mindie.PROFILE)
-}
+TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "templates"  # package data, one draft per engine
+NOT_MODULES = ("profile",)  # modules of this package that are not an engine
+
+
+def _discover() -> dict[str, EngineProfile]:
+    """Every engine module's PROFILE, by rank; a module without one, or named apart from its engine, is refused."""
+    found: list[EngineProfile] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name in NOT_MODULES:
+            continue
+        p = getattr(importlib.import_module(f"{__name__}.{info.name}"), "PROFILE", None)
+        if not isinstance(p, EngineProfile) or p.name != info.name:
+            raise ValueError(f"caseledger/engines/{info.name}.py must define PROFILE = EngineProfile(name='{info.name}')")
+        found.append(p)
+    ranks = [p.rank for p in found]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"engine profiles share a rank: {sorted((p.rank, p.name) for p in found)}")
+    return {p.name: p for p in sorted(found, key=lambda p: p.rank)}
+
+
+PROFILES: dict[str, EngineProfile] = _discover()
+"""Engine name -> profile, in rank order (every list of engines is in this order)."""
 
 
 def profile(name: str) -> EngineProfile:
@@ -47,6 +69,20 @@ def serve_words() -> tuple[str, ...]:
 def version_endpoints() -> tuple[tuple[str, str], ...]:
     """(path, JSON field) of every engine's version report, in registry order, each once."""
     return tuple(dict.fromkeys(v for p in PROFILES.values() for v in p.version))
+
+
+def templated() -> tuple[str, ...]:
+    """The engines `caseledger init` writes a case draft for: those with a template, in rank order."""
+    return tuple(n for n in PROFILES if (TEMPLATES / f"{n}.json").is_file())
+
+
+def counting_drafts() -> tuple[str, ...]:
+    """The engines whose /metrics counts speculative verify steps: the counter families spec_decode may name."""
+    return tuple(n for n, p in PROFILES.items() if p.names("spec_drafts"))
+
+
+SPEC_DECODE: tuple[str, ...] = ("auto", *counting_drafts(), "none")
+"""case.measurement.spec_decode's values: auto (the family found), each counting engine's, none (not read)."""
 
 
 COMMAND_WORDS = 4  # argv words looked at for the command: 'python3 -m sglang.launch_server', 'uv run vllm serve'
@@ -80,13 +116,17 @@ __all__ = [
     "IN_FLIGHT",
     "PROFILES",
     "ROLES",
+    "SPEC_DECODE",
+    "TEMPLATES",
     "EngineProfile",
+    "counting_drafts",
     "detect",
     "detected_name",
     "in_flight_gauges",
     "names",
     "profile",
     "serve_words",
+    "templated",
     "version_endpoints",
     "weight_options",
 ]

@@ -9,6 +9,7 @@ from caseledger.engines.profile import EngineProfile
 
 PROFILE = EngineProfile(
     name="llamacpp",
+    rank=3,
     what="llama.cpp: llama-server -m MODEL.gguf --metrics",
     metrics={
         "running": "llamacpp:requests_processing",

@@ -5,6 +5,7 @@ from caseledger.engines.profile import EngineProfile
 
 PROFILE = EngineProfile(
     name="mindie",
+    rank=6,
     what="MindIE: mindieservice_daemon with its config.json",
     spec_missing="MindIE's speculative counters are not read by caseledger",
     commands=("mindieservice_daemon",),

@@ -25,7 +25,8 @@ IN_FLIGHT = ("running", "waiting")  # the gauges that say an engine still works 
 
 @dataclass(frozen=True)
 class EngineProfile:
-    name: str
+    name: str  # the engine's name: its module's name in caseledger/engines, its template's in data/templates
+    rank: int  # where it stands in every list of engines (lowest first): help, errors, the schema's spec_decode
     what: str  # one line: the engine and its server command
     metrics: dict[str, str] = field(default_factory=dict)  # role -> sample name
     older: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> names of older builds (fallbacks)

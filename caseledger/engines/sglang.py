@@ -4,6 +4,7 @@ from caseledger.engines.profile import EngineProfile
 
 PROFILE = EngineProfile(
     name="sglang",
+    rank=2,
     what="SGLang: python -m sglang.launch_server --model-path MODEL",
     metrics={
         "running": "sglang:num_running_reqs",

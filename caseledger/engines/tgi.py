@@ -5,6 +5,7 @@ from caseledger.engines.profile import EngineProfile
 
 PROFILE = EngineProfile(
     name="tgi",
+    rank=4,
     what="TGI: text-generation-launcher --model-id MODEL",
     metrics={"running": "tgi_batch_current_size", "waiting": "tgi_queue_size"},
     spec_missing="TGI exposes no speculative draft/accepted token counters",

@@ -5,6 +5,7 @@ from caseledger.engines.profile import EngineProfile
 
 PROFILE = EngineProfile(
     name="trtllm",
+    rank=5,
     what="TensorRT-LLM: trtllm-serve MODEL",
     spec_missing="trtllm-serve's /metrics is JSON iteration statistics, not Prometheus counters",
     serve_words=("trtllm-serve",),

@@ -4,6 +4,7 @@ from caseledger.engines.profile import EngineProfile
 
 PROFILE = EngineProfile(
     name="vllm",
+    rank=1,
     what="vLLM: vllm serve MODEL",
     metrics={
         "running": "vllm:num_requests_running",

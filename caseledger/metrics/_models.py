@@ -15,6 +15,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from caseledger.case.metrics import Figure, Metric
+from caseledger.engines import SPEC_DECODE
 from caseledger.records import RATIO_MAX as RATIO_MAX  # re-exported: the metrics' names
 from caseledger.records import RATIO_MIN_EXCLUSIVE as RATIO_MIN_EXCLUSIVE
 from caseledger.records import NativeRule as NativeRule
@@ -241,7 +242,7 @@ class SpecDecode(FrozenModel):
     """Speculative-decoding figures of one window: from per-request counts (every window) and from the
     /metrics counter deltas (whole window only: the snapshots bracket the whole load)."""
 
-    requested: str = Field(description="case.measurement.spec_decode: auto | vllm | sglang | llamacpp | none")
+    requested: str = Field(description=f"case.measurement.spec_decode: {' | '.join(SPEC_DECODE)}")
     source: str | None = Field(description="Counter family actually read (null: none)")
     counters: list[CounterDelta] = Field(description="Counters read, before/after/delta")
     acceptance_length: Ratio | NotObserved = Field(
