@@ -3,12 +3,12 @@ effect that counts, latency limits and goodput's per-request limits."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from caseledger.case.bounds import MAX_TIMEOUT_S, OmitAtDefault, SectionModel
-from caseledger.case.metrics import LimitName, PrimaryMetric
+from caseledger.case.metrics import LIMITS, LimitName, PrimaryMetric
 
 _MAX_LIMIT_MS = MAX_TIMEOUT_S * 1000  # a latency limit above one day is a typo
 
@@ -28,22 +28,25 @@ def _limit(what: str) -> Any:
 LimitWord = Literal["meets", "breaks", "uncertain", "not_observed"]
 
 
-class Limits(SectionModel):
+class LimitsBase(SectionModel):
     """Upper bounds on window latency percentiles: a run above one is 'close (limit ...)' whatever its
     throughput, and never the scenario's best."""
-
-    ttft_p50_ms: float | None = _limit("TTFT p50")
-    ttft_p99_ms: float | None = _limit("TTFT p99")
-    tpot_p50_ms: float | None = _limit("TPOT p50")
-    tpot_p99_ms: float | None = _limit("TPOT p99")
-    itl_p50_ms: float | None = _limit("ITL p50 (chunk gaps)")
-    itl_p99_ms: float | None = _limit("ITL p99 (chunk gaps)")
-    e2e_p50_ms: float | None = _limit("E2E p50")
-    e2e_p99_ms: float | None = _limit("E2E p99")
 
     def bounds(self) -> dict[str, float]:
         """The limits that are set, name -> bound (ms)."""
         return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+if TYPE_CHECKING:
+    Limits = LimitsBase
+else:  # one field per limit of the metrics table (caseledger.case.metrics.LIMITS), in its order
+    Limits = create_model(
+        "Limits",
+        __base__=LimitsBase,
+        __doc__=LimitsBase.__doc__,
+        __module__=__name__,
+        **{name: (float | None, _limit(m.label)) for name, m in LIMITS.items()},
+    )
 
 
 def _slo(what: str) -> Any:

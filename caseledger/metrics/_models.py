@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from caseledger.case.metrics import Figure, Metric
+from caseledger.case.metrics import THROUGHPUT_FIGURES, Figure, Metric
 from caseledger.engines import SPEC_DECODE
 from caseledger.records import RATIO_MAX as RATIO_MAX  # re-exported: the metrics' names
 from caseledger.records import RATIO_MIN_EXCLUSIVE as RATIO_MIN_EXCLUSIVE
@@ -152,21 +152,10 @@ class Throughputs(FrozenModel):
 
 def figure_in(latency: Latency, throughput: Throughputs, figure: Figure) -> Throughput | Distribution | NotObserved:
     """A registry figure (caseledger.case.metrics) among a window's latency distributions and rates."""
-    match figure:
-        case "output":
-            return throughput.output
-        case "request":
-            return throughput.request
-        case "goodput":
-            return throughput.goodput
-        case "ttft":
-            return latency.ttft
-        case "tpot":
-            return latency.tpot
-        case "itl":
-            return latency.itl
-        case "e2e":
-            return latency.e2e
+    fig: Throughput | Distribution | NotObserved = getattr(
+        throughput if figure in THROUGHPUT_FIGURES else latency, figure
+    )
+    return fig
 
 
 def value_in(latency: Latency, throughput: Throughputs, m: Metric) -> float | NotObserved:
@@ -174,10 +163,9 @@ def value_in(latency: Latency, throughput: Throughputs, m: Metric) -> float | No
     fig = figure_in(latency, throughput, m.figure)
     if isinstance(fig, NotObserved):
         return fig
-    if isinstance(fig, Throughput) and m.stat in ("value", "per_card"):
-        return fig.value if m.stat == "value" else fig.per_card
-    if isinstance(fig, Distribution) and m.stat in ("p50", "p99"):
-        return fig.p50 if m.stat == "p50" else fig.p99
+    if isinstance(fig, Throughput) == (m.kind == "rate") and m.stat in type(fig).model_fields:
+        value: float = getattr(fig, m.stat)
+        return value
     return NotObserved(reason=f"{m.name}: {m.figure} has no {m.stat}")
 
 

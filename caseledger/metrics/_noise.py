@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from caseledger.case.decision import Decision
+from caseledger.case.metrics import TABLE, Metric
 from caseledger.metrics._columns import F64, B
 from caseledger.metrics._models import Interval, NotObserved
 
@@ -16,15 +17,14 @@ SEED = 20_240_601
 LEVEL = 0.95
 _WORK = 4_000_000  # resampled values per block (memory: 32 MB of int64 indices)
 
-# decision metric -> percentile (None: a rate whose numerator is a per-request sum)
-_PERCENTILE: dict[str, tuple[str, float]] = {
-    "ttft_p50": ("ttft", 50.0),
-    "ttft_p99": ("ttft", 99.0),
-    "tpot_p50": ("tpot", 50.0),
-    "tpot_p99": ("tpot", 99.0),
-    "e2e_p50": ("e2e", 50.0),
-    "e2e_p99": ("e2e", 99.0),
-}
+
+
+def _metric(name: str) -> Metric:
+    """The table's entry of a metric: a primary metric ('tpot_p99') or the percentile a limit bounds."""
+    for m in TABLE:
+        if m.name == name:
+            return m
+    raise ValueError(f"no metric '{name}' in caseledger.case.metrics.TABLE: no interval without its entry")
 
 
 def good_requests(d: Decision, ok: B, ttft_ms: F64, tpot_ms: F64, e2e_ms: F64, one_token: B) -> B:
@@ -71,9 +71,12 @@ def interval(metric: str, point: float | NotObserved, per_request: dict[str, F64
     'output' (completion tokens), 'good' (1.0 for a good request, else 0.0)."""
     if isinstance(point, NotObserved):
         return NotObserved(reason=f"{metric} not observed: {point.reason}")
+    m = _metric(metric)
+    if m.sample is None:
+        return NotObserved(reason=f"{metric}: {m.figure} has no per-request sample to resample")
     rng = np.random.default_rng(SEED)
-    if metric in _PERCENTILE:
-        name, q = _PERCENTILE[metric]
+    if m.kind == "percentile":
+        name, q = m.sample, m.quantile
         x = per_request[name]
         x = x[~np.isnan(x)]
         if x.size < 2:
@@ -83,8 +86,7 @@ def interval(metric: str, point: float | NotObserved, per_request: dict[str, F64
             [np.percentile(x[rng.integers(0, x.size, (k, x.size))], q, axis=1) for k in _blocks(b, x.size)]
         )
         return _quantiles(stats, point, metric, int(x.size), b)
-    weights = {"output_throughput": "output", "output_throughput_per_card": "output", "goodput": "good"}.get(metric)
-    w = per_request[weights] if weights else np.ones_like(per_request["e2e"])
+    w = np.ones_like(per_request["e2e"]) if m.sample == "request" else per_request[m.sample]
     d = per_request["e2e"]
     if w.size < 2 or np.isnan(w).any() or np.isnan(d).any():
         return NotObserved(reason=f"{w.size} request(s) with known counts and durations: too few to resample")
@@ -113,9 +115,10 @@ def pooled(metric: str, runs: list[dict[str, F64]]) -> Interval | NotObserved:
     """A percentile of the requests of several runs pooled, with a bootstrap interval that resamples runs and
     then requests within each drawn run (a two-stage bootstrap: run-to-run spread and the requests' own both
     widen it). metric: a percentile ('tpot_p99'); runs: each run's per-request samples (as `interval`)."""
-    if metric not in _PERCENTILE:
+    entry = _metric(metric)
+    if entry.kind != "percentile" or entry.sample is None:
         return NotObserved(reason=f"{metric} is not a per-request percentile: nothing to pool")
-    name, q = _PERCENTILE[metric]
+    name, q = entry.sample, entry.quantile
     xs = [x[~np.isnan(x)] for r in runs if (x := r.get(name)) is not None]
     xs = [x for x in xs if x.size]
     n = sum(x.size for x in xs)
