@@ -1,5 +1,6 @@
-"""docs/architecture.md, generated from the stage table of tests/test_layout.py and the modules' docstrings, so it
-cannot go stale: tests/test_docs.py fails when the file differs from what this renders.
+"""docs/architecture.md, generated from the stage table of tests/test_layout.py, the modules' docstrings and the
+registries (the engine profiles, the metrics table), so it cannot go stale: tests/test_docs.py fails when the file
+differs from what this renders.
 
 Regenerate it with `.venv/bin/python -m tests.architecture` (from the checkout's root).
 """
@@ -10,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+from caseledger import engines
+from caseledger.case import metrics as metrics_table
 from tests.test_layout import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +68,38 @@ def _entries(name: str) -> list[str]:
     return [f"- `caseledger/{name}.py`: {first_sentence(mod)}"] if mod.is_file() else []
 
 
+def rel(path: str | Path) -> str:
+    """A path of the checkout, relative to its root."""
+    return Path(path).resolve().relative_to(ROOT).as_posix()
+
+
+EXAMPLES = "## Worked examples: adding an engine, adding a percentile"
+
+
+def worked_examples() -> list[str]:
+    """How a new engine and a new percentile enter: the files each touches, read off the registries."""
+    table = rel(metrics_table.__file__)
+    engine_lines = []
+    for name in engines.PROFILES:
+        template = engines.TEMPLATES / f"{name}.json"
+        files = [rel(f"{engines.__path__[0]}/{name}.py"), *([rel(template)] if template.is_file() else [])]
+        engine_lines.append(f"- {name}: {', '.join(f'`{f}`' for f in files)}")
+    return [
+        f"{EXAMPLES}\n",
+        f"**An engine** is its profile module, `{rel(engines.__path__[0])}/<name>.py` (`PROFILE = EngineProfile(...)`, "
+        f"found by `{rel(engines.__file__)}`), and its template, `{rel(engines.TEMPLATES)}/<name>.json` (what "
+        "`caseledger init --engine <name>` writes). The init choices, the CLI help and `measurement.spec_decode` "
+        "(the engines whose profile names a speculative verify-step counter) follow from them. The engines now:\n",
+        *engine_lines,
+        "",
+        f"**A percentile** is one entry of `TABLE` in `{table}` (figure, statistic, unit, words, the per-request "
+        "sample its bootstrap interval resamples, whether a decision may compare it and bound it), and a test in "
+        "`tests/test_metric_registry.py`. The schema's `primary_metric` and `limits`, the value read off a window "
+        "and its interval follow from the entry; a bound percentile also shows in the scenario row "
+        "(`ScenarioRow` in `caseledger/outcome/scenario.py`, which the test names when it lacks the column).",
+    ]
+
+
 def render() -> str:
     out = [HEADER]
     for n, (names, note) in enumerate(zip(STAGES, stage_notes(), strict=True), start=1):
@@ -72,6 +107,7 @@ def render() -> str:
         out.append(f"{note[:1].upper()}{note[1:]}.\n" if note else "")
         out.extend(line for name in names for line in _entries(name))
         out.append("")
+    out.extend(worked_examples())
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -118,8 +118,8 @@ def test_each_percentile_interval_resamples_its_own_figure_and_percentile() -> N
     each figure on its own scale, the interval sits around its point (a wrong percentile lands far from it)."""
     import numpy as np
 
-    from caseledger.metrics._models import Interval
     from caseledger.case.metrics import TABLE
+    from caseledger.metrics._models import Interval
     from caseledger.metrics._noise import interval
 
     base = np.linspace(1.0, 1000.0, 400)

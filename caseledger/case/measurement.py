@@ -72,9 +72,7 @@ class Measurement(OmitAtDefault):
     omit_at_default = ("evidence",)  # added after cases were frozen: out of the canonical JSON at default
     whole: Window = Field(default_factory=Window, description="Whole window: first send to last end")
     native: NativeWindow = Field(default_factory=NativeWindow, description="Native (steady-state) window")
-    spec_decode: SpecDecode = Field(
-        "auto", description="Which /metrics counter names to read for speculative decoding"
-    )
+    spec_decode: SpecDecode = Field("auto", description="Which /metrics counter names to read for speculative decoding")
     evidence: Evidence = Field(
         default_factory=Evidence, description="Thresholds past which a window's evidence is not trusted"
     )

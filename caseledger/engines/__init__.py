@@ -21,23 +21,27 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "templates"  # pac
 NOT_MODULES = ("profile",)  # modules of this package that are not an engine
 
 
-def _discover() -> dict[str, EngineProfile]:
-    """Every engine module's PROFILE, by rank; a module without one, or named apart from its engine, is refused."""
+def discover(package: str, path: Iterable[str]) -> dict[str, EngineProfile]:
+    """Every engine module's PROFILE in `package` (its folder: `path`), by rank; a module without one, one named
+    apart from its engine, or two engines of one rank is refused, naming the fix."""
     found: list[EngineProfile] = []
-    for info in pkgutil.iter_modules(__path__):
+    for info in pkgutil.iter_modules(list(path)):
         if info.name in NOT_MODULES:
             continue
-        p = getattr(importlib.import_module(f"{__name__}.{info.name}"), "PROFILE", None)
+        p = getattr(importlib.import_module(f"{package}.{info.name}"), "PROFILE", None)
         if not isinstance(p, EngineProfile) or p.name != info.name:
-            raise ValueError(f"caseledger/engines/{info.name}.py must define PROFILE = EngineProfile(name='{info.name}')")
+            raise ValueError(
+                f"engine module {package}.{info.name} has no PROFILE = EngineProfile(name='{info.name}', ...): "
+                "define it there, or name the module in engines.NOT_MODULES"
+            )
         found.append(p)
     ranks = [p.rank for p in found]
     if len(set(ranks)) != len(ranks):
-        raise ValueError(f"engine profiles share a rank: {sorted((p.rank, p.name) for p in found)}")
+        raise ValueError(f"engine profiles share a rank: {sorted((p.rank, p.name) for p in found)}; give each its own")
     return {p.name: p for p in sorted(found, key=lambda p: p.rank)}
 
 
-PROFILES: dict[str, EngineProfile] = _discover()
+PROFILES: dict[str, EngineProfile] = discover(__name__, __path__)
 """Engine name -> profile, in rank order (every list of engines is in this order)."""
 
 
@@ -122,6 +126,7 @@ __all__ = [
     "counting_drafts",
     "detect",
     "detected_name",
+    "discover",
     "in_flight_gauges",
     "names",
     "profile",

@@ -18,7 +18,6 @@ LEVEL = 0.95
 _WORK = 4_000_000  # resampled values per block (memory: 32 MB of int64 indices)
 
 
-
 def _metric(name: str) -> Metric:
     """The table's entry of a metric: a primary metric ('tpot_p99') or the percentile a limit bounds."""
     for m in TABLE:
