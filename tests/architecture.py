@@ -8,11 +8,13 @@ Regenerate it with `.venv/bin/python -m tests.architecture` (from the checkout's
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
 from caseledger import engines
 from caseledger.case import metrics as metrics_table
+from caseledger.views.scenario import ScenarioRow
 from tests.test_layout import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +98,7 @@ def worked_examples() -> list[str]:
         "sample its bootstrap interval resamples, whether a decision may compare it and bound it), and a test in "
         "`tests/test_metric_registry.py`. The schema's `primary_metric` and `limits`, the value read off a window "
         "and its interval follow from the entry; a bound percentile also shows in the scenario row "
-        "(`ScenarioRow` in `caseledger/outcome/scenario.py`, which the test names when it lacks the column).",
+        f"(`ScenarioRow` in `{rel(inspect.getfile(ScenarioRow))}`, which the test names when it lacks the column).",
     ]
 
 

@@ -4,6 +4,7 @@ picked up without another edit, and docs/architecture.md's worked examples name 
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 import uuid
@@ -24,6 +25,7 @@ from caseledger.case.schema import case_schema
 from caseledger.cli import main
 from caseledger.metrics import Interval, NotObserved
 from caseledger.metrics._noise import interval, pooled
+from caseledger.views.scenario import ScenarioRow
 from tests.architecture import DOC, EXAMPLES, ROOT
 
 # per-request samples spread out, each on its own scale; every request takes the same time end to end, so a rate
@@ -206,7 +208,7 @@ def test_the_worked_examples_name_the_files_the_registries_imply() -> None:
         Path(table_module.__file__),
         ROOT / "tests" / "test_metric_registry.py",
         Path(sys.modules[TABLE[0].__module__].__file__ or ""),
-        ROOT / "caseledger" / "outcome" / "scenario.py",
+        Path(inspect.getfile(ScenarioRow)),
     }
     for name in engines.PROFILES:
         implied.add(engines_dir / f"{name}.py")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from caseledger.engines import PROFILES, EngineProfile
+from caseledger.engines import PROFILES, EngineProfile, counting_drafts
 from caseledger.metrics._columns import B, RawColumns
 from caseledger.metrics._models import (
     CounterDelta,
@@ -51,7 +51,7 @@ def _family(p: EngineProfile) -> Family:
 
 
 # The engines whose /metrics counts speculative verify steps (caseledger/engines: one profile each).
-FAMILIES: dict[str, Family] = {n: _family(p) for n, p in PROFILES.items() if p.names("spec_drafts")}
+FAMILIES: dict[str, Family] = {n: _family(PROFILES[n]) for n in counting_drafts()}
 
 WHOLE_ONLY = "counters cover the whole window only; per_request holds this window's figures"
 WHOLE_ONLY_NO_COUNTS = "counters cover the whole run; the engine gave no per-request counts"
