@@ -23,7 +23,7 @@ def _metric(name: str) -> Metric:
     for m in TABLE:
         if m.name == name:
             return m
-    raise ValueError(f"no metric '{name}' in caseledger.case.metrics.TABLE: add its entry there (no interval without one)")
+    raise ValueError(f"no metric '{name}' in caseledger.case.metrics.TABLE: add its entry there (none: no interval)")
 
 
 def good_requests(d: Decision, ok: B, ttft_ms: F64, tpot_ms: F64, e2e_ms: F64, one_token: B) -> B:
