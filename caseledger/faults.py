@@ -89,8 +89,7 @@ def fill_disk(run_dir: str | os.PathLike[str]) -> None:
 
 
 def die(code: int = KILL_EXIT_CODE) -> None:
-    """Exit at once without cleanup, flushing nothing, like a kill. Refused inside an inline run (procs.inline_runs):
-    the process that would die is the caller's, so such a test needs real processes."""
-    if procs.inline():
-        raise RuntimeError(f"{FAULT_ENV} asks for a kill inside an inline run: the test needs real processes")
+    """Exit at once without cleanup, flushing nothing, like a kill. Refused when the part runs in the caller's
+    process (procs.InProcess): the process that would die is the caller's, so such a test needs real processes."""
+    procs.launcher().own_process(f"{FAULT_ENV} asks for a kill inside an inline run: the test needs real processes")
     os._exit(code)

@@ -1,4 +1,5 @@
-"""Process identity and liveness: a pid is only 'the same process' with the same start time."""
+"""Process identity and liveness: a pid is only 'the same process' with the same start time; and how a run's
+parts are started (the launcher: detached processes, or in the caller's process for tests)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from typing_extensions import TypedDict  # pydantic validates it (services' state model) on Python 3.11
 
@@ -87,32 +91,10 @@ def stopped(ref: Mapping[str, Any] | None) -> bool:
     return f is not None and f[0] in STOPPED_STATES
 
 
-class _Inline:
-    on = False
-
-
-@contextlib.contextmanager
-def inline_runs() -> Iterator[None]:
-    """Within this block a run's parts execute in the calling process instead of fresh ones: the controller's phase
-    table, preflight (without its socket guard), the load client and the collector, with the same functions and
-    files. For tests whose subject is what a run computes (folds, decisions, reports, handoff), where ~3 s of
-    interpreter starts per run is the whole cost; everything about processes (kills, stops, leases, resume across
-    deaths, detachment) needs real ones, outside this block. Services are still started as their own processes."""
-    before, _Inline.on = _Inline.on, True
-    try:
-        yield
-    finally:
-        _Inline.on = before
-
-
-def inline() -> bool:
-    """True inside inline_runs(): spawn points run their module's entry in this process."""
-    return _Inline.on
-
-
 def run_module(module: str, argv: list[str]) -> int:
-    """`python -m MODULE ARGV` in this process, for an inline run: the module's main(argv), named as the detached
-    spawn names it (by module, so a part may start the part that started it, as processes do)."""
+    """`python -m MODULE ARGV` in this process, for a part run in the caller's process (InProcess): the
+    module's main(argv), named as the detached spawn names it (by module, so a part may start the part that
+    started it, as processes do)."""
     return int(importlib.import_module(module).main(argv))
 
 
@@ -564,3 +546,160 @@ def _trees(
             out.update(chain)
             out.add(p)
     return {k for k in keys if k[0] in out}
+
+
+# ------------------------------------------------------------------ launchers: how a run's parts are started
+# The one place that knows whether a run's parts get processes of their own.
+#
+# A run's parts (the controller and its phase table, preflight, the load client, the collector, a campaign's
+# driver) are started through the current launcher, never by asking which mode is on:
+#
+# - `Detached` (the default, production): each part is a fresh process -- detached in a session of its own, or a
+#   child whose answer is read -- and owns its signals, its environment, its priority and its exit;
+# - `InProcess`: each part's entry runs in the calling process with the same functions and files, for tests whose
+#   subject is what a run computes (folds, decisions, reports, handoff), where ~3 s of interpreter starts per run is
+#   the whole cost. The caller's process is not the part's: its signals, environment, priority and exit are left
+#   alone, no process is started ahead, and what needs a process of its own (a kill, a lease lost, several load
+#   clients waiting for one go) is refused with a RuntimeError naming it. Services are still their own processes.
+#
+# `in_process()` selects the second for a block (tests/conftest.py, for every test not marked `processes`); like
+# httpx's transport, the code that starts a part never branches on it.
+
+T = TypeVar("T")
+Handler = Callable[[int, Any], None]  # a signal handler: (signum, frame)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of a run as both launchers start it: `python -m MODULE ARGV` detached (its output appended to
+    `log`, its environment `env`, its reference handed to `record` at once), or `here`, its entry in this
+    process, which does its own bookkeeping (its reference written as gone once it returns)."""
+
+    module: str
+    argv: list[str]
+    log: Path
+    here: Callable[[], object]
+    env: dict[str, str] = field(default_factory=dict)
+    record: Callable[[LoadRef], None] = lambda ref: None
+
+
+class Launcher(Protocol):
+    """What the code that runs a part asks, and the two answers (Detached, InProcess)."""
+
+    def start(self, part: Part) -> LoadRef:
+        """Start a part that runs on its own; its process reference (live, or gone once it ran here)."""
+        ...
+
+    def answer(self, fresh: Callable[[], T], here: Callable[[], T]) -> T:
+        """A part whose answer the caller waits for (preflight, the collector): `fresh` in a fresh process, or
+        `here`, its entry in this process."""
+        ...
+
+    def ahead(self, spawn: Callable[[], T]) -> T | None:
+        """A process started before its run exists (it imports while the run is written), or None: no part
+        runs ahead of its start."""
+        ...
+
+    def adopt(self, sigterm: Handler | None = None, env: Mapping[str, str] | None = None) -> None:
+        """The settings a part makes in a process of its own: its SIGTERM handler, variables its children
+        inherit."""
+        ...
+
+    def niced(self, work: Callable[[], None]) -> None:
+        """Derived work the part does last at the lowest CPU priority (charts), or none in the caller's
+        process (summarize then draws in memory)."""
+        ...
+
+    def own_process(self, why: str) -> None:
+        """Nothing when the part has a process of its own; a RuntimeError saying `why` when it would act on the
+        caller's (end it, wait in it for ever, run several clients one after another in it)."""
+        ...
+
+
+class Detached:
+    """Each part a fresh process (production)."""
+
+    def start(self, part: Part) -> LoadRef:
+        with part.log.open("ab") as log:
+            p = subprocess.Popen(
+                [sys.executable, "-m", part.module, *part.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=part.env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        ref: LoadRef = {"pid": p.pid, "start_time": start_time(p.pid) or 0, "host": me()["host"]}
+        part.record(ref)  # at once: readers must see the part even before it has started up
+        return ref
+
+    def answer(self, fresh: Callable[[], T], here: Callable[[], T]) -> T:
+        return fresh()
+
+    def ahead(self, spawn: Callable[[], T]) -> T | None:
+        return spawn()
+
+    def adopt(self, sigterm: Handler | None = None, env: Mapping[str, str] | None = None) -> None:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+        os.environ.update(env or {})
+
+    def niced(self, work: Callable[[], None]) -> None:
+        os.nice(19)
+        work()
+
+    def own_process(self, why: str) -> None:
+        return None
+
+
+class InProcess:
+    """Each part's entry in the calling process (tests of what a run computes)."""
+
+    def start(self, part: Part) -> LoadRef:
+        part.here()
+        return gone(me())
+
+    def answer(self, fresh: Callable[[], T], here: Callable[[], T]) -> T:
+        return here()
+
+    def ahead(self, spawn: Callable[[], T]) -> T | None:
+        return None  # the part runs in this process when it starts
+
+    def adopt(self, sigterm: Handler | None = None, env: Mapping[str, str] | None = None) -> None:
+        return None  # the caller's signals and environment are not the part's
+
+    def niced(self, work: Callable[[], None]) -> None:
+        return None  # the caller's process is no place for nice 19
+
+    def own_process(self, why: str) -> NoReturn:
+        raise RuntimeError(why)
+
+
+DETACHED = Detached()
+IN_PROCESS = InProcess()
+
+
+class _Current:
+    now: Launcher = DETACHED
+
+
+def launcher() -> Launcher:
+    """The launcher the code that starts a part uses: Detached unless inside in_process()."""
+    return _Current.now
+
+
+@contextlib.contextmanager
+def using(chosen: Launcher) -> Iterator[None]:
+    """Within this block the run's parts start through `chosen`."""
+    before, _Current.now = _Current.now, chosen
+    try:
+        yield
+    finally:
+        _Current.now = before
+
+
+def in_process() -> contextlib.AbstractContextManager[None]:
+    """Within this block a run's parts run in the calling process (InProcess); kills, stops, leases, resume
+    across deaths and detachment need real processes, outside it."""
+    return using(IN_PROCESS)

@@ -247,7 +247,7 @@ sys.addaudithook(_spawn_audit)  # once per session: audit hooks cannot be remove
 
 @pytest.fixture(autouse=True)
 def _tier(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Runs are inline (procs.inline_runs: controller, preflight, load client and collector in this process)
+    """Runs are inline (procs.in_process: controller, preflight, load client and collector in this process)
     unless the test is marked `processes`: real detached processes are its point. A test of the fast tier (no
     heavy mark) fails when it starts a process: it belongs to `integration`."""
     from caseledger import procs
@@ -259,7 +259,7 @@ def _tier(request: pytest.FixtureRequest) -> Iterator[None]:
         _IN_FAST_TEST.set()
     try:
         if inline:
-            with procs.inline_runs():
+            with procs.in_process():
                 yield
         else:
             yield

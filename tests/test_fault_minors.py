@@ -57,7 +57,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Workspa
     authorization.set_mode(ws, "auto")
     port = free_port()
     try:
-        with procs.inline_runs():
+        with procs.in_process():
             base = freeze_case(ws, draft=ref_draft(port)).case_id
             r1 = start_run(ws, base, wait=True)
             child = freeze_case(ws, draft=ref_draft(port, load={"requests": 8, "concurrency": 4}), parent=base)

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_inline(paths: RunPaths) -> int:
-    """The same load in the calling process (procs.inline_runs: tests of what a run computes). Left out: what only
+    """The same load in the calling process (procs.InProcess: tests of what a run computes). Left out: what only
     a process of its own may do (runtime tuning, nice, signal handlers); the exit code is returned."""
     return _main(paths, own_process=False)
 

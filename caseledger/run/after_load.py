@@ -114,8 +114,12 @@ def postprocess_env() -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
-def _collector_inline(args: list[str]) -> tuple[int, bytes, bytes]:
-    """The collector's entry in this process (procs.inline_runs): (exit code, stdout, stderr) as a fresh one gives."""
+Collected = tuple[int, bytes, bytes, list[str], dict[str, str]]  # exit code, stdout, stderr; the argv and env run
+
+
+def _collector_inline(args: list[str]) -> Collected:
+    """The collector's entry in this process (procs.InProcess): (exit code, stdout, stderr) as a fresh one
+    gives, and what ran (no interpreter of its own, no environment)."""
     if fault("postprocess", "fail") is not None:
         raise RuntimeError("postprocess:fail needs the collector in a fresh process: the test needs real processes")
     from caseledger.metrics.__main__ import main  # lazy: the collector's entry, only for an inline run
@@ -123,7 +127,8 @@ def _collector_inline(args: list[str]) -> tuple[int, bytes, bytes]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(args)
-    return code, out.getvalue().encode(), err.getvalue().encode()
+    argv = [sys.executable, "inline: caseledger.metrics.__main__.main in the caller's process"]
+    return code, out.getvalue().encode(), err.getvalue().encode(), argv, {}
 
 
 def check_raw(paths: RunPaths, sealed: str | None) -> None:
@@ -142,13 +147,16 @@ def check_raw(paths: RunPaths, sealed: str | None) -> None:
         )
 
 
-def _collector_process(argv: list[str], env: dict[str, str], paths: RunPaths) -> tuple[int, bytes, bytes]:
-    """The collector as a fresh process: (exit code, stdout, stderr). Its pid is recorded at once
-    (collector.pid.json), so phase_status names it the moment it is stopped (SIGSTOP), with `kill -CONT`. One that
-    gives no answer within COLLECT_TIMEOUT_S (stopped, or stuck) is killed, and the phase fails as `collect`: the
-    raw data is on disk, reprocess_raw repairs it."""
+def _collector_process(args: list[str], paths: RunPaths) -> Collected:
+    """The collector as a fresh process: (exit code, stdout, stderr, its argv and env as recorded). Its pid is
+    recorded at once (collector.pid.json), so phase_status names it the moment it is stopped (SIGSTOP), with
+    `kill -CONT`. One that gives no answer within COLLECT_TIMEOUT_S (stopped, or stuck) is killed, and the phase
+    fails as `collect`: the raw data is on disk, reprocess_raw repairs it."""
     run_id = paths.run_id
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL)
+    argv, env = postprocess_env()
+    p = subprocess.Popen(
+        [*argv, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL
+    )
     with contextlib.suppress(OSError):  # evidence for readers; a full disk fails the phase where it writes results
         write_json(paths.collector_pid, procs.ref(p.pid))
     try:
@@ -162,7 +170,7 @@ def _collector_process(argv: list[str], env: dict[str, str], paths: RunPaths) ->
             FailureClass.COLLECT,
             f"reprocess_raw(run_id='{run_id}') repairs from raw data; no request is re-sent",
         ) from None
-    return p.returncode, out, err
+    return p.returncode, out, err, argv, env
 
 
 def collector_error(code: int, stderr: bytes) -> str:
@@ -177,12 +185,10 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
     """The processor in a fresh subprocess with an explicit, recorded environment; the original error is kept.
     `sealed`: the raw data's sha256 recorded at confirm_end, checked first."""
     check_raw(paths, sealed)
-    argv, env = postprocess_env()
-    if procs.inline():
-        code, out_b, err_b = _collector_inline([str(paths.root), *(extra or [])])
-        env, argv = {}, [sys.executable, "inline: caseledger.metrics.__main__.main in the caller's process"]
-    else:
-        code, out_b, err_b = _collector_process([*argv, str(paths.root), *(extra or [])], env, paths)
+    args = [str(paths.root), *(extra or [])]
+    code, out_b, err_b, argv, env = procs.launcher().answer(
+        lambda: _collector_process(args, paths), lambda: _collector_inline(args)
+    )
     recorded_env = PostprocessEnv(interpreter=argv[0], argv=argv[1:], PYTHONPATH=env.get("PYTHONPATH", ""))
     if code != 0:
         raise PhaseFailed(

@@ -18,7 +18,6 @@ import errno
 import fcntl
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -486,9 +485,11 @@ _WINDOW_CLOSED = (PhaseState.DONE, PhaseState.REUSED, PhaseState.SKIPPED, PhaseS
 
 
 def _after_window(gid: str, view: RunView, case: Case) -> None:
-    if gid not in _AHEAD and view.phases[Phase.LOAD].state in _WINDOW_CLOSED and not procs.inline():
+    if gid not in _AHEAD and view.phases[Phase.LOAD].state in _WINDOW_CLOSED:
         keep = frozenset(case.env_names())
-        _AHEAD[gid] = (spawn_ahead(keep), spawn_controller_ahead(keep), keep)
+        got = procs.launcher().ahead(lambda: (spawn_ahead(keep), spawn_controller_ahead(keep), keep))
+        if got is not None:  # none in the caller's process (procs.InProcess): its points start there
+            _AHEAD[gid] = got
 
 
 def _take_ahead(gid: str, case: Case) -> tuple[subprocess.Popen[bytes] | None, subprocess.Popen[bytes] | None]:
@@ -527,16 +528,18 @@ def drive(ws: Workspace, gid: str) -> int:
         {**procs.me(), "started_utc": utc_now(), "first_started_unix": before.get("first_started_unix", time.time())},
     )
     event(ws, gid, "driver_started", pid=procs.me()["pid"])
-    if not procs.inline():  # a process of its own (inline: the caller's, whose signals and env are not ours)
-        signal.signal(signal.SIGTERM, _stopped)  # `caseledger target stop`: end through `finally`, recorded
-        os.environ[DRIVEN_BY] = gid  # the controllers of its points leave the chart to it (run/controller.py)
+    # a process of its own (not the caller's, whose signals and env are not ours: procs.InProcess):
+    # `caseledger target stop` ends it through `finally`, recorded; its points' controllers leave the chart to it
+    procs.launcher().adopt(sigterm=_stopped, env={DRIVEN_BY: gid})
     resumed: dict[str, int] = {}
     outcome = "complete"
     try:
         while True:
             if authorization.current_mode(ws) == "paused":
-                if procs.inline():  # nothing could lift the pause while this loop holds the caller
-                    raise RuntimeError("an inline campaign driver met a paused authorization: it would wait for ever")
+                # in the caller's process nothing could lift the pause while this loop holds the caller
+                procs.launcher().own_process(
+                    "an inline campaign driver met a paused authorization: it would wait for ever"
+                )
                 _note_wait(ws, gid, "authorization paused: no new point starts")
                 time.sleep(WAIT_S)
                 continue
@@ -624,48 +627,49 @@ def _draw_charts(ws: Workspace, gid: str) -> None:
     finds them on disk (not between points: the drawing would share the cores with the next point's formal window;
     the controllers of driven points skip it). Last, at the lowest CPU priority; a failure is noted in the driver's
     log."""
-    if procs.inline() or os.environ.get(CHART_ENV) == "0":
-        return  # the caller's process is no place for nice 19 (or no chart is wanted): summarize draws in memory
+    if os.environ.get(CHART_ENV) == "0":
+        return  # no chart is wanted (nor in the caller's process, no place for nice 19): summarize draws in memory
     try:
-        os.nice(19)
-        from caseledger.views.chart import draw_campaign, draw_scenario  # lazy: numpy and matplotlib, only now
-
-        draw_campaign(ws, campaign_view(ws, gid))
-        _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
-        for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):
-            draw_scenario(ws, scenario)
+        procs.launcher().niced(lambda: _draw(ws, gid))
     except Exception as e:  # a derived file: the campaign's facts stand whatever fails here
         print(f"driver: scenario chart not drawn: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
+def _draw(ws: Workspace, gid: str) -> None:
+    from caseledger.views.chart import draw_campaign, draw_scenario  # lazy: numpy and matplotlib, only now
+
+    draw_campaign(ws, campaign_view(ws, gid))
+    _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
+    for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):
+        draw_scenario(ws, scenario)
+
+
 def spawn(ws: Workspace, gid: str, keep: set[str]) -> int:
     """Start the campaign's detached driver; returns its pid once driver.json names it (or after 10 s). Inline
-    (procs.inline_runs): the driver's loop runs here, its points inline, and returns when the campaign ends."""
-    if procs.inline():
-        try:
-            drive(ws, gid)
-        finally:  # driver.json then says gone: no reader takes the caller's pid for a live driver
-            info = read_json_or_none(driver_file(ws, gid)) or {}
-            write_json(driver_file(ws, gid), {**info, "gone_utc": utc_now()})
-        return os.getpid()
-    log = (driver_file(ws, gid).parent / "driver.log").open("ab")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "caseledger.run.campaign_driver", str(ws.root), gid],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
+    (procs.InProcess): the driver's loop runs here, its points there too, and returns when the campaign ends."""
+    part = procs.Part(
+        "caseledger.run.campaign_driver",
+        [str(ws.root), gid],
+        driver_file(ws, gid).parent / "driver.log",
+        here=lambda: _drive_here(ws, gid),
         env=procs.child_env(keep=keep),
-        start_new_session=True,
-        close_fds=True,
     )
-    log.close()
+    ref = procs.launcher().start(part)
     deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline and p.poll() is None:
+    while time.monotonic() < deadline and procs.alive(ref):
         info = read_json_or_none(driver_file(ws, gid)) or {}
-        if info.get("pid") == p.pid:
+        if info.get("pid") == ref["pid"]:
             break
         time.sleep(0.02)
-    return p.pid
+    return ref["pid"]
+
+
+def _drive_here(ws: Workspace, gid: str) -> None:
+    try:
+        drive(ws, gid)
+    finally:  # driver.json then says gone: no reader takes the caller's pid for a live driver
+        info = read_json_or_none(driver_file(ws, gid)) or {}
+        write_json(driver_file(ws, gid), {**info, "gone_utc": utc_now()})
 
 
 if __name__ == "__main__":

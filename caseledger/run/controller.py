@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import signal
 import sys
 import threading
 import time
@@ -77,17 +76,18 @@ def draw_chart(ws: Workspace, scenario: str) -> None:
     the outcome is recorded and the lease released, so a run starting meanwhile keeps the cores. Skipped for the
     point of a driven campaign (its driver draws once when it ends, not between points). Derived only: a failure
     is noted in the controller's log and never changes the run's outcome."""
-    if os.environ.get(DRIVEN_BY) or procs.inline():  # inline: the caller's process is no place for nice 19
+    if os.environ.get(DRIVEN_BY) or os.environ.get(CHART_ENV) == "0":
         return
-    if os.environ.get(CHART_ENV) == "0":
-        return
-    try:
-        os.nice(19)
-        from caseledger.views.chart import draw_scenario  # lazy: numpy and matplotlib (a controller starts light)
-
-        draw_scenario(ws, scenario)
+    try:  # not in the caller's process (procs.InProcess): no place for nice 19
+        procs.launcher().niced(lambda: _draw_scenario(ws, scenario))
     except Exception as e:  # a derived file: whatever fails here, the run's facts stand
         print(f"controller: scenario chart not drawn: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def _draw_scenario(ws: Workspace, scenario: str) -> None:
+    from caseledger.views.chart import draw_scenario  # lazy: numpy and matplotlib (a controller starts light)
+
+    draw_scenario(ws, scenario)
 
 
 class Controller:
@@ -147,8 +147,8 @@ class Controller:
         """The lease is lost (fenced by a newer owner) or about to lapse unrenewed: stop this run's load
         client and exit, so no request of this run reaches the target past the lease."""
         print(f"controller: lost the target's lease, stopping the load: {why}", file=sys.stderr, flush=True)
-        if procs.inline():  # the process to end is the caller's: lease races are tested with real controllers
-            raise RuntimeError(f"an inline run lost its target's lease: {why}")
+        # in the caller's process the process to end is the caller's: lease races are tested with real controllers
+        procs.launcher().own_process(f"an inline run lost its target's lease: {why}")
         with contextlib.suppress(Exception):  # best effort: the exit below happens whatever this meets
             self.paths.load_abort.touch()
             self._end_clients(grace_s=1.0)
@@ -219,8 +219,7 @@ class Controller:
             print(f"controller: {e}", file=sys.stderr)
             return 70
         threading.Thread(target=self.heartbeat, daemon=True).start()
-        if not procs.inline():  # inline: the caller's process, whose signals are not ours
-            signal.signal(signal.SIGTERM, self._stop_asked)
+        procs.launcher().adopt(sigterm=self._stop_asked)  # (not the caller's signals: procs.InProcess)
         self.event("controller_started", data={"pid": self.me["pid"]})
         outcome = "succeeded"
         keep_lease = False

@@ -119,8 +119,8 @@ def _start(
         phases.reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
     paths.load_abort.unlink(missing_ok=True)  # an abort left by an earlier attempt would stop the new clients
     phases.snapshot_counters(case, paths.metrics_before)
-    if procs.inline():  # P armed clients waiting for one go cannot run one after another in one process
-        raise RuntimeError("load.processes > 1 needs real processes: run it outside procs.inline_runs()")
+    # P armed clients waiting for one go cannot run one after another in one process
+    procs.launcher().own_process("load.processes > 1 needs real processes: run it outside procs.in_process()")
     refs: list[LoadRef | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]
     _wait_ready(run, parts, refs)
     write_json(paths.load_go, go_record())

@@ -116,10 +116,9 @@ class LoadWatch:
         pids = ", ".join(str(ref["pid"]) for ref in held)
         why = f"the service (pid {pids}) has been stopped (SIGSTOP) for {now - self.service_stopped_since:.0f} s"
         self.event("load_ended_early", phase="load", data={"why": why})
-        if not procs.inline():  # an inline client has returned before the controller watches
-            for ref in [self.client, *self.more]:
-                if ref is not None:
-                    procs.terminate(ref, grace_s=5.0)
+        for ref in [self.client, *self.more]:  # (one that ran in the caller's process is gone: nothing to end)
+            if ref is not None:
+                procs.terminate(ref, grace_s=5.0)
 
     def close(self) -> None:
         for r in self.remote_accel:

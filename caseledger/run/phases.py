@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -269,31 +268,24 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> LoadRef:
     """Start the load client detached; its process reference, written to load/pid.json (and load/armed.json) as
     procs and leases read it. Armed: it loads everything, then waits for load/go (or abort)."""
     paths.load_dir.mkdir(parents=True, exist_ok=True)
-    if procs.inline():
-        return _client_inline(paths)
     env = child_env(keep=case.env_names())  # its API key variable, nothing else of the caller's
     if armed:
         env["CASELEDGER_LOAD_ARMED"] = "1"
     part = [str(paths.part)] if isinstance(paths, PartPaths) else []  # process k of load.processes
-    with paths.load_log.open("ab") as lf:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "caseledger.load", str(paths.root), *part],
-            stdin=subprocess.DEVNULL,
-            stdout=lf,
-            stderr=lf,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-    pid: LoadRef = {"pid": p.pid, "start_time": procs.start_time(p.pid) or 0, "host": procs.me()["host"]}
-    write_json(paths.load_pid, pid)  # at once: readers must see the client even before it has started up
-    if armed:
-        write_json(paths.load_armed, pid)
-    return pid
+
+    def record(ref: LoadRef) -> None:
+        write_json(paths.load_pid, ref)
+        if armed:
+            write_json(paths.load_armed, ref)
+
+    client = procs.Part(
+        "caseledger.load", [str(paths.root), *part], paths.load_log, lambda: _client_inline(paths), env, record
+    )
+    return procs.launcher().start(client)
 
 
 def _client_inline(paths: RunPaths) -> LoadRef:
-    """The load client's entry run in this process (procs.inline_runs), to its end file; its pid.json then says
+    """The load client's entry run in this process (procs.InProcess), to its end file; its pid.json then says
     gone, so the load phase and confirm_end see a client that has exited. Its log lines go to load/client.log."""
     # lazy: the load client's entry, only for an inline run
     from caseledger.load.__main__ import EXIT_CANCELLED, EXIT_COMPLETE, run_inline
@@ -310,8 +302,6 @@ def _client_inline(paths: RunPaths) -> LoadRef:
 def arm_client(run: Run) -> LoadRef | None:
     """Spawn the client early (armed) when this run will send a formal load that has not started yet."""
     paths = run.paths
-    if procs.inline():
-        return None  # an inline client starts in the load phase, in this process
     if run.meta.load_reuse or run.meta.action(Phase.LOAD) != "run" or run.case.load.host_shares():
         return None  # (a remote client is started in the load phase, after its inputs are copied there)
     if run.case.load.total_processes > 1:
@@ -320,7 +310,8 @@ def arm_client(run: Run) -> LoadRef | None:
         return None
     if procs.alive(read_json_or_none(paths.load_pid)):
         return None
-    return spawn_client(paths, armed=True, case=run.case)
+    # in the caller's process (procs.InProcess) the client starts in the load phase, not ahead
+    return procs.launcher().ahead(lambda: spawn_client(paths, armed=True, case=run.case))
 
 
 def disarm_client(paths: RunPaths) -> None:

@@ -159,17 +159,23 @@ def context_check(case: Case, plan: LoadPlan) -> ContextCheck | None:
 
 
 def run_fresh(run_dir: str | Path_, timeout_s: float = 300.0) -> PreflightResult:
-    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; its answer (checks, or the error). Inline
-    (procs.inline_runs): the same checks in this process, which no audit hook guards (the evidence says so)."""
-    if procs.inline():
-        try:
-            checks = run(str(run_dir)).model_copy(
-                update={"sockets": "not forbidden (inline)", "process": "inline: the caller's process"}
-            )
-            return PreflightResult(ok=True, checks=checks)
-        except Exception as e:
-            return PreflightResult(ok=False, error=error_text(e))
+    """Run `python -m caseledger.preflight RUN_DIR` in a fresh process; its answer (checks, or the error). In the
+    caller's process (procs.InProcess): the same checks there, which no audit hook guards (the evidence says
+    so)."""
+    return procs.launcher().answer(lambda: _fresh(run_dir, timeout_s), lambda: _here(run_dir))
 
+
+def _here(run_dir: str | Path_) -> PreflightResult:
+    try:
+        checks = run(str(run_dir)).model_copy(
+            update={"sockets": "not forbidden (inline)", "process": "inline: the caller's process"}
+        )
+        return PreflightResult(ok=True, checks=checks)
+    except Exception as e:
+        return PreflightResult(ok=False, error=error_text(e))
+
+
+def _fresh(run_dir: str | Path_, timeout_s: float) -> PreflightResult:
     p = subprocess.run(
         [sys.executable, "-m", "caseledger.run.preflight", str(run_dir)],
         capture_output=True,

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -143,40 +141,37 @@ def _hand_run(ahead: subprocess.Popen[bytes] | None, paths: RunPaths, fence: int
 
 def spawn_controller(run: Run, fence: int, ahead: subprocess.Popen[bytes] | None = None) -> int:
     """Start the run's detached controller (it reads run.json as written by then), then mark it spawned: the one
-    spawned ahead when given and alive (handed the run), else a new one. Inline (procs.inline_runs): the same
-    controller runs the phase table in this process and returns when the run ends."""
+    spawned ahead when given and alive (handed the run), else a new one. In the caller's process
+    (procs.InProcess): the same controller runs the phase table there and returns when the run ends."""
     paths = run.paths
-    if procs.inline():
-        return _controller_inline(run, fence)
+
+    def record(ref: procs.LoadRef) -> None:
+        write_meta(paths, run.meta.model_copy(update={"controller_spawned": True}))
+        # the controller writes its own pid file; write one now so a reader never sees a gap
+        write_json(paths.controller_pid, {**ref, "fence": fence})
+
     pid = _hand_run(ahead, paths, fence)
-    if pid is None:
-        log = paths.controller_log.open("ab")
-        pid = subprocess.Popen(
-            [sys.executable, "-m", "caseledger.run.controller", str(paths.root), "--fence", str(fence)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=child_env(keep=run.case.env_names()),
-            start_new_session=True,
-            close_fds=True,
-        ).pid
-        log.close()
-    write_meta(paths, run.meta.model_copy(update={"controller_spawned": True}))
-    # the controller writes its own pid file; write one now so a reader never sees a gap
-    write_json(
-        paths.controller_pid,
-        {"pid": pid, "start_time": procs.start_time(pid) or 0, "host": procs.me()["host"], "fence": fence},
+    if pid is not None:
+        record({"pid": pid, "start_time": procs.start_time(pid) or 0, "host": procs.me()["host"]})
+        return pid
+    argv = [str(paths.root), "--fence", str(fence)]
+    part = procs.Part(
+        "caseledger.run.controller",
+        argv,
+        paths.controller_log,
+        here=lambda: _controller_here(run, fence, argv),
+        env=child_env(keep=run.case.env_names()),
+        record=record,
     )
-    return pid
+    return int(procs.launcher().start(part)["pid"])
 
 
-def _controller_inline(run: Run, fence: int) -> int:
+def _controller_here(run: Run, fence: int, argv: list[str]) -> None:
     write_meta(run.paths, run.meta.model_copy(update={"controller_spawned": True}))
     try:
-        procs.run_module("caseledger.run.controller", [str(run.paths.root), "--fence", str(fence)])
+        procs.run_module("caseledger.run.controller", argv)
     finally:  # the run's controller has returned: no reader may take the caller's pid for a live controller
         write_json(run.paths.controller_pid, {**procs.gone(procs.me()), "fence": fence})
-    return os.getpid()
 
 
 Progress = Callable[[RunView], None]  # called with each state a wait reads (every poll, about 20 times a second)
@@ -232,12 +227,11 @@ def launch(
         # a service another workspace keeps on the target, not this case's: TargetHeld naming it, before the lease
         # is taken (a waiting campaign's driver asks every second: the owner's own runs keep the lease free)
         services.refuse_kept_elsewhere(ws, case, key)
-        if procs.inline():
-            ahead = None  # preflight runs in this process, inside the controller's phase table
-        else:
-            if ahead is None or ahead.poll() is not None:
-                ahead = spawn_ahead(case.env_names())  # its imports overlap the lease, the run's files, the controller
-            ctl = ctl or spawn_controller_ahead(case.env_names())  # the same, for the controller
+        # in the caller's process (procs.InProcess) nothing runs ahead: preflight runs in the phase table there
+        if ahead is None or ahead.poll() is not None:
+            keep = case.env_names()  # its imports overlap the lease, the run's files, the controller
+            ahead = procs.launcher().ahead(lambda: spawn_ahead(keep))
+        ctl = ctl or procs.launcher().ahead(lambda: spawn_controller_ahead(case.env_names()))  # the same, controller
         with authorization.claim(ws, rid) as mode:
             lease = run_lease.acquire(ws, case, key, run_id=rid, owner=None)
             try:
