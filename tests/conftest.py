@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +31,8 @@ from caseledger.workspace import Workspace
 
 if TYPE_CHECKING:
     from mcp import Client
+
+    from tests.load_hosts import LoadHost
 
 
 def tree_digest(root: Path) -> str:
@@ -155,6 +159,29 @@ def stop_services(ws: Workspace) -> Iterator[None]:
     # a failed campaign test must not leave its driver starting points (or waiting on a pause) for ever
     stop_drivers(ws)
     services.stop_all(ws)
+
+
+@pytest.fixture(scope="module")
+def load_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadHost]:
+    """A load host (tests/load_hosts.py), one a test module."""
+    from tests.load_hosts import namespace_host
+
+    with namespace_host(tmp_path_factory.mktemp("loadhost")) as lh:
+        yield lh
+
+
+@pytest.fixture
+def services_stopped(ws: Workspace, load_host: LoadHost) -> Iterator[None]:
+    """After the test: the workspace's services stopped, the load host's link restored, its clients killed."""
+    yield
+    from caseledger import services
+
+    services.stop_all(ws)
+    with contextlib.suppress(subprocess.CalledProcessError):
+        load_host.restore()
+    for pid in load_host.clients():  # a test that failed half-way must not leave a load client running
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from tests.conftest import (
     stats,
     stub_target,
 )
-from tests.test_runs import wait_state
+from tests.helpers import wait_state
 
 pytestmark = pytest.mark.integration
 

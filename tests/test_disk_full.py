@@ -18,7 +18,7 @@ from caseledger.ledger import authorization, read_events
 from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft, start_with_fault
-from tests.test_fault_matrix import cell
+from tests.helpers import cell
 
 pytestmark = pytest.mark.integration
 

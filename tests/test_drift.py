@@ -186,7 +186,7 @@ def _notes(ws: Workspace, campaign_id: str) -> list[str]:
 def test_a_target_that_slows_2x_twice_is_inconclusive_in_every_view(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
-    from tests.test_fault_matrix import cell
+    from tests.helpers import cell
 
     authorization.set_mode(ws, "auto")
     port = free_port()

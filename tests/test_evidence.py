@@ -25,8 +25,8 @@ from caseledger.records import RawRecord, read_records
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import external_draft, free_port, ref_draft, stats
+from tests.helpers import cell, service_pid, settled, wait_until
 from tests.misbehaving import misbehaving
-from tests.test_fault_matrix import cell, service_pid, settled, wait_until
 
 pytestmark = pytest.mark.integration
 

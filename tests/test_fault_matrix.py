@@ -38,11 +38,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +51,7 @@ from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import EvidenceChanged, NotAuthorized, NothingToResume, TargetHeld
 from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events
-from caseledger.ledger.state import fold
-from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run, summarize
+from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run, summarize
 from caseledger.workspace import Workspace
 from tests.conftest import (
     free_port,
@@ -68,149 +63,27 @@ from tests.conftest import (
     tree_digest,
     two_workspaces,
 )
+from tests.helpers import (
+    FAST,
+    N,
+    after,
+    by_phase,
+    cell,
+    clients,
+    ended_ok,
+    kill,
+    race,
+    raw_lines,
+    runs_of,
+    service_pid,
+    service_state,
+    settled,
+    slow_draft,
+    wait_until,
+    why,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.processes]  # kills, stops, races: real processes are the point
-
-N = 8  # formal requests of every cell's case (C=2)
-FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
-
-
-# ------------------------------------------------------------------------------------------------- recording
-
-
-class Cell:
-    """The checks of one cell, recorded into the matrix as they are made; `ok()` fails the test at the end
-    with every failed check (so the matrix shows all of them, not only the first)."""
-
-    def __init__(self, matrix: dict[str, dict[str, bool]], name: str) -> None:
-        self.checks = matrix.setdefault(name, {})
-        self.checks.clear()
-        self.failures: list[str] = []
-
-    def check(self, name: str, passed: bool, detail: object = "") -> bool:
-        self.checks[name] = self.checks.get(name, True) and bool(passed)
-        if not passed:
-            self.failures.append(f"{name}: {detail}")
-        return bool(passed)
-
-    def ok(self) -> None:
-        assert not self.failures, "failed checks:\n" + "\n".join(self.failures)
-
-
-@contextmanager
-def cell(matrix: dict[str, dict[str, bool]], name: str) -> Iterator[Cell]:
-    c = Cell(matrix, name)
-    try:
-        yield c
-    except BaseException as e:
-        c.check("ran", False, f"{type(e).__name__}: {e}")
-        raise
-    c.ok()
-
-
-# --------------------------------------------------------------------------------------------------- helpers
-
-
-def by_phase(port: int, phase: str = "load") -> int:
-    return int(stats(port)["by_phase"].get(phase, 0))
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def settled(ws: Workspace, run_id: str, timeout: float = 90) -> StatusResult:
-    """Status once the run's controller is gone and the run is no longer running."""
-
-    def done() -> StatusResult | None:
-        s = phase_status(ws, run_id)
-        return s if s.state not in ("running", "created") and not s.owner_alive else None
-
-    return wait_until(done, timeout, f"run {run_id} to settle")  # type: ignore[no-any-return]
-
-
-def service_state(ws: Workspace, run_id: str) -> dict[str, Any]:
-    key = fold(ws, run_id).meta.target_key
-    p = ws.services_dir / f"{key}.json"
-    return dict(orjson.loads(p.read_bytes())) if p.exists() else {}
-
-
-def service_pid(ws: Workspace, run_id: str) -> int:
-    return int(service_state(ws, run_id)["proc"]["pid"])
-
-
-def ended_ok(ws: Workspace, run_id: str) -> Counter[str]:
-    """Per phase, how many times it ended done/reused/skipped (what 'ran once' counts)."""
-    return Counter(
-        e["phase"]
-        for e in read_events(ws.run(run_id)).events
-        if e["type"] == "phase_ended" and e["data"].get("outcome") in ("done", "reused", "skipped")
-    )
-
-
-def clients(ws: Workspace, run_id: str) -> int:
-    """How many load clients were started for the formal load (one, whatever was killed)."""
-    return sum(e["type"] == "load_client_started" for e in read_events(ws.run(run_id)).events)
-
-
-def why(ws: Workspace, run_id: str | None) -> str:
-    """A run's status and the end of its controller log: what a failed check shows."""
-    if run_id is None:
-        return "no run"
-    log = ws.run(run_id).controller_log
-    return phase_status(ws, run_id).text() + "\ncontroller.log: " + (log.read_text()[-600:] if log.exists() else "-")
-
-
-def runs_of(ws: Workspace) -> int:
-    return len(list(ws.runs_dir.iterdir())) if ws.runs_dir.exists() else 0
-
-
-def raw_lines(path: Path) -> int:
-    return len(path.read_bytes().splitlines()) if path.exists() else 0
-
-
-def after(phase: str) -> list[str]:
-    return [p.value for p in PHASES[PHASES.index(Phase(phase)) + 1 :]]
-
-
-def slow_draft(port: int) -> dict[str, Any]:
-    """A formal load of ~2.5 s (8 requests of 24 tokens at 0.02 s a step, C=2): time to kill things in it."""
-    return ref_draft(
-        port,
-        service={"reference": {**FAST, "decode_step_s": 0.02, "decode_step_per_seq_s": 0.0}},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24},
-    )
-
-
-def kill(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-
-
-def race(*calls: Callable[[], Any]) -> list[Any]:
-    """Run the calls in threads released at the same instant; each one's result or exception."""
-    barrier = threading.Barrier(len(calls))
-    out: list[Any] = [None] * len(calls)
-
-    def go(k: int) -> None:
-        barrier.wait()
-        try:
-            out[k] = calls[k]()
-        except Exception as e:
-            out[k] = e
-
-    threads = [threading.Thread(target=go, args=(k,)) for k in range(len(calls))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(180)
-    return out
-
 
 # ------------------------------------------------------------------------------- 1. controller SIGKILLed
 
@@ -293,7 +166,7 @@ def test_load_client_killed_mid_load(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
     port = free_port()
-    case = freeze_case(ws, draft=slow_draft(port))
+    case = freeze_case(ws, draft=slow_draft(port, 24))
     with cell(fault_matrix, "kill load client mid-load") as c:
         r = start_with_fault(monkeypatch, "load:exit_after=3", ws, case.case_id, wait=True)
         assert r.run_id is not None
@@ -328,7 +201,7 @@ def test_controller_and_client_killed_mid_load(
     ws: Workspace, stop_services: None, monkeypatch: pytest.MonkeyPatch, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
     port = free_port()
-    case = freeze_case(ws, draft=slow_draft(port))
+    case = freeze_case(ws, draft=slow_draft(port, 24))
     with cell(fault_matrix, "kill controller and client mid-load") as c:
         r = start_with_fault(monkeypatch, "controller:exit_during=load", ws, case.case_id)
         assert r.run_id is not None
@@ -501,7 +374,7 @@ def test_service_killed_after_its_phase(
 
 def test_service_killed_mid_load(ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]) -> None:
     port = free_port()
-    case = freeze_case(ws, draft=slow_draft(port))
+    case = freeze_case(ws, draft=slow_draft(port, 24))
     with cell(fault_matrix, "kill service mid-load") as c:
         r = start_run(ws, case.case_id)
         assert r.run_id is not None

@@ -40,7 +40,7 @@ from caseledger.tools.summarize import chart_png
 from caseledger.views.chart import draw_campaign
 from caseledger.workspace import RunPaths, Workspace
 from tests.conftest import free_port, knee_base, ref_draft, start_with_fault, stats
-from tests.test_fault_matrix import cell, settled, wait_until
+from tests.helpers import cell, settled, wait_until
 
 SCENARIO = "ref-test"  # ref_draft's
 

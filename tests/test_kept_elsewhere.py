@@ -103,7 +103,7 @@ def two(tmp_path: Path) -> Iterator[tuple[Workspace, Workspace]]:
 def test_a_campaign_reuses_or_waits_for_the_service_another_workspace_keeps_and_measures_every_point(
     two: tuple[Workspace, Workspace], fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
-    from tests.test_fault_matrix import cell  # lazy: as test_campaigns does
+    from tests.helpers import cell  # lazy: as test_campaigns does
 
     a, b = two
     port = free_port()

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from caseledger.services import lease_host
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import free_port, ref_draft, reference_targets, stats
+from tests.helpers import wait_until
 from tests.sshd import Sshd, loopback_sshd
 
 pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
@@ -66,15 +67,6 @@ def lease_file(lease_dir: Path, key: str) -> tuple[int, str, int]:
     """(fence, run id, expiry ms) from the lease file's header on the lease host."""
     head = (lease_dir / f"{key}.lease").read_text().splitlines()[0].split()
     return int(head[0]), head[1], int(head[2])
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_host_dirs_see_each_other_only_when_the_lease_lives_on_the_ssh_host(

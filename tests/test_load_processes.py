@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -21,9 +20,8 @@ from caseledger.metrics import latest_result
 from caseledger.records import read_records
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, stats
-
-FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
+from tests.conftest import free_port, ref_draft
+from tests.helpers import by_phase, slow_draft, wait_until
 
 
 def _spec(i: int, session: int | None = None, turn: int | None = None) -> RequestSpec:
@@ -99,20 +97,6 @@ def test_processes_one_keeps_the_case_id_and_fewer_slots_than_processes_is_refus
 # ------------------------------------------------------------------------------------------- real processes
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _load_at_target(port: int) -> int:
-    return int(stats(port)["by_phase"].get("load", 0))
-
-
 @pytest.mark.integration
 @pytest.mark.processes  # load.processes > 1: P armed client processes and one go
 def test_two_processes_run_one_merged_load(ws: Workspace, stop_services: None) -> None:
@@ -122,7 +106,7 @@ def test_two_processes_run_one_merged_load(ws: Workspace, stop_services: None) -
     assert r.run_id is not None
     s = phase_status(ws, r.run_id)
     assert s.state == "succeeded", s.text()
-    assert _load_at_target(port) == 24 == s.sent == s.done
+    assert by_phase(port) == 24 == s.sent == s.done
     paths = ws.run(r.run_id)
     recs = read_records(paths.raw).records
     assert sorted(x["i"] for x in recs) == list(range(24))
@@ -139,26 +123,16 @@ def test_two_processes_run_one_merged_load(ws: Workspace, stop_services: None) -
     first = latest_result(paths.root)
     assert first is not None
     again = reprocess_raw(ws, r.run_id)
-    assert again.requests == 24 and _load_at_target(port) == 24
+    assert again.requests == 24 and by_phase(port) == 24
     second = latest_result(paths.root)
     assert second is not None and second.windows.whole == first.windows.whole
-
-
-def slow_draft(port: int) -> dict[str, Any]:
-    """~2 s of formal load (8 requests of 24 tokens at 0.02 s a step), C=2 over two processes."""
-    return ref_draft(
-        port,
-        service={"reference": {**FAST, "decode_step_s": 0.02, "decode_step_per_seq_s": 0.0}},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 24},
-        load={"requests": 8, "concurrency": 2, "processes": 2},
-    )
 
 
 @pytest.mark.integration
 @pytest.mark.processes  # load.processes > 1: P armed client processes and one go
 def test_one_of_two_processes_killed_mid_load_then_resume_merges(ws: Workspace, stop_services: None) -> None:
     port = free_port()
-    case = freeze_case(ws, draft=slow_draft(port))
+    case = freeze_case(ws, draft=slow_draft(port, 24, load={"processes": 2}))
     r = start_run(ws, case.case_id)
     assert r.run_id is not None
     paths = ws.run(r.run_id)
@@ -173,14 +147,14 @@ def test_one_of_two_processes_killed_mid_load_then_resume_merges(ws: Workspace, 
     s = wait_until(settled, 90, "the run to settle")
     assert s.failure_class == "end_unknown" and s.phase == "load", s.text()
     assert not s.next_resends_requests
-    served = _load_at_target(port)
+    served = by_phase(port)
     assert s.done <= served <= s.sent < 8, (served, s.sent, s.done)
     assert len(read_records(paths.load_part(0).raw).records) == 4  # the other process finished its share
 
     res = resume(ws, r.run_id, wait=True)
     s2 = phase_status(ws, r.run_id)
     assert res.state == "partial" == s2.state and s2.load_ended == "partial", s2.text()
-    assert _load_at_target(port) == served  # nothing re-sent
+    assert by_phase(port) == served  # nothing re-sent
     recs = read_records(paths.raw).records
     assert len(recs) == s2.done == len({x["i"] for x in recs})  # merged, nothing duplicated
     assert s2.done <= served <= s2.sent

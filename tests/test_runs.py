@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from caseledger import ledger, procs
+from caseledger.case.plan import PHASES
 from caseledger.errors import TargetHeld
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
@@ -20,18 +21,9 @@ from caseledger.ledger.state import fold
 from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, ref_draft, reference_targets, start_with_fault, stats
+from tests.helpers import slow_draft, wait_state
 
 pytestmark = pytest.mark.integration
-
-
-def wait_state(ws: Workspace, run_id: str, pred: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = phase_status(ws, run_id)
-        if pred(s):
-            return s
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; last status:\n{phase_status(ws, run_id).text()}")
 
 
 def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services: None) -> None:
@@ -40,17 +32,7 @@ def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services
     r1 = start_run(ws, base.case_id, wait=True)
     assert r1.preflight == "passed" and r1.state == "succeeded", r1.text()
     events = read_events(ws.run(r1.run_id)).events
-    for phase in (
-        "preflight",
-        "service",
-        "warmup",
-        "route_verify",
-        "cache_prepare",
-        "load",
-        "confirm_end",
-        "postprocess",
-        "decide",
-    ):
+    for phase in PHASES:
         started = [e for e in events if e["phase"] == phase and e["type"] == "phase_started"]
         ended = [e for e in events if e["phase"] == phase and e["type"] == "phase_ended"]
         assert len(started) == 1 and len(ended) == 1, phase
@@ -71,25 +53,6 @@ def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services
     assert s2["by_phase"]["load"] == 16
     st = orjson.loads((ws.services_dir / f"{v.meta.target_key}.json").read_bytes())
     assert st["starts"] == 1
-
-
-def slow_draft(port: int, **over: Any) -> dict[str, Any]:
-    """About 5 s of formal load: long enough to kill things in the middle of it."""
-    base: dict[str, Any] = {
-        "service": {
-            "reference": {
-                "decode_step_s": 0.02,
-                "decode_step_per_seq_s": 0.0,
-                "prefill_tokens_per_s": 200000,
-                "slots": 8,
-            }
-        },
-        "dataset": {"source": "synthetic", "input_tokens": 64, "output_tokens": 48},
-        "load": {"requests": 8, "concurrency": 2},
-    }
-    for k, v in over.items():
-        base[k] = {**base[k], **v} if isinstance(v, dict) and k in base else v
-    return ref_draft(port, **base)
 
 
 @pytest.mark.processes

@@ -167,7 +167,7 @@ def test_no_process_caseledger_starts_inherits_the_callers_secrets(
     """Controller, load client and service: the basics and what the case names (its API key variable), never
     the rest of the agent's shell."""
     from caseledger.workspace import read_json_or_none
-    from tests.test_runs import slow_draft, wait_state
+    from tests.helpers import slow_draft, wait_state
 
     monkeypatch.setenv("AGENT_SHELL_SECRET", UNDECLARED)
     monkeypatch.setenv("OPENAI_API_KEY", UNDECLARED)

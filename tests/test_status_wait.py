@@ -12,7 +12,7 @@ from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port, ref_draft
-from tests.test_runs import slow_draft, wait_state
+from tests.helpers import slow_draft, wait_state
 
 pytestmark = pytest.mark.integration
 
