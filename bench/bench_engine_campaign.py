@@ -20,8 +20,9 @@ from caseledger.ledger import authorization
 from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, until_complete
+from tests.conftest import free_port
 from tests.engine import llama_draft, llama_paths
+from tests.helpers import until_complete
 
 
 def main() -> None:

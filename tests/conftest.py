@@ -109,6 +109,12 @@ def free_port() -> int:
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """The async tests (pytest.mark.anyio) run on asyncio."""
+    return "asyncio"
+
+
+@pytest.fixture
 def ws(tmp_path: Path) -> Workspace:
     w = Workspace(tmp_path / "ws")
     (w.root / "cases").mkdir(parents=True)
@@ -653,21 +659,6 @@ def knee_base(port: int, scenario: str, requests: int) -> dict[str, Any]:
         dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
         load={"requests": requests, "concurrency": 1},
     )
-
-
-def until_complete(ws: Workspace, campaign_id: str, timeout_s: float = 300.0, wait_s: float = 30.0) -> Any:
-    """The campaign's view once it is complete and its driver has exited (phase_status waits, wait_s at most
-    each); AssertionError with the view's text after timeout_s."""
-    from caseledger.campaign.view import CampaignView, campaign_view
-    from caseledger.tools import status_any
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = status_any(ws, campaign_id, wait_s=wait_s)
-        assert isinstance(v, CampaignView)
-        if v.complete and not v.driver_alive:
-            return v
-    raise AssertionError(campaign_view(ws, campaign_id).text())
 
 
 def assert_one_answer(ws: Workspace, campaign_id: str) -> str:

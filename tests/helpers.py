@@ -6,6 +6,7 @@ module (a test module imports helpers, not tests)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -20,9 +21,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from caseledger.case.plan import PHASES, Phase
-from tests.conftest import knee_base, ref_draft, stats
+from tests.conftest import free_port, knee_base, ref_draft, stats
 
 if TYPE_CHECKING:
+    import pytest
+    from mcp.types import CallToolResult
+
     from caseledger.campaign.view import CampaignView
     from caseledger.tools import StatusResult
     from caseledger.workspace import Workspace
@@ -230,3 +234,95 @@ def until_complete(ws: Workspace, campaign_id: str, timeout_s: float = 300.0, wa
         if v.complete and not v.driver_alive:
             return v
     raise AssertionError(campaign_view(ws, campaign_id).text())
+
+
+# ------------------------------------------------------------------------------------------------ the MCP server
+
+SIX = ["freeze_case", "start_run", "phase_status", "resume", "reprocess_raw", "summarize"]  # the server's tools
+SHORT = 600  # bytes: an answer an agent reads every poll
+REPO = Path(__file__).resolve().parents[1]
+
+
+def baseline_draft(port: int, requests: int = 8) -> dict[str, Any]:
+    """cases/ref-baseline.json against the reference target on the port."""
+    d: dict[str, Any] = json.loads((REPO / "cases" / "ref-baseline.json").read_text())
+    d.pop("$schema", None)
+    d["target"]["endpoints"][0]["base_url"] = f"http://127.0.0.1:{port}/v1"
+    d["load"]["requests"] = requests
+    return d
+
+
+def mcp_workspace(tmp_path: Path) -> Workspace:
+    """A workspace as an agent's MCP server opens it: cases/draft.json is the baseline on a free port."""
+    from caseledger.workspace import Workspace
+
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "draft.json").write_text(json.dumps(baseline_draft(free_port())))
+    return Workspace.open(tmp_path)
+
+
+def text_of(r: CallToolResult) -> str:
+    """A tool result's text."""
+    from mcp.types import TextContent
+
+    return "\n".join(c.text for c in r.content if isinstance(c, TextContent))
+
+
+# ------------------------------------------------------------------------------------ the CLI and MCP alike
+
+
+def cli_call(ws: Workspace, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """The CLI's exit code and what it wrote (stdout and stderr) for argv in the workspace."""
+    from caseledger import cli
+
+    rc = cli.main(["-w", str(ws.root), *argv])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def mcp_call(ws: Workspace, tool: str, args: dict[str, Any]) -> CallToolResult:
+    """One tool call on the workspace's MCP server, in memory."""
+    import anyio
+    from mcp import Client
+
+    from caseledger.server import build_server
+
+    async def go() -> CallToolResult:
+        async with Client(build_server(ws)) as c:
+            return await c.call_tool(tool, args)
+
+    return anyio.run(go)
+
+
+def assert_refused(text: str, *needles: str) -> None:
+    """A clean refusal: names what is wrong and the fix; no traceback, no bug report, no bare tool error."""
+    assert "Traceback" not in text and "caseledger bug" not in text, text
+    assert "fix:" in text, text
+    for n in needles:
+        assert n in text, (n, text)
+
+
+def fake_run(ws: Workspace, rid: str, created: str) -> None:
+    """A run directory as create_run writes it (run.json and the hash-checked case copy), without a process."""
+    from caseledger.case.model import Case
+    from caseledger.case.store import case_id_of, store
+    from caseledger.ledger.runs import RunMeta, write_meta
+    from caseledger.workspace import atomic_write, canonical_json
+
+    case = Case.model_validate(ref_draft(1)).filled()
+    store(ws, case)
+    paths = ws.run(rid)
+    paths.root.mkdir(parents=True)
+    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
+    write_meta(
+        paths,
+        RunMeta(
+            run_id=rid,
+            case_id=case_id_of(case),
+            scenario="ref-test",
+            workspace=str(ws.root),
+            planned=8,
+            target_key="t-test",
+            created_utc=created,
+        ),
+    )

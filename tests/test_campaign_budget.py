@@ -17,7 +17,8 @@ from caseledger.ledger.runs import scan_runs
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft, until_complete
+from tests.conftest import free_port, ref_draft
+from tests.helpers import until_complete
 
 
 def test_a_run_that_would_pass_any_part_of_the_budget_is_refused_and_nothing_is_booked() -> None:

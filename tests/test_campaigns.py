@@ -1,9 +1,9 @@
 """Campaigns: one declared search frozen once, planned, run by its driver and answered.
 
-The planner is tested pure against simulated points (its bisection count, the exhaustive grid's winner,
-ties, budgets); the whole path on the real reference target: one freeze and one start_run find the knee,
-a new limit re-decides with no request sent (counted at the target), a SIGKILLed driver and controller
-resume with no point measured twice."""
+The whole path on the real reference target: one freeze and one start_run find the knee, a new limit re-decides
+with no request sent (counted at the target), a SIGKILLed driver and controller resume with no point measured
+twice; two campaigns on one target, a pause, a stop, drift, given-up points. The planner alone:
+tests/test_campaign_planner.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,6 @@ import orjson
 import pytest
 
 from caseledger import services
-from caseledger.campaign import drift
-from caseledger.campaign import plan as planner
-from caseledger.campaign.model import GridSearch, KneeSearch, Repeats, Search
 from caseledger.campaign.store import driver_events
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.errors import CaseInvalid
@@ -36,314 +32,10 @@ from caseledger.run.start import wait_for
 from caseledger.tools import freeze_any, resume_any, start_any, status_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import assert_one_answer, free_port, knee_base, ref_draft, stats, until_complete
-
-# ------------------------------------------------------------------------------------------- the planner, pure
-
-
-def _obs(
-    c: int, metric: list[float], tpot: list[float], bound: float, half: float = 0.05, interval: float = 0.01
-) -> planner.PointObs:
-    return planner.PointObs(
-        case_id=f"c-{c:012x}",
-        label=f"C={c}",
-        values={"load.concurrency": c},
-        service_key="s",
-        metric=metric,
-        interval_rel=interval if metric else None,
-        limits={"tpot_p99_ms": planner.LimitObs(bound=bound, values=tpot, half_width=half if tpot else None)},
-        bad_runs=0,
-    )
-
-
-def _simulate(
-    cs: list[int], tpot_of: Any, tok_s_of: Any, bound: float, search: Search, repeats: Repeats, noise: Any = None
-) -> tuple[planner.Plan, dict[int, int]]:
-    """Run the planner to the end, 'measuring' each next point from the given functions; (last plan, runs per C)."""
-    runs: dict[int, list[tuple[float, float]]] = {c: [] for c in cs}
-    for _ in range(200):
-        obs = [_obs(c, [m for m, _ in runs[c]], [t for _, t in runs[c]], bound) for c in cs]
-        pl = planner.plan(obs, search, repeats, higher=True, live_service="s")
-        if not pl.next:
-            return pl, {c: len(v) for c, v in runs.items()}
-        cid = pl.next[0][0]
-        c = int(cid[2:], 16)
-        k = len(runs[c])
-        runs[c].append((tok_s_of(c) * (1 + (noise(c, k) if noise else 0.0)), tpot_of(c)))
-    raise AssertionError("the planner never finished")
-
-
-KNEE = KneeSearch(kind="knee", axis="load.concurrency", monotone=True)
-
-
-@pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 13, 32, 64])
-def test_knee_bisection_measures_at_most_log2_points_plus_two_and_finds_the_grid_winner(n: int) -> None:
-    cs = list(range(1, n + 1))
-    for knee in range(0, n + 1):  # every position of the knee, including none and all meeting
-        bound = 10.0
-
-        def tpot(c: int, knee: int = knee) -> float:
-            return 5.0 if c <= knee else 20.0
-
-        pl, runs = _simulate(cs, tpot, lambda c: 100.0 * c, bound, KNEE, Repeats(runs=1, budget=0))
-        measured = sum(1 for v in runs.values() if v)
-        assert measured <= math.ceil(math.log2(n)) + 2, (n, knee, runs)
-        grid_winner = max((c for c in cs if tpot(c) <= bound), default=None)  # the exhaustive grid's answer
-        won = int(pl.leader[2:], 16) if pl.leader else None
-        assert won == grid_winner, (n, knee, runs)
-        for cid, why in pl.skipped.items():  # every skipped point says which measured point implies it
-            c = int(cid[2:], 16)
-            assert ("meets every limit" in why) == (c <= knee) and "monotone" in why
-
-
-def test_the_leader_and_runner_up_are_repeated_until_settled_and_a_close_pair_is_a_declared_tie() -> None:
-    cs = [1, 2, 4]
-    grid = GridSearch()
-    # C=2 and C=4 within 1% of each other, run-to-run noise +-3%: a tie after settle_runs each
-    wobble = [0.03, -0.03, 0.02, -0.02, 0.01]
-    pl, runs = _simulate(
-        cs,
-        lambda c: 5.0,
-        lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c],
-        10.0,
-        grid,
-        Repeats(runs=1, settle_runs=3, budget=10),
-        noise=lambda c, k: wobble[k % 5],
-    )
-    assert pl.tie and not pl.settled and {pl.leader, pl.runner_up} == {f"c-{2:012x}", f"c-{4:012x}"}
-    assert runs == {1: 1, 2: 3, 4: 3}, runs  # only the pair the answer rests on was repeated
-    # far apart: one repeat each measures the run-to-run noise, then the winner is settled
-    pl, runs = _simulate(
-        cs,
-        lambda c: 5.0,
-        lambda c: {1: 50.0, 2: 100.0, 4: 200.0}[c],
-        10.0,
-        grid,
-        Repeats(runs=1, settle_runs=3, budget=10),
-        noise=lambda c, k: wobble[k % 5],
-    )
-    assert pl.settled and not pl.tie and pl.leader == f"c-{4:012x}" and runs == {1: 1, 2: 2, 4: 2}, runs
-    # no budget: no repeat at all, and the answer does not claim to be settled by run-to-run noise it never saw
-    pl, runs = _simulate(
-        cs,
-        lambda c: 5.0,
-        lambda c: {1: 50.0, 2: 100.0, 4: 101.0}[c],
-        10.0,
-        grid,
-        Repeats(runs=1, settle_runs=3, budget=0),
-    )
-    assert runs == {1: 1, 2: 1, 4: 1} and pl.tie  # 1% apart within a +-1.4% within-run noise
-
-
-def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no_evidence() -> None:
-    near = _obs(4, [400.0], [9.98], 10.0, half=0.1)  # 9.98 +- 0.1 against 10: not settled
-    far = _obs(2, [200.0], [6.0], 10.0)
-    pl = planner.plan(
-        [far, near], GridSearch(), Repeats(runs=1, settle_runs=3, budget=5), higher=True, live_service="s"
-    )
-    assert any(cid == near.case_id and "within its noise" in why for cid, why in pl.next), pl.next
-    gone = planner.PointObs(
-        case_id="c-000000000008",
-        label="C=8",
-        values={"load.concurrency": 8},
-        service_key="s",
-        metric=[],
-        interval_rel=None,
-        limits={},
-        bad_runs=3,
-        last_problem="distorted: busy",
-    )
-    pl = planner.plan([far, gone], KNEE, Repeats(max_attempts=3), higher=True, live_service="s")
-    assert "distorted: busy" in pl.given_up[gone.case_id] and gone.case_id not in pl.skipped
-
-
-def test_a_noise_never_measured_reads_unknown_never_zero() -> None:
-    one = replace(_obs(4, [100.0], [5.0], 10.0), interval_rel=None)  # one run, no within-run interval
-    assert one.noise_measured is None and one.noise_rel == 0.0
-    assert planner.pm(None) == "±?" and planner.pm(0.0002) == "±<0.1%" and planner.pm(0.0123) == "±1.2%"
-    two = replace(_obs(4, [100.0, 104.0], [5.0, 5.0], 10.0), interval_rel=None)
-    assert planner.pm(two.noise_measured) == "±2.0%"
-
-
-def test_points_of_the_live_service_run_first() -> None:
-    a = planner.PointObs(
-        case_id="c-00000000000a",
-        label="np=1",
-        values={"x": 1},
-        service_key="A",
-        metric=[],
-        interval_rel=None,
-        limits={},
-        bad_runs=0,
-    )
-    b = planner.PointObs(
-        case_id="c-00000000000b",
-        label="np=2",
-        values={"x": 2},
-        service_key="B",
-        metric=[],
-        interval_rel=None,
-        limits={},
-        bad_runs=0,
-    )
-    assert [c for c, _ in planner.plan([a, b], GridSearch(), Repeats(), True, live_service="B").next] == [
-        b.case_id,
-        a.case_id,
-    ]
-
-
-def test_a_limit_pooled_over_runs_whose_interval_straddles_the_bound_is_uncertain_then_said_so() -> None:
-    """The issue's case: TPOT p99 per run 53.9, 59.2, 62.3 against 60. The mean of the per-run p99s meets it; the
-    pooled p99's interval straddles it: uncertain, repeated up to settle_runs, then the answer says so."""
-    from caseledger.campaign.view import _answer
-
-    lo = planner.LimitObs(
-        bound=60.0, values=[53.9, 59.2, 62.3], half_width=None, pooled=58.0, low=52.0, high=66.0, requests=48
-    )
-    assert lo.verdict == "uncertain" and not lo.settled and lo.met == "2/3", lo
-    assert lo.said() == "58 [52, 66] pooled over 48 requests in 3 run(s) <= 60: uncertain (met in 2/3 runs)"
-    assert replace(lo, high=59.0).verdict == "meets" and replace(lo, low=61.0, pooled=63.0).verdict == "breaks"
-
-    def point(runs: int) -> planner.PointObs:
-        return replace(
-            _obs(4, [400.0] * runs, [59.0] * runs, 60.0), limits={"tpot_p99_ms": replace(lo, values=lo.values[:runs])}
-        )
-
-    reps = Repeats(runs=1, settle_runs=3, budget=5)
-    pl = planner.plan([point(2)], GridSearch(), reps, higher=True, live_service="s")
-    assert [c for c, why in pl.next if "tpot_p99_ms" in why] == [point(2).case_id], pl.next
-    done = point(3)
-    pl = planner.plan([done], GridSearch(), reps, higher=True, live_service="s")
-    assert not pl.next and pl.leader == done.case_id, pl
-    answer, winner, _ = _answer(pl, {done.case_id: done}, True, "output_throughput", True)
-    assert winner == done.case_id and "uncertain: C=4 tpot_p99_ms met in 2/3 runs" in answer, answer
-
-
-@pytest.mark.parametrize(
-    ("keys", "level"),
-    [
-        ({1: "A", 2: "B"}, {1: 100.0, 2: 100.5}),
-        ({1: "A", 2: "A", 3: "B", 4: "B"}, {1: 100.0, 2: 80.0, 3: 100.5, 4: 70.0}),
-    ],
-)
-def test_a_tie_across_two_service_identities_starts_each_identity_once(
-    keys: dict[int, str], level: dict[int, float]
-) -> None:
-    """Points of two service identities, the best of each within noise of the other: the leader so far is
-    repeated before the campaign leaves its service, the other's repeats run while it is live -- never back and
-    forth (each switch is a service start): starts = identities."""
-    runs: dict[int, list[float]] = {c: [] for c in keys}
-    order: list[str] = []
-    wobble = [0.03, -0.03, 0.02, -0.02]
-    for _ in range(50):
-        obs = [
-            replace(_obs(c, runs[c], [5.0] * len(runs[c]), 10.0), service_key=keys[c], label=f"np={c}") for c in keys
-        ]
-        pl = planner.plan(
-            obs, GridSearch(), Repeats(runs=1, settle_runs=3, budget=10), True, order[-1] if order else None
-        )
-        if not pl.next:
-            break
-        c = int(pl.next[0][0][2:], 16)
-        order.append(keys[c])
-        runs[c].append(level[c] * (1 + wobble[len(runs[c]) % 4]))
-    starts = 1 + sum(1 for x, y in itertools.pairwise(order) if x != y)
-    assert pl.tie and starts == 2, order  # A A A ..., B B B ...
-    tied = [c for c in keys if level[c] >= 100.0]
-    assert [len(runs[c]) for c in tied] == [3, 3] and all(len(runs[c]) <= 2 for c in keys if c not in tied), runs
-
-
-def test_a_search_about_to_leave_a_service_first_repeats_what_it_owes_there() -> None:
-    """A proposing search (tpe) runs no repeats while it proposes; but before its next point starts another
-    service, the live service's leader (and a runner-up within noise on it) is repeated up to settle_runs, so the
-    settle after the search needs no second start of it."""
-    a1 = replace(_obs(1, [100.0], [5.0], 10.0), service_key="A")
-    a2 = replace(_obs(2, [99.0], [5.0], 10.0), service_key="A")
-    b1 = replace(_obs(3, [60.0], [5.0], 10.0), service_key="B")
-    repeats = Repeats(runs=1, settle_runs=3, budget=10)
-    owed = planner.before_leaving([a1, a2, b1], repeats, True, "A")
-    assert {cid for cid, _ in owed} == {a1.case_id, a2.case_id}, owed  # leader and runner-up, both on A
-    assert all(why.startswith("repeat") for _, why in owed)
-    assert planner.before_leaving([a1, a2, b1], repeats, True, "B") == []  # nothing of the answer lives on B
-    settled = [replace(a1, metric=[100.0, 100.2, 99.9]), replace(a2, metric=[99.0, 99.1, 98.9]), b1]
-    assert planner.before_leaving(settled, repeats, True, "A") == []  # settle_runs reached: it may leave
-
-
-def _timed(c: int, metric: list[float], when: list[int], rel: float = 0.01) -> planner.PointObs:
-    """A point whose valid runs were created at the given seconds (the planner orders runs by these times)."""
-    return planner.PointObs(
-        case_id=f"c-{c:012x}",
-        label=f"C={c}",
-        values={"load.concurrency": c},
-        service_key="s",
-        metric=metric,
-        interval_rel=rel,
-        limits={},
-        bad_runs=0,
-        when=[f"2026-12-05T07:00:{t:02d}.000Z" for t in when],
-        run_rel=[rel] * len(metric),
-    )
-
-
-def test_the_control_is_measured_again_between_and_after_the_others_and_a_drift_crowns_no_winner() -> None:
-    grid, reps = GridSearch(), Repeats(runs=1, settle_runs=3, budget=10)
-    first = _timed(1, [100.0], [0])
-    others = [_timed(c, [100.0 + c], [c]) for c in range(2, 6)]  # four runs of other points since the control's
-    pl = planner.plan([first, *others], grid, reps, True, "s", min_effect=0.02)
-    assert pl.controls == [first.case_id] and pl.next[0][0] == first.case_id and "again after 4 runs" in pl.next[0][1]
-    # nothing else wanted (no repeat budget): the control's last run closes the campaign, after the others
-    a, b = _timed(1, [100.0], [0]), _timed(2, [300.0, 301.0], [1, 2])
-    pl = planner.plan([a, b], grid, Repeats(runs=1, budget=0), True, "s", min_effect=0.02)
-    assert [c for c, _ in pl.next] == [a.case_id] and "again before leaving its service" in pl.next[0][1]
-    # measured again, within its noise: settled, no control run wanted now
-    a = _timed(1, [100.0, 100.5], [0, 3])
-    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
-    assert pl.cut is None and pl.settled and pl.leader == b.case_id and not pl.next
-    # the control moved -50%: suspected, measured once more at once before anything else
-    a = _timed(1, [100.0, 50.0], [0, 3])
-    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
-    assert pl.cut is None and pl.next[0][0] == a.case_id and "measured once more to confirm" in pl.next[0][1]
-    # confirmed: the runs before the change are set aside, and every point without a run since is measured again
-    a = _timed(1, [100.0, 50.0, 50.5], [0, 3, 4])
-    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
-    assert pl.cut == "2026-12-05T07:00:03.000Z" and pl.drift is None, pl
-    assert [c for c, _ in pl.next] == [b.case_id] and "the target changed at 2026-12-05T07:00:03" in pl.notes[0]
-    kept = drift.set_aside([a, b], pl.cut)
-    assert kept[0].metric == [50.0, 50.5] and kept[1].metric == []
-    # a cold first run that the next ones do not confirm twice is noise, not a change
-    noisy = _timed(1, [100.0, 60.0, 99.0], [0, 3, 4])
-    assert planner.plan([noisy, b], grid, reps, True, "s", 0.02).cut is None
-    # a second confirmed change: the target keeps drifting, nothing more runs, no winner
-    a = _timed(1, [100.0, 50.0, 50.5, 25.0, 25.5], [0, 3, 4, 7, 8])
-    b2 = _timed(2, [300.0, 150.0], [1, 5])
-    pl = planner.plan([a, b2], grid, reps, True, "s", min_effect=0.02)
-    assert pl.drift is not None and "and again" in pl.drift and not pl.next and pl.leader is None, pl
-    # a change within min_effect, or within the runs' own noise, is no change
-    assert planner.plan([_timed(1, [100.0, 98.5, 98.4], [0, 3, 4]), b], grid, reps, True, "s", 0.02).cut is None
-    loud = _timed(1, [100.0, 92.0, 92.5], [0, 3, 4], rel=0.08)
-    assert planner.plan([loud, b], grid, reps, True, "s", 0.02).cut is None
-    # per service identity: a control each; the control of another identity does not need its service again
-    other = replace(_timed(3, [80.0], [6]), service_key="t")
-    pl = planner.plan([_timed(1, [100.0], [0]), _timed(2, [90.0], [1]), other], grid, Repeats(budget=0), True, "t")
-    assert set(pl.controls) == {f"c-{1:012x}", other.case_id} and not pl.next, pl.next
-    # without run times (older observations) there is no control
-    assert planner.plan([_obs(1, [100.0], [5.0], 10.0)], grid, reps, True, "s").controls == []
-
+from tests.conftest import assert_one_answer, free_port, ref_draft, stats
+from tests.helpers import by_phase, knee_campaign, until_complete
 
 # ------------------------------------------------------------------------------------------- drafts refused
-
-
-def _campaign(port: int, values: list[int], limit: float = 11.0, **over: Any) -> dict[str, Any]:
-    base = knee_base(port, "knee", 32)
-    body = {
-        "name": "knee-c",
-        "base": base,
-        "axes": [{"path": "load.concurrency", "values": values}],
-        "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},
-        "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": limit}},
-        **over,
-    }
-    return {"campaign": body}
 
 
 @pytest.mark.parametrize(
@@ -365,7 +57,7 @@ def _campaign(port: int, values: list[int], limit: float = 11.0, **over: Any) ->
     ],
 )
 def test_a_bad_campaign_names_the_field_and_writes_nothing(ws: Workspace, change: dict[str, Any], named: str) -> None:
-    draft = _campaign(18001, [1, 2, 4])
+    draft = knee_campaign(18001, [1, 2, 4])
     draft["campaign"].update(change)
     with pytest.raises(CaseInvalid) as e:
         freeze_any(ws, draft=draft)
@@ -374,15 +66,6 @@ def test_a_bad_campaign_names_the_field_and_writes_nothing(ws: Workspace, change
 
 
 # ------------------------------------------------------------------------------------------- the real path
-
-
-def _until_complete(ws: Workspace, gid: str, timeout_s: float = 300.0) -> CampaignView:
-    view: CampaignView = until_complete(ws, gid, timeout_s)
-    return view
-
-
-def _formal(port: int) -> int:
-    return int(stats(port)["by_phase"].get("load", 0))
 
 
 # a contended host spikes a 32-request p99 by half (C=8: 14.6 and 21.4 ms in two runs of pass 1): the limit
@@ -396,12 +79,12 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     authorization.set_mode(ws, "auto")
     port = free_port()
     values = [1, 2, 4, 8, 16, 32]
-    f = freeze_any(ws, draft=_campaign(port, values))
+    f = freeze_any(ws, draft=knee_campaign(port, values))
     assert isinstance(f, CampaignFrozen) and f.created and len(f.points) == 6, f.text()
     gid = f.campaign_id
     first = start_any(ws, gid)
     assert isinstance(first, CampaignView) and "campaign" in first.text()
-    view = _until_complete(ws, gid)
+    view = until_complete(ws, gid)
     text = summarize(ws, [gid]).text()
     assert_one_answer(ws, gid)
     # TPOT ~ 4 + 1.5 (C - 1) ms: C=4 (8.5) meets 11, C=8 (14.5) breaks it; later limit 20: C=8 meets, C=16 (26.5)
@@ -415,7 +98,7 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     assert "C=32" in skipped and "breaks tpot_p99_ms" in (skipped["C=32"] or ""), text
     assert "campaign complete" in text and "freeze_case(next candidate" not in text and "±0.0%" not in text
     runs = [m for m in scan_runs(ws).metas]
-    assert _formal(port) == 32 * len(runs), stats(port)  # every run measured once, none re-sent
+    assert by_phase(port) == 32 * len(runs), stats(port)  # every run measured once, none re-sent
     assert view.progress["service_starts"] == 1, view.progress  # load-only points ran hot on one service
     # every point's preflight is a fresh process handed its run (from the second on, spawned by the driver while
     # the previous point post-processed), sockets forbidden
@@ -425,12 +108,12 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     assert f"campaign {gid}" in ws.handoff.read_text()
 
     # the person's limit changes: the same points are re-decided, no request is sent
-    before = _formal(port)
-    again = freeze_any(ws, draft=_campaign(port, values, limit=20.0))
+    before = by_phase(port)
+    again = freeze_any(ws, draft=knee_campaign(port, values, limit=20.0))
     assert isinstance(again, CampaignFrozen) and again.campaign_id == gid and not again.created
     assert again.decision_change and "tpot_p99_ms 11.0->20.0" in again.decision_change, again.text()
     redecided = campaign_view(ws, gid)
-    assert _formal(port) == before, stats(port)
+    assert by_phase(port) == before, stats(port)
     assert redecided.answer.startswith(f"leading C=8 ({f.points['C=8']})"), redecided.text()
     # C=8 and C=4 now lead: their run-to-run noise was never measured, so the campaign is not complete until the
     # planner's repeats ran (one start_run: only those)
@@ -441,11 +124,11 @@ def test_one_freeze_and_one_start_find_the_knee_and_a_new_limit_redecides_with_n
     assert redecided.plan and redecided.plan[0].split(":")[0] in ("C=8", "C=4"), redecided.plan
     assert "plan: " in redecided.text() and "pause: caseledger authorize paused" in redecided.text()
     start_any(ws, gid)
-    final = _until_complete(ws, gid)
+    final = until_complete(ws, gid)
     assert final.winner == f.points["C=8"], final.text()
     assert_one_answer(ws, gid)
     new_runs = len(scan_runs(ws).metas) - len(runs)
-    assert new_runs >= 1 and _formal(port) == before + 32 * new_runs, stats(port)
+    assert new_runs >= 1 and by_phase(port) == before + 32 * new_runs, stats(port)
     # the scenario view agrees: C=8 meets the new limit, no case id changed
     rows = {r.case_id: r for r in (summarize(ws, [], scenario="knee").scenario or _no()).rows}
     assert rows[f.points["C=8"]].limits[0].verdict == "meets" and rows[f.points["C=8"]].limits[0].bound == 20.0
@@ -463,7 +146,7 @@ def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
 ) -> None:
     authorization.set_mode(ws, "auto")
     port = free_port()
-    draft = _campaign(port, [1, 2, 4, 8])
+    draft = knee_campaign(port, [1, 2, 4, 8])
     draft["campaign"]["base"]["load"]["requests"] = 48  # long enough a load (~3 s at C=1) to be killed in the middle of
     f = freeze_any(ws, draft=draft)
     assert isinstance(f, CampaignFrozen)
@@ -492,7 +175,7 @@ def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     assert "start_run(case_id='" + gid in stalled.next_call, stalled.text()
     back = resume_any(ws, gid)
     assert isinstance(back, CampaignView)
-    view = _until_complete(ws, gid)
+    view = until_complete(ws, gid)
     assert view.winner == f.points["C=4"], view.text()
     assert_one_answer(ws, gid)
     killed = metas[-1].run_id
@@ -502,7 +185,7 @@ def test_a_killed_driver_and_controller_resume_and_no_point_is_measured_twice(
     # every run is a valid run the answer counts (the planner's repeats of the leader and runner-up included),
     # and the target served exactly N formal requests per run: nothing was measured twice
     assert sum(r.runs for r in view.rows) == len(metas), view.text()
-    assert _formal(port) == 48 * len(metas), stats(port)
+    assert by_phase(port) == 48 * len(metas), stats(port)
     services.stop_all(ws)
 
 
@@ -526,7 +209,7 @@ def test_a_point_whose_pooled_p99_straddles_its_limit_reads_uncertain_in_every_v
     }
 
     def draft(limit: float) -> dict[str, Any]:
-        d = _campaign(port, [2], limit=limit, **over)
+        d = knee_campaign(port, [2], limit=limit, **over)
         # the point's own runs are its control: a move under 25% between them is its noise here, not a drift (a
         # drift would set a run aside and the pooled interval with it; seen once in CI's quiet pass)
         d["campaign"]["decision"]["min_effect"] = 0.25
@@ -535,15 +218,15 @@ def test_a_point_whose_pooled_p99_straddles_its_limit_reads_uncertain_in_every_v
     f = freeze_any(ws, draft=draft(1000.0))
     assert isinstance(f, CampaignFrozen)
     start_any(ws, f.campaign_id)
-    (row,) = _until_complete(ws, f.campaign_id).rows
+    (row,) = until_complete(ws, f.campaign_id).rows
     (v,) = row.verdicts
     assert row.runs == 3 and v.verdict == "meets" and v.low is not None and v.high is not None and v.value, row
     assert v.high > v.value, row  # a real interval around the pooled p99 (the target's timing varies)
     bound = round((v.value + v.high) / 2, 6)  # within the interval, above the pooled figure: eligible, unsure
-    sent = _formal(port)
+    sent = by_phase(port)
     freeze_any(ws, draft=draft(bound))
     view = campaign_view(ws, f.campaign_id)
-    assert _formal(port) == sent and view.complete, view.text()
+    assert by_phase(port) == sent and view.complete, view.text()
     per_run = []
     for rid in view.rows[0].run_ids:
         r = latest_result(ws.run(rid).root)
@@ -611,7 +294,7 @@ def test_two_campaigns_on_one_target_queue_and_each_point_runs_once(
     port = free_port()
     drafts = []
     for name, values in (("first", [1, 2]), ("second", [4, 8])):
-        d = _campaign(
+        d = knee_campaign(
             port, values, name=name, search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
         )
         # one valid run per point is the check: a contended host's ~10% move of a control is no drift here
@@ -627,7 +310,7 @@ def test_two_campaigns_on_one_target_queue_and_each_point_runs_once(
     with cell(fault_matrix, "two campaigns started at once on one target") as c:
         started = race(lambda: start_any(ws, a.campaign_id), lambda: start_any(ws, b.campaign_id))
         c.check("ran", not any(isinstance(x, Exception) for x in started), started)
-        va, vb = _until_complete(ws, a.campaign_id), _until_complete(ws, b.campaign_id)
+        va, vb = until_complete(ws, a.campaign_id), until_complete(ws, b.campaign_id)
         c.check("state", once(va) and once(vb), (va.text(), vb.text()))
         c.check("one", bool(assert_one_answer(ws, a.campaign_id) and assert_one_answer(ws, b.campaign_id)))
         # every run (valid or repeated) is one of its rows' runs and sent its 32 requests
@@ -638,7 +321,7 @@ def test_two_campaigns_on_one_target_queue_and_each_point_runs_once(
         c.check("held", not overlaps, f"held the target at once: {overlaps}")
         waits = [e for gid in (a.campaign_id, b.campaign_id) for e in driver_events(ws, gid) if e["type"] == "waiting"]
         c.check("why", any("held" in e["why"] or "busy" in e["why"] for e in waits), waits)
-        c.check("count", _formal(port) == 32 * len(spans), stats(port))
+        c.check("count", by_phase(port) == 32 * len(spans), stats(port))
 
 
 @pytest.mark.processes
@@ -652,7 +335,7 @@ def test_a_paused_authorization_lets_the_running_point_finish_and_starts_no_new_
     def once(v: CampaignView) -> bool:  # one valid run per point; the control's second closes the campaign
         return all(r.runs == 1 or (r.case_id in v.controls and r.runs >= 2) for r in v.rows)
 
-    again = _campaign(
+    again = knee_campaign(
         port, [1, 2, 4], name="third", search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
     )
     again["campaign"]["base"]["scenario"] = "third"
@@ -672,12 +355,12 @@ def test_a_paused_authorization_lets_the_running_point_finish_and_starts_no_new_
     assert len(scan_runs(ws).metas) == before + 1 and held.driver_alive and not held.complete, held.text()
     assert "paused" in held.text(), held.text()
     authorization.set_mode(ws, "auto")
-    done = _until_complete(ws, c.campaign_id)
+    done = until_complete(ws, c.campaign_id)
     third = [rid for r in done.rows for rid in r.run_ids]
     assert once(done) and len(third) >= 4, done.text()
     assert_one_answer(ws, c.campaign_id)
     assert len(scan_runs(ws).metas) == before + len(third), done.text()
-    assert _formal(port) == 64 * len(third), stats(port)
+    assert by_phase(port) == 64 * len(third), stats(port)
 
 
 @pytest.mark.integration
@@ -686,7 +369,7 @@ def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace,
     """A live driver would start the next point's service again: `caseledger target stop` stops it first, and
     its end is in the ledger (driver.json, a driver_ended event), so the view says how to continue."""
     authorization.set_mode(ws, "paused")
-    f = freeze_any(ws, draft=_campaign(free_port(), [1, 2], search={"kind": "grid"}))
+    f = freeze_any(ws, draft=knee_campaign(free_port(), [1, 2], search={"kind": "grid"}))
     assert isinstance(f, CampaignFrozen)
     start_any(ws, f.campaign_id)  # paused: the driver starts and waits, no point starts
     deadline = time.monotonic() + 30
@@ -720,7 +403,7 @@ def test_a_target_that_slows_2x_mid_campaign_is_named_as_drift_and_crowns_no_win
 
     authorization.set_mode(ws, "auto")
     port = free_port()
-    d = _campaign(
+    d = knee_campaign(
         port,
         [1],
         name="drift",
@@ -749,7 +432,7 @@ def test_a_target_that_slows_2x_mid_campaign_is_named_as_drift_and_crowns_no_win
     t = threading.Thread(target=slow_after_the_first_run, daemon=True)
     t.start()
     start_any(ws, f.campaign_id)
-    view = _until_complete(ws, f.campaign_id)
+    view = until_complete(ws, f.campaign_id)
     t.join(5)
     assert_one_answer(ws, f.campaign_id)
     assert slowed == [1] and stats(port)["slowdown"] == 2.0, (slowed, view.text())
@@ -798,7 +481,7 @@ def test_a_rate_limited_point_is_counted_at_the_target_and_given_up_at_the_bound
         f = freeze_any(ws, draft=d)
         assert isinstance(f, CampaignFrozen)
         start_any(ws, f.campaign_id)
-        view = _until_complete(ws, f.campaign_id)
+        view = until_complete(ws, f.campaign_id)
         received = target.counts["load"]
     (row,) = view.rows
     assert row.status == "given_up" and row.why is not None, view.text()
@@ -830,7 +513,7 @@ def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_ot
 
     authorization.set_mode(ws, "auto")
     port = free_port()
-    d = _campaign(
+    d = knee_campaign(
         port,
         [1],
         name="crashing",
@@ -843,7 +526,7 @@ def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_ot
     assert isinstance(f, CampaignFrozen)
     with cell(fault_matrix, "campaign point whose service keeps failing") as c:
         start_any(ws, f.campaign_id)
-        view = _until_complete(ws, f.campaign_id)
+        view = until_complete(ws, f.campaign_id)
         rows = {r.label: r for r in view.rows}
         bad, good = rows["crash_after=1"], rows["crash_after=1000000"]
         c.check("state", bad.status == "given_up" and good.status == "measured", view.text())
@@ -881,7 +564,7 @@ def test_an_index_deleted_or_corrupted_mid_campaign_changes_no_answer_and_measur
 
     authorization.set_mode(ws, "auto")
     port = free_port()
-    d = _campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    d = knee_campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})
     f = freeze_any(ws, draft=d)
     assert isinstance(f, CampaignFrozen)
     path = indexdb.path_of(ws.ledger)
@@ -903,14 +586,14 @@ def test_an_index_deleted_or_corrupted_mid_campaign_changes_no_answer_and_measur
     with cell(fault_matrix, f"index {damage} mid-campaign") as c:
         t.start()
         start_any(ws, f.campaign_id)
-        view = _until_complete(ws, f.campaign_id)
+        view = until_complete(ws, f.campaign_id)
         t.join(5)
         c.check("ran", damaged and damaged[0] < len(scan_runs(ws).metas), (damaged, view.text()))
         started = [e["run_id"] for e in driver_events(ws, f.campaign_id) if e["type"] == "point_started"]
         listed = sorted(rid for r in view.rows for rid in r.run_ids)
         c.check("once", sorted(started) == listed and len(set(started)) == len(started), (started, listed))
         c.check("state", view.complete and all(r.runs >= 1 for r in view.rows), view.text())
-        c.check("count", _formal(port) == 32 * len(listed), (stats(port), listed))
+        c.check("count", by_phase(port) == 32 * len(listed), (stats(port), listed))
         with open_index(ws) as idx:
             c.check("repair", idx.count() == len(list(ws.runs_dir.iterdir())), idx.count())
         c.check("one", bool(assert_one_answer(ws, f.campaign_id)))

@@ -9,7 +9,6 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx2
 import pytest
 
 from caseledger import services
@@ -18,7 +17,7 @@ from caseledger.ledger import authorization, read_events
 from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft, start_with_fault
-from tests.helpers import cell
+from tests.helpers import by_phase, cell
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +54,6 @@ def draft(port: int) -> dict[str, object]:
     )
 
 
-def formal(port: int) -> int:
-    return int(httpx2.get(f"http://127.0.0.1:{port}/stats").json()["by_phase"].get("load", 0))
-
-
 def free_space(ws: Workspace, run_id: str) -> None:
     (ws.run(run_id).root / FILLER).unlink()
 
@@ -83,13 +78,13 @@ def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
         # the raw space was reserved before the first send: all 8 served requests have their record
         records = paths.raw.read_bytes().splitlines()
         c.check("raw", len(records) == 8, len(records))
-        c.check("count", formal(port) == 8, formal(port))
+        c.check("count", by_phase(port) == 8, by_phase(port))
         c.check("event", any(e.get("data", {}).get("failure_class") == "disk" for e in read_events(paths).events))
         free_space(ws, r.run_id)
         res = resume(ws, r.run_id, wait=True, timeout_s=120)
         c.check("state", res.state == "succeeded", res.text())
         s = phase_status(ws, r.run_id)
-        c.check("resend", s.done == 8 and s.results_extracted and formal(port) == 8, s.text())  # none re-sent
+        c.check("resend", s.done == 8 and s.results_extracted and by_phase(port) == 8, s.text())  # none re-sent
 
 
 @pytest.mark.processes
@@ -102,12 +97,12 @@ def test_disk_full_before_the_load_sends_nothing_and_resume_sends_it_once(
     with cell(fault_matrix, "disk full before the load (tmpfs)") as c:
         s = phase_status(ws, r.run_id)
         c.check("class", s.state == "failed" and s.failure_class == "disk" and s.phase == "load", s.text())
-        c.check("count", formal(port) == 0 and s.sent == 0, formal(port))
+        c.check("count", by_phase(port) == 0 and s.sent == 0, by_phase(port))
         c.check("next", s.resume_runs[:1] == ["load"] and not s.next_restarts_service, s.text())
         free_space(ws, r.run_id)
         res = resume(ws, r.run_id, wait=True, timeout_s=120)
         c.check("state", res.state == "succeeded", res.text())
-        c.check("once", formal(port) == 8, formal(port))
+        c.check("once", by_phase(port) == 8, by_phase(port))
 
 
 def test_raw_space_is_reserved_or_refused(small_ws: Workspace) -> None:
@@ -138,10 +133,10 @@ def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and
     from caseledger.ledger.runs import scan_runs
     from caseledger.tools import freeze_any, start_any
     from tests.conftest import assert_one_answer
-    from tests.test_campaigns import _campaign, _formal, _until_complete
+    from tests.helpers import knee_campaign, until_complete
 
     ws, port = small_ws, free_port()
-    d = _campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})
+    d = knee_campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})
     f = freeze_any(ws, draft=d)
     filler = ws.root / "filler"
     filler.mkdir()
@@ -163,14 +158,14 @@ def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and
     with cell(fault_matrix, "disk full mid-campaign (tmpfs)") as c:
         t.start()
         start_any(ws, f.campaign_id)
-        view = _until_complete(ws, f.campaign_id, timeout_s=120)
+        view = until_complete(ws, f.campaign_id, timeout_s=120)
         t.join(10)
         c.check("ran", "before_free" in seen, seen)
         # a point launched as the disk filled may fail [disk]; none starts while it stays full
         c.check("held", seen.get("before_free", 99) - seen.get("at_full", 0) <= 1, seen)
         c.check("state", view.complete and all(r.status == "measured" for r in view.rows), view.text())
         runs = sum(len(r.run_ids) for r in view.rows)
-        c.check("count", _formal(port) == sum(r.sent for r in view.rows) == view.progress["sent"] >= 32 * 3, runs)
+        c.check("count", by_phase(port) == sum(r.sent for r in view.rows) == view.progress["sent"] >= 32 * 3, runs)
         waited = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "disk_waited"]
         c.check("event", len(waited) == 1 and waited[0]["seconds"] >= 2, waited)
         c.check("one", bool(assert_one_answer(ws, f.campaign_id)))

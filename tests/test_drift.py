@@ -27,7 +27,8 @@ from caseledger.ledger.runs import scan_runs
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import assert_one_answer, free_port, knee_base, stats, until_complete
+from tests.conftest import assert_one_answer, free_port, knee_base, stats
+from tests.helpers import until_complete
 
 GRID, REPEATS = GridSearch(), Repeats()  # the defaults: one run a point, settle up to 3, 8 repeats
 

@@ -14,8 +14,9 @@ from caseledger.ledger.runs import scan_runs
 from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
-from tests.conftest import assert_one_answer, free_port, until_complete
+from tests.conftest import assert_one_answer, free_port
 from tests.engine import llama_draft, llama_paths
+from tests.helpers import until_complete
 
 pytestmark = [pytest.mark.engine, pytest.mark.integration]
 

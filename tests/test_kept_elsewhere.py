@@ -27,7 +27,8 @@ from caseledger.services.kept import cwd_bound
 from caseledger.tools import freeze_any, freeze_case, start_any, start_run, status_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, knee_base, stats, tree_digest, until_complete
+from tests.conftest import free_port, knee_base, stats, tree_digest
+from tests.helpers import until_complete
 
 
 def test_an_argv_path_read_from_each_workspace_must_be_the_same_file(tmp_path: Path) -> None:

@@ -17,11 +17,6 @@ from tests.test_cli_progress import _case
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_bounded_wait_with_a_progress_token_notifies_phases_and_requests_done(
     ws: Workspace, stop_services: None
 ) -> None:

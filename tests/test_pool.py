@@ -34,8 +34,8 @@ from tests.conftest import (
     knee_base,
     reference_targets,
     stats,
-    until_complete,
 )
+from tests.helpers import until_complete
 
 
 def _url(port: int) -> str:

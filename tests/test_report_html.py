@@ -21,7 +21,7 @@ from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
 from tests.conftest import free_port
-from tests.test_campaigns import _campaign, _until_complete
+from tests.helpers import knee_campaign, until_complete
 
 SECRET = "sk-live-0123456789abcdef"
 HOSTILE = "<script>alert('x')</script>"
@@ -138,13 +138,13 @@ def test_a_campaign_report_opens_in_chromium_with_its_charts_and_pareto_frontier
     ws: Workspace, stop_services: None, chromium: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     authorization.set_mode(ws, "auto")
-    draft = _campaign(
+    draft = knee_campaign(
         free_port(), [1, 4, 8], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0}
     )
     f = freeze_any(ws, draft=draft)
     assert isinstance(f, CampaignFrozen)
     start_any(ws, f.campaign_id)
-    view = _until_complete(ws, f.campaign_id)
+    view = until_complete(ws, f.campaign_id)
     assert view.pareto, view.text()  # TPOT ~ 4 + 1.5 (C - 1) ms: C=8 breaks 11 ms, C=1 and C=4 are the frontier
 
     assert cli.main(["-w", str(ws.root), "report", f.campaign_id, "--html", "--json"]) == 0

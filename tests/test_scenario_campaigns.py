@@ -17,7 +17,8 @@ from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.views import handoff
 from caseledger.workspace import Workspace, utc_now, write_json
-from tests.conftest import KNEE_TARGET, free_port, knee_base, ref_draft, until_complete
+from tests.conftest import KNEE_TARGET, free_port, knee_base, ref_draft
+from tests.helpers import until_complete
 
 
 def _grid(port: int, name: str, values: list[int], **target: Any) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from caseledger.errors import CaseInvalid
 from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
-from tests.conftest import assert_one_answer, free_port, knee_base, once_per_session, ref_draft, stats, until_complete
+from tests.conftest import assert_one_answer, free_port, knee_base, once_per_session, ref_draft, stats
+from tests.helpers import until_complete
 
 # A surface like an engine's flags: x (say max-num-seqs) and y (a prefill chunk budget), 16 x 16 = 256 points;
 # throughput has an interior optimum at (10, 6) and a TPOT limit cuts off a corner of the space.
