@@ -385,8 +385,9 @@ class Served:
 def _spawn_target(name: str, cfg: dict[str, Any], log_dir: Path, model: str) -> Served:
     port = free_port()
     so, se = log_dir / f"{name}.out", log_dir / f"{name}.err"
-    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--model", model, "--config-json", json.dumps(cfg)]
+    from tests.helpers import target_argv  # lazy: tests.helpers imports this module
+
+    argv = [*target_argv(port, "127.0.0.1", model), "--config-json", json.dumps(cfg)]
     with so.open("wb") as fo, se.open("wb") as fe:
         proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
     return Served(proc, f"http://127.0.0.1:{port}", cfg, so, se)

@@ -33,7 +33,7 @@ from caseledger.tools import freeze_any, resume_any, start_any, status_any, summ
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import assert_one_answer, free_port, ref_draft, stats
-from tests.helpers import by_phase, knee_campaign, until_complete
+from tests.helpers import by_phase, cell, knee_campaign, race, until_complete
 
 # ------------------------------------------------------------------------------------------- drafts refused
 
@@ -288,8 +288,6 @@ def test_two_campaigns_on_one_target_queue_and_each_point_runs_once(
 ) -> None:
     """Two campaigns on one target, started at the same instant: one driver waits while the other's point
     holds the target; no two runs ever hold it at once, every point runs once, each answer stands alone."""
-    from tests.helpers import cell, race
-
     authorization.set_mode(ws, "auto")
     port = free_port()
     drafts = []
@@ -509,7 +507,6 @@ def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_ot
     the healthy point is measured and is the answer in every view."""
     from caseledger.run.campaign_driver import RESUMES_PER_RUN
     from caseledger.tools import phase_status
-    from tests.helpers import cell
 
     authorization.set_mode(ws, "auto")
     port = free_port()
@@ -560,7 +557,6 @@ def test_an_index_deleted_or_corrupted_mid_campaign_changes_no_answer_and_measur
 
     from caseledger.ledger import indexdb
     from caseledger.ledger.index import open_index
-    from tests.helpers import cell
 
     authorization.set_mode(ws, "auto")
     port = free_port()

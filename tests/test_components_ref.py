@@ -24,21 +24,7 @@ from caseledger.tools import freeze_case, phase_status, resume, start_run
 from caseledger.views.scenario import scenario_view
 from caseledger.workspace import Workspace, read_json, sha256_file
 from tests.conftest import free_port, ref_draft, start_with_fault, stats, tree_digest
-
-
-def target_argv() -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "caseledger.target",
-        "serve",
-        "--host",
-        "{host}",
-        "--port",
-        "{port}",
-        "--model",
-        "{model}",
-    ]
+from tests.helpers import target_argv
 
 
 def two_routes(ports: tuple[int, int], **comp: Any) -> dict[str, Any]:
@@ -46,7 +32,9 @@ def two_routes(ports: tuple[int, int], **comp: Any) -> dict[str, Any]:
     d["target"]["endpoints"] = [{"base_url": f"http://127.0.0.1:{p}/v1", "model": "ref-model"} for p in ports]
     d["service"] = {
         "adapter": "command",
-        "components": [{"name": f"r{k}", "argv": target_argv(), "routes": [k], **comp} for k in range(2)],
+        "components": [
+            {"name": f"r{k}", "argv": target_argv(model="{model}"), "routes": [k], **comp} for k in range(2)
+        ],
     }
     d["load"] = {"requests": 8, "concurrency": 2}
     return d
@@ -210,7 +198,7 @@ def test_a_child_changing_one_component_shows_that_component_in_delta_plan_and_s
     ports = (free_port(), free_port())
     base = freeze_case(ws, draft=two_routes(ports))
     d = two_routes(ports)
-    d["service"]["components"][1]["argv"] = [*target_argv(), "--config-json", '{"slots": 2}']
+    d["service"]["components"][1]["argv"] = [*target_argv(model="{model}"), "--config-json", '{"slots": 2}']
     child = freeze_case(ws, draft=d, parent=base.case_id)
     assert [(x.path, x.impact) for x in child.delta] == [("service.components.r1.argv", "service")]
     assert {s.phase: s.action for s in child.plan}["service"] == "run"

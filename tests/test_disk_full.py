@@ -17,7 +17,7 @@ from caseledger.ledger import authorization, read_events
 from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft, start_with_fault
-from tests.helpers import by_phase, cell
+from tests.helpers import by_phase, cell, knee_campaign, until_complete
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,6 @@ def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and
     from caseledger.ledger.runs import scan_runs
     from caseledger.tools import freeze_any, start_any
     from tests.conftest import assert_one_answer
-    from tests.helpers import knee_campaign, until_complete
 
     ws, port = small_ws, free_port()
     d = knee_campaign(port, [1, 2, 4], search={"kind": "grid"}, repeats={"runs": 1, "settle_runs": 1, "budget": 0})

@@ -28,7 +28,7 @@ from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import assert_one_answer, free_port, knee_base, stats
-from tests.helpers import until_complete
+from tests.helpers import cell, until_complete
 
 GRID, REPEATS = GridSearch(), Repeats()  # the defaults: one run a point, settle up to 3, 8 repeats
 
@@ -187,8 +187,6 @@ def _notes(ws: Workspace, campaign_id: str) -> list[str]:
 def test_a_target_that_slows_2x_twice_is_inconclusive_in_every_view(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
-    from tests.helpers import cell
-
     authorization.set_mode(ws, "auto")
     port = free_port()
     body: dict[str, Any] = {

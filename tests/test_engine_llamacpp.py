@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from caseledger import services
+from caseledger.case.plan import PHASES
 from caseledger.ledger import authorization
 from caseledger.ledger.state import fold
 from caseledger.metrics import NotObserved, Ratio, latest_result
@@ -30,17 +31,6 @@ from tests.engine import MODEL_ALIAS, counters, llama_draft, llama_paths, llama_
 pytestmark = [pytest.mark.engine, pytest.mark.integration]
 
 TIMEOUT = 420.0  # per run; a few seconds on an idle machine, minutes when the 2 cores are shared
-ALL_PHASES = (
-    "preflight",
-    "service",
-    "warmup",
-    "route_verify",
-    "cache_prepare",
-    "load",
-    "confirm_end",
-    "postprocess",
-    "decide",
-)
 
 
 class Llama:
@@ -82,7 +72,7 @@ def test_full_run_then_hot_child_reuses_the_live_llama_server(llama: Llama) -> N
     r1 = start_run(ws, base.case_id, wait=True, timeout_s=TIMEOUT)
     assert r1.state == "succeeded", phase_status(ws, r1.run_id).text()
     v1 = fold(ws, r1.run_id)
-    assert all(v1.phases[p].state.value in ("done", "reused", "skipped") for p in ALL_PHASES), v1.phases
+    assert all(v1.phases[p].state.value in ("done", "reused", "skipped") for p in PHASES), v1.phases
     assert v1.phases["route_verify"].state.value == "done"
 
     # intended == effective: the argv read back from /proc is the case's, with {host}/{port} filled in

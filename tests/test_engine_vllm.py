@@ -25,6 +25,7 @@ import orjson
 import pytest
 
 from caseledger import services
+from caseledger.case.plan import PHASES
 from caseledger.ledger import authorization
 from caseledger.ledger.state import fold
 from caseledger.load.plan import plan_from_run_dir
@@ -38,17 +39,6 @@ from tests.engine import ENGINE_NOTES, VllmPaths, prometheus_labels, vllm_paths,
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 TIMEOUT = 900.0  # per run, a cold start included; minutes when the 2 cores are shared
-ALL_PHASES = (
-    "preflight",
-    "service",
-    "warmup",
-    "route_verify",
-    "cache_prepare",
-    "load",
-    "confirm_end",
-    "postprocess",
-    "decide",
-)
 SUCCESS = "vllm:request_success_total"
 GEN = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"
@@ -181,7 +171,7 @@ def test_template_as_written_runs_on_vllm_with_the_served_tokenizer_and_cache_tr
     case, run = template_run
     assert run.state == "succeeded", phase_status(ws, run.run_id).text()
     v = fold(ws, run.run_id)
-    assert all(v.phases[p].state.value == "done" for p in ALL_PHASES), v.phases
+    assert all(v.phases[p].state.value == "done" for p in PHASES), v.phases
     n = N
 
     # the effective identity: the argv read back from /proc, the model directory's files hashed, /version

@@ -5,7 +5,6 @@ TGI, served by the reference target under TGI's names and /info), and detected a
 from __future__ import annotations
 
 import ast
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from caseledger.services.identity import metric_names
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import Served, free_port, ref_draft, reference_targets
+from tests.helpers import target_argv
 
 PACKAGE = Path(__file__).resolve().parent.parent / "caseledger"
 
@@ -159,8 +159,7 @@ def test_a_start_records_the_engine_it_detected_and_fails_when_the_case_declares
     the service evidence; a case declaring vllm fails at the service phase naming both, before any request."""
     port = free_port()
     config = '{"metrics_as": "tgi", "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0}'
-    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}"]
-    argv += ["--model", "ref-model", "--config-json", config]
+    argv = [*target_argv(), "--config-json", config]
     draft = ref_draft(port, service={"adapter": "command", "argv": argv, "engine": declared})
     draft["load"] = {**draft["load"], "requests": 2}
     case = freeze_case(ws, draft=draft)

@@ -23,6 +23,7 @@ from caseledger.services.external import on_this_host
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace
 from tests.conftest import external_draft, free_port, stats
+from tests.helpers import target_argv
 
 # no step time: the target streams its tokens as fast as its process runs, about one core of real CPU
 BUSY_TARGET = {"prefill_tokens_per_s": 1e9, "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0, "slots": 8}
@@ -32,7 +33,7 @@ BUSY_TARGET = {"prefill_tokens_per_s": 1e9, "decode_step_s": 0.0, "decode_step_p
 def served_outside(log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """The reference target as a user starts a server: by hand, in a session of its own, not by caseledger."""
     port = free_port()
-    argv = [sys.executable, "-m", "caseledger.target", "serve", "--port", str(port), "--model", "ref-model"]
+    argv = target_argv(port, host=None)
     with log.open("wb") as f:
         p = subprocess.Popen(
             [*argv, "--config-json", json.dumps(BUSY_TARGET)], stdout=f, stderr=f, start_new_session=True

@@ -88,9 +88,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.processes]  # kills, stops, r
 # ------------------------------------------------------------------------------- 1. controller SIGKILLed
 
 
-KILLS = [
-    ("controller:exit_after=" + p, f"kill controller after {p}")
-    for p in ("preflight", "service", "warmup", "route_verify", "load", "confirm_end", "postprocess")
+KILLS = [  # after every phase but decide (nothing runs after it) and cache_prepare (not a cell of the matrix)
+    (f"controller:exit_after={p}", f"kill controller after {p}")
+    for p in PHASES
+    if p not in (Phase.CACHE_PREPARE, Phase.DECIDE)
 ]
 KILLS.append(("controller:exit_during=load", "kill controller during load"))
 

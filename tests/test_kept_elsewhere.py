@@ -28,7 +28,7 @@ from caseledger.tools import freeze_any, freeze_case, start_any, start_run, stat
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, knee_base, stats, tree_digest
-from tests.helpers import until_complete
+from tests.helpers import cell, until_complete
 
 
 def test_an_argv_path_read_from_each_workspace_must_be_the_same_file(tmp_path: Path) -> None:
@@ -104,8 +104,6 @@ def two(tmp_path: Path) -> Iterator[tuple[Workspace, Workspace]]:
 def test_a_campaign_reuses_or_waits_for_the_service_another_workspace_keeps_and_measures_every_point(
     two: tuple[Workspace, Workspace], fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
-    from tests.helpers import cell  # lazy: as test_campaigns does
-
     a, b = two
     port = free_port()
     # A measures and keeps its service on the port, as any run does (warm, for A's next run)

@@ -8,7 +8,6 @@ import hashlib
 import itertools
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Iterator
 from typing import Any
@@ -20,6 +19,7 @@ import caseledger.target as target_pkg
 from caseledger.datasets.tokenizers import chatml, load_fast
 from caseledger.target.reference import PrefixCache, chat_prompt
 from tests.conftest import Served, reference_targets
+from tests.helpers import target_argv
 
 MODEL = "ref-test"
 FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.0, "decode_step_per_seq_s": 0.0}
@@ -132,18 +132,7 @@ def test_prefix_cache_counts_leading_blocks_never_the_whole_prompt_and_evicts_lr
 @integration
 def test_cli_rejects_invalid_config_json_on_stderr_before_serving() -> None:
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "caseledger.target",
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            "m",
-            "--config-json",
-            '{"slots": 0}',
-        ],
+        [*target_argv(0, host=None, model="m"), "--config-json", '{"slots": 0}'],
         capture_output=True,
         timeout=60,
     )

@@ -38,6 +38,7 @@ from tests.conftest import (
     reference_targets,
     stub_target,
 )
+from tests.helpers import slow_draft, target_argv, wait_state
 
 SECRET = "sk-test-7f3a9c1e5b2d4f6a8c0e"
 
@@ -107,18 +108,7 @@ def test_launched_service_gets_only_the_basics_and_its_declared_env(
         "env": {"ENGINE_TOKEN": "${CASELEDGER_TEST_DECLARED}", "LOG_LEVEL": "info"},
     }
     if adapter == "command":
-        service["argv"] = [
-            sys.executable,
-            "-m",
-            "caseledger.target",
-            "serve",
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-            "--model",
-            "ref-model",
-        ]
+        service["argv"] = target_argv()
     cid = freeze_case(ws, draft=ref_draft(free_port(), service=service)).case_id
     case = load_case(ws, cid)
     ev = services.ensure(ws, case, target_key(case.canonical()), cid, allow_start=True).evidence()
@@ -167,7 +157,6 @@ def test_no_process_caseledger_starts_inherits_the_callers_secrets(
     """Controller, load client and service: the basics and what the case names (its API key variable), never
     the rest of the agent's shell."""
     from caseledger.workspace import read_json_or_none
-    from tests.helpers import slow_draft, wait_state
 
     monkeypatch.setenv("AGENT_SHELL_SECRET", UNDECLARED)
     monkeypatch.setenv("OPENAI_API_KEY", UNDECLARED)

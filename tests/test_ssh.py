@@ -20,27 +20,17 @@ import pytest
 
 from caseledger import procs, services
 from caseledger.case.model import SSH
+from caseledger.case.plan import PHASES
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.state import fold
 from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
+from tests.helpers import target_argv
 from tests.sshd import Sshd, generate_key, loopback_sshd, require_sshd, running_sshd
 
 pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
-
-PHASES = (
-    "preflight",
-    "service",
-    "warmup",
-    "route_verify",
-    "cache_prepare",
-    "load",
-    "confirm_end",
-    "postprocess",
-    "decide",
-)
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +39,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 
 
 def ssh_draft(port: int, ssh: dict[str, Any], argv: list[str] | None = None, **over: Any) -> dict[str, Any]:
-    argv = argv or [
-        sys.executable,
-        "-m",
-        "caseledger.target",
-        "serve",
-        "--host",
-        "{host}",
-        "--port",
-        "{port}",
-        "--model",
-        "ref-model",
-    ]
+    argv = argv or target_argv()
     service = {"adapter": "command", "argv": argv, "ssh": ssh, **over.pop("service", {})}
     return ref_draft(port, service=service, **over)
 
@@ -103,18 +82,7 @@ def test_remote_service_full_run_then_hot_child_reuses_the_same_remote_process(
     for phase in PHASES:
         assert evidence(ws, r1.run_id, phase)["outcome"] in ("done", "skipped"), phase
     ev = evidence(ws, r1.run_id, "service")
-    intended = [
-        sys.executable,
-        "-m",
-        "caseledger.target",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--model",
-        "ref-model",
-    ]
+    intended = target_argv(port, "127.0.0.1")
     assert ev["outcome"] == "done" and ev["intended_argv"] == intended and ev["effective_argv"] == intended
     assert ev["host"] == "127.0.0.1" and ev["ssh"]["port"] == sshd.port and ev["ssh"]["user"] == sshd.user
     assert ev["host_key"].startswith("verified against") and "ssh" in ev["verified_by"]
@@ -279,18 +247,7 @@ def test_remote_component_files_and_env_are_read_back_over_ssh(
     def draft(files: list[dict[str, Any]]) -> dict[str, Any]:
         d = ref_draft(ports[0])
         d["target"]["endpoints"] = [{"base_url": f"http://127.0.0.1:{p}/v1", "model": "ref-model"} for p in ports]
-        argv = [
-            sys.executable,
-            "-m",
-            "caseledger.target",
-            "serve",
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-            "--model",
-            "{model}",
-        ]
+        argv = target_argv(model="{model}")
         d["service"] = {
             "adapter": "command",
             "components": [
@@ -358,8 +315,7 @@ def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_di
     )
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     config = '{"prefill_tokens_per_s": 200000, "decode_step_s": 0.05, "decode_step_per_seq_s": 0.0}'
-    argv = [sys.executable, "-m", "caseledger.target", "serve", "--host", "{host}", "--port", "{port}"]
-    argv += ["--model", "ref-model", "--config-json", config]
+    argv = [*target_argv(), "--config-json", config]
     path = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}  # the "GPU host"'s sessions find its nvidia-smi
     with running_sshd(tmp_path_factory.mktemp("gpu-host"), setenv=path) as host:
         try:
