@@ -386,6 +386,28 @@ def test_the_long_function_finder_names_a_long_function(tmp_path: Path) -> None:
     assert _long_functions(tmp_path, 80) == ["m.py:long (82 lines, from line 6)"]
 
 
+# Test files a reader can hold: no tests/*.py over this many lines. A longer one is split along its sections, what
+# the parts share goes to tests/helpers.py (fixtures to tests/conftest.py), and a test module imports no other.
+MAX_TEST_FILE_LINES = 800
+TESTS = Path(__file__).resolve().parent
+
+
+def _long_files(root: Path, limit: int) -> list[str]:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(root.glob("*.py"))}
+    return [f"{name} ({n} lines)" for name, n in sizes.items() if n > limit]
+
+
+def test_no_test_file_is_over_eight_hundred_lines() -> None:
+    long = _long_files(TESTS, MAX_TEST_FILE_LINES)
+    assert long == [], f"split these along their sections (over {MAX_TEST_FILE_LINES} lines): {long}"
+
+
+def test_the_long_file_finder_names_a_long_file(tmp_path: Path) -> None:
+    (tmp_path / "long.py").write_text("x = 1\n" * 801)
+    (tmp_path / "full.py").write_text("x = 1\n" * 800)
+    assert _long_files(tmp_path, 800) == ["long.py (801 lines)"]
+
+
 # What each fresh interpreter of a run may not load at start-up: a campaign point pays these processes' imports in
 # series around its formal window (bench/bench_imports.py). The collector computes with numpy; none needs httpx2's
 # async client except the controller, whose health probes use it.
