@@ -1,7 +1,7 @@
 """The search kinds as one family: every strategy of the registry passes the same contract (the same observations
-give the same proposal, a resume continues identically, nothing is measured twice, the budget holds); `Search` is a
-union per kind that refuses another kind's field by name and still reads the policies frozen before it; and kind
-auto chooses its strategy from the space, the costs and the budget, says why, and keeps its choice."""
+give the same proposal, a resume continues identically, nothing is measured twice, the budget holds, it ends);
+`Search` is a union per kind in which every kind refuses another kind's field by name, and still reads the policies
+frozen before it; and kind auto chooses its strategy from the space, the costs and the budget, says why, and keeps its choice."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from caseledger.campaign.budget import Account
 from caseledger.campaign.model import (
+    KINDS,
     AutoSearch,
     Axis,
     Budget,
@@ -34,13 +35,43 @@ C = Axis(path="load.concurrency", values=[1, 2, 4, 8, 16, 32])
 AXES = [SLOTS, C]
 FULL = 16  # the base's N (halving's last screen)
 
-FAMILY: dict[str, Search] = {
-    "grid": GridSearch(),
-    "knee": KneeSearch(kind="knee", axis=C.path, monotone=True),
-    "tpe": TpeSearch(kind="tpe", max_points=12, seed=1),
-    "tpe+knee": TpeSearch(kind="tpe", max_points=12, seed=1, axis=C.path, monotone=True),
-    "halving": HalvingSearch(kind="halving", screen_requests=4, eta=2),
-}
+# A value for each search field a strategy needs (a kind takes those of its fields named here), and the knee on C a
+# kind with an axis may add. The family is read from the registry: a new strategy joins it with no edit here; one
+# with a field of its own fails at collection, naming the field to give a value here.
+SETTINGS: dict[str, Any] = {"max_points": 12, "seed": 1, "screen_requests": 4, "eta": 2}
+ON_C: dict[str, Any] = {"axis": C.path, "monotone": True}
+
+
+def accepted(search: dict[str, Any]) -> Search | None:
+    """The search as a campaign over AXES accepts it (base N = FULL, a TPOT limit); None: refused."""
+    body = {
+        "name": "n",
+        "base": {"scenario": "s", "load": {"requests": FULL}},
+        "axes": [a.model_dump(exclude_defaults=True) for a in AXES],
+        "search": search,
+        "decision": {"primary_metric": "output_throughput", "limits": {"tpot_p99_ms": 10}},
+    }
+    try:
+        return CampaignDraft.model_validate(body).search
+    except ValueError:
+        return None
+
+
+def family() -> dict[str, Search]:
+    """Every strategy of the registry as a campaign accepts it, and with a knee on C where its kind takes one:
+    'tpe' and 'tpe+knee'; 'knee' (a knee needs its axis)."""
+    out: dict[str, Search] = {}
+    for kind in STRATEGIES:
+        fields = KINDS[kind].model_fields
+        plain = {"kind": kind, **{f: v for f, v in SETTINGS.items() if f in fields}}
+        found = [s for v in ([plain, {**plain, **ON_C}] if "axis" in fields else [plain]) if (s := accepted(v))]
+        unset = sorted(set(fields) - {"kind", *SETTINGS, *ON_C})
+        assert found, f"search kind {kind!r}: no campaign accepts it; give a value to its field(s) {unset} in SETTINGS"
+        out |= {kind if n == 0 else f"{kind}+knee": s for n, s in enumerate(found)}
+    return out
+
+
+FAMILY = family()
 
 
 def measure(values: dict[str, Any]) -> Observed:
@@ -109,19 +140,34 @@ def test_every_strategy_stays_within_a_budget_of_measurements_and_starts(kind: s
     assert 0 < len(got) <= 7 and starts <= 2 and acct.measurements == len(got) and acct.starts == starts
 
 
-def test_a_kind_refuses_another_kinds_field_by_name_and_the_fix() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kind_refuses_another_kinds_field_by_name_and_the_fix(kind: str) -> None:
     base = {"scenario": "s"}
     axes = [a.model_dump(exclude_defaults=True) for a in AXES]
-    with pytest.raises(ValueError, match=r"search\.max_points is not a field of kind 'knee'.*or use kind 'tpe'"):
-        CampaignDraft.model_validate(
-            {"name": "n", "base": base, "axes": axes, "search": {"kind": "knee", "axis": C.path, "max_points": 9}}
-        )
-    with pytest.raises(ValueError, match=r"search\.eta is not a field of kind 'tpe'.*or use kind 'halving'"):
-        CampaignDraft.model_validate(
-            {"name": "n", "base": base, "axes": axes, "search": {"kind": "tpe", "max_points": 9, "eta": 2}}
-        )
+    own = KINDS[kind].model_fields
+    foreign = sorted({f for c in KINDS.values() for f in c.model_fields} - set(own))
+    assert foreign, kind  # every kind lacks a field another kind has: there is something to refuse
+    for field in foreign:
+        with pytest.raises(ValueError) as e:
+            CampaignDraft.model_validate({"name": "n", "base": base, "axes": axes, "search": {"kind": kind, field: 2}})
+        said = str(e.value)
+        assert f"campaign.search.{field} is not a field of kind '{kind}'" in said and "drop it" in said, said
+        takes = [k for k, c in KINDS.items() if field in c.model_fields]
+        assert f"or use kind {' or '.join(repr(k) for k in takes)}" in said, said
     with pytest.raises(ValueError, match=r"moved to campaign\.budget\.starts"):
-        CampaignDraft.model_validate({"name": "n", "base": base, "axes": axes, "search": {"max_starts": 2}})
+        CampaignDraft.model_validate(
+            {"name": "n", "base": base, "axes": axes, "search": {"kind": kind, "max_starts": 2}}
+        )
+
+
+@pytest.mark.parametrize("kind", FAMILY)
+def test_every_strategy_ends_by_itself_or_at_its_cap(kind: str) -> None:
+    """Asked again once its last point is measured, a strategy proposes nothing, or its cap holds it (tpe)."""
+    search = FAMILY[kind]
+    whole = drive(search, [])
+    assert 0 < len(whole) < 200, (kind, len(whole))  # ended, not stopped by drive's guard
+    again = STRATEGIES[search.kind](AXES, search, True, whole, whole[-1].service_key, [], full_requests=FULL)
+    assert again is None or len(whole) == search.cap, (kind, again)
 
 
 def test_campaigns_frozen_before_the_kinds_keep_their_ids_and_load_their_policies(ws: Workspace) -> None:
