@@ -6,9 +6,12 @@ module (a test module imports helpers, not tests)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -28,8 +31,10 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult
 
     from caseledger.campaign.view import CampaignView
+    from caseledger.case.model import Case
+    from caseledger.records import RawRecord
     from caseledger.tools import StatusResult
-    from caseledger.workspace import Workspace
+    from caseledger.workspace import RunPaths, Workspace
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
@@ -326,3 +331,230 @@ def fake_run(ws: Workspace, rid: str, created: str) -> None:
             created_utc=created,
         ),
     )
+
+
+# ------------------------------------------------------------------------------------------ load, report, import
+
+RUN_ID = "r-0123456789ab"
+ACCEL_DATA = Path(__file__).resolve().parent / "data" / "accel"  # recorded outputs of nvidia-smi, rocm-smi, npu-smi
+
+
+def make_run_dir(ws: Workspace, d: dict[str, Any], run_id: str = RUN_ID) -> RunPaths:
+    """A run directory as the controller writes it: the filled case, run.json, the materialized dataset."""
+    from caseledger import datasets
+    from caseledger.case.model import Case
+    from caseledger.case.store import case_id_of
+    from caseledger.workspace import atomic_write, canonical_json, write_json
+
+    case = Case.model_validate(d).filled()
+    ident = datasets.materialize(ws, case)
+    paths = ws.run(run_id)
+    paths.root.mkdir(parents=True)
+    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
+    write_json(
+        paths.run_json,
+        {
+            "run_id": run_id,
+            "case_id": case_id_of(case),
+            "workspace": str(ws.root),
+            "dataset_id": ident.dataset_id,
+            "salt": run_id if case.load.salt else None,
+            "planned": case.load.requests,
+        },
+    )
+    return paths
+
+
+def load_draft(port: int, requests: int, concurrency: int, **load: Any) -> dict[str, Any]:
+    """A case for the load client alone (no service): N requests of 32 tokens in, 8 out, at C."""
+    return {
+        "scenario": "load-test",
+        "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}]},
+        "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": 8},
+        "load": {"requests": requests, "concurrency": concurrency, **load},
+    }
+
+
+def progress_case(ws: Workspace) -> str:
+    """A case whose progress a caller can watch: a few seconds of formal load after the service starts."""
+    from caseledger.tools import freeze_case
+
+    # 64 requests of 16 output tokens at C=2
+    draft = ref_draft(
+        free_port(),
+        load={"requests": 64, "concurrency": 2},
+        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
+        service={
+            "reference": {
+                "prefill_tokens_per_s": 200000,
+                "decode_step_s": 0.005,
+                "decode_step_per_seq_s": 0.0005,
+                "slots": 8,
+            }
+        },
+    )
+    return freeze_case(ws, draft=draft).case_id
+
+
+MS = 1_000_000
+SPEC_BEFORE = "vllm:spec_decode_num_drafts_total 0\nvllm:spec_decode_num_accepted_tokens_total 0\n"
+SPEC_AFTER = "vllm:spec_decode_num_drafts_total 113463\nvllm:spec_decode_num_accepted_tokens_total 541897\n"
+
+
+def report_case() -> Case:
+    """A case of 640 requests of 1024 tokens at C=64 on 16 cards, 90% cache hits asked (tests/test_report.py)."""
+    from caseledger.case.model import Case
+
+    return Case.model_validate(
+        {
+            "scenario": "rep",
+            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
+            "load": {"requests": 640, "concurrency": 64, "max_tokens": 1024},
+            "cache": {"min_hit_ratio": 0.9},
+        }
+    )
+
+
+def report_records(step_ms: float = 1.0, fail: int = 1) -> list[RawRecord]:
+    """Its raw records: 10 waves of 64 streams, 16 chunks each, `fail` failed at the start."""
+    out: list[RawRecord] = []
+    for i in range(640):
+        send = (i // 64) * 2000 * step_ms
+        chunks = [send + 100 + k * step_ms for k in range(0, 1024, 64)]
+        ok = i >= fail
+        out.append(
+            {
+                "i": i,
+                "entry": i,
+                "route": 0,
+                "send_ns": round(send * MS),
+                "chunk_ns": [round(c * MS) for c in chunks],
+                "chunk_tokens": [64] * len(chunks),
+                "end_ns": round((chunks[-1] + 1) * MS),
+                "status": 200 if ok else 500,
+                "ok": ok,
+                "error": None if ok else "HTTP 500",
+                "error_class": None if ok else "http",
+                "prompt_tokens": 131076,
+                "completion_tokens": 1024 if ok else None,
+                "cached_tokens": 118784,
+                "finish_reason": "length",
+                "input_tokens_body": 131072,
+                "input_tokens_chat": 131076,
+            }
+        )
+    return out
+
+
+AISBENCH_DB = "gsm8k_0.db"
+# perf_counter seconds; each list: send, then one stamp per SSE data: line (role-only first, usage-only last)
+AISBENCH_TP = {
+    0: [1000.0, 1000.125, 1000.25, 1000.375, 1000.5],
+    1: [1000.0625, 1000.25, 1000.5, 1000.75],
+    2: [1000.125, 1000.375, 1000.4375],
+}
+
+
+def blob(values: list[float]) -> bytes:
+    """The values as AISBench stores an array in its sqlite database (numpy's .npy bytes)."""
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.array(values, dtype=np.float64), allow_pickle=False)
+    return buf.getvalue()
+
+
+def make_perf_dir(root: Path, *, tmp_db: bool = False) -> Path:
+    """A small AISBench-format performances/<model_abbr>/ directory."""
+    perf = root / "outputs" / "default" / "20261102_100000" / "performances" / "vllm-api-stream-chat"
+    db_path = perf / "tmp" / f"tmp_{AISBENCH_DB}" if tmp_db else perf / "db_data" / AISBENCH_DB
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("CREATE TABLE numpy_store (id INTEGER PRIMARY KEY AUTOINCREMENT, arr_blob BLOB NOT NULL)")
+        for rid in (0, 1):
+            conn.execute("INSERT INTO numpy_store (arr_blob) VALUES (?)", (blob(AISBENCH_TP[rid]),))  # rows 1, 2
+    conn.close()
+    lines = [
+        {
+            "data_abbr": "gsm8k",
+            "id": 10,
+            "uuid": "a",
+            "success": True,
+            "error_info": "",
+            "input_tokens": 120,
+            "output_tokens": 3,
+            "time_points": {"__db_ref__": 1},
+            "db_name": AISBENCH_DB,
+        },
+        {
+            "data_abbr": "gsm8k",
+            "id": 11,
+            "uuid": "b",
+            "success": True,
+            "error_info": "",
+            "input_tokens": 80,
+            "output_tokens": 1,
+            "time_points": {"__db_ref__": 2},
+            "db_name": AISBENCH_DB,
+        },
+        {
+            "data_abbr": "gsm8k",
+            "id": 12,
+            "uuid": "c",
+            "success": True,
+            "input_tokens": 64,
+            "output_tokens": 2,
+            "time_points": AISBENCH_TP[2],
+        },  # an older inline layout
+        {
+            "data_abbr": "gsm8k",
+            "id": 13,
+            "uuid": "d",
+            "success": False,
+            "error_info": "Request timed out",
+            "input_tokens": 64,
+            "output_tokens": 0,
+            "time_points": [1000.2, 1000.9],
+        },
+        {
+            "data_abbr": "gsm8k",
+            "id": 14,
+            "uuid": "e",
+            "success": True,
+            "input_tokens": 64,
+            "output_tokens": 5,
+            "time_points": {"__db_ref__": 99},
+            "db_name": AISBENCH_DB,
+        },  # killed before the database commit
+    ]
+    (perf / "gsm8k_details.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with (perf / "gsm8k.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Performance Parameters", "Stage", "Average", "Min", "Max", "Median", "P75", "P90", "P99", "N"])
+        w.writerow(
+            ["TTFT", "total", "187.5 ms", "125.0 ms", "250.0 ms", "187.5 ms", "218.75 ms", "237.5 ms", "248.75 ms", 3]
+        )
+        w.writerow(
+            [
+                "OutputTokenThroughput",
+                "total",
+                "6.1 token/s",
+                "2.0 token/s",
+                "9.0 token/s",
+                "6.0 token/s",
+                "7.0 token/s",
+                "8.0 token/s",
+                "8.9 token/s",
+                3,
+            ]
+        )
+    (perf / "gsm8k.json").write_text(
+        json.dumps(
+            {
+                "Benchmark Duration": {"total": "900.0 ms"},
+                "Total Requests": {"total": 4},
+                "Output Token Throughput": {"total": "6.6667 token/s"},
+            }
+        )
+    )
+    return perf

@@ -29,16 +29,16 @@ from caseledger.run.load_watch import accel_not_sampled
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port, ref_draft
+from tests.helpers import ACCEL_DATA
 
-DATA = Path(__file__).resolve().parent / "data" / "accel"
-GPUS = (DATA / "nvidia-smi-query-gpu.csv").read_text()
-APPS = (DATA / "nvidia-smi-query-compute-apps.csv").read_text()
+GPUS = (ACCEL_DATA / "nvidia-smi-query-gpu.csv").read_text()
+APPS = (ACCEL_DATA / "nvidia-smi-query-compute-apps.csv").read_text()
 SERVICE = {4121, 4187}  # the engine's workers in the recorded output; 4242 is another process
 DEV1 = "GPU-b71e04d2-8c3a-4f5e-a6d9-7e8f9a0b1c2d"
-ROCM = (DATA / "rocm-smi-json-mi300x.json").read_text()
-ROCM_PIDS = (DATA / "rocm-smi-showpidgpus-mi300x.txt").read_text()
-NPU_910B = (DATA / "npu-smi-info-910b.txt").read_text()
-NPU_310P = (DATA / "npu-smi-info-310p.txt").read_text()
+ROCM = (ACCEL_DATA / "rocm-smi-json-mi300x.json").read_text()
+ROCM_PIDS = (ACCEL_DATA / "rocm-smi-showpidgpus-mi300x.txt").read_text()
+NPU_910B = (ACCEL_DATA / "npu-smi-info-910b.txt").read_text()
+NPU_310P = (ACCEL_DATA / "npu-smi-info-310p.txt").read_text()
 RECORDED = {  # each tool's calls for one sample, with what the tool printed
     "nvidia-smi": {tuple(accel.NVIDIA_GPUS): GPUS, tuple(accel.NVIDIA_APPS): APPS},
     "rocm-smi": {tuple(accel.ROCM_DEVICES): ROCM, tuple(accel.ROCM_PID_GPUS): ROCM_PIDS},
@@ -100,7 +100,7 @@ def test_nvidia_smi_query_output_is_read_per_device_with_the_processes_on_each()
 
 
 def test_a_value_the_tool_does_not_report_is_none_never_zero() -> None:
-    (d,) = accel.parse_nvidia((DATA / "nvidia-smi-query-gpu-mig.csv").read_text(), "", lambda pid: False)
+    (d,) = accel.parse_nvidia((ACCEL_DATA / "nvidia-smi-query-gpu-mig.csv").read_text(), "", lambda pid: False)
     assert d["util_pct"] is None and d["power_w"] is None
     assert d["mem_used_mib"] == 10240.0 and d["processes"] == []
     acc = accel_window([{"mono_ns": 5, "tool": "nvidia-smi", "devices": [d]}], 0, 10)
@@ -136,8 +136,8 @@ def test_rocm_smi_json_is_read_per_card_with_the_kfd_processes_its_pid_list_puts
 
 
 def test_what_rocm_smi_does_not_report_is_none_and_a_process_on_two_cards_holds_no_known_memory_on_either() -> None:
-    cards = (DATA / "rocm-smi-json-mi250x-na.json").read_text()
-    pids = (DATA / "rocm-smi-showpidgpus-mi250x-na.txt").read_text()
+    cards = (ACCEL_DATA / "rocm-smi-json-mi250x-na.json").read_text()
+    pids = (ACCEL_DATA / "rocm-smi-showpidgpus-mi250x-na.txt").read_text()
     d0, d1 = accel.parse_rocm(cards, pids, lambda pid: True)
     assert (d0["uuid"], d1["uuid"]) == ("card0", "card1")  # 'Unique ID': 'N/A' on both
     assert d0["power_w"] == 212.0 and d0["util_pct"] == 64.0  # 'Average Graphics Package Power (W)'
@@ -185,7 +185,7 @@ def test_npu_smi_info_of_a_310p_is_read_per_chip_with_its_memory_and_power_na_is
 
 
 def test_npu_smi_info_of_a_910_93_gives_no_power_for_its_second_die() -> None:
-    d0, d1 = accel.parse_npu((DATA / "npu-smi-info-a3.txt").read_text(), lambda pid: True)
+    d0, d1 = accel.parse_npu((ACCEL_DATA / "npu-smi-info-a3.txt").read_text(), lambda pid: True)
     assert [(d["index"], d["uuid"]) for d in (d0, d1)] == [("0.0", "0000:9D:00.0"), ("0.1", "0000:9F:00.0")]
     assert (d0["power_w"], d1["power_w"]) == (173.0, None)  # '-' on die 1
     assert (d1["util_pct"], d1["mem_used_mib"]) == (78.0, 61765.0)
@@ -371,9 +371,9 @@ def fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script.write_text(
         "#!/bin/sh\n"
         'case "$1" in\n'
-        f'  --query-gpu=*) cat "{DATA}/nvidia-smi-query-gpu.csv" ;;\n'
+        f'  --query-gpu=*) cat "{ACCEL_DATA}/nvidia-smi-query-gpu.csv" ;;\n'
         f'  --query-compute-apps=*) sed -e "s/, 4121,/, $PPID,/" -e "s/, 4187,/, $PPID,/" '
-        f'"{DATA}/nvidia-smi-query-compute-apps.csv" ;;\n'
+        f'"{ACCEL_DATA}/nvidia-smi-query-compute-apps.csv" ;;\n'
         "  *) exit 2 ;;\n"
         "esac\n"
     )

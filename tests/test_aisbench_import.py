@@ -2,128 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import sqlite3
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from caseledger.case.model import Case
 from caseledger.importers import DIFFERENCES, AisbenchImportError, read_aisbench
 from caseledger.metrics import Distribution, compute_result
-
-DB = "gsm8k_0.db"
-# perf_counter seconds; each list: send, then one stamp per SSE data: line (role-only first, usage-only last)
-TP = {
-    0: [1000.0, 1000.125, 1000.25, 1000.375, 1000.5],
-    1: [1000.0625, 1000.25, 1000.5, 1000.75],
-    2: [1000.125, 1000.375, 1000.4375],
-}
-
-
-def blob(values: list[float]) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.array(values, dtype=np.float64), allow_pickle=False)
-    return buf.getvalue()
-
-
-def make_perf_dir(root: Path, *, tmp_db: bool = False) -> Path:
-    """A small AISBench-format performances/<model_abbr>/ directory."""
-    perf = root / "outputs" / "default" / "20261102_100000" / "performances" / "vllm-api-stream-chat"
-    db_path = perf / "tmp" / f"tmp_{DB}" if tmp_db else perf / "db_data" / DB
-    db_path.parent.mkdir(parents=True)
-    with sqlite3.connect(db_path) as conn:
-        conn.execute("CREATE TABLE numpy_store (id INTEGER PRIMARY KEY AUTOINCREMENT, arr_blob BLOB NOT NULL)")
-        for rid in (0, 1):
-            conn.execute("INSERT INTO numpy_store (arr_blob) VALUES (?)", (blob(TP[rid]),))  # rows 1, 2
-    conn.close()
-    lines = [
-        {
-            "data_abbr": "gsm8k",
-            "id": 10,
-            "uuid": "a",
-            "success": True,
-            "error_info": "",
-            "input_tokens": 120,
-            "output_tokens": 3,
-            "time_points": {"__db_ref__": 1},
-            "db_name": DB,
-        },
-        {
-            "data_abbr": "gsm8k",
-            "id": 11,
-            "uuid": "b",
-            "success": True,
-            "error_info": "",
-            "input_tokens": 80,
-            "output_tokens": 1,
-            "time_points": {"__db_ref__": 2},
-            "db_name": DB,
-        },
-        {
-            "data_abbr": "gsm8k",
-            "id": 12,
-            "uuid": "c",
-            "success": True,
-            "input_tokens": 64,
-            "output_tokens": 2,
-            "time_points": TP[2],
-        },  # an older inline layout
-        {
-            "data_abbr": "gsm8k",
-            "id": 13,
-            "uuid": "d",
-            "success": False,
-            "error_info": "Request timed out",
-            "input_tokens": 64,
-            "output_tokens": 0,
-            "time_points": [1000.2, 1000.9],
-        },
-        {
-            "data_abbr": "gsm8k",
-            "id": 14,
-            "uuid": "e",
-            "success": True,
-            "input_tokens": 64,
-            "output_tokens": 5,
-            "time_points": {"__db_ref__": 99},
-            "db_name": DB,
-        },  # killed before the database commit
-    ]
-    (perf / "gsm8k_details.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    with (perf / "gsm8k.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["Performance Parameters", "Stage", "Average", "Min", "Max", "Median", "P75", "P90", "P99", "N"])
-        w.writerow(
-            ["TTFT", "total", "187.5 ms", "125.0 ms", "250.0 ms", "187.5 ms", "218.75 ms", "237.5 ms", "248.75 ms", 3]
-        )
-        w.writerow(
-            [
-                "OutputTokenThroughput",
-                "total",
-                "6.1 token/s",
-                "2.0 token/s",
-                "9.0 token/s",
-                "6.0 token/s",
-                "7.0 token/s",
-                "8.0 token/s",
-                "8.9 token/s",
-                3,
-            ]
-        )
-    (perf / "gsm8k.json").write_text(
-        json.dumps(
-            {
-                "Benchmark Duration": {"total": "900.0 ms"},
-                "Total Requests": {"total": 4},
-                "Output Token Throughput": {"total": "6.6667 token/s"},
-            }
-        )
-    )
-    return perf
+from tests.helpers import make_perf_dir
 
 
 def test_records_follow_the_time_points(tmp_path: Path) -> None:

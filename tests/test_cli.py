@@ -12,7 +12,7 @@ import pytest
 from caseledger import cli
 from caseledger.workspace import Workspace
 from tests.conftest import ref_draft, write_draft
-from tests.test_aisbench_import import make_perf_dir
+from tests.helpers import make_perf_dir
 
 POSITIONS = ("before", "after", "end")
 

@@ -14,31 +14,12 @@ import time
 
 import pytest
 
-from caseledger.tools import freeze_case
 from caseledger.workspace import Workspace
-from tests.conftest import free_port, ref_draft
+from tests.helpers import progress_case
 
 pytestmark = pytest.mark.integration
 
 REDRAW = re.compile(rb"\r(?!\n)")  # a carriage return that is no line end (the terminal turns \n into \r\n)
-
-
-def _case(ws: Workspace) -> str:
-    # 64 requests of 16 output tokens at C=2: a few seconds of formal load after the service starts
-    draft = ref_draft(
-        free_port(),
-        load={"requests": 64, "concurrency": 2},
-        dataset={"source": "synthetic", "input_tokens": 64, "output_tokens": 16},
-        service={
-            "reference": {
-                "prefill_tokens_per_s": 200000,
-                "decode_step_s": 0.005,
-                "decode_step_per_seq_s": 0.0005,
-                "slots": 8,
-            }
-        },
-    )
-    return freeze_case(ws, draft=draft).case_id
 
 
 def _cli(ws: Workspace, *args: str) -> list[str]:
@@ -73,7 +54,7 @@ def _under_pty(argv: list[str], timeout_s: float = 240.0) -> list[tuple[float, b
 def test_on_a_terminal_one_line_is_redrawn_at_least_once_a_second_and_ends_with_the_answer(
     ws: Workspace, stop_services: None
 ) -> None:
-    got = _under_pty(_cli(ws, "run", _case(ws), "--wait"))
+    got = _under_pty(_cli(ws, "run", progress_case(ws), "--wait"))
     out = b"".join(c for _, c in got)
     stamps = [t for t, c in got for _ in REDRAW.finditer(c)]
     assert len(stamps) >= 3, out[-2000:]
@@ -92,7 +73,7 @@ def test_on_a_terminal_one_line_is_redrawn_at_least_once_a_second_and_ends_with_
 
 
 def test_piped_it_prints_one_line_per_phase_and_with_json_only_the_answer(ws: Workspace, stop_services: None) -> None:
-    cid = _case(ws)
+    cid = progress_case(ws)
     p = subprocess.run(_cli(ws, "run", cid, "--wait"), capture_output=True, timeout=240)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert b"\r" not in p.stdout

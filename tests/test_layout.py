@@ -408,6 +408,33 @@ def test_the_long_file_finder_names_a_long_file(tmp_path: Path) -> None:
     assert _long_files(tmp_path, 800) == ["long.py (801 lines)"]
 
 
+def _test_module_imports(root: Path) -> list[str]:
+    """Imports of a test module by a test module (what they share belongs in tests/helpers.py)."""
+    out = []
+    for path in sorted(root.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names += [f"tests.{a.name}" for a in node.names] if node.module == "tests" else [node.module]
+            out += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.startswith("tests.test_")]
+    return out
+
+
+def test_no_test_module_imports_another() -> None:
+    bad = _test_module_imports(TESTS)
+    assert bad == [], "move what they share to tests/helpers.py:\n" + "\n".join(bad)
+
+
+def test_the_test_import_finder_names_each_kind_of_import(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text("import tests.test_b\n\n\ndef f() -> None:\n    from tests.test_c import x\n")
+    (tmp_path / "test_d.py").write_text("from tests.helpers import wait_until\nfrom tests import conftest, test_e\n")
+    assert _test_module_imports(tmp_path) == [
+        "test_a.py:1 imports tests.test_b",
+        "test_a.py:5 imports tests.test_c",
+        "test_d.py:2 imports tests.test_e",
+    ]
+
+
 # What each fresh interpreter of a run may not load at start-up: a campaign point pays these processes' imports in
 # series around its formal window (bench/bench_imports.py). The collector computes with numpy; none needs httpx2's
 # async client except the controller, whose health probes use it.

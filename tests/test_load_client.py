@@ -35,7 +35,7 @@ from caseledger.load.client import client_timing
 from caseledger.records import PHASE_HEADER, RawRecord, read_records
 from caseledger.workspace import RunPaths, Workspace, read_json
 from tests.conftest import free_port, reference_targets
-from tests.test_load_plan import make_run_dir
+from tests.helpers import load_draft, make_run_dir
 
 URL = "http://target.test/v1/chat/completions"
 
@@ -524,15 +524,6 @@ class Target:
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     with reference_targets({"target": FAST_TARGET}, tmp_path_factory.mktemp("target")) as served:
         yield Target(served["target"].proc, served["target"].port)
-
-
-def load_draft(port: int, requests: int, concurrency: int, **load: Any) -> dict[str, Any]:
-    return {
-        "scenario": "load-test",
-        "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "ref-model"}]},
-        "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": 8},
-        "load": {"requests": requests, "concurrency": concurrency, **load},
-    }
 
 
 def run_client(

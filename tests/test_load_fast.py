@@ -32,8 +32,7 @@ from caseledger.load.transport import TRANSPORT_ENV, HttpxStreamer, Streamer
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import Served, free_port, reference_targets
-from tests.test_load_client import load_draft
-from tests.test_load_plan import make_run_dir
+from tests.helpers import load_draft, make_run_dir
 
 MODEL = "ref-model"
 FAST = {"prefill_tokens_per_s": 1e7, "decode_step_s": 0.001, "decode_step_per_seq_s": 0.0, "slots": 16}

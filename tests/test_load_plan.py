@@ -13,12 +13,10 @@ import pytest
 
 from caseledger import datasets
 from caseledger.case.model import Case
-from caseledger.case.store import case_id_of
 from caseledger.errors import CaseInvalid
 from caseledger.load import LoadPlan, arrival_offsets, build_plan, plan_from_run_dir
-from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, write_json
-
-RUN_ID = "r-0123456789ab"
+from caseledger.workspace import Workspace
+from tests.helpers import RUN_ID, make_run_dir
 
 
 def draft(**over: Any) -> dict[str, Any]:
@@ -31,27 +29,6 @@ def draft(**over: Any) -> dict[str, Any]:
     for k, v in over.items():
         d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
     return d
-
-
-def make_run_dir(ws: Workspace, d: dict[str, Any], run_id: str = RUN_ID) -> RunPaths:
-    """A run directory as the controller writes it: the filled case, run.json, the materialized dataset."""
-    case = Case.model_validate(d).filled()
-    ident = datasets.materialize(ws, case)
-    paths = ws.run(run_id)
-    paths.root.mkdir(parents=True)
-    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_json(
-        paths.run_json,
-        {
-            "run_id": run_id,
-            "case_id": case_id_of(case),
-            "workspace": str(ws.root),
-            "dataset_id": ident.dataset_id,
-            "salt": run_id if case.load.salt else None,
-            "planned": case.load.requests,
-        },
-    )
-    return paths
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from caseledger.workspace import Workspace
-from tests.test_cli_progress import _case
+from tests.helpers import progress_case
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 async def test_a_bounded_wait_with_a_progress_token_notifies_phases_and_requests_done(
     ws: Workspace, stop_services: None
 ) -> None:
-    cid = _case(ws)
+    cid = progress_case(ws)
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "caseledger", "mcp", "--workspace", str(ws.root)], env=dict(os.environ)
     )

@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 import pytest
 
-from caseledger.case.model import Case
 from caseledger.ledger.runs import RunMeta
 from caseledger.metrics import Result, compute_result
 from caseledger.outcome.decide import decide
@@ -19,61 +18,16 @@ from caseledger.outcome.report import (
     render_side_by_side,
     report_json,
 )
-from caseledger.records import RawRecord
-
-MS = 1_000_000
-BEFORE = "vllm:spec_decode_num_drafts_total 0\nvllm:spec_decode_num_accepted_tokens_total 0\n"
-AFTER = "vllm:spec_decode_num_drafts_total 113463\nvllm:spec_decode_num_accepted_tokens_total 541897\n"
-
-
-def case() -> Case:
-    return Case.model_validate(
-        {
-            "scenario": "rep",
-            "target": {"endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}], "cards": 16},
-            "load": {"requests": 640, "concurrency": 64, "max_tokens": 1024},
-            "cache": {"min_hit_ratio": 0.9},
-        }
-    )
-
-
-def records(step_ms: float = 1.0, fail: int = 1) -> list[RawRecord]:
-    out: list[RawRecord] = []
-    for i in range(640):
-        send = (i // 64) * 2000 * step_ms
-        chunks = [send + 100 + k * step_ms for k in range(0, 1024, 64)]
-        ok = i >= fail
-        out.append(
-            {
-                "i": i,
-                "entry": i,
-                "route": 0,
-                "send_ns": round(send * MS),
-                "chunk_ns": [round(c * MS) for c in chunks],
-                "chunk_tokens": [64] * len(chunks),
-                "end_ns": round((chunks[-1] + 1) * MS),
-                "status": 200 if ok else 500,
-                "ok": ok,
-                "error": None if ok else "HTTP 500",
-                "error_class": None if ok else "http",
-                "prompt_tokens": 131076,
-                "completion_tokens": 1024 if ok else None,
-                "cached_tokens": 118784,
-                "finish_reason": "length",
-                "input_tokens_body": 131072,
-                "input_tokens_chat": 131076,
-            }
-        )
-    return out
+from tests.helpers import SPEC_AFTER, SPEC_BEFORE, report_case, report_records
 
 
 @pytest.fixture(scope="module")
 def res() -> Result:
-    return compute_result(case(), records(), metrics_before=BEFORE, metrics_after=AFTER)
+    return compute_result(report_case(), report_records(), metrics_before=SPEC_BEFORE, metrics_after=SPEC_AFTER)
 
 
 def test_run_report_is_complete(res: Result) -> None:
-    c = case()
+    c = report_case()
     d = decide(c, res, None, None, load_ended=True)
     ledger = {"service": {"seconds": 12.5, "action": "reuse"}, "load": {"seconds": 300.0, "action": "run"}}
     md = render_run_md({"run_id": "r-7f3a", "case_id": "c-0123456789ab"}, res, d, ledger)
@@ -116,7 +70,7 @@ def test_report_without_decision_or_ledger(res: Result) -> None:
 
 
 def test_side_by_side_never_mixes_windows(res: Result) -> None:
-    other = compute_result(case(), records(step_ms=0.5), rule="sglang", ratio=0.9)
+    other = compute_result(report_case(), report_records(step_ms=0.5), rule="sglang", ratio=0.9)
     text = render_side_by_side([("r-aaaa", "c-1", res), ("r-bbbb", "c-2", other)])
     whole, native = text.split("## native vs native")
     assert whole.startswith("## whole vs whole")
@@ -176,9 +130,9 @@ def test_decision_png_draws_metric_limits_and_cdfs() -> None:
 def test_runs_that_met_the_cache_at_another_warmth_are_flagged_when_compared() -> None:
     """A baseline whose first wave met a cold cache (its first 64 requests 0 cached) against a warm candidate:
     the decision says warmth differs, on which window it rests and what the other window does; alike runs: not."""
-    c = case()
-    warm = compute_result(c, records())
-    cold_rows = [{**r, "cached_tokens": 0 if r["i"] < 128 else r["cached_tokens"]} for r in records()]
+    c = report_case()
+    warm = compute_result(c, report_records())
+    cold_rows = [{**r, "cached_tokens": 0 if r["i"] < 128 else r["cached_tokens"]} for r in report_records()]
     cold = compute_result(c, cold_rows)  # type: ignore[arg-type]
     d = decide(c, warm, cold, "r-base", load_ended=True)
     assert d.warmth is not None and "warmth differs" in d.warmth and d.warmth in d.reason, d.reason

@@ -1,7 +1,8 @@
 """The search kinds as one family: every strategy of the registry passes the same contract (the same observations
 give the same proposal, a resume continues identically, nothing is measured twice, the budget holds, it ends);
-`Search` is a union per kind in which every kind refuses another kind's field by name, and still reads the policies
-frozen before it; and kind auto chooses its strategy from the space, the costs and the budget, says why, and keeps its choice."""
+`Search` is a union per kind in which every kind refuses another kind's field by name, and still reads the
+policies frozen before it; and kind auto chooses its strategy from the space, the costs and the budget, says why,
+and keeps its choice."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from caseledger.services import remote
 from caseledger.tools import freeze_case, phase_status, start_run
 from caseledger.workspace import Workspace, sha256_bytes, sha256_file
 from tests.conftest import free_port, ref_draft, stats
-from tests.helpers import target_argv
+from tests.helpers import ACCEL_DATA, target_argv
 from tests.sshd import Sshd, generate_key, loopback_sshd, require_sshd, running_sshd
 
 pytestmark = pytest.mark.processes  # hosts, links and leases: the runs here keep real processes
@@ -296,8 +296,6 @@ def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_di
     where the engine's workers were): its devices are read there during the window, each named by the host, the
     service's process is told from pid 4242 by its session on that host, and the shared device makes the window
     distorted. The outputs are recorded, not live: no accelerator exists here."""
-    from tests.test_accel import DATA
-
     require_sshd()  # this test starts its own sshd (the "GPU host"), not the module's
     port = free_port()
     bin_dir = tmp_path / "gpu-host-bin"
@@ -307,9 +305,9 @@ def test_a_service_over_ssh_has_its_hosts_devices_read_there_and_a_shared_one_di
         "#!/bin/sh\n"
         f'svc=$(pgrep -o -f -- "caseledger.target serve --host 127.0.0.1 --port {port} ")\n'
         'case "$1" in\n'
-        f'  --query-gpu=*) cat "{DATA}/nvidia-smi-query-gpu.csv" ;;\n'
+        f'  --query-gpu=*) cat "{ACCEL_DATA}/nvidia-smi-query-gpu.csv" ;;\n'
         f'  --query-compute-apps=*) sed -e "s/, 4121,/, $svc,/" -e "s/, 4187,/, $svc,/" '
-        f'"{DATA}/nvidia-smi-query-compute-apps.csv" ;;\n'
+        f'"{ACCEL_DATA}/nvidia-smi-query-compute-apps.csv" ;;\n'
         "  *) exit 2 ;;\n"
         "esac\n"
     )

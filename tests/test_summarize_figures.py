@@ -13,19 +13,19 @@ from caseledger.outcome.figures import brief, run_figures, window_figures
 from caseledger.outcome.report import render_run_md
 from caseledger.records import RawRecord
 from caseledger.workspace import Workspace
-from tests.test_report import AFTER, BEFORE, case, records
+from tests.helpers import SPEC_AFTER, SPEC_BEFORE, make_perf_dir, report_case, report_records
 
 PER_REQUEST_REASON = "the engine gave no per-request draft counts"
 
 
 def cold_every_fourth() -> list[RawRecord]:
     """The report tests' 640 requests (request 0 failed), every fourth one served with no cached token."""
-    return [{**r, "cached_tokens": 0} if r["i"] % 4 == 0 else r for r in records()]
+    return [{**r, "cached_tokens": 0} if r["i"] % 4 == 0 else r for r in report_records()]
 
 
 @pytest.fixture(scope="module")
 def res() -> Result:
-    return compute_result(case(), cold_every_fourth(), metrics_before=BEFORE, metrics_after=AFTER)
+    return compute_result(report_case(), cold_every_fourth(), metrics_before=SPEC_BEFORE, metrics_after=SPEC_AFTER)
 
 
 def test_a_not_observed_reason_is_said_once_per_window_section_in_report_md(res: Result) -> None:
@@ -67,7 +67,7 @@ def test_the_figures_hold_what_report_md_shows_and_the_cache_misses_below_the_ta
 
 
 def test_a_window_the_rule_did_not_find_says_its_reason_once_per_section() -> None:
-    res = compute_result(case(), [])  # no raw records: neither rule finds a window
+    res = compute_result(report_case(), [])  # no raw records: neither rule finds a window
     w = res.windows.native
     assert not w.found
     f = window_figures(w)
@@ -84,7 +84,6 @@ def test_a_window_the_rule_did_not_find_says_its_reason_once_per_section() -> No
 def test_summarize_answers_with_every_figure_at_four_digits_and_a_short_text(tmp_path: Path) -> None:
     from caseledger.cli import main
     from caseledger.tools import summarize
-    from tests.test_aisbench_import import make_perf_dir
 
     ws = Workspace(tmp_path / "ws")
     assert main(["import", "aisbench", str(make_perf_dir(tmp_path / "ais")), "--workspace", str(ws.root)]) == 0
