@@ -1,5 +1,7 @@
-"""Helpers the test modules share, in one place: waiting on a condition, counting at the reference target, the
-target's launch argv, the fault matrix's recording and its run facts, and the campaign of the knee tests.
+"""Helpers the test modules share, in one place: waiting on a condition, counting at the reference target and its
+launch argv; the fault matrix's cells and the facts of a run killed in the middle; the knee campaign; the MCP
+server's workspace and answers, a call through the CLI and through MCP alike; a run directory without a process,
+the load client's case, the report's and the AISBench import's data.
 
 Fixtures and pytest's hooks stay in tests/conftest.py; what a test module calls goes here, never into another test
 module (a test module imports helpers, not tests)."""
@@ -60,7 +62,7 @@ def target_argv(port: int | str = "{port}", host: str | None = "{host}", model: 
     return [*argv, "--port", str(port), "--model", model]
 
 
-# ------------------------------------------------------------------------------------- the fault matrix's cells
+# ------------------------------------------------------------------ the fault matrix's cells, runs killed midway
 
 N = 8  # formal requests of every fault cell's case (C=2)
 FAST = {"prefill_tokens_per_s": 200000, "decode_step_s": 0.002, "decode_step_per_seq_s": 0.0002, "slots": 8}
