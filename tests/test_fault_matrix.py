@@ -54,6 +54,7 @@ from mcp import Client, StdioServerParameters
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import EvidenceChanged, NotAuthorized, NothingToResume, TargetHeld
 from caseledger.ledger import authorization
+from caseledger.ledger.event_types import PhaseEnded
 from caseledger.ledger.events import read_events
 from caseledger.ledger.state import fold
 from caseledger.tools import StatusResult, freeze_case, phase_status, reprocess_raw, resume, start_run, summarize
@@ -148,15 +149,15 @@ def service_pid(ws: Workspace, run_id: str) -> int:
 def ended_ok(ws: Workspace, run_id: str) -> Counter[str]:
     """Per phase, how many times it ended done/reused/skipped (what 'ran once' counts)."""
     return Counter(
-        e["phase"]
+        e.phase
         for e in read_events(ws.run(run_id)).events
-        if e["type"] == "phase_ended" and e["data"].get("outcome") in ("done", "reused", "skipped")
+        if isinstance(e, PhaseEnded) and e.data.outcome in ("done", "reused", "skipped")
     )
 
 
 def clients(ws: Workspace, run_id: str) -> int:
     """How many load clients were started for the formal load (one, whatever was killed)."""
-    return sum(e["type"] == "load_client_started" for e in read_events(ws.run(run_id)).events)
+    return sum(e.type == "load_client_started" for e in read_events(ws.run(run_id)).events)
 
 
 def why(ws: Workspace, run_id: str | None) -> str:
@@ -640,7 +641,7 @@ def test_concurrent_resumes(
             "once",
             all(ends[p.value] == 1 for p in PHASES)
             and st["by_phase"].get("warmup") == 2
-            and len([e for e in read_events(ws.run(run_id)).events if e["type"] == "controller_started"]) == 2,
+            and len([e for e in read_events(ws.run(run_id)).events if e.type == "controller_started"]) == 2,
             f"phase ends {dict(ends)}, target {st['by_phase']}",
         )
         c.check("count", st["by_phase"].get("load") == N == s2.sent, f"target {st['by_phase']}, ledger {s2.sent}")
