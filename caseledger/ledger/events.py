@@ -1,4 +1,4 @@
-"""Append-only, locked and fenced event logs of runs.
+"""Append-only event logs: a run's (locked and fenced) and a campaign driver's.
 
 An event line: seq, utc, mono_ns, run, phase, attempt, type, owner, fence, input_hash, outputs
 ({name: sha256}), error (short), data; each type a model of ledger/event_types.py, which a writer passes and a
