@@ -83,29 +83,25 @@ def test_every_old_line_reads_as_its_type_and_writes_back_the_same_line() -> Non
         assert et.driver_json(dv, line["utc"]) == line
 
 
-def test_the_old_events_fold_and_the_driver_reads_as_before(tmp_path: Path) -> None:
-    ws = _every_type(tmp_path)
-    want = _expected()["every_type"]
-    from caseledger.ledger.state import _fold_events  # the fold alone: every_type/ has no run.json
+def _folded(ws: Workspace, run_id: str, mono: bool) -> dict[str, Any]:  # JSON: each phase's folded view
+    from caseledger.ledger.state import _fold_events  # the events' fold alone, before any evidence is checked
 
-    phases = _fold_events(read_events(ws.run(RUN)).events)
-    got = {
-        p.value: {
-            "state": v.state.value,
-            "attempt": v.attempt,
-            "failure_class": v.failure_class,
-            "error": v.error,
-            "data": v.data,
-            "evidence": v.evidence,
-            "started_utc": v.started_utc,
-            "ended_utc": v.ended_utc,
-        }
-        for p, v in phases.items()
-    }
-    assert got == want["phases"]
-    assert waiting_on(ws, CAMPAIGN) == want["waiting_on"]
-    assert host_refusals(ws, CAMPAIGN) == want["host_refusals"]
-    assert stamp(ws, CAMPAIGN)[2] == want["stamp_news"]
+    keys = ["state", "attempt", "failure_class", "error", "data", "evidence", "started_utc", "ended_utc"]
+    keys += ["started_mono", "ended_mono"] if mono else []
+    phases = _fold_events(read_events(ws.run(run_id)).events)
+    return {p.value: {k: getattr(v, k) for k in keys} for p, v in phases.items()}
+
+
+def test_the_old_events_fold_and_the_driver_reads_as_before(tmp_path: Path) -> None:
+    want = _expected()
+    old = _old_workspace(tmp_path)
+    for rid, phases in want["folds"].items():
+        assert _folded(old, rid, mono=True) == phases, rid
+    ws = _every_type(tmp_path)
+    assert _folded(ws, RUN, mono=False) == want["every_type"]["phases"]
+    assert waiting_on(ws, CAMPAIGN) == want["every_type"]["waiting_on"]
+    assert host_refusals(ws, CAMPAIGN) == want["every_type"]["host_refusals"]
+    assert stamp(ws, CAMPAIGN)[2] == want["every_type"]["stamp_news"]
 
 
 # one of each model, as its writers build it: a new model without a sample here fails the test below

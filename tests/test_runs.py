@@ -15,7 +15,15 @@ import pytest
 from caseledger import ledger, procs
 from caseledger.case.plan import Phase
 from caseledger.errors import TargetHeld
-from caseledger.ledger.event_types import PhaseEnded, PhaseStarted, RunCreated, RunCreatedData, StopAsked, StopAskedData
+from caseledger.ledger.event_types import (
+    PhaseEnded,
+    PhaseStarted,
+    RunCreated,
+    RunCreatedData,
+    StopAsked,
+    StopAskedData,
+    data_json,
+)
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
@@ -370,7 +378,7 @@ def test_phase_evidence_round_trips_through_its_model_with_the_keys_it_always_ha
     )  # fmt: skip
     r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True)
     assert r.state == "succeeded", r.text()
-    ended = {e.phase: e.data.as_json() for e in read_events(ws.run(r.run_id)).events if isinstance(e, PhaseEnded)}
+    ended = {e.phase: data_json(e) for e in read_events(ws.run(r.run_id)).events if isinstance(e, PhaseEnded)}
     assert list(ended) == list(models)
     for phase, model in models.items():
         file = orjson.loads(ws.run(r.run_id).phase_file(phase).read_bytes())
@@ -436,6 +444,6 @@ def test_the_summary_reads_phase_files_through_their_models_and_names_the_file_a
     # the fix holds: restored from its phase_ended event, the file reads again and the report is unchanged
     ended = [e for e in read_events(paths).events if isinstance(e, PhaseEnded) and e.phase == Phase.CACHE_PREPARE]
     write("cache_prepare", {"phase": "cache_prepare", "attempt": ended[-1].attempt, "error": None,
-                            **ended[-1].data.as_json()})  # fmt: skip
+                            **data_json(ended[-1])})  # fmt: skip
     assert summarize(ws, run_ids=[r.run_id]).runs[0].results_extracted
     assert orjson.loads(paths.report_json.read_bytes())["time_ledger"] == tl
