@@ -706,8 +706,8 @@ def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace,
     view = campaign_view(ws, f.campaign_id)
     assert not view.driver_alive and not scan_runs(ws).metas, view.text()
     ended = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, DriverEnded)]
-    assert len(ended) == 1 and ended[0]["outcome"].startswith("stopped (SIGTERM)"), ended
-    assert (read_json_or_none(ws.campaigns_dir / f.campaign_id / "driver.json") or {})["outcome"] == ended[0]["outcome"]
+    assert len(ended) == 1 and ended[0].outcome.startswith("stopped (SIGTERM)"), ended
+    assert (read_json_or_none(ws.campaigns_dir / f.campaign_id / "driver.json") or {})["outcome"] == ended[0].outcome
 
 
 @pytest.mark.integration

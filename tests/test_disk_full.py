@@ -15,7 +15,7 @@ import pytest
 from caseledger import services
 from caseledger.faults import FILLER, fill_disk
 from caseledger.ledger import authorization, read_events
-from caseledger.ledger.event_types import PhaseEnded
+from caseledger.ledger.event_types import DiskWaited, PhaseEnded
 from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft, start_with_fault
@@ -173,6 +173,6 @@ def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and
         c.check("state", view.complete and all(r.status == "measured" for r in view.rows), view.text())
         runs = sum(len(r.run_ids) for r in view.rows)
         c.check("count", _formal(port) == sum(r.sent for r in view.rows) == view.progress["sent"] >= 32 * 3, runs)
-        waited = [e for e in driver_events(ws, f.campaign_id) if e.type == "disk_waited"]
-        c.check("event", len(waited) == 1 and waited[0]["seconds"] >= 2, waited)
+        waited = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, DiskWaited)]
+        c.check("event", len(waited) == 1 and waited[0].seconds >= 2, waited)
         c.check("one", bool(assert_one_answer(ws, f.campaign_id)))
