@@ -94,9 +94,6 @@ class PhaseEndedData(BaseModel):
     failure_class: FailureClass | None = None
     fix: str | None = None
 
-    def as_json(self) -> dict[str, Any]:  # JSON: the data as written
-        return self.model_dump(mode="json", exclude_unset=True)
-
 
 class PhaseEnded(_RunLine):
     type: Literal["phase_ended"] = "phase_ended"
@@ -407,7 +404,12 @@ def run_json(ev: RunEvent) -> dict[str, Any]:  # JSON: a run log's line
     """An event's line in a run's log: the envelope in its order, then error and the data its writer set."""
     line = {k: getattr(ev, k) for k in _ENVELOPE}
     line["phase"] = ev.phase.value if ev.phase is not None else None
-    return {**line, "error": ev.error, "data": ev.data.model_dump(mode="json", exclude_unset=True)}
+    return {**line, "error": ev.error, "data": data_json(ev)}
+
+
+def data_json(ev: RunEvent) -> dict[str, Any]:  # JSON: an event's data as its line holds it
+    """An event's data as written: the fields its writer set (a phase's end: its evidence's keys too)."""
+    return ev.data.model_dump(mode="json", exclude_unset=True)
 
 
 def driver_json(ev: DriverEvent, utc: str) -> dict[str, Any]:  # JSON: a driver's line

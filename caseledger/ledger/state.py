@@ -16,7 +16,7 @@ from caseledger import procs
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger.advice import advise
-from caseledger.ledger.event_types import PhaseEnded, PhaseStarted, RunEvent, UnknownEvent
+from caseledger.ledger.event_types import PhaseEnded, PhaseStarted, RunEvent, UnknownEvent, data_json
 from caseledger.ledger.events import read_events
 from caseledger.ledger.evidence import ComponentRecord, LoadEnd, ServiceRecord
 from caseledger.ledger.runs import Run, RunMeta, has_results, load_run
@@ -191,7 +191,7 @@ def _fold_events(events: list[RunEvent | UnknownEvent]) -> dict[Phase, PhaseView
                 ended_mono=ev.mono_ns,
                 failure_class=ev.data.failure_class,
                 error=ev.error,
-                data=ev.data.as_json(),
+                data=data_json(ev),
                 attempt=ev.attempt or v.attempt,
                 evidence=ev.outputs.get("evidence"),
             )
