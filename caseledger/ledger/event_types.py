@@ -12,11 +12,12 @@ unchanged (tests/data/ledger_v1). A data field with a default is written only wh
 dump leaves out what was not set), as writers left such keys out before. A phase's end carries the phase's
 evidence as written (`PhaseEndedData`: outcome, failure class and fix typed, the evidence's own keys kept).
 
-Every other model refuses a field it does not know, so a misspelled field fails at its writer, naming it. Reading
-never raises on a line: a torn last line or an unparsable one is skipped and counted (records.read_jsonl, as
-before); a line of a type this version does not know, or whose fields it does not accept, reads as an
-`UnknownEvent` keeping the whole line and the reason, which every view ignores (as views ignored a type they
-did not know).
+Every model but PhaseEndedData refuses a field it does not know, so a misspelled or mistyped field fails at its
+writer (pydantic's ValidationError, naming it) and nothing is written. Reading never raises on a line: a torn last
+line or an unparsable one is skipped and counted (records.read_jsonl, as before); a line of a type this version
+does not know, or whose fields it does not accept (a key added by another version included), reads as an
+`UnknownEvent` keeping the whole line and the reason, which every view ignores, as views ignored a type they did
+not know. Its seq still counts: the next append follows the highest seq read.
 """
 
 from __future__ import annotations
