@@ -123,12 +123,13 @@ def service_pid(ws: Workspace, run_id: str) -> int:
 
 def ended_ok(ws: Workspace, run_id: str) -> Counter[str]:
     """Per phase, how many times it ended done/reused/skipped (what 'ran once' counts)."""
+    from caseledger.ledger.event_types import PhaseEnded
     from caseledger.ledger.events import read_events
 
     return Counter(
-        e["phase"]
+        e.phase
         for e in read_events(ws.run(run_id)).events
-        if e["type"] == "phase_ended" and e["data"].get("outcome") in ("done", "reused", "skipped")
+        if isinstance(e, PhaseEnded) and e.data.outcome in ("done", "reused", "skipped")
     )
 
 
@@ -136,7 +137,7 @@ def clients(ws: Workspace, run_id: str) -> int:
     """How many load clients were started for the formal load (one, whatever was killed)."""
     from caseledger.ledger.events import read_events
 
-    return sum(e["type"] == "load_client_started" for e in read_events(ws.run(run_id)).events)
+    return sum(e.type == "load_client_started" for e in read_events(ws.run(run_id)).events)
 
 
 def why(ws: Workspace, run_id: str | None) -> str:

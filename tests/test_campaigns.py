@@ -23,8 +23,10 @@ import pytest
 from caseledger import services
 from caseledger.campaign.store import driver_events
 from caseledger.campaign.view import CampaignView, campaign_view
+from caseledger.case.plan import Phase
 from caseledger.errors import CaseInvalid
 from caseledger.ledger import authorization
+from caseledger.ledger.event_types import DriverEnded, PhaseStarted, PointStarted, UnknownEvent, Waiting
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
 from caseledger.run.campaign_driver import WAIT_S
@@ -276,7 +278,7 @@ def _intervals(ws: Workspace) -> list[tuple[float, float, str]]:
     """(first event, last event, run id) of every run: the span it owned the target."""
     out = []
     for m in scan_runs(ws).metas:
-        ts = [e["mono_ns"] / 1e9 for e in read_events(ws.run(m.run_id)).events if "mono_ns" in e]
+        ts = [e.mono_ns / 1e9 for e in read_events(ws.run(m.run_id)).events if not isinstance(e, UnknownEvent)]
         out.append((min(ts), max(ts), m.run_id))
     return sorted(out)
 
@@ -317,8 +319,8 @@ def test_two_campaigns_on_one_target_queue_and_each_point_runs_once(
         c.check("once", sorted(rid for *_, rid in spans) == listed and len(listed) >= 4, (va.text(), vb.text()))
         overlaps = [(r1, r2) for (_, end, r1), (start, _, r2) in itertools.pairwise(spans) if end > start]
         c.check("held", not overlaps, f"held the target at once: {overlaps}")
-        waits = [e for gid in (a.campaign_id, b.campaign_id) for e in driver_events(ws, gid) if e["type"] == "waiting"]
-        c.check("why", any("held" in e["why"] or "busy" in e["why"] for e in waits), waits)
+        waits = [e for gid in (a.campaign_id, b.campaign_id) for e in driver_events(ws, gid) if isinstance(e, Waiting)]
+        c.check("why", any("held" in e.why or "busy" in e.why for e in waits), waits)
         c.check("count", by_phase(port) == 32 * len(spans), stats(port))
 
 
@@ -371,7 +373,7 @@ def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace,
     assert isinstance(f, CampaignFrozen)
     start_any(ws, f.campaign_id)  # paused: the driver starts and waits, no point starts
     deadline = time.monotonic() + 30
-    while not any(e["type"] == "waiting" for e in driver_events(ws, f.campaign_id)):
+    while not any(e.type == "waiting" for e in driver_events(ws, f.campaign_id)):
         assert time.monotonic() < deadline, driver_events(ws, f.campaign_id)
         time.sleep(0.05)
     assert campaign_view(ws, f.campaign_id).driver_alive
@@ -384,9 +386,9 @@ def test_target_stop_stops_a_waiting_driver_first_and_records_why(ws: Workspace,
     assert orjson.loads(out.stdout)["drivers"] == [f.campaign_id], out.stdout
     view = campaign_view(ws, f.campaign_id)
     assert not view.driver_alive and not scan_runs(ws).metas, view.text()
-    ended = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "driver_ended"]
-    assert len(ended) == 1 and ended[0]["outcome"].startswith("stopped (SIGTERM)"), ended
-    assert (read_json_or_none(ws.campaigns_dir / f.campaign_id / "driver.json") or {})["outcome"] == ended[0]["outcome"]
+    ended = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, DriverEnded)]
+    assert len(ended) == 1 and ended[0].outcome.startswith("stopped (SIGTERM)"), ended
+    assert (read_json_or_none(ws.campaigns_dir / f.campaign_id / "driver.json") or {})["outcome"] == ended[0].outcome
 
 
 @pytest.mark.integration
@@ -532,7 +534,7 @@ def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_ot
             e
             for rid in bad.run_ids
             for e in read_events(ws.run(rid)).events
-            if e["type"] == "phase_started" and e.get("phase") == "service"
+            if isinstance(e, PhaseStarted) and e.phase == Phase.SERVICE
         ]
         bound = 2 * (1 + RESUMES_PER_RUN)  # max_attempts runs, each resumed at most RESUMES_PER_RUN times
         c.check("starts", len(bad.run_ids) == 2 and 2 <= len(starts) <= bound, (bad.run_ids, len(starts)))
@@ -569,7 +571,7 @@ def test_an_index_deleted_or_corrupted_mid_campaign_changes_no_answer_and_measur
     def damage_after_the_first_point() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any(e["type"] == "point_ended" for e in driver_events(ws, f.campaign_id)):
+            if any(e.type == "point_ended" for e in driver_events(ws, f.campaign_id)):
                 for suffix in ("", "-wal", "-shm"):
                     Path(str(path) + suffix).unlink(missing_ok=True)
                 if damage == "garbage":
@@ -585,7 +587,7 @@ def test_an_index_deleted_or_corrupted_mid_campaign_changes_no_answer_and_measur
         view = until_complete(ws, f.campaign_id)
         t.join(5)
         c.check("ran", damaged and damaged[0] < len(scan_runs(ws).metas), (damaged, view.text()))
-        started = [e["run_id"] for e in driver_events(ws, f.campaign_id) if e["type"] == "point_started"]
+        started = [e.run_id for e in driver_events(ws, f.campaign_id) if isinstance(e, PointStarted)]
         listed = sorted(rid for r in view.rows for rid in r.run_ids)
         c.check("once", sorted(started) == listed and len(set(started)) == len(started), (started, listed))
         c.check("state", view.complete and all(r.runs >= 1 for r in view.rows), view.text())

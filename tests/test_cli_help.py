@@ -58,7 +58,7 @@ def test_help_on_every_command_changes_nothing_in_a_live_workspace(ws: Workspace
     assert isinstance(f, CampaignFrozen)
     start_any(ws, f.campaign_id)  # paused: its driver starts and waits
     deadline = time.monotonic() + 30
-    while not any(e["type"] == "waiting" for e in driver_events(ws, f.campaign_id)):
+    while not any(e.type == "waiting" for e in driver_events(ws, f.campaign_id)):
         assert time.monotonic() < deadline, driver_events(ws, f.campaign_id)
         time.sleep(0.05)
     before = tree_digest(ws.root)

@@ -11,6 +11,7 @@ from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.case.store import case_id_of
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.ledger import authorization, queue
+from caseledger.ledger.event_types import PhaseEnded
 from caseledger.ledger.events import read_events
 from caseledger.ledger.evidence import NotRun, PhaseEvidence
 from caseledger.ledger.runs import RunMeta, load_run, write_meta
@@ -59,10 +60,10 @@ def test_an_unexpected_error_is_internal_never_the_phase_class(
 
     monkeypatch.setitem(controller.PHASE_BODIES, phase, boom)
     assert ctl.run_phase(phase, attempt=2) == FailureClass.INTERNAL
-    ended = [e for e in read_events(ctl.paths).events if e["type"] == "phase_ended"]
-    assert ended[-1]["phase"] == phase and ended[-1]["attempt"] == 2
-    assert ended[-1]["data"]["failure_class"] == FailureClass.INTERNAL
-    assert "RuntimeError: disk on fire" in ended[-1]["error"]
+    ended = [e for e in read_events(ctl.paths).events if isinstance(e, PhaseEnded)]
+    assert ended[-1].phase == phase and ended[-1].attempt == 2
+    assert ended[-1].data.failure_class == FailureClass.INTERNAL
+    assert "RuntimeError: disk on fire" in (ended[-1].error or "")
     assert read_json(ctl.paths.phase_file(phase))["outcome"] == "failed"
     v = fold(ws, ctl.paths.run_id)
     assert v.phases[phase].state == PhaseState.FAILED and v.failure_class == FailureClass.INTERNAL

@@ -14,6 +14,7 @@ import pytest
 from caseledger import services
 from caseledger.faults import FILLER, fill_disk
 from caseledger.ledger import authorization, read_events
+from caseledger.ledger.event_types import DiskWaited, PhaseEnded
 from caseledger.tools import freeze_case, phase_status, resume
 from caseledger.workspace import Workspace, reserve
 from tests.conftest import free_port, ref_draft, start_with_fault
@@ -79,7 +80,8 @@ def test_disk_full_mid_load_keeps_every_served_record_and_resume_finishes(
         records = paths.raw.read_bytes().splitlines()
         c.check("raw", len(records) == 8, len(records))
         c.check("count", by_phase(port) == 8, by_phase(port))
-        c.check("event", any(e.get("data", {}).get("failure_class") == "disk" for e in read_events(paths).events))
+        ended = [e for e in read_events(paths).events if isinstance(e, PhaseEnded)]
+        c.check("event", any(e.data.failure_class == "disk" for e in ended))
         free_space(ws, r.run_id)
         res = resume(ws, r.run_id, wait=True, timeout_s=120)
         c.check("state", res.state == "succeeded", res.text())
@@ -144,7 +146,7 @@ def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and
     def fill_after_the_first_point() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any(e["type"] == "point_ended" for e in driver_events(ws, f.campaign_id)):
+            if any(e.type == "point_ended" for e in driver_events(ws, f.campaign_id)):
                 fill_disk(filler)
                 seen["at_full"] = len(scan_runs(ws).metas)
                 time.sleep(4)
@@ -165,6 +167,6 @@ def test_a_disk_that_fills_mid_campaign_holds_the_driver_until_space_is_free_and
         c.check("state", view.complete and all(r.status == "measured" for r in view.rows), view.text())
         runs = sum(len(r.run_ids) for r in view.rows)
         c.check("count", by_phase(port) == sum(r.sent for r in view.rows) == view.progress["sent"] >= 32 * 3, runs)
-        waited = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "disk_waited"]
-        c.check("event", len(waited) == 1 and waited[0]["seconds"] >= 2, waited)
+        waited = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, DiskWaited)]
+        c.check("event", len(waited) == 1 and waited[0].seconds >= 2, waited)
         c.check("one", bool(assert_one_answer(ws, f.campaign_id)))

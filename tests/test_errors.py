@@ -18,7 +18,8 @@ from caseledger.errors import (
     RemoteError,
     ResultConflict,
 )
-from caseledger.ledger.events import EventLog, read_events
+from caseledger.ledger.event_types import UnknownEvent
+from caseledger.ledger.events import read_events
 from caseledger.records import JsonLines, ReadResult, read_jsonl, read_records
 from caseledger.workspace import RunPaths
 
@@ -128,4 +129,6 @@ def test_records_and_events_readers_share_the_jsonl_reader(tmp_path: Path) -> No
     paths = RunPaths(tmp_path / "run")
     paths.events.parent.mkdir(parents=True, exist_ok=True)
     paths.events.write_bytes(b'{"seq": 1}\n{oops}\n{"seq": 2}\n{"seq": 3, "ty')
-    assert read_events(paths) == EventLog([{"seq": 1}, {"seq": 2}], torn_tail=True, bad_lines=1)
+    log = read_events(paths)  # lines of no known type: kept as such, in order
+    assert [(type(e), e.seq) for e in log.events] == [(UnknownEvent, 1), (UnknownEvent, 2)]
+    assert (log.torn_tail, log.bad_lines) == (True, 1)

@@ -18,6 +18,7 @@ import pytest
 from caseledger import procs
 from caseledger.case.model import Case
 from caseledger.errors import CaseledgerError
+from caseledger.ledger.event_types import HostQuietWait, LoadEndedEarly
 from caseledger.ledger.events import read_events
 from caseledger.metrics import NotObserved, Throughput, columns_from_records, compute_result
 from caseledger.metrics._checks import check_counts
@@ -295,8 +296,8 @@ def test_a_stopped_service_reads_stopped_and_resume_restarts_it_without_a_backlo
             c.check("plan", s.next_restarts_service and s.resume_runs[:1] == ["service"], s.text())
             # the controller ended the load once the engine had been stopped 5 s: not every queued request
             # waited out its timeout in turn
-            early = [e for e in read_events(ws.run(r.run_id)).events if e["type"] == "load_ended_early"]
-            c.check("early", len(early) == 1 and "stopped (SIGSTOP)" in early[0]["data"]["why"] and s.sent < 40, early)
+            early = [e for e in read_events(ws.run(r.run_id)).events if isinstance(e, LoadEndedEarly)]
+            c.check("early", len(early) == 1 and "stopped (SIGSTOP)" in early[0].data.why and s.sent < 40, early)
             res = resume(ws, r.run_id, wait=True)
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -578,8 +579,8 @@ def test_a_run_waits_bounded_for_a_quiet_host_and_records_what_it_saw(
     case = freeze_case(ws, draft=ref_draft(free_port(), load={"requests": 8, "concurrency": 2}))
 
     def waited(run_id: str) -> dict[str, Any]:
-        (e,) = [e for e in read_events(ws.run(run_id)).events if e["type"] == "host_quiet_wait"]
-        return dict(e["data"])
+        (e,) = [e for e in read_events(ws.run(run_id)).events if isinstance(e, HostQuietWait)]
+        return e.data.model_dump()
 
     quiet = start_run(ws, case.case_id, wait=True, timeout_s=120)
     assert quiet.run_id is not None and quiet.state == "succeeded", quiet.text()

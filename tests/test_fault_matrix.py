@@ -514,7 +514,7 @@ def test_concurrent_resumes(
             "once",
             all(ends[p.value] == 1 for p in PHASES)
             and st["by_phase"].get("warmup") == 2
-            and len([e for e in read_events(ws.run(run_id)).events if e["type"] == "controller_started"]) == 2,
+            and len([e for e in read_events(ws.run(run_id)).events if e.type == "controller_started"]) == 2,
             f"phase ends {dict(ends)}, target {st['by_phase']}",
         )
         c.check("count", st["by_phase"].get("load") == N == s2.sent, f"target {st['by_phase']}, ledger {s2.sent}")

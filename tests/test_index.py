@@ -15,9 +15,13 @@ import orjson
 import pytest
 
 from bench.bench_ledger import build
+from caseledger.case.plan import Phase
+from caseledger.errors import FailureClass
 from caseledger.ledger import indexdb
+from caseledger.ledger.event_types import PhaseEnded, PhaseEndedData
 from caseledger.ledger.events import append_event
 from caseledger.ledger.index import open_index
+from caseledger.ledger.view import PhaseState
 from caseledger.tools import phase_status, summarize
 from caseledger.views import handoff
 from caseledger.workspace import Workspace
@@ -140,11 +144,12 @@ def test_an_event_is_seen_by_the_next_quick_read(ledger: tuple[Workspace, dict[s
     append_event(
         ws,
         ws.run(latest),
-        "phase_ended",
-        phase="preflight",
-        attempt=1,
-        data={"outcome": "failed", "failure_class": "before_model"},
-        error="ImportError in the bench",
+        PhaseEnded(
+            phase=Phase.PREFLIGHT,
+            attempt=1,
+            error="ImportError in the bench",
+            data=PhaseEndedData(outcome=PhaseState.FAILED, failure_class=FailureClass.BEFORE_MODEL),
+        ),
     )
     try:
         with open_index(ws, quick=True) as idx:

@@ -150,7 +150,7 @@ def test_a_campaign_reuses_or_waits_for_the_service_another_workspace_keeps_and_
         assert isinstance(diff, CampaignFrozen)
         start_any(b, diff.campaign_id)
         deadline = time.monotonic() + 60
-        while not any(e["type"] == "waiting" for e in driver_events(b, diff.campaign_id)):
+        while not any(e.type == "waiting" for e in driver_events(b, diff.campaign_id)):
             assert time.monotonic() < deadline, driver_events(b, diff.campaign_id)
             time.sleep(0.1)
         time.sleep(3.0)  # several looks of the driver: still waiting, nothing given up, nothing started

@@ -13,6 +13,7 @@ import pytest
 
 from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
+from caseledger.ledger.event_types import LoadClientStarted
 from caseledger.ledger.events import read_events
 from caseledger.load.parts import part_plan, slot_owners, split_concurrency
 from caseledger.load.plan import LoadPlan, RequestSpec
@@ -118,8 +119,8 @@ def test_two_processes_run_one_merged_load(ws: Workspace, stop_services: None) -
     # the rate's one schedule on one clock: every record's due time is the common start plus its offset
     scheds = sorted(x["sched_ns"] for x in recs)
     assert scheds[-1] - scheds[0] > 0.05e9
-    started = [e for e in read_events(paths).events if e["type"] == "load_client_started"]
-    assert len(started) == 1 and len(started[0]["data"]["pids"]) == 2
+    started = [e for e in read_events(paths).events if isinstance(e, LoadClientStarted)]
+    assert len(started) == 1 and len(started[0].data.pids or []) == 2
     first = latest_result(paths.root)
     assert first is not None
     again = reprocess_raw(ws, r.run_id)
@@ -158,7 +159,7 @@ def test_one_of_two_processes_killed_mid_load_then_resume_merges(ws: Workspace, 
     recs = read_records(paths.raw).records
     assert len(recs) == s2.done == len({x["i"] for x in recs})  # merged, nothing duplicated
     assert s2.done <= served <= s2.sent
-    started = [e for e in read_events(paths).events if e["type"] == "load_client_started"]
+    started = [e for e in read_events(paths).events if e.type == "load_client_started"]
     assert len(started) == 1
 
 

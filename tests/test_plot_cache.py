@@ -14,6 +14,7 @@ import pytest
 
 from bench.bench_ledger import build
 from caseledger.ledger import indexdb
+from caseledger.ledger.event_types import OutcomeData, RunEnded
 from caseledger.ledger.events import append_event
 from caseledger.ledger.index import open_index
 from caseledger.tools import summarize
@@ -89,7 +90,7 @@ def test_a_new_result_names_a_new_png_and_the_old_one_goes(ledger: tuple[Workspa
     name = info["scenario"]  # the live run's scenario
     first = _drawn(ws, name)
     run = ws.run(info["latest"])  # the running run ends, failed: its row (state, decision) changes the view
-    append_event(ws, run, "run_ended", owner="bench", data={"outcome": "failed:load"})
+    append_event(ws, run, RunEnded(data=OutcomeData(outcome="failed:load")), owner="bench")
     (run.root / "controller.pid.json").unlink(missing_ok=True)
     view = summarize(ws, [], scenario=name).scenario
     assert view is not None and scenario_plot_path(ws, view) != first

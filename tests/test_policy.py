@@ -15,6 +15,7 @@ import pytest
 
 from caseledger.case.model import Case
 from caseledger.errors import NotAuthorized
+from caseledger.ledger.event_types import HostRefused
 from caseledger.run import policy
 from caseledger.tools import freeze_case, start_run
 from caseledger.tools.phase_status import StatusResult
@@ -295,7 +296,7 @@ def test_a_point_the_policy_refuses_once_the_campaign_runs_fails_at_once_and_eve
     assert bad.why is not None and bad.why.startswith(said), bad.why
     assert f"fix: a person on this host adds it to programs in {host_policy}" in bad.why
     assert bad.run_ids == [] and not marker.exists()
-    kinds = [e["type"] for e in driver_events(ws, f.campaign_id)]
+    kinds = [e.type for e in driver_events(ws, f.campaign_id)]
     assert kinds.count("host_refused") == 1 and "point_refused" not in kinds and "waiting" not in kinds, kinds
     assert view.next_call.startswith("the host refused 1 point(s)") and f"start_run(case_id='{f.campaign_id}')" in (
         view.next_call
@@ -329,5 +330,5 @@ def test_a_pool_target_the_policy_refuses_once_the_campaign_runs_names_the_polic
     line = next(x for x in view.pool if x.startswith("b: "))
     assert "the host refused" in line and "on pool target 'b' refused: service.argv[0] program 'sh'" in line, line
     assert f"adds it to programs in {host_policy}" in line and not marker.exists()
-    refusals = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "host_refused"]
-    assert {e["target"] for e in refusals} == {"b"} and len(refusals) <= 2, refusals  # once per point, at most
+    refusals = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, HostRefused)]
+    assert {e.target for e in refusals} == {"b"} and len(refusals) <= 2, refusals  # once per point, at most

@@ -20,8 +20,10 @@ from caseledger.campaign import pool
 from caseledger.campaign.model import GridSearch, Repeats, TpeSearch
 from caseledger.campaign.store import driver_events, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view
+from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid
+from caseledger.ledger.event_types import PointStarted, TargetRefused, UnknownEvent
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
 from caseledger.tools import freeze_any, start_any
@@ -149,8 +151,8 @@ def _spans(port: int) -> list[tuple[float, float, str]]:
 
 def _window(ws: Workspace, run_id: str) -> tuple[float, float]:
     """The run's load phase on the monotonic clock: (started, ended)."""
-    ev = [e for e in read_events(ws.run(run_id)).events if e.get("phase") == "load" and "mono_ns" in e]
-    return min(e["mono_ns"] for e in ev) / 1e9, max(e["mono_ns"] for e in ev) / 1e9
+    ev = [e for e in read_events(ws.run(run_id)).events if not isinstance(e, UnknownEvent) and e.phase == Phase.LOAD]
+    return min(e.mono_ns for e in ev) / 1e9, max(e.mono_ns for e in ev) / 1e9
 
 
 @pytest.mark.quiet  # two campaigns' worth of processes at once: in pass 1 they crowd the others' windows
@@ -190,8 +192,8 @@ def test_a_pool_of_two_runs_points_in_parallel_one_owner_each_and_gives_one_answ
         if on[a] != on[b] and windows[a][0] < windows[b][1] and windows[b][0] < windows[a][1]
     ]
     assert overlap, windows
-    started = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "point_started"]
-    assert {e["target"] for e in started} == {"t0", "t1"} and len(started) == len(runs), started
+    started = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, PointStarted)]
+    assert {e.target for e in started} == {"t0", "t1"} and len(started) == len(runs), started
 
 
 @pytest.mark.quiet  # two campaigns' worth of processes at once: in pass 1 they crowd the others' windows
@@ -245,8 +247,8 @@ def test_a_target_whose_measured_identity_differs_is_refused_with_the_difference
     assert "t1: " in said and "refused: its measured identity differs from t0's" in said, said
     assert "decode_step_s" in said, said  # the difference itself: the argv read back from t1's process
     assert all(r.runs >= 1 and set(r.on) == {"t0"} for r in view.rows), text  # t1's runs count for no point
-    refused = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "target_refused"]
-    assert [e["target"] for e in refused] == ["t1"], refused
+    refused = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, TargetRefused)]
+    assert [e.target for e in refused] == ["t1"], refused
     assert view.winner == f.points["C=4"], text
 
 
@@ -273,11 +275,11 @@ def test_a_search_over_a_pool_proposes_a_point_for_each_free_target_and_measures
     text = view.text()
     assert len(view.rows) == 6 and len({r.label for r in view.rows}) == 6, text  # six points, each proposed once
     assert all(r.runs == 1 or r.case_id in view.controls for r in view.rows), text
-    proposed = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "point_proposed"]
+    proposed = [e for e in driver_events(ws, f.campaign_id) if e.type == "point_proposed"]
     assert len(proposed) == 6, proposed
     # a proposal was made while another point ran on the other target: the targets measured side by side
-    started = [e for e in driver_events(ws, f.campaign_id) if e["type"] == "point_started"]
-    assert {e["target"] for e in started} == {"t0", "t1"}, started
+    started = [e for e in driver_events(ws, f.campaign_id) if isinstance(e, PointStarted)]
+    assert {e.target for e in started} == {"t0", "t1"}, started
     for port in ports:
         spans = _spans(port)
         assert not [(a, b) for a, b in itertools.pairwise(spans) if a[1] > b[0]], spans

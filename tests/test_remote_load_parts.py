@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from caseledger.errors import CaseInvalid
+from caseledger.ledger.event_types import LoadArmedEnded, LoadClientStarted
 from caseledger.ledger.events import read_events
 from caseledger.ledger.leases import read_lease
 from caseledger.ledger.state import fold
@@ -95,8 +96,8 @@ def test_two_processes_on_a_load_host_run_one_merged_load_copied_back_per_proces
     # one schedule for both processes: the due times of the dealt-out rate schedule span the load as one
     scheds = sorted(x["sched_ns"] for x in recs)
     assert scheds[-1] - scheds[0] > 0.05e9
-    started = [e for e in read_events(paths).events if e["type"] == "load_client_started"]
-    assert len(started) == 1 and len(started[0]["data"]["pids"]) == 2
+    started = [e for e in read_events(paths).events if isinstance(e, LoadClientStarted)]
+    assert len(started) == 1 and len(started[0].data.pids or []) == 2
     confirm = evidence(ws, r.run_id, "confirm_end")
     assert confirm["all_accounted"] is True and confirm["processes"] == 2
 
@@ -327,8 +328,8 @@ def test_armed_processes_on_a_load_host_give_up_once_the_controller_dies_before_
     assert part_starts(lh, r.run_id, 0) == 1 and part_starts(lh, r.run_id, 1) == 1
     old = list(there.parent.glob("load.superseded-*"))  # the given-up attempt, set aside there with its records
     assert len(old) == 1 and all((old[0] / f"p{k}" / "not_started.json").exists() for k in (0, 1))
-    ended = [e for e in read_events(paths).events if e["type"] == "load_armed_ended"]
-    assert len(ended) == 1 and [p["exit"] for p in ended[0]["data"]["processes"]] == ["not_started"] * 2
+    ended = [e for e in read_events(paths).events if isinstance(e, LoadArmedEnded)]
+    assert len(ended) == 1 and [p["exit"] for p in ended[0].data.processes] == ["not_started"] * 2
 
 
 @pytest.fixture

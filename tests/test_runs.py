@@ -13,8 +13,17 @@ import orjson
 import pytest
 
 from caseledger import ledger, procs
-from caseledger.case.plan import PHASES
+from caseledger.case.plan import PHASES, Phase
 from caseledger.errors import TargetHeld
+from caseledger.ledger.event_types import (
+    PhaseEnded,
+    PhaseStarted,
+    RunCreated,
+    RunCreatedData,
+    StopAsked,
+    StopAskedData,
+    data_json,
+)
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
@@ -25,6 +34,8 @@ from tests.helpers import slow_draft, wait_state
 
 pytestmark = pytest.mark.integration
 
+_STOP = StopAsked(data=StopAskedData(by="caseledger target stop"))
+
 
 def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services: None) -> None:
     port = free_port()
@@ -33,10 +44,10 @@ def test_full_run_then_hot_child_reuses_the_service(ws: Workspace, stop_services
     assert r1.preflight == "passed" and r1.state == "succeeded", r1.text()
     events = read_events(ws.run(r1.run_id)).events
     for phase in PHASES:
-        started = [e for e in events if e["phase"] == phase and e["type"] == "phase_started"]
-        ended = [e for e in events if e["phase"] == phase and e["type"] == "phase_ended"]
+        started = [e for e in events if isinstance(e, PhaseStarted) and e.phase == phase]
+        ended = [e for e in events if isinstance(e, PhaseEnded) and e.phase == phase]
         assert len(started) == 1 and len(ended) == 1, phase
-        assert ended[0]["outputs"]["evidence"], phase  # sha256 of the evidence file
+        assert ended[0].outputs["evidence"], phase  # sha256 of the evidence file
         assert ws.run(r1.run_id).phase_file(phase).exists()
     s1 = stats(port)
     assert s1["by_phase"]["load"] == 8 and s1["by_phase"]["warmup"] == 2
@@ -74,7 +85,7 @@ def test_killed_controller_leaves_load_running_and_resume_finishes(
     assert "preflight" in res.kept and "service" in res.kept
     assert stats(port)["by_phase"]["load"] == 8  # exactly N formal requests, none re-sent
     ev = read_events(ws.run(r.run_id)).events
-    assert len([e for e in ev if e["type"] == "load_client_started"]) == 1
+    assert len([e for e in ev if e.type == "load_client_started"]) == 1
 
 
 @pytest.mark.processes
@@ -161,15 +172,15 @@ def test_torn_event_line_is_tolerated_and_reported(ws: Workspace) -> None:
 
     paths = RunPaths(ws.runs_dir / "r-00000001")
     paths.root.mkdir(parents=True)
-    ledger.append_event(ws, paths, "run_created")
+    ledger.append_event(ws, paths, RunCreated(data=RunCreatedData(case_id="c-000000000001")))
     with paths.events.open("ab") as f:
         f.write(b'{"seq": 2, "type": "phase_sta')
     log = read_events(paths)
     assert log.torn_tail and len(log.events) == 1
-    ev = ledger.append_event(ws, paths, "note")
-    assert ev["seq"] == 2
+    ev = ledger.append_event(ws, paths, _STOP)
+    assert ev.seq == 2
     log = read_events(paths)
-    assert [e["type"] for e in log.events] == ["run_created", "note"] and log.bad_lines == 1
+    assert [e.type for e in log.events] == ["run_created", "stop_asked"] and log.bad_lines == 1
 
 
 def test_stale_fence_is_refused(ws: Workspace) -> None:
@@ -183,10 +194,10 @@ def test_stale_fence_is_refused(ws: Workspace) -> None:
     b = ledger.acquire(ws, "t-abc", "r-00000002", owner=None, same_run_ok=True)
     assert b.fence == a.fence + 1
     with pytest.raises(FenceRejected):
-        ledger.append_event(ws, paths, "x", fence=a.fence, target="t-abc")
+        ledger.append_event(ws, paths, _STOP, fence=a.fence, target="t-abc")
     with pytest.raises(FenceRejected):
         ledger.renew(ws, "t-abc", "r-00000002", a.fence)
-    ledger.append_event(ws, paths, "x", fence=b.fence, target="t-abc")
+    ledger.append_event(ws, paths, _STOP, fence=b.fence, target="t-abc")
     assert os.path.getsize(paths.events) > 0
 
 
@@ -329,7 +340,7 @@ def test_phase_evidence_round_trips_through_its_model_with_the_keys_it_always_ha
     )  # fmt: skip
     r = start_run(ws, freeze_case(ws, draft=draft).case_id, wait=True)
     assert r.state == "succeeded", r.text()
-    ended = {e["phase"]: e["data"] for e in read_events(ws.run(r.run_id)).events if e["type"] == "phase_ended"}
+    ended = {e.phase: data_json(e) for e in read_events(ws.run(r.run_id)).events if isinstance(e, PhaseEnded)}
     assert list(ended) == list(models)
     for phase, model in models.items():
         file = orjson.loads(ws.run(r.run_id).phase_file(phase).read_bytes())
@@ -393,8 +404,8 @@ def test_the_summary_reads_phase_files_through_their_models_and_names_the_file_a
     )
     assert "check.requests: Input should be a valid integer" in e.value.message
     # the fix holds: restored from its phase_ended event, the file reads again and the report is unchanged
-    ended = [e for e in read_events(paths).events if e["type"] == "phase_ended" and e["phase"] == "cache_prepare"]
-    write("cache_prepare", {"phase": "cache_prepare", "attempt": ended[-1]["attempt"], "error": None,
-                            **ended[-1]["data"]})  # fmt: skip
+    ended = [e for e in read_events(paths).events if isinstance(e, PhaseEnded) and e.phase == Phase.CACHE_PREPARE]
+    write("cache_prepare", {"phase": "cache_prepare", "attempt": ended[-1].attempt, "error": None,
+                            **data_json(ended[-1])})  # fmt: skip
     assert summarize(ws, run_ids=[r.run_id]).runs[0].results_extracted
     assert orjson.loads(paths.report_json.read_bytes())["time_ledger"] == tl

@@ -5,7 +5,9 @@ from __future__ import annotations
 import orjson
 
 from caseledger import ledger
-from caseledger.case.plan import PHASES
+from caseledger.case.plan import PHASES, Phase
+from caseledger.errors import FailureClass
+from caseledger.ledger.event_types import PhaseEnded, PhaseEndedData, PhaseStarted
 from caseledger.ledger.state import PhaseState, RunState, fold
 from caseledger.workspace import RunPaths, Workspace, write_json
 
@@ -33,14 +35,14 @@ def make_run(ws: Workspace, rid: str = "r-0000aaaa", planned: int = 4) -> RunPat
 
 def phases_done(ws: Workspace, paths: RunPaths, upto: str) -> None:
     for p in PHASES[: PHASES.index(upto)]:
-        ledger.append_event(ws, paths, "phase_started", phase=p, attempt=1)
-        ledger.append_event(ws, paths, "phase_ended", phase=p, attempt=1, data={"outcome": "done"})
+        ledger.append_event(ws, paths, PhaseStarted(phase=p, attempt=1))
+        ledger.append_event(ws, paths, PhaseEnded(phase=p, attempt=1, data=PhaseEndedData(outcome=PhaseState.DONE)))
 
 
 def test_end_file_outranks_a_stale_running_load(ws: Workspace) -> None:
     paths = make_run(ws)
     phases_done(ws, paths, "load")
-    ledger.append_event(ws, paths, "phase_started", phase="load", attempt=1)  # then the controller died
+    ledger.append_event(ws, paths, PhaseStarted(phase=Phase.LOAD, attempt=1))  # then the controller died
     paths.load_dir.mkdir()
     paths.raw.write_bytes(b"".join(orjson.dumps({"i": i, "ok": True}) + b"\n" for i in range(4)))
     write_json(paths.load_end, {"planned": 4, "sent": 4, "done": 4, "ok": 4, "failed": 0})
@@ -54,7 +56,7 @@ def test_end_file_outranks_a_stale_running_load(ws: Workspace) -> None:
 def test_running_phase_of_a_dead_controller_is_unknown_not_running(ws: Workspace) -> None:
     paths = make_run(ws)
     phases_done(ws, paths, "warmup")
-    ledger.append_event(ws, paths, "phase_started", phase="warmup", attempt=1)
+    ledger.append_event(ws, paths, PhaseStarted(phase=Phase.WARMUP, attempt=1))
     v = fold(ws, paths.run_id)
     assert v.phases["warmup"].state == PhaseState.UNKNOWN and v.state == RunState.END_UNKNOWN
 
@@ -62,40 +64,45 @@ def test_running_phase_of_a_dead_controller_is_unknown_not_running(ws: Workspace
 def test_results_on_disk_outrank_an_old_postprocess_failure(ws: Workspace) -> None:
     paths = make_run(ws)
     phases_done(ws, paths, "postprocess")
-    ledger.append_event(ws, paths, "phase_started", phase="postprocess", attempt=1)
+    ledger.append_event(ws, paths, PhaseStarted(phase=Phase.POSTPROCESS, attempt=1))
     ledger.append_event(
         ws,
         paths,
-        "phase_ended",
-        phase="postprocess",
-        attempt=1,
-        error="ImportError: x",
-        data={"outcome": "failed", "failure_class": "collect"},
+        PhaseEnded(
+            phase=Phase.POSTPROCESS,
+            attempt=1,
+            error="ImportError: x",
+            data=PhaseEndedData(outcome=PhaseState.FAILED, failure_class=FailureClass.COLLECT),
+        ),
     )
     assert fold(ws, paths.run_id).failure_class == "collect"
     (paths.results / "v1" / "aisbench" / "k").mkdir(parents=True)
     (paths.results / "v1" / "aisbench" / "k" / "result.json").write_text("{}")
     v = fold(ws, paths.run_id)
     assert v.phases["postprocess"].state == PhaseState.DONE and v.results_extracted
-    kinds = [e["data"].get("outcome") for e in ledger.read_events(paths).events if e["phase"] == "postprocess"]
+    ended = [e for e in ledger.read_events(paths).events if isinstance(e, PhaseEnded)]
+    kinds = [e.data.outcome for e in ended if e.phase == Phase.POSTPROCESS]
     assert "failed" in kinds  # history is kept
 
 
 def test_a_later_attempt_supersedes_an_earlier_failure(ws: Workspace) -> None:
     paths = make_run(ws)
     phases_done(ws, paths, "service")
-    ledger.append_event(ws, paths, "phase_started", phase="service", attempt=1)
+    ledger.append_event(ws, paths, PhaseStarted(phase=Phase.SERVICE, attempt=1))
     ledger.append_event(
         ws,
         paths,
-        "phase_ended",
-        phase="service",
-        attempt=1,
-        error="health",
-        data={"outcome": "failed", "failure_class": "service"},
+        PhaseEnded(
+            phase=Phase.SERVICE,
+            attempt=1,
+            error="health",
+            data=PhaseEndedData(outcome=PhaseState.FAILED, failure_class=FailureClass.SERVICE),
+        ),
     )
-    ledger.append_event(ws, paths, "phase_started", phase="service", attempt=2)
-    ledger.append_event(ws, paths, "phase_ended", phase="service", attempt=2, data={"outcome": "done"})
+    ledger.append_event(ws, paths, PhaseStarted(phase=Phase.SERVICE, attempt=2))
+    ledger.append_event(
+        ws, paths, PhaseEnded(phase=Phase.SERVICE, attempt=2, data=PhaseEndedData(outcome=PhaseState.DONE))
+    )
     v = fold(ws, paths.run_id)
     assert v.phases["service"].state == PhaseState.DONE and v.phases["service"].attempt == 2
     assert v.state == RunState.END_UNKNOWN and v.current == "warmup"  # the next phase, not the old failure

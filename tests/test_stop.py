@@ -14,7 +14,9 @@ import pytest
 
 from caseledger import procs
 from caseledger.campaign.view import campaign_view
+from caseledger.case.plan import Phase
 from caseledger.ledger import authorization
+from caseledger.ledger.event_types import PhaseStarted
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import count_raw
@@ -108,7 +110,7 @@ def test_a_run_stopped_before_its_load_fails_at_the_next_phase_with_nothing_sent
         assert r.run_id is not None, r.text()
         paths = ws.run(r.run_id)
         deadline = time.monotonic() + 60
-        while not any(e["type"] == "phase_started" and e.get("phase") == "warmup" for e in read_events(paths).events):
+        while not any(isinstance(e, PhaseStarted) and e.phase == Phase.WARMUP for e in read_events(paths).events):
             assert time.monotonic() < deadline, read_events(paths).events
             time.sleep(0.05)
         answer = _stop(ws)

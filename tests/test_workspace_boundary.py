@@ -19,6 +19,7 @@ from mcp import Client
 
 from caseledger.errors import LockTimeout, NotWritable, PathEscapes, Unexpected, unexpected
 from caseledger.ledger import authorization, queue, read_events
+from caseledger.ledger.event_types import StopAsked, StopAskedData
 from caseledger.ledger.events import append_event
 from caseledger.ledger.leases import host_dir
 from caseledger.ledger.runs import load_run, read_run, scan_runs
@@ -254,7 +255,7 @@ def test_a_lock_held_by_a_stuck_process_is_not_waited_on_forever_and_names_its_h
     paths = ws.run("r-000000aa")
     with stuck_holder(paths.events_lock) as pid:  # the events append, queue and dataset locks: the same bound
         with pytest.raises(LockTimeout, match=f"held by pid {pid}"):
-            append_event(ws, paths, "note")
+            append_event(ws, paths, StopAsked(data=StopAskedData(by="test")))
         with pytest.raises(LockTimeout, match=f"held by pid {pid}"), flocked(paths.events_lock, timeout_s=0.05):
             pass
     assert read_events(paths).events == []
@@ -279,7 +280,7 @@ def test_a_lock_released_while_waiting_is_taken_as_before(ws: Workspace, monkeyp
     assert p.stdin is not None and p.stdout is not None and p.stdout.readline() == b"held\n"
     try:
         threading.Timer(0.3, lambda: (p.stdin.write(b"\n"), p.stdin.flush()) if p.stdin else None).start()
-        ev = append_event(ws, paths, "note")  # waits for the holder, then appends
+        ev = append_event(ws, paths, StopAsked(data=StopAskedData(by="test")))  # waits for the holder, then appends
     finally:
         p.wait(timeout=30)
-    assert [e["seq"] for e in read_events(paths).events] == [ev["seq"]] == [1]
+    assert [e.seq for e in read_events(paths).events] == [ev.seq] == [1]

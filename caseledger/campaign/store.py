@@ -47,6 +47,17 @@ from caseledger.case.store import (
 )
 from caseledger.case.target import health_url_of, origin
 from caseledger.errors import CaseInvalid, NotFound
+from caseledger.ledger.event_types import (
+    DriverEnded,
+    DriverEvent,
+    DriverStarted,
+    HostRefused,
+    PointResumed,
+    PointStarted,
+    UnknownEvent,
+    Waiting,
+)
+from caseledger.ledger.events import read_driver_events
 from caseledger.ledger.leases import target_key
 from caseledger.records import read_jsonl
 from caseledger.workspace import (
@@ -492,9 +503,9 @@ def events_file(ws: Workspace, campaign_id: str) -> Path:
     return _dir(ws, campaign_id) / "events.jsonl"
 
 
-def driver_events(ws: Workspace, campaign_id: str) -> list[dict[str, Any]]:  # JSON: driver.jsonl lines as parsed
+def driver_events(ws: Workspace, campaign_id: str) -> list[DriverEvent | UnknownEvent]:
     """The driver's events (driver_started/ended, point_started/ended/resumed, waiting, *_refused), oldest first."""
-    return [e for e in read_jsonl(events_file(ws, campaign_id)).items if isinstance(e, dict)]
+    return read_driver_events(events_file(ws, campaign_id))
 
 
 def waiting_on(ws: Workspace, campaign_id: str) -> str | None:
@@ -502,14 +513,11 @@ def waiting_on(ws: Workspace, campaign_id: str) -> str | None:
     started or driver started after it."""
     why = None
     for e in driver_events(ws, campaign_id):
-        if e.get("type") == "waiting":
-            why = str(e.get("why") or "") + (f"; fix: {e['fix']}" if e.get("fix") else "")
-        elif e.get("type") in ("point_started", "point_resumed", "driver_started", "driver_ended"):
+        if isinstance(e, Waiting):
+            why = e.why + (f"; fix: {e.fix}" if e.fix else "")
+        elif isinstance(e, PointStarted | PointResumed | DriverStarted | DriverEnded):
             why = None
     return why
-
-
-HOST_REFUSED = "host_refused"  # the driver's event for a point the host refused (run/admit.py): not started again
 
 
 def host_refusals(ws: Workspace, campaign_id: str) -> dict[str, str]:
@@ -519,9 +527,8 @@ def host_refusals(ws: Workspace, campaign_id: str) -> dict[str, str]:
     latest driver_started count."""
     out: dict[str, str] = {}
     for e in driver_events(ws, campaign_id):
-        if e.get("type") == "driver_started":
+        if isinstance(e, DriverStarted):
             out = {}
-        elif e.get("type") == HOST_REFUSED and isinstance(e.get("case_id"), str):
-            fix = e.get("fix")
-            out[e["case_id"]] = f"{e.get('error') or 'refused'}" + (f"; fix: {fix}" if fix else "")
+        elif isinstance(e, HostRefused):
+            out[e.case_id] = (e.error or "refused") + (f"; fix: {e.fix}" if e.fix else "")
     return out

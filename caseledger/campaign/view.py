@@ -36,6 +36,7 @@ from caseledger.case.store import load_case
 from caseledger.errors import quoted
 from caseledger.ledger import authorization
 from caseledger.ledger.advice import wait_call
+from caseledger.ledger.event_types import SearchEnded
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
 from caseledger.metrics import FrozenModel, HostLoad, Interval, Result, latest_result
@@ -623,12 +624,12 @@ def search_ended(ws: Workspace, camp: Campaign, *, by_budget: bool = False) -> s
     such an end."""
     now = camp.budget.model_dump(mode="json")
     for e in reversed(driver_events(ws, camp.campaign_id)):
-        if e.get("type") == "search_ended" and e.get("points") == len(camp.points):
-            if "budget" in e and e["budget"] != now:
+        if isinstance(e, SearchEnded) and e.points == len(camp.points):
+            if e.budget is not None and e.budget != now:
                 continue
-            if by_budget and "budget" not in e:
+            if by_budget and e.budget is None:
                 return None
-            return str(e.get("why") or "ended")
+            return e.why or "ended"
     return None
 
 

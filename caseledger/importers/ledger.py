@@ -19,6 +19,7 @@ from caseledger.case.plan import PHASES, Phase, PlanStep
 from caseledger.case.store import store, validate
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.importers.aisbench import AisbenchImport, AisbenchImportError, read_aisbench
+from caseledger.ledger import event_types as et
 from caseledger.ledger.runs import Imported, RunMeta, new_run_id, write_meta
 from caseledger.records import RawRecord
 from caseledger.tools import reprocess_raw
@@ -54,16 +55,21 @@ def import_run(ws: Workspace, kind: str, path: str | Path, scenario: str | None 
     skip = PHASES[: PHASES.index(Phase.POSTPROCESS)]
     write_meta(paths, _meta(ws, rid, cid, case, imp, src, len(recs), skip))
     _write_load(paths, recs)
-    ledger.append_event(ws, paths, "run_created", owner="import", data={"case_id": cid, "imported_from": str(src)})
+    ledger.append_event(
+        ws, paths, et.RunCreated(data=et.RunCreatedData(case_id=cid, imported_from=str(src))), owner="import"
+    )
     for p in skip:
         ledger.append_event(
             ws,
             paths,
-            "phase_ended",
-            phase=p,
-            attempt=1,
+            et.PhaseEnded(
+                phase=p,
+                attempt=1,
+                data=et.PhaseEndedData.model_validate(
+                    {"outcome": "skipped", "reason": "imported: not executed by caseledger"}
+                ),
+            ),
             owner="import",
-            data={"outcome": "skipped", "reason": "imported: not executed by caseledger"},
         )
     reprocess_raw(ws, rid)
     return rid

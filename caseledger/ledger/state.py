@@ -11,12 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from caseledger import procs
 from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger.advice import advise
+from caseledger.ledger.event_types import PhaseEnded, PhaseStarted, RunEvent, UnknownEvent, data_json
 from caseledger.ledger.events import read_events
 from caseledger.ledger.evidence import ComponentRecord, LoadEnd, ServiceRecord
 from caseledger.ledger.runs import Run, RunMeta, has_results, load_run
@@ -165,41 +165,35 @@ def client_refs(paths: RunPaths) -> list[LoadRef]:
     return [r for r in refs if r is not None]
 
 
-def _fold_events(events: list[dict[str, Any]]) -> dict[Phase, PhaseView]:  # JSON: events.jsonl lines as parsed
+def _fold_events(events: list[RunEvent | UnknownEvent]) -> dict[Phase, PhaseView]:
     """Each phase's last attempt, from its started and ended events."""
     phases = {p: PhaseView(p) for p in PHASES}
     for ev in events:
-        ph = ev.get("phase")
-        if ph not in phases:
-            continue
-        p = Phase(ph)
-        v = phases[p]
-        t = ev["type"]
-        if t == "phase_started":
-            phases[p] = replace(
-                v,
+        if isinstance(ev, PhaseStarted):
+            phases[ev.phase] = replace(
+                phases[ev.phase],
                 state=PhaseState.RUNNING,
-                attempt=ev.get("attempt") or 1,
-                started_utc=ev["utc"],
-                started_mono=ev["mono_ns"],
+                attempt=ev.attempt or 1,
+                started_utc=ev.utc,
+                started_mono=ev.mono_ns,
                 ended_utc=None,
                 failure_class=None,
                 error=None,
                 evidence=None,
                 data={},
             )
-        elif t == "phase_ended":
-            fc = ev["data"].get("failure_class")
-            phases[p] = replace(
+        elif isinstance(ev, PhaseEnded):
+            v = phases[ev.phase]
+            phases[ev.phase] = replace(
                 v,
-                state=PhaseState(ev["data"].get("outcome", "done")),
-                ended_utc=ev["utc"],
-                ended_mono=ev["mono_ns"],
-                failure_class=FailureClass(fc) if fc else None,
-                error=ev.get("error"),
-                data=ev["data"],
-                attempt=ev.get("attempt") or v.attempt,
-                evidence=(ev.get("outputs") or {}).get("evidence"),
+                state=ev.data.outcome,
+                ended_utc=ev.utc,
+                ended_mono=ev.mono_ns,
+                failure_class=ev.data.failure_class,
+                error=ev.error,
+                data=data_json(ev),
+                attempt=ev.attempt or v.attempt,
+                evidence=ev.outputs.get("evidence"),
             )
     return phases
 

@@ -23,9 +23,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from caseledger import procs
 from caseledger.campaign import plan as planner
@@ -34,7 +31,6 @@ from caseledger.campaign.model import Scalar
 from caseledger.campaign.plan import PointObs
 from caseledger.campaign.search import REQUESTS, STRATEGIES, Observed, service_axes, space_size
 from caseledger.campaign.store import (
-    HOST_REFUSED,
     Campaign,
     add_point,
     all_campaigns,
@@ -59,6 +55,8 @@ from caseledger.case.plan import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
 from caseledger.ledger import authorization, indexdb
+from caseledger.ledger import event_types as et
+from caseledger.ledger.events import append_driver_event
 from caseledger.ledger.runs import RunMeta, load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
 from caseledger.run.admit import check_start
@@ -83,9 +81,8 @@ DISK_FLOOR_BYTES = 16 << 20
 _REPAIRABLE = {"service", "collect", "end_unknown", "overload", "disk"}
 
 
-def event(ws: Workspace, gid: str, kind: str, **data: Any) -> None:
-    with events_file(ws, gid).open("ab") as f:
-        f.write(orjson.dumps({"utc": utc_now(), "type": kind, **data}) + b"\n")
+def event(ws: Workspace, gid: str, ev: et.DriverEvent) -> None:
+    append_driver_event(events_file(ws, gid), ev)
 
 
 def stamp(ws: Workspace, gid: str) -> tuple[int, ...]:
@@ -97,8 +94,8 @@ def stamp(ws: Workspace, gid: str) -> tuple[int, ...]:
         out = [st.st_size, st.st_mtime_ns]
     except OSError:
         out = [0, 0]
-    news = ("driver_started", "driver_ended", "waiting", "point_refused", "resume_refused", HOST_REFUSED)
-    return (*out, sum(1 for e in driver_events(ws, gid) if e.get("type") in news))
+    news = (et.DriverStarted, et.DriverEnded, et.Waiting, et.PointRefused, et.ResumeRefused, et.HostRefused)
+    return (*out, sum(1 for e in driver_events(ws, gid) if isinstance(e, news)))
 
 
 def _resumable(ws: Workspace, run_id: str) -> bool:
@@ -156,11 +153,12 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         _note_wait(ws, gid, e.message, e.fix)
         return "wait"
     except CaseledgerError as e:
-        event(ws, gid, "point_refused", case_id=cid, error=e.message)
+        event(ws, gid, et.PointRefused(case_id=cid, error=e.message))
         return "wait"
-    event(ws, gid, "point_started", case_id=cid, run_id=view.run_id, label=point.label if point else cid, why=why)
+    label = point.label if point else cid
+    event(ws, gid, et.PointStarted(case_id=cid, run_id=view.run_id, label=label, why=why))
     end = wait_for(ws, view.run_id, "end", RUN_TIMEOUT_S, progress=lambda v: _after_window(gid, v, case))
-    event(ws, gid, "point_ended", case_id=cid, run_id=view.run_id, state=end.state.value)
+    event(ws, gid, et.PointEnded(case_id=cid, run_id=view.run_id, state=end.state.value))
     return "went"
 
 
@@ -174,7 +172,7 @@ def _resume_point(ws: Workspace, gid: str, o: PointObs, rid: str, resumed: dict[
         if not announced:
             announced.append(True)
             resumed[rid] = resumed.get(rid, 0) + 1
-            event(ws, gid, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label)
+            event(ws, gid, et.PointResumed(case_id=o.case_id, run_id=rid, label=o.label))
 
     try:
         resume(ws, rid, wait=True, timeout_s=RUN_TIMEOUT_S, progress=accepted)
@@ -183,7 +181,7 @@ def _resume_point(ws: Workspace, gid: str, o: PointObs, rid: str, resumed: dict[
         return "wait"
     except CaseledgerError as e:
         accepted()  # refused otherwise (the lease host, the policy): an attempt, as it always was
-        event(ws, gid, "resume_refused", run_id=rid, error=e.message)
+        event(ws, gid, et.ResumeRefused(run_id=rid, error=e.message))
     return "went"
 
 
@@ -198,7 +196,7 @@ def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
     pl, obs, _, mine = current_plan(ws, camp)
     chk = pool.check(ws, camp, mine)
     for t, why in chk.refused.items():
-        _note_once(ws, gid, "target_refused", t, target=t, why=why)
+        _note_once(ws, gid, t, et.TargetRefused(target=t, why=why))
     running = {o.active: o for o in obs if o.active}
     on = {m.run_id: pool.target_of(camp, m.case_id) for m in mine}
     busy = {on[r] for r in running if r in on}
@@ -232,11 +230,11 @@ def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
             _note_wait(ws, gid, f"{t}: {e.message}", e.fix)
             continue
         except CaseledgerError as e:
-            event(ws, gid, "point_refused", case_id=case_id, target=t, error=e.message)
+            event(ws, gid, et.PointRefused(case_id=case_id, target=t, error=e.message))
             continue
         taken.add(cid)
         why = dict(wanted).get(cid, "")
-        event(ws, gid, "point_started", case_id=case_id, run_id=view.run_id, label=point.label, target=t, why=why)
+        event(ws, gid, et.PointStarted(case_id=case_id, run_id=view.run_id, label=point.label, target=t, why=why))
         went = True
     if went:
         return "went"
@@ -262,7 +260,7 @@ def _refused_by_host(ws: Workspace, gid: str, case_id: str, case: Case, label: s
         on = f" on pool target '{target}'" if target else ""
         check_start(f"campaign {gid}", [(f"point '{label}'{on}", case)])
     except CaseledgerError as e:
-        event(ws, gid, HOST_REFUSED, case_id=case_id, label=label, target=target, error=e.message, fix=e.fix)
+        event(ws, gid, et.HostRefused(case_id=case_id, label=label, target=target, error=e.message, fix=e.fix))
         return True
     return False
 
@@ -321,9 +319,9 @@ def _resume_pool(
         except CaseledgerError as e:
             refused = e.message
         resumed[rid] = resumed.get(rid, 0) + 1
-        event(ws, camp.campaign_id, "point_resumed", case_id=o.case_id, run_id=rid, label=o.label, target=on[rid])
+        event(ws, camp.campaign_id, et.PointResumed(case_id=o.case_id, run_id=rid, label=o.label, target=on[rid]))
         if refused is not None:
-            event(ws, camp.campaign_id, "resume_refused", run_id=rid, error=refused)
+            event(ws, camp.campaign_id, et.ResumeRefused(run_id=rid, error=refused))
         return True
     return False
 
@@ -380,10 +378,10 @@ def _wait_any(ws: Workspace, run_ids: list[str]) -> None:
 _NOTED: set[tuple[str, str, str]] = set()
 
 
-def _note_once(ws: Workspace, gid: str, kind: str, what: str, **data: Any) -> None:
-    if (gid, kind, what) not in _NOTED:
-        _NOTED.add((gid, kind, what))
-        event(ws, gid, kind, **data)
+def _note_once(ws: Workspace, gid: str, what: str, ev: et.DriverEvent) -> None:
+    if (gid, ev.type, what) not in _NOTED:
+        _NOTED.add((gid, ev.type, what))
+        event(ws, gid, ev)
 
 
 def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunMeta]) -> str | tuple[str, str]:
@@ -416,7 +414,7 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
             else f"converged: it proposes only measured points or service identities it left ({len(obs)} of "
             f"{space_size(camp.axes):g} in the space)"
         )
-        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=why)
+        event(ws, camp.campaign_id, et.SearchEnded(points=len(camp.points), why=why))
         return "went"
     if live is not None and _leaves(camp, got.values, obs, live):
         owed = planner.before_leaving(obs, camp.repeats, higher, live)
@@ -425,10 +423,10 @@ def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunM
     refused = _over_budget(ws, camp, mine, got.values, obs, live)
     if refused is not None:  # its run would pass the budget: the search ends there (until a larger budget)
         budget = camp.budget.model_dump(mode="json")
-        event(ws, camp.campaign_id, "search_ended", points=len(camp.points), why=refused, budget=budget)
+        event(ws, camp.campaign_id, et.SearchEnded(points=len(camp.points), why=refused, budget=budget))
         return "went"
     point = add_point(ws, camp, got.values, got.why)
-    event(ws, camp.campaign_id, "point_proposed", case_id=point.case_id, label=point.label, why=got.why)
+    event(ws, camp.campaign_id, et.PointProposed(case_id=point.case_id, label=point.label, why=got.why))
     return "went"
 
 
@@ -513,7 +511,7 @@ def _note_wait(ws: Workspace, gid: str, why: str, fix: str = "") -> None:
     """A 'waiting' event (why, and the refusal's fix when it named one): status shows it while the driver waits."""
     if _LAST_WAIT.get(gid) != why:  # one event per reason, not one per second
         _LAST_WAIT[gid] = why
-        event(ws, gid, "waiting", why=why, **({"fix": fix} if fix else {}))
+        event(ws, gid, et.Waiting(why=why, fix=fix) if fix else et.Waiting(why=why))
 
 
 def drive(ws: Workspace, gid: str) -> int:
@@ -527,7 +525,7 @@ def drive(ws: Workspace, gid: str) -> int:
         driver_file(ws, gid),
         {**procs.me(), "started_utc": utc_now(), "first_started_unix": before.get("first_started_unix", time.time())},
     )
-    event(ws, gid, "driver_started", pid=procs.me()["pid"])
+    event(ws, gid, et.DriverStarted(pid=procs.me()["pid"]))
     # a process of its own (not the caller's, whose signals and env are not ours: procs.InProcess):
     # `caseledger target stop` ends it through `finally`, recorded; its points' controllers leave the chart to it
     procs.launcher().adopt(sigterm=_stopped, env={DRIVEN_BY: gid})
@@ -567,7 +565,7 @@ def drive(ws: Workspace, gid: str) -> int:
     finally:
         info = read_json_or_none(driver_file(ws, gid)) or {}
         write_json(driver_file(ws, gid), {**info, "ended_utc": utc_now(), "outcome": outcome})
-        event(ws, gid, "driver_ended", outcome=outcome)
+        event(ws, gid, et.DriverEnded(outcome=outcome))
         if gid in _AHEAD:  # the campaign ended (or the driver failed) before the next point: nothing to check
             pre, ctl, _ = _AHEAD.pop(gid)
             drop_unhanded(pre)
@@ -598,7 +596,7 @@ def _waiting_for_disk(ws: Workspace, gid: str) -> bool:
         return True
     if gid in _DISK_WAIT:
         since, at_start = _DISK_WAIT.pop(gid)
-        event(ws, gid, "disk_waited", seconds=round(time.monotonic() - since, 1), free_bytes_at_start=at_start)
+        event(ws, gid, et.DiskWaited(seconds=round(time.monotonic() - since, 1), free_bytes_at_start=at_start))
     return False
 
 

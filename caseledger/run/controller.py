@@ -33,6 +33,7 @@ from caseledger.errors import (
     RemoteError,
 )
 from caseledger.faults import checkpoint
+from caseledger.ledger import event_types as et
 from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.evidence import (
@@ -110,8 +111,10 @@ class Controller:
         self.phase_now: Phase | None = None  # the phase running now (read by the stop's thread)
 
     # ---- events
-    def event(self, type_: str, **kw: Any) -> None:
-        ledger.append_event(self.ws, self.paths, type_, owner=self.owner, fence=self.fence, target=self.key, **kw)
+    def event(self, event: et.RunEvent, outputs: dict[str, Path] | None = None) -> None:
+        ledger.append_event(
+            self.ws, self.paths, event, owner=self.owner, fence=self.fence, target=self.key, outputs=outputs
+        )
 
     def heartbeat(self) -> None:
         while not self._stop.wait(ledger.HEARTBEAT_SECONDS):
@@ -193,7 +196,7 @@ class Controller:
         """The phase a stop kept from starting, recorded as failed in its own class: status names the stop, and a
         resume (or the campaign's next driver) starts again from here."""
         cls = FAILURE_OF_PHASE[phase]
-        self.event("phase_started", phase=phase, attempt=attempt)
+        self.event(et.PhaseStarted(phase=phase, attempt=attempt))
         self._end(
             phase,
             attempt,
@@ -220,7 +223,7 @@ class Controller:
             return 70
         threading.Thread(target=self.heartbeat, daemon=True).start()
         procs.launcher().adopt(sigterm=self._stop_asked)  # (not the caller's signals: procs.InProcess)
-        self.event("controller_started", data={"pid": self.me["pid"]})
+        self.event(et.ControllerStarted(data=et.PidData(pid=self.me["pid"])))
         outcome = "succeeded"
         keep_lease = False
         spare = Spare(self.paths.root / ".spare")  # freed on a full disk: room for the event naming the cause
@@ -240,7 +243,7 @@ class Controller:
                     outcome = f"failed:{self._end_stopped(phase, attempt)}"
                     break
                 self.phase_now = phase
-                self.event("phase_started", phase=phase, attempt=attempt)
+                self.event(et.PhaseStarted(phase=phase, attempt=attempt))
                 self.handoff.ask()
                 failed = self.run_phase(phase, attempt)
                 if failed is not None:
@@ -248,7 +251,7 @@ class Controller:
                     keep_lease = failed == FailureClass.END_UNKNOWN
                     break
                 checkpoint("controller", "after", phase)
-            self.event("run_ended", data={"outcome": outcome})
+            self.event(et.RunEnded(data=et.OutcomeData(outcome=outcome)))
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -269,7 +272,7 @@ class Controller:
                 nxt = start_next(self.ws, self.key)  # an explicitly queued, preflighted case
                 if nxt:  # our fence is stale now (the next run holds the target): record without it
                     ledger.append_event(
-                        self.ws, self.paths, "started_queued_run", owner=self.owner, data={"run_id": nxt}
+                        self.ws, self.paths, et.StartedQueuedRun(data=et.RunIdData(run_id=nxt)), owner=self.owner
                     )
                 elif outcome == "succeeded":
                     draw_chart(self.ws, self.case.scenario)
@@ -283,13 +286,16 @@ class Controller:
         with contextlib.suppress(OSError):
             at = phase or Phase.PREFLIGHT
             self.event(
-                "phase_ended",
-                phase=at,
-                attempt=fold(self.ws, self.run_).phases[at].attempt,
-                error=msg,
-                data={"outcome": "failed", "failure_class": FailureClass.DISK, "fix": "free disk space, then resume"},
+                et.PhaseEnded(
+                    phase=at,
+                    attempt=fold(self.ws, self.run_).phases[at].attempt,
+                    error=msg,
+                    data=et.PhaseEndedData(
+                        outcome=PhaseState.FAILED, failure_class=FailureClass.DISK, fix="free disk space, then resume"
+                    ),
+                )
             )
-            self.event("run_ended", data={"outcome": f"failed:{FailureClass.DISK}"})
+            self.event(et.RunEnded(data=et.OutcomeData(outcome=f"failed:{FailureClass.DISK}")))
 
     def run_phase(self, phase: Phase, attempt: int) -> FailureClass | None:
         """Run one phase body from the dispatch table and record its end; the failure class if it failed."""
@@ -344,12 +350,13 @@ class Controller:
         ev = self.paths.phase_file(phase)
         write_json(ev, {"phase": phase, "attempt": attempt, "outcome": outcome, "error": error, **data})
         self.event(
-            "phase_ended",
-            phase=phase,
-            attempt=attempt,
+            et.PhaseEnded(
+                phase=phase,
+                attempt=attempt,
+                error=error,
+                data=et.PhaseEndedData.model_validate({"outcome": outcome, **data}),
+            ),
             outputs={"evidence": ev},
-            error=error,
-            data={"outcome": outcome, **data},
         )
 
     def action(self, phase: Phase) -> str:
@@ -431,9 +438,9 @@ class Controller:
         if self.meta.load_reuse:
             return phases.reuse_parent_load(self.run_)
 
-        def event(type_: str, **kw: Any) -> None:
-            self.event(type_, **kw)
-            if type_ == "load_client_started":
+        def event(e: et.RunEvent) -> None:
+            self.event(e)
+            if isinstance(e, et.LoadClientStarted):
                 # the client's ref into the lease now, not at the next heartbeat (a lease host that does not
                 # answer: the heartbeat retries, and stops the load before the lease would lapse)
                 with contextlib.suppress(RemoteError):

@@ -19,12 +19,13 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from caseledger import procs
+from caseledger.case.plan import Phase
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
+from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PhaseAttempt
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concurrency
@@ -45,7 +46,7 @@ def _started(run: Run, parts: list[PartPaths]) -> bool:
     )
 
 
-def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
+def load(run: Run, attempt: int, event: et.Emit) -> LoadEvidence:
     """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence. On load hosts
     (load.host, load.hosts) run/remote_load.py starts, follows and copies them; the merge is the same."""
     paths, case = run.paths, run.case
@@ -92,7 +93,7 @@ def _not_started(parts: list[PartPaths]) -> list[tuple[int, dict[str, Any]]]:  #
 
 
 def _remote(
-    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: PhaseAttempt, attempt: int
+    run: Run, parts: list[PartPaths], event: et.Emit, prev: PhaseAttempt, attempt: int
 ) -> tuple[list[LoadEnd | None], LoadEvidence]:
     """The processes on the load hosts: the checks before the first formal request (once), then run_parts."""
     if not run.paths.load_go.exists():
@@ -106,9 +107,7 @@ def _remote(
     return remote_load.run_parts(run, parts, env, event, attempt)
 
 
-def _start(
-    run: Run, parts: list[PartPaths], event: Callable[..., None], prev: PhaseAttempt, attempt: int
-) -> list[LoadRef | None]:
+def _start(run: Run, parts: list[PartPaths], event: et.Emit, prev: PhaseAttempt, attempt: int) -> list[LoadRef | None]:
     """The checks before the first formal request, the P armed clients, their disk, one go."""
     paths, case = run.paths, run.case
     phases.before_formal_load(run, prev, event)
@@ -124,11 +123,13 @@ def _start(
     refs: list[LoadRef | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]
     _wait_ready(run, parts, refs)
     write_json(paths.load_go, go_record())
+    pids = [r["pid"] if r else None for r in refs]
     event(
-        "load_client_started",
-        phase="load",
-        attempt=attempt,
-        data={"pids": [r["pid"] if r else None for r in refs], "processes": len(parts), "armed": True},
+        et.LoadClientStarted(
+            phase=Phase.LOAD,
+            attempt=attempt,
+            data=et.LoadClientStartedData(pids=pids, processes=len(parts), armed=True),
+        )
     )
     return refs
 
@@ -174,9 +175,7 @@ def _reap(ref: LoadRef | None) -> None:
         os.waitpid(int(ref["pid"]), os.WNOHANG)  # our child when we started it: no zombie
 
 
-def _wait_all(
-    run: Run, parts: list[PartPaths], refs: list[LoadRef | None], event: Callable[..., None]
-) -> list[LoadEnd | None]:
+def _wait_all(run: Run, parts: list[PartPaths], refs: list[LoadRef | None], event: et.Emit) -> list[LoadEnd | None]:
     """Wait until every process has written its end file or is gone; the end files (None: gone without one)."""
     live = [r for r in refs if r is not None]
     watch = LoadWatch(run, live[0] if live else None, event, live[1:])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -17,6 +16,7 @@ import orjson
 from caseledger import procs
 from caseledger.case.plan import Phase
 from caseledger.case.service import SSH
+from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
@@ -47,7 +47,7 @@ class LoadWatch:
         self,
         run: Run,
         client: LoadRef | None,
-        event: Callable[..., None],
+        event: et.Emit,
         more: list[LoadRef] | None = None,  # the other client processes of a shared load
         runner: accel.Runner = accel.run_command,  # runs the accelerator vendor's tool (tests: recorded output)
     ) -> None:
@@ -86,13 +86,14 @@ class LoadWatch:
             self.stopped_since = now if self.stopped_since is None else self.stopped_since
             if not self.recorded and now - self.stopped_since >= STALL_EVENT_S:
                 self.recorded = True
-                self.event(
-                    "load_client_stopped", phase="load", data={"pid": self.client["pid"] if self.client else None}
-                )
+                pid = self.client["pid"] if self.client else None
+                self.event(et.LoadClientStopped(phase=Phase.LOAD, data=et.LoadClientStoppedData(pid=pid)))
         elif self.stopped_since is not None:
             if self.recorded:
                 self.stops.append(round(now - self.stopped_since, 3))
-                self.event("load_client_continued", phase="load", data={"stopped_s": self.stops[-1]})
+                self.event(
+                    et.LoadClientContinued(phase=Phase.LOAD, data=et.LoadClientContinuedData(stopped_s=self.stops[-1]))
+                )
             self.stopped_since, self.recorded = None, False
 
     def _write_accel(self, line: accel.AccelSample) -> None:
@@ -115,7 +116,7 @@ class LoadWatch:
         self.ended_early = True
         pids = ", ".join(str(ref["pid"]) for ref in held)
         why = f"the service (pid {pids}) has been stopped (SIGSTOP) for {now - self.service_stopped_since:.0f} s"
-        self.event("load_ended_early", phase="load", data={"why": why})
+        self.event(et.LoadEndedEarly(phase=Phase.LOAD, data=et.WhyData(why=why)))
         for ref in [self.client, *self.more]:  # (one that ran in the caller's process is gone: nothing to end)
             if ref is not None:
                 procs.terminate(ref, grace_s=5.0)
@@ -196,7 +197,7 @@ def service_trees(run: Run) -> set[tuple[int, int]]:
     return {(x.pid, x.start_time) for x in (rec.listeners or [])} if rec is not None else set()
 
 
-def wait_quiet(run: Run, event: Callable[..., None]) -> None:
+def wait_quiet(run: Run, event: et.Emit) -> None:
     """Before a local formal load: wait, bounded by QUIET_WAIT_ENV, until other processes used at most
     max_other_cpu_share of the host over QUIET_SPAN_S; recorded with the share and the processes that took it."""
     raw = os.environ.get(QUIET_WAIT_ENV)
@@ -222,13 +223,7 @@ def wait_quiet(run: Run, event: Callable[..., None]) -> None:
         if quiet or time.monotonic() - start >= bound:
             break
     top = procs.others_of(recent)[1]
-    event(
-        "host_quiet_wait",
-        phase="load",
-        data={
-            "waited_s": round(time.monotonic() - start, 2),
-            "quiet": quiet,
-            "other_share": round(share, 3),
-            "top": top,
-        },
+    waited = et.HostQuietWaitData(
+        waited_s=round(time.monotonic() - start, 2), quiet=quiet, other_share=round(share, 3), top=top
     )
+    event(et.HostQuietWait(phase=Phase.LOAD, data=waited))

@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx2 as httpx
@@ -27,6 +26,7 @@ from caseledger.case.plan import Phase
 from caseledger.case.target import origin
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
+from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence, PartialLoad, PhaseAttempt
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
@@ -65,11 +65,11 @@ def set_aside(run: Run, attempt: int) -> tuple[LoadEnd | None, PhaseAttempt]:
     return end, prev
 
 
-def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
+def load(run: Run, attempt: int, event: et.Emit) -> LoadEvidence:
     """Start (or re-attach to) the load client and wait for it; never start a second client over raw data.
     (load.processes > 1: run/load_parts.py, which the controller calls instead.)
 
-    event(type, **fields) appends an event of this run under its owner's fence."""
+    event(model) appends an event of this run under its owner's fence."""
     paths, case, planned = run.paths, run.case, run.meta.planned
     end, prev = set_aside(run, attempt)
     if case.load.host is not None:
@@ -99,7 +99,11 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
         else:
             pid = spawn_client(paths, armed=False, case=case)
         go.touch()
-        event("load_client_started", phase="load", attempt=attempt, data={"pid": pid["pid"], "armed": pid is armed})
+        event(
+            et.LoadClientStarted(
+                phase=Phase.LOAD, attempt=attempt, data=et.LoadClientStartedData(pid=pid["pid"], armed=pid is armed)
+            )
+        )
         checkpoint("controller", "during", "load", delay_s=0.5)
     watch = LoadWatch(run, pid, event)
     while end is None:
@@ -129,7 +133,7 @@ def load(run: Run, attempt: int, event: Callable[..., None]) -> LoadEvidence:
     return load_ended(run, end, prev, seen)
 
 
-def before_formal_load(run: Run, prev: PhaseAttempt, event: Callable[..., None] | None = None) -> None:
+def before_formal_load(run: Run, prev: PhaseAttempt, event: et.Emit | None = None) -> None:
     """Right before the first formal request (one client process or several): the service re-verified, what
     an abandoned attempt left queued at the engine drained, so it cannot overlap this load, and (when asked,
     CASELEDGER_QUIET_WAIT_S) a bounded, recorded wait for a quiet host."""
@@ -147,9 +151,7 @@ def before_formal_load(run: Run, prev: PhaseAttempt, event: Callable[..., None] 
         wait_quiet(run, event)
 
 
-def _load_remote(
-    run: Run, attempt: int, event: Callable[..., None], prev: PhaseAttempt, end: LoadEnd | None
-) -> LoadEvidence:
+def _load_remote(run: Run, attempt: int, event: et.Emit, prev: PhaseAttempt, end: LoadEnd | None) -> LoadEvidence:
     """The load client on load.host (run/remote_load.py): started once per run, followed, its raw data copied
     back and sealed; a lost link is end_unknown (the client keeps running, resume re-attaches)."""
     paths, case, planned = run.paths, run.case, run.meta.planned

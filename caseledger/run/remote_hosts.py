@@ -10,7 +10,6 @@ import math
 import os
 import shlex
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -19,8 +18,10 @@ import orjson
 
 from caseledger import procs
 from caseledger.case.model import Case, LoadHost
+from caseledger.case.plan import Phase
 from caseledger.errors import FailureClass, FailureEvidence, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
+from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
@@ -248,9 +249,7 @@ async def _wait_ready(hosts: list[HostLoad]) -> None:
         await anyio.sleep(0.1)
 
 
-async def _start_all(
-    run: Run, hosts: list[HostLoad], env: dict[str, str], event: Callable[..., None], attempt: int
-) -> None:
+async def _start_all(run: Run, hosts: list[HostLoad], env: dict[str, str], event: et.Emit, attempt: int) -> None:
     """Every host prepared and its processes started armed, all ready; then load/go here (from here on nothing is
     started again, ever), naming the one start instant on the controller's wall clock."""
     need = raw_bytes_needed(run)
@@ -260,7 +259,7 @@ async def _start_all(
             await h.prepare([math.ceil(need * c / run.case.load.concurrency) for c in shares])
         ended = [e for h in hosts for e in h.armed_ended]
         if ended:  # an earlier start that never gave its go: what its processes did (nothing was sent)
-            event("load_armed_ended", phase="load", attempt=attempt, data={"processes": ended})
+            event(et.LoadArmedEnded(phase=Phase.LOAD, attempt=attempt, data=et.LoadArmedEndedData(processes=ended)))
         for h in hosts:
             await h.start(env)
         await _wait_ready(hosts)
@@ -279,21 +278,17 @@ async def _start_all(
         },
     )
     refs = [read_ref(f.paths.load_pid) for h in hosts for f in h.fols]
-    event(
-        "load_client_started",
-        phase="load",
-        attempt=attempt,
-        data={
-            "pids": [r["pid"] if r else None for r in refs],
-            "processes": len(refs),
-            "armed": True,
-            "hosts": [{"host": where(h.host), "processes": [f.k for f in h.fols]} for h in hosts],
-        },
+    started = et.LoadClientStartedData(
+        pids=[r["pid"] if r else None for r in refs],
+        processes=len(refs),
+        armed=True,
+        hosts=[et.ClientHost(host=where(h.host), processes=[f.k for f in h.fols]) for h in hosts],
     )
+    event(et.LoadClientStarted(phase=Phase.LOAD, attempt=attempt, data=started))
 
 
 def run_parts(
-    run: Run, parts: list[PartPaths], env: dict[str, str], event: Callable[..., None], attempt: int
+    run: Run, parts: list[PartPaths], env: dict[str, str], event: et.Emit, attempt: int
 ) -> tuple[list[LoadEnd | None], LoadEvidence]:
     """The processes of a shared load on load hosts: started once (one go for all hosts), or re-attached; each
     followed, copied and sealed into load/p<k>/ here: each process's end file (None: gone without one) and

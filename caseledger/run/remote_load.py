@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
 from caseledger import procs
+from caseledger.case.plan import Phase
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
@@ -89,9 +90,7 @@ class _Followed(TypedDict):
     st: Status
 
 
-def run_load(
-    run: Run, env: dict[str, str], event: Callable[..., None], attempt: int
-) -> tuple[LoadEnd | None, LoadEvidence]:
+def run_load(run: Run, env: dict[str, str], event: et.Emit, attempt: int) -> tuple[LoadEnd | None, LoadEvidence]:
     """Start the remote client (once per run, ever) or re-attach to it, follow it to its end and seal the copies.
 
     Returns the end file (None: gone without one) and the load evidence (reattached, host, clock, link, the
@@ -109,12 +108,8 @@ def run_load(
             if rec is None:
                 state["clock_before"] = await fol.launch(env)
                 ref = read_ref(paths.load_pid)
-                event(
-                    "load_client_started",
-                    phase="load",
-                    attempt=attempt,
-                    data={"pid": ref["pid"] if ref else None, "host": where(host), "run_dir": fol.rdir},
-                )
+                started = et.LoadClientStartedData(pid=ref["pid"] if ref else None, host=where(host), run_dir=fol.rdir)
+                event(et.LoadClientStarted(phase=Phase.LOAD, attempt=attempt, data=started))
             else:
                 state["reattached"] = True
                 ref = procs.ref_of(rec)

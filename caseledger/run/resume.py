@@ -11,7 +11,9 @@ from caseledger import ledger, services
 from caseledger.case.plan import Phase
 from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
+from caseledger.ledger import event_types as et
 from caseledger.ledger.advice import wait_call
+from caseledger.ledger.event_types import ControllerStarted
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, RunView, fold, next_steps
@@ -74,17 +76,18 @@ def resume(
         ledger.append_event(
             workspace,
             paths,
-            "resumed",
+            et.Resumed(
+                data=et.ResumedData(
+                    from_phase=first,
+                    runs=list(steps.run),
+                    redo=list(steps.redo),
+                    kept=kept,
+                    client_alive=v.client_alive,
+                )
+            ),
             owner="resume",
             fence=lease.fence,
             target=key,
-            data={
-                "from_phase": first,
-                "runs": list(steps.run),
-                "redo": list(steps.redo),
-                "kept": kept,
-                "client_alive": v.client_alive,
-            },
         )
         resumed = replace(run, meta=run.meta.model_copy(update={"authorized": mode}))
         write_meta(paths, resumed.meta)  # before the spawn: the controller reads the mode that let it resume
@@ -134,7 +137,7 @@ def _adopted(
         return view.state.value, view.next_call
     # once its controller has adopted the run: say so, not the failure it is about to repair
     view = wait_for(workspace, run_id, "started", STARTED_TIMEOUT_S, since=before)
-    started = any(e["type"] == "controller_started" for e in read_events(paths).events[before:])
+    started = any(isinstance(e, ControllerStarted) for e in read_events(paths).events[before:])
     if started and view.state.value not in ("running", "created"):
         return view.state.value, view.next_call  # it already finished what was left
     if started or view.controller_alive:

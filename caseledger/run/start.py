@@ -15,6 +15,8 @@ from caseledger.case.plan import PHASES, Live, Phase, PlanStep, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue
+from caseledger.ledger import event_types as et
+from caseledger.ledger.event_types import ControllerStarted
 from caseledger.ledger.events import read_events
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id, write_meta
@@ -80,11 +82,10 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
     ledger.append_event(
         ws,
         paths,
-        "run_created",
+        et.RunCreated(data=et.RunCreatedData(case_id=case_id, plan={s.phase.value: s.action for s in steps})),
         owner="start_run",
         fence=fence,
         target=key,
-        data={"case_id": case_id, "plan": {s.phase.value: s.action for s in steps}},
     )
     return Run(paths=paths, meta=meta, workspace=ws)
 
@@ -190,7 +191,7 @@ def wait_for(
         if until == "preflight" and view.phases[Phase.PREFLIGHT].state not in (PhaseState.PENDING, PhaseState.RUNNING):
             return view
         if until == "started":
-            started = any(e["type"] == "controller_started" for e in read_events(ws.run(run_id)).events[since:])
+            started = any(isinstance(e, ControllerStarted) for e in read_events(ws.run(run_id)).events[since:])
             if started or not view.controller_alive or time.monotonic() > deadline:
                 return view
             time.sleep(0.02)

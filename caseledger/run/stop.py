@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from caseledger import procs
+from caseledger.ledger.event_types import StopAsked, StopAskedData
 from caseledger.ledger.events import append_event
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import client_refs, count_raw, fold
@@ -16,6 +17,8 @@ from caseledger.procs import LoadRef
 from caseledger.workspace import RunPaths, Workspace, is_id, read_ref
 
 STOP_WAIT_S = 60.0  # a stopped run seals and processes the records it has (seconds); longer: named as still ending
+
+_ASKED = StopAsked(data=StopAskedData(by="caseledger target stop"))
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,11 @@ def stop_runs(ws: Workspace, wait_s: float = STOP_WAIT_S) -> list[Stopped]:
         ctl = read_ref(paths.controller_pid)
         mine = ctl is not None and int(ctl["pid"]) == os.getpid()
         if ctl is not None and not mine and procs.alive(ctl) and not procs.elsewhere(ctl):
-            append_event(ws, paths, "stop_asked", owner=f"stop:{os.getpid()}", data={"by": "caseledger target stop"})
+            append_event(ws, paths, _ASKED, owner=f"stop:{os.getpid()}")
             os.kill(int(ctl["pid"]), signal.SIGTERM)
             asked.append((paths, ctl))
         elif not mine and (orphans := [r for r in client_refs(paths) if procs.alive(r) and not procs.elsewhere(r)]):
-            append_event(ws, paths, "stop_asked", owner=f"stop:{os.getpid()}", data={"by": "caseledger target stop"})
+            append_event(ws, paths, _ASKED, owner=f"stop:{os.getpid()}")
             for ref in orphans:  # no controller follows them: each records what it has and writes its end file
                 procs.terminate(ref, grace_s=10.0)
             asked.append((paths, None))

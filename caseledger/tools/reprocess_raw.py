@@ -10,9 +10,11 @@ from pydantic import BaseModel, Field
 from caseledger import ledger
 from caseledger.case.plan import Phase
 from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
+from caseledger.ledger import event_types as et
 from caseledger.ledger.intact import torn_lines
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256
+from caseledger.ledger.view import PhaseState
 from caseledger.metrics import NATIVE_RULES, RATIO_MAX, RATIO_MIN_EXCLUSIVE  # names resolved lazily: no numpy
 from caseledger.outcome import summary
 from caseledger.run.after_load import check_raw, postprocess
@@ -81,7 +83,7 @@ def reprocess_raw(
     check_raw(paths, sealed_raw_sha256(v))  # before any event: a refused reprocess writes nothing
     attempt = v.phases[Phase.POSTPROCESS].attempt + 1
     ledger.append_event(
-        workspace, paths, "phase_started", phase=Phase.POSTPROCESS, attempt=attempt, owner="reprocess_raw"
+        workspace, paths, et.PhaseStarted(phase=Phase.POSTPROCESS, attempt=attempt), owner="reprocess_raw"
     )
     extra = (["--rule", rule] if rule else []) + (["--ratio", str(ratio)] if ratio is not None else [])
     try:
@@ -90,12 +92,13 @@ def reprocess_raw(
         ledger.append_event(
             workspace,
             paths,
-            "phase_ended",
-            phase=Phase.POSTPROCESS,
-            attempt=attempt,
+            et.PhaseEnded(
+                phase=Phase.POSTPROCESS,
+                attempt=attempt,
+                error=e.message,
+                data=et.PhaseEndedData(outcome=PhaseState.FAILED, failure_class=FailureClass.COLLECT),
+            ),
             owner="reprocess_raw",
-            error=e.message,
-            data={"outcome": "failed", "failure_class": FailureClass.COLLECT},
         )
         raise PhaseFailed(
             f"reprocess failed: {e.message}"[:300], FailureClass.COLLECT, "fix the processor environment and call again"
@@ -103,28 +106,30 @@ def reprocess_raw(
     ledger.append_event(
         workspace,
         paths,
-        "phase_ended",
-        phase=Phase.POSTPROCESS,
-        attempt=attempt,
+        et.PhaseEnded(
+            phase=Phase.POSTPROCESS,
+            attempt=attempt,
+            data=et.PhaseEndedData.model_validate({"outcome": "done", **out.evidence()}),
+        ),
         owner="reprocess_raw",
-        data={"outcome": "done", **out.evidence()},
     )
     decision = None
     if rule is None and ratio is None:
         dattempt = v.phases[Phase.DECIDE].attempt + 1
         ledger.append_event(
-            workspace, paths, "phase_started", phase=Phase.DECIDE, attempt=dattempt, owner="reprocess_raw"
+            workspace, paths, et.PhaseStarted(phase=Phase.DECIDE, attempt=dattempt), owner="reprocess_raw"
         )
         rec = summary.decide_run(run)
         decision = rec.get("outcome")
         ledger.append_event(
             workspace,
             paths,
-            "phase_ended",
-            phase=Phase.DECIDE,
-            attempt=dattempt,
+            et.PhaseEnded(
+                phase=Phase.DECIDE,
+                attempt=dattempt,
+                data=et.PhaseEndedData.model_validate({"outcome": "done", "decision": decision}),
+            ),
             owner="reprocess_raw",
-            data={"outcome": "done", "decision": decision},
         )
     else:  # report.md/json show the result just computed; the decision stays the one recorded
         summary.write_reports(run, summary.load_result(run))
