@@ -503,10 +503,12 @@ def test_a_rate_limited_point_is_counted_at_the_target_and_given_up_at_the_bound
 def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_others_answer(
     ws: Workspace, stop_services: None, fault_matrix: dict[str, dict[str, bool]]
 ) -> None:
-    """A point whose service dies at its first request (the reference target's crash_after=1, met in warmup):
-    the driver resumes each failed run (a new service start) a bounded number of times, starts a new run up to
-    repeats.max_attempts, then gives the point up naming the service class; no formal request is answered by it,
-    the healthy point is measured and is the answer in every view."""
+    """A point whose service dies right after its first response (the reference target's crash_after=1): the
+    driver resumes each failed run (a new service start) a bounded number of times and starts a new run until the
+    point has spent repeats.max_attempts attempts, then gives it up naming the service class; no formal request is
+    answered by it, the healthy point is measured and is the answer in every view. Where the death is seen depends
+    on timing: at warmup (the run fails before its load: two runs are its attempts), or at the load (warmup's first
+    response came back; the resumed run's resent load is its second attempt, so one run is given up)."""
     from caseledger.run.campaign_driver import RESUMES_PER_RUN
     from caseledger.tools import phase_status
 
@@ -537,9 +539,10 @@ def test_a_point_whose_service_keeps_failing_is_given_up_at_the_bound_and_the_ot
             if isinstance(e, PhaseStarted) and e.phase == Phase.SERVICE
         ]
         bound = 2 * (1 + RESUMES_PER_RUN)  # max_attempts runs, each resumed at most RESUMES_PER_RUN times
-        c.check("starts", len(bad.run_ids) == 2 and 2 <= len(starts) <= bound, (bad.run_ids, len(starts)))
-        # no formal request is answered by it: the service dies at warmup's first response, so a load is sent only
-        # when it is still exiting as the load starts (seen under a contended first pass), and then every one fails
+        # its two attempts: two runs, or one run whose resent load was the second (the "why" above counts them)
+        c.check("starts", 1 <= len(bad.run_ids) <= 2 and 2 <= len(starts) <= bound, (bad.run_ids, len(starts)))
+        # no formal request is answered by it: its service died at warmup's first response, so a load sent to it
+        # fails every request
         st = [phase_status(ws, r) for r in bad.run_ids]
         c.check("count", bad.sent == sum(x.sent_all for x in st) and all(x.done == x.failed for x in st), (bad, st))
         c.check("decide", view.winner == f.points["crash_after=1000000"] and view.complete, view.text())
