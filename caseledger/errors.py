@@ -81,8 +81,8 @@ class FailureEvidence(TypedDict, total=False):
 
     service_problem: str  # the service was found unfit: resume starts it once before the phase again
     reattached: bool  # a load on load hosts whose link was lost: it had re-attached to running clients
-    hosts: list[dict[str, Any]]  # JSON: run/remote_hosts.py's row of each load host (LoadEvidence.hosts)
-    disk_host: str  # a full disk on a load host (run/remote_preflight.py): which host, path and bytes needed
+    hosts: list[dict[str, Any]]  # JSON: run/remote/hosts.py's row of each load host (LoadEvidence.hosts)
+    disk_host: str  # a full disk on a load host (run/remote/preflight.py): which host, path and bytes needed
     disk_path: str
     disk_need_bytes: int
 

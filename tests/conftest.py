@@ -227,8 +227,8 @@ def _host_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Target leases are host-wide; the suite keeps its own host directory (shared by every workspace and
     child process of the session, as on a real host), so a rerun never meets a previous run's leases."""
     # the same for leases kept on a lease host over SSH (the test sshd's "remote" host is this machine)
-    # and the host policy (caseledger.run.policy): a person's ~/.config/caseledger/policy.json is not the suite's
-    # and no chart is drawn after each detached run (CASELEDGER_CHART_AFTER_RUN=0): few tests read it, and each
+    # and the host policy (caseledger.run.admission.policy): a person's ~/.config/caseledger/policy.json is not the
+    # suite's and no chart is drawn after each detached run (CASELEDGER_CHART_AFTER_RUN=0): few tests read it, and each
     # drawing is ~1.7 CPU-s beside the next test; tests/test_plot_cache.py sets 1 where it reads the controller's
     names = ("CASELEDGER_HOST_DIR", "CASELEDGER_LEASE_HOST_DIR", "XDG_CONFIG_HOME", "CASELEDGER_POLICY")
     names += ("CASELEDGER_CHART_AFTER_RUN",)

@@ -24,7 +24,7 @@ from caseledger.metrics._accel import NOT_SAMPLED, accel_distortion, accel_windo
 from caseledger.outcome.figures import window_figures
 from caseledger.outcome.flags import evidence_flags
 from caseledger.records import RawRecord, read_jsonl
-from caseledger.run import accel
+from caseledger.run.accel import sampling as accel
 from caseledger.run.load_watch import accel_not_sampled
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace, read_json
@@ -410,7 +410,7 @@ def test_a_run_with_nvidia_smi_on_path_records_the_devices_and_is_distorted_by_t
 
 def test_an_external_service_is_not_sampled_and_says_why_and_a_started_one_is_on_its_hosts() -> None:
     assert accel_not_sampled(False, None) == "an external service: its host is not known to caseledger"
-    # a service started over SSH is read on its host (run/accel_remote.py, tests/test_ssh.py), a local one here
+    # a service started over SSH is read on its host (run/accel/remote.py, tests/test_ssh.py), a local one here
     assert accel_not_sampled(True, ServiceRecord(outcome="done", pid=77, host="gpu-7")) is None
     assert accel_not_sampled(True, ServiceRecord(outcome="done", pid=77)) is None
     assert accel_not_sampled(True, None) is None
@@ -424,7 +424,7 @@ def test_one_script_a_sample_gives_each_calls_output_and_the_hosts_sessions(
     a call that fails is left out (its reader says so), and every process's session for ours(pid)."""
     import subprocess
 
-    from caseledger.run import accel_remote
+    from caseledger.run.accel import remote as accel_remote
 
     calls = accel.CALLS["nvidia-smi"]
     out = subprocess.run(["sh", "-c", accel_remote.sample_script(calls)], capture_output=True, text=True, check=True)
@@ -438,7 +438,7 @@ def test_one_script_a_sample_gives_each_calls_output_and_the_hosts_sessions(
 
 
 def test_a_line_read_over_ssh_names_its_host_in_each_device_and_reason() -> None:
-    from caseledger.run.accel_remote import on_host
+    from caseledger.run.accel.remote import on_host
 
     line = accel.AccelSampler(lambda pid: pid in SERVICE, _recorded, _nvidia_only).sample()
     got = on_host(line, "gpu-7")

@@ -1,6 +1,6 @@
-"""Allow by list (caseledger.run.policy): a case's env names, the server variables it passes on and the addresses
-its target is at are each allowed by name, never by a deny pattern; and a target's error body is kept as one short
-line (caseledger.load.chunks.error_line), for every caller."""
+"""Allow by list (caseledger.run.admission.policy): a case's env names, the server variables it passes on and the
+addresses its target is at are each allowed by name, never by a deny pattern; and a target's error body is kept as one
+short line (caseledger.load.chunks.error_line), for every caller."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from caseledger.case.model import Case
 from caseledger.errors import NotAuthorized
 from caseledger.load.chunks import ERROR_LINE_CHARS, error_line
-from caseledger.run import policy
+from caseledger.run.admission import policy
 from caseledger.workspace import Workspace
 from tests.conftest import free_port, mcp_over_http, ref_draft, tree_digest, wait_listening
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from caseledger.errors import CaseledgerError
-from caseledger.run.envcheck import CHECKS, check_environment
+from caseledger.run.admission.envcheck import CHECKS, check_environment
 from caseledger.tools import freeze_any, freeze_case, resume_any, start_any, start_run
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
@@ -114,7 +114,7 @@ def _start(ws: Workspace, path: str) -> Callable[[], object]:
 def test_every_start_path_refuses_a_garbage_variable_in_the_same_words_and_writes_nothing(
     path: str, ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One check (run/admit.py) on every path: a campaign's driver is never started to log point_refused every
+    """One check (run/admission/admit.py) on every path: a campaign's driver is never started to log point_refused every
     second, and a preflight_only check never says 'passed' for a case that cannot start."""
     start = _start(ws, path)
     before = tree_digest(ws.root)

@@ -1,5 +1,6 @@
-"""Who may start what: the host policy (caseledger.run.policy) over programs, SSH logins and loader environment,
-for a local caller and for the HTTP server's (CASELEDGER_CALLER=http), checked before anything is written."""
+"""Who may start what: the host policy (caseledger.run.admission.policy) over programs, SSH logins and loader
+environment, for a local caller and for the HTTP server's (CASELEDGER_CALLER=http), checked before anything is
+written."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from caseledger.case.model import Case
 from caseledger.errors import NotAuthorized
 from caseledger.ledger.event_types import HostRefused
-from caseledger.run import policy
+from caseledger.run.admission import policy
 from caseledger.tools import freeze_case, start_run
 from caseledger.tools.phase_status import StatusResult
 from caseledger.workspace import Workspace

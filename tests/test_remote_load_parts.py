@@ -295,7 +295,7 @@ def run_clients(lh: LoadHost, run_id: str) -> list[int]:
 def test_armed_processes_on_a_load_host_give_up_once_the_controller_dies_before_the_go_then_resume_starts_afresh(
     ws: Workspace, load_host: LoadHost, services_stopped: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from caseledger.run.remote_hosts import ARMED_SLACK_ENV
+    from caseledger.run.remote.hosts import ARMED_SLACK_ENV
 
     slack = 6.0  # the default 30 s covers a starved controller; the bound is the same rule at any slack
     monkeypatch.setenv(ARMED_SLACK_ENV, f"{slack:g}")

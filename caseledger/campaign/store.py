@@ -330,8 +330,8 @@ def add_point(ws: Workspace, camp: Campaign, values: dict[str, Scalar], why: str
 
 def startable_cases(ws: Workspace, camp: Campaign) -> list[tuple[str, Case]]:
     """What a start of the campaign may make caseledger start, as far as it can be named before its driver runs
-    (run/admit.py checks each against the host's policy), by what an answer calls it: every frozen point on each
-    target of its pool; and for a search that proposes its points, the base and the base with each listed axis
+    (run/admission/admit.py checks each against the host's policy), by what an answer calls it: every frozen point on
+    each target of its pool; and for a search that proposes its points, the base and the base with each listed axis
     value (on each target). An axis value that is no valid case alone is left to the proposal that uses it."""
     out: list[tuple[str, Case]] = []
 

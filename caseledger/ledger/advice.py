@@ -200,7 +200,7 @@ def _after_dataset(v: RunView, ph: PhaseView | None) -> str:
 
 
 def _after_disk(v: RunView, ph: PhaseView | None) -> str:
-    host = ph.data.get("disk_host") if ph is not None else None  # a load host's disk (run/remote_preflight.py)
+    host = ph.data.get("disk_host") if ph is not None else None  # a load host's disk (run/remote/preflight.py)
     disk = f"load host {host}, under its workdir" if host else "the workspace's filesystem"
     return (
         f"free disk space on {disk}, then resume(run_id='{v.run_id}') — goes on at "

@@ -297,7 +297,7 @@ class ResumeRefused(_DriverLine):
 
 
 class HostRefused(_DriverLine):
-    """A point the host refused (run/admit.py): not started again while this driver runs."""
+    """A point the host refused (run/admission/admit.py): not started again while this driver runs."""
 
     type: Literal["host_refused"] = "host_refused"
     case_id: str

@@ -181,7 +181,7 @@ class PreflightChecks(Evidence):
     disk_free_mib: int
     sockets: str
     process: str | None = Field(None, description="Set when the process spawned ahead ran it (or an inline run)")
-    load_host: dict[str, Any] | None = None  # JSON: run/remote_load.py's preflight record of the load host
+    load_host: dict[str, Any] | None = None  # JSON: run/remote/load.py's preflight record of the load host
 
 
 class PreflightResult(Evidence):
@@ -310,16 +310,16 @@ class LoadEvidence(Evidence):
     reattached: bool | None = None
     processes: int | list[dict[str, Any]] | None = None  # JSON: load/parts.py's per-process rows
     client_stopped_s: list[float] | None = None
-    # with load.host: the remote client's record, as run/remote_load.py returns it
+    # with load.host: the remote client's record, as run/remote/load.py returns it
     host: str | None = None
     remote: LoadRef | None = None  # the remote client's process reference
     remote_run_dir: str | None = None
-    clock: dict[str, Any] | None = None  # JSON: run/remote_load.py's clock offset record
+    clock: dict[str, Any] | None = None  # JSON: run/remote/load.py's clock offset record
     sealed_sha256: dict[str, str] | None = Field(
         None, description="Each copied file's sha256, sealed equal to the remote one"
     )
-    link: dict[str, Any] | None = None  # JSON: run/remote_load.py's link counters
-    hosts: list[dict[str, Any]] | None = None  # JSON: run/remote_load.py's record of each load host's processes
+    link: dict[str, Any] | None = None  # JSON: run/remote/load.py's link counters
+    hosts: list[dict[str, Any]] | None = None  # JSON: run/remote/load.py's record of each load host's processes
     planned: int | None = None
     sent: int | None = None
     done: int | None = None

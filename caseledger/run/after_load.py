@@ -30,7 +30,7 @@ from caseledger.ledger.evidence import (
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
-from caseledger.run import remote_load
+from caseledger.run.remote import load as remote_load
 from caseledger.workspace import RunPaths, read_json_or_none, sha256_file, write_json
 
 

@@ -59,9 +59,9 @@ from caseledger.ledger import event_types as et
 from caseledger.ledger.events import append_driver_event
 from caseledger.ledger.runs import RunMeta, load_run
 from caseledger.ledger.state import PhaseState, RunState, RunView, fold
-from caseledger.run.admit import check_start
+from caseledger.run.admission.admit import check_start
+from caseledger.run.admission.envcheck import CHART_ENV
 from caseledger.run.controller import DRIVEN_BY
-from caseledger.run.envcheck import CHART_ENV
 from caseledger.run.preflight import spawn_ahead
 from caseledger.run.resume import resume
 from caseledger.run.start import drop_unhanded, launch, spawn_controller_ahead, wait_for
@@ -252,7 +252,7 @@ def _case_on(camp: Campaign, cid: str, t: str) -> str:
 
 
 def _refused_by_host(ws: Workspace, gid: str, case_id: str, case: Case, label: str, target: str = "") -> bool:
-    """The one check of every start (run/admit.py), made before a point is launched: a point the host refuses
+    """The one check of every start (run/admission/admit.py), made before a point is launched: a point the host refuses
     (its policy does not allow what the point would start; caseledger's environment) is recorded once with the
     words and the fix, and fails at once: every view shows why, and the driver never tries it again (a launch
     would refuse it every second). A paused authorization or a held target stay waits (launch says those)."""

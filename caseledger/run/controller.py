@@ -51,11 +51,12 @@ from caseledger.ledger.evidence import (
 )
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, client_refs, fold
-from caseledger.run import after_load, load_parts, phases, prepare, remote_load
+from caseledger.run import after_load, load_parts, phases, prepare
 from caseledger.run import lease as run_lease
-from caseledger.run.envcheck import CHART_ENV
+from caseledger.run.admission.envcheck import CHART_ENV
 from caseledger.run.handoff_writer import HandoffWriter
 from caseledger.run.preflight import AHEAD, ahead_result, run_fresh
+from caseledger.run.remote import load as remote_load
 from caseledger.run.start import start_next
 from caseledger.workspace import RunPaths, Spare, Workspace, is_disk_full, read_json_or_none, read_ref, write_json
 

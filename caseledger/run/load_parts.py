@@ -6,7 +6,7 @@ one's share of the raw disk, waits until every one has built its plan (load/p<k>
 spawned again: a resume re-attaches to the live ones and takes the others' files as they are, so a killed
 process's sent-but-unrecorded requests are never re-sent (its sent.log says how many). When every process has
 ended or is gone, load/parts.py merges their files into load/ and the one-process checks follow (load_ended).
-On load hosts (load.host with load.processes, or load.hosts) the processes run there (run/remote_load.py: started
+On load hosts (load.host with load.processes, or load.hosts) the processes run there (run/remote/load.py: started
 armed, one go for every host, followed and copied back per process into load/p<k>/, sealed); the merge, the
 counts and the checks here are the same, each host's clock offset applied by the merge. Between here and
 run/phases.py the values are typed: end files (LoadEnd), the previous attempt (PhaseAttempt), process references
@@ -32,8 +32,9 @@ from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concu
 from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.procs import LoadRef
 from caseledger.records import read_records
-from caseledger.run import after_load, phases, remote_load
+from caseledger.run import after_load, phases
 from caseledger.run.load_watch import LoadWatch
+from caseledger.run.remote import load as remote_load
 from caseledger.workspace import PartPaths, read_json_or_none, sha256_file, write_json
 
 EXIT_WAIT_S = 30.0
@@ -48,7 +49,7 @@ def _started(run: Run, parts: list[PartPaths]) -> bool:
 
 def load(run: Run, attempt: int, event: et.Emit) -> LoadEvidence:
     """Start the P processes once (one go), or re-attach; wait for all; merge; the load evidence. On load hosts
-    (load.host, load.hosts) run/remote_load.py starts, follows and copies them; the merge is the same."""
+    (load.host, load.hosts) run/remote/load.py starts, follows and copies them; the merge is the same."""
     paths, case = run.paths, run.case
     parts = [paths.load_part(k) for k in range(case.load.total_processes)]
     end, prev = phases.set_aside(run, attempt)

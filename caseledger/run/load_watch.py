@@ -1,6 +1,6 @@
 """What the controller sees while a local load client runs: the host's CPU, sampled to load/host.jsonl (an
 external service's process found on this host counted as the service's, with its children), the
-service host's accelerators (load/accel.jsonl, run/accel.py), a client whose process is stopped (recorded as
+service host's accelerators (load/accel.jsonl, run/accel/sampling.py), a client whose process is stopped (recorded as
 events, and as the load evidence's client_stopped_s), and a local service stopped long enough that the load is
 ended early."""
 
@@ -20,8 +20,8 @@ from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ServiceRecord
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
-from caseledger.run import accel
-from caseledger.run.accel_remote import RemoteAccel
+from caseledger.run.accel import sampling as accel
+from caseledger.run.accel.remote import RemoteAccel
 from caseledger.services.identity import units
 from caseledger.services.kinds import adapter_of
 from caseledger.services.live import read_state, remote_of
@@ -201,7 +201,7 @@ def wait_quiet(run: Run, event: et.Emit) -> None:
     """Before a local formal load: wait, bounded by QUIET_WAIT_ENV, until other processes used at most
     max_other_cpu_share of the host over QUIET_SPAN_S; recorded with the share and the processes that took it."""
     raw = os.environ.get(QUIET_WAIT_ENV)
-    bound = float(raw) if raw else 0.0  # checked at start_run (run/envcheck.py)
+    bound = float(raw) if raw else 0.0  # checked at start_run (run/admission/envcheck.py)
     if bound <= 0 or run.case.load.host is not None or run.case.load.hosts:
         return  # no wait asked, or the load runs on another host (its CPU is sampled there)
     limit = run.case.measurement.evidence.max_other_cpu_share

@@ -34,9 +34,9 @@ from caseledger.load.client import client_timing
 from caseledger.load.plan import raw_bytes_needed
 from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
-from caseledger.run import remote_load
 from caseledger.run.load_failures import check_failures, wait_idle
 from caseledger.run.load_watch import LoadWatch, wait_quiet
+from caseledger.run.remote import load as remote_load
 from caseledger.services import net
 from caseledger.workspace import PartPaths, RunPaths, read_json_or_none, reserve, sha256_file, write_json
 
@@ -152,7 +152,7 @@ def before_formal_load(run: Run, prev: PhaseAttempt, event: et.Emit | None = Non
 
 
 def _load_remote(run: Run, attempt: int, event: et.Emit, prev: PhaseAttempt, end: LoadEnd | None) -> LoadEvidence:
-    """The load client on load.host (run/remote_load.py): started once per run, followed, its raw data copied
+    """The load client on load.host (run/remote/load.py): started once per run, followed, its raw data copied
     back and sealed; a lost link is end_unknown (the client keeps running, resume re-attaches)."""
     paths, case, planned = run.paths, run.case, run.meta.planned
     extra = LoadEvidence(reattached=False)

@@ -18,7 +18,7 @@ from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
 from caseledger.ledger.state import RunState, RunView, fold, next_steps
 from caseledger.run import lease as run_lease
-from caseledger.run.admit import check_start
+from caseledger.run.admission.admit import check_start
 from caseledger.run.start import Progress, spawn_controller, wait_for
 from caseledger.workspace import RunPaths, Workspace
 

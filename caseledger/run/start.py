@@ -23,7 +23,7 @@ from caseledger.ledger.runs import Run, RunMeta, latest_run_of_case, new_run_id,
 from caseledger.ledger.state import PhaseState, RunView, fold
 from caseledger.procs import child_env
 from caseledger.run import lease as run_lease
-from caseledger.run.admit import check_start
+from caseledger.run.admission.admit import check_start
 from caseledger.run.preflight import AHEAD_WAIT_S, hand_over, run_fresh, spawn_ahead, spawn_waiting
 from caseledger.workspace import (
     RunPaths,
@@ -93,7 +93,8 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
 def preflight_case(ws: Workspace, case_id: str, case: Case) -> dict[str, Any]:  # JSON: the answer
     """Preflight a frozen case without a run: no lease, no controller, no service, no request. Allowed while
     paused and while another run holds the target (prepare the next candidate while the target is busy); refused,
-    before anything is written, by what would refuse its start (run/admit.py): it says whether the case can start."""
+    before anything is written, by what would refuse its start (run/admission/admit.py): it says whether the case can
+    start."""
     check_start("start_run", [("", case)])
     pid_ = "p-" + secrets.token_hex(4)
     root = ws.preflights_dir / pid_

@@ -26,7 +26,7 @@ from mcp.types import Tool as MCPTool
 from starlette.types import ASGIApp
 
 from caseledger.errors import CaseledgerError, NotAuthorized, quoted
-from caseledger.run.policy import CALLER_ENV
+from caseledger.run.admission.policy import CALLER_ENV
 from caseledger.server.guards import (
     MAX_BODY_BYTES,
     BearerToken,
@@ -192,7 +192,7 @@ def serve(
     """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp. Never writes to stdout itself:
     on stdio, stdout is the wire; logs go to stderr. Over HTTP every request needs the bearer token, loopback
     too (any local process or user reaches a loopback port), and the server and every process it starts are
-    the 'http' caller of the host policy (caseledger.run.policy)."""
+    the 'http' caller of the host policy (caseledger.run.admission.policy)."""
     if http is None:
         if token_env is not None or read_token_env is not None:
             raise CaseledgerError(

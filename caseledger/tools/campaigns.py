@@ -28,7 +28,7 @@ from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
-from caseledger.run.admit import check_start
+from caseledger.run.admission.admit import check_start
 from caseledger.run.campaign_driver import spawn, stamp
 from caseledger.run.progress import ProgressLine
 from caseledger.run.resume import ResumeResult, resume
@@ -127,8 +127,8 @@ VIEW_EVERY_S = 2.0  # a waiting start reads the campaign's view this often, its 
 def start(ws: Workspace, gid: str, *, wait: bool = False, progress: ProgressLine | None = None) -> CampaignView:
     """Start the campaign's driver unless one is alive; the answer is its progress right after, or with wait
     when the campaign is complete or its driver stopped. Before anything is written, the one check of every start
-    (run/admit.py) over every case the campaign can name now: a refused value stops the start here, in the words
-    start_run would use, instead of a driver refused at every point. progress: sees the running point's state and
+    (run/admission/admit.py) over every case the campaign can name now: a refused value stops the start here, in the
+    words start_run would use, instead of a driver refused at every point. progress: sees the running point's state and
     the points done of total."""
     check_id(gid, "case_id", "g")
     camp = load_campaign(ws, gid)

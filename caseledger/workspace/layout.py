@@ -156,7 +156,8 @@ class RunPaths:
 
     @property
     def load_accel(self) -> Path:
-        """Accelerator samples of the service host during the formal load, written by the controller (run/accel.py)."""
+        """Accelerator samples of the service host during the formal load, written by the controller
+        (run/accel/sampling.py)."""
         return self.load_dir / "accel.jsonl"
 
     @property

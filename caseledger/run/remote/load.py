@@ -49,10 +49,10 @@ from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
 from caseledger.procs import LoadRef
-from caseledger.run.remote_follow import Finish, Follower, Status, clock_record
-from caseledger.run.remote_hosts import parts_alive, run_parts, terminate_elsewhere
-from caseledger.run.remote_link import Clock, Link, LinkLost, anyio_run, launched, record_path, run_script, where
-from caseledger.run.remote_preflight import package_digest, preflight
+from caseledger.run.remote.follow import Finish, Follower, Status, clock_record
+from caseledger.run.remote.hosts import parts_alive, run_parts, terminate_elsewhere
+from caseledger.run.remote.link import Clock, Link, LinkLost, anyio_run, launched, record_path, run_script, where
+from caseledger.run.remote.preflight import package_digest, preflight
 from caseledger.workspace import atomic_write, read_ref, utc_now, write_json
 
 __all__ = [

@@ -84,7 +84,7 @@ class Policy(BaseModel):
     env: list[str] = Field(
         default_factory=list,
         description="Variables a case's service.env (and a component's env) may set, beyond the safe set every "
-        "caller has (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ...: caseledger.run.policy.SAFE_ENV)",
+        "caller has (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ...: caseledger.run.admission.policy.SAFE_ENV)",
     )
     loader_env: list[str] = Field(
         default_factory=list, description="The earlier name of `env`: its names are allowed the same way"

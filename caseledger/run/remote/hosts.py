@@ -1,4 +1,4 @@
-"""Several load client processes on one or more load hosts (run/remote_load.py): per host one link, the inputs
+"""Several load client processes on one or more load hosts (run/remote/load.py): per host one link, the inputs
 copied once, every process started armed, one go for all, each followed and sealed (run_parts, called by
 run/load_parts.py).
 """
@@ -27,8 +27,8 @@ from caseledger.ledger.runs import Run
 from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
 from caseledger.load.plan import raw_bytes_needed
 from caseledger.procs import LoadRef
-from caseledger.run.remote_follow import POLL_S, Follower, clock_record
-from caseledger.run.remote_link import (
+from caseledger.run.remote.follow import POLL_S, Follower, clock_record
+from caseledger.run.remote.link import (
     POLL_TIMEOUT_S,
     Clock,
     Link,
@@ -40,7 +40,7 @@ from caseledger.run.remote_link import (
     run_script,
     where,
 )
-from caseledger.run.remote_preflight import reserve_raw
+from caseledger.run.remote.preflight import reserve_raw
 from caseledger.services import remote
 from caseledger.workspace import PartPaths, read_json_or_none, read_ref, utc_now, write_json
 

@@ -1,4 +1,4 @@
-"""The controller's side of one load client on a load host (run/remote_load.py): started once, followed over
+"""The controller's side of one load client on a load host (run/remote/load.py): started once, followed over
 the link, its raw data appended here line by line as it grows, sealed when the sha256 here equals the remote one.
 """
 
@@ -24,7 +24,7 @@ from caseledger.ledger.evidence import LoadEnd
 from caseledger.ledger.runs import Run
 from caseledger.load.plan import raw_bytes_needed
 from caseledger.procs import LoadRef, ProcRef
-from caseledger.run.remote_link import (
+from caseledger.run.remote.link import (
     POLL_TIMEOUT_S,
     Clock,
     Link,
@@ -37,7 +37,7 @@ from caseledger.run.remote_link import (
     sha256s,
     where,
 )
-from caseledger.run.remote_preflight import PREFLIGHT_TIMEOUT_S, copy_verified, reserve_raw
+from caseledger.run.remote.preflight import PREFLIGHT_TIMEOUT_S, copy_verified, reserve_raw
 from caseledger.services import remote
 from caseledger.workspace import PartPaths, RunPaths, atomic_write, read_json_or_none, sha256_file, utc_now, write_json
 

@@ -1,6 +1,6 @@
 """Accelerator samples on a service host reached over SSH: a thread holds one connection for the whole load and
 runs one script a sample (every call of the host's vendor tool and the host's pid -> session table), parsed by
-the local host's readers (run/accel.py). The controller's watch never waits on the network.
+the local host's readers (run/accel/sampling.py). The controller's watch never waits on the network.
 
 A process on a device is the service's when it runs in the session of a service process caseledger started there
 (each is started in a session of its own: setsid). Every device and reason names the host ('gpu-7:0').
@@ -18,7 +18,7 @@ import anyio
 
 from caseledger.case.service import SSH
 from caseledger.errors import RemoteError
-from caseledger.run import accel
+from caseledger.run.accel import sampling as accel
 from caseledger.services import remote
 
 FIND = "for t in " + " ".join(accel.TOOLS) + ' ; do command -v "$t" >/dev/null 2>&1 && { echo "$t"; exit 0; }; done'

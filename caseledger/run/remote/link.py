@@ -1,4 +1,4 @@
-"""The SSH link to a load host (run/remote_load.py): one connection reopened with backoff, the remote scripts'
+"""The SSH link to a load host (run/remote/load.py): one connection reopened with backoff, the remote scripts'
 runner and copier, the clock reader, and where a run lives there.
 
 Remote command lines are constant script text, integers and `shlex.quote`d paths (services/remote.py is the SSH

@@ -1,4 +1,4 @@
-"""The load host's preflight (run/remote_load.py): the same caseledger there (source digest), the run and its
+"""The load host's preflight (run/remote/load.py): the same caseledger there (source digest), the run and its
 dataset copied up and hash-verified, the real preflight entry point run fresh there, the clock offset.
 """
 
@@ -15,7 +15,7 @@ from caseledger import redact
 from caseledger.case.model import LoadHost
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger.runs import Run
-from caseledger.run.remote_link import (
+from caseledger.run.remote.link import (
     Clock,
     Link,
     LinkLost,
@@ -35,10 +35,10 @@ if TYPE_CHECKING:
 
 PREFLIGHT_TIMEOUT_S = 300.0
 
-# the remote side imports package_digest through run/remote_load.py (which re-exports it), where earlier versions
+# the remote side imports package_digest through run/remote/load.py (which re-exports it), where earlier versions
 # define it: a load host with an older caseledger answers with its digest (a clear mismatch), not an import error
 _DIGEST_PY = (
-    "import importlib.metadata as m\nfrom caseledger.run.remote_load import package_digest\n"
+    "import importlib.metadata as m\nfrom caseledger.run.remote.load import package_digest\n"
     "print(m.version('caseledger'), package_digest())\n"
 )
 

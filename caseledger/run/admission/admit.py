@@ -1,7 +1,7 @@
 """May this start here: the one check every start path makes before it writes anything (start_run, a
 preflight_only check, resume, a campaign's start and each point its driver starts, a queued case): caseledger's
-own environment variables (run/envcheck.py), then every program, SSH login and loader variable the cases would
-make caseledger start, against the host's policy (run/policy.py). One function, so a value one path refuses is
+own environment variables (run/admission/envcheck.py), then every program, SSH login and loader variable the cases would
+make caseledger start, against the host's policy (run/admission/policy.py). One function, so a value one path refuses is
 refused by every path, in the same words.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from caseledger.errors import NotAuthorized
-from caseledger.run import envcheck, policy
+from caseledger.run.admission import envcheck, policy
 
 if TYPE_CHECKING:
     from caseledger.case.model import Case
