@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from caseledger.case.plan import PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
 from tests.conftest import free_port, knee_base, ref_draft, stats
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import pytest
 from caseledger import services
 from caseledger.campaign.store import driver_events
 from caseledger.campaign.view import CampaignView, campaign_view
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import CaseInvalid
 from caseledger.ledger import authorization
 from caseledger.ledger.event_types import DriverEnded, PhaseStarted, PointStarted, UnknownEvent, Waiting

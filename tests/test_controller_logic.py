@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from caseledger.case.model import Case
-from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
+from caseledger.case.plan import FAILURE_OF_PHASE
 from caseledger.case.store import case_id_of
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.ledger import authorization, queue

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from caseledger import services
-from caseledger.case.plan import PHASES
+from caseledger.case.phases import PHASES
 from caseledger.ledger import authorization
 from caseledger.ledger.state import fold
 from caseledger.metrics import NotObserved, Ratio, latest_result

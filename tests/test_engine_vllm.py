@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from caseledger import services
-from caseledger.case.plan import PHASES
+from caseledger.case.phases import PHASES
 from caseledger.ledger import authorization
 from caseledger.ledger.state import fold
 from caseledger.load.plan import plan_from_run_dir

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from caseledger.campaign.store import events_file, host_refusals, waiting_on
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger import event_types as et
 from caseledger.ledger.events import append_driver_event, append_event, read_driver_events, read_events

@@ -47,7 +47,8 @@ import orjson
 import pytest
 from mcp import Client, StdioServerParameters
 
-from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
+from caseledger.case.plan import FAILURE_OF_PHASE
 from caseledger.errors import EvidenceChanged, NotAuthorized, NothingToResume, TargetHeld
 from caseledger.ledger import authorization
 from caseledger.ledger.events import read_events

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from bench.bench_ledger import build
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger import indexdb
 from caseledger.ledger.event_types import PhaseEnded, PhaseEndedData

@@ -20,7 +20,7 @@ from caseledger.campaign import pool
 from caseledger.campaign.model import GridSearch, Repeats, TpeSearch
 from caseledger.campaign.store import driver_events, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.event_types import PointStarted, TargetRefused, UnknownEvent

@@ -87,13 +87,14 @@ def test_a_collector_that_stops_answering_or_is_killed_fails_as_collect_never_in
     stuck = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"]
     paths = RunPaths(tmp_path / "r-0123abcd")
     paths.root.mkdir()
+    monkeypatch.setattr(after_load, "postprocess_env", lambda: (stuck, {}))
     with pytest.raises(PhaseFailed) as e:
-        after_load._collector_process(stuck, {}, paths)
+        after_load._collector_process([], paths)
     assert read_json(paths.collector_pid)["pid"] > 0  # recorded at its start: a reader sees it stopped
     assert e.value.failure_class == FailureClass.COLLECT and "gave no answer in 0.5 s" in e.value.message
     assert "reprocess_raw(run_id='r-0123abcd')" in (e.value.fix or "")
-    code, _, err = after_load._collector_process(
-        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, paths
-    )
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    monkeypatch.setattr(after_load, "postprocess_env", lambda: (killed, {}))
+    code, _, err, _, _ = after_load._collector_process([], paths)
     assert after_load.collector_error(code, err) == "killed by SIGKILL, no output"
     assert after_load.collector_error(1, b"Traceback\nModuleNotFoundError: numpy\n") == "ModuleNotFoundError: numpy"

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from caseledger import ledger, procs
-from caseledger.case.plan import PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
 from caseledger.errors import TargetHeld
 from caseledger.ledger.event_types import (
     PhaseEnded,

@@ -20,7 +20,7 @@ import pytest
 
 from caseledger import procs, services
 from caseledger.case.model import SSH
-from caseledger.case.plan import PHASES
+from caseledger.case.phases import PHASES
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.state import fold
 from caseledger.services import remote

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from caseledger import ledger
-from caseledger.case.plan import PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger.event_types import PhaseEnded, PhaseEndedData, PhaseStarted
 from caseledger.ledger.state import PhaseState, RunState, fold

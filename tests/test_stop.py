@@ -14,7 +14,7 @@ import pytest
 
 from caseledger import procs
 from caseledger.campaign.view import campaign_view
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.ledger import authorization
 from caseledger.ledger.event_types import PhaseStarted
 from caseledger.ledger.events import read_events

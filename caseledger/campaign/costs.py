@@ -21,7 +21,7 @@ from caseledger.campaign.model import Budget, HalvingSearch, Scalar, TpeSearch, 
 from caseledger.campaign.search import ASSUMED_REQUEST_S, ASSUMED_START_S, Price, screens, service_axes
 from caseledger.campaign.store import Campaign
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError
 from caseledger.ledger.evidence import ServiceRecord, read_evidence

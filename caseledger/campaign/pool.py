@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from caseledger.campaign.store import Campaign
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import EvidenceInvalid
 from caseledger.ledger.evidence import ServiceRecord, read_evidence

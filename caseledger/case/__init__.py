@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "IMPACT": "caseledger.case.plan",
-    "PHASES": "caseledger.case.plan",
+    "PHASES": "caseledger.case.phases",
     "SSH": "caseledger.case.service",
     "Case": "caseledger.case.model",
     "DeltaItem": "caseledger.case.plan",
@@ -34,7 +34,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from caseledger.case.measurement import Window
     from caseledger.case.model import Case
-    from caseledger.case.plan import IMPACT, PHASES, DeltaItem, Impact, PlanStep, delta, impact_of
+    from caseledger.case.phases import PHASES
+    from caseledger.case.plan import IMPACT, DeltaItem, Impact, PlanStep, delta, impact_of
     from caseledger.case.service import SSH, ReferenceConfig
     from caseledger.case.store import case_id_of, check_parent, load_case, read_draft, validate
     from caseledger.case.target import origin

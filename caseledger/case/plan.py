@@ -14,6 +14,7 @@ from typing import Any, Literal
 from caseledger.case.bounds import SectionModel
 from caseledger.case.decision import Decision
 from caseledger.case.model import Case
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass
 
 
@@ -86,22 +87,6 @@ def impact_of(path: str) -> Impact | None:
             return IMPACT[key]
     raise KeyError(f"field '{path}' has no impact class: add it to caseledger.case.IMPACT")
 
-
-class Phase(StrEnum):
-    """The phases of a run, in the order they run (DESIGN.md, Phases)."""
-
-    PREFLIGHT = "preflight"
-    SERVICE = "service"
-    WARMUP = "warmup"
-    ROUTE_VERIFY = "route_verify"
-    CACHE_PREPARE = "cache_prepare"
-    LOAD = "load"
-    CONFIRM_END = "confirm_end"
-    POSTPROCESS = "postprocess"
-    DECIDE = "decide"
-
-
-PHASES: tuple[Phase, ...] = tuple(Phase)
 
 # A postprocess collector that has not answered by then (stopped, stuck) is killed and the phase fails as `collect`
 # (run/after_load.py); status names a stopped one at once, with this way out (ledger/advice.py).

@@ -15,7 +15,8 @@ import orjson
 
 from caseledger import ledger
 from caseledger.case.model import Case
-from caseledger.case.plan import PHASES, Phase, PlanStep
+from caseledger.case.phases import PHASES, Phase
+from caseledger.case.plan import PlanStep
 from caseledger.case.store import store, validate
 from caseledger.errors import CaseInvalid, NotFound
 from caseledger.importers.aisbench import AisbenchImport, AisbenchImportError, read_aisbench

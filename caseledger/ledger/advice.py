@@ -6,7 +6,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from caseledger.case.plan import COLLECT_TIMEOUT_S, Phase
+from caseledger.case.phases import Phase
+from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import OUTSIDE_CHARS, FailureClass, quoted
 from caseledger.ledger.view import PhaseView, RunState, RunView
 

@@ -27,9 +27,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass
-from caseledger.ledger.view import PhaseState
+from caseledger.ledger.states import PhaseState
 
 
 class _Closed(BaseModel):

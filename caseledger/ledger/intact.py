@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import CaseledgerError
 from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import fold, sealed_raw_sha256

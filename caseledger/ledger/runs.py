@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caseledger import redact
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase, PlanStep
+from caseledger.case.phases import Phase
+from caseledger.case.plan import PlanStep
 from caseledger.case.store import is_case_id_of
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes, quoted
 from caseledger.ledger import indexdb

@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from caseledger import procs
-from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
+from caseledger.case.plan import FAILURE_OF_PHASE
 from caseledger.errors import FailureClass
 from caseledger.ledger.advice import advise
 from caseledger.ledger.event_types import PhaseEnded, PhaseStarted, RunEvent, UnknownEvent, data_json

@@ -7,33 +7,15 @@ reader that shows it otherwise builds a copy with `dataclasses.replace`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass
 from caseledger.ledger.runs import RunMeta
-
-
-class PhaseState(StrEnum):
-    PENDING = "pending"  # not started yet
-    RUNNING = "running"  # started, no end, its owner is alive
-    DONE = "done"  # ended with evidence
-    REUSED = "reused"  # the parent's state was reused (the plan said so and it was verified)
-    SKIPPED = "skipped"  # the case does not need it
-    FAILED = "failed"  # ended in failure; failure_class says which
-    UNKNOWN = "unknown"  # started, owner gone, no end evidence
-
-
-class RunState(StrEnum):
-    CREATED = "created"  # run dir written, controller not yet at work
-    RUNNING = "running"  # a live controller (or the load client) is working
-    SUCCEEDED = "succeeded"  # every phase done or reused; decision recorded
-    PARTIAL = "partial"  # every phase done, but on a partial load (the client died): not a full measurement
-    FAILED = "failed"  # stopped at a failed phase (failure_class)
-    END_UNKNOWN = "end_unknown"  # owner lost while a phase was in flight; check evidence with resume
+from caseledger.ledger.states import PhaseState as PhaseState  # re-exported: readers name the view
+from caseledger.ledger.states import RunState as RunState
 
 
 @dataclass(frozen=True)

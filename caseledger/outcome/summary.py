@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from caseledger import datasets, redact
 from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.store import with_current_decision
 from caseledger.errors import CaseledgerError
 from caseledger.ledger.evidence import CachePrepareEvidence, LoadEvidence, read_evidence

@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from caseledger import procs, redact
-from caseledger.case.plan import COLLECT_TIMEOUT_S, Phase
+from caseledger.case.phases import Phase
+from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.faults import fault
 from caseledger.ledger.evidence import (
@@ -105,7 +106,7 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
 
 
 def postprocess_env() -> tuple[list[str], dict[str, str]]:
-
+    """The collector's argv and environment, as its evidence records them."""
     env = child_env()
     argv = [sys.executable, "-m", "caseledger.metrics"]
     if fault("postprocess", "fail") == "import":

@@ -51,7 +51,7 @@ from caseledger.campaign.view import (
 )
 from caseledger.case.metrics import METRICS
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotAuthorized, TargetHeld
 from caseledger.ledger import authorization, indexdb

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from caseledger import ledger, procs, redact, services
-from caseledger.case.plan import FAILURE_OF_PHASE, PHASES, Phase
+from caseledger.case.phases import PHASES, Phase
+from caseledger.case.plan import FAILURE_OF_PHASE
 from caseledger.errors import (
     CaseInvalid,
     CaseledgerError,

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from caseledger import procs
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint
 from caseledger.ledger import event_types as et

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from caseledger import procs
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.service import SSH
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ServiceRecord

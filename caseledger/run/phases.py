@@ -22,7 +22,7 @@ import httpx2 as httpx
 
 from caseledger import procs, redact, services
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.target import origin
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.faults import checkpoint

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.ledger.state import RunView
 
 REDRAW_S = 0.25  # a terminal line is redrawn at most this often (the wait polls about every 50 ms)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pydantic import BaseModel, Field
 
 from caseledger import ledger, services
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger import event_types as et

@@ -11,7 +11,8 @@ from typing import Any
 
 from caseledger import datasets, ledger, procs, services
 from caseledger.case.model import Case
-from caseledger.case.plan import PHASES, Live, Phase, PlanStep, delta, plan
+from caseledger.case.phases import PHASES, Phase
+from caseledger.case.plan import Live, PlanStep, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
 from caseledger.ledger import authorization, queue

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from caseledger import ledger
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
 from caseledger.ledger import event_types as et
 from caseledger.ledger.intact import torn_lines

@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from caseledger import ledger
 from caseledger.case.model import Case
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import NotAuthorized, TargetHeld, quoted
 from caseledger.ledger import authorization

@@ -18,7 +18,7 @@ import orjson
 
 from caseledger import procs
 from caseledger.case.model import Case, LoadHost
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, FailureEvidence, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
 from caseledger.ledger import event_types as et

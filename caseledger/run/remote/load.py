@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from caseledger import procs
-from caseledger.case.plan import Phase
+from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
