@@ -68,10 +68,11 @@ def append_event(
                     f"event '{event.type}' for run {paths.run_id} carries fence {fence} < current {cur} on '{target}'",
                     "a newer owner holds the target; this process must stop writing",
                 )
-        log = read_events(paths)
+        lines = read_jsonl(paths.events)  # only the seqs and the torn tail: no line is parsed into its model here
+        seqs = [x["seq"] for x in lines.items if isinstance(x, dict) and isinstance(x.get("seq"), int)]
         written = event.model_copy(
             update={
-                "seq": max((e.seq for e in log.events), default=0) + 1,
+                "seq": max(seqs, default=0) + 1,
                 "utc": utc_now(),
                 "mono_ns": time.monotonic_ns(),
                 "run": paths.run_id,
@@ -88,7 +89,7 @@ def append_event(
         ev["data"] = redact.mask_obj(ev["data"])
         line = orjson.dumps(ev) + b"\n"
         with paths.events.open("ab") as f:
-            if log.torn_tail:
+            if lines.torn_tail:
                 f.write(b"\n")  # seal the torn line so this event starts on its own line
             f.write(line)
             f.flush()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from caseledger.metrics._models import STEP_GAP_MS
+
 DEFINITIONS: dict[str, str] = {
     "ttft": "first content-bearing chunk arrival - send (chunk_ns[0] - send_ns), per successful request, ms",
     "e2e": "response end - send (end_ns - send_ns; end = [DONE]/close after the last chunk), per successful "
@@ -13,10 +15,10 @@ DEFINITIONS: dict[str, str] = {
     "itl_token_aware": "each chunk gap (j >= 1) divided by the tokens chunk j carried and counted once per "
     "token; tokens per chunk from chunk_tokens, or 1 each when the number of content chunks equals "
     "usage.completion_tokens; requests with neither are excluded; chunk 0 belongs to TTFT, ms",
-    "itl_step": "gaps between engine steps: the chunk gaps (j >= 1) of at least STEP_GAP_MS = 1 ms of the same "
-    "successful request, pooled over requests; a chunk arriving less than 1 ms after the one before came from the "
-    "same engine step (a verify step of speculative decoding streams its accepted tokens together) and is merged "
-    "into it, ms",
+    "itl_step": f"gaps between engine steps: the chunk gaps (j >= 1) of at least STEP_GAP_MS = {STEP_GAP_MS:g} ms of "
+    f"the same successful request, pooled over requests; a chunk arriving less than {STEP_GAP_MS:g} ms after the one "
+    "before came from the same engine step (a verify step of speculative decoding streams its accepted tokens "
+    "together) and is merged into it, ms",
     "input_body": "body tokens before the chat template, from the dataset identity (record input_tokens_body)",
     "input_chat": "chat-template prompt tokens, from the dataset identity (record input_tokens_chat)",
     "prompt": "server usage.prompt_tokens",
