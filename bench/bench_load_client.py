@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers
+
 import httpx2
 import orjson
 
-from caseledger import datasets
-from caseledger.case.model import Case
-from caseledger.case.store import case_id_of
 from caseledger.records import read_records
-from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, read_json, write_json
+from caseledger.workspace import RunPaths, Workspace, read_json
+from tests.helpers import make_run_dir
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 
@@ -93,30 +93,13 @@ def start_target(port: int, slots: int, log: Path) -> subprocess.Popen[bytes]:
 
 
 def make_run(ws: Workspace, run_id: str, port: int, n: int, tokens: int, c: int) -> RunPaths:
-    case = Case.model_validate(
-        {
-            "scenario": "bench-load-client",
-            "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "bench"}]},
-            "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": tokens},
-            "load": {"requests": n, "concurrency": c, "timeout_s": 120},
-        }
-    ).filled()
-    ident = datasets.materialize(ws, case)
-    paths = ws.run(run_id)
-    paths.root.mkdir(parents=True)
-    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_json(
-        paths.run_json,
-        {
-            "run_id": run_id,
-            "case_id": case_id_of(case),
-            "workspace": str(ws.root),
-            "dataset_id": ident.dataset_id,
-            "salt": run_id,
-            "planned": n,
-        },
-    )
-    return paths
+    draft = {
+        "scenario": "bench-load-client",
+        "target": {"endpoints": [{"base_url": f"http://127.0.0.1:{port}/v1", "model": "bench"}]},
+        "dataset": {"source": "synthetic", "input_tokens": 32, "output_tokens": tokens},
+        "load": {"requests": n, "concurrency": c, "timeout_s": 120},
+    }
+    return make_run_dir(ws, draft, run_id)  # the run directory as the controller writes it, as the tests build it
 
 
 def row(name: str, chunks: int, reads: int, wall_s: float, cpu_s: float, server_s: float, ok: int) -> dict[str, Any]:
