@@ -24,7 +24,7 @@ Default: nothing is pinned, the server and the P clients share the two cores as 
 the server runs at the load client's nice (LOAD_NICE, -5 where allowed), so two clients do not starve it; --pin:
 the server on CPU 0, client k on CPU (1 + k) mod 2 (one client: CPU 1; two: one of them beside the server).
 The P clients are started as the controller starts them: armed, each with its share, one go naming the common
-start (caseledger/run/load_parts.py), then merged by caseledger.load.parts.merge, the controller's own merge.
+start (caseledger/run/load/parts.py), then merged by caseledger.load.parts.merge, the controller's own merge.
 """
 
 from __future__ import annotations

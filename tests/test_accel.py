@@ -25,7 +25,7 @@ from caseledger.outcome.figures import window_figures
 from caseledger.outcome.flags import evidence_flags
 from caseledger.records import RawRecord, read_jsonl
 from caseledger.run.accel import sampling as accel
-from caseledger.run.load_watch import accel_not_sampled
+from caseledger.run.load.watch import accel_not_sampled
 from caseledger.tools import freeze_case, start_run
 from caseledger.workspace import Workspace, read_json
 from tests.conftest import free_port, ref_draft

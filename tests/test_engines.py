@@ -49,7 +49,7 @@ def test_no_counter_name_is_written_outside_its_engine_profile() -> None:
 def test_the_tables_that_read_engines_are_built_from_the_profiles() -> None:
     from caseledger.metrics._checks import GENERATION_COUNTERS
     from caseledger.metrics._spec import FAMILIES
-    from caseledger.run.load_failures import IN_FLIGHT_GAUGES
+    from caseledger.run.load.failures import IN_FLIGHT_GAUGES
     from caseledger.services.identity import MODEL_FILE_OPTIONS, weight_args
 
     assert set(FAMILIES) == {"vllm", "sglang", "llamacpp"}  # the engines with a speculative verify counter
@@ -84,7 +84,7 @@ def test_an_engine_added_as_a_profile_is_read_by_caseledger_from_its_own_names(a
     TGI's /info; caseledger's in-flight check and version probe read them through the profile alone."""
     import httpx2
 
-    from caseledger.run.load_failures import in_flight
+    from caseledger.run.load.failures import in_flight
     from caseledger.services.identity import engine_version, units
 
     text = httpx2.get(as_tgi.url + "/metrics").text

@@ -500,7 +500,7 @@ def _failed(i: int, status: int | None, kind: str, error: str) -> RawRecord:
 @pytest.mark.processes
 def test_failure_causes_and_the_share_decide_the_class() -> None:
     from caseledger.errors import PhaseFailed
-    from caseledger.run.load_failures import check_failures  # lazy: the run stage, for this pure check only
+    from caseledger.run.load.failures import check_failures  # lazy: the run stage, for this pure check only
 
     ok = [_rec(i, 4, 4) for i in range(6)]
     case = _case()
@@ -573,7 +573,7 @@ def test_a_run_waits_bounded_for_a_quiet_host_and_records_what_it_saw(
     """CASELEDGER_QUIET_WAIT_S: before the formal load the run waits, at most that long, for other processes to
     leave the host; the wait is an event with the share and the processes that took it. A quiet host costs about
     QUIET_SPAN_S; a busy one the whole bound, then the load runs and its window is judged as ever."""
-    from caseledger.run.load_watch import QUIET_SPAN_S
+    from caseledger.run.load.watch import QUIET_SPAN_S
 
     monkeypatch.setenv("CASELEDGER_QUIET_WAIT_S", "4")
     case = freeze_case(ws, draft=ref_draft(free_port(), load={"requests": 8, "concurrency": 2}))

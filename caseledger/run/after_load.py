@@ -1,17 +1,14 @@
-"""The phases after the formal load: confirm_end (the client gone, its records counted and sealed),
-postprocess (the collector in a fresh process), decide. Each returns its evidence model (ledger/evidence.py)
+"""The phases after the formal load and its confirm_end (run/load/): postprocess (the collector in a fresh
+process), decide. Each returns its evidence model (ledger/evidence.py)
 or raises PhaseFailed with a failure class."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 import signal
 import subprocess
 import sys
-import time
-from typing import Any
 
 import orjson
 
@@ -21,88 +18,13 @@ from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.faults import fault
 from caseledger.ledger.evidence import (
-    ConfirmEndEvidence,
     DecideEvidence,
-    LoadEnd,
-    PartialLoad,
     PostprocessEnv,
     PostprocessEvidence,
 )
 from caseledger.ledger.runs import Run
-from caseledger.procs import LoadRef, child_env
-from caseledger.records import read_records
-from caseledger.run.remote import load as remote_load
-from caseledger.workspace import RunPaths, read_json_or_none, sha256_file, write_json
-
-
-def partial_confirmed(
-    paths: RunPaths,
-    partial: dict[str, Any],  # JSON: load/partial.json, as PartialLoad wrote it
-    records: int,
-    processes: int | None = None,
-) -> ConfirmEndEvidence:
-    """The confirm_end evidence of a load accepted as partial: its clients gone, no end file, the raw records kept.
-    `processes` is set only for several client processes (as before: absent otherwise)."""
-    kept = PartialLoad.model_validate(partial)
-    more = {} if processes is None else {"processes": processes}
-    return ConfirmEndEvidence(
-        client_gone=True,
-        end_file=False,
-        records=records,
-        planned=kept.planned,
-        partial=kept,
-        all_accounted=False,
-        raw_sha256=sha256_file(paths.raw),
-        **more,
-    )
-
-
-def confirm_end(run: Run) -> ConfirmEndEvidence:
-    """The load client gone, its raw records counted against its end file (or a partial load's record) and
-    sealed with their sha256; PhaseFailed end_unknown while that cannot be confirmed."""
-    paths, reused = run.paths, bool(run.meta.load_reuse)
-    end: LoadEnd | None = read_json_or_none(paths.load_end)  # JSON: load/end.json as the load client wrote it
-    partial = read_json_or_none(paths.load_partial)  # JSON: load/partial.json, as PartialLoad wrote it
-    if end is None and partial is not None:
-        n = len(read_records(paths.raw).records)
-        if procs.alive(read_json_or_none(paths.load_pid)):
-            raise PhaseFailed("load client alive again", FailureClass.END_UNKNOWN, "resume waits for it")
-        return partial_confirmed(paths, partial, n)
-    if end is None:
-        raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client process and raw records")
-    pid: LoadRef | None = read_json_or_none(paths.load_pid)  # JSON: load/pid.json
-    if not reused and run.case.load.host is not None and not remote_load.confirm_gone(run):
-        raise PhaseFailed(
-            f"load client on {remote_load.where(run.case.load.host)} still alive after its end file",
-            FailureClass.END_UNKNOWN,
-            "resume waits for it",
-        )
-    deadline = time.monotonic() + 30
-    while not reused and pid is not None and procs.alive(pid) and time.monotonic() < deadline:
-        # the client is our child when we started it: reap it so it does not linger as a zombie
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(int(pid["pid"]), os.WNOHANG)
-        time.sleep(0.05)  # it wrote its end file and is exiting
-    if not reused and procs.alive(pid):
-        raise PhaseFailed(
-            "load client still alive 30 s after its end file", FailureClass.END_UNKNOWN, "resume waits for it"
-        )
-    n = len(read_records(paths.raw).records)
-    if n != end["done"]:
-        raise PhaseFailed(
-            f"raw records {n} != end file done {end['done']}",
-            FailureClass.END_UNKNOWN,
-            "resume re-checks; nothing is re-sent",
-        )
-    return ConfirmEndEvidence(
-        client_gone=True,
-        end_file=True,
-        records=n,
-        planned=end["planned"],
-        sent=end["sent"],
-        all_accounted=n == end["sent"] == end["planned"],
-        raw_sha256=sha256_file(paths.raw),
-    )
+from caseledger.procs import child_env
+from caseledger.workspace import RunPaths, sha256_file, write_json
 
 
 def postprocess_env() -> tuple[list[str], dict[str, str]]:

@@ -52,10 +52,12 @@ from caseledger.ledger.evidence import (
 )
 from caseledger.ledger.runs import read_run
 from caseledger.ledger.state import PhaseState, client_refs, fold
-from caseledger.run import after_load, load_parts, phases, prepare
+from caseledger.run import after_load, prepare
 from caseledger.run import lease as run_lease
 from caseledger.run.admission.envcheck import CHART_ENV
 from caseledger.run.handoff_writer import HandoffWriter
+from caseledger.run.load import one as load_one
+from caseledger.run.load import parts as load_parts
 from caseledger.run.preflight import AHEAD, ahead_result, run_fresh
 from caseledger.run.remote import load as remote_load
 from caseledger.run.start import start_next
@@ -233,7 +235,7 @@ class Controller:
         try:
             view = fold(self.ws, self.run_)
             if view.phases[Phase.LOAD].state == PhaseState.PENDING:
-                phases.arm_client(self.run_)  # its start-up overlaps preflight and service
+                load_one.arm_client(self.run_)  # its start-up overlaps preflight and service
             steps = state.next_steps(view)  # the same steps phase_status announced
             for phase in PHASES:
                 pv = view.phases[phase]
@@ -262,7 +264,7 @@ class Controller:
             self._disk_full(e, phase)
         finally:
             spare.free()
-            phases.disarm_client(self.paths)
+            load_one.disarm_client(self.paths)
             self._stop.set()
             if not keep_lease:
                 try:
@@ -438,7 +440,7 @@ class Controller:
 
     def phase_load(self, attempt: int) -> LoadEvidence:
         if self.meta.load_reuse:
-            return phases.reuse_parent_load(self.run_)
+            return load_one.reuse_parent_load(self.run_)
 
         def event(e: et.RunEvent) -> None:
             self.event(e)
@@ -450,12 +452,12 @@ class Controller:
 
         if self.case.load.total_processes > 1:  # several client processes: their own start, wait and merge
             return load_parts.load(self.run_, attempt, event)
-        return phases.load(self.run_, attempt, event)
+        return load_one.load(self.run_, attempt, event)
 
     def phase_confirm_end(self, attempt: int) -> ConfirmEndEvidence:
         if self.case.load.total_processes > 1:  # several client processes: each one's records and end file
             return load_parts.confirm_end(self.run_)
-        return after_load.confirm_end(self.run_)
+        return load_one.confirm_end(self.run_)
 
     def phase_postprocess(self, attempt: int) -> PostprocessEvidence:
         return after_load.postprocess(self.paths, sealed=state.sealed_raw_sha256(state.fold(self.ws, self.run_)))

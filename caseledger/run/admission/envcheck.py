@@ -17,7 +17,7 @@ from caseledger.ledger.leases import ENV_HOST_DIR, ENV_LEASE_S
 from caseledger.load.parts import HEARTBEAT_ENV
 from caseledger.load.transport import TRANSPORT_ENV, TRANSPORTS
 from caseledger.run.admission.policy import CALLER_ENV, CALLERS
-from caseledger.run.load_watch import QUIET_WAIT_ENV
+from caseledger.run.load.watch import QUIET_WAIT_ENV
 from caseledger.run.remote.hosts import ARMED_SLACK_ENV
 from caseledger.services.lease_host import ENV_DIR as ENV_LEASE_HOST_DIR
 from caseledger.workspace.files import ENV_LOCK_TIMEOUT

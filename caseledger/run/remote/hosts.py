@@ -1,6 +1,6 @@
 """Several load client processes on one or more load hosts (run/remote/load.py): per host one link, the inputs
 copied once, every process started armed, one go for all, each followed and sealed (run_parts, called by
-run/load_parts.py).
+run/load/parts.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ its uncertainty, half the shortest round trip) before the load and again after i
 load/clock.json and the load evidence: controller wall time = remote wall time - offset_ns (± uncertainty_ns).
 
 Several processes (load.processes > 1 with load.host, or load.hosts: each host with its processes; run_parts, called
-by run/load_parts.py): per host one SSH link, the inputs copied once, the clock measured once (recorded in each of
+by run/load/parts.py): per host one SSH link, the inputs copied once, the clock measured once (recorded in each of
 its processes' load/p<k>/clock.json); every process `python -m caseledger.load RUN_DIR k` started armed (its files
 under <remote run>/load/p<k>/, remote.json and pid.json under load/p<k>/ here); once every process of every host is
 ready the controller writes load/go here (from then on nothing is started again) naming one instant on its wall

@@ -210,7 +210,7 @@ def _preflight_host(run: Run, host: LoadHost) -> HostPreflight:
 
 async def reserve_raw(link: Link, host: LoadHost, need: dict[str, int]) -> None:
     """Reserve the disk each raw file on the load host will need (path there -> bytes) before any client there is
-    started, as the controller does for its own (run/phases.py:reserve_raw): a full disk there fails the load
+    started, as the controller does for its own (run/load/ends.py:reserve_raw): a full disk there fails the load
     phase `disk` with nothing sent. The directories exist (the caller made them)."""
     args = " ".join(f"{shlex.quote(path)} {int(n)}" for path, n in need.items())
     status, out = await link.call(

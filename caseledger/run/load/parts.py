@@ -8,9 +8,9 @@ process's sent-but-unrecorded requests are never re-sent (its sent.log says how 
 ended or is gone, load/parts.py merges their files into load/ and the one-process checks follow (load_ended).
 On load hosts (load.host with load.processes, or load.hosts) the processes run there (run/remote/load.py: started
 armed, one go for every host, followed and copied back per process into load/p<k>/, sealed); the merge, the
-counts and the checks here are the same, each host's clock offset applied by the merge. Between here and
-run/phases.py the values are typed: end files (LoadEnd), the previous attempt (PhaseAttempt), process references
-(procs.LoadRef), the evidence (LoadEvidence, ConfirmEndEvidence).
+counts and the checks here are the same, each host's clock offset applied by the merge. Both ends of the load
+are run/load/ends.py's, as for one client; the values are typed: end files (LoadEnd), the previous attempt
+(PhaseAttempt), process references (procs.LoadRef), the evidence (LoadEvidence, ConfirmEndEvidence).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concu
 from caseledger.load.plan import plan_of, raw_bytes_needed
 from caseledger.procs import LoadRef
 from caseledger.records import read_records
-from caseledger.run import after_load, phases
-from caseledger.run.load_watch import LoadWatch
+from caseledger.run.load import ends, one
+from caseledger.run.load.watch import LoadWatch
 from caseledger.run.remote import load as remote_load
-from caseledger.workspace import PartPaths, read_json_or_none, sha256_file, write_json
+from caseledger.workspace import PartPaths, read_json_or_none, write_json
 
 EXIT_WAIT_S = 30.0
 
@@ -52,11 +52,11 @@ def load(run: Run, attempt: int, event: et.Emit) -> LoadEvidence:
     (load.host, load.hosts) run/remote/load.py starts, follows and copies them; the merge is the same."""
     paths, case = run.paths, run.case
     parts = [paths.load_part(k) for k in range(case.load.total_processes)]
-    end, prev = phases.set_aside(run, attempt)
+    end, prev = ends.set_aside(run, attempt)
     if end is not None:  # merged by a controller that died before it recorded the phase
-        return phases.load_ended(run, end, prev, LoadEvidence(reattached=True, processes=len(parts)))
+        return ends.load_ended(run, end, prev, LoadEvidence(reattached=True, processes=len(parts)))
     if case.load.host_shares():
-        ends, info = _remote(run, parts, event, prev, attempt)
+        part_ends, info = _remote(run, parts, event, prev, attempt)
     else:
         reattached = _started(run, parts)
         if reattached:
@@ -64,27 +64,22 @@ def load(run: Run, attempt: int, event: et.Emit) -> LoadEvidence:
         else:
             refs = _start(run, parts, event, prev, attempt)
             checkpoint("controller", "during", "load", delay_s=0.5)
-        ends, info = _wait_all(run, parts, refs, event), LoadEvidence(reattached=reattached)
+        part_ends, info = _wait_all(run, parts, refs, event), LoadEvidence(reattached=reattached)
     merged = merge(paths, parts, plan_of(run).digest())
     info = info.merged(LoadEvidence(processes=merged.per_part))
-    gone = [k for k, e in enumerate(ends) if e is None]
+    gone = [k for k, e in enumerate(part_ends) if e is None]
     if gone:
-        if attempt > 1:
-            return phases.partial_load(paths, run.meta.planned, merged.records).merged(info)
         unarmed = [
             f"; process {k} gave up before its go ({ns['reason']}) and sent nothing" for k, ns in _not_started(parts)
         ]
-        raise PhaseFailed(
-            f"load client process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {len(parts)} "
-            f"exited without an end file: {merged.records} of {run.meta.planned} requests recorded"
-            + "".join(unarmed[:2]),
-            FailureClass.END_UNKNOWN,
-            "formal requests are never re-sent automatically; the raw records of every process are kept (resume "
-            "finishes on them)",
+        who = f"load client process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {len(parts)}"
+        partial = ends.gone_without_end(
+            run, merged.records, keep_partial=attempt > 1, who=who, more="".join(unarmed[:2])
         )
+        return partial.merged(info)
     end = read_json_or_none(paths.load_end)  # JSON: load/end.json as merge wrote it
     assert end is not None
-    return phases.load_ended(run, end, prev, info)
+    return ends.load_ended(run, end, prev, info)
 
 
 def _not_started(parts: list[PartPaths]) -> list[tuple[int, dict[str, Any]]]:  # JSON: load/p<k>/not_started.json
@@ -98,30 +93,26 @@ def _remote(
 ) -> tuple[list[LoadEnd | None], LoadEvidence]:
     """The processes on the load hosts: the checks before the first formal request (once), then run_parts."""
     if not run.paths.load_go.exists():
-        phases.before_formal_load(run, prev)
+        ends.before_formal_load(run, prev)
         for part in parts:
             part.load_dir.mkdir(parents=True, exist_ok=True)
         run.paths.load_abort.unlink(missing_ok=True)
-        phases.read_counters(run, run.paths.metrics_before)
-    key_env = run.case.target.api_key_env  # the clients' only variable from here: the API key, on the channel
-    env = {key_env: os.environ[key_env]} if key_env and key_env in os.environ else {}
-    return remote_load.run_parts(run, parts, env, event, attempt)
+    return remote_load.run_parts(run, parts, ends.channel_env(run.case), event, attempt)
 
 
 def _start(run: Run, parts: list[PartPaths], event: et.Emit, prev: PhaseAttempt, attempt: int) -> list[LoadRef | None]:
     """The checks before the first formal request, the P armed clients, their disk, one go."""
     paths, case = run.paths, run.case
-    phases.before_formal_load(run, prev, event)
+    ends.before_formal_load(run, prev, event)
     need, shares = raw_bytes_needed(run), split_concurrency(case.load.concurrency, len(parts))
     for part, c in zip(parts, shares, strict=True):
         part.load_dir.mkdir(parents=True, exist_ok=True)
         part.load_ready.unlink(missing_ok=True)  # a ready of an earlier controller's clients is not theirs
-        phases.reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
+        ends.reserve_raw(part, case, math.ceil(need * c / case.load.concurrency))
     paths.load_abort.unlink(missing_ok=True)  # an abort left by an earlier attempt would stop the new clients
-    phases.snapshot_counters(case, paths.metrics_before)
     # P armed clients waiting for one go cannot run one after another in one process
     procs.launcher().own_process("load.processes > 1 needs real processes: run it outside procs.in_process()")
-    refs: list[LoadRef | None] = [phases.spawn_client(p, armed=True, case=case) for p in parts]
+    refs: list[LoadRef | None] = [one.spawn_client(p, armed=True, case=case) for p in parts]
     _wait_ready(run, parts, refs)
     write_json(paths.load_go, go_record())
     pids = [r["pid"] if r else None for r in refs]
@@ -180,15 +171,15 @@ def _wait_all(run: Run, parts: list[PartPaths], refs: list[LoadRef | None], even
     """Wait until every process has written its end file or is gone; the end files (None: gone without one)."""
     live = [r for r in refs if r is not None]
     watch = LoadWatch(run, live[0] if live else None, event, live[1:])
-    ends: list[LoadEnd | None] = [read_json_or_none(p.load_end) for p in parts]  # JSON: the end.json files
+    got: list[LoadEnd | None] = [read_json_or_none(p.load_end) for p in parts]  # JSON: the end.json files
     try:
         while True:
             watch.tick()
             waiting = False
             for k, part in enumerate(parts):
-                if ends[k] is None:
-                    ends[k] = read_json_or_none(part.load_end)
-                if ends[k] is None and procs.alive(refs[k]):
+                if got[k] is None:
+                    got[k] = read_json_or_none(part.load_end)
+                if got[k] is None and procs.alive(refs[k]):
                     waiting = True
                 else:
                     _reap(refs[k])
@@ -197,10 +188,10 @@ def _wait_all(run: Run, parts: list[PartPaths], refs: list[LoadRef | None], even
             time.sleep(0.1)
     finally:
         watch.close()
-    if any(e is None for e in ends):  # an end file written just before the exit
+    if any(e is None for e in got):  # an end file written just before the exit
         time.sleep(0.2)
-        ends = [e if e is not None else read_json_or_none(p.load_end) for e, p in zip(ends, parts, strict=True)]
-    return ends
+        got = [e if e is not None else read_json_or_none(p.load_end) for e, p in zip(got, parts, strict=True)]
+    return got
 
 
 def confirm_end(run: Run) -> ConfirmEndEvidence:
@@ -208,7 +199,7 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
     (A load reused from a parent run has no processes here: the one-process check.)"""
     paths = run.paths
     if run.meta.load_reuse:
-        return after_load.confirm_end(run)
+        return one.confirm_end(run)
     parts = paths.load_parts()
     if run.case.load.host_shares():  # on load hosts: asked there over SSH
         there = remote_load.parts_alive(run, parts)
@@ -231,9 +222,8 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
         )
     end: LoadEnd | None = read_json_or_none(paths.load_end)  # JSON: load/end.json as merge wrote it
     partial = read_json_or_none(paths.load_partial)  # JSON: load/partial.json, as PartialLoad wrote it
-    n = len(read_records(paths.raw).records)
     if end is None and partial is not None:
-        return after_load.partial_confirmed(paths, partial, n, len(parts))
+        return ends.partial_confirmed(paths, partial, len(read_records(paths.raw).records), len(parts))
     if end is None:
         raise PhaseFailed("no end file", FailureClass.END_UNKNOWN, "resume checks the client processes and raw records")
     for k, part in enumerate(parts):
@@ -245,19 +235,4 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
                 FailureClass.END_UNKNOWN,
                 "resume re-checks; nothing is re-sent",
             )
-    if n != end["done"]:
-        raise PhaseFailed(
-            f"merged raw records {n} != end file done {end['done']}",
-            FailureClass.END_UNKNOWN,
-            "resume merges again; nothing is re-sent",
-        )
-    return ConfirmEndEvidence(
-        client_gone=True,
-        end_file=True,
-        records=n,
-        planned=end["planned"],
-        sent=end["sent"],
-        all_accounted=n == end["sent"] == end["planned"],
-        processes=len(parts),
-        raw_sha256=sha256_file(paths.raw),
-    )
+    return ends.confirmed(paths, end, processes=len(parts))
