@@ -178,9 +178,9 @@ async def _baseline_one(host: str, port: int, path: str, body: bytes, counts: li
 
 
 async def _baseline(run_dir: str, c: int) -> dict[str, Any]:
-    from caseledger.load.plan import plan_from_run_dir
+    from caseledger.load.schedule import schedule_from_run_dir
 
-    plan = plan_from_run_dir(Path(run_dir))
+    plan = schedule_from_run_dir(Path(run_dir))
     url = urlsplit(plan.specs[0].url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
     counts = [0, 0]

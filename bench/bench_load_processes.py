@@ -48,7 +48,7 @@ from caseledger.case.model import Case
 from caseledger.case.store import case_id_of
 from caseledger.load.__main__ import LOAD_NICE
 from caseledger.load.parts import go_record, merge
-from caseledger.load.plan import plan_from_run_dir
+from caseledger.load.schedule import schedule_from_run_dir
 from caseledger.records import read_records
 from caseledger.workspace import RunPaths, Workspace, atomic_write, canonical_json, read_json, write_json
 
@@ -148,7 +148,7 @@ def run_load(paths: RunPaths, processes: int, pin: bool) -> tuple[dict[str, Any]
     for p in procs:
         if p.wait(600) != 0:
             raise SystemExit(f"a load client failed ({p.returncode}); see {paths.load_dir}/p*/client.log")
-    merged = merge(paths, parts, plan_from_run_dir(paths.root).digest())
+    merged = merge(paths, parts, schedule_from_run_dir(paths.root).digest())
     ends = []  # each client's window on process 0's clock, as the merged records are
     for e, info in zip(merged.ends, merged.per_part, strict=True):
         assert e is not None

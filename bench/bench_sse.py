@@ -30,7 +30,7 @@ import orjson
 
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.client import request_one
-from caseledger.load.plan import RequestSpec
+from caseledger.load.schedule import RequestSpec
 from caseledger.load.sse import EventTooLarge, SSEParser
 from caseledger.load.transport import HttpxStreamer
 from caseledger.records import RawRecord

@@ -33,7 +33,7 @@ import orjson
 
 from caseledger.load import client as client_mod
 from caseledger.load import fast
-from caseledger.load.plan import RequestSpec
+from caseledger.load.schedule import RequestSpec
 
 
 def _port() -> int:

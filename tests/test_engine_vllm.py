@@ -28,7 +28,7 @@ from caseledger import services
 from caseledger.case.phases import PHASES
 from caseledger.ledger import authorization
 from caseledger.ledger.state import fold
-from caseledger.load.plan import plan_from_run_dir
+from caseledger.load.schedule import schedule_from_run_dir
 from caseledger.metrics import NotObserved, Ratio, latest_result, parse_prometheus
 from caseledger.metrics._spec import NO_COUNTS
 from caseledger.tools import FreezeResult, StartResult, freeze_case, phase_status, resume, start_run
@@ -328,7 +328,7 @@ def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
     lat = result.windows.whole.latency
 
     # the same bodies caseledger sent (salt and all), by a client that shares no code with caseledger's
-    specs = plan_from_run_dir(ws.run(run.run_id).root).specs
+    specs = schedule_from_run_dir(ws.run(run.run_id).root).specs
     reset_prefix_cache(vllm.port)
     before = vllm.counters()
     mine = asyncio.run(independent_pass([(s.url, s.body) for s in specs]))

@@ -26,9 +26,9 @@ from caseledger.load import (
     HttpxStreamer,
     RequestSpec,
     SSEParser,
-    plan_from_run_dir,
     request_one,
     run_requests,
+    schedule_from_run_dir,
 )
 from caseledger.load.chunks import ERROR_LINE_CHARS, ChunkState, make_record
 from caseledger.load.client import client_timing
@@ -566,7 +566,7 @@ def test_formal_load_writes_records_progress_and_end_and_the_server_saw_exactly_
     assert end["first_send_ns"] == min(r["send_ns"] for r in recs)
     assert end["last_end_ns"] == max(r["end_ns"] for r in recs)
     assert end["cpu_user_s"] > 0 and end["cpu_sys_s"] >= 0 and end["wall_start_utc"] < end["wall_end_utc"]
-    assert end["plan_sha256"] == plan_from_run_dir(paths.root).digest()
+    assert end["plan_sha256"] == schedule_from_run_dir(paths.root).digest()
     progress = read_json(paths.load_progress)
     assert {k: progress[k] for k in ("planned", "sent", "done", "ok", "failed")} == {
         "planned": 12,

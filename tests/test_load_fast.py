@@ -26,7 +26,7 @@ import pytest
 from caseledger.case.model import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.client import run_requests, transport_used
 from caseledger.load.fast import FastStreamer, _Pool, fast_target
-from caseledger.load.plan import RequestSpec, request_body
+from caseledger.load.schedule import RequestSpec, request_body
 from caseledger.load.stamped import SO_TIMESTAMPNS, StampedTransport
 from caseledger.load.transport import TRANSPORT_ENV, HttpxStreamer, Streamer
 from caseledger.records import RawRecord, read_records

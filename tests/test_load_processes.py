@@ -15,8 +15,8 @@ from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
 from caseledger.ledger.event_types import LoadClientStarted
 from caseledger.ledger.events import read_events
-from caseledger.load.parts import part_plan, slot_owners, split_concurrency
-from caseledger.load.plan import LoadPlan, RequestSpec
+from caseledger.load.parts import part_schedule, slot_owners, split_concurrency
+from caseledger.load.schedule import RequestSpec, Schedule
 from caseledger.metrics import latest_result
 from caseledger.records import read_records
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, resume, start_run
@@ -31,9 +31,9 @@ def _spec(i: int, session: int | None = None, turn: int | None = None) -> Reques
     )
 
 
-def _plan(n: int, c: int, p: int, sessions: tuple[tuple[int, ...], ...] | None = None) -> LoadPlan:
+def _plan(n: int, c: int, p: int, sessions: tuple[tuple[int, ...], ...] | None = None) -> Schedule:
     specs = tuple(_spec(i, *((s, t) if sessions else (None, None))) for i, (s, t) in enumerate(_turns(n, sessions)))
-    return LoadPlan(specs, c, 10.0, None, "poisson", 10.0, 0, 1 << 20, sessions=sessions, processes=p)
+    return Schedule(specs, c, 10.0, None, "poisson", 10.0, 0, 1 << 20, sessions=sessions, processes=p)
 
 
 def _turns(n: int, sessions: tuple[tuple[int, ...], ...] | None) -> list[tuple[int | None, int | None]]:
@@ -56,7 +56,7 @@ def test_concurrency_is_split_as_evenly_as_it_goes() -> None:
 
 def test_every_request_goes_to_exactly_one_process_with_its_schedule() -> None:
     plan = _plan(23, 5, 2)
-    parts = [part_plan(plan, k) for k in range(2)]
+    parts = [part_schedule(plan, k) for k in range(2)]
     assert [p.concurrency for p in parts] == [3, 2]
     dealt = sorted(s.i for p in parts for s in p.specs)
     assert dealt == list(range(23))
@@ -69,7 +69,7 @@ def test_every_request_goes_to_exactly_one_process_with_its_schedule() -> None:
 def test_a_conversation_stays_in_one_process() -> None:
     sessions = ((0, 2, 4), (1, 3), (5,), (6, 7))
     plan = _plan(8, 2, 2, sessions)
-    parts = [part_plan(plan, k) for k in range(2)]
+    parts = [part_schedule(plan, k) for k in range(2)]
     for p in parts:
         assert p.sessions is not None
         for turns in p.sessions:

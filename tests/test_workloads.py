@@ -17,7 +17,7 @@ from caseledger.datasets.counting import open_tokenizer
 from caseledger.datasets.trace import sample_jsonl
 from caseledger.errors import CaseledgerError
 from caseledger.ledger.runs import read_run
-from caseledger.load.plan import RECORD_BYTES, TOKEN_BYTES, raw_bytes_needed
+from caseledger.load.schedule import RECORD_BYTES, TOKEN_BYTES, raw_bytes_needed
 from caseledger.metrics import Distribution, latest_result
 from caseledger.tools import freeze_case, phase_status, reprocess_raw, start_run
 from caseledger.workspace import Workspace
@@ -121,10 +121,10 @@ def test_drawn_lengths_reach_the_requests_and_the_same_seed_draws_the_same(ws: W
     assert c.dataset_id != a.dataset_id
     assert [e["body_tokens"] for e in datasets.load_entries(ws, c.dataset_id)] != [e["body_tokens"] for e in ea]
     from caseledger.case.store import load_case
-    from caseledger.load.plan import build_plan
+    from caseledger.load.schedule import build_schedule
 
     case = load_case(ws, a.case_id)
-    plan = build_plan(case, ea, None, datasets.load_identity(ws, a.dataset_id))
+    plan = build_schedule(case, ea, None, datasets.load_identity(ws, a.dataset_id))
     assert [orjson.loads(s.body)["max_tokens"] for s in plan.specs] == [e["output_tokens"] for e in ea[:4]]
     assert case.load.max_tokens is None
 

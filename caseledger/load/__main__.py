@@ -12,7 +12,7 @@ only says where it is. Files written under RUN_DIR/load/ (see RunPaths; the writ
     end.json       counts, first_send_ns/last_end_ns, wall and CPU times, chunks, "exit", when the load ended
 
 `python -m caseledger.load RUN_DIR K` is process K of a load shared by load.processes = P > 1 processes
-(load/parts.py): the same files under RUN_DIR/load/pK/, its share of the plan (its requests and its share of C),
+(load/parts.py): the same files under RUN_DIR/load/pK/, its share of the schedule (its requests and its share of C),
 load/pK/ready once it waits for the go, and a schedule that starts at the instant load/go names (one for all P);
 it refuses as below when its own files or the merged load/ show an earlier start.
 On a load host the controller's pid means nothing there: an armed client (HEARTBEAT_ENV set) also gives up once the
@@ -43,9 +43,9 @@ from caseledger import procs
 from caseledger.errors import CaseledgerError
 from caseledger.faults import checkpoint
 from caseledger.load.client import run_requests, transport_used
-from caseledger.load.parts import HEARTBEAT_ENV, part_plan, start_of
-from caseledger.load.plan import LoadPlan, plan_from_run_dir
+from caseledger.load.parts import HEARTBEAT_ENV, part_schedule, start_of
 from caseledger.load.recording import RawWriter, Tally, clock_anchor, progress_loop, stall_loop, utc_now
+from caseledger.load.schedule import Schedule, schedule_from_run_dir
 from caseledger.load.sessions import run_sessions
 from caseledger.records import RawRecord
 from caseledger.workspace import PartPaths, RunPaths, Spare, is_disk_full, read_json_or_none, reserve, write_json
@@ -79,7 +79,7 @@ async def _watch_signals(scope: anyio.CancelScope, caught: list[str]) -> None:
 
 async def _run(
     paths: RunPaths,
-    plan: LoadPlan,
+    schedule: Schedule,
     api_key: str | None,
     writer: RawWriter,
     tally: Tally,
@@ -110,28 +110,28 @@ async def _run(
         if own_process:  # signal handlers belong to the process (and only its main thread may set them)
             tg.start_soon(_watch_signals, load_scope, caught)
         with load_scope:
-            if plan.sessions is not None:  # conversations: each turn after the previous one's response
+            if schedule.sessions is not None:  # conversations: each turn after the previous one's response
                 await run_sessions(
-                    plan,
+                    schedule,
                     "load",
                     api_key=api_key,
                     on_record=on_record,
                     on_send=tally.on_send,
-                    max_event_bytes=plan.max_event_bytes,
+                    max_event_bytes=schedule.max_event_bytes,
                     start_ns=start_ns,
                     run_id=paths.run_id,
                 )
             else:
                 await run_requests(
-                    plan.specs,
-                    plan.concurrency,
+                    schedule.specs,
+                    schedule.concurrency,
                     "load",
                     api_key=api_key,
                     on_record=on_record,
                     on_send=tally.on_send,
-                    timeout_s=plan.timeout_s,
-                    max_event_bytes=plan.max_event_bytes,
-                    scheduled=plan.scheduled,
+                    timeout_s=schedule.timeout_s,
+                    max_event_bytes=schedule.max_event_bytes,
+                    scheduled=schedule.scheduled,
                     start_ns=start_ns,
                     run_id=paths.run_id,
                 )
@@ -144,7 +144,7 @@ LOAD_NICE = -5
 
 
 def quiet_runtime() -> None:
-    """Keep pauses out of send times. What exists before the first send (imports, the plan) is frozen out of
+    """Keep pauses out of send times. What exists before the first send (imports, the schedule) is frozen out of
     the cyclic collector, so a full collection during the load walks only what the load made; a thread (the
     progress writer) gives the GIL back to the event loop within 0.5 ms, not 5; and where the host allows it
     (CAP_SYS_NICE) the client runs at nice LOAD_NICE, so a due send or an arriving chunk is not queued behind
@@ -161,7 +161,7 @@ ARMED_ENV = "CASELEDGER_LOAD_ARMED"
 
 
 def wait_for_go(paths: RunPaths, poll_s: float = 0.01, heartbeat_s: float | None = None) -> str | None:
-    """Armed start: the controller spawns the client while preflight runs, so its start-up (imports, plan)
+    """Armed start: the controller spawns the client while preflight runs, so its start-up (imports, schedule)
     is off the hot path. Nothing is sent until load/go exists (None); load/abort or a dead controller ends it
     (why, returned): dead when the run's controller.pid names no live controller (a resume's new controller
     adopts a client its dead predecessor armed). heartbeat_s (a client on a load host, where the controller's
@@ -273,7 +273,7 @@ def _main(paths: RunPaths, own_process: bool = True) -> int:
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(paths.raw, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        plan, transport, api_key = _admit(paths, fd)
+        schedule, transport, api_key = _admit(paths, fd)
         start_ns = start_of(paths.load_go) if isinstance(paths, PartPaths) else None
     except _NotStarted as e:  # the one exit before the load: the raw file's descriptor closed here
         os.close(fd)
@@ -282,7 +282,7 @@ def _main(paths: RunPaths, own_process: bool = True) -> int:
         else:
             print(e.line, file=sys.stderr, flush=True)
         return e.code
-    return _load(paths, fd, plan, transport, api_key, start_ns, own_process)
+    return _load(paths, fd, schedule, transport, api_key, start_ns, own_process)
 
 
 def _refusal(paths: RunPaths) -> str | None:
@@ -292,22 +292,22 @@ def _refusal(paths: RunPaths) -> str | None:
     return refusal(paths)
 
 
-def _plan(paths: RunPaths) -> LoadPlan:
-    """The plan this client sends: the run's, or for process k of load.processes its share (load/parts.py)."""
-    plan = plan_from_run_dir(paths.root)
+def _schedule(paths: RunPaths) -> Schedule:
+    """The schedule this client sends: the run's, or for process k of load.processes its share (load/parts.py)."""
+    schedule = schedule_from_run_dir(paths.root)
     if isinstance(paths, PartPaths):
-        return part_plan(plan, paths.part)
-    if plan.processes > 1:
+        return part_schedule(schedule, paths.part)
+    if schedule.processes > 1:
         raise ValueError(
-            f"load.processes is {plan.processes}: start each client with its index, "
+            f"load.processes is {schedule.processes}: start each client with its index, "
             "python -m caseledger.load RUN_DIR PROCESS (the controller does)"
         )
-    return plan
+    return schedule
 
 
-def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
+def _admit(paths: RunPaths, fd: int) -> tuple[Schedule, str, str | None]:
     """Everything that must hold before the first formal request: the raw file's lock (one client per run,
-    ever at once), no earlier attempt on record, the plan and its transport, the API key, the controller's go."""
+    ever at once), no earlier attempt on record, the schedule and its transport, the API key, the controller's go."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until exit
     except BlockingIOError:
@@ -321,31 +321,31 @@ def _admit(paths: RunPaths, fd: int) -> tuple[LoadPlan, str, str | None]:
         )
     write_json(paths.load_pid, procs.me())
     try:
-        plan = _plan(paths)
-        transport = transport_used(s.url for s in plan.specs)  # an unknown transport refuses before any send
+        schedule = _schedule(paths)
+        transport = transport_used(s.url for s in schedule.specs)  # an unknown transport refuses before any send
     except (CaseledgerError, ValueError, OSError) as e:
         raise _NotStarted(EXIT_NOT_STARTED, f"load: not started, nothing sent: {type(e).__name__}: {e}") from None
     api_key = None
-    if plan.api_key_env:
-        api_key = os.environ.get(plan.api_key_env)
+    if schedule.api_key_env:
+        api_key = os.environ.get(schedule.api_key_env)
         if not api_key:
             raise _NotStarted(
                 EXIT_NOT_STARTED,
                 f"load: not started, nothing sent: target.api_key_env names "
-                f"{plan.api_key_env}, which is not set in the load client's environment; export it "
+                f"{schedule.api_key_env}, which is not set in the load client's environment; export it "
                 "for the controller",
             )
     if isinstance(paths, PartPaths):
         paths.load_ready.touch()  # the controller gives one go once every process is here
     if os.environ.get(ARMED_ENV):
         _await_go(paths)
-    return plan, transport, api_key
+    return schedule, transport, api_key
 
 
 def _load(
     paths: RunPaths,
     fd: int,
-    plan: LoadPlan,
+    schedule: Schedule,
     transport: str,
     api_key: str | None,
     start_ns: int | None = None,
@@ -353,15 +353,15 @@ def _load(
 ) -> int:
     """The formal load: send, record every request, then the end file (written even on a full disk).
     start_ns: the monotonic instant the schedule starts at (one go for several processes); None: at once."""
-    part = f" (process {paths.part} of {plan.processes})" if isinstance(paths, PartPaths) else ""
+    part = f" (process {paths.part} of {schedule.processes})" if isinstance(paths, PartPaths) else ""
     log(
-        f"run {paths.run_id}{part}: {plan.planned} requests, C={plan.concurrency}, rate={plan.rate}, "
-        f"arrival={plan.arrival}, timeout_s={plan.timeout_s:g}"
+        f"run {paths.run_id}{part}: {schedule.planned} requests, C={schedule.concurrency}, rate={schedule.rate}, "
+        f"arrival={schedule.arrival}, timeout_s={schedule.timeout_s:g}"
     )
     spare = Spare(paths.load_dir / ".spare")  # freed on a full disk so the end file can still be written
     sent_fd = os.open(paths.load_sent, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    reserve(sent_fd, 12 * plan.planned)
-    tally = Tally(planned=plan.planned, sent_fd=sent_fd)
+    reserve(sent_fd, 12 * schedule.planned)
+    tally = Tally(planned=schedule.planned, sent_fd=sent_fd)
     write_json(paths.load_progress, tally.progress())
     writer = RawWriter(fd)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -370,7 +370,7 @@ def _load(
     if own_process:
         quiet_runtime()
     try:
-        caught = anyio.run(_run, paths, plan, api_key, writer, tally, start_ns, own_process)
+        caught = anyio.run(_run, paths, schedule, api_key, writer, tally, start_ns, own_process)
     finally:
         writer.close()
         if tally.sent_fd is not None:
@@ -381,7 +381,7 @@ def _load(
         spare.free()
     with contextlib.suppress(OSError):
         write_json(paths.load_progress, tally.progress())
-    end = _end_record(tally, plan, transport, caught, wall_start, ru0, ru)
+    end = _end_record(tally, schedule, transport, caught, wall_start, ru0, ru)
     try:
         write_json(paths.load_end, end)
     except OSError as e:
@@ -399,7 +399,7 @@ def _load(
 
 def _end_record(
     tally: Tally,
-    plan: LoadPlan,
+    schedule: Schedule,
     transport: str,
     caught: list[str],
     wall_start: str,
@@ -419,7 +419,7 @@ def _end_record(
         "cpu_load_user_s": ru.ru_utime - ru0.ru_utime,
         "cpu_load_sys_s": ru.ru_stime - ru0.ru_stime,
         "chunks": tally.chunks,
-        "plan_sha256": plan.digest(),
+        "plan_sha256": schedule.digest(),
         "transport": transport,
         "nice": os.getpriority(os.PRIO_PROCESS, 0),  # LOAD_NICE when the host allowed it, else what it inherited
         "exit": "disk_full" if tally.disk_full else "cancelled" if caught else "complete",

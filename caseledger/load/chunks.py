@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from caseledger import redact
-from caseledger.load.plan import RequestSpec
+from caseledger.load.schedule import RequestSpec
 from caseledger.records import ErrorClass, RawRecord
 
 ERROR_LINE_CHARS = 120  # a target's error text, as the ledger and every view show it: a status line, not a body

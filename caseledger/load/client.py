@@ -28,7 +28,7 @@ from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.auth import request_headers
 from caseledger.load.chunks import ChunkState, ServerStreamError, error_line, make_record
 from caseledger.load.fast import FastStreamer, fast_target
-from caseledger.load.plan import RequestSpec
+from caseledger.load.schedule import RequestSpec
 from caseledger.load.sse import EventTooLarge, SSEParser
 from caseledger.load.transport import (
     ConnectFailed,
@@ -201,7 +201,7 @@ class _Runner:
                     wave.append((spec, self.launch_now(spec)))
                     continue
                 self.start(tg, wave)
-                await self.slots.acquire()  # a due request waits for a free slot; plan order is kept
+                await self.slots.acquire()  # a due request waits for a free slot; schedule order is kept
                 tg.start_soon(self.worker, spec, self.launch_now(spec))
             self.start(tg, wave)
 
@@ -322,7 +322,7 @@ async def run_requests(
     start_ns: int | None = None,
     run_id: str | None = None,
 ) -> list[RawRecord]:
-    """Send specs in plan order, at their offsets, at most `concurrency` in flight; records sorted by i.
+    """Send specs in schedule order, at their offsets, at most `concurrency` in flight; records sorted by i.
 
     transport: None (over the network: FastStreamer, or HttpxStreamer per CASELEDGER_LOAD_TRANSPORT), an
     httpx2 transport (e.g. MockTransport) or a Streamer.

@@ -3,8 +3,8 @@
 Dealing (pure): C is split as evenly as it goes (C=5, P=2: 3 + 2) and the C slots are owned in contiguous blocks
 (slots 0-2 by process 0, 3-4 by process 1); request i goes to the owner of slot i mod C, a conversation j (its
 turns in order) to the owner of slot j mod C. Each process so gets a share of the requests proportional to its
-slots, interleaved in plan order, and a request keeps its index i, its entry, its body and its offset: a rate's
-arrival schedule is drawn once for all N (load/plan.py) and dealt out, so the aggregate arrival process is the
+slots, interleaved in schedule order, and a request keeps its index i, its entry, its body and its offset: a rate's
+arrival schedule is drawn once for all N (load/schedule.py) and dealt out, so the aggregate arrival process is the
 declared one; every process starts its schedule at the one instant load/go names.
 
 Each process writes the one-process files under load/p<k>/ (workspace.PartPaths). When every process has ended
@@ -25,7 +25,7 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-from caseledger.load.plan import LoadPlan, RequestSpec
+from caseledger.load.schedule import RequestSpec, Schedule
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import PartPaths, RunPaths, atomic_write, read_json_or_none, write_json
 
@@ -56,31 +56,31 @@ def slot_owners(concurrency: int, processes: int) -> list[int]:
     return [k for k, n in enumerate(split_concurrency(concurrency, processes)) for _ in range(n)]
 
 
-def part_plan(plan: LoadPlan, part: int) -> LoadPlan:
-    """Process `part`'s share of the plan (see the module): its requests in plan order, its share of C."""
-    p, c = plan.processes, plan.concurrency
+def part_schedule(schedule: Schedule, part: int) -> Schedule:
+    """Process `part`'s share of the schedule (see the module): its requests in schedule order, its share of C."""
+    p, c = schedule.processes, schedule.concurrency
     if not 0 <= part < p:
         raise ValueError(f"process index {part} is outside 0..{p - 1} (load.processes is {p})")
     owners = slot_owners(c, p)
-    if plan.sessions is None:
-        specs = tuple(s for n, s in enumerate(plan.specs) if owners[n % c] == part)
+    if schedule.sessions is None:
+        specs = tuple(s for n, s in enumerate(schedule.specs) if owners[n % c] == part)
         sessions = None
     else:
-        mine = [turns for j, turns in enumerate(plan.sessions) if owners[j % c] == part]
+        mine = [turns for j, turns in enumerate(schedule.sessions) if owners[j % c] == part]
         keep = sorted(k for turns in mine for k in turns)
         at = {k: n for n, k in enumerate(keep)}
-        specs = tuple(plan.specs[k] for k in keep)
+        specs = tuple(schedule.specs[k] for k in keep)
         sessions = tuple(tuple(at[k] for k in turns) for turns in mine)
-    return replace(plan, specs=specs, sessions=sessions, concurrency=split_concurrency(c, p)[part])
+    return replace(schedule, specs=specs, sessions=sessions, concurrency=split_concurrency(c, p)[part])
 
 
-def owner_of(plan: LoadPlan, spec: RequestSpec) -> int:
-    """The process a formal request is dealt to (for readers that hold the whole plan)."""
-    owners = slot_owners(plan.concurrency, plan.processes)
-    if plan.sessions is None:
-        return owners[spec.i % plan.concurrency]
-    j = next(j for j, turns in enumerate(plan.sessions) if any(plan.specs[k].i == spec.i for k in turns))
-    return owners[j % plan.concurrency]
+def owner_of(schedule: Schedule, spec: RequestSpec) -> int:
+    """The process a formal request is dealt to (for readers that hold the whole schedule)."""
+    owners = slot_owners(schedule.concurrency, schedule.processes)
+    if schedule.sessions is None:
+        return owners[spec.i % schedule.concurrency]
+    j = next(j for j, turns in enumerate(schedule.sessions) if any(schedule.specs[k].i == spec.i for k in turns))
+    return owners[j % schedule.concurrency]
 
 
 def boot_id() -> str | None:

@@ -18,7 +18,7 @@ import anyio
 import orjson
 
 from caseledger.load.parts import boot_id
-from caseledger.load.plan import RequestSpec
+from caseledger.load.schedule import RequestSpec
 from caseledger.records import RawRecord
 from caseledger.workspace import RunPaths, is_disk_full, write_json
 from caseledger.workspace import utc_now as ledger_utc_now

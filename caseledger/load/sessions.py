@@ -29,7 +29,7 @@ import orjson
 from caseledger.case.bounds import DEFAULT_MAX_EVENT_BYTES
 from caseledger.load.auth import request_headers
 from caseledger.load.client import open_streamer, request_one, sleep_until
-from caseledger.load.plan import LoadPlan, RequestSpec
+from caseledger.load.schedule import RequestSpec, Schedule
 from caseledger.load.transport import Streamer
 from caseledger.records import RawRecord
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 def turn_body(spec: RequestSpec, history: list[dict[str, str]]) -> bytes:
-    """The turn's body: the conversation so far, then the turn's own user message (the plan's body holds it)."""
+    """The turn's body: the conversation so far, then the turn's own user message (the schedule's body holds it)."""
     if not history:
         return spec.body
     body: dict[str, Any] = orjson.loads(spec.body)  # JSON: the request body
@@ -55,17 +55,17 @@ def history_tokens(rec: RawRecord) -> int | None:
 class _Conversations:
     def __init__(
         self,
-        plan: LoadPlan,
+        schedule: Schedule,
         streamer: Streamer,
         headers: Mapping[str, str],
         on_record: Callable[[RawRecord], None] | None,
         on_send: Callable[[RequestSpec], None] | None,
         max_event_bytes: int,
     ) -> None:
-        self.plan, self.streamer, self.headers = plan, streamer, headers
+        self.schedule, self.streamer, self.headers = schedule, streamer, headers
         self.on_record, self.on_send = on_record, on_send
         self.max_event_bytes = max_event_bytes
-        self.slots = anyio.Semaphore(plan.concurrency)
+        self.slots = anyio.Semaphore(schedule.concurrency)
         self.records: list[RawRecord] = []
 
     def finish(self, rec: RawRecord) -> None:
@@ -78,7 +78,7 @@ class _Conversations:
             history: list[dict[str, str]] = []
             shared: int | None = None
             for k, idx in enumerate(turns):
-                spec = self.plan.specs[idx]
+                spec = self.schedule.specs[idx]
                 if k and spec.think_s > 0:
                     await anyio.sleep(spec.think_s)
                 sent = replace(spec, body=turn_body(spec, history), planned_shared_tokens=shared)
@@ -88,7 +88,7 @@ class _Conversations:
                     sent,
                     self.streamer,
                     self.headers,
-                    self.plan.timeout_s,
+                    self.schedule.timeout_s,
                     self.finish,
                     max_event_bytes=self.max_event_bytes,
                     keep_text=True,
@@ -102,15 +102,15 @@ class _Conversations:
             self.slots.release()
 
     async def run(self) -> None:
-        assert self.plan.sessions is not None
+        assert self.schedule.sessions is not None
         async with anyio.create_task_group() as tg:
-            for turns in self.plan.sessions:
+            for turns in self.schedule.sessions:
                 await self.slots.acquire()  # conversations open in order, at most C at once
                 tg.start_soon(self.conversation, turns)
 
 
 async def run_sessions(
-    plan: LoadPlan,
+    schedule: Schedule,
     phase: str,
     *,
     transport: httpx2.AsyncBaseTransport | Streamer | None = None,
@@ -121,16 +121,16 @@ async def run_sessions(
     start_ns: int | None = None,
     run_id: str | None = None,
 ) -> list[RawRecord]:
-    """Send a plan's conversations (plan.sessions), at most plan.concurrency at once; records sorted by i.
+    """Send a schedule's conversations (schedule.sessions), at most schedule.concurrency at once; records sorted by i.
 
     transport, api_key, on_record, on_send as for run_requests; a cancelled load records its turns in flight
     with error_class 'client' before unwinding, and sends no later turn.
     """
-    if plan.sessions is None:
-        raise ValueError("run_sessions needs a plan with sessions (dataset.sessions)")
-    streamer, owned = open_streamer(transport, plan.concurrency)
+    if schedule.sessions is None:
+        raise ValueError("run_sessions needs a schedule with sessions (dataset.sessions)")
+    streamer, owned = open_streamer(transport, schedule.concurrency)
     runner = _Conversations(
-        plan, streamer, request_headers(phase, api_key, run_id), on_record, on_send, max_event_bytes
+        schedule, streamer, request_headers(phase, api_key, run_id), on_record, on_send, max_event_bytes
     )
     try:
         if start_ns is not None:

@@ -30,7 +30,7 @@ from caseledger.errors import CaseledgerError
 from caseledger.faults import fault
 from caseledger.ledger.evidence import ContextCheck, PreflightChecks, PreflightResult
 from caseledger.ledger.runs import Run, read_run
-from caseledger.load.plan import LoadPlan, plan_of, raw_bytes_needed
+from caseledger.load.schedule import Schedule, raw_bytes_needed, schedule_of
 from caseledger.procs import child_env
 from caseledger.workspace import RunPaths, read_json_or_none, write_json
 
@@ -109,7 +109,7 @@ def _plan_checks(run: Run) -> tuple[str, int, ContextCheck | None]:
     model's context."""
     case = run.case
     sha = datasets.verify(run.workspace, run.meta.dataset())
-    plan = plan_of(run)  # the load client's own plan function, on the run read above
+    plan = schedule_of(run)  # the load client's own plan function, on the run read above
     n = plan.planned
     if n != case.load.requests:
         raise Refused(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
@@ -126,7 +126,7 @@ def context_limit(case: Case) -> tuple[int, str] | None:
     return None
 
 
-def context_check(case: Case, plan: LoadPlan) -> ContextCheck | None:
+def context_check(case: Case, plan: Schedule) -> ContextCheck | None:
     """Every formal request's chat prompt + max_tokens against the model's context; the first too long refuses
     the run before any request is sent (the engine would answer HTTP 400, or cut the prompt)."""
     limit = context_limit(case)

@@ -23,7 +23,7 @@ from caseledger.ledger.evidence import (
 from caseledger.ledger.runs import Run
 from caseledger.load.auth import api_key_of, refuse_auth
 from caseledger.load.client import run_requests
-from caseledger.load.plan import RequestSpec, request_body, request_url
+from caseledger.load.schedule import RequestSpec, request_body, request_url
 from caseledger.records import RawRecord
 
 

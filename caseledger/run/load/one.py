@@ -20,7 +20,7 @@ from caseledger.faults import checkpoint
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PhaseAttempt
 from caseledger.ledger.runs import Run
-from caseledger.load.plan import raw_bytes_needed
+from caseledger.load.schedule import raw_bytes_needed
 from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
 from caseledger.run.load import ends

@@ -29,7 +29,7 @@ from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PhaseAttempt
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import READY_TIMEOUT_S, go_record, merge, split_concurrency
-from caseledger.load.plan import plan_of, raw_bytes_needed
+from caseledger.load.schedule import raw_bytes_needed, schedule_of
 from caseledger.procs import LoadRef
 from caseledger.records import read_records
 from caseledger.run.load import ends, one
@@ -65,7 +65,7 @@ def load(run: Run, attempt: int, event: et.Emit) -> LoadEvidence:
             refs = _start(run, parts, event, prev, attempt)
             checkpoint("controller", "during", "load", delay_s=0.5)
         part_ends, info = _wait_all(run, parts, refs, event), LoadEvidence(reattached=reattached)
-    merged = merge(paths, parts, plan_of(run).digest())
+    merged = merge(paths, parts, schedule_of(run).digest())
     info = info.merged(LoadEvidence(processes=merged.per_part))
     gone = [k for k, e in enumerate(part_ends) if e is None]
     if gone:

@@ -22,7 +22,7 @@ from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
 from caseledger.ledger.evidence import LoadEnd
 from caseledger.ledger.runs import Run
-from caseledger.load.plan import raw_bytes_needed
+from caseledger.load.schedule import raw_bytes_needed
 from caseledger.procs import LoadRef, ProcRef
 from caseledger.run.remote.link import (
     POLL_TIMEOUT_S,

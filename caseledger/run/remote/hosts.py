@@ -25,7 +25,7 @@ from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
 from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
-from caseledger.load.plan import raw_bytes_needed
+from caseledger.load.schedule import raw_bytes_needed
 from caseledger.procs import LoadRef
 from caseledger.run.remote.follow import POLL_S, Follower, clock_record
 from caseledger.run.remote.link import (

@@ -14,7 +14,7 @@ import pytest
 from caseledger import datasets
 from caseledger.case.model import Case
 from caseledger.errors import CaseInvalid
-from caseledger.load import LoadPlan, arrival_offsets, build_plan, plan_from_run_dir
+from caseledger.load import Schedule, arrival_offsets, build_schedule, schedule_from_run_dir
 from caseledger.workspace import Workspace
 from tests.helpers import RUN_ID, make_run_dir
 
@@ -41,10 +41,10 @@ def mat(
     return ws, case, datasets.load_entries(ws, ident.dataset_id), ident
 
 
-def plan_for(mat: Any, salt: str | None = "s1", **over: Any) -> tuple[Case, LoadPlan]:
+def plan_for(mat: Any, salt: str | None = "s1", **over: Any) -> tuple[Case, Schedule]:
     _, _, entries, ident = mat
     case = Case.model_validate(draft(**over)).filled()
-    return case, build_plan(case, entries, salt, ident)
+    return case, build_schedule(case, entries, salt, ident)
 
 
 def test_the_plan_carries_load_max_event_bytes(mat: Any) -> None:
@@ -52,7 +52,7 @@ def test_the_plan_carries_load_max_event_bytes(mat: Any) -> None:
     assert plan_for(mat, load={"max_event_bytes": 2**20})[1].max_event_bytes == 2**20
 
 
-def bodies(plan: LoadPlan) -> list[dict[str, Any]]:
+def bodies(plan: Schedule) -> list[dict[str, Any]]:
     return [orjson.loads(s.body) for s in plan.specs]
 
 
@@ -121,7 +121,7 @@ def test_completions_body_sends_a_prompt_and_max_tokens_defaults_to_dataset_outp
     _, _, entries, ident = mat
     # not filled: load.max_tokens stays null and falls back to dataset.output_tokens
     case = Case.model_validate(draft(target={"api": "completions"}))
-    plan = build_plan(case, entries, None, ident)
+    plan = build_schedule(case, entries, None, ident)
     body = bodies(plan)[3]
     assert plan.specs[3].url.endswith("/v1/completions")
     assert body["prompt"] == datasets.render_prompt(entries[3], None, ident) and "messages" not in body
@@ -141,7 +141,7 @@ def test_fewer_entries_than_requests_is_refused_naming_both_fields(mat: Any) -> 
     _, _, entries, ident = mat
     case = Case.model_validate(draft()).filled()
     with pytest.raises(CaseInvalid) as err:
-        build_plan(case, entries[:4], None, ident)
+        build_schedule(case, entries[:4], None, ident)
     assert "load.requests" in str(err.value) and "dataset.entries" in str(err.value)
 
 
@@ -151,37 +151,37 @@ def test_fewer_entries_than_requests_is_refused_naming_both_fields(mat: Any) -> 
 def test_plan_from_run_dir_uses_the_frozen_case_and_the_runs_salt(tmp_path: Path) -> None:
     ws = Workspace(tmp_path / "ws")
     paths = make_run_dir(ws, draft())
-    plan = plan_from_run_dir(paths.root)
+    plan = schedule_from_run_dir(paths.root)
     case = Case.model_validate(orjson.loads(paths.case.read_bytes()))
     ident = datasets.load_identity(ws, orjson.loads(paths.run_json.read_bytes())["dataset_id"])
     entries = datasets.load_entries(ws, ident.dataset_id)
-    assert plan == build_plan(case, entries, RUN_ID, ident)
-    assert plan != build_plan(case, entries, None, ident)  # the salt reached the bodies
+    assert plan == build_schedule(case, entries, RUN_ID, ident)
+    assert plan != build_schedule(case, entries, None, ident)  # the salt reached the bodies
 
 
 @pytest.mark.integration
 def test_plan_builds_in_a_fresh_process_with_files_and_sockets_forbidden(tmp_path: Path) -> None:
-    """What preflight relies on: build_plan itself does no I/O (everything it needs is passed in)."""
+    """What preflight relies on: build_schedule itself does no I/O (everything it needs is passed in)."""
     ws = Workspace(tmp_path / "ws")
     paths = make_run_dir(ws, draft(load={"requests": 10, "concurrency": 3, "rate": 5.0, "arrival": "gamma"}))
     script = f"""
 import sys
-from caseledger.load.plan import build_plan
+from caseledger.load.schedule import build_schedule
 from caseledger.ledger.runs import read_run
 from caseledger import datasets
 run = read_run({str(paths.root)!r})
 entries = datasets.load_entries(run.workspace, run.meta.dataset_id)
 ident = datasets.load_identity(run.workspace, run.meta.dataset_id)
-case = run.case  # read before the guard: build_plan itself must do no I/O
+case = run.case  # read before the guard: build_schedule itself must do no I/O
 import numpy.random  # the gamma draw's module, which plan.py imports on first use: code, not the plan's data
 def guard(event, args):
     if event == "open" or event.startswith(("socket.", "subprocess.", "os.")):
-        raise PermissionError(f"I/O during build_plan: {{event}} {{args!r:.80}}")
+        raise PermissionError(f"I/O during build_schedule: {{event}} {{args!r:.80}}")
 sys.addaudithook(guard)
-plan = build_plan(case, entries, run.meta.salt, ident)
+plan = build_schedule(case, entries, run.meta.salt, ident)
 print(plan.planned, plan.digest())
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "10"
-    assert out.stdout.split()[1] == plan_from_run_dir(paths.root).digest()
+    assert out.stdout.split()[1] == schedule_from_run_dir(paths.root).digest()

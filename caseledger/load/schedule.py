@@ -1,8 +1,8 @@
-"""The load plan: which entry each formal request sends, where, when, with which body. Pure, no I/O.
+"""The load schedule: which entry each formal request sends, where, when, with which body. Pure, no I/O.
 
-`build_plan` turns the frozen case, the dataset entries, the run salt and the dataset identity into N
+`build_schedule` turns the frozen case, the dataset entries, the run salt and the dataset identity into N
 request specs: entry i -> request i, route i % len(endpoints), a scheduled send offset from the arrival
-process, and the request body encoded once. `plan_from_run_dir` is the single entry point used by both
+process, and the request body encoded once. `schedule_from_run_dir` is the single entry point used by both
 the load client and preflight (which calls it in a fresh process with sockets forbidden), so what
 preflight proves is exactly what the load sends.
 """
@@ -31,7 +31,7 @@ PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completio
 class RequestSpec:
     """One request as the client sends it. Also built by the warmup / route_verify / cache phases."""
 
-    i: int  # request index in plan order (0..N-1 for the formal load)
+    i: int  # request index in schedule order (0..N-1 for the formal load)
     entry: int  # dataset entry index
     route: int  # endpoint index in case.target.endpoints
     offset_s: float  # scheduled send time after the load start; 0 for all when rate is unlimited
@@ -53,7 +53,7 @@ class RequestSpec:
 
 
 @dataclass(frozen=True)
-class LoadPlan:
+class Schedule:
     """The formal load of one run, fully determined by case + entries + salt."""
 
     specs: tuple[RequestSpec, ...]
@@ -137,7 +137,7 @@ def arrival_offsets(n: int, rate: float | None, arrival: str, burstiness: float,
     if arrival == "trace":
         raise CaseInvalid(
             "load.arrival 'trace' takes its offsets from the dataset's trace rows",
-            "build the plan with build_plan, which reads them from the entries",
+            "build the schedule with build_schedule, which reads them from the entries",
         )
     if rate is None:
         return [0.0] * n
@@ -157,7 +157,7 @@ def arrival_offsets(n: int, rate: float | None, arrival: str, burstiness: float,
     return [0.0, *np.cumsum(gaps).tolist()]
 
 
-def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity: DatasetIdentity) -> LoadPlan:
+def build_schedule(case: Case, entries: Sequence[Entry], salt: str | None, identity: DatasetIdentity) -> Schedule:
     """N request specs from the frozen case and its dataset entries. Pure and deterministic."""
     load = case.load
     n = load.requests
@@ -211,7 +211,7 @@ def build_plan(case: Case, entries: Sequence[Entry], salt: str | None, identity:
                 max_tokens=max_tokens,
             )
         )
-    return LoadPlan(
+    return Schedule(
         sessions=_conversations(specs) if case.dataset.sessions is not None else None,
         specs=tuple(_bounded(specs)) if case.dataset.sessions is not None else tuple(specs),
         concurrency=load.concurrency,
@@ -268,13 +268,13 @@ def _conversations(specs: list[RequestSpec]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(sorted(v, key=lambda k: specs[k].turn or 0)) for v in by.values())
 
 
-def plan_from_run_dir(run_dir: Path) -> LoadPlan:
-    """The formal load plan of a run directory: the one entry point of the load client and preflight."""
-    return plan_of(read_run(Path(run_dir)))
+def schedule_from_run_dir(run_dir: Path) -> Schedule:
+    """The formal load schedule of a run directory: the one entry point of the load client and preflight."""
+    return schedule_of(read_run(Path(run_dir)))
 
 
-def plan_of(run: Run) -> LoadPlan:
-    """The formal load plan of a run already read (its case, dataset and salt)."""
+def schedule_of(run: Run) -> Schedule:
+    """The formal load schedule of a run already read (its case, dataset and salt)."""
     meta, case = run.meta, run.case
     if meta.salt is not None and not case.load.salt:
         raise CaseInvalid(
@@ -283,7 +283,7 @@ def plan_of(run: Run) -> LoadPlan:
         )
     entries = load_entries(run.workspace, meta.dataset())
     identity = load_identity(run.workspace, meta.dataset())
-    return build_plan(case, entries, meta.salt, identity)
+    return build_schedule(case, entries, meta.salt, identity)
 
 
 RECORD_BYTES, TOKEN_BYTES = 2048, 48  # room one raw record takes: fields and error text, per output token
