@@ -1,26 +1,29 @@
 """The walk of a campaign id through the code: which rooms (modules, and their packages) it enters and how often it
 climbs back up the layers (tests/test_layout.py STAGES, lowest first). By hand:
-`.venv/bin/python bench/bench_campaign_walk.py` (about a minute; it measures structure, not time, so a busy host
-only makes it slower).
+`.venv/bin/python bench/bench_campaign_walk.py` (about 15 s; it measures structure, not time, so a busy host only
+makes it slower).
 
 Dynamic walk: a grid campaign of 3 points (the control measured twice) on the reference target, driven the way an
 agent drives it through the tool functions (freeze_case, start_run, phase_status until complete, summarize), with
 the run's parts in this process (procs.in_process(), as the tests run them: the driver, controllers, preflight,
-load client and collector are then traced here too). sys.setprofile and threading.setprofile record, per thread
-and in order, each call of a caseledger function one of whose arguments (its parameters' values at the call:
-positional, keyword, *args, **kwargs) is the campaign id: a str equal to it, a list/tuple/set holding it, or an
-object whose own attributes `campaign_id` or `id` equal it. Paths that contain the id do not count. Consecutive
-calls in the same module are one step.
+load client and collector are traced here too). sys.setprofile and threading.setprofile record, per thread and
+in order, each call of a caseledger function one of whose arguments (its parameters' values at the call:
+positional, keyword, *args, **kwargs, and a closure's free variables) is the campaign id: a str equal to it, a
+list/tuple/set holding it, or an object whose own attributes `campaign_id` or `id` equal it. Paths that contain
+the id do not count. Consecutive calls in the same module are one step. Printed, each as distinct (from, to)
+module pairs with how often each was taken and the functions entered:
 
 - rooms: the distinct modules on the walk (and their packages);
-- climbs: steps on a thread's walk from a module to one of a higher stage (the walk goes back up a layer, whether by
-  a return and a later call or by a call upward); counted once per (from, to) pair, occurrences shown beside;
-- upward calls: the subset that is a call upward: the calling caseledger frame is of a lower stage than the
-  callee (a callback or an injected function; an import cannot go up, test_layout forbids it).
+- doors: the id goes from the module of the nearest traced call still open above a traced call into its module;
+- CLIMBS: the doors into a higher stage (the id handed up a layer: a callback or an injected function);
+- flat climbs: consecutive steps of a thread's walk, in time order, into a higher stage; a return to the caller's
+  room and its next call count too, so a module that calls two lower ones in turn climbs once per return;
+- upward calls: a traced call whose calling caseledger frame, traced or not, is of a lower stage.
 
 Static walk, for comparison: from every function of caseledger/tools/campaigns.py with a parameter named
-campaign_id, campaign, cid or gid, the calls (resolved through each module's imports, functions and lazy
-re-exports) to functions that also have one, followed transitively: the modules reached and the edges that go up.
+campaign_id, campaign, camp, cid or gid, the calls (resolved through each module's imports, functions and lazy
+re-exports) to functions that also have one, followed transitively: the modules reached and the doors that go up
+(test_layout forbids upward imports, so a static climb could only come from a lazy import).
 """
 
 from __future__ import annotations
@@ -176,6 +179,23 @@ def tally(
     return found, into
 
 
+def door_climbs(t: Tracer) -> Iterator[tuple[str, str, str]]:
+    return ((p, m, fn) for cs in t.calls.values() for m, fn, _, p in cs if p and up(p, m))
+
+
+def tracer_sees_a_callback() -> None:
+    """A low module calling back up with the id is one climb (the rule is checked before it is trusted)."""
+    low: dict[str, Any] = {"__name__": "caseledger.procs"}
+    exec("def low(gid, cb):\n    return cb(gid)", low)
+    top: dict[str, Any] = {"__name__": "caseledger.tools.campaigns", "low": low["low"]}
+    exec("def top(gid):\n    return low(gid, back)\ndef back(gid):\n    return gid", top)
+    t = Tracer("g-x")
+    sys.setprofile(t)
+    top["top"]("g-x")
+    sys.setprofile(None)
+    assert list(door_climbs(t)) == [("caseledger.procs", "caseledger.tools.campaigns", "back")], t.calls
+
+
 def report_dynamic(t: Tracer) -> None:
     calls = [c for cs in t.calls.values() for c in cs]
     rooms = sorted({m for m, *_ in calls}, key=lambda m: (RANK[stage(m)], m))
@@ -187,7 +207,7 @@ def report_dynamic(t: Tracer) -> None:
         "doors (the id goes from the room of the traced call above into another room)",
         *tally((p, m, fn) for m, fn, _, p in calls if p and p != m),
     )
-    show("CLIMBS (a door into a higher stage)", *tally((p, m, fn) for m, fn, _, p in calls if p and up(p, m)))
+    show("CLIMBS (a door into a higher stage)", *tally(door_climbs(t)))
     flat = ((a, b, fn) for cs in t.calls.values() for (a, *_), (b, fn, *_) in itertools.pairwise(cs) if up(a, b))
     show("flat climbs (consecutive steps in time order, a return to the caller's room included)", *tally(flat))
     show(
@@ -282,6 +302,7 @@ def report_static() -> None:
 
 
 def main() -> None:
+    tracer_sees_a_callback()
     report_dynamic(campaign())
     print()
     report_static()
