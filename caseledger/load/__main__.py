@@ -43,7 +43,7 @@ from caseledger import procs
 from caseledger.errors import CaseledgerError
 from caseledger.faults import checkpoint
 from caseledger.load.client import run_requests, transport_used
-from caseledger.load.parts import HEARTBEAT_ENV, part_schedule, start_of
+from caseledger.load.parts import ARMED_ENV, HEARTBEAT_ENV, part_schedule, start_of
 from caseledger.load.recording import RawWriter, Tally, clock_anchor, progress_loop, stall_loop, utc_now
 from caseledger.load.schedule import Schedule, schedule_from_run_dir
 from caseledger.load.sessions import run_sessions
@@ -155,9 +155,6 @@ def quiet_runtime() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     with contextlib.suppress(OSError):  # allowed with CAP_SYS_NICE (root): sends are not queued behind others
         os.setpriority(os.PRIO_PROCESS, 0, LOAD_NICE)
-
-
-ARMED_ENV = "CASELEDGER_LOAD_ARMED"
 
 
 def wait_for_go(paths: RunPaths, poll_s: float = 0.01, heartbeat_s: float | None = None) -> str | None:

@@ -38,6 +38,7 @@ READY_TIMEOUT_S = 120.0  # every client process, here or on a load host, is arme
 # the clients wait (each readiness poll, about every 0.1 s plus a round trip), and an armed client that sees it
 # unchanged for the bound this variable names (seconds) exits without sending (load/__main__.py:wait_for_go).
 HEARTBEAT_ENV = "CASELEDGER_LOAD_HEARTBEAT_S"
+ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # set: the client loads everything, then waits for load/go (or load/abort)
 
 
 def split_concurrency(concurrency: int, processes: int) -> list[int]:

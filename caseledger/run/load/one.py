@@ -20,6 +20,7 @@ from caseledger.faults import checkpoint
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence, PhaseAttempt
 from caseledger.ledger.runs import Run
+from caseledger.load.parts import ARMED_ENV
 from caseledger.load.schedule import raw_bytes_needed
 from caseledger.procs import LoadRef, child_env
 from caseledger.records import read_records
@@ -157,7 +158,7 @@ def spawn_client(paths: RunPaths, armed: bool, case: Case) -> LoadRef:
     paths.load_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(keep=case.env_names())  # its API key variable, nothing else of the caller's
     if armed:
-        env["CASELEDGER_LOAD_ARMED"] = "1"
+        env[ARMED_ENV] = "1"
     part = [str(paths.part)] if isinstance(paths, PartPaths) else []  # process k of load.processes
 
     def record(ref: LoadRef) -> None:

@@ -24,7 +24,7 @@ from caseledger.faults import checkpoint
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
-from caseledger.load.parts import HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
+from caseledger.load.parts import ARMED_ENV, HEARTBEAT_ENV, READY_TIMEOUT_S, offset_of, split_concurrency
 from caseledger.load.schedule import raw_bytes_needed
 from caseledger.procs import LoadRef
 from caseledger.run.remote.follow import POLL_S, Follower, clock_record
@@ -45,7 +45,6 @@ from caseledger.services import remote
 from caseledger.workspace import PartPaths, read_json_or_none, read_ref, utc_now, write_json
 
 REMOTE_GO_LEAD_S = 1.5  # the go names a start this far ahead: it reaches every load host before it comes
-ARMED_ENV = "CASELEDGER_LOAD_ARMED"  # the client waits for load/go (or load/abort) before sending
 # An armed process gives up (nothing sent) once load/heartbeat there is this much older than the link's own budget:
 # a live controller touches it at each readiness poll (measured in tests/test_remote_load.py: a process's ready ->
 # the go 0.7-2.6 s, polls every ~0.15 s), and one whose link fails retries for load.host.reconnect_s before it gives
