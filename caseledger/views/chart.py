@@ -137,7 +137,7 @@ def scenario_figure(ws: Workspace, view: ScenarioView) -> Any:
             metric=r.metric,
             best=r.best,
             breaks=bool(broken(r.limits)),
-            figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.tpot_p99_ms},
+            figures={v.limit: v.value for v in r.limits} or {"tpot_p99_ms": r.ms("tpot_p99_ms")},
         )
         for r in view.rows
     ]

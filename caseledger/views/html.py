@@ -47,9 +47,7 @@ def render_scenario(view: ScenarioView, flags: dict[str, list[Flag]], figures: S
                 r.state,
                 r.decision,
                 r.metric,
-                f"{fmt(r.ttft_p50_ms)}/{fmt(r.ttft_p99_ms)}",
-                f"{fmt(r.tpot_p50_ms)}/{fmt(r.tpot_p99_ms)}",
-                f"{fmt(r.e2e_p50_ms)}/{fmt(r.e2e_p99_ms)}",
+                *(f"{fmt(r.ms(f'{f}_p50_ms'))}/{fmt(r.ms(f'{f}_p99_ms'))}" for f in ("ttft", "tpot", "e2e")),
                 lim,
                 r.settle,
             ]

@@ -4,10 +4,10 @@ figures, the verdicts and the scenario's best; and the next call an agent makes 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import orjson
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, create_model
 
 from caseledger.campaign.store import campaign_files, scenario_campaigns
 from caseledger.campaign.view import PointRow, ScenarioAnswer, campaign_view, point_verdict, scenario_answer
@@ -36,8 +36,8 @@ from caseledger.workspace import Workspace, sha256_bytes
 _LABELS = {"load.concurrency": "C", "load.requests": "N", "load.rate": "r"}
 
 
-class ScenarioRow(FrozenModel):
-    """One case of a scenario: what it changes, its latest valid run, the figures and the verdicts."""
+class _RowHead(FrozenModel):
+    """ScenarioRow's fields before its latency percentiles."""
 
     case_id: str = Field(description="Case id (start_run(case_id) repeats it)")
     change: str = Field(
@@ -49,14 +49,27 @@ class ScenarioRow(FrozenModel):
     runs: int = Field(description="Valid runs of the case (repeats narrow the noise)")
     state: str = Field(description="State of the case's latest run: succeeded, failed, running, ...; 'not run'")
     metric: float | None = Field(description="The decision metric on the decision window (null: no result)")
-    ttft_p50_ms: float | None = ms_field("TTFT p50")
-    ttft_p99_ms: float | None = ms_field("TTFT p99")
-    tpot_p50_ms: float | None = ms_field("TPOT p50")
-    tpot_p99_ms: float | None = ms_field("TPOT p99")
-    itl_p50_ms: float | None = ms_field("ITL p50 (chunk gaps)")
-    itl_p99_ms: float | None = ms_field("ITL p99 (chunk gaps)")
-    e2e_p50_ms: float | None = ms_field("E2E p50")
-    e2e_p99_ms: float | None = ms_field("E2E p99")
+
+
+if TYPE_CHECKING:
+
+    class _RowFigures(_RowHead):
+        """The columns below, read through ScenarioRow.ms."""
+
+else:  # one column per limit of the metrics table (caseledger.case.metrics.LIMITS), in its order, e.g. 'tpot_p99_ms'
+    _RowFigures = create_model(
+        "_RowFigures",
+        __base__=_RowHead,
+        __module__=__name__,
+        **{name: (float | None, ms_field(m.label)) for name, m in LIMITS.items()},
+    )
+PCT_FIGURES = tuple(dict.fromkeys(m.figure for m in LIMITS.values()))  # the scenario table's columns: TTFT, ...
+PCT_STATS = tuple(sorted({m.stat for m in LIMITS.values()}, key=lambda s: float(s[1:])))  # each shows p50/p99
+
+
+class ScenarioRow(_RowFigures):
+    """One case of a scenario: what it changes, its latest valid run, the figures and the verdicts."""
+
     limits: list[LimitVerdict] = Field(description="Each of case.decision.limits checked on this run")
     metric_mean: float | None = Field(None, description="Mean of the decision metric over the case's valid runs")
     metric_spread_rel: float | None = Field(
@@ -90,13 +103,18 @@ class ScenarioRow(FrozenModel):
     )
     best: bool = Field(description="The scenario's best: kept or baseline, within every limit, best metric")
 
-    def percentiles(self) -> list[tuple[float | None, float | None]]:
-        """(p50, p99) of TTFT, TPOT, ITL and E2E, the order the scenario table prints them."""
+    def ms(self, limit: str) -> float | None:
+        """The row's figure for a limit of the metrics table, e.g. 'tpot_p99_ms' (its column)."""
+        if limit not in LIMITS:
+            raise KeyError(f"{limit} is no limit of caseledger.case.metrics.TABLE (one of {', '.join(LIMITS)})")
+        value: float | None = getattr(self, limit)
+        return value
+
+    def percentiles(self) -> list[tuple[float | None, ...]]:
+        """Per figure of PCT_FIGURES its value at each of PCT_STATS (None where the table bounds no such
+        percentile), the order the scenario table prints them."""
         return [
-            (self.ttft_p50_ms, self.ttft_p99_ms),
-            (self.tpot_p50_ms, self.tpot_p99_ms),
-            (self.itl_p50_ms, self.itl_p99_ms),
-            (self.e2e_p50_ms, self.e2e_p99_ms),
+            tuple(self.ms(f"{f}_{s}_ms") if f"{f}_{s}_ms" in LIMITS else None for s in PCT_STATS) for f in PCT_FIGURES
         ]
 
 
@@ -134,9 +152,10 @@ class ScenarioView(FrozenModel):
             f"scenario {self.scenario}: {len(self.rows)} case(s); {self.primary_metric} on {self.window}"
             f"{'; limits ' + ', '.join(self.limits) if self.limits else ''}"
         )
-        lines = [head, "change case run decision metric | TTFT TPOT ITL E2E p50/p99 ms | limits"]
+        cols = f"{' '.join(f.upper() for f in PCT_FIGURES)} {'/'.join(PCT_STATS)} ms"
+        lines = [head, f"change case run decision metric | {cols} | limits"]
         for r in self.rows:
-            pct = " ".join(f"{_n(p50)}/{_n(p99)}" for p50, p99 in r.percentiles())
+            pct = " ".join("/".join(_n(v) for v in vs) for vs in r.percentiles())
             unsure = ", ".join(f"{v.limit} uncertain" for v in r.limits if v.verdict == "uncertain")
             lim = ", ".join(x for x in (broken(r.limits), unsure) if x) or ("ok" if r.limits else "-")
             if r.runs > 1 and r.limits_met:
