@@ -4,11 +4,16 @@ picked up without another edit, and docs/architecture.md's worked examples name 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import inspect
 import re
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import get_args
 
 import numpy as np
@@ -217,3 +222,66 @@ def test_the_worked_examples_name_the_files_the_registries_imply() -> None:
     assert named == {p.resolve().relative_to(ROOT).as_posix() for p in implied}
     assert all((ROOT / p).is_file() for p in named), named
     assert interval.__globals__["TABLE"] is TABLE, "the intervals read another table than the one named"
+
+
+# --- a new percentile, end to end ---
+
+
+@contextlib.contextmanager
+def _table_with(entry: str) -> Iterator[ModuleType]:
+    """caseledger imported afresh, its metrics table with one more line (`entry`, after TTFT p50): whatever reads
+    the table sees the entry as if it had always been there. The modules imported before are restored after."""
+    src = Path(table_module.__file__).read_text()
+    anchor = '    _pct("ttft", "p50", "TTFT"),\n'
+    assert anchor in src, "the table's TTFT p50 line moved: give the test another anchor"
+
+    def ours() -> list[str]:
+        return [n for n in sys.modules if n == "caseledger" or n.startswith("caseledger.")]
+
+    saved = {n: sys.modules.pop(n) for n in ours()}
+    try:
+        importlib.import_module("caseledger.case")
+        spec = importlib.util.spec_from_loader(table_module.__name__, loader=None)
+        assert spec is not None
+        fresh = importlib.util.module_from_spec(spec)
+        fresh.__file__ = table_module.__file__
+        sys.modules[table_module.__name__] = fresh
+        exec(compile(src.replace(anchor, anchor + entry), table_module.__file__, "exec"), fresh.__dict__)
+        yield fresh
+    finally:
+        for n in ours():
+            del sys.modules[n]
+        sys.modules.update(saved)
+
+
+def test_a_percentile_added_to_the_table_reaches_every_view_without_another_edit() -> None:
+    """TTFT p90, one line in TABLE: a decision may compare and bound it, and the scenario row has its column (after
+    TTFT p50) and the scenario table prints it; the case schema changes with it (its files are then regenerated)."""
+    with _table_with('    _pct("ttft", "p90", "TTFT"),\n') as table:
+        assert list(table.LIMITS)[:2] == ["ttft_p50_ms", "ttft_p90_ms"] and "ttft_p90" in table.METRICS
+        model = importlib.import_module("caseledger.case.model")
+        decision = model.Decision.model_validate({"primary_metric": "ttft_p90", "limits": {"ttft_p90_ms": 300}})
+        assert decision.limits.bounds() == {"ttft_p90_ms": 300}
+        assert b"ttft_p90_ms" in importlib.import_module("caseledger.case.schema").case_schema()
+        scenario = importlib.import_module("caseledger.views.scenario")
+        fields = list(scenario.ScenarioRow.model_fields)
+        assert fields[fields.index("metric") + 1 :][: len(table.LIMITS)] == list(table.LIMITS)
+        figures = {name: float(i) for i, name in enumerate(table.LIMITS, 1)}  # ttft p50, p90, p99: 1, 2, 3; ...
+        row = scenario.ScenarioRow.model_validate(
+            {
+                **dict.fromkeys(("swept", "run_id", "metric", "decision", "settle"), None),
+                **figures,
+                **{"case_id": "c-1", "change": "baseline", "runs": 1, "state": "succeeded", "limits": []},
+                "best": False,
+            }
+        )
+        view = scenario.ScenarioView.model_validate(
+            {
+                **dict.fromkeys(("baseline_case", "swept", "best_case"), None),
+                **{"scenario": "s", "primary_metric": "ttft_p90", "window": "whole", "direction": "lower_is_better"},
+                **{"limits": [], "rows": [row], "decisions": "-"},
+            }
+        )
+        text = view.text()
+        assert "| TTFT TPOT ITL E2E p50/p90/p99 ms |" in text and "| 1/2/3 4/-/5 6/-/7 8/-/9 |" in text, text
+    assert "ttft_p90_ms" not in importlib.import_module("caseledger.views.scenario").ScenarioRow.model_fields
