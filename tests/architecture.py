@@ -8,13 +8,11 @@ Regenerate it with `.venv/bin/python -m tests.architecture` (from the checkout's
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 from pathlib import Path
 
 from caseledger import engines
 from caseledger.case import metrics as metrics_table
-from caseledger.views.scenario import ScenarioRow
 from tests.test_layout import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,9 +94,9 @@ def worked_examples() -> list[str]:
         "",
         f"**A percentile** is one entry of `TABLE` in `{table}` (figure, statistic, unit, words, the per-request "
         "sample its bootstrap interval resamples, whether a decision may compare it and bound it), and a test in "
-        "`tests/test_metric_registry.py`. The schema's `primary_metric` and `limits`, the value read off a window "
-        "and its interval follow from the entry; a bound percentile also shows in the scenario row "
-        f"(`ScenarioRow` in `{rel(inspect.getfile(ScenarioRow))}`, which the test names when it lacks the column).",
+        "`tests/test_metric_registry.py`. The rest follows from the entry: the schema's `primary_metric` and "
+        "`limits`, the value read off a window, its interval, and a bound percentile's column in the scenario row "
+        "and table. `caseledger schema --package` then regenerates the case schema files (the tests name them).",
     ]
 
 
