@@ -1,7 +1,7 @@
 """The metrics a decision may name, in one table: the primary metrics (what a decision compares) and the limits
-(upper bounds on latency percentiles). The case schema's allowed names, the limits' fields (and the scenario row's
-columns), the bootstrap interval of each, decide, summary, the reports and the campaign view all read them here; caseledger.metrics reads a
-metric's value off a window result.
+(upper bounds on latency percentiles). The case schema's allowed names, the limits' fields, the scenario row's
+columns, the bootstrap interval of each, decide, summary, the reports and the campaign view all read them here;
+caseledger.metrics reads a metric's value off a window result.
 
 Each entry says where its value lives in a window's result (figure and statistic), its unit, its words, what
 its bootstrap interval resamples, and whether a decision may compare it and bound it. Which way is better follows
