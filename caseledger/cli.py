@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 import orjson
 
-from caseledger import engines, redact
+from caseledger import calls, engines, redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
 from caseledger.ledger import authorization, indexdb
 from caseledger.records import NativeRule
@@ -32,15 +32,13 @@ if TYPE_CHECKING:
 
 
 def _emit(result: Any, as_json: bool) -> None:
-    from caseledger.ledger.advice import as_cli  # lazy: see _dispatch (an answer's words, once it is printed)
-
     # the last line of defence: text an older version recorded unmasked is masked as it leaves
     secrets = redact.current()
     if as_json:  # masked string by string, so the JSON stays valid
         body = orjson.dumps(secrets.mask_obj(result.model_dump(mode="json")), option=orjson.OPT_INDENT_2)
         sys.stdout.write(body.decode() + "\n")
     else:  # the next calls in the CLI's words
-        sys.stdout.write(secrets.mask(as_cli(result.text())) + "\n")
+        sys.stdout.write(secrets.mask(calls.as_cli(result.text())) + "\n")
 
 
 def _emit_summary(result: SummaryResult, as_json: bool) -> None:
@@ -52,11 +50,9 @@ def _emit_summary(result: SummaryResult, as_json: bool) -> None:
 
 
 def _print(structured: dict[str, Any], text: str, as_json: bool) -> None:  # JSON: a tool's answer, printed
-    from caseledger.ledger.advice import as_cli  # lazy: see _dispatch (an answer's words, once it is printed)
-
     secrets = redact.current()
     sys.stdout.write(
-        (orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(as_cli(text))) + "\n"
+        (orjson.dumps(secrets.mask_obj(structured)).decode() if as_json else secrets.mask(calls.as_cli(text))) + "\n"
     )
 
 
@@ -460,7 +456,7 @@ def _import(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.importers import import_run  # lazy: numpy
 
     rid = import_run(ws, a.kind, a.path)
-    nxt = f"summarize(run_ids=['{rid}'])"
+    nxt = calls.summarize([rid])
     _print({"run_id": rid, "next_call": nxt}, f"imported as run {rid}\nnext: {nxt}", a.json)
     return 0
 

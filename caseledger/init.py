@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, Field
 
-from caseledger import engines
+from caseledger import calls, engines
 from caseledger.case.metrics import LIMITS
 from caseledger.case.schema import CASE_SCHEMA, PACKAGED_SCHEMAS
 from caseledger.case.store import unfilled
@@ -75,9 +75,9 @@ def init_workspace(directory: str | os.PathLike[str], engine: str | None) -> Ini
         _write(target, data)
         written.append(rel)
     to_fill = [path for path, _ in unfilled(orjson.loads((root / template).read_bytes()))]
-    freeze = f"freeze_case(path='{template}')"
+    freeze = calls.freeze_case(template)
     nxt = f"fill the <FILL: ...> values of {template}, then {freeze}" if to_fill else f"{freeze}, then start_run"
-    nxt += f"; or the best C under a TTFT p99 limit: freeze_case(path='{SWEEP}'), then start the id it prints"
+    nxt += f"; or the best C under a TTFT p99 limit: {calls.freeze_case(SWEEP)}, then start the id it prints"
     if ws.handoff.exists():
         kept.append("HANDOFF.md (exists; `caseledger handoff` regenerates it from the ledger)")
     else:
@@ -106,7 +106,7 @@ def sweep_draft(template: str) -> bytes:
             "name": "c-sweep",
             "note": "The best C within a TTFT p99 limit (knee: C is bisected, points past the limit skipped). "
             f"Other limits (ms): {', '.join(LIMITS)}; several may be given. Budget: repeats.budget extra runs "
-            "settle the answer (settle_runs at most per point). Freeze: freeze_case(path='cases/sweep.json').",
+            "settle the answer (settle_runs at most per point). Freeze: " + calls.freeze_case("cases/sweep.json") + ".",
             "base": template,
             "axes": [{"path": "load.concurrency", "values": [1, 2, 4, 8, 16]}],
             "search": {"kind": "knee", "axis": "load.concurrency", "monotone": True},

@@ -116,3 +116,76 @@ def test_every_any_dict_is_a_json_boundary_that_says_which_json() -> None:
             if not any(a.startswith("#") and JSON_REASON.search(a) for a in above):
                 unexplained.append(f"{path.relative_to(ROOT)}:{no + 1}: {line.strip()}")
     assert not unexplained, "\n".join(unexplained)
+
+
+# a tool call with an argument, as an answer names it: "resume(run_id='r-1')", "start_run(case_id=...)"
+TOOL_OPEN = re.compile(r"\b(freeze_case|start_run|phase_status|resume|reprocess_raw|summarize)\(")
+CALL_SHAPED = re.compile(TOOL_OPEN.pattern + r"(run_id|case_id|path|scenario|run_ids|campaign|wait_s)=")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module, its classes and functions."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _hand_written_calls(root: Path) -> list[str]:
+    """Every str constant or f-string under root (an f-string with '{}' for each value) that writes a tool call,
+    outside caseledger/calls.py. Documentation is exempt, and only it: docstrings (a tool's description in
+    server/toolset.py is its function's docstring) and the value of a `description=` keyword (a field's or a
+    tool's description, as server/published.py and the published JSON carry them)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "calls.py" and path.parent == root:
+            continue
+        source = path.read_text()
+        if not TOOL_OPEN.search(source):  # no tool's name and paren: nothing to read
+            continue
+        tree = ast.parse(source)
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "description":
+                skip |= {id(n) for n in ast.walk(node.value)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.JoinedStr):
+                skip |= {id(v) for v in node.values}  # its parts are read as the whole
+                text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+            else:
+                continue
+            if CALL_SHAPED.search(str(text)):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {str(text)[:90]!r}")
+    return found
+
+
+def test_every_tool_call_an_answer_names_is_written_by_the_calls_module() -> None:
+    """A next call is written once (caseledger/calls.py: a form per tool call, a function per situation), so
+    every view says a situation in the same words and the CLI turns every call into its command."""
+    found = _hand_written_calls(ROOT / "caseledger")
+    assert not found, "write these with caseledger.calls:\n" + "\n".join(found)
+
+
+def test_the_call_finder_names_constants_and_f_strings_but_not_documentation(tmp_path: Path) -> None:
+    pkg = tmp_path / "caseledger"
+    pkg.mkdir()
+    (pkg / "calls.py").write_text("X = \"resume(run_id='r-1')\"\n")  # the one module that writes them
+    (pkg / "m.py").write_text(
+        '"""A module: resume(run_id=\'r-1\') in its docstring."""\n'
+        "from pydantic import Field\n"
+        "A = \"start_run(case_id='c-1')\"\n"
+        "def f(rid: str) -> str:\n"
+        '    """resume(run_id=...) in a docstring."""\n'
+        "    return f\"resume(run_id='{rid}') goes on\"\n"
+        "B = Field(description=\"phase_status(run_id='r-1') in a description\")\n"
+        'C = "resume(run_id) names no value; summarize() has no argument"\n'
+    )
+    found = _hand_written_calls(pkg)
+    assert [f.split(": ", 1)[0] for f in found] == ["caseledger/m.py:3", "caseledger/m.py:6"], found

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from caseledger import calls
 from caseledger.campaign.model import CampaignDraft
 
 AXIS_PATHS = (
@@ -97,7 +98,7 @@ def campaign_schema() -> bytes:
     schema = CampaignDraft.model_json_schema(by_alias=True)
     schema["$id"] = "https://caseledger.invalid/schemas/campaign.schema.json"
     schema["description"] = (
-        "freeze_case(draft={'campaign': {...}}) freezes a campaign; start_run(case_id='g-...') starts its driver. "
+        f"freeze_case(draft={{'campaign': {{...}}}}) freezes a campaign; {calls.start_run('g-...')} starts its driver. "
         + AXIS_PATHS
         + " "
         + REPEATS

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field
 
-from caseledger import procs
+from caseledger import calls, procs
 from caseledger.campaign import budget, drift, pool, resolution
 from caseledger.campaign import plan as planner
 from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
@@ -35,7 +35,6 @@ from caseledger.case.model import Case
 from caseledger.case.store import load_case
 from caseledger.errors import quoted
 from caseledger.ledger import authorization
-from caseledger.ledger.advice import wait_call
 from caseledger.ledger.event_types import SearchEnded
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold
@@ -734,7 +733,7 @@ def _refused_first(campaign_id: str, pl: planner.Plan, complete: bool) -> str:
         return ""
     return (
         f"the host refused {len(pl.refused)} point(s) (each row says why and the fix): once a person has changed "
-        f"that, start_run(case_id='{campaign_id}') checks and runs them; otherwise "
+        f"that, {calls.start_run(campaign_id)} checks and runs them; otherwise "
     )
 
 
@@ -898,7 +897,7 @@ def _next_call(
     if complete and budget_end is not None:
         return (
             f"nothing, within its budget; to go on where it ended: freeze_case of the campaign draft with a larger "
-            f"campaign.budget, then start_run(case_id='{campaign_id}')"
+            f"campaign.budget, then {calls.start_run(campaign_id)}"
         )
     if complete:
         return (
@@ -907,11 +906,11 @@ def _next_call(
         )
     if not alive:
         if not pl.next:
-            return f"start_run(case_id='{campaign_id}') starts its driver: it proposes the next point and runs it"
-        return f"start_run(case_id='{campaign_id}') starts its driver: it runs the {len(pl.next)} queued point(s)"
+            return f"{calls.start_run(campaign_id)} starts its driver: it proposes the next point and runs it"
+        return f"{calls.start_run(campaign_id)} starts its driver: it runs the {len(pl.next)} queued point(s)"
     if auth == "paused":
         return "caseledger authorize auto: while paused no new point starts"
-    return wait_call(campaign_id)
+    return calls.wait(campaign_id)
 
 
 def _answer(

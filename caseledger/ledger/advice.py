@@ -2,56 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import NamedTuple
 
+from caseledger import calls
 from caseledger.case.phases import Phase
 from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import OUTSIDE_CHARS, FailureClass, quoted
 from caseledger.ledger.view import PhaseView, RunState, RunView
 
 REPEATS_BEFORE_BY_HAND = 3  # attempts of one phase failing the same way, after which resume is no answer
-
-
-MAX_WAIT_S = 600.0  # the bound of phase_status's wait, and the wait every "next" names (clients time out later)
-
-
-def wait_call(run_id: str) -> str:
-    """The call that waits for a run or a campaign until it ends or needs the caller: every "next" names this."""
-    return f"phase_status(run_id='{run_id}', wait_s={MAX_WAIT_S:g}): answers when it ends or needs you"
-
-
-_ID = r"'([^']+)'"
-# a tool call as an answer names it -> the CLI command that does the same (`as_cli`), most specific first
-_AS_CLI: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (rf"freeze_case\(path={_ID}, parent={_ID}\)", r"caseledger freeze \1 --parent \2"),
-        (rf"freeze_case\(path={_ID}\)", r"caseledger freeze \1"),
-        (rf"start_run\(case_id={_ID}, preflight_only=True\)", r"caseledger run \1 --preflight-only"),
-        (rf"start_run\(case_id={_ID}\)", r"caseledger run \1 --wait"),
-        (rf"phase_status\(run_id={_ID}, wait_s=(\d+)\)", r"caseledger status \1 --wait \2"),
-        (rf"phase_status\(run_id={_ID}\)", r"caseledger status \1"),
-        (r"phase_status\(\)", "caseledger status"),
-        (rf"resume\(run_id={_ID}\)", r"caseledger resume \1 --wait"),
-        (rf"reprocess_raw\(run_id={_ID}\)", r"caseledger reprocess \1"),
-        (rf"summarize\(scenario={_ID}\)", r"caseledger summarize --scenario \1"),
-        (r"summarize\(run_ids=\[([^\]]*)\]\)", "summarize-ids"),
-        (r"summarize\(\)", "caseledger summarize"),
-    )
-)
-
-
-def as_cli(text: str) -> str:
-    """An answer's tool calls in the words of the CLI ('start_run(case_id='c-1')' -> 'caseledger run c-1 --wait'):
-    a person at a shell gets commands, an agent over MCP the tool calls; one table, every answer."""
-    for pattern, repl in _AS_CLI:
-        if repl == "summarize-ids":
-            text = pattern.sub(lambda m: "caseledger summarize " + " ".join(re.findall(r"'([^']+)'", m[1])), text)
-        else:
-            text = pattern.sub(repl, text)
-    return text
 
 
 class Advice(NamedTuple):
@@ -70,7 +30,7 @@ def advise(v: RunView) -> Advice:
         err = f"the service ({', '.join(v.service_gone) or 'its process'}) is gone; the formal load still needs it"
     where = f"{v.current}: {quoted(err, OUTSIDE_CHARS)}" if err else f"{v.current}"
     advice = _NEXT_AFTER.get(v.failure_class) if v.failure_class else None
-    return Advice(f"{v.failure_class} at {where}", advice(v, ph) if advice else f"resume(run_id='{v.run_id}')")
+    return Advice(f"{v.failure_class} at {where}", advice(v, ph) if advice else calls.resume(v.run_id))
 
 
 def _why_partial(exit_: str | None) -> str:
@@ -84,17 +44,17 @@ def _advise_live(v: RunView) -> Advice | None:
     """The advice for a run that has not stopped at a failure (finished, partial, running); None otherwise."""
     rid = v.run_id
     if v.state == RunState.SUCCEEDED:
-        return Advice(None, f"summarize(run_ids=['{rid}'])")
+        return Advice(None, calls.summarize([rid]))
     if v.state == RunState.PARTIAL:
         return Advice(
             f"partial load: {v.counts.done} of {v.counts.planned} requests recorded ({_why_partial(v.load_exit)})",
-            f"start_run(case_id='{v.case_id}') for a full load; this run's records stay "
-            f"(summarize(run_ids=['{rid}']) shows them)",
+            f"{calls.start_run(v.case_id)} for a full load; this run's records stay "
+            f"({calls.summarize([rid])} shows them)",
         )
     if v.state == RunState.RUNNING and not v.controller_alive:
         return Advice(
             "controller gone; the load client is still running",
-            f"resume(run_id='{rid}') re-attaches to the running load client (nothing is re-sent)",
+            f"{calls.resume(rid)} re-attaches to the running load client (nothing is re-sent)",
         )
     stopped_part = v.client_stopped or v.controller_stopped or v.collector_stopped
     if v.state == RunState.RUNNING and (stopped_part or v.service_gone):
@@ -118,40 +78,40 @@ def _advise_live(v: RunView) -> Advice | None:
             fix = (
                 f"kill -CONT {pids} (SIGCONT: the results are computed, nothing is re-sent), or let the controller "
                 f"give it up ({COLLECT_TIMEOUT_S:g} s after it started: postprocess fails [collect]), then "
-                f"reprocess_raw(run_id='{rid}') from the raw data; "
+                f"{calls.reprocess_raw(rid)} from the raw data; "
             )
         elif pids:  # only the service: the controller's timeouts fail the load, and resume starts it again
-            fix = f"kill -CONT {pids} (SIGCONT), or let the load fail and resume(run_id='{rid}') (a new service); "
+            fix = f"kill -CONT {pids} (SIGCONT), or let the load fail and {calls.resume(rid)} (a new service); "
         else:
-            fix = f"the service is gone: the controller fails the load, then resume(run_id='{rid}'); "
+            fix = f"the service is gone: the controller fails the load, then {calls.resume(rid)}; "
         only_collector = v.collector_stopped and not (v.client_stopped or v.controller_stopped or v.service_gone)
         return Advice(
             f"{said} while the run is at {v.current}: no progress; "
             + ("the raw data is complete, the figures wait for it" if only_collector else "figures would be distorted")
             + (f" (pid {pids})" if pids else ""),
-            fix + f"phase_status(run_id='{rid}') shows it",
+            fix + f"{calls.phase_status(rid)} shows it",
         )
     if v.state in (RunState.RUNNING, RunState.CREATED):
-        return Advice(None, wait_call(rid))
+        return Advice(None, calls.wait(rid))
     return None
 
 
 def _after_before_model(v: RunView, ph: PhaseView | None) -> str:
     return (
-        f"fix the cause and check it with start_run(case_id='{v.case_id}', preflight_only=True) (no run, no "
-        f"lease), then resume(run_id='{v.run_id}') (re-runs preflight; 0 model requests sent); a case error "
+        f"fix the cause and check it with {calls.start_run(v.case_id, preflight_only=True)} (no run, no "
+        f"lease), then {calls.resume(v.run_id)} (re-runs preflight; 0 model requests sent); a case error "
         "needs freeze_case of a corrected draft"
     )
 
 
 def _after_collect(v: RunView, ph: PhaseView | None) -> str:
-    return f"reprocess_raw(run_id='{v.run_id}') — repairs from raw data, no requests re-sent"
+    return calls.repair_figures(v.run_id)
 
 
 def _after_hot_entry(v: RunView, ph: PhaseView | None) -> str:
     return (
-        f"freeze_case(draft with the rejected parameter fixed, parent='{v.case_id}') then start_run (reuses the "
-        f"warm service); or after a client fix resume(run_id='{v.run_id}')"
+        f"{calls.freeze_draft('draft with the rejected parameter fixed', v.case_id)} then start_run (reuses the "
+        f"warm service); or after a client fix {calls.resume(v.run_id)}"
     )
 
 
@@ -163,7 +123,7 @@ def _after_service(v: RunView, ph: PhaseView | None) -> str:
             "draft); `caseledger target stop` stops what caseledger started"
         )
     first = v.steps.first if v.steps else v.current
-    return f"resume(run_id='{v.run_id}') starts again at {first}" + (
+    return f"{calls.resume(v.run_id)} starts again at {first}" + (
         " (starts the service once, then warmup and what follows)"
         if v.next_restarts_service
         else " (keeps the live service)"
@@ -172,7 +132,7 @@ def _after_service(v: RunView, ph: PhaseView | None) -> str:
 
 def _after_overload(v: RunView, ph: PhaseView | None) -> str:
     return (
-        f"wait for the target to drain, then resume(run_id='{v.run_id}') (sends the load again as a new "
+        f"wait for the target to drain, then {calls.resume(v.run_id)} (sends the load again as a new "
         f"attempt; this one's raw data is kept aside), or freeze_case a child with a lower load.rate "
         f"or load.concurrency (parent='{v.case_id}'): the target is rate-limited or saturated, the "
         "case is not wrong"
@@ -182,20 +142,20 @@ def _after_overload(v: RunView, ph: PhaseView | None) -> str:
 def _after_internal(v: RunView, ph: PhaseView | None) -> str:
     return (
         f"a caseledger bug at {v.current}: report it with ledger/runs/{v.run_id}/controller.log; the raw "
-        f"data is kept; resuming would meet the same bug (after a fix: resume(run_id='{v.run_id}'))"
+        f"data is kept; resuming would meet the same bug (after a fix: {calls.resume(v.run_id)})"
     )
 
 
 def _after_auth(v: RunView, ph: PhaseView | None) -> str:
     return (
         f"set the key named by target.api_key_env in the environment that runs caseledger, then "
-        f"resume(run_id='{v.run_id}') — keeps the service, repeats the refused phase"
+        f"{calls.resume(v.run_id)} — keeps the service, repeats the refused phase"
     )
 
 
 def _after_dataset(v: RunView, ph: PhaseView | None) -> str:
     return (
-        f"freeze_case(draft with the fix the blocker names, parent='{v.case_id}') then start_run "
+        f"{calls.freeze_draft('draft with the fix the blocker names', v.case_id)} then start_run "
         "(keeps the live service); resuming this run would fail the same way"
     )
 
@@ -204,7 +164,7 @@ def _after_disk(v: RunView, ph: PhaseView | None) -> str:
     host = ph.data.get("disk_host") if ph is not None else None  # a load host's disk (run/remote/preflight.py)
     disk = f"load host {host}, under its workdir" if host else "the workspace's filesystem"
     return (
-        f"free disk space on {disk}, then resume(run_id='{v.run_id}') — goes on at "
+        f"free disk space on {disk}, then {calls.resume(v.run_id)} — goes on at "
         f"{v.current}; finished phases and recorded requests are kept, nothing is re-sent"
     )
 
@@ -214,18 +174,18 @@ def _after_end_unknown(v: RunView, ph: PhaseView | None) -> str:
     at_load = v.current == Phase.LOAD and v.load_ended != "yes"
     if at_load and v.client_host:
         return (
-            f"resume(run_id='{rid}') once {v.client_host} is reachable — re-attaches over SSH to the load "
+            f"{calls.resume(rid)} once {v.client_host} is reachable — re-attaches over SSH to the load "
             f"client there (pid and start time), copies the raw records still missing ({c.done} of "
             f"{c.planned} here); never starts a second client, sends nothing again; the lease is kept meanwhile"
         )
     if at_load and not v.client_alive and c.done < c.planned and c.sent:
         return (
-            f"start_run(case_id='{v.case_id}') for a full measurement: the load client died after "
-            f"{c.done} of {c.planned} records ({c.planned - c.sent} never sent); resume(run_id='{rid}') only "
+            f"{calls.start_run(v.case_id)} for a full measurement: the load client died after "
+            f"{c.done} of {c.planned} records ({c.planned - c.sent} never sent); {calls.resume(rid)} only "
             "ends this run as partial (nothing is re-sent)"
         )
     return (
-        f"resume(run_id='{rid}') — keeps the lease, checks client process, end file and raw count; "
+        f"{calls.resume(rid)} — keeps the lease, checks client process, end file and raw count; "
         "sends no formal request again"
     )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from caseledger import procs
+from caseledger import calls, procs
 from caseledger.errors import FenceRejected, TargetHeld
 from caseledger.procs import LoadRef, ProcRef
 from caseledger.workspace import (
@@ -183,12 +183,12 @@ def refuse_held(ws: Workspace, cur: Lease | None, run_id: str, *, same_run_ok: b
             raise TargetHeld(
                 f"run {run_id} is already being continued: its controller "
                 + ("is starting" if cur.owner is None else f"(pid {cur.owner.get('pid')}) is alive"),
-                f"phase_status(run_id='{run_id}'); one resume is enough",
+                f"{calls.phase_status(run_id)}; one resume is enough",
             )
         return
     raise TargetHeld(
         f"target '{cur.target_key}' is held by {cur.held_by(ws)}",
-        f"call phase_status(run_id='{cur.run_id}') and wait for it to end; a second run never queues silently"
+        f"call {calls.phase_status(cur.run_id)} and wait for it to end; a second run never queues silently"
         if cur.workspace in (None, str(ws.root))
         else f"wait for that run to end (caseledger -w {cur.workspace} status {cur.run_id}); one target "
         "has one owner" + ("" if cur.lease_host else " on this host"),

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caseledger import redact
+from caseledger import calls, redact
 from caseledger.case.model import Case
 from caseledger.case.phases import Phase
 from caseledger.case.plan import PlanStep
@@ -144,7 +144,7 @@ def read_meta(paths: RunPaths) -> RunMeta:
     except FileNotFoundError:
         raise NotFound(
             f"run '{paths.run_id}' has no run.json at {paths.run_json}",
-            "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)",
+            f"{calls.phase_status()} without run_id shows the latest run; start one with {calls.start_run(...)}",
         ) from None
     except OSError as e:
         raise CaseInvalid(f"{rel} is damaged: {quoted(e)}", DAMAGED_FIX) from None
@@ -200,13 +200,13 @@ def load_run(ws: Workspace, run_id: str) -> Run:
     if is_id(run_id, "c"):
         latest = latest_run_of_case(ws, run_id)
         if latest is None:
-            raise NotFound(f"case {run_id} has no run yet in {ws.runs_dir}", f"start_run(case_id='{run_id}')")
+            raise NotFound(f"case {run_id} has no run yet in {ws.runs_dir}", calls.start_run(run_id))
         run_id = latest
     paths = check_not_link(ws.run(check_id(run_id, "run_id", "r")))
     if not paths.run_json.exists():
         raise NotFound(
             f"run_id '{run_id}' is not in the ledger at {ws.runs_dir}",
-            "phase_status() without run_id shows the latest run; start one with start_run(case_id=...)",
+            f"{calls.phase_status()} without run_id shows the latest run; start one with {calls.start_run(...)}",
         )
     return read_run(paths.root, ws)
 

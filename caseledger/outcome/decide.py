@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from caseledger import calls
 from caseledger.case.decision import LimitWord
 from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
@@ -486,8 +487,10 @@ def _settle(noise: Noise, candidate_case: str | None, baseline_ref: str | None) 
     """The call that narrows the noise most: repeat the side with fewer runs, then a larger N."""
     base_case = baseline_ref.split("@")[0] if baseline_ref else None
     if noise.candidate_runs < REPEATS_TO_SETTLE and (noise.candidate_runs <= noise.baseline_runs or not base_case):
-        who = f"case_id='{candidate_case}'" if candidate_case else "the candidate's case_id"
-        return f"start_run({who}) again: a repeat measures the run-to-run spread"
+        why = "a repeat measures the run-to-run spread"
+        return (
+            calls.repeat(candidate_case, why) if candidate_case else f"start_run(the candidate's case_id) again: {why}"
+        )
     if base_case and noise.baseline_runs < REPEATS_TO_SETTLE:
-        return f"start_run(case_id='{base_case}') again: a repeat of the baseline measures its spread"
+        return calls.repeat(base_case, "a repeat of the baseline measures its spread")
     return "freeze_case a child with a larger load.requests: more requests narrow the interval"

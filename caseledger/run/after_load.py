@@ -12,7 +12,7 @@ import sys
 
 import orjson
 
-from caseledger import procs, redact
+from caseledger import calls, procs, redact
 from caseledger.case.phases import Phase
 from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
@@ -91,7 +91,7 @@ def _collector_process(args: list[str], paths: RunPaths) -> Collected:
             f"postprocess: the collector (pid {p.pid}) gave no answer in {COLLECT_TIMEOUT_S:g} s (stopped or "
             "stuck) and was killed",
             FailureClass.COLLECT,
-            f"reprocess_raw(run_id='{run_id}') repairs from raw data; no request is re-sent",
+            calls.repair_figures(run_id),
         ) from None
     return p.returncode, out, err, argv, env
 
@@ -117,7 +117,7 @@ def postprocess(paths: RunPaths, extra: list[str] | None = None, *, sealed: str 
         raise PhaseFailed(
             redact.cut(f"postprocess: {collector_error(code, err_b)}", 400),
             FailureClass.COLLECT,
-            f"reprocess_raw(run_id='{paths.run_id}') repairs from raw data; no request is re-sent",
+            calls.repair_figures(paths.run_id),
         )
 
     out = orjson.loads(out_b.decode().strip().splitlines()[-1])  # the collector's one JSON line

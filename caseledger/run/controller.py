@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from caseledger import ledger, procs, redact, services
+from caseledger import calls, ledger, procs, redact, services
 from caseledger.case.phases import PHASES, Phase
 from caseledger.case.plan import FAILURE_OF_PHASE
 from caseledger.errors import (
@@ -103,7 +103,7 @@ class Controller:
         self.ws = self.run_.workspace
         self.case = self.run_.case
         if self.meta.target_key is None:
-            raise CaseInvalid(f"{self.paths.run_json} names no target", "start the run with start_run(case_id=...)")
+            raise CaseInvalid(f"{self.paths.run_json} names no target", f"start the run with {calls.start_run(...)}")
         self.key: str = self.meta.target_key
         self.fence = fence
         self.me = procs.me()

@@ -7,12 +7,11 @@ from dataclasses import replace
 
 from pydantic import BaseModel, Field
 
-from caseledger import ledger, services
+from caseledger import calls, ledger, services
 from caseledger.case.phases import Phase
 from caseledger.errors import NothingToResume, quoted
 from caseledger.ledger import authorization
 from caseledger.ledger import event_types as et
-from caseledger.ledger.advice import wait_call
 from caseledger.ledger.event_types import ControllerStarted
 from caseledger.ledger.events import read_events
 from caseledger.ledger.runs import load_run, write_meta
@@ -111,12 +110,12 @@ def _resumable_target(v: RunView, run_id: str) -> str:
     if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
         raise NothingToResume(
             f"run {run_id} is {v.state.value}; every phase is done",
-            f"summarize(run_ids=['{run_id}']) or freeze the next candidate",
+            f"{calls.summarize([run_id])} or freeze the next candidate",
         )
     if v.controller_alive:
-        raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})", wait_call(run_id))
+        raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})", calls.wait(run_id))
     if v.meta.target_key is None:
-        raise NothingToResume(f"run {run_id} names no target", "start a new run with start_run(case_id=...)")
+        raise NothingToResume(f"run {run_id} names no target", f"start a new run with {calls.start_run(...)}")
     return v.meta.target_key
 
 
@@ -141,7 +140,7 @@ def _adopted(
     if started and view.state.value not in ("running", "created"):
         return view.state.value, view.next_call  # it already finished what was left
     if started or view.controller_alive:
-        return "running", f"phase_status(run_id='{run_id}') until it says done"
+        return "running", calls.wait(run_id)
     log = (
         paths.controller_log.read_text(errors="replace").strip().splitlines()[-1:]
         if paths.controller_log.exists()
@@ -149,6 +148,5 @@ def _adopted(
     )
     raise NothingToResume(
         f"the resumed controller of {run_id} exited at once: {quoted(log[0] if log else 'no log', 200)}",
-        f"phase_status(run_id='{run_id}'); if the run cannot go on, start_run(case_id='{v.case_id}') "
-        "measures it afresh",
+        f"{calls.phase_status(run_id)}; if the run cannot go on, {calls.start_run(v.case_id)} measures it afresh",
     )

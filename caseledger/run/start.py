@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from caseledger import datasets, ledger, procs, services
+from caseledger import calls, datasets, ledger, procs, services
 from caseledger.case.model import Case
 from caseledger.case.phases import PHASES, Phase
 from caseledger.case.plan import Live, PlanStep, delta, plan
@@ -59,7 +59,7 @@ def create_run(ws: Workspace, case_id: str, case: Case, fence: int, key: str, ri
         if src is None:
             raise NotFound(
                 f"measurement-only case {case_id} needs a finished load of its parent {case.parent}",
-                f"run the parent first: start_run(case_id='{case.parent}')",
+                f"run the parent first: {calls.start_run(case.parent or ...)}",
             )
     meta = RunMeta(
         run_id=rid,

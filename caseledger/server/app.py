@@ -25,6 +25,7 @@ from mcp.types import CallToolResult, InputRequiredResult
 from mcp.types import Tool as MCPTool
 from starlette.types import ASGIApp
 
+from caseledger import calls
 from caseledger.errors import CaseledgerError, NotAuthorized, quoted
 from caseledger.run.admission.policy import CALLER_ENV
 from caseledger.server.guards import (
@@ -49,7 +50,7 @@ def instructions() -> str:
     return f"""\
 caseledger runs LLM-serving performance experiments from frozen cases; every fact is in an on-disk ledger.
 New session: read the resource caseledger://handoff first (a few lines: state and the one next action).
-Loop: freeze_case(path='cases/x.json') -> start_run(case_id) -> phase_status(run_id) until it says done \
+Loop: {calls.freeze_case("cases/x.json")} -> start_run(case_id) -> phase_status(run_id) until it says done \
 -> summarize() (one row per case of the scenario: change, run, metric, TTFT/TPOT/ITL/E2E p50/p99, limit \
 verdicts, decision). Repair only the failed phase: resume(run_id) or reprocess_raw(run_id) (never re-sends \
 requests). Every answer ends with 'next: ...' naming the call to make. Case fields: resource \

@@ -28,6 +28,7 @@ from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from caseledger import calls
 from caseledger.errors import CaseledgerError, NotAuthorized
 
 log = logging.getLogger("caseledger.server")
@@ -305,7 +306,7 @@ class CheckedLines:
                         code=INVALID_REQUEST,
                         message=(
                             f"request nested deeper than {MAX_NESTING} levels; fix: send the case as a file "
-                            "(freeze_case(path='cases/x.json')) or flatten the draft"
+                            f"({calls.freeze_case('cases/x.json')}) or flatten the draft"
                         ),
                     )
                     await self._refused.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=err)))

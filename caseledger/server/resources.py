@@ -17,7 +17,7 @@ import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from caseledger import redact
+from caseledger import calls, redact
 from caseledger.errors import CaseledgerError
 from caseledger.server.published import SCENARIO_PATTERN
 from caseledger.server.toolset import bug_logged, tool_error
@@ -195,6 +195,6 @@ def _read_report(ws: Workspace, run_id: str) -> str:
         return redact.mask(paths.report_md.read_text())  # a report an older version wrote unmasked
     except FileNotFoundError:
         raise ResourceNotFoundError(
-            f"run {run_id} has no report yet; fix: phase_status(run_id='{run_id}'): its decide phase writes "
-            f"it once results are extracted (reprocess_raw(run_id='{run_id}') when postprocess failed)"
+            f"run {run_id} has no report yet; fix: {calls.phase_status(run_id)}: its decide phase writes "
+            f"it once results are extracted ({calls.reprocess_raw(run_id)} when postprocess failed)"
         ) from None

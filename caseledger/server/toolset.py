@@ -32,7 +32,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel, Field, ValidationError
 
-from caseledger import redact
+from caseledger import calls, redact
 from caseledger.errors import CaseInvalid, CaseledgerError, Unexpected, unexpected
 from caseledger.server.published import RATIO_MAX, RATIO_MIN_EXCLUSIVE, SCENARIO_PATTERN, NativeRule
 from caseledger.workspace import Workspace
@@ -241,7 +241,7 @@ def _freeze_case(mcp: MCPServer, ws: Workspace) -> None:
             raise tool_error(
                 CaseInvalid(
                     "freeze_case needs exactly one of path or draft",
-                    "freeze_case(path='cases/x.json') or freeze_case(draft={...})",
+                    f"{calls.freeze_case('cases/x.json')} or freeze_case(draft={{...}})",
                 )
             )
 

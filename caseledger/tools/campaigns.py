@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from caseledger import calls
 from caseledger.campaign.costs import (
     Costs,
     engine_model,
@@ -92,9 +93,9 @@ def freeze(ws: Workspace, obj: dict[str, Any], source: str) -> CampaignFrozen:  
         policy_changed=f.policy_changed,
         estimate=_estimate(ws, c),
         next_call=(
-            f"summarize(run_ids=['{c.campaign_id}']) shows it re-decided"
+            f"{calls.summarize([c.campaign_id])} shows it re-decided"
             if change and not f.created
-            else f"start_run(case_id='{c.campaign_id}') runs it to the end; then summarize(run_ids=['{c.campaign_id}'])"
+            else f"{calls.start_run(c.campaign_id)} runs it to the end; then {calls.summarize([c.campaign_id])}"
         ),
     )
 
@@ -191,8 +192,8 @@ def start_any(ws: Workspace, case_id: str, **kw: Any) -> StartResult | CampaignV
             raise CaseInvalid(
                 f"preflight_only checks one case; {case_id} is a campaign (its driver preflights each point as it "
                 "starts it)",
-                "start_run(case_id='c-...', preflight_only=True) on one of its points (freeze_case listed them), or "
-                f"start_run(case_id='{case_id}') to run it; nothing was started",
+                f"{calls.start_run('c-...', preflight_only=True)} on one of its points (freeze_case listed them), "
+                f"or {calls.start_run(case_id)} to run it; nothing was started",
             )
         return start(ws, case_id, wait=kw.get("wait", False), progress=kw.get("progress"))
     return start_run(ws, case_id, **kw)

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger import datasets, services
+from caseledger import calls, datasets, services
 from caseledger.campaign.store import is_campaign_draft
 from caseledger.case.model import Case
 from caseledger.case.plan import (
@@ -136,9 +136,9 @@ def _freeze(
     runs = [m.run_id for m in scan_runs(workspace).metas if m.case_id == cid]
     state = fold(workspace, runs[-1]) if runs else None
     if state is None:
-        nxt = f"start_run(case_id='{cid}')"
+        nxt = calls.start_run(cid)
     elif state.state.value in ("succeeded", "partial"):
-        nxt = f"summarize(run_ids=['{state.run_id}']) — already measured; start_run(case_id='{cid}') repeats it"
+        nxt = f"{calls.summarize([state.run_id])} — already measured; {calls.start_run(cid)} repeats it"
     else:
         nxt = state.next_call
     return FreezeResult(

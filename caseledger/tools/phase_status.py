@@ -8,9 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from caseledger import calls
+from caseledger.calls import MAX_WAIT_S as MAX_WAIT_S  # the one bound: every next names it
 from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFound, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.advice import MAX_WAIT_S as MAX_WAIT_S  # the one bound: every next names it
 from caseledger.ledger.index import open_index
 from caseledger.ledger.intact import load_settled, settled_change, torn_lines
 from caseledger.ledger.runs import damaged_line, load_run
@@ -261,7 +262,7 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
             "no runs in this workspace yet"
             if run_id is None
             else f"case {run_id} has no run yet in {workspace.runs_dir}",
-            "freeze_case(path=...) then start_run(case_id=...)" if run_id is None else f"start_run(case_id='{run_id}')",
+            calls.first_case() if run_id is None else calls.start_run(run_id),
         )
     if run_id is None or is_id(run_id, "c"):
         with open_index(workspace) as idx:  # the latest run (of the case), without folding every run
@@ -270,15 +271,11 @@ def _status(workspace: Workspace, run_id: str | None = None) -> StatusResult:
                 damaged = idx.damaged()
                 if latest is None:
                     found = f" ({damaged_line(damaged)})" if damaged else ""
-                    raise NotFound(
-                        f"no runs in this workspace yet{found}", "freeze_case(path=...) then start_run(case_id=...)"
-                    )
+                    raise NotFound(f"no runs in this workspace yet{found}", calls.first_case())
             else:
                 latest = next(idx.of_case(run_id), None)
                 if latest is None:
-                    raise NotFound(
-                        f"case {run_id} has no run yet in {workspace.runs_dir}", f"start_run(case_id='{run_id}')"
-                    )
+                    raise NotFound(f"case {run_id} has no run yet in {workspace.runs_dir}", calls.start_run(run_id))
         run_id = latest.run_id
     run = load_run(workspace, run_id)
     v = fold(workspace, run)  # folded live: the one run asked about

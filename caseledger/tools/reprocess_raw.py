@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from caseledger import ledger
+from caseledger import calls, ledger
 from caseledger.case.phases import Phase
 from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
 from caseledger.ledger import event_types as et
@@ -78,7 +78,7 @@ def reprocess_raw(
     if v.load_ended not in ("yes", "partial") or not paths.raw.exists():
         raise NothingToResume(
             f"run {run_id} has no ended load to reprocess (load ended: {v.load_ended})",
-            f"phase_status(run_id='{run_id}'); resume(run_id='{run_id}') if the load is unfinished",
+            f"{calls.phase_status(run_id)}; {calls.resume(run_id)} if the load is unfinished",
         )
     check_raw(paths, sealed_raw_sha256(v))  # before any event: a refused reprocess writes nothing
     attempt = v.phases[Phase.POSTPROCESS].attempt + 1
@@ -143,5 +143,5 @@ def reprocess_raw(
         rule=rule,
         decision=decision,
         torn=torn_lines(paths),  # the load ended (checked above): its files are settled
-        next_call=f"summarize(run_ids=['{run_id}'])",
+        next_call=calls.summarize([run_id]),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import ledger
+from caseledger import calls, ledger
 from caseledger.case.model import Case
 from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
@@ -79,7 +79,7 @@ def start_run(
             plan={},
             authorization=authorization.current_mode(workspace),
             next_call=(
-                f"start_run(case_id='{case_id}') when the target is free and authorization allows"
+                f"{calls.start_run(case_id)} when the target is free and authorization allows"
                 if ok
                 else "fix the cause (a case error needs freeze_case of a corrected draft), then preflight again"
             ),
@@ -140,6 +140,6 @@ def _enqueue(ws: Workspace, case_id: str, case: Case, key: str, mode: str, held:
         plan={},
         authorization=mode,
         queue_position=pos,
-        next_call=f"phase_status(run_id='{case_id}') shows this case's run once it starts (when "
+        next_call=f"{calls.phase_status(case_id)} shows this case's run once it starts (when "
         f"{cur.run_id if cur else 'the holder'} releases the target)",
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
-from caseledger import redact
+from caseledger import calls, redact
 from caseledger.campaign.store import campaign_of
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.bounds import PATTERN_RULES
@@ -182,13 +182,13 @@ def summarize(workspace: Workspace, run_ids: list[str], scenario: str | None = N
     if run_ids and scenario:
         raise CaseInvalid(
             "give run_ids or scenario, not both",
-            "summarize(scenario='name') for the rows of a scenario, summarize(run_ids=[...]) for runs",
+            f"{calls.summarize(scenario='name')} for the rows of a scenario, {calls.summarize(...)} for runs",
         )
     if not run_ids:
         return _scenario(workspace, scenario)
     if any(is_id(r, "g") for r in run_ids):
         if len(run_ids) > 1:
-            raise CaseInvalid("a campaign id is summarized alone", f"summarize(run_ids=['{run_ids[0]}'])")
+            raise CaseInvalid("a campaign id is summarized alone", calls.summarize(run_ids[:1]))
         return _campaign(workspace, run_ids[0])
     out: list[RunSummary] = []
     rows = []
@@ -238,21 +238,16 @@ def _runs_next(workspace: Workspace, last_run: RunSummary, missing: list[str]) -
     """The one next call after runs are summarized: the campaign's answer for a campaign's point; else reprocess
     what has no result, go on from a keep or a close, repeat a distorted run, or settle a change within noise."""
     if last_run.campaign is not None:
-        return (
-            f"summarize(run_ids=['{last_run.campaign}']): the campaign's answer (its points are not decided run by run)"
-        )
+        return calls.campaign_answer(last_run.campaign)
     if missing:
-        return f"reprocess_raw(run_id='{missing[0]}') or phase_status(run_id='{missing[0]}')"
+        return f"{calls.reprocess_raw(missing[0])} or {calls.phase_status(missing[0])}"
     if last_run.decision in ("keep", "baseline"):
-        return f"freeze_case(next candidate, parent='{last_run.case_id}')"
+        return calls.next_candidate(last_run.case_id)
     if last_run.decision == "close":
         parent = load_case(workspace, last_run.case_id).parent or last_run.case_id
-        return f"freeze_case(next candidate, parent='{parent}') — {last_run.case_id} was closed"
+        return f"{calls.next_candidate(parent)} — {last_run.case_id} was closed"
     if any(" distorted: " in m for m in last_run.missing):
-        return (
-            f"start_run(case_id='{last_run.case_id}') again on a quiet host: a distorted window (a stalled "
-            "client, a contended host) is repeated, never decided on"
-        )
+        return calls.repeat_on_quiet_host(last_run.case_id)
     if any("fail the checks" in m for m in last_run.missing):
         return (
             f"check the engine's usage reporting (the invalid requests are named in {last_run.run_id}'s report); "
@@ -260,7 +255,7 @@ def _runs_next(workspace: Workspace, last_run: RunSummary, missing: list[str]) -
         )
     if last_run.missing:
         return f"supply the missing evidence for {last_run.run_id}: {last_run.missing[0]}"
-    return f"start_run(case_id='{last_run.case_id}') again: a repeat settles a change within the noise"
+    return calls.repeat(last_run.case_id, "a repeat settles a change within the noise")
 
 
 def _with_campaign(ws: Workspace, r: RunSummary) -> RunSummary:
@@ -300,7 +295,7 @@ def _scenario(workspace: Workspace, name: str | None) -> SummaryResult:
             found = f" ({damaged_line(damaged)})" if damaged else ""
             raise NotFound(
                 f"no runs and no frozen case in this workspace yet{found}",
-                "freeze_case(path='cases/x.json') then start_run(case_id=...)",
+                calls.first_case(),
             ) from None
         try:
             view = scenario_view(workspace, name, idx)

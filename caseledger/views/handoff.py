@@ -11,13 +11,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from caseledger import ledger, procs, redact
+from caseledger import calls, ledger, procs, redact
 from caseledger.campaign.store import campaign_of
 from caseledger.campaign.view import campaign_view
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
 from caseledger.ledger import authorization, queue
-from caseledger.ledger.advice import wait_call
 from caseledger.ledger.index import Index, RunRow, open_index, row_of
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold
@@ -57,7 +56,7 @@ def _render(ws: Workspace, idx: Index, exiting: str | None) -> str:
     if damaged:
         lines.append(quoted(damaged_line(damaged), 300))
     if latest is None:
-        lines += ["no runs yet", "next: freeze_case(path='cases/<draft>.json'), then start_run(case_id=...)"]
+        lines += ["no runs yet", f"next: {calls.first_case()}"]
         return "\n".join(lines) + "\n"
     if latest.run_id == exiting:  # its controller is writing this as it exits: shown as gone (the view is shared)
         latest = replace(latest, controller_alive=False)
@@ -175,7 +174,7 @@ def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str,
         out.append(
             (
                 f"also active: scenario {r.scenario}: latest {r.run_id} {r.state}{fc}{dec}; "
-                f"summarize(scenario='{r.scenario}')",
+                + calls.summarize(scenario=r.scenario),
                 f"{r.scenario} ({r.run_id} {r.state}{dec})",
             )
         )
@@ -187,7 +186,7 @@ def _other_scenarios(ws: Workspace, idx: Index, current: str) -> list[tuple[str,
                 seen.add(name)
                 out.append(
                     (
-                        f"also active: scenario {name}: {cid} queued on {key}; summarize(scenario='{name}')",
+                        f"also active: scenario {name}: {cid} queued on {key}; {calls.summarize(scenario=name)}",
                         f"{name} ({cid} queued)",
                     )
                 )
@@ -228,7 +227,7 @@ def _scenario_rows(view: ScenarioView | str, max_rows: int = MAX_ROWS) -> list[s
         what = r.case_id if r.campaign_verdict else (r.run_id or "-")
         out.append(f"  {r.change}: {what} {metric}{runs} -> {verdict}{' (best)' if r.best else ''}")
     if len(view.rows) > max_rows:
-        out.append(f"  +{len(view.rows) - max_rows} more: summarize(scenario='{name}')")
+        out.append(f"  +{len(view.rows) - max_rows} more: {calls.summarize(scenario=name)}")
     best = next((r for r in view.rows if r.best), None)
     if view.campaign is not None:
         out.append(
@@ -261,13 +260,13 @@ def _campaign_next(ws: Workspace, camps: list[Camp], latest: RunView) -> str | N
     """Follow a campaign whose driver is alive; after one that ran the latest run, its answer."""
     alive = next((gid for _, gid, up, _ in camps if up), None)
     if alive:
-        return wait_call(alive)
+        return calls.wait(alive)
     stopped = next((gid for _, gid, _, word in camps if word.startswith("stopped")), None)
     if stopped:
-        return f"start_run(case_id='{stopped}'): the campaign stopped with points left; this continues it"
+        return calls.continue_campaign(stopped)
     gid = campaign_of(ws, latest.case_id)  # the latest run is a campaign's point (active or not): its answer
     if gid is not None:
-        return f"summarize(run_ids=['{gid}']): the campaign's answer (its points are not decided one by one)"
+        return calls.campaign_answer(gid)
     return None
 
 
@@ -304,17 +303,17 @@ def campaign_state(ws: Workspace, gid: str, alive: bool, outcome: str) -> tuple[
     try:
         v = campaign_view(ws, gid)
     except CaseledgerError:
-        return "unreadable", f"unreadable; summarize(run_ids=['{gid}']) names why"
+        return "unreadable", f"unreadable; {calls.summarize([gid])} names why"
     left = sum(r.status in ("queued", "pending", "running") for r in v.rows)
     measured = sum(r.runs > 0 for r in v.rows)
     if alive:
-        return "running", f"running ({measured}/{len(v.rows)} points measured); {wait_call(gid)}"
+        return "running", f"running ({measured}/{len(v.rows)} points measured); {calls.wait(gid)}"
     if v.complete:
-        return "complete", f"complete: {short_answer(v.answer)}; summarize(run_ids=['{gid}'])"
+        return "complete", f"complete: {short_answer(v.answer)}; {calls.summarize([gid])}"
     why = f" ({quoted(outcome, 80)})" if outcome and outcome != "complete" else ""
     return (
         f"stopped, {left} point(s) left",
-        f"stopped with {left} point(s) left{why}; start_run(case_id='{gid}') continues it",
+        f"stopped with {left} point(s) left{why}; {calls.start_run(gid)} continues it",
     )
 
 
@@ -322,7 +321,7 @@ def _next(v: RunView) -> str:
     if v.state == RunState.SUCCEEDED:
         dec = v.decision.outcome if v.decision else None
         return (
-            f"summarize(run_ids=['{v.run_id}']) then freeze the next candidate with parent "
+            f"{calls.summarize([v.run_id])} then freeze the next candidate with parent "
             f"{v.case_id if dec != 'close' else (v.meta.parent_case or v.case_id)}"
         )
     return v.next_call

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 import orjson
 from pydantic import Field, ValidationError, create_model
 
+from caseledger import calls
 from caseledger.campaign.store import campaign_files, scenario_campaigns
 from caseledger.campaign.view import PointRow, ScenarioAnswer, campaign_view, point_verdict, scenario_answer
 from caseledger.case.decision import Decision
@@ -218,7 +219,7 @@ def latest_scenario(ws: Workspace) -> str:
             return str(orjson.loads(p.read_bytes())["scenario"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    raise NotFound("no case is frozen in this workspace yet", "freeze_case(path='cases/x.json') first")
+    raise NotFound("no case is frozen in this workspace yet", calls.first_case())
 
 
 def _label(path: str, value: Any, old: Any = None) -> str:
@@ -494,16 +495,16 @@ def scenario_next(view: ScenarioView) -> str:
         return view.campaign_next
     for r in view.rows:
         if r.state in ("running", "created", "failed") and r.runs == 0 and r.run_id:
-            return f"phase_status(run_id='{r.run_id}')"
+            return calls.phase_status(r.run_id)
     for r in view.rows:
         if r.settle:
             return r.settle
     for r in view.rows:
         if r.decision == "insufficient" and r.why and "distorted" in r.why:
-            return f"start_run(case_id='{r.case_id}') again on a quiet host: {quoted(r.why, 160)}"
+            return calls.repeat_on_quiet_host(r.case_id, quoted(r.why, 160))
     unrun = next((r for r in view.rows if r.run_id is None), None)
     if unrun is not None:
-        return f"start_run(case_id='{unrun.case_id}'): it has no run yet"
+        return f"{calls.start_run(unrun.case_id)}: it has no run yet"
     if view.best_case:
-        return f"freeze_case(next candidate, parent='{view.best_case}')"
-    return "freeze_case(next candidate, parent=<the scenario's baseline>): no case is kept yet"
+        return calls.next_candidate(view.best_case)
+    return f"{calls.next_candidate(None)}: no case is kept yet"

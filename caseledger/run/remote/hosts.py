@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import orjson
 
-from caseledger import procs
+from caseledger import calls, procs
 from caseledger.case.model import Case, LoadHost
 from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, FailureEvidence, PhaseFailed, RemoteError
@@ -329,7 +329,7 @@ def run_parts(
             f"lost the link to load host{'s' if len(lost) > 1 else ''} {names} after {done} of {run.meta.planned} "
             "records were copied; the remote clients keep running",
             FailureClass.END_UNKNOWN,
-            f"resume(run_id='{run.run_id}') once the link is back: it re-attaches over SSH (pid and start time), "
+            f"{calls.resume_when_link_back(run.run_id)}: it re-attaches over SSH (pid and start time), "
             "copies what is missing and merges; nothing is re-sent and no second client is started",
             evidence=info,
         )
@@ -360,7 +360,7 @@ def parts_alive(run: Run, parts: list[PartPaths]) -> list[int]:
         raise PhaseFailed(
             f"cannot reach a load host to confirm its clients ended: {e}",
             FailureClass.END_UNKNOWN,
-            f"resume(run_id='{run.run_id}') once the link is back",
+            calls.resume_when_link_back(run.run_id),
         ) from None
 
 

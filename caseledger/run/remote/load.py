@@ -42,7 +42,7 @@ import shlex
 from pathlib import Path
 from typing import TypedDict
 
-from caseledger import procs
+from caseledger import calls, procs
 from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
 from caseledger.ledger import event_types as et
@@ -148,7 +148,7 @@ def run_load(run: Run, env: dict[str, str], event: et.Emit, attempt: int) -> tup
         raise PhaseFailed(
             f"{what} after {done} of {run.meta.planned} records were copied; the remote client keeps running",
             FailureClass.END_UNKNOWN,
-            f"resume(run_id='{run.run_id}') once the link is back: it re-attaches over SSH (pid and start time), "
+            f"{calls.resume_when_link_back(run.run_id)}: it re-attaches over SSH (pid and start time), "
             "copies what is missing; nothing is re-sent and no second client is started",
         ) from None
     clock = clock_record(paths, host, state["clock_before"], out["fin"]["clock_after"])
@@ -183,7 +183,7 @@ def confirm_gone(run: Run) -> bool:
         raise PhaseFailed(
             f"cannot reach load host {where(host)} to confirm the client ended: {e}",
             FailureClass.END_UNKNOWN,
-            f"resume(run_id='{run.run_id}') once the link is back",
+            calls.resume_when_link_back(run.run_id),
         ) from None
 
 
