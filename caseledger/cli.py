@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 import orjson
 
-from caseledger import calls, engines, redact
+from caseledger import engines, redact
 from caseledger.errors import CaseledgerError, Unexpected, unexpected
-from caseledger.ledger import authorization, indexdb
+from caseledger.ledger import authorization, calls, indexdb
 from caseledger.records import NativeRule
 from caseledger.target.options import add_serve_arguments
 from caseledger.workspace import Workspace, steps

@@ -17,12 +17,12 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, Field
 
-from caseledger import calls, engines
+from caseledger import engines
 from caseledger.case.metrics import LIMITS
 from caseledger.case.schema import CASE_SCHEMA, PACKAGED_SCHEMAS
 from caseledger.case.store import unfilled
 from caseledger.errors import CaseInvalid, NotWritable, quoted
-from caseledger.ledger import authorization
+from caseledger.ledger import authorization, calls
 from caseledger.workspace import Workspace, atomic_write, utc_now
 
 TEMPLATES = engines.TEMPLATES  # package data, one draft per engine

@@ -1,4 +1,4 @@
-"""caseledger.calls: every tool call an answer names, and the same call as a command at a shell (as_cli)."""
+"""caseledger.ledger.calls: every tool call an answer names, and the same call as a command at a shell (as_cli)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from caseledger import calls
+from caseledger.ledger import calls
 
 # each form with values -> the command the CLI prints for it
 FORMS = [

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent / "caseledger"
 # Lowest first. A module may import from its own stage or a lower one, never from a higher one.
 STAGES: list[tuple[str, ...]] = [
     # base: errors, fault points, processes, raw records, secrets, the workspace (its files, slow steps named),
-    # the engine profiles (data: what caseledger knows about each serving engine), the next calls' text
-    ("errors", "faults", "procs", "records", "redact", "workspace", "engines", "calls"),
+    # the engine profiles (data: what caseledger knows about each serving engine)
+    ("errors", "faults", "procs", "records", "redact", "workspace", "engines"),
     ("case",),  # what to measure, the impact table, delta -> plan, frozen storage
     ("ledger",),  # events, leases, runs, folded state, queue, authorization
     ("datasets",),  # materialized requests and their identity

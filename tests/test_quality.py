@@ -136,12 +136,12 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def _hand_written_calls(root: Path) -> list[str]:
     """Every str constant or f-string under root (an f-string with '{}' for each value) that writes a tool call,
-    outside caseledger/calls.py. Documentation is exempt, and only it: docstrings (a tool's description in
+    outside caseledger/ledger/calls.py. Documentation is exempt, and only it: docstrings (a tool's description in
     server/toolset.py is its function's docstring) and the value of a `description=` keyword (a field's or a
     tool's description, as server/published.py and the published JSON carry them)."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path.name == "calls.py" and path.parent == root:
+        if path.relative_to(root).as_posix() == "ledger/calls.py":
             continue
         source = path.read_text()
         if not TOOL_OPEN.search(source):  # no tool's name and paren: nothing to read
@@ -167,16 +167,16 @@ def _hand_written_calls(root: Path) -> list[str]:
 
 
 def test_every_tool_call_an_answer_names_is_written_by_the_calls_module() -> None:
-    """A next call is written once (caseledger/calls.py: a form per tool call, a function per situation), so
+    """A next call is written once (caseledger/ledger/calls.py: a form per tool call, a function per situation), so
     every view says a situation in the same words and the CLI turns every call into its command."""
     found = _hand_written_calls(ROOT / "caseledger")
-    assert not found, "write these with caseledger.calls:\n" + "\n".join(found)
+    assert not found, "write these with caseledger.ledger.calls:\n" + "\n".join(found)
 
 
 def test_the_call_finder_names_constants_and_f_strings_but_not_documentation(tmp_path: Path) -> None:
     pkg = tmp_path / "caseledger"
-    pkg.mkdir()
-    (pkg / "calls.py").write_text("X = \"resume(run_id='r-1')\"\n")  # the one module that writes them
+    (pkg / "ledger").mkdir(parents=True)
+    (pkg / "ledger" / "calls.py").write_text("X = \"resume(run_id='r-1')\"\n")  # the one module that writes them
     (pkg / "m.py").write_text(
         '"""A module: resume(run_id=\'r-1\') in its docstring."""\n'
         "from pydantic import Field\n"

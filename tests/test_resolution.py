@@ -87,7 +87,7 @@ def test_one_word_per_point_from_one_rule() -> None:
 
 
 def test_the_cli_says_its_next_calls_as_commands() -> None:
-    from caseledger.calls import as_cli
+    from caseledger.ledger.calls import as_cli
 
     said = as_cli(
         "next: start_run(case_id='c-1a') or phase_status(run_id='g-2b', wait_s=600); summarize(run_ids=['r-1', 'r-2']);"

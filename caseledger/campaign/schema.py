@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from caseledger import calls
 from caseledger.campaign.model import CampaignDraft
+from caseledger.ledger import calls
 
 AXIS_PATHS = (
     "An axis names a case field by its path: 'load.concurrency', 'load.rate', 'dataset.input_tokens'; an env var "

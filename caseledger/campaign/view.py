@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field
 
-from caseledger import calls, procs
+from caseledger import procs
 from caseledger.campaign import budget, drift, pool, resolution
 from caseledger.campaign import plan as planner
 from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
@@ -34,7 +34,7 @@ from caseledger.case.metrics import LIMITS, METRICS
 from caseledger.case.model import Case
 from caseledger.case.store import load_case
 from caseledger.errors import quoted
-from caseledger.ledger import authorization
+from caseledger.ledger import authorization, calls
 from caseledger.ledger.event_types import SearchEnded
 from caseledger.ledger.runs import RunMeta, load_run, scan_runs
 from caseledger.ledger.state import RunState, fold

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from caseledger import calls, redact
+from caseledger import redact
 from caseledger.case.bounds import PATTERN_RULES
 from caseledger.case.dataset import LENGTH_TAGS
 from caseledger.case.decision import Decision
@@ -300,7 +300,7 @@ def load_case(ws: Workspace, case_id: str) -> Case:
     if not path.exists():
         raise NotFound(
             f"case_id '{case_id}' is not frozen in {ws.frozen_dir}",
-            f"freeze the draft first: {calls.freeze_case(...)} returns the case_id",
+            "freeze the draft first: freeze_case with its path returns the case_id",
         )
     case = _frozen_as_stored(path, case_id)
     if case is None:

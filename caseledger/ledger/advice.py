@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from caseledger import calls
 from caseledger.case.phases import Phase
 from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import OUTSIDE_CHARS, FailureClass, quoted
+from caseledger.ledger import calls
 from caseledger.ledger.view import PhaseView, RunState, RunView
 
 REPEATS_BEFORE_BY_HAND = 3  # attempts of one phase failing the same way, after which resume is no answer

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from caseledger import calls, procs
+from caseledger import procs
 from caseledger.errors import FenceRejected, TargetHeld
+from caseledger.ledger import calls
 from caseledger.procs import LoadRef, ProcRef
 from caseledger.workspace import (
     Workspace,

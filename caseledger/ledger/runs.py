@@ -13,13 +13,13 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caseledger import calls, redact
+from caseledger import redact
 from caseledger.case.model import Case
 from caseledger.case.phases import Phase
 from caseledger.case.plan import PlanStep
 from caseledger.case.store import is_case_id_of
 from caseledger.errors import CaseInvalid, NotFound, PathEscapes, quoted
-from caseledger.ledger import indexdb
+from caseledger.ledger import calls, indexdb
 from caseledger.workspace import RESULT_FILE, RunPaths, Workspace, check_id, is_id, write_json
 
 

@@ -16,10 +16,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from caseledger import calls
 from caseledger.case.decision import LimitWord
 from caseledger.case.metrics import LIMITS, METRICS, Direction
 from caseledger.case.model import Case
+from caseledger.ledger import calls
 from caseledger.metrics import Distribution, FrozenModel, Interval, NotObserved, Result
 
 Outcome = Literal["keep", "close", "insufficient", "baseline"]

@@ -12,11 +12,12 @@ import sys
 
 import orjson
 
-from caseledger import calls, procs, redact
+from caseledger import procs, redact
 from caseledger.case.phases import Phase
 from caseledger.case.plan import COLLECT_TIMEOUT_S
 from caseledger.errors import EvidenceChanged, FailureClass, PhaseFailed
 from caseledger.faults import fault
+from caseledger.ledger import calls
 from caseledger.ledger.evidence import (
     DecideEvidence,
     PostprocessEnv,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from caseledger import calls, ledger, procs, redact, services
+from caseledger import ledger, procs, redact, services
 from caseledger.case.phases import PHASES, Phase
 from caseledger.case.plan import FAILURE_OF_PHASE
 from caseledger.errors import (
@@ -34,8 +34,8 @@ from caseledger.errors import (
     RemoteError,
 )
 from caseledger.faults import checkpoint
+from caseledger.ledger import calls, state
 from caseledger.ledger import event_types as et
-from caseledger.ledger import state
 from caseledger.ledger.authorization import current_mode
 from caseledger.ledger.evidence import (
     CachePrepareEvidence,

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 from pydantic import BaseModel, Field
 
-from caseledger import calls, ledger, services
+from caseledger import ledger, services
 from caseledger.case.phases import Phase
 from caseledger.errors import NothingToResume, quoted
-from caseledger.ledger import authorization
+from caseledger.ledger import authorization, calls
 from caseledger.ledger import event_types as et
 from caseledger.ledger.event_types import ControllerStarted
 from caseledger.ledger.events import read_events

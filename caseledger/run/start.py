@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from caseledger import calls, datasets, ledger, procs, services
+from caseledger import datasets, ledger, procs, services
 from caseledger.case.model import Case
 from caseledger.case.phases import PHASES, Phase
 from caseledger.case.plan import Live, PlanStep, delta, plan
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound
-from caseledger.ledger import authorization, queue
+from caseledger.ledger import authorization, calls, queue
 from caseledger.ledger import event_types as et
 from caseledger.ledger.event_types import ControllerStarted
 from caseledger.ledger.events import read_events

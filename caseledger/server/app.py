@@ -25,8 +25,8 @@ from mcp.types import CallToolResult, InputRequiredResult
 from mcp.types import Tool as MCPTool
 from starlette.types import ASGIApp
 
-from caseledger import calls
 from caseledger.errors import CaseledgerError, NotAuthorized, quoted
+from caseledger.ledger import calls
 from caseledger.run.admission.policy import CALLER_ENV
 from caseledger.server.guards import (
     MAX_BODY_BYTES,

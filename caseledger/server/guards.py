@@ -28,8 +28,8 @@ from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from caseledger import calls
 from caseledger.errors import CaseledgerError, NotAuthorized
+from caseledger.ledger import calls
 
 log = logging.getLogger("caseledger.server")
 

@@ -17,8 +17,9 @@ import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from caseledger import calls, redact
+from caseledger import redact
 from caseledger.errors import CaseledgerError
+from caseledger.ledger import calls
 from caseledger.server.published import SCENARIO_PATTERN
 from caseledger.server.toolset import bug_logged, tool_error
 from caseledger.workspace import Workspace

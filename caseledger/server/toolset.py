@@ -32,8 +32,9 @@ from mcp.types import (
 )
 from pydantic import BaseModel, Field, ValidationError
 
-from caseledger import calls, redact
+from caseledger import redact
 from caseledger.errors import CaseInvalid, CaseledgerError, Unexpected, unexpected
+from caseledger.ledger import calls
 from caseledger.server.published import RATIO_MAX, RATIO_MIN_EXCLUSIVE, SCENARIO_PATTERN, NativeRule
 from caseledger.workspace import Workspace
 from caseledger.workspace.steps import Steps

@@ -9,7 +9,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger import calls
 from caseledger.campaign.costs import (
     Costs,
     engine_model,
@@ -27,6 +26,7 @@ from caseledger.case.model import Case
 from caseledger.case.plan import decision_words
 from caseledger.case.store import load_case
 from caseledger.errors import CaseInvalid
+from caseledger.ledger import calls
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold
 from caseledger.run.admission.admit import check_start

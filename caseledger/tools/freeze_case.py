@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from caseledger import calls, datasets, services
+from caseledger import datasets, services
 from caseledger.campaign.store import is_campaign_draft
 from caseledger.case.model import Case
 from caseledger.case.plan import (
@@ -31,6 +31,7 @@ from caseledger.case.store import (
     validate,
 )
 from caseledger.errors import CaseInvalid
+from caseledger.ledger import calls
 from caseledger.ledger.leases import target_key
 from caseledger.ledger.runs import scan_runs
 from caseledger.ledger.state import fold

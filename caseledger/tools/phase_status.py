@@ -8,10 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from caseledger import calls
-from caseledger.calls import MAX_WAIT_S as MAX_WAIT_S  # the one bound: every next names it
 from caseledger.errors import MESSAGE_CHARS, OUTSIDE_CHARS, CaseInvalid, NotFound, quoted
-from caseledger.ledger import authorization, queue
+from caseledger.ledger import authorization, calls, queue
+from caseledger.ledger.calls import MAX_WAIT_S as MAX_WAIT_S  # the one bound: every next names it
 from caseledger.ledger.index import open_index
 from caseledger.ledger.intact import load_settled, settled_change, torn_lines
 from caseledger.ledger.runs import damaged_line, load_run

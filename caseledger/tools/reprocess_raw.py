@@ -7,9 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from caseledger import calls, ledger
+from caseledger import ledger
 from caseledger.case.phases import Phase
 from caseledger.errors import CaseInvalid, FailureClass, NothingToResume, PhaseFailed, quoted
+from caseledger.ledger import calls
 from caseledger.ledger import event_types as et
 from caseledger.ledger.intact import torn_lines
 from caseledger.ledger.runs import load_run

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from caseledger import calls, ledger
+from caseledger import ledger
 from caseledger.case.model import Case
 from caseledger.case.phases import Phase
 from caseledger.case.store import load_case
 from caseledger.errors import NotAuthorized, TargetHeld, quoted
-from caseledger.ledger import authorization
+from caseledger.ledger import authorization, calls
 from caseledger.ledger import queue as target_queue
 from caseledger.run.start import Progress, launch, preflight_case
 from caseledger.views import handoff

@@ -19,13 +19,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
-from caseledger import calls, redact
+from caseledger import redact
 from caseledger.campaign.store import campaign_of
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.case.bounds import PATTERN_RULES
 from caseledger.case.model import SCENARIO_PATTERN
 from caseledger.case.store import load_case, with_current_decision
 from caseledger.errors import CaseInvalid, NotFound, quoted
+from caseledger.ledger import calls
 from caseledger.ledger.index import open_index
 from caseledger.ledger.intact import damaged_entry, settled_change, tampered
 from caseledger.ledger.runs import damaged_line, load_run

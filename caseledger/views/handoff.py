@@ -11,12 +11,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from caseledger import calls, ledger, procs, redact
+from caseledger import ledger, procs, redact
 from caseledger.campaign.store import campaign_of
 from caseledger.campaign.view import campaign_view
 from caseledger.case.store import remember_secrets
 from caseledger.errors import CaseledgerError, quoted
-from caseledger.ledger import authorization, queue
+from caseledger.ledger import authorization, calls, queue
 from caseledger.ledger.index import Index, RunRow, open_index, row_of
 from caseledger.ledger.runs import damaged_line, load_run
 from caseledger.ledger.state import RunState, RunView, fold

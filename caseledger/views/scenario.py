@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 import orjson
 from pydantic import Field, ValidationError, create_model
 
-from caseledger import calls
 from caseledger.campaign.store import campaign_files, scenario_campaigns
 from caseledger.campaign.view import PointRow, ScenarioAnswer, campaign_view, point_verdict, scenario_answer
 from caseledger.case.decision import Decision
@@ -18,6 +17,7 @@ from caseledger.case.model import Case
 from caseledger.case.plan import DERIVED, argv_change, delta, flatten
 from caseledger.case.store import load_case
 from caseledger.errors import CaseledgerError, NotFound, quoted
+from caseledger.ledger import calls
 from caseledger.ledger.index import Index, RunRow, open_index
 from caseledger.ledger.runs import load_run
 from caseledger.metrics import PROCESSOR_VERSION

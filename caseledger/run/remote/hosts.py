@@ -16,11 +16,12 @@ from typing import Any
 import anyio
 import orjson
 
-from caseledger import calls, procs
+from caseledger import procs
 from caseledger.case.model import Case, LoadHost
 from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, FailureEvidence, PhaseFailed, RemoteError
 from caseledger.faults import checkpoint
+from caseledger.ledger import calls
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run

@@ -42,9 +42,10 @@ import shlex
 from pathlib import Path
 from typing import TypedDict
 
-from caseledger import calls, procs
+from caseledger import procs
 from caseledger.case.phases import Phase
 from caseledger.errors import FailureClass, PhaseFailed, RemoteError
+from caseledger.ledger import calls
 from caseledger.ledger import event_types as et
 from caseledger.ledger.evidence import LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
