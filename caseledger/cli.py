@@ -456,7 +456,7 @@ def _import(ws: Workspace, a: argparse.Namespace) -> int:
     from caseledger.importers import import_run  # lazy: numpy
 
     rid = import_run(ws, a.kind, a.path)
-    nxt = calls.summarize([rid])
+    nxt = calls.run_succeeded(rid)
     _print({"run_id": rid, "next_call": nxt}, f"imported as run {rid}\nnext: {nxt}", a.json)
     return 0
 

@@ -44,7 +44,7 @@ def _advise_live(v: RunView) -> Advice | None:
     """The advice for a run that has not stopped at a failure (finished, partial, running); None otherwise."""
     rid = v.run_id
     if v.state == RunState.SUCCEEDED:
-        return Advice(None, calls.summarize([rid]))
+        return Advice(None, calls.run_succeeded(rid))
     if v.state == RunState.PARTIAL:
         return Advice(
             f"partial load: {v.counts.done} of {v.counts.planned} requests recorded ({_why_partial(v.load_exit)})",

@@ -79,6 +79,11 @@ def wait(run_id: str) -> str:
     return f"{phase_status(run_id, MAX_WAIT_S)}: answers when it ends or needs you"
 
 
+def run_succeeded(run_id: str, parent: str | None = None) -> str:
+    """A run measured to its end: summarize it (parent: then freeze the next candidate as its child)."""
+    return summarize([run_id]) + (f" then freeze the next candidate with parent {parent}" if parent else "")
+
+
 def first_case() -> str:
     """A workspace with no case or no run yet: freeze a draft, then run it."""
     return f"{freeze_case('cases/x.json')} then {start_run(...)}"

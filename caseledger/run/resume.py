@@ -110,7 +110,7 @@ def _resumable_target(v: RunView, run_id: str) -> str:
     if v.state in (RunState.SUCCEEDED, RunState.PARTIAL):
         raise NothingToResume(
             f"run {run_id} is {v.state.value}; every phase is done",
-            f"{calls.summarize([run_id])} or freeze the next candidate",
+            f"{calls.run_succeeded(run_id)} or freeze the next candidate",
         )
     if v.controller_alive:
         raise NothingToResume(f"run {run_id} still has a live controller (phase {v.current})", calls.wait(run_id))

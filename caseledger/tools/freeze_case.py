@@ -139,7 +139,7 @@ def _freeze(
     if state is None:
         nxt = calls.start_run(cid)
     elif state.state.value in ("succeeded", "partial"):
-        nxt = f"{calls.summarize([state.run_id])} — already measured; {calls.start_run(cid)} repeats it"
+        nxt = f"{calls.run_succeeded(state.run_id)} — already measured; {calls.start_run(cid)} repeats it"
     else:
         nxt = state.next_call
     return FreezeResult(

@@ -144,5 +144,5 @@ def reprocess_raw(
         rule=rule,
         decision=decision,
         torn=torn_lines(paths),  # the load ended (checked above): its files are settled
-        next_call=calls.summarize([run_id]),
+        next_call=calls.run_succeeded(run_id),
     )

@@ -320,10 +320,7 @@ def campaign_state(ws: Workspace, gid: str, alive: bool, outcome: str) -> tuple[
 def _next(v: RunView) -> str:
     if v.state == RunState.SUCCEEDED:
         dec = v.decision.outcome if v.decision else None
-        return (
-            f"{calls.summarize([v.run_id])} then freeze the next candidate with parent "
-            f"{v.case_id if dec != 'close' else (v.meta.parent_case or v.case_id)}"
-        )
+        return calls.run_succeeded(v.run_id, v.case_id if dec != "close" else (v.meta.parent_case or v.case_id))
     return v.next_call
 
 
