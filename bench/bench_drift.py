@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from caseledger import services
-from caseledger.campaign import plan as planner
+from caseledger.campaign import planner
 from caseledger.campaign.store import load_campaign
 from caseledger.campaign.view import CampaignView, current_plan
 from caseledger.case.metrics import METRICS
@@ -95,7 +95,7 @@ def verdict(ws: Workspace, campaign_id: str, v: CampaignView) -> dict[str, Any]:
     pl, obs, _, _ = current_plan(ws, camp)
     ctl = next(o for o in obs if o.case_id in pl.controls)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
-    blind = planner.plan(
+    blind = planner.standing(
         [replace(o, others=[]) for o in obs], camp.search, camp.repeats, higher, None, camp.decision.min_effect
     )
     return {

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from caseledger.campaign import drift
-from caseledger.campaign import plan as planner
+from caseledger.campaign import drift, planner
 from caseledger.campaign.model import GridSearch, KneeSearch, Repeats, Search
 
 
@@ -33,12 +32,12 @@ def _obs(
 
 def _simulate(
     cs: list[int], tpot_of: Any, tok_s_of: Any, bound: float, search: Search, repeats: Repeats, noise: Any = None
-) -> tuple[planner.Plan, dict[int, int]]:
+) -> tuple[planner.Standing, dict[int, int]]:
     """Run the planner to the end, 'measuring' each next point from the given functions; (last plan, runs per C)."""
     runs: dict[int, list[tuple[float, float]]] = {c: [] for c in cs}
     for _ in range(200):
         obs = [_obs(c, [m for m, _ in runs[c]], [t for _, t in runs[c]], bound) for c in cs]
-        pl = planner.plan(obs, search, repeats, higher=True, live_service="s")
+        pl = planner.standing(obs, search, repeats, higher=True, live_service="s")
         if not pl.next:
             return pl, {c: len(v) for c, v in runs.items()}
         cid = pl.next[0][0]
@@ -113,7 +112,7 @@ def test_the_leader_and_runner_up_are_repeated_until_settled_and_a_close_pair_is
 def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no_evidence() -> None:
     near = _obs(4, [400.0], [9.98], 10.0, half=0.1)  # 9.98 +- 0.1 against 10: not settled
     far = _obs(2, [200.0], [6.0], 10.0)
-    pl = planner.plan(
+    pl = planner.standing(
         [far, near], GridSearch(), Repeats(runs=1, settle_runs=3, budget=5), higher=True, live_service="s"
     )
     assert any(cid == near.case_id and "within its noise" in why for cid, why in pl.next), pl.next
@@ -128,7 +127,7 @@ def test_a_limit_verdict_within_its_noise_is_repeated_and_a_given_up_point_is_no
         bad_runs=3,
         last_problem="distorted: busy",
     )
-    pl = planner.plan([far, gone], KNEE, Repeats(max_attempts=3), higher=True, live_service="s")
+    pl = planner.standing([far, gone], KNEE, Repeats(max_attempts=3), higher=True, live_service="s")
     assert "distorted: busy" in pl.given_up[gone.case_id] and gone.case_id not in pl.skipped
 
 
@@ -161,7 +160,7 @@ def test_points_of_the_live_service_run_first() -> None:
         limits={},
         bad_runs=0,
     )
-    assert [c for c, _ in planner.plan([a, b], GridSearch(), Repeats(), True, live_service="B").next] == [
+    assert [c for c, _ in planner.standing([a, b], GridSearch(), Repeats(), True, live_service="B").next] == [
         b.case_id,
         a.case_id,
     ]
@@ -185,10 +184,10 @@ def test_a_limit_pooled_over_runs_whose_interval_straddles_the_bound_is_uncertai
         )
 
     reps = Repeats(runs=1, settle_runs=3, budget=5)
-    pl = planner.plan([point(2)], GridSearch(), reps, higher=True, live_service="s")
+    pl = planner.standing([point(2)], GridSearch(), reps, higher=True, live_service="s")
     assert [c for c, why in pl.next if "tpot_p99_ms" in why] == [point(2).case_id], pl.next
     done = point(3)
-    pl = planner.plan([done], GridSearch(), reps, higher=True, live_service="s")
+    pl = planner.standing([done], GridSearch(), reps, higher=True, live_service="s")
     assert not pl.next and pl.leader == done.case_id, pl
     answer, winner, _ = _answer(pl, {done.case_id: done}, True, "output_throughput", True)
     assert winner == done.case_id and "uncertain: C=4 tpot_p99_ms met in 2/3 runs" in answer, answer
@@ -214,7 +213,7 @@ def test_a_tie_across_two_service_identities_starts_each_identity_once(
         obs = [
             replace(_obs(c, runs[c], [5.0] * len(runs[c]), 10.0), service_key=keys[c], label=f"np={c}") for c in keys
         ]
-        pl = planner.plan(
+        pl = planner.standing(
             obs, GridSearch(), Repeats(runs=1, settle_runs=3, budget=10), True, order[-1] if order else None
         )
         if not pl.next:
@@ -264,42 +263,42 @@ def test_the_control_is_measured_again_between_and_after_the_others_and_a_drift_
     grid, reps = GridSearch(), Repeats(runs=1, settle_runs=3, budget=10)
     first = _timed(1, [100.0], [0])
     others = [_timed(c, [100.0 + c], [c]) for c in range(2, 6)]  # four runs of other points since the control's
-    pl = planner.plan([first, *others], grid, reps, True, "s", min_effect=0.02)
+    pl = planner.standing([first, *others], grid, reps, True, "s", min_effect=0.02)
     assert pl.controls == [first.case_id] and pl.next[0][0] == first.case_id and "again after 4 runs" in pl.next[0][1]
     # nothing else wanted (no repeat budget): the control's last run closes the campaign, after the others
     a, b = _timed(1, [100.0], [0]), _timed(2, [300.0, 301.0], [1, 2])
-    pl = planner.plan([a, b], grid, Repeats(runs=1, budget=0), True, "s", min_effect=0.02)
+    pl = planner.standing([a, b], grid, Repeats(runs=1, budget=0), True, "s", min_effect=0.02)
     assert [c for c, _ in pl.next] == [a.case_id] and "again before leaving its service" in pl.next[0][1]
     # measured again, within its noise: settled, no control run wanted now
     a = _timed(1, [100.0, 100.5], [0, 3])
-    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
+    pl = planner.standing([a, b], grid, reps, True, "s", min_effect=0.02)
     assert pl.cut is None and pl.settled and pl.leader == b.case_id and not pl.next
     # the control moved -50%: suspected, measured once more at once before anything else
     a = _timed(1, [100.0, 50.0], [0, 3])
-    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
+    pl = planner.standing([a, b], grid, reps, True, "s", min_effect=0.02)
     assert pl.cut is None and pl.next[0][0] == a.case_id and "measured once more to confirm" in pl.next[0][1]
     # confirmed: the runs before the change are set aside, and every point without a run since is measured again
     a = _timed(1, [100.0, 50.0, 50.5], [0, 3, 4])
-    pl = planner.plan([a, b], grid, reps, True, "s", min_effect=0.02)
+    pl = planner.standing([a, b], grid, reps, True, "s", min_effect=0.02)
     assert pl.cut == "2026-12-05T07:00:03.000Z" and pl.drift is None, pl
     assert [c for c, _ in pl.next] == [b.case_id] and "the target changed at 2026-12-05T07:00:03" in pl.notes[0]
     kept = drift.set_aside([a, b], pl.cut)
     assert kept[0].metric == [50.0, 50.5] and kept[1].metric == []
     # a cold first run that the next ones do not confirm twice is noise, not a change
     noisy = _timed(1, [100.0, 60.0, 99.0], [0, 3, 4])
-    assert planner.plan([noisy, b], grid, reps, True, "s", 0.02).cut is None
+    assert planner.standing([noisy, b], grid, reps, True, "s", 0.02).cut is None
     # a second confirmed change: the target keeps drifting, nothing more runs, no winner
     a = _timed(1, [100.0, 50.0, 50.5, 25.0, 25.5], [0, 3, 4, 7, 8])
     b2 = _timed(2, [300.0, 150.0], [1, 5])
-    pl = planner.plan([a, b2], grid, reps, True, "s", min_effect=0.02)
+    pl = planner.standing([a, b2], grid, reps, True, "s", min_effect=0.02)
     assert pl.drift is not None and "and again" in pl.drift and not pl.next and pl.leader is None, pl
     # a change within min_effect, or within the runs' own noise, is no change
-    assert planner.plan([_timed(1, [100.0, 98.5, 98.4], [0, 3, 4]), b], grid, reps, True, "s", 0.02).cut is None
+    assert planner.standing([_timed(1, [100.0, 98.5, 98.4], [0, 3, 4]), b], grid, reps, True, "s", 0.02).cut is None
     loud = _timed(1, [100.0, 92.0, 92.5], [0, 3, 4], rel=0.08)
-    assert planner.plan([loud, b], grid, reps, True, "s", 0.02).cut is None
+    assert planner.standing([loud, b], grid, reps, True, "s", 0.02).cut is None
     # per service identity: a control each; the control of another identity does not need its service again
     other = replace(_timed(3, [80.0], [6]), service_key="t")
-    pl = planner.plan([_timed(1, [100.0], [0]), _timed(2, [90.0], [1]), other], grid, Repeats(budget=0), True, "t")
+    pl = planner.standing([_timed(1, [100.0], [0]), _timed(2, [90.0], [1]), other], grid, Repeats(budget=0), True, "t")
     assert set(pl.controls) == {f"c-{1:012x}", other.case_id} and not pl.next, pl.next
     # without run times (older observations) there is no control
-    assert planner.plan([_obs(1, [100.0], [5.0], 10.0)], grid, reps, True, "s").controls == []
+    assert planner.standing([_obs(1, [100.0], [5.0], 10.0)], grid, reps, True, "s").controls == []

@@ -119,7 +119,7 @@ def test_shared_chat_prefix_is_exactly_the_expected_cached_blocks_even_across_sa
 
 def test_seed_figures_and_a_below_target_construction_is_reported_not_rounded() -> None:
     # Seeds: 131072 body tokens, 131076 chat tokens (4 template tokens), block 128, target 0.9.
-    plan = dscon.plan_prefix(131072, head=3, overhead=4, block=128, target=Fraction(9, 10), shared=True)
+    plan = dscon.split_prefix(131072, head=3, overhead=4, block=128, target=Fraction(9, 10), shared=True)
     cached = plan.prefix_tokens + 3
     assert cached == 922 * 128 and Fraction(cached, 131076) >= Fraction(9, 10)
     assert plan.prefix_tokens + plan.salt_k + plan.suffix_tokens == 131072

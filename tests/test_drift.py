@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from caseledger.campaign import drift
-from caseledger.campaign import plan as planner
+from caseledger.campaign import drift, planner
 from caseledger.campaign.model import GridSearch, Repeats
 from caseledger.campaign.view import CampaignView, campaign_view
 from caseledger.ledger import authorization
@@ -54,14 +53,14 @@ def _point(c: int, runs: list[tuple[float, int, float | None]]) -> planner.Point
     )
 
 
-def _campaign(seed: int, slow_at: tuple[int, ...] = (), points: int = 4) -> planner.Plan:
+def _campaign(seed: int, slow_at: tuple[int, ...] = (), points: int = 4) -> planner.Standing:
     """A grid of identical points planned to its end: each run measures 100 tok/s ±10% (uniform host noise),
     halved from the run numbers in `slow_at` on (the target slowed 2x)."""
     rng = random.Random(seed)
     runs: dict[int, list[tuple[float, int, float | None]]] = {c: [] for c in range(1, points + 1)}
     level = 100.0
     for t in range(200):
-        pl = planner.plan([_point(c, r) for c, r in runs.items()], GRID, REPEATS, True, "s", min_effect=0.02)
+        pl = planner.standing([_point(c, r) for c, r in runs.items()], GRID, REPEATS, True, "s", min_effect=0.02)
         if not pl.next:
             return pl
         level /= 2 if t in slow_at else 1
@@ -100,20 +99,20 @@ def test_a_change_in_the_last_control_is_confirmed_before_any_winner() -> None:
     measured once more before anything is named (the answer: drift unconfirmed), then it is a drift."""
     ctl = _point(1, [(100.0, 0, None), (50.0, 2, None), (50.5, 3, None), (49.8, 5, None), (25.0, 7, None)])
     other = _point(2, [(100.0, 1, None), (50.2, 4, None), (33.0, 6, None)])  # a winner by 'gap' across the drift
-    pl = planner.plan([ctl, other], GRID, REPEATS, True, "s", min_effect=0.02)
+    pl = planner.standing([ctl, other], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.cut == _at(2) and pl.drift is None and pl.suspect is not None, pl
     assert pl.next[0] == (ctl.case_id, f"control: {pl.suspect}; measured once more to confirm it"), pl.next
     assert (pl.blocked or "").startswith("drift unconfirmed: re-measure the control: the control seed=1 moved -"), pl
     assert (pl.suspect or "").endswith(f"in its run at {_at(7)}"), pl.suspect
     confirmed = replace(ctl, metric=[*ctl.metric, 25.3], when=[*ctl.when, _at(8)], run_rel=[0.01] * 6)
-    pl = planner.plan([confirmed, other], GRID, REPEATS, True, "s", min_effect=0.02)
+    pl = planner.standing([confirmed, other], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.drift is not None and (pl.blocked or "").startswith("inconclusive: the target keeps drifting"), pl
     refuted = replace(ctl, metric=[*ctl.metric, 50.1], when=[*ctl.when, _at(8)], run_rel=[0.01] * 6)
-    pl = planner.plan([refuted, other], GRID, REPEATS, True, "s", min_effect=0.02)
+    pl = planner.standing([refuted, other], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.suspect is None and pl.blocked is None and pl.cut == _at(2), pl
     # before any confirmed change: the last control moved, nothing else wanted; still no winner
     alone = _point(1, [(100.0, 0, None), (100.5, 2, None), (50.0, 4, None)])
-    pl = planner.plan([alone, _point(2, [(80.0, 1, None)])], GRID, Repeats(budget=0), True, "s", 0.02)
+    pl = planner.standing([alone, _point(2, [(80.0, 1, None)])], GRID, Repeats(budget=0), True, "s", 0.02)
     assert pl.suspect is not None and pl.next == [
         (alone.case_id, f"control: {pl.suspect}; measured once more to confirm it")
     ]
@@ -125,21 +124,21 @@ def test_a_control_run_under_other_contention_is_host_noise_not_drift() -> None:
     quiet, busy = 0.03, 0.45  # other processes' share of the host's CPU in a run
     b = _point(2, [(90.0, 1, quiet)])
     moved = [(100.0, 0, quiet), (60.0, 2, busy), (61.0, 3, busy)]
-    pl = planner.plan([_point(1, moved), b], GRID, REPEATS, True, "s", min_effect=0.02)
+    pl = planner.standing([_point(1, moved), b], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.cut is None and pl.suspect is None and pl.blocked is None, pl
     (note,) = pl.notes
     assert "the control seed=1 moved -40.0%" in note and "other processes took 45% of the host" in note, note
     assert "(in its earlier runs: 3%): host noise, not evidence of target drift" in note, note
     # the same moves under like contention: a change, confirmed
     alike = [(m, t, quiet) for m, t, _ in moved]
-    assert planner.plan([_point(1, alike), b], GRID, REPEATS, True, "s", min_effect=0.02).cut == _at(2)
+    assert planner.standing([_point(1, alike), b], GRID, REPEATS, True, "s", min_effect=0.02).cut == _at(2)
     # a suspected change whose next runs are all under other contention: asked again CONFIRM_TRIES times, then
     # the campaign stops asking and names no winner
     tried = _point(1, [(100.0, 0, quiet), (50.0, 2, quiet), (30.0, 3, busy)])
-    pl = planner.plan([tried, b], GRID, REPEATS, True, "s", min_effect=0.02)
+    pl = planner.standing([tried, b], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.suspect is not None and pl.next[0][0] == tried.case_id, pl
     gave = _point(1, [(100.0, 0, quiet), (50.0, 2, quiet), (30.0, 3, busy), (31.0, 4, busy)])
-    pl = planner.plan([gave, b], GRID, REPEATS, True, "s", min_effect=0.02)
+    pl = planner.standing([gave, b], GRID, REPEATS, True, "s", min_effect=0.02)
     assert pl.suspect is not None and gave.case_id not in dict(pl.next) and pl.blocked, pl
 
 
@@ -148,14 +147,16 @@ def test_the_noise_floor_is_learned_from_the_controls_own_repeats() -> None:
     b = _point(2, [(90.0, 1, None)])
     tight = [(100.0, 0, None), (100.4, 2, None), (99.8, 3, None), (100.2, 4, None)]
     # a quiet control (±0.3% over 4 runs): a 12% move, below the floor assumed before it had 3 runs, is a change
-    pl = planner.plan([_point(1, [*tight, (88.0, 5, None), (88.4, 6, None)]), b], GRID, REPEATS, True, "s", 0.02)
+    pl = planner.standing([_point(1, [*tight, (88.0, 5, None), (88.4, 6, None)]), b], GRID, REPEATS, True, "s", 0.02)
     assert pl.cut == _at(5) and "the next of its 4 like runs (sd ±0.3%) within ±1.7% at 99%" in pl.notes[0], pl.notes
     # a loud one (±10%): the same 12% move is within the next run's 99% prediction interval from its runs
     loud = [(100.0, 0, None), (90.0, 2, None), (110.0, 3, None), (95.0, 4, None)]
-    pl = planner.plan([_point(1, [*loud, (88.0, 5, None), (88.4, 6, None)]), b], GRID, REPEATS, True, "s", 0.02)
+    pl = planner.standing([_point(1, [*loud, (88.0, 5, None), (88.4, 6, None)]), b], GRID, REPEATS, True, "s", 0.02)
     assert pl.cut is None and pl.suspect is None, pl
     # with one run of its own, a 12% move is within the floor assumed for a shared host (±25%)
-    pl = planner.plan([_point(1, [(100.0, 0, None), (88.0, 2, None), (88.4, 3, None)]), b], GRID, REPEATS, True, "s")
+    pl = planner.standing(
+        [_point(1, [(100.0, 0, None), (88.0, 2, None), (88.4, 3, None)]), b], GRID, REPEATS, True, "s"
+    )
     assert pl.cut is None and pl.suspect is None, pl
     assert drift.HOST_FLOOR < 0.5  # a 2x change is always beyond the assumed floor
 

@@ -288,6 +288,40 @@ def test_at_most_eight_modules_at_the_top() -> None:
     assert len(top) <= 8, top
 
 
+# "plan" means one thing: the phases a run's delta derives (case/plan.py). The campaign's chooser is the planner,
+# the load client's request times are its schedule. These names use the word in that one meaning.
+PLAN_NAMES = {"caseledger.case.plan", "caseledger.ledger.runs.plan_step", "caseledger.run.start.plan_now"}
+_PLAN = re.compile(r"plan(?!ned|ner)", re.IGNORECASE)
+
+
+def _plan_names(modules: dict[str, Path]) -> list[str]:
+    """Modules, classes and functions whose name says "plan" (not "planned", "planner") outside PLAN_NAMES."""
+    out = []
+    for mod, path in modules.items():
+        if _PLAN.search(mod.rsplit(".", 1)[-1]) and mod not in PLAN_NAMES:
+            out.append(mod)
+        if mod in PLAN_NAMES:
+            continue
+        defs = (
+            n
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        )
+        out += [f"{mod}.{n.name}" for n in defs if _PLAN.search(n.name) and f"{mod}.{n.name}" not in PLAN_NAMES]
+    return out
+
+
+def test_plan_has_one_meaning() -> None:
+    assert _plan_names(MODULES) == []
+
+
+def test_the_plan_name_finder_names_a_second_meaning(tmp_path: Path) -> None:
+    (tmp_path / "plan.py").write_text("class LoadPlan:\n    def planned(self) -> int: ...\ndef plan_of(): ...\n")
+    (tmp_path / "planner.py").write_text("def standing(): ...\n")
+    mods = {"x.load.plan": tmp_path / "plan.py", "x.campaign.planner": tmp_path / "planner.py"}
+    assert _plan_names(mods) == ["x.load.plan", "x.load.plan.LoadPlan", "x.load.plan.plan_of"]
+
+
 def test_imports_inside_functions_are_heavy_and_say_why() -> None:
     heavy = _heavy_modules(_edges())
     bad = []

@@ -1,4 +1,4 @@
-"""The load plan: arrival schedules, request bodies, routes, determinism, the run-directory entry point."""
+"""The load schedule: arrival offsets, request bodies, routes, determinism, the run-directory entry point."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from caseledger.campaign import plan as planner
-from caseledger.campaign import pool
+from caseledger.campaign import planner, pool
 from caseledger.campaign.model import GridSearch, Repeats, TpeSearch
 from caseledger.campaign.store import driver_events, load_campaign
 from caseledger.campaign.view import CampaignView, campaign_view
@@ -135,9 +134,9 @@ def _timed(metric: list[float], targets: list[str]) -> planner.PointObs:
 def test_a_control_on_another_target_is_no_drift_but_the_same_target_moving_is() -> None:
     grid, reps = GridSearch(), Repeats(runs=1)
     # 2x apart on two targets of a pool: their levels differ, nothing drifted
-    assert planner.plan([_timed([100.0, 50.0, 51.0], ["a", "b", "b"])], grid, reps, True, "s", 0.02).cut is None
+    assert planner.standing([_timed([100.0, 50.0, 51.0], ["a", "b", "b"])], grid, reps, True, "s", 0.02).cut is None
     # the same numbers on one target: a drift, confirmed by the next run
-    moved = planner.plan([_timed([100.0, 50.0, 51.0], ["a", "a", "a"])], grid, reps, True, "s", 0.02)
+    moved = planner.standing([_timed([100.0, 50.0, 51.0], ["a", "a", "a"])], grid, reps, True, "s", 0.02)
     assert moved.cut == "2026-12-05T00:00:01Z" and "(on a)" in moved.notes[0], moved.notes
 
 

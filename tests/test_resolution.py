@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from caseledger.campaign import plan as planner
-from caseledger.campaign import resolution
+from caseledger.campaign import planner, resolution
 from caseledger.campaign.model import GridSearch, Repeats
 
 REPS = Repeats(runs=1, settle_runs=3, budget=8)
@@ -39,7 +38,7 @@ def test_a_better_point_whose_limit_is_uncertain_gets_the_settle_runs_and_a_lose
     lead = point(2, [100.0, 101.0])
     better = point(8, [130.0], uncertain=True)  # its pooled TPOT p99 61 [52, 66] against 60: uncertain
     loser = point(1, [60.0], uncertain=True)  # uncertain too, but slower than the leader: it cannot win
-    pl = planner.plan([lead, better, loser], GridSearch(), REPS, higher=True, live_service="s")
+    pl = planner.standing([lead, better, loser], GridSearch(), REPS, higher=True, live_service="s")
     assert pl.challengers == [better.case_id], pl
     wanted = dict(pl.next)
     assert better.case_id in wanted and "would lead but tpot_p99_ms met in" in wanted[better.case_id], pl.next
@@ -50,10 +49,12 @@ def test_a_better_point_whose_limit_is_uncertain_gets_the_settle_runs_and_a_lose
 
 def test_a_gain_that_coincides_with_host_contention_is_measured_again_and_judged_with_it() -> None:
     quiet, busy = point(4, [110.0, 111.0], others=0.0), point(2, [100.0, 100.5], others=0.30)
-    pl = planner.plan([quiet, busy], GridSearch(), REPS, higher=True, live_service="s")
+    pl = planner.standing([quiet, busy], GridSearch(), REPS, higher=True, live_service="s")
     assert not pl.settled and dict(pl.next).get(busy.case_id, "").startswith("repeat: C=2's runs saw 30%"), pl.next
     assert pl.noise_rel is not None and pl.noise_rel > 0.15 > (pl.gap_rel or 0), pl  # widened past the 10% gap
-    same = planner.plan([quiet, replace(busy, others=[0.0, 0.0])], GridSearch(), REPS, higher=True, live_service="s")
+    same = planner.standing(
+        [quiet, replace(busy, others=[0.0, 0.0])], GridSearch(), REPS, higher=True, live_service="s"
+    )
     assert same.settled and not same.next, same  # the same figures under like contention: a winner
 
 
@@ -61,7 +62,7 @@ def test_the_answer_says_when_no_setting_beats_the_base_beyond_noise_and_what_re
     base = point(4, [100.0, 92.0])
     lead = point(8, [103.0, 97.0])
     by_id = {p.case_id: p for p in (base, lead)}
-    pl = planner.plan([base, lead], GridSearch(), Repeats(runs=1, settle_runs=2, budget=0), True, "s", 0.02)
+    pl = planner.standing([base, lead], GridSearch(), Repeats(runs=1, settle_runs=2, budget=0), True, "s", 0.02)
     assert pl.leader == lead.case_id and pl.tie, pl
     said = resolution.versus_base(pl, by_id, base.case_id, True)
     assert said.startswith("; no setting beats the base C=4 beyond noise (leader +4.2% vs ±"), said

@@ -1,5 +1,5 @@
 """The drift rule of a campaign on a shared host: has the target changed while the campaign measured it? Pure,
-like the planner that calls it (campaign/plan.py).
+like the planner that calls it (campaign/planner.py).
 
 Per service identity, the point measured first is its control. It is measured again after every CONTROL_EVERY
 runs of other points of that identity and once before the campaign leaves it (no extra service start).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from caseledger.campaign.plan import pm
+from caseledger.campaign.planner import pm
 from caseledger.campaign.view import CampaignView
 from caseledger.outcome.flags import Flag
 from caseledger.outcome.html import Chart, charts, e, evidence, page, table

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 
-from caseledger.campaign import drift
-from caseledger.campaign import plan as planner
+from caseledger.campaign import drift, planner
 from caseledger.campaign.model import Repeats
 
 
-def could_change(pl: planner.Plan, by_id: dict[str, planner.PointObs], repeats: Repeats) -> str:
+def could_change(pl: planner.Standing, by_id: dict[str, planner.PointObs], repeats: Repeats) -> str:
     """'; could change it: -np=4 C=8 (30.3, better; tpot_p99_ms met in 2/3 runs): 1 more run settles it' for each
     point better than the leader whose limit is uncertain; '' when none."""
     said = []
@@ -30,7 +29,7 @@ def could_change(pl: planner.Plan, by_id: dict[str, planner.PointObs], repeats: 
 
 
 def resolution(
-    pl: planner.Plan, by_id: dict[str, planner.PointObs], requests_per_run: dict[str, int | None], min_effect: float
+    pl: planner.Standing, by_id: dict[str, planner.PointObs], requests_per_run: dict[str, int | None], min_effect: float
 ) -> str:
     """'; resolution: leader and runner-up within ±6.1% (gap 2.0%); to resolve 2% needs about 290 more requests
     each' (or 'resolved: gap 9% beyond ±4%'); '' without both."""
@@ -55,7 +54,7 @@ def resolution(
     return text + f"; to resolve {target:.1%} needs about {more} more requests each"
 
 
-def versus_base(pl: planner.Plan, by_id: dict[str, planner.PointObs], base_id: str, higher: bool) -> str:
+def versus_base(pl: planner.Standing, by_id: dict[str, planner.PointObs], base_id: str, higher: bool) -> str:
     """'; no setting beats the base C=4 beyond noise (leader +3.1% vs ±8.0%)' when the campaign's base is a measured
     point within every limit, not the leader, and the leader's gain over it is within their noise; '' otherwise."""
     lead, base = by_id.get(pl.leader or ""), by_id.get(base_id)

@@ -9,7 +9,7 @@ point again. A proposed point is frozen as a case when proposed (campaign/store.
 'tpe' is Optuna's TPE sampler (multivariate). A point that breaks a limit is told as worse than every point that
 meets them, ordered by how far it breaks them; a point without a valid result is no evidence (never proposed
 again). What the search itself does not settle -- noise between the best points -- the planner's settle rule
-does once the search has ended (campaign/plan.py).
+does once the search has ended (campaign/planner.py).
 """
 
 from __future__ import annotations
@@ -459,7 +459,7 @@ class Strategy(Protocol):
 
 # Every search kind's strategy, one function each with the same signature (auto: the one it chose at freeze). A
 # proposing kind's (model.PROPOSING) is asked by the driver; grid's and knee's points are frozen up front and the
-# planner runs them (campaign/plan.py), on the same bisection.
+# planner runs them (campaign/planner.py), on the same bisection.
 STRATEGIES: dict[str, Strategy] = {"grid": grid, "knee": knee, "tpe": tpe, "halving": halving}
 
 

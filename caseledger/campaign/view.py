@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import Field
 
 from caseledger import procs
-from caseledger.campaign import budget, drift, pool, resolution
-from caseledger.campaign import plan as planner
+from caseledger.campaign import budget, drift, planner, pool, resolution
 from caseledger.campaign.costs import Costs, engine_model, learn, run_costs
 from caseledger.campaign.costs import service_key as service_key  # where the driver finds it
 from caseledger.campaign.costs import started_service as started_service
@@ -98,7 +97,7 @@ def point_verdict(
     return "loses"
 
 
-def unsettled(pl: planner.Plan) -> list[str]:
+def unsettled(pl: planner.Standing) -> list[str]:
     """The leader and the runner-up while their gap is not settled: the points the answer may still name."""
     if pl.settled or pl.tie:
         return []
@@ -486,15 +485,15 @@ def driver_alive(ws: Workspace, campaign_id: str) -> bool:
     return procs.alive(read_json_or_none(driver_file(ws, campaign_id)))
 
 
-def current_plan(
+def current_standing(
     ws: Workspace, camp: Campaign
-) -> tuple[planner.Plan, list[planner.PointObs], dict[str, _Extra], list[RunMeta]]:
+) -> tuple[planner.Standing, list[planner.PointObs], dict[str, _Extra], list[RunMeta]]:
     obs, extra, mine = observe(ws, camp)
     primary = {c: p.case_id for p in camp.points for c in p.case_ids}  # a pool's: any target's case -> the point
     live = next((o.service_key for m in reversed(mine) for o in obs if o.case_id == primary.get(m.case_id)), None)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
     acct = account(ws, camp, mine) if camp.budget.given() else None
-    pl = planner.plan(
+    pl = planner.standing(
         obs, camp.search, camp.repeats, higher, live, camp.decision.min_effect, open_search=search_open(ws, camp, acct)
     )
     if acct is not None:
@@ -546,11 +545,17 @@ def run_minutes(case: Case, start: bool, costs: Callable[[Case], Costs]) -> floa
 
 
 def _within_budget(
-    ws: Workspace, camp: Campaign, pl: planner.Plan, obs: list[planner.PointObs], live: str | None, acct: budget.Account
+    ws: Workspace,
+    camp: Campaign,
+    pl: planner.Standing,
+    obs: list[planner.PointObs],
+    live: str | None,
+    acct: budget.Account,
 ) -> None:
-    """The budget on the plan, the one place it is enforced: the next runs in order, each booked while it fits
-    (a start where its service is not the one running before it; its minutes estimated from the ledger); a run
-    that would pass the budget leaves `next` with why. Nothing left to run for it: the budget ended the campaign."""
+    """The budget on the planner's next runs, the one place it is enforced: the next runs in order, each booked
+    while it fits (a start where its service is not the one running before it; its minutes estimated from the
+    ledger); a run that would pass the budget leaves `next` with why. Nothing left to run for it: the budget ended
+    the campaign."""
     by_id = {o.case_id: o for o in obs}
     costs = costs_of(ws) if camp.budget.minutes is not None else None
     keep: list[tuple[str, str]] = []
@@ -632,7 +637,7 @@ def search_ended(ws: Workspace, camp: Campaign, *, by_budget: bool = False) -> s
     return None
 
 
-def _budget_end(ws: Workspace, camp: Campaign, pl: planner.Plan, acct: budget.Account) -> str | None:
+def _budget_end(ws: Workspace, camp: Campaign, pl: planner.Standing, acct: budget.Account) -> str | None:
     """Why the budget ended the campaign: a run it did not start, a proposal it refused, or (a proposing search)
     measurements or minutes spent before its strategy had ended; None while it has not."""
     if pl.budget_end is not None or not camp.search.proposes:
@@ -653,8 +658,8 @@ def _end_of(tl: dict[str, Any], m: RunMeta) -> float | None:  # JSON: the time l
 def campaign_view(ws: Workspace, campaign_id: str) -> CampaignView:
     camp = load_campaign(ws, campaign_id)
     auth = authorization.current_mode(ws)
-    pl, obs, extra, mine = current_plan(ws, camp)
-    if pl.cut is not None:  # the target changed: the rows and the answer rest on the runs since, as the plan does
+    pl, obs, extra, mine = current_standing(ws, camp)
+    if pl.cut is not None:  # the target changed: the rows and the answer rest on the runs since, as the planner does
         obs = drift.set_aside(obs, pl.cut)
     obs = full_labels(ws, camp, obs)
     d = camp.decision
@@ -727,7 +732,7 @@ def _host_refused_on(ws: Workspace, camp: Campaign, lines: list[str]) -> list[st
     return out
 
 
-def _refused_first(campaign_id: str, pl: planner.Plan, complete: bool) -> str:
+def _refused_first(campaign_id: str, pl: planner.Standing, complete: bool) -> str:
     """A complete campaign with points the host refused: what measures them, before what else is next."""
     if not complete or not pl.refused:
         return ""
@@ -777,7 +782,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     blocked: list[str] = []  # a campaign whose controls allow no winner allows none across campaigns either
     for gid in ids:  # oldest first: a newer campaign's view of a shared case (after its own drift cut) stands
         camp = load_campaign(ws, gid)
-        pl, obs, extra, _ = current_plan(ws, camp)
+        pl, obs, extra, _ = current_standing(ws, camp)
         extras.update(extra)
         blocked += [f"{gid}: {pl.blocked}"] if pl.blocked is not None else []
         obs = full_labels(ws, camp, drift.set_aside(obs, pl.cut) if pl.cut is not None else obs)
@@ -788,7 +793,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
     newest = load_campaign(ws, ids[-1])
     d = newest.decision
     higher = METRICS[d.primary_metric].higher_is_better
-    pl = planner.plan(list(merged.values()), GridSearch(), newest.repeats, higher, None, d.min_effect)
+    pl = planner.standing(list(merged.values()), GridSearch(), newest.repeats, higher, None, d.min_effect)
     answer, winner, tie = _answer(pl, merged, higher, d.primary_metric, complete)
     answer += tie_break(d.tie_break, [(merged[c].label, extras[c].latency[d.tie_break]) for c in tie])
     answer += _rests_on(pl, merged, load_campaign(ws, ids[0]), higher, {c: e.requests for c, e in extras.items()})
@@ -798,7 +803,7 @@ def scenario_answer(ws: Workspace, scenario: str) -> ScenarioAnswer | None:
 def _spent(
     ws: Workspace,
     camp: Campaign,
-    pl: planner.Plan,
+    pl: planner.Standing,
     obs: list[planner.PointObs],
     rows: list[PointRow],
     mine: list[RunMeta],
@@ -824,7 +829,7 @@ def _spent(
     return out
 
 
-def _status(o: planner.PointObs, pl: planner.Plan, complete: bool) -> tuple[PointStatus, str | None]:
+def _status(o: planner.PointObs, pl: planner.Standing, complete: bool) -> tuple[PointStatus, str | None]:
     """A point's status and why, in the order that wins: running, queued, given up, measured, skipped, pending."""
     queued = dict(pl.next)
     if o.active:
@@ -882,7 +887,7 @@ def _row(o: planner.PointObs, e: _Extra, status: PointStatus, why: str | None) -
 
 
 def _next_call(
-    campaign_id: str, pl: planner.Plan, complete: bool, alive: bool, auth: str, budget_end: str | None = None
+    campaign_id: str, pl: planner.Standing, complete: bool, alive: bool, auth: str, budget_end: str | None = None
 ) -> str:
     if pl.drift is not None and complete:
         return (
@@ -914,7 +919,7 @@ def _next_call(
 
 
 def _answer(
-    pl: planner.Plan, by_id: dict[str, planner.PointObs], higher: bool, metric: str, complete: bool
+    pl: planner.Standing, by_id: dict[str, planner.PointObs], higher: bool, metric: str, complete: bool
 ) -> tuple[str, str | None, list[str]]:
     if pl.blocked is not None:  # the controls allow no winner (campaign/drift.py)
         return pl.blocked, None, []
@@ -949,7 +954,11 @@ def _answer(
 
 
 def _rests_on(
-    pl: planner.Plan, by_id: dict[str, planner.PointObs], camp: Campaign, higher: bool, requests: dict[str, int | None]
+    pl: planner.Standing,
+    by_id: dict[str, planner.PointObs],
+    camp: Campaign,
+    higher: bool,
+    requests: dict[str, int | None],
 ) -> str:
     """What the answer rests on and what could change it (campaign/resolution.py); nothing while the controls
     allow no winner (the drift's words are the answer)."""

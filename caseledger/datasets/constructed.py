@@ -60,13 +60,13 @@ def pct_floor(cached: int, chat: int) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Split:
     prefix_tokens: int  # P: body tokens of each group's shared prefix
     salt_k: int  # K: salt slot words
     suffix_tokens: int  # unique body tokens after the slot; P + K + suffix = input_tokens
 
 
-def plan_prefix(input_tokens: int, head: int, overhead: int, block: int, target: Fraction, shared: bool) -> Plan:
+def split_prefix(input_tokens: int, head: int, overhead: int, block: int, target: Fraction, shared: bool) -> Split:
     """Size the shared prefix: the fewest whole blocks of head + prefix reaching the target ratio.
 
     head: chat-template tokens before the content (shared by every request); overhead: template tokens
@@ -75,21 +75,21 @@ def plan_prefix(input_tokens: int, head: int, overhead: int, block: int, target:
     """
     k = min(SALT_K, input_tokens - 1)
     if not shared:
-        return Plan(0, k, input_tokens - k)
+        return Split(0, k, input_tokens - k)
     chat = input_tokens + overhead
     need = math.ceil(target * chat / block)
     fit = (input_tokens - k - 1 + head) // block
     p = max(0, min(need, fit) * block - head)
-    return Plan(p, k, input_tokens - p - k)
+    return Split(p, k, input_tokens - p - k)
 
 
 @dataclass(frozen=True)
 class _Layout:
     """What the constructed generator decided once, before any entry."""
 
-    plan: Plan
+    split: Split
     overhead: int  # chat tokens - body tokens (template), measured on a probe
-    prefixes: list[str]  # per group, exactly plan.prefix_tokens tokens
+    prefixes: list[str]  # per group, exactly split.prefix_tokens tokens
     shared_ids: list[list[int]]  # per group: ids of the chat-template head + prefix (what can be cached)
     slots: list[str]  # default salt slot per entry
     salt: SaltSlot
@@ -102,7 +102,7 @@ def _layout(ds: Dataset, tok: Tok, table: Words, key: str, shortest: int) -> _La
     head = tok.count_batch([tok.head])[0] if tok.head else 0
     probe = join_words(draw(f"{key}/probe", 64, table, None), False)
     overhead = len(tok.chat_batch([probe])[0]) - tok.count_batch([probe])[0]
-    plan = plan_prefix(
+    split = split_prefix(
         shortest, head, overhead, int(ds.block_size), target_ratio(ds.prefix_ratio), ds.source == "prefix_cache"
     )
     # Distinct first words keep the groups' prefixes apart from their first token on.
@@ -111,25 +111,25 @@ def _layout(ds: Dataset, tok: Tok, table: Words, key: str, shortest: int) -> _La
     prefixes: list[str] = []
     shared_ids: list[list[int]] = []
     for g in range(min(groups, n)):
-        if not plan.prefix_tokens:
+        if not split.prefix_tokens:
             prefixes.append("")
             shared_ids.append(tok.encode_batch([tok.head])[0] if tok.head else [])
             continue
         first = bare[(start + g) % len(bare)] if bare else None
         lead = first is None
-        words = draw(f"{key}/prefix/{g}", plan.prefix_tokens, table, first)
+        words = draw(f"{key}/prefix/{g}", split.prefix_tokens, table, first)
         # The one tokenization of this prefix (with and without the template head, on two threads).
         alone, shared = tok.encode_batch([join_words(words, lead), tok.head + join_words(words, lead)])
-        if len(alone) != plan.prefix_tokens:
+        if len(alone) != split.prefix_tokens:
             words = fix_length(
-                words, plan.prefix_tokens, length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table, f"prefix {g}"
+                words, split.prefix_tokens, length_of(tok, "", lead), f"{key}/prefix-fix/{g}", table, f"prefix {g}"
             )
             shared = tok.encode_batch([tok.head + join_words(words, lead)])[0]
         prefixes.append(join_words(words, lead))
         shared_ids.append(shared)
-    salt = SaltSlot(words=table.ones[:SALT_WORDS], k=plan.salt_k)
+    salt = SaltSlot(words=table.ones[:SALT_WORDS], k=split.salt_k)
     slots = [salt_text(DEFAULT_SALT, i, salt.words, salt.k) for i in range(n)]
-    return _Layout(plan, overhead, prefixes, shared_ids, slots, salt)
+    return _Layout(split, overhead, prefixes, shared_ids, slots, salt)
 
 
 def unique_suffixes(
@@ -176,8 +176,8 @@ def generate_constructed(ds: Dataset, tok: Tok, name: str, path: Path) -> Result
     key = f"caseledger/{GENERATOR_VERSION}/{ds.seed}"
     table = words_for(tok, name)
     lay = _layout(ds, tok, table, key, min(ins))
-    plan, groups = lay.plan, len(lay.prefixes)
-    sufn = [L - plan.prefix_tokens - plan.salt_k for L in ins]  # unique tokens per entry (plan.suffix_tokens: shortest)
+    split, groups = lay.split, len(lay.prefixes)
+    sufn = [L - split.prefix_tokens - split.salt_k for L in ins]  # unique tokens per entry (suffix_tokens: shortest)
     sample = sample_entries(n, groups, ds.seed)
     kept: dict[int, str] = {}  # suffixes of the sampled entries, for the boundary check
 

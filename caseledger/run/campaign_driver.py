@@ -1,5 +1,5 @@
-"""The campaign's driver: a detached process that plans, starts each next point through the same core as
-start_run, waits for it, and plans again until the campaign is complete; no agent round trip between points.
+"""The campaign's driver: a detached process that asks the planner, starts each next point through the same core as
+start_run, waits for it, and asks again until the campaign is complete; no agent round trip between points.
 
 It holds ledger/campaigns/<id>/driver.lock (one driver per campaign); it survives nothing and needs to: every
 fact is in the ledger, so a new driver (start_run or resume of the campaign) continues where one died. A point
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 from caseledger import procs
-from caseledger.campaign import plan as planner
-from caseledger.campaign import pool
+from caseledger.campaign import planner, pool
 from caseledger.campaign.model import Scalar
-from caseledger.campaign.plan import PointObs
+from caseledger.campaign.planner import PointObs
 from caseledger.campaign.search import REQUESTS, STRATEGIES, Observed, service_axes, space_size
 from caseledger.campaign.store import (
     Campaign,
@@ -45,7 +44,7 @@ from caseledger.campaign.view import (
     account,
     campaign_view,
     costs_of,
-    current_plan,
+    current_standing,
     search_open,
     service_key,
 )
@@ -112,7 +111,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     camp = load_campaign(ws, gid)
     if camp.pool:
         return _step_pool(ws, camp, resumed)
-    pl, obs, extra, mine = current_plan(ws, camp)
+    pl, obs, extra, mine = current_standing(ws, camp)
     for o in obs:
         if o.active:
             wait_for(ws, o.active, "end", RUN_TIMEOUT_S)
@@ -120,7 +119,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
     for o in obs:
         rid = (extra[o.case_id].run_ids or [""])[-1]
         if (o.runs == 0 and o.case_id in pl.given_up) or o.refused is not None:
-            continue  # its attempts are spent (a resent load is an attempt), or the host refused it: the plan says why
+            continue  # its attempts are spent (a resent load is an attempt), or the host refused it: the planner says
         if o.runs == 0 and rid and resumed.get(rid, 0) < RESUMES_PER_RUN and _resumable(ws, rid):
             if _refused_by_host(ws, gid, o.case_id, load_case(ws, o.case_id), o.label):
                 return "went"  # a resume would start its service again: the same check as a start
@@ -145,7 +144,7 @@ def _step(ws: Workspace, gid: str, resumed: dict[str, int]) -> str:
         time.sleep(pause)
     case = load_case(ws, cid)
     if _refused_by_host(ws, gid, cid, case, point.label if point else cid):
-        return "went"  # the plan leaves it out now: the next look goes on with the others
+        return "went"  # the planner leaves it out now: the next look goes on with the others
     try:
         pre, ctl = _take_ahead(gid, case)
         view = launch(ws, cid, case, ahead=pre, controller_ahead=ctl)
@@ -191,9 +190,9 @@ POOL_POLL_S = 0.2  # between looks at a pool's running points
 def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
     """A pool's look: every free target gets a point (the one its live service already serves first); a failed
     run is resumed on its own target; when nothing can start, wait until one of the running points ends. A point
-    runs on one target at a time (the plan never names a running point), so none is measured twice."""
+    runs on one target at a time (the planner never names a running point), so none is measured twice."""
     gid = camp.campaign_id
-    pl, obs, _, mine = current_plan(ws, camp)
+    pl, obs, _, mine = current_standing(ws, camp)
     chk = pool.check(ws, camp, mine)
     for t, why in chk.refused.items():
         _note_once(ws, gid, t, et.TargetRefused(target=t, why=why))
@@ -208,7 +207,7 @@ def _step_pool(ws: Workspace, camp: Campaign, resumed: dict[str, int]) -> str:
     if not wanted and free and search_open(ws, camp):
         got = _propose(ws, camp, obs, mine)
         if isinstance(got, str):
-            return got  # a point was proposed, or the search ended: plan again
+            return got  # a point was proposed, or the search ended: ask again
         wanted = [got]  # repeats the running service owes first
     went = False
     taken: set[str] = set()
@@ -386,7 +385,7 @@ def _note_once(ws: Workspace, gid: str, what: str, ev: et.DriverEvent) -> None:
 
 def _propose(ws: Workspace, camp: Campaign, obs: list[PointObs], mine: list[RunMeta]) -> str | tuple[str, str]:
     """The campaign's strategy proposes its next point from what was measured: frozen now, with why (the next
-    look at the plan runs it); or the search has ended (converged, the space measured whole, a budget of service
+    look at the planner runs it); or the search has ended (converged, the space measured whole, a budget of service
     starts or minutes spent): recorded. A proposal that would leave the running service waits for the repeats
     that service owes (planner.before_leaving): (case id, why) of the first, which the caller runs."""
     higher = METRICS[camp.decision.primary_metric].higher_is_better
@@ -440,7 +439,7 @@ def _leaves(camp: Campaign, values: dict[str, Scalar], obs: list[PointObs], live
 def _over_budget(
     ws: Workspace, camp: Campaign, mine: list[RunMeta], values: dict[str, Scalar], obs: list[PointObs], live: str | None
 ) -> str | None:
-    """Why a proposal's run would pass the budget (the rule of every planned run: view.current_plan); it needs a
+    """Why a proposal's run would pass the budget (the rule of every planned run: view.current_standing); it needs a
     start when it changes the running service's identity (a service axis differs from the live point's)."""
     if not camp.budget.given():
         return None
@@ -473,7 +472,7 @@ def _back_off(ws: Workspace, gid: str, o: PointObs) -> None:
 
 
 # The next point's preflight process, spawned once this point's formal window has closed: its imports (the
-# load plan, the collector's numpy and models; most of a preflight's CPU) then overlap this point's collector,
+# load schedule, the collector's numpy and models; most of a preflight's CPU) then overlap this point's collector,
 # which runs on one core, instead of the next point's start, where the controller and the load client import.
 # It still gets its run only at launch and checks it from disk, sockets forbidden, like any preflight.
 # campaign -> (its next point's preflight and controller, spawned ahead while the current point post-processes,
@@ -637,7 +636,7 @@ def _draw(ws: Workspace, gid: str) -> None:
     from caseledger.views.chart import draw_campaign, draw_scenario  # lazy: numpy and matplotlib, only now
 
     draw_campaign(ws, campaign_view(ws, gid))
-    _, obs, _, _ = current_plan(ws, load_campaign(ws, gid))
+    _, obs, _, _ = current_standing(ws, load_campaign(ws, gid))
     for scenario in sorted({load_case(ws, o.case_id).scenario for o in obs}):
         draw_scenario(ws, scenario)
 

@@ -2,7 +2,7 @@
 
 `python -m caseledger.preflight RUN_DIR` installs an audit hook FIRST that refuses every outgoing
 connection, UDP send, name lookup and child process, so a preflight provably sends no model request.
-It then builds the load plan with the same function the load client uses, builds the collector with the
+It then builds the load schedule with the same function the load client uses, builds the collector with the
 same function postprocess uses (on zero records), verifies the dataset hash and entry count against N,
 the deadline and free disk. It prints one JSON line and exits 0, or prints the error and exits 1.
 """
@@ -56,7 +56,7 @@ def _guard(event: str, args: tuple[Any, ...]) -> None:
 
 
 class Refused(CaseledgerError):
-    """A check of this phase said no (the case, the plan, the disk, the deadline): its text is the answer."""
+    """A check of this phase said no (the case, the load schedule, the disk, the deadline): its text is the answer."""
 
 
 def error_text(e: BaseException) -> str:
@@ -80,7 +80,7 @@ def run(run_dir: str) -> PreflightChecks:
         import httpx2
 
         httpx2.get(case.target.endpoints[0].base_url.rstrip("/") + "/models", timeout=2)
-    planned = None if meta.load_reuse else _plan_checks(run)
+    planned = None if meta.load_reuse else _schedule_checks(run)
     # lazy: metrics (result models, ~30 ms) is needed in this child only; run_fresh's callers stay light
     from caseledger.metrics import compute_result
 
@@ -104,16 +104,16 @@ def run(run_dir: str) -> PreflightChecks:
     return checks if context is None else checks.model_copy(update={"context": context})  # unset: context unknown
 
 
-def _plan_checks(run: Run) -> tuple[str, int, ContextCheck | None]:
-    """For a run that sends a load: the dataset's verified hash, the load plan's size, its requests against the
+def _schedule_checks(run: Run) -> tuple[str, int, ContextCheck | None]:
+    """For a run that sends a load: the dataset's verified hash, the load schedule's size, its requests against the
     model's context."""
     case = run.case
     sha = datasets.verify(run.workspace, run.meta.dataset())
-    plan = schedule_of(run)  # the load client's own plan function, on the run read above
-    n = plan.planned
+    schedule = schedule_of(run)  # the load client's own function, on the run read above
+    n = schedule.planned
     if n != case.load.requests:
-        raise Refused(f"load plan has {n} requests, the case says load.requests={case.load.requests}")
-    return sha, n, context_check(case, plan)
+        raise Refused(f"load schedule has {n} requests, the case says load.requests={case.load.requests}")
+    return sha, n, context_check(case, schedule)
 
 
 def context_limit(case: Case) -> tuple[int, str] | None:
@@ -126,7 +126,7 @@ def context_limit(case: Case) -> tuple[int, str] | None:
     return None
 
 
-def context_check(case: Case, plan: Schedule) -> ContextCheck | None:
+def context_check(case: Case, schedule: Schedule) -> ContextCheck | None:
     """Every formal request's chat prompt + max_tokens against the model's context; the first too long refuses
     the run before any request is sent (the engine would answer HTTP 400, or cut the prompt)."""
     limit = context_limit(case)
@@ -136,7 +136,7 @@ def context_check(case: Case, plan: Schedule) -> ContextCheck | None:
     # a conversation's turn carries its history: its bound counts the earlier messages and replies
     need = [
         ((s.prompt_bound if s.prompt_bound is not None else s.input_tokens_chat or 0) + (s.max_tokens or 0), s)
-        for s in plan.specs
+        for s in schedule.specs
     ]
     over = [(t, s) for t, s in need if t > bound]
     if over:

@@ -1,5 +1,5 @@
 """The planner: from what every point measured so far, which point runs next and why, which are skipped (and
-why), and when the campaign is complete. Pure: no I/O, so the same observations always give the same plan.
+why), and when the campaign is complete. Pure: no I/O, so the same observations always give the same standing.
 
 - grid: every point gets `repeats.runs` valid runs.
 - knee: per combination of the other axes, bisect the ordered axis between the highest value known to meet
@@ -30,7 +30,7 @@ from caseledger.campaign.search import bisect, bracket_why
 
 
 @dataclass
-class Plan:
+class Standing:
     next: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why), the first runs next
     skipped: dict[str, str] = field(default_factory=dict)  # case_id -> why it is not measured
     pending: dict[str, str] = field(default_factory=dict)  # case_id -> why it may still run (inside the bracket)
@@ -72,7 +72,7 @@ def _better(higher: bool, p: PointObs) -> float:
     return m if higher else -m
 
 
-def plan(
+def standing(
     points: list[PointObs],
     search: Search,
     repeats: Repeats,
@@ -80,13 +80,13 @@ def plan(
     live_service: str | None,
     min_effect: float = 0.0,
     open_search: bool = False,
-) -> Plan:
-    """The campaign's plan now. `live_service`: the service key of the latest run (its points go first, so a
+) -> Standing:
+    """Where the campaign stands now. `live_service`: the service key of the latest run (its points go first, so a
     service identity is started once); `higher`: the objective is better higher; `min_effect`: the smallest
     relative change that counts (a control moving less has not drifted); `open_search`: a strategy will propose
     more points (campaign/search.py): its proposed points run first, repeats and the control's last run wait
     until it has ended."""
-    out = Plan()
+    out = Standing()
     judged = drift.judge(points, min_effect)
     out.cut, out.drift, out.notes = judged.cut, judged.drift, judged.notes
     out.suspect = judged.suspect.said if judged.suspect is not None else None
@@ -138,7 +138,7 @@ def plan(
     return out
 
 
-def _knee(usable: list[PointObs], axis: str, out: Plan) -> list[tuple[PointObs, str]]:
+def _knee(usable: list[PointObs], axis: str, out: Standing) -> list[tuple[PointObs, str]]:
     """Per combination of the other axes, the next bisection point of the ordered axis; skips the implied. A
     point given up (no valid result) is no evidence either way: the bisection goes on around it."""
     groups: dict[tuple[tuple[str, Scalar], ...], list[PointObs]] = {}
@@ -206,7 +206,7 @@ def _challengers(usable: list[PointObs], lead: PointObs | None, higher: bool) ->
     ]
 
 
-def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -> list[tuple[PointObs, str]]:
+def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Standing) -> list[tuple[PointObs, str]]:
     """Repeats where the answer depends on the noise, spent only where they can change the answer: first a point
     better than the leader whose limit is uncertain, then the leader against the runner-up (their gap judged
     against their noise, widened by the difference in host contention their runs saw), and limit verdicts within
@@ -255,7 +255,7 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
     if known and gap > noise:
         out.settled = True
         return wanted
-    # both sides that may still repeat, the one with fewer runs first: the plan's order then puts the side whose
+    # both sides that may still repeat, the one with fewer runs first: the planner's order then puts the side whose
     # service is live first, so a live identity serves its repeats before the campaign switches (one start each)
     sides = [p for p in sorted((lead, second), key=lambda p: p.runs) if p.runs < repeats.settle_runs]
     if sides and budget_left > 0:
@@ -268,7 +268,7 @@ def _settle(usable: list[PointObs], repeats: Repeats, higher: bool, out: Plan) -
 
 
 def _before_leaving(
-    usable: list[PointObs], wanted: list[tuple[PointObs, str]], live: str | None, repeats: Repeats, out: Plan
+    usable: list[PointObs], wanted: list[tuple[PointObs, str]], live: str | None, repeats: Repeats, out: Standing
 ) -> list[tuple[PointObs, str]]:
     """The leader so far (and a runner-up within its noise) on the live service, repeated up to settle_runs
     before the campaign leaves that service for points not measured yet: a later settle would start the service
@@ -279,7 +279,7 @@ def _before_leaving(
 
 
 def _leaders_on(
-    live: str, usable: list[PointObs], wanted: list[tuple[PointObs, str]], repeats: Repeats, out: Plan
+    live: str, usable: list[PointObs], wanted: list[tuple[PointObs, str]], repeats: Repeats, out: Standing
 ) -> list[tuple[PointObs, str]]:
     """The leader (and a runner-up within its noise) on the live service, to repeat up to settle_runs now."""
     budget_left = repeats.budget - out.repeats_used - sum(1 for p, _ in wanted if p.runs >= repeats.runs)
@@ -303,7 +303,7 @@ def before_leaving(points: list[PointObs], repeats: Repeats, higher: bool, live:
     """What a proposing search owes the live service before its next point starts another one: the settle
     repeats on it (the leader and a runner-up within noise, a limit within its interval) and the leader so far on
     it, up to settle_runs. Run now, they need no second start of this service later (one start per identity)."""
-    out = Plan()
+    out = Standing()
     out.repeats_used = sum(max(0, p.runs - repeats.runs) for p in points)
     final = [p for p in points if not p.screen and not (p.runs == 0 and p.bad_runs >= repeats.max_attempts)]
     wanted = [(p, w) for p, w in _settle(final, repeats, higher, out) if p.service_key == live and not p.active]
