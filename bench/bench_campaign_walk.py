@@ -42,13 +42,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from caseledger import procs, services
-from caseledger.campaign.view import CampaignView
 from caseledger.ledger import authorization
-from caseledger.tools import freeze_any, start_any, status_any, summarize
+from caseledger.tools import freeze_any, start_any, summarize
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace
 from tests.conftest import free_port
-from tests.helpers import knee_campaign
+from tests.helpers import knee_campaign, until_complete
 from tests.test_layout import LAZY, MODULES, RANK
 
 ID_PARAMS = {"campaign_id", "campaign", "camp", "cid", "gid"}
@@ -140,11 +139,7 @@ def campaign() -> Tracer:
                 f = freeze_any(ws, draft=draft)
                 assert isinstance(f, CampaignFrozen) and f.campaign_id == tracer.gid, f
                 start_any(ws, f.campaign_id)
-                while True:
-                    v = status_any(ws, f.campaign_id, wait_s=30)
-                    assert isinstance(v, CampaignView)
-                    if v.complete and not v.driver_alive:
-                        break
+                v = until_complete(ws, f.campaign_id)
                 summarize(ws, [f.campaign_id])
             finally:
                 sys.setprofile(None)

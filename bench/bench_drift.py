@@ -27,15 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from caseledger import services
 from caseledger.campaign import planner
 from caseledger.campaign.store import load_campaign
-from caseledger.campaign.view import CampaignView, current_plan
+from caseledger.campaign.view import CampaignView, current_standing
 from caseledger.case.metrics import METRICS
 from caseledger.ledger import authorization
 from caseledger.ledger.runs import scan_runs
 from caseledger.run.campaign_driver import stop_drivers
-from caseledger.tools import freeze_any, start_any, status_any
+from caseledger.tools import freeze_any, start_any
 from caseledger.tools.campaigns import CampaignFrozen
 from caseledger.workspace import Workspace, read_json_or_none
 from tests.conftest import free_port, knee_base
+from tests.helpers import until_complete
 
 
 def draft(port: int, requests: int) -> dict[str, Any]:
@@ -78,11 +79,7 @@ def once(requests: int, slow: bool) -> dict[str, Any]:
         if slow:
             threading.Thread(target=slow_after_first, args=(ws, fired), daemon=True).start()
         start_any(ws, f.campaign_id)
-        while True:
-            v = status_any(ws, f.campaign_id, wait_s=60)
-            assert isinstance(v, CampaignView)
-            if v.complete and not v.driver_alive:
-                break
+        v = until_complete(ws, f.campaign_id, timeout_s=3600, wait_s=60)
         return verdict(ws, f.campaign_id, v) | {"wall_s": round(time.monotonic() - t0, 1), "slowed": bool(fired)}
     finally:
         stop_drivers(ws)  # an interrupted bench leaves no driver starting points
@@ -92,7 +89,7 @@ def once(requests: int, slow: bool) -> dict[str, Any]:
 
 def verdict(ws: Workspace, campaign_id: str, v: CampaignView) -> dict[str, Any]:
     camp = load_campaign(ws, campaign_id)
-    pl, obs, _, _ = current_plan(ws, camp)
+    pl, obs, _, _ = current_standing(ws, camp)
     ctl = next(o for o in obs if o.case_id in pl.controls)
     higher = METRICS[camp.decision.primary_metric].higher_is_better
     blind = planner.standing(

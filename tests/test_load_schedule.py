@@ -148,7 +148,7 @@ def test_fewer_entries_than_requests_is_refused_naming_both_fields(mat: Any) -> 
 # ---- the run-directory entry point ------------------------------------------------------------------
 
 
-def test_plan_from_run_dir_uses_the_frozen_case_and_the_runs_salt(tmp_path: Path) -> None:
+def test_schedule_from_run_dir_uses_the_frozen_case_and_the_runs_salt(tmp_path: Path) -> None:
     ws = Workspace(tmp_path / "ws")
     paths = make_run_dir(ws, draft())
     plan = schedule_from_run_dir(paths.root)

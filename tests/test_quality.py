@@ -189,3 +189,30 @@ def test_the_call_finder_names_constants_and_f_strings_but_not_documentation(tmp
     )
     found = _hand_written_calls(pkg)
     assert [f.split(": ", 1)[0] for f in found] == ["caseledger/m.py:3", "caseledger/m.py:6"], found
+
+
+def _caseledger_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of each `from caseledger... import name` in a file, in functions too."""
+    tree = ast.parse(path.read_text())
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("caseledger")
+        for alias in node.names
+    ]
+
+
+@pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "bench").glob("*.py")))
+def test_every_bench_imports_names_that_exist(bench: str) -> None:
+    """A bench is run by hand, not by the suite: a name it imports that was renamed fails here, not at its next run."""
+    import importlib
+
+    missing = []
+    for module, name in _caseledger_imports(ROOT / "bench" / bench):
+        mod = importlib.import_module(module)
+        if not hasattr(mod, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ModuleNotFoundError:
+                missing.append(f"{module}.{name}")
+    assert missing == [], f"bench/{bench} imports names caseledger no longer has: {missing}"
