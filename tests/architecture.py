@@ -26,7 +26,8 @@ edit: `.venv/bin/python -m tests.architecture` writes it again, and tests/test_d
 
 The package reads as a pipeline of stages, lowest first. A module imports only from its own stage or a lower one
 (tests/test_layout.py fails on an upward import, an import cycle, or an unexplained import inside a function).
-Each entry is a folder of caseledger/ or a module at its top, with the first sentence of each module's docstring.
+Each entry is a folder of caseledger/ or a module at its top, with the first sentence of each module's docstring;
+a folder inside a folder (a room: one part of its package) is listed with its own modules.
 """
 
 
@@ -56,14 +57,23 @@ def first_sentence(path: Path) -> str:
     return re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", para)[0] if para else "(no docstring)"
 
 
+def _room(pkg: Path, indent: str) -> list[str]:
+    """A folder's modules, then each of its rooms (a folder inside it) with its own modules, one level deeper."""
+    out = [
+        f"{indent}- `{mod.name}`: {first_sentence(mod)}"
+        for mod in sorted(pkg.glob("*.py"))
+        if mod.name != "__init__.py"
+    ]
+    for room in sorted(p for p in pkg.iterdir() if (p / "__init__.py").is_file()):
+        out.append(f"{indent}- `{room.name}/`: {first_sentence(room / '__init__.py')}")
+        out += _room(room, indent + "  ")
+    return out
+
+
 def _entries(name: str) -> list[str]:
     pkg = PACKAGE / name
     if pkg.is_dir():
-        out = [f"- `caseledger/{name}/`: {first_sentence(pkg / '__init__.py')}"]
-        for mod in sorted(pkg.glob("*.py")):
-            if mod.name != "__init__.py":
-                out.append(f"  - `{mod.name}`: {first_sentence(mod)}")
-        return out
+        return [f"- `caseledger/{name}/`: {first_sentence(pkg / '__init__.py')}", *_room(pkg, "  ")]
     mod = PACKAGE / f"{name}.py"
     return [f"- `caseledger/{name}.py`: {first_sentence(mod)}"] if mod.is_file() else []
 
