@@ -310,8 +310,9 @@ def assert_refused(text: str, *needles: str) -> None:
         assert n in text, (n, text)
 
 
-def fake_run(ws: Workspace, rid: str, created: str) -> None:
-    """A run directory as create_run writes it (run.json and the hash-checked case copy), without a process."""
+def fake_run(ws: Workspace, rid: str, created: str) -> Path:
+    """A run directory as create_run writes it (run.json and the hash-checked case copy), without a process; its
+    root."""
     from caseledger.case.model import Case
     from caseledger.case.store import case_id_of, store
     from caseledger.ledger.runs import RunMeta, write_meta
@@ -334,6 +335,7 @@ def fake_run(ws: Workspace, rid: str, created: str) -> None:
             created_utc=created,
         ),
     )
+    return paths.root
 
 
 # ------------------------------------------------------------------------------------------ load, report, import

@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from caseledger.case.model import Case
 from caseledger.case.phases import PHASES, Phase
 from caseledger.case.plan import FAILURE_OF_PHASE
-from caseledger.case.store import case_id_of
 from caseledger.errors import FailureClass, PhaseFailed
 from caseledger.ledger import authorization, queue
 from caseledger.ledger.event_types import PhaseEnded
 from caseledger.ledger.events import read_events
 from caseledger.ledger.evidence import NotRun, PhaseEvidence
-from caseledger.ledger.runs import RunMeta, load_run, write_meta
+from caseledger.ledger.runs import load_run
 from caseledger.ledger.state import PhaseState, fold
 from caseledger.run import controller
 from caseledger.run.start import start_next
-from caseledger.workspace import Workspace, atomic_write, canonical_json, read_json
-from tests.conftest import ref_draft
-
-
-def make_run(ws: Workspace, rid: str = "r-0000beef") -> Path:
-    case = Case.model_validate(ref_draft(1)).filled()
-    paths = ws.run(rid)
-    paths.root.mkdir(parents=True)
-    atomic_write(paths.case, canonical_json(case.canonical()) + b"\n")
-    write_meta(
-        paths,
-        RunMeta(
-            run_id=rid,
-            case_id=case_id_of(case),
-            workspace=str(ws.root),
-            planned=4,
-            target_key="t-test",
-            created_utc="2026-01-01T00:00:00.000Z",
-        ),
-    )
-    return paths.root
+from caseledger.workspace import Workspace, read_json
+from tests.helpers import fake_run
 
 
 def test_every_phase_has_exactly_one_body_and_one_failure_class() -> None:
@@ -54,7 +31,7 @@ def test_every_phase_has_exactly_one_body_and_one_failure_class() -> None:
 def test_an_unexpected_error_is_internal_never_the_phase_class(
     ws: Workspace, phase: Phase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctl = controller.Controller(make_run(ws), fence=1)
+    ctl = controller.Controller(fake_run(ws, "r-0000beef", "2026-01-01T00:00:00.000Z"), fence=1)
 
     def boom(self: controller.Controller, attempt: int) -> PhaseEvidence:
         raise RuntimeError("disk on fire")
@@ -75,7 +52,7 @@ def test_an_unexpected_error_is_internal_never_the_phase_class(
 def test_a_phase_failed_keeps_its_own_class_and_a_success_its_evidence(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctl = controller.Controller(make_run(ws), fence=1)
+    ctl = controller.Controller(fake_run(ws, "r-0000beef", "2026-01-01T00:00:00.000Z"), fence=1)
 
     def rejected(self: controller.Controller, attempt: int) -> PhaseEvidence:
         raise PhaseFailed("formal entry rejected all requests", "hot_entry", "freeze a corrected child")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from caseledger.ledger.evidence import ConfirmEndEvidence, LoadEnd, LoadEvidence
 from caseledger.ledger.runs import Run
 from caseledger.ledger.state import RESEND_CLASSES, load_counts
 from caseledger.load.client import client_timing
+from caseledger.procs import LoadRef
 from caseledger.records import read_records
 from caseledger.run.load.failures import check_failures, wait_idle
 from caseledger.run.load.watch import wait_quiet
@@ -210,6 +212,28 @@ def gone_without_end(
     if keep_partial:
         return partial_load(run.paths, run.meta.planned, records)
     raise no_end_file(run, records, who=who, more=more)
+
+
+EXIT_WAIT_S = 30.0  # a client that wrote its end file is exiting: confirm_end waits this long for it to be gone
+
+
+def reap(ref: LoadRef | None) -> None:
+    """Collect a client's exit status when it is our child (no zombie); anything else is left as it is."""
+    if ref is None:
+        return
+    with contextlib.suppress(ChildProcessError, TypeError, KeyError, ValueError):  # a pid.json of another form
+        os.waitpid(int(ref["pid"]), os.WNOHANG)
+
+
+def still_alive(refs: list[LoadRef | None]) -> list[int]:
+    """Wait, at most EXIT_WAIT_S, until every client these refs name has exited (reaping our children); the
+    indexes of those still alive."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while any(procs.alive(r) for r in refs) and time.monotonic() < deadline:
+        for r in refs:
+            reap(r)
+        time.sleep(0.05)
+    return [k for k, r in enumerate(refs) if procs.alive(r)]
 
 
 def confirmed(paths: RunPaths, end: LoadEnd, processes: int | None = None) -> ConfirmEndEvidence:

@@ -7,7 +7,6 @@ came) are run/load/ends.py's, shared with run/load/parts.py (load.processes > 1)
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -82,9 +81,7 @@ def _follow(run: Run, pid: LoadRef | None, event: et.Emit, seen: LoadEvidence) -
         while end is None:
             watch.tick()
             if not procs.alive(pid):
-                if pid is not None:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(int(pid["pid"]), os.WNOHANG)
+                ends.reap(pid)
                 end = read_json_or_none(paths.load_end)
                 if end is None:
                     time.sleep(0.2)  # an end file written just before the exit
@@ -139,15 +136,11 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
             FailureClass.END_UNKNOWN,
             "resume waits for it",
         )
-    deadline = time.monotonic() + 30
-    while not reused and pid is not None and procs.alive(pid) and time.monotonic() < deadline:
-        # the client is our child when we started it: reap it so it does not linger as a zombie
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(int(pid["pid"]), os.WNOHANG)
-        time.sleep(0.05)  # it wrote its end file and is exiting
-    if not reused and procs.alive(pid):
+    if not reused and ends.still_alive([pid]):  # it wrote its end file and is exiting
         raise PhaseFailed(
-            "load client still alive 30 s after its end file", FailureClass.END_UNKNOWN, "resume waits for it"
+            f"load client still alive {ends.EXIT_WAIT_S:g} s after its end file",
+            FailureClass.END_UNKNOWN,
+            "resume waits for it",
         )
     return ends.confirmed(paths, end)
 

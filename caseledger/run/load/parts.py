@@ -15,9 +15,7 @@ are run/load/ends.py's, as for one client; the values are typed: end files (Load
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
 from typing import Any
 
@@ -36,8 +34,6 @@ from caseledger.run.load import ends, one
 from caseledger.run.load.watch import LoadWatch
 from caseledger.run.remote import load as remote_load
 from caseledger.workspace import PartPaths, read_json_or_none, write_json
-
-EXIT_WAIT_S = 30.0
 
 
 def _started(run: Run, parts: list[PartPaths]) -> bool:
@@ -149,7 +145,7 @@ def _abort(run: Run, refs: list[LoadRef | None]) -> None:
     for ref in refs:
         if ref is not None and procs.alive(ref):
             procs.terminate(ref, grace_s=2.0)
-        _reap(ref)
+        ends.reap(ref)
 
 
 def _last_line(part: PartPaths) -> str:
@@ -158,13 +154,6 @@ def _last_line(part: PartPaths) -> str:
     except OSError:
         lines = []
     return lines[-1][-300:] if lines else "it exited without a word"
-
-
-def _reap(ref: LoadRef | None) -> None:
-    if ref is None:
-        return
-    with contextlib.suppress(ChildProcessError, TypeError, KeyError, ValueError):  # a pid.json of another form
-        os.waitpid(int(ref["pid"]), os.WNOHANG)  # our child when we started it: no zombie
 
 
 def _wait_all(run: Run, parts: list[PartPaths], refs: list[LoadRef | None], event: et.Emit) -> list[LoadEnd | None]:
@@ -182,7 +171,7 @@ def _wait_all(run: Run, parts: list[PartPaths], refs: list[LoadRef | None], even
                 if got[k] is None and procs.alive(refs[k]):
                     waiting = True
                 else:
-                    _reap(refs[k])
+                    ends.reap(refs[k])
             if not waiting:
                 break
             time.sleep(0.1)
@@ -210,12 +199,7 @@ def confirm_end(run: Run) -> ConfirmEndEvidence:
                 "resume waits",
             )
     refs: list[LoadRef | None] = [read_json_or_none(p.load_pid) for p in parts]  # JSON: load/p<k>/pid.json
-    deadline = time.monotonic() + EXIT_WAIT_S
-    while any(procs.alive(r) for r in refs) and time.monotonic() < deadline:
-        for r in refs:
-            _reap(r)
-        time.sleep(0.05)
-    alive = [k for k, r in enumerate(refs) if procs.alive(r)]
+    alive = ends.still_alive(refs)
     if alive:
         raise PhaseFailed(
             f"load client process {alive[0]} of {len(parts)} still alive", FailureClass.END_UNKNOWN, "resume waits"
