@@ -164,14 +164,6 @@ def read(ws: Workspace, case: Case) -> Trace:
     return Trace(rows=rows, rows_in_file=total, sha256=sha)
 
 
-def offsets_s(timestamps_ms: list[float], time_scale: float) -> list[float]:
-    """Send offsets of a replayed trace: (timestamp - first timestamp) / 1000 x time_scale, in seconds."""
-    if not timestamps_ms:
-        return []
-    t0 = timestamps_ms[0]
-    return [(t - t0) / 1000.0 * time_scale for t in timestamps_ms]
-
-
 def sample_rows(n: int = 24, seed: int = 7, block: int = 32) -> list[dict[str, Any]]:  # JSON: trace rows to write
     """A small Mooncake-style trace, generated (never downloaded): cases/trace-sample.jsonl is `sample_jsonl()`.
 

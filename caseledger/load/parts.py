@@ -25,7 +25,7 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-from caseledger.load.schedule import RequestSpec, Schedule
+from caseledger.load.schedule import Schedule
 from caseledger.records import RawRecord, read_records
 from caseledger.workspace import PartPaths, RunPaths, atomic_write, read_json_or_none, write_json
 
@@ -73,15 +73,6 @@ def part_schedule(schedule: Schedule, part: int) -> Schedule:
         specs = tuple(schedule.specs[k] for k in keep)
         sessions = tuple(tuple(at[k] for k in turns) for turns in mine)
     return replace(schedule, specs=specs, sessions=sessions, concurrency=split_concurrency(c, p)[part])
-
-
-def owner_of(schedule: Schedule, spec: RequestSpec) -> int:
-    """The process a formal request is dealt to (for readers that hold the whole schedule)."""
-    owners = slot_owners(schedule.concurrency, schedule.processes)
-    if schedule.sessions is None:
-        return owners[spec.i % schedule.concurrency]
-    j = next(j for j, turns in enumerate(schedule.sessions) if any(schedule.specs[k].i == spec.i for k in turns))
-    return owners[j % schedule.concurrency]
 
 
 def boot_id() -> str | None:

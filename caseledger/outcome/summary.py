@@ -137,14 +137,6 @@ class Reader:
         return [v for rid in run_ids if (v := self.figures(by_id[rid])[window]["metrics"].get(metric)) is not None]
 
 
-def valid_runs(ws: Workspace, case_id: str, window: str) -> list[tuple[str, Result]]:
-    """(run_id, result) of every run of a case with a valid result on `window`, newest first."""
-    with open_index(ws) as idx:
-        rd = Reader(ws, idx)
-        rows = idx.runs(case_ids=[case_id])
-        return [(rid, r) for rid in rd.valid_ids(rows, case_id, window) if (r := rd.result(rid)) is not None]
-
-
 def baseline_of(run: Run, case: Case | None = None, reader: Reader | None = None) -> tuple[str | None, str | None]:
     """(baseline case id, its run to compare with) for a run: the decision's baseline, else the parent; when that
     case has no valid result, the scenario's last valid kept case (decided keep or baseline, within its limits).
