@@ -307,7 +307,8 @@ def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
     """The same requests measured by caseledger and by a minimal streaming client of this test, one at a time
     each, the prefix cache reset before each pass (VLLM_SERVER_DEV_MODE): both sides' token counts equal the
     engine's counter deltas, each side's TTFT and TPOT means are within 5% of the engine's own histograms of
-    its pass, and the two sides' ratios to the engine within 3% of each other."""
+    its pass (TTFT: plus the API server's own time, FRONTEND_MS at most), and the two sides' ratios to the
+    engine within 3% of each other."""
     ws = vllm.ws
     draft = vllm.template(
         scenario="vllm-crosscheck",
@@ -352,10 +353,20 @@ def test_independent_client_agrees_with_caseledger_on_vllm(vllm: Vllm) -> None:
         f"TPOT {ours_tpot:.2f} ms vs {tpot:.2f} ms (the engine's inter-token latency "
         f"{itl[0]:.2f} / {itl[1]:.2f} ms)"
     )
-    for what, ours, theirs, engine in (("TTFT", ours_ttft, ttft, first), ("TPOT", ours_tpot, tpot, itl)):
+    # A client's TTFT also holds the server's time outside the engine's histogram, which starts when the request
+    # reaches the engine (after HTTP and tokenizing) and ends before the token is detokenized and streamed: 25 ms
+    # for both clients on this 2-core host (6% of a 413 ms TTFT), so that side allows it on top of the 5%.
+    for what, ours, theirs, engine, frontend_ms in (
+        ("TTFT", ours_ttft, ttft, first, FRONTEND_MS),
+        ("TPOT", ours_tpot, tpot, itl, 0.0),
+    ):
         r_ours, r_theirs = ours / engine[0], theirs / engine[1]
-        assert abs(r_ours - 1) <= 0.05 and abs(r_theirs - 1) <= 0.05, (what, ours, theirs, engine)
+        for client, eng in ((ours, engine[0]), (theirs, engine[1])):
+            assert 0.95 * eng <= client <= 1.05 * eng + frontend_ms, (what, ours, theirs, engine)
         assert abs(r_ours - r_theirs) <= 0.03, (what, r_ours, r_theirs)  # n - 1 for n in TPOT would be 4%
+
+
+FRONTEND_MS = 60.0  # the API server's own time in a client's TTFT, at most (measured 25 ms here)
 
 
 def reset_prefix_cache(port: int, down_ok: bool = False) -> None:
