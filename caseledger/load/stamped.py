@@ -100,18 +100,15 @@ class StampedTransport:
         self._receiver.stamped_data(data, self._stamp(ancdata))
 
     def _stamp(self, ancdata: list[tuple[int, int, bytes]]) -> int:
-        now = time.monotonic_ns()
-        rx = now
+        rx = None
         for level, kind, blob in ancdata:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(blob) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(blob)
                 offset, now = realtime_offset()
-                rx = now
                 mono = sec * 1_000_000_000 + nsec - offset
-                if max(self._last_ns, now - MAX_AGE_NS) <= mono <= now:
-                    rx = mono
-        self._last_ns = rx
-        return rx
+                rx = mono if max(self._last_ns, now - MAX_AGE_NS) <= mono <= now else now
+        self._last_ns = time.monotonic_ns() if rx is None else rx
+        return self._last_ns
 
     def pause_reading(self) -> None:
         if not self._closing:
